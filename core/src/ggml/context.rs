@@ -1,0 +1,610 @@
+//! Contexts, tensors, ops and graphs.
+//!
+//! A [`Context`] is always metadata-only (`no_alloc`): tensor data lives in backend
+//! buffers, so the same graph code runs on CPU, CUDA or Vulkan. Dimensions are in
+//! ggml order (`ne[0]` is the innermost, contiguous one).
+
+use super::{init, GType, GgmlError, Result};
+use std::ffi::CString;
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+
+/// Owns a ggml context that holds tensor and graph metadata.
+pub struct Context {
+    ptr: NonNull<ggml_sys::ggml_context>,
+    max_tensors: usize,
+}
+
+// SAFETY: a context is plain memory owned by this value; moving it to another thread is
+// fine. It is not Sync: ggml's tensor creation mutates the context without locking.
+unsafe impl Send for Context {}
+
+impl Context {
+    /// A metadata context with room for `max_tensors` tensors and one graph of
+    /// `graph_size` nodes.
+    pub fn new(max_tensors: usize, graph_size: usize) -> Result<Self> {
+        init();
+        // SAFETY: pure size computations.
+        let mem = unsafe {
+            ggml_sys::ggml_tensor_overhead()
+                .checked_mul(max_tensors)
+                .and_then(|t| t.checked_add(ggml_sys::ggml_graph_overhead_custom(graph_size, false)))
+                .ok_or_else(|| GgmlError::Context(format!("{max_tensors} tensors overflow the context size")))?
+        };
+        let params = ggml_sys::ggml_init_params { mem_size: mem, mem_buffer: std::ptr::null_mut(), no_alloc: true };
+        // SAFETY: ggml_init allocates its own pool; a null return means allocation failed.
+        let ptr = unsafe { ggml_sys::ggml_init(params) };
+        let ptr = NonNull::new(ptr)
+            .ok_or_else(|| GgmlError::Context(format!("cannot allocate a {mem}-byte context")))?;
+        Ok(Context { ptr, max_tensors })
+    }
+
+    pub(crate) fn raw(&self) -> *mut ggml_sys::ggml_context {
+        self.ptr.as_ptr()
+    }
+
+    /// ggml aborts when a context's pool is exhausted; checking the remaining room first
+    /// turns that into an error. Views and ops create one tensor object each.
+    fn room(&self, op: &'static str) -> Result<()> {
+        // SAFETY: reading the context's bookkeeping.
+        let (used, size) = unsafe { (ggml_sys::ggml_used_mem(self.raw()), ggml_sys::ggml_get_mem_size(self.raw())) };
+        let need = unsafe { ggml_sys::ggml_tensor_overhead() };
+        if used + need > size {
+            return Err(GgmlError::Context(format!(
+                "context full ({} tensors) while adding {op}",
+                self.max_tensors
+            )));
+        }
+        Ok(())
+    }
+
+    fn wrap(&self, op: &'static str, p: *mut ggml_sys::ggml_tensor) -> Result<Tensor<'_>> {
+        NonNull::new(p)
+            .map(|ptr| Tensor { ptr, _ctx: PhantomData })
+            .ok_or_else(|| GgmlError::Context(format!("ggml returned no tensor for {op}")))
+    }
+
+    /// A new tensor with dimensions `ne` (ggml order, 1 to 4 entries).
+    pub fn new_tensor(&self, ty: GType, ne: &[i64]) -> Result<Tensor<'_>> {
+        self.room("new_tensor")?;
+        if ne.is_empty() || ne.len() > 4 || ne.iter().any(|&d| d <= 0) {
+            return Err(shape("new_tensor", format!("bad dimensions {ne:?}")));
+        }
+        let mut total: i64 = 1;
+        for &d in ne {
+            total = total.checked_mul(d).ok_or_else(|| shape("new_tensor", format!("{ne:?} overflows")))?;
+        }
+        if ne[0] % ty.block_size() as i64 != 0 {
+            return Err(shape(
+                "new_tensor",
+                format!("row length {} is not a multiple of the {ty:?} block size {}", ne[0], ty.block_size()),
+            ));
+        }
+        // SAFETY: the context has room (checked) and the dimensions are valid.
+        let p = unsafe { ggml_sys::ggml_new_tensor(self.raw(), ty.0, ne.len() as i32, ne.as_ptr()) };
+        self.wrap("new_tensor", p)
+    }
+
+    /// A graph with room for `size` nodes.
+    pub fn graph(&self, size: usize) -> Result<Graph<'_>> {
+        // SAFETY: the graph lives in the context's pool, sized for it in `new`.
+        let p = unsafe { ggml_sys::ggml_new_graph_custom(self.raw(), size, false) };
+        NonNull::new(p)
+            .map(|ptr| Graph { ptr, _ctx: PhantomData })
+            .ok_or_else(|| GgmlError::Context("cannot create graph".into()))
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: we own the context; tensors borrowing it cannot outlive `self`.
+        unsafe { ggml_sys::ggml_free(self.raw()) }
+    }
+}
+
+fn shape(op: &'static str, detail: String) -> GgmlError {
+    GgmlError::Shape { op, detail }
+}
+
+/// A tensor in a [`Context`]; a cheap copyable handle.
+#[derive(Clone, Copy)]
+pub struct Tensor<'c> {
+    ptr: NonNull<ggml_sys::ggml_tensor>,
+    _ctx: PhantomData<&'c Context>,
+}
+
+impl<'c> Tensor<'c> {
+    pub fn raw(self) -> *mut ggml_sys::ggml_tensor {
+        self.ptr.as_ptr()
+    }
+
+    fn t(&self) -> &ggml_sys::ggml_tensor {
+        // SAFETY: the tensor lives as long as its context, which outlives 'c.
+        unsafe { self.ptr.as_ref() }
+    }
+
+    /// Dimensions in ggml order.
+    pub fn ne(self) -> [i64; 4] {
+        self.t().ne
+    }
+
+    /// Strides in bytes, ggml order.
+    pub fn nb(self) -> [usize; 4] {
+        self.t().nb
+    }
+
+    pub fn dtype(self) -> GType {
+        GType(self.t().type_)
+    }
+
+    pub fn n_elements(self) -> i64 {
+        self.ne().iter().product()
+    }
+
+    pub fn n_bytes(self) -> usize {
+        // SAFETY: reads metadata only.
+        unsafe { ggml_sys::ggml_nbytes(self.raw()) }
+    }
+
+    pub fn is_contiguous(self) -> bool {
+        // SAFETY: reads metadata only.
+        unsafe { ggml_sys::ggml_is_contiguous(self.raw()) }
+    }
+
+    /// Names show up in ggml's debug output and let callers find tensors in a graph.
+    pub fn set_name(self, name: &str) -> Self {
+        let c = CString::new(name.replace('\0', "")).unwrap_or_default();
+        // SAFETY: ggml copies the name into the tensor (truncating to its fixed size).
+        unsafe { ggml_sys::ggml_set_name(self.raw(), c.as_ptr()) };
+        self
+    }
+
+    /// Mark as a graph input so the allocator never reuses its memory before it is read.
+    pub fn set_input(self) -> Self {
+        // SAFETY: sets a flag.
+        unsafe { ggml_sys::ggml_set_input(self.raw()) };
+        self
+    }
+
+    /// Mark as a graph output so the allocator keeps it after the graph finishes.
+    pub fn set_output(self) -> Self {
+        // SAFETY: sets a flag.
+        unsafe { ggml_sys::ggml_set_output(self.raw()) };
+        self
+    }
+
+    pub fn has_data(self) -> bool {
+        !self.t().buffer.is_null() && !self.t().data.is_null()
+    }
+
+    fn check_io(self, bytes: usize, what: &str) -> Result<()> {
+        if !self.has_data() {
+            return Err(GgmlError::Data(format!("{what}: tensor has no backend buffer yet")));
+        }
+        if bytes != self.n_bytes() {
+            return Err(GgmlError::Data(format!("{what}: {bytes} bytes given, tensor holds {}", self.n_bytes())));
+        }
+        Ok(())
+    }
+
+    /// Upload raw bytes (exactly `n_bytes()` of them) into the tensor's backend buffer.
+    pub fn set_bytes(self, data: &[u8]) -> Result<()> {
+        self.check_io(data.len(), "set_bytes")?;
+        // SAFETY: size checked against the tensor's byte length; the buffer is allocated.
+        unsafe { ggml_sys::ggml_backend_tensor_set(self.raw(), data.as_ptr().cast(), 0, data.len()) };
+        Ok(())
+    }
+
+    pub fn set_f32(self, data: &[f32]) -> Result<()> {
+        if self.dtype() != GType::F32 {
+            return Err(GgmlError::Data(format!("set_f32 on a {:?} tensor", self.dtype())));
+        }
+        // SAFETY: f32 slices are plain bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data)) };
+        self.set_bytes(bytes)
+    }
+
+    pub fn set_i32(self, data: &[i32]) -> Result<()> {
+        if self.dtype() != GType::I32 {
+            return Err(GgmlError::Data(format!("set_i32 on a {:?} tensor", self.dtype())));
+        }
+        // SAFETY: i32 slices are plain bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data)) };
+        self.set_bytes(bytes)
+    }
+
+    /// Download the tensor's bytes from its backend buffer.
+    pub fn get_bytes(self) -> Result<Vec<u8>> {
+        let n = self.n_bytes();
+        self.check_io(n, "get_bytes")?;
+        let mut out = vec![0u8; n];
+        // SAFETY: `out` has exactly the tensor's byte length.
+        unsafe { ggml_sys::ggml_backend_tensor_get(self.raw(), out.as_mut_ptr().cast(), 0, n) };
+        Ok(out)
+    }
+
+    /// Read a contiguous F32 tensor.
+    pub fn get_f32(self) -> Result<Vec<f32>> {
+        if self.dtype() != GType::F32 || !self.is_contiguous() {
+            return Err(GgmlError::Data(format!("get_f32 needs a contiguous f32 tensor, got {:?}", self.dtype())));
+        }
+        let bytes = self.get_bytes()?;
+        Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    }
+}
+
+/// How [`Context::interpolate`] resamples.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScaleMode {
+    Nearest,
+    Bilinear,
+    /// Bilinear with align_corners=true semantics.
+    BilinearAlignCorners,
+    Bicubic,
+    /// Antialiased bilinear (a triangle filter wider than one pixel when downscaling).
+    BilinearAntialias,
+}
+
+impl ScaleMode {
+    fn raw(self) -> u32 {
+        match self {
+            ScaleMode::Nearest => ggml_sys::GGML_SCALE_MODE_NEAREST,
+            ScaleMode::Bilinear => ggml_sys::GGML_SCALE_MODE_BILINEAR,
+            ScaleMode::BilinearAlignCorners => ggml_sys::GGML_SCALE_MODE_BILINEAR | ggml_sys::GGML_SCALE_FLAG_ALIGN_CORNERS,
+            ScaleMode::Bicubic => ggml_sys::GGML_SCALE_MODE_BICUBIC,
+            ScaleMode::BilinearAntialias => ggml_sys::GGML_SCALE_MODE_BILINEAR | ggml_sys::GGML_SCALE_FLAG_ANTIALIAS,
+        }
+    }
+}
+
+fn can_repeat(small: [i64; 4], big: [i64; 4]) -> bool {
+    (0..4).all(|i| small[i] > 0 && big[i] % small[i] == 0)
+}
+
+fn conv_out(input: i64, kernel: i64, stride: i32, pad: i32, dil: i32) -> i64 {
+    (input + 2 * pad as i64 - dil as i64 * (kernel - 1) - 1) / stride.max(1) as i64 + 1
+}
+
+/// Ops. Each mirrors the ggml function of the same name and checks that function's
+/// assertions first.
+impl Context {
+    fn op(&self, name: &'static str, f: impl FnOnce() -> *mut ggml_sys::ggml_tensor) -> Result<Tensor<'_>> {
+        self.room(name)?;
+        self.wrap(name, f())
+    }
+
+    /// `a` [K, M, ...] × `b` [K, N, ...] → [M, N, ...] (f32); `b`'s batch dims must be
+    /// multiples of `a`'s (broadcast).
+    pub fn mul_mat<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Result<Tensor<'a>> {
+        let (an, bn) = (a.ne(), b.ne());
+        // SAFETY: reads metadata only.
+        let transposed = unsafe { ggml_sys::ggml_is_transposed(a.raw()) };
+        if an[0] != bn[0] || bn[2] % an[2] != 0 || bn[3] % an[3] != 0 || transposed {
+            return Err(shape("mul_mat", format!("a {an:?} cannot multiply b {bn:?}")));
+        }
+        // SAFETY: preconditions checked above.
+        self.op("mul_mat", || unsafe { ggml_sys::ggml_mul_mat(self.raw(), a.raw(), b.raw()) })
+    }
+
+    fn binary<'a>(
+        &'a self,
+        name: &'static str,
+        a: Tensor<'a>,
+        b: Tensor<'a>,
+        f: unsafe extern "C" fn(*mut ggml_sys::ggml_context, *mut ggml_sys::ggml_tensor, *mut ggml_sys::ggml_tensor) -> *mut ggml_sys::ggml_tensor,
+    ) -> Result<Tensor<'a>> {
+        if !can_repeat(b.ne(), a.ne()) {
+            return Err(shape(name, format!("b {:?} does not broadcast to a {:?}", b.ne(), a.ne())));
+        }
+        // SAFETY: broadcast precondition checked.
+        self.op(name, || unsafe { f(self.raw(), a.raw(), b.raw()) })
+    }
+
+    /// a + b, with `b` broadcast over `a`.
+    pub fn add<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Result<Tensor<'a>> {
+        self.binary("add", a, b, ggml_sys::ggml_add)
+    }
+
+    /// a - b, with `b` broadcast over `a`.
+    pub fn sub<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Result<Tensor<'a>> {
+        self.binary("sub", a, b, ggml_sys::ggml_sub)
+    }
+
+    /// a * b elementwise, with `b` broadcast over `a`.
+    pub fn mul<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Result<Tensor<'a>> {
+        self.binary("mul", a, b, ggml_sys::ggml_mul)
+    }
+
+    pub fn scale<'a>(&'a self, a: Tensor<'a>, s: f32) -> Result<Tensor<'a>> {
+        // SAFETY: no preconditions.
+        self.op("scale", || unsafe { ggml_sys::ggml_scale(self.raw(), a.raw(), s) })
+    }
+
+    /// 2-D convolution through im2col + mul_mat. `kernel` [KW, KH, Cin, Cout], `input`
+    /// [W, H, Cin, N] → [OW, OH, Cout, N].
+    pub fn conv_2d<'a>(&'a self, kernel: Tensor<'a>, input: Tensor<'a>, stride: (i32, i32), pad: (i32, i32), dilation: (i32, i32)) -> Result<Tensor<'a>> {
+        self.check_conv("conv_2d", kernel, input, stride, pad, dilation)?;
+        // im2col + mul_mat + permute + cont: four tensors.
+        for _ in 0..4 {
+            self.room("conv_2d")?;
+        }
+        // SAFETY: channel and output-size preconditions checked.
+        self.op("conv_2d", || unsafe {
+            ggml_sys::ggml_conv_2d(self.raw(), kernel.raw(), input.raw(), stride.0, stride.1, pad.0, pad.1, dilation.0, dilation.1)
+        })
+    }
+
+    /// 2-D convolution computed directly, without the im2col buffer (less memory).
+    pub fn conv_2d_direct<'a>(&'a self, kernel: Tensor<'a>, input: Tensor<'a>, stride: (i32, i32), pad: (i32, i32), dilation: (i32, i32)) -> Result<Tensor<'a>> {
+        self.check_conv("conv_2d_direct", kernel, input, stride, pad, dilation)?;
+        // SAFETY: channel and output-size preconditions checked.
+        self.op("conv_2d_direct", || unsafe {
+            ggml_sys::ggml_conv_2d_direct(self.raw(), kernel.raw(), input.raw(), stride.0, stride.1, pad.0, pad.1, dilation.0, dilation.1)
+        })
+    }
+
+    fn check_conv(&self, op: &'static str, k: Tensor<'_>, x: Tensor<'_>, s: (i32, i32), p: (i32, i32), d: (i32, i32)) -> Result<()> {
+        let (kn, xn) = (k.ne(), x.ne());
+        if kn[2] != xn[2] {
+            return Err(shape(op, format!("kernel {kn:?} expects {} input channels, input {xn:?} has {}", kn[2], xn[2])));
+        }
+        if s.0 < 1 || s.1 < 1 || d.0 < 1 || d.1 < 1 || p.0 < 0 || p.1 < 0 {
+            return Err(shape(op, format!("bad stride {s:?} / padding {p:?} / dilation {d:?}")));
+        }
+        if conv_out(xn[0], kn[0], s.0, p.0, d.0) < 1 || conv_out(xn[1], kn[1], s.1, p.1, d.1) < 1 {
+            return Err(shape(op, format!("kernel {kn:?} larger than padded input {xn:?}")));
+        }
+        Ok(())
+    }
+
+    /// Group norm over [W, H, C, N] with `groups` groups of channels (no affine part).
+    pub fn group_norm<'a>(&'a self, a: Tensor<'a>, groups: i32, eps: f32) -> Result<Tensor<'a>> {
+        if groups < 1 || a.ne()[2] % groups as i64 != 0 {
+            return Err(shape("group_norm", format!("{} channels do not split into {groups} groups", a.ne()[2])));
+        }
+        // SAFETY: group count checked.
+        self.op("group_norm", || unsafe { ggml_sys::ggml_group_norm(self.raw(), a.raw(), groups, eps) })
+    }
+
+    /// Layer norm over ne[0] (no affine part).
+    pub fn norm<'a>(&'a self, a: Tensor<'a>, eps: f32) -> Result<Tensor<'a>> {
+        // SAFETY: no preconditions.
+        self.op("norm", || unsafe { ggml_sys::ggml_norm(self.raw(), a.raw(), eps) })
+    }
+
+    /// RMS norm over ne[0] (no affine part).
+    pub fn rms_norm<'a>(&'a self, a: Tensor<'a>, eps: f32) -> Result<Tensor<'a>> {
+        // SAFETY: no preconditions.
+        self.op("rms_norm", || unsafe { ggml_sys::ggml_rms_norm(self.raw(), a.raw(), eps) })
+    }
+
+    /// softmax(a * scale + mask) over ne[0]. `mask` (f32 or f16) is [ne0, >=ne1, ...] and
+    /// broadcasts over a's batch dims.
+    pub fn soft_max_ext<'a>(&'a self, a: Tensor<'a>, mask: Option<Tensor<'a>>, scale: f32) -> Result<Tensor<'a>> {
+        if !a.is_contiguous() {
+            return Err(shape("soft_max", "input must be contiguous".into()));
+        }
+        if let Some(m) = mask {
+            let (an, mn) = (a.ne(), m.ne());
+            let ok_type = m.dtype() == GType::F32 || m.dtype() == GType::F16;
+            if !ok_type || !m.is_contiguous() || mn[0] != an[0] || mn[1] < an[1] || an[2] % mn[2] != 0 || an[3] % mn[3] != 0 {
+                return Err(shape("soft_max", format!("mask {mn:?} ({:?}) does not fit input {an:?}", m.dtype())));
+            }
+        }
+        let mp = mask.map_or(std::ptr::null_mut(), |m| m.raw());
+        // SAFETY: preconditions checked.
+        self.op("soft_max", || unsafe { ggml_sys::ggml_soft_max_ext(self.raw(), a.raw(), mp, scale, 0.0) })
+    }
+
+    /// Fused attention. `q` [D, Nq, H, B], `k` [D, Nkv, Hkv, B], `v` [Dv, Nkv, Hkv, B];
+    /// returns [Dv, H, Nq, B] (note: heads and queries swap places). `mask` is f16
+    /// [Nkv, Nq(padded), ...].
+    pub fn flash_attn_ext<'a>(&'a self, q: Tensor<'a>, k: Tensor<'a>, v: Tensor<'a>, mask: Option<Tensor<'a>>, scale: f32) -> Result<Tensor<'a>> {
+        let (qn, kn, vn) = (q.ne(), k.ne(), v.ne());
+        let can_mm = kn[0] == qn[0] && qn[2] % kn[2] == 0 && qn[3] % kn[3] == 0;
+        if !can_mm || qn[3] != kn[3] || qn[3] != vn[3] || vn[1] != kn[1] {
+            return Err(shape("flash_attn_ext", format!("q {qn:?} k {kn:?} v {vn:?} do not match")));
+        }
+        if let Some(m) = mask {
+            let mn = m.ne();
+            if m.dtype() != GType::F16 || !m.is_contiguous() || mn[0] != kn[1] || mn[1] < qn[1] || qn[2] % mn[2] != 0 || qn[3] % mn[3] != 0 {
+                return Err(shape("flash_attn_ext", format!("mask {mn:?} ({:?}) does not fit q {qn:?} k {kn:?}", m.dtype())));
+            }
+        }
+        let mp = mask.map_or(std::ptr::null_mut(), |m| m.raw());
+        // SAFETY: preconditions checked.
+        let t = self.op("flash_attn_ext", || unsafe {
+            ggml_sys::ggml_flash_attn_ext(self.raw(), q.raw(), k.raw(), v.raw(), mp, scale, 0.0, 0.0)
+        })?;
+        // f32 accumulation: the f16 default loses too much on long sequences.
+        unsafe { ggml_sys::ggml_flash_attn_ext_set_prec(t.raw(), ggml_sys::GGML_PREC_F32) };
+        Ok(t)
+    }
+
+    fn unary<'a>(&'a self, name: &'static str, a: Tensor<'a>, f: unsafe extern "C" fn(*mut ggml_sys::ggml_context, *mut ggml_sys::ggml_tensor) -> *mut ggml_sys::ggml_tensor) -> Result<Tensor<'a>> {
+        // SAFETY: reads metadata only.
+        if !unsafe { ggml_sys::ggml_is_contiguous_rows(a.raw()) } {
+            return Err(shape(name, "rows must be contiguous".into()));
+        }
+        // SAFETY: precondition checked.
+        self.op(name, || unsafe { f(self.raw(), a.raw()) })
+    }
+
+    /// GELU, tanh approximation (as in CLIP's quick paths and ggml's default).
+    pub fn gelu<'a>(&'a self, a: Tensor<'a>) -> Result<Tensor<'a>> {
+        self.unary("gelu", a, ggml_sys::ggml_gelu)
+    }
+
+    /// GELU with the exact erf form (torch's default `nn.GELU()`).
+    pub fn gelu_erf<'a>(&'a self, a: Tensor<'a>) -> Result<Tensor<'a>> {
+        self.unary("gelu_erf", a, ggml_sys::ggml_gelu_erf)
+    }
+
+    /// x * sigmoid(1.702 x), CLIP's "quick_gelu".
+    pub fn gelu_quick<'a>(&'a self, a: Tensor<'a>) -> Result<Tensor<'a>> {
+        self.unary("gelu_quick", a, ggml_sys::ggml_gelu_quick)
+    }
+
+    pub fn silu<'a>(&'a self, a: Tensor<'a>) -> Result<Tensor<'a>> {
+        self.unary("silu", a, ggml_sys::ggml_silu)
+    }
+
+    /// Resample an f32 tensor to new dimensions.
+    pub fn interpolate<'a>(&'a self, a: Tensor<'a>, ne: [i64; 4], mode: ScaleMode) -> Result<Tensor<'a>> {
+        if a.dtype() != GType::F32 || ne.iter().any(|&d| d < 1) {
+            return Err(shape("interpolate", format!("{:?} tensor to {ne:?}", a.dtype())));
+        }
+        // SAFETY: preconditions checked; the mode value is one ggml defines.
+        self.op("interpolate", || unsafe { ggml_sys::ggml_interpolate(self.raw(), a.raw(), ne[0], ne[1], ne[2], ne[3], mode.raw()) })
+    }
+
+    /// Nearest-neighbour upscale of ne[0] and ne[1] by an integer factor.
+    pub fn upscale<'a>(&'a self, a: Tensor<'a>, factor: i32) -> Result<Tensor<'a>> {
+        if factor < 1 {
+            return Err(shape("upscale", format!("factor {factor}")));
+        }
+        let n = a.ne();
+        self.interpolate(a, [n[0] * factor as i64, n[1] * factor as i64, n[2], n[3]], ScaleMode::Nearest)
+    }
+
+    /// Zero padding: `pads[i] = (before, after)` for dimension i.
+    pub fn pad<'a>(&'a self, a: Tensor<'a>, pads: [(i32, i32); 4]) -> Result<Tensor<'a>> {
+        if pads.iter().any(|&(l, r)| l < 0 || r < 0) {
+            return Err(shape("pad", format!("negative padding {pads:?}")));
+        }
+        let p = pads;
+        // SAFETY: non-negative paddings.
+        self.op("pad", || unsafe {
+            ggml_sys::ggml_pad_ext(self.raw(), a.raw(), p[0].0, p[0].1, p[1].0, p[1].1, p[2].0, p[2].1, p[3].0, p[3].1)
+        })
+    }
+
+    pub fn concat<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>, dim: usize) -> Result<Tensor<'a>> {
+        let (an, bn) = (a.ne(), b.ne());
+        if dim > 3 || a.dtype() != b.dtype() || (0..4).any(|d| d != dim && an[d] != bn[d]) {
+            return Err(shape("concat", format!("{an:?} ({:?}) and {bn:?} ({:?}) along {dim}", a.dtype(), b.dtype())));
+        }
+        // SAFETY: preconditions checked.
+        self.op("concat", || unsafe { ggml_sys::ggml_concat(self.raw(), a.raw(), b.raw(), dim as i32) })
+    }
+
+    /// Moves source dimension i to position `axes[i]` (ggml's convention).
+    pub fn permute<'a>(&'a self, a: Tensor<'a>, axes: [usize; 4]) -> Result<Tensor<'a>> {
+        let mut seen = [false; 4];
+        for &x in &axes {
+            if x > 3 || seen[x] {
+                return Err(shape("permute", format!("axes {axes:?} are not a permutation")));
+            }
+            seen[x] = true;
+        }
+        // SAFETY: axes form a permutation.
+        self.op("permute", || unsafe { ggml_sys::ggml_permute(self.raw(), a.raw(), axes[0] as i32, axes[1] as i32, axes[2] as i32, axes[3] as i32) })
+    }
+
+    /// Reshape a contiguous tensor to `ne` (ggml order).
+    pub fn reshape<'a>(&'a self, a: Tensor<'a>, ne: [i64; 4]) -> Result<Tensor<'a>> {
+        if !a.is_contiguous() || ne.iter().any(|&d| d < 1) || ne.iter().product::<i64>() != a.n_elements() {
+            return Err(shape("reshape", format!("{:?} to {ne:?}", a.ne())));
+        }
+        // SAFETY: contiguous, same element count.
+        self.op("reshape", || unsafe { ggml_sys::ggml_reshape_4d(self.raw(), a.raw(), ne[0], ne[1], ne[2], ne[3]) })
+    }
+
+    /// A strided view into `a`; `nb` are the strides of dims 1..3 in bytes and `offset`
+    /// is in bytes. Every addressed byte must lie inside `a`.
+    pub fn view<'a>(&'a self, a: Tensor<'a>, ne: [i64; 4], nb: [usize; 3], offset: usize) -> Result<Tensor<'a>> {
+        if ne.iter().any(|&d| d < 1) {
+            return Err(shape("view", format!("dimensions {ne:?}")));
+        }
+        let row = (ne[0] as usize / a.dtype().block_size()) * a.dtype().type_size();
+        let last = (ne[1] as usize - 1) * nb[0] + (ne[2] as usize - 1) * nb[1] + (ne[3] as usize - 1) * nb[2] + row;
+        if offset.checked_add(last).is_none_or(|end| end > a.n_bytes()) {
+            return Err(shape("view", format!("view {ne:?} at {offset} leaves the {}-byte tensor", a.n_bytes())));
+        }
+        // SAFETY: bounds checked.
+        self.op("view", || unsafe { ggml_sys::ggml_view_4d(self.raw(), a.raw(), ne[0], ne[1], ne[2], ne[3], nb[0], nb[1], nb[2], offset) })
+    }
+
+    /// Make a (permuted or viewed) tensor contiguous.
+    pub fn cont<'a>(&'a self, a: Tensor<'a>) -> Result<Tensor<'a>> {
+        // SAFETY: no preconditions.
+        self.op("cont", || unsafe { ggml_sys::ggml_cont(self.raw(), a.raw()) })
+    }
+
+    /// Gather rows of `a` [D, R, ...] by the i32 indices in `ids` [n, ...] → [D, n, ...].
+    pub fn get_rows<'a>(&'a self, a: Tensor<'a>, ids: Tensor<'a>) -> Result<Tensor<'a>> {
+        let (an, bn) = (a.ne(), ids.ne());
+        if ids.dtype() != GType::I32 || an[2] != bn[1] || an[3] != bn[2] || bn[3] != 1 {
+            return Err(shape("get_rows", format!("a {an:?} ids {bn:?} ({:?})", ids.dtype())));
+        }
+        // SAFETY: preconditions checked (index values are checked by ggml at compute time).
+        self.op("get_rows", || unsafe { ggml_sys::ggml_get_rows(self.raw(), a.raw(), ids.raw()) })
+    }
+
+    /// Rotary position embedding over the first `n_dims` of ne[0]; `pos` holds one i32
+    /// position per ne[2] entry. `mode` 0 is the original interleaved layout, 2 (NEOX)
+    /// rotates the two halves.
+    pub fn rope<'a>(&'a self, a: Tensor<'a>, pos: Tensor<'a>, n_dims: i32, mode: i32, freq_base: f32) -> Result<Tensor<'a>> {
+        let pn = pos.ne();
+        if pos.dtype() != GType::I32 || pn[1] != 1 || pn[2] != 1 || pn[3] != 1 || pn[0] != a.ne()[2] || mode & 1 != 0 {
+            return Err(shape("rope", format!("a {:?} pos {pn:?} mode {mode}", a.ne())));
+        }
+        if n_dims < 2 || n_dims as i64 > a.ne()[0] || n_dims % 2 != 0 {
+            return Err(shape("rope", format!("n_dims {n_dims} for rows of {}", a.ne()[0])));
+        }
+        // SAFETY: preconditions checked.
+        self.op("rope", || unsafe {
+            ggml_sys::ggml_rope_ext(self.raw(), a.raw(), pos.raw(), std::ptr::null_mut(), n_dims, mode, 0, freq_base, 1.0, 0.0, 1.0, 0.0, 0.0)
+        })
+    }
+}
+
+/// A computation graph; nodes are added by expanding from output tensors.
+pub struct Graph<'c> {
+    ptr: NonNull<ggml_sys::ggml_cgraph>,
+    _ctx: PhantomData<&'c Context>,
+}
+
+impl<'c> Graph<'c> {
+    pub fn raw(&self) -> *mut ggml_sys::ggml_cgraph {
+        self.ptr.as_ptr()
+    }
+
+    /// Add `t` and everything it depends on.
+    pub fn build_forward(&mut self, t: Tensor<'c>) -> Result<()> {
+        // SAFETY: reads the graph's capacity.
+        let (n, size) = unsafe { (ggml_sys::ggml_graph_n_nodes(self.raw()), ggml_sys::ggml_graph_size(self.raw())) };
+        if n >= size {
+            return Err(GgmlError::Context(format!("graph full ({size} nodes)")));
+        }
+        // ggml aborts if the expansion overflows; count what would be added first.
+        let extra = count_new_nodes(t, size as usize);
+        if n as usize + extra > size as usize {
+            return Err(GgmlError::Context(format!("graph of {size} nodes too small for {} more", extra)));
+        }
+        // SAFETY: capacity checked.
+        unsafe { ggml_sys::ggml_build_forward_expand(self.raw(), t.raw()) };
+        Ok(())
+    }
+
+    pub fn n_nodes(&self) -> usize {
+        // SAFETY: reads metadata.
+        unsafe { ggml_sys::ggml_graph_n_nodes(self.raw()) as usize }
+    }
+}
+
+/// An upper bound on the nodes `t` pulls into a graph (distinct tensors with an op),
+/// stopping once it passes `limit`.
+fn count_new_nodes(t: Tensor<'_>, limit: usize) -> usize {
+    let mut seen = std::collections::HashSet::new();
+    let mut stack = vec![t.raw()];
+    while let Some(p) = stack.pop() {
+        if p.is_null() || !seen.insert(p) || seen.len() > limit + 1 {
+            continue;
+        }
+        // SAFETY: p points at a live tensor of the same context.
+        let src = unsafe { (*p).src };
+        stack.extend(src.iter().copied().filter(|s| !s.is_null()));
+    }
+    seen.len()
+}

@@ -1,0 +1,103 @@
+//! Text front end of the CLIP text encoders: tokenizer, A1111 prompt weighting,
+//! textual-inversion embeddings, and the 77-token chunks the encoder consumes.
+//!
+//! - [`tokenizer`]: CLIP's byte-level BPE with CLIP's exact text clean-up.
+//! - [`prompt`]: A1111's `parse_prompt_attention` and the chunking of a weighted
+//!   prompt into `BOS + 75 + EOS` windows.
+//! - [`embeddings`]: a directory of textual-inversion files, matched by file stem.
+//! - [`ClipSkip`]: which hidden layer the encoder reads; only configuration here.
+
+mod clean;
+mod clean_tables;
+pub mod embeddings;
+pub mod prompt;
+pub mod tokenizer;
+
+use std::path::PathBuf;
+
+pub use clean::{clip_clean, fix_text, html_unescape};
+pub use embeddings::{Embedding, EmbeddingLibrary, EmbeddingVectors};
+pub use prompt::{
+    parse_prompt_attention, tokenize_weighted, Chunk, ChunkOptions, EmbeddingSlot, PromptPiece,
+    TokenizedPrompt, CHUNK_CONTENT, CHUNK_LEN,
+};
+pub use tokenizer::{ClipTokenizer, PadToken, BOS_TOKEN, EOS_TOKEN, VOCAB_SIZE};
+
+/// How many final transformer layers of the CLIP text encoder to skip, A1111 style:
+/// 1 reads the last layer's output (no skip), 2 the penultimate one, and so on.
+///
+/// SD1 was trained on the last layer, SD2 (OpenCLIP ViT-H) and SDXL on the
+/// penultimate, so those are the defaults ([`ClipSkip::default_for`]); a user value
+/// overrides them. The encoder applies it; tokenization does not depend on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ClipSkip(u32);
+
+/// The model families whose text-encoder defaults differ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TextFamily {
+    Sd1,
+    Sd2,
+    Sdxl,
+}
+
+impl ClipSkip {
+    /// `skip` must be at least 1 (A1111 and sd.cpp treat 0 and negatives as "use the
+    /// family default"; [`ClipSkip::from_user`] does that).
+    pub fn new(skip: u32) -> Result<Self, TextError> {
+        if skip == 0 {
+            return Err(TextError::InvalidClipSkip(0));
+        }
+        Ok(Self(skip))
+    }
+
+    /// sd.cpp's rule: a value <= 0 means the family default.
+    pub fn from_user(value: i64, family: TextFamily) -> Result<Self, TextError> {
+        if value <= 0 {
+            return Ok(Self::default_for(family));
+        }
+        u32::try_from(value)
+            .map(Self)
+            .map_err(|_| TextError::InvalidClipSkip(value))
+    }
+
+    pub fn default_for(family: TextFamily) -> Self {
+        match family {
+            TextFamily::Sd1 => Self(1),
+            TextFamily::Sd2 | TextFamily::Sdxl => Self(2),
+        }
+    }
+
+    pub fn get(self) -> u32 {
+        self.0
+    }
+
+    /// Index of the hidden state to read among `num_layers` layers (0-based), or
+    /// `None` when the skip exceeds the depth.
+    pub fn layer_index(self, num_layers: usize) -> Option<usize> {
+        num_layers.checked_sub(self.0 as usize)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TextError {
+    #[error("token id {id} at position {position} is not in the CLIP vocabulary")]
+    UnknownTokenId { id: u32, position: usize },
+    #[error("clip skip must be at least 1, got {0}")]
+    InvalidClipSkip(i64),
+    #[error("embeddings directory {path}: {source}")]
+    EmbeddingDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("embedding file {path}: {reason}")]
+    Embedding { path: PathBuf, reason: String },
+    #[error(
+        "embedding '{name}' has {vectors} vectors, more than the {max} tokens a chunk holds"
+    )]
+    EmbeddingTooLong {
+        name: String,
+        vectors: usize,
+        max: usize,
+    },
+}

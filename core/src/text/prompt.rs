@@ -1,0 +1,410 @@
+//! A1111 prompt weighting and the 77-token chunks a CLIP text encoder consumes.
+//!
+//! [`parse_prompt_attention`] is A1111's `modules/prompt_parser.py` function of that
+//! name, rule for rule: `(x)` multiplies by 1.1, `[x]` divides by 1.1, `(x:1.3)` sets
+//! 1.3, nesting multiplies, `\(` `\)` `\[` `\]` `\\` are literal, unclosed brackets
+//! apply to the end of the prompt, a closer without its opener is plain text, and a
+//! standalone upper-case `BREAK` becomes a `("BREAK", -1.0)` marker. Runs of equal
+//! weight are merged. Weights are computed in `f64` in A1111's order of operations, so
+//! they match Python's bit for bit.
+//!
+//! [`tokenize_weighted`] is A1111's `tokenize_line`: every parsed piece is tokenized on
+//! its own, tokens are laid into windows of 75, each window becomes
+//! `BOS + tokens + EOS + padding` (77 tokens) with per-token weights, and `BREAK` closes
+//! the current window early. One choice differs from A1111's defaults: a window that
+//! overflows is cut exactly at 75 tokens, as sd.cpp does, rather than moved back to the
+//! last comma within 20 tokens; set [`ChunkOptions::comma_padding_backtrack`] to 20
+//! for A1111's behaviour.
+
+use std::sync::Arc;
+
+use regex::Regex;
+use std::sync::OnceLock;
+
+use super::clean::py_isspace;
+use super::embeddings::{Embedding, EmbeddingLibrary};
+use super::tokenizer::ClipTokenizer;
+use super::TextError;
+
+/// Tokens per chunk, BOS and EOS included.
+pub const CHUNK_LEN: usize = 77;
+/// Prompt tokens per chunk.
+pub const CHUNK_CONTENT: usize = CHUNK_LEN - 2;
+
+/// Id written at the positions an embedding's vectors will replace. A1111 uses 0 too;
+/// any real id keeps the embedding-table lookup in range, and 0 (unlike ids past the
+/// vocabulary, sd.cpp's choice) keeps `argmax(ids)` finding the EOS position, which is
+/// how CLIP locates its pooled output.
+pub const EMBEDDING_PLACEHOLDER: u32 = 0;
+
+const ROUND_MULTIPLIER: f64 = 1.1;
+
+/// One `(text, weight)` pair of [`parse_prompt_attention`]'s result.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PromptPiece {
+    pub text: String,
+    pub weight: f64,
+}
+
+impl PromptPiece {
+    /// A1111 marks `BREAK` as the text `"BREAK"` with weight -1. Brackets around it
+    /// scale that weight like any other (A1111 then tokenizes the word "break" with a
+    /// negative weight, which no one means); any negative-weight `BREAK` piece counts
+    /// as a break here.
+    pub fn is_break(&self) -> bool {
+        self.text == "BREAK" && self.weight < 0.0
+    }
+}
+
+fn attention_regex() -> &'static Regex {
+    static RE: OnceLock<Regex> = OnceLock::new();
+    RE.get_or_init(|| {
+        Regex::new(
+            r"\\\(|\\\)|\\\[|\\\]|\\\\|\\|\(|\[|:([+-]?[.\d]+)\)|\)|\]|[^\\()\[\]:]+|:",
+        )
+        .expect("valid regex")
+    })
+}
+
+/// A1111's `parse_prompt_attention`.
+///
+/// One deliberate difference: where A1111 raises on a weight that is not a number
+/// (`(x:1.2.3)`, `(x:.)`), the `:…` is kept as plain text and the `)` closes as usual.
+pub fn parse_prompt_attention(prompt: &str) -> Vec<PromptPiece> {
+    let mut res: Vec<PromptPiece> = Vec::new();
+    let mut round: Vec<usize> = Vec::new();
+    let mut square: Vec<usize> = Vec::new();
+    let multiply_range = |res: &mut Vec<PromptPiece>, start: usize, m: f64| {
+        for p in &mut res[start..] {
+            p.weight *= m;
+        }
+    };
+
+    for caps in attention_regex().captures_iter(prompt) {
+        let mut text = caps.get(0).map_or("", |m| m.as_str());
+        let weight_text = caps.get(1).map(|m| m.as_str());
+        let weight = weight_text.and_then(|w| w.parse::<f64>().ok());
+        if weight_text.is_some() && weight.is_none() {
+            // Not a number: the `:…` is text, the `)` still closes.
+            push_text(&mut res, &text[..text.len() - 1]);
+            text = ")";
+        }
+        if let Some(literal) = text.strip_prefix('\\') {
+            res.push(PromptPiece {
+                text: literal.to_owned(),
+                weight: 1.0,
+            });
+        } else if text == "(" {
+            round.push(res.len());
+        } else if text == "[" {
+            square.push(res.len());
+        } else if let (Some(w), Some(start)) = (weight, round.last().copied()) {
+            round.pop();
+            multiply_range(&mut res, start, w);
+        } else if text == ")" && !round.is_empty() {
+            let start = round.pop().unwrap_or_default();
+            multiply_range(&mut res, start, ROUND_MULTIPLIER);
+        } else if text == "]" && !square.is_empty() {
+            let start = square.pop().unwrap_or_default();
+            multiply_range(&mut res, start, 1.0 / ROUND_MULTIPLIER);
+        } else {
+            push_text(&mut res, text);
+        }
+    }
+    for start in round {
+        multiply_range(&mut res, start, ROUND_MULTIPLIER);
+    }
+    for start in square {
+        multiply_range(&mut res, start, 1.0 / ROUND_MULTIPLIER);
+    }
+    if res.is_empty() {
+        res.push(PromptPiece {
+            text: String::new(),
+            weight: 1.0,
+        });
+    }
+    let mut merged: Vec<PromptPiece> = Vec::with_capacity(res.len());
+    for piece in res {
+        match merged.last_mut() {
+            Some(last) if last.weight == piece.weight => last.text.push_str(&piece.text),
+            _ => merged.push(piece),
+        }
+    }
+    merged
+}
+
+/// Plain text, split at `BREAK`s.
+fn push_text(res: &mut Vec<PromptPiece>, text: &str) {
+    for (i, part) in split_break(text).into_iter().enumerate() {
+        if i > 0 {
+            res.push(PromptPiece {
+                text: "BREAK".to_owned(),
+                weight: -1.0,
+            });
+        }
+        res.push(PromptPiece {
+            text: part.to_owned(),
+            weight: 1.0,
+        });
+    }
+}
+
+/// Python's `\w` for `re` string patterns.
+fn py_is_word(c: char) -> bool {
+    c.is_alphanumeric() || c == '_'
+}
+
+/// `re.split(r"\s*\bBREAK\b\s*", text)`.
+fn split_break(text: &str) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let mut last_end = 0;
+    let mut search = 0;
+    while let Some(found) = text[search..].find("BREAK") {
+        let start = search + found;
+        let end = start + "BREAK".len();
+        let before_ok = text[..start].chars().next_back().is_none_or(|c| !py_is_word(c));
+        let after_ok = text[end..].chars().next().is_none_or(|c| !py_is_word(c));
+        if !(before_ok && after_ok) {
+            search = start + 1;
+            continue;
+        }
+        let lead = text[last_end..start]
+            .char_indices()
+            .rev()
+            .take_while(|&(_, c)| py_isspace(c))
+            .last()
+            .map_or(start, |(i, _)| last_end + i);
+        let trail = text[end..]
+            .char_indices()
+            .find(|&(_, c)| !py_isspace(c))
+            .map_or(text.len(), |(i, _)| end + i);
+        parts.push(&text[last_end..lead]);
+        last_end = trail;
+        search = trail;
+    }
+    parts.push(&text[last_end..]);
+    parts
+}
+
+/// How a prompt is laid into chunks.
+#[derive(Clone, Debug)]
+pub struct ChunkOptions {
+    /// Parse A1111 attention syntax; off, the whole prompt is one piece of weight 1
+    /// (A1111's "Emphasis: None"). `BREAK` only works with parsing on.
+    pub parse_weights: bool,
+    /// When a window fills up and a comma was among its last this-many tokens, move
+    /// the text after that comma into the next window. 0 (the default) cuts at exactly
+    /// 75 tokens like sd.cpp; A1111's default is 20.
+    pub comma_padding_backtrack: usize,
+}
+
+impl Default for ChunkOptions {
+    fn default() -> Self {
+        Self {
+            parse_weights: true,
+            comma_padding_backtrack: 0,
+        }
+    }
+}
+
+/// A textual-inversion embedding placed in a chunk: its vectors replace the token
+/// embeddings at `position .. position + embedding.num_vectors()` (BOS is position 0).
+#[derive(Clone, Debug)]
+pub struct EmbeddingSlot {
+    pub position: usize,
+    pub embedding: Arc<Embedding>,
+}
+
+/// One encoder window: `CHUNK_LEN` tokens and their weights.
+#[derive(Clone, Debug)]
+pub struct Chunk {
+    pub tokens: Vec<u32>,
+    pub weights: Vec<f32>,
+    pub embeddings: Vec<EmbeddingSlot>,
+}
+
+/// A prompt laid into chunks.
+#[derive(Clone, Debug)]
+pub struct TokenizedPrompt {
+    /// At least one.
+    pub chunks: Vec<Chunk>,
+    /// A1111's token counter: 75 for every window closed early or full, plus the
+    /// tokens of the last one.
+    pub token_count: usize,
+    /// No text token and no embedding came out of the prompt (empty, blank, or
+    /// only syntax such as `()` or `BREAK`). SDXL pipelines zero such conditioning.
+    pub empty: bool,
+}
+
+struct Builder {
+    bos: u32,
+    eos: u32,
+    pad: u32,
+    chunks: Vec<Chunk>,
+    tokens: Vec<u32>,
+    weights: Vec<f32>,
+    embeddings: Vec<EmbeddingSlot>,
+    token_count: usize,
+    last_comma: Option<usize>,
+}
+
+impl Builder {
+    /// A1111's `next_chunk`.
+    fn next_chunk(&mut self, is_last: bool) {
+        self.token_count += if is_last {
+            self.tokens.len()
+        } else {
+            CHUNK_CONTENT
+        };
+        let used = self.tokens.len();
+        let mut tokens = Vec::with_capacity(CHUNK_LEN);
+        tokens.push(self.bos);
+        tokens.append(&mut self.tokens);
+        tokens.push(self.eos);
+        tokens.resize(CHUNK_LEN, self.pad);
+        let mut weights = Vec::with_capacity(CHUNK_LEN);
+        weights.push(1.0);
+        weights.append(&mut self.weights);
+        weights.resize(CHUNK_LEN, 1.0);
+        debug_assert!(used <= CHUNK_CONTENT);
+        let embeddings = std::mem::take(&mut self.embeddings)
+            .into_iter()
+            .map(|mut slot| {
+                slot.position += 1;
+                slot
+            })
+            .collect();
+        self.chunks.push(Chunk {
+            tokens,
+            weights,
+            embeddings,
+        });
+        self.last_comma = None;
+    }
+}
+
+/// Lays `prompt` into chunks; see the module documentation for the rules.
+///
+/// Embeddings from `embeddings` are matched on token sequences, as A1111 does: an
+/// embedding named `bad-hands` matches wherever the tokens of `bad-hands` appear
+/// within one weighted piece (case does not matter, the tokenizer lower-cases), and
+/// occupies as many positions as it has vectors, never split across two windows.
+pub fn tokenize_weighted(
+    prompt: &str,
+    tokenizer: &ClipTokenizer,
+    embeddings: Option<&EmbeddingLibrary>,
+    options: &ChunkOptions,
+) -> Result<TokenizedPrompt, TextError> {
+    let pieces = if options.parse_weights {
+        parse_prompt_attention(prompt)
+    } else {
+        vec![PromptPiece {
+            text: prompt.to_owned(),
+            weight: 1.0,
+        }]
+    };
+    let comma = tokenizer.encode(",").first().copied();
+    let mut b = Builder {
+        bos: tokenizer.bos(),
+        eos: tokenizer.eos(),
+        pad: tokenizer.pad(),
+        chunks: Vec::new(),
+        tokens: Vec::with_capacity(CHUNK_CONTENT),
+        weights: Vec::with_capacity(CHUNK_CONTENT),
+        embeddings: Vec::new(),
+        token_count: 0,
+        last_comma: None,
+    };
+    let mut empty = true;
+
+    for piece in &pieces {
+        if options.parse_weights && piece.is_break() {
+            b.next_chunk(false);
+            continue;
+        }
+        let weight = piece.weight as f32;
+        let ids = tokenizer.encode(&piece.text);
+        let mut position = 0;
+        while position < ids.len() {
+            let token = ids[position];
+            if Some(token) == comma {
+                b.last_comma = Some(b.tokens.len());
+            } else if let Some(last_comma) = b.last_comma.filter(|&c| {
+                options.comma_padding_backtrack != 0
+                    && b.tokens.len() == CHUNK_CONTENT
+                    && b.tokens.len() - c <= options.comma_padding_backtrack
+            }) {
+                let at = last_comma + 1;
+                let moved_tokens = b.tokens.split_off(at);
+                let moved_weights = b.weights.split_off(at);
+                let (kept, moved): (Vec<_>, Vec<_>) =
+                    b.embeddings.drain(..).partition(|s| s.position < at);
+                b.embeddings = kept;
+                b.next_chunk(false);
+                b.tokens = moved_tokens;
+                b.weights = moved_weights;
+                b.embeddings = moved
+                    .into_iter()
+                    .map(|mut s| {
+                        s.position -= at;
+                        s
+                    })
+                    .collect();
+            }
+            if b.tokens.len() == CHUNK_CONTENT {
+                b.next_chunk(false);
+            }
+
+            let found = match embeddings {
+                Some(lib) => lib.find_at(&ids, position)?,
+                None => None,
+            };
+            empty = false;
+            let Some((embedding, name_len)) = found else {
+                b.tokens.push(token);
+                b.weights.push(weight);
+                position += 1;
+                continue;
+            };
+            let n = embedding.num_vectors();
+            if n > CHUNK_CONTENT {
+                return Err(TextError::EmbeddingTooLong {
+                    name: embedding.name.clone(),
+                    vectors: n,
+                    max: CHUNK_CONTENT,
+                });
+            }
+            if b.tokens.len() + n > CHUNK_CONTENT {
+                b.next_chunk(false);
+            }
+            b.embeddings.push(EmbeddingSlot {
+                position: b.tokens.len(),
+                embedding,
+            });
+            b.tokens.extend(std::iter::repeat_n(EMBEDDING_PLACEHOLDER, n));
+            b.weights.extend(std::iter::repeat_n(weight, n));
+            position += name_len;
+        }
+    }
+    if !b.tokens.is_empty() || b.chunks.is_empty() {
+        b.next_chunk(true);
+    }
+    Ok(TokenizedPrompt {
+        chunks: b.chunks,
+        token_count: b.token_count,
+        empty,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_break_matches_python_re_split() {
+        assert_eq!(split_break("a BREAK b"), ["a", "b"]);
+        assert_eq!(split_break("a  BREAK\n BREAK b"), ["a", "", "b"]);
+        assert_eq!(split_break("BREAKFAST xBREAK BREAK_ break"), ["BREAKFAST xBREAK BREAK_ break"]);
+        assert_eq!(split_break("BREAK,x"), ["", ",x"]);
+    }
+}
