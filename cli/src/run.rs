@@ -1,12 +1,348 @@
-//! `sdflow run` (being written).
+//! `sdflow run`: load a workflow file (ours, ComfyUI API or ComfyUI UI format), apply
+//! `--set` overrides, validate, run, and report per-node times and cache hits.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
 use clap::Args;
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use sdflow_executor::{
+    CancelToken, Event, EventSink, Executor, ExecutorConfig, InputValue, Registry, RunError,
+    RunOptions, RunReport, Workflow, WorkflowError,
+};
 
 #[derive(Args)]
 pub struct RunArgs {
-    /// Workflow file.
-    pub workflow: std::path::PathBuf,
+    /// Workflow file(s). Several run one after the other in one executor, so later ones
+    /// reuse the cached outputs of nodes they share with earlier ones.
+    #[arg(required = true, value_name = "WORKFLOW")]
+    pub workflows: Vec<PathBuf>,
+    /// Run each workflow this many times (the repeats show the cache at work).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub repeat: usize,
+    /// Override one input: NODE.INPUT=VALUE. VALUE is read as JSON (`3`, `0.5`, `true`,
+    /// `["4", 0]` for a link) and otherwise taken as a string. Repeatable.
+    #[arg(long = "set", value_name = "NODE.INPUT=VALUE")]
+    pub set: Vec<String>,
+    /// Directory output nodes write their files to (created if missing).
+    #[arg(long, value_name = "DIR")]
+    pub output_dir: Option<PathBuf>,
+    /// Print every event as one JSON line on stdout (ComfyUI's WebSocket message shape).
+    #[arg(long)]
+    pub json_events: bool,
+    /// Worker threads for independent light nodes.
+    #[arg(long, value_name = "N")]
+    pub workers: Option<usize>,
 }
 
-pub fn run_command(_args: RunArgs) -> anyhow::Result<()> {
-    anyhow::bail!("not supported yet: sdflow run")
+/// The node types `sdflow run` offers.
+fn registry() -> Registry {
+    let mut registry = Registry::new();
+    sdflow_executor::stub::register(&mut registry);
+    registry
+}
+
+pub fn run_command(args: RunArgs) -> anyhow::Result<()> {
+    let registry = Arc::new(registry());
+    let mut workflows = Vec::with_capacity(args.workflows.len());
+    for path in &args.workflows {
+        let mut wf = load(path, &registry)?;
+        for s in &args.set {
+            apply_override(&mut wf, &registry, s).with_context(|| path.display().to_string())?;
+        }
+        workflows.push((path, wf));
+    }
+    if let Some(dir) = &args.output_dir {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("creating output directory {}", dir.display()))?;
+    }
+    let mut config = ExecutorConfig::default();
+    if let Some(w) = args.workers {
+        config.workers = w.max(1);
+    }
+    let executor = Executor::new(registry, config);
+    // Everything is validated before anything runs.
+    let mut plans = Vec::with_capacity(workflows.len());
+    let mut invalid = false;
+    for (path, wf) in &workflows {
+        match executor.validate(wf) {
+            Ok(plan) => plans.push(plan),
+            Err(report) => {
+                if args.json_events {
+                    println!("{}", report.to_json());
+                }
+                eprint!("{}: {}", path.display(), report.render());
+                invalid = true;
+            }
+        }
+    }
+    if invalid {
+        bail!("the workflow failed validation");
+    }
+
+    // Ctrl-C cancels the run in progress (each run has its own token) and stops.
+    let current = Arc::new(Mutex::new(CancelToken::new()));
+    let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    {
+        let (current, stopping) = (current.clone(), stopping.clone());
+        ctrlc::set_handler(move || {
+            stopping.store(true, std::sync::atomic::Ordering::SeqCst);
+            current.lock().unwrap_or_else(|e| e.into_inner()).cancel();
+        })
+        .context("installing the Ctrl-C handler")?;
+    }
+    let options = RunOptions {
+        run_id: None,
+        output_dir: args.output_dir.clone(),
+    };
+    for _ in 0..args.repeat.max(1) {
+        for ((path, wf), plan) in workflows.iter().zip(&plans) {
+            if workflows.len() > 1 || args.repeat > 1 {
+                let line = format!("== {}", path.display());
+                if args.json_events {
+                    eprintln!("{line}")
+                } else {
+                    println!("{line}")
+                }
+            }
+            if stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                bail!("interrupted");
+            }
+            let cancel = CancelToken::new();
+            *current.lock().unwrap_or_else(|e| e.into_inner()) = cancel.clone();
+            run_one(&executor, wf, plan, &options, &cancel, args.json_events)?;
+        }
+    }
+    Ok(())
+}
+
+fn run_one(
+    executor: &Executor,
+    wf: &Workflow,
+    plan: &sdflow_executor::Plan,
+    options: &RunOptions,
+    cancel: &CancelToken,
+    json_events: bool,
+) -> anyhow::Result<()> {
+    let result = if json_events {
+        executor.run_plan(plan, &JsonLines, cancel, options)
+    } else {
+        let sink = ProgressSink::default();
+        let r = executor.run_plan(plan, &sink, cancel, options);
+        sink.clear();
+        r
+    };
+    let titles: HashMap<&str, &str> = wf
+        .nodes
+        .iter()
+        .filter_map(|(id, n)| n.title.as_deref().map(|t| (id.as_str(), t)))
+        .collect();
+    let order: Vec<&str> = plan.node_ids().collect();
+    let print_table = |report: &RunReport, stopped: Option<(&str, &str)>| {
+        let text = table(report, &order, wf, &titles, stopped);
+        // Events already went to stdout as JSON; keep it machine-readable.
+        if json_events {
+            eprint!("{text}");
+        } else {
+            print!("{text}");
+        }
+    };
+    match result {
+        Ok(report) => {
+            print_table(&report, None);
+            Ok(())
+        }
+        Err(RunError::NodeFailed {
+            node_id,
+            class_type,
+            error,
+            report,
+        }) => {
+            print_table(&report, Some((&node_id, "failed")));
+            bail!("node {node_id} ({class_type}) failed: {error}")
+        }
+        Err(RunError::Interrupted { report, node_id }) => {
+            print_table(&report, node_id.as_deref().map(|n| (n, "interrupted")));
+            bail!("the run was interrupted")
+        }
+        Err(RunError::Invalid(report)) => bail!("{}", report.render()),
+    }
+}
+
+fn duration(d: Duration) -> String {
+    let us = d.as_secs_f64() * 1e6;
+    if us < 1000.0 {
+        format!("{us:.0} µs")
+    } else {
+        format!("{:.1} ms", us / 1000.0)
+    }
+}
+
+fn load(path: &Path, registry: &Registry) -> anyhow::Result<Workflow> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    Workflow::parse(&text, registry).map_err(|e| match e {
+        WorkflowError::Json {
+            line,
+            column,
+            message,
+        } => {
+            anyhow::anyhow!(
+                "{}:{line}:{column}: malformed JSON: {message}",
+                path.display()
+            )
+        }
+        other => anyhow::anyhow!("{}: {other}", path.display()),
+    })
+}
+
+fn apply_override(wf: &mut Workflow, registry: &Registry, spec: &str) -> anyhow::Result<()> {
+    let (target, value) = spec
+        .split_once('=')
+        .with_context(|| format!("--set {spec:?}: expected NODE.INPUT=VALUE"))?;
+    let (node, input) = target
+        .split_once('.')
+        .with_context(|| format!("--set {spec:?}: expected NODE.INPUT before '='"))?;
+    let Some(node_spec) = wf.nodes.get(node) else {
+        let ids: Vec<&str> = wf.nodes.keys().map(String::as_str).collect();
+        bail!(
+            "--set {spec:?}: no node '{node}' in the workflow (nodes: {})",
+            ids.join(", ")
+        );
+    };
+    if let Some(schema) = registry.schema(&node_spec.class_type) {
+        if schema.find_input(input).is_none() {
+            let names: Vec<&str> = schema.inputs.iter().map(|i| i.name.as_str()).collect();
+            bail!(
+                "--set {spec:?}: node {node} ({}) has no input '{input}' (inputs: {})",
+                node_spec.class_type,
+                names.join(", ")
+            );
+        }
+    }
+    let json = serde_json::from_str(value)
+        .unwrap_or_else(|_| serde_json::Value::String(value.to_string()));
+    wf.set_input(node, input, InputValue::from_json(json))?;
+    Ok(())
+}
+
+fn table(
+    report: &RunReport,
+    order: &[&str],
+    wf: &Workflow,
+    titles: &HashMap<&str, &str>,
+    stopped: Option<(&str, &str)>,
+) -> String {
+    let times: HashMap<&str, Duration> = report
+        .executed
+        .iter()
+        .map(|t| (t.node.as_str(), t.duration))
+        .collect();
+    let cached: std::collections::HashSet<&str> =
+        report.cached.iter().map(String::as_str).collect();
+    let mut rows = vec![(
+        "node".to_string(),
+        "class".to_string(),
+        "status".to_string(),
+        "time".to_string(),
+    )];
+    for &id in order {
+        let class = wf
+            .nodes
+            .get(id)
+            .map(|n| n.class_type.as_str())
+            .unwrap_or("?");
+        let name = match titles.get(id) {
+            Some(t) => format!("{id} \"{t}\""),
+            None => id.to_string(),
+        };
+        let (status, time) = match times.get(id) {
+            Some(d) => ("ran", duration(*d)),
+            None if cached.contains(id) => ("cached", "-".to_string()),
+            None if stopped.is_some_and(|s| s.0 == id) => {
+                (stopped.map_or("", |s| s.1), "-".to_string())
+            }
+            None => ("not run", "-".to_string()),
+        };
+        rows.push((name, class.to_string(), status.to_string(), time));
+    }
+    let w0 = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
+    let w1 = rows.iter().map(|r| r.1.len()).max().unwrap_or(0);
+    let w2 = rows.iter().map(|r| r.2.len()).max().unwrap_or(0);
+    let mut out = String::new();
+    for (a, b, c, d) in &rows {
+        out.push_str(&format!("{a:<w0$}  {b:<w1$}  {c:<w2$}  {d:>10}\n"));
+    }
+    out.push_str(&format!(
+        "run {}: {} ran, {} cached, {} total ({} planning)\n",
+        report.run_id,
+        report.executed.len(),
+        report.cached.len(),
+        duration(report.total),
+        duration(report.planning),
+    ));
+    for (node, ui) in &report.ui_outputs {
+        out.push_str(&format!("output of node {node}: {ui}\n"));
+    }
+    out
+}
+
+struct JsonLines;
+
+impl EventSink for JsonLines {
+    fn send(&self, event: Event) {
+        if let Ok(line) = serde_json::to_string(&event) {
+            let mut out = std::io::stdout().lock();
+            // A closed stdout (piped into `head`) must not abort the run.
+            let _ = writeln!(out, "{line}");
+        }
+    }
+}
+
+/// Progress bars for nodes that report progress, one per running node.
+#[derive(Default)]
+struct ProgressSink {
+    multi: MultiProgress,
+    bars: Mutex<HashMap<String, ProgressBar>>,
+}
+
+impl ProgressSink {
+    fn clear(&self) {
+        let mut bars = self.bars.lock().unwrap_or_else(|e| e.into_inner());
+        for (_, bar) in bars.drain() {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+impl EventSink for ProgressSink {
+    fn send(&self, event: Event) {
+        let mut bars = self.bars.lock().unwrap_or_else(|e| e.into_inner());
+        if let Event::Progress {
+            node, value, max, ..
+        } = event
+        {
+            let bar = bars.entry(node.clone()).or_insert_with(|| {
+                let style =
+                    ProgressStyle::with_template("{prefix:>12} [{bar:40}] {pos}/{len} {elapsed}")
+                        .unwrap_or_else(|_| ProgressStyle::default_bar())
+                        .progress_chars("=> ");
+                let bar = self.multi.add(ProgressBar::new(max));
+                bar.set_style(style);
+                bar.set_prefix(format!("node {node}"));
+                bar
+            });
+            bar.set_length(max);
+            bar.set_position(value);
+            if value >= max {
+                if let Some(bar) = bars.remove(&node) {
+                    bar.finish_and_clear();
+                }
+            }
+        }
+    }
 }

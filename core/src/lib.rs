@@ -5,6 +5,8 @@
 //! - [`dtype`]: the element types a model file can hold, and conversion between them.
 //! - [`io`]: one tensor-source abstraction over safetensors, GGUF, PyTorch pickles and
 //!   diffusers folders, with every sanity check sd.cpp's loader makes.
+//! - [`models`]: model architectures as ggml graphs (CLIP text encoders, ...), loaded
+//!   from [`io`] sources and validated against their configs before any graph is built.
 //! - [`residency`]: the one owner of model weights (sharing, budgets, eviction, pinning).
 //! - [`detect`]: which model family a set of tensors is, from names and shapes alone.
 //! - [`sampling`]: noise schedules, samplers and the seeded RNGs they draw from.
@@ -16,6 +18,7 @@ pub mod detect;
 pub mod dtype;
 pub mod ggml;
 pub mod io;
+pub mod models;
 pub mod residency;
 pub mod sampling;
 pub mod synth;

@@ -1,1 +1,748 @@
-//! (being written)
+//! Random-weight checkpoints with the real Stable Diffusion architectures and key layouts.
+//!
+//! No machine here can download real weights, so tests, benchmarks and `sdflow demo` use
+//! checkpoints made here: every tensor the original CompVis (SD1.x) / Stability (SD2.x)
+//! single-file `.ckpt`/`.safetensors` holds, under the same names and shapes
+//! (`model.diffusion_model.*`, `first_stage_model.*`, `cond_stage_model.*`), filled with
+//! seeded random values at scales that keep activations finite through a real forward pass.
+//!
+//! The layout follows ldm's `openaimodel.UNetModel`, `autoencoder.AutoencoderKL` (KL-f8),
+//! transformers' `CLIPTextModel` (SD1) and open_clip's text tower (SD2); the full-size tables
+//! are checked against key/shape tables generated from those reference implementations
+//! (`core/tests/fixtures/synth/gen_key_tables.py`).
+//!
+//! Not included: the DDPM schedule buffers (`betas`, `alphas_cumprod`, ...) and the SD1
+//! `position_ids` buffer that some real checkpoints also carry; loaders do not need them.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use half::{bf16, f16};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, StandardNormal};
+use serde::{Deserialize, Serialize};
+
+use crate::dtype::DType;
+
+/// Errors of config validation and checkpoint writing.
+#[derive(Debug, thiserror::Error)]
+pub enum SynthError {
+    #[error("invalid synthetic model config: {0}")]
+    Config(String),
+    #[error("synthetic checkpoints can be written as f32, f16 or bf16, not {0}")]
+    UnsupportedDType(DType),
+    #[error("writing {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("header of {path}: {source}")]
+    Header {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// Which Stable Diffusion generation: decides the text encoder and transformer projections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SdVersion {
+    /// SD 1.x: CLIP ViT-L/14 text encoder (`cond_stage_model.transformer.text_model.*`),
+    /// 1x1-conv `proj_in`/`proj_out`.
+    Sd1,
+    /// SD 2.x: OpenCLIP ViT-H/14 text encoder (`cond_stage_model.model.*`), linear
+    /// `proj_in`/`proj_out` (ldm's `use_linear_in_transformer`).
+    Sd2,
+}
+
+/// How attention heads are sized: ldm's `num_heads` (SD1) or `num_head_channels` (SD2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Heads {
+    /// A fixed number of heads at every width (SD1: 8).
+    Count(usize),
+    /// A fixed channels-per-head (SD2: 64), so wider levels get more heads.
+    HeadDim(usize),
+}
+
+/// ldm `UNetModel` hyper-parameters (names follow the ldm yaml configs).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnetConfig {
+    /// 4 for txt2img; 9 for inpainting models (latent + mask + masked-image latent).
+    pub in_channels: usize,
+    pub out_channels: usize,
+    pub model_channels: usize,
+    pub channel_mult: Vec<usize>,
+    pub num_res_blocks: usize,
+    /// Downsampling factors (1, 2, 4, ...) at which SpatialTransformers are inserted.
+    pub attention_resolutions: Vec<usize>,
+    pub heads: Heads,
+    pub context_dim: usize,
+    pub transformer_depth: usize,
+    pub use_linear_in_transformer: bool,
+}
+
+/// ldm KL autoencoder (`ddconfig`) hyper-parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VaeConfig {
+    pub in_channels: usize,
+    pub out_ch: usize,
+    pub ch: usize,
+    pub ch_mult: Vec<usize>,
+    pub num_res_blocks: usize,
+    pub z_channels: usize,
+    pub embed_dim: usize,
+}
+
+/// Text transformer hyper-parameters (CLIP-L for SD1, OpenCLIP-H for SD2).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TextConfig {
+    pub hidden: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub intermediate: usize,
+    pub vocab: usize,
+    pub max_positions: usize,
+    /// OpenCLIP's `text_projection` output width (`embed_dim`); unused by SD1's CLIP.
+    pub projection_dim: usize,
+}
+
+/// One whole single-file SD checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SdConfig {
+    pub version: SdVersion,
+    pub unet: UnetConfig,
+    pub vae: VaeConfig,
+    pub text: TextConfig,
+}
+
+impl VaeConfig {
+    /// The KL-f8 autoencoder every SD1.x/SD2.x checkpoint ships.
+    pub fn kl_f8() -> Self {
+        VaeConfig {
+            in_channels: 3,
+            out_ch: 3,
+            ch: 128,
+            ch_mult: vec![1, 2, 4, 4],
+            num_res_blocks: 2,
+            z_channels: 4,
+            embed_dim: 4,
+        }
+    }
+
+    /// Same structure with 2 levels (f4) at width 32.
+    pub fn tiny() -> Self {
+        VaeConfig { ch: 32, ch_mult: vec![1, 2], num_res_blocks: 1, ..Self::kl_f8() }
+    }
+}
+
+impl SdConfig {
+    /// Stable Diffusion 1.5 (`v1-inference.yaml`).
+    pub fn sd15() -> Self {
+        SdConfig {
+            version: SdVersion::Sd1,
+            unet: UnetConfig {
+                in_channels: 4,
+                out_channels: 4,
+                model_channels: 320,
+                channel_mult: vec![1, 2, 4, 4],
+                num_res_blocks: 2,
+                attention_resolutions: vec![4, 2, 1],
+                heads: Heads::Count(8),
+                context_dim: 768,
+                transformer_depth: 1,
+                use_linear_in_transformer: false,
+            },
+            vae: VaeConfig::kl_f8(),
+            text: TextConfig {
+                hidden: 768,
+                layers: 12,
+                heads: 12,
+                intermediate: 3072,
+                vocab: 49408,
+                max_positions: 77,
+                projection_dim: 768,
+            },
+        }
+    }
+
+    /// Stable Diffusion 2.1 (`v2-inference-v.yaml`; 2.0/2.1-base share the layout).
+    pub fn sd21() -> Self {
+        SdConfig {
+            version: SdVersion::Sd2,
+            unet: UnetConfig {
+                heads: Heads::HeadDim(64),
+                context_dim: 1024,
+                use_linear_in_transformer: true,
+                ..Self::sd15().unet
+            },
+            vae: VaeConfig::kl_f8(),
+            text: TextConfig {
+                hidden: 1024,
+                layers: 24,
+                heads: 16,
+                intermediate: 4096,
+                vocab: 49408,
+                max_positions: 77,
+                projection_dim: 1024,
+            },
+        }
+    }
+
+    /// SD1 structure at toy size (~3.7 M parameters, most in the real-vocabulary token
+    /// embedding): 3 UNet levels with attention on the first two, 1 res block per level.
+    pub fn tiny_sd1() -> Self {
+        SdConfig {
+            version: SdVersion::Sd1,
+            unet: UnetConfig {
+                in_channels: 4,
+                out_channels: 4,
+                model_channels: 32,
+                channel_mult: vec![1, 2, 2],
+                num_res_blocks: 1,
+                attention_resolutions: vec![1, 2],
+                heads: Heads::Count(2),
+                context_dim: 32,
+                transformer_depth: 1,
+                use_linear_in_transformer: false,
+            },
+            vae: VaeConfig::tiny(),
+            text: TextConfig {
+                hidden: 32,
+                layers: 2,
+                heads: 2,
+                intermediate: 64,
+                vocab: 49408,
+                max_positions: 77,
+                projection_dim: 32,
+            },
+        }
+    }
+
+    /// SD2 structure at toy size.
+    pub fn tiny_sd2() -> Self {
+        let base = Self::tiny_sd1();
+        SdConfig {
+            version: SdVersion::Sd2,
+            unet: UnetConfig {
+                heads: Heads::HeadDim(16),
+                use_linear_in_transformer: true,
+                ..base.unet
+            },
+            vae: VaeConfig::tiny(),
+            text: TextConfig { intermediate: 128, ..base.text },
+        }
+    }
+
+    /// Checks the divisibility constraints the real modules assert at construction.
+    pub fn validate(&self) -> Result<(), SynthError> {
+        let err = |m: String| Err(SynthError::Config(m));
+        let u = &self.unet;
+        if u.channel_mult.is_empty() || u.num_res_blocks == 0 || u.model_channels == 0 {
+            return err("unet: channel_mult, num_res_blocks and model_channels must be non-zero".into());
+        }
+        if u.in_channels == 0 || u.out_channels == 0 || u.context_dim == 0 {
+            return err("unet: in/out channels and context_dim must be non-zero".into());
+        }
+        if !self.unet.attention_resolutions.is_empty() && u.transformer_depth == 0 {
+            return err("unet: transformer_depth must be at least 1".into());
+        }
+        for &m in &u.channel_mult {
+            let c = u.model_channels * m;
+            if c == 0 || c % 32 != 0 {
+                return err(format!("unet: width {c} is not a multiple of 32 (GroupNorm groups)"));
+            }
+            let ok = match u.heads {
+                Heads::Count(h) => h > 0 && c % h == 0,
+                Heads::HeadDim(d) => d > 0 && c % d == 0,
+            };
+            if !ok {
+                return err(format!("unet: width {c} is not divisible by {:?}", u.heads));
+            }
+        }
+        let v = &self.vae;
+        if v.ch_mult.is_empty() || v.num_res_blocks == 0 || v.z_channels == 0 || v.embed_dim == 0 {
+            return err("vae: ch_mult, num_res_blocks, z_channels and embed_dim must be non-zero".into());
+        }
+        if v.in_channels == 0 || v.out_ch == 0 {
+            return err("vae: in_channels and out_ch must be non-zero".into());
+        }
+        for &m in &v.ch_mult {
+            let c = v.ch * m;
+            if c == 0 || c % 32 != 0 {
+                return err(format!("vae: width {c} is not a multiple of 32 (GroupNorm groups)"));
+            }
+        }
+        let t = &self.text;
+        if t.hidden == 0 || t.heads == 0 || t.hidden % t.heads != 0 {
+            return err(format!("text: hidden {} is not divisible by heads {}", t.hidden, t.heads));
+        }
+        if t.layers == 0 || t.intermediate == 0 || t.vocab == 0 || t.max_positions == 0 {
+            return err("text: layers, intermediate, vocab and max_positions must be non-zero".into());
+        }
+        if self.version == SdVersion::Sd2 && t.projection_dim == 0 {
+            return err("text: projection_dim must be non-zero for OpenCLIP".into());
+        }
+        Ok(())
+    }
+
+    /// Every tensor of the checkpoint, in module order.
+    pub fn tensors(&self) -> Result<Vec<TensorSpec>, SynthError> {
+        self.validate()?;
+        let mut out = Specs(Vec::new());
+        unet(&mut out, "model.diffusion_model.", &self.unet);
+        vae(&mut out, "first_stage_model.", &self.vae);
+        match self.version {
+            SdVersion::Sd1 => clip_l(&mut out, "cond_stage_model.transformer.text_model.", &self.text),
+            SdVersion::Sd2 => open_clip(&mut out, "cond_stage_model.model.", &self.text),
+        }
+        Ok(out.0)
+    }
+}
+
+/// How a tensor's values are drawn.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub enum Init {
+    /// `mean + std * N(0, 1)`.
+    Normal { mean: f32, std: f32 },
+    Constant(f32),
+}
+
+/// One tensor of a synthetic checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TensorSpec {
+    pub name: String,
+    /// PyTorch order, as in the original checkpoints.
+    pub shape: Vec<usize>,
+    pub init: Init,
+}
+
+impl TensorSpec {
+    pub fn n_elements(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// The values of this tensor for `seed`. They depend only on the seed, the tensor's name
+    /// and its init, so a tensor reads the same whatever else the checkpoint holds.
+    pub fn values(&self, seed: u64) -> Vec<f32> {
+        let mut stream = ValueStream::new(self, seed);
+        (0..self.n_elements()).map(|_| stream.next()).collect()
+    }
+}
+
+/// Draws a tensor's values in order, so large tensors can be written chunk by chunk.
+struct ValueStream {
+    rng: ChaCha8Rng,
+    init: Init,
+}
+
+impl ValueStream {
+    fn new(spec: &TensorSpec, seed: u64) -> Self {
+        ValueStream { rng: ChaCha8Rng::seed_from_u64(seed ^ fnv1a(spec.name.as_bytes())), init: spec.init }
+    }
+
+    fn next(&mut self) -> f32 {
+        match self.init {
+            Init::Constant(c) => c,
+            Init::Normal { mean, std } => {
+                let z: f32 = StandardNormal.sample(&mut self.rng);
+                mean + std * z
+            }
+        }
+    }
+}
+
+/// A fixed, platform-independent string hash (std's hasher is randomized per process).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// Small scale for biases and norm jitter: non-zero so a missing bias add or norm affine
+/// changes results (and a comparison with a reference catches it), small enough not to matter.
+const BIAS_STD: f32 = 0.02;
+
+struct Specs(Vec<TensorSpec>);
+
+impl Specs {
+    fn push(&mut self, name: String, shape: Vec<usize>, init: Init) {
+        self.0.push(TensorSpec { name, shape, init });
+    }
+
+    /// Linear or conv weight, `[out, in, kh, kw]`: std 1/sqrt(fan_in) keeps each layer's
+    /// output variance near its input's (LeCun), so deep stacks neither vanish nor overflow f16.
+    fn weight(&mut self, name: String, shape: Vec<usize>) {
+        let fan_in: usize = shape[1..].iter().product::<usize>().max(1);
+        let std = 1.0 / (fan_in as f32).sqrt();
+        self.push(name, shape, Init::Normal { mean: 0.0, std });
+    }
+
+    fn bias(&mut self, name: String, n: usize) {
+        self.push(name, vec![n], Init::Normal { mean: 0.0, std: BIAS_STD });
+    }
+
+    fn linear(&mut self, p: &str, cin: usize, cout: usize, bias: bool) {
+        self.weight(format!("{p}.weight"), vec![cout, cin]);
+        if bias {
+            self.bias(format!("{p}.bias"), cout);
+        }
+    }
+
+    fn conv(&mut self, p: &str, cin: usize, cout: usize, k: usize) {
+        self.weight(format!("{p}.weight"), vec![cout, cin, k, k]);
+        self.bias(format!("{p}.bias"), cout);
+    }
+
+    /// GroupNorm or LayerNorm affine: weight ~1, bias ~0.
+    fn norm(&mut self, p: &str, c: usize) {
+        self.push(format!("{p}.weight"), vec![c], Init::Normal { mean: 1.0, std: BIAS_STD });
+        self.bias(format!("{p}.bias"), c);
+    }
+}
+
+/// ldm `ResBlock` with a timestep embedding.
+fn unet_resblock(s: &mut Specs, p: &str, cin: usize, cout: usize, emb: usize) {
+    s.norm(&format!("{p}.in_layers.0"), cin);
+    s.conv(&format!("{p}.in_layers.2"), cin, cout, 3);
+    s.linear(&format!("{p}.emb_layers.1"), emb, cout, true);
+    s.norm(&format!("{p}.out_layers.0"), cout);
+    s.conv(&format!("{p}.out_layers.3"), cout, cout, 3);
+    if cin != cout {
+        s.conv(&format!("{p}.skip_connection"), cin, cout, 1);
+    }
+}
+
+/// ldm `SpatialTransformer` (inner dim = heads * head dim = channels for every SD config).
+fn spatial_transformer(s: &mut Specs, p: &str, c: usize, u: &UnetConfig) {
+    let inner = c;
+    s.norm(&format!("{p}.norm"), c);
+    let proj = |s: &mut Specs, name: String, cin: usize, cout: usize| {
+        if u.use_linear_in_transformer {
+            s.linear(&name, cin, cout, true);
+        } else {
+            s.conv(&name, cin, cout, 1);
+        }
+    };
+    proj(s, format!("{p}.proj_in"), c, inner);
+    for d in 0..u.transformer_depth {
+        let b = format!("{p}.transformer_blocks.{d}");
+        for (attn, kv_dim) in [("attn1", inner), ("attn2", u.context_dim)] {
+            s.linear(&format!("{b}.{attn}.to_q"), inner, inner, false);
+            s.linear(&format!("{b}.{attn}.to_k"), kv_dim, inner, false);
+            s.linear(&format!("{b}.{attn}.to_v"), kv_dim, inner, false);
+            s.linear(&format!("{b}.{attn}.to_out.0"), inner, inner, true);
+        }
+        // GEGLU: one projection yields both the value and the gate halves.
+        s.linear(&format!("{b}.ff.net.0.proj"), inner, inner * 4 * 2, true);
+        s.linear(&format!("{b}.ff.net.2"), inner * 4, inner, true);
+        for n in ["norm1", "norm2", "norm3"] {
+            s.norm(&format!("{b}.{n}"), inner);
+        }
+    }
+    proj(s, format!("{p}.proj_out"), inner, c);
+}
+
+fn unet(s: &mut Specs, p: &str, u: &UnetConfig) {
+    let mc = u.model_channels;
+    let emb = mc * 4;
+    s.linear(&format!("{p}time_embed.0"), mc, emb, true);
+    s.linear(&format!("{p}time_embed.2"), emb, emb, true);
+    s.conv(&format!("{p}input_blocks.0.0"), u.in_channels, mc, 3);
+    let mut skip_chans = vec![mc];
+    let mut ch = mc;
+    let mut ds = 1;
+    let mut idx = 1;
+    let levels = u.channel_mult.len();
+    for (level, &mult) in u.channel_mult.iter().enumerate() {
+        for _ in 0..u.num_res_blocks {
+            let b = format!("{p}input_blocks.{idx}");
+            unet_resblock(s, &format!("{b}.0"), ch, mult * mc, emb);
+            ch = mult * mc;
+            if u.attention_resolutions.contains(&ds) {
+                spatial_transformer(s, &format!("{b}.1"), ch, u);
+            }
+            skip_chans.push(ch);
+            idx += 1;
+        }
+        if level + 1 != levels {
+            s.conv(&format!("{p}input_blocks.{idx}.0.op"), ch, ch, 3);
+            skip_chans.push(ch);
+            ds *= 2;
+            idx += 1;
+        }
+    }
+    unet_resblock(s, &format!("{p}middle_block.0"), ch, ch, emb);
+    spatial_transformer(s, &format!("{p}middle_block.1"), ch, u);
+    unet_resblock(s, &format!("{p}middle_block.2"), ch, ch, emb);
+    let mut idx = 0;
+    for (level, &mult) in u.channel_mult.iter().enumerate().rev() {
+        for i in 0..=u.num_res_blocks {
+            let b = format!("{p}output_blocks.{idx}");
+            let skip = skip_chans.pop().expect("one skip per input block");
+            unet_resblock(s, &format!("{b}.0"), ch + skip, mc * mult, emb);
+            ch = mc * mult;
+            let mut layer = 1;
+            if u.attention_resolutions.contains(&ds) {
+                spatial_transformer(s, &format!("{b}.1"), ch, u);
+                layer = 2;
+            }
+            if level > 0 && i == u.num_res_blocks {
+                s.conv(&format!("{b}.{layer}.conv"), ch, ch, 3);
+                ds /= 2;
+            }
+            idx += 1;
+        }
+    }
+    s.norm(&format!("{p}out.0"), ch);
+    s.conv(&format!("{p}out.2"), mc, u.out_channels, 3);
+}
+
+/// ldm autoencoder `ResnetBlock` without timestep embedding.
+fn vae_resblock(s: &mut Specs, p: &str, cin: usize, cout: usize) {
+    s.norm(&format!("{p}.norm1"), cin);
+    s.conv(&format!("{p}.conv1"), cin, cout, 3);
+    s.norm(&format!("{p}.norm2"), cout);
+    s.conv(&format!("{p}.conv2"), cout, cout, 3);
+    if cin != cout {
+        s.conv(&format!("{p}.nin_shortcut"), cin, cout, 1);
+    }
+}
+
+/// ldm `AttnBlock`: single-head attention with 1x1 convs for q, k, v and the output.
+fn vae_attn(s: &mut Specs, p: &str, c: usize) {
+    s.norm(&format!("{p}.norm"), c);
+    for n in ["q", "k", "v", "proj_out"] {
+        s.conv(&format!("{p}.{n}"), c, c, 1);
+    }
+}
+
+fn vae_mid(s: &mut Specs, p: &str, c: usize) {
+    vae_resblock(s, &format!("{p}mid.block_1"), c, c);
+    vae_attn(s, &format!("{p}mid.attn_1"), c);
+    vae_resblock(s, &format!("{p}mid.block_2"), c, c);
+}
+
+fn vae(s: &mut Specs, p: &str, v: &VaeConfig) {
+    let levels = v.ch_mult.len();
+    let e = format!("{p}encoder.");
+    s.conv(&format!("{e}conv_in"), v.in_channels, v.ch, 3);
+    let mut block_in = v.ch;
+    for (i, &mult) in v.ch_mult.iter().enumerate() {
+        let block_out = v.ch * mult;
+        for j in 0..v.num_res_blocks {
+            vae_resblock(s, &format!("{e}down.{i}.block.{j}"), block_in, block_out);
+            block_in = block_out;
+        }
+        if i + 1 != levels {
+            s.conv(&format!("{e}down.{i}.downsample.conv"), block_in, block_in, 3);
+        }
+    }
+    vae_mid(s, &e, block_in);
+    s.norm(&format!("{e}norm_out"), block_in);
+    // double_z: the encoder emits mean and log-variance.
+    s.conv(&format!("{e}conv_out"), block_in, 2 * v.z_channels, 3);
+
+    let d = format!("{p}decoder.");
+    let mut block_in = v.ch * v.ch_mult[levels - 1];
+    s.conv(&format!("{d}conv_in"), v.z_channels, block_in, 3);
+    vae_mid(s, &d, block_in);
+    for (i, &mult) in v.ch_mult.iter().enumerate().rev() {
+        let block_out = v.ch * mult;
+        for j in 0..=v.num_res_blocks {
+            vae_resblock(s, &format!("{d}up.{i}.block.{j}"), block_in, block_out);
+            block_in = block_out;
+        }
+        if i != 0 {
+            s.conv(&format!("{d}up.{i}.upsample.conv"), block_in, block_in, 3);
+        }
+    }
+    s.norm(&format!("{d}norm_out"), block_in);
+    s.conv(&format!("{d}conv_out"), block_in, v.out_ch, 3);
+
+    s.conv(&format!("{p}quant_conv"), 2 * v.z_channels, 2 * v.embed_dim, 1);
+    s.conv(&format!("{p}post_quant_conv"), v.embed_dim, v.z_channels, 1);
+}
+
+/// transformers `CLIPTextModel` (SD1's `FrozenCLIPEmbedder`).
+fn clip_l(s: &mut Specs, p: &str, t: &TextConfig) {
+    let h = t.hidden;
+    s.push(
+        format!("{p}embeddings.token_embedding.weight"),
+        vec![t.vocab, h],
+        Init::Normal { mean: 0.0, std: 0.02 },
+    );
+    s.push(
+        format!("{p}embeddings.position_embedding.weight"),
+        vec![t.max_positions, h],
+        Init::Normal { mean: 0.0, std: 0.01 },
+    );
+    for l in 0..t.layers {
+        let b = format!("{p}encoder.layers.{l}");
+        for n in ["k_proj", "v_proj", "q_proj", "out_proj"] {
+            s.linear(&format!("{b}.self_attn.{n}"), h, h, true);
+        }
+        s.norm(&format!("{b}.layer_norm1"), h);
+        s.linear(&format!("{b}.mlp.fc1"), h, t.intermediate, true);
+        s.linear(&format!("{b}.mlp.fc2"), t.intermediate, h, true);
+        s.norm(&format!("{b}.layer_norm2"), h);
+    }
+    s.norm(&format!("{p}final_layer_norm"), h);
+}
+
+/// open_clip's text tower as SD2's `FrozenOpenCLIPEmbedder` keeps it (visual tower deleted).
+fn open_clip(s: &mut Specs, p: &str, t: &TextConfig) {
+    let w = t.hidden;
+    s.push(format!("{p}positional_embedding"), vec![t.max_positions, w], Init::Normal { mean: 0.0, std: 0.01 });
+    // open_clip applies it as `x @ text_projection`, so fan-in is the first dimension.
+    s.push(
+        format!("{p}text_projection"),
+        vec![w, t.projection_dim],
+        Init::Normal { mean: 0.0, std: 1.0 / (w as f32).sqrt() },
+    );
+    // CLIP's learned temperature, initialised to ln(1 / 0.07).
+    s.push(format!("{p}logit_scale"), vec![], Init::Constant((1.0f32 / 0.07).ln()));
+    s.push(format!("{p}token_embedding.weight"), vec![t.vocab, w], Init::Normal { mean: 0.0, std: 0.02 });
+    for l in 0..t.layers {
+        let b = format!("{p}transformer.resblocks.{l}");
+        s.weight(format!("{b}.attn.in_proj_weight"), vec![3 * w, w]);
+        s.bias(format!("{b}.attn.in_proj_bias"), 3 * w);
+        s.linear(&format!("{b}.attn.out_proj"), w, w, true);
+        s.norm(&format!("{b}.ln_1"), w);
+        s.norm(&format!("{b}.ln_2"), w);
+        s.linear(&format!("{b}.mlp.c_fc"), w, t.intermediate, true);
+        s.linear(&format!("{b}.mlp.c_proj"), t.intermediate, w, true);
+    }
+    s.norm(&format!("{p}ln_final"), w);
+}
+
+/// Container format of a written checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Format {
+    Safetensors,
+}
+
+/// What [`write_checkpoint`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WrittenCheckpoint {
+    pub path: PathBuf,
+    pub tensors: usize,
+    pub elements: u64,
+    pub bytes: u64,
+}
+
+/// Writes a random-weight checkpoint for `cfg` to `path`.
+///
+/// Streams tensor by tensor in bounded chunks (memory stays a few MB even for full SD2.1),
+/// into `path` + `.partial`, renamed into place only when complete, so an interrupted run
+/// never leaves a truncated file that a cache check would take for finished. The config,
+/// seed and generator version go into the safetensors `__metadata__`.
+pub fn write_checkpoint(
+    path: &Path,
+    cfg: &SdConfig,
+    dtype: DType,
+    seed: u64,
+    format: Format,
+) -> Result<WrittenCheckpoint, SynthError> {
+    match format {
+        Format::Safetensors => write_safetensors(path, cfg, dtype, seed),
+    }
+}
+
+fn element_bytes(dtype: DType) -> Result<usize, SynthError> {
+    match dtype {
+        DType::F32 => Ok(4),
+        DType::F16 | DType::BF16 => Ok(2),
+        other => Err(SynthError::UnsupportedDType(other)),
+    }
+}
+
+fn encode(dtype: DType, values: &[f32], out: &mut Vec<u8>) {
+    out.clear();
+    match dtype {
+        DType::F32 => values.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+        DType::F16 => values.iter().for_each(|v| out.extend_from_slice(&f16::from_f32(*v).to_le_bytes())),
+        DType::BF16 => values.iter().for_each(|v| out.extend_from_slice(&bf16::from_f32(*v).to_le_bytes())),
+        _ => unreachable!("element_bytes rejected other dtypes"),
+    }
+}
+
+fn write_safetensors(path: &Path, cfg: &SdConfig, dtype: DType, seed: u64) -> Result<WrittenCheckpoint, SynthError> {
+    let esize = element_bytes(dtype)?;
+    let st_name = dtype.safetensors_name().ok_or(SynthError::UnsupportedDType(dtype))?;
+    let specs = cfg.tensors()?;
+    let io_err = |source| SynthError::Io { path: path.to_path_buf(), source };
+
+    let mut header = serde_json::Map::new();
+    let meta = serde_json::json!({
+        "format": "pt",
+        "sdflow.synth.config": serde_json::to_string(cfg).map_err(|source| SynthError::Header { path: path.to_path_buf(), source })?,
+        "sdflow.synth.seed": seed.to_string(),
+        "sdflow.synth.generator": "1",
+    });
+    header.insert("__metadata__".into(), meta);
+    let mut offset = 0u64;
+    let mut elements = 0u64;
+    for s in &specs {
+        let n = s.n_elements() as u64;
+        let len = n * esize as u64;
+        header.insert(
+            s.name.clone(),
+            serde_json::json!({ "dtype": st_name, "shape": s.shape, "data_offsets": [offset, offset + len] }),
+        );
+        offset += len;
+        elements += n;
+    }
+    let mut json = serde_json::to_vec(&serde_json::Value::Object(header))
+        .map_err(|source| SynthError::Header { path: path.to_path_buf(), source })?;
+    // Pad with spaces so the data starts 8-byte aligned, as the reference writer does.
+    while json.len() % 8 != 0 {
+        json.push(b' ');
+    }
+
+    let partial = {
+        let mut p = path.as_os_str().to_owned();
+        p.push(".partial");
+        PathBuf::from(p)
+    };
+    let file = File::create(&partial).map_err(|source| SynthError::Io { path: partial.clone(), source })?;
+    let mut w = BufWriter::with_capacity(1 << 20, file);
+    let result = (|| -> std::io::Result<()> {
+        w.write_all(&(json.len() as u64).to_le_bytes())?;
+        w.write_all(&json)?;
+        const CHUNK: usize = 1 << 18;
+        let mut vals = vec![0f32; CHUNK];
+        let mut bytes = Vec::with_capacity(CHUNK * esize);
+        for s in &specs {
+            let mut stream = ValueStream::new(s, seed);
+            let mut left = s.n_elements();
+            while left > 0 {
+                let n = left.min(CHUNK);
+                vals[..n].iter_mut().for_each(|v| *v = stream.next());
+                encode(dtype, &vals[..n], &mut bytes);
+                w.write_all(&bytes)?;
+                left -= n;
+            }
+        }
+        w.flush()?;
+        w.get_ref().sync_all()
+    })();
+    if let Err(source) = result {
+        let _ = std::fs::remove_file(&partial);
+        return Err(SynthError::Io { path: partial, source });
+    }
+    drop(w);
+    std::fs::rename(&partial, path).map_err(io_err)?;
+    Ok(WrittenCheckpoint {
+        path: path.to_path_buf(),
+        tensors: specs.len(),
+        elements,
+        bytes: 8 + json.len() as u64 + offset,
+    })
+}

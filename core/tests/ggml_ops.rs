@@ -183,6 +183,10 @@ fn conv_2d_im2col_and_direct() {
         assert_eq!(gne, [wn[0] as i64, wn[1] as i64, wn[2] as i64, wn[3] as i64]);
         assert_close(&got, &want16, 2e-3, "conv_2d im2col f16");
         let (got, _) = run(vec![(ne(kn), Data::F32(k.clone())), (ne(xn), Data::F32(x.clone()))], |c, t| {
+            c.conv_2d(t[0], t[1], (si, si), (pi, pi), (di, di)).unwrap()
+        });
+        assert_close(&got, &want, 1e-5, "conv_2d im2col f32");
+        let (got, _) = run(vec![(ne(kn), Data::F32(k.clone())), (ne(xn), Data::F32(x.clone()))], |c, t| {
             c.conv_2d_direct(t[0], t[1], (si, si), (pi, pi), (di, di)).unwrap()
         });
         assert_close(&got, &want, 1e-4, "conv_2d direct");

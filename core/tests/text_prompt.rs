@@ -23,26 +23,43 @@ struct Piece {
 
 #[test]
 fn matches_a1111_parse_prompt_attention() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/text/prompt_attention.json");
-    let fixture: Fixture =
-        serde_json::from_str(&std::fs::read_to_string(path).expect("fixture")).expect("fixture JSON");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/text/prompt_attention.json"
+    );
+    let fixture: Fixture = serde_json::from_str(&std::fs::read_to_string(path).expect("fixture"))
+        .expect("fixture JSON");
     assert!(fixture.cases.len() >= 20);
     let mut failures = Vec::new();
     for case in &fixture.cases {
         let want: Vec<PromptPiece> = case
             .parsed
             .iter()
-            .map(|p| PromptPiece { text: p.text.clone(), weight: f64::from_bits(p.weight_bits) })
+            .map(|p| PromptPiece {
+                text: p.text.clone(),
+                weight: f64::from_bits(p.weight_bits),
+            })
             .collect();
         let got = parse_prompt_attention(&case.prompt);
         // Bit equality: A1111's weights come out of the same f64 operations in the same order.
         let same = got.len() == want.len()
-            && got.iter().zip(&want).all(|(g, w)| g.text == w.text && g.weight.to_bits() == w.weight.to_bits());
+            && got
+                .iter()
+                .zip(&want)
+                .all(|(g, w)| g.text == w.text && g.weight.to_bits() == w.weight.to_bits());
         if !same {
-            failures.push(format!("prompt {:?}\n  want {:?}\n  got  {:?}", case.prompt, want, got));
+            failures.push(format!(
+                "prompt {:?}\n  want {:?}\n  got  {:?}",
+                case.prompt, want, got
+            ));
         }
     }
-    assert!(failures.is_empty(), "{} cases differ:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} cases differ:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -55,18 +72,46 @@ fn break_markers() {
     assert_eq!(parsed[1].text, "BREAK");
     assert!(parsed[1].is_break());
     // A literal "BREAK" of positive weight is just text.
-    assert!(!PromptPiece { text: "BREAK".into(), weight: 1.0 }.is_break());
+    assert!(!PromptPiece {
+        text: "BREAK".into(),
+        weight: 1.0
+    }
+    .is_break());
 }
 
 #[test]
 fn non_numeric_weights_stay_text_instead_of_failing() {
     // A1111 raises ValueError on these; here the `:…` is text and `)` closes.
     let parsed = parse_prompt_attention("(x:1.2.3)");
-    assert_eq!(parsed, [PromptPiece { text: "x:1.2.3".into(), weight: 1.1 }]);
+    assert_eq!(
+        parsed,
+        [PromptPiece {
+            text: "x:1.2.3".into(),
+            weight: 1.1
+        }]
+    );
     let parsed = parse_prompt_attention("(y:.)z");
-    assert_eq!(parsed[0], PromptPiece { text: "y:.".into(), weight: 1.1 });
-    assert_eq!(parsed[1], PromptPiece { text: "z".into(), weight: 1.0 });
+    assert_eq!(
+        parsed[0],
+        PromptPiece {
+            text: "y:.".into(),
+            weight: 1.1
+        }
+    );
+    assert_eq!(
+        parsed[1],
+        PromptPiece {
+            text: "z".into(),
+            weight: 1.0
+        }
+    );
     // Without an open bracket the whole thing is text, as in A1111.
     let parsed = parse_prompt_attention("x:1.2.3)");
-    assert_eq!(parsed, [PromptPiece { text: "x:1.2.3)".into(), weight: 1.0 }]);
+    assert_eq!(
+        parsed,
+        [PromptPiece {
+            text: "x:1.2.3)".into(),
+            weight: 1.0
+        }]
+    );
 }

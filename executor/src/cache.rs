@@ -27,7 +27,11 @@ pub struct CacheStats {
 }
 
 pub(crate) struct OutputCache {
-    entries: LruCache<CacheKey, CachedOutputs>,
+    // Entries that count bytes, evicted to stay within the byte budget.
+    sized: LruCache<CacheKey, CachedOutputs>,
+    // Zero-byte entries (model handles, outputs of output nodes): evicting them frees no
+    // budget, so only the entry limit pushes them out.
+    handles: LruCache<CacheKey, CachedOutputs>,
     bytes: usize,
     budget_bytes: usize,
     max_entries: usize,
@@ -39,7 +43,8 @@ pub(crate) struct OutputCache {
 impl OutputCache {
     pub fn new(budget_bytes: usize, max_entries: usize) -> Self {
         OutputCache {
-            entries: LruCache::unbounded(),
+            sized: LruCache::unbounded(),
+            handles: LruCache::unbounded(),
             bytes: 0,
             budget_bytes,
             max_entries,
@@ -50,7 +55,11 @@ impl OutputCache {
     }
 
     pub fn get(&mut self, key: &CacheKey) -> Option<CachedOutputs> {
-        match self.entries.get(key) {
+        let hit = match self.sized.get(key) {
+            Some(e) => Some(e),
+            None => self.handles.get(key),
+        };
+        match hit {
             Some(e) => {
                 self.hits += 1;
                 Some(e.clone())
@@ -69,12 +78,26 @@ impl OutputCache {
         if bytes > self.budget_bytes || self.max_entries == 0 {
             return;
         }
-        if let Some(old) = self.entries.put(key, CachedOutputs { values, ui, bytes }) {
-            self.bytes -= old.bytes;
+        // Equal keys mean equal outputs, so a present entry only needs refreshing.
+        if self.sized.get(&key).is_some() || self.handles.get(&key).is_some() {
+            return;
         }
-        self.bytes += bytes;
-        while self.bytes > self.budget_bytes || self.entries.len() > self.max_entries {
-            match self.entries.pop_lru() {
+        let entry = CachedOutputs { values, ui, bytes };
+        if bytes == 0 {
+            self.handles.put(key, entry);
+        } else {
+            self.sized.put(key, entry);
+            self.bytes += bytes;
+        }
+        while self.bytes > self.budget_bytes
+            || self.sized.len() + self.handles.len() > self.max_entries
+        {
+            let evicted = if self.bytes > self.budget_bytes || self.handles.is_empty() {
+                self.sized.pop_lru()
+            } else {
+                self.handles.pop_lru()
+            };
+            match evicted {
                 Some((_, e)) => {
                     self.bytes -= e.bytes;
                     self.evictions += 1;
@@ -85,13 +108,14 @@ impl OutputCache {
     }
 
     pub fn clear(&mut self) {
-        self.entries.clear();
+        self.sized.clear();
+        self.handles.clear();
         self.bytes = 0;
     }
 
     pub fn stats(&self) -> CacheStats {
         CacheStats {
-            entries: self.entries.len(),
+            entries: self.sized.len() + self.handles.len(),
             bytes: self.bytes,
             budget_bytes: self.budget_bytes,
             hits: self.hits,

@@ -36,15 +36,37 @@ pub enum Event {
         timestamp: u64,
     },
     /// The nodes whose outputs came from the cache; they will not run.
-    ExecutionCached { prompt_id: String, nodes: Vec<String> },
+    ExecutionCached {
+        prompt_id: String,
+        nodes: Vec<String>,
+    },
     /// A node starts; `node: None` marks the end of the run, as ComfyUI sends it.
-    Executing { prompt_id: String, node: Option<String> },
-    Progress { prompt_id: String, node: String, value: u64, max: u64 },
+    Executing {
+        prompt_id: String,
+        node: Option<String>,
+    },
+    Progress {
+        prompt_id: String,
+        node: String,
+        value: u64,
+        max: u64,
+    },
     /// Binary in ComfyUI's protocol; here the bytes are not serialized.
-    Preview { prompt_id: String, node: String, image: PreviewImage },
+    Preview {
+        prompt_id: String,
+        node: String,
+        image: PreviewImage,
+    },
     /// A node finished (or came from the cache) with outputs for the user (saved images, text).
-    Executed { prompt_id: String, node: String, output: Json },
-    ExecutionSuccess { prompt_id: String, timestamp: u64 },
+    Executed {
+        prompt_id: String,
+        node: String,
+        output: Json,
+    },
+    ExecutionSuccess {
+        prompt_id: String,
+        timestamp: u64,
+    },
     ExecutionError {
         prompt_id: String,
         node_id: String,

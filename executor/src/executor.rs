@@ -35,7 +35,9 @@ impl Default for ExecutorConfig {
         ExecutorConfig {
             cache_budget_bytes: 2 << 30,
             max_cache_entries: 100_000,
-            workers: std::thread::available_parallelism().map(|n| n.get().min(4)).unwrap_or(2),
+            workers: std::thread::available_parallelism()
+                .map(|n| n.get().min(4))
+                .unwrap_or(2),
         }
     }
 }
@@ -85,9 +87,17 @@ pub enum RunError {
     #[error("{0}")]
     Invalid(Box<ValidationReport>),
     #[error("node {node_id} ({class_type}) failed: {error}")]
-    NodeFailed { node_id: String, class_type: String, error: NodeError, report: Box<RunReport> },
+    NodeFailed {
+        node_id: String,
+        class_type: String,
+        error: Box<NodeError>,
+        report: Box<RunReport>,
+    },
     #[error("run interrupted")]
-    Interrupted { node_id: Option<String>, report: Box<RunReport> },
+    Interrupted {
+        node_id: Option<String>,
+        report: Box<RunReport>,
+    },
 }
 
 /// Hands runs the executor one at a time, in arrival order.
@@ -149,7 +159,10 @@ struct RunShared<'a> {
 impl RunShared<'_> {
     fn execute(&self, job: Job) -> Done {
         let pn = &self.plan.nodes[job.index];
-        self.sink.send(Event::Executing { prompt_id: self.run_id.to_string(), node: Some(pn.id.clone()) });
+        self.sink.send(Event::Executing {
+            prompt_id: self.run_id.to_string(),
+            node: Some(pn.id.clone()),
+        });
         let mut ctx = ExecContext {
             run_id: self.run_id,
             node_id: &pn.id,
@@ -159,11 +172,16 @@ impl RunShared<'_> {
             output_dir: self.output_dir,
         };
         let start = Instant::now();
-        let result = match catch_unwind(AssertUnwindSafe(|| pn.node.execute(&mut ctx, &job.inputs))) {
+        let result = match catch_unwind(AssertUnwindSafe(|| pn.node.execute(&mut ctx, &job.inputs)))
+        {
             Ok(r) => r.and_then(|out| check_outputs(pn, out)),
             Err(panic) => Err(NodeError::Panic(panic_message(panic))),
         };
-        Done { index: job.index, result, duration: start.elapsed() }
+        Done {
+            index: job.index,
+            result,
+            duration: start.elapsed(),
+        }
     }
 }
 
@@ -200,41 +218,18 @@ fn check_outputs(pn: &PlanNode, out: Outputs) -> Result<Outputs, NodeError> {
     Ok(out)
 }
 
-/// Where jobs run: inline on the calling thread, or on worker threads.
-trait Pool {
-    fn submit(&mut self, job: Job);
-    fn wait(&mut self) -> Option<Done>;
-}
-
-struct InlinePool<'a, 'b> {
-    shared: &'a RunShared<'b>,
-    done: VecDeque<Done>,
-}
-
-impl Pool for InlinePool<'_, '_> {
-    fn submit(&mut self, job: Job) {
-        let d = self.shared.execute(job);
-        self.done.push_back(d);
-    }
-    fn wait(&mut self) -> Option<Done> {
-        self.done.pop_front()
-    }
-}
-
+/// Worker threads of one run.
 struct ThreadPool {
     jobs: Option<mpsc::Sender<Job>>,
     done: mpsc::Receiver<Done>,
 }
 
-impl Pool for ThreadPool {
+impl ThreadPool {
     fn submit(&mut self, job: Job) {
         if let Some(tx) = &self.jobs {
             // Workers live until `jobs` is dropped, so sending cannot fail here.
             let _ = tx.send(job);
         }
-    }
-    fn wait(&mut self) -> Option<Done> {
-        self.done.recv().ok()
     }
 }
 
@@ -246,7 +241,12 @@ enum Stop {
 impl Executor {
     pub fn new(registry: Arc<Registry>, config: ExecutorConfig) -> Self {
         let cache = OutputCache::new(config.cache_budget_bytes, config.max_cache_entries);
-        Executor { registry, cache: Mutex::new(cache), queue: RunQueue::default(), config }
+        Executor {
+            registry,
+            cache: Mutex::new(cache),
+            queue: RunQueue::default(),
+            config,
+        }
     }
 
     pub fn registry(&self) -> &Arc<Registry> {
@@ -265,7 +265,7 @@ impl Executor {
         self.cache.lock().clear();
     }
 
-    pub fn validate(&self, wf: &Workflow) -> Result<Plan, ValidationReport> {
+    pub fn validate(&self, wf: &Workflow) -> Result<Plan, Box<ValidationReport>> {
         validate(wf, &self.registry)
     }
 
@@ -278,7 +278,7 @@ impl Executor {
         cancel: &CancelToken,
         options: &RunOptions,
     ) -> Result<RunReport, RunError> {
-        let plan = self.validate(wf).map_err(|r| RunError::Invalid(Box::new(r)))?;
+        let plan = self.validate(wf).map_err(RunError::Invalid)?;
         self.run_plan(&plan, sink, cancel, options)
     }
 
@@ -291,9 +291,18 @@ impl Executor {
     ) -> Result<RunReport, RunError> {
         let _turn = self.queue.wait_turn();
         let start = Instant::now();
-        let run_id = options.run_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-        let mut report = RunReport { run_id: run_id.clone(), ..RunReport::default() };
-        sink.send(Event::ExecutionStart { prompt_id: run_id.clone(), timestamp: now_ms() });
+        let run_id = options
+            .run_id
+            .clone()
+            .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        let mut report = RunReport {
+            run_id: run_id.clone(),
+            ..RunReport::default()
+        };
+        sink.send(Event::ExecutionStart {
+            prompt_id: run_id.clone(),
+            timestamp: now_ms(),
+        });
         let n = plan.nodes.len();
 
         let mut keys: Vec<CacheKey> = Vec::with_capacity(n);
@@ -303,11 +312,22 @@ impl Executor {
                 Ok(Ok(fp)) => fp,
                 Ok(Err(error)) => return Err(self.fail(plan, i, error, report, sink, start)),
                 Err(p) => {
-                    return Err(self.fail(plan, i, NodeError::Panic(panic_message(p)), report, sink, start))
+                    return Err(self.fail(
+                        plan,
+                        i,
+                        NodeError::Panic(panic_message(p)),
+                        report,
+                        sink,
+                        start,
+                    ))
                 }
             };
             links.clear();
-            links.extend(pn.links.iter().map(|l| (l.input.as_str(), keys[l.from], l.output)));
+            links.extend(
+                pn.links
+                    .iter()
+                    .map(|l| (l.input.as_str(), keys[l.from], l.output)),
+            );
             keys.push(finish_key(&pn.key_prefix, &links, fp.as_deref()));
         }
 
@@ -338,10 +358,20 @@ impl Executor {
                 }
             }
         }
-        report.cached = (0..n).filter(|&i| !run_it[i]).map(|i| plan.nodes[i].id.clone()).collect();
-        sink.send(Event::ExecutionCached { prompt_id: run_id.clone(), nodes: report.cached.clone() });
+        report.cached = (0..n)
+            .filter(|&i| !run_it[i])
+            .map(|i| plan.nodes[i].id.clone())
+            .collect();
+        sink.send(Event::ExecutionCached {
+            prompt_id: run_id.clone(),
+            nodes: report.cached.clone(),
+        });
         for (node, ui) in &report.ui_outputs {
-            sink.send(Event::Executed { prompt_id: run_id.clone(), node: node.clone(), output: ui.clone() });
+            sink.send(Event::Executed {
+                prompt_id: run_id.clone(),
+                node: node.clone(),
+                output: ui.clone(),
+            });
         }
 
         // Dependency counts and consumer lists over the nodes that run.
@@ -388,13 +418,13 @@ impl Executor {
             ready,
             busy_devices: HashSet::new(),
             running: 0,
+            local_done: VecDeque::new(),
             stop: None,
             report: &mut report,
         };
         let workers = self.config.workers.max(1).min(to_run);
         if workers <= 1 {
-            let mut pool = InlinePool { shared: &shared, done: VecDeque::new() };
-            state.drive(&mut pool, 1);
+            state.drive(None, 1);
         } else {
             std::thread::scope(|s| {
                 let (job_tx, job_rx) = mpsc::channel::<Job>();
@@ -417,8 +447,11 @@ impl Executor {
                     });
                 }
                 drop(done_tx);
-                let mut pool = ThreadPool { jobs: Some(job_tx), done: done_rx };
-                state.drive(&mut pool, workers);
+                let mut pool = ThreadPool {
+                    jobs: Some(job_tx),
+                    done: done_rx,
+                };
+                state.drive(Some(&mut pool), workers);
                 pool.jobs = None;
             });
         }
@@ -427,11 +460,19 @@ impl Executor {
         report.total = start.elapsed();
         match stop {
             None => {
-                sink.send(Event::Executing { prompt_id: run_id.clone(), node: None });
-                sink.send(Event::ExecutionSuccess { prompt_id: run_id, timestamp: now_ms() });
+                sink.send(Event::Executing {
+                    prompt_id: run_id.clone(),
+                    node: None,
+                });
+                sink.send(Event::ExecutionSuccess {
+                    prompt_id: run_id,
+                    timestamp: now_ms(),
+                });
                 Ok(report)
             }
-            Some(Stop::Failed { index, error }) => Err(self.fail(plan, index, error, report, sink, start)),
+            Some(Stop::Failed { index, error }) => {
+                Err(self.fail(plan, index, error, report, sink, start))
+            }
             Some(Stop::Interrupted { index }) => {
                 let pn = index.map(|i| &plan.nodes[i]);
                 sink.send(Event::ExecutionInterrupted {
@@ -441,7 +482,10 @@ impl Executor {
                     executed: report.executed.iter().map(|t| t.node.clone()).collect(),
                     timestamp: now_ms(),
                 });
-                Err(RunError::Interrupted { node_id: pn.map(|p| p.id.clone()), report: Box::new(report) })
+                Err(RunError::Interrupted {
+                    node_id: pn.map(|p| p.id.clone()),
+                    report: Box::new(report),
+                })
             }
         }
     }
@@ -469,7 +513,7 @@ impl Executor {
         RunError::NodeFailed {
             node_id: pn.id.clone(),
             class_type: pn.class_type.clone(),
-            error,
+            error: Box::new(error),
             report: Box::new(report),
         }
     }
@@ -487,45 +531,66 @@ struct Coordinator<'a, 'b> {
     ready: VecDeque<usize>,
     busy_devices: HashSet<String>,
     running: usize,
+    // Results of nodes the coordinator ran itself.
+    local_done: VecDeque<Done>,
     stop: Option<Stop>,
     report: &'a mut RunReport,
 }
 
 impl Coordinator<'_, '_> {
-    fn drive(&mut self, pool: &mut dyn Pool, workers: usize) {
+    fn drive(&mut self, mut pool: Option<&mut ThreadPool>, workers: usize) {
         loop {
             if self.stop.is_none() && self.shared.cancel.is_cancelled() {
-                self.stop = Some(Stop::Interrupted { index: self.ready.front().copied() });
+                self.stop = Some(Stop::Interrupted {
+                    index: self.ready.front().copied(),
+                });
             }
             if self.stop.is_none() {
-                self.dispatch(pool, workers);
+                self.dispatch(pool.as_deref_mut(), workers);
             }
             if self.running == 0 {
                 break;
             }
-            let Some(done) = pool.wait() else { break };
+            let done = match self.local_done.pop_front() {
+                Some(d) => d,
+                None => match pool.as_deref_mut().map(|p| p.done.recv()) {
+                    Some(Ok(d)) => d,
+                    // Only possible if every worker died, which `execute` prevents.
+                    _ => break,
+                },
+            };
             self.running -= 1;
             self.finish(done);
         }
     }
 
-    fn dispatch(&mut self, pool: &mut dyn Pool, workers: usize) {
+    fn dispatchable(&self, index: usize) -> bool {
+        match &self.shared.plan.nodes[index].lane {
+            Lane::Cpu => true,
+            Lane::Device(d) => !self.busy_devices.contains(d),
+        }
+    }
+
+    fn dispatch(&mut self, mut pool: Option<&mut ThreadPool>, workers: usize) {
         let mut i = 0;
         while i < self.ready.len() && self.running < workers {
             let index = self.ready[i];
+            if !self.dispatchable(index) {
+                i += 1;
+                continue;
+            }
             let pn = &self.shared.plan.nodes[index];
             if let Lane::Device(d) = &pn.lane {
-                if self.busy_devices.contains(d) {
-                    i += 1;
-                    continue;
-                }
                 self.busy_devices.insert(d.clone());
             }
             self.ready.remove(i);
             let mut inputs = pn.consts.clone();
             for l in &pn.links {
                 // Producers finish (or come from the cache) before consumers are ready.
-                if let Some(v) = self.available[l.from].as_ref().and_then(|o| o.get(l.output)) {
+                if let Some(v) = self.available[l.from]
+                    .as_ref()
+                    .and_then(|o| o.get(l.output))
+                {
                     inputs.insert(l.input.clone(), InputData::Value(v.clone()));
                 }
                 self.uses[l.from] -= 1;
@@ -533,11 +598,19 @@ impl Coordinator<'_, '_> {
                     self.available[l.from] = None;
                 }
             }
+            let job = Job { index, inputs };
+            // With nothing else to run alongside, handing the node to a worker would only
+            // add two thread wake-ups; chains of light nodes run here instead.
+            let alone = self.running == 0 && !self.ready.iter().any(|&r| self.dispatchable(r));
             self.running += 1;
-            pool.submit(Job { index, inputs });
-            // Inline pools finish at submit; let `drive` handle the result first.
-            if workers == 1 {
-                break;
+            match pool.as_deref_mut() {
+                Some(p) if !alone => p.submit(job),
+                _ => {
+                    let done = self.shared.execute(job);
+                    self.local_done.push_back(done);
+                    // Let `drive` record the result before anything else is started.
+                    break;
+                }
             }
         }
     }
@@ -550,7 +623,11 @@ impl Coordinator<'_, '_> {
         match done.result {
             Ok(out) => {
                 let values: Arc<[Value]> = out.values.into();
-                self.exec.cache.lock().insert(self.keys[done.index], values.clone(), out.ui.clone());
+                self.exec.cache.lock().insert(
+                    self.keys[done.index],
+                    values.clone(),
+                    out.ui.clone(),
+                );
                 if let Some(ui) = out.ui {
                     self.shared.sink.send(Event::Executed {
                         prompt_id: self.shared.run_id.to_string(),
@@ -576,14 +653,19 @@ impl Coordinator<'_, '_> {
             }
             Err(NodeError::Interrupted) => {
                 if self.stop.is_none() {
-                    self.stop = Some(Stop::Interrupted { index: Some(done.index) });
+                    self.stop = Some(Stop::Interrupted {
+                        index: Some(done.index),
+                    });
                 }
             }
             Err(error) => {
                 // The first failure is the one reported; later ones are usually knock-on
                 // interruptions from the abort below.
                 if !matches!(self.stop, Some(Stop::Failed { .. })) {
-                    self.stop = Some(Stop::Failed { index: done.index, error });
+                    self.stop = Some(Stop::Failed {
+                        index: done.index,
+                        error,
+                    });
                 }
                 self.shared.abort.store(true, Ordering::Release);
             }

@@ -46,7 +46,11 @@ pub enum NodeError {
     #[error("input '{input}' is missing")]
     MissingInput { input: String },
     #[error("input '{input}': expected {expected}, got {found}")]
-    InputType { input: String, expected: String, found: String },
+    InputType {
+        input: String,
+        expected: String,
+        found: String,
+    },
     #[error("input '{input}': {message}")]
     InvalidInput { input: String, message: String },
     #[error("{0}")]
@@ -124,7 +128,9 @@ impl Inputs {
     }
 
     fn require(&self, name: &str) -> Result<&InputData, NodeError> {
-        self.get(name).ok_or_else(|| NodeError::MissingInput { input: name.to_string() })
+        self.get(name).ok_or_else(|| NodeError::MissingInput {
+            input: name.to_string(),
+        })
     }
 
     /// The linked value of a socket input.
@@ -138,9 +144,8 @@ impl Inputs {
     /// The payload of a socket input as its concrete type.
     pub fn downcast<T: std::any::Any>(&self, name: &str) -> Result<&T, NodeError> {
         let v = self.value(name)?;
-        v.downcast_ref::<T>().ok_or_else(|| {
-            type_error(name, std::any::type_name::<T>(), v.payload_type_name())
-        })
+        v.downcast_ref::<T>()
+            .ok_or_else(|| type_error(name, std::any::type_name::<T>(), v.payload_type_name()))
     }
 
     /// Like [`Inputs::downcast`], sharing the payload instead of borrowing it.
@@ -149,16 +154,15 @@ impl Inputs {
         name: &str,
     ) -> Result<Arc<T>, NodeError> {
         let v = self.value(name)?;
-        v.downcast_arc::<T>().ok_or_else(|| {
-            type_error(name, std::any::type_name::<T>(), v.payload_type_name())
-        })
+        v.downcast_arc::<T>()
+            .ok_or_else(|| type_error(name, std::any::type_name::<T>(), v.payload_type_name()))
     }
 
     pub fn int(&self, name: &str) -> Result<i64, NodeError> {
         match self.require(name)? {
-            InputData::Const(c) => {
-                c.as_i64().ok_or_else(|| type_error(name, "an INT within i64", &const_kind(c)))
-            }
+            InputData::Const(c) => c
+                .as_i64()
+                .ok_or_else(|| type_error(name, "an INT within i64", &const_kind(c))),
             InputData::Value(v) => downcast_copy::<i64>(name, v, "INT"),
         }
     }
@@ -178,9 +182,9 @@ impl Inputs {
 
     pub fn float(&self, name: &str) -> Result<f64, NodeError> {
         match self.require(name)? {
-            InputData::Const(c) => {
-                c.as_f64().ok_or_else(|| type_error(name, "a FLOAT", &const_kind(c)))
-            }
+            InputData::Const(c) => c
+                .as_f64()
+                .ok_or_else(|| type_error(name, "a FLOAT", &const_kind(c))),
             InputData::Value(v) => downcast_copy::<f64>(name, v, "FLOAT")
                 .or_else(|_| downcast_copy::<i64>(name, v, "FLOAT").map(|i| i as f64)),
         }
@@ -188,9 +192,9 @@ impl Inputs {
 
     pub fn boolean(&self, name: &str) -> Result<bool, NodeError> {
         match self.require(name)? {
-            InputData::Const(c) => {
-                c.as_bool().ok_or_else(|| type_error(name, "a BOOLEAN", &const_kind(c)))
-            }
+            InputData::Const(c) => c
+                .as_bool()
+                .ok_or_else(|| type_error(name, "a BOOLEAN", &const_kind(c))),
             InputData::Value(v) => downcast_copy::<bool>(name, v, "BOOLEAN"),
         }
     }
@@ -198,9 +202,9 @@ impl Inputs {
     /// A STRING or COMBO input.
     pub fn string(&self, name: &str) -> Result<&str, NodeError> {
         match self.require(name)? {
-            InputData::Const(c) => {
-                c.as_str().ok_or_else(|| type_error(name, "a STRING", &const_kind(c)))
-            }
+            InputData::Const(c) => c
+                .as_str()
+                .ok_or_else(|| type_error(name, "a STRING", &const_kind(c))),
             InputData::Value(v) => v
                 .downcast_ref::<String>()
                 .map(String::as_str)
@@ -210,7 +214,9 @@ impl Inputs {
 }
 
 fn downcast_copy<T: Copy + 'static>(name: &str, v: &Value, expected: &str) -> Result<T, NodeError> {
-    v.downcast_ref::<T>().copied().ok_or_else(|| type_error(name, expected, v.io_type().as_str()))
+    v.downcast_ref::<T>()
+        .copied()
+        .ok_or_else(|| type_error(name, expected, v.io_type().as_str()))
 }
 
 fn type_error(input: &str, expected: &str, found: &str) -> NodeError {
@@ -276,7 +282,14 @@ impl<'a> ExecContext<'a> {
         cancel: &'a CancelToken,
         abort: &'a AtomicBool,
     ) -> Self {
-        ExecContext { run_id: "", node_id, sink, cancel, abort, output_dir: None }
+        ExecContext {
+            run_id: "",
+            node_id,
+            sink,
+            cancel,
+            abort,
+            output_dir: None,
+        }
     }
 
     pub fn run_id(&self) -> &str {

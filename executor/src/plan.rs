@@ -50,6 +50,14 @@ pub struct Plan {
     pub(crate) nodes: Vec<PlanNode>,
 }
 
+impl std::fmt::Debug for Plan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.nodes.iter().map(|n| (&n.id, &n.class_type)))
+            .finish()
+    }
+}
+
 impl Plan {
     /// Node ids in the order they would run one at a time.
     pub fn node_ids(&self) -> impl Iterator<Item = &str> {

@@ -90,7 +90,13 @@ pub struct InputSpec {
 
 impl InputSpec {
     fn with_kind(name: impl Into<String>, kind: InputKind) -> Self {
-        InputSpec { name: name.into(), kind, optional: false, tooltip: None, extra: Map::new() }
+        InputSpec {
+            name: name.into(),
+            kind,
+            optional: false,
+            tooltip: None,
+            extra: Map::new(),
+        }
     }
 
     /// A socket of the given type.
@@ -114,20 +120,30 @@ impl InputSpec {
 
     /// A seed: INT from 0 to 2^64-1 with the frontend's control widget, as KSampler's.
     pub fn seed(name: impl Into<String>) -> Self {
-        Self::int(name, 0).int_range(0, u64::MAX.into()).control_after_generate()
+        Self::int(name, 0)
+            .int_range(0, u64::MAX.into())
+            .control_after_generate()
     }
 
     pub fn float(name: impl Into<String>, default: f64) -> Self {
         Self::with_kind(
             name,
-            InputKind::Float(FloatWidget { default, min: f64::MIN, max: f64::MAX, step: 0.1 }),
+            InputKind::Float(FloatWidget {
+                default,
+                min: f64::MIN,
+                max: f64::MAX,
+                step: 0.1,
+            }),
         )
     }
 
     pub fn string(name: impl Into<String>, default: impl Into<String>) -> Self {
         Self::with_kind(
             name,
-            InputKind::String(StringWidget { default: default.into(), multiline: false }),
+            InputKind::String(StringWidget {
+                default: default.into(),
+                multiline: false,
+            }),
         )
     }
 
@@ -226,9 +242,11 @@ impl InputSpec {
             InputKind::Float(w) => Some(json!(w.default)),
             InputKind::String(w) => Some(json!(w.default)),
             InputKind::Boolean(w) => Some(json!(w.default)),
-            InputKind::Combo(w) => {
-                w.default.clone().or_else(|| w.options.first().cloned()).map(Json::String)
-            }
+            InputKind::Combo(w) => w
+                .default
+                .clone()
+                .or_else(|| w.options.first().cloned())
+                .map(Json::String),
         }
     }
 
@@ -358,7 +376,12 @@ impl NodeSchema {
     }
 
     pub fn output(mut self, name: impl Into<String>, io_type: IoType) -> Self {
-        self.outputs.push(OutputSpec { name: name.into(), io_type, is_list: false, tooltip: None });
+        self.outputs.push(OutputSpec {
+            name: name.into(),
+            io_type,
+            is_list: false,
+            tooltip: None,
+        });
         self
     }
 

@@ -138,7 +138,9 @@ pub fn constant_values(seed: u64, size: usize) -> Vec<f32> {
         .collect()
 }
 
-type ExecFn = dyn Fn(&StubStats, &mut ExecContext<'_>, &Inputs) -> Result<Outputs, NodeError> + Send + Sync;
+type FingerprintFn = fn(&Inputs) -> Result<Option<Vec<u8>>, NodeError>;
+type ExecFn =
+    dyn Fn(&StubStats, &mut ExecContext<'_>, &Inputs) -> Result<Outputs, NodeError> + Send + Sync;
 
 /// One stub node type: a schema plus a function, counting every execution.
 struct StubNode {
@@ -146,7 +148,7 @@ struct StubNode {
     lane: Lane,
     stats: Arc<StubStats>,
     run: Box<ExecFn>,
-    fingerprint: Option<fn(&Inputs) -> Result<Option<Vec<u8>>, NodeError>>,
+    fingerprint: Option<FingerprintFn>,
 }
 
 impl Node for StubNode {
@@ -171,7 +173,12 @@ impl Node for StubNode {
     }
 }
 
-fn slow(stats: &StubStats, lane: &str, ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+fn slow(
+    stats: &StubStats,
+    lane: &str,
+    ctx: &mut ExecContext<'_>,
+    inputs: &Inputs,
+) -> Result<Outputs, NodeError> {
     let values = tensor(inputs, "latent")?.to_vec();
     let steps = inputs.int("steps")?.max(1) as u64;
     let step = Duration::from_millis(inputs.int("step_ms")?.max(0) as u64);
@@ -182,15 +189,26 @@ fn slow(stats: &StubStats, lane: &str, ctx: &mut ExecContext<'_>, inputs: &Input
             std::thread::sleep(step);
             ctx.progress(s + 1, steps);
             if s + 1 == steps.div_ceil(2) {
-                let px: Vec<u8> = values.iter().take(4).flat_map(|v| {
-                    let b = (v.clamp(0.0, 1.0) * 255.0) as u8;
-                    [b, b, b]
-                }).collect();
+                let px: Vec<u8> = values
+                    .iter()
+                    .take(4)
+                    .flat_map(|v| {
+                        let b = (v.clamp(0.0, 1.0) * 255.0) as u8;
+                        [b, b, b]
+                    })
+                    .collect();
                 let width = (px.len() / 3) as u32;
-                ctx.preview(PreviewImage { format: PreviewFormat::Rgb8, width, height: 1, data: px.into() });
+                ctx.preview(PreviewImage {
+                    format: PreviewFormat::Rgb8,
+                    width,
+                    height: 1,
+                    data: px.into(),
+                });
             }
         }
-        Ok(Outputs::new(vec![latent(values.iter().map(|v| v + 1.0).collect())]))
+        Ok(Outputs::new(vec![latent(
+            values.iter().map(|v| v + 1.0).collect(),
+        )]))
     })();
     stats.leave(lane);
     result
@@ -218,23 +236,37 @@ pub fn register(registry: &mut Registry) -> Arc<StubStats> {
             .output("LATENT", IoType::LATENT),
         Lane::Cpu,
         Box::new(|_, _, inputs| {
-            let size = usize::try_from(inputs.int("size")?).map_err(|_| NodeError::InvalidInput {
-                input: "size".into(),
-                message: "must be positive".into(),
-            })?;
-            Ok(Outputs::new(vec![latent(constant_values(inputs.uint("seed")?, size))]))
+            let size =
+                usize::try_from(inputs.int("size")?).map_err(|_| NodeError::InvalidInput {
+                    input: "size".into(),
+                    message: "must be positive".into(),
+                })?;
+            Ok(Outputs::new(vec![latent(constant_values(
+                inputs.uint("seed")?,
+                size,
+            ))]))
         }),
     );
     add(
         NodeSchema::new("StubModelLoader")
             .display_name("Stub Model Loader")
-            .input(InputSpec::combo("model_name", ["tiny-a.safetensors", "tiny-b.safetensors"]))
+            .input(InputSpec::combo(
+                "model_name",
+                ["tiny-a.safetensors", "tiny-b.safetensors"],
+            ))
             .output("MODEL", IoType::MODEL),
         Lane::Cpu,
         Box::new(|_, _, inputs| {
             let name = inputs.string("model_name")?.to_string();
-            let bias = if name.starts_with("tiny-a") { 10.0 } else { 20.0 };
-            Ok(Outputs::new(vec![Value::new(IoType::MODEL, StubModel { name, bias })]))
+            let bias = if name.starts_with("tiny-a") {
+                10.0
+            } else {
+                20.0
+            };
+            Ok(Outputs::new(vec![Value::new(
+                IoType::MODEL,
+                StubModel { name, bias },
+            )]))
         }),
     );
     add(
@@ -247,7 +279,9 @@ pub fn register(registry: &mut Registry) -> Arc<StubStats> {
         Box::new(|_, _, inputs| {
             let model = inputs.downcast::<StubModel>("model")?;
             let t = tensor(inputs, "latent")?;
-            Ok(Outputs::new(vec![latent(t.iter().map(|v| v + model.bias).collect())]))
+            Ok(Outputs::new(vec![latent(
+                t.iter().map(|v| v + model.bias).collect(),
+            )]))
         }),
     );
     add(
@@ -265,26 +299,37 @@ pub fn register(registry: &mut Registry) -> Arc<StubStats> {
                     message: format!("has {} values, a has {}", b.len(), a.len()),
                 });
             }
-            Ok(Outputs::new(vec![latent(a.iter().zip(b).map(|(x, y)| x + y).collect())]))
+            Ok(Outputs::new(vec![latent(
+                a.iter().zip(b).map(|(x, y)| x + y).collect(),
+            )]))
         }),
     );
     add(
         NodeSchema::new("StubScale")
             .display_name("Stub Scale")
             .input(InputSpec::link("latent", IoType::LATENT))
-            .input(InputSpec::float("factor", 1.0).float_range(-100.0, 100.0).float_step(0.01))
+            .input(
+                InputSpec::float("factor", 1.0)
+                    .float_range(-100.0, 100.0)
+                    .float_step(0.01),
+            )
             .output("LATENT", IoType::LATENT),
         Lane::Cpu,
         Box::new(|_, _, inputs| {
             let f = inputs.float("factor")? as f32;
-            Ok(Outputs::new(vec![latent(tensor(inputs, "latent")?.iter().map(|v| v * f).collect())]))
+            Ok(Outputs::new(vec![latent(
+                tensor(inputs, "latent")?.iter().map(|v| v * f).collect(),
+            )]))
         }),
     );
     add(
         NodeSchema::new("StubCombo")
             .display_name("Stub Combo")
             .input(InputSpec::link("latent", IoType::LATENT))
-            .input(InputSpec::combo("op", ["identity", "negate", "square", "abs"]).combo_default("identity"))
+            .input(
+                InputSpec::combo("op", ["identity", "negate", "square", "abs"])
+                    .combo_default("identity"),
+            )
             .output("LATENT", IoType::LATENT),
         Lane::Cpu,
         Box::new(|_, _, inputs| {
@@ -294,13 +339,21 @@ pub fn register(registry: &mut Registry) -> Arc<StubStats> {
                 "square" => |v| v * v,
                 "abs" => f32::abs,
                 other => {
-                    return Err(NodeError::InvalidInput { input: "op".into(), message: format!("unknown op '{other}'") })
+                    return Err(NodeError::InvalidInput {
+                        input: "op".into(),
+                        message: format!("unknown op '{other}'"),
+                    })
                 }
             };
-            Ok(Outputs::new(vec![latent(tensor(inputs, "latent")?.iter().map(|&v| op(v)).collect())]))
+            Ok(Outputs::new(vec![latent(
+                tensor(inputs, "latent")?.iter().map(|&v| op(v)).collect(),
+            )]))
         }),
     );
-    for (name, lane) in [("StubSlow", Lane::Cpu), ("StubSlowDevice", Lane::Device(STUB_DEVICE.into()))] {
+    for (name, lane) in [
+        ("StubSlow", Lane::Cpu),
+        ("StubSlowDevice", Lane::Device(STUB_DEVICE.into())),
+    ] {
         let lane_name = match &lane {
             Lane::Cpu => "cpu".to_string(),
             Lane::Device(d) => d.clone(),
@@ -319,7 +372,9 @@ pub fn register(registry: &mut Registry) -> Arc<StubStats> {
     add(
         NodeSchema::new("StubFail")
             .display_name("Stub Fail")
-            .description("Fails with `message` while `fail` is set; passes the latent through otherwise.")
+            .description(
+                "Fails with `message` while `fail` is set; passes the latent through otherwise.",
+            )
             .input(InputSpec::link("latent", IoType::LATENT))
             .input(InputSpec::boolean("fail", true))
             .input(InputSpec::string("message", "stub failure"))
@@ -342,7 +397,9 @@ pub fn register(registry: &mut Registry) -> Arc<StubStats> {
     );
     add(
         NodeSchema::new("StubRendezvous")
-            .description("Waits until `parties` rendezvous nodes are running at once; fails after 10 s.")
+            .description(
+                "Waits until `parties` rendezvous nodes are running at once; fails after 10 s.",
+            )
             .input(InputSpec::link("latent", IoType::LATENT))
             .input(InputSpec::int("parties", 2).int_range(1, 64))
             .output("LATENT", IoType::LATENT),
@@ -350,7 +407,9 @@ pub fn register(registry: &mut Registry) -> Arc<StubStats> {
         Box::new(|stats, _, inputs| {
             let parties = inputs.int("parties")? as usize;
             if !stats.rendezvous(parties, Duration::from_secs(10)) {
-                return Err(NodeError::msg(format!("only some of {parties} parties arrived")));
+                return Err(NodeError::msg(format!(
+                    "only some of {parties} parties arrived"
+                )));
             }
             Ok(Outputs::new(vec![inputs.value("latent")?.clone()]))
         }),
@@ -389,7 +448,9 @@ pub fn register(registry: &mut Registry) -> Arc<StubStats> {
     registry.register(Arc::new(StubNode {
         schema: NodeSchema::new("StubReadFile")
             .display_name("Stub Read File")
-            .description("The bytes of a file as values in [0, 1]; re-runs when the file content changes.")
+            .description(
+                "The bytes of a file as values in [0, 1]; re-runs when the file content changes.",
+            )
             .category(CATEGORY)
             .input(InputSpec::string("path", ""))
             .output("LATENT", IoType::LATENT),
@@ -397,15 +458,21 @@ pub fn register(registry: &mut Registry) -> Arc<StubStats> {
         stats: stats.clone(),
         run: Box::new(|_, _, inputs| {
             let path = inputs.string("path")?;
-            let bytes = std::fs::read(path)
-                .map_err(|e| NodeError::InvalidInput { input: "path".into(), message: format!("{path}: {e}") })?;
-            Ok(Outputs::new(vec![latent(bytes.iter().map(|&b| f32::from(b) / 255.0).collect())]))
+            let bytes = std::fs::read(path).map_err(|e| NodeError::InvalidInput {
+                input: "path".into(),
+                message: format!("{path}: {e}"),
+            })?;
+            Ok(Outputs::new(vec![latent(
+                bytes.iter().map(|&b| f32::from(b) / 255.0).collect(),
+            )]))
         }),
         // Like IS_CHANGED of ComfyUI's LoadImage: the content, not the name, decides.
         fingerprint: Some(|inputs| {
             let path = inputs.string("path")?;
-            let bytes = std::fs::read(path)
-                .map_err(|e| NodeError::InvalidInput { input: "path".into(), message: format!("{path}: {e}") })?;
+            let bytes = std::fs::read(path).map_err(|e| NodeError::InvalidInput {
+                input: "path".into(),
+                message: format!("{path}: {e}"),
+            })?;
             Ok(Some(blake3::hash(&bytes).as_bytes().to_vec()))
         }),
     }));

@@ -52,7 +52,10 @@ enum Source {
 }
 
 fn err(path: impl Into<String>, message: impl Into<String>) -> WorkflowError {
-    WorkflowError::Structure { path: path.into(), message: message.into() }
+    WorkflowError::Structure {
+        path: path.into(),
+        message: message.into(),
+    }
 }
 
 fn id_string(v: &Json) -> Option<String> {
@@ -65,8 +68,13 @@ fn id_string(v: &Json) -> Option<String> {
 
 fn parse_node(v: &Json, index: usize) -> Result<UiNode, WorkflowError> {
     let path = format!("nodes[{index}]");
-    let obj = v.as_object().ok_or_else(|| err(&path, "expected an object"))?;
-    let id = obj.get("id").and_then(id_string).ok_or_else(|| err(&path, "missing or invalid id"))?;
+    let obj = v
+        .as_object()
+        .ok_or_else(|| err(&path, "expected an object"))?;
+    let id = obj
+        .get("id")
+        .and_then(id_string)
+        .ok_or_else(|| err(&path, "missing or invalid id"))?;
     let path = format!("node {id}");
     let class = obj
         .get("type")
@@ -76,7 +84,9 @@ fn parse_node(v: &Json, index: usize) -> Result<UiNode, WorkflowError> {
     let mode = obj.get("mode").and_then(Json::as_i64).unwrap_or(0);
     let mut inputs = Vec::new();
     if let Some(list) = obj.get("inputs") {
-        let list = list.as_array().ok_or_else(|| err(&path, "inputs must be an array"))?;
+        let list = list
+            .as_array()
+            .ok_or_else(|| err(&path, "inputs must be an array"))?;
         for (i, inp) in list.iter().enumerate() {
             let name = inp
                 .get("name")
@@ -84,7 +94,11 @@ fn parse_node(v: &Json, index: usize) -> Result<UiNode, WorkflowError> {
                 .ok_or_else(|| err(format!("{path} inputs[{i}]"), "missing name"))?;
             inputs.push(UiInput {
                 name: name.to_string(),
-                io_type: inp.get("type").and_then(Json::as_str).unwrap_or("*").to_string(),
+                io_type: inp
+                    .get("type")
+                    .and_then(Json::as_str)
+                    .unwrap_or("*")
+                    .to_string(),
                 link: inp.get("link").and_then(Json::as_i64),
                 widget: inp
                     .get("widget")
@@ -99,7 +113,12 @@ fn parse_node(v: &Json, index: usize) -> Result<UiNode, WorkflowError> {
         .and_then(Json::as_array)
         .map(|outs| {
             outs.iter()
-                .map(|o| o.get("type").and_then(Json::as_str).unwrap_or("*").to_string())
+                .map(|o| {
+                    o.get("type")
+                        .and_then(Json::as_str)
+                        .unwrap_or("*")
+                        .to_string()
+                })
                 .collect()
         })
         .unwrap_or_default();
@@ -109,7 +128,10 @@ fn parse_node(v: &Json, index: usize) -> Result<UiNode, WorkflowError> {
         mode,
         inputs,
         output_types,
-        widgets_values: obj.get("widgets_values").cloned().unwrap_or(Json::Array(Vec::new())),
+        widgets_values: obj
+            .get("widgets_values")
+            .cloned()
+            .unwrap_or(Json::Array(Vec::new())),
         title: obj.get("title").and_then(Json::as_str).map(str::to_string),
     })
 }
@@ -118,17 +140,33 @@ fn parse_link(v: &Json, index: usize) -> Result<(i64, UiLink), WorkflowError> {
     let path = format!("links[{index}]");
     // Version 0.4 stores links as arrays, version 1 as objects.
     let (id, origin, slot) = match v {
-        Json::Array(a) if a.len() >= 5 => (a[0].as_i64(), a.get(1).and_then(id_string), a[2].as_u64()),
+        Json::Array(a) if a.len() >= 5 => {
+            (a[0].as_i64(), a.get(1).and_then(id_string), a[2].as_u64())
+        }
         Json::Object(o) => (
             o.get("id").and_then(Json::as_i64),
             o.get("origin_id").and_then(id_string),
             o.get("origin_slot").and_then(Json::as_u64),
         ),
-        _ => return Err(err(path, "expected [id, origin_id, origin_slot, target_id, target_slot, type]")),
+        _ => {
+            return Err(err(
+                path,
+                "expected [id, origin_id, origin_slot, target_id, target_slot, type]",
+            ))
+        }
     };
     match (id, origin, slot.and_then(|s| usize::try_from(s).ok())) {
-        (Some(id), Some(origin), Some(origin_slot)) => Ok((id, UiLink { origin, origin_slot })),
-        _ => Err(err(path, "link id, origin id or origin slot is missing or not an integer")),
+        (Some(id), Some(origin), Some(origin_slot)) => Ok((
+            id,
+            UiLink {
+                origin,
+                origin_slot,
+            },
+        )),
+        _ => Err(err(
+            path,
+            "link id, origin id or origin slot is missing or not an integer",
+        )),
     }
 }
 
@@ -158,7 +196,8 @@ impl Graph {
                 }
                 _ if origin.mode == MODE_BYPASS => {
                     let want = origin.output_types.get(l.origin_slot).map(String::as_str);
-                    let same_type = |i: &UiInput| Some(i.io_type.as_str()) == want && i.link.is_some();
+                    let same_type =
+                        |i: &UiInput| Some(i.io_type.as_str()) == want && i.link.is_some();
                     let pick = origin
                         .inputs
                         .get(l.origin_slot)
@@ -196,7 +235,10 @@ pub fn ui_to_workflow(doc: &Json, registry: &Registry) -> Result<Workflow, Workf
         .get("links")
         .and_then(Json::as_array)
         .ok_or_else(|| err("workflow", "links must be an array"))?;
-    let mut graph = Graph { nodes: HashMap::new(), links: HashMap::new() };
+    let mut graph = Graph {
+        nodes: HashMap::new(),
+        links: HashMap::new(),
+    };
     let mut order = Vec::new();
     for (i, n) in nodes_json.iter().enumerate() {
         let node = parse_node(n, i)?;
@@ -255,7 +297,8 @@ pub fn ui_to_workflow(doc: &Json, registry: &Registry) -> Result<Workflow, Workf
                     }
                     match linked(&input.name) {
                         Some(Some(source)) => {
-                            spec.inputs.insert(input.name.clone(), source_to_input(source));
+                            spec.inputs
+                                .insert(input.name.clone(), source_to_input(source));
                         }
                         // Linked to something muted: the input is absent, as in ComfyUI.
                         Some(None) => {}
@@ -270,7 +313,8 @@ pub fn ui_to_workflow(doc: &Json, registry: &Registry) -> Result<Workflow, Workf
             None => {
                 for input in &node.inputs {
                     if let Some(Some(source)) = input.link.map(|l| graph.resolve(l)) {
-                        spec.inputs.insert(input.name.clone(), source_to_input(source));
+                        spec.inputs
+                            .insert(input.name.clone(), source_to_input(source));
                     }
                 }
             }
@@ -281,7 +325,10 @@ pub fn ui_to_workflow(doc: &Json, registry: &Registry) -> Result<Workflow, Workf
     if let Some(h) = doc.get("extra").and_then(|e| e.get("sdflow")) {
         let text = |k: &str| h.get(k).and_then(Json::as_str).map(str::to_string);
         wf.header = Some(Header {
-            format_version: h.get("format_version").and_then(Json::as_u64).unwrap_or(FORMAT_VERSION),
+            format_version: h
+                .get("format_version")
+                .and_then(Json::as_u64)
+                .unwrap_or(FORMAT_VERSION),
             title: text("title"),
             description: text("description"),
         });
@@ -299,7 +346,8 @@ fn has_control_widget(input: &crate::schema::InputSpec) -> bool {
 }
 
 fn is_control(v: Option<&Json>) -> bool {
-    v.and_then(Json::as_str).is_some_and(|s| CONTROL_VALUES.contains(&s))
+    v.and_then(Json::as_str)
+        .is_some_and(|s| CONTROL_VALUES.contains(&s))
 }
 
 /// Lays a workflow out as a UI-format document the ComfyUI frontend can open.
@@ -308,7 +356,13 @@ fn is_control(v: Option<&Json>) -> bool {
 /// columns by their depth in the graph.
 pub fn workflow_to_ui(wf: &Workflow, registry: &Registry) -> Result<Json, WorkflowError> {
     let mut ids: BTreeMap<&str, i64> = BTreeMap::new();
-    let mut next = wf.nodes.keys().filter_map(|k| k.parse::<i64>().ok()).max().unwrap_or(0) + 1;
+    let mut next = wf
+        .nodes
+        .keys()
+        .filter_map(|k| k.parse::<i64>().ok())
+        .max()
+        .unwrap_or(0)
+        + 1;
     for id in wf.nodes.keys() {
         let n = match id.parse::<i64>() {
             Ok(n) if n > 0 => n,
@@ -346,20 +400,43 @@ pub fn workflow_to_ui(wf: &Workflow, registry: &Registry) -> Result<Json, Workfl
     let mut in_links: HashMap<(&str, &str), i64> = HashMap::new();
     for (id, node) in &wf.nodes {
         let schema = registry.schema(&node.class_type).ok_or_else(|| {
-            err(format!("node '{id}'"), format!("unknown class_type '{}'", node.class_type))
+            err(
+                format!("node '{id}'"),
+                format!("unknown class_type '{}'", node.class_type),
+            )
         })?;
         let mut slot = 0usize;
         for input in &schema.inputs {
-            if let Some((name, InputValue::Link { node: src, output })) = node.inputs.get_key_value(&input.name) {
+            if let Some((name, InputValue::Link { node: src, output })) =
+                node.inputs.get_key_value(&input.name)
+            {
                 let src_id = ids.get(src.as_str()).copied().ok_or_else(|| {
-                    err(format!("node '{id}' input '{}'", input.name), format!("links to missing node '{src}'"))
+                    err(
+                        format!("node '{id}' input '{}'", input.name),
+                        format!("links to missing node '{src}'"),
+                    )
                 })?;
                 let link_id = links.len() as i64 + 1;
-                links.push(json!([link_id, src_id, output, ids[id.as_str()], slot, input.kind.io_type().as_str()]));
-                out_links.entry((src.as_str(), *output)).or_default().push(link_id);
+                links.push(json!([
+                    link_id,
+                    src_id,
+                    output,
+                    ids[id.as_str()],
+                    slot,
+                    input.kind.io_type().as_str()
+                ]));
+                out_links
+                    .entry((src.as_str(), *output))
+                    .or_default()
+                    .push(link_id);
                 in_links.insert((id.as_str(), name.as_str()), link_id);
             }
-            if !input.kind.is_widget() || node.inputs.get(&input.name).is_some_and(|v| matches!(v, InputValue::Link { .. })) {
+            if !input.kind.is_widget()
+                || node
+                    .inputs
+                    .get(&input.name)
+                    .is_some_and(|v| matches!(v, InputValue::Link { .. }))
+            {
                 slot += 1;
             }
         }
@@ -372,7 +449,10 @@ pub fn workflow_to_ui(wf: &Workflow, registry: &Registry) -> Result<Json, Workfl
     for (index, id) in order.into_iter().enumerate() {
         let node = &wf.nodes[id];
         let schema = registry.schema(&node.class_type).ok_or_else(|| {
-            err(format!("node '{id}'"), format!("unknown class_type '{}'", node.class_type))
+            err(
+                format!("node '{id}'"),
+                format!("unknown class_type '{}'", node.class_type),
+            )
         })?;
         let mut inputs = Vec::new();
         let mut widgets_values = Vec::new();
@@ -422,7 +502,10 @@ pub fn workflow_to_ui(wf: &Workflow, registry: &Registry) -> Result<Json, Workfl
         n.insert("mode".into(), json!(0));
         n.insert("inputs".into(), json!(inputs));
         n.insert("outputs".into(), json!(outputs));
-        n.insert("properties".into(), json!({"Node name for S&R": node.class_type}));
+        n.insert(
+            "properties".into(),
+            json!({"Node name for S&R": node.class_type}),
+        );
         n.insert("widgets_values".into(), json!(widgets_values));
         if let Some(t) = &node.title {
             n.insert("title".into(), json!(t));

@@ -64,8 +64,18 @@ pub struct ValidationError {
 }
 
 impl ValidationError {
-    fn new(kind: ErrorKind, message: impl Into<String>, details: impl Into<String>, extra: Json) -> Self {
-        ValidationError { kind, message: message.into(), details: details.into(), extra_info: extra }
+    fn new(
+        kind: ErrorKind,
+        message: impl Into<String>,
+        details: impl Into<String>,
+        extra: Json,
+    ) -> Self {
+        ValidationError {
+            kind,
+            message: message.into(),
+            details: details.into(),
+            extra_info: extra,
+        }
     }
 
     /// The input this error is about, when it is about one.
@@ -97,11 +107,15 @@ impl ValidationReport {
 
     /// Every error as (node id, error), in node id order.
     pub fn errors(&self) -> impl Iterator<Item = (&str, &ValidationError)> {
-        self.node_errors.iter().flat_map(|(id, n)| n.errors.iter().map(move |e| (id.as_str(), e)))
+        self.node_errors
+            .iter()
+            .flat_map(|(id, n)| n.errors.iter().map(move |e| (id.as_str(), e)))
     }
 
     pub fn has(&self, node: &str, kind: ErrorKind) -> bool {
-        self.node_errors.get(node).is_some_and(|n| n.errors.iter().any(|e| e.kind == kind))
+        self.node_errors
+            .get(node)
+            .is_some_and(|n| n.errors.iter().any(|e| e.kind == kind))
     }
 
     fn summary(&self) -> String {
@@ -109,8 +123,14 @@ impl ValidationReport {
         if n == 0 {
             format!("{}: {}", self.error.kind.as_str(), self.error.message)
         } else {
-            format!("{}: {} ({n} error{} in {} node{})", self.error.kind.as_str(), self.error.message,
-                if n == 1 { "" } else { "s" }, self.node_errors.len(), if self.node_errors.len() == 1 { "" } else { "s" })
+            format!(
+                "{}: {} ({n} error{} in {} node{})",
+                self.error.kind.as_str(),
+                self.error.message,
+                if n == 1 { "" } else { "s" },
+                self.node_errors.len(),
+                if self.node_errors.len() == 1 { "" } else { "s" }
+            )
         }
     }
 
@@ -119,7 +139,12 @@ impl ValidationReport {
         let mut out = format!("{}\n", self.summary());
         for (id, node) in &self.node_errors {
             for e in &node.errors {
-                out.push_str(&format!("  node {id} ({}): [{}] {}", node.class_type, e.kind.as_str(), e.message));
+                out.push_str(&format!(
+                    "  node {id} ({}): [{}] {}",
+                    node.class_type,
+                    e.kind.as_str(),
+                    e.message
+                ));
                 if !e.details.is_empty() {
                     out.push_str(&format!(": {}", e.details));
                 }
@@ -147,31 +172,31 @@ fn render_value(v: &Json) -> String {
 
 /// Converts a constant to the widget's type as ComfyUI does (numbers from numeric
 /// strings, integral floats for INT), then checks limits and combo options.
-pub(crate) fn normalize_widget(input: &InputSpec, v: &Json) -> Result<Json, ValidationError> {
+pub(crate) fn normalize_widget(input: &InputSpec, v: &Json) -> Result<Json, Box<ValidationError>> {
     let name = &input.name;
     let bad_type = |ty: &str| {
-        ValidationError::new(
+        Box::new(ValidationError::new(
             ErrorKind::InvalidInputType,
             format!("Failed to convert an input value to a {ty} value"),
             format!("{name}, {}", render_value(v)),
             input_extra(input, Some(v)),
-        )
+        ))
     };
     let too_small = |val: String, min: String| {
-        ValidationError::new(
+        Box::new(ValidationError::new(
             ErrorKind::ValueSmallerThanMin,
             format!("Value {val} smaller than min of {min}"),
             name.clone(),
             input_extra(input, Some(v)),
-        )
+        ))
     };
     let too_big = |val: String, max: String| {
-        ValidationError::new(
+        Box::new(ValidationError::new(
             ErrorKind::ValueBiggerThanMax,
             format!("Value {val} bigger than max of {max}"),
             name.clone(),
             input_extra(input, Some(v)),
-        )
+        ))
     };
     match &input.kind {
         InputKind::Link(_) => Ok(v.clone()),
@@ -181,7 +206,11 @@ pub(crate) fn normalize_widget(input: &InputSpec, v: &Json) -> Result<Json, Vali
                     .as_i64()
                     .map(i128::from)
                     .or_else(|| n.as_u64().map(i128::from))
-                    .or_else(|| n.as_f64().filter(|f| f.fract() == 0.0 && f.abs() < 1e38).map(|f| f as i128)),
+                    .or_else(|| {
+                        n.as_f64()
+                            .filter(|f| f.fract() == 0.0 && f.abs() < 1e38)
+                            .map(|f| f as i128)
+                    }),
                 Json::String(s) => s.trim().parse::<i128>().ok(),
                 _ => None,
             };
@@ -228,16 +257,20 @@ pub(crate) fn normalize_widget(input: &InputSpec, v: &Json) -> Result<Json, Vali
                 _ => None,
             };
             match s {
-                Some(s) if w.options.iter().any(|o| *o == s) => Ok(json!(s)),
+                Some(s) if w.options.contains(&s) => Ok(json!(s)),
                 _ => {
                     let shown: Vec<&str> = w.options.iter().take(20).map(String::as_str).collect();
-                    let more = if w.options.len() > 20 { format!(" (and {} more)", w.options.len() - 20) } else { String::new() };
-                    Err(ValidationError::new(
+                    let more = if w.options.len() > 20 {
+                        format!(" (and {} more)", w.options.len() - 20)
+                    } else {
+                        String::new()
+                    };
+                    Err(Box::new(ValidationError::new(
                         ErrorKind::ValueNotInList,
                         "Value not in list",
                         format!("{name}: '{}' not in {shown:?}{more}", render_value(v)),
                         input_extra(input, Some(v)),
-                    ))
+                    )))
                 }
             }
         }
@@ -249,7 +282,9 @@ fn link_type_ok(received: &IoType, input: &InputSpec) -> bool {
     match &input.kind {
         // A combo fed by a link receives the option string.
         InputKind::Combo(_) => {
-            received.feeds(&IoType::COMBO) || received.feeds(&IoType::STRING) || received.as_str().starts_with('[')
+            received.feeds(&IoType::COMBO)
+                || received.feeds(&IoType::STRING)
+                || received.as_str().starts_with('[')
         }
         kind => received.feeds(&kind.io_type()),
     }
@@ -262,7 +297,7 @@ struct Checked {
 }
 
 /// Checks a workflow against the registry and builds its plan.
-pub fn validate(wf: &Workflow, registry: &Registry) -> Result<Plan, ValidationReport> {
+pub fn validate(wf: &Workflow, registry: &Registry) -> Result<Plan, Box<ValidationReport>> {
     let mut errors: BTreeMap<String, Vec<ValidationError>> = BTreeMap::new();
     // One schema per class, not per node: schemas may be built dynamically.
     let mut schemas: HashMap<&str, Arc<NodeSchema>> = HashMap::new();
@@ -283,12 +318,15 @@ pub fn validate(wf: &Workflow, registry: &Registry) -> Result<Plan, ValidationRe
     }
     for (id, spec) in &wf.nodes {
         if !schemas.contains_key(spec.class_type.as_str()) {
-            errors.entry(id.clone()).or_default().push(ValidationError::new(
-                ErrorKind::MissingNodeType,
-                format!("Node type '{}' not found", spec.class_type),
-                format!("node {id} uses class_type '{}', which is not registered", spec.class_type),
-                json!({ "node_id": id, "class_type": spec.class_type }),
-            ));
+            errors
+                .entry(id.clone())
+                .or_default()
+                .push(ValidationError::new(
+                    ErrorKind::MissingNodeType,
+                    format!("Node type '{}' not found", spec.class_type),
+                    "no registered node type has this class_type",
+                    json!({ "node_id": id, "class_type": spec.class_type }),
+                ));
         }
     }
     errors.retain(|_, v| !v.is_empty());
@@ -296,14 +334,23 @@ pub fn validate(wf: &Workflow, registry: &Registry) -> Result<Plan, ValidationRe
     let outputs: Vec<&str> = wf
         .nodes
         .iter()
-        .filter(|(_, s)| schemas.get(s.class_type.as_str()).is_some_and(|s| s.output_node))
+        .filter(|(_, s)| {
+            schemas
+                .get(s.class_type.as_str())
+                .is_some_and(|s| s.output_node)
+        })
         .map(|(id, _)| id.as_str())
         .collect();
     if outputs.is_empty() && errors.is_empty() {
-        return Err(ValidationReport {
-            error: ValidationError::new(ErrorKind::PromptNoOutputs, "Prompt has no outputs", "", json!({})),
+        return Err(Box::new(ValidationReport {
+            error: ValidationError::new(
+                ErrorKind::PromptNoOutputs,
+                "Prompt has no outputs",
+                "",
+                json!({}),
+            ),
             node_errors: BTreeMap::new(),
-        });
+        }));
     }
 
     // Walk up from the outputs; only those ancestors are checked and run.
@@ -312,7 +359,9 @@ pub fn validate(wf: &Workflow, registry: &Registry) -> Result<Plan, ValidationRe
     let mut seen: BTreeSet<&str> = outputs.iter().copied().collect();
     while let Some(id) = stack.pop() {
         let spec = &wf.nodes[id];
-        let Some(schema) = schemas.get(spec.class_type.as_str()).cloned() else { continue };
+        let Some(schema) = schemas.get(spec.class_type.as_str()).cloned() else {
+            continue;
+        };
         let mut consts = Inputs::new();
         let mut links = Vec::new();
         let mut node_errs = Vec::new();
@@ -335,7 +384,10 @@ pub fn validate(wf: &Workflow, registry: &Registry) -> Result<Plan, ValidationRe
                         node_errs.push(ValidationError::new(
                             ErrorKind::BadLinkedInput,
                             "Linked node does not exist",
-                            format!("{}: links to node '{src}', which is not in the workflow", input.name),
+                            format!(
+                                "{}: links to node '{src}', which is not in the workflow",
+                                input.name
+                            ),
                             extra,
                         ));
                         continue;
@@ -344,7 +396,9 @@ pub fn validate(wf: &Workflow, registry: &Registry) -> Result<Plan, ValidationRe
                         stack.push(src_id.as_str());
                     }
                     // An unknown upstream class is reported on that node already.
-                    let Some(src_schema) = schemas.get(src_spec.class_type.as_str()) else { continue };
+                    let Some(src_schema) = schemas.get(src_spec.class_type.as_str()) else {
+                        continue;
+                    };
                     let Some(out) = src_schema.outputs.get(*output) else {
                         node_errs.push(ValidationError::new(
                             ErrorKind::BadLinkedInput,
@@ -364,7 +418,9 @@ pub fn validate(wf: &Workflow, registry: &Registry) -> Result<Plan, ValidationRe
                             "Return type mismatch between linked nodes",
                             format!(
                                 "{}, received_type({}) mismatch input_type({})",
-                                input.name, out.io_type, input.kind.io_type()
+                                input.name,
+                                out.io_type,
+                                input.kind.io_type()
                             ),
                             extra,
                         ));
@@ -386,14 +442,18 @@ pub fn validate(wf: &Workflow, registry: &Registry) -> Result<Plan, ValidationRe
                         node_errs.push(ValidationError::new(
                             ErrorKind::BadLinkedInput,
                             "Input needs a link, got a constant",
-                            format!("{}: expects a link from a {t} output, got {}", input.name, render_value(v)),
+                            format!(
+                                "{}: expects a link from a {t} output, got {}",
+                                input.name,
+                                render_value(v)
+                            ),
                             input_extra(input, Some(v)),
                         ));
                         continue;
                     }
                     match normalize_widget(input, v) {
                         Ok(n) => consts.insert(input.name.clone(), InputData::Const(n)),
-                        Err(e) => node_errs.push(e),
+                        Err(e) => node_errs.push(*e),
                     }
                 }
             }
@@ -401,7 +461,14 @@ pub fn validate(wf: &Workflow, registry: &Registry) -> Result<Plan, ValidationRe
         if !node_errs.is_empty() {
             errors.entry(id.to_string()).or_default().extend(node_errs);
         }
-        checked.insert(id, Checked { schema, consts, links });
+        checked.insert(
+            id,
+            Checked {
+                schema,
+                consts,
+                links,
+            },
+        );
     }
 
     // Cycles, over the links that passed the checks above.
@@ -428,12 +495,18 @@ pub fn validate(wf: &Workflow, registry: &Registry) -> Result<Plan, ValidationRe
                 let mut members: Vec<&str> = scc.iter().map(|&i| graph[i]).collect();
                 members.sort();
                 for m in &members {
-                    errors.entry(m.to_string()).or_default().push(ValidationError::new(
-                        ErrorKind::DependencyCycle,
-                        "Dependency cycle detected",
-                        format!("node {m} is part of a cycle through nodes {}", members.join(", ")),
-                        json!({ "cycle": members }),
-                    ));
+                    errors
+                        .entry(m.to_string())
+                        .or_default()
+                        .push(ValidationError::new(
+                            ErrorKind::DependencyCycle,
+                            "Dependency cycle detected",
+                            format!(
+                                "node {m} is part of a cycle through nodes {}",
+                                members.join(", ")
+                            ),
+                            json!({ "cycle": members }),
+                        ));
                 }
             }
             Vec::new()
@@ -441,7 +514,7 @@ pub fn validate(wf: &Workflow, registry: &Registry) -> Result<Plan, ValidationRe
     };
 
     if !errors.is_empty() {
-        return Err(report(wf, errors, &outputs, &unknown_classes));
+        return Err(Box::new(report(wf, errors, &outputs, &unknown_classes)));
     }
 
     let mut position: HashMap<&str, usize> = HashMap::with_capacity(order.len());
@@ -449,7 +522,9 @@ pub fn validate(wf: &Workflow, registry: &Registry) -> Result<Plan, ValidationRe
     for ix in order {
         let id = graph[ix];
         // `order` holds exactly the checked nodes.
-        let Some(c) = checked.remove(id) else { continue };
+        let Some(c) = checked.remove(id) else {
+            continue;
+        };
         let spec = &wf.nodes[id];
         let node = match registry.get(&spec.class_type) {
             Some(n) => n.clone(),
@@ -458,7 +533,11 @@ pub fn validate(wf: &Workflow, registry: &Registry) -> Result<Plan, ValidationRe
         let links = c
             .links
             .into_iter()
-            .map(|(input, src, output)| PlanLink { input, from: position[src.as_str()], output })
+            .map(|(input, src, output)| PlanLink {
+                input,
+                from: position[src.as_str()],
+                output,
+            })
             .collect();
         position.insert(id, nodes.len());
         nodes.push(PlanNode {
@@ -505,12 +584,23 @@ fn report(
     let node_errors = errors
         .into_iter()
         .map(|(id, errs)| {
-            let class_type = wf.nodes.get(&id).map(|s| s.class_type.clone()).unwrap_or_default();
+            let class_type = wf
+                .nodes
+                .get(&id)
+                .map(|s| s.class_type.clone())
+                .unwrap_or_default();
             let dependent_outputs = dependents
                 .get(id.as_str())
                 .map(|s| s.iter().map(|s| s.to_string()).collect())
                 .unwrap_or_default();
-            (id, NodeErrors { errors: errs, dependent_outputs, class_type })
+            (
+                id,
+                NodeErrors {
+                    errors: errs,
+                    dependent_outputs,
+                    class_type,
+                },
+            )
         })
         .collect();
     let error = if !unknown_classes.is_empty() {

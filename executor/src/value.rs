@@ -65,7 +65,11 @@ impl IoType {
             return true;
         }
         let received: Vec<&str> = self.0.split(',').map(str::trim).collect();
-        input.0.split(',').map(str::trim).any(|t| received.contains(&t))
+        input
+            .0
+            .split(',')
+            .map(str::trim)
+            .any(|t| received.contains(&t))
     }
 }
 
@@ -136,7 +140,12 @@ impl Value {
     /// Wraps an already shared payload (e.g. a handle the residency manager also holds).
     pub fn from_arc<T: CacheSize>(io_type: IoType, data: Arc<T>) -> Self {
         let cache_bytes = data.cache_bytes();
-        Value { io_type, data, cache_bytes, type_name: std::any::type_name::<T>() }
+        Value {
+            io_type,
+            data,
+            cache_bytes,
+            type_name: std::any::type_name::<T>(),
+        }
     }
 
     pub fn int(v: i64) -> Self {
@@ -206,7 +215,10 @@ mod tests {
     fn downcast_and_size() {
         let v = Value::string("hello");
         assert_eq!(v.cache_bytes(), 5);
-        assert_eq!(v.downcast_ref::<String>().map(String::as_str), Some("hello"));
+        assert_eq!(
+            v.downcast_ref::<String>().map(String::as_str),
+            Some("hello")
+        );
         assert!(v.downcast_ref::<i64>().is_none());
         assert!(v.is::<String>());
     }

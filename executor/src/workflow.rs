@@ -22,7 +22,11 @@ pub const FORMAT_NAME: &str = "sdflow";
 #[derive(Debug, thiserror::Error)]
 pub enum WorkflowError {
     #[error("malformed JSON at line {line}, column {column}: {message}")]
-    Json { line: usize, column: usize, message: String },
+    Json {
+        line: usize,
+        column: usize,
+        message: String,
+    },
     #[error("{path}: {message}")]
     Structure { path: String, message: String },
     #[error("unsupported format_version {found} (this build reads up to {FORMAT_VERSION})")]
@@ -33,7 +37,10 @@ pub enum WorkflowError {
 
 impl WorkflowError {
     fn structure(path: impl Into<String>, message: impl Into<String>) -> Self {
-        WorkflowError::Structure { path: path.into(), message: message.into() }
+        WorkflowError::Structure {
+            path: path.into(),
+            message: message.into(),
+        }
     }
 }
 
@@ -45,7 +52,11 @@ impl From<serde_json::Error> for WorkflowError {
             Some(pos) => full[..pos].to_string(),
             None => full,
         };
-        WorkflowError::Json { line: e.line(), column: e.column(), message }
+        WorkflowError::Json {
+            line: e.line(),
+            column: e.column(),
+            message,
+        }
     }
 }
 
@@ -84,7 +95,11 @@ pub struct Header {
 
 impl Default for Header {
     fn default() -> Self {
-        Header { format_version: FORMAT_VERSION, title: None, description: None }
+        Header {
+            format_version: FORMAT_VERSION,
+            title: None,
+            description: None,
+        }
     }
 }
 
@@ -99,10 +114,14 @@ pub enum InputValue {
 
 impl InputValue {
     pub fn link(node: impl Into<String>, output: usize) -> Self {
-        InputValue::Link { node: node.into(), output }
+        InputValue::Link {
+            node: node.into(),
+            output,
+        }
     }
 
-    fn from_json(v: Json) -> Self {
+    /// Reads an input as workflow JSON spells it: `[id, index]` is a link.
+    pub fn from_json(v: Json) -> Self {
         if let Json::Array(items) = &v {
             if items.len() == 2 {
                 let id = match &items[0] {
@@ -138,7 +157,11 @@ pub struct NodeSpec {
 
 impl NodeSpec {
     pub fn new(class_type: impl Into<String>) -> Self {
-        NodeSpec { class_type: class_type.into(), inputs: BTreeMap::new(), title: None }
+        NodeSpec {
+            class_type: class_type.into(),
+            inputs: BTreeMap::new(),
+            title: None,
+        }
     }
 
     pub fn with_input(mut self, name: impl Into<String>, value: InputValue) -> Self {
@@ -150,7 +173,12 @@ impl NodeSpec {
         self.with_input(name, InputValue::Const(value))
     }
 
-    pub fn with_link(self, name: impl Into<String>, node: impl Into<String>, output: usize) -> Self {
+    pub fn with_link(
+        self,
+        name: impl Into<String>,
+        node: impl Into<String>,
+        output: usize,
+    ) -> Self {
         self.with_input(name, InputValue::link(node, output))
     }
 }
@@ -192,7 +220,10 @@ impl Workflow {
 
     fn from_json_without_ui(doc: Json) -> Result<Workflow, WorkflowError> {
         let Json::Object(mut obj) = doc else {
-            return Err(WorkflowError::structure("workflow", "the top level must be a JSON object"));
+            return Err(WorkflowError::structure(
+                "workflow",
+                "the top level must be a JSON object",
+            ));
         };
         if let Some(Json::Array(_)) = obj.get("nodes") {
             return Err(WorkflowError::structure(
@@ -200,13 +231,17 @@ impl Workflow {
                 "looks like ComfyUI's UI format but has no `links` array",
             ));
         }
-        if matches!(obj.get("nodes"), Some(Json::Object(_))) && !looks_like_api_node(obj.get("nodes"))
+        if matches!(obj.get("nodes"), Some(Json::Object(_)))
+            && !looks_like_api_node(obj.get("nodes"))
         {
             let header = parse_header(&obj)?;
             let Some(Json::Object(nodes)) = obj.remove("nodes") else {
                 unreachable!("checked above")
             };
-            return Ok(Workflow { header: Some(header), nodes: parse_api_nodes(nodes)? });
+            return Ok(Workflow {
+                header: Some(header),
+                nodes: parse_api_nodes(nodes)?,
+            });
         }
         // A `/prompt` request body.
         if let Some(Json::Object(_)) = obj.get("prompt") {
@@ -214,18 +249,27 @@ impl Workflow {
                 let Some(Json::Object(prompt)) = obj.remove("prompt") else {
                     unreachable!("checked above")
                 };
-                return Ok(Workflow { header: None, nodes: parse_api_nodes(prompt)? });
+                return Ok(Workflow {
+                    header: None,
+                    nodes: parse_api_nodes(prompt)?,
+                });
             }
         }
-        Ok(Workflow { header: None, nodes: parse_api_nodes(obj)? })
+        Ok(Workflow {
+            header: None,
+            nodes: parse_api_nodes(obj)?,
+        })
     }
 
     /// ComfyUI's API prompt format.
     pub fn to_api_json(&self) -> Json {
         let mut out = Map::new();
         for (id, node) in &self.nodes {
-            let inputs: Map<String, Json> =
-                node.inputs.iter().map(|(k, v)| (k.clone(), v.to_json())).collect();
+            let inputs: Map<String, Json> = node
+                .inputs
+                .iter()
+                .map(|(k, v)| (k.clone(), v.to_json()))
+                .collect();
             let mut n = Map::new();
             n.insert("inputs".into(), Json::Object(inputs));
             n.insert("class_type".into(), json!(node.class_type));
@@ -267,8 +311,10 @@ impl Workflow {
         input: &str,
         value: InputValue,
     ) -> Result<(), WorkflowError> {
-        let spec =
-            self.nodes.get_mut(node).ok_or_else(|| WorkflowError::NoSuchNode(node.to_string()))?;
+        let spec = self
+            .nodes
+            .get_mut(node)
+            .ok_or_else(|| WorkflowError::NoSuchNode(node.to_string()))?;
         spec.inputs.insert(input.to_string(), value);
         Ok(())
     }
@@ -290,16 +336,25 @@ fn parse_header(obj: &Map<String, Json>) -> Result<Header, WorkflowError> {
         })?,
     };
     if format_version > FORMAT_VERSION {
-        return Err(WorkflowError::UnsupportedVersion { found: format_version });
+        return Err(WorkflowError::UnsupportedVersion {
+            found: format_version,
+        });
     }
     let text = |key: &str| -> Result<Option<String>, WorkflowError> {
         match obj.get(key) {
             None | Some(Json::Null) => Ok(None),
             Some(Json::String(s)) => Ok(Some(s.clone())),
-            Some(other) => Err(WorkflowError::structure(key, format!("expected a string, found {other}"))),
+            Some(other) => Err(WorkflowError::structure(
+                key,
+                format!("expected a string, found {other}"),
+            )),
         }
     };
-    Ok(Header { format_version, title: text("title")?, description: text("description")? })
+    Ok(Header {
+        format_version,
+        title: text("title")?,
+        description: text("description")?,
+    })
 }
 
 fn parse_api_nodes(obj: Map<String, Json>) -> Result<BTreeMap<String, NodeSpec>, WorkflowError> {
@@ -307,22 +362,32 @@ fn parse_api_nodes(obj: Map<String, Json>) -> Result<BTreeMap<String, NodeSpec>,
     for (id, node) in obj {
         let path = format!("node '{id}'");
         let Json::Object(mut node) = node else {
-            return Err(WorkflowError::structure(path, "expected an object with class_type and inputs"));
+            return Err(WorkflowError::structure(
+                path,
+                "expected an object with class_type and inputs",
+            ));
         };
         let class_type = match node.remove("class_type") {
             Some(Json::String(s)) => s,
             Some(other) => {
-                return Err(WorkflowError::structure(path, format!("class_type must be a string, found {other}")))
+                return Err(WorkflowError::structure(
+                    path,
+                    format!("class_type must be a string, found {other}"),
+                ))
             }
             None => return Err(WorkflowError::structure(path, "missing class_type")),
         };
         let inputs = match node.remove("inputs") {
             None | Some(Json::Null) => BTreeMap::new(),
-            Some(Json::Object(m)) => {
-                m.into_iter().map(|(k, v)| (k, InputValue::from_json(v))).collect()
-            }
+            Some(Json::Object(m)) => m
+                .into_iter()
+                .map(|(k, v)| (k, InputValue::from_json(v)))
+                .collect(),
             Some(other) => {
-                return Err(WorkflowError::structure(path, format!("inputs must be an object, found {other}")))
+                return Err(WorkflowError::structure(
+                    path,
+                    format!("inputs must be an object, found {other}"),
+                ))
             }
         };
         let title = node
@@ -330,7 +395,14 @@ fn parse_api_nodes(obj: Map<String, Json>) -> Result<BTreeMap<String, NodeSpec>,
             .and_then(|m| m.get("title"))
             .and_then(Json::as_str)
             .map(str::to_string);
-        nodes.insert(id, NodeSpec { class_type, inputs, title });
+        nodes.insert(
+            id,
+            NodeSpec {
+                class_type,
+                inputs,
+                title,
+            },
+        );
     }
     Ok(nodes)
 }

@@ -114,6 +114,15 @@ pub struct Tensor<'c> {
 }
 
 impl<'c> Tensor<'c> {
+    /// Re-wrap a tensor pointer whose context outlives `'c` (used by owners of weight
+    /// contexts that hand out tensors borrowing themselves).
+    ///
+    /// # Safety
+    /// `ptr` must point at a live tensor of a context that outlives `'c`.
+    pub(crate) unsafe fn from_raw(ptr: NonNull<ggml_sys::ggml_tensor>) -> Tensor<'c> {
+        Tensor { ptr, _ctx: PhantomData }
+    }
+
     pub fn raw(self) -> *mut ggml_sys::ggml_tensor {
         self.ptr.as_ptr()
     }
@@ -321,17 +330,26 @@ impl Context {
     }
 
     /// 2-D convolution through im2col + mul_mat. `kernel` [KW, KH, Cin, Cout], `input`
-    /// [W, H, Cin, N] → [OW, OH, Cout, N].
+    /// [W, H, Cin, N] → [OW, OH, Cout, N]. Unlike `ggml_conv_2d`, which always builds an
+    /// f16 im2col matrix, the columns keep the kernel's precision (f32 for f32 kernels),
+    /// so f32 models match their PyTorch reference.
     pub fn conv_2d<'a>(&'a self, kernel: Tensor<'a>, input: Tensor<'a>, stride: (i32, i32), pad: (i32, i32), dilation: (i32, i32)) -> Result<Tensor<'a>> {
         self.check_conv("conv_2d", kernel, input, stride, pad, dilation)?;
-        // im2col + mul_mat + permute + cont: four tensors.
-        for _ in 0..4 {
-            self.room("conv_2d")?;
+        if !kernel.is_contiguous() {
+            return Err(shape("conv_2d", "kernel must be contiguous".into()));
         }
+        let col_type = if kernel.dtype() == GType::F16 { GType::F16 } else { GType::F32 };
         // SAFETY: channel and output-size preconditions checked.
-        self.op("conv_2d", || unsafe {
-            ggml_sys::ggml_conv_2d(self.raw(), kernel.raw(), input.raw(), stride.0, stride.1, pad.0, pad.1, dilation.0, dilation.1)
-        })
+        let cols = self.op("conv_2d", || unsafe {
+            ggml_sys::ggml_im2col(self.raw(), kernel.raw(), input.raw(), stride.0, stride.1, pad.0, pad.1, dilation.0, dilation.1, true, col_type.0)
+        })?; // [K, OW, OH, N]
+        let [k, ow, oh, n] = cols.ne();
+        let kn = kernel.ne();
+        let cols2 = self.reshape(cols, [k, ow * oh * n, 1, 1])?;
+        let kernel2 = self.reshape(kernel, [kn[0] * kn[1] * kn[2], kn[3], 1, 1])?;
+        let out = self.mul_mat(cols2, kernel2)?; // [OW·OH·N, Cout]
+        let out = self.reshape(out, [ow, oh, n, kn[3]])?;
+        self.cont(self.permute(out, [0, 1, 3, 2])?)
     }
 
     /// 2-D convolution computed directly, without the im2col buffer (less memory).
@@ -440,13 +458,35 @@ impl Context {
         self.unary("gelu_erf", a, ggml_sys::ggml_gelu_erf)
     }
 
-    /// x * sigmoid(1.702 x), CLIP's "quick_gelu".
+    /// x * sigmoid(1.702 x), CLIP's "quick_gelu". ggml's CPU kernel reads an f16 table;
+    /// [`Context::gelu_quick_exact`] computes it in f32.
     pub fn gelu_quick<'a>(&'a self, a: Tensor<'a>) -> Result<Tensor<'a>> {
         self.unary("gelu_quick", a, ggml_sys::ggml_gelu_quick)
     }
 
+    /// x * sigmoid(1.702 x) from f32 ops, for reference-exact CLIP outputs.
+    pub fn gelu_quick_exact<'a>(&'a self, a: Tensor<'a>) -> Result<Tensor<'a>> {
+        let s = self.unary("sigmoid", self.scale(a, 1.702)?, ggml_sys::ggml_sigmoid)?;
+        self.mul(a, s)
+    }
+
+    pub fn sigmoid<'a>(&'a self, a: Tensor<'a>) -> Result<Tensor<'a>> {
+        self.unary("sigmoid", a, ggml_sys::ggml_sigmoid)
+    }
+
     pub fn silu<'a>(&'a self, a: Tensor<'a>) -> Result<Tensor<'a>> {
         self.unary("silu", a, ggml_sys::ggml_silu)
+    }
+
+    /// Sinusoidal embeddings [dim, N] of the f32 timesteps `t` [N]: cos of the
+    /// frequencies first, then sin (LDM's `timestep_embedding`).
+    pub fn timestep_embedding<'a>(&'a self, t: Tensor<'a>, dim: i32, max_period: i32) -> Result<Tensor<'a>> {
+        let n = t.ne();
+        if t.dtype() != GType::F32 || n[1] != 1 || n[2] != 1 || n[3] != 1 || dim < 2 || dim % 2 != 0 {
+            return Err(shape("timestep_embedding", format!("timesteps {n:?} ({:?}) to dim {dim}", t.dtype())));
+        }
+        // SAFETY: preconditions checked.
+        self.op("timestep_embedding", || unsafe { ggml_sys::ggml_timestep_embedding(self.raw(), t.raw(), dim, max_period) })
     }
 
     /// Resample an f32 tensor to new dimensions.

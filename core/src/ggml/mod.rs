@@ -11,9 +11,11 @@
 
 mod backend;
 mod context;
+mod run;
 
 pub use backend::{Backend, BackendKind, Buffer, GraphAllocator};
 pub use context::{Context, Graph, ScaleMode, Tensor};
+pub use run::GraphRun;
 
 use std::sync::Once;
 

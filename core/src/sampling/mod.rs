@@ -1,1 +1,34 @@
-//! (being written)
+//! Noise schedules, samplers and the seeded RNGs they draw from.
+//!
+//! Everything here is plain Rust over `&[f32]` latents: the element-wise sampler math is cheap
+//! next to the denoiser call, which the caller supplies as a callback (and runs on ggml).
+//!
+//! - [`rng`]: `cpu` (torch CPU), `cuda` (Philox, torch CUDA), `std_default` (libstdc++).
+//! - [`schedule`]: the SD discrete model schedule and every sd.cpp / ComfyUI scheduler.
+//! - [`samplers`]: sd.cpp's samplers with ComfyUI aliases, generic over the denoiser.
+//! - [`brownian`]: a seeded Brownian-tree noise source for the SDE samplers.
+
+pub mod brownian;
+mod gits_table;
+pub mod rng;
+pub mod samplers;
+pub mod schedule;
+
+pub use brownian::BrownianTreeNoise;
+pub use rng::{CpuRng, PhiloxRng, Rng, RngKind, StdDefaultRng};
+pub use samplers::{ancestral_step, sample, Denoised, Model, Progress, SampleError, SampleOpts, Sampler};
+pub use schedule::{
+    apply_denoise, strength_sigmas, validate_sigmas, AysModel, DiscreteSchedule, ScheduleOpts,
+    Scheduler,
+};
+
+/// Errors from parsing names and building schedules.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum SamplingError {
+    #[error("unknown {what} name {name:?}; valid names: {valid}")]
+    UnknownName { what: &'static str, name: String, valid: String },
+    #[error("invalid sigmas: {0}")]
+    InvalidSigmas(String),
+    #[error("invalid {field}: {reason}")]
+    InvalidOption { field: &'static str, reason: String },
+}

@@ -226,14 +226,20 @@ mod tests {
     fn html_unescape_follows_python() {
         assert_eq!(html_unescape("&amp;lt;"), "&lt;");
         assert_eq!(html_unescape("&notit; &notin; &amp"), "¬it; ∉ &");
-        assert_eq!(html_unescape("&#x110000; &#128; &#1;x &#0;"), "\u{FFFD} € x \u{FFFD}");
+        assert_eq!(
+            html_unescape("&#x110000; &#128; &#1;x &#0;"),
+            "\u{FFFD} € x \u{FFFD}"
+        );
         assert_eq!(html_unescape("&zzz; & &;"), "&zzz; & &;");
     }
 
     #[test]
     fn ftfy_subset() {
         assert_eq!(fix_text("“ﬁne” ＦＵＬＬ\r\n"), "\"fine\" FULL\n");
-        assert_eq!(fix_text("P&EACUTE;REZ <b>&amp;</b>"), "P&EACUTE;REZ <b>&amp;</b>");
+        assert_eq!(
+            fix_text("P&EACUTE;REZ <b>&amp;</b>"),
+            "P&EACUTE;REZ <b>&amp;</b>"
+        );
         assert_eq!(fix_text("e\u{301}\u{1b}[31mred"), "éred");
     }
 }

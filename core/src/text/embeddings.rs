@@ -151,7 +151,10 @@ impl EmbeddingLibrary {
     }
 
     pub fn path_of(&self, name: &str) -> Option<&Path> {
-        self.entries.iter().find(|e| e.name == name).map(|e| e.path.as_path())
+        self.entries
+            .iter()
+            .find(|e| e.name == name)
+            .map(|e| e.path.as_path())
     }
 
     /// Loads (or returns the cached) embedding called `name`; `None` if there is none.
@@ -286,7 +289,10 @@ pub fn load_embedding_file(name: &str, path: &Path) -> Result<Embedding, TextErr
             }
         };
         if rows == 0 || width == 0 {
-            return Err(err(format!("tensor '{}' is empty (shape {:?})", t.name, t.shape)));
+            return Err(err(format!(
+                "tensor '{}' is empty (shape {:?})",
+                t.name, t.shape
+            )));
         }
         if rows.checked_mul(width) != Some(t.data.len()) {
             return Err(err(format!(

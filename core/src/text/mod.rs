@@ -8,6 +8,7 @@
 //! - [`ClipSkip`]: which hidden layer the encoder reads; only configuration here.
 
 mod clean;
+#[rustfmt::skip]
 mod clean_tables;
 pub mod embeddings;
 pub mod prompt;
@@ -92,9 +93,7 @@ pub enum TextError {
     },
     #[error("embedding file {path}: {reason}")]
     Embedding { path: PathBuf, reason: String },
-    #[error(
-        "embedding '{name}' has {vectors} vectors, more than the {max} tokens a chunk holds"
-    )]
+    #[error("embedding '{name}' has {vectors} vectors, more than the {max} tokens a chunk holds")]
     EmbeddingTooLong {
         name: String,
         vectors: usize,

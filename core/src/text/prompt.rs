@@ -59,10 +59,8 @@ impl PromptPiece {
 fn attention_regex() -> &'static Regex {
     static RE: OnceLock<Regex> = OnceLock::new();
     RE.get_or_init(|| {
-        Regex::new(
-            r"\\\(|\\\)|\\\[|\\\]|\\\\|\\|\(|\[|:([+-]?[.\d]+)\)|\)|\]|[^\\()\[\]:]+|:",
-        )
-        .expect("valid regex")
+        Regex::new(r"\\\(|\\\)|\\\[|\\\]|\\\\|\\|\(|\[|:([+-]?[.\d]+)\)|\)|\]|[^\\()\[\]:]+|:")
+            .expect("valid regex")
     })
 }
 
@@ -83,7 +81,7 @@ pub fn parse_prompt_attention(prompt: &str) -> Vec<PromptPiece> {
     for caps in attention_regex().captures_iter(prompt) {
         let mut text = caps.get(0).map_or("", |m| m.as_str());
         let weight_text = caps.get(1).map(|m| m.as_str());
-        let weight = weight_text.and_then(|w| w.parse::<f64>().ok());
+        let weight = weight_text.and_then(py_float);
         if weight_text.is_some() && weight.is_none() {
             // Not a number: the `:…` is text, the `)` still closes.
             push_text(&mut res, &text[..text.len() - 1]);
@@ -133,6 +131,38 @@ pub fn parse_prompt_attention(prompt: &str) -> Vec<PromptPiece> {
     merged
 }
 
+/// Python's `float()` on what the weight pattern `[+-]?[.\d]+` matched. `\d` is any
+/// Unicode decimal digit and `float` reads all of them (`(x:١.٥)` is 1.5), so they
+/// are mapped to ASCII first. Decimal digits always come in runs of ten, zero first.
+fn py_float(text: &str) -> Option<f64> {
+    static DIGIT: OnceLock<Regex> = OnceLock::new();
+    let digit = DIGIT.get_or_init(|| Regex::new(r"^\p{Nd}$").expect("valid regex"));
+    let is_digit = |c: char| {
+        let mut buf = [0u8; 4];
+        digit.is_match(c.encode_utf8(&mut buf))
+    };
+    let mut ascii = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_ascii() {
+            ascii.push(c);
+            continue;
+        }
+        if !is_digit(c) {
+            return None;
+        }
+        let mut run_start = c as u32;
+        while let Some(prev) = run_start.checked_sub(1).and_then(char::from_u32) {
+            if !is_digit(prev) {
+                break;
+            }
+            run_start -= 1;
+        }
+        let value = (c as u32 - run_start) % 10;
+        ascii.push(char::from_digit(value, 10)?);
+    }
+    ascii.parse().ok()
+}
+
 /// Plain text, split at `BREAK`s.
 fn push_text(res: &mut Vec<PromptPiece>, text: &str) {
     for (i, part) in split_break(text).into_iter().enumerate() {
@@ -149,9 +179,13 @@ fn push_text(res: &mut Vec<PromptPiece>, text: &str) {
     }
 }
 
-/// Python's `\w` for `re` string patterns.
+/// Python's `\w` for `re` string patterns: `str.isalnum()` (letter or number
+/// categories; unlike Rust's `is_alphanumeric`, no combining marks) or `_`.
 fn py_is_word(c: char) -> bool {
-    c.is_alphanumeric() || c == '_'
+    static WORD: OnceLock<Regex> = OnceLock::new();
+    let re = WORD.get_or_init(|| Regex::new(r"^[\p{L}\p{N}_]$").expect("valid regex"));
+    let mut buf = [0u8; 4];
+    re.is_match(c.encode_utf8(&mut buf))
 }
 
 /// `re.split(r"\s*\bBREAK\b\s*", text)`.
@@ -162,7 +196,10 @@ fn split_break(text: &str) -> Vec<&str> {
     while let Some(found) = text[search..].find("BREAK") {
         let start = search + found;
         let end = start + "BREAK".len();
-        let before_ok = text[..start].chars().next_back().is_none_or(|c| !py_is_word(c));
+        let before_ok = text[..start]
+            .chars()
+            .next_back()
+            .is_none_or(|c| !py_is_word(c));
         let after_ok = text[end..].chars().next().is_none_or(|c| !py_is_word(c));
         if !(before_ok && after_ok) {
             search = start + 1;
@@ -381,7 +418,8 @@ pub fn tokenize_weighted(
                 position: b.tokens.len(),
                 embedding,
             });
-            b.tokens.extend(std::iter::repeat_n(EMBEDDING_PLACEHOLDER, n));
+            b.tokens
+                .extend(std::iter::repeat_n(EMBEDDING_PLACEHOLDER, n));
             b.weights.extend(std::iter::repeat_n(weight, n));
             position += name_len;
         }
@@ -404,7 +442,10 @@ mod tests {
     fn split_break_matches_python_re_split() {
         assert_eq!(split_break("a BREAK b"), ["a", "b"]);
         assert_eq!(split_break("a  BREAK\n BREAK b"), ["a", "", "b"]);
-        assert_eq!(split_break("BREAKFAST xBREAK BREAK_ break"), ["BREAKFAST xBREAK BREAK_ break"]);
+        assert_eq!(
+            split_break("BREAKFAST xBREAK BREAK_ break"),
+            ["BREAKFAST xBREAK BREAK_ break"]
+        );
         assert_eq!(split_break("BREAK,x"), ["", ",x"]);
     }
 }

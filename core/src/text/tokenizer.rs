@@ -37,7 +37,9 @@ pub struct ClipTokenizer {
 
 impl std::fmt::Debug for ClipTokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClipTokenizer").field("pad", &self.pad).finish_non_exhaustive()
+        f.debug_struct("ClipTokenizer")
+            .field("pad", &self.pad)
+            .finish_non_exhaustive()
     }
 }
 
@@ -69,15 +71,32 @@ fn shared() -> &'static Shared {
     static SHARED: OnceLock<Shared> = OnceLock::new();
     SHARED.get_or_init(|| Shared {
         bpe: Arc::new(Tokenizer::new()),
-        // OpenAI's pattern; the text is already lower-case, `(?i)` keeps the
-        // case-folding equivalences (`'ſ` matching `'s`) Python's re.IGNORECASE has.
+        // OpenAI's pattern, compiled by Python's `regex` with IGNORECASE. The text is
+        // lower-case already, but case folding still matters in two places: `s`
+        // also matches `ſ` (so `'ſ` is a contraction), and a negated class excludes
+        // every character whose fold is in it, so U+0345 (folds to ι, yet is not a
+        // letter itself) matches no alternative and is dropped. Rust's `(?i)` would
+        // put U+0345 into `\p{L}` instead, hence the spelled-out classes.
         words: Arc::new(
             Regex::new(
-                r"(?i)<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|\p{L}+|\p{N}|[^\s\p{L}\p{N}]+",
+                r"<\|startoftext\|>|<\|endoftext\|>|'[sſ]|'t|'re|'ve|'m|'ll|'d|\p{L}+|\p{N}|[^\s\p{L}\p{N}\x{345}]+",
             )
             .expect("valid regex"),
         ),
     })
+}
+
+/// Id of the single-byte, not-word-final token for `b`: CLIP's `bytes_to_unicode`
+/// numbers the printable bytes `!`..=`~`, `¡`..=`¬`, `®`..=`ÿ` first, in order, then
+/// the rest.
+fn byte_token(b: u8) -> u32 {
+    let printable = |x: u8| matches!(x, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+    let rank = if printable(b) {
+        (0..b).filter(|&x| printable(x)).count()
+    } else {
+        188 + (0..b).filter(|&x| !printable(x)).count()
+    };
+    rank as u32
 }
 
 impl Default for ClipTokenizer {
@@ -112,11 +131,20 @@ impl ClipTokenizer {
     pub fn encode(&self, text: &str) -> Vec<u32> {
         let cleaned = clip_clean(text);
         let mut out = Vec::new();
-        let mut piece = Vec::new();
+        let mut piece: Vec<Token> = Vec::new();
         for word in self.words.find_iter(&cleaned) {
             match word.as_str() {
                 "<|startoftext|>" => out.push(BOS_TOKEN),
                 "<|endoftext|>" => out.push(EOS_TOKEN),
+                // The one word CLIP's regex keeps whole that the crate's own splitting
+                // would cut in two. No merge joins `'` to the bytes of `ſ`, so its BPE
+                // is the apostrophe's byte token followed by `ſ` on its own.
+                "'ſ" => {
+                    out.push(byte_token(b'\''));
+                    piece.clear();
+                    self.bpe.encode("ſ", &mut piece);
+                    out.extend(piece.iter().map(|t| u32::from(t.to_u16())));
+                }
                 w => {
                     piece.clear();
                     self.bpe.encode(w, &mut piece);

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use sdflow_executor::stub::{self, StubStats};
 use sdflow_executor::{
-    CancelToken, Event, Executor, ExecutorConfig, NodeSpec, Registry, RunError, RunOptions, RunReport,
-    Workflow,
+    CancelToken, Event, Executor, ExecutorConfig, NodeSpec, Registry, RunError, RunOptions,
+    RunReport, Workflow,
 };
 use serde_json::json;
 
@@ -18,7 +18,10 @@ pub fn registry() -> (Arc<Registry>, Arc<StubStats>) {
 
 pub fn executor_with(workers: usize) -> (Executor, Arc<StubStats>) {
     let (r, stats) = registry();
-    let config = ExecutorConfig { workers, ..ExecutorConfig::default() };
+    let config = ExecutorConfig {
+        workers,
+        ..ExecutorConfig::default()
+    };
     (Executor::new(r, config), stats)
 }
 
@@ -27,7 +30,9 @@ pub fn executor() -> (Executor, Arc<StubStats>) {
 }
 
 pub fn fixture(name: &str) -> String {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
@@ -51,7 +56,12 @@ impl sdflow_executor::EventSink for Recorder {
 }
 
 pub fn run(ex: &Executor, wf: &Workflow) -> Result<RunReport, RunError> {
-    ex.run(wf, &sdflow_executor::NullSink, &CancelToken::new(), &RunOptions::default())
+    ex.run(
+        wf,
+        &sdflow_executor::NullSink,
+        &CancelToken::new(),
+        &RunOptions::default(),
+    )
 }
 
 pub fn run_ok(ex: &Executor, wf: &Workflow) -> RunReport {
@@ -70,15 +80,47 @@ pub fn sorted(mut v: Vec<&str>) -> Vec<&str> {
 /// constant(1) -> scale(2) -> combo(3) -> output(4), plus constant(5) -> output(6).
 pub fn chain() -> Workflow {
     let mut wf = Workflow::new();
-    wf.add("1", NodeSpec::new("StubConstant").with_const("seed", json!(3)).with_const("size", json!(4)));
-    wf.add("2", NodeSpec::new("StubScale").with_link("latent", "1", 0).with_const("factor", json!(2.0)));
-    wf.add("3", NodeSpec::new("StubCombo").with_link("latent", "2", 0).with_const("op", json!("negate")));
-    wf.add("4", NodeSpec::new("StubOutput").with_link("latent", "3", 0).with_const("label", json!("a")));
-    wf.add("5", NodeSpec::new("StubConstant").with_const("seed", json!(9)).with_const("size", json!(2)));
-    wf.add("6", NodeSpec::new("StubOutput").with_link("latent", "5", 0).with_const("label", json!("b")));
+    wf.add(
+        "1",
+        NodeSpec::new("StubConstant")
+            .with_const("seed", json!(3))
+            .with_const("size", json!(4)),
+    );
+    wf.add(
+        "2",
+        NodeSpec::new("StubScale")
+            .with_link("latent", "1", 0)
+            .with_const("factor", json!(2.0)),
+    );
+    wf.add(
+        "3",
+        NodeSpec::new("StubCombo")
+            .with_link("latent", "2", 0)
+            .with_const("op", json!("negate")),
+    );
+    wf.add(
+        "4",
+        NodeSpec::new("StubOutput")
+            .with_link("latent", "3", 0)
+            .with_const("label", json!("a")),
+    );
+    wf.add(
+        "5",
+        NodeSpec::new("StubConstant")
+            .with_const("seed", json!(9))
+            .with_const("size", json!(2)),
+    );
+    wf.add(
+        "6",
+        NodeSpec::new("StubOutput")
+            .with_link("latent", "5", 0)
+            .with_const("label", json!("b")),
+    );
     wf
 }
 
 pub fn ui_sum(report: &RunReport, node: &str) -> f64 {
-    report.ui_outputs[node]["stub_tensors"][0]["sum"].as_f64().expect("sum in ui output")
+    report.ui_outputs[node]["stub_tensors"][0]["sum"]
+        .as_f64()
+        .expect("sum in ui output")
 }

@@ -1,0 +1,220 @@
+//! CLIP text encoders: OpenAI CLIP ViT-L/14 (SD1.x), OpenCLIP ViT-H/14 (SD2.x) and
+//! ViT-bigG/14 (SDXL), in either of the two key layouts checkpoints use:
+//! Hugging Face `CLIPTextModel` names (`embeddings.token_embedding`, `encoder.layers.N.
+//! self_attn.q_proj`, ...) or OpenCLIP names (`token_embedding`, `transformer.resblocks.N.
+//! attn.in_proj_weight`, ...).
+
+use super::nn::{attention, layer_norm, linear};
+use super::{ModelError, Result, Weights};
+use crate::ggml::{Context, GraphRun, Tensor};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClipLayout {
+    HuggingFace,
+    OpenClip,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// x·σ(1.702x): OpenAI's CLIP.
+    QuickGelu,
+    /// Exact (erf) GELU: OpenCLIP H and bigG.
+    Gelu,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClipTextConfig {
+    pub hidden: i64,
+    pub layers: usize,
+    pub heads: i64,
+    pub intermediate: i64,
+    pub vocab: i64,
+    pub max_positions: i64,
+    pub activation: Activation,
+    pub eps: f32,
+    pub layout: ClipLayout,
+}
+
+/// Weight names of one encoder in one layout.
+struct Names {
+    prefix: String,
+    layout: ClipLayout,
+}
+
+impl Names {
+    fn token_embedding(&self) -> String {
+        match self.layout {
+            ClipLayout::HuggingFace => format!("{}.embeddings.token_embedding.weight", self.prefix),
+            ClipLayout::OpenClip => format!("{}.token_embedding.weight", self.prefix),
+        }
+    }
+    fn position_embedding(&self) -> String {
+        match self.layout {
+            ClipLayout::HuggingFace => format!("{}.embeddings.position_embedding.weight", self.prefix),
+            ClipLayout::OpenClip => format!("{}.positional_embedding", self.prefix),
+        }
+    }
+    fn layer(&self, i: usize) -> String {
+        match self.layout {
+            ClipLayout::HuggingFace => format!("{}.encoder.layers.{i}", self.prefix),
+            ClipLayout::OpenClip => format!("{}.transformer.resblocks.{i}", self.prefix),
+        }
+    }
+    /// (ln1, ln2, out_proj, fc1, fc2) relative to a layer.
+    fn parts(&self) -> [&'static str; 5] {
+        match self.layout {
+            ClipLayout::HuggingFace => ["layer_norm1", "layer_norm2", "self_attn.out_proj", "mlp.fc1", "mlp.fc2"],
+            ClipLayout::OpenClip => ["ln_1", "ln_2", "attn.out_proj", "mlp.c_fc", "mlp.c_proj"],
+        }
+    }
+    fn final_norm(&self) -> String {
+        match self.layout {
+            ClipLayout::HuggingFace => format!("{}.final_layer_norm", self.prefix),
+            ClipLayout::OpenClip => format!("{}.ln_final", self.prefix),
+        }
+    }
+}
+
+/// A CLIP text encoder over [`Weights`] whose shapes have been checked.
+pub struct ClipTextModel<'w> {
+    w: &'w Weights,
+    names: Names,
+    pub config: ClipTextConfig,
+}
+
+impl ClipTextConfig {
+    /// Read the dimensions off the weights under `prefix`. Head count and activation
+    /// are not visible in the weights; they follow the released models (64-dim heads;
+    /// quick-GELU only for OpenAI's 768-wide ViT-L) and can be overridden afterwards.
+    pub fn infer(w: &Weights, prefix: &str, layout: ClipLayout) -> Result<Self> {
+        let names = Names { prefix: prefix.to_string(), layout };
+        let tok = w.get(&names.token_embedding())?.ne();
+        let pos = w.get(&names.position_embedding())?.ne();
+        let layers = (0..).take_while(|&i| w.contains(&format!("{}.{}.weight", names.layer(i), names.parts()[0]))).count();
+        if layers == 0 {
+            return Err(ModelError::Config(format!("no CLIP encoder layers under `{prefix}`")));
+        }
+        let fc1 = w.get(&format!("{}.{}.weight", names.layer(0), names.parts()[3]))?.ne();
+        let hidden = tok[0];
+        Ok(ClipTextConfig {
+            hidden,
+            layers,
+            heads: (hidden / 64).max(1),
+            intermediate: fc1[1],
+            vocab: tok[1],
+            max_positions: pos[1],
+            activation: if hidden == 768 { Activation::QuickGelu } else { Activation::Gelu },
+            eps: 1e-5,
+            layout,
+        })
+    }
+}
+
+impl<'w> ClipTextModel<'w> {
+    /// Check every weight the config implies, then wrap them.
+    pub fn new(w: &'w Weights, prefix: &str, config: ClipTextConfig) -> Result<Self> {
+        let c = &config;
+        if c.heads < 1 || c.hidden % c.heads != 0 {
+            return Err(ModelError::Config(format!("{} heads do not divide width {}", c.heads, c.hidden)));
+        }
+        let names = Names { prefix: prefix.to_string(), layout: c.layout };
+        let (d, f) = (c.hidden, c.intermediate);
+        w.expect(&names.token_embedding(), &[d, c.vocab])?;
+        w.expect(&names.position_embedding(), &[d, c.max_positions])?;
+        let [ln1, ln2, out, fc1, fc2] = names.parts();
+        for i in 0..c.layers {
+            let l = names.layer(i);
+            for n in [ln1, ln2] {
+                w.expect(&format!("{l}.{n}.weight"), &[d])?;
+                w.expect(&format!("{l}.{n}.bias"), &[d])?;
+            }
+            match c.layout {
+                ClipLayout::HuggingFace => {
+                    for p in ["q_proj", "k_proj", "v_proj"] {
+                        w.expect(&format!("{l}.self_attn.{p}.weight"), &[d, d])?;
+                        w.expect(&format!("{l}.self_attn.{p}.bias"), &[d])?;
+                    }
+                }
+                ClipLayout::OpenClip => {
+                    w.expect(&format!("{l}.attn.in_proj_weight"), &[d, 3 * d])?;
+                    w.expect(&format!("{l}.attn.in_proj_bias"), &[3 * d])?;
+                }
+            }
+            for (n, i_, o) in [(out, d, d), (fc1, d, f), (fc2, f, d)] {
+                w.expect(&format!("{l}.{n}.weight"), &[i_, o])?;
+                w.expect(&format!("{l}.{n}.bias"), &[o])?;
+            }
+        }
+        w.expect(&format!("{}.weight", names.final_norm()), &[d])?;
+        w.expect(&format!("{}.bias", names.final_norm()), &[d])?;
+        Ok(ClipTextModel { w, names, config })
+    }
+
+    /// Hidden states [hidden, T, B] for `tokens` (B sequences of equal length T ≤
+    /// max_positions), taken after `layers - clip_skip + 1` layers and passed through the
+    /// final layer norm, as SD conditioning uses them (clip_skip 1 = last layer).
+    pub fn forward<'a>(&'a self, ctx: &'a Context, run: &mut GraphRun<'a>, tokens: &[Vec<i32>], clip_skip: usize) -> Result<Tensor<'a>>
+    where
+        'w: 'a,
+    {
+        let c = &self.config;
+        let b = tokens.len();
+        let t = tokens.first().map_or(0, |s| s.len());
+        if b == 0 || t == 0 || t as i64 > c.max_positions || tokens.iter().any(|s| s.len() != t) {
+            return Err(ModelError::Input(format!("{b} token sequences of length {t}; need equal lengths of 1..={}", c.max_positions)));
+        }
+        if let Some(bad) = tokens.iter().flatten().find(|&&id| id < 0 || id as i64 >= c.vocab) {
+            return Err(ModelError::Input(format!("token id {bad} outside the vocabulary of {}", c.vocab)));
+        }
+        if clip_skip < 1 || clip_skip > c.layers {
+            return Err(ModelError::Input(format!("clip_skip {clip_skip} with {} layers", c.layers)));
+        }
+        let (d, t, b) = (c.hidden, t as i64, b as i64);
+        let ids = run.input_i32(&[t * b], tokens.iter().flatten().copied().collect())?;
+        let mut x = ctx.get_rows(self.w.get(&self.names.token_embedding())?, ids)?;
+        x = ctx.reshape(x, [d, t, b, 1])?;
+        let pos = self.w.get(&self.names.position_embedding())?;
+        let pos = ctx.view(pos, [d, t, 1, 1], [pos.nb()[1], pos.nb()[2], pos.nb()[3]], 0)?;
+        x = ctx.add(x, pos)?;
+
+        let mut mask = vec![0f32; (t * t) as usize];
+        for q in 0..t {
+            for k in (q + 1)..t {
+                mask[(q * t + k) as usize] = f32::NEG_INFINITY;
+            }
+        }
+        let mask = run.input_f32(&[t, t], mask)?;
+
+        let [ln1, ln2, out, fc1, fc2] = self.names.parts();
+        for i in 0..(c.layers + 1 - clip_skip) {
+            let l = self.names.layer(i);
+            let h = layer_norm(ctx, self.w, &format!("{l}.{ln1}"), x, c.eps)?;
+            let (q, k, v) = match c.layout {
+                ClipLayout::HuggingFace => (
+                    linear(ctx, self.w, &format!("{l}.self_attn.q_proj"), h)?,
+                    linear(ctx, self.w, &format!("{l}.self_attn.k_proj"), h)?,
+                    linear(ctx, self.w, &format!("{l}.self_attn.v_proj"), h)?,
+                ),
+                ClipLayout::OpenClip => {
+                    let qkv = ctx.mul_mat(self.w.get(&format!("{l}.attn.in_proj_weight"))?, h)?;
+                    let qkv = ctx.add(qkv, self.w.get(&format!("{l}.attn.in_proj_bias"))?)?;
+                    let nb = qkv.nb();
+                    let part = |j: usize| ctx.view(qkv, [d, t, b, 1], [nb[1], nb[2], nb[3]], j * d as usize * 4);
+                    (part(0)?, part(1)?, part(2)?)
+                }
+            };
+            let a = attention(ctx, q, k, v, c.heads, Some(mask))?;
+            let a = linear(ctx, self.w, &format!("{l}.{out}"), a)?;
+            x = ctx.add(x, a)?;
+            let h = layer_norm(ctx, self.w, &format!("{l}.{ln2}"), x, c.eps)?;
+            let h = linear(ctx, self.w, &format!("{l}.{fc1}"), h)?;
+            let h = match c.activation {
+                Activation::QuickGelu => ctx.gelu_quick_exact(h)?,
+                Activation::Gelu => ctx.gelu_erf(h)?,
+            };
+            let h = linear(ctx, self.w, &format!("{l}.{fc2}"), h)?;
+            x = ctx.add(x, h)?;
+        }
+        layer_norm(ctx, self.w, &self.names.final_norm(), x, c.eps)
+    }
+}

@@ -1,0 +1,402 @@
+//! The Stable Diffusion 1.x/2.x UNet (`openaimodel.UNetModel`) in the LDM key layout
+//! (`input_blocks.N.M`, `middle_block`, `output_blocks`, `time_embed`, `out`).
+//!
+//! The block structure is read off the weights rather than a config file: which input
+//! blocks are res blocks, which carry a SpatialTransformer and how deep, where the
+//! down- and upsamplers sit. That covers SD1.x, SD2.x, 9-channel inpainting and
+//! 8-channel instruct-pix2pix UNets with one code path.
+
+use super::nn::{attention, conv2d, group_norm, layer_norm, linear};
+use super::{ModelError, Result, Weights};
+use crate::ggml::{Context, Tensor};
+
+/// Attention heads: SD1 fixes the count (8), SD2 fixes the width of a head (64).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Heads {
+    Count(i64),
+    Dim(i64),
+}
+
+impl Heads {
+    fn for_width(self, c: i64) -> i64 {
+        match self {
+            Heads::Count(n) => n,
+            Heads::Dim(d) => (c / d).max(1),
+        }
+    }
+}
+
+/// One block of the encoder or decoder path.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Block {
+    /// Index in `input_blocks` / `output_blocks`.
+    pub index: usize,
+    pub kind: BlockKind,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum BlockKind {
+    /// A res block, optionally followed by a SpatialTransformer of `depth` layers and
+    /// (decoder only) an upsampler.
+    Res { cin: i64, cout: i64, transformer_depth: usize, upsample: bool },
+    /// A stride-2 convolution (encoder only).
+    Down { channels: i64 },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct UnetConfig {
+    pub in_channels: i64,
+    pub out_channels: i64,
+    pub model_channels: i64,
+    pub time_embed_dim: i64,
+    pub context_dim: i64,
+    /// SD2 projects in and out of transformers with Linear layers, SD1 with 1×1 convs.
+    pub linear_projection: bool,
+    pub heads: Heads,
+    pub input_blocks: Vec<Block>,
+    pub middle_depth: usize,
+    pub output_blocks: Vec<Block>,
+}
+
+const GROUPS: i32 = 32;
+
+impl UnetConfig {
+    /// Read the structure off the weights under `prefix` (`model.diffusion_model`).
+    /// Heads default to 8 for 1×1-conv projections (SD1) and 64-wide for Linear ones
+    /// (SD2), as the released models use; override `heads` for other models.
+    pub fn infer(w: &Weights, prefix: &str) -> Result<Self> {
+        let n = |s: String| format!("{prefix}.{s}");
+        let conv_in = w.get(&n("input_blocks.0.0.weight".into()))?.ne();
+        let (in_channels, model_channels) = (conv_in[2], conv_in[3]);
+        let time_embed_dim = w.get(&n("time_embed.0.weight".into()))?.ne()[1];
+        let out = w.get(&n("out.2.weight".into()))?.ne();
+        let depth = |block: String| (0..).take_while(|d| w.contains(&n(format!("{block}.transformer_blocks.{d}.norm1.weight")))).count();
+        let res_dims = |block: String| -> Result<(i64, i64)> {
+            let cin = w.get(&n(format!("{block}.in_layers.0.weight")))?.ne()[0];
+            let cout = w.get(&n(format!("{block}.in_layers.2.weight")))?.ne()[3];
+            Ok((cin, cout))
+        };
+
+        let mut input_blocks = Vec::new();
+        for i in 1.. {
+            if w.contains(&n(format!("input_blocks.{i}.0.op.weight"))) {
+                let c = w.get(&n(format!("input_blocks.{i}.0.op.weight")))?.ne()[3];
+                input_blocks.push(Block { index: i, kind: BlockKind::Down { channels: c } });
+            } else if w.contains(&n(format!("input_blocks.{i}.0.in_layers.0.weight"))) {
+                let (cin, cout) = res_dims(format!("input_blocks.{i}.0"))?;
+                let transformer_depth = depth(format!("input_blocks.{i}.1"));
+                input_blocks.push(Block { index: i, kind: BlockKind::Res { cin, cout, transformer_depth, upsample: false } });
+            } else {
+                break;
+            }
+        }
+        let mut output_blocks = Vec::new();
+        for i in 0.. {
+            if !w.contains(&n(format!("output_blocks.{i}.0.in_layers.0.weight"))) {
+                break;
+            }
+            let (cin, cout) = res_dims(format!("output_blocks.{i}.0"))?;
+            let transformer_depth = depth(format!("output_blocks.{i}.1"));
+            let up = if transformer_depth > 0 { 2 } else { 1 };
+            let upsample = w.contains(&n(format!("output_blocks.{i}.{up}.conv.weight")));
+            output_blocks.push(Block { index: i, kind: BlockKind::Res { cin, cout, transformer_depth, upsample } });
+        }
+        if input_blocks.is_empty() || output_blocks.len() != input_blocks.len() + 1 {
+            return Err(ModelError::Config(format!(
+                "UNet under `{prefix}`: {} input blocks and {} output blocks do not pair up",
+                input_blocks.len() + 1,
+                output_blocks.len()
+            )));
+        }
+        let middle_depth = depth("middle_block.1".into());
+        // Context width and projection style, from the first transformer there is.
+        let first_attn = (middle_depth > 0).then(|| "middle_block.1".to_string()).or_else(|| {
+            input_blocks.iter().map(|b| ("input_blocks", b)).chain(output_blocks.iter().map(|b| ("output_blocks", b))).find_map(|(side, b)| match b.kind {
+                BlockKind::Res { transformer_depth, .. } if transformer_depth > 0 => Some(format!("{side}.{}.1", b.index)),
+                _ => None,
+            })
+        });
+        let (context_dim, linear_projection) = match first_attn {
+            Some(block) => {
+                let k = w.get(&n(format!("{block}.transformer_blocks.0.attn2.to_k.weight")))?.ne();
+                let p = w.get(&n(format!("{block}.proj_in.weight")))?.ne();
+                (k[0], p[2] == 1 && p[3] == 1)
+            }
+            None => (0, false),
+        };
+        Ok(UnetConfig {
+            in_channels,
+            out_channels: out[3],
+            model_channels,
+            time_embed_dim,
+            context_dim,
+            linear_projection,
+            heads: if linear_projection { Heads::Dim(64) } else { Heads::Count(8) },
+            input_blocks,
+            middle_depth,
+            output_blocks,
+        })
+    }
+}
+
+pub struct Unet<'w> {
+    w: &'w Weights,
+    prefix: String,
+    pub config: UnetConfig,
+}
+
+impl<'w> Unet<'w> {
+    pub fn new(w: &'w Weights, prefix: &str, config: UnetConfig) -> Result<Self> {
+        let u = Unet { w, prefix: prefix.to_string(), config };
+        u.validate()?;
+        Ok(u)
+    }
+
+    fn n(&self, s: &str) -> String {
+        format!("{}.{s}", self.prefix)
+    }
+
+    fn expect(&self, name: &str, ne: &[i64]) -> Result<()> {
+        self.w.expect(&self.n(name), ne).map(|_| ())
+    }
+
+    fn expect_norm(&self, name: &str, c: i64, groups: bool) -> Result<()> {
+        if groups && c % GROUPS as i64 != 0 {
+            return Err(ModelError::Config(format!("{}: {c} channels are not a multiple of {GROUPS} groups", self.n(name))));
+        }
+        self.expect(&format!("{name}.weight"), &[c])?;
+        self.expect(&format!("{name}.bias"), &[c])
+    }
+
+    fn expect_conv(&self, name: &str, k: i64, cin: i64, cout: i64) -> Result<()> {
+        self.expect(&format!("{name}.weight"), &[k, k, cin, cout])?;
+        self.expect(&format!("{name}.bias"), &[cout])
+    }
+
+    fn expect_linear(&self, name: &str, cin: i64, cout: i64, bias: bool) -> Result<()> {
+        self.expect(&format!("{name}.weight"), &[cin, cout])?;
+        if bias {
+            self.expect(&format!("{name}.bias"), &[cout])?;
+        }
+        Ok(())
+    }
+
+    fn expect_res(&self, name: &str, cin: i64, cout: i64) -> Result<()> {
+        self.expect_norm(&format!("{name}.in_layers.0"), cin, true)?;
+        self.expect_conv(&format!("{name}.in_layers.2"), 3, cin, cout)?;
+        self.expect_linear(&format!("{name}.emb_layers.1"), self.config.time_embed_dim, cout, true)?;
+        self.expect_norm(&format!("{name}.out_layers.0"), cout, true)?;
+        self.expect_conv(&format!("{name}.out_layers.3"), 3, cout, cout)?;
+        if cin != cout {
+            self.expect_conv(&format!("{name}.skip_connection"), 1, cin, cout)?;
+        }
+        Ok(())
+    }
+
+    fn expect_transformer(&self, name: &str, c: i64, depth: usize) -> Result<()> {
+        let cfg = &self.config;
+        let heads = cfg.heads.for_width(c);
+        if heads < 1 || c % heads != 0 {
+            return Err(ModelError::Config(format!("{}: {heads} heads do not divide {c} channels", self.n(name))));
+        }
+        self.expect_norm(&format!("{name}.norm"), c, true)?;
+        for p in ["proj_in", "proj_out"] {
+            if cfg.linear_projection {
+                self.expect_linear(&format!("{name}.{p}"), c, c, true)?;
+            } else {
+                self.expect_conv(&format!("{name}.{p}"), 1, c, c)?;
+            }
+        }
+        for d in 0..depth {
+            let b = format!("{name}.transformer_blocks.{d}");
+            for (attn, kv) in [("attn1", c), ("attn2", cfg.context_dim)] {
+                self.expect_linear(&format!("{b}.{attn}.to_q"), c, c, false)?;
+                self.expect_linear(&format!("{b}.{attn}.to_k"), kv, c, false)?;
+                self.expect_linear(&format!("{b}.{attn}.to_v"), kv, c, false)?;
+                self.expect_linear(&format!("{b}.{attn}.to_out.0"), c, c, true)?;
+            }
+            for nn in ["norm1", "norm2", "norm3"] {
+                self.expect_norm(&format!("{b}.{nn}"), c, false)?;
+            }
+            let inner = self.w.get(&self.n(&format!("{b}.ff.net.2.weight")))?.ne()[0];
+            self.expect_linear(&format!("{b}.ff.net.0.proj"), c, 2 * inner, true)?;
+            self.expect_linear(&format!("{b}.ff.net.2"), inner, c, true)?;
+        }
+        Ok(())
+    }
+
+    fn validate(&self) -> Result<()> {
+        let c = &self.config;
+        self.expect_conv("input_blocks.0.0", 3, c.in_channels, c.model_channels)?;
+        self.expect_linear("time_embed.0", c.model_channels, c.time_embed_dim, true)?;
+        self.expect_linear("time_embed.2", c.time_embed_dim, c.time_embed_dim, true)?;
+        for b in c.input_blocks.iter().map(|b| ("input_blocks", b)).chain(c.output_blocks.iter().map(|b| ("output_blocks", b))) {
+            let (side, Block { index, kind }) = b;
+            match *kind {
+                BlockKind::Down { channels } => self.expect_conv(&format!("{side}.{index}.0.op"), 3, channels, channels)?,
+                BlockKind::Res { cin, cout, transformer_depth, upsample } => {
+                    self.expect_res(&format!("{side}.{index}.0"), cin, cout)?;
+                    if transformer_depth > 0 {
+                        self.expect_transformer(&format!("{side}.{index}.1"), cout, transformer_depth)?;
+                    }
+                    if upsample {
+                        let at = if transformer_depth > 0 { 2 } else { 1 };
+                        self.expect_conv(&format!("{side}.{index}.{at}.conv"), 3, cout, cout)?;
+                    }
+                }
+            }
+        }
+        let mid = self.w.get(&self.n("middle_block.0.in_layers.0.weight"))?.ne()[0];
+        self.expect_res("middle_block.0", mid, mid)?;
+        if c.middle_depth > 0 {
+            self.expect_transformer("middle_block.1", mid, c.middle_depth)?;
+        }
+        self.expect_res(if c.middle_depth > 0 { "middle_block.2" } else { "middle_block.1" }, mid, mid)?;
+        let last = match c.output_blocks.last().map(|b| &b.kind) {
+            Some(BlockKind::Res { cout, .. }) => *cout,
+            _ => c.model_channels,
+        };
+        self.expect_norm("out.0", last, true)?;
+        self.expect_conv("out.2", 3, last, c.out_channels)
+    }
+
+    fn res_block<'a>(&'a self, ctx: &'a Context, name: &str, x: Tensor<'a>, emb: Tensor<'a>) -> Result<Tensor<'a>>
+    where
+        'w: 'a,
+    {
+        let (w, n) = (self.w, |s: &str| self.n(&format!("{name}.{s}")));
+        let h = ctx.silu(group_norm(ctx, w, &n("in_layers.0"), x, GROUPS, 1e-5)?)?;
+        let h = conv2d(ctx, w, &n("in_layers.2"), h, 1, 1)?;
+        let e = linear(ctx, w, &n("emb_layers.1"), ctx.silu(emb)?)?; // [cout, N]
+        let e = ctx.reshape(e, [1, 1, e.ne()[0], e.ne()[1]])?;
+        let h = ctx.add(h, e)?;
+        let h = ctx.silu(group_norm(ctx, w, &n("out_layers.0"), h, GROUPS, 1e-5)?)?;
+        let h = conv2d(ctx, w, &n("out_layers.3"), h, 1, 1)?;
+        let skip = n("skip_connection");
+        let x = if w.contains(&format!("{skip}.weight")) { conv2d(ctx, w, &skip, x, 1, 0)? } else { x };
+        Ok(ctx.add(x, h)?)
+    }
+
+    fn cross_attention<'a>(&'a self, ctx: &'a Context, name: &str, x: Tensor<'a>, context: Tensor<'a>, heads: i64) -> Result<Tensor<'a>>
+    where
+        'w: 'a,
+    {
+        let w = self.w;
+        let q = linear(ctx, w, &format!("{name}.to_q"), x)?;
+        let k = linear(ctx, w, &format!("{name}.to_k"), context)?;
+        let v = linear(ctx, w, &format!("{name}.to_v"), context)?;
+        let a = attention(ctx, q, k, v, heads, None)?;
+        linear(ctx, w, &format!("{name}.to_out.0"), a)
+    }
+
+    /// SpatialTransformer on x [W, H, C, N] with `context` [Dc, Tc, N].
+    fn transformer<'a>(&'a self, ctx: &'a Context, name: &str, x: Tensor<'a>, context: Tensor<'a>, depth: usize) -> Result<Tensor<'a>>
+    where
+        'w: 'a,
+    {
+        let w = self.w;
+        let n = |s: &str| self.n(&format!("{name}.{s}"));
+        let [wd, ht, c, b] = x.ne();
+        let heads = self.config.heads.for_width(c);
+        let to_tokens = |t: Tensor<'a>| -> Result<Tensor<'a>> {
+            let t = ctx.reshape(t, [wd * ht, c, b, 1])?;
+            Ok(ctx.cont(ctx.permute(t, [1, 0, 2, 3])?)?) // [C, W·H, N]
+        };
+        let from_tokens = |t: Tensor<'a>| -> Result<Tensor<'a>> {
+            let t = ctx.cont(ctx.permute(t, [1, 0, 2, 3])?)?;
+            Ok(ctx.reshape(t, [wd, ht, c, b])?)
+        };
+        let h = group_norm(ctx, w, &n("norm"), x, GROUPS, 1e-6)?;
+        let mut h = if self.config.linear_projection {
+            linear(ctx, w, &n("proj_in"), to_tokens(h)?)?
+        } else {
+            to_tokens(conv2d(ctx, w, &n("proj_in"), h, 1, 0)?)?
+        };
+        for d in 0..depth {
+            let blk = n(&format!("transformer_blocks.{d}"));
+            let t = layer_norm(ctx, w, &format!("{blk}.norm1"), h, 1e-5)?;
+            h = ctx.add(h, self.cross_attention(ctx, &format!("{blk}.attn1"), t, t, heads)?)?;
+            let t = layer_norm(ctx, w, &format!("{blk}.norm2"), h, 1e-5)?;
+            h = ctx.add(h, self.cross_attention(ctx, &format!("{blk}.attn2"), t, context, heads)?)?;
+            let t = layer_norm(ctx, w, &format!("{blk}.norm3"), h, 1e-5)?;
+            // GEGLU: the projection's first half is the value, the second the gate.
+            let p = linear(ctx, w, &format!("{blk}.ff.net.0.proj"), t)?;
+            let [two_inner, tt, bb, _] = p.ne();
+            let inner = two_inner / 2;
+            let nb = p.nb();
+            let val = ctx.view(p, [inner, tt, bb, 1], [nb[1], nb[2], nb[3]], 0)?;
+            let gate = ctx.view(p, [inner, tt, bb, 1], [nb[1], nb[2], nb[3]], inner as usize * 4)?;
+            let g = ctx.mul(ctx.cont(val)?, ctx.gelu_erf(ctx.cont(gate)?)?)?;
+            h = ctx.add(h, linear(ctx, w, &format!("{blk}.ff.net.2"), g)?)?;
+        }
+        let h = if self.config.linear_projection {
+            from_tokens(linear(ctx, w, &n("proj_out"), h)?)?
+        } else {
+            conv2d(ctx, w, &n("proj_out"), from_tokens(h)?, 1, 0)?
+        };
+        Ok(ctx.add(x, h)?)
+    }
+
+    /// The model output (ε or v, as trained) for latents `x` [W, H, Cin, N] at
+    /// timesteps `t` [N] (f32) with text conditioning `context` [Dc, Tc, N].
+    pub fn forward<'a>(&'a self, ctx: &'a Context, x: Tensor<'a>, t: Tensor<'a>, context: Tensor<'a>) -> Result<Tensor<'a>>
+    where
+        'w: 'a,
+    {
+        let c = &self.config;
+        let [_, _, cin, b] = x.ne();
+        let f = 1i64 << c.input_blocks.iter().filter(|b| matches!(b.kind, BlockKind::Down { .. })).count();
+        if cin != c.in_channels || x.ne()[0] % f != 0 || x.ne()[1] % f != 0 {
+            return Err(ModelError::Input(format!("latent {:?}: the UNet takes {} channels and sides divisible by {f}", x.ne(), c.in_channels)));
+        }
+        if t.ne()[0] != b || context.ne()[2] != b || (c.context_dim > 0 && context.ne()[0] != c.context_dim) {
+            return Err(ModelError::Input(format!("batch {b}: timesteps {:?}, context {:?} (context width {})", t.ne(), context.ne(), c.context_dim)));
+        }
+        let w = self.w;
+        let emb = ctx.timestep_embedding(t, c.model_channels as i32, 10000)?;
+        let emb = linear(ctx, w, &self.n("time_embed.0"), emb)?;
+        let emb = linear(ctx, w, &self.n("time_embed.2"), ctx.silu(emb)?)?;
+
+        let mut h = conv2d(ctx, w, &self.n("input_blocks.0.0"), x, 1, 1)?;
+        let mut skips = vec![h];
+        for blk in &c.input_blocks {
+            let i = blk.index;
+            h = match blk.kind {
+                BlockKind::Down { .. } => conv2d(ctx, w, &self.n(&format!("input_blocks.{i}.0.op")), h, 2, 1)?,
+                BlockKind::Res { transformer_depth, .. } => {
+                    let h = self.res_block(ctx, &format!("input_blocks.{i}.0"), h, emb)?;
+                    if transformer_depth > 0 {
+                        self.transformer(ctx, &format!("input_blocks.{i}.1"), h, context, transformer_depth)?
+                    } else {
+                        h
+                    }
+                }
+            };
+            skips.push(h);
+        }
+        h = self.res_block(ctx, "middle_block.0", h, emb)?;
+        if c.middle_depth > 0 {
+            h = self.transformer(ctx, "middle_block.1", h, context, c.middle_depth)?;
+            h = self.res_block(ctx, "middle_block.2", h, emb)?;
+        } else {
+            h = self.res_block(ctx, "middle_block.1", h, emb)?;
+        }
+        for blk in &c.output_blocks {
+            let i = blk.index;
+            let BlockKind::Res { transformer_depth, upsample, .. } = blk.kind else { continue };
+            let skip = skips.pop().ok_or_else(|| ModelError::Config("more output blocks than skips".into()))?;
+            h = ctx.concat(h, skip, 2)?;
+            h = self.res_block(ctx, &format!("output_blocks.{i}.0"), h, emb)?;
+            if transformer_depth > 0 {
+                h = self.transformer(ctx, &format!("output_blocks.{i}.1"), h, context, transformer_depth)?;
+            }
+            if upsample {
+                let at = if transformer_depth > 0 { 2 } else { 1 };
+                h = ctx.upscale(h, 2)?;
+                h = conv2d(ctx, w, &self.n(&format!("output_blocks.{i}.{at}.conv")), h, 1, 1)?;
+            }
+        }
+        let h = ctx.silu(group_norm(ctx, w, &self.n("out.0"), h, GROUPS, 1e-5)?)?;
+        conv2d(ctx, w, &self.n("out.2"), h, 1, 1)
+    }
+}
