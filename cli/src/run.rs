@@ -109,11 +109,12 @@ pub fn run_command(args: RunArgs) -> anyhow::Result<()> {
                     println!("{line}")
                 }
             }
+            let cancel = CancelToken::new();
+            *current.lock().unwrap_or_else(|e| e.into_inner()) = cancel.clone();
+            // Checked after the swap, so a Ctrl-C just before it is not lost.
             if stopping.load(std::sync::atomic::Ordering::SeqCst) {
                 bail!("interrupted");
             }
-            let cancel = CancelToken::new();
-            *current.lock().unwrap_or_else(|e| e.into_inner()) = cancel.clone();
             run_one(&executor, wf, plan, &options, &cancel, args.json_events)?;
         }
     }

@@ -266,7 +266,7 @@ fn check_quantizable(dst: DType, row: usize) -> Result<(), ConvertError> {
         return Err(ConvertError::NeedsImatrix(dst));
     }
     // Q8_1 and Q8_K are activation-only formats: ggml_quantize_chunk aborts on them.
-    if matches!(dst, DType::Q8_1 | DType::Q8_K) {
+    if matches!(dst, DType::Q8_1 | DType::Q8K) {
         return Err(ConvertError::Unsupported(dst));
     }
     Ok(())

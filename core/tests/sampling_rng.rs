@@ -25,7 +25,7 @@ fn check_cpu(section: &str, kernel: CpuKernel) {
     let doc: Value = serde_json::from_str(&fixture("rng_cpu.json")).unwrap();
     let doc = &doc[section];
     let cases = doc["cases"].as_array().unwrap();
-    assert_eq!(cases.len(), 20);
+    assert_eq!(cases.len(), 21);
     for case in cases {
         let seed = case["seed"].as_u64().unwrap();
         let n = case["n"].as_u64().unwrap() as usize;

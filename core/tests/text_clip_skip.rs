@@ -19,7 +19,10 @@ fn user_values() {
         ClipSkip::from_user(i64::MAX, TextFamily::Sd1),
         Err(TextError::InvalidClipSkip(i64::MAX))
     ));
-    assert!(matches!(ClipSkip::new(0), Err(TextError::InvalidClipSkip(0))));
+    assert!(matches!(
+        ClipSkip::new(0),
+        Err(TextError::InvalidClipSkip(0))
+    ));
 }
 
 #[test]

@@ -3,6 +3,27 @@
 //!
 //! Models are opaque [`Value`]s here; this crate knows nothing of tensors or weights, so
 //! it builds fast and tests without any model files (see the [`stub`] node pack).
+//!
+//! ```
+//! use std::sync::Arc;
+//! use sdflow_executor::{stub, CancelToken, Executor, ExecutorConfig, NullSink, Registry, RunOptions, Workflow};
+//!
+//! let mut registry = Registry::new();
+//! stub::register(&mut registry);
+//! let registry = Arc::new(registry);
+//! let wf = Workflow::parse(
+//!     r#"{"1": {"class_type": "StubConstant", "inputs": {"seed": 1, "size": 4}},
+//!         "2": {"class_type": "StubOutput", "inputs": {"latent": ["1", 0], "label": "x"}}}"#,
+//!     &registry,
+//! )?;
+//! let executor = Executor::new(registry, ExecutorConfig::default());
+//! let report = executor.run(&wf, &NullSink, &CancelToken::new(), &RunOptions::default())?;
+//! assert_eq!(report.executed.len(), 2);
+//! // The second run finds everything in the cache.
+//! let again = executor.run(&wf, &NullSink, &CancelToken::new(), &RunOptions::default())?;
+//! assert!(again.executed.is_empty());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 pub mod cache;
 pub mod events;

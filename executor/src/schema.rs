@@ -440,3 +440,49 @@ impl NodeSchema {
         info
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn optional_inputs_tooltips_and_extras_in_object_info() {
+        let schema = NodeSchema::new("Demo")
+            .input(InputSpec::link("image", IoType::IMAGE).tooltip("the picture"))
+            .input(InputSpec::string("text", "").multiline().optional())
+            .input(
+                InputSpec::combo("file", ["a.png"])
+                    .extra("image_upload", json!(true))
+                    .optional(),
+            )
+            .output("IMAGE", IoType::IMAGE);
+        let info = schema.object_info();
+        assert_eq!(
+            info["input"]["required"]["image"],
+            json!(["IMAGE", {"tooltip": "the picture"}])
+        );
+        assert_eq!(
+            info["input"]["optional"]["text"],
+            json!(["STRING", {"default": "", "multiline": true}])
+        );
+        assert_eq!(
+            info["input"]["optional"]["file"],
+            json!([["a.png"], {"image_upload": true}])
+        );
+        assert_eq!(
+            info["input_order"],
+            json!({"required": ["image"], "optional": ["text", "file"]})
+        );
+    }
+
+    #[test]
+    fn defaults_as_json() {
+        assert_eq!(InputSpec::seed("seed").default_json(), Some(json!(0)));
+        assert_eq!(
+            InputSpec::combo("c", ["x", "y"]).default_json(),
+            Some(json!("x"))
+        );
+        assert_eq!(InputSpec::link("m", IoType::MODEL).default_json(), None);
+        assert_eq!(int_json(u64::MAX as i128), json!(u64::MAX));
+    }
+}

@@ -148,6 +148,27 @@ impl Value {
         }
     }
 
+    /// A handle to something another component owns and evicts (a model in the residency
+    /// manager): shared, and counted as 0 cache bytes.
+    pub fn handle<T: Any + Send + Sync>(io_type: IoType, data: Arc<T>) -> Self {
+        Self::with_size(io_type, data, 0)
+    }
+
+    /// A payload whose type cannot implement [`CacheSize`] here (the orphan rule keeps a
+    /// node crate from implementing it for another crate's type), with its size given.
+    pub fn with_size<T: Any + Send + Sync>(
+        io_type: IoType,
+        data: Arc<T>,
+        cache_bytes: usize,
+    ) -> Self {
+        Value {
+            io_type,
+            data,
+            cache_bytes,
+            type_name: std::any::type_name::<T>(),
+        }
+    }
+
     pub fn int(v: i64) -> Self {
         Self::new(IoType::INT, v)
     }
@@ -221,5 +242,15 @@ mod tests {
         );
         assert!(v.downcast_ref::<i64>().is_none());
         assert!(v.is::<String>());
+    }
+
+    #[test]
+    fn handles_count_nothing() {
+        struct Weights(#[allow(dead_code)] Vec<u8>);
+        let w = Arc::new(Weights(vec![0; 1024]));
+        let v = Value::handle(IoType::MODEL, w.clone());
+        assert_eq!(v.cache_bytes(), 0);
+        assert!(Arc::ptr_eq(&v.downcast_arc::<Weights>().unwrap(), &w));
+        assert_eq!(Value::with_size(IoType::IMAGE, w, 1024).cache_bytes(), 1024);
     }
 }

@@ -231,29 +231,19 @@ impl Workflow {
                 "looks like ComfyUI's UI format but has no `links` array",
             ));
         }
-        if matches!(obj.get("nodes"), Some(Json::Object(_)))
-            && !looks_like_api_node(obj.get("nodes"))
-        {
+        if let Some(nodes) = take_node_map(&mut obj, "nodes") {
             let header = parse_header(&obj)?;
-            let Some(Json::Object(nodes)) = obj.remove("nodes") else {
-                unreachable!("checked above")
-            };
             return Ok(Workflow {
                 header: Some(header),
                 nodes: parse_api_nodes(nodes)?,
             });
         }
         // A `/prompt` request body.
-        if let Some(Json::Object(_)) = obj.get("prompt") {
-            if !looks_like_api_node(obj.get("prompt")) {
-                let Some(Json::Object(prompt)) = obj.remove("prompt") else {
-                    unreachable!("checked above")
-                };
-                return Ok(Workflow {
-                    header: None,
-                    nodes: parse_api_nodes(prompt)?,
-                });
-            }
+        if let Some(prompt) = take_node_map(&mut obj, "prompt") {
+            return Ok(Workflow {
+                header: None,
+                nodes: parse_api_nodes(prompt)?,
+            });
         }
         Ok(Workflow {
             header: None,
@@ -317,6 +307,18 @@ impl Workflow {
             .ok_or_else(|| WorkflowError::NoSuchNode(node.to_string()))?;
         spec.inputs.insert(input.to_string(), value);
         Ok(())
+    }
+}
+
+/// Removes `key` when it holds a map of nodes (and is not itself an API node that
+/// happens to have that id).
+fn take_node_map(obj: &mut Map<String, Json>, key: &str) -> Option<Map<String, Json>> {
+    if !matches!(obj.get(key), Some(Json::Object(_))) || looks_like_api_node(obj.get(key)) {
+        return None;
+    }
+    match obj.remove(key) {
+        Some(Json::Object(m)) => Some(m),
+        _ => None,
     }
 }
 

@@ -287,7 +287,7 @@ fn cancellation_mid_run_then_clean_rerun() {
         inner: Recorder::default(),
     };
     let err = ex
-        .run(&slow_workflow(1000), &sink, &token, &RunOptions::default())
+        .run(&slow_workflow(200), &sink, &token, &RunOptions::default())
         .unwrap_err();
     match &err {
         RunError::Interrupted { node_id, report } => {
@@ -321,7 +321,7 @@ fn cancellation_mid_run_then_clean_rerun() {
     let rec = Recorder::default();
     let report = ex
         .run(
-            &slow_workflow(1000),
+            &slow_workflow(200),
             &rec,
             &CancelToken::new(),
             &RunOptions::default(),
@@ -333,7 +333,7 @@ fn cancellation_mid_run_then_clean_rerun() {
         .iter()
         .filter(|e| matches!(e, Event::Progress { .. }))
         .count();
-    assert_eq!(progress, 1000);
+    assert_eq!(progress, 200);
     let expected: f64 = constant_values(5, 4).iter().map(|v| (v + 1.0) as f64).sum();
     assert!((ui_sum(&report, "3") - expected).abs() < 1e-5);
 }

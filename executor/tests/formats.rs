@@ -219,3 +219,113 @@ fn object_info_shape() {
     assert!(out["input"].get("optional").is_none());
     assert_eq!(info.as_object().unwrap().len(), r.len());
 }
+
+/// ComfyUI's own schemas for the default graph's classes (from its `nodes.py`), so the UI
+/// conversion can be checked against the API export ComfyUI itself makes of that graph.
+fn comfy_default_schemas() -> sdflow_executor::Registry {
+    use sdflow_executor::{
+        ExecContext, InputSpec, Inputs, IoType, Node, NodeError, NodeSchema, Outputs,
+    };
+    struct SchemaOnly(NodeSchema);
+    impl Node for SchemaOnly {
+        fn schema(&self) -> NodeSchema {
+            self.0.clone()
+        }
+        fn execute(&self, _: &mut ExecContext<'_>, _: &Inputs) -> Result<Outputs, NodeError> {
+            Err(NodeError::msg("only the schema is declared in this test"))
+        }
+    }
+    let schemas = [
+        NodeSchema::new("KSampler")
+            .input(InputSpec::link("model", IoType::MODEL))
+            .input(InputSpec::seed("seed"))
+            .input(InputSpec::int("steps", 20).int_range(1, 10000))
+            .input(
+                InputSpec::float("cfg", 8.0)
+                    .float_range(0.0, 100.0)
+                    .float_step(0.1),
+            )
+            .input(InputSpec::combo(
+                "sampler_name",
+                ["euler", "euler_ancestral", "dpmpp_2m"],
+            ))
+            .input(InputSpec::combo(
+                "scheduler",
+                ["simple", "normal", "karras"],
+            ))
+            .input(InputSpec::link("positive", IoType::CONDITIONING))
+            .input(InputSpec::link("negative", IoType::CONDITIONING))
+            .input(InputSpec::link("latent_image", IoType::LATENT))
+            .input(
+                InputSpec::float("denoise", 1.0)
+                    .float_range(0.0, 1.0)
+                    .float_step(0.01),
+            )
+            .output("LATENT", IoType::LATENT),
+        NodeSchema::new("CheckpointLoaderSimple")
+            .input(InputSpec::combo(
+                "ckpt_name",
+                ["v1-5-pruned-emaonly.safetensors"],
+            ))
+            .output("MODEL", IoType::MODEL)
+            .output("CLIP", IoType::CLIP)
+            .output("VAE", IoType::VAE),
+        NodeSchema::new("EmptyLatentImage")
+            .input(
+                InputSpec::int("width", 512)
+                    .int_range(16, 16384)
+                    .int_step(8),
+            )
+            .input(
+                InputSpec::int("height", 512)
+                    .int_range(16, 16384)
+                    .int_step(8),
+            )
+            .input(InputSpec::int("batch_size", 1).int_range(1, 4096))
+            .output("LATENT", IoType::LATENT),
+        NodeSchema::new("CLIPTextEncode")
+            .input(InputSpec::string("text", "").multiline())
+            .input(InputSpec::link("clip", IoType::CLIP))
+            .output("CONDITIONING", IoType::CONDITIONING),
+        NodeSchema::new("VAEDecode")
+            .input(InputSpec::link("samples", IoType::LATENT))
+            .input(InputSpec::link("vae", IoType::VAE))
+            .output("IMAGE", IoType::IMAGE),
+        NodeSchema::new("SaveImage")
+            .input(InputSpec::link("images", IoType::IMAGE))
+            .input(InputSpec::string("filename_prefix", "ComfyUI"))
+            .output_node(),
+    ];
+    let mut r = sdflow_executor::Registry::new();
+    for s in schemas {
+        r.register(std::sync::Arc::new(SchemaOnly(s)));
+    }
+    r
+}
+
+#[test]
+fn comfy_default_ui_converts_to_comfys_own_api_export() {
+    let r = comfy_default_schemas();
+    let from_ui = Workflow::parse(&fixture("comfy_default_ui.json"), &r).unwrap();
+    let mut api = Workflow::parse(&fixture("comfy_default_api.json"), &r).unwrap();
+    // The UI file carries no titles; everything else must match exactly.
+    for n in api.nodes.values_mut() {
+        n.title = None;
+    }
+    assert_eq!(from_ui, api);
+    let plan = sdflow_executor::validate(&from_ui, &r).unwrap();
+    assert_eq!(plan.len(), 7);
+    // And back to the UI format: same graph, same widget values.
+    let ui = workflow_to_ui(&from_ui, &r).unwrap();
+    let ks = ui["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["id"] == 3)
+        .unwrap();
+    assert_eq!(
+        ks["widgets_values"],
+        json!([156680208700286u64, "fixed", 20, 8, "euler", "normal", 1])
+    );
+    assert_eq!(Workflow::from_json(ui, &r).unwrap(), from_ui);
+}

@@ -330,26 +330,28 @@ impl Context {
     }
 
     /// 2-D convolution through im2col + mul_mat. `kernel` [KW, KH, Cin, Cout], `input`
-    /// [W, H, Cin, N] → [OW, OH, Cout, N]. Unlike `ggml_conv_2d`, which always builds an
-    /// f16 im2col matrix, the columns keep the kernel's precision (f32 for f32 kernels),
-    /// so f32 models match their PyTorch reference.
+    /// [W, H, Cin, N] → [OW, OH, Cout, N].
+    ///
+    /// Unlike `ggml_conv_2d` (f16 columns, kernel as the right operand), the columns are
+    /// f32 and the kernel is mul_mat's left operand, so any weight type works (f32 for
+    /// exact parity with PyTorch, bf16, f16 and the quantized types) with ggml's
+    /// weight-times-activations kernels.
     pub fn conv_2d<'a>(&'a self, kernel: Tensor<'a>, input: Tensor<'a>, stride: (i32, i32), pad: (i32, i32), dilation: (i32, i32)) -> Result<Tensor<'a>> {
         self.check_conv("conv_2d", kernel, input, stride, pad, dilation)?;
         if !kernel.is_contiguous() {
             return Err(shape("conv_2d", "kernel must be contiguous".into()));
         }
-        let col_type = if kernel.dtype() == GType::F16 { GType::F16 } else { GType::F32 };
         // SAFETY: channel and output-size preconditions checked.
         let cols = self.op("conv_2d", || unsafe {
-            ggml_sys::ggml_im2col(self.raw(), kernel.raw(), input.raw(), stride.0, stride.1, pad.0, pad.1, dilation.0, dilation.1, true, col_type.0)
+            ggml_sys::ggml_im2col(self.raw(), kernel.raw(), input.raw(), stride.0, stride.1, pad.0, pad.1, dilation.0, dilation.1, true, GType::F32.0)
         })?; // [K, OW, OH, N]
         let [k, ow, oh, n] = cols.ne();
         let kn = kernel.ne();
         let cols2 = self.reshape(cols, [k, ow * oh * n, 1, 1])?;
         let kernel2 = self.reshape(kernel, [kn[0] * kn[1] * kn[2], kn[3], 1, 1])?;
-        let out = self.mul_mat(cols2, kernel2)?; // [OW·OH·N, Cout]
-        let out = self.reshape(out, [ow, oh, n, kn[3]])?;
-        self.cont(self.permute(out, [0, 1, 3, 2])?)
+        let out = self.mul_mat(kernel2, cols2)?; // [Cout, OW·OH·N]
+        let out = self.reshape(out, [kn[3], ow, oh, n])?;
+        self.cont(self.permute(out, [2, 0, 1, 3])?)
     }
 
     /// 2-D convolution computed directly, without the im2col buffer (less memory).

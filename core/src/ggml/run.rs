@@ -47,6 +47,14 @@ impl<'a> GraphRun<'a> {
 
     /// Compute `outputs` (made contiguous f32 if needed) and return their values.
     pub fn compute(self, backend: &Backend, outputs: &[Tensor<'a>], graph_size: usize) -> Result<Vec<Vec<f32>>> {
+        let mut alloc = GraphAllocator::new(backend)?;
+        self.compute_with(backend, &mut alloc, outputs, graph_size)
+    }
+
+    /// [`GraphRun::compute`] with a caller-kept allocator: repeated graphs of the same
+    /// shape (sampling steps) then reuse one compute buffer instead of allocating and
+    /// faulting in a new one each time.
+    pub fn compute_with(self, backend: &Backend, alloc: &mut GraphAllocator, outputs: &[Tensor<'a>], graph_size: usize) -> Result<Vec<Vec<f32>>> {
         let ctx = self.ctx;
         let mut outs = Vec::with_capacity(outputs.len());
         for &o in outputs {
@@ -60,7 +68,6 @@ impl<'a> GraphRun<'a> {
         for &o in &outs {
             graph.build_forward(o)?;
         }
-        let mut alloc = GraphAllocator::new(backend)?;
         alloc.alloc(&graph)?;
         for (t, d) in &self.inputs {
             match d {
@@ -70,9 +77,7 @@ impl<'a> GraphRun<'a> {
             }
         }
         backend.compute(&graph)?;
-        // The allocator owns the outputs' memory: read them before it is dropped.
-        let res = outs.iter().map(|o| o.get_f32()).collect();
-        drop(alloc);
-        res
+        // The allocator owns the outputs' memory: read them before it is reused.
+        outs.iter().map(|o| o.get_f32()).collect()
     }
 }

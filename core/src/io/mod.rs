@@ -226,10 +226,6 @@ impl Blob {
         };
         Ok(Blob { path: path.to_path_buf(), data })
     }
-
-    pub(crate) fn from_bytes(path: &Path, bytes: Vec<u8>) -> Blob {
-        Blob { path: path.to_path_buf(), data: Backing::Memory(bytes) }
-    }
 }
 
 /// The one implementation of [`TensorSource`]: tensors located in a list of files.

@@ -7,6 +7,7 @@
 
 pub mod clip;
 pub mod nn;
+pub mod sd;
 pub mod unet;
 pub mod vae;
 pub mod weights;

@@ -30,6 +30,10 @@
 //! host-side [`HostWeights`] and, later, backend buffers on a GPU share the same bookkeeping.
 
 
+mod host;
+
+pub use host::{HostTensor, HostWeights, HostWeightsError, HostWeightsLoader};
+
 use std::any::Any;
 use std::collections::HashMap;
 use std::error::Error as StdError;

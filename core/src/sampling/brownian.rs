@@ -35,7 +35,8 @@ impl BrownianTreeNoise {
         let key = [seed as u32, (seed >> 32) as u32];
         let mut tree = BrownianTreeNoise { len, t0, t1, key, w_end: Vec::new() };
         let scale = ((t1 - t0).max(0.0)).sqrt() as f32;
-        tree.w_end = tree.node_normals(1).into_iter().map(|z| z * scale).collect();
+        // Id 0 is the end point; bisection nodes are numbered from 1 (heap order).
+        tree.w_end = tree.node_normals(0).into_iter().map(|z| z * scale).collect();
         tree
     }
 

@@ -181,16 +181,20 @@ impl Sampler {
         matches!(self, Sampler::Dpmpp2mSdeBt)
     }
 
-    /// Denoiser calls for a schedule of `steps` steps (for progress bars and budgets).
-    pub fn model_calls(self, sigmas: &[f32]) -> usize {
-        let steps = sigmas.len().saturating_sub(1);
-        match self {
-            Sampler::Heun | Sampler::Dpm2 => {
-                steps + sigmas[1..].iter().filter(|&&s| s != 0.0).count()
-            }
-            Sampler::Dpmpp2sA | Sampler::Res2s => 2 * steps,
-            _ => steps,
+    /// Denoiser calls `sample` will make over `sigmas` (for progress bars and budgets).
+    pub fn model_calls(self, sigmas: &[f32], opts: &SampleOpts) -> usize {
+        if sigmas.len() < 2 {
+            return 0;
         }
+        let eta = opts.eta.unwrap_or_else(|| self.default_eta());
+        let steps = sigmas.len() - 1;
+        let second_stage = |i: usize| match self {
+            Sampler::Heun | Sampler::Dpm2 => sigmas[i + 1] != 0.0,
+            Sampler::Dpmpp2sA => ancestral_step(sigmas[i], sigmas[i + 1], eta).0 != 0.0,
+            Sampler::Res2s => sigmas[i] != 0.0 && ancestral_step(sigmas[i], sigmas[i + 1], eta).0 != 0.0,
+            _ => false,
+        };
+        steps + (0..steps).filter(|&i| second_stage(i)).count()
     }
 }
 

@@ -1,7 +1,8 @@
 //! The SD discrete (eps / v) model schedule and the sigma schedulers built on it.
 //!
 //! Every scheduler returns `steps + 1` sigmas ending in 0, except `beta`, which (like ComfyUI
-//! and sd.cpp) drops repeated timesteps and so may return fewer. Float handling follows the
+//! and sd.cpp) drops repeated timesteps and so may return fewer, and ComfyUI's
+//! `ddim_uniform`, whose integer stride can give one or two more. Float handling follows the
 //! reference each scheduler comes from: ComfyUI / k-diffusion (torch float32 tensors with
 //! f64 Python scalars) for the shared ones, sd.cpp for `smoothstep`, `lcm` and `bong_tangent`.
 
@@ -325,7 +326,8 @@ impl Scheduler {
         }
     }
 
-    /// `steps + 1` sigmas ending in 0 (fewer for `beta`, see the module docs).
+    /// `steps + 1` sigmas ending in 0 (not always for `beta` and `ddim_uniform`, see the
+    /// module docs).
     pub fn sigmas(
         self,
         steps: usize,

@@ -21,6 +21,7 @@ use parking_lot::Mutex;
 
 use super::tokenizer::ClipTokenizer;
 use super::TextError;
+use crate::io::TensorInfo;
 
 /// File extensions scanned, in the order a stem that exists more than once is resolved.
 pub const EMBEDDING_EXTENSIONS: [&str; 4] = ["safetensors", "gguf", "pt", "bin"];
@@ -238,28 +239,31 @@ fn collect_files(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) -> Result<(),
     Ok(())
 }
 
-/// A tensor as read from an embedding file, already widened to f32.
-#[derive(Debug)]
-pub(crate) struct RawTensor {
-    pub name: String,
-    pub shape: Vec<usize>,
-    pub data: Vec<f32>,
-}
-
 /// Reads an embedding file and picks its vectors by A1111's rules (module docs).
+/// Only the chosen tensors are read; the other entries of an A1111 `.pt` file
+/// (`string_to_token.*`, an integer tensor) are never touched.
 pub fn load_embedding_file(name: &str, path: &Path) -> Result<Embedding, TextError> {
     let err = |reason: String| TextError::Embedding {
         path: path.to_owned(),
         reason,
     };
-    let tensors = read_tensors(path)?;
+    let size = std::fs::metadata(path)
+        .map_err(|e| err(e.to_string()))?
+        .len();
+    if size > MAX_EMBEDDING_FILE {
+        return Err(err(format!(
+            "{size} bytes is too large for an embedding (limit {MAX_EMBEDDING_FILE})"
+        )));
+    }
+    let source = crate::io::open(path)?;
+    let tensors = source.tensors();
     let find = |key: &str| tensors.iter().find(|t| t.name == key);
-    let chosen: Vec<&RawTensor> = if let (Some(l), Some(g)) = (find("clip_l"), find("clip_g")) {
+    let chosen: Vec<&TensorInfo> = if let (Some(l), Some(g)) = (find("clip_l"), find("clip_g")) {
         vec![l, g]
     } else if let Some(t) = find("emb_params") {
         vec![t]
     } else {
-        let params: Vec<&RawTensor> = tensors
+        let params: Vec<&TensorInfo> = tensors
             .iter()
             .filter(|t| t.name.starts_with("string_to_param."))
             .collect();
@@ -276,108 +280,54 @@ pub fn load_embedding_file(name: &str, path: &Path) -> Result<Embedding, TextErr
             }
         }
     };
-    let mut vectors = Vec::with_capacity(chosen.len());
-    for t in chosen {
-        let (rows, width) = match t.shape.as_slice() {
+    let mut vectors: Vec<EmbeddingVectors> = Vec::with_capacity(chosen.len());
+    for info in chosen {
+        let (rows, width) = match info.shape.as_slice() {
             [w] => (1, *w),
             [r, w] => (*r, *w),
             _ => {
                 return Err(err(format!(
                     "tensor '{}' has shape {:?}; an embedding is [vectors, width]",
-                    t.name, t.shape
+                    info.name, info.shape
                 )))
             }
         };
         if rows == 0 || width == 0 {
             return Err(err(format!(
                 "tensor '{}' is empty (shape {:?})",
-                t.name, t.shape
+                info.name, info.shape
             )));
         }
-        if rows.checked_mul(width) != Some(t.data.len()) {
+        if let Some(first) = vectors.first().filter(|v| v.rows != rows) {
             return Err(err(format!(
-                "tensor '{}' has {} values for shape {:?}",
-                t.name,
-                t.data.len(),
-                t.shape
+                "tensor '{}' has {rows} vectors but '{}' has {}",
+                info.name, first.key, first.rows
             )));
         }
+        // Integer tensors would convert, but vectors stored as integers are not an
+        // embedding anyone trained.
+        if !(info.dtype.is_float() || info.dtype.is_quantized()) {
+            return Err(err(format!(
+                "tensor '{}' has dtype {:?}; embeddings are floating point",
+                info.name, info.dtype
+            )));
+        }
+        let n = rows
+            .checked_mul(width)
+            .ok_or_else(|| err(format!("tensor '{}' shape overflows", info.name)))?;
+        let bytes = source.read(&info.name)?;
+        let data = crate::dtype::to_f32(info.dtype, &bytes, n)
+            .map_err(|e| err(format!("tensor '{}': {e}", info.name)))?;
         vectors.push(EmbeddingVectors {
-            key: t.name.clone(),
+            key: info.name.clone(),
             rows,
             width,
-            data: t.data.clone(),
+            data,
         });
-    }
-    if let Some(v) = vectors.iter().find(|v| v.rows != vectors[0].rows) {
-        return Err(err(format!(
-            "tensor '{}' has {} vectors but '{}' has {}",
-            v.key, v.rows, vectors[0].key, vectors[0].rows
-        )));
     }
     Ok(Embedding {
         name: name.to_owned(),
         path: path.to_owned(),
         vectors,
     })
-}
-
-/// Every tensor of an embedding file, as f32.
-fn read_tensors(path: &Path) -> Result<Vec<RawTensor>, TextError> {
-    let err = |reason: String| TextError::Embedding {
-        path: path.to_owned(),
-        reason,
-    };
-    let size = std::fs::metadata(path)
-        .map_err(|e| err(e.to_string()))?
-        .len();
-    if size > MAX_EMBEDDING_FILE {
-        return Err(err(format!(
-            "{size} bytes is too large for an embedding (limit {MAX_EMBEDDING_FILE})"
-        )));
-    }
-    match extension_rank(path) {
-        0 => read_safetensors(path),
-        _ => Err(err("only .safetensors embeddings can be read until the model-file reader supports this format".into())),
-    }
-}
-
-fn read_safetensors(path: &Path) -> Result<Vec<RawTensor>, TextError> {
-    use safetensors::{Dtype, SafeTensors};
-    let err = |reason: String| TextError::Embedding {
-        path: path.to_owned(),
-        reason,
-    };
-    let bytes = std::fs::read(path).map_err(|e| err(e.to_string()))?;
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| err(e.to_string()))?;
-    let mut out = Vec::new();
-    for (name, view) in st.tensors() {
-        let raw = view.data();
-        let data: Vec<f32> = match view.dtype() {
-            Dtype::F32 => raw
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-            Dtype::F16 => raw
-                .chunks_exact(2)
-                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-            Dtype::BF16 => raw
-                .chunks_exact(2)
-                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-            other => {
-                return Err(err(format!(
-                    "tensor '{name}' has dtype {other:?}; embeddings are F32, F16 or BF16"
-                )))
-            }
-        };
-        out.push(RawTensor {
-            name,
-            shape: view.shape().to_vec(),
-            data,
-        });
-    }
-    out.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(out)
 }

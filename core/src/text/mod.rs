@@ -91,6 +91,9 @@ pub enum TextError {
         #[source]
         source: std::io::Error,
     },
+    /// The model-file reader failed; its error names the file and tensor.
+    #[error("embedding file: {0}")]
+    EmbeddingIo(#[from] crate::io::IoError),
     #[error("embedding file {path}: {reason}")]
     Embedding { path: PathBuf, reason: String },
     #[error("embedding '{name}' has {vectors} vectors, more than the {max} tokens a chunk holds")]

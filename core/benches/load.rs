@@ -1,0 +1,180 @@
+//! Load benchmark: a full-size random-weight SD1.5 checkpoint (f16 safetensors, made once by
+//! `sdflow_core::synth` and cached at `$HOME/.cache/sdflow/bench/sd15_f16.safetensors`),
+//! loaded through the residency manager into `HostWeights` with and without mmap.
+//!
+//! Each mode runs in a fresh child process so that its RSS numbers are its own. "cold" runs
+//! first evict the file from the page cache (`posix_fadvise(DONTNEED)`), "warm" runs find it
+//! cached. Full load = pinning the UNet, VAE and text-encoder entries and touching every byte
+//! (a checksum), as a forward pass would.
+//!
+//! Run: `cargo bench -p sdflow-core --bench load`
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use sdflow_core::dtype::DType;
+use sdflow_core::io::{self, OpenOptions};
+use sdflow_core::residency::{Device, HostWeights, ResidencyManager};
+use sdflow_core::synth::{write_checkpoint, Format, SdConfig};
+
+const PREFIXES: [&str; 3] = ["model.diffusion_model.", "first_stage_model.", "cond_stage_model."];
+const MODE_ENV: &str = "SDFLOW_LOAD_BENCH_MODE";
+
+fn checkpoint() -> PathBuf {
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+    let dir = home.join(".cache/sdflow/bench");
+    let path = dir.join("sd15_f16.safetensors");
+    if path.exists() {
+        return path;
+    }
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let t = Instant::now();
+    let w = write_checkpoint(&path, &SdConfig::sd15(), DType::F16, 0, Format::Safetensors)
+        .unwrap_or_else(|e| panic!("writing the benchmark checkpoint: {e}"));
+    println!(
+        "wrote {} ({} tensors, {:.3} G elements, {:.2} GiB) in {:.1} s",
+        w.path.display(),
+        w.tensors,
+        w.elements as f64 / 1e9,
+        w.bytes as f64 / GIB,
+        t.elapsed().as_secs_f64()
+    );
+    path
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+const MIB: f64 = (1u64 << 20) as f64;
+
+/// `VmRSS`, `RssAnon`, `RssFile` of this process, in bytes.
+fn rss() -> [u64; 3] {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|kb| kb.parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024)
+    };
+    [field("VmRSS:"), field("RssAnon:"), field("RssFile:")]
+}
+
+fn drop_page_cache(path: &Path) {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    // SAFETY: a plain syscall on a file descriptor we own; it only drops clean cached pages.
+    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    if rc != 0 {
+        eprintln!("posix_fadvise failed ({rc}); the cold run may be warm");
+    }
+}
+
+fn checksum(bytes: &[u8]) -> u64 {
+    let mut words = bytes.chunks_exact(8);
+    let mut sum = 0u64;
+    for w in &mut words {
+        sum = sum.wrapping_add(u64::from_le_bytes(w.try_into().expect("8-byte chunk")));
+    }
+    words.remainder().iter().fold(sum, |s, &b| s.wrapping_add(u64::from(b)))
+}
+
+/// One measurement, in the child process; prints one tab-separated result line.
+fn child(path: &Path, mode: &str) {
+    let (mmap, cold) = match mode {
+        "mmap-cold" => (true, true),
+        "mmap-warm" => (true, false),
+        "read-cold" => (false, true),
+        "read-warm" => (false, false),
+        other => panic!("unknown mode {other}"),
+    };
+    if cold {
+        drop_page_cache(path);
+    }
+    let before = rss();
+    let opts = OpenOptions { mmap };
+
+    // Opening alone: header parse (and, without mmap, reading the whole file).
+    let t = Instant::now();
+    let src = io::open_with(path, &opts).unwrap_or_else(|e| panic!("{e}"));
+    let open_s = t.elapsed().as_secs_f64();
+    let n_tensors = src.tensors().len();
+    drop(src);
+    if cold {
+        drop_page_cache(path);
+    }
+
+    let manager = ResidencyManager::new();
+    let t = Instant::now();
+    let handles: Vec<_> = PREFIXES
+        .iter()
+        .map(|p| manager.request_host_weights(&[path], p, None, opts.clone()).unwrap_or_else(|e| panic!("{e}")))
+        .collect();
+    let guards: Vec<_> = handles.iter().map(|h| h.pin().unwrap_or_else(|e| panic!("{e}"))).collect();
+    let pin_s = t.elapsed().as_secs_f64();
+    let mut sum = 0u64;
+    let mut touched = 0usize;
+    for g in &guards {
+        let g: &HostWeights = g;
+        for t in g.iter() {
+            let t = t.unwrap_or_else(|e| panic!("{e}"));
+            sum = sum.wrapping_add(checksum(t.bytes));
+            touched += t.bytes.len();
+        }
+    }
+    let full_s = t.elapsed().as_secs_f64();
+    let after = rss();
+    let stats = manager.stats();
+    let cpu = stats.device(Device::Cpu).expect("cpu entries");
+    assert_eq!(cpu.bytes, touched as u64, "the manager accounts every touched byte");
+    assert_eq!(guards.iter().map(|g| g.len()).sum::<usize>(), n_tensors, "the three prefixes cover the file");
+    println!(
+        "RESULT\t{mode}\t{open_s}\t{pin_s}\t{full_s}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{sum:016x}",
+        cpu.mapped_bytes, cpu.anonymous_bytes, before[0], before[1], before[2], after[0], after[1], after[2]
+    );
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; any other argument is a filter we do not use.
+    let path = checkpoint();
+    if let Ok(mode) = std::env::var(MODE_ENV) {
+        child(&path, &mode);
+        return;
+    }
+    let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    println!("checkpoint: {} ({:.2} GiB)", path.display(), size as f64 / GIB);
+    println!(
+        "{:<10} {:>8} {:>9} {:>10} {:>11} {:>11} {:>22} {:>22} {:>22}",
+        "mode", "open s", "pin s", "full s", "mapped MiB", "anon MiB", "VmRSS MiB before>after",
+        "RssAnon before>after", "RssFile before>after"
+    );
+    let exe = std::env::current_exe().expect("own executable path");
+    let mut checksums = Vec::new();
+    for mode in ["mmap-cold", "mmap-warm", "read-cold", "read-warm"] {
+        let out = Command::new(&exe).env(MODE_ENV, mode).output().expect("spawning a measurement");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let Some(line) = stdout.lines().find(|l| l.starts_with("RESULT\t")) else {
+            eprintln!("{mode} failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+            std::process::exit(1);
+        };
+        let f: Vec<&str> = line.split('\t').collect();
+        let num = |i: usize| f[i].parse::<f64>().expect("numeric field");
+        let mib = |i: usize| num(i) / MIB;
+        println!(
+            "{:<10} {:>8.3} {:>9.3} {:>10.3} {:>11.1} {:>11.1} {:>22} {:>22} {:>22}",
+            mode,
+            num(2),
+            num(3),
+            num(4),
+            mib(5),
+            mib(6),
+            format!("{:.0} > {:.0}", mib(7), mib(10)),
+            format!("{:.0} > {:.0}", mib(8), mib(11)),
+            format!("{:.0} > {:.0}", mib(9), mib(12)),
+        );
+        checksums.push(f[13].to_string());
+    }
+    checksums.dedup();
+    assert_eq!(checksums.len(), 1, "every mode must read the same bytes");
+    println!("checksum {} (identical in every mode)", checksums[0]);
+}

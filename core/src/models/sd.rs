@@ -1,0 +1,129 @@
+//! The Stable Diffusion 1.x/2.x denoiser: the UNet wrapped as a k-diffusion model,
+//! `denoised = D(x, σ)`, with classifier-free guidance computed in one batched graph.
+
+use super::unet::Unet;
+use super::{ModelError, Result};
+use crate::ggml::{Backend, Context, GraphAllocator, GraphRun};
+use crate::sampling::samplers::Denoised;
+use crate::sampling::schedule::DiscreteSchedule;
+
+/// What the UNet was trained to predict.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Prediction {
+    /// The added noise (SD1.x, SD2 base 512).
+    Epsilon,
+    /// The velocity v = α·ε − σ·x₀ (SD2 768-v).
+    V,
+}
+
+/// Text conditioning for one sample: `tokens` vectors of width `dim`, row-major.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Conditioning {
+    pub data: Vec<f32>,
+    pub dim: i64,
+    pub tokens: i64,
+}
+
+impl Conditioning {
+    pub fn new(data: Vec<f32>, dim: i64, tokens: i64) -> Result<Self> {
+        if dim < 1 || tokens < 1 || data.len() as i64 != dim * tokens {
+            return Err(ModelError::Input(format!("conditioning of {} values is not {tokens} tokens × {dim}", data.len())));
+        }
+        Ok(Conditioning { data, dim, tokens })
+    }
+}
+
+/// Latent dimensions [W, H, C, N] (ggml order).
+pub type LatentShape = [i64; 4];
+
+pub struct SdDenoiser<'w> {
+    unet: Unet<'w>,
+    pub schedule: DiscreteSchedule,
+    pub prediction: Prediction,
+    alloc: Option<GraphAllocator>,
+}
+
+impl<'w> SdDenoiser<'w> {
+    pub fn new(unet: Unet<'w>, schedule: DiscreteSchedule, prediction: Prediction) -> Self {
+        SdDenoiser { unet, schedule, prediction, alloc: None }
+    }
+
+    pub fn unet(&self) -> &Unet<'w> {
+        &self.unet
+    }
+
+    /// (c_skip, c_out, c_in) of k-diffusion's CompVis(V)Denoiser with σ_data = 1.
+    fn scalings(&self, sigma: f32) -> (f32, f32, f32) {
+        let c_in = 1.0 / (sigma * sigma + 1.0).sqrt();
+        match self.prediction {
+            Prediction::Epsilon => (1.0, -sigma, c_in),
+            Prediction::V => (1.0 / (sigma * sigma + 1.0), -sigma * c_in, c_in),
+        }
+    }
+
+    /// One guided model evaluation: the denoised latent for `x` (shape `shape`) at
+    /// noise level `sigma`. With `uncond`, cond and uncond run as one batch and are
+    /// mixed as `uncond + cfg_scale·(cond − uncond)`; `uncond` is returned too, for
+    /// the CFG++ samplers. Every sample of the batch shares the conditioning.
+    pub fn denoise(&mut self, backend: &Backend, x: &[f32], shape: LatentShape, sigma: f32, cond: &Conditioning, uncond: Option<&Conditioning>, cfg_scale: f32) -> Result<Denoised> {
+        let n_per = (shape[0] * shape[1] * shape[2]) as usize;
+        let n = shape[3] as usize;
+        if x.len() != n_per * n || n == 0 {
+            return Err(ModelError::Input(format!("latent of {} values for shape {shape:?}", x.len())));
+        }
+        if !sigma.is_finite() || sigma < 0.0 {
+            return Err(ModelError::Input(format!("sigma {sigma}")));
+        }
+        // Different token counts cannot share a batch; run them one after another.
+        let batched = uncond.is_some_and(|u| u.tokens == cond.tokens && u.dim == cond.dim);
+        let mut conds: Vec<&Conditioning> = vec![cond];
+        if let Some(u) = uncond {
+            conds.push(u);
+        }
+        let groups: Vec<Vec<&Conditioning>> = if batched { vec![conds] } else { conds.into_iter().map(|c| vec![c]).collect() };
+
+        let (c_skip, c_out, c_in) = self.scalings(sigma);
+        let t = self.schedule.sigma_to_t(sigma);
+        let mut preds: Vec<Vec<f32>> = Vec::new();
+        for group in groups {
+            let reps = group.len();
+            let xin: Vec<f32> = std::iter::repeat_n(x, reps).flatten().map(|v| v * c_in).collect();
+            let mut ctx_data = Vec::with_capacity(group.iter().map(|c| c.data.len() * n).sum());
+            for c in &group {
+                for _ in 0..n {
+                    ctx_data.extend_from_slice(&c.data);
+                }
+            }
+            let b = (reps * n) as i64;
+            let out = self.run_unet(backend, xin, [shape[0], shape[1], shape[2], b], vec![t; b as usize], ctx_data, group[0].dim, group[0].tokens)?;
+            preds.extend(out.chunks(n_per * n).map(|c| c.to_vec()));
+        }
+        let to_denoised = |p: &[f32]| -> Vec<f32> { x.iter().zip(p).map(|(xv, pv)| xv * c_skip + pv * c_out).collect() };
+        let cond_d = to_denoised(&preds[0]);
+        match preds.get(1) {
+            None => Ok(Denoised { denoised: cond_d, uncond: None }),
+            Some(up) => {
+                let un_d = to_denoised(up);
+                let mixed = un_d.iter().zip(&cond_d).map(|(u, c)| u + cfg_scale * (c - u)).collect();
+                Ok(Denoised { denoised: mixed, uncond: Some(un_d) })
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_unet(&mut self, backend: &Backend, x: Vec<f32>, shape: LatentShape, t: Vec<f32>, context: Vec<f32>, dim: i64, tokens: i64) -> Result<Vec<f32>> {
+        // A UNet graph is a few thousand nodes; this bounds SD1/SD2 at any size.
+        const GRAPH: usize = 32768;
+        let ctx = Context::new(GRAPH, GRAPH)?;
+        let mut run = GraphRun::new(&ctx);
+        let xt = run.input_f32(&shape, x)?;
+        let tt = run.input_f32(&[shape[3]], t)?;
+        let ct = run.input_f32(&[dim, tokens, shape[3]], context)?;
+        let out = self.unet.forward(&ctx, xt, tt, ct)?;
+        if self.alloc.is_none() {
+            self.alloc = Some(GraphAllocator::new(backend)?);
+        }
+        let alloc = self.alloc.as_mut().expect("allocator just created");
+        Ok(run.compute_with(backend, alloc, &[out], GRAPH)?.remove(0))
+    }
+}

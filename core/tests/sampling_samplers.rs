@@ -1,0 +1,320 @@
+//! Samplers against k-diffusion / ComfyUI on a fixed toy denoiser with the same noise (the
+//! Python side draws it from torch's CPU generator, which `CpuRng` reproduces bit for bit),
+//! plus invariants for the sd.cpp-only samplers.
+
+use std::path::PathBuf;
+
+use sdflow_core::sampling::rng::CpuKernel;
+use sdflow_core::sampling::{
+    sample, BrownianTreeNoise, CpuRng, Denoised, DiscreteSchedule, PhiloxRng, Rng, SampleError, SampleOpts, Sampler,
+    SamplingError, ScheduleOpts, Scheduler,
+};
+use serde_json::Value;
+
+fn fixture() -> Value {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sampling/samplers.json");
+    serde_json::from_str(&std::fs::read_to_string(&p).expect("samplers.json")).expect("json")
+}
+
+fn floats(v: &Value) -> Vec<f32> {
+    v.as_array().expect("array").iter().map(|x| x.as_f64().expect("number") as f32).collect()
+}
+
+/// The generator's toy denoiser: cond/uncond are affine in x, guided = uncond + cfg (cond - uncond).
+fn toy(b: &[f32], cfg: f32, x: &[f32], sigma: f32) -> Denoised {
+    let kc = 0.6f32 / (sigma * sigma + 1.0);
+    let ku = 0.5f32 / (sigma * sigma + 1.0);
+    let cond: Vec<f32> = x.iter().zip(b).map(|(&xi, &bi)| xi * kc + 0.3 * bi).collect();
+    let unc: Vec<f32> = x.iter().zip(b).map(|(&xi, &bi)| xi * ku + 0.2 * bi).collect();
+    let guided = unc.iter().zip(&cond).map(|(&u, &c)| u + cfg * (c - u)).collect();
+    Denoised { denoised: guided, uncond: Some(unc) }
+}
+
+#[test]
+fn samplers_match_k_diffusion_and_comfyui() {
+    let doc = fixture();
+    let n = doc["n"].as_u64().unwrap() as usize;
+    let seed = doc["seed"].as_u64().unwrap();
+    let cfg = doc["cfg"].as_f64().unwrap() as f32;
+    let b = floats(&doc["b"]);
+    let kernel = if doc["capability"].as_str() == Some("DEFAULT") { CpuKernel::Portable } else { CpuKernel::Vectorized };
+    let cases = doc["cases"].as_array().unwrap();
+    let mut seen = std::collections::BTreeSet::new();
+    for case in cases {
+        let name = case["sampler"].as_str().unwrap();
+        let sampler: Sampler = name.parse().unwrap();
+        let sched = case["schedule"].as_str().unwrap();
+        let sigmas = floats(&doc["schedules"][sched]);
+        let p = &case["params"];
+        let opts = SampleOpts {
+            eta: p["eta"].as_f64().map(|v| v as f32),
+            s_noise: p["s_noise"].as_f64().unwrap_or(1.0) as f32,
+            lms_order: p["lms_order"].as_u64().unwrap_or(4) as usize,
+            ..Default::default()
+        };
+        let mut rng = CpuRng::with_kernel(seed, kernel);
+        let x: Vec<f32> = rng.randn(n).into_iter().map(|v| v * sigmas[0]).collect();
+        let mut model = |x: &[f32], s: f32| -> Result<Denoised, std::convert::Infallible> { Ok(toy(&b, cfg, x, s)) };
+        let got = sample(sampler, &mut model, x, &sigmas, &mut rng, &opts, None).unwrap();
+        let want = floats(&case["out"]);
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() <= 2e-5 * scale.max(1.0),
+                "{name} on {sched} {p}: [{i}] got {g}, want {w}"
+            );
+        }
+        seen.insert(sampler.name());
+    }
+    for s in ["euler", "euler_a", "heun", "dpm2", "dpm++2s_a", "dpm++2m", "dpm++2m_sde", "lms", "lcm",
+        "euler_cfg_pp", "euler_a_cfg_pp", "euler_ge"]
+    {
+        assert!(seen.contains(s), "no reference case for {s}");
+    }
+}
+
+fn perfect(target: &[f32]) -> impl FnMut(&[f32], f32) -> Result<Denoised, String> + '_ {
+    move |_x: &[f32], _s: f32| Ok(Denoised { denoised: target.to_vec(), uncond: Some(target.to_vec()) })
+}
+
+#[test]
+fn every_sampler_lands_on_a_perfect_denoisers_target() {
+    let model_sched = DiscreteSchedule::sd();
+    let sigmas = Scheduler::Karras.sigmas(12, &model_sched, &ScheduleOpts::default()).unwrap();
+    let target: Vec<f32> = (0..50).map(|i| ((i as f32) * 0.37).sin()).collect();
+    for sampler in Sampler::ALL {
+        let mut rng = PhiloxRng::new(3);
+        let x: Vec<f32> = rng.randn(50).into_iter().map(|v| v * sigmas[0]).collect();
+        let mut model = perfect(&target);
+        let out = sample(sampler, &mut model, x, &sigmas, &mut rng, &SampleOpts::default(), None).unwrap();
+        let err = out.iter().zip(&target).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        // ddim_trailing / tcd finish in DDPM space at alphas_cumprod[0] (not 1), as sd.cpp
+        // does, which leaves sqrt(1 - 0.99915) ~ 0.03 of the (unit) noise estimate.
+        let tol = match sampler {
+            Sampler::DdimTrailing | Sampler::Tcd => 0.15,
+            _ => 1e-4,
+        };
+        assert!(err <= tol, "{sampler}: max error {err}");
+    }
+}
+
+#[test]
+fn deterministic_samplers_ignore_the_seed_and_stochastic_ones_use_it() {
+    let model_sched = DiscreteSchedule::sd();
+    let sigmas = Scheduler::Discrete.sigmas(8, &model_sched, &ScheduleOpts::default()).unwrap();
+    let b: Vec<f32> = (0..24).map(|i| (i as f32 * 0.9).cos()).collect();
+    let x0: Vec<f32> = CpuRng::new(1).randn(24).into_iter().map(|v| v * sigmas[0]).collect();
+    let run = |sampler: Sampler, seed: u64, eta: Option<f32>| {
+        let mut rng = CpuRng::new(seed);
+        let mut model = |x: &[f32], s: f32| -> Result<Denoised, String> { Ok(toy(&b, 2.0, x, s)) };
+        let opts = SampleOpts { eta, ..Default::default() };
+        sample(sampler, &mut model, x0.clone(), &sigmas, &mut rng, &opts, None).unwrap()
+    };
+    for sampler in Sampler::ALL {
+        let stochastic = sampler.default_eta() > 0.0 || sampler == Sampler::Lcm;
+        let (a, b2) = (run(sampler, 10, None), run(sampler, 11, None));
+        assert_eq!(a, run(sampler, 10, None), "{sampler} is not reproducible");
+        if stochastic {
+            assert_ne!(a, b2, "{sampler} ignored its seed");
+        } else {
+            assert_eq!(a, b2, "{sampler} drew noise");
+        }
+    }
+    // eta 0 removes the noise: ancestral samplers become their ODE counterparts.
+    assert_eq!(run(Sampler::EulerA, 10, Some(0.0)), run(Sampler::Euler, 11, None));
+    assert_eq!(run(Sampler::EulerACfgPp, 10, Some(0.0)), run(Sampler::EulerCfgPp, 11, None));
+    let (sde, ode) = (run(Sampler::Dpmpp2mSde, 10, Some(0.0)), run(Sampler::Dpmpp2m, 11, None));
+    for (a, b) in sde.iter().zip(&ode) {
+        assert!((a - b).abs() <= 1e-4 * b.abs().max(1.0), "dpm++2m_sde eta 0 {a} vs dpm++2m {b}");
+    }
+    assert_eq!(run(Sampler::ErSde, 10, Some(0.0)), run(Sampler::ErSde, 11, Some(0.0)));
+    assert_eq!(run(Sampler::ResMultistep, 10, Some(0.0)), run(Sampler::ResMultistep, 11, Some(0.0)));
+    assert_ne!(run(Sampler::ResMultistep, 10, Some(1.0)), run(Sampler::ResMultistep, 11, Some(1.0)));
+    assert_ne!(run(Sampler::Res2s, 10, Some(0.5)), run(Sampler::Res2s, 11, Some(0.5)));
+    assert_ne!(run(Sampler::DdimTrailing, 10, Some(1.0)), run(Sampler::DdimTrailing, 11, Some(1.0)));
+    assert_ne!(run(Sampler::Tcd, 10, Some(0.3)), run(Sampler::Tcd, 11, Some(0.3)));
+}
+
+#[test]
+fn ipndm_v_equals_ipndm_on_even_steps() {
+    let sigmas = [10.0f32, 8.0, 6.0, 4.0, 2.0, 0.0];
+    let b: Vec<f32> = (0..9).map(|i| i as f32 * 0.1).collect();
+    let x0: Vec<f32> = (0..9).map(|i| 10.0 * ((i as f32) * 1.3).sin()).collect();
+    let mut run = |s: Sampler| {
+        let mut model = |x: &[f32], sg: f32| -> Result<Denoised, String> { Ok(toy(&b, 1.5, x, sg)) };
+        sample(s, &mut model, x0.clone(), &sigmas, &mut CpuRng::new(0), &SampleOpts::default(), None).unwrap()
+    };
+    assert_eq!(run(Sampler::Ipndm), run(Sampler::IpndmV));
+    // On uneven steps the variable-step coefficient differs.
+    let uneven = [10.0f32, 7.0, 5.5, 2.0, 0.5, 0.0];
+    let mut model = |x: &[f32], sg: f32| -> Result<Denoised, String> { Ok(toy(&b, 1.5, x, sg)) };
+    let a = sample(Sampler::Ipndm, &mut model, x0.clone(), &uneven, &mut CpuRng::new(0), &SampleOpts::default(), None)
+        .unwrap();
+    let c = sample(Sampler::IpndmV, &mut model, x0.clone(), &uneven, &mut CpuRng::new(0), &SampleOpts::default(), None)
+        .unwrap();
+    assert_ne!(a, c);
+}
+
+#[test]
+fn higher_order_samplers_beat_euler_on_a_linear_ode() {
+    // D(x, s) = x / (s^2 + 1): the probability-flow ODE dx/ds = x s / (s^2 + 1) has the exact
+    // solution x(s) = x(s0) sqrt((s^2 + 1) / (s0^2 + 1)).
+    let sigmas: Vec<f32> = (0..=10).map(|i| 10.0 - 0.9 * i as f32).collect(); // 10 .. 1
+    let x0 = vec![1.0f32; 4];
+    let exact = (2.0f32 / 101.0).sqrt();
+    let err = |s: Sampler| {
+        let mut model = |x: &[f32], sg: f32| -> Result<Denoised, String> {
+            Ok(x.iter().map(|v| v / (sg * sg + 1.0)).collect::<Vec<_>>().into())
+        };
+        let out = sample(s, &mut model, x0.clone(), &sigmas, &mut CpuRng::new(0), &SampleOpts::default(), None).unwrap();
+        (out[0] - exact).abs()
+    };
+    let e_euler = err(Sampler::Euler);
+    for s in [Sampler::Heun, Sampler::Dpm2, Sampler::Dpmpp2m, Sampler::Lms, Sampler::Ipndm, Sampler::EulerGe] {
+        assert!(err(s) < e_euler, "{s}: {} vs euler {e_euler}", err(s));
+    }
+}
+
+#[test]
+fn progress_reports_every_step() {
+    let sigmas = Scheduler::Karras
+        .sigmas(6, &DiscreteSchedule::sd(), &ScheduleOpts::default())
+        .unwrap();
+    let target = vec![0.5f32; 8];
+    for sampler in [Sampler::Euler, Sampler::Heun, Sampler::Dpmpp2sA] {
+        let mut steps = Vec::new();
+        let mut calls = 0usize;
+        let mut model = |_x: &[f32], _s: f32| -> Result<Denoised, String> {
+            calls += 1;
+            Ok(target.clone().into())
+        };
+        let mut cb = |p: sdflow_core::sampling::Progress<'_>| steps.push((p.step, p.total, p.x.len()));
+        sample(sampler, &mut model, vec![1.0; 8], &sigmas, &mut CpuRng::new(0), &SampleOpts::default(), Some(&mut cb))
+            .unwrap();
+        assert_eq!(steps, (1..=6).map(|i| (i, 6, 8)).collect::<Vec<_>>(), "{sampler}");
+        assert_eq!(calls, sampler.model_calls(&sigmas, &SampleOpts::default()), "{sampler}");
+    }
+}
+
+#[test]
+fn errors_name_the_step_and_the_problem() {
+    let sigmas = [14.6f32, 5.0, 1.0, 0.0];
+    let mut rng = CpuRng::new(0);
+    // A denoiser failure stops sampling at that step.
+    let mut calls = 0;
+    let mut failing = |_x: &[f32], _s: f32| -> Result<Denoised, String> {
+        calls += 1;
+        if calls == 2 {
+            Err("out of memory".to_string())
+        } else {
+            Ok(vec![0.0; 4].into())
+        }
+    };
+    let err = sample(Sampler::Euler, &mut failing, vec![1.0; 4], &sigmas, &mut rng, &SampleOpts::default(), None)
+        .unwrap_err();
+    assert!(matches!(err, SampleError::Model { step: 2, .. }), "{err}");
+    assert!(err.to_string().contains("out of memory") && err.to_string().contains("step 2"));
+    // Wrong output length.
+    let mut short = |_x: &[f32], _s: f32| -> Result<Denoised, String> { Ok(vec![0.0; 3].into()) };
+    let err = sample(Sampler::Euler, &mut short, vec![1.0; 4], &sigmas, &mut rng, &SampleOpts::default(), None)
+        .unwrap_err();
+    assert!(matches!(err, SampleError::DenoisedLength { expected: 4, got: 3, .. }), "{err}");
+    // CFG++ without the unconditional prediction.
+    let mut no_uncond = |_x: &[f32], _s: f32| -> Result<Denoised, String> { Ok(vec![0.0; 4].into()) };
+    let err = sample(Sampler::EulerCfgPp, &mut no_uncond, vec![1.0; 4], &sigmas, &mut rng, &SampleOpts::default(), None)
+        .unwrap_err();
+    assert!(matches!(err, SampleError::MissingUncond { sampler: "euler_cfg_pp", step: 1 }), "{err}");
+    // Bad sigmas and options.
+    let mut ok = |_x: &[f32], _s: f32| -> Result<Denoised, String> { Ok(vec![0.0; 4].into()) };
+    let err = sample(Sampler::Euler, &mut ok, vec![1.0; 4], &[3.0, f32::NAN, 0.0], &mut rng, &SampleOpts::default(), None)
+        .unwrap_err();
+    assert!(matches!(err, SampleError::Invalid(SamplingError::InvalidSigmas(_))), "{err}");
+    let bad_eta = SampleOpts { eta: Some(-1.0), ..Default::default() };
+    assert!(sample(Sampler::EulerA, &mut ok, vec![1.0; 4], &sigmas, &mut rng, &bad_eta, None).is_err());
+    let bad_order = SampleOpts { lms_order: 0, ..Default::default() };
+    assert!(sample(Sampler::Lms, &mut ok, vec![1.0; 4], &sigmas, &mut rng, &bad_order, None).is_err());
+    // No steps (ComfyUI denoise 0): the latent comes back unchanged.
+    assert_eq!(sample(Sampler::Euler, &mut ok, vec![1.0; 4], &[], &mut rng, &SampleOpts::default(), None).unwrap(), vec![1.0; 4]);
+}
+
+#[test]
+fn sampler_names_aliases_and_default_eta() {
+    for s in Sampler::ALL {
+        assert_eq!(s.name().parse::<Sampler>().unwrap(), s);
+    }
+    for (alias, s) in [
+        ("euler_ancestral", Sampler::EulerA),
+        ("dpmpp_2m", Sampler::Dpmpp2m),
+        ("dpmpp_2s_ancestral", Sampler::Dpmpp2sA),
+        ("dpm_2", Sampler::Dpm2),
+        ("dpmpp_2m_sde", Sampler::Dpmpp2mSdeBt),
+        ("dpmpp_2m_sde_gpu", Sampler::Dpmpp2mSdeBt),
+        ("euler_ancestral_cfg_pp", Sampler::EulerACfgPp),
+        ("gradient_estimation", Sampler::EulerGe),
+        ("ddim", Sampler::Euler),
+        ("LMS", Sampler::Lms),
+    ] {
+        assert_eq!(alias.parse::<Sampler>().unwrap(), s, "{alias}");
+    }
+    let msg = "uni_pc".parse::<Sampler>().unwrap_err().to_string();
+    assert!(msg.contains("uni_pc") && msg.contains("dpm++2m_sde_bt") && msg.contains("euler_a"), "{msg}");
+    let eta1: Vec<&str> = Sampler::ALL.iter().filter(|s| s.default_eta() == 1.0).map(|s| s.name()).collect();
+    assert_eq!(eta1, ["euler_a", "dpm++2s_a", "er_sde", "euler_a_cfg_pp", "dpm++2m_sde", "dpm++2m_sde_bt"]);
+    assert!(Sampler::ALL.iter().all(|s| s.default_eta() == 0.0 || s.default_eta() == 1.0));
+}
+
+#[test]
+fn brownian_tree_increments_are_consistent_standard_normals() {
+    let n = 20_000;
+    let tree = BrownianTreeNoise::new(n, 0.03, 14.6, 1234);
+    // Same interval, same noise; the path is a function of t only.
+    assert_eq!(tree.noise(5.0, 2.0), tree.noise(5.0, 2.0));
+    let (wa, wb, wc) = (tree.w(1.0), tree.w(3.3), tree.w(7.9));
+    let direct = tree.noise(1.0, 7.9);
+    let split_1 = tree.noise(1.0, 3.3);
+    let split_2 = tree.noise(3.3, 7.9);
+    let (s1, s2, s) = ((2.3f32).sqrt(), (4.6f32).sqrt(), (6.9f32).sqrt());
+    for i in 0..n {
+        // Additivity of increments.
+        assert!((direct[i] * s - (split_1[i] * s1 + split_2[i] * s2)).abs() < 1e-3);
+        assert!(((wc[i] - wa[i]) - ((wb[i] - wa[i]) + (wc[i] - wb[i]))).abs() < 1e-5);
+    }
+    let stats = |v: &[f32]| {
+        let m = v.iter().map(|&x| x as f64).sum::<f64>() / v.len() as f64;
+        let var = v.iter().map(|&x| (x as f64 - m).powi(2)).sum::<f64>() / v.len() as f64;
+        (m, var)
+    };
+    for (lo, hi) in [(14.0f32, 13.9f32), (5.0, 2.0), (0.2, 0.03), (0.5, 0.4999)] {
+        let z = tree.noise(lo, hi);
+        let (m, v) = stats(&z);
+        assert!(m.abs() < 0.04 && (v - 1.0).abs() < 0.06, "({lo}, {hi}): mean {m} var {v}");
+    }
+    // Disjoint intervals are independent.
+    let corr: f64 = split_1.iter().zip(&split_2).map(|(&a, &b)| (a * b) as f64).sum::<f64>() / n as f64;
+    assert!(corr.abs() < 0.04, "correlation {corr}");
+    // k-diffusion's sign: stepping down flips it.
+    let up = tree.noise(2.0, 5.0);
+    let down = tree.noise(5.0, 2.0);
+    assert!(up.iter().zip(&down).all(|(a, b)| (a + b).abs() < 1e-6));
+    // Another seed, another path.
+    assert_ne!(BrownianTreeNoise::new(n, 0.03, 14.6, 1235).noise(5.0, 2.0), down);
+}
+
+#[test]
+fn brownian_noise_option_makes_sde_sampling_step_count_stable() {
+    // With a Brownian tree the same underlying path is sampled at any step count, so 24 and
+    // 48 steps of dpm++2m_sde_bt land closer together than two independent noise streams do.
+    let model_sched = DiscreteSchedule::sd();
+    let b: Vec<f32> = (0..4096).map(|i| (i as f32 * 0.01).sin()).collect();
+    let run = |steps: usize, sampler: Sampler, seed: u64| {
+        let sigmas = Scheduler::Karras.sigmas(steps, &model_sched, &ScheduleOpts::default()).unwrap();
+        let x0: Vec<f32> = CpuRng::new(5).randn(b.len()).into_iter().map(|v| v * sigmas[0]).collect();
+        let mut model = |x: &[f32], s: f32| -> Result<Denoised, String> { Ok(toy(&b, 1.0, x, s)) };
+        let opts = SampleOpts { brownian_seed: Some(seed), ..Default::default() };
+        sample(sampler, &mut model, x0, &sigmas, &mut CpuRng::new(seed), &opts, None).unwrap()
+    };
+    let dist = |a: &[f32], c: &[f32]| a.iter().zip(c).map(|(x, y)| (x - y).powi(2)).sum::<f32>().sqrt();
+    let bt = dist(&run(24, Sampler::Dpmpp2mSdeBt, 77), &run(48, Sampler::Dpmpp2mSdeBt, 77));
+    let plain = dist(&run(24, Sampler::Dpmpp2mSde, 77), &run(48, Sampler::Dpmpp2mSde, 77));
+    assert!(bt < 0.5 * plain, "brownian {bt} vs independent {plain}");
+}
