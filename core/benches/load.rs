@@ -5,7 +5,8 @@
 //! Each mode runs in a fresh child process so that its RSS numbers are its own. "cold" runs
 //! first evict the file from the page cache (`posix_fadvise(DONTNEED)`), "warm" runs find it
 //! cached. Full load = pinning the UNet, VAE and text-encoder entries and touching every byte
-//! (a checksum), as a forward pass would.
+//! (a checksum), as a forward pass would. `read-whole` (warm) requests the whole file as one
+//! entry instead of three, to show the cost of reading the file once per entry without mmap.
 //!
 //! Run: `cargo bench -p sdflow-core --bench load`
 
@@ -81,13 +82,17 @@ fn checksum(bytes: &[u8]) -> u64 {
 
 /// One measurement, in the child process; prints one tab-separated result line.
 fn child(path: &Path, mode: &str) {
-    let (mmap, cold) = match mode {
-        "mmap-cold" => (true, true),
-        "mmap-warm" => (true, false),
-        "read-cold" => (false, true),
-        "read-warm" => (false, false),
+    let (mmap, cold, whole) = match mode {
+        "mmap-cold" => (true, true, false),
+        "mmap-warm" => (true, false, false),
+        "read-cold" => (false, true, false),
+        "read-warm" => (false, false, false),
+        "read-whole" => (false, false, true),
         other => panic!("unknown mode {other}"),
     };
+    // Three entries (UNet, VAE, text encoder) as a pipeline requests them, or the whole file
+    // as one entry: without mmap each entry reads its source file once.
+    let prefixes: &[&str] = if whole { &[""] } else { &PREFIXES };
     if cold {
         drop_page_cache(path);
     }
@@ -106,7 +111,7 @@ fn child(path: &Path, mode: &str) {
 
     let manager = ResidencyManager::new();
     let t = Instant::now();
-    let handles: Vec<_> = PREFIXES
+    let handles: Vec<_> = prefixes
         .iter()
         .map(|p| manager.request_host_weights(&[path], p, None, opts.clone()).unwrap_or_else(|e| panic!("{e}")))
         .collect();
@@ -127,7 +132,7 @@ fn child(path: &Path, mode: &str) {
     let stats = manager.stats();
     let cpu = stats.device(Device::Cpu).expect("cpu entries");
     assert_eq!(cpu.bytes, touched as u64, "the manager accounts every touched byte");
-    assert_eq!(guards.iter().map(|g| g.len()).sum::<usize>(), n_tensors, "the three prefixes cover the file");
+    assert_eq!(guards.iter().map(|g| g.len()).sum::<usize>(), n_tensors, "the prefixes cover the file");
     println!(
         "RESULT\t{mode}\t{open_s}\t{pin_s}\t{full_s}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{sum:016x}",
         cpu.mapped_bytes, cpu.anonymous_bytes, before[0], before[1], before[2], after[0], after[1], after[2]
@@ -150,7 +155,7 @@ fn main() {
     );
     let exe = std::env::current_exe().expect("own executable path");
     let mut checksums = Vec::new();
-    for mode in ["mmap-cold", "mmap-warm", "read-cold", "read-warm"] {
+    for mode in ["mmap-cold", "mmap-warm", "read-cold", "read-warm", "read-whole"] {
         let out = Command::new(&exe).env(MODE_ENV, mode).output().expect("spawning a measurement");
         let stdout = String::from_utf8_lossy(&out.stdout);
         let Some(line) = stdout.lines().find(|l| l.starts_with("RESULT\t")) else {

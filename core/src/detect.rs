@@ -253,6 +253,10 @@ pub fn detect(tensors: &[TensorInfo]) -> Detection {
         (None, _) if has("conditioner.embedders.0.model") => ModelFamily::SdxlRefiner,
         (None, _) if has("cond_stage_model.model.") => ModelFamily::Sd2 { v_pred: false },
         (None, _) if has("cond_stage_model.transformer.") => ModelFamily::Sd1,
+        // A non-standard width without ADM (reduced research and test models): the
+        // text encoder the checkpoint ships with names the family.
+        (Some(_), None) if has("cond_stage_model.model.") => ModelFamily::Sd2 { v_pred: false },
+        (Some(_), None) if has("cond_stage_model.transformer.") => ModelFamily::Sd1,
         (ctx, adm) => {
             d.message = format!(
                 "UNet with cross-attention width {ctx:?} and ADM input {adm:?} matches no known family \
@@ -356,7 +360,7 @@ pub fn filename_hint(name: &str) -> Option<Prediction> {
 /// [`detect`], plus prediction hints from metadata, the file name and (for SD2) weight values.
 pub fn detect_source(src: &dyn TensorSource) -> Detection {
     let mut d = detect(src.tensors());
-    if d.prediction_reason.contains("v_pred key") || d.prediction == Prediction::Flow || d.family == ModelFamily::Unknown {
+    if src.get("v_pred").is_some() || d.prediction == Prediction::Flow || d.family == ModelFamily::Unknown {
         return d;
     }
     let file = src.path().file_name().and_then(|n| n.to_str()).unwrap_or("").to_string();

@@ -31,13 +31,21 @@ use crate::dtype::DType;
 pub enum SynthError {
     #[error("invalid synthetic model config: {0}")]
     Config(String),
-    #[error("synthetic checkpoints can be written as f32, f16 or bf16, not {0}")]
+    #[error("synthetic safetensors checkpoints can be written as f32, f16 or bf16, not {0}")]
     UnsupportedDType(DType),
     #[error("writing {path}: {source}")]
     Io {
         path: PathBuf,
         #[source]
         source: std::io::Error,
+    },
+    #[error(transparent)]
+    File(#[from] crate::io::IoError),
+    #[error("tensor '{tensor}': {source}")]
+    Convert {
+        tensor: String,
+        #[source]
+        source: crate::dtype::ConvertError,
     },
     #[error("header of {path}: {source}")]
     Header {
@@ -252,12 +260,12 @@ impl SdConfig {
         }
         for &m in &u.channel_mult {
             let c = u.model_channels * m;
-            if c == 0 || c % 32 != 0 {
+            if !c.is_multiple_of(32) || c == 0 {
                 return err(format!("unet: width {c} is not a multiple of 32 (GroupNorm groups)"));
             }
             let ok = match u.heads {
-                Heads::Count(h) => h > 0 && c % h == 0,
-                Heads::HeadDim(d) => d > 0 && c % d == 0,
+                Heads::Count(h) => h > 0 && c.is_multiple_of(h),
+                Heads::HeadDim(d) => d > 0 && c.is_multiple_of(d),
             };
             if !ok {
                 return err(format!("unet: width {c} is not divisible by {:?}", u.heads));
@@ -272,12 +280,12 @@ impl SdConfig {
         }
         for &m in &v.ch_mult {
             let c = v.ch * m;
-            if c == 0 || c % 32 != 0 {
+            if !c.is_multiple_of(32) || c == 0 {
                 return err(format!("vae: width {c} is not a multiple of 32 (GroupNorm groups)"));
             }
         }
         let t = &self.text;
-        if t.hidden == 0 || t.heads == 0 || t.hidden % t.heads != 0 {
+        if t.hidden == 0 || t.heads == 0 || !t.hidden.is_multiple_of(t.heads) {
             return err(format!("text: hidden {} is not divisible by heads {}", t.hidden, t.heads));
         }
         if t.layers == 0 || t.intermediate == 0 || t.vocab == 0 || t.max_positions == 0 {
@@ -625,7 +633,13 @@ fn open_clip(s: &mut Specs, p: &str, t: &TextConfig) {
 /// Container format of a written checkpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Format {
+    /// Streamed; f32, f16 or bf16.
     Safetensors,
+    /// GGUF as `sd -M convert` writes it (original tensor names, any ggml type; tensors the
+    /// type rules exempt, such as biases and embeddings, stay f32). Written through
+    /// `io::gguf::write`, which takes every tensor's bytes at once, so the whole model is
+    /// held in memory (once): meant for small configs.
+    Gguf,
 }
 
 /// What [`write_checkpoint`] wrote.
@@ -652,7 +666,54 @@ pub fn write_checkpoint(
 ) -> Result<WrittenCheckpoint, SynthError> {
     match format {
         Format::Safetensors => write_safetensors(path, cfg, dtype, seed),
+        Format::Gguf => write_gguf(path, cfg, dtype, seed),
     }
+}
+
+fn partial_path(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".partial");
+    PathBuf::from(p)
+}
+
+fn write_gguf(path: &Path, cfg: &SdConfig, dtype: DType, seed: u64) -> Result<WrittenCheckpoint, SynthError> {
+    use crate::io::{gguf, TensorInfo, TypeRules};
+    if dtype.ggml_type().is_none() {
+        return Err(SynthError::UnsupportedDType(dtype));
+    }
+    let specs = cfg.tensors()?;
+    let rules = TypeRules::new(Some(dtype), "")?;
+    let mut data: Vec<(String, DType, Vec<usize>, Vec<u8>)> = Vec::with_capacity(specs.len());
+    let mut elements = 0u64;
+    for s in &specs {
+        let values = s.values(seed);
+        elements += values.len() as u64;
+        let target = rules.target(&TensorInfo::detached(s.name.clone(), DType::F32, s.shape.clone()));
+        let mut bytes = Vec::new();
+        match target {
+            DType::F32 | DType::F16 | DType::BF16 => encode(target, &values, &mut bytes),
+            _ => {
+                encode(DType::F32, &values, &mut bytes);
+                bytes = crate::dtype::convert(DType::F32, &bytes, &s.shape, target)
+                    .map_err(|source| SynthError::Convert { tensor: s.name.clone(), source })?;
+            }
+        }
+        data.push((s.name.clone(), target, s.shape.clone(), bytes));
+    }
+    let config = serde_json::to_string(cfg).map_err(|source| SynthError::Header { path: path.to_path_buf(), source })?;
+    let kv = vec![
+        ("sdflow.synth.config".to_string(), gguf::Value::String(config)),
+        ("sdflow.synth.seed".to_string(), gguf::Value::String(seed.to_string())),
+        ("sdflow.synth.generator".to_string(), gguf::Value::String("1".into())),
+    ];
+    let partial = partial_path(path);
+    if let Err(e) = gguf::write(&partial, &kv, data.iter().map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.as_slice()))) {
+        let _ = std::fs::remove_file(&partial);
+        return Err(e.into());
+    }
+    std::fs::rename(&partial, path).map_err(|source| SynthError::Io { path: path.to_path_buf(), source })?;
+    let bytes = std::fs::metadata(path).map_err(|source| SynthError::Io { path: path.to_path_buf(), source })?.len();
+    Ok(WrittenCheckpoint { path: path.to_path_buf(), tensors: specs.len(), elements, bytes })
 }
 
 fn element_bytes(dtype: DType) -> Result<usize, SynthError> {
@@ -706,11 +767,7 @@ fn write_safetensors(path: &Path, cfg: &SdConfig, dtype: DType, seed: u64) -> Re
         json.push(b' ');
     }
 
-    let partial = {
-        let mut p = path.as_os_str().to_owned();
-        p.push(".partial");
-        PathBuf::from(p)
-    };
+    let partial = partial_path(path);
     let file = File::create(&partial).map_err(|source| SynthError::Io { path: partial.clone(), source })?;
     let mut w = BufWriter::with_capacity(1 << 20, file);
     let result = (|| -> std::io::Result<()> {

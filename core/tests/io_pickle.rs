@@ -244,13 +244,13 @@ fn lying_sizes_and_offsets_are_rejected() {
             "outside its storage",
         ),
         (
-            "storage offset overflows",
+            "huge storage offset",
             legacy_file(
                 &P::new().op(b"}(").tensor("w", "k0", 4, i64::MAX, &[4], &[1]).op(b"u.").0,
                 &["k0"],
                 &[(4, 16)],
             ),
-            "overflow",
+            "outside its storage",
         ),
         (
             "storage data past EOF",

@@ -90,6 +90,17 @@ fn without_mmap_weights_are_copies_and_match_the_mapped_ones() {
     assert_eq!((r.anonymous_bytes, r.mapped_bytes), (total, 0));
     let d = s.device(Device::Cpu).unwrap();
     assert_eq!((d.anonymous_bytes, d.mapped_bytes), (total, total));
+
+    // The whole file as one entry without mmap: every tensor, all anonymous memory.
+    let whole = m.request_host_weights(&[&copy], "", None, OpenOptions { mmap: false }).unwrap();
+    let w = whole.pin().unwrap();
+    let specs = SdConfig::tiny_sd1().tensors().unwrap();
+    assert_eq!(w.len(), specs.len());
+    let bytes: u64 = specs.iter().map(|s| s.n_elements() as u64 * 2).sum();
+    let e = m.stats().model(whole.key()).unwrap().clone();
+    assert_eq!((e.anonymous_bytes, e.mapped_bytes), (bytes, 0));
+    assert!(w.iter().all(|t| !t.unwrap().mapped));
+    assert_eq!(w.get(&format!("{VAE}encoder.conv_in.weight")).unwrap().bytes, a.get("encoder.conv_in.weight").unwrap().bytes);
 }
 
 #[test]

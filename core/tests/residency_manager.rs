@@ -506,3 +506,17 @@ fn a_missing_source_file_is_named() {
     let none: [&std::path::Path; 0] = [];
     assert!(matches!(WeightKey::new(none, "x.", None, Device::Cpu), Err(ResidencyError::NoSources { .. })));
 }
+
+#[test]
+fn a_panicking_loader_is_an_error_not_a_hang() {
+    let f = Files::new();
+    let m = ResidencyManager::new();
+    let h: WeightHandle<Blob> = m
+        .get_or_load(f.key("a.safetensors", ""), || -> Result<Blob, std::io::Error> { panic!("bug in loader") })
+        .unwrap();
+    let err = h.pin().err().unwrap().to_string();
+    assert!(err.contains("loader panicked: bug in loader"), "{err}");
+    // The entry is usable again (and fails the same way) rather than stuck loading.
+    assert!(h.pin().is_err());
+    assert_eq!(m.stats().load_failures, 2);
+}

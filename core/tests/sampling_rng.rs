@@ -9,12 +9,18 @@ use sdflow_core::sampling::{CpuRng, PhiloxRng, Rng, RngKind, StdDefaultRng};
 use serde_json::Value;
 
 fn fixture(name: &str) -> String {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sampling").join(name);
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/sampling")
+        .join(name);
     std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display()))
 }
 
 fn bits_of(v: &Value) -> Vec<u32> {
-    v.as_array().expect("bits array").iter().map(|b| b.as_u64().expect("u32") as u32).collect()
+    v.as_array()
+        .expect("bits array")
+        .iter()
+        .map(|b| b.as_u64().expect("u32") as u32)
+        .collect()
 }
 
 fn to_bits(v: &[f32]) -> Vec<u32> {
@@ -31,13 +37,21 @@ fn check_cpu(section: &str, kernel: CpuKernel) {
         let n = case["n"].as_u64().unwrap() as usize;
         let mut rng = CpuRng::with_kernel(seed, kernel);
         let got = to_bits(&rng.randn(n));
-        assert_eq!(got, bits_of(&case["bits"]), "torch {section} randn({n}) for seed {seed}");
+        assert_eq!(
+            got,
+            bits_of(&case["bits"]),
+            "torch {section} randn({n}) for seed {seed}"
+        );
     }
     let seq = &doc["sequence"];
     let mut rng = CpuRng::with_kernel(seq["seed"].as_u64().unwrap(), kernel);
     for (k, call) in seq["calls"].as_array().unwrap().iter().enumerate() {
         let n = call["n"].as_u64().unwrap() as usize;
-        assert_eq!(to_bits(&rng.randn(n)), bits_of(&call["bits"]), "{section} call {k} (randn({n}))");
+        assert_eq!(
+            to_bits(&rng.randn(n)),
+            bits_of(&call["bits"]),
+            "{section} call {k} (randn({n}))"
+        );
     }
 }
 
@@ -62,13 +76,19 @@ fn cpu_rng_seeds_take_the_low_32_bits_like_torch() {
 #[test]
 fn philox_block_matches_random123_known_answers() {
     // Random123 kat_vectors, philox4x32 with 10 rounds.
-    assert_eq!(philox4x32_10([0, 0, 0, 0], [0, 0]), [0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8]);
+    assert_eq!(
+        philox4x32_10([0, 0, 0, 0], [0, 0]),
+        [0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8]
+    );
     assert_eq!(
         philox4x32_10([0xffffffff; 4], [0xffffffff, 0xffffffff]),
         [0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd]
     );
     assert_eq!(
-        philox4x32_10([0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344], [0xa4093822, 0x299f31d0]),
+        philox4x32_10(
+            [0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344],
+            [0xa4093822, 0x299f31d0]
+        ),
         [0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1]
     );
 }
@@ -83,13 +103,22 @@ fn philox_randn_matches_a1111_reference() {
         let key = [seed as u32, (seed >> 32) as u32];
         for (i, w) in case["words01"].as_array().unwrap().iter().enumerate() {
             let g = philox4x32_10([0, 0, i as u32, 0], key);
-            assert_eq!([g[0] as u64, g[1] as u64], [w[0].as_u64().unwrap(), w[1].as_u64().unwrap()]);
+            assert_eq!(
+                [g[0] as u64, g[1] as u64],
+                [w[0].as_u64().unwrap(), w[1].as_u64().unwrap()]
+            );
         }
         let got = PhiloxRng::new(seed).randn(n);
-        let want: Vec<f32> = bits_of(&case["bits"]).into_iter().map(f32::from_bits).collect();
+        let want: Vec<f32> = bits_of(&case["bits"])
+            .into_iter()
+            .map(f32::from_bits)
+            .collect();
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             // numpy's float32 log/sin may differ from libm by an ulp.
-            assert!((g - w).abs() <= 2e-6 * w.abs().max(1.0), "seed {seed} n {n} [{i}]: {g} vs {w}");
+            assert!(
+                (g - w).abs() <= 2e-6 * w.abs().max(1.0),
+                "seed {seed} n {n} [{i}]: {g} vs {w}"
+            );
         }
     }
     let seq = &doc["sequence"];
@@ -97,7 +126,10 @@ fn philox_randn_matches_a1111_reference() {
     for call in seq["calls"].as_array().unwrap() {
         let n = call["n"].as_u64().unwrap() as usize;
         let got = rng.randn(n);
-        let want: Vec<f32> = bits_of(&call["bits"]).into_iter().map(f32::from_bits).collect();
+        let want: Vec<f32> = bits_of(&call["bits"])
+            .into_iter()
+            .map(f32::from_bits)
+            .collect();
         for (g, w) in got.iter().zip(&want) {
             assert!((g - w).abs() <= 2e-6 * w.abs().max(1.0));
         }
@@ -119,7 +151,11 @@ fn std_default_matches_libstdcxx() {
             current = Some((seed, StdDefaultRng::new(seed)));
         }
         let rng = &mut current.as_mut().unwrap().1;
-        assert_eq!(to_bits(&rng.randn(n)), want, "std_default seed {seed} randn({n})");
+        assert_eq!(
+            to_bits(&rng.randn(n)),
+            want,
+            "std_default seed {seed} randn({n})"
+        );
         lines += 1;
     }
     assert_eq!(lines, 30);
@@ -132,7 +168,10 @@ fn rng_kind_names() {
     }
     assert_eq!("CUDA".parse::<RngKind>().unwrap(), RngKind::Cuda);
     let err = "mersenne".parse::<RngKind>().unwrap_err().to_string();
-    assert!(err.contains("mersenne") && err.contains("std_default"), "{err}");
+    assert!(
+        err.contains("mersenne") && err.contains("std_default"),
+        "{err}"
+    );
     // Boxed generators continue their stream like the concrete ones.
     let mut boxed = RngKind::Cpu.seeded(42);
     let mut plain = CpuRng::new(42);
@@ -151,8 +190,11 @@ fn random_u64_does_not_disturb_philox_noise() {
     assert_ne!(s1, s2);
     // Drawing a seed consumes one offset, like one randn call, and never repeats a row.
     let _ = b.randn(1);
-    assert_eq!(to_bits(&a.randn(8)), to_bits(&{
-        let _ = b.randn(1);
-        b.randn(8)
-    }));
+    assert_eq!(
+        to_bits(&a.randn(8)),
+        to_bits(&{
+            let _ = b.randn(1);
+            b.randn(8)
+        })
+    );
 }

@@ -197,3 +197,51 @@ fn unwritable_paths_are_named() {
     let err = write_checkpoint(&path, &SdConfig::tiny_sd1(), DType::F16, 0, Format::Safetensors).unwrap_err();
     assert!(err.to_string().contains("no/such/dir"), "{err}");
 }
+
+#[test]
+fn gguf_checkpoints_follow_the_type_rules_and_read_back() {
+    use sdflow_core::io;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = SdConfig::tiny_sd2();
+    let specs = cfg.tensors().unwrap();
+    for dtype in [DType::F16, DType::Q8_0] {
+        let path = dir.path().join(format!("tiny-{dtype}.gguf"));
+        let w = write_checkpoint(&path, &cfg, dtype, 11, Format::Gguf).unwrap();
+        assert_eq!(w.tensors, specs.len());
+        let src = io::open(&path).unwrap();
+        assert_eq!(src.tensors().len(), specs.len());
+        assert_eq!(src.metadata()["sdflow.synth.seed"], "11");
+        let mut converted = 0;
+        for s in &specs {
+            let t = src.get(&s.name).unwrap_or_else(|| panic!("{} missing", s.name));
+            assert_eq!(t.shape, s.shape, "{}", s.name);
+            let keeps_f32 = s.name.ends_with(".bias") || s.name.contains("embedding");
+            if keeps_f32 {
+                assert_eq!(t.dtype, DType::F32, "{}", s.name);
+            }
+            if t.dtype == dtype {
+                converted += 1;
+            }
+            let bytes = src.read(&s.name).unwrap();
+            let got = sdflow_core::dtype::to_f32(t.dtype, &bytes, s.n_elements()).unwrap();
+            let want = s.values(11);
+            let tol = match t.dtype {
+                DType::F32 => 0.0,
+                DType::F16 => 2e-3,
+                _ => 0.05,
+            };
+            let max = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+            for (a, b) in got.iter().zip(&want) {
+                assert!((a - b).abs() <= tol * max.max(1.0), "{}: {a} vs {b}", s.name);
+            }
+        }
+        assert!(converted > specs.len() / 4, "{dtype}: only {converted} tensors converted");
+        if dtype == DType::Q8_0 {
+            // Linear layers with 32-wide rows quantize; 3x3 convs (rows of 3) cannot.
+            let q = src.get("model.diffusion_model.input_blocks.1.1.transformer_blocks.0.attn1.to_q.weight").unwrap();
+            assert_eq!(q.dtype, DType::Q8_0);
+            let conv = src.get("model.diffusion_model.input_blocks.0.0.weight").unwrap();
+            assert_eq!(conv.dtype, DType::F32);
+        }
+    }
+}

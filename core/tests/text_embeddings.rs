@@ -249,3 +249,52 @@ fn oversized_and_broken_embeddings_fail_only_when_used() {
         tokenize_weighted("a broken one", &tok, Some(&lib), &ChunkOptions::default()).unwrap_err();
     assert!(err.to_string().contains("broken.safetensors"), "{err}");
 }
+
+#[test]
+fn comfyui_embedding_syntax() {
+    let (_dir, lib) = library();
+    let tok = ClipTokenizer::default();
+    let opts = ChunkOptions::default();
+    let photo = tok.encode("photo")[0];
+    let slots = |c: &sdflow_core::text::Chunk| -> Vec<(usize, String)> {
+        c.embeddings
+            .iter()
+            .map(|s| (s.position, s.embedding.name.clone()))
+            .collect()
+    };
+
+    // Trailing commas stay text; the "embedding:" word itself leaves no tokens.
+    let got = tokenize_weighted("a embedding:mystyle, photo", &tok, Some(&lib), &opts).unwrap();
+    let c = &got.chunks[0];
+    assert_eq!(c.tokens[..7], [49406, 320, 0, 0, 267, photo, 49407]);
+    assert_eq!(slots(c), [(2, "mystyle".to_string())]);
+    assert!(got.missing_embeddings.is_empty());
+
+    // Extension and directories are accepted, and weights apply.
+    let got = tokenize_weighted(
+        "(embedding:sub/deep.safetensors:1.3) embedding:pt_style.pt",
+        &tok,
+        Some(&lib),
+        &opts,
+    )
+    .unwrap();
+    let c = &got.chunks[0];
+    assert_eq!(
+        slots(c),
+        [(1, "deep".to_string()), (2, "pt_style".to_string())]
+    );
+    assert_eq!(c.weights[1], 1.3);
+    assert_eq!(c.weights[2..6], [1.0; 4]);
+    assert_eq!(c.tokens[6], 49407);
+
+    // Unknown names are dropped, as ComfyUI does, and reported.
+    let got = tokenize_weighted("embedding:nothing photo", &tok, Some(&lib), &opts).unwrap();
+    assert_eq!(got.chunks[0].tokens[..3], [49406, photo, 49407]);
+    assert_eq!(got.missing_embeddings, ["nothing"]);
+
+    // Without a library the syntax is ordinary text.
+    let got = tokenize_weighted("embedding:mystyle", &tok, None, &opts).unwrap();
+    let want = tok.encode("embedding:mystyle");
+    assert_eq!(got.chunks[0].tokens[1..=want.len()], want[..]);
+    assert!(got.chunks[0].embeddings.is_empty());
+}

@@ -1,1 +1,39 @@
-//! placeholder
+//! sdflow-nodes: the node types users put in workflows, grouped by kind.
+//!
+//! Nodes are thin: they parse their inputs, call into `sdflow-core` (models, sampling,
+//! text) and wrap the results as typed values. Everything they share — the residency
+//! manager, the compute backend, where models and outputs live — is in one [`Runtime`]
+//! given at registration.
+//!
+//! - [`loaders`]: CheckpointLoaderSimple
+//! - [`conditioning`]: CLIPTextEncode, CLIPSetLastLayer
+//! - [`latent`]: EmptyLatentImage
+//! - [`sampling`]: KSampler
+//! - [`image`]: VAEDecode, VAEEncode, SaveImage, PreviewImage
+
+pub mod conditioning;
+pub mod image;
+pub mod latent;
+pub mod loaders;
+pub mod runtime;
+pub mod sampling;
+pub mod values;
+
+pub use runtime::Runtime;
+
+use sdflow_executor::Registry;
+use std::sync::Arc;
+
+/// Register every node type this crate defines.
+pub fn register_all(registry: &mut Registry, rt: Arc<Runtime>) {
+    loaders::register(registry, &rt);
+    conditioning::register(registry, &rt);
+    latent::register(registry, &rt);
+    sampling::register(registry, &rt);
+    image::register(registry, &rt);
+}
+
+/// Turns any displayable error into the executor's node error.
+pub(crate) fn err(e: impl std::fmt::Display) -> sdflow_executor::NodeError {
+    sdflow_executor::NodeError::msg(e.to_string())
+}

@@ -567,6 +567,19 @@ impl Context {
         self.op("view", || unsafe { ggml_sys::ggml_view_4d(self.raw(), a.raw(), ne[0], ne[1], ne[2], ne[3], nb[0], nb[1], nb[2], offset) })
     }
 
+    /// Convert to another element type (f32/f16/bf16 both ways, f32 to quantized).
+    pub fn cast<'a>(&'a self, a: Tensor<'a>, ty: GType) -> Result<Tensor<'a>> {
+        if a.dtype() == ty {
+            return Ok(a);
+        }
+        if ty.is_quantized() && a.ne()[0] % ty.block_size() as i64 != 0 {
+            return Err(shape("cast", format!("rows of {} do not split into {ty:?} blocks", a.ne()[0])));
+        }
+        // SAFETY: ggml checks the type pair at compute time only for unsupported
+        // combinations of quantized sources, which callers do not pass.
+        self.op("cast", || unsafe { ggml_sys::ggml_cast(self.raw(), a.raw(), ty.0) })
+    }
+
     /// Make a (permuted or viewed) tensor contiguous.
     pub fn cont<'a>(&'a self, a: Tensor<'a>) -> Result<Tensor<'a>> {
         // SAFETY: no preconditions.

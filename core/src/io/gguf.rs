@@ -209,7 +209,7 @@ fn min_value_size(ty: u32) -> Option<usize> {
     Some(match ty {
         0 | 1 | 7 => 1,
         2 | 3 => 2,
-        4 | 5 | 6 => 4,
+        4..=6 => 4,
         8 => 8,
         9 => 12,
         10..=12 => 8,

@@ -367,7 +367,7 @@ pub(crate) fn open_file_source(path: &Path, opts: &OpenOptions) -> Result<FileSo
     if head.first() == Some(&0x80) {
         return pickle::from_blob(blob);
     }
-    if head.len() >= 9 && head[8] == b'{' || name.ends_with(".safetensors") {
+    if (head.len() >= 9 && head[8] == b'{') || name.ends_with(".safetensors") {
         return safetensors::from_blob(blob);
     }
     if name.ends_with(".gguf") {

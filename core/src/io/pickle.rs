@@ -220,7 +220,9 @@ impl<'a> Machine<'a> {
     }
 
     fn persistent_load(&mut self, pid: Idx) -> Result<Value, ParseError> {
-        let items = self.seq_of(pid).ok_or_else(|| perr("persistent id is not a tuple"))?.to_vec();
+        // Copy only the fields we read: a pickle may reuse one huge memoized tuple as many ids.
+        let items: Vec<Idx> =
+            self.seq_of(pid).ok_or_else(|| perr("persistent id is not a tuple"))?.iter().take(6).copied().collect();
         if items.first().and_then(|&i| self.str_of(i)) != Some("storage") || items.len() < 5 {
             return Err(perr("persistent id is not a ('storage', type, key, location, size) tuple"));
         }
@@ -235,7 +237,7 @@ impl<'a> Machine<'a> {
         let mut view_of = None;
         if items.len() >= 6 {
             self.legacy = true;
-            if let Some(v) = self.seq_of(items[5]).map(|s| s.to_vec()) {
+            if let Some(v) = self.seq_of(items[5]).map(|s| s.iter().take(2).copied().collect::<Vec<_>>()) {
                 let base = v.first().and_then(|&i| self.str_of(i)).map(str::to_string);
                 let off = v.get(1).and_then(|&i| self.usize_of(i));
                 match (base, off) {
@@ -279,7 +281,9 @@ impl<'a> Machine<'a> {
             Value::Global { module, name } => (module.as_str(), name.as_str()),
             _ => return Value::None,
         };
-        let args: Vec<Idx> = self.seq_of(args).map(|s| s.to_vec()).unwrap_or_default();
+        // Only the leading arguments are ever read; copying just those keeps a reused huge
+        // argument tuple from making each REDUCE cost its length.
+        let args: Vec<Idx> = self.seq_of(args).map(|s| s.iter().take(4).copied().collect()).unwrap_or_default();
         match (module, name) {
             ("torch._utils", "_rebuild_tensor_v2") | ("torch._utils", "_rebuild_tensor") => {
                 match self.rebuild_tensor(&args) {
@@ -293,9 +297,10 @@ impl<'a> Machine<'a> {
                 }
             }
             ("torch._utils", "_rebuild_parameter") | ("torch._utils", "_rebuild_parameter_with_state") => {
-                match args.first() {
-                    Some(&a) => self.arena[a].clone(),
-                    None => Value::None,
+                // An nn.Parameter is its tensor; anything else passed here is not data we read.
+                match args.first().map(|&a| &self.arena[a]) {
+                    Some(Value::Tensor(t)) => Value::Tensor(t.clone()),
+                    _ => Value::None,
                 }
             }
             ("collections", "OrderedDict") => Value::Dict(Vec::new()),
@@ -364,12 +369,12 @@ impl<'a> Machine<'a> {
                     self.push(v)
                 }
                 b'G' => {
-                    let v = f64::from_be_bytes(self.le()?);
-                    { let _ = v; self.push(Value::Float) }
+                    self.take(8)?;
+                    self.push(Value::Float)
                 }
                 b'F' => {
-                    let v = self.line()?.parse::<f64>().map_err(|_| perr("bad FLOAT literal"))?;
-                    { let _ = v; self.push(Value::Float) }
+                    self.line()?.parse::<f64>().map_err(|_| perr("bad FLOAT literal"))?;
+                    self.push(Value::Float)
                 }
                 b'X' => {
                     let n = self.len_u32()?;
@@ -734,7 +739,7 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed, ParseError> {
 fn parse_zip(bytes: &[u8]) -> Result<Parsed, ParseError> {
     let mut zip = zip::ZipArchive::new(Cursor::new(bytes)).map_err(|e| perr(format!("bad zip archive: {e}")))?;
     let names: Vec<String> = zip.file_names().map(str::to_string).collect();
-    let pkl: Vec<&String> = names.iter().filter(|n| n.ends_with("data.pkl") && n.matches('/').count() == 1).collect();
+    let pkl: Vec<&String> = names.iter().filter(|n| n.ends_with("/data.pkl") && n.matches('/').count() == 1).collect();
     let pkl_name = match pkl.as_slice() {
         [one] => (*one).clone(),
         [] => return Err(perr("zip has no <dir>/data.pkl entry")),
@@ -778,6 +783,9 @@ fn parse_zip(bytes: &[u8]) -> Result<Parsed, ParseError> {
             }
         } else if f.compression() != zip::CompressionMethod::Deflated {
             return Err(perr(format!("entry '{name}' uses unsupported compression {:?}", f.compression())));
+        } else if f.size() > f.compressed_size().saturating_mul(1032).saturating_add(1024) {
+            // 1032:1 is deflate's maximum ratio; a larger claim is a lie about the contents.
+            return Err(perr(format!("entry '{name}' claims {} bytes from {} compressed", f.size(), f.compressed_size())));
         }
         entries.insert(s.key.clone(), (idx, stored, start, size));
     }
@@ -804,7 +812,8 @@ fn read_entry_by_name(
     if f.size() > limit {
         return Err(perr(format!("entry '{name}' is implausibly large ({} bytes)", f.size())));
     }
-    let mut out = Vec::with_capacity(f.size() as usize);
+    // The declared size is untrusted: let the buffer grow with what actually decompresses.
+    let mut out = Vec::with_capacity((f.size() as usize).min(1 << 20));
     f.take(limit).read_to_end(&mut out).map_err(|e| perr(format!("entry '{name}': {e}")))?;
     Ok(out)
 }
@@ -814,7 +823,7 @@ pub(crate) fn read_zip_entry(bytes: &[u8], entry: usize, start: usize, len: usiz
     let mut zip = zip::ZipArchive::new(Cursor::new(bytes)).map_err(|e| perr(format!("bad zip archive: {e}")))?;
     let f = zip.by_index(entry).map_err(|e| perr(format!("zip entry {entry}: {e}")))?;
     let end = start.checked_add(len).ok_or_else(|| perr("range overflows"))?;
-    let mut out = Vec::with_capacity(end.min(f.size() as usize));
+    let mut out = Vec::with_capacity(end.min(1 << 26));
     f.take(end as u64).read_to_end(&mut out).map_err(|e| perr(format!("zip entry {entry}: {e}")))?;
     if out.len() < end {
         return Err(perr(format!("zip entry {entry} decompresses to {} bytes, need {end}", out.len())));

@@ -157,21 +157,41 @@ impl<'w> ClipTextModel<'w> {
     where
         'w: 'a,
     {
+        self.forward_with_extra(ctx, run, tokens, clip_skip, &[])
+    }
+
+    /// [`ClipTextModel::forward`] with extra token-embedding rows (textual inversion):
+    /// `extra` holds whole rows of `hidden` values, addressed by ids `vocab..vocab+rows`.
+    pub fn forward_with_extra<'a>(&'a self, ctx: &'a Context, run: &mut GraphRun<'a>, tokens: &[Vec<i32>], clip_skip: usize, extra: &[f32]) -> Result<Tensor<'a>>
+    where
+        'w: 'a,
+    {
         let c = &self.config;
         let b = tokens.len();
         let t = tokens.first().map_or(0, |s| s.len());
         if b == 0 || t == 0 || t as i64 > c.max_positions || tokens.iter().any(|s| s.len() != t) {
             return Err(ModelError::Input(format!("{b} token sequences of length {t}; need equal lengths of 1..={}", c.max_positions)));
         }
-        if let Some(bad) = tokens.iter().flatten().find(|&&id| id < 0 || id as i64 >= c.vocab) {
-            return Err(ModelError::Input(format!("token id {bad} outside the vocabulary of {}", c.vocab)));
+        if extra.len() as i64 % c.hidden != 0 {
+            return Err(ModelError::Input(format!("{} extra embedding values are not rows of {}", extra.len(), c.hidden)));
+        }
+        let extra_rows = extra.len() as i64 / c.hidden;
+        if let Some(bad) = tokens.iter().flatten().find(|&&id| id < 0 || id as i64 >= c.vocab + extra_rows) {
+            return Err(ModelError::Input(format!("token id {bad} outside the vocabulary of {} (+{extra_rows} embedding rows)", c.vocab)));
         }
         if clip_skip < 1 || clip_skip > c.layers {
             return Err(ModelError::Input(format!("clip_skip {clip_skip} with {} layers", c.layers)));
         }
         let (d, t, b) = (c.hidden, t as i64, b as i64);
         let ids = run.input_i32(&[t * b], tokens.iter().flatten().copied().collect())?;
-        let mut x = ctx.get_rows(self.w.get(&self.names.token_embedding())?, ids)?;
+        let mut table = self.w.get(&self.names.token_embedding())?;
+        if extra_rows > 0 {
+            // concat needs one type; the embedding rows are f32.
+            table = ctx.cast(table, crate::ggml::GType::F32)?;
+            let rows = run.input_f32(&[c.hidden, extra_rows], extra.to_vec())?;
+            table = ctx.concat(table, rows, 1)?;
+        }
+        let mut x = ctx.get_rows(table, ids)?;
         x = ctx.reshape(x, [d, t, b, 1])?;
         let pos = self.w.get(&self.names.position_embedding())?;
         let pos = ctx.view(pos, [d, t, 1, 1], [pos.nb()[1], pos.nb()[2], pos.nb()[3]], 0)?;

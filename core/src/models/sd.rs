@@ -127,3 +127,53 @@ impl<'w> SdDenoiser<'w> {
         Ok(run.compute_with(backend, alloc, &[out], GRAPH)?.remove(0))
     }
 }
+
+/// Encode a laid-out prompt with `clip`: every chunk in one batch, textual-inversion
+/// vectors spliced in, then A1111/sd.cpp emphasis — each token's hidden state scaled
+/// by its weight and the chunk rescaled to its original mean. Returns `77 × chunks`
+/// tokens of conditioning.
+pub fn encode_prompt(backend: &Backend, clip: &super::clip::ClipTextModel<'_>, prompt: &crate::text::TokenizedPrompt, clip_skip: usize) -> Result<Conditioning> {
+    let d = clip.config.hidden;
+    let vocab = clip.config.vocab as i32;
+    let mut extra: Vec<f32> = Vec::new();
+    let mut tokens: Vec<Vec<i32>> = Vec::with_capacity(prompt.chunks.len());
+    for chunk in &prompt.chunks {
+        let mut ids: Vec<i32> = chunk.tokens.iter().map(|&t| t as i32).collect();
+        for slot in &chunk.embeddings {
+            let v = slot.embedding.for_width(d as usize).ok_or_else(|| {
+                ModelError::Input(format!("embedding `{}` has no {d}-wide vectors for this text encoder", slot.embedding.name))
+            })?;
+            for r in 0..v.rows {
+                let pos = slot.position + r;
+                if pos >= ids.len() {
+                    return Err(ModelError::Input(format!("embedding `{}` runs past its chunk", slot.embedding.name)));
+                }
+                ids[pos] = vocab + (extra.len() as i64 / d) as i32;
+                extra.extend_from_slice(&v.data[r * d as usize..(r + 1) * d as usize]);
+            }
+        }
+        tokens.push(ids);
+    }
+    const GRAPH: usize = 8192;
+    let ctx = Context::new(GRAPH, GRAPH)?;
+    let mut run = GraphRun::new(&ctx);
+    let out = clip.forward_with_extra(&ctx, &mut run, &tokens, clip_skip, &extra)?;
+    let mut hidden = run.compute(backend, &[out], GRAPH)?.remove(0);
+    let t = tokens[0].len();
+    for (chunk, values) in prompt.chunks.iter().zip(hidden.chunks_mut(t * d as usize)) {
+        if chunk.weights.iter().all(|&w| w == 1.0) {
+            continue;
+        }
+        let mean = |v: &[f32]| v.iter().map(|&x| x as f64).sum::<f64>() / v.len() as f64;
+        let before = mean(values);
+        for (row, &w) in values.chunks_mut(d as usize).zip(&chunk.weights) {
+            row.iter_mut().for_each(|x| *x *= w);
+        }
+        let after = mean(values);
+        if after != 0.0 {
+            let k = (before / after) as f32;
+            values.iter_mut().for_each(|x| *x *= k);
+        }
+    }
+    Conditioning::new(hidden, d, (t * prompt.chunks.len()) as i64)
+}

@@ -98,3 +98,10 @@ impl Weights {
         self.buffer.as_ref().map_or(0, |b| b.size())
     }
 }
+
+impl crate::residency::Resident for Weights {
+    fn footprint(&self) -> crate::residency::Footprint {
+        // Copied into a ggml backend buffer: anonymous memory, freed on eviction.
+        crate::residency::Footprint { anonymous: self.bytes() as u64, mapped: 0 }
+    }
+}

@@ -3,9 +3,10 @@
 //! With mmap sources, tensors kept in their stored dtype stay borrowed from the mapping
 //! (zero copy; the kernel may drop and re-read those pages) and are accounted as *mapped*
 //! bytes. Converted tensors, decompressed zip entries and everything read without mmap are
-//! owned copies, accounted as *anonymous* bytes. Without mmap the selected tensors are copied
-//! out and the file buffer is dropped, so a prefix selecting part of a checkpoint does not
-//! keep the whole file in memory.
+//! *anonymous* bytes. Without mmap, a source whose every tensor is selected keeps its file
+//! buffer and lends from it (no second copy); otherwise the selected tensors are copied out
+//! and the buffer dropped, so a prefix selecting part of a checkpoint (the UNet of a
+//! single-file model) does not keep the whole file in memory.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -25,7 +26,7 @@ pub enum HostWeightsError {
     Empty { prefix: String, sources: Vec<PathBuf> },
     #[error("no tensor '{prefix}{name}' in these weights")]
     NotFound { prefix: String, name: String },
-    #[error("{}: tensor '{tensor}' was mapped at load time but the source no longer lends its bytes", path.display())]
+    #[error("{}: tensor '{tensor}' was borrowed at load time but the source no longer lends its bytes", path.display())]
     NotBorrowed { path: PathBuf, tensor: String },
 }
 
@@ -34,8 +35,9 @@ fn list_paths(p: &[PathBuf]) -> String {
 }
 
 enum Storage {
-    /// Borrowed from `sources[source]`'s mmap; re-borrowed on access.
-    Mapped { source: usize },
+    /// Borrowed from `sources[source]` (its mmap, or its in-memory file buffer); re-borrowed
+    /// on access.
+    Borrowed { source: usize },
     Owned(Vec<u8>),
 }
 
@@ -53,15 +55,17 @@ pub struct HostTensor<'a> {
     /// Name relative to the weights' prefix (what model code looks up).
     pub name: &'a str,
     pub bytes: &'a [u8],
-    /// True when `bytes` are borrowed from a file mapping.
+    /// True when `bytes` are borrowed from a file mapping (file-backed, reclaimable memory).
     pub mapped: bool,
 }
 
 /// The tensors of some source files under a key prefix, optionally converted to a dtype.
 pub struct HostWeights {
     prefix: String,
-    /// Sources still lending mapped bytes; `None` where nothing borrows from one.
+    /// Sources still lending bytes; `None` where nothing borrows from one.
     sources: Vec<Option<Box<dyn TensorSource>>>,
+    /// Whether the lending sources are memory-mapped.
+    mapped: bool,
     /// In file order, sources in the order given.
     entries: Vec<Entry>,
     by_name: HashMap<String, usize>,
@@ -99,6 +103,9 @@ impl HostWeights {
             let mut lends = false;
             let names: Vec<String> =
                 src.tensors().iter().filter(|t| t.name.starts_with(prefix)).map(|t| t.name.clone()).collect();
+            // A mapping costs nothing for unselected tensors; an in-memory buffer is worth
+            // keeping only when all of it is used.
+            let may_lend = options.mmap || names.len() == src.tensors().len();
             for full in names {
                 let rel = full[prefix.len()..].to_string();
                 if let Some(&prev) = by_name.get(&rel) {
@@ -112,10 +119,14 @@ impl HostWeights {
                 let (dt, bytes) = io::read_as(src.as_ref(), &full, &rules)?;
                 let info = TensorInfo::detached(full.clone(), dt, stored.shape.clone());
                 let storage = match bytes {
-                    TensorBytes::Borrowed(b) if options.mmap => {
-                        footprint.mapped += b.len() as u64;
+                    TensorBytes::Borrowed(b) if may_lend => {
+                        if options.mmap {
+                            footprint.mapped += b.len() as u64;
+                        } else {
+                            footprint.anonymous += b.len() as u64;
+                        }
                         lends = true;
-                        Storage::Mapped { source: si }
+                        Storage::Borrowed { source: si }
                     }
                     other => {
                         let v = other.into_owned();
@@ -132,7 +143,7 @@ impl HostWeights {
         if entries.is_empty() {
             return Err(HostWeightsError::Empty { prefix: prefix.to_string(), sources: sources.to_vec() });
         }
-        Ok(HostWeights { prefix: prefix.to_string(), sources: kept, entries, by_name, footprint })
+        Ok(HostWeights { prefix: prefix.to_string(), sources: kept, mapped: options.mmap, entries, by_name, footprint })
     }
 
     pub fn prefix(&self) -> &str {
@@ -176,10 +187,12 @@ impl HostWeights {
         let name = &e.info.name[self.prefix.len()..];
         match &e.storage {
             Storage::Owned(v) => Ok(HostTensor { info: &e.info, name, bytes: v, mapped: false }),
-            Storage::Mapped { source } => {
+            Storage::Borrowed { source } => {
                 let src = self.sources[*source].as_ref().expect("a lending source is kept");
                 match src.read(&e.info.name)? {
-                    TensorBytes::Borrowed(bytes) => Ok(HostTensor { info: &e.info, name, bytes, mapped: true }),
+                    TensorBytes::Borrowed(bytes) => {
+                        Ok(HostTensor { info: &e.info, name, bytes, mapped: self.mapped })
+                    }
                     TensorBytes::Owned(_) => Err(HostWeightsError::NotBorrowed {
                         path: src.path().to_path_buf(),
                         tensor: e.info.name.clone(),
@@ -214,7 +227,7 @@ impl Load for HostWeightsLoader {
         let rules = TypeRules::new(self.dtype, "").ok()?;
         let mut total = 0u64;
         for path in &self.sources {
-            let src = io::open_with(path, &OpenOptions { mmap: true, ..self.options.clone() }).ok()?;
+            let src = io::open_with(path, &OpenOptions { mmap: true }).ok()?;
             for t in src.tensors().iter().filter(|t| t.name.starts_with(&self.prefix)) {
                 let target = rules.target(t);
                 let len = if target == t.dtype { Some(t.byte_len()) } else { target.byte_len(t.n_elements()) };

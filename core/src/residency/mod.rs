@@ -18,11 +18,11 @@
 //!   silently exceed a limit the user set; offloading is a caller's decision.
 //!   Budgets count every byte a payload reports, file-backed (mmap) and anonymous alike:
 //!   mmap pages are reclaimable by the kernel, but once touched they occupy RAM like any other.
-//! - **Reference counting.** Entries count their handles. When the last handle of an entry
-//!   goes away the payload stays cached (a later identical request revives it as a hit) but
-//!   is evicted first-come by LRU like any unpinned entry; an unreferenced entry that is not
-//!   resident is forgotten. [`ResidencyManager::release_unreferenced`] drops cached payloads
-//!   nobody holds a handle to.
+//! - **Reference counting.** Entries count their handles (and pins). When the last handle of
+//!   an entry goes away its payload stays cached — the next identical request revives it as
+//!   a hit, which is what a re-run workflow wants — and is evicted in LRU order like any
+//!   unpinned entry; an entry with no handle and no resident payload is forgotten.
+//!   [`ResidencyManager::release_unreferenced`] drops the cached payloads nobody refers to.
 //! - **Single flight.** Concurrent pins of the same non-resident entry run its loader once;
 //!   the others wait for it and share the result (or its error).
 //!
@@ -630,17 +630,33 @@ impl ResidencyManager {
         e.slot = Slot::Loading { generation };
         let loader = e.loader.clone();
         let device = key.device;
-        if let Some(estimate) = loader.estimate() {
+        drop(st);
+
+        // Both the estimate (which may read file headers) and the load run unlocked, so other
+        // entries stay usable meanwhile; a panicking loader becomes an error instead of
+        // leaving the entry `Loading` with its waiters blocked forever.
+        let guarded = |f: &dyn Fn() -> Result<(Payload, Footprint), BoxError>| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
+                let msg = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                Err(format!("loader panicked: {msg}").into())
+            })
+        };
+        let estimate = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| loader.estimate())).ok().flatten();
+        if let Some(estimate) = estimate {
+            let mut st = self.shared.state.lock();
             if !st.make_room(device, estimate) {
                 let err = self.over_budget(&st, key, estimate);
                 self.fail_load(&mut st, id, generation, &err);
                 return Err(err);
             }
         }
-        drop(st);
 
         let started = Instant::now();
-        let result = loader.load();
+        let result = guarded(&|| loader.load());
         let took = started.elapsed();
 
         let mut st = self.shared.state.lock();

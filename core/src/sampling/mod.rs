@@ -16,17 +16,23 @@ pub mod schedule;
 
 pub use brownian::BrownianTreeNoise;
 pub use rng::{CpuRng, PhiloxRng, Rng, RngKind, StdDefaultRng};
-pub use samplers::{ancestral_step, sample, Denoised, Model, Progress, SampleError, SampleOpts, Sampler};
+pub use samplers::{
+    ancestral_step, ancestral_step_flow, sample, Denoised, Model, Progress, SampleError, SampleOpts, Sampler,
+};
 pub use schedule::{
-    apply_denoise, strength_sigmas, validate_sigmas, AysModel, DiscreteSchedule, ScheduleOpts,
-    Scheduler,
+    apply_denoise, parse_sigmas, strength_sigmas, validate_sigmas, AysModel, DiscreteSchedule,
+    ScheduleOpts, Scheduler,
 };
 
 /// Errors from parsing names and building schedules.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum SamplingError {
     #[error("unknown {what} name {name:?}; valid names: {valid}")]
-    UnknownName { what: &'static str, name: String, valid: String },
+    UnknownName {
+        what: &'static str,
+        name: String,
+        valid: String,
+    },
     #[error("invalid sigmas: {0}")]
     InvalidSigmas(String),
     #[error("invalid {field}: {reason}")]

@@ -15,7 +15,7 @@ use std::str::FromStr;
 
 use super::brownian::BrownianTreeNoise;
 use super::rng::Rng;
-use super::schedule::validate_sigmas;
+use super::schedule::{validate_sigmas, Scheduler};
 use super::SamplingError;
 
 /// What the denoiser returns for one call.
@@ -30,7 +30,10 @@ pub struct Denoised {
 
 impl From<Vec<f32>> for Denoised {
     fn from(denoised: Vec<f32>) -> Self {
-        Denoised { denoised, uncond: None }
+        Denoised {
+            denoised,
+            uncond: None,
+        }
     }
 }
 
@@ -50,11 +53,23 @@ pub struct SampleOpts {
     pub lms_order: usize,
     /// `gamma` of `euler_ge`.
     pub ge_gamma: f32,
+    /// The denoiser is a rectified-flow model (SD3, Flux: `x = (1 - sigma) x0 + sigma noise`,
+    /// sigmas in [0, 1]). Switches euler_a, res_multistep, res_2s, er_sde, dpm++2m_sde(_bt)
+    /// and lcm to sd.cpp's / ComfyUI's flow forms; the ODE samplers need no change.
+    pub flow: bool,
 }
 
 impl Default for SampleOpts {
     fn default() -> Self {
-        SampleOpts { eta: None, s_noise: 1.0, brownian_seed: None, brownian: false, lms_order: 4, ge_gamma: 2.0 }
+        SampleOpts {
+            eta: None,
+            s_noise: 1.0,
+            brownian_seed: None,
+            brownian: false,
+            lms_order: 4,
+            ge_gamma: 2.0,
+            flow: false,
+        }
     }
 }
 
@@ -74,7 +89,11 @@ pub enum SampleError<E> {
     #[error("denoiser failed at step {step} (sigma {sigma}): {error}")]
     Model { step: usize, sigma: f32, error: E },
     #[error("the denoiser returned {got} values at step {step} for a latent of {expected}")]
-    DenoisedLength { step: usize, expected: usize, got: usize },
+    DenoisedLength {
+        step: usize,
+        expected: usize,
+        got: usize,
+    },
     #[error("sampler {sampler} needs the unconditional prediction, but the denoiser returned none at step {step}")]
     MissingUncond { sampler: &'static str, step: usize },
     #[error(transparent)]
@@ -171,6 +190,16 @@ impl Sampler {
         }
     }
 
+    /// sd.cpp's scheduler when none is given: LCM's grid for lcm and tcd, `simple` for
+    /// ddim_trailing, `discrete` otherwise.
+    pub fn default_scheduler(self) -> Scheduler {
+        match self {
+            Sampler::Lcm | Sampler::Tcd => Scheduler::Lcm,
+            Sampler::DdimTrailing => Scheduler::Simple,
+            _ => Scheduler::Discrete,
+        }
+    }
+
     /// Whether the denoiser must return [`Denoised::uncond`].
     pub fn needs_uncond(self) -> bool {
         matches!(self, Sampler::EulerCfgPp | Sampler::EulerACfgPp)
@@ -191,7 +220,9 @@ impl Sampler {
         let second_stage = |i: usize| match self {
             Sampler::Heun | Sampler::Dpm2 => sigmas[i + 1] != 0.0,
             Sampler::Dpmpp2sA => ancestral_step(sigmas[i], sigmas[i + 1], eta).0 != 0.0,
-            Sampler::Res2s => sigmas[i] != 0.0 && ancestral_step(sigmas[i], sigmas[i + 1], eta).0 != 0.0,
+            Sampler::Res2s => {
+                sigmas[i] != 0.0 && ancestral_step(sigmas[i], sigmas[i + 1], eta).0 != 0.0
+            }
             _ => false,
         };
         steps + (0..steps).filter(|&i| second_stage(i)).count()
@@ -238,7 +269,11 @@ impl FromStr for Sampler {
                 return Err(SamplingError::UnknownName {
                     what: "sampler",
                     name: s.to_string(),
-                    valid: Sampler::ALL.iter().map(|k| k.name()).collect::<Vec<_>>().join(", "),
+                    valid: Sampler::ALL
+                        .iter()
+                        .map(|k| k.name())
+                        .collect::<Vec<_>>()
+                        .join(", "),
                 })
             }
         };
@@ -263,18 +298,28 @@ struct Run<'a, 'b, E> {
     total: usize,
     step: usize,
     s_noise: f32,
+    flow: bool,
 }
 
 impl<E> Run<'_, '_, E> {
     fn call(&mut self, x: &[f32], sigma: f32) -> Result<Denoised, SampleError<E>> {
         let step = self.step + 1;
-        let out = (self.model)(x, sigma).map_err(|error| SampleError::Model { step, sigma, error })?;
+        let out =
+            (self.model)(x, sigma).map_err(|error| SampleError::Model { step, sigma, error })?;
         if out.denoised.len() != self.len {
-            return Err(SampleError::DenoisedLength { step, expected: self.len, got: out.denoised.len() });
+            return Err(SampleError::DenoisedLength {
+                step,
+                expected: self.len,
+                got: out.denoised.len(),
+            });
         }
         if let Some(u) = &out.uncond {
             if u.len() != self.len {
-                return Err(SampleError::DenoisedLength { step, expected: self.len, got: u.len() });
+                return Err(SampleError::DenoisedLength {
+                    step,
+                    expected: self.len,
+                    got: u.len(),
+                });
             }
         }
         Ok(out)
@@ -285,11 +330,18 @@ impl<E> Run<'_, '_, E> {
     }
 
     /// Guided and unconditional estimates, for the CFG++ samplers.
-    fn denoise_pp(&mut self, x: &[f32], sigma: f32) -> Result<(Vec<f32>, Vec<f32>), SampleError<E>> {
+    fn denoise_pp(
+        &mut self,
+        x: &[f32],
+        sigma: f32,
+    ) -> Result<(Vec<f32>, Vec<f32>), SampleError<E>> {
         let out = self.call(x, sigma)?;
         match out.uncond {
             Some(u) => Ok((out.denoised, u)),
-            None => Err(SampleError::MissingUncond { sampler: self.sampler.name(), step: self.step + 1 }),
+            None => Err(SampleError::MissingUncond {
+                sampler: self.sampler.name(),
+                step: self.step + 1,
+            }),
         }
     }
 
@@ -313,8 +365,61 @@ impl<E> Run<'_, '_, E> {
     fn done(&mut self, sigma: f32, x: &[f32], denoised: &[f32]) {
         self.step += 1;
         if let Some(cb) = self.progress.as_mut() {
-            cb(Progress { step: self.step, total: self.total, sigma, x, denoised });
+            cb(Progress {
+                step: self.step,
+                total: self.total,
+                sigma,
+                x,
+                denoised,
+            });
         }
+    }
+}
+
+/// sd.cpp's `get_ancestral_step_flow`: `(sigma_down, sigma_up, alpha_scale)` for a
+/// rectified-flow step, with eta clamped to 1 where the step stays well defined.
+pub fn ancestral_step_flow(sigma_from: f32, sigma_to: f32, eta: f32) -> (f32, f32, f32) {
+    if eta <= 0.0 || sigma_from <= 0.0 || sigma_to <= 0.0 {
+        return (sigma_to, 0.0, 1.0);
+    }
+    let eta = eta.min(1.0);
+    let ratio = sigma_to / sigma_from;
+    let down = (sigma_to * (1.0 + (ratio - 1.0) * eta)).clamp(0.0, sigma_to);
+    let denom = 1.0 - down;
+    if denom <= 0.0 {
+        return (sigma_to, 0.0, 1.0);
+    }
+    let alpha_scale = (1.0 - sigma_to) / denom;
+    let term = ((down / sigma_to) * alpha_scale).clamp(-1.0, 1.0);
+    let up = sigma_to * (1.0 - term * term).max(0.0).sqrt();
+    (down, up, alpha_scale)
+}
+
+fn step_for(flow: bool, sigma_from: f32, sigma_to: f32, eta: f32) -> (f32, f32, f32) {
+    if flow {
+        ancestral_step_flow(sigma_from, sigma_to, eta)
+    } else {
+        let (down, up) = ancestral_step(sigma_from, sigma_to, eta);
+        (down, up, 1.0)
+    }
+}
+
+/// sd.cpp's flow sigmas start just below 1, where log-SNR is finite.
+fn offset_first_sigma(sigmas: &[f32], flow: bool) -> Vec<f32> {
+    let mut s = sigmas.to_vec();
+    if flow && s.len() > 1 && s[0] >= 1.0 {
+        s[0] = 1.0 - 1e-4;
+    }
+    s
+}
+
+/// Half log-SNR `lambda`: `-ln sigma` for eps models, `ln((1 - sigma) / sigma)` for flow.
+fn half_log_snr(sigma: f32, flow: bool) -> f32 {
+    if flow {
+        let s = sigma.clamp(1e-6, 1.0 - 1e-6);
+        ((1.0 - s) / s).ln()
+    } else {
+        -sigma.max(1e-20).ln()
     }
 }
 
@@ -333,7 +438,10 @@ pub fn ancestral_step(sigma_from: f32, sigma_to: f32, eta: f32) -> (f32, f32) {
 }
 
 fn to_d(x: &[f32], sigma: f32, denoised: &[f32]) -> Vec<f32> {
-    x.iter().zip(denoised).map(|(&a, &b)| (a - b) / sigma).collect()
+    x.iter()
+        .zip(denoised)
+        .map(|(&a, &b)| (a - b) / sigma)
+        .collect()
 }
 
 fn axpy(x: &mut [f32], d: &[f32], dt: f32) {
@@ -343,6 +451,12 @@ fn axpy(x: &mut [f32], d: &[f32], dt: f32) {
 }
 
 /// Run `sampler` from latent `x` (already noised to `sigmas[0]`) down the schedule.
+///
+/// `x` is in k-diffusion's space (`x0 + sigma * eps`, so txt2img starts from
+/// `noise * sigmas[0]`); the model callback gets `(x, sigma)`, applies the model's own input
+/// scaling (`c_in = 1 / sqrt(sigma^2 + 1)` for SD) and guidance, and returns the estimate of
+/// `x0`. `sigmas` may be any finite, non-negative list (custom sigmas included); the usual
+/// last value is 0.
 ///
 /// `rng` supplies all per-step noise (and the Brownian-tree seed when one is needed); pass
 /// the generator that drew the initial noise to reproduce sd.cpp and ComfyUI. `progress` is
@@ -364,7 +478,11 @@ pub fn sample<'a, E>(
     validate_sigmas(sigmas)?;
     let eta = opts.eta.unwrap_or_else(|| sampler.default_eta());
     if !(eta.is_finite() && eta >= 0.0) {
-        return Err(SamplingError::InvalidOption { field: "eta", reason: format!("{eta} must be finite and >= 0") }.into());
+        return Err(SamplingError::InvalidOption {
+            field: "eta",
+            reason: format!("{eta} must be finite and >= 0"),
+        }
+        .into());
     }
     if !(opts.s_noise.is_finite() && opts.s_noise >= 0.0) {
         return Err(SamplingError::InvalidOption {
@@ -381,7 +499,26 @@ pub fn sample<'a, E>(
         .into());
     }
     if !opts.ge_gamma.is_finite() {
-        return Err(SamplingError::InvalidOption { field: "ge_gamma", reason: "must be finite".into() }.into());
+        return Err(SamplingError::InvalidOption {
+            field: "ge_gamma",
+            reason: "must be finite".into(),
+        }
+        .into());
+    }
+    if opts.flow {
+        if matches!(sampler, Sampler::DdimTrailing | Sampler::Tcd) {
+            return Err(SamplingError::InvalidOption {
+                field: "flow",
+                reason: format!("{sampler} is defined for the SD (eps / v) schedule only"),
+            }
+            .into());
+        }
+        if let Some((i, v)) = sigmas.iter().enumerate().find(|(_, v)| **v > 1.0) {
+            return Err(SamplingError::InvalidSigmas(format!(
+                "sigma {i} is {v}; flow sigmas must lie in [0, 1]"
+            ))
+            .into());
+        }
     }
     let len = x.len();
     let noise = if opts.brownian || sampler.uses_brownian_tree() {
@@ -399,6 +536,7 @@ pub fn sample<'a, E>(
         total: sigmas.len() - 1,
         step: 0,
         s_noise: opts.s_noise,
+        flow: opts.flow,
     };
     let s = sigmas;
     match sampler {
@@ -438,12 +576,33 @@ fn euler<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32]) -> Res<E> {
 }
 
 fn euler_ancestral<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32], eta: f32) -> Res<E> {
+    if run.flow {
+        return euler_ancestral_flow(run, x, s, eta);
+    }
     for i in 0..s.len() - 1 {
         let den = run.denoise(&x, s[i])?;
         let (down, up) = ancestral_step(s[i], s[i + 1], eta);
         let d = to_d(&x, s[i], &den);
         axpy(&mut x, &d, down - s[i]);
         if s[i + 1] > 0.0 {
+            run.add_noise(&mut x, s[i], s[i + 1], up);
+        }
+        run.done(s[i], &x, &den);
+    }
+    Ok(x)
+}
+
+/// sd.cpp's `sample_euler_flow`: step to `sigma_down` along the flow, rescale, add noise.
+fn euler_ancestral_flow<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32], eta: f32) -> Res<E> {
+    for i in 0..s.len() - 1 {
+        let den = run.denoise(&x, s[i])?;
+        let (down, up, alpha_scale) = ancestral_step_flow(s[i], s[i + 1], eta);
+        let ratio = down / s[i];
+        for (xi, &di) in x.iter_mut().zip(&den) {
+            *xi = ratio * *xi + (1.0 - ratio) * di;
+        }
+        if up > 0.0 {
+            x.iter_mut().for_each(|v| *v *= alpha_scale);
             run.add_noise(&mut x, s[i], s[i + 1], up);
         }
         run.done(s[i], &x, &den);
@@ -511,7 +670,11 @@ fn dpmpp_2s_ancestral<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32], eta: f32)
             let h = t_next - t;
             let sm = t + 0.5 * h;
             let (a, b) = (sigma_fn(sm) / sigma_fn(t), (-h * 0.5).exp_m1());
-            let x2: Vec<f32> = x.iter().zip(&den).map(|(&xi, &di)| a * xi - b * di).collect();
+            let x2: Vec<f32> = x
+                .iter()
+                .zip(&den)
+                .map(|(&xi, &di)| a * xi - b * di)
+                .collect();
             let den2 = run.denoise(&x2, sigma_fn(sm))?;
             let (a, b) = (sigma_fn(t_next) / sigma_fn(t), (-h).exp_m1());
             for (xi, &di) in x.iter_mut().zip(&den2) {
@@ -577,15 +740,24 @@ fn ipndm<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32], variable: bool) -> Res
             2 if variable => {
                 let h_prev = s[i] - s[i - 1];
                 let q = dt / h_prev;
-                d.iter().zip(&hist[n - 1]).map(|(&c, &p)| ((2.0 + q) * c - q * p) / 2.0).collect()
+                d.iter()
+                    .zip(&hist[n - 1])
+                    .map(|(&c, &p)| ((2.0 + q) * c - q * p) / 2.0)
+                    .collect()
             }
-            2 => d.iter().zip(&hist[n - 1]).map(|(&c, &p)| (3.0 * c - p) / 2.0).collect(),
+            2 => d
+                .iter()
+                .zip(&hist[n - 1])
+                .map(|(&c, &p)| (3.0 * c - p) / 2.0)
+                .collect(),
             3 => (0..x.len())
                 .map(|j| (23.0 * d[j] - 16.0 * hist[n - 1][j] + 5.0 * hist[n - 2][j]) / 12.0)
                 .collect(),
             _ => (0..x.len())
                 .map(|j| {
-                    (55.0 * d[j] - 59.0 * hist[n - 1][j] + 37.0 * hist[n - 2][j] - 9.0 * hist[n - 3][j]) / 24.0
+                    (55.0 * d[j] - 59.0 * hist[n - 1][j] + 37.0 * hist[n - 2][j]
+                        - 9.0 * hist[n - 3][j])
+                        / 24.0
                 })
                 .collect(),
         };
@@ -605,8 +777,10 @@ fn lcm<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32]) -> Res<E> {
         x.copy_from_slice(&den);
         if s[i + 1] > 0.0 {
             let z = run.noise(s[i], s[i + 1]);
+            // The model's noise scaling: x0 + sigma n (eps), (1 - sigma) x0 + sigma n (flow).
+            let keep = if run.flow { 1.0 - s[i + 1] } else { 1.0 };
             for (xi, zi) in x.iter_mut().zip(z) {
-                *xi += zi * s[i + 1];
+                *xi = keep * *xi + zi * s[i + 1];
             }
         }
         run.done(s[i], &x, &den);
@@ -621,7 +795,8 @@ fn sdcpp_alphas_cumprod() -> (Vec<f64>, Vec<f64>) {
     let mut ac = vec![0f64; n];
     let mut sig = vec![0f64; n];
     for i in 0..n {
-        let b = beta_start.sqrt() + (beta_end.sqrt() - beta_start.sqrt()) * (i as f32 / (n - 1) as f32);
+        let b =
+            beta_start.sqrt() + (beta_end.sqrt() - beta_start.sqrt()) * (i as f32 / (n - 1) as f32);
         let prev = if i == 0 { 1.0 } else { ac[i - 1] };
         ac[i] = prev * (1.0f32 as f64 - (b as f64).powi(2));
         sig[i] = ((1.0 - ac[i]) / ac[i]).sqrt();
@@ -636,15 +811,28 @@ fn ddim_trailing<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32], eta: f32) -> R
     let n = ac.len() as i64;
     let steps = (s.len() - 1) as i64;
     for i in 0..steps {
-        let timestep = ((n as f32 - i as f32 * (n as f32 / steps as f32)).round() as i64 - 1).clamp(0, n - 1);
+        let timestep =
+            ((n as f32 - i as f32 * (n as f32 / steps as f32)).round() as i64 - 1).clamp(0, n - 1);
         let prev_timestep = timestep - n / steps;
         let sigma = sig[timestep as usize] as f32;
-        let scale = if i == 0 { (sigma * sigma + 1.0).sqrt() / sigma } else { (sigma * sigma + 1.0).sqrt() };
+        let scale = if i == 0 {
+            (sigma * sigma + 1.0).sqrt() / sigma
+        } else {
+            (sigma * sigma + 1.0).sqrt()
+        };
         x.iter_mut().for_each(|v| *v *= scale);
         let den = run.denoise(&x, sigma)?;
-        let eps: Vec<f32> = x.iter().zip(&den).map(|(&a, &b)| (a - b) * (1.0 / sigma)).collect();
+        let eps: Vec<f32> = x
+            .iter()
+            .zip(&den)
+            .map(|(&a, &b)| (a - b) * (1.0 / sigma))
+            .collect();
         let a_t = ac[timestep as usize] as f32;
-        let a_prev = (if prev_timestep >= 0 { ac[prev_timestep as usize] } else { ac[0] }) as f32;
+        let a_prev = (if prev_timestep >= 0 {
+            ac[prev_timestep as usize]
+        } else {
+            ac[0]
+        }) as f32;
         let b_t = 1.0 - a_t;
         let c_in = (sigma * sigma + 1.0).sqrt();
         let b_prev = 1.0 - a_prev;
@@ -672,16 +860,32 @@ fn tcd<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32], eta: f32) -> Res<E> {
     let n = ac.len() as i64;
     let original_steps = 50i64;
     let steps = (s.len() - 1) as i64;
-    let ts = |k: i64| n - 1 - (n / original_steps) * (k as f32 * (original_steps as f32 / steps as f32)).floor() as i64;
+    let ts = |k: i64| {
+        n - 1
+            - (n / original_steps)
+                * (k as f32 * (original_steps as f32 / steps as f32)).floor() as i64
+    };
     for i in 0..steps {
         let timestep = ts(i).clamp(0, n - 1);
-        let prev_timestep = if i >= steps - 1 { 0 } else { ts(i + 1).clamp(0, n - 1) };
+        let prev_timestep = if i >= steps - 1 {
+            0
+        } else {
+            ts(i + 1).clamp(0, n - 1)
+        };
         let timestep_s = (((1.0 - eta) * prev_timestep as f32).floor() as i64).clamp(0, n - 1);
         let sigma = sig[timestep as usize] as f32;
-        let scale = if i == 0 { (sigma * sigma + 1.0).sqrt() / sigma } else { (sigma * sigma + 1.0).sqrt() };
+        let scale = if i == 0 {
+            (sigma * sigma + 1.0).sqrt() / sigma
+        } else {
+            (sigma * sigma + 1.0).sqrt()
+        };
         x.iter_mut().for_each(|v| *v *= scale);
         let den = run.denoise(&x, sigma)?;
-        let eps: Vec<f32> = x.iter().zip(&den).map(|(&a, &b)| (a - b) * (1.0 / sigma)).collect();
+        let eps: Vec<f32> = x
+            .iter()
+            .zip(&den)
+            .map(|(&a, &b)| (a - b) * (1.0 / sigma))
+            .collect();
         let a_t = ac[timestep as usize] as f32;
         let b_t = 1.0 - a_t;
         let a_prev = ac[prev_timestep as usize] as f32;
@@ -726,7 +930,7 @@ fn res_multistep<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32], eta: f32) -> R
     for i in 0..s.len() - 1 {
         let den = run.denoise(&x, s[i])?;
         let (from, to) = (s[i], s[i + 1]);
-        let (down, up) = ancestral_step(from, to, eta);
+        let (down, up, alpha_scale) = step_for(run.flow, from, to, eta);
         match &old {
             Some((old_den, old_down)) if down != 0.0 => {
                 let t = t_fn(from);
@@ -755,10 +959,10 @@ fn res_multistep<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32], eta: f32) -> R
             }
         }
         if to > 0.0 && up > 0.0 {
-            let z = run.noise(from, to);
-            for (xi, zi) in x.iter_mut().zip(z) {
-                *xi += zi * up;
+            if run.flow {
+                x.iter_mut().for_each(|v| *v *= alpha_scale);
             }
+            run.add_noise(&mut x, from, to, up);
         }
         run.done(from, &x, &den);
         old = Some((den, down));
@@ -772,7 +976,7 @@ fn res_2s<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32], eta: f32) -> Res<E> {
     for i in 0..s.len() - 1 {
         let (from, to) = (s[i], s[i + 1]);
         let den = run.denoise(&x, from)?;
-        let (down, up) = ancestral_step(from, to, eta);
+        let (down, up, alpha_scale) = step_for(run.flow, from, to, eta);
         if down == 0.0 || from == 0.0 {
             x.copy_from_slice(&den);
         } else {
@@ -783,7 +987,11 @@ fn res_2s<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32], eta: f32) -> Res<E> {
             let b1 = phi1(-h) - b2;
             let sigma_c2 = (-(t + h * c2)).exp();
             let eps1: Vec<f32> = den.iter().zip(&x).map(|(&d, &x0)| d - x0).collect();
-            let x2: Vec<f32> = x.iter().zip(&eps1).map(|(&x0, &e)| x0 + e * (h * a21)).collect();
+            let x2: Vec<f32> = x
+                .iter()
+                .zip(&eps1)
+                .map(|(&x0, &e)| x0 + e * (h * a21))
+                .collect();
             let den2 = run.denoise(&x2, sigma_c2)?;
             for ((xi, &e1), &d2) in x.iter_mut().zip(&eps1).zip(&den2) {
                 let e2 = d2 - *xi;
@@ -791,10 +999,10 @@ fn res_2s<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32], eta: f32) -> Res<E> {
             }
         }
         if to > 0.0 && up > 0.0 {
-            let z = run.noise(from, to);
-            for (xi, zi) in x.iter_mut().zip(z) {
-                *xi += zi * up;
+            if run.flow {
+                x.iter_mut().for_each(|v| *v *= alpha_scale);
             }
+            run.add_noise(&mut x, from, to, up);
         }
         run.done(from, &x, &den);
     }
@@ -813,7 +1021,11 @@ fn er_sde_noise_scaler(v: f32) -> f32 {
 /// scaled by `eta * s_noise`; sd.cpp's default eta of 1 gives its result, eta 0 the ODE.
 fn er_sde<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32], eta: f32) -> Res<E> {
     const POINTS: usize = 200;
-    let lambdas: Vec<f32> = s.iter().map(|&v| v.max(1e-20)).collect();
+    let s = &offset_first_sigma(s, run.flow)[..];
+    let lambdas: Vec<f32> = s
+        .iter()
+        .map(|&v| (-half_log_snr(v, run.flow)).exp())
+        .collect();
     let mut old_den: Option<Vec<f32>> = None;
     let mut old_den_d: Option<Vec<f32>> = None;
     for i in 0..s.len() - 1 {
@@ -826,7 +1038,11 @@ fn er_sde<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32], eta: f32) -> Res<E> {
             let (alpha_s, alpha_t) = (s[i] / ls, s[i + 1] / lt);
             let r_alpha = alpha_t / alpha_s;
             let (scaled_s, scaled_t) = (er_sde_noise_scaler(ls), er_sde_noise_scaler(lt));
-            let r = if scaled_s != 0.0 { scaled_t / scaled_s } else { 0.0 };
+            let r = if scaled_s != 0.0 {
+                scaled_t / scaled_s
+            } else {
+                0.0
+            };
             for (xi, &di) in x.iter_mut().zip(&den) {
                 *xi = (r_alpha * r) * *xi + (alpha_t * (1.0 - r)) * di;
             }
@@ -845,7 +1061,8 @@ fn er_sde<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32], eta: f32) -> Res<E> {
                     }
                     let s_int = sum_inv * step;
                     let inv = 1.0 / (ls - lambdas[i - 1]);
-                    let den_d: Vec<f32> = den.iter().zip(od).map(|(&a, &b)| (a - b) * inv).collect();
+                    let den_d: Vec<f32> =
+                        den.iter().zip(od).map(|(&a, &b)| (a - b) * inv).collect();
                     let k = alpha_t * (dt + s_int * scaled_t);
                     axpy(&mut x, &den_d, k);
                     if stage >= 3 {
@@ -928,7 +1145,11 @@ fn euler_ge<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32], gamma: f32) -> Res<
 }
 
 /// k-diffusion's DPM-Solver++(2M) SDE, midpoint variant.
-fn dpmpp_2m_sde<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32], eta: f32) -> Res<E> {
+fn dpmpp_2m_sde<E>(run: &mut Run<E>, x: Vec<f32>, s: &[f32], eta: f32) -> Res<E> {
+    if run.flow {
+        return dpmpp_2m_sde_flow(run, x, s, eta);
+    }
+    let mut x = x;
     let mut old: Option<Vec<f32>> = None;
     let mut h_last: Option<f32> = None;
     for i in 0..s.len() - 1 {
@@ -963,12 +1184,64 @@ fn dpmpp_2m_sde<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32], eta: f32) -> Re
     Ok(x)
 }
 
+/// sd.cpp's DPM-Solver++(2M) SDE (midpoint) in half-log-SNR form, for flow models.
+fn dpmpp_2m_sde_flow<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32], eta: f32) -> Res<E> {
+    let s = &offset_first_sigma(s, true)[..];
+    let mut old: Option<Vec<f32>> = None;
+    let mut h_last = 0.0f32;
+    for i in 0..s.len() - 1 {
+        let den = run.denoise(&x, s[i])?;
+        if s[i + 1] == 0.0 {
+            x.copy_from_slice(&den);
+        } else {
+            let (ls, lt) = (half_log_snr(s[i], true), half_log_snr(s[i + 1], true));
+            let h = lt - ls;
+            let h_eta = h * (eta + 1.0);
+            let alpha_t = s[i + 1] * lt.exp();
+            let a = (s[i + 1] / s[i]) * (-h * eta).exp();
+            let b = alpha_t * -(-h_eta).exp_m1();
+            for (xi, &di) in x.iter_mut().zip(&den) {
+                *xi = a * *xi + b * di;
+            }
+            if let Some(od) = &old {
+                if h != 0.0 && h_last != 0.0 {
+                    let k = 0.5 * b * (h / h_last);
+                    for ((xi, &di), &oi) in x.iter_mut().zip(&den).zip(od) {
+                        *xi += k * (di - oi);
+                    }
+                }
+            }
+            if eta > 0.0 {
+                let scale = s[i + 1] * (-(-2.0 * h * eta).exp_m1()).max(0.0).sqrt();
+                run.add_noise(&mut x, s[i], s[i + 1], scale);
+            }
+            h_last = h;
+        }
+        run.done(s[i], &x, &den);
+        old = Some(den);
+    }
+    Ok(x)
+}
+
 /// k-diffusion's `linear_multistep_coeff`: the integral over `[t[i], t[i+1]]` of the
 /// Lagrange basis polynomial for node `t[i-j]` over nodes `t[i-order+1..=i]`. The
 /// polynomial has degree < 16, so 10-point Gauss–Legendre integrates it exactly.
+#[allow(clippy::excessive_precision)]
 fn lms_coeff(order: usize, t: &[f32], i: usize, j: usize) -> f64 {
-    const X: [f64; 5] = [0.148_874_338_981_631_2, 0.433_395_394_129_247_2, 0.679_409_568_299_024_4, 0.865_063_366_688_984_5, 0.973_906_528_517_171_7];
-    const W: [f64; 5] = [0.295_524_224_714_752_9, 0.269_266_719_309_996_4, 0.219_086_362_515_982_0, 0.149_451_349_150_580_6, 0.066_671_344_308_688_1];
+    const X: [f64; 5] = [
+        0.148_874_338_981_631_2,
+        0.433_395_394_129_247_2,
+        0.679_409_568_299_024_4,
+        0.865_063_366_688_984_5,
+        0.973_906_528_517_171_7,
+    ];
+    const W: [f64; 5] = [
+        0.295_524_224_714_752_9,
+        0.269_266_719_309_996_4,
+        0.219_086_362_515_982_0,
+        0.149_451_349_150_580_6,
+        0.066_671_344_308_688_1,
+    ];
     let node = |k: usize| t[i - k] as f64;
     let basis = |tau: f64| {
         let mut prod = 1.0;

@@ -33,8 +33,12 @@ impl DiscreteSchedule {
     /// ComfyUI's `ModelSamplingDiscrete` for `linear` (= diffusers `scaled_linear`) betas:
     /// betas and their cumulative product in f64, then `alphas_cumprod` as f32 and the sigma
     /// math in f32, as torch does.
-    pub fn scaled_linear(beta_start: f64, beta_end: f64, timesteps: usize) -> Result<Self, SamplingError> {
-        if !(timesteps >= 2 && timesteps <= 100_000) {
+    pub fn scaled_linear(
+        beta_start: f64,
+        beta_end: f64,
+        timesteps: usize,
+    ) -> Result<Self, SamplingError> {
+        if !(2..=100_000).contains(&timesteps) {
             return Err(SamplingError::InvalidOption {
                 field: "timesteps",
                 reason: format!("{timesteps} is outside 2..=100000"),
@@ -43,7 +47,9 @@ impl DiscreteSchedule {
         if !(beta_start > 0.0 && beta_end > 0.0 && beta_start < 1.0 && beta_end < 1.0) {
             return Err(SamplingError::InvalidOption {
                 field: "betas",
-                reason: format!("beta_start {beta_start} and beta_end {beta_end} must lie in (0, 1)"),
+                reason: format!(
+                    "beta_start {beta_start} and beta_end {beta_end} must lie in (0, 1)"
+                ),
             });
         }
         let (a, b) = (beta_start.sqrt(), beta_end.sqrt());
@@ -121,7 +127,11 @@ impl DiscreteSchedule {
     pub fn sigma_to_t(&self, sigma: f32) -> f32 {
         let log_sigma = sigma.ln();
         let n = self.len();
-        let count = self.log_sigmas.iter().filter(|&&ls| log_sigma - ls >= 0.0).count();
+        let count = self
+            .log_sigmas
+            .iter()
+            .filter(|&&ls| log_sigma - ls >= 0.0)
+            .count();
         let low = count.saturating_sub(1).min(n - 2);
         let high = low + 1;
         let (lo, hi) = (self.log_sigmas[low], self.log_sigmas[high]);
@@ -203,8 +213,9 @@ fn loglinear_interp(levels: &[f64], n: usize) -> Vec<f64> {
     let m = levels.len();
     let xs: Vec<f64> = (0..m).map(|i| np_linspace(0.0, 1.0, m, i)).collect();
     let ys: Vec<f64> = levels.iter().rev().map(|v| v.ln()).collect();
-    let mut out: Vec<f64> =
-        (0..n).map(|i| np_interp(np_linspace(0.0, 1.0, n, i), &xs, &ys).exp()).collect();
+    let mut out: Vec<f64> = (0..n)
+        .map(|i| np_interp(np_linspace(0.0, 1.0, n, i), &xs, &ys).exp())
+        .collect();
     out.reverse();
     out
 }
@@ -222,14 +233,34 @@ impl AysModel {
     fn levels(self) -> &'static [f64; 11] {
         match self {
             AysModel::Sd1 => &[
-                14.6146412293, 6.4745760956, 3.8636745985, 2.6946151520, 1.8841921177, 1.3943805092,
-                0.9642583904, 0.6523686016, 0.3977456272, 0.1515232662, 0.0291671582,
+                14.6146412293,
+                6.4745760956,
+                3.8636745985,
+                2.6946151520,
+                1.8841921177,
+                1.3943805092,
+                0.9642583904,
+                0.6523686016,
+                0.3977456272,
+                0.1515232662,
+                0.0291671582,
             ],
             AysModel::Sdxl => &[
-                14.6146412293, 6.3184485287, 3.7681790315, 2.1811480769, 1.3405244945, 0.8620721141,
-                0.5550693289, 0.3798540708, 0.2332364134, 0.1114188177, 0.0291671582,
+                14.6146412293,
+                6.3184485287,
+                3.7681790315,
+                2.1811480769,
+                1.3405244945,
+                0.8620721141,
+                0.5550693289,
+                0.3798540708,
+                0.2332364134,
+                0.1114188177,
+                0.0291671582,
             ],
-            AysModel::Svd => &[700.00, 54.5, 15.886, 7.977, 4.248, 1.789, 0.981, 0.403, 0.173, 0.034, 0.002],
+            AysModel::Svd => &[
+                700.00, 54.5, 15.886, 7.977, 4.248, 1.789, 0.981, 0.403, 0.173, 0.034, 0.002,
+            ],
         }
     }
 }
@@ -264,7 +295,12 @@ pub struct ScheduleOpts {
 
 impl Default for ScheduleOpts {
     fn default() -> Self {
-        ScheduleOpts { rho: 7.0, ays_model: AysModel::Sd1, beta_alpha: 0.6, beta_beta: 0.6 }
+        ScheduleOpts {
+            rho: 7.0,
+            ays_model: AysModel::Sd1,
+            beta_alpha: 0.6,
+            beta_beta: 0.6,
+        }
     }
 }
 
@@ -348,12 +384,16 @@ impl Scheduler {
                 // ComfyUI `normal_scheduler`: linspace(timestep(sigma_max), timestep(sigma_min)).
                 let start = model.nearest_timestep(smax) as f32;
                 let end = model.nearest_timestep(smin) as f32;
-                (0..n).map(|i| model.t_to_sigma(torch_linspace_f32(start, end, n, i))).collect()
+                (0..n)
+                    .map(|i| model.t_to_sigma(torch_linspace_f32(start, end, n, i)))
+                    .collect()
             }
             Scheduler::SgmUniform => {
                 let start = model.nearest_timestep(smax) as f32;
                 let end = model.nearest_timestep(smin) as f32;
-                (0..n).map(|i| model.t_to_sigma(torch_linspace_f32(start, end, n + 1, i))).collect()
+                (0..n)
+                    .map(|i| model.t_to_sigma(torch_linspace_f32(start, end, n + 1, i)))
+                    .collect()
             }
             Scheduler::Karras => {
                 if !(opts.rho > 0.0 && opts.rho.is_finite()) {
@@ -374,12 +414,17 @@ impl Scheduler {
             }
             Scheduler::Exponential => {
                 let (a, b) = ((smax as f64).ln() as f32, (smin as f64).ln() as f32);
-                (0..n).map(|i| torch_linspace_f32(a, b, n, i).exp()).collect()
+                (0..n)
+                    .map(|i| torch_linspace_f32(a, b, n, i).exp())
+                    .collect()
             }
             Scheduler::Ays => {
                 let levels = opts.ays_model.levels();
-                let v: Vec<f64> =
-                    if n + 1 != levels.len() { loglinear_interp(levels, n + 1) } else { levels.to_vec() };
+                let v: Vec<f64> = if n + 1 != levels.len() {
+                    loglinear_interp(levels, n + 1)
+                } else {
+                    levels.to_vec()
+                };
                 v[..n].iter().map(|&s| s as f32).collect()
             }
             Scheduler::Gits => {
@@ -394,7 +439,9 @@ impl Scheduler {
             Scheduler::Simple => {
                 let len = model.len();
                 let ss = len as f64 / n as f64;
-                (0..n).map(|x| model.sigmas()[len - 1 - (x as f64 * ss) as usize]).collect()
+                (0..n)
+                    .map(|x| model.sigmas()[len - 1 - (x as f64 * ss) as usize])
+                    .collect()
             }
             Scheduler::DdimUniform => return Ok(ddim_uniform(model, n)),
             Scheduler::Smoothstep => {
@@ -440,7 +487,10 @@ impl Scheduler {
                 if !(opts.beta_alpha > 0.0 && opts.beta_beta > 0.0) {
                     return Err(SamplingError::InvalidOption {
                         field: "beta alpha/beta",
-                        reason: format!("{} and {} must be positive", opts.beta_alpha, opts.beta_beta),
+                        reason: format!(
+                            "{} and {} must be positive",
+                            opts.beta_alpha, opts.beta_beta
+                        ),
                     });
                 }
                 let total = (model.len() - 1) as f64;
@@ -448,7 +498,8 @@ impl Scheduler {
                 let mut last: Option<usize> = None;
                 for i in 0..n {
                     let p = 1.0 - np_linspace(0.0, 1.0, n + 1, i);
-                    let t = (beta_ppf(p, opts.beta_alpha, opts.beta_beta) * total).round_ties_even();
+                    let t =
+                        (beta_ppf(p, opts.beta_alpha, opts.beta_beta) * total).round_ties_even();
                     let t = t.clamp(0.0, total) as usize;
                     if last != Some(t) {
                         v.push(model.sigmas()[t]);
@@ -498,10 +549,14 @@ fn bong_tangent(n: usize, sigma_min: f32, sigma_max: f32) -> Vec<f32> {
             if steps == 1 {
                 return vec![start];
             }
-            return (0..steps).map(|i| start + (end - start) * (i as f32 / (steps - 1) as f32)).collect();
+            return (0..steps)
+                .map(|i| start + (end - start) * (i as f32 / (steps - 1) as f32))
+                .collect();
         }
         let inv = 1.0 / srange;
-        (0..steps).map(|x| ((f(x as f32) - smin) * inv) * sscale + end).collect()
+        (0..steps)
+            .map(|x| ((f(x as f32) - smin) * inv) * sscale + end)
+            .collect()
     }
     let (start, end) = (sigma_max, sigma_min);
     let middle = sigma_min + (sigma_max - sigma_min) * 0.5;
@@ -513,8 +568,20 @@ fn bong_tangent(n: usize, sigma_min: f32, sigma_max: f32) -> Vec<f32> {
     let slope_scale = steps as f32 / 40.0;
     let stage_2_len = steps - midpoint;
     let stage_1_len = steps - stage_2_len;
-    let mut s1 = ramp(stage_1_len, slope_1 / slope_scale, pivot_1_i as f32, start, middle);
-    let s2 = ramp(stage_2_len, slope_2 / slope_scale, (pivot_2_i - stage_1_len) as f32, middle, end);
+    let mut s1 = ramp(
+        stage_1_len,
+        slope_1 / slope_scale,
+        pivot_1_i as f32,
+        start,
+        middle,
+    );
+    let s2 = ramp(
+        stage_2_len,
+        slope_2 / slope_scale,
+        (pivot_2_i - stage_1_len) as f32,
+        middle,
+        end,
+    );
     s1.pop();
     s1.extend(s2);
     s1.resize(n + 1, end);
@@ -661,7 +728,11 @@ impl FromStr for Scheduler {
                 return Err(SamplingError::UnknownName {
                     what: "scheduler",
                     name: s.to_string(),
-                    valid: Scheduler::ALL.iter().map(|k| k.name()).collect::<Vec<_>>().join(", "),
+                    valid: Scheduler::ALL
+                        .iter()
+                        .map(|k| k.name())
+                        .collect::<Vec<_>>()
+                        .join(", "),
                 })
             }
         };
@@ -680,7 +751,10 @@ pub fn apply_denoise(
     opts: &ScheduleOpts,
 ) -> Result<Vec<f32>, SamplingError> {
     if !denoise.is_finite() {
-        return Err(SamplingError::InvalidOption { field: "denoise", reason: format!("{denoise} is not finite") });
+        return Err(SamplingError::InvalidOption {
+            field: "denoise",
+            reason: format!("{denoise} is not finite"),
+        });
     }
     if denoise > 0.9999 {
         return scheduler.sigmas(steps, model, opts);
@@ -692,7 +766,9 @@ pub fn apply_denoise(
     if total > MAX_STEPS {
         return Err(SamplingError::InvalidOption {
             field: "denoise",
-            reason: format!("{steps} steps at denoise {denoise} need {total} schedule steps (max {MAX_STEPS})"),
+            reason: format!(
+                "{steps} steps at denoise {denoise} need {total} schedule steps (max {MAX_STEPS})"
+            ),
         });
     }
     let all = scheduler.sigmas(total, model, opts)?;
@@ -705,10 +781,16 @@ pub fn apply_denoise(
 /// so the first step lands on the schedule. The result has `t_enc + 2` sigmas.
 pub fn strength_sigmas(sigmas: &[f32], strength: f32) -> Result<Vec<f32>, SamplingError> {
     if sigmas.len() < 2 {
-        return Err(SamplingError::InvalidSigmas(format!("need at least 2 sigmas, got {}", sigmas.len())));
+        return Err(SamplingError::InvalidSigmas(format!(
+            "need at least 2 sigmas, got {}",
+            sigmas.len()
+        )));
     }
     if !(0.0..=1.0).contains(&strength) {
-        return Err(SamplingError::InvalidOption { field: "strength", reason: format!("{strength} is outside 0..=1") });
+        return Err(SamplingError::InvalidOption {
+            field: "strength",
+            reason: format!("{strength} is outside 0..=1"),
+        });
     }
     let steps = sigmas.len() - 1;
     let mut t_enc = (steps as f32 * strength) as usize;
@@ -721,10 +803,45 @@ pub fn strength_sigmas(sigmas: &[f32], strength: f32) -> Result<Vec<f32>, Sampli
 /// Checks a custom sigma list: at least two finite, non-negative values.
 pub fn validate_sigmas(sigmas: &[f32]) -> Result<(), SamplingError> {
     if sigmas.len() < 2 {
-        return Err(SamplingError::InvalidSigmas(format!("need at least 2 sigmas, got {}", sigmas.len())));
+        return Err(SamplingError::InvalidSigmas(format!(
+            "need at least 2 sigmas, got {}",
+            sigmas.len()
+        )));
     }
-    if let Some((i, s)) = sigmas.iter().enumerate().find(|(_, s)| !(s.is_finite() && **s >= 0.0)) {
-        return Err(SamplingError::InvalidSigmas(format!("sigma {i} is {s}; sigmas must be finite and >= 0")));
+    if let Some((i, s)) = sigmas
+        .iter()
+        .enumerate()
+        .find(|(_, s)| !(s.is_finite() && **s >= 0.0))
+    {
+        return Err(SamplingError::InvalidSigmas(format!(
+            "sigma {i} is {s}; sigmas must be finite and >= 0"
+        )));
     }
     Ok(())
+}
+
+/// Parses a custom sigma list as sd.cpp's `--sigmas` takes it: numbers separated by commas
+/// and/or whitespace, optionally in `[...]`. A trailing 0 is not added; the list is checked
+/// with [`validate_sigmas`].
+pub fn parse_sigmas(text: &str) -> Result<Vec<f32>, SamplingError> {
+    let inner = text.trim().trim_start_matches('[').trim_end_matches(']');
+    let mut out = Vec::new();
+    for (i, tok) in inner
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|t| !t.is_empty())
+        .enumerate()
+    {
+        let v: f32 = tok.parse().map_err(|_| {
+            SamplingError::InvalidSigmas(format!("entry {i} ({tok:?}) is not a number"))
+        })?;
+        out.push(v);
+        if out.len() > MAX_STEPS + 1 {
+            return Err(SamplingError::InvalidSigmas(format!(
+                "more than {} sigmas",
+                MAX_STEPS + 1
+            )));
+        }
+    }
+    validate_sigmas(&out)?;
+    Ok(out)
 }

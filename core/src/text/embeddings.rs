@@ -4,7 +4,9 @@
 //!
 //! Matching follows A1111's `EmbeddingDatabase`: the stem is tokenized like prompt text
 //! and matched as a token sequence, longest name first, wherever it occurs in a weighted
-//! piece of the prompt. The tensors a file may hold follow A1111's loader too:
+//! piece of the prompt. ComfyUI's explicit `embedding:NAME` words are understood too
+//! (see [`crate::text::tokenize_weighted`]). Files are read through [`crate::io`], so
+//! every format it reads works. The tensors a file may hold follow A1111's loader:
 //!
 //! - A1111 `.pt`: `string_to_param` with one tensor (`string_to_param.*`);
 //! - safetensors from most trainers: `emb_params`;
@@ -164,6 +166,40 @@ impl EmbeddingLibrary {
             Some(i) => self.load(i).map(Some),
             None => Ok(None),
         }
+    }
+
+    /// ComfyUI's `embedding:NAME` lookup. `NAME` is a file stem, optionally with the
+    /// file's extension and leading directories (only the file name is compared);
+    /// trailing commas that are not part of a name come back as leftover text.
+    pub fn resolve_name<'n>(
+        &self,
+        name: &'n str,
+    ) -> Result<Option<(Arc<Embedding>, &'n str)>, TextError> {
+        if let Some(i) = self.index_of_spelled(name) {
+            return Ok(Some((self.load(i)?, "")));
+        }
+        let stripped = name.trim_end_matches(',');
+        if stripped.len() < name.len() {
+            if let Some(i) = self.index_of_spelled(stripped) {
+                return Ok(Some((self.load(i)?, &name[stripped.len()..])));
+            }
+        }
+        Ok(None)
+    }
+
+    fn index_of_spelled(&self, name: &str) -> Option<usize> {
+        let base = name.rsplit(['/', '\\']).next().unwrap_or(name);
+        let without_ext = match base.rsplit_once('.') {
+            Some((stem, ext))
+                if EMBEDDING_EXTENSIONS.contains(&ext.to_ascii_lowercase().as_str()) =>
+            {
+                stem
+            }
+            _ => base,
+        };
+        [base, without_ext]
+            .iter()
+            .find_map(|n| self.entries.iter().position(|e| e.name == *n))
     }
 
     /// The embedding whose name's tokens start at `ids[position]`, with the number of

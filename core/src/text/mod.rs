@@ -17,10 +17,12 @@ pub mod tokenizer;
 use std::path::PathBuf;
 
 pub use clean::{clip_clean, fix_text, html_unescape};
-pub use embeddings::{Embedding, EmbeddingLibrary, EmbeddingVectors};
+pub use embeddings::{
+    load_embedding_file, Embedding, EmbeddingLibrary, EmbeddingVectors, EMBEDDING_EXTENSIONS,
+};
 pub use prompt::{
     parse_prompt_attention, tokenize_weighted, Chunk, ChunkOptions, EmbeddingSlot, PromptPiece,
-    TokenizedPrompt, CHUNK_CONTENT, CHUNK_LEN,
+    TokenizedPrompt, CHUNK_CONTENT, CHUNK_LEN, EMBEDDING_PLACEHOLDER,
 };
 pub use tokenizer::{ClipTokenizer, PadToken, BOS_TOKEN, EOS_TOKEN, VOCAB_SIZE};
 

@@ -1,25 +1,27 @@
 //! A1111 prompt weighting and the 77-token chunks a CLIP text encoder consumes.
 //!
 //! [`parse_prompt_attention`] is A1111's `modules/prompt_parser.py` function of that
-//! name, rule for rule: `(x)` multiplies by 1.1, `[x]` divides by 1.1, `(x:1.3)` sets
-//! 1.3, nesting multiplies, `\(` `\)` `\[` `\]` `\\` are literal, unclosed brackets
-//! apply to the end of the prompt, a closer without its opener is plain text, and a
-//! standalone upper-case `BREAK` becomes a `("BREAK", -1.0)` marker. Runs of equal
-//! weight are merged. Weights are computed in `f64` in A1111's order of operations, so
-//! they match Python's bit for bit.
+//! name, rule for rule: `(x)` multiplies by 1.1, `[x]` divides by 1.1, `(x:1.3)`
+//! multiplies by 1.3, nesting multiplies, `\(` `\)` `\[` `\]` `\\` are literal,
+//! unclosed brackets apply to the end of the prompt, a closer without its opener is
+//! plain text, and a standalone upper-case `BREAK` becomes a `("BREAK", -1.0)` marker.
+//! Runs of equal weight are merged. Weights are computed in `f64` in A1111's order of
+//! operations, so they match Python's bit for bit.
 //!
 //! [`tokenize_weighted`] is A1111's `tokenize_line`: every parsed piece is tokenized on
 //! its own, tokens are laid into windows of 75, each window becomes
-//! `BOS + tokens + EOS + padding` (77 tokens) with per-token weights, and `BREAK` closes
-//! the current window early. One choice differs from A1111's defaults: a window that
-//! overflows is cut exactly at 75 tokens, as sd.cpp does, rather than moved back to the
-//! last comma within 20 tokens; set [`ChunkOptions::comma_padding_backtrack`] to 20
-//! for A1111's behaviour.
+//! `BOS + tokens + EOS + padding` (77 tokens; padding is the tokenizer's pad id, so
+//! SD2's zeros follow the EOS as in A1111's SD2 path) with per-token weights, and
+//! `BREAK` closes the current window early. Two choices differ from A1111:
+//! - a window that overflows is cut at exactly 75 tokens, as sd.cpp does, rather than
+//!   moved back to the last comma within 20 tokens; set
+//!   [`ChunkOptions::comma_padding_backtrack`] to 20 for A1111's behaviour;
+//! - `BREAK` inside brackets still breaks (A1111 scales the marker's weight and then
+//!   encodes the word "break" with that negative weight).
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use regex::Regex;
-use std::sync::OnceLock;
 
 use super::clean::py_isspace;
 use super::embeddings::{Embedding, EmbeddingLibrary};
@@ -271,6 +273,9 @@ pub struct TokenizedPrompt {
     /// No text token and no embedding came out of the prompt (empty, blank, or
     /// only syntax such as `()` or `BREAK`). SDXL pipelines zero such conditioning.
     pub empty: bool,
+    /// Names of ComfyUI-style `embedding:NAME` words with no such embedding; they were
+    /// left out of the chunks.
+    pub missing_embeddings: Vec<String>,
 }
 
 struct Builder {
@@ -318,14 +323,145 @@ impl Builder {
         });
         self.last_comma = None;
     }
+
+    /// Closes the window at `at`, carrying what follows into the next one.
+    fn relocate_after(&mut self, at: usize) {
+        let moved_tokens = self.tokens.split_off(at);
+        let moved_weights = self.weights.split_off(at);
+        let (kept, moved): (Vec<_>, Vec<_>) = std::mem::take(&mut self.embeddings)
+            .into_iter()
+            .partition(|s| s.position < at);
+        self.embeddings = kept;
+        self.next_chunk(false);
+        self.tokens = moved_tokens;
+        self.weights = moved_weights;
+        self.embeddings = moved
+            .into_iter()
+            .map(|mut s| {
+                s.position -= at;
+                s
+            })
+            .collect();
+    }
+}
+
+/// What a weighted piece turns into before it is laid into windows.
+enum Item {
+    Token(u32),
+    Embedding(Arc<Embedding>),
+}
+
+/// Part of a piece's text: plain text, or the name of a ComfyUI `embedding:NAME` word.
+#[derive(Debug, PartialEq)]
+enum Segment<'a> {
+    Text(&'a str),
+    Named(&'a str),
+}
+
+const COMFY_EMBEDDING_PREFIX: &str = "embedding:";
+
+/// ComfyUI splits a piece into words at spaces and newlines; a word that starts with
+/// `embedding:` names an embedding.
+fn split_comfy(text: &str) -> Vec<Segment<'_>> {
+    let mut out = Vec::new();
+    let mut last = 0;
+    let mut at_word_start = true;
+    let mut i = 0;
+    while i < text.len() {
+        let rest = &text[i..];
+        if at_word_start && rest.starts_with(COMFY_EMBEDDING_PREFIX) {
+            let end = rest.find([' ', '\n']).map_or(text.len(), |n| i + n);
+            if last < i {
+                out.push(Segment::Text(&text[last..i]));
+            }
+            out.push(Segment::Named(&text[i + COMFY_EMBEDDING_PREFIX.len()..end]));
+            last = end;
+            i = end;
+            continue;
+        }
+        let c = rest.chars().next().unwrap_or(' ');
+        at_word_start = c == ' ' || c == '\n';
+        i += c.len_utf8();
+    }
+    if last < text.len() {
+        out.push(Segment::Text(&text[last..]));
+    }
+    out
+}
+
+/// Tokens of `text` with A1111 name matching.
+fn text_items(
+    text: &str,
+    tokenizer: &ClipTokenizer,
+    embeddings: Option<&EmbeddingLibrary>,
+    items: &mut Vec<Item>,
+) -> Result<(), TextError> {
+    let ids = tokenizer.encode(text);
+    let mut position = 0;
+    while position < ids.len() {
+        let found = match embeddings {
+            Some(lib) => lib.find_at(&ids, position)?,
+            None => None,
+        };
+        match found {
+            Some((embedding, name_len)) => {
+                items.push(Item::Embedding(embedding));
+                position += name_len;
+            }
+            None => {
+                items.push(Item::Token(ids[position]));
+                position += 1;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn piece_items(
+    text: &str,
+    tokenizer: &ClipTokenizer,
+    embeddings: Option<&EmbeddingLibrary>,
+    missing: &mut Vec<String>,
+) -> Result<Vec<Item>, TextError> {
+    let mut items = Vec::new();
+    let Some(lib) = embeddings else {
+        text_items(text, tokenizer, None, &mut items)?;
+        return Ok(items);
+    };
+    for segment in split_comfy(text) {
+        match segment {
+            Segment::Text(t) => text_items(t, tokenizer, Some(lib), &mut items)?,
+            Segment::Named(name) => match lib.resolve_name(name)? {
+                Some((embedding, leftover)) => {
+                    items.push(Item::Embedding(embedding));
+                    text_items(leftover, tokenizer, Some(lib), &mut items)?;
+                }
+                None => {
+                    tracing::warn!(
+                        name,
+                        "prompt names an embedding that does not exist; ignored"
+                    );
+                    missing.push(name.to_owned());
+                }
+            },
+        }
+    }
+    Ok(items)
 }
 
 /// Lays `prompt` into chunks; see the module documentation for the rules.
 ///
-/// Embeddings from `embeddings` are matched on token sequences, as A1111 does: an
-/// embedding named `bad-hands` matches wherever the tokens of `bad-hands` appear
-/// within one weighted piece (case does not matter, the tokenizer lower-cases), and
-/// occupies as many positions as it has vectors, never split across two windows.
+/// Embeddings from `embeddings` are found two ways:
+/// - A1111's: the tokens of an embedding's name, wherever they appear within one
+///   weighted piece (`bad-hands` in `a photo, bad-hands`; case does not matter, the
+///   tokenizer lower-cases);
+/// - ComfyUI's: a word `embedding:NAME` (at the start of the piece or after a space
+///   or newline; `NAME` may carry the file extension or directories, and trailing
+///   commas stay text). A name with no such embedding is dropped, as ComfyUI does,
+///   and listed in [`TokenizedPrompt::missing_embeddings`].
+///
+/// An embedding occupies as many positions as it has vectors, never split across two
+/// windows. Without a library, both spellings are plain text.
 pub fn tokenize_weighted(
     prompt: &str,
     tokenizer: &ClipTokenizer,
@@ -353,6 +489,7 @@ pub fn tokenize_weighted(
         last_comma: None,
     };
     let mut empty = true;
+    let mut missing = Vec::new();
 
     for piece in &pieces {
         if options.parse_weights && piece.is_break() {
@@ -360,68 +497,48 @@ pub fn tokenize_weighted(
             continue;
         }
         let weight = piece.weight as f32;
-        let ids = tokenizer.encode(&piece.text);
-        let mut position = 0;
-        while position < ids.len() {
-            let token = ids[position];
-            if Some(token) == comma {
+        for item in piece_items(&piece.text, tokenizer, embeddings, &mut missing)? {
+            empty = false;
+            // A1111's order: note a comma, else move the text after a recent comma
+            // into a new window when this one is full; then close a full window.
+            if matches!(item, Item::Token(t) if Some(t) == comma) {
                 b.last_comma = Some(b.tokens.len());
             } else if let Some(last_comma) = b.last_comma.filter(|&c| {
                 options.comma_padding_backtrack != 0
                     && b.tokens.len() == CHUNK_CONTENT
                     && b.tokens.len() - c <= options.comma_padding_backtrack
             }) {
-                let at = last_comma + 1;
-                let moved_tokens = b.tokens.split_off(at);
-                let moved_weights = b.weights.split_off(at);
-                let (kept, moved): (Vec<_>, Vec<_>) =
-                    b.embeddings.drain(..).partition(|s| s.position < at);
-                b.embeddings = kept;
-                b.next_chunk(false);
-                b.tokens = moved_tokens;
-                b.weights = moved_weights;
-                b.embeddings = moved
-                    .into_iter()
-                    .map(|mut s| {
-                        s.position -= at;
-                        s
-                    })
-                    .collect();
+                b.relocate_after(last_comma + 1);
             }
             if b.tokens.len() == CHUNK_CONTENT {
                 b.next_chunk(false);
             }
-
-            let found = match embeddings {
-                Some(lib) => lib.find_at(&ids, position)?,
-                None => None,
-            };
-            empty = false;
-            let Some((embedding, name_len)) = found else {
-                b.tokens.push(token);
-                b.weights.push(weight);
-                position += 1;
-                continue;
-            };
-            let n = embedding.num_vectors();
-            if n > CHUNK_CONTENT {
-                return Err(TextError::EmbeddingTooLong {
-                    name: embedding.name.clone(),
-                    vectors: n,
-                    max: CHUNK_CONTENT,
-                });
+            match item {
+                Item::Token(token) => {
+                    b.tokens.push(token);
+                    b.weights.push(weight);
+                }
+                Item::Embedding(embedding) => {
+                    let n = embedding.num_vectors();
+                    if n > CHUNK_CONTENT {
+                        return Err(TextError::EmbeddingTooLong {
+                            name: embedding.name.clone(),
+                            vectors: n,
+                            max: CHUNK_CONTENT,
+                        });
+                    }
+                    if b.tokens.len() + n > CHUNK_CONTENT {
+                        b.next_chunk(false);
+                    }
+                    b.embeddings.push(EmbeddingSlot {
+                        position: b.tokens.len(),
+                        embedding,
+                    });
+                    b.tokens
+                        .extend(std::iter::repeat_n(EMBEDDING_PLACEHOLDER, n));
+                    b.weights.extend(std::iter::repeat_n(weight, n));
+                }
             }
-            if b.tokens.len() + n > CHUNK_CONTENT {
-                b.next_chunk(false);
-            }
-            b.embeddings.push(EmbeddingSlot {
-                position: b.tokens.len(),
-                embedding,
-            });
-            b.tokens
-                .extend(std::iter::repeat_n(EMBEDDING_PLACEHOLDER, n));
-            b.weights.extend(std::iter::repeat_n(weight, n));
-            position += name_len;
         }
     }
     if !b.tokens.is_empty() || b.chunks.is_empty() {
@@ -431,6 +548,7 @@ pub fn tokenize_weighted(
         chunks: b.chunks,
         token_count: b.token_count,
         empty,
+        missing_embeddings: missing,
     })
 }
 
@@ -447,5 +565,20 @@ mod tests {
             ["BREAKFAST xBREAK BREAK_ break"]
         );
         assert_eq!(split_break("BREAK,x"), ["", ",x"]);
+    }
+
+    #[test]
+    fn split_comfy_finds_embedding_words() {
+        use Segment::*;
+        assert_eq!(
+            split_comfy("a embedding:x, b\nembedding:y.pt"),
+            [Text("a "), Named("x,"), Text(" b\n"), Named("y.pt")]
+        );
+        assert_eq!(split_comfy("embedding:"), [Named("")]);
+        assert_eq!(
+            split_comfy("xembedding:y (embedding:z"),
+            [Text("xembedding:y (embedding:z")]
+        );
+        assert_eq!(split_comfy("a\tembedding:y"), [Text("a\tembedding:y")]);
     }
 }

@@ -1,21 +1,15 @@
 //! Helpers shared by the model parity tests.
 #![allow(dead_code)]
 
-use sdflow_core::ggml::{Backend, GType};
-use sdflow_core::models::{WeightSpec, Weights};
+use sdflow_core::ggml::Backend;
+use sdflow_core::models::Weights;
 
 pub const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/models");
 
-/// Every tensor of an f32 safetensors fixture as ggml weights.
+/// Every tensor of an f32 safetensors fixture as ggml weights, through the real loader.
 pub fn load_f32(file: &str, backend: &Backend) -> Weights {
-    let bytes = std::fs::read(format!("{DIR}/{file}")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let specs: Vec<WeightSpec> = st
-        .tensors()
-        .iter()
-        .map(|(name, v)| WeightSpec { name: name.clone(), ty: GType::F32, ne: v.shape().iter().rev().map(|&d| d as i64).collect() })
-        .collect();
-    Weights::new(backend, &specs, |s| Ok(st.tensor(&s.name).unwrap().data().to_vec())).unwrap()
+    let src = sdflow_core::io::open(std::path::Path::new(&format!("{DIR}/{file}"))).unwrap();
+    sdflow_core::models::load::load_weights(backend, src.as_ref(), &[""], None).unwrap()
 }
 
 pub fn reference(file: &str) -> serde_json::Value {

@@ -1,0 +1,150 @@
+//! Conversion and quantization: f32 → f16/bf16/q8_0/q4_0 (and every other quantizer ggml
+//! has) and back within the expected error; load-time type rules as sd.cpp applies them.
+
+use std::collections::BTreeMap;
+
+use sdflow_core::dtype::{self, ConvertError, DType};
+use sdflow_core::io::{self, read_as, safetensors, TypeRules};
+
+fn signal(n: usize) -> Vec<f32> {
+    // Deterministic, weight-like values: a mix of sines with a few outliers.
+    (0..n)
+        .map(|i| {
+            let x = i as f32;
+            0.05 * (x * 0.37).sin() + 0.02 * (x * 1.91).cos() + if i % 97 == 0 { 0.3 } else { 0.0 }
+        })
+        .collect()
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Root-mean-square error relative to the signal's RMS.
+fn rel_rmse(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let den: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum();
+    (num / den).sqrt()
+}
+
+fn round_trip(dst: DType, shape: &[usize], v: &[f32]) -> Result<Vec<f32>, ConvertError> {
+    let q = dtype::convert(DType::F32, &f32_bytes(v), shape, dst)?;
+    assert_eq!(Some(q.len()), dst.byte_len(v.len()), "{dst} size");
+    let back = dtype::convert(dst, &q, shape, DType::F32)?;
+    Ok(back.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect())
+}
+
+#[test]
+fn f32_to_common_types_and_back_within_expected_error() {
+    let shape = [8, 256];
+    let v = signal(8 * 256);
+    // (type, max relative RMSE): f16 has 11 significant bits, bf16 8; q8_0 stores 8-bit
+    // values per 32-block scale, q4_0 4-bit.
+    for (d, bound) in [(DType::F16, 1e-3), (DType::BF16, 5e-3), (DType::Q8_0, 1e-2), (DType::Q4_0, 0.15)] {
+        let back = round_trip(d, &shape, &v).unwrap();
+        let e = rel_rmse(&v, &back);
+        assert!(e < bound, "{d}: relative RMSE {e}");
+        // Not trivially exact either (except nothing): the lossy path really ran.
+        assert!(e > 0.0, "{d}: lossless?");
+    }
+}
+
+#[test]
+fn every_ggml_quantizer_round_trips() {
+    let shape = [4, 512];
+    let v = signal(4 * 512);
+    for d in DType::all().filter(|d| d.is_quantized()) {
+        match round_trip(d, &shape, &v) {
+            Ok(back) => {
+                let e = rel_rmse(&v, &back);
+                eprintln!("{d}: relative RMSE {e:.4}");
+                // Ternary and 1-bit formats are very coarse; everything else is within 0.5.
+                let bound = if matches!(d, DType::TQ1_0 | DType::TQ2_0 | DType::Q1_0 | DType::Q2_0 | DType::IQ1M) { 1.5 } else { 0.5 };
+                assert!(e < bound, "{d}: relative RMSE {e}");
+            }
+            Err(ConvertError::NeedsImatrix(x)) => assert_eq!(x, d),
+            Err(ConvertError::Unsupported(x)) => assert!(matches!(x, DType::Q8_1 | DType::Q8K), "{x}"),
+            Err(e) => panic!("{d}: {e}"),
+        }
+    }
+}
+
+#[test]
+fn float8_and_integer_conversions() {
+    let v = [0.0f32, 1.0, -2.5, 448.0, 1e-3, -300.0];
+    let back = round_trip(DType::F8E4M3, &[6], &v).unwrap();
+    assert_eq!(&back[..4], &[0.0, 1.0, -2.5, 448.0]);
+    assert!((back[5] + 288.0).abs() < 1e-3, "{back:?}"); // nearest e4m3 to -300
+    let back = round_trip(DType::I8, &[6], &v).unwrap();
+    assert_eq!(back, [0.0, 1.0, -3.0, 127.0, 0.0, -128.0]); // rounds, saturates
+}
+
+#[test]
+fn conversion_errors() {
+    let v = f32_bytes(&signal(66));
+    let e = dtype::convert(DType::F32, &v, &[2, 33], DType::Q4_0).unwrap_err();
+    assert_eq!(e, ConvertError::RowNotBlockMultiple { dtype: DType::Q4_0, row: 33, block: 32 });
+    let e = dtype::convert(DType::F32, &v[..8], &[2, 33], DType::F16).unwrap_err();
+    assert!(matches!(e, ConvertError::ByteLength { .. }), "{e}");
+    let e = dtype::convert(DType::F32, &v, &[usize::MAX, 2], DType::F16).unwrap_err();
+    assert!(matches!(e, ConvertError::ByteLength { expected: None, .. }), "{e}");
+}
+
+#[test]
+fn type_rules_parse_like_sd_cpp() {
+    let r = TypeRules::parse("q8_0", r"^vae\.=f16, attn=q4_K ,norm=f32").unwrap();
+    assert_eq!(r.requested("vae.decoder.attn.w"), Some(DType::F16)); // first match wins
+    assert_eq!(r.requested("unet.attn.to_q.weight"), Some(DType::Q4K));
+    assert_eq!(r.requested("unet.conv.weight"), Some(DType::Q8_0));
+    assert_eq!(TypeRules::parse("", "").unwrap().requested("x"), None);
+    for (t, rules) in [("q9", ""), ("", "nope"), ("", "a=q9_9"), ("", "(=f16")] {
+        assert!(matches!(TypeRules::parse(t, rules), Err(io::IoError::Rules { .. })), "{t} {rules}");
+    }
+}
+
+#[test]
+fn read_as_converts_what_sd_cpp_converts() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("m.safetensors");
+    let w = f32_bytes(&signal(4 * 64));
+    let odd = f32_bytes(&signal(3 * 33));
+    let b = f32_bytes(&signal(64));
+    let big = f32_bytes(&signal(2 * 256));
+    let ids: Vec<u8> = (0..8i64).flat_map(|x| x.to_le_bytes()).collect();
+    let f16w: Vec<u8> = dtype::convert(DType::F32, &w, &[4, 64], DType::F16).unwrap();
+    let tensors: Vec<(&str, DType, Vec<usize>, &[u8])> = vec![
+        ("blocks.0.attn.weight", DType::F32, vec![4, 64], &w),
+        ("blocks.0.attn.bias", DType::F32, vec![64], &b),
+        ("blocks.0.odd.weight", DType::F32, vec![3, 33], &odd),
+        ("token_embedding.weight", DType::F32, vec![4, 64], &w),
+        ("position_ids", DType::I64, vec![8], &ids),
+        ("vae.conv.weight", DType::F16, vec![4, 64], &f16w),
+        ("img_in.weight", DType::F32, vec![4, 64], &w),
+        ("blocks.1.big.weight", DType::F32, vec![2, 256], &big),
+    ];
+    safetensors::write(&p, tensors, &BTreeMap::new()).unwrap();
+    let src = io::open(&p).unwrap();
+    let rules = TypeRules::parse("q8_0", r"^vae\.=f32").unwrap();
+    let got = |n: &str| read_as(&*src, n, &rules).unwrap();
+    let (d, bytes) = got("blocks.0.attn.weight");
+    assert_eq!((d, bytes.len()), (DType::Q8_0, DType::Q8_0.byte_len(256).unwrap()));
+    // Skipped like sd.cpp: biases, embeddings, rows not a block multiple, FLUX in/out layers;
+    // integer tensors are never converted.
+    for n in ["blocks.0.attn.bias", "token_embedding.weight", "blocks.0.odd.weight", "position_ids", "img_in.weight"] {
+        let (d, bytes) = got(n);
+        assert_eq!(d, src.get(n).unwrap().dtype, "{n}");
+        assert_eq!(&*bytes, &*src.read(n).unwrap(), "{n}");
+    }
+    let (d, bytes) = got("vae.conv.weight");
+    assert_eq!(d, DType::F32);
+    let v: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    assert!(rel_rmse(&signal(256), &v) < 1e-3);
+    assert!(matches!(read_as(&*src, "nope", &rules), Err(io::IoError::NotFound { .. })));
+    // No rules: stored type, zero-copy.
+    let (d, bytes) = read_as(&*src, "blocks.0.attn.weight", &TypeRules::none()).unwrap();
+    assert!(d == DType::F32 && matches!(bytes, io::TensorBytes::Borrowed(_)));
+    // An imatrix-only type is an error naming the file and tensor, not an abort.
+    let r = TypeRules::parse("iq2_xxs", "").unwrap();
+    let e = read_as(&*src, "blocks.1.big.weight", &r).err().unwrap().to_string();
+    assert!(e.contains("m.safetensors") && e.contains("blocks.1.big.weight") && e.contains("importance"), "{e}");
+}

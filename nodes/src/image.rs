@@ -1,0 +1,228 @@
+//! VAE decode/encode and image output.
+
+use crate::runtime::Runtime;
+use crate::values::{Image, Latent, VaeRef};
+use crate::err;
+use sdflow_core::ggml::{Context, GraphRun};
+use sdflow_core::models::vae::{Vae, VaeConfig};
+use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Lane, Node, NodeError, NodeSchema, Outputs, Registry, Value};
+use serde_json::json;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
+    registry.register(Arc::new(VaeDecode { rt: rt.clone() }));
+    registry.register(Arc::new(VaeEncode { rt: rt.clone() }));
+    registry.register(Arc::new(SaveImage { rt: rt.clone(), preview: false }));
+    registry.register(Arc::new(SaveImage { rt: rt.clone(), preview: true }));
+}
+
+// The VAE graphs are a few hundred nodes; generous, and independent of image size.
+const VAE_GRAPH: usize = 8192;
+
+fn with_vae<T>(rt: &Runtime, vae: &VaeRef, f: impl FnOnce(&Vae<'_>) -> Result<T, NodeError>) -> Result<T, NodeError> {
+    let weights = vae.weights.pin().map_err(err)?;
+    let config = VaeConfig::infer(&weights, &vae.prefix).map_err(err)?;
+    let model = Vae::new(&weights, &vae.prefix, config).map_err(err)?;
+    let _ = rt;
+    f(&model)
+}
+
+/// ComfyUI's "VAE Decode". Images are decoded one at a time to bound memory.
+struct VaeDecode {
+    rt: Arc<Runtime>,
+}
+
+impl Node for VaeDecode {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("VAEDecode")
+            .display_name("VAE Decode")
+            .category("latent")
+            .input(InputSpec::link("samples", IoType::LATENT))
+            .input(InputSpec::link("vae", IoType::VAE))
+            .output("IMAGE", IoType::IMAGE)
+    }
+
+    fn lane(&self) -> Lane {
+        Lane::Device(crate::runtime::DEVICE_LANE.into())
+    }
+
+    fn execute(&self, ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let latent = inputs.downcast::<Latent>("samples")?;
+        let vae = inputs.downcast::<VaeRef>("vae")?;
+        let [w, h, c, n] = latent.shape;
+        let per = (w * h * c) as usize;
+        let image = with_vae(&self.rt, vae, |model| {
+            let f = model.config.downscale();
+            let (iw, ih) = ((w * f) as usize, (h * f) as usize);
+            let mut data = Vec::with_capacity(n as usize * iw * ih * 3);
+            for i in 0..n as usize {
+                ctx.check_cancelled()?;
+                let chw = self.rt.with_backend(|b| -> Result<Vec<f32>, NodeError> {
+                    let g = Context::new(VAE_GRAPH, VAE_GRAPH).map_err(err)?;
+                    let mut run = GraphRun::new(&g);
+                    let z = run.input_f32(&[w, h, c, 1], latent.samples[i * per..(i + 1) * per].to_vec()).map_err(err)?;
+                    let out = model.decode(&g, z).map_err(err)?;
+                    Ok(run.compute(b, &[out], VAE_GRAPH).map_err(err)?.remove(0))
+                })?;
+                // CHW in [-1, 1] → HWC in [0, 1].
+                for y in 0..ih {
+                    for x in 0..iw {
+                        for ch in 0..3 {
+                            data.push(((chw[(ch * ih + y) * iw + x] + 1.0) * 0.5).clamp(0.0, 1.0));
+                        }
+                    }
+                }
+                ctx.progress(i as u64 + 1, n as u64);
+            }
+            Ok(Image { data, n: n as usize, height: ih, width: iw, channels: 3 })
+        })?;
+        Ok(Outputs::new(vec![Value::new(IoType::IMAGE, image)]))
+    }
+}
+
+/// ComfyUI's "VAE Encode": the latent distribution's mean, images cropped to a multiple
+/// of the VAE's downscale factor as ComfyUI does.
+struct VaeEncode {
+    rt: Arc<Runtime>,
+}
+
+impl Node for VaeEncode {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("VAEEncode")
+            .display_name("VAE Encode")
+            .category("latent")
+            .input(InputSpec::link("pixels", IoType::IMAGE))
+            .input(InputSpec::link("vae", IoType::VAE))
+            .output("LATENT", IoType::LATENT)
+    }
+
+    fn lane(&self) -> Lane {
+        Lane::Device(crate::runtime::DEVICE_LANE.into())
+    }
+
+    fn execute(&self, ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let img = inputs.downcast::<Image>("pixels")?;
+        let vae = inputs.downcast::<VaeRef>("vae")?;
+        let latent = with_vae(&self.rt, vae, |model| {
+            let f = model.config.downscale() as usize;
+            let (w, h) = (img.width / f * f, img.height / f * f);
+            if w == 0 || h == 0 || img.channels < 3 {
+                return Err(NodeError::msg(format!("a {}x{}x{} image is too small to encode", img.width, img.height, img.channels)));
+            }
+            let (x0, y0) = ((img.width - w) / 2, (img.height - h) / 2);
+            let mut samples = Vec::new();
+            let z = model.config.z_channels;
+            for i in 0..img.n {
+                ctx.check_cancelled()?;
+                let mut chw = vec![0f32; 3 * w * h];
+                for y in 0..h {
+                    for x in 0..w {
+                        for ch in 0..3 {
+                            let v = img.data[((i * img.height + y + y0) * img.width + x + x0) * img.channels + ch];
+                            chw[(ch * h + y) * w + x] = v * 2.0 - 1.0;
+                        }
+                    }
+                }
+                let mean = self.rt.with_backend(|b| -> Result<Vec<f32>, NodeError> {
+                    let g = Context::new(VAE_GRAPH, VAE_GRAPH).map_err(err)?;
+                    let mut run = GraphRun::new(&g);
+                    let x = run.input_f32(&[w as i64, h as i64, 3, 1], chw).map_err(err)?;
+                    let out = model.encode_mean(&g, x).map_err(err)?;
+                    Ok(run.compute(b, &[out], VAE_GRAPH).map_err(err)?.remove(0))
+                })?;
+                samples.extend(mean);
+            }
+            Ok(Latent { samples, shape: [(w / f) as i64, (h / f) as i64, z, img.n as i64] })
+        })?;
+        Ok(Outputs::new(vec![Value::new(IoType::LATENT, latent)]))
+    }
+}
+
+/// ComfyUI's "Save Image" (to the output folder) and "Preview Image" (to its `temp`
+/// subfolder): 8-bit PNGs named `{prefix}_{counter:05}_.png`.
+struct SaveImage {
+    rt: Arc<Runtime>,
+    preview: bool,
+}
+
+/// Next free `{prefix}_{NNNNN}_.png` counter in `dir`.
+fn next_counter(dir: &Path, prefix: &str) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 1 };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let rest = name.strip_prefix(prefix)?.strip_prefix('_')?;
+            rest.split('_').next()?.parse::<u64>().ok()
+        })
+        .max()
+        .map_or(1, |m| m + 1)
+}
+
+/// Write one image as PNG, atomically: a temporary file renamed into place.
+pub fn write_png(path: &Path, img: &Image, index: usize, text: &[(&str, &str)]) -> Result<(), NodeError> {
+    let io = |e: std::io::Error| NodeError::msg(format!("{}: {e}", path.display()));
+    let per = img.height * img.width * img.channels;
+    let bytes: Vec<u8> = img.data[index * per..(index + 1) * per].iter().map(|v| (v.clamp(0.0, 1.0) * 255.0).round() as u8).collect();
+    let color = match img.channels {
+        1 => png::ColorType::Grayscale,
+        3 => png::ColorType::Rgb,
+        4 => png::ColorType::Rgba,
+        c => return Err(NodeError::msg(format!("cannot save a {c}-channel image as PNG"))),
+    };
+    let tmp = path.with_extension("png.tmp");
+    {
+        let file = std::fs::File::create(&tmp).map_err(io)?;
+        let mut enc = png::Encoder::new(std::io::BufWriter::new(file), img.width as u32, img.height as u32);
+        enc.set_color(color);
+        enc.set_depth(png::BitDepth::Eight);
+        for (k, v) in text {
+            enc.add_itxt_chunk(k.to_string(), v.to_string()).map_err(|e| NodeError::msg(format!("{}: {e}", path.display())))?;
+        }
+        let mut w = enc.write_header().map_err(|e| NodeError::msg(format!("{}: {e}", path.display())))?;
+        w.write_image_data(&bytes).map_err(|e| NodeError::msg(format!("{}: {e}", path.display())))?;
+        w.finish().map_err(|e| NodeError::msg(format!("{}: {e}", path.display())))?;
+    }
+    std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
+impl Node for SaveImage {
+    fn schema(&self) -> NodeSchema {
+        let s = if self.preview {
+            NodeSchema::new("PreviewImage").display_name("Preview Image")
+        } else {
+            NodeSchema::new("SaveImage").display_name("Save Image").input(InputSpec::string("filename_prefix", "ComfyUI"))
+        };
+        s.category("image").input(InputSpec::link("images", IoType::IMAGE)).output_node()
+    }
+
+    fn execute(&self, ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let img = inputs.downcast::<Image>("images")?;
+        let prefix = if self.preview { "ComfyUI_temp".to_string() } else { inputs.string("filename_prefix")?.to_string() };
+        if prefix.is_empty() || prefix.contains("..") || Path::new(&prefix).is_absolute() {
+            return Err(NodeError::msg(format!("filename_prefix `{prefix}` must be a relative name")));
+        }
+        let base: PathBuf = ctx.output_dir().map_or_else(|| self.rt.output_dir.clone(), Path::to_path_buf);
+        let dir = if self.preview { base.join("temp") } else { base };
+        // A prefix may name a subfolder ("portraits/cat").
+        let (sub, stem) = match prefix.rsplit_once('/') {
+            Some((s, p)) => (s.to_string(), p.to_string()),
+            None => (String::new(), prefix.clone()),
+        };
+        let dir = dir.join(&sub);
+        std::fs::create_dir_all(&dir).map_err(|e| NodeError::msg(format!("{}: {e}", dir.display())))?;
+        let mut counter = next_counter(&dir, &stem);
+        let mut files = Vec::new();
+        for i in 0..img.n {
+            let name = format!("{stem}_{counter:05}_.png");
+            write_png(&dir.join(&name), img, i, &[("software", "sdflow")])?;
+            files.push(json!({"filename": name, "subfolder": sub, "type": if self.preview { "temp" } else { "output" }}));
+            counter += 1;
+        }
+        std::io::stdout().flush().ok();
+        Ok(Outputs::none().with_ui(json!({"images": files})))
+    }
+}

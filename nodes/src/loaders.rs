@@ -1,0 +1,132 @@
+//! Model loaders.
+
+use crate::runtime::Runtime;
+use crate::values::{ClipRef, ModelRef, VaeRef};
+use crate::err;
+use sdflow_core::detect::{self, KeyLayout, ModelFamily};
+use sdflow_core::ggml::Backend;
+use sdflow_core::io;
+use sdflow_core::models::clip::ClipLayout;
+use sdflow_core::models::load::load_weights;
+use sdflow_core::models::sd::Prediction;
+use sdflow_core::models::Weights;
+use sdflow_core::residency::{Device, WeightHandle, WeightKey};
+use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Node, NodeError, NodeSchema, Outputs, Registry, Value};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
+    registry.register(Arc::new(CheckpointLoaderSimple { rt: rt.clone() }));
+}
+
+/// Ask the residency manager for the tensors under `prefix` of `path`; nothing is read
+/// until a consumer pins the handle.
+pub fn weights_handle(rt: &Runtime, path: &Path, prefix: &str) -> Result<WeightHandle<Weights>, NodeError> {
+    let key = WeightKey::new([path], prefix, rt.weight_type, Device::Cpu).map_err(err)?;
+    let (path, pfx, wt) = (path.to_path_buf(), prefix.to_string(), rt.weight_type);
+    rt.residency
+        .get_or_load(key, move || -> Result<Weights, Box<dyn std::error::Error + Send + Sync>> {
+            let src = io::open(&path)?;
+            // CPU buffers are plain host memory, usable by every CPU backend.
+            let backend = Backend::cpu(1)?;
+            Ok(load_weights(&backend, src.as_ref(), &[&pfx], wt)?)
+        })
+        .map_err(err)
+}
+
+/// The checkpoint parts of an SD1.x/2.x single-file checkpoint.
+struct SdParts {
+    family: ModelFamily,
+    prediction: Prediction,
+    clip_prefix: String,
+    clip_layout: ClipLayout,
+}
+
+fn sd_parts(path: &Path) -> Result<SdParts, NodeError> {
+    let src = io::open(path).map_err(err)?;
+    let det = detect::detect_source(src.as_ref());
+    let shown = path.display();
+    match det.family {
+        ModelFamily::Sd1 | ModelFamily::Sd2 { .. } => {}
+        ModelFamily::Unknown => return Err(NodeError::msg(format!("{shown}: {}", det.message))),
+        other => return Err(NodeError::msg(format!("{shown}: {other} checkpoints are not supported yet (SD1.x and SD2.x are)"))),
+    }
+    if det.layout != Some(KeyLayout::Ldm) {
+        return Err(NodeError::msg(format!("{shown}: only single-file (LDM key layout) checkpoints are supported yet, not diffusers folders")));
+    }
+    let names: Vec<&str> = src.tensors().iter().map(|t| t.name.as_str()).collect();
+    let has = |p: &str| names.iter().any(|n| n.starts_with(p));
+    if !has("first_stage_model.") {
+        return Err(NodeError::msg(format!("{shown}: the checkpoint has no VAE (first_stage_model.*)")));
+    }
+    let (clip_prefix, clip_layout) = if has("cond_stage_model.transformer.text_model.") {
+        ("cond_stage_model.transformer.text_model", ClipLayout::HuggingFace)
+    } else if has("cond_stage_model.model.") {
+        ("cond_stage_model.model", ClipLayout::OpenClip)
+    } else {
+        return Err(NodeError::msg(format!("{shown}: the checkpoint has no text encoder (cond_stage_model.*)")));
+    };
+    let prediction = match det.prediction {
+        detect::Prediction::V => Prediction::V,
+        detect::Prediction::Eps => Prediction::Epsilon,
+        detect::Prediction::Flow => return Err(NodeError::msg(format!("{shown}: flow-matching models are not supported yet"))),
+    };
+    Ok(SdParts { family: det.family, prediction, clip_prefix: clip_prefix.into(), clip_layout })
+}
+
+/// ComfyUI's "Load Checkpoint".
+struct CheckpointLoaderSimple {
+    rt: Arc<Runtime>,
+}
+
+impl CheckpointLoaderSimple {
+    fn path(&self, inputs: &Inputs) -> Result<PathBuf, NodeError> {
+        self.rt.resolve_model("checkpoints", inputs.string("ckpt_name")?).map_err(NodeError::msg)
+    }
+}
+
+impl Node for CheckpointLoaderSimple {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("CheckpointLoaderSimple")
+            .display_name("Load Checkpoint")
+            .category("loaders")
+            .description("Loads a diffusion model checkpoint (SD1.x, SD2.x); weights load on first use.")
+            .input(InputSpec::combo("ckpt_name", self.rt.list_models("checkpoints")).tooltip("The checkpoint to load."))
+            .output("MODEL", IoType::MODEL)
+            .output("CLIP", IoType::CLIP)
+            .output("VAE", IoType::VAE)
+    }
+
+    /// A changed file on disk must not be served from the cache.
+    fn fingerprint(&self, inputs: &Inputs) -> Result<Option<Vec<u8>>, NodeError> {
+        let path = self.path(inputs)?;
+        let meta = std::fs::metadata(&path).map_err(|e| NodeError::msg(format!("{}: {e}", path.display())))?;
+        let mtime = meta.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_nanos());
+        Ok(Some(format!("{}:{}:{mtime}", path.display(), meta.len()).into_bytes()))
+    }
+
+    fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let path = self.path(inputs)?;
+        let parts = sd_parts(&path)?;
+        let model = ModelRef {
+            weights: weights_handle(&self.rt, &path, "model.diffusion_model.")?,
+            prefix: "model.diffusion_model".into(),
+            family: parts.family,
+            prediction: parts.prediction,
+            latent_scale: 0.18215,
+        };
+        let clip = ClipRef {
+            weights: weights_handle(&self.rt, &path, &format!("{}.", parts.clip_prefix))?,
+            prefix: parts.clip_prefix,
+            layout: parts.clip_layout,
+            family: parts.family,
+            clip_skip: None,
+        };
+        let vae = VaeRef { weights: weights_handle(&self.rt, &path, "first_stage_model.")?, prefix: "first_stage_model".into() };
+        Ok(Outputs::new(vec![
+            Value::new(IoType::MODEL, model),
+            Value::new(IoType::CLIP, clip),
+            Value::new(IoType::VAE, vae),
+        ]))
+    }
+}

@@ -1,0 +1,95 @@
+//! What every node of one registry shares.
+
+use parking_lot::Mutex;
+use sdflow_core::dtype::DType;
+use sdflow_core::ggml::Backend;
+use sdflow_core::residency::ResidencyManager;
+use std::path::{Path, PathBuf};
+
+pub struct Runtime {
+    /// The one owner of model weights.
+    pub residency: ResidencyManager,
+    /// Where model files are looked up (`checkpoints/` inside it, or the folder itself).
+    pub models_dir: PathBuf,
+    /// Where output nodes write when the executor gives no output directory.
+    pub output_dir: PathBuf,
+    /// Weight type to convert matrices to at load (`--type`); `None` keeps the file's.
+    pub weight_type: Option<DType>,
+    /// The compute lane: one graph at a time, as the executor's device lane guarantees.
+    backend: Mutex<Backend>,
+}
+
+/// The executor lane name of the compute backend.
+pub const DEVICE_LANE: &str = "cpu0";
+
+impl Runtime {
+    pub fn new(models_dir: impl Into<PathBuf>, output_dir: impl Into<PathBuf>, threads: usize, weight_type: Option<DType>) -> Result<Self, sdflow_core::ggml::GgmlError> {
+        Ok(Runtime {
+            residency: ResidencyManager::new(),
+            models_dir: models_dir.into(),
+            output_dir: output_dir.into(),
+            weight_type,
+            backend: Mutex::new(Backend::cpu(threads)?),
+        })
+    }
+
+    /// Run `f` with exclusive use of the compute backend.
+    pub fn with_backend<T>(&self, f: impl FnOnce(&Backend) -> T) -> T {
+        let b = self.backend.lock();
+        f(&b)
+    }
+
+    /// Model files of one kind (`checkpoints`), by name relative to their folder.
+    pub fn list_models(&self, kind: &str) -> Vec<String> {
+        let dir = self.kind_dir(kind);
+        let mut out = Vec::new();
+        list_files(&dir, &dir, 0, &mut out);
+        out.sort();
+        out
+    }
+
+    fn kind_dir(&self, kind: &str) -> PathBuf {
+        let sub = self.models_dir.join(kind);
+        if sub.is_dir() {
+            sub
+        } else {
+            self.models_dir.clone()
+        }
+    }
+
+    /// The file a model name refers to; names never leave the models folder.
+    pub fn resolve_model(&self, kind: &str, name: &str) -> Result<PathBuf, String> {
+        let rel = Path::new(name);
+        if rel.is_absolute() || rel.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
+            return Err(format!("model name `{name}` must be relative to the models folder"));
+        }
+        let path = self.kind_dir(kind).join(rel);
+        if !path.exists() {
+            return Err(format!("model `{name}` not found in {}", self.kind_dir(kind).display()));
+        }
+        Ok(path)
+    }
+}
+
+const MODEL_EXTENSIONS: [&str; 6] = ["safetensors", "gguf", "ckpt", "pt", "pth", "bin"];
+
+fn list_files(root: &Path, dir: &Path, depth: usize, out: &mut Vec<String>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            // A diffusers folder is one model; other folders are browsed.
+            if p.join("model_index.json").exists() || p.join("unet").is_dir() {
+                if let Ok(rel) = p.strip_prefix(root) {
+                    out.push(rel.to_string_lossy().into_owned());
+                }
+            } else if depth < 4 {
+                list_files(root, &p, depth + 1, out);
+            }
+        } else if p.extension().and_then(|x| x.to_str()).is_some_and(|x| MODEL_EXTENSIONS.contains(&x.to_ascii_lowercase().as_str())) {
+            if let Ok(rel) = p.strip_prefix(root) {
+                out.push(rel.to_string_lossy().into_owned());
+            }
+        }
+    }
+}

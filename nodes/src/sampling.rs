@@ -1,0 +1,144 @@
+//! Samplers.
+
+use crate::runtime::Runtime;
+use crate::values::{CondList, Latent, ModelRef};
+use crate::err;
+use sdflow_core::models::sd::{Conditioning, SdDenoiser};
+use sdflow_core::models::unet::{Unet, UnetConfig};
+use sdflow_core::sampling::rng::{CpuRng, Rng};
+use sdflow_core::sampling::samplers::{sample, Progress, SampleError, SampleOpts, Sampler};
+use sdflow_core::sampling::schedule::{apply_denoise, DiscreteSchedule, ScheduleOpts, Scheduler};
+use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Lane, Node, NodeError, NodeSchema, Outputs, Registry, Value};
+use std::str::FromStr;
+use std::sync::Arc;
+
+pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
+    registry.register(Arc::new(KSampler { rt: rt.clone() }));
+}
+
+/// Sampler names offered in combos: ComfyUI's first (so its workflows validate), then
+/// the sd.cpp names it lacks. Every one parses with `Sampler::from_str`.
+pub fn sampler_names() -> Vec<String> {
+    let comfy = [
+        "euler", "euler_cfg_pp", "euler_ancestral", "euler_ancestral_cfg_pp", "heun", "dpm_2", "lms", "dpmpp_2s_ancestral", "dpmpp_2m",
+        "dpmpp_2m_sde", "ddim", "lcm", "ipndm", "res_multistep", "er_sde", "gradient_estimation",
+    ];
+    let mut out: Vec<String> = comfy.iter().map(|s| s.to_string()).collect();
+    for s in Sampler::ALL {
+        if !out.iter().any(|o| o == s.name()) {
+            out.push(s.name().to_string());
+        }
+    }
+    out
+}
+
+/// Scheduler names: ComfyUI's, then sd.cpp's.
+pub fn scheduler_names() -> Vec<String> {
+    let mut out: Vec<String> = ["normal", "karras", "exponential", "sgm_uniform", "simple", "ddim_uniform", "beta", "kl_optimal"].iter().map(|s| s.to_string()).collect();
+    for s in Scheduler::ALL {
+        if !out.iter().any(|o| o == s.name()) {
+            out.push(s.name().to_string());
+        }
+    }
+    out.retain(|n| Scheduler::from_str(n).is_ok());
+    out
+}
+
+/// What one sampling run needs besides the model.
+pub struct SampleRequest<'a> {
+    pub seed: u64,
+    pub steps: usize,
+    pub cfg: f32,
+    pub sampler: Sampler,
+    pub scheduler: Scheduler,
+    pub denoise: f32,
+    pub positive: &'a CondList,
+    pub negative: &'a CondList,
+    pub latent: &'a Latent,
+}
+
+fn first_cond<'a>(c: &'a CondList, which: &str) -> Result<&'a Conditioning, NodeError> {
+    c.0.first().map(|e| e.cond.as_ref()).ok_or_else(|| NodeError::msg(format!("{which} conditioning is empty")))
+}
+
+/// Run a sampler on `model`, reporting progress to `ctx`: the shared body of the
+/// KSampler family.
+pub fn run_sampler(rt: &Runtime, ctx: &ExecContext<'_>, model: &ModelRef, req: &SampleRequest<'_>) -> Result<Latent, NodeError> {
+    let weights = model.weights.pin().map_err(err)?;
+    let config = UnetConfig::infer(&weights, &model.prefix).map_err(err)?;
+    let unet = Unet::new(&weights, &model.prefix, config).map_err(err)?;
+    let schedule = DiscreteSchedule::sd();
+    let sigmas = apply_denoise(req.scheduler, req.steps, req.denoise, &schedule, &ScheduleOpts::default()).map_err(err)?;
+    let mut den = SdDenoiser::new(unet, schedule, model.prediction);
+    let cond = first_cond(req.positive, "positive")?;
+    let uncond = first_cond(req.negative, "negative")?;
+    // cfg 1 makes the unconditional pass a no-op; skip it as ComfyUI does.
+    let uncond = (req.cfg != 1.0 || req.sampler.needs_uncond()).then_some(uncond);
+
+    let shape = req.latent.shape;
+    let mut rng = CpuRng::new(req.seed);
+    let noise = rng.randn(req.latent.samples.len());
+    let sigma0 = sigmas.first().copied().unwrap_or(0.0);
+    let x: Vec<f32> = req.latent.samples.iter().zip(&noise).map(|(l, n)| l * model.latent_scale + n * sigma0).collect();
+    let total = sigmas.len().saturating_sub(1) as u64;
+    let mut denoiser = |x: &[f32], sigma: f32| -> Result<_, NodeError> {
+        ctx.check_cancelled()?;
+        rt.with_backend(|b| den.denoise(b, x, shape, sigma, cond, uncond, req.cfg)).map_err(err)
+    };
+    let mut progress = |p: Progress<'_>| ctx.progress(p.step as u64, total);
+    let out = sample(req.sampler, &mut denoiser, x, &sigmas, &mut rng, &SampleOpts::default(), Some(&mut progress)).map_err(|e| match e {
+        SampleError::Model { error, .. } => error,
+        other => err(other),
+    })?;
+    Ok(Latent { samples: out.iter().map(|v| v / model.latent_scale).collect(), shape })
+}
+
+/// ComfyUI's "KSampler".
+struct KSampler {
+    rt: Arc<Runtime>,
+}
+
+impl Node for KSampler {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("KSampler")
+            .display_name("KSampler")
+            .category("sampling")
+            .description("Denoises a latent with a model, guided by positive and negative conditioning.")
+            .input(InputSpec::link("model", IoType::MODEL))
+            .input(InputSpec::seed("seed").control_after_generate())
+            .input(InputSpec::int("steps", 20).int_range(1, 10000))
+            .input(InputSpec::float("cfg", 8.0).float_range(0.0, 100.0).float_step(0.1))
+            .input(InputSpec::combo("sampler_name", sampler_names()))
+            .input(InputSpec::combo("scheduler", scheduler_names()))
+            .input(InputSpec::link("positive", IoType::CONDITIONING))
+            .input(InputSpec::link("negative", IoType::CONDITIONING))
+            .input(InputSpec::link("latent_image", IoType::LATENT))
+            .input(InputSpec::float("denoise", 1.0).float_range(0.0, 1.0).float_step(0.01))
+            .output("LATENT", IoType::LATENT)
+    }
+
+    fn lane(&self) -> Lane {
+        Lane::Device(crate::runtime::DEVICE_LANE.into())
+    }
+
+    fn execute(&self, ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let model = inputs.downcast::<ModelRef>("model")?;
+        let name = inputs.string("sampler_name")?;
+        let sampler = Sampler::from_str(name).map_err(err)?;
+        let scheduler = Scheduler::from_str(inputs.string("scheduler")?).map_err(err)?;
+        let steps = usize::try_from(inputs.int("steps")?).map_err(|_| NodeError::msg("steps must be positive"))?;
+        let req = SampleRequest {
+            seed: inputs.uint("seed")?,
+            steps,
+            cfg: inputs.float("cfg")? as f32,
+            sampler,
+            scheduler,
+            denoise: inputs.float("denoise")? as f32,
+            positive: inputs.downcast::<CondList>("positive")?,
+            negative: inputs.downcast::<CondList>("negative")?,
+            latent: inputs.downcast::<Latent>("latent_image")?,
+        };
+        let out = run_sampler(&self.rt, ctx, model, &req)?;
+        Ok(Outputs::new(vec![Value::new(IoType::LATENT, out)]))
+    }
+}
