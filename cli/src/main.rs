@@ -5,6 +5,7 @@
 
 use clap::{Parser, Subcommand};
 
+mod demo;
 mod run;
 
 #[derive(Parser)]
@@ -21,6 +22,8 @@ struct Cli {
 enum Command {
     /// Run a workflow file (sdflow, ComfyUI API or ComfyUI UI format).
     Run(run::RunArgs),
+    /// Generate an image with a tiny random-weight SD1 checkpoint (no download needed).
+    Demo(demo::DemoArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -34,6 +37,7 @@ fn main() -> std::process::ExitCode {
         .init();
     let result = match cli.command {
         Command::Run(args) => run::run_command(args),
+        Command::Demo(args) => demo::demo_command(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

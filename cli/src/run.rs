@@ -37,17 +37,29 @@ pub struct RunArgs {
     /// Worker threads for independent light nodes.
     #[arg(long, value_name = "N")]
     pub workers: Option<usize>,
+    /// Folder of model files (`checkpoints/`, `embeddings/`, ... inside it, or the files
+    /// themselves).
+    #[arg(long, value_name = "DIR", default_value = "models")]
+    pub models_dir: PathBuf,
+    /// Compute threads (sd-cli's -t); all cores by default.
+    #[arg(short = 't', long, value_name = "N")]
+    pub threads: Option<usize>,
 }
 
-/// The node types `sdflow run` offers.
-fn registry() -> Registry {
+/// The node types `sdflow run` offers: every real node, plus the executor's stub pack
+/// (handy for trying the engine without a model).
+pub fn registry(models_dir: &Path, output_dir: &Path, threads: Option<usize>) -> anyhow::Result<Registry> {
     let mut registry = Registry::new();
     sdflow_executor::stub::register(&mut registry);
-    registry
+    let threads = threads.unwrap_or_else(sdflow_core::ggml::default_threads);
+    let rt = sdflow_nodes::Runtime::new(models_dir, output_dir, threads, None).context("starting the compute backend")?;
+    sdflow_nodes::register_all(&mut registry, Arc::new(rt));
+    Ok(registry)
 }
 
 pub fn run_command(args: RunArgs) -> anyhow::Result<()> {
-    let registry = Arc::new(registry());
+    let out_dir = args.output_dir.clone().unwrap_or_else(|| PathBuf::from("output"));
+    let registry = Arc::new(registry(&args.models_dir, &out_dir, args.threads)?);
     let mut workflows = Vec::with_capacity(args.workflows.len());
     for path in &args.workflows {
         let mut wf = load(path, &registry)?;

@@ -117,7 +117,7 @@ impl TensorBytes<'_> {
 pub enum IoError {
     #[error("{}: {source}", path.display())]
     Io { path: PathBuf, source: std::io::Error },
-    #[error("{}: not a {format} file: {msg}", path.display())]
+    #[error("{}: invalid {format} file: {msg}", path.display())]
     Format { path: PathBuf, format: Format, msg: String },
     #[error("{}: tensor '{tensor}': {msg}", path.display())]
     Tensor { path: PathBuf, tensor: String, msg: String },

@@ -3,9 +3,11 @@
 //! Everything here is plain Rust over `&[f32]` latents: the element-wise sampler math is cheap
 //! next to the denoiser call, which the caller supplies as a callback (and runs on ggml).
 //!
-//! - [`rng`]: `cpu` (torch CPU), `cuda` (Philox, torch CUDA), `std_default` (libstdc++).
+//! - [`rng`]: `cpu` (torch CPU, both of its kernels), `cuda` (Philox, torch CUDA),
+//!   `std_default` (libstdc++), all bit-exact with their references.
 //! - [`schedule`]: the SD discrete model schedule and every sd.cpp / ComfyUI scheduler.
-//! - [`samplers`]: sd.cpp's samplers with ComfyUI aliases, generic over the denoiser.
+//! - [`samplers`]: sd.cpp's samplers with ComfyUI aliases, generic over the denoiser, for
+//!   SD-style (eps / v) and rectified-flow models.
 //! - [`brownian`]: a seeded Brownian-tree noise source for the SDE samplers.
 
 pub mod brownian;
@@ -15,9 +17,10 @@ pub mod samplers;
 pub mod schedule;
 
 pub use brownian::BrownianTreeNoise;
-pub use rng::{CpuRng, PhiloxRng, Rng, RngKind, StdDefaultRng};
+pub use rng::{CpuKernel, CpuRng, PhiloxRng, Rng, RngKind, StdDefaultRng};
 pub use samplers::{
-    ancestral_step, ancestral_step_flow, sample, Denoised, Model, Progress, SampleError, SampleOpts, Sampler,
+    ancestral_step, ancestral_step_flow, sample, Denoised, Model, Progress, SampleError,
+    SampleOpts, Sampler,
 };
 pub use schedule::{
     apply_denoise, parse_sigmas, strength_sigmas, validate_sigmas, AysModel, DiscreteSchedule,

@@ -354,7 +354,7 @@ impl Rng for CpuRng {
                 self.fill_16(&mut out[i..i + 16]);
                 i += 16;
             }
-            if n % 16 != 0 {
+            if !n.is_multiple_of(16) {
                 // torch redraws the last 16 values (overlapping the previous block).
                 let tail = &mut out[n - 16..];
                 for v in tail.iter_mut() {

@@ -44,10 +44,11 @@ pub struct SampleOpts {
     pub eta: Option<f32>,
     /// Scale on every noise draw (k-diffusion's `s_noise`).
     pub s_noise: f32,
-    /// Draw per-step noise from a Brownian tree instead of the generator's stream. The tree
-    /// is seeded with this value, or from the generator when `None` and the sampler needs
-    /// one (`dpm++2m_sde_bt`).
+    /// Seed of the Brownian tree, when one is used; `None` draws it from the generator.
+    /// (ComfyUI seeds its tree with the noise seed itself.)
     pub brownian_seed: Option<u64>,
+    /// Draw per-step noise from a Brownian tree instead of the generator's stream, for any
+    /// sampler (always on for `dpm++2m_sde_bt`).
     pub brownian: bool,
     /// Order of `lms`.
     pub lms_order: usize,
