@@ -84,6 +84,7 @@ pub fn demo_command(args: DemoArgs) -> anyhow::Result<()> {
         workers: None,
         models_dir: models,
         threads: args.threads,
+        input_dir: dir.join("input"),
     })?;
     let newest = std::fs::read_dir(&args.output_dir)?
         .flatten()

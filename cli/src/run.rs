@@ -44,22 +44,25 @@ pub struct RunArgs {
     /// Compute threads (sd-cli's -t); all cores by default.
     #[arg(short = 't', long, value_name = "N")]
     pub threads: Option<usize>,
+    /// Folder LoadImage reads its images from.
+    #[arg(long, value_name = "DIR", default_value = "input")]
+    pub input_dir: PathBuf,
 }
 
 /// The node types `sdflow run` offers: every real node, plus the executor's stub pack
 /// (handy for trying the engine without a model).
-pub fn registry(models_dir: &Path, output_dir: &Path, threads: Option<usize>) -> anyhow::Result<Registry> {
+pub fn registry(models_dir: &Path, output_dir: &Path, input_dir: &Path, threads: Option<usize>) -> anyhow::Result<Registry> {
     let mut registry = Registry::new();
     sdflow_executor::stub::register(&mut registry);
     let threads = threads.unwrap_or_else(sdflow_core::ggml::default_threads);
-    let rt = sdflow_nodes::Runtime::new(models_dir, output_dir, threads, None).context("starting the compute backend")?;
+    let rt = sdflow_nodes::Runtime::new(models_dir, output_dir, threads, None).context("starting the compute backend")?.with_input_dir(input_dir);
     sdflow_nodes::register_all(&mut registry, Arc::new(rt));
     Ok(registry)
 }
 
 pub fn run_command(args: RunArgs) -> anyhow::Result<()> {
     let out_dir = args.output_dir.clone().unwrap_or_else(|| PathBuf::from("output"));
-    let registry = Arc::new(registry(&args.models_dir, &out_dir, args.threads)?);
+    let registry = Arc::new(registry(&args.models_dir, &out_dir, &args.input_dir, args.threads)?);
     let mut workflows = Vec::with_capacity(args.workflows.len());
     for path in &args.workflows {
         let mut wf = load(path, &registry)?;

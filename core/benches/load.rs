@@ -1,5 +1,5 @@
 //! Load benchmark: a full-size random-weight SD1.5 checkpoint (f16 safetensors, made once by
-//! `sdflow_core::synth` and cached at `$HOME/.cache/sdflow/bench/sd15_f16.safetensors`),
+//! `sdflow_core::synth` and cached (checked by its metadata) at `$HOME/.cache/sdflow/bench/sd15_f16.safetensors`),
 //! loaded through the residency manager into `HostWeights` with and without mmap.
 //!
 //! Each mode runs in a fresh child process so that its RSS numbers are its own. "cold" runs
@@ -17,7 +17,7 @@ use std::time::Instant;
 use sdflow_core::dtype::DType;
 use sdflow_core::io::{self, OpenOptions};
 use sdflow_core::residency::{Device, HostWeights, ResidencyManager};
-use sdflow_core::synth::{write_checkpoint, Format, SdConfig};
+use sdflow_core::synth::{ensure_checkpoint, Format, SdConfig};
 
 const PREFIXES: [&str; 3] = ["model.diffusion_model.", "first_stage_model.", "cond_stage_model."];
 const MODE_ENV: &str = "SDFLOW_LOAD_BENCH_MODE";
@@ -26,21 +26,14 @@ fn checkpoint() -> PathBuf {
     let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
     let dir = home.join(".cache/sdflow/bench");
     let path = dir.join("sd15_f16.safetensors");
-    if path.exists() {
-        return path;
-    }
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     let t = Instant::now();
-    let w = write_checkpoint(&path, &SdConfig::sd15(), DType::F16, 0, Format::Safetensors)
+    let wrote = ensure_checkpoint(&path, &SdConfig::sd15(), DType::F16, 0, Format::Safetensors)
         .unwrap_or_else(|e| panic!("writing the benchmark checkpoint: {e}"));
-    println!(
-        "wrote {} ({} tensors, {:.3} G elements, {:.2} GiB) in {:.1} s",
-        w.path.display(),
-        w.tensors,
-        w.elements as f64 / 1e9,
-        w.bytes as f64 / GIB,
-        t.elapsed().as_secs_f64()
-    );
+    if wrote {
+        let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        println!("wrote {} ({:.2} GiB) in {:.1} s", path.display(), size as f64 / GIB, t.elapsed().as_secs_f64());
+    }
     path
 }
 

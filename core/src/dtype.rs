@@ -229,7 +229,7 @@ pub enum ConvertError {
 }
 
 fn n_elements(shape: &[usize]) -> Option<usize> {
-    shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
+    crate::io::checked_numel(shape)
 }
 
 /// Converts `bytes` holding a `src` tensor of `shape` (PyTorch order) to `dst`.

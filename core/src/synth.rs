@@ -670,6 +670,42 @@ pub fn write_checkpoint(
     }
 }
 
+/// Returns `path` if it already holds the checkpoint `write_checkpoint` would write for
+/// these arguments (judged by the config, seed and generator version in its metadata and by
+/// its dtype), writing it first otherwise. For caches such as the load benchmark's and
+/// `sdflow demo`'s; `Ok(true)` when it had to write.
+pub fn ensure_checkpoint(
+    path: &Path,
+    cfg: &SdConfig,
+    dtype: DType,
+    seed: u64,
+    format: Format,
+) -> Result<bool, SynthError> {
+    if path.exists() && is_synth_checkpoint(path, cfg, dtype, seed) {
+        return Ok(false);
+    }
+    write_checkpoint(path, cfg, dtype, seed, format)?;
+    Ok(true)
+}
+
+fn is_synth_checkpoint(path: &Path, cfg: &SdConfig, dtype: DType, seed: u64) -> bool {
+    let Ok(src) = crate::io::open(path) else { return false };
+    let meta = src.metadata();
+    let stored: Option<SdConfig> =
+        meta.get("sdflow.synth.config").and_then(|c| serde_json::from_str(c).ok());
+    let seed_ok = meta.get("sdflow.synth.seed") == Some(&seed.to_string());
+    let gen_ok = meta.get("sdflow.synth.generator").map(String::as_str) == Some(GENERATOR);
+    // The weights (not biases, which the GGUF type rules may keep in f32) carry the dtype.
+    let dtype_ok = src
+        .get("model.diffusion_model.input_blocks.0.0.weight")
+        .is_some_and(|t| t.dtype == dtype || (!dtype.is_float() && t.dtype == DType::F32));
+    stored.as_ref() == Some(cfg) && seed_ok && gen_ok && dtype_ok && src.tensors().len() == cfg.tensors().map_or(0, |t| t.len())
+}
+
+/// Bumped whenever the values or layout written for a given config and seed change, so
+/// caches made by an older generator are rewritten.
+const GENERATOR: &str = "1";
+
 fn partial_path(path: &Path) -> PathBuf {
     let mut p = path.as_os_str().to_owned();
     p.push(".partial");
@@ -704,7 +740,7 @@ fn write_gguf(path: &Path, cfg: &SdConfig, dtype: DType, seed: u64) -> Result<Wr
     let kv = vec![
         ("sdflow.synth.config".to_string(), gguf::Value::String(config)),
         ("sdflow.synth.seed".to_string(), gguf::Value::String(seed.to_string())),
-        ("sdflow.synth.generator".to_string(), gguf::Value::String("1".into())),
+        ("sdflow.synth.generator".to_string(), gguf::Value::String(GENERATOR.into())),
     ];
     let partial = partial_path(path);
     if let Err(e) = gguf::write(&partial, &kv, data.iter().map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.as_slice()))) {
@@ -745,7 +781,7 @@ fn write_safetensors(path: &Path, cfg: &SdConfig, dtype: DType, seed: u64) -> Re
         "format": "pt",
         "sdflow.synth.config": serde_json::to_string(cfg).map_err(|source| SynthError::Header { path: path.to_path_buf(), source })?,
         "sdflow.synth.seed": seed.to_string(),
-        "sdflow.synth.generator": "1",
+        "sdflow.synth.generator": GENERATOR,
     });
     header.insert("__metadata__".into(), meta);
     let mut offset = 0u64;

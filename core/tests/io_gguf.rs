@@ -154,6 +154,8 @@ fn corrupt_files_are_rejected_with_clear_errors() {
         ("misaligned offset", G::new(3, 1, 0).tensor("w", &[4, 2], 0, 4).data(64), "alignment"),
         ("too many dims", G::new(3, 1, 0).tensor("w", &[1, 1, 1, 1, 1], 0, 0).data(32), "dimensions"),
         ("shape overflow", G::new(3, 1, 0).tensor("w", &[1 << 62, 1 << 62], 0, 0).data(32), "overflows"),
+        // A zero dimension must not hide an overflow of the others.
+        ("zero hides overflow", G::new(3, 1, 0).tensor("w", &[0, 1 << 62, 1 << 62], 0, 0).data(32), "overflows"),
         ("size overflow", G::new(3, 1, 0).tensor("w", &[1 << 62, 4], 0, 0).data(32), "overflows"),
         ("dim > i64", G::new(3, 1, 0).tensor("w", &[u64::MAX], 0, 0).data(32), "out of range"),
         ("unknown type", G::new(3, 1, 0).tensor("w", &[4], 99, 0).data(32), "unknown ggml type"),

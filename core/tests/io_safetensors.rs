@@ -154,6 +154,10 @@ fn corrupt_headers_are_rejected_naming_the_file() {
             "shape product overflows",
             raw(r#"{"w":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,16]}}"#, 16),
         ),
+        (
+            "zero dimension hiding an overflow",
+            raw(r#"{"w":{"dtype":"F32","shape":[0,4294967296,4294967296],"data_offsets":[0,0]}}"#, 0),
+        ),
         ("offsets reversed", raw(r#"{"w":{"dtype":"F32","shape":[0],"data_offsets":[16,0]}}"#, 16)),
         ("not json", raw("{\"w\": nope", 0)),
         ("unknown dtype", raw(r#"{"w":{"dtype":"F99","shape":[2,2],"data_offsets":[0,16]}}"#, 16)),

@@ -245,3 +245,25 @@ fn gguf_checkpoints_follow_the_type_rules_and_read_back() {
         }
     }
 }
+
+#[test]
+fn ensure_checkpoint_reuses_only_a_matching_file() {
+    use sdflow_core::synth::ensure_checkpoint;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cache.safetensors");
+    let cfg = SdConfig::tiny_sd1();
+    assert!(ensure_checkpoint(&path, &cfg, DType::F16, 1, Format::Safetensors).unwrap());
+    let modified = std::fs::metadata(&path).unwrap().modified().unwrap();
+    assert!(!ensure_checkpoint(&path, &cfg, DType::F16, 1, Format::Safetensors).unwrap());
+    assert_eq!(std::fs::metadata(&path).unwrap().modified().unwrap(), modified);
+    // Another seed, dtype or config, or a damaged file, is rewritten.
+    assert!(ensure_checkpoint(&path, &cfg, DType::F16, 2, Format::Safetensors).unwrap());
+    assert!(ensure_checkpoint(&path, &cfg, DType::F32, 2, Format::Safetensors).unwrap());
+    assert!(ensure_checkpoint(&path, &SdConfig::tiny_sd2(), DType::F32, 2, Format::Safetensors).unwrap());
+    std::fs::write(&path, b"garbage").unwrap();
+    assert!(ensure_checkpoint(&path, &SdConfig::tiny_sd2(), DType::F32, 2, Format::Safetensors).unwrap());
+    assert!(!ensure_checkpoint(&path, &SdConfig::tiny_sd2(), DType::F32, 2, Format::Safetensors).unwrap());
+    let gguf = dir.path().join("cache.gguf");
+    assert!(ensure_checkpoint(&gguf, &cfg, DType::Q8_0, 1, Format::Gguf).unwrap());
+    assert!(!ensure_checkpoint(&gguf, &cfg, DType::Q8_0, 1, Format::Gguf).unwrap());
+}

@@ -9,7 +9,8 @@ fuzz_target!(|data: &[u8]| {
     let _ = pickle::unpickle(data, 0);
     if let Ok(p) = pickle::parse(data) {
         for (name, dtype, shape, loc) in &p.tensors {
-            let n = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).expect("validated shape");
+            let n = sdflow_core::io::checked_numel(shape).expect("validated shape");
+            assert!(shape.iter().rev().try_fold(1usize, |a, &d| a.checked_mul(d)).is_some());
             let len = dtype.byte_len(n).expect("validated size");
             match loc {
                 pickle::ParsedLoc::Range { start, len: l } => {

@@ -16,6 +16,7 @@ pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
     registry.register(Arc::new(VaeEncode { rt: rt.clone() }));
     registry.register(Arc::new(SaveImage { rt: rt.clone(), preview: false }));
     registry.register(Arc::new(SaveImage { rt: rt.clone(), preview: true }));
+    registry.register(Arc::new(LoadImage { rt: rt.clone() }));
 }
 
 // The VAE graphs are a few hundred nodes; generous, and independent of image size.
@@ -224,5 +225,65 @@ impl Node for SaveImage {
         }
         std::io::stdout().flush().ok();
         Ok(Outputs::none().with_ui(json!({"images": files})))
+    }
+}
+
+/// The largest image LoadImage decodes, per side and in total pixels; beyond that a
+/// clear error beats exhausting memory.
+pub const MAX_IMAGE_SIDE: u32 = 16384;
+pub const MAX_IMAGE_PIXELS: u64 = 64 << 20;
+
+/// Decode an image file into IMAGE (RGB, 0..1) and MASK (1 − alpha, as ComfyUI).
+pub fn decode_image(path: &Path) -> Result<(Image, Vec<f32>), NodeError> {
+    let shown = path.display();
+    let mut reader = image::ImageReader::open(path).map_err(|e| NodeError::msg(format!("{shown}: {e}")))?.with_guessed_format().map_err(|e| NodeError::msg(format!("{shown}: {e}")))?;
+    let mut limits = image::Limits::default();
+    limits.max_image_width = Some(MAX_IMAGE_SIDE);
+    limits.max_image_height = Some(MAX_IMAGE_SIDE);
+    limits.max_alloc = Some(MAX_IMAGE_PIXELS * 16);
+    reader.limits(limits);
+    let img = reader.decode().map_err(|e| NodeError::msg(format!("{shown}: {e}")))?;
+    let (w, h) = (img.width() as usize, img.height() as usize);
+    if (w as u64) * (h as u64) > MAX_IMAGE_PIXELS {
+        return Err(NodeError::msg(format!("{shown}: {w}x{h} is larger than {MAX_IMAGE_PIXELS} pixels")));
+    }
+    let has_alpha = img.color().has_alpha();
+    let rgba = img.to_rgba32f();
+    let mut data = Vec::with_capacity(w * h * 3);
+    let mut mask = Vec::with_capacity(w * h);
+    for p in rgba.pixels() {
+        data.extend_from_slice(&p.0[..3]);
+        mask.push(if has_alpha { 1.0 - p.0[3] } else { 0.0 });
+    }
+    Ok((Image { data, n: 1, height: h, width: w, channels: 3 }, mask))
+}
+
+/// ComfyUI's "Load Image": a file from the input folder, with its alpha as a mask.
+struct LoadImage {
+    rt: Arc<Runtime>,
+}
+
+impl Node for LoadImage {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("LoadImage")
+            .display_name("Load Image")
+            .category("image")
+            .input(InputSpec::combo("image", self.rt.list_inputs()).extra("image_upload", json!(true)))
+            .output("IMAGE", IoType::IMAGE)
+            .output("MASK", IoType::MASK)
+    }
+
+    fn fingerprint(&self, inputs: &Inputs) -> Result<Option<Vec<u8>>, NodeError> {
+        let path = self.rt.resolve_input(inputs.string("image")?).map_err(NodeError::msg)?;
+        let bytes = std::fs::read(&path).map_err(|e| NodeError::msg(format!("{}: {e}", path.display())))?;
+        // Content, not mtime: re-uploading the same picture keeps the cache.
+        Ok(Some(bytes))
+    }
+
+    fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let path = self.rt.resolve_input(inputs.string("image")?).map_err(NodeError::msg)?;
+        let (img, mask) = decode_image(&path)?;
+        let (h, w) = (img.height, img.width);
+        Ok(Outputs::new(vec![Value::new(IoType::IMAGE, img), Value::new(IoType::MASK, crate::values::Mask { data: mask, n: 1, height: h, width: w })]))
     }
 }

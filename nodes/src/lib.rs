@@ -9,7 +9,7 @@
 //! - [`conditioning`]: CLIPTextEncode, CLIPSetLastLayer
 //! - [`latent`]: EmptyLatentImage
 //! - [`sampling`]: KSampler
-//! - [`image`]: VAEDecode, VAEEncode, SaveImage, PreviewImage
+//! - [`image`]: LoadImage, VAEDecode, VAEEncode, SaveImage, PreviewImage
 
 pub mod conditioning;
 pub mod image;

@@ -13,6 +13,8 @@ pub struct Runtime {
     pub models_dir: PathBuf,
     /// Where output nodes write when the executor gives no output directory.
     pub output_dir: PathBuf,
+    /// Where LoadImage finds its files (ComfyUI's `input/`).
+    pub input_dir: PathBuf,
     /// Weight type to convert matrices to at load (`--type`); `None` keeps the file's.
     pub weight_type: Option<DType>,
     /// The compute lane: one graph at a time, as the executor's device lane guarantees.
@@ -28,6 +30,7 @@ impl Runtime {
             residency: ResidencyManager::new(),
             models_dir: models_dir.into(),
             output_dir: output_dir.into(),
+            input_dir: PathBuf::from("input"),
             weight_type,
             backend: Mutex::new(Backend::cpu(threads)?),
         })
@@ -37,6 +40,40 @@ impl Runtime {
     pub fn with_backend<T>(&self, f: impl FnOnce(&Backend) -> T) -> T {
         let b = self.backend.lock();
         f(&b)
+    }
+
+    /// Set the folder LoadImage reads from.
+    pub fn with_input_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.input_dir = dir.into();
+        self
+    }
+
+    /// Image files in the input folder, by name relative to it.
+    pub fn list_inputs(&self) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(&self.input_dir) else { return Vec::new() };
+        let mut out: Vec<String> = entries
+            .flatten()
+            .filter(|e| e.path().is_file())
+            .filter(|e| {
+                e.path().extension().and_then(|x| x.to_str()).is_some_and(|x| ["png", "jpg", "jpeg", "webp"].contains(&x.to_ascii_lowercase().as_str()))
+            })
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// The input file `name` refers to, confined to the input folder.
+    pub fn resolve_input(&self, name: &str) -> Result<PathBuf, String> {
+        let rel = Path::new(name);
+        if rel.is_absolute() || rel.components().any(|c| !matches!(c, std::path::Component::Normal(_))) {
+            return Err(format!("image name `{name}` must be a plain name inside the input folder"));
+        }
+        let path = self.input_dir.join(rel);
+        if !path.is_file() {
+            return Err(format!("image `{name}` not found in {}", self.input_dir.display()));
+        }
+        Ok(path)
     }
 
     /// Model files of one kind (`checkpoints`), by name relative to their folder.

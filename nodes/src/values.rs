@@ -93,3 +93,18 @@ impl CacheSize for Image {
         self.data.len() * 4
     }
 }
+
+/// MASK: [N, H, W] floats in 0..=1 (1 = masked).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mask {
+    pub data: Vec<f32>,
+    pub n: usize,
+    pub height: usize,
+    pub width: usize,
+}
+
+impl CacheSize for Mask {
+    fn cache_bytes(&self) -> usize {
+        self.data.len() * 4
+    }
+}

@@ -22,7 +22,10 @@ fn env() -> Env {
     cfg.vae.ch_mult = vec![1, 1, 2, 2];
     write_checkpoint(&ckpts.join("model.safetensors"), &cfg, DType::F32, 7, Format::Safetensors).unwrap();
     let out = dir.path().join("output");
-    let rt = Arc::new(Runtime::new(dir.path().join("models"), &out, 2, None).unwrap());
+    let input = dir.path().join("input");
+    std::fs::create_dir_all(&input).unwrap();
+    write_test_png(&input.join("input.png"), 72, 56);
+    let rt = Arc::new(Runtime::new(dir.path().join("models"), &out, 2, None).unwrap().with_input_dir(&input));
     let mut reg = Registry::new();
     stub::register(&mut reg);
     sdflow_nodes::register_all(&mut reg, rt);
@@ -41,10 +44,20 @@ fn load(env: &Env, name: &str, size: i64, steps: i64) -> Workflow {
                 wf.set_input(&id, "height", InputValue::Const(serde_json::json!(size))).unwrap();
             }
             "KSampler" => wf.set_input(&id, "steps", InputValue::Const(serde_json::json!(steps))).unwrap(),
+            "LoadImage" => wf.set_input(&id, "image", InputValue::Const(serde_json::json!("input.png"))).unwrap(),
             _ => {}
         }
     }
     wf
+}
+
+/// A colour gradient, so encoders see structure.
+fn write_test_png(path: &std::path::Path, w: u32, h: u32) {
+    let mut enc = png::Encoder::new(std::io::BufWriter::new(std::fs::File::create(path).unwrap()), w, h);
+    enc.set_color(png::ColorType::Rgb);
+    enc.set_depth(png::BitDepth::Eight);
+    let px: Vec<u8> = (0..h).flat_map(|y| (0..w).flat_map(move |x| [(x * 255 / w) as u8, (y * 255 / h) as u8, 128])).collect();
+    enc.write_header().unwrap().write_image_data(&px).unwrap();
 }
 
 fn read_png(path: &std::path::Path) -> (u32, u32, Vec<u8>) {
@@ -116,4 +129,23 @@ fn bad_inputs_are_errors_not_panics() {
     wf.set_input("4", "batch_size", InputValue::Const(serde_json::json!(4096))).unwrap();
     let err = env.exec.run(&wf, &NullSink, &CancelToken::new(), &RunOptions::default()).err().expect("huge latent");
     assert!(err.to_string().contains("limit") || format!("{err:?}").contains("limit"), "{err}");
+}
+
+fn run_saved(env: &Env, wf: &Workflow, save_node: &str) -> (u32, u32, Vec<u8>) {
+    let opts = RunOptions { output_dir: Some(env.out.clone()), ..Default::default() };
+    let report = env.exec.run(wf, &NullSink, &CancelToken::new(), &opts).unwrap();
+    read_png(&env.out.join(report.ui_outputs[save_node]["images"][0]["filename"].as_str().unwrap()))
+}
+
+#[test]
+fn img2img_runs_at_the_input_size_and_strength_matters() {
+    let env = env();
+    let wf = load(&env, "img2img.json", 64, 3);
+    let (w, h, a) = run_saved(&env, &wf, "8");
+    // 72x56 is already a multiple of 8: the output keeps the input's size.
+    assert_eq!((w, h), (72, 56));
+    let mut weaker = wf.clone();
+    weaker.set_input("6", "denoise", InputValue::Const(serde_json::json!(0.3))).unwrap();
+    let (_, _, b) = run_saved(&env, &weaker, "8");
+    assert_ne!(a, b, "denoise changes the result");
 }

@@ -302,6 +302,12 @@ pub fn parse(bytes: &[u8]) -> Result<Header, ParseError> {
     }
 
     let data_offset = align_up(r.pos, alignment).ok_or_else(|| ParseError::new("data offset overflows"))?;
+    if !raws.is_empty() && data_offset > bytes.len() {
+        return Err(ParseError::new(format!(
+            "data section starts at {data_offset}, past the end of the file ({} bytes)",
+            bytes.len()
+        )));
+    }
     let data_len = bytes.len().saturating_sub(data_offset);
     let mut tensors = Vec::with_capacity(raws.len());
     for t in raws {

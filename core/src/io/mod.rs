@@ -383,6 +383,10 @@ pub(crate) fn open_file_source(path: &Path, opts: &OpenOptions) -> Result<FileSo
 }
 
 /// Number of elements of `shape`, or `None` on overflow.
-pub(crate) fn checked_numel(shape: &[usize]) -> Option<usize> {
-    shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))
+///
+/// The product of the non-zero dimensions must fit even when some dimension is zero, so that
+/// later code multiplying dimensions in any order (strides, row sizes) cannot overflow.
+pub fn checked_numel(shape: &[usize]) -> Option<usize> {
+    let nonzero = shape.iter().filter(|&&d| d != 0).try_fold(1usize, |a, &d| a.checked_mul(d))?;
+    Some(if shape.contains(&0) { 0 } else { nonzero })
 }

@@ -67,6 +67,9 @@ pub fn parse(bytes: &[u8]) -> Result<Header, ParseError> {
         let info = meta.info(&name).ok_or_else(|| ParseError::tensor(&name, "listed but missing"))?;
         let dtype = from_st(info.dtype)
             .ok_or_else(|| ParseError::tensor(&name, format!("unsupported dtype {:?}", info.dtype)))?;
+        if super::checked_numel(&info.shape).is_none() {
+            return Err(ParseError::tensor(&name, format!("shape {:?} overflows", info.shape)));
+        }
         let (s, e) = info.data_offsets;
         let (start, end) = match (data_start.checked_add(s), data_start.checked_add(e)) {
             (Some(a), Some(b)) if a <= b && b <= bytes.len() => (a, b),

@@ -8,7 +8,7 @@
 
 use super::nn::{attention, conv2d, group_norm, layer_norm, linear};
 use super::{ModelError, Result, Weights};
-use crate::ggml::{Context, Tensor};
+use crate::ggml::{Context, ScaleMode, Tensor};
 
 /// Attention heads: SD1 fixes the count (8), SD2 fixes the width of a head (64).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -345,9 +345,8 @@ impl<'w> Unet<'w> {
     {
         let c = &self.config;
         let [_, _, cin, b] = x.ne();
-        let f = 1i64 << c.input_blocks.iter().filter(|b| matches!(b.kind, BlockKind::Down { .. })).count();
-        if cin != c.in_channels || x.ne()[0] % f != 0 || x.ne()[1] % f != 0 {
-            return Err(ModelError::Input(format!("latent {:?}: the UNet takes {} channels and sides divisible by {f}", x.ne(), c.in_channels)));
+        if cin != c.in_channels {
+            return Err(ModelError::Input(format!("latent {:?}: the UNet takes {} channels", x.ne(), c.in_channels)));
         }
         if t.ne()[0] != b || context.ne()[2] != b || (c.context_dim > 0 && context.ne()[0] != c.context_dim) {
             return Err(ModelError::Input(format!("batch {b}: timesteps {:?}, context {:?} (context width {})", t.ne(), context.ne(), c.context_dim)));
@@ -392,7 +391,11 @@ impl<'w> Unet<'w> {
             }
             if upsample {
                 let at = if transformer_depth > 0 { 2 } else { 1 };
-                h = ctx.upscale(h, 2)?;
+                // Up to the size of the skip the next block takes, as ComfyUI and diffusers
+                // do: sides that were odd before a downsample come back exactly.
+                let [tw, th, ..] = skips.last().map_or([h.ne()[0] * 2, h.ne()[1] * 2, 0, 0], |s| s.ne());
+                let [_, _, hc, hb] = h.ne();
+                h = ctx.interpolate(h, [tw, th, hc, hb], ScaleMode::Nearest)?;
                 h = conv2d(ctx, w, &self.n(&format!("output_blocks.{i}.{at}.conv")), h, 1, 1)?;
             }
         }
