@@ -17,42 +17,13 @@ use std::time::Instant;
 use sdflow_core::dtype::DType;
 use sdflow_core::io::{self, OpenOptions};
 use sdflow_core::residency::{Device, HostWeights, ResidencyManager};
-use sdflow_core::synth::{ensure_checkpoint, Format, SdConfig};
+
+mod common;
+
+use common::{checkpoint, rss, GIB, MIB};
 
 const PREFIXES: [&str; 3] = ["model.diffusion_model.", "first_stage_model.", "cond_stage_model."];
 const MODE_ENV: &str = "SDFLOW_LOAD_BENCH_MODE";
-
-fn checkpoint() -> PathBuf {
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
-    let dir = home.join(".cache/sdflow/bench");
-    let path = dir.join("sd15_f16.safetensors");
-    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-    let t = Instant::now();
-    let wrote = ensure_checkpoint(&path, &SdConfig::sd15(), DType::F16, 0, Format::Safetensors)
-        .unwrap_or_else(|e| panic!("writing the benchmark checkpoint: {e}"));
-    if wrote {
-        let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-        println!("wrote {} ({:.2} GiB) in {:.1} s", path.display(), size as f64 / GIB, t.elapsed().as_secs_f64());
-    }
-    path
-}
-
-const GIB: f64 = (1u64 << 30) as f64;
-const MIB: f64 = (1u64 << 20) as f64;
-
-/// `VmRSS`, `RssAnon`, `RssFile` of this process, in bytes.
-fn rss() -> [u64; 3] {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|kb| kb.parse::<u64>().ok())
-            .map_or(0, |kb| kb * 1024)
-    };
-    [field("VmRSS:"), field("RssAnon:"), field("RssFile:")]
-}
 
 fn drop_page_cache(path: &Path) {
     use std::os::fd::AsRawFd;

@@ -305,7 +305,16 @@ impl Context {
         if !can_repeat(b.ne(), a.ne()) {
             return Err(shape(name, format!("b {:?} does not broadcast to a {:?}", b.ne(), a.ne())));
         }
-        // SAFETY: broadcast precondition checked.
+        // ggml's CPU kernels abort on mixed operand types (e.g. f32 + bf16 at compute
+        // time); a low-precision weight added to f32 activations is converted first.
+        let b = if b.dtype() == a.dtype() {
+            b
+        } else if a.dtype() == GType::F32 && !b.dtype().is_quantized() {
+            self.cast(b, GType::F32)?
+        } else {
+            return Err(shape(name, format!("cannot combine {:?} with {:?}", a.dtype(), b.dtype())));
+        };
+        // SAFETY: broadcast and type preconditions checked.
         self.op(name, || unsafe { f(self.raw(), a.raw(), b.raw()) })
     }
 

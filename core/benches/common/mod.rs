@@ -1,0 +1,54 @@
+//! Shared by the benchmarks: the cached full-size SD1.5 checkpoint and process memory.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use sdflow_core::dtype::DType;
+use sdflow_core::synth::{ensure_checkpoint, Format, SdConfig};
+
+/// The full-size random-weight SD1.5 checkpoint (f16 safetensors), written once by
+/// `sdflow_core::synth` and reused while its metadata matches.
+pub fn checkpoint() -> PathBuf {
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+    let dir = home.join(".cache/sdflow/bench");
+    let path = dir.join("sd15_f16.safetensors");
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let t = Instant::now();
+    let wrote = ensure_checkpoint(&path, &SdConfig::sd15(), DType::F16, 0, Format::Safetensors)
+        .unwrap_or_else(|e| panic!("writing the benchmark checkpoint: {e}"));
+    if wrote {
+        let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        println!("wrote {} ({:.2} GiB) in {:.1} s", path.display(), size as f64 / GIB, t.elapsed().as_secs_f64());
+    }
+    path
+}
+
+pub const GIB: f64 = (1u64 << 30) as f64;
+pub const MIB: f64 = (1u64 << 20) as f64;
+
+/// `VmRSS`, `RssAnon`, `RssFile` of this process, in bytes.
+pub fn rss() -> [u64; 3] {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|kb| kb.parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024)
+    };
+    [field("VmRSS:"), field("RssAnon:"), field("RssFile:")]
+}
+
+
+/// Peak resident set (`VmHWM`) of this process, in bytes.
+pub fn peak_rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}

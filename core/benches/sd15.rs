@@ -1,0 +1,88 @@
+//! SD1.5 at full size on the CPU: text encoding, one guided UNet step (cond and uncond
+//! in one batch) and VAE decoding, at 256² and 512², on the cached random-weight
+//! checkpoint. `bench/sd15.sh` runs this beside diffusers and prints both.
+//!
+//! Env: `SDFLOW_BENCH_TYPE` = f32 | f16 | bf16 (matrix weight type; default bf16 when the
+//! CPU has AVX-512 BF16, else f32), `SDFLOW_BENCH_SIZES` = "256,512",
+//! `SDFLOW_BENCH_STEPS` = 4, `SDFLOW_BENCH_THREADS` = all cores.
+//!
+//! Run: `cargo bench -p sdflow-core --bench sd15`
+
+mod common;
+
+use common::{checkpoint, peak_rss, GIB};
+use sdflow_core::dtype::DType;
+use sdflow_core::ggml::{Backend, Context, GraphRun};
+use sdflow_core::io;
+use sdflow_core::models::clip::{ClipLayout, ClipTextConfig, ClipTextModel};
+use sdflow_core::models::load::load_weights;
+use sdflow_core::models::sd::{encode_prompt, Prediction, SdDenoiser};
+use sdflow_core::models::unet::{Unet, UnetConfig};
+use sdflow_core::models::vae::{Vae, VaeConfig};
+use sdflow_core::sampling::schedule::{DiscreteSchedule, ScheduleOpts, Scheduler};
+use sdflow_core::text::{tokenize_weighted, ChunkOptions, ClipTokenizer, PadToken};
+use std::time::Instant;
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_string())
+}
+
+fn has_avx512_bf16() -> bool {
+    std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|c| c.contains("avx512_bf16"))
+}
+
+fn main() {
+    let default_type = if has_avx512_bf16() { "bf16" } else { "f32" };
+    let wtype: DType = env_or("SDFLOW_BENCH_TYPE", default_type).parse().expect("SDFLOW_BENCH_TYPE");
+    let sizes: Vec<i64> = env_or("SDFLOW_BENCH_SIZES", "256,512").split(',').map(|s| s.trim().parse().expect("size")).collect();
+    let steps: usize = env_or("SDFLOW_BENCH_STEPS", "4").parse().expect("steps");
+    let threads: usize = env_or("SDFLOW_BENCH_THREADS", &sdflow_core::ggml::default_threads().to_string()).parse().expect("threads");
+    let path = checkpoint();
+    let backend = Backend::cpu(threads).expect("CPU backend");
+
+    let t = Instant::now();
+    let src = io::open(&path).expect("open");
+    let unet_w = load_weights(&backend, src.as_ref(), &["model.diffusion_model."], Some(wtype)).expect("unet");
+    let vae_w = load_weights(&backend, src.as_ref(), &["first_stage_model."], Some(wtype)).expect("vae");
+    let clip_w = load_weights(&backend, src.as_ref(), &["cond_stage_model."], Some(wtype)).expect("clip");
+    let load_s = t.elapsed().as_secs_f64();
+    let prefix = "cond_stage_model.transformer.text_model";
+    let clip = ClipTextModel::new(&clip_w, prefix, ClipTextConfig::infer(&clip_w, prefix, ClipLayout::HuggingFace).unwrap()).unwrap();
+    let unet = Unet::new(&unet_w, "model.diffusion_model", UnetConfig::infer(&unet_w, "model.diffusion_model").unwrap()).unwrap();
+    let vae = Vae::new(&vae_w, "first_stage_model", VaeConfig::infer(&vae_w, "first_stage_model").unwrap()).unwrap();
+
+    let tok = ClipTokenizer::new(PadToken::EndOfText);
+    let t = Instant::now();
+    let pos = tokenize_weighted("a photograph of an astronaut riding a horse, (highly detailed:1.2)", &tok, None, &ChunkOptions::default()).unwrap();
+    let neg = tokenize_weighted("blurry, low quality", &tok, None, &ChunkOptions::default()).unwrap();
+    let cond = encode_prompt(&backend, &clip, &pos, 1).unwrap();
+    let uncond = encode_prompt(&backend, &clip, &neg, 1).unwrap();
+    let text_s = t.elapsed().as_secs_f64() / 2.0;
+
+    println!("sdflow SD1.5, weights {wtype:?}, {threads} threads, load {load_s:.1} s, text encode {text_s:.2} s per prompt");
+    println!("{:>6} {:>12} {:>14} {:>14}", "size", "s/step", "VAE decode s", "peak RSS GiB");
+    let mut den = SdDenoiser::new(unet, DiscreteSchedule::sd(), Prediction::Epsilon);
+    for &size in &sizes {
+        let l = size / 8;
+        let shape = [l, l, 4, 1];
+        let sigmas = Scheduler::Discrete.sigmas(steps, &DiscreteSchedule::sd(), &ScheduleOpts::default()).unwrap();
+        let mut x: Vec<f32> = (0..(l * l * 4) as usize).map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * sigmas[0]).collect();
+        // The first step also sizes the compute buffer; time the steady state after it.
+        let d = den.denoise(&backend, &x, shape, sigmas[0], &cond, Some(&uncond), 7.0).unwrap();
+        x = d.denoised;
+        let t = Instant::now();
+        for &s in &sigmas[1..steps] {
+            x = den.denoise(&backend, &x, shape, s, &cond, Some(&uncond), 7.0).unwrap().denoised;
+        }
+        let step_s = t.elapsed().as_secs_f64() / (steps - 1).max(1) as f64;
+        let t = Instant::now();
+        let ctx = Context::new(8192, 8192).unwrap();
+        let mut run = GraphRun::new(&ctx);
+        let z = run.input_f32(&[l, l, 4, 1], x.iter().map(|v| v / 0.18215).collect()).unwrap();
+        let img = vae.decode(&ctx, z).unwrap();
+        let out = run.compute(&backend, &[img], 8192).unwrap();
+        let vae_s = t.elapsed().as_secs_f64();
+        assert!(out[0].iter().all(|v| v.is_finite()));
+        println!("{:>6} {:>12.2} {:>14.2} {:>14.2}", format!("{size}²"), step_s, vae_s, peak_rss() as f64 / GIB);
+    }
+}
