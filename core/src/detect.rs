@@ -128,7 +128,9 @@ fn components(tensors: &[TensorInfo]) -> Components {
     let starts = |p: &str| tensors.iter().any(|t| t.name.starts_with(p));
     c.vae = starts("first_stage_model.")
         || starts("vae.")
-        || tensors.iter().any(|t| t.name == "encoder.conv_in.weight" || t.name == "decoder.conv_in.weight");
+        || tensors
+            .iter()
+            .any(|t| t.name == "encoder.conv_in.weight" || t.name == "decoder.conv_in.weight");
     c.t5 = any("encoder.block.0.layer.0.SelfAttention") || starts("text_encoders.t5xxl.");
     c.clip_l = starts("cond_stage_model.transformer.text_model.")
         || starts("conditioner.embedders.0.transformer.text_model.")
@@ -179,33 +181,63 @@ pub fn detect(tensors: &[TensorInfo]) -> Detection {
     // FLUX: LDM `double_blocks`/`single_blocks`, diffusers `single_transformer_blocks`.
     if let Some(t) = find(tensors, "double_blocks.0.img_attn.qkv.weight") {
         let p = prefix_of(t, "double_blocks.0.img_attn.qkv.weight");
-        d.in_channels = dim(tensors.iter().find(|t| t.name == format!("{p}img_in.weight")), 1);
-        d.flux_guidance = tensors.iter().any(|t| t.name.starts_with(&format!("{p}guidance_in.")));
+        d.in_channels = dim(
+            tensors
+                .iter()
+                .find(|t| t.name == format!("{p}img_in.weight")),
+            1,
+        );
+        d.flux_guidance = tensors
+            .iter()
+            .any(|t| t.name.starts_with(&format!("{p}guidance_in.")));
         return finish_dit(d, ModelFamily::Flux, p, KeyLayout::Ldm);
     }
     if let Some(t) = find(tensors, "single_transformer_blocks.0.attn.to_q.weight") {
         let p = prefix_of(t, "single_transformer_blocks.0.attn.to_q.weight");
-        d.in_channels = dim(tensors.iter().find(|t| t.name == format!("{p}x_embedder.weight")), 1);
-        d.flux_guidance =
-            tensors.iter().any(|t| t.name.starts_with(&format!("{p}time_text_embed.guidance_embedder.")));
+        d.in_channels = dim(
+            tensors
+                .iter()
+                .find(|t| t.name == format!("{p}x_embedder.weight")),
+            1,
+        );
+        d.flux_guidance = tensors.iter().any(|t| {
+            t.name
+                .starts_with(&format!("{p}time_text_embed.guidance_embedder."))
+        });
         return finish_dit(d, ModelFamily::Flux, p, KeyLayout::Diffusers);
     }
     // SD3: LDM `joint_blocks`, diffusers `transformer_blocks` + `pos_embed` without single blocks.
     if let Some(t) = find(tensors, "joint_blocks.0.x_block.attn.qkv.weight") {
         let p = prefix_of(t, "joint_blocks.0.x_block.attn.qkv.weight");
-        d.in_channels = dim(tensors.iter().find(|t| t.name == format!("{p}x_embedder.proj.weight")), 1);
+        d.in_channels = dim(
+            tensors
+                .iter()
+                .find(|t| t.name == format!("{p}x_embedder.proj.weight")),
+            1,
+        );
         return finish_dit(d, ModelFamily::Sd3, p, KeyLayout::Ldm);
     }
     if let Some(t) = find(tensors, "transformer_blocks.0.attn.add_q_proj.weight") {
         let p = prefix_of(t, "transformer_blocks.0.attn.add_q_proj.weight");
-        if tensors.iter().any(|t| t.name == format!("{p}pos_embed.proj.weight")) {
-            d.in_channels = dim(tensors.iter().find(|t| t.name == format!("{p}pos_embed.proj.weight")), 1);
+        if tensors
+            .iter()
+            .any(|t| t.name == format!("{p}pos_embed.proj.weight"))
+        {
+            d.in_channels = dim(
+                tensors
+                    .iter()
+                    .find(|t| t.name == format!("{p}pos_embed.proj.weight")),
+                1,
+            );
             return finish_dit(d, ModelFamily::Sd3, p, KeyLayout::Diffusers);
         }
     }
 
     // UNets.
-    if tensors.iter().any(|t| t.name.contains("time_mixer.mix_factor")) {
+    if tensors
+        .iter()
+        .any(|t| t.name.contains("time_mixer.mix_factor"))
+    {
         d.message = "a video UNet (Stable Video Diffusion) is not supported".into();
         return d;
     }
@@ -216,8 +248,11 @@ pub fn detect(tensors: &[TensorInfo]) -> Detection {
         .filter(|t| t.name.ends_with("conv_in.weight"))
         .find(|t| {
             let p = prefix_of(t, "conv_in.weight");
-            tensors.iter().any(|u| u.name == format!("{p}time_embedding.linear_1.weight"))
-        }) {
+            tensors
+                .iter()
+                .any(|u| u.name == format!("{p}time_embedding.linear_1.weight"))
+        })
+    {
         (prefix_of(t, "conv_in.weight"), KeyLayout::Diffusers, t)
     } else {
         return unknown(d, tensors);
@@ -266,16 +301,24 @@ pub fn detect(tensors: &[TensorInfo]) -> Detection {
         }
     };
     if let ModelFamily::Sd2 { .. } = d.family {
-        d.family = ModelFamily::Sd2 { v_pred: d.prediction == Prediction::V };
+        d.family = ModelFamily::Sd2 {
+            v_pred: d.prediction == Prediction::V,
+        };
         if !v_key {
-            d.prediction_reason = "SD2 weights do not say eps or v; assuming eps (no v_pred key)".into();
+            d.prediction_reason =
+                "SD2 weights do not say eps or v; assuming eps (no v_pred key)".into();
         }
     }
     d.message = summary(&d);
     d
 }
 
-fn finish_dit(mut d: Detection, family: ModelFamily, prefix: String, layout: KeyLayout) -> Detection {
+fn finish_dit(
+    mut d: Detection,
+    family: ModelFamily,
+    prefix: String,
+    layout: KeyLayout,
+) -> Detection {
     d.family = family;
     d.layout = Some(layout);
     d.diffusion_prefix = Some(prefix);
@@ -291,7 +334,11 @@ fn unknown(mut d: Detection, tensors: &[TensorInfo]) -> Detection {
     d.message = format!(
         "no UNet/DiT tensors recognised ({} tensors); first keys: {}",
         tensors.len(),
-        if first.is_empty() { "(none)".to_string() } else { first.join(", ") }
+        if first.is_empty() {
+            "(none)".to_string()
+        } else {
+            first.join(", ")
+        }
     );
     d
 }
@@ -321,7 +368,10 @@ fn summary(d: &Detection) -> String {
     .map(|(_, n)| *n)
     .collect();
     s.push_str(&format!("; components: {}", parts.join(", ")));
-    s.push_str(&format!("; prediction {:?} ({})", d.prediction, d.prediction_reason));
+    s.push_str(&format!(
+        "; prediction {:?} ({})",
+        d.prediction, d.prediction_reason
+    ));
     s
 }
 
@@ -331,15 +381,25 @@ fn metadata_hint(src: &dyn TensorSource) -> Option<(Prediction, String)> {
     if let Some(v) = m.get("modelspec.prediction_type") {
         let v = v.to_ascii_lowercase();
         if v == "v" || v == "v_prediction" {
-            return Some((Prediction::V, format!("metadata modelspec.prediction_type = {v}")));
+            return Some((
+                Prediction::V,
+                format!("metadata modelspec.prediction_type = {v}"),
+            ));
         }
         if v == "epsilon" || v == "eps" {
-            return Some((Prediction::Eps, format!("metadata modelspec.prediction_type = {v}")));
+            return Some((
+                Prediction::Eps,
+                format!("metadata modelspec.prediction_type = {v}"),
+            ));
         }
     }
     if let Some(v) = m.get("ss_v_parameterization") {
         let v_pred = v.eq_ignore_ascii_case("true");
-        let p = if v_pred { Prediction::V } else { Prediction::Eps };
+        let p = if v_pred {
+            Prediction::V
+        } else {
+            Prediction::Eps
+        };
         return Some((p, format!("metadata ss_v_parameterization = {v}")));
     }
     None
@@ -348,9 +408,22 @@ fn metadata_hint(src: &dyn TensorSource) -> Option<(Prediction, String)> {
 /// Prediction-type hint from explicit markers in the file or folder name.
 pub fn filename_hint(name: &str) -> Option<Prediction> {
     let n = name.to_ascii_lowercase();
-    if ["v-pred", "vpred", "v_pred", "768-v", "-v-ema", "v-prediction"].iter().any(|m| n.contains(m)) {
+    if [
+        "v-pred",
+        "vpred",
+        "v_pred",
+        "768-v",
+        "-v-ema",
+        "v-prediction",
+    ]
+    .iter()
+    .any(|m| n.contains(m))
+    {
         Some(Prediction::V)
-    } else if ["512-base", "eps-pred", "epsilon"].iter().any(|m| n.contains(m)) {
+    } else if ["512-base", "eps-pred", "epsilon"]
+        .iter()
+        .any(|m| n.contains(m))
+    {
         Some(Prediction::Eps)
     } else {
         None
@@ -360,18 +433,32 @@ pub fn filename_hint(name: &str) -> Option<Prediction> {
 /// [`detect`], plus prediction hints from metadata, the file name and (for SD2) weight values.
 pub fn detect_source(src: &dyn TensorSource) -> Detection {
     let mut d = detect(src.tensors());
-    if src.get("v_pred").is_some() || d.prediction == Prediction::Flow || d.family == ModelFamily::Unknown {
+    if src.get("v_pred").is_some()
+        || d.prediction == Prediction::Flow
+        || d.family == ModelFamily::Unknown
+    {
         return d;
     }
-    let file = src.path().file_name().and_then(|n| n.to_str()).unwrap_or("").to_string();
+    let file = src
+        .path()
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("")
+        .to_string();
     let hint = metadata_hint(src)
         .or_else(|| filename_hint(&file).map(|p| (p, format!("file name '{file}'"))))
-        .or_else(|| matches!(d.family, ModelFamily::Sd2 { .. }).then(|| sd2_weight_hint(src, &d)).flatten());
+        .or_else(|| {
+            matches!(d.family, ModelFamily::Sd2 { .. })
+                .then(|| sd2_weight_hint(src, &d))
+                .flatten()
+        });
     if let Some((p, reason)) = hint {
         d.prediction = p;
         d.prediction_reason = reason;
         if let ModelFamily::Sd2 { .. } = d.family {
-            d.family = ModelFamily::Sd2 { v_pred: p == Prediction::V };
+            d.family = ModelFamily::Sd2 {
+                v_pred: p == Prediction::V,
+            };
         }
         d.message = summary(&d);
     }
@@ -387,7 +474,9 @@ fn sd2_weight_hint(src: &dyn TensorSource, d: &Detection) -> Option<(Prediction,
     let prefix = d.diffusion_prefix.as_deref()?;
     let key = match d.layout? {
         KeyLayout::Ldm => format!("{prefix}output_blocks.11.1.transformer_blocks.0.norm1.bias"),
-        KeyLayout::Diffusers => format!("{prefix}up_blocks.3.attentions.2.transformer_blocks.0.norm1.bias"),
+        KeyLayout::Diffusers => {
+            format!("{prefix}up_blocks.3.attentions.2.transformer_blocks.0.norm1.bias")
+        }
     };
     let info = src.get(&key)?;
     let bytes = src.read(&key).ok()?;
@@ -398,6 +487,13 @@ fn sd2_weight_hint(src: &dyn TensorSource, d: &Detection) -> Option<(Prediction,
     let n = v.len() as f64;
     let mean = v.iter().map(|&x| x as f64).sum::<f64>() / n;
     let std = (v.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n).sqrt();
-    let p = if std > 0.09 { Prediction::V } else { Prediction::Eps };
-    Some((p, format!("std of {key} is {std:.3} (ComfyUI: > 0.09 means v)")))
+    let p = if std > 0.09 {
+        Prediction::V
+    } else {
+        Prediction::Eps
+    };
+    Some((
+        p,
+        format!("std of {key} is {std:.3} (ComfyUI: > 0.09 means v)"),
+    ))
 }

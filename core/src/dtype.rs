@@ -60,17 +60,42 @@ pub enum DType {
 /// Canonical names are ggml's `ggml_type_name` spelling (what sd.cpp prints and accepts for
 /// `--type`); aliases cover safetensors' dtype strings.
 const TABLE: &[(DType, Option<sys::ggml_type>, &str, &[&str])] = &[
-    (DType::F64, Some(sys::GGML_TYPE_F64), "f64", &["float64", "double"]),
-    (DType::F32, Some(sys::GGML_TYPE_F32), "f32", &["float32", "float"]),
-    (DType::F16, Some(sys::GGML_TYPE_F16), "f16", &["float16", "half"]),
-    (DType::BF16, Some(sys::GGML_TYPE_BF16), "bf16", &["bfloat16"]),
+    (
+        DType::F64,
+        Some(sys::GGML_TYPE_F64),
+        "f64",
+        &["float64", "double"],
+    ),
+    (
+        DType::F32,
+        Some(sys::GGML_TYPE_F32),
+        "f32",
+        &["float32", "float"],
+    ),
+    (
+        DType::F16,
+        Some(sys::GGML_TYPE_F16),
+        "f16",
+        &["float16", "half"],
+    ),
+    (
+        DType::BF16,
+        Some(sys::GGML_TYPE_BF16),
+        "bf16",
+        &["bfloat16"],
+    ),
     (DType::I64, Some(sys::GGML_TYPE_I64), "i64", &["int64"]),
     (DType::I32, Some(sys::GGML_TYPE_I32), "i32", &["int32"]),
     (DType::I16, Some(sys::GGML_TYPE_I16), "i16", &["int16"]),
     (DType::I8, Some(sys::GGML_TYPE_I8), "i8", &["int8"]),
     (DType::U8, None, "u8", &["uint8"]),
     (DType::Bool, None, "bool", &[]),
-    (DType::F8E4M3, None, "f8_e4m3", &["f8_e4m3fn", "float8_e4m3fn"]),
+    (
+        DType::F8E4M3,
+        None,
+        "f8_e4m3",
+        &["f8_e4m3fn", "float8_e4m3fn"],
+    ),
     (DType::F8E5M2, None, "f8_e5m2", &["float8_e5m2"]),
     (DType::Q4_0, Some(sys::GGML_TYPE_Q4_0), "q4_0", &[]),
     (DType::Q4_1, Some(sys::GGML_TYPE_Q4_1), "q4_1", &[]),
@@ -101,7 +126,14 @@ const TABLE: &[(DType, Option<sys::ggml_type>, &str, &[&str])] = &[
     (DType::Q2_0, Some(sys::GGML_TYPE_Q2_0), "q2_0", &[]),
 ];
 
-fn entry(d: DType) -> &'static (DType, Option<sys::ggml_type>, &'static str, &'static [&'static str]) {
+fn entry(
+    d: DType,
+) -> &'static (
+    DType,
+    Option<sys::ggml_type>,
+    &'static str,
+    &'static [&'static str],
+) {
     // TABLE lists every variant exactly once, in declaration order.
     &TABLE[d as usize]
 }
@@ -163,7 +195,9 @@ impl DType {
     pub fn block_size(self) -> usize {
         match self.ggml_type() {
             // SAFETY: a table lookup in ggml for a valid enum value.
-            Some(t) => usize::try_from(unsafe { sys::ggml_blck_size(t) }).unwrap_or(1).max(1),
+            Some(t) => usize::try_from(unsafe { sys::ggml_blck_size(t) })
+                .unwrap_or(1)
+                .max(1),
             None => 1,
         }
     }
@@ -173,7 +207,10 @@ impl DType {
         match self {
             DType::U8 | DType::Bool | DType::F8E4M3 | DType::F8E5M2 => 1,
             // SAFETY: a table lookup in ggml for a valid enum value.
-            _ => self.ggml_type().map(|t| unsafe { sys::ggml_type_size(t) }).unwrap_or(1),
+            _ => self
+                .ggml_type()
+                .map(|t| unsafe { sys::ggml_type_size(t) })
+                .unwrap_or(1),
         }
     }
 
@@ -217,9 +254,20 @@ impl FromStr for DType {
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum ConvertError {
     #[error("{dtype} data of shape {shape:?} should be {expected:?} bytes, got {got}")]
-    ByteLength { dtype: DType, shape: Vec<usize>, expected: Option<usize>, got: usize },
-    #[error("cannot quantize to {dtype}: row length {row} is not a multiple of its block size {block}")]
-    RowNotBlockMultiple { dtype: DType, row: usize, block: usize },
+    ByteLength {
+        dtype: DType,
+        shape: Vec<usize>,
+        expected: Option<usize>,
+        got: usize,
+    },
+    #[error(
+        "cannot quantize to {dtype}: row length {row} is not a multiple of its block size {block}"
+    )]
+    RowNotBlockMultiple {
+        dtype: DType,
+        row: usize,
+        block: usize,
+    },
     #[error("cannot quantize to {0} without an importance matrix")]
     NeedsImatrix(DType),
     #[error("ggml has no conversion from {0} to f32")]
@@ -236,11 +284,21 @@ fn n_elements(shape: &[usize]) -> Option<usize> {
 ///
 /// Goes through f32. Quantized destinations are quantized row by row with rows = the last
 /// dimension (ggml's `ne[0]`), which must be a multiple of the block size.
-pub fn convert(src: DType, bytes: &[u8], shape: &[usize], dst: DType) -> Result<Vec<u8>, ConvertError> {
+pub fn convert(
+    src: DType,
+    bytes: &[u8],
+    shape: &[usize],
+    dst: DType,
+) -> Result<Vec<u8>, ConvertError> {
     let n = n_elements(shape);
     let expected = n.and_then(|n| src.byte_len(n));
     if expected != Some(bytes.len()) {
-        return Err(ConvertError::ByteLength { dtype: src, shape: shape.to_vec(), expected, got: bytes.len() });
+        return Err(ConvertError::ByteLength {
+            dtype: src,
+            shape: shape.to_vec(),
+            expected,
+            got: bytes.len(),
+        });
     }
     let n = n.unwrap_or(0);
     if src == dst {
@@ -258,7 +316,11 @@ pub fn convert(src: DType, bytes: &[u8], shape: &[usize], dst: DType) -> Result<
 fn check_quantizable(dst: DType, row: usize) -> Result<(), ConvertError> {
     let block = dst.block_size();
     if row == 0 || row % block != 0 {
-        return Err(ConvertError::RowNotBlockMultiple { dtype: dst, row, block });
+        return Err(ConvertError::RowNotBlockMultiple {
+            dtype: dst,
+            row,
+            block,
+        });
     }
     let t = dst.ggml_type().ok_or(ConvertError::Unsupported(dst))?;
     // SAFETY: pure predicate on a valid type.
@@ -275,10 +337,17 @@ fn check_quantizable(dst: DType, row: usize) -> Result<(), ConvertError> {
 /// Decodes `n` elements of `src` to f32. `bytes` must be exactly `src.byte_len(n)` long.
 pub fn to_f32(src: DType, bytes: &[u8], n: usize) -> Result<Vec<f32>, ConvertError> {
     if src.byte_len(n) != Some(bytes.len()) {
-        return Err(ConvertError::ByteLength { dtype: src, shape: vec![n], expected: src.byte_len(n), got: bytes.len() });
+        return Err(ConvertError::ByteLength {
+            dtype: src,
+            shape: vec![n],
+            expected: src.byte_len(n),
+            got: bytes.len(),
+        });
     }
     fn each<const W: usize>(b: &[u8], f: impl Fn([u8; W]) -> f32) -> Vec<f32> {
-        b.chunks_exact(W).map(|c| f(c.try_into().unwrap_or([0; W]))).collect()
+        b.chunks_exact(W)
+            .map(|c| f(c.try_into().unwrap_or([0; W])))
+            .collect()
     }
     Ok(match src {
         DType::F32 => each::<4>(bytes, f32::from_le_bytes),
@@ -290,14 +359,19 @@ pub fn to_f32(src: DType, bytes: &[u8], n: usize) -> Result<Vec<f32>, ConvertErr
         DType::I16 => each::<2>(bytes, |c| i16::from_le_bytes(c) as f32),
         DType::I8 => bytes.iter().map(|&b| b as i8 as f32).collect(),
         DType::U8 => bytes.iter().map(|&b| b as f32).collect(),
-        DType::Bool => bytes.iter().map(|&b| if b != 0 { 1.0 } else { 0.0 }).collect(),
+        DType::Bool => bytes
+            .iter()
+            .map(|&b| if b != 0 { 1.0 } else { 0.0 })
+            .collect(),
         DType::F8E4M3 => bytes.iter().map(|&b| f8_e4m3_to_f32(b)).collect(),
         DType::F8E5M2 => bytes.iter().map(|&b| f8_e5m2_to_f32(b)).collect(),
         q => {
             let t = q.ggml_type().ok_or(ConvertError::NoDequantizer(q))?;
             // SAFETY: ggml returns a pointer to its static traits table for valid types.
             let traits = unsafe { sys::ggml_get_type_traits(t).as_ref() };
-            let to_float = traits.and_then(|t| t.to_float).ok_or(ConvertError::NoDequantizer(q))?;
+            let to_float = traits
+                .and_then(|t| t.to_float)
+                .ok_or(ConvertError::NoDequantizer(q))?;
             let mut out = vec![0f32; n];
             if n > 0 {
                 let k = i64::try_from(n).map_err(|_| ConvertError::NoDequantizer(q))?;
@@ -332,12 +406,22 @@ pub fn from_f32(values: &[f32], row: usize, dst: DType) -> Result<Vec<u8>, Conve
         DType::I8 => values.iter().map(|x| x.round() as i8 as u8).collect(),
         DType::U8 => values.iter().map(|x| x.round() as u8).collect(),
         DType::Bool => values.iter().map(|&x| u8::from(x != 0.0)).collect(),
-        DType::F8E4M3 => values.iter().map(|&x| f32_to_f8(x, &F8_E4M3_TABLE, 0x7f)).collect(),
-        DType::F8E5M2 => values.iter().map(|&x| f32_to_f8(x, &F8_E5M2_TABLE, 0x7f)).collect(),
+        DType::F8E4M3 => values
+            .iter()
+            .map(|&x| f32_to_f8(x, &F8_E4M3_TABLE, 0x7f))
+            .collect(),
+        DType::F8E5M2 => values
+            .iter()
+            .map(|&x| f32_to_f8(x, &F8_E5M2_TABLE, 0x7f))
+            .collect(),
         q => {
             check_quantizable(q, row)?;
             if values.len() % row != 0 {
-                return Err(ConvertError::RowNotBlockMultiple { dtype: q, row, block: q.block_size() });
+                return Err(ConvertError::RowNotBlockMultiple {
+                    dtype: q,
+                    row,
+                    block: q.block_size(),
+                });
             }
             let t = q.ggml_type().ok_or(ConvertError::Unsupported(q))?;
             let nrows = values.len() / row;
@@ -399,7 +483,11 @@ static F8_E5M2_TABLE: std::sync::LazyLock<F8Table> = std::sync::LazyLock::new(||
     // Codes 0..=0x7b are finite, 0x7c is +inf; NaNs above are excluded by the table length cut.
     let mut t = [0f32; 127];
     for (i, v) in t.iter_mut().enumerate() {
-        *v = if i <= 0x7c { f8_e5m2_to_f32(i as u8) } else { f32::INFINITY };
+        *v = if i <= 0x7c {
+            f8_e5m2_to_f32(i as u8)
+        } else {
+            f32::INFINITY
+        };
     }
     F8Table(t)
 });
@@ -423,7 +511,11 @@ fn f32_to_f8(x: f32, table: &F8Table, nan: u8) -> u8 {
         if hi.is_infinite() {
             // Values between max finite and inf: IEEE rounds to inf only past max + ulp/2.
             let ulp = lo - t[idx - 2];
-            if a >= lo + ulp / 2.0 { idx } else { idx - 1 }
+            if a >= lo + ulp / 2.0 {
+                idx
+            } else {
+                idx - 1
+            }
         } else if a - lo < hi - a || (a - lo == hi - a && (idx - 1) % 2 == 0) {
             idx - 1
         } else {

@@ -31,7 +31,10 @@ fn round_trip(dst: DType, shape: &[usize], v: &[f32]) -> Result<Vec<f32>, Conver
     let q = dtype::convert(DType::F32, &f32_bytes(v), shape, dst)?;
     assert_eq!(Some(q.len()), dst.byte_len(v.len()), "{dst} size");
     let back = dtype::convert(dst, &q, shape, DType::F32)?;
-    Ok(back.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect())
+    Ok(back
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect())
 }
 
 #[test]
@@ -40,7 +43,12 @@ fn f32_to_common_types_and_back_within_expected_error() {
     let v = signal(8 * 256);
     // (type, max relative RMSE): f16 has 11 significant bits, bf16 8; q8_0 stores 8-bit
     // values per 32-block scale, q4_0 4-bit.
-    for (d, bound) in [(DType::F16, 1e-3), (DType::BF16, 5e-3), (DType::Q8_0, 1e-2), (DType::Q4_0, 0.15)] {
+    for (d, bound) in [
+        (DType::F16, 1e-3),
+        (DType::BF16, 5e-3),
+        (DType::Q8_0, 1e-2),
+        (DType::Q4_0, 0.15),
+    ] {
         let back = round_trip(d, &shape, &v).unwrap();
         let e = rel_rmse(&v, &back);
         assert!(e < bound, "{d}: relative RMSE {e}");
@@ -59,11 +67,20 @@ fn every_ggml_quantizer_round_trips() {
                 let e = rel_rmse(&v, &back);
                 eprintln!("{d}: relative RMSE {e:.4}");
                 // Ternary and 1-bit formats are very coarse; everything else is within 0.5.
-                let bound = if matches!(d, DType::TQ1_0 | DType::TQ2_0 | DType::Q1_0 | DType::Q2_0 | DType::IQ1M) { 1.5 } else { 0.5 };
+                let bound = if matches!(
+                    d,
+                    DType::TQ1_0 | DType::TQ2_0 | DType::Q1_0 | DType::Q2_0 | DType::IQ1M
+                ) {
+                    1.5
+                } else {
+                    0.5
+                };
                 assert!(e < bound, "{d}: relative RMSE {e}");
             }
             Err(ConvertError::NeedsImatrix(x)) => assert_eq!(x, d),
-            Err(ConvertError::Unsupported(x)) => assert!(matches!(x, DType::Q8_1 | DType::Q8K), "{x}"),
+            Err(ConvertError::Unsupported(x)) => {
+                assert!(matches!(x, DType::Q8_1 | DType::Q8K), "{x}")
+            }
             Err(e) => panic!("{d}: {e}"),
         }
     }
@@ -83,11 +100,21 @@ fn float8_and_integer_conversions() {
 fn conversion_errors() {
     let v = f32_bytes(&signal(66));
     let e = dtype::convert(DType::F32, &v, &[2, 33], DType::Q4_0).unwrap_err();
-    assert_eq!(e, ConvertError::RowNotBlockMultiple { dtype: DType::Q4_0, row: 33, block: 32 });
+    assert_eq!(
+        e,
+        ConvertError::RowNotBlockMultiple {
+            dtype: DType::Q4_0,
+            row: 33,
+            block: 32
+        }
+    );
     let e = dtype::convert(DType::F32, &v[..8], &[2, 33], DType::F16).unwrap_err();
     assert!(matches!(e, ConvertError::ByteLength { .. }), "{e}");
     let e = dtype::convert(DType::F32, &v, &[usize::MAX, 2], DType::F16).unwrap_err();
-    assert!(matches!(e, ConvertError::ByteLength { expected: None, .. }), "{e}");
+    assert!(
+        matches!(e, ConvertError::ByteLength { expected: None, .. }),
+        "{e}"
+    );
 }
 
 #[test]
@@ -98,7 +125,10 @@ fn type_rules_parse_like_sd_cpp() {
     assert_eq!(r.requested("unet.conv.weight"), Some(DType::Q8_0));
     assert_eq!(TypeRules::parse("", "").unwrap().requested("x"), None);
     for (t, rules) in [("q9", ""), ("", "nope"), ("", "a=q9_9"), ("", "(=f16")] {
-        assert!(matches!(TypeRules::parse(t, rules), Err(io::IoError::Rules { .. })), "{t} {rules}");
+        assert!(
+            matches!(TypeRules::parse(t, rules), Err(io::IoError::Rules { .. })),
+            "{t} {rules}"
+        );
     }
 }
 
@@ -127,24 +157,47 @@ fn read_as_converts_what_sd_cpp_converts() {
     let rules = TypeRules::parse("q8_0", r"^vae\.=f32").unwrap();
     let got = |n: &str| read_as(&*src, n, &rules).unwrap();
     let (d, bytes) = got("blocks.0.attn.weight");
-    assert_eq!((d, bytes.len()), (DType::Q8_0, DType::Q8_0.byte_len(256).unwrap()));
+    assert_eq!(
+        (d, bytes.len()),
+        (DType::Q8_0, DType::Q8_0.byte_len(256).unwrap())
+    );
     // Skipped like sd.cpp: biases, embeddings, rows not a block multiple, FLUX in/out layers;
     // integer tensors are never converted.
-    for n in ["blocks.0.attn.bias", "token_embedding.weight", "blocks.0.odd.weight", "position_ids", "img_in.weight"] {
+    for n in [
+        "blocks.0.attn.bias",
+        "token_embedding.weight",
+        "blocks.0.odd.weight",
+        "position_ids",
+        "img_in.weight",
+    ] {
         let (d, bytes) = got(n);
         assert_eq!(d, src.get(n).unwrap().dtype, "{n}");
         assert_eq!(&*bytes, &*src.read(n).unwrap(), "{n}");
     }
     let (d, bytes) = got("vae.conv.weight");
     assert_eq!(d, DType::F32);
-    let v: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    let v: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
     assert!(rel_rmse(&signal(256), &v) < 1e-3);
-    assert!(matches!(read_as(&*src, "nope", &rules), Err(io::IoError::NotFound { .. })));
+    assert!(matches!(
+        read_as(&*src, "nope", &rules),
+        Err(io::IoError::NotFound { .. })
+    ));
     // No rules: stored type, zero-copy.
     let (d, bytes) = read_as(&*src, "blocks.0.attn.weight", &TypeRules::none()).unwrap();
     assert!(d == DType::F32 && matches!(bytes, io::TensorBytes::Borrowed(_)));
     // An imatrix-only type is an error naming the file and tensor, not an abort.
     let r = TypeRules::parse("iq2_xxs", "").unwrap();
-    let e = read_as(&*src, "blocks.1.big.weight", &r).err().unwrap().to_string();
-    assert!(e.contains("m.safetensors") && e.contains("blocks.1.big.weight") && e.contains("importance"), "{e}");
+    let e = read_as(&*src, "blocks.1.big.weight", &r)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("m.safetensors")
+            && e.contains("blocks.1.big.weight")
+            && e.contains("importance"),
+        "{e}"
+    );
 }

@@ -10,7 +10,10 @@ use sdflow_core::io::{self, gguf, Format};
 fn kv() -> Vec<(String, gguf::Value)> {
     use gguf::Value as V;
     vec![
-        ("general.architecture".into(), V::String("sdflow-test".into())),
+        (
+            "general.architecture".into(),
+            V::String("sdflow-test".into()),
+        ),
         ("general.alignment".into(), V::U32(64)),
         ("u8".into(), V::U8(7)),
         ("i8".into(), V::I8(-7)),
@@ -22,8 +25,14 @@ fn kv() -> Vec<(String, gguf::Value)> {
         ("u64".into(), V::U64(1 << 40)),
         ("i64".into(), V::I64(-(1 << 40))),
         ("f64".into(), V::F64(0.25)),
-        ("tokens".into(), V::Array(vec![V::String("a".into()), V::String("bc".into())])),
-        ("ints".into(), V::Array(vec![V::I32(1), V::I32(2), V::I32(3)])),
+        (
+            "tokens".into(),
+            V::Array(vec![V::String("a".into()), V::String("bc".into())]),
+        ),
+        (
+            "ints".into(),
+            V::Array(vec![V::I32(1), V::I32(2), V::I32(3)]),
+        ),
         ("empty".into(), V::Array(vec![])),
     ]
 }
@@ -43,7 +52,13 @@ fn all_types() -> Vec<(String, DType, Vec<usize>, Vec<u8>)> {
 }
 
 fn write(path: &Path, kv: &[(String, gguf::Value)], ts: &[(String, DType, Vec<usize>, Vec<u8>)]) {
-    gguf::write(path, kv, ts.iter().map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.as_slice()))).unwrap();
+    gguf::write(
+        path,
+        kv,
+        ts.iter()
+            .map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.as_slice())),
+    )
+    .unwrap();
 }
 
 #[test]
@@ -67,7 +82,10 @@ fn every_ggml_type_round_trips_bit_for_bit() {
     assert_eq!(m["u64"], (1u64 << 40).to_string());
     let h = gguf::parse(&std::fs::read(&p).unwrap()).unwrap();
     assert_eq!(h.alignment, 64);
-    assert!(h.tensors.iter().all(|t| (t.range.start - h.data_offset) % 64 == 0));
+    assert!(h
+        .tensors
+        .iter()
+        .all(|t| (t.range.start - h.data_offset) % 64 == 0));
 }
 
 #[test]
@@ -80,7 +98,10 @@ fn ggml_reads_what_we_write() {
     let c = CString::new(p.to_str().unwrap()).unwrap();
     // SAFETY: no_alloc reads only the header; the context is freed below.
     unsafe {
-        let params = ggml_sys::gguf_init_params { no_alloc: true, ctx: std::ptr::null_mut() };
+        let params = ggml_sys::gguf_init_params {
+            no_alloc: true,
+            ctx: std::ptr::null_mut(),
+        };
         let ctx = ggml_sys::gguf_init_from_file(c.as_ptr(), params);
         assert!(!ctx.is_null(), "ggml rejected our GGUF");
         assert_eq!(ggml_sys::gguf_get_n_tensors(ctx), ts.len() as i64);
@@ -89,8 +110,14 @@ fn ggml_reads_what_we_write() {
             let name = CString::new(t.name.as_str()).unwrap();
             let id = ggml_sys::gguf_find_tensor(ctx, name.as_ptr());
             assert_eq!(id, i as i64);
-            assert_eq!(ggml_sys::gguf_get_tensor_type(ctx, id), t.dtype.ggml_type().unwrap());
-            assert_eq!(ggml_sys::gguf_get_tensor_offset(ctx, id) + ours.data_offset, t.range.start);
+            assert_eq!(
+                ggml_sys::gguf_get_tensor_type(ctx, id),
+                t.dtype.ggml_type().unwrap()
+            );
+            assert_eq!(
+                ggml_sys::gguf_get_tensor_offset(ctx, id) + ours.data_offset,
+                t.range.start
+            );
             assert_eq!(ggml_sys::gguf_get_tensor_size(ctx, id), t.range.len());
         }
         ggml_sys::gguf_free(ctx);
@@ -141,35 +168,134 @@ fn corrupt_files_are_rejected_with_clear_errors() {
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
         ("bad magic", b"GGUX\x03\0\0\0".to_vec(), "magic"),
         ("version 1", G::new(1, 0, 0).data(0), "version 1"),
-        ("huge tensor count", G::new(3, u64::MAX, 0).data(0), "tensor count"),
-        ("huge kv count", G::new(3, 0, 1 << 50).data(0), "key/value count"),
-        ("huge key length", G::new(3, 0, 1).u64(1 << 60).data(64), "key length"),
-        ("huge array", G::new(3, 0, 1).s("a").u32(9).u32(4).u64(1 << 40).data(64), "array length"),
-        ("nested array", G::new(3, 0, 1).s("a").u32(9).u32(9).u64(1).u32(0).u64(0).data(64), "nested"),
-        ("unknown kv type", G::new(3, 0, 1).s("a").u32(77).u32(0).data(64), "unknown value type"),
-        ("bad alignment", G::new(3, 0, 1).s("general.alignment").u32(4).u32(3).data(0), "alignment"),
-        ("duplicate key", G::new(3, 0, 2).s("a").u32(4).u32(1).s("a").u32(4).u32(1).data(0), "duplicate"),
-        ("offset past EOF", G::new(3, 1, 0).tensor("w", &[4, 2], 0, 1 << 20).data(32), "past the end"),
-        ("data truncated", G::new(3, 1, 0).tensor("w", &[4, 2], 0, 0).data(31), "past the end"),
-        ("misaligned offset", G::new(3, 1, 0).tensor("w", &[4, 2], 0, 4).data(64), "alignment"),
-        ("too many dims", G::new(3, 1, 0).tensor("w", &[1, 1, 1, 1, 1], 0, 0).data(32), "dimensions"),
-        ("shape overflow", G::new(3, 1, 0).tensor("w", &[1 << 62, 1 << 62], 0, 0).data(32), "overflows"),
+        (
+            "huge tensor count",
+            G::new(3, u64::MAX, 0).data(0),
+            "tensor count",
+        ),
+        (
+            "huge kv count",
+            G::new(3, 0, 1 << 50).data(0),
+            "key/value count",
+        ),
+        (
+            "huge key length",
+            G::new(3, 0, 1).u64(1 << 60).data(64),
+            "key length",
+        ),
+        (
+            "huge array",
+            G::new(3, 0, 1).s("a").u32(9).u32(4).u64(1 << 40).data(64),
+            "array length",
+        ),
+        (
+            "nested array",
+            G::new(3, 0, 1)
+                .s("a")
+                .u32(9)
+                .u32(9)
+                .u64(1)
+                .u32(0)
+                .u64(0)
+                .data(64),
+            "nested",
+        ),
+        (
+            "unknown kv type",
+            G::new(3, 0, 1).s("a").u32(77).u32(0).data(64),
+            "unknown value type",
+        ),
+        (
+            "bad alignment",
+            G::new(3, 0, 1).s("general.alignment").u32(4).u32(3).data(0),
+            "alignment",
+        ),
+        (
+            "duplicate key",
+            G::new(3, 0, 2)
+                .s("a")
+                .u32(4)
+                .u32(1)
+                .s("a")
+                .u32(4)
+                .u32(1)
+                .data(0),
+            "duplicate",
+        ),
+        (
+            "offset past EOF",
+            G::new(3, 1, 0).tensor("w", &[4, 2], 0, 1 << 20).data(32),
+            "past the end",
+        ),
+        (
+            "data truncated",
+            G::new(3, 1, 0).tensor("w", &[4, 2], 0, 0).data(31),
+            "past the end",
+        ),
+        (
+            "misaligned offset",
+            G::new(3, 1, 0).tensor("w", &[4, 2], 0, 4).data(64),
+            "alignment",
+        ),
+        (
+            "too many dims",
+            G::new(3, 1, 0).tensor("w", &[1, 1, 1, 1, 1], 0, 0).data(32),
+            "dimensions",
+        ),
+        (
+            "shape overflow",
+            G::new(3, 1, 0)
+                .tensor("w", &[1 << 62, 1 << 62], 0, 0)
+                .data(32),
+            "overflows",
+        ),
         // A zero dimension must not hide an overflow of the others.
-        ("zero hides overflow", G::new(3, 1, 0).tensor("w", &[0, 1 << 62, 1 << 62], 0, 0).data(32), "overflows"),
-        ("size overflow", G::new(3, 1, 0).tensor("w", &[1 << 62, 4], 0, 0).data(32), "overflows"),
-        ("dim > i64", G::new(3, 1, 0).tensor("w", &[u64::MAX], 0, 0).data(32), "out of range"),
-        ("unknown type", G::new(3, 1, 0).tensor("w", &[4], 99, 0).data(32), "unknown ggml type"),
-        ("removed type", G::new(3, 1, 0).tensor("w", &[32], 4, 0).data(32), "unknown ggml type"),
-        ("row not a block multiple", G::new(3, 1, 0).tensor("w", &[33], 2, 0).data(64), "block size"),
+        (
+            "zero hides overflow",
+            G::new(3, 1, 0)
+                .tensor("w", &[0, 1 << 62, 1 << 62], 0, 0)
+                .data(32),
+            "overflows",
+        ),
+        (
+            "size overflow",
+            G::new(3, 1, 0).tensor("w", &[1 << 62, 4], 0, 0).data(32),
+            "overflows",
+        ),
+        (
+            "dim > i64",
+            G::new(3, 1, 0).tensor("w", &[u64::MAX], 0, 0).data(32),
+            "out of range",
+        ),
+        (
+            "unknown type",
+            G::new(3, 1, 0).tensor("w", &[4], 99, 0).data(32),
+            "unknown ggml type",
+        ),
+        (
+            "removed type",
+            G::new(3, 1, 0).tensor("w", &[32], 4, 0).data(32),
+            "unknown ggml type",
+        ),
+        (
+            "row not a block multiple",
+            G::new(3, 1, 0).tensor("w", &[33], 2, 0).data(64),
+            "block size",
+        ),
         (
             "duplicate tensor",
-            G::new(3, 2, 0).tensor("w", &[4], 0, 0).tensor("w", &[4], 0, 32).data(64),
+            G::new(3, 2, 0)
+                .tensor("w", &[4], 0, 0)
+                .tensor("w", &[4], 0, 32)
+                .data(64),
             "twice",
         ),
     ];
     let dir = tempfile::tempdir().unwrap();
     for (what, bytes, needle) in cases {
-        let e = gguf::parse(&bytes).err().unwrap_or_else(|| panic!("{what}: parsed"));
+        let e = gguf::parse(&bytes)
+            .err()
+            .unwrap_or_else(|| panic!("{what}: parsed"));
         assert!(e.to_string().contains(needle), "{what}: {e}");
         let p = dir.path().join("bad.gguf");
         std::fs::write(&p, &bytes).unwrap();
@@ -186,7 +312,13 @@ fn every_truncation_and_random_flip_fails_cleanly() {
     let ts: Vec<_> = all_types().into_iter().take(6).collect();
     write(&p, &kv(), &ts);
     let full = std::fs::read(&p).unwrap();
-    let last_end = gguf::parse(&full).unwrap().tensors.iter().map(|t| t.range.end).max().unwrap();
+    let last_end = gguf::parse(&full)
+        .unwrap()
+        .tensors
+        .iter()
+        .map(|t| t.range.end)
+        .max()
+        .unwrap();
     for cut in 0..full.len() {
         let r = gguf::parse(&full[..cut]);
         assert_eq!(r.is_ok(), cut >= last_end, "cut at {cut}: {r:?}");
@@ -214,4 +346,29 @@ fn writer_checks_its_input() {
     assert!(e.to_string().contains("tensor 'w'"), "{e}");
     let e = gguf::write(&p, &[], [("w", DType::F8E4M3, vec![2], &[0u8; 2][..])]).unwrap_err();
     assert!(e.to_string().contains("no ggml type"), "{e}");
+}
+
+/// Inputs the fuzzer found (a zero dimension hiding an overflowing shape; a data section
+/// starting past EOF): both must be clean errors.
+#[test]
+fn fuzzer_regressions() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/io");
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .starts_with("gguf_fuzz_")
+        {
+            let e = gguf::parse(&std::fs::read(&p).unwrap()).unwrap_err();
+            assert!(
+                e.to_string().contains("overflows") || e.to_string().contains("past the end"),
+                "{e}"
+            );
+            n += 1;
+        }
+    }
+    assert_eq!(n, 2);
 }

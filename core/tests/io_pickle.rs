@@ -7,7 +7,9 @@ use sdflow_core::dtype::{self, DType};
 use sdflow_core::io::{self, pickle, Format, OpenOptions, TensorSource};
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/io").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/io")
+        .join(name)
 }
 
 /// make_fixtures.py's `values`: `(arange(n) - n/2) * 0.25`, times 4 and truncated for ints.
@@ -41,13 +43,19 @@ const STATE: &[(&str, &[usize], DType)] = &[
 fn values(src: &dyn TensorSource, name: &str) -> Vec<f64> {
     let info = src.get(name).unwrap_or_else(|| panic!("missing {name}"));
     let bytes = src.read(name).unwrap();
-    dtype::to_f32(info.dtype, &bytes, info.n_elements()).unwrap().into_iter().map(f64::from).collect()
+    dtype::to_f32(info.dtype, &bytes, info.n_elements())
+        .unwrap()
+        .into_iter()
+        .map(f64::from)
+        .collect()
 }
 
 fn check_state_dict(src: &dyn TensorSource) {
     assert_eq!(src.format(), Format::Pickle);
     for &(name, shape, dt) in STATE {
-        let info = src.get(name).unwrap_or_else(|| panic!("{name} missing; have {:?}", names(src)));
+        let info = src
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} missing; have {:?}", names(src)));
         assert_eq!(info.dtype, dt, "{name}");
         assert_eq!(info.shape, shape, "{name}");
         assert_eq!(values(src, name), expected(shape, dt), "{name}");
@@ -73,7 +81,10 @@ fn zip_checkpoint_from_real_torch() {
     let src = io::open(&fixture("zip.ckpt")).unwrap();
     check_state_dict(&*src);
     // STORED entries are served straight from the mmap.
-    assert!(matches!(src.read("conv.weight").unwrap(), io::TensorBytes::Borrowed(_)));
+    assert!(matches!(
+        src.read("conv.weight").unwrap(),
+        io::TensorBytes::Borrowed(_)
+    ));
 }
 
 #[test]
@@ -113,14 +124,22 @@ fn open_err(name: &str) -> String {
 fn non_contiguous_strides_are_rejected_naming_the_tensor() {
     for f in ["noncontig.pt", "noncontig_legacy.pt"] {
         let e = open_err(f);
-        assert!(e.contains(f) && e.contains("tensor 't'") && e.contains("not contiguous"), "{e}");
+        assert!(
+            e.contains(f) && e.contains("tensor 't'") && e.contains("not contiguous"),
+            "{e}"
+        );
     }
 }
 
 #[test]
 fn storage_types_outside_the_allowlist_are_rejected() {
     let e = open_err("unknown_storage.ckpt");
-    assert!(e.contains("torch.EvilXStorage") && e.contains("allowlist") && e.contains("unknown_storage.ckpt"), "{e}");
+    assert!(
+        e.contains("torch.EvilXStorage")
+            && e.contains("allowlist")
+            && e.contains("unknown_storage.ckpt"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -168,7 +187,15 @@ impl P {
     }
     /// `key: _rebuild_tensor_v2(storage(key_s, FloatStorage, numel), offset, size, stride)`
     /// inside an open dict (after `}(`).
-    fn tensor(self, name: &str, storage: &str, numel: i64, offset: i64, size: &[i64], stride: &[i64]) -> Self {
+    fn tensor(
+        self,
+        name: &str,
+        storage: &str,
+        numel: i64,
+        offset: i64,
+        size: &[i64],
+        stride: &[i64],
+    ) -> Self {
         let mut p = self
             .s(name)
             .global("torch._utils", "_rebuild_tensor_v2")
@@ -193,7 +220,9 @@ impl P {
 }
 
 fn legacy_file(main: &[u8], keys: &[&str], storages: &[(u64, usize)]) -> Vec<u8> {
-    let mut f = vec![0x80, 2, 0x8a, 10, 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19, b'.'];
+    let mut f = vec![
+        0x80, 2, 0x8a, 10, 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19, b'.',
+    ];
     f.extend_from_slice(&[0x80, 2, b'M', 0xe9, 0x03, b'.']);
     f.extend_from_slice(&P::new().op(b"}.").0);
     f.extend_from_slice(main);
@@ -217,12 +246,19 @@ fn write_tmp(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> PathBuf {
 
 #[test]
 fn handmade_legacy_file_reads() {
-    let main = P::new().op(b"}(").tensor("w", "k0", 6, 2, &[2, 2], &[2, 1]).op(b"u.").0;
+    let main = P::new()
+        .op(b"}(")
+        .tensor("w", "k0", 6, 2, &[2, 2], &[2, 1])
+        .op(b"u.")
+        .0;
     let dir = tempfile::tempdir().unwrap();
     let p = write_tmp(&dir, "ok.pt", &legacy_file(&main, &["k0"], &[(6, 24)]));
     let src = io::open(&p).unwrap();
     let w = src.get("w").unwrap();
-    assert_eq!((w.dtype, w.shape.clone(), w.byte_len()), (DType::F32, vec![2, 2], 16));
+    assert_eq!(
+        (w.dtype, w.shape.clone(), w.byte_len()),
+        (DType::F32, vec![2, 2], 16)
+    );
 }
 
 #[test]
@@ -232,7 +268,11 @@ fn lying_sizes_and_offsets_are_rejected() {
         (
             "shape product overflows",
             legacy_file(
-                &P::new().op(b"}(").tensor("w", "k0", 4, 0, &[1 << 62, 1 << 62], &[1 << 62, 1]).op(b"u.").0,
+                &P::new()
+                    .op(b"}(")
+                    .tensor("w", "k0", 4, 0, &[1 << 62, 1 << 62], &[1 << 62, 1])
+                    .op(b"u.")
+                    .0,
                 &["k0"],
                 &[(4, 16)],
             ),
@@ -240,13 +280,25 @@ fn lying_sizes_and_offsets_are_rejected() {
         ),
         (
             "view past its storage",
-            legacy_file(&P::new().op(b"}(").tensor("w", "k0", 4, 3, &[4], &[1]).op(b"u.").0, &["k0"], &[(4, 16)]),
+            legacy_file(
+                &P::new()
+                    .op(b"}(")
+                    .tensor("w", "k0", 4, 3, &[4], &[1])
+                    .op(b"u.")
+                    .0,
+                &["k0"],
+                &[(4, 16)],
+            ),
             "outside its storage",
         ),
         (
             "huge storage offset",
             legacy_file(
-                &P::new().op(b"}(").tensor("w", "k0", 4, i64::MAX, &[4], &[1]).op(b"u.").0,
+                &P::new()
+                    .op(b"}(")
+                    .tensor("w", "k0", 4, i64::MAX, &[4], &[1])
+                    .op(b"u.")
+                    .0,
                 &["k0"],
                 &[(4, 16)],
             ),
@@ -254,17 +306,41 @@ fn lying_sizes_and_offsets_are_rejected() {
         ),
         (
             "storage data past EOF",
-            legacy_file(&P::new().op(b"}(").tensor("w", "k0", 4, 0, &[4], &[1]).op(b"u.").0, &["k0"], &[(1 << 60, 16)]),
+            legacy_file(
+                &P::new()
+                    .op(b"}(")
+                    .tensor("w", "k0", 4, 0, &[4], &[1])
+                    .op(b"u.")
+                    .0,
+                &["k0"],
+                &[(1 << 60, 16)],
+            ),
             "past the end",
         ),
         (
             "storage smaller than its id says",
-            legacy_file(&P::new().op(b"}(").tensor("w", "k0", 8, 0, &[4], &[1]).op(b"u.").0, &["k0"], &[(4, 16)]),
+            legacy_file(
+                &P::new()
+                    .op(b"}(")
+                    .tensor("w", "k0", 8, 0, &[4], &[1])
+                    .op(b"u.")
+                    .0,
+                &["k0"],
+                &[(4, 16)],
+            ),
             "holds 4 elements",
         ),
         (
             "negative size",
-            legacy_file(&P::new().op(b"}(").tensor("w", "k0", 4, 0, &[-4], &[1]).op(b"u.").0, &["k0"], &[(4, 16)]),
+            legacy_file(
+                &P::new()
+                    .op(b"}(")
+                    .tensor("w", "k0", 4, 0, &[-4], &[1])
+                    .op(b"u.")
+                    .0,
+                &["k0"],
+                &[(4, 16)],
+            ),
             "non-negative",
         ),
     ];
@@ -280,9 +356,18 @@ fn lying_sizes_and_offsets_are_rejected() {
 
 #[test]
 fn reduce_of_any_other_callable_yields_none_and_runs_nothing() {
-    let marker = std::env::temp_dir().join(format!("sdflow_pwned_{}_{}", std::process::id(), rand::random::<u64>()));
+    let marker = std::env::temp_dir().join(format!(
+        "sdflow_pwned_{}_{}",
+        std::process::id(),
+        rand::random::<u64>()
+    ));
     let cmd = format!("touch {}", marker.display());
-    for (m, n) in [("posix", "system"), ("os", "system"), ("builtins", "eval"), ("subprocess", "call")] {
+    for (m, n) in [
+        ("posix", "system"),
+        ("os", "system"),
+        ("builtins", "eval"),
+        ("subprocess", "call"),
+    ] {
         // {"w": tensor, "x": <callable>(cmd)} as the object pickle of a legacy file.
         let main = P::new()
             .op(b"}(")
@@ -294,7 +379,13 @@ fn reduce_of_any_other_callable_yields_none_and_runs_nothing() {
             .op(b"u.")
             .0;
         let u = pickle::unpickle(&main, 0).unwrap();
-        assert_eq!(u.tensors.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["w"]);
+        assert_eq!(
+            u.tensors
+                .iter()
+                .map(|t| t.name.as_str())
+                .collect::<Vec<_>>(),
+            ["w"]
+        );
         // Also as the whole object: a None root has no tensors.
         let root = P::new().global(m, n).s(&cmd).op(b"\x85R.").0;
         assert!(pickle::unpickle(&root, 0).unwrap().tensors.is_empty());

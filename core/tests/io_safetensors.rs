@@ -27,14 +27,26 @@ fn tensors() -> Vec<(String, DType, Vec<usize>, Vec<u8>)> {
         .map(|(i, &d)| {
             let shape = vec![2, i + 1, 3];
             let n = 6 * (i + 1);
-            let bytes: Vec<u8> = (0..d.byte_len(n).unwrap()).map(|b| (b * 7 + i) as u8 % 251).collect();
+            let bytes: Vec<u8> = (0..d.byte_len(n).unwrap())
+                .map(|b| (b * 7 + i) as u8 % 251)
+                .collect();
             (format!("layer{i}.{}", d.name()), d, shape, bytes)
         })
         .collect()
 }
 
-fn write(path: &Path, ts: &[(String, DType, Vec<usize>, Vec<u8>)], meta: &BTreeMap<String, String>) {
-    safetensors::write(path, ts.iter().map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.as_slice())), meta).unwrap();
+fn write(
+    path: &Path,
+    ts: &[(String, DType, Vec<usize>, Vec<u8>)],
+    meta: &BTreeMap<String, String>,
+) {
+    safetensors::write(
+        path,
+        ts.iter()
+            .map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.as_slice())),
+        meta,
+    )
+    .unwrap();
 }
 
 #[test]
@@ -42,7 +54,10 @@ fn round_trip_every_dtype_with_metadata() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("m.safetensors");
     let ts = tensors();
-    let meta = BTreeMap::from([("format".to_string(), "pt".to_string()), ("ss_v_parameterization".into(), "True".into())]);
+    let meta = BTreeMap::from([
+        ("format".to_string(), "pt".to_string()),
+        ("ss_v_parameterization".into(), "True".into()),
+    ]);
     write(&p, &ts, &meta);
     for mmap in [true, false] {
         let src = io::open_with(&p, &OpenOptions { mmap }).unwrap();
@@ -54,7 +69,10 @@ fn round_trip_every_dtype_with_metadata() {
             assert_eq!((&info.dtype, &info.shape), (d, s));
             assert_eq!(&*src.read(n).unwrap(), b.as_slice(), "{n}");
         }
-        assert!(matches!(src.read("nope"), Err(io::IoError::NotFound { .. })));
+        assert!(matches!(
+            src.read("nope"),
+            Err(io::IoError::NotFound { .. })
+        ));
     }
 }
 
@@ -63,26 +81,52 @@ fn writer_rejects_what_safetensors_cannot_hold() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("bad.safetensors");
     let q = vec![0u8; 18];
-    let e = safetensors::write(&p, [("q", DType::Q4_0, vec![32], q.as_slice())], &BTreeMap::new()).unwrap_err();
+    let e = safetensors::write(
+        &p,
+        [("q", DType::Q4_0, vec![32], q.as_slice())],
+        &BTreeMap::new(),
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("tensor 'q'"), "{e}");
-    let e = safetensors::write(&p, [("w", DType::F32, vec![3], &[0u8; 8][..])], &BTreeMap::new()).unwrap_err();
+    let e = safetensors::write(
+        &p,
+        [("w", DType::F32, vec![3], &[0u8; 8][..])],
+        &BTreeMap::new(),
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("needs Some(12) bytes"), "{e}");
 }
 
 fn shard_set(dir: &Path) -> PathBuf {
     let ts = tensors();
-    write(&dir.join("m-00001-of-00002.safetensors"), &ts[..5], &BTreeMap::new());
-    write(&dir.join("m-00002-of-00002.safetensors"), &ts[5..], &BTreeMap::new());
+    write(
+        &dir.join("m-00001-of-00002.safetensors"),
+        &ts[..5],
+        &BTreeMap::new(),
+    );
+    write(
+        &dir.join("m-00002-of-00002.safetensors"),
+        &ts[5..],
+        &BTreeMap::new(),
+    );
     let map: serde_json::Map<String, serde_json::Value> = ts
         .iter()
         .enumerate()
         .map(|(i, t)| {
-            let f = if i < 5 { "m-00001-of-00002.safetensors" } else { "m-00002-of-00002.safetensors" };
+            let f = if i < 5 {
+                "m-00001-of-00002.safetensors"
+            } else {
+                "m-00002-of-00002.safetensors"
+            };
             (t.0.clone(), f.into())
         })
         .collect();
     let idx = dir.join("m.safetensors.index.json");
-    std::fs::write(&idx, serde_json::json!({"metadata": {}, "weight_map": map}).to_string()).unwrap();
+    std::fs::write(
+        &idx,
+        serde_json::json!({"metadata": {}, "weight_map": map}).to_string(),
+    )
+    .unwrap();
     idx
 }
 
@@ -127,7 +171,10 @@ fn raw(header: &str, data: usize) -> Vec<u8> {
     f
 }
 
-fn open_bytes(dir: &tempfile::TempDir, bytes: &[u8]) -> Result<Box<dyn io::TensorSource>, io::IoError> {
+fn open_bytes(
+    dir: &tempfile::TempDir,
+    bytes: &[u8],
+) -> Result<Box<dyn io::TensorSource>, io::IoError> {
     let p = dir.path().join("x.safetensors");
     std::fs::write(&p, bytes).unwrap();
     io::open(&p)
@@ -148,20 +195,56 @@ fn corrupt_headers_are_rejected_naming_the_file() {
         ("header length past EOF", past),
         ("data truncated", raw(good, 15)),
         ("trailing bytes", raw(good, 17)),
-        ("offsets past EOF", raw(r#"{"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,1600]}}"#, 16)),
-        ("shape x dtype != bytes", raw(r#"{"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,16]}}"#, 16)),
+        (
+            "offsets past EOF",
+            raw(
+                r#"{"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,1600]}}"#,
+                16,
+            ),
+        ),
+        (
+            "shape x dtype != bytes",
+            raw(
+                r#"{"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,16]}}"#,
+                16,
+            ),
+        ),
         (
             "shape product overflows",
-            raw(r#"{"w":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,16]}}"#, 16),
+            raw(
+                r#"{"w":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,16]}}"#,
+                16,
+            ),
         ),
         (
             "zero dimension hiding an overflow",
-            raw(r#"{"w":{"dtype":"F32","shape":[0,4294967296,4294967296],"data_offsets":[0,0]}}"#, 0),
+            raw(
+                r#"{"w":{"dtype":"F32","shape":[0,4294967296,4294967296],"data_offsets":[0,0]}}"#,
+                0,
+            ),
         ),
-        ("offsets reversed", raw(r#"{"w":{"dtype":"F32","shape":[0],"data_offsets":[16,0]}}"#, 16)),
+        (
+            "offsets reversed",
+            raw(
+                r#"{"w":{"dtype":"F32","shape":[0],"data_offsets":[16,0]}}"#,
+                16,
+            ),
+        ),
         ("not json", raw("{\"w\": nope", 0)),
-        ("unknown dtype", raw(r#"{"w":{"dtype":"F99","shape":[2,2],"data_offsets":[0,16]}}"#, 16)),
-        ("unsupported dtype", raw(r#"{"w":{"dtype":"U16","shape":[2,4],"data_offsets":[0,16]}}"#, 16)),
+        (
+            "unknown dtype",
+            raw(
+                r#"{"w":{"dtype":"F99","shape":[2,2],"data_offsets":[0,16]}}"#,
+                16,
+            ),
+        ),
+        (
+            "unsupported dtype",
+            raw(
+                r#"{"w":{"dtype":"U16","shape":[2,4],"data_offsets":[0,16]}}"#,
+                16,
+            ),
+        ),
     ];
     for (what, bytes) in cases {
         match open_bytes(&dir, &bytes) {
@@ -178,7 +261,10 @@ fn every_truncation_fails_cleanly() {
     write(&p, &tensors(), &BTreeMap::new());
     let full = std::fs::read(&p).unwrap();
     for cut in 0..full.len() {
-        assert!(safetensors::parse(&full[..cut]).is_err(), "cut at {cut} parsed");
+        assert!(
+            safetensors::parse(&full[..cut]).is_err(),
+            "cut at {cut} parsed"
+        );
     }
     assert!(safetensors::parse(&full).is_ok());
 }

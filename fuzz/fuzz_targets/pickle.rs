@@ -10,7 +10,11 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(p) = pickle::parse(data) {
         for (name, dtype, shape, loc) in &p.tensors {
             let n = sdflow_core::io::checked_numel(shape).expect("validated shape");
-            assert!(shape.iter().rev().try_fold(1usize, |a, &d| a.checked_mul(d)).is_some());
+            assert!(shape
+                .iter()
+                .rev()
+                .try_fold(1usize, |a, &d| a.checked_mul(d))
+                .is_some());
             let len = dtype.byte_len(n).expect("validated size");
             match loc {
                 pickle::ParsedLoc::Range { start, len: l } => {

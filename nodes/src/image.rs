@@ -22,12 +22,32 @@ pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
 // The VAE graphs are a few hundred nodes; generous, and independent of image size.
 const VAE_GRAPH: usize = 8192;
 
-fn with_vae<T>(rt: &Runtime, vae: &VaeRef, f: impl FnOnce(&Vae<'_>) -> Result<T, NodeError>) -> Result<T, NodeError> {
+fn with_vae<T>(vae: &VaeRef, f: impl FnOnce(&Vae<'_>) -> Result<T, NodeError>) -> Result<T, NodeError> {
     let weights = vae.weights.pin().map_err(err)?;
     let config = VaeConfig::infer(&weights, &vae.prefix).map_err(err)?;
     let model = Vae::new(&weights, &vae.prefix, config).map_err(err)?;
-    let _ = rt;
     f(&model)
+}
+
+#[derive(Clone, Copy)]
+enum VaeOp {
+    Decode,
+    EncodeMean,
+}
+
+/// One VAE graph on the compute backend: `input` (dimensions `ne`) through `op`.
+fn run_vae(rt: &Runtime, model: &Vae<'_>, ne: [i64; 4], input: Vec<f32>, op: VaeOp) -> Result<Vec<f32>, NodeError> {
+    rt.with_backend(|b| {
+        let g = Context::new(VAE_GRAPH, VAE_GRAPH).map_err(err)?;
+        let mut run = GraphRun::new(&g);
+        let x = run.input_f32(&ne, input).map_err(err)?;
+        let out = match op {
+            VaeOp::Decode => model.decode(&g, x),
+            VaeOp::EncodeMean => model.encode_mean(&g, x),
+        }
+        .map_err(err)?;
+        Ok(run.compute(b, &[out], VAE_GRAPH).map_err(err)?.remove(0))
+    })
 }
 
 /// ComfyUI's "VAE Decode". Images are decoded one at a time to bound memory.
@@ -54,19 +74,13 @@ impl Node for VaeDecode {
         let vae = inputs.downcast::<VaeRef>("vae")?;
         let [w, h, c, n] = latent.shape;
         let per = (w * h * c) as usize;
-        let image = with_vae(&self.rt, vae, |model| {
+        let image = with_vae(vae, |model| {
             let f = model.config.downscale();
             let (iw, ih) = ((w * f) as usize, (h * f) as usize);
             let mut data = Vec::with_capacity(n as usize * iw * ih * 3);
             for i in 0..n as usize {
                 ctx.check_cancelled()?;
-                let chw = self.rt.with_backend(|b| -> Result<Vec<f32>, NodeError> {
-                    let g = Context::new(VAE_GRAPH, VAE_GRAPH).map_err(err)?;
-                    let mut run = GraphRun::new(&g);
-                    let z = run.input_f32(&[w, h, c, 1], latent.samples[i * per..(i + 1) * per].to_vec()).map_err(err)?;
-                    let out = model.decode(&g, z).map_err(err)?;
-                    Ok(run.compute(b, &[out], VAE_GRAPH).map_err(err)?.remove(0))
-                })?;
+                let chw = run_vae(&self.rt, model, [w, h, c, 1], latent.samples[i * per..(i + 1) * per].to_vec(), VaeOp::Decode)?;
                 // CHW in [-1, 1] → HWC in [0, 1].
                 for y in 0..ih {
                     for x in 0..iw {
@@ -106,7 +120,7 @@ impl Node for VaeEncode {
     fn execute(&self, ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
         let img = inputs.downcast::<Image>("pixels")?;
         let vae = inputs.downcast::<VaeRef>("vae")?;
-        let latent = with_vae(&self.rt, vae, |model| {
+        let latent = with_vae(vae, |model| {
             let f = model.config.downscale() as usize;
             let (w, h) = (img.width / f * f, img.height / f * f);
             if w == 0 || h == 0 || img.channels < 3 {
@@ -126,13 +140,7 @@ impl Node for VaeEncode {
                         }
                     }
                 }
-                let mean = self.rt.with_backend(|b| -> Result<Vec<f32>, NodeError> {
-                    let g = Context::new(VAE_GRAPH, VAE_GRAPH).map_err(err)?;
-                    let mut run = GraphRun::new(&g);
-                    let x = run.input_f32(&[w as i64, h as i64, 3, 1], chw).map_err(err)?;
-                    let out = model.encode_mean(&g, x).map_err(err)?;
-                    Ok(run.compute(b, &[out], VAE_GRAPH).map_err(err)?.remove(0))
-                })?;
+                let mean = run_vae(&self.rt, model, [w as i64, h as i64, 3, 1], chw, VaeOp::EncodeMean)?;
                 samples.extend(mean);
             }
             Ok(Latent { samples, shape: [(w / f) as i64, (h / f) as i64, z, img.n as i64] })

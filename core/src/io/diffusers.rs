@@ -10,8 +10,14 @@ use std::path::{Path, PathBuf};
 use super::{merge_into, FileSource, Format, IoError, OpenOptions};
 
 /// Component folders we read, in the order their tensors are listed.
-pub const COMPONENTS: &[&str] =
-    &["unet", "transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3"];
+pub const COMPONENTS: &[&str] = &[
+    "unet",
+    "transformer",
+    "vae",
+    "text_encoder",
+    "text_encoder_2",
+    "text_encoder_3",
+];
 
 /// Weight files of one component, in order of preference: safetensors (single, sharded,
 /// fp16 variant) before pickles.
@@ -33,11 +39,17 @@ const WEIGHT_FILES: &[&str] = &[
 /// True if `dir` looks like a diffusers pipeline (a `model_index.json` or a component folder
 /// with a weight file).
 pub fn is_diffusers_dir(dir: &Path) -> bool {
-    dir.join("model_index.json").is_file() || COMPONENTS.iter().any(|c| weight_file(&dir.join(c)).is_some())
+    dir.join("model_index.json").is_file()
+        || COMPONENTS
+            .iter()
+            .any(|c| weight_file(&dir.join(c)).is_some())
 }
 
 fn weight_file(component: &Path) -> Option<PathBuf> {
-    WEIGHT_FILES.iter().map(|f| component.join(f)).find(|p| p.is_file())
+    WEIGHT_FILES
+        .iter()
+        .map(|f| component.join(f))
+        .find(|p| p.is_file())
 }
 
 pub(crate) fn open(dir: &Path, opts: &OpenOptions) -> Result<FileSource, IoError> {
@@ -73,19 +85,38 @@ pub(crate) fn open(dir: &Path, opts: &OpenOptions) -> Result<FileSource, IoError
             ),
         });
     }
-    FileSource::new(dir.to_path_buf(), Format::Diffusers, blobs, tensors, metadata)
+    FileSource::new(
+        dir.to_path_buf(),
+        Format::Diffusers,
+        blobs,
+        tensors,
+        metadata,
+    )
 }
 
 /// `pytorch_model.bin.index.json`: the same `weight_map` layout as safetensors indexes, over
 /// pickle shards.
 fn open_sharded_bin(index: &Path, opts: &OpenOptions) -> Result<FileSource, IoError> {
-    let ferr = |msg: String| IoError::Format { path: index.to_path_buf(), format: Format::Pickle, msg };
-    let text = std::fs::read_to_string(index).map_err(|source| IoError::Io { path: index.to_path_buf(), source })?;
-    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| ferr(format!("invalid JSON: {e}")))?;
-    let map = json.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| ferr("no \"weight_map\" object".into()))?;
+    let ferr = |msg: String| IoError::Format {
+        path: index.to_path_buf(),
+        format: Format::Pickle,
+        msg,
+    };
+    let text = std::fs::read_to_string(index).map_err(|source| IoError::Io {
+        path: index.to_path_buf(),
+        source,
+    })?;
+    let json: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| ferr(format!("invalid JSON: {e}")))?;
+    let map = json
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| ferr("no \"weight_map\" object".into()))?;
     let mut shards: Vec<&str> = Vec::new();
     for (t, f) in map {
-        let f = f.as_str().ok_or_else(|| ferr(format!("weight_map entry '{t}' is not a file name")))?;
+        let f = f
+            .as_str()
+            .ok_or_else(|| ferr(format!("weight_map entry '{t}' is not a file name")))?;
         if f.contains('/') || f.contains('\\') || f.starts_with('.') {
             return Err(ferr(format!("shard name '{f}' is not a plain file name")));
         }
@@ -100,5 +131,11 @@ fn open_sharded_bin(index: &Path, opts: &OpenOptions) -> Result<FileSource, IoEr
         let src = super::pickle::open(&dir.join(s), opts)?;
         merge_into(&mut blobs, &mut tensors, src, |n| n.to_string());
     }
-    FileSource::new(index.to_path_buf(), Format::Pickle, blobs, tensors, BTreeMap::new())
+    FileSource::new(
+        index.to_path_buf(),
+        Format::Pickle,
+        blobs,
+        tensors,
+        BTreeMap::new(),
+    )
 }

@@ -160,14 +160,17 @@ impl<'a> Reader<'a> {
         let n = self.u64(what)?;
         let left = self.remaining() as u64;
         if min_each > 0 && n > left / min_each as u64 {
-            return Err(ParseError::new(format!("{what} {n} is impossible: only {left} bytes remain")));
+            return Err(ParseError::new(format!(
+                "{what} {n} is impossible: only {left} bytes remain"
+            )));
         }
         usize::try_from(n).map_err(|_| ParseError::new(format!("{what} {n} too large")))
     }
     fn string(&mut self, what: &str) -> Result<String, ParseError> {
         let n = self.count(1, &format!("{what} length"))?;
         let s = self.take(n, what)?;
-        String::from_utf8(s.to_vec()).map_err(|_| ParseError::new(format!("{what} is not valid UTF-8")))
+        String::from_utf8(s.to_vec())
+            .map_err(|_| ParseError::new(format!("{what} is not valid UTF-8")))
     }
     fn value(&mut self, ty: u32, key: &str, in_array: bool) -> Result<Value, ParseError> {
         Ok(match ty {
@@ -181,13 +184,18 @@ impl<'a> Reader<'a> {
             7 => match self.arr::<1>(key)?[0] {
                 0 => Value::Bool(false),
                 1 => Value::Bool(true),
-                b => return Err(ParseError::new(format!("key '{key}': bool byte {b} is neither 0 nor 1"))),
+                b => {
+                    return Err(ParseError::new(format!(
+                        "key '{key}': bool byte {b} is neither 0 nor 1"
+                    )))
+                }
             },
             8 => Value::String(self.string(&format!("value of '{key}'"))?),
             9 if !in_array => {
                 let ety = self.u32(key)?;
-                let min = min_value_size(ety)
-                    .ok_or_else(|| ParseError::new(format!("key '{key}': bad array element type {ety}")))?;
+                let min = min_value_size(ety).ok_or_else(|| {
+                    ParseError::new(format!("key '{key}': bad array element type {ety}"))
+                })?;
                 let n = self.count(min, &format!("array length of '{key}'"))?;
                 let mut items = Vec::with_capacity(n);
                 for _ in 0..n {
@@ -195,11 +203,19 @@ impl<'a> Reader<'a> {
                 }
                 Value::Array(items)
             }
-            9 => return Err(ParseError::new(format!("key '{key}': nested arrays are not supported"))),
+            9 => {
+                return Err(ParseError::new(format!(
+                    "key '{key}': nested arrays are not supported"
+                )))
+            }
             10 => Value::U64(u64::from_le_bytes(self.arr(key)?)),
             11 => Value::I64(i64::from_le_bytes(self.arr(key)?)),
             12 => Value::F64(f64::from_le_bytes(self.arr(key)?)),
-            t => return Err(ParseError::new(format!("key '{key}': unknown value type {t}"))),
+            t => {
+                return Err(ParseError::new(format!(
+                    "key '{key}': unknown value type {t}"
+                )))
+            }
         })
     }
 }
@@ -229,7 +245,9 @@ pub fn parse(bytes: &[u8]) -> Result<Header, ParseError> {
     }
     let version = r.u32("version")?;
     if version != 2 && version != 3 {
-        return Err(ParseError::new(format!("unsupported GGUF version {version} (only 2 and 3)")));
+        return Err(ParseError::new(format!(
+            "unsupported GGUF version {version} (only 2 and 3)"
+        )));
     }
     // Each tensor info is at least name length (8) + n_dims (4) + type (4) + offset (8).
     let n_tensors = r.count(24, "tensor count")?;
@@ -250,7 +268,11 @@ pub fn parse(bytes: &[u8]) -> Result<Header, ParseError> {
     let alignment = match kv.iter().find(|(k, _)| k == "general.alignment") {
         None => DEFAULT_ALIGNMENT,
         Some((_, Value::U32(a))) if *a != 0 && a.is_power_of_two() => *a as usize,
-        Some((_, v)) => return Err(ParseError::new(format!("general.alignment {v:?} is not a power-of-two u32"))),
+        Some((_, v)) => {
+            return Err(ParseError::new(format!(
+                "general.alignment {v:?} is not a power-of-two u32"
+            )))
+        }
     };
 
     struct Raw {
@@ -267,7 +289,9 @@ pub fn parse(bytes: &[u8]) -> Result<Header, ParseError> {
         let terr = |m: String| ParseError::tensor(&name, m);
         let n_dims = r.u32("n_dims")? as usize;
         if n_dims > MAX_DIMS {
-            return Err(terr(format!("{n_dims} dimensions, at most {MAX_DIMS} are supported")));
+            return Err(terr(format!(
+                "{n_dims} dimensions, at most {MAX_DIMS} are supported"
+            )));
         }
         let mut ne = Vec::with_capacity(n_dims);
         for _ in 0..n_dims {
@@ -281,8 +305,10 @@ pub fn parse(bytes: &[u8]) -> Result<Header, ParseError> {
         let ty = r.u32("tensor type")?;
         let dtype = DType::from_ggml(ty).ok_or_else(|| terr(format!("unknown ggml type {ty}")))?;
         let offset = r.u64("tensor offset")?;
-        let offset = usize::try_from(offset).map_err(|_| terr(format!("offset {offset} out of range")))?;
-        let numel = super::checked_numel(&ne).ok_or_else(|| terr(format!("shape {ne:?} overflows")))?;
+        let offset =
+            usize::try_from(offset).map_err(|_| terr(format!("offset {offset} out of range")))?;
+        let numel =
+            super::checked_numel(&ne).ok_or_else(|| terr(format!("shape {ne:?} overflows")))?;
         if ne.first().is_some_and(|&d| d % dtype.block_size() != 0) {
             return Err(terr(format!(
                 "row length {} is not a multiple of the {dtype} block size {}",
@@ -290,18 +316,29 @@ pub fn parse(bytes: &[u8]) -> Result<Header, ParseError> {
                 dtype.block_size()
             )));
         }
-        let len = dtype.byte_len(numel).ok_or_else(|| terr(format!("byte size of {ne:?} {dtype} overflows")))?;
+        let len = dtype
+            .byte_len(numel)
+            .ok_or_else(|| terr(format!("byte size of {ne:?} {dtype} overflows")))?;
         if offset % alignment != 0 {
-            return Err(terr(format!("offset {offset} is not a multiple of the alignment {alignment}")));
+            return Err(terr(format!(
+                "offset {offset} is not a multiple of the alignment {alignment}"
+            )));
         }
         if !names.insert(name.clone()) {
             return Err(terr("tensor name appears twice".into()));
         }
         ne.reverse();
-        raws.push(Raw { name, dtype, shape: ne, offset, len });
+        raws.push(Raw {
+            name,
+            dtype,
+            shape: ne,
+            offset,
+            len,
+        });
     }
 
-    let data_offset = align_up(r.pos, alignment).ok_or_else(|| ParseError::new("data offset overflows"))?;
+    let data_offset =
+        align_up(r.pos, alignment).ok_or_else(|| ParseError::new("data offset overflows"))?;
     if !raws.is_empty() && data_offset > bytes.len() {
         return Err(ParseError::new(format!(
             "data section starts at {data_offset}, past the end of the file ({} bytes)",
@@ -311,15 +348,19 @@ pub fn parse(bytes: &[u8]) -> Result<Header, ParseError> {
     let data_len = bytes.len().saturating_sub(data_offset);
     let mut tensors = Vec::with_capacity(raws.len());
     for t in raws {
-        let end = t.offset.checked_add(t.len).filter(|&e| e <= data_len).ok_or_else(|| {
-            ParseError::tensor(
-                &t.name,
-                format!(
-                    "data {}..+{} is past the end of the data section ({} bytes)",
-                    t.offset, t.len, data_len
-                ),
-            )
-        })?;
+        let end = t
+            .offset
+            .checked_add(t.len)
+            .filter(|&e| e <= data_len)
+            .ok_or_else(|| {
+                ParseError::tensor(
+                    &t.name,
+                    format!(
+                        "data {}..+{} is past the end of the data section ({} bytes)",
+                        t.offset, t.len, data_len
+                    ),
+                )
+            })?;
         // Both bounds are below bytes.len(), so these cannot overflow.
         tensors.push(GgufTensor {
             name: t.name,
@@ -328,12 +369,21 @@ pub fn parse(bytes: &[u8]) -> Result<Header, ParseError> {
             range: data_offset + t.offset..data_offset + end,
         });
     }
-    Ok(Header { version, kv, tensors, alignment, data_offset })
+    Ok(Header {
+        version,
+        kv,
+        tensors,
+        alignment,
+        data_offset,
+    })
 }
 
 pub(crate) fn from_blob(blob: Blob) -> Result<FileSource, IoError> {
     let h = parse(&blob.data).map_err(|e| e.at(&blob.path, Format::Gguf))?;
-    let metadata = h.kv.iter().map(|(k, v)| (k.clone(), v.to_string())).collect();
+    let metadata =
+        h.kv.iter()
+            .map(|(k, v)| (k.clone(), v.to_string()))
+            .collect();
     let tensors = h
         .tensors
         .into_iter()
@@ -341,7 +391,11 @@ pub(crate) fn from_blob(blob: Blob) -> Result<FileSource, IoError> {
             name: t.name,
             dtype: t.dtype,
             shape: t.shape,
-            loc: Location::Range { blob: 0, start: t.range.start, len: t.range.len() },
+            loc: Location::Range {
+                blob: 0,
+                start: t.range.start,
+                len: t.range.len(),
+            },
         })
         .collect();
     let path = blob.path.clone();
@@ -351,7 +405,9 @@ pub(crate) fn from_blob(blob: Blob) -> Result<FileSource, IoError> {
 /// Reads the typed key/values of a GGUF file (the source's `metadata()` has them as strings).
 pub fn read_kv(path: &Path) -> Result<Vec<(String, Value)>, IoError> {
     let blob = Blob::load(path, &super::OpenOptions::default())?;
-    parse(&blob.data).map(|h| h.kv).map_err(|e| e.at(path, Format::Gguf))
+    parse(&blob.data)
+        .map(|h| h.kv)
+        .map_err(|e| e.at(path, Format::Gguf))
 }
 
 fn put_str(out: &mut Vec<u8>, s: &str) {
@@ -398,7 +454,11 @@ where
     I: IntoIterator<Item = (S, DType, Vec<usize>, &'a [u8])>,
     S: AsRef<str>,
 {
-    let ferr = |msg: String| IoError::Format { path: path.to_path_buf(), format: Format::Gguf, msg };
+    let ferr = |msg: String| IoError::Format {
+        path: path.to_path_buf(),
+        format: Format::Gguf,
+        msg,
+    };
     let alignment = match kv.iter().find(|(k, _)| k == "general.alignment") {
         None => DEFAULT_ALIGNMENT,
         Some((_, Value::U32(a))) if *a != 0 && a.is_power_of_two() => *a as usize,
@@ -407,8 +467,10 @@ where
     let mut head = Vec::new();
     head.extend_from_slice(MAGIC);
     head.extend_from_slice(&3u32.to_le_bytes());
-    let tensors: Vec<(String, DType, Vec<usize>, &[u8])> =
-        tensors.into_iter().map(|(n, d, s, b)| (n.as_ref().to_string(), d, s, b)).collect();
+    let tensors: Vec<(String, DType, Vec<usize>, &[u8])> = tensors
+        .into_iter()
+        .map(|(n, d, s, b)| (n.as_ref().to_string(), d, s, b))
+        .collect();
     head.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
     head.extend_from_slice(&(kv.len() as u64).to_le_bytes());
     let mut seen = HashSet::new();
@@ -423,20 +485,34 @@ where
     let mut offset = 0usize;
     let mut names = HashSet::new();
     for (name, dtype, shape, data) in &tensors {
-        let terr = |msg: String| IoError::Tensor { path: path.to_path_buf(), tensor: name.clone(), msg };
+        let terr = |msg: String| IoError::Tensor {
+            path: path.to_path_buf(),
+            tensor: name.clone(),
+            msg,
+        };
         if !names.insert(name.as_str()) {
             return Err(terr("tensor name appears twice".into()));
         }
-        let ty = dtype.ggml_type().ok_or_else(|| terr(format!("{dtype} has no ggml type")))?;
+        let ty = dtype
+            .ggml_type()
+            .ok_or_else(|| terr(format!("{dtype} has no ggml type")))?;
         if shape.len() > MAX_DIMS {
-            return Err(terr(format!("{} dimensions, GGUF allows at most {MAX_DIMS}", shape.len())));
+            return Err(terr(format!(
+                "{} dimensions, GGUF allows at most {MAX_DIMS}",
+                shape.len()
+            )));
         }
         if shape.last().is_some_and(|&d| d % dtype.block_size() != 0) {
-            return Err(terr(format!("row length is not a multiple of the {dtype} block size")));
+            return Err(terr(format!(
+                "row length is not a multiple of the {dtype} block size"
+            )));
         }
         let expected = super::checked_numel(shape).and_then(|n| dtype.byte_len(n));
         if expected != Some(data.len()) {
-            return Err(terr(format!("shape {shape:?} of {dtype} needs {expected:?} bytes, got {}", data.len())));
+            return Err(terr(format!(
+                "shape {shape:?} of {dtype} needs {expected:?} bytes, got {}",
+                data.len()
+            )));
         }
         put_str(&mut head, name);
         head.extend_from_slice(&(shape.len() as u32).to_le_bytes());
@@ -445,12 +521,16 @@ where
         }
         head.extend_from_slice(&ty.to_le_bytes());
         head.extend_from_slice(&(offset as u64).to_le_bytes());
-        offset = align_up(offset + data.len(), alignment).ok_or_else(|| terr("file too large".into()))?;
+        offset = align_up(offset + data.len(), alignment)
+            .ok_or_else(|| terr("file too large".into()))?;
     }
     let pad = |n: usize| align_up(n, alignment).unwrap_or(n) - n;
     head.resize(head.len() + pad(head.len()), 0);
 
-    let ioerr = |source| IoError::Io { path: path.to_path_buf(), source };
+    let ioerr = |source| IoError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
     let file = std::fs::File::create(path).map_err(ioerr)?;
     let mut w = std::io::BufWriter::new(file);
     w.write_all(&head).map_err(ioerr)?;

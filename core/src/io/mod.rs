@@ -53,8 +53,17 @@ impl fmt::Display for Format {
 /// deflate-compressed zip entries, of one entry's decompressed contents).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Location {
-    Range { blob: usize, start: usize, len: usize },
-    ZipDeflated { blob: usize, entry: usize, start: usize, len: usize },
+    Range {
+        blob: usize,
+        start: usize,
+        len: usize,
+    },
+    ZipDeflated {
+        blob: usize,
+        entry: usize,
+        start: usize,
+        len: usize,
+    },
 }
 
 /// One tensor of a source: its name, stored dtype and shape (PyTorch order).
@@ -69,7 +78,16 @@ pub struct TensorInfo {
 impl TensorInfo {
     /// A tensor description with no backing file, e.g. for model detection over a key list.
     pub fn detached(name: impl Into<String>, dtype: DType, shape: Vec<usize>) -> Self {
-        TensorInfo { name: name.into(), dtype, shape, loc: Location::Range { blob: usize::MAX, start: 0, len: 0 } }
+        TensorInfo {
+            name: name.into(),
+            dtype,
+            shape,
+            loc: Location::Range {
+                blob: usize::MAX,
+                start: 0,
+                len: 0,
+            },
+        }
     }
 
     pub fn n_elements(&self) -> usize {
@@ -116,17 +134,32 @@ impl TensorBytes<'_> {
 #[derive(Debug, thiserror::Error)]
 pub enum IoError {
     #[error("{}: {source}", path.display())]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{}: invalid {format} file: {msg}", path.display())]
-    Format { path: PathBuf, format: Format, msg: String },
+    Format {
+        path: PathBuf,
+        format: Format,
+        msg: String,
+    },
     #[error("{}: tensor '{tensor}': {msg}", path.display())]
-    Tensor { path: PathBuf, tensor: String, msg: String },
+    Tensor {
+        path: PathBuf,
+        tensor: String,
+        msg: String,
+    },
     #[error("{}: no tensor named '{tensor}'", path.display())]
     NotFound { path: PathBuf, tensor: String },
     #[error("{}: unrecognised model file ({reason})", path.display())]
     UnknownFormat { path: PathBuf, reason: String },
     #[error("{}: tensor '{tensor}': {source}", path.display())]
-    Convert { path: PathBuf, tensor: String, source: ConvertError },
+    Convert {
+        path: PathBuf,
+        tensor: String,
+        source: ConvertError,
+    },
     #[error("invalid tensor type rules '{rules}': {msg}")]
     Rules { rules: String, msg: String },
 }
@@ -140,15 +173,29 @@ pub struct ParseError {
 
 impl ParseError {
     pub(crate) fn new(msg: impl Into<String>) -> Self {
-        ParseError { tensor: None, msg: msg.into() }
+        ParseError {
+            tensor: None,
+            msg: msg.into(),
+        }
     }
     pub(crate) fn tensor(tensor: impl Into<String>, msg: impl Into<String>) -> Self {
-        ParseError { tensor: Some(tensor.into()), msg: msg.into() }
+        ParseError {
+            tensor: Some(tensor.into()),
+            msg: msg.into(),
+        }
     }
     pub(crate) fn at(self, path: &Path, format: Format) -> IoError {
         match self.tensor {
-            Some(tensor) => IoError::Tensor { path: path.to_path_buf(), tensor, msg: self.msg },
-            None => IoError::Format { path: path.to_path_buf(), format, msg: self.msg },
+            Some(tensor) => IoError::Tensor {
+                path: path.to_path_buf(),
+                tensor,
+                msg: self.msg,
+            },
+            None => IoError::Format {
+                path: path.to_path_buf(),
+                format,
+                msg: self.msg,
+            },
         }
     }
 }
@@ -215,7 +262,10 @@ pub(crate) struct Blob {
 
 impl Blob {
     pub(crate) fn load(path: &Path, opts: &OpenOptions) -> Result<Blob, IoError> {
-        let ioerr = |source| IoError::Io { path: path.to_path_buf(), source };
+        let ioerr = |source| IoError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
         let data = if opts.mmap {
             let file = File::open(path).map_err(ioerr)?;
             // SAFETY: the mapping is read-only; like every mmap-based loader we rely on the
@@ -224,7 +274,10 @@ impl Blob {
         } else {
             Backing::Memory(std::fs::read(path).map_err(ioerr)?)
         };
-        Ok(Blob { path: path.to_path_buf(), data })
+        Ok(Blob {
+            path: path.to_path_buf(),
+            data,
+        })
     }
 }
 
@@ -256,7 +309,14 @@ impl FileSource {
                 });
             }
         }
-        Ok(FileSource { path, format, tensors, index, blobs, metadata })
+        Ok(FileSource {
+            path,
+            format,
+            tensors,
+            index,
+            blobs,
+            metadata,
+        })
     }
 
     /// Splits into parts so that sources can be merged (sharded files, diffusers folders).
@@ -268,7 +328,10 @@ impl FileSource {
         let b = match loc {
             Location::Range { blob, .. } | Location::ZipDeflated { blob, .. } => *blob,
         };
-        self.blobs.get(b).map(|b| b.path.as_path()).unwrap_or(&self.path)
+        self.blobs
+            .get(b)
+            .map(|b| b.path.as_path())
+            .unwrap_or(&self.path)
     }
 }
 
@@ -307,9 +370,10 @@ impl TensorSource for FileSource {
         self.index.get(name).map(|&i| &self.tensors[i])
     }
     fn read(&self, name: &str) -> Result<TensorBytes<'_>, IoError> {
-        let info = self
-            .get(name)
-            .ok_or_else(|| IoError::NotFound { path: self.path.clone(), tensor: name.to_string() })?;
+        let info = self.get(name).ok_or_else(|| IoError::NotFound {
+            path: self.path.clone(),
+            tensor: name.to_string(),
+        })?;
         let err = |msg: String| IoError::Tensor {
             path: self.blob_path(&info.loc).to_path_buf(),
             tensor: name.to_string(),
@@ -317,16 +381,34 @@ impl TensorSource for FileSource {
         };
         match info.loc {
             Location::Range { blob, start, len } => {
-                let data = self.blobs.get(blob).ok_or_else(|| err("tensor has no backing file".into()))?;
-                let end = start.checked_add(len).ok_or_else(|| err("data range overflows".into()))?;
+                let data = self
+                    .blobs
+                    .get(blob)
+                    .ok_or_else(|| err("tensor has no backing file".into()))?;
+                let end = start
+                    .checked_add(len)
+                    .ok_or_else(|| err("data range overflows".into()))?;
                 data.data
                     .get(start..end)
                     .map(TensorBytes::Borrowed)
-                    .ok_or_else(|| err(format!("data range {start}..{end} is past the end of the file")))
+                    .ok_or_else(|| {
+                        err(format!(
+                            "data range {start}..{end} is past the end of the file"
+                        ))
+                    })
             }
-            Location::ZipDeflated { blob, entry, start, len } => {
-                let data = self.blobs.get(blob).ok_or_else(|| err("tensor has no backing file".into()))?;
-                let bytes = pickle::read_zip_entry(&data.data, entry, start, len).map_err(|e| err(e.msg))?;
+            Location::ZipDeflated {
+                blob,
+                entry,
+                start,
+                len,
+            } => {
+                let data = self
+                    .blobs
+                    .get(blob)
+                    .ok_or_else(|| err("tensor has no backing file".into()))?;
+                let bytes = pickle::read_zip_entry(&data.data, entry, start, len)
+                    .map_err(|e| err(e.msg))?;
                 Ok(TensorBytes::Owned(bytes))
             }
         }
@@ -348,11 +430,18 @@ pub fn open_with(path: &Path, opts: &OpenOptions) -> Result<Box<dyn TensorSource
 }
 
 pub(crate) fn open_file_source(path: &Path, opts: &OpenOptions) -> Result<FileSource, IoError> {
-    let meta = std::fs::metadata(path).map_err(|source| IoError::Io { path: path.to_path_buf(), source })?;
+    let meta = std::fs::metadata(path).map_err(|source| IoError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
     if meta.is_dir() {
         return diffusers::open(path, opts);
     }
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("").to_ascii_lowercase();
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("")
+        .to_ascii_lowercase();
     if name.ends_with(".index.json") {
         return safetensors::open_sharded(path, opts);
     }
@@ -373,7 +462,10 @@ pub(crate) fn open_file_source(path: &Path, opts: &OpenOptions) -> Result<FileSo
     if name.ends_with(".gguf") {
         return gguf::from_blob(blob);
     }
-    if [".ckpt", ".pt", ".pth", ".bin"].iter().any(|e| name.ends_with(e)) {
+    if [".ckpt", ".pt", ".pth", ".bin"]
+        .iter()
+        .any(|e| name.ends_with(e))
+    {
         return pickle::from_blob(blob);
     }
     Err(IoError::UnknownFormat {
@@ -387,6 +479,9 @@ pub(crate) fn open_file_source(path: &Path, opts: &OpenOptions) -> Result<FileSo
 /// The product of the non-zero dimensions must fit even when some dimension is zero, so that
 /// later code multiplying dimensions in any order (strides, row sizes) cannot overflow.
 pub fn checked_numel(shape: &[usize]) -> Option<usize> {
-    let nonzero = shape.iter().filter(|&&d| d != 0).try_fold(1usize, |a, &d| a.checked_mul(d))?;
+    let nonzero = shape
+        .iter()
+        .filter(|&&d| d != 0)
+        .try_fold(1usize, |a, &d| a.checked_mul(d))?;
     Some(if shape.contains(&0) { 0 } else { nonzero })
 }

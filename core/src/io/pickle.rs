@@ -43,7 +43,10 @@ enum Value {
     List(Vec<Idx>),
     Dict(Vec<(Idx, Idx)>),
     Set,
-    Global { module: String, name: String },
+    Global {
+        module: String,
+        name: String,
+    },
     Storage(usize),
     Tensor(TensorRef),
 }
@@ -134,13 +137,21 @@ impl<'a> Machine<'a> {
         self.stack.push(i);
     }
     fn pop(&mut self) -> Result<Idx, ParseError> {
-        self.stack.pop().ok_or_else(|| perr(format!("pickle stack underflow at offset {}", self.pos)))
+        self.stack
+            .pop()
+            .ok_or_else(|| perr(format!("pickle stack underflow at offset {}", self.pos)))
     }
     fn top(&self) -> Result<Idx, ParseError> {
-        self.stack.last().copied().ok_or_else(|| perr(format!("pickle stack empty at offset {}", self.pos)))
+        self.stack
+            .last()
+            .copied()
+            .ok_or_else(|| perr(format!("pickle stack empty at offset {}", self.pos)))
     }
     fn pop_mark(&mut self) -> Result<Vec<Idx>, ParseError> {
-        let m = self.marks.pop().ok_or_else(|| perr(format!("pickle MARK missing at offset {}", self.pos)))?;
+        let m = self
+            .marks
+            .pop()
+            .ok_or_else(|| perr(format!("pickle MARK missing at offset {}", self.pos)))?;
         if m > self.stack.len() {
             return Err(perr("pickle MARK above the stack"));
         }
@@ -148,7 +159,10 @@ impl<'a> Machine<'a> {
     }
     fn take(&mut self, n: usize) -> Result<&'a [u8], ParseError> {
         if n > self.b.len() - self.pos {
-            return Err(perr(format!("pickle truncated at offset {} (wanted {n} bytes)", self.pos)));
+            return Err(perr(format!(
+                "pickle truncated at offset {} (wanted {n} bytes)",
+                self.pos
+            )));
         }
         let s = &self.b[self.pos..self.pos + n];
         self.pos += n;
@@ -171,7 +185,10 @@ impl<'a> Machine<'a> {
     }
     fn line(&mut self) -> Result<&'a str, ParseError> {
         let rest = &self.b[self.pos..];
-        let end = rest.iter().position(|&c| c == b'\n').ok_or_else(|| perr("pickle line not terminated"))?;
+        let end = rest
+            .iter()
+            .position(|&c| c == b'\n')
+            .ok_or_else(|| perr("pickle line not terminated"))?;
         self.pos += end + 1;
         let s = &rest[..end];
         let s = s.strip_suffix(b"\r").unwrap_or(s);
@@ -187,7 +204,10 @@ impl<'a> Machine<'a> {
         Ok(())
     }
     fn memo_get(&mut self, key: u64) -> Result<(), ParseError> {
-        let i = *self.memo.get(&key).ok_or_else(|| perr(format!("pickle memo key {key} missing")))?;
+        let i = *self
+            .memo
+            .get(&key)
+            .ok_or_else(|| perr(format!("pickle memo key {key} missing")))?;
         self.stack.push(i);
         Ok(())
     }
@@ -221,39 +241,68 @@ impl<'a> Machine<'a> {
 
     fn persistent_load(&mut self, pid: Idx) -> Result<Value, ParseError> {
         // Copy only the fields we read: a pickle may reuse one huge memoized tuple as many ids.
-        let items: Vec<Idx> =
-            self.seq_of(pid).ok_or_else(|| perr("persistent id is not a tuple"))?.iter().take(6).copied().collect();
+        let items: Vec<Idx> = self
+            .seq_of(pid)
+            .ok_or_else(|| perr("persistent id is not a tuple"))?
+            .iter()
+            .take(6)
+            .copied()
+            .collect();
         if items.first().and_then(|&i| self.str_of(i)) != Some("storage") || items.len() < 5 {
-            return Err(perr("persistent id is not a ('storage', type, key, location, size) tuple"));
+            return Err(perr(
+                "persistent id is not a ('storage', type, key, location, size) tuple",
+            ));
         }
         let (module, name) = match &self.arena[items[1]] {
             Value::Global { module, name } => (module.clone(), name.clone()),
             _ => return Err(perr("persistent id storage type is not a class name")),
         };
-        let dtype = storage_dtype(&module, &name)
-            .ok_or_else(|| perr(format!("storage type {module}.{name} is not in the allowlist")))?;
-        let key = self.str_of(items[2]).ok_or_else(|| perr("storage key is not a string"))?.to_string();
-        let numel = self.usize_of(items[4]).ok_or_else(|| perr(format!("storage '{key}' size is not a count")))?;
+        let dtype = storage_dtype(&module, &name).ok_or_else(|| {
+            perr(format!(
+                "storage type {module}.{name} is not in the allowlist"
+            ))
+        })?;
+        let key = self
+            .str_of(items[2])
+            .ok_or_else(|| perr("storage key is not a string"))?
+            .to_string();
+        let numel = self
+            .usize_of(items[4])
+            .ok_or_else(|| perr(format!("storage '{key}' size is not a count")))?;
         let mut view_of = None;
         if items.len() >= 6 {
             self.legacy = true;
-            if let Some(v) = self.seq_of(items[5]).map(|s| s.iter().take(2).copied().collect::<Vec<_>>()) {
+            if let Some(v) = self
+                .seq_of(items[5])
+                .map(|s| s.iter().take(2).copied().collect::<Vec<_>>())
+            {
                 let base = v.first().and_then(|&i| self.str_of(i)).map(str::to_string);
                 let off = v.get(1).and_then(|&i| self.usize_of(i));
                 match (base, off) {
                     (Some(b), Some(o)) => view_of = Some((b, o)),
-                    _ => return Err(perr(format!("storage '{key}' has a malformed view description"))),
+                    _ => {
+                        return Err(perr(format!(
+                            "storage '{key}' has a malformed view description"
+                        )))
+                    }
                 }
             }
         }
         if let Some(&s) = self.storage_by_key.get(&key) {
             let prev = &self.storages[s];
             if prev.dtype != dtype || prev.numel != numel {
-                return Err(perr(format!("storage '{key}' is declared twice with different types or sizes")));
+                return Err(perr(format!(
+                    "storage '{key}' is declared twice with different types or sizes"
+                )));
             }
             return Ok(Value::Storage(s));
         }
-        self.storages.push(StorageRef { key: key.clone(), dtype, numel, view_of });
+        self.storages.push(StorageRef {
+            key: key.clone(),
+            dtype,
+            numel,
+            view_of,
+        });
         self.storage_by_key.insert(key, self.storages.len() - 1);
         Ok(Value::Storage(self.storages.len() - 1))
     }
@@ -267,13 +316,26 @@ impl<'a> Machine<'a> {
             Value::Storage(s) => s,
             _ => return Err("tensor storage is not a persistent storage".into()),
         };
-        let offset = self.usize_of(args[1]).ok_or("storage offset is not a non-negative integer")?;
-        let shape = self.usizes_of(args[2]).ok_or("size is not a tuple of non-negative integers")?;
-        let stride = self.usizes_of(args[3]).ok_or("stride is not a tuple of non-negative integers")?;
+        let offset = self
+            .usize_of(args[1])
+            .ok_or("storage offset is not a non-negative integer")?;
+        let shape = self
+            .usizes_of(args[2])
+            .ok_or("size is not a tuple of non-negative integers")?;
+        let stride = self
+            .usizes_of(args[3])
+            .ok_or("stride is not a tuple of non-negative integers")?;
         if shape.len() != stride.len() {
-            return Err(format!("size {shape:?} and stride {stride:?} differ in length"));
+            return Err(format!(
+                "size {shape:?} and stride {stride:?} differ in length"
+            ));
         }
-        Ok(TensorRef { storage, offset, shape, stride })
+        Ok(TensorRef {
+            storage,
+            offset,
+            shape,
+            stride,
+        })
     }
 
     fn reduce(&mut self, callable: Idx, args: Idx) -> Value {
@@ -283,7 +345,10 @@ impl<'a> Machine<'a> {
         };
         // Only the leading arguments are ever read; copying just those keeps a reused huge
         // argument tuple from making each REDUCE cost its length.
-        let args: Vec<Idx> = self.seq_of(args).map(|s| s.iter().take(4).copied().collect()).unwrap_or_default();
+        let args: Vec<Idx> = self
+            .seq_of(args)
+            .map(|s| s.iter().take(4).copied().collect())
+            .unwrap_or_default();
         match (module, name) {
             ("torch._utils", "_rebuild_tensor_v2") | ("torch._utils", "_rebuild_tensor") => {
                 match self.rebuild_tensor(&args) {
@@ -296,7 +361,8 @@ impl<'a> Machine<'a> {
                     }
                 }
             }
-            ("torch._utils", "_rebuild_parameter") | ("torch._utils", "_rebuild_parameter_with_state") => {
+            ("torch._utils", "_rebuild_parameter")
+            | ("torch._utils", "_rebuild_parameter_with_state") => {
                 // An nn.Parameter is its tensor; anything else passed here is not data we read.
                 match args.first().map(|&a| &self.arena[a]) {
                     Some(Value::Tensor(t)) => Value::Tensor(t.clone()),
@@ -350,7 +416,11 @@ impl<'a> Machine<'a> {
                     self.push(Value::Int(v.into()))
                 }
                 0x8a | 0x8b => {
-                    let n = if op == 0x8a { self.u8()? as usize } else { self.len_u32()? };
+                    let n = if op == 0x8a {
+                        self.u8()? as usize
+                    } else {
+                        self.len_u32()?
+                    };
                     let bytes = self.take(n)?;
                     self.push(long_from_bytes(bytes));
                 }
@@ -359,13 +429,20 @@ impl<'a> Machine<'a> {
                     let v = match l {
                         "00" => Value::Bool(false),
                         "01" => Value::Bool(true),
-                        _ => l.parse::<i64>().map(Value::Int).map_err(|_| perr("bad INT literal"))?,
+                        _ => l
+                            .parse::<i64>()
+                            .map(Value::Int)
+                            .map_err(|_| perr("bad INT literal"))?,
                     };
                     self.push(v)
                 }
                 b'L' => {
                     let l = self.line()?;
-                    let v = l.trim_end_matches('L').parse::<i64>().map(Value::Int).unwrap_or(Value::BigInt);
+                    let v = l
+                        .trim_end_matches('L')
+                        .parse::<i64>()
+                        .map(Value::Int)
+                        .unwrap_or(Value::BigInt);
                     self.push(v)
                 }
                 b'G' => {
@@ -373,7 +450,9 @@ impl<'a> Machine<'a> {
                     self.push(Value::Float)
                 }
                 b'F' => {
-                    self.line()?.parse::<f64>().map_err(|_| perr("bad FLOAT literal"))?;
+                    self.line()?
+                        .parse::<f64>()
+                        .map_err(|_| perr("bad FLOAT literal"))?;
                     self.push(Value::Float)
                 }
                 b'X' => {
@@ -489,7 +568,10 @@ impl<'a> Machine<'a> {
                     let (Some(m), Some(n)) = (self.str_of(module), self.str_of(name)) else {
                         return Err(perr("STACK_GLOBAL needs two strings"));
                     };
-                    let g = Value::Global { module: m.to_string(), name: n.to_string() };
+                    let g = Value::Global {
+                        module: m.to_string(),
+                        name: n.to_string(),
+                    };
                     self.push(g)
                 }
                 b'R' => {
@@ -542,7 +624,10 @@ impl<'a> Machine<'a> {
                     self.memo_put(k)?
                 }
                 b'p' => {
-                    let k = self.line()?.parse::<u64>().map_err(|_| perr("bad PUT index"))?;
+                    let k = self
+                        .line()?
+                        .parse::<u64>()
+                        .map_err(|_| perr("bad PUT index"))?;
                     self.memo_put(k)?
                 }
                 0x94 => {
@@ -558,11 +643,21 @@ impl<'a> Machine<'a> {
                     self.memo_get(k)?
                 }
                 b'g' => {
-                    let k = self.line()?.parse::<u64>().map_err(|_| perr("bad GET index"))?;
+                    let k = self
+                        .line()?
+                        .parse::<u64>()
+                        .map_err(|_| perr("bad GET index"))?;
                     self.memo_get(k)?
                 }
-                0x82..=0x84 => return Err(perr("pickle extension registry codes are not supported")),
-                _ => return Err(perr(format!("unknown pickle opcode 0x{op:02x} at offset {}", self.pos - 1))),
+                0x82..=0x84 => {
+                    return Err(perr("pickle extension registry codes are not supported"))
+                }
+                _ => {
+                    return Err(perr(format!(
+                        "unknown pickle opcode 0x{op:02x} at offset {}",
+                        self.pos - 1
+                    )))
+                }
             }
         }
     }
@@ -590,7 +685,10 @@ impl<'a> Machine<'a> {
             match &self.arena[i] {
                 Value::Tensor(t) => out.push((prefix, t.clone())),
                 Value::Dict(_) | Value::List(_) | Value::Tuple(_) if depth >= MAX_DEPTH => {
-                    return Err(ParseError::tensor(prefix, format!("containers nest deeper than {MAX_DEPTH} levels")));
+                    return Err(ParseError::tensor(
+                        prefix,
+                        format!("containers nest deeper than {MAX_DEPTH} levels"),
+                    ));
                 }
                 Value::Dict(items) => {
                     if !visited.insert(i) {
@@ -603,7 +701,11 @@ impl<'a> Machine<'a> {
                             Value::Int(n) => n.to_string(),
                             _ => continue,
                         };
-                        let name = if prefix.is_empty() { key } else { format!("{prefix}.{key}") };
+                        let name = if prefix.is_empty() {
+                            key
+                        } else {
+                            format!("{prefix}.{key}")
+                        };
                         stack.push((v, name, depth + 1));
                     }
                 }
@@ -612,7 +714,11 @@ impl<'a> Machine<'a> {
                         continue;
                     }
                     for (n, &v) in items.iter().enumerate().rev() {
-                        let name = if prefix.is_empty() { n.to_string() } else { format!("{prefix}.{n}") };
+                        let name = if prefix.is_empty() {
+                            n.to_string()
+                        } else {
+                            format!("{prefix}.{n}")
+                        };
                         stack.push((v, name, depth + 1));
                     }
                 }
@@ -690,9 +796,14 @@ pub fn unpickle(bytes: &[u8], start: usize) -> Result<Unpickled, ParseError> {
     for (name, t) in flat {
         let s = &m.storages[t.storage];
         let terr = |msg: String| ParseError::tensor(&name, msg);
-        let numel = super::checked_numel(&t.shape).ok_or_else(|| terr(format!("shape {:?} overflows", t.shape)))?;
+        let numel = super::checked_numel(&t.shape)
+            .ok_or_else(|| terr(format!("shape {:?} overflows", t.shape)))?;
         let contiguous = contiguous_strides(&t.shape);
-        let ok = t.shape.iter().zip(t.stride.iter().zip(&contiguous)).all(|(&d, (&s, &c))| d <= 1 || s == c);
+        let ok = t
+            .shape
+            .iter()
+            .zip(t.stride.iter().zip(&contiguous))
+            .all(|(&d, (&s, &c))| d <= 1 || s == c);
         if !ok {
             return Err(terr(format!(
                 "stride {:?} is not contiguous for shape {:?}; save with .contiguous()",
@@ -700,18 +811,38 @@ pub fn unpickle(bytes: &[u8], start: usize) -> Result<Unpickled, ParseError> {
             )));
         }
         let esize = s.dtype.block_bytes();
-        let end_el = t.offset.checked_add(numel).ok_or_else(|| terr("storage offset overflows".into()))?;
+        let end_el = t
+            .offset
+            .checked_add(numel)
+            .ok_or_else(|| terr("storage offset overflows".into()))?;
         if numel > 0 && end_el > s.numel {
             return Err(terr(format!(
                 "view {}..{} is outside its storage '{}' of {} elements",
                 t.offset, end_el, s.key, s.numel
             )));
         }
-        let start = t.offset.checked_mul(esize).ok_or_else(|| terr("byte offset overflows".into()))?;
-        let len = s.dtype.byte_len(numel).ok_or_else(|| terr("byte length overflows".into()))?;
-        tensors.push(PickledTensor { name, dtype: s.dtype, shape: t.shape, storage: s.key.clone(), start, len });
+        let start = t
+            .offset
+            .checked_mul(esize)
+            .ok_or_else(|| terr("byte offset overflows".into()))?;
+        let len = s
+            .dtype
+            .byte_len(numel)
+            .ok_or_else(|| terr("byte length overflows".into()))?;
+        tensors.push(PickledTensor {
+            name,
+            dtype: s.dtype,
+            shape: t.shape,
+            storage: s.key.clone(),
+            start,
+            len,
+        });
     }
-    Ok(Unpickled { tensors, storages: m.storages, end: m.pos })
+    Ok(Unpickled {
+        tensors,
+        storages: m.storages,
+        end: m.pos,
+    })
 }
 
 /// Where the tensors of a whole torch file live, as ranges of the file (or of deflated zip
@@ -723,8 +854,15 @@ pub struct Parsed {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ParsedLoc {
-    Range { start: usize, len: usize },
-    ZipDeflated { entry: usize, start: usize, len: usize },
+    Range {
+        start: usize,
+        len: usize,
+    },
+    ZipDeflated {
+        entry: usize,
+        start: usize,
+        len: usize,
+    },
 }
 
 /// Parses a complete torch file (zip or legacy) held in `bytes`.
@@ -737,9 +875,13 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed, ParseError> {
 }
 
 fn parse_zip(bytes: &[u8]) -> Result<Parsed, ParseError> {
-    let mut zip = zip::ZipArchive::new(Cursor::new(bytes)).map_err(|e| perr(format!("bad zip archive: {e}")))?;
+    let mut zip = zip::ZipArchive::new(Cursor::new(bytes))
+        .map_err(|e| perr(format!("bad zip archive: {e}")))?;
     let names: Vec<String> = zip.file_names().map(str::to_string).collect();
-    let pkl: Vec<&String> = names.iter().filter(|n| n.ends_with("/data.pkl") && n.matches('/').count() == 1).collect();
+    let pkl: Vec<&String> = names
+        .iter()
+        .filter(|n| n.ends_with("/data.pkl") && n.matches('/').count() == 1)
+        .collect();
     let pkl_name = match pkl.as_slice() {
         [one] => (*one).clone(),
         [] => return Err(perr("zip has no <dir>/data.pkl entry")),
@@ -748,10 +890,18 @@ fn parse_zip(bytes: &[u8]) -> Result<Parsed, ParseError> {
     let prefix = &pkl_name[..pkl_name.len() - "data.pkl".len()];
     if let Some(i) = zip.index_for_name(&format!("{prefix}byteorder")) {
         let mut order = String::new();
-        let mut f = zip.by_index(i).map_err(|e| perr(format!("byteorder entry: {e}")))?;
-        (&mut f).take(16).read_to_string(&mut order).map_err(|e| perr(format!("byteorder entry: {e}")))?;
+        let mut f = zip
+            .by_index(i)
+            .map_err(|e| perr(format!("byteorder entry: {e}")))?;
+        (&mut f)
+            .take(16)
+            .read_to_string(&mut order)
+            .map_err(|e| perr(format!("byteorder entry: {e}")))?;
         if order.trim() != "little" {
-            return Err(perr(format!("byte order '{}' is not supported", order.trim())));
+            return Err(perr(format!(
+                "byte order '{}' is not supported",
+                order.trim()
+            )));
         }
     }
     let pkl_bytes = read_entry_by_name(&mut zip, &pkl_name, 1 << 30)?;
@@ -761,10 +911,18 @@ fn parse_zip(bytes: &[u8]) -> Result<Parsed, ParseError> {
     let mut entries: HashMap<String, (usize, bool, usize, usize)> = HashMap::new();
     for s in &u.storages {
         let name = format!("{prefix}data/{}", s.key);
-        let idx = zip.index_for_name(&name).ok_or_else(|| perr(format!("storage entry '{name}' is missing")))?;
-        let f = zip.by_index_raw(idx).map_err(|e| perr(format!("entry '{name}': {e}")))?;
-        let size = usize::try_from(f.size()).map_err(|_| perr(format!("entry '{name}' too large")))?;
-        let need = s.dtype.byte_len(s.numel).ok_or_else(|| perr(format!("storage '{}' size overflows", s.key)))?;
+        let idx = zip
+            .index_for_name(&name)
+            .ok_or_else(|| perr(format!("storage entry '{name}' is missing")))?;
+        let f = zip
+            .by_index_raw(idx)
+            .map_err(|e| perr(format!("entry '{name}': {e}")))?;
+        let size =
+            usize::try_from(f.size()).map_err(|_| perr(format!("entry '{name}' too large")))?;
+        let need = s
+            .dtype
+            .byte_len(s.numel)
+            .ok_or_else(|| perr(format!("storage '{}' size overflows", s.key)))?;
         if size < need {
             return Err(perr(format!(
                 "entry '{name}' holds {size} bytes but storage '{}' needs {need} ({} x {})",
@@ -775,28 +933,50 @@ fn parse_zip(bytes: &[u8]) -> Result<Parsed, ParseError> {
         if f.encrypted() {
             return Err(perr(format!("entry '{name}' is encrypted")));
         }
-        let start = usize::try_from(f.data_start()).map_err(|_| perr(format!("entry '{name}' offset too large")))?;
+        let start = usize::try_from(f.data_start())
+            .map_err(|_| perr(format!("entry '{name}' offset too large")))?;
         if stored {
             let csize = usize::try_from(f.compressed_size()).unwrap_or(usize::MAX);
             if csize != size || start.checked_add(size).is_none_or(|e| e > bytes.len()) {
-                return Err(perr(format!("entry '{name}' data is past the end of the file")));
+                return Err(perr(format!(
+                    "entry '{name}' data is past the end of the file"
+                )));
             }
         } else if f.compression() != zip::CompressionMethod::Deflated {
-            return Err(perr(format!("entry '{name}' uses unsupported compression {:?}", f.compression())));
-        } else if f.size() > f.compressed_size().saturating_mul(1032).saturating_add(1024) {
+            return Err(perr(format!(
+                "entry '{name}' uses unsupported compression {:?}",
+                f.compression()
+            )));
+        } else if f.size()
+            > f.compressed_size()
+                .saturating_mul(1032)
+                .saturating_add(1024)
+        {
             // 1032:1 is deflate's maximum ratio; a larger claim is a lie about the contents.
-            return Err(perr(format!("entry '{name}' claims {} bytes from {} compressed", f.size(), f.compressed_size())));
+            return Err(perr(format!(
+                "entry '{name}' claims {} bytes from {} compressed",
+                f.size(),
+                f.compressed_size()
+            )));
         }
         entries.insert(s.key.clone(), (idx, stored, start, size));
     }
     let mut tensors = Vec::with_capacity(u.tensors.len());
     for t in u.tensors {
-        let &(idx, stored, start, _size) =
-            entries.get(&t.storage).ok_or_else(|| ParseError::tensor(&t.name, "storage entry missing"))?;
+        let &(idx, stored, start, _size) = entries
+            .get(&t.storage)
+            .ok_or_else(|| ParseError::tensor(&t.name, "storage entry missing"))?;
         let loc = if stored {
-            ParsedLoc::Range { start: start + t.start, len: t.len }
+            ParsedLoc::Range {
+                start: start + t.start,
+                len: t.len,
+            }
         } else {
-            ParsedLoc::ZipDeflated { entry: idx, start: t.start, len: t.len }
+            ParsedLoc::ZipDeflated {
+                entry: idx,
+                start: t.start,
+                len: t.len,
+            }
         };
         tensors.push((t.name, t.dtype, t.shape, loc));
     }
@@ -808,25 +988,47 @@ fn read_entry_by_name(
     name: &str,
     limit: u64,
 ) -> Result<Vec<u8>, ParseError> {
-    let f = zip.by_name(name).map_err(|e| perr(format!("entry '{name}': {e}")))?;
+    let f = zip
+        .by_name(name)
+        .map_err(|e| perr(format!("entry '{name}': {e}")))?;
     if f.size() > limit {
-        return Err(perr(format!("entry '{name}' is implausibly large ({} bytes)", f.size())));
+        return Err(perr(format!(
+            "entry '{name}' is implausibly large ({} bytes)",
+            f.size()
+        )));
     }
     // The declared size is untrusted: let the buffer grow with what actually decompresses.
     let mut out = Vec::with_capacity((f.size() as usize).min(1 << 20));
-    f.take(limit).read_to_end(&mut out).map_err(|e| perr(format!("entry '{name}': {e}")))?;
+    f.take(limit)
+        .read_to_end(&mut out)
+        .map_err(|e| perr(format!("entry '{name}': {e}")))?;
     Ok(out)
 }
 
 /// Decompresses `len` bytes at `start` of zip entry `entry` (for DEFLATED storages).
-pub(crate) fn read_zip_entry(bytes: &[u8], entry: usize, start: usize, len: usize) -> Result<Vec<u8>, ParseError> {
-    let mut zip = zip::ZipArchive::new(Cursor::new(bytes)).map_err(|e| perr(format!("bad zip archive: {e}")))?;
-    let f = zip.by_index(entry).map_err(|e| perr(format!("zip entry {entry}: {e}")))?;
-    let end = start.checked_add(len).ok_or_else(|| perr("range overflows"))?;
+pub(crate) fn read_zip_entry(
+    bytes: &[u8],
+    entry: usize,
+    start: usize,
+    len: usize,
+) -> Result<Vec<u8>, ParseError> {
+    let mut zip = zip::ZipArchive::new(Cursor::new(bytes))
+        .map_err(|e| perr(format!("bad zip archive: {e}")))?;
+    let f = zip
+        .by_index(entry)
+        .map_err(|e| perr(format!("zip entry {entry}: {e}")))?;
+    let end = start
+        .checked_add(len)
+        .ok_or_else(|| perr("range overflows"))?;
     let mut out = Vec::with_capacity(end.min(1 << 26));
-    f.take(end as u64).read_to_end(&mut out).map_err(|e| perr(format!("zip entry {entry}: {e}")))?;
+    f.take(end as u64)
+        .read_to_end(&mut out)
+        .map_err(|e| perr(format!("zip entry {entry}: {e}")))?;
     if out.len() < end {
-        return Err(perr(format!("zip entry {entry} decompresses to {} bytes, need {end}", out.len())));
+        return Err(perr(format!(
+            "zip entry {entry} decompresses to {} bytes, need {end}",
+            out.len()
+        )));
     }
     out.drain(..start);
     Ok(out)
@@ -839,7 +1041,9 @@ fn parse_legacy(bytes: &[u8]) -> Result<Parsed, ParseError> {
     let is_magic = bytes.get(at..at + 2) == Some(&[0x8a, 0x0a][..])
         && bytes.get(at + 2..at + 12) == Some(&LEGACY_MAGIC[..]);
     if !is_magic {
-        return Err(perr("not a torch file: no zip signature and no legacy magic number"));
+        return Err(perr(
+            "not a torch file: no zip signature and no legacy magic number",
+        ));
     }
     let mut m = Machine::new(bytes, 0);
     m.run()?;
@@ -866,50 +1070,90 @@ fn parse_legacy(bytes: &[u8]) -> Result<Parsed, ParseError> {
         .seq_of(keys_root)
         .ok_or_else(|| perr("legacy storage key list is not a list"))?
         .iter()
-        .map(|&i| km.str_of(i).map(str::to_string).ok_or_else(|| perr("legacy storage key is not a string")))
+        .map(|&i| {
+            km.str_of(i)
+                .map(str::to_string)
+                .ok_or_else(|| perr("legacy storage key is not a string"))
+        })
         .collect::<Result<_, _>>()?;
 
     // Storage data follow in key-list order, each as u64 element count + raw elements.
-    let by_key: HashMap<&str, &StorageRef> = u.storages.iter().map(|s| (s.key.as_str(), s)).collect();
+    let by_key: HashMap<&str, &StorageRef> =
+        u.storages.iter().map(|s| (s.key.as_str(), s)).collect();
     let mut pos = km.pos;
     let mut data_at: HashMap<&str, (usize, usize)> = HashMap::new();
     for key in &keys {
-        let s = by_key
-            .get(key.as_str())
-            .ok_or_else(|| perr(format!("storage '{key}' is listed but no tensor declares its type")))?;
-        let head = bytes
-            .get(pos..pos.saturating_add(8))
-            .ok_or_else(|| perr(format!("storage '{key}' header is past the end of the file")))?;
-        let n = u64::from_le_bytes(head.try_into().map_err(|_| perr("short storage header"))?);
-        let n = usize::try_from(n).map_err(|_| perr(format!("storage '{key}' size {n} too large")))?;
-        let nbytes = s.dtype.byte_len(n).ok_or_else(|| perr(format!("storage '{key}' size overflows")))?;
-        let start = pos + 8;
-        let end = start.checked_add(nbytes).filter(|&e| e <= bytes.len()).ok_or_else(|| {
-            perr(format!("storage '{key}' ({n} x {}) runs past the end of the file", s.dtype))
+        let s = by_key.get(key.as_str()).ok_or_else(|| {
+            perr(format!(
+                "storage '{key}' is listed but no tensor declares its type"
+            ))
         })?;
+        let head = bytes.get(pos..pos.saturating_add(8)).ok_or_else(|| {
+            perr(format!(
+                "storage '{key}' header is past the end of the file"
+            ))
+        })?;
+        let n = u64::from_le_bytes(head.try_into().map_err(|_| perr("short storage header"))?);
+        let n =
+            usize::try_from(n).map_err(|_| perr(format!("storage '{key}' size {n} too large")))?;
+        let nbytes = s
+            .dtype
+            .byte_len(n)
+            .ok_or_else(|| perr(format!("storage '{key}' size overflows")))?;
+        let start = pos + 8;
+        let end = start
+            .checked_add(nbytes)
+            .filter(|&e| e <= bytes.len())
+            .ok_or_else(|| {
+                perr(format!(
+                    "storage '{key}' ({n} x {}) runs past the end of the file",
+                    s.dtype
+                ))
+            })?;
         if n < s.numel {
-            return Err(perr(format!("storage '{key}' holds {n} elements, its id says {}", s.numel)));
+            return Err(perr(format!(
+                "storage '{key}' holds {n} elements, its id says {}",
+                s.numel
+            )));
         }
         data_at.insert(key.as_str(), (start, nbytes));
         pos = end;
     }
     let mut tensors = Vec::with_capacity(u.tensors.len());
     for t in u.tensors {
-        let s = by_key.get(t.storage.as_str()).ok_or_else(|| ParseError::tensor(&t.name, "storage missing"))?;
+        let s = by_key
+            .get(t.storage.as_str())
+            .ok_or_else(|| ParseError::tensor(&t.name, "storage missing"))?;
         // Legacy view storages point into a base storage at an element offset.
         let (base_key, extra) = match &s.view_of {
             Some((b, o)) => (b.as_str(), o.checked_mul(s.dtype.block_bytes())),
             None => (t.storage.as_str(), Some(0)),
         };
         let extra = extra.ok_or_else(|| ParseError::tensor(&t.name, "view offset overflows"))?;
-        let &(start, nbytes) = data_at
-            .get(base_key)
-            .ok_or_else(|| ParseError::tensor(&t.name, format!("storage '{base_key}' has no data in the file")))?;
-        let off = extra.checked_add(t.start).ok_or_else(|| ParseError::tensor(&t.name, "offset overflows"))?;
+        let &(start, nbytes) = data_at.get(base_key).ok_or_else(|| {
+            ParseError::tensor(
+                &t.name,
+                format!("storage '{base_key}' has no data in the file"),
+            )
+        })?;
+        let off = extra
+            .checked_add(t.start)
+            .ok_or_else(|| ParseError::tensor(&t.name, "offset overflows"))?;
         if off.checked_add(t.len).is_none_or(|e| e > nbytes) {
-            return Err(ParseError::tensor(&t.name, format!("data is outside storage '{base_key}'")));
+            return Err(ParseError::tensor(
+                &t.name,
+                format!("data is outside storage '{base_key}'"),
+            ));
         }
-        tensors.push((t.name, t.dtype, t.shape, ParsedLoc::Range { start: start + off, len: t.len }));
+        tensors.push((
+            t.name,
+            t.dtype,
+            t.shape,
+            ParsedLoc::Range {
+                start: start + off,
+                len: t.len,
+            },
+        ));
     }
     Ok(Parsed { tensors })
 }
@@ -931,8 +1175,17 @@ pub(crate) fn from_blob(blob: Blob) -> Result<FileSource, IoError> {
             dtype,
             shape,
             loc: match loc {
-                ParsedLoc::Range { start, len } => Location::Range { blob: 0, start, len },
-                ParsedLoc::ZipDeflated { entry, start, len } => Location::ZipDeflated { blob: 0, entry, start, len },
+                ParsedLoc::Range { start, len } => Location::Range {
+                    blob: 0,
+                    start,
+                    len,
+                },
+                ParsedLoc::ZipDeflated { entry, start, len } => Location::ZipDeflated {
+                    blob: 0,
+                    entry,
+                    start,
+                    len,
+                },
             },
         })
         .collect();

@@ -27,7 +27,10 @@ impl TypeRules {
     /// `default` is `--type`; `rules` is `--tensor-type-rules` (`"regex=type,regex=type"`,
     /// empty for none).
     pub fn new(default: Option<DType>, rules: &str) -> Result<Self, IoError> {
-        let err = |msg: String| IoError::Rules { rules: rules.to_string(), msg };
+        let err = |msg: String| IoError::Rules {
+            rules: rules.to_string(),
+            msg,
+        };
         let mut out = Vec::new();
         for part in rules.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (re, ty) = part
@@ -37,7 +40,10 @@ impl TypeRules {
             let re = Regex::new(re).map_err(|e| err(format!("rule '{part}': bad regex: {e}")))?;
             out.push((re, ty));
         }
-        Ok(TypeRules { default, rules: out })
+        Ok(TypeRules {
+            default,
+            rules: out,
+        })
     }
 
     /// Parses `--type` (a type name, empty for none) and `--tensor-type-rules`.
@@ -45,14 +51,21 @@ impl TypeRules {
         let default = if type_arg.trim().is_empty() {
             None
         } else {
-            Some(type_arg.parse::<DType>().map_err(|e| IoError::Rules { rules: type_arg.to_string(), msg: e.to_string() })?)
+            Some(type_arg.parse::<DType>().map_err(|e| IoError::Rules {
+                rules: type_arg.to_string(),
+                msg: e.to_string(),
+            })?)
         };
         TypeRules::new(default, rules)
     }
 
     /// The type the rules ask for, before the never-convert exceptions.
     pub fn requested(&self, name: &str) -> Option<DType> {
-        self.rules.iter().find(|(re, _)| re.is_match(name)).map(|(_, t)| *t).or(self.default)
+        self.rules
+            .iter()
+            .find(|(re, _)| re.is_match(name))
+            .map(|(_, t)| *t)
+            .or(self.default)
     }
 
     /// The type `info` will be loaded as.
@@ -91,8 +104,21 @@ fn should_convert(info: &TensorInfo, to: DType) -> bool {
     if name.contains("scale_shift_table") {
         return false;
     }
-    const FLUX: &[&str] = &["img_in.", "txt_in.", "time_in.", "vector_in.", "guidance_in.", "final_layer."];
-    const SD3: &[&str] = &["x_embedder.", "t_embedder.", "y_embedder.", "pos_embed", "context_embedder."];
+    const FLUX: &[&str] = &[
+        "img_in.",
+        "txt_in.",
+        "time_in.",
+        "vector_in.",
+        "guidance_in.",
+        "final_layer.",
+    ];
+    const SD3: &[&str] = &[
+        "x_embedder.",
+        "t_embedder.",
+        "y_embedder.",
+        "pos_embed",
+        "context_embedder.",
+    ];
     !FLUX.iter().chain(SD3).any(|p| name.contains(p))
 }
 
@@ -102,9 +128,10 @@ pub fn read_as<'a>(
     name: &str,
     rules: &TypeRules,
 ) -> Result<(DType, TensorBytes<'a>), IoError> {
-    let info = src
-        .get(name)
-        .ok_or_else(|| IoError::NotFound { path: src.path().to_path_buf(), tensor: name.to_string() })?;
+    let info = src.get(name).ok_or_else(|| IoError::NotFound {
+        path: src.path().to_path_buf(),
+        tensor: name.to_string(),
+    })?;
     let target = rules.target(info);
     let bytes = src.read(name)?;
     if target == info.dtype {
@@ -112,6 +139,10 @@ pub fn read_as<'a>(
     }
     match dtype::convert(info.dtype, &bytes, &info.shape, target) {
         Ok(v) => Ok((target, TensorBytes::Owned(v))),
-        Err(source) => Err(IoError::Convert { path: src.path().to_path_buf(), tensor: name.to_string(), source }),
+        Err(source) => Err(IoError::Convert {
+            path: src.path().to_path_buf(),
+            tensor: name.to_string(),
+            source,
+        }),
     }
 }

@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 
 use safetensors::tensor::{Dtype, SafeTensors, View};
 
-use super::{merge_into, Blob, FileSource, Format, IoError, Location, OpenOptions, ParseError, TensorInfo};
+use super::{
+    merge_into, Blob, FileSource, Format, IoError, Location, OpenOptions, ParseError, TensorInfo,
+};
 use crate::dtype::DType;
 
 /// Size of the little-endian header-length prefix.
@@ -60,15 +62,22 @@ pub struct Header {
 /// length within the file and under the crate's limit, JSON well-formed, offsets contiguous,
 /// `shape × dtype == byte length`, data ending exactly at the end of the file.
 pub fn parse(bytes: &[u8]) -> Result<Header, ParseError> {
-    let (n, meta) = SafeTensors::read_metadata(bytes).map_err(|e| ParseError::new(e.to_string()))?;
+    let (n, meta) =
+        SafeTensors::read_metadata(bytes).map_err(|e| ParseError::new(e.to_string()))?;
     let data_start = N_LEN + n;
     let mut tensors = Vec::new();
     for name in meta.offset_keys() {
-        let info = meta.info(&name).ok_or_else(|| ParseError::tensor(&name, "listed but missing"))?;
-        let dtype = from_st(info.dtype)
-            .ok_or_else(|| ParseError::tensor(&name, format!("unsupported dtype {:?}", info.dtype)))?;
+        let info = meta
+            .info(&name)
+            .ok_or_else(|| ParseError::tensor(&name, "listed but missing"))?;
+        let dtype = from_st(info.dtype).ok_or_else(|| {
+            ParseError::tensor(&name, format!("unsupported dtype {:?}", info.dtype))
+        })?;
         if super::checked_numel(&info.shape).is_none() {
-            return Err(ParseError::tensor(&name, format!("shape {:?} overflows", info.shape)));
+            return Err(ParseError::tensor(
+                &name,
+                format!("shape {:?} overflows", info.shape),
+            ));
         }
         let (s, e) = info.data_offsets;
         let (start, end) = match (data_start.checked_add(s), data_start.checked_add(e)) {
@@ -94,11 +103,21 @@ pub(crate) fn from_blob(blob: Blob) -> Result<FileSource, IoError> {
             name,
             dtype,
             shape,
-            loc: Location::Range { blob: 0, start: r.start, len: r.len() },
+            loc: Location::Range {
+                blob: 0,
+                start: r.start,
+                len: r.len(),
+            },
         })
         .collect();
     let path = blob.path.clone();
-    FileSource::new(path, Format::Safetensors, vec![blob], tensors, header.metadata)
+    FileSource::new(
+        path,
+        Format::Safetensors,
+        vec![blob],
+        tensors,
+        header.metadata,
+    )
 }
 
 /// Opens one safetensors file.
@@ -109,10 +128,17 @@ pub fn open(path: &Path, opts: &OpenOptions) -> Result<FileSource, IoError> {
 /// Opens `*.safetensors.index.json` and the shards its `weight_map` names (relative to the
 /// index's folder). Every tensor must be in the shard the index says.
 pub fn open_sharded(index_path: &Path, opts: &OpenOptions) -> Result<FileSource, IoError> {
-    let fmt_err = |msg: String| IoError::Format { path: index_path.to_path_buf(), format: Format::ShardedSafetensors, msg };
-    let text = std::fs::read_to_string(index_path)
-        .map_err(|source| IoError::Io { path: index_path.to_path_buf(), source })?;
-    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| fmt_err(format!("invalid JSON: {e}")))?;
+    let fmt_err = |msg: String| IoError::Format {
+        path: index_path.to_path_buf(),
+        format: Format::ShardedSafetensors,
+        msg,
+    };
+    let text = std::fs::read_to_string(index_path).map_err(|source| IoError::Io {
+        path: index_path.to_path_buf(),
+        source,
+    })?;
+    let json: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| fmt_err(format!("invalid JSON: {e}")))?;
     let map = json
         .get("weight_map")
         .and_then(|m| m.as_object())
@@ -121,11 +147,15 @@ pub fn open_sharded(index_path: &Path, opts: &OpenOptions) -> Result<FileSource,
     let mut shards: Vec<String> = Vec::new();
     let mut expected: HashMap<&str, &str> = HashMap::new();
     for (tensor, file) in map {
-        let file = file.as_str().ok_or_else(|| fmt_err(format!("weight_map entry '{tensor}' is not a file name")))?;
+        let file = file
+            .as_str()
+            .ok_or_else(|| fmt_err(format!("weight_map entry '{tensor}' is not a file name")))?;
         // Shard names are plain file names next to the index; anything else could escape the
         // model folder.
         if file.contains('/') || file.contains('\\') || file.starts_with('.') {
-            return Err(fmt_err(format!("shard name '{file}' for tensor '{tensor}' is not a plain file name")));
+            return Err(fmt_err(format!(
+                "shard name '{file}' for tensor '{tensor}' is not a plain file name"
+            )));
         }
         if !shards.iter().any(|s| s == file) {
             shards.push(file.to_string());
@@ -160,7 +190,8 @@ pub fn open_sharded(index_path: &Path, opts: &OpenOptions) -> Result<FileSource,
         metadata.extend(merge_into(&mut blobs, &mut tensors, src, |n| n.to_string()));
     }
     if tensors.len() != expected.len() {
-        let present: std::collections::HashSet<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
+        let present: std::collections::HashSet<&str> =
+            tensors.iter().map(|t| t.name.as_str()).collect();
         if let Some((missing, file)) = expected.iter().find(|(n, _)| !present.contains(*n)) {
             return Err(IoError::Tensor {
                 path: dir.join(file),
@@ -169,7 +200,13 @@ pub fn open_sharded(index_path: &Path, opts: &OpenOptions) -> Result<FileSource,
             });
         }
     }
-    FileSource::new(index_path.to_path_buf(), Format::ShardedSafetensors, blobs, tensors, metadata)
+    FileSource::new(
+        index_path.to_path_buf(),
+        Format::ShardedSafetensors,
+        blobs,
+        tensors,
+        metadata,
+    )
 }
 
 struct WriteView<'a> {
@@ -194,7 +231,11 @@ impl View for WriteView<'_> {
 }
 
 /// Writes a safetensors file. Quantized dtypes cannot be stored in safetensors.
-pub fn write<'a, I, S>(path: &Path, tensors: I, metadata: &BTreeMap<String, String>) -> Result<(), IoError>
+pub fn write<'a, I, S>(
+    path: &Path,
+    tensors: I,
+    metadata: &BTreeMap<String, String>,
+) -> Result<(), IoError>
 where
     I: IntoIterator<Item = (S, DType, Vec<usize>, &'a [u8])>,
     S: AsRef<str>,
@@ -202,16 +243,39 @@ where
     let mut views = Vec::new();
     for (name, dtype, shape, data) in tensors {
         let name = name.as_ref().to_string();
-        let terr = |msg: String| IoError::Tensor { path: path.to_path_buf(), tensor: name.clone(), msg };
-        let st = to_st(dtype).ok_or_else(|| terr(format!("{dtype} cannot be stored in safetensors")))?;
+        let terr = |msg: String| IoError::Tensor {
+            path: path.to_path_buf(),
+            tensor: name.clone(),
+            msg,
+        };
+        let st =
+            to_st(dtype).ok_or_else(|| terr(format!("{dtype} cannot be stored in safetensors")))?;
         let expected = super::checked_numel(&shape).and_then(|n| dtype.byte_len(n));
         if expected != Some(data.len()) {
-            return Err(terr(format!("shape {shape:?} of {dtype} needs {expected:?} bytes, got {}", data.len())));
+            return Err(terr(format!(
+                "shape {shape:?} of {dtype} needs {expected:?} bytes, got {}",
+                data.len()
+            )));
         }
-        views.push((name, WriteView { dtype: st, shape, data }));
+        views.push((
+            name,
+            WriteView {
+                dtype: st,
+                shape,
+                data,
+            },
+        ));
     }
-    let info: Option<HashMap<String, String>> =
-        if metadata.is_empty() { None } else { Some(metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect()) };
+    let info: Option<HashMap<String, String>> = if metadata.is_empty() {
+        None
+    } else {
+        Some(
+            metadata
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        )
+    };
     safetensors::serialize_to_file(views, info, path).map_err(|e| IoError::Format {
         path: path.to_path_buf(),
         format: Format::Safetensors,
