@@ -42,9 +42,10 @@ fn main() {
 
     let t = Instant::now();
     let src = io::open(&path).expect("open");
-    let unet_w = load_weights(&backend, src.as_ref(), &["model.diffusion_model."], Some(wtype)).expect("unet");
-    let vae_w = load_weights(&backend, src.as_ref(), &["first_stage_model."], Some(wtype)).expect("vae");
-    let clip_w = load_weights(&backend, src.as_ref(), &["cond_stage_model."], Some(wtype)).expect("clip");
+    let rules = io::TypeRules::new(Some(wtype), "").expect("type rules");
+    let unet_w = load_weights(&backend, src.as_ref(), &["model.diffusion_model."], &rules).expect("unet");
+    let vae_w = load_weights(&backend, src.as_ref(), &["first_stage_model."], &rules).expect("vae");
+    let clip_w = load_weights(&backend, src.as_ref(), &["cond_stage_model."], &rules).expect("clip");
     let load_s = t.elapsed().as_secs_f64();
     let prefix = "cond_stage_model.transformer.text_model";
     let clip = ClipTextModel::new(&clip_w, prefix, ClipTextConfig::infer(&clip_w, prefix, ClipLayout::HuggingFace).unwrap()).unwrap();

@@ -5,7 +5,7 @@ use crate::values::{ClipRef, ModelRef, VaeRef};
 use crate::err;
 use sdflow_core::detect::{self, KeyLayout, ModelFamily};
 use sdflow_core::ggml::Backend;
-use sdflow_core::io;
+use sdflow_core::io::{self, TypeRules};
 use sdflow_core::models::clip::ClipLayout;
 use sdflow_core::models::load::load_weights;
 use sdflow_core::models::sd::Prediction;
@@ -29,7 +29,7 @@ pub fn weights_handle(rt: &Runtime, path: &Path, prefix: &str) -> Result<WeightH
             let src = io::open(&path)?;
             // CPU buffers are plain host memory, usable by every CPU backend.
             let backend = Backend::cpu(1)?;
-            Ok(load_weights(&backend, src.as_ref(), &[&pfx], wt)?)
+            Ok(load_weights(&backend, src.as_ref(), &[&pfx], &TypeRules::new(wt, "")?)?)
         })
         .map_err(err)
 }

@@ -1,7 +1,11 @@
 //! Layers shared by the architectures, named after their PyTorch modules.
 
 use super::{Result, Weights};
-use crate::ggml::{Context, Tensor};
+use crate::ggml::{Context, GType, Tensor};
+
+/// From this many keys on, attention runs fused (flash attention): below it the plain
+/// product is as fast and exact in f32, which the parity tests rely on.
+pub const FLASH_MIN_KEYS: i64 = 1024;
 
 /// `nn.Linear` at `{name}.weight` / `{name}.bias` on x [in, ...] → [out, ...].
 pub fn linear<'a>(ctx: &'a Context, w: &'a Weights, name: &str, x: Tensor<'a>) -> Result<Tensor<'a>> {
@@ -31,6 +35,18 @@ pub fn attention<'a>(ctx: &'a Context, q: Tensor<'a>, k: Tensor<'a>, v: Tensor<'
         let t = if t.is_contiguous() { t } else { ctx.cont(t)? };
         Ok(ctx.reshape(t, [dh, heads, n, b])?)
     };
+    if tk >= FLASH_MIN_KEYS {
+        // Fused attention never materialises the Tq×Tk score matrix (1 GiB per layer
+        // for SD at 512²). ggml's CPU kernel wants f16 keys and values.
+        let qh = ctx.permute(split(q, tq)?, [0, 2, 1, 3])?; // [dh, Tq, H, B]
+        let kh = ctx.cast(ctx.cont(ctx.permute(split(k, tk)?, [0, 2, 1, 3])?)?, GType::F16)?;
+        let vh = ctx.cast(ctx.cont(ctx.permute(split(v, tk)?, [0, 2, 1, 3])?)?, GType::F16)?;
+        if mask.is_some() {
+            return Err(super::ModelError::Input("masked attention over long sequences is not supported yet".into()));
+        }
+        let out = ctx.flash_attn_ext(qh, kh, vh, None, 1.0 / (dh as f32).sqrt())?; // [dh, H, Tq, B]
+        return Ok(ctx.reshape(out, [d, tq, b, 1])?);
+    }
     // [dh, T, H, B]
     let qh = ctx.cont(ctx.permute(split(q, tq)?, [0, 2, 1, 3])?)?;
     let kh = ctx.cont(ctx.permute(split(k, tk)?, [0, 2, 1, 3])?)?;

@@ -9,7 +9,7 @@ pub const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/model
 /// Every tensor of an f32 safetensors fixture as ggml weights, through the real loader.
 pub fn load_f32(file: &str, backend: &Backend) -> Weights {
     let src = sdflow_core::io::open(std::path::Path::new(&format!("{DIR}/{file}"))).unwrap();
-    sdflow_core::models::load::load_weights(backend, src.as_ref(), &[""], None).unwrap()
+    sdflow_core::models::load::load_weights(backend, src.as_ref(), &[""], &sdflow_core::io::TypeRules::none()).unwrap()
 }
 
 pub fn reference(file: &str) -> serde_json::Value {
