@@ -9,7 +9,7 @@ use crate::run::{run_command, RunArgs};
 use anyhow::Context;
 use clap::Args;
 use sdflow_core::dtype::DType;
-use sdflow_core::synth::{write_checkpoint, Format, SdConfig};
+use sdflow_core::synth::{ensure_checkpoint, Format, SdConfig};
 use std::path::PathBuf;
 
 /// The committed txt2img workflow, so the demo runs from any directory.
@@ -42,14 +42,6 @@ fn cache_dir() -> PathBuf {
         .join("sdflow/demo")
 }
 
-/// SD1's structure at toy widths, with a real KL-f8 VAE layout (4 levels), so image
-/// sizes come out as they would with a real checkpoint.
-pub fn demo_config() -> SdConfig {
-    let mut cfg = SdConfig::tiny_sd1();
-    cfg.vae.ch_mult = vec![1, 1, 2, 2];
-    cfg
-}
-
 pub fn demo_command(args: DemoArgs) -> anyhow::Result<()> {
     if args.size < 64 || args.size > 2048 || args.size % 8 != 0 {
         anyhow::bail!("--size {} must be a multiple of 8 in 64..=2048", args.size);
@@ -59,9 +51,9 @@ pub fn demo_command(args: DemoArgs) -> anyhow::Result<()> {
     let ckpts = models.join("checkpoints");
     std::fs::create_dir_all(&ckpts).with_context(|| format!("creating {}", ckpts.display()))?;
     let ckpt = ckpts.join(CHECKPOINT);
-    if !ckpt.exists() {
-        eprintln!("building a tiny random-weight SD1 checkpoint (once) at {}", ckpt.display());
-        write_checkpoint(&ckpt, &demo_config(), DType::F32, 42, Format::Safetensors).context("writing the demo checkpoint")?;
+    // Rebuilt only when missing or made by another generator version or config.
+    if ensure_checkpoint(&ckpt, &SdConfig::tiny_sd1_f8(), DType::F32, 42, Format::Safetensors).context("writing the demo checkpoint")? {
+        eprintln!("built a tiny random-weight SD1 checkpoint at {}", ckpt.display());
     }
     let wf = dir.join("txt2img.json");
     std::fs::write(&wf, TXT2IMG).with_context(|| format!("writing {}", wf.display()))?;

@@ -230,6 +230,14 @@ impl SdConfig {
         }
     }
 
+    /// [`SdConfig::tiny_sd1`] with a KL-f8 VAE (4 levels), so images come out at the sizes
+    /// a real SD1 checkpoint gives: for end-to-end runs (`sdflow demo`, the workflow tests).
+    pub fn tiny_sd1_f8() -> Self {
+        let mut cfg = Self::tiny_sd1();
+        cfg.vae.ch_mult = vec![1, 1, 2, 2];
+        cfg
+    }
+
     /// SD2 structure at toy size.
     pub fn tiny_sd2() -> Self {
         let base = Self::tiny_sd1();

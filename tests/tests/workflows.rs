@@ -17,10 +17,7 @@ fn env() -> Env {
     let dir = tempfile::tempdir().unwrap();
     let ckpts = dir.path().join("models/checkpoints");
     std::fs::create_dir_all(&ckpts).unwrap();
-    // A KL-f8 VAE like the real one, so image sizes come out as in a real run.
-    let mut cfg = SdConfig::tiny_sd1();
-    cfg.vae.ch_mult = vec![1, 1, 2, 2];
-    write_checkpoint(&ckpts.join("model.safetensors"), &cfg, DType::F32, 7, Format::Safetensors).unwrap();
+    write_checkpoint(&ckpts.join("model.safetensors"), &SdConfig::tiny_sd1_f8(), DType::F32, 7, Format::Safetensors).unwrap();
     let out = dir.path().join("output");
     let input = dir.path().join("input");
     std::fs::create_dir_all(&input).unwrap();
