@@ -1,7 +1,7 @@
 //! VAE decode/encode and image output.
 
 use crate::runtime::Runtime;
-use crate::values::{Image, Latent, VaeRef};
+use crate::values::{Image, Latent, Mask, VaeRef};
 use crate::err;
 use sdflow_core::ggml::{Context, GraphRun};
 use sdflow_core::models::vae::{Vae, VaeConfig};
@@ -17,6 +17,8 @@ pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
     registry.register(Arc::new(SaveImage { rt: rt.clone(), preview: false }));
     registry.register(Arc::new(SaveImage { rt: rt.clone(), preview: true }));
     registry.register(Arc::new(LoadImage { rt: rt.clone() }));
+    registry.register(Arc::new(LoadImageMask { rt: rt.clone() }));
+    registry.register(Arc::new(VaeEncodeForInpaint { rt: rt.clone() }));
 }
 
 // The VAE graphs are a few hundred nodes; generous, and independent of image size.
@@ -120,33 +122,38 @@ impl Node for VaeEncode {
     fn execute(&self, ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
         let img = inputs.downcast::<Image>("pixels")?;
         let vae = inputs.downcast::<VaeRef>("vae")?;
-        let latent = with_vae(vae, |model| {
-            let f = model.config.downscale() as usize;
-            let (w, h) = (img.width / f * f, img.height / f * f);
-            if w == 0 || h == 0 || img.channels < 3 {
-                return Err(NodeError::msg(format!("a {}x{}x{} image is too small to encode", img.width, img.height, img.channels)));
-            }
-            let (x0, y0) = ((img.width - w) / 2, (img.height - h) / 2);
-            let mut samples = Vec::new();
-            let z = model.config.z_channels;
-            for i in 0..img.n {
-                ctx.check_cancelled()?;
-                let mut chw = vec![0f32; 3 * w * h];
-                for y in 0..h {
-                    for x in 0..w {
-                        for ch in 0..3 {
-                            let v = img.data[((i * img.height + y + y0) * img.width + x + x0) * img.channels + ch];
-                            chw[(ch * h + y) * w + x] = v * 2.0 - 1.0;
-                        }
-                    }
-                }
-                let mean = run_vae(&self.rt, model, [w as i64, h as i64, 3, 1], chw, VaeOp::EncodeMean)?;
-                samples.extend(mean);
-            }
-            Ok(Latent { samples, shape: [(w / f) as i64, (h / f) as i64, z, img.n as i64] })
-        })?;
+        let latent = encode_image(&self.rt, ctx, vae, img)?;
         Ok(Outputs::new(vec![Value::new(IoType::LATENT, latent)]))
     }
+}
+
+/// Encode `img` to latent means, cropped (centred) to a multiple of the VAE's factor.
+fn encode_image(rt: &Runtime, ctx: &ExecContext<'_>, vae: &VaeRef, img: &Image) -> Result<Latent, NodeError> {
+    with_vae(vae, |model| {
+        let f = model.config.downscale() as usize;
+        let (w, h) = (img.width / f * f, img.height / f * f);
+        if w == 0 || h == 0 || img.channels < 3 {
+            return Err(NodeError::msg(format!("a {}x{}x{} image is too small to encode", img.width, img.height, img.channels)));
+        }
+        let (x0, y0) = ((img.width - w) / 2, (img.height - h) / 2);
+        let mut samples = Vec::new();
+        let z = model.config.z_channels;
+        for i in 0..img.n {
+            ctx.check_cancelled()?;
+            let mut chw = vec![0f32; 3 * w * h];
+            for y in 0..h {
+                for x in 0..w {
+                    for ch in 0..3 {
+                        let v = img.data[((i * img.height + y + y0) * img.width + x + x0) * img.channels + ch];
+                        chw[(ch * h + y) * w + x] = v * 2.0 - 1.0;
+                    }
+                }
+            }
+            let mean = run_vae(&rt, model, [w as i64, h as i64, 3, 1], chw, VaeOp::EncodeMean)?;
+            samples.extend(mean);
+        }
+        Ok(Latent { samples, shape: [(w / f) as i64, (h / f) as i64, z, img.n as i64], noise_mask: None })
+    })
 }
 
 /// ComfyUI's "Save Image" (to the output folder) and "Preview Image" (to its `temp`
@@ -293,5 +300,114 @@ impl Node for LoadImage {
         let (img, mask) = decode_image(&path)?;
         let (h, w) = (img.height, img.width);
         Ok(Outputs::new(vec![Value::new(IoType::IMAGE, img), Value::new(IoType::MASK, crate::values::Mask { data: mask, n: 1, height: h, width: w })]))
+    }
+}
+
+/// ComfyUI's "Load Image (as Mask)": one channel of an input image; alpha is inverted
+/// (transparent = masked), as ComfyUI does.
+struct LoadImageMask {
+    rt: Arc<Runtime>,
+}
+
+impl Node for LoadImageMask {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("LoadImageMask")
+            .display_name("Load Image (as Mask)")
+            .category("mask")
+            .input(InputSpec::combo("image", self.rt.list_inputs()).extra("image_upload", json!(true)))
+            .input(InputSpec::combo("channel", ["alpha", "red", "green", "blue"]))
+            .output("MASK", IoType::MASK)
+    }
+
+    fn fingerprint(&self, inputs: &Inputs) -> Result<Option<Vec<u8>>, NodeError> {
+        let path = self.rt.resolve_input(inputs.string("image")?).map_err(NodeError::msg)?;
+        Ok(Some(std::fs::read(&path).map_err(|e| NodeError::msg(format!("{}: {e}", path.display())))?))
+    }
+
+    fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let path = self.rt.resolve_input(inputs.string("image")?).map_err(NodeError::msg)?;
+        let (img, alpha_mask) = decode_image(&path)?;
+        let data = match inputs.string("channel")? {
+            "alpha" => alpha_mask,
+            c => {
+                let k = match c {
+                    "red" => 0,
+                    "green" => 1,
+                    "blue" => 2,
+                    other => return Err(NodeError::msg(format!("unknown channel `{other}`"))),
+                };
+                img.data.chunks(3).map(|p| p[k]).collect()
+            }
+        };
+        Ok(Outputs::new(vec![Value::new(IoType::MASK, Mask { data, n: 1, height: img.height, width: img.width })]))
+    }
+}
+
+/// ComfyUI's "VAE Encode (for Inpainting)": masked pixels are set to grey before
+/// encoding, and the mask, grown by `grow_mask_by` pixels, becomes the noise mask.
+struct VaeEncodeForInpaint {
+    rt: Arc<Runtime>,
+}
+
+impl Node for VaeEncodeForInpaint {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("VAEEncodeForInpaint")
+            .display_name("VAE Encode (for Inpainting)")
+            .category("latent/inpaint")
+            .input(InputSpec::link("pixels", IoType::IMAGE))
+            .input(InputSpec::link("vae", IoType::VAE))
+            .input(InputSpec::link("mask", IoType::MASK))
+            .input(InputSpec::int("grow_mask_by", 6).int_range(0, 64))
+            .output("LATENT", IoType::LATENT)
+    }
+
+    fn lane(&self) -> Lane {
+        Lane::Device(crate::runtime::DEVICE_LANE.into())
+    }
+
+    fn execute(&self, ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let img = inputs.downcast::<Image>("pixels")?;
+        let vae = inputs.downcast::<VaeRef>("vae")?;
+        let mask = inputs.downcast::<Mask>("mask")?;
+        let grow = usize::try_from(inputs.int("grow_mask_by")?).map_err(|_| NodeError::msg("grow_mask_by must be >= 0"))?;
+        if mask.data.is_empty() || img.channels < 3 {
+            return Err(NodeError::msg("inpainting needs an RGB image and a non-empty mask"));
+        }
+        let (w, h) = (img.width, img.height);
+        let mut grey = img.clone();
+        let mut grown_all = Vec::with_capacity(img.n * w * h);
+        for i in 0..img.n {
+            let m = mask.resized(i, w, h);
+            // Grow with a box filter as ComfyUI (sum over the window, clamped to 1).
+            let grown = if grow == 0 {
+                m.clone()
+            } else {
+                let r = grow / 2;
+                let mut g = vec![0f32; w * h];
+                for y in 0..h {
+                    for x in 0..w {
+                        let mut s = 0f32;
+                        for yy in y.saturating_sub(r)..(y + grow - r).min(h) {
+                            for xx in x.saturating_sub(r)..(x + grow - r).min(w) {
+                                s += m[yy * w + xx];
+                            }
+                        }
+                        g[y * w + x] = s.clamp(0.0, 1.0);
+                    }
+                }
+                g
+            };
+            for p in 0..w * h {
+                if m[p].round() >= 1.0 {
+                    for c in 0..img.channels {
+                        grey.data[(i * w * h + p) * img.channels + c] = 0.5;
+                    }
+                }
+            }
+            grown_all.extend(grown.into_iter().map(|v| v.round()));
+        }
+        let mut latent = encode_image(&self.rt, ctx, vae, &grey)?;
+        latent.noise_mask = Some(Arc::new(Mask { data: grown_all, n: img.n, height: h, width: w }));
+        Ok(Outputs::new(vec![Value::new(IoType::LATENT, latent)]))
     }
 }

@@ -7,9 +7,10 @@
 //!
 //! - [`loaders`]: CheckpointLoaderSimple
 //! - [`conditioning`]: CLIPTextEncode, CLIPSetLastLayer
-//! - [`latent`]: EmptyLatentImage
+//! - [`latent`]: EmptyLatentImage, SetLatentNoiseMask
 //! - [`sampling`]: KSampler
-//! - [`image`]: LoadImage, VAEDecode, VAEEncode, SaveImage, PreviewImage
+//! - [`image`]: LoadImage, LoadImageMask, VAEDecode, VAEEncode, VAEEncodeForInpaint, SaveImage,
+//!   PreviewImage
 
 pub mod conditioning;
 pub mod image;

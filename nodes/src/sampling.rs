@@ -76,21 +76,60 @@ pub fn run_sampler(rt: &Runtime, ctx: &ExecContext<'_>, model: &ModelRef, req: &
     let uncond = (req.cfg != 1.0 || req.sampler.needs_uncond()).then_some(uncond);
 
     let shape = req.latent.shape;
+    let [lw, lh, _, ln] = shape;
+    let plane = (lw * lh) as usize;
     let mut rng = CpuRng::new(req.seed);
     let noise = rng.randn(req.latent.samples.len());
     let sigma0 = sigmas.first().copied().unwrap_or(0.0);
-    let x: Vec<f32> = req.latent.samples.iter().zip(&noise).map(|(l, n)| l * model.latent_scale + n * sigma0).collect();
+    let scaled: Vec<f32> = req.latent.samples.iter().map(|l| l * model.latent_scale).collect();
+    let x: Vec<f32> = scaled.iter().zip(&noise).map(|(l, n)| l + n * sigma0).collect();
+    // The noise mask at latent resolution, one plane per sample.
+    let mask: Option<Vec<f32>> = req.latent.noise_mask.as_ref().map(|m| (0..ln as usize).flat_map(|i| m.resized(i, lw as usize, lh as usize)).collect());
+    let channels = (shape[2]) as usize;
+    let mask_at = |mask: &[f32], idx: usize| mask[(idx / (plane * channels)) * plane + idx % plane];
+    // Inpainting UNets take the mask and the masked image's latent as 5 extra channels.
+    let extra = den.unet().config.in_channels - shape[2];
+    let concat: Option<Vec<f32>> = match extra {
+        0 => None,
+        5 if shape[2] == 4 => Some(
+            (0..ln as usize)
+                .flat_map(|i| {
+                    let m: Vec<f32> = mask.as_ref().map_or_else(|| vec![1.0; plane], |m| m[i * plane..(i + 1) * plane].to_vec());
+                    let per = plane * channels;
+                    m.into_iter().chain(scaled[i * per..(i + 1) * per].iter().copied()).collect::<Vec<f32>>()
+                })
+                .collect(),
+        ),
+        _ => return Err(NodeError::msg(format!("this UNet takes {} input channels; only 4 and 9 (inpainting) are supported yet", shape[2] + extra))),
+    };
     let total = sigmas.len().saturating_sub(1) as u64;
     let mut denoiser = |x: &[f32], sigma: f32| -> Result<_, NodeError> {
         ctx.check_cancelled()?;
-        rt.with_backend(|b| den.denoise(b, x, shape, sigma, cond, uncond, req.cfg)).map_err(err)
+        // ComfyUI's KSamplerX0Inpaint: outside the mask the latent is held at the input
+        // image, noised to the current level, and the prediction there is the image itself.
+        let blended: Option<Vec<f32>> = mask.as_ref().map(|m| {
+            x.iter().enumerate().map(|(i, &v)| {
+                let k = mask_at(m, i);
+                v * k + (scaled[i] + noise[i] * sigma) * (1.0 - k)
+            }).collect()
+        });
+        let xin = blended.as_deref().unwrap_or(x);
+        let concat = concat.as_deref().map(|c| (c, extra));
+        let mut d = rt.with_backend(|b| den.denoise_concat(b, xin, shape, sigma, cond, uncond, req.cfg, concat)).map_err(err)?;
+        if let Some(m) = &mask {
+            for (i, v) in d.denoised.iter_mut().enumerate() {
+                let k = mask_at(m, i);
+                *v = *v * k + scaled[i] * (1.0 - k);
+            }
+        }
+        Ok(d)
     };
     let mut progress = |p: Progress<'_>| ctx.progress(p.step as u64, total);
     let out = sample(req.sampler, &mut denoiser, x, &sigmas, &mut rng, &SampleOpts::default(), Some(&mut progress)).map_err(|e| match e {
         SampleError::Model { error, .. } => error,
         other => err(other),
     })?;
-    Ok(Latent { samples: out.iter().map(|v| v / model.latent_scale).collect(), shape })
+    Ok(Latent { samples: out.iter().map(|v| v / model.latent_scale).collect(), shape, noise_mask: req.latent.noise_mask.clone() })
 }
 
 /// ComfyUI's "KSampler".

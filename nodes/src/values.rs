@@ -70,11 +70,14 @@ impl CacheSize for CondList {
 pub struct Latent {
     pub samples: Vec<f32>,
     pub shape: [i64; 4],
+    /// Where sampling may change the latent (1) and where it must keep it (0), at any
+    /// resolution (resized to the latent when sampling), as ComfyUI's `noise_mask`.
+    pub noise_mask: Option<Arc<Mask>>,
 }
 
 impl CacheSize for Latent {
     fn cache_bytes(&self) -> usize {
-        self.samples.len() * 4
+        (self.samples.len() + self.noise_mask.as_ref().map_or(0, |m| m.data.len())) * 4
     }
 }
 
@@ -106,5 +109,29 @@ pub struct Mask {
 impl CacheSize for Mask {
     fn cache_bytes(&self) -> usize {
         self.data.len() * 4
+    }
+}
+
+impl Mask {
+    /// Bilinear resize of sample `i` (the last one when the mask has fewer samples) to
+    /// `w`×`h`, with half-pixel centres like `torch.nn.functional.interpolate`.
+    pub fn resized(&self, i: usize, w: usize, h: usize) -> Vec<f32> {
+        let i = i.min(self.n.saturating_sub(1));
+        let src = &self.data[i * self.height * self.width..(i + 1) * self.height * self.width];
+        let (sw, sh) = (self.width as f32, self.height as f32);
+        let mut out = Vec::with_capacity(w * h);
+        for y in 0..h {
+            let fy = ((y as f32 + 0.5) * sh / h as f32 - 0.5).clamp(0.0, sh - 1.0);
+            let (y0, dy) = (fy.floor() as usize, fy - fy.floor());
+            let y1 = (y0 + 1).min(self.height - 1);
+            for x in 0..w {
+                let fx = ((x as f32 + 0.5) * sw / w as f32 - 0.5).clamp(0.0, sw - 1.0);
+                let (x0, dx) = (fx.floor() as usize, fx - fx.floor());
+                let x1 = (x0 + 1).min(self.width - 1);
+                let p = |yy: usize, xx: usize| src[yy * self.width + xx];
+                out.push(p(y0, x0) * (1.0 - dy) * (1.0 - dx) + p(y0, x1) * (1.0 - dy) * dx + p(y1, x0) * dy * (1.0 - dx) + p(y1, x1) * dy * dx);
+            }
+        }
+        out
     }
 }

@@ -66,10 +66,32 @@ impl<'w> SdDenoiser<'w> {
     /// mixed as `uncond + cfg_scale·(cond − uncond)`; `uncond` is returned too, for
     /// the CFG++ samplers. Every sample of the batch shares the conditioning.
     pub fn denoise(&mut self, backend: &Backend, x: &[f32], shape: LatentShape, sigma: f32, cond: &Conditioning, uncond: Option<&Conditioning>, cfg_scale: f32) -> Result<Denoised> {
+        self.denoise_concat(backend, x, shape, sigma, cond, uncond, cfg_scale, None)
+    }
+
+    /// [`SdDenoiser::denoise`] for UNets that take extra input channels (inpainting:
+    /// mask and masked-image latent; instruct-pix2pix: the image latent): `concat` holds
+    /// `concat_channels` channels per sample, appended after the (scaled) latent.
+    #[allow(clippy::too_many_arguments)]
+    pub fn denoise_concat(&mut self, backend: &Backend, x: &[f32], shape: LatentShape, sigma: f32, cond: &Conditioning, uncond: Option<&Conditioning>, cfg_scale: f32, concat: Option<(&[f32], i64)>) -> Result<Denoised> {
         let n_per = (shape[0] * shape[1] * shape[2]) as usize;
         let n = shape[3] as usize;
         if x.len() != n_per * n || n == 0 {
             return Err(ModelError::Input(format!("latent of {} values for shape {shape:?}", x.len())));
+        }
+        let extra = concat.map_or(0, |c| c.1);
+        let want = self.unet.config.in_channels;
+        if shape[2] + extra != want {
+            return Err(ModelError::Input(format!(
+                "the UNet takes {want} input channels; the latent has {} and the extra conditioning {extra}",
+                shape[2]
+            )));
+        }
+        let plane = (shape[0] * shape[1]) as usize;
+        if let Some((c, ch)) = concat {
+            if c.len() != plane * ch as usize * n {
+                return Err(ModelError::Input(format!("{} extra-channel values for {n} samples of {ch}×{plane}", c.len())));
+            }
         }
         if !sigma.is_finite() || sigma < 0.0 {
             return Err(ModelError::Input(format!("sigma {sigma}")));
@@ -87,7 +109,16 @@ impl<'w> SdDenoiser<'w> {
         let mut preds: Vec<Vec<f32>> = Vec::new();
         for group in groups {
             let reps = group.len();
-            let xin: Vec<f32> = std::iter::repeat_n(x, reps).flatten().map(|v| v * c_in).collect();
+            let mut xin: Vec<f32> = Vec::with_capacity((n_per + plane * extra as usize) * n * reps);
+            for _ in 0..reps {
+                for i in 0..n {
+                    xin.extend(x[i * n_per..(i + 1) * n_per].iter().map(|v| v * c_in));
+                    if let Some((c, ch)) = concat {
+                        let per = plane * ch as usize;
+                        xin.extend_from_slice(&c[i * per..(i + 1) * per]);
+                    }
+                }
+            }
             let mut ctx_data = Vec::with_capacity(group.iter().map(|c| c.data.len() * n).sum());
             for c in &group {
                 for _ in 0..n {
@@ -95,7 +126,7 @@ impl<'w> SdDenoiser<'w> {
                 }
             }
             let b = (reps * n) as i64;
-            let out = self.run_unet(backend, xin, [shape[0], shape[1], shape[2], b], vec![t; b as usize], ctx_data, group[0].dim, group[0].tokens)?;
+            let out = self.run_unet(backend, xin, [shape[0], shape[1], want, b], vec![t; b as usize], ctx_data, group[0].dim, group[0].tokens)?;
             preds.extend(out.chunks(n_per * n).map(|c| c.to_vec()));
         }
         let to_denoised = |p: &[f32]| -> Vec<f32> { x.iter().zip(p).map(|(xv, pv)| xv * c_skip + pv * c_out).collect() };

@@ -118,7 +118,10 @@ impl<'w> Vae<'w> {
     /// Every weight the config implies, with its shape.
     fn validate(&self) -> Result<()> {
         let c = &self.config;
-        let (z, top, levels) = (c.z_channels, *c.channels.last().expect("levels"), c.channels.len());
+        let Some(&top) = c.channels.last() else {
+            return Err(ModelError::Config("a VAE needs at least one level".into()));
+        };
+        let (z, levels) = (c.z_channels, c.channels.len());
         if c.has_quant_convs {
             self.expect_conv("post_quant_conv", 1, z, z)?;
         }
