@@ -22,6 +22,10 @@ fn env() -> Env {
     let mut inpaint = SdConfig::tiny_sd1_f8();
     inpaint.unet.in_channels = 9;
     write_checkpoint(&ckpts.join("inpaint.safetensors"), &inpaint, DType::F32, 8, Format::Safetensors).unwrap();
+    // SD2's structure: OpenCLIP text encoder, linear transformer projections.
+    let mut sd2 = SdConfig::tiny_sd2();
+    sd2.vae.ch_mult = vec![1, 1, 2, 2];
+    write_checkpoint(&ckpts.join("sd2.safetensors"), &sd2, DType::F16, 9, Format::Safetensors).unwrap();
     let out = dir.path().join("output");
     let input = dir.path().join("input");
     std::fs::create_dir_all(&input).unwrap();
@@ -202,4 +206,14 @@ fn check_inpaint(env: &Env, wf: Workflow) {
     let worst = kept.iter().zip(&reference).map(|(a, b)| a.abs_diff(*b)).max().unwrap_or(0);
     assert!(worst <= 1, "nothing masked, nothing changed (worst pixel difference {worst})");
     assert_ne!(masked, reference, "the masked half was re-sampled");
+}
+
+#[test]
+fn txt2img_on_an_sd2_checkpoint() {
+    let env = env();
+    let mut wf = load(&env, "txt2img.json", 64, 2);
+    wf.set_input("1", "ckpt_name", InputValue::Const(serde_json::json!("sd2.safetensors"))).unwrap();
+    let (w, h, px) = run_saved(&env, &wf, "7");
+    assert_eq!((w, h), (64, 64));
+    assert!(px.iter().collect::<std::collections::HashSet<_>>().len() > 16);
 }
