@@ -9,10 +9,13 @@
 //! - [`conditioning`]: CLIPTextEncode, CLIPSetLastLayer
 //! - [`latent`]: EmptyLatentImage, SetLatentNoiseMask
 //! - [`sampling`]: KSampler
+//! - [`custom_sampling`]: KSamplerAdvanced, SamplerCustom(Advanced), KSamplerSelect, BasicScheduler,
+//!   KarrasScheduler, ExponentialScheduler, SplitSigmas, RandomNoise, DisableNoise, CFGGuider, BasicGuider
 //! - [`image`]: LoadImage, LoadImageMask, VAEDecode, VAEEncode, VAEEncodeForInpaint, SaveImage,
 //!   PreviewImage
 
 pub mod conditioning;
+pub mod custom_sampling;
 pub mod image;
 pub mod latent;
 pub mod loaders;
@@ -31,6 +34,7 @@ pub fn register_all(registry: &mut Registry, rt: Arc<Runtime>) {
     conditioning::register(registry, &rt);
     latent::register(registry, &rt);
     sampling::register(registry, &rt);
+    custom_sampling::register(registry, &rt);
     image::register(registry, &rt);
 }
 

@@ -2,6 +2,7 @@
 
 use crate::runtime::Runtime;
 use crate::values::{CondList, Latent, ModelRef};
+use crate::handle_size;
 use crate::err;
 use sdflow_core::models::sd::{Conditioning, SdDenoiser};
 use sdflow_core::models::unet::{Unet, UnetConfig};
@@ -44,47 +45,74 @@ pub fn scheduler_names() -> Vec<String> {
     out
 }
 
-/// What one sampling run needs besides the model.
-pub struct SampleRequest<'a> {
-    pub seed: u64,
-    pub steps: usize,
+/// Who guides the denoiser: a model with positive (and, for CFG, negative)
+/// conditioning — ComfyUI's GUIDER.
+#[derive(Clone, Debug)]
+pub struct Guider {
+    pub model: ModelRef,
+    pub positive: CondList,
+    pub negative: Option<CondList>,
     pub cfg: f32,
-    pub sampler: Sampler,
-    pub scheduler: Scheduler,
-    pub denoise: f32,
-    pub positive: &'a CondList,
-    pub negative: &'a CondList,
-    pub latent: &'a Latent,
 }
+handle_size!(Guider);
+
+/// SAMPLER: a sampling method with its options.
+#[derive(Clone, Debug)]
+pub struct SamplerChoice {
+    pub sampler: Sampler,
+    pub opts: SampleOpts,
+}
+handle_size!(SamplerChoice);
+
+/// SIGMAS: a noise schedule, high to low.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sigmas(pub Vec<f32>);
+
+impl sdflow_executor::CacheSize for Sigmas {
+    fn cache_bytes(&self) -> usize {
+        self.0.len() * 4
+    }
+}
+
+/// NOISE: the seed of the initial noise, or none (ComfyUI's DisableNoise).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NoiseSource(pub Option<u64>);
+handle_size!(NoiseSource);
 
 fn first_cond<'a>(c: &'a CondList, which: &str) -> Result<&'a Conditioning, NodeError> {
     c.0.first().map(|e| e.cond.as_ref()).ok_or_else(|| NodeError::msg(format!("{which} conditioning is empty")))
 }
 
-/// Run a sampler on `model`, reporting progress to `ctx`: the shared body of the
-/// KSampler family.
-pub fn run_sampler(rt: &Runtime, ctx: &ExecContext<'_>, model: &ModelRef, req: &SampleRequest<'_>) -> Result<Latent, NodeError> {
+/// Run `choice` down `sigmas` from `latent` (noised with `noise`'s seed, if any, to the
+/// first sigma), reporting progress to `ctx`: the shared body of every sampler node.
+/// Returns the result and the last denoised estimate (SamplerCustom's second output).
+pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choice: &SamplerChoice, sigmas: &[f32], noise: NoiseSource, latent: &Latent) -> Result<(Latent, Latent), NodeError> {
+    let model = &guider.model;
     let weights = model.weights.pin().map_err(err)?;
     let config = UnetConfig::infer(&weights, &model.prefix).map_err(err)?;
     let unet = Unet::new(&weights, &model.prefix, config).map_err(err)?;
-    let schedule = DiscreteSchedule::sd();
-    let sigmas = apply_denoise(req.scheduler, req.steps, req.denoise, &schedule, &ScheduleOpts::default()).map_err(err)?;
-    let mut den = SdDenoiser::new(unet, schedule, model.prediction);
-    let cond = first_cond(req.positive, "positive")?;
-    let uncond = first_cond(req.negative, "negative")?;
+    let mut den = SdDenoiser::new(unet, DiscreteSchedule::sd(), model.prediction);
+    let cond = first_cond(&guider.positive, "positive")?;
     // cfg 1 makes the unconditional pass a no-op; skip it as ComfyUI does.
-    let uncond = (req.cfg != 1.0 || req.sampler.needs_uncond()).then_some(uncond);
+    let uncond = match &guider.negative {
+        Some(n) if guider.cfg != 1.0 || choice.sampler.needs_uncond() => Some(first_cond(n, "negative")?),
+        _ => None,
+    };
+    let cfg = guider.cfg;
 
-    let shape = req.latent.shape;
+    let shape = latent.shape;
     let [lw, lh, _, ln] = shape;
     let plane = (lw * lh) as usize;
-    let mut rng = CpuRng::new(req.seed);
-    let noise = rng.randn(req.latent.samples.len());
+    // One generator for the initial noise and every step's, as sd.cpp does.
+    let mut rng = CpuRng::new(noise.0.unwrap_or(0));
+    let noise: Vec<f32> = match noise.0 {
+        Some(_) => rng.randn(latent.samples.len()),
+        None => vec![0.0; latent.samples.len()],
+    };
     let sigma0 = sigmas.first().copied().unwrap_or(0.0);
-    let scaled: Vec<f32> = req.latent.samples.iter().map(|l| l * model.latent_scale).collect();
-    let x: Vec<f32> = scaled.iter().zip(&noise).map(|(l, n)| l + n * sigma0).collect();
-    // The noise mask at latent resolution, one plane per sample.
-    let mask: Option<Vec<f32>> = req.latent.noise_mask.as_ref().map(|m| (0..ln as usize).flat_map(|i| m.resized(i, lw as usize, lh as usize)).collect());
+    let scaled: Vec<f32> = latent.samples.iter().map(|l| l * model.latent_scale).collect();
+    let x: Vec<f32> = scaled.iter().zip(&noise).map(|(l, n)| l + n * sigma0).collect();    // The noise mask at latent resolution, one plane per sample.
+    let mask: Option<Vec<f32>> = latent.noise_mask.as_ref().map(|m| (0..ln as usize).flat_map(|i| m.resized(i, lw as usize, lh as usize)).collect());
     let channels = (shape[2]) as usize;
     let mask_at = |mask: &[f32], idx: usize| mask[(idx / (plane * channels)) * plane + idx % plane];
     // Inpainting UNets take the mask and the masked image's latent as 5 extra channels.
@@ -115,7 +143,7 @@ pub fn run_sampler(rt: &Runtime, ctx: &ExecContext<'_>, model: &ModelRef, req: &
         });
         let xin = blended.as_deref().unwrap_or(x);
         let concat = concat.as_deref().map(|c| (c, extra));
-        let mut d = rt.with_backend(|b| den.denoise_concat(b, xin, shape, sigma, cond, uncond, req.cfg, concat)).map_err(err)?;
+        let mut d = rt.with_backend(|b| den.denoise_concat(b, xin, shape, sigma, cond, uncond, cfg, concat)).map_err(err)?;
         if let Some(m) = &mask {
             for (i, v) in d.denoised.iter_mut().enumerate() {
                 let k = mask_at(m, i);
@@ -124,12 +152,19 @@ pub fn run_sampler(rt: &Runtime, ctx: &ExecContext<'_>, model: &ModelRef, req: &
         }
         Ok(d)
     };
-    let mut progress = |p: Progress<'_>| ctx.progress(p.step as u64, total);
-    let out = sample(req.sampler, &mut denoiser, x, &sigmas, &mut rng, &SampleOpts::default(), Some(&mut progress)).map_err(|e| match e {
+    let mut last_denoised: Option<Vec<f32>> = None;
+    let mut progress = |p: Progress<'_>| {
+        last_denoised = Some(p.denoised.to_vec());
+        ctx.progress(p.step as u64, total);
+    };
+    let out = sample(choice.sampler, &mut denoiser, x, sigmas, &mut rng, &choice.opts, Some(&mut progress)).map_err(|e| match e {
         SampleError::Model { error, .. } => error,
         other => err(other),
     })?;
-    Ok(Latent { samples: out.iter().map(|v| v / model.latent_scale).collect(), shape, noise_mask: req.latent.noise_mask.clone() })
+    let unscale = |v: &[f32]| -> Vec<f32> { v.iter().map(|x| x / model.latent_scale).collect() };
+    let denoised = last_denoised.as_deref().map_or_else(|| unscale(&out), unscale);
+    let mk = |samples| Latent { samples, shape, noise_mask: latent.noise_mask.clone() };
+    Ok((mk(unscale(&out)), mk(denoised)))
 }
 
 /// ComfyUI's "KSampler".
@@ -161,23 +196,32 @@ impl Node for KSampler {
     }
 
     fn execute(&self, ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
-        let model = inputs.downcast::<ModelRef>("model")?;
-        let name = inputs.string("sampler_name")?;
-        let sampler = Sampler::from_str(name).map_err(err)?;
+        let guider = guider_from(inputs)?;
+        let choice = sampler_from(inputs)?;
         let scheduler = Scheduler::from_str(inputs.string("scheduler")?).map_err(err)?;
-        let steps = usize::try_from(inputs.int("steps")?).map_err(|_| NodeError::msg("steps must be positive"))?;
-        let req = SampleRequest {
-            seed: inputs.uint("seed")?,
-            steps,
-            cfg: inputs.float("cfg")? as f32,
-            sampler,
-            scheduler,
-            denoise: inputs.float("denoise")? as f32,
-            positive: inputs.downcast::<CondList>("positive")?,
-            negative: inputs.downcast::<CondList>("negative")?,
-            latent: inputs.downcast::<Latent>("latent_image")?,
-        };
-        let out = run_sampler(&self.rt, ctx, model, &req)?;
+        let steps = steps_from(inputs)?;
+        let denoise = inputs.float("denoise")? as f32;
+        let sigmas = apply_denoise(scheduler, steps, denoise, &DiscreteSchedule::sd(), &ScheduleOpts::default()).map_err(err)?;
+        let latent = inputs.downcast::<Latent>("latent_image")?;
+        let (out, _) = sample_latent(&self.rt, ctx, &guider, &choice, &sigmas, NoiseSource(Some(inputs.uint("seed")?)), latent)?;
         Ok(Outputs::new(vec![Value::new(IoType::LATENT, out)]))
     }
+}
+
+fn steps_from(inputs: &Inputs) -> Result<usize, NodeError> {
+    usize::try_from(inputs.int("steps")?).map_err(|_| NodeError::msg("steps must be positive"))
+}
+
+fn sampler_from(inputs: &Inputs) -> Result<SamplerChoice, NodeError> {
+    Ok(SamplerChoice { sampler: Sampler::from_str(inputs.string("sampler_name")?).map_err(err)?, opts: SampleOpts::default() })
+}
+
+/// model, positive, negative and cfg of the KSampler-style nodes.
+fn guider_from(inputs: &Inputs) -> Result<Guider, NodeError> {
+    Ok(Guider {
+        model: inputs.downcast::<ModelRef>("model")?.clone(),
+        positive: inputs.downcast::<CondList>("positive")?.clone(),
+        negative: Some(inputs.downcast::<CondList>("negative")?.clone()),
+        cfg: inputs.float("cfg")? as f32,
+    })
 }

@@ -37,10 +37,13 @@ pub struct VaeRef {
     pub prefix: String,
 }
 
-// Handles are owned by the residency manager; they cost the output cache nothing.
+// Handles are owned by the residency manager (and small settings cost next to nothing):
+// they count nothing against the output cache.
+#[macro_export]
+#[doc(hidden)]
 macro_rules! handle_size {
     ($($t:ty),*) => {$(
-        impl CacheSize for $t {
+        impl sdflow_executor::CacheSize for $t {
             fn cache_bytes(&self) -> usize {
                 0
             }

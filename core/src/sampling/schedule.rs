@@ -402,22 +402,9 @@ impl Scheduler {
                         reason: format!("{} must be a positive number", opts.rho),
                     });
                 }
-                let rho = opts.rho as f64;
-                let min_inv_rho = (smin as f64).powf(1.0 / rho) as f32;
-                let max_inv_rho = (smax as f64).powf(1.0 / rho) as f32;
-                (0..n)
-                    .map(|i| {
-                        let ramp = torch_linspace_f32(0.0, 1.0, n, i);
-                        (max_inv_rho + ramp * (min_inv_rho - max_inv_rho)).powf(opts.rho)
-                    })
-                    .collect()
+                karras_levels(n, smin, smax, opts.rho)
             }
-            Scheduler::Exponential => {
-                let (a, b) = ((smax as f64).ln() as f32, (smin as f64).ln() as f32);
-                (0..n)
-                    .map(|i| torch_linspace_f32(a, b, n, i).exp())
-                    .collect()
-            }
+            Scheduler::Exponential => exponential_levels(n, smin, smax),
             Scheduler::Ays => {
                 let levels = opts.ays_model.levels();
                 let v: Vec<f64> = if n + 1 != levels.len() {
@@ -743,6 +730,57 @@ impl FromStr for Scheduler {
 /// ComfyUI's `denoise`: build the schedule for `floor(steps / denoise)` steps and keep its
 /// last `steps + 1` sigmas. `denoise <= 0` gives no sigmas (nothing to sample); above 0.9999
 /// it is the plain schedule.
+/// The `n` Karras levels from `smax` down to `smin` (no trailing 0), k-diffusion's
+/// `get_sigmas_karras` without the final zero; `rho` must be positive.
+fn karras_levels(n: usize, smin: f32, smax: f32, rho: f32) -> Vec<f32> {
+    let r = rho as f64;
+    let min_inv_rho = (smin as f64).powf(1.0 / r) as f32;
+    let max_inv_rho = (smax as f64).powf(1.0 / r) as f32;
+    (0..n)
+        .map(|i| {
+            let ramp = torch_linspace_f32(0.0, 1.0, n, i);
+            (max_inv_rho + ramp * (min_inv_rho - max_inv_rho)).powf(rho)
+        })
+        .collect()
+}
+
+/// The `n` levels evenly spaced in log sigma from `smax` to `smin` (no trailing 0).
+fn exponential_levels(n: usize, smin: f32, smax: f32) -> Vec<f32> {
+    let (a, b) = ((smax as f64).ln() as f32, (smin as f64).ln() as f32);
+    (0..n).map(|i| torch_linspace_f32(a, b, n, i).exp()).collect()
+}
+
+fn check_range(steps: usize, smin: f32, smax: f32) -> Result<(), SamplingError> {
+    if steps == 0 || steps > MAX_STEPS {
+        return Err(SamplingError::InvalidOption { field: "steps", reason: format!("{steps} is outside 1..={MAX_STEPS}") });
+    }
+    if !(smin > 0.0 && smin.is_finite() && smax.is_finite() && smax > smin) {
+        return Err(SamplingError::InvalidOption { field: "sigma_min/sigma_max", reason: format!("need 0 < {smin} < {smax}") });
+    }
+    Ok(())
+}
+
+/// k-diffusion's `get_sigmas_karras` over an explicit range (ComfyUI's KarrasScheduler):
+/// `steps` levels then 0.
+pub fn karras_sigmas(steps: usize, sigma_min: f32, sigma_max: f32, rho: f32) -> Result<Vec<f32>, SamplingError> {
+    check_range(steps, sigma_min, sigma_max)?;
+    if !(rho > 0.0 && rho.is_finite()) {
+        return Err(SamplingError::InvalidOption { field: "rho", reason: format!("{rho} must be a positive number") });
+    }
+    let mut v = karras_levels(steps, sigma_min, sigma_max, rho);
+    v.push(0.0);
+    Ok(v)
+}
+
+/// k-diffusion's `get_sigmas_exponential` over an explicit range (ComfyUI's
+/// ExponentialScheduler): `steps` levels then 0.
+pub fn exponential_sigmas(steps: usize, sigma_min: f32, sigma_max: f32) -> Result<Vec<f32>, SamplingError> {
+    check_range(steps, sigma_min, sigma_max)?;
+    let mut v = exponential_levels(steps, sigma_min, sigma_max);
+    v.push(0.0);
+    Ok(v)
+}
+
 pub fn apply_denoise(
     scheduler: Scheduler,
     steps: usize,

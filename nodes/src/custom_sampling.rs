@@ -1,0 +1,308 @@
+//! ComfyUI's custom-sampling nodes: samplers, schedules, noise and guiders as separate
+//! values (SAMPLER, SIGMAS, NOISE, GUIDER), and KSamplerAdvanced.
+
+use crate::err;
+use crate::runtime::Runtime;
+use crate::sampling::{sample_latent, sampler_names, scheduler_names, Guider, NoiseSource, SamplerChoice, Sigmas};
+use crate::values::{CondList, Latent, ModelRef};
+use sdflow_core::sampling::samplers::{SampleOpts, Sampler};
+use sdflow_core::sampling::schedule::{apply_denoise, exponential_sigmas, karras_sigmas, DiscreteSchedule, ScheduleOpts, Scheduler};
+use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Lane, Node, NodeError, NodeSchema, Outputs, Registry, Value};
+use std::str::FromStr;
+use std::sync::Arc;
+
+pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
+    registry.register(Arc::new(KSamplerSelect));
+    registry.register(Arc::new(BasicScheduler));
+    registry.register(Arc::new(RangeScheduler { karras: true }));
+    registry.register(Arc::new(RangeScheduler { karras: false }));
+    registry.register(Arc::new(SplitSigmas));
+    registry.register(Arc::new(RandomNoise));
+    registry.register(Arc::new(DisableNoise));
+    registry.register(Arc::new(CfgGuider { basic: false }));
+    registry.register(Arc::new(CfgGuider { basic: true }));
+    registry.register(Arc::new(SamplerCustom { rt: rt.clone(), advanced: false }));
+    registry.register(Arc::new(SamplerCustom { rt: rt.clone(), advanced: true }));
+    registry.register(Arc::new(KSamplerAdvanced { rt: rt.clone() }));
+}
+
+const CATEGORY: &str = "sampling/custom_sampling";
+
+fn one(ty: IoType, v: impl sdflow_executor::CacheSize) -> Outputs {
+    Outputs::new(vec![Value::new(ty, v)])
+}
+
+fn steps_of(inputs: &Inputs) -> Result<usize, NodeError> {
+    usize::try_from(inputs.int("steps")?).map_err(|_| NodeError::msg("steps must be positive"))
+}
+
+struct KSamplerSelect;
+
+impl Node for KSamplerSelect {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("KSamplerSelect").display_name("KSamplerSelect").category(format!("{CATEGORY}/samplers")).input(InputSpec::combo("sampler_name", sampler_names())).output("SAMPLER", IoType::SAMPLER)
+    }
+
+    fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let sampler = Sampler::from_str(inputs.string("sampler_name")?).map_err(err)?;
+        Ok(one(IoType::SAMPLER, SamplerChoice { sampler, opts: SampleOpts::default() }))
+    }
+}
+
+/// The model's own schedule (`normal`, `karras`, … over its sigma range), with denoise.
+struct BasicScheduler;
+
+impl Node for BasicScheduler {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("BasicScheduler")
+            .display_name("BasicScheduler")
+            .category(format!("{CATEGORY}/schedulers"))
+            .input(InputSpec::link("model", IoType::MODEL))
+            .input(InputSpec::combo("scheduler", scheduler_names()))
+            .input(InputSpec::int("steps", 20).int_range(1, 10000))
+            .input(InputSpec::float("denoise", 1.0).float_range(0.0, 1.0).float_step(0.01))
+            .output("SIGMAS", IoType::SIGMAS)
+    }
+
+    fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        inputs.downcast::<ModelRef>("model")?;
+        let scheduler = Scheduler::from_str(inputs.string("scheduler")?).map_err(err)?;
+        let sigmas = apply_denoise(scheduler, steps_of(inputs)?, inputs.float("denoise")? as f32, &DiscreteSchedule::sd(), &ScheduleOpts::default()).map_err(err)?;
+        Ok(one(IoType::SIGMAS, Sigmas(sigmas)))
+    }
+}
+
+/// KarrasScheduler and ExponentialScheduler: a schedule over an explicit sigma range.
+struct RangeScheduler {
+    karras: bool,
+}
+
+impl Node for RangeScheduler {
+    fn schema(&self) -> NodeSchema {
+        let name = if self.karras { "KarrasScheduler" } else { "ExponentialScheduler" };
+        let s = NodeSchema::new(name)
+            .display_name(name)
+            .category(format!("{CATEGORY}/schedulers"))
+            .input(InputSpec::int("steps", 20).int_range(1, 10000))
+            .input(InputSpec::float("sigma_max", 14.614642).float_range(0.0, 5000.0).float_step(0.01))
+            .input(InputSpec::float("sigma_min", 0.0291675).float_range(0.0, 5000.0).float_step(0.01));
+        let s = if self.karras { s.input(InputSpec::float("rho", 7.0).float_range(0.0, 100.0).float_step(0.01)) } else { s };
+        s.output("SIGMAS", IoType::SIGMAS)
+    }
+
+    fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let (steps, smax, smin) = (steps_of(inputs)?, inputs.float("sigma_max")? as f32, inputs.float("sigma_min")? as f32);
+        let sigmas = if self.karras { karras_sigmas(steps, smin, smax, inputs.float("rho")? as f32) } else { exponential_sigmas(steps, smin, smax) };
+        Ok(one(IoType::SIGMAS, Sigmas(sigmas.map_err(err)?)))
+    }
+}
+
+/// Splits a schedule at `step`: the first output runs to it, the second from it.
+struct SplitSigmas;
+
+impl Node for SplitSigmas {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("SplitSigmas")
+            .display_name("SplitSigmas")
+            .category(format!("{CATEGORY}/sigmas"))
+            .input(InputSpec::link("sigmas", IoType::SIGMAS))
+            .input(InputSpec::int("step", 0).int_range(0, 10000))
+            .output("high_sigmas", IoType::SIGMAS)
+            .output("low_sigmas", IoType::SIGMAS)
+    }
+
+    fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let sigmas = &inputs.downcast::<Sigmas>("sigmas")?.0;
+        let step = usize::try_from(inputs.int("step")?).map_err(|_| NodeError::msg("step must be >= 0"))?;
+        // Python slicing: sigmas[:step + 1] and sigmas[step:], clamped.
+        let at = step.min(sigmas.len());
+        let high = sigmas[..(step + 1).min(sigmas.len())].to_vec();
+        let low = sigmas[at..].to_vec();
+        Ok(Outputs::new(vec![Value::new(IoType::SIGMAS, Sigmas(high)), Value::new(IoType::SIGMAS, Sigmas(low))]))
+    }
+}
+
+struct RandomNoise;
+
+impl Node for RandomNoise {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("RandomNoise").display_name("RandomNoise").category(format!("{CATEGORY}/noise")).input(InputSpec::seed("noise_seed").control_after_generate()).output("NOISE", IoType::NOISE)
+    }
+
+    fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        Ok(one(IoType::NOISE, NoiseSource(Some(inputs.uint("noise_seed")?))))
+    }
+}
+
+struct DisableNoise;
+
+impl Node for DisableNoise {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("DisableNoise").display_name("DisableNoise").category(format!("{CATEGORY}/noise")).output("NOISE", IoType::NOISE)
+    }
+
+    fn execute(&self, _ctx: &mut ExecContext<'_>, _inputs: &Inputs) -> Result<Outputs, NodeError> {
+        Ok(one(IoType::NOISE, NoiseSource(None)))
+    }
+}
+
+/// CFGGuider (positive, negative, cfg) and BasicGuider (one conditioning, no CFG).
+struct CfgGuider {
+    basic: bool,
+}
+
+impl Node for CfgGuider {
+    fn schema(&self) -> NodeSchema {
+        if self.basic {
+            NodeSchema::new("BasicGuider")
+                .display_name("BasicGuider")
+                .category(format!("{CATEGORY}/guiders"))
+                .input(InputSpec::link("model", IoType::MODEL))
+                .input(InputSpec::link("conditioning", IoType::CONDITIONING))
+                .output("GUIDER", IoType::GUIDER)
+        } else {
+            NodeSchema::new("CFGGuider")
+                .display_name("CFGGuider")
+                .category(format!("{CATEGORY}/guiders"))
+                .input(InputSpec::link("model", IoType::MODEL))
+                .input(InputSpec::link("positive", IoType::CONDITIONING))
+                .input(InputSpec::link("negative", IoType::CONDITIONING))
+                .input(InputSpec::float("cfg", 8.0).float_range(0.0, 100.0).float_step(0.1))
+                .output("GUIDER", IoType::GUIDER)
+        }
+    }
+
+    fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let model = inputs.downcast::<ModelRef>("model")?.clone();
+        let g = if self.basic {
+            Guider { model, positive: inputs.downcast::<CondList>("conditioning")?.clone(), negative: None, cfg: 1.0 }
+        } else {
+            Guider {
+                model,
+                positive: inputs.downcast::<CondList>("positive")?.clone(),
+                negative: Some(inputs.downcast::<CondList>("negative")?.clone()),
+                cfg: inputs.float("cfg")? as f32,
+            }
+        };
+        Ok(one(IoType::GUIDER, g))
+    }
+}
+
+/// SamplerCustom (model, add_noise, seed, cfg, conditioning) and SamplerCustomAdvanced
+/// (noise and guider as values). Outputs the result and the last denoised estimate.
+struct SamplerCustom {
+    rt: Arc<Runtime>,
+    advanced: bool,
+}
+
+impl Node for SamplerCustom {
+    fn schema(&self) -> NodeSchema {
+        let s = if self.advanced {
+            NodeSchema::new("SamplerCustomAdvanced").display_name("SamplerCustomAdvanced").input(InputSpec::link("noise", IoType::NOISE)).input(InputSpec::link("guider", IoType::GUIDER))
+        } else {
+            NodeSchema::new("SamplerCustom")
+                .display_name("SamplerCustom")
+                .input(InputSpec::link("model", IoType::MODEL))
+                .input(InputSpec::boolean("add_noise", true))
+                .input(InputSpec::seed("noise_seed").control_after_generate())
+                .input(InputSpec::float("cfg", 8.0).float_range(0.0, 100.0).float_step(0.1))
+                .input(InputSpec::link("positive", IoType::CONDITIONING))
+                .input(InputSpec::link("negative", IoType::CONDITIONING))
+        };
+        s.category(CATEGORY)
+            .input(InputSpec::link("sampler", IoType::SAMPLER))
+            .input(InputSpec::link("sigmas", IoType::SIGMAS))
+            .input(InputSpec::link("latent_image", IoType::LATENT))
+            .output("output", IoType::LATENT)
+            .output("denoised_output", IoType::LATENT)
+    }
+
+    fn lane(&self) -> Lane {
+        Lane::Device(crate::runtime::DEVICE_LANE.into())
+    }
+
+    fn execute(&self, ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let (guider, noise) = if self.advanced {
+            (inputs.downcast::<Guider>("guider")?.clone(), *inputs.downcast::<NoiseSource>("noise")?)
+        } else {
+            let g = Guider {
+                model: inputs.downcast::<ModelRef>("model")?.clone(),
+                positive: inputs.downcast::<CondList>("positive")?.clone(),
+                negative: Some(inputs.downcast::<CondList>("negative")?.clone()),
+                cfg: inputs.float("cfg")? as f32,
+            };
+            let seed = inputs.uint("noise_seed")?;
+            (g, NoiseSource(inputs.boolean("add_noise")?.then_some(seed)))
+        };
+        let choice = inputs.downcast::<SamplerChoice>("sampler")?;
+        let sigmas = &inputs.downcast::<Sigmas>("sigmas")?.0;
+        let latent = inputs.downcast::<Latent>("latent_image")?;
+        let (out, denoised) = sample_latent(&self.rt, ctx, &guider, choice, sigmas, noise, latent)?;
+        Ok(Outputs::new(vec![Value::new(IoType::LATENT, out), Value::new(IoType::LATENT, denoised)]))
+    }
+}
+
+/// ComfyUI's "KSampler (Advanced)": steps `start_at_step..end_at_step` of a schedule,
+/// optionally without adding noise and leaving the remaining noise in.
+struct KSamplerAdvanced {
+    rt: Arc<Runtime>,
+}
+
+impl Node for KSamplerAdvanced {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("KSamplerAdvanced")
+            .display_name("KSampler (Advanced)")
+            .category("sampling")
+            .input(InputSpec::link("model", IoType::MODEL))
+            .input(InputSpec::combo("add_noise", ["enable", "disable"]))
+            .input(InputSpec::seed("noise_seed").control_after_generate())
+            .input(InputSpec::int("steps", 20).int_range(1, 10000))
+            .input(InputSpec::float("cfg", 8.0).float_range(0.0, 100.0).float_step(0.1))
+            .input(InputSpec::combo("sampler_name", sampler_names()))
+            .input(InputSpec::combo("scheduler", scheduler_names()))
+            .input(InputSpec::link("positive", IoType::CONDITIONING))
+            .input(InputSpec::link("negative", IoType::CONDITIONING))
+            .input(InputSpec::link("latent_image", IoType::LATENT))
+            .input(InputSpec::int("start_at_step", 0).int_range(0, 10000))
+            .input(InputSpec::int("end_at_step", 10000).int_range(0, 10000))
+            .input(InputSpec::combo("return_with_leftover_noise", ["disable", "enable"]))
+            .output("LATENT", IoType::LATENT)
+    }
+
+    fn lane(&self) -> Lane {
+        Lane::Device(crate::runtime::DEVICE_LANE.into())
+    }
+
+    fn execute(&self, ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let guider = Guider {
+            model: inputs.downcast::<ModelRef>("model")?.clone(),
+            positive: inputs.downcast::<CondList>("positive")?.clone(),
+            negative: Some(inputs.downcast::<CondList>("negative")?.clone()),
+            cfg: inputs.float("cfg")? as f32,
+        };
+        let choice = SamplerChoice { sampler: Sampler::from_str(inputs.string("sampler_name")?).map_err(err)?, opts: SampleOpts::default() };
+        let scheduler = Scheduler::from_str(inputs.string("scheduler")?).map_err(err)?;
+        let full = scheduler.sigmas(steps_of(inputs)?, &DiscreteSchedule::sd(), &ScheduleOpts::default()).map_err(err)?;
+        let start = usize::try_from(inputs.int("start_at_step")?).map_err(|_| NodeError::msg("start_at_step must be >= 0"))?;
+        let end = usize::try_from(inputs.int("end_at_step")?).map_err(|_| NodeError::msg("end_at_step must be >= 0"))?;
+        // ComfyUI: sigmas[start:], cut after `end`, and the last forced to 0 unless the
+        // leftover noise is to be returned.
+        let mut sigmas: Vec<f32> = full.get(start..).map_or_else(Vec::new, <[f32]>::to_vec);
+        if end < full.len().saturating_sub(1) && end >= start {
+            sigmas.truncate(end - start + 1);
+        }
+        if inputs.string("return_with_leftover_noise")? != "enable" {
+            if let Some(last) = sigmas.last_mut() {
+                *last = 0.0;
+            }
+        }
+        let latent = inputs.downcast::<Latent>("latent_image")?;
+        if sigmas.len() < 2 || start >= end {
+            // Nothing to sample: ComfyUI hands the latent back unchanged.
+            return Ok(one(IoType::LATENT, latent.clone()));
+        }
+        let noise = NoiseSource((inputs.string("add_noise")? == "enable").then_some(inputs.uint("noise_seed")?));
+        let (out, _) = sample_latent(&self.rt, ctx, &guider, &choice, &sigmas, noise, latent)?;
+        Ok(one(IoType::LATENT, out))
+    }
+}
