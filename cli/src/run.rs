@@ -110,12 +110,13 @@ pub fn run_command(args: RunArgs) -> anyhow::Result<()> {
         })
         .context("installing the Ctrl-C handler")?;
     }
-    let options = RunOptions {
-        run_id: None,
-        output_dir: args.output_dir.clone(),
-    };
     for _ in 0..args.repeat.max(1) {
         for ((path, wf), plan) in workflows.iter().zip(&plans) {
+            let options = RunOptions {
+                run_id: None,
+                output_dir: args.output_dir.clone(),
+                metadata: sdflow_workflows::metadata::png_metadata(wf, executor.registry()),
+            };
             if workflows.len() > 1 || args.repeat > 1 {
                 let line = format!("== {}", path.display());
                 if args.json_events {

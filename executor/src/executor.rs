@@ -48,6 +48,10 @@ pub struct RunOptions {
     pub run_id: Option<String>,
     /// Where output nodes write files.
     pub output_dir: Option<PathBuf>,
+    /// Text to embed in files output nodes write (PNG text chunks): ComfyUI's `prompt`
+    /// and `workflow`, A1111's `parameters`, … — the host decides (ComfyUI's hidden
+    /// PROMPT / EXTRA_PNGINFO inputs).
+    pub metadata: Vec<(String, String)>,
 }
 
 #[derive(Clone, Debug)]
@@ -154,6 +158,7 @@ struct RunShared<'a> {
     cancel: &'a CancelToken,
     abort: &'a AtomicBool,
     output_dir: Option<&'a std::path::Path>,
+    metadata: &'a [(String, String)],
 }
 
 impl RunShared<'_> {
@@ -170,6 +175,7 @@ impl RunShared<'_> {
             cancel: self.cancel,
             abort: self.abort,
             output_dir: self.output_dir,
+            metadata: self.metadata,
         };
         let start = Instant::now();
         let result = match catch_unwind(AssertUnwindSafe(|| pn.node.execute(&mut ctx, &job.inputs)))
@@ -406,6 +412,7 @@ impl Executor {
             cancel,
             abort: &abort,
             output_dir: options.output_dir.as_deref(),
+            metadata: &options.metadata,
         };
         let mut state = Coordinator {
             exec: self,

@@ -272,6 +272,7 @@ pub struct ExecContext<'a> {
     // Set by the executor when another node of the same run failed.
     pub(crate) abort: &'a AtomicBool,
     pub(crate) output_dir: Option<&'a Path>,
+    pub(crate) metadata: &'a [(String, String)],
 }
 
 impl<'a> ExecContext<'a> {
@@ -289,6 +290,7 @@ impl<'a> ExecContext<'a> {
             cancel,
             abort,
             output_dir: None,
+            metadata: &[],
         }
     }
 
@@ -298,6 +300,11 @@ impl<'a> ExecContext<'a> {
 
     pub fn node_id(&self) -> &str {
         self.node_id
+    }
+
+    /// Text the host wants embedded in output files (see `RunOptions::metadata`).
+    pub fn metadata(&self) -> &[(String, String)] {
+        self.metadata
     }
 
     /// Where output nodes write files, when the host configured a place.

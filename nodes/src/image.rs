@@ -178,7 +178,7 @@ fn next_counter(dir: &Path, prefix: &str) -> u64 {
 }
 
 /// Write one image as PNG, atomically: a temporary file renamed into place.
-pub fn write_png(path: &Path, img: &Image, index: usize, text: &[(&str, &str)]) -> Result<(), NodeError> {
+pub fn write_png(path: &Path, img: &Image, index: usize, text: &[(String, String)]) -> Result<(), NodeError> {
     let io = |e: std::io::Error| NodeError::msg(format!("{}: {e}", path.display()));
     let per = img.height * img.width * img.channels;
     let bytes: Vec<u8> = img.data[index * per..(index + 1) * per].iter().map(|v| (v.clamp(0.0, 1.0) * 255.0).round() as u8).collect();
@@ -195,7 +195,10 @@ pub fn write_png(path: &Path, img: &Image, index: usize, text: &[(&str, &str)]) 
         enc.set_color(color);
         enc.set_depth(png::BitDepth::Eight);
         for (k, v) in text {
-            enc.add_itxt_chunk(k.to_string(), v.to_string()).map_err(|e| NodeError::msg(format!("{}: {e}", path.display())))?;
+            // tEXt where Latin-1 holds the text (what A1111 and ComfyUI read first), iTXt
+            // (UTF-8) otherwise — PIL's choice too.
+            let res = if v.chars().all(|c| (c as u32) < 256) { enc.add_text_chunk(k.to_string(), v.to_string()) } else { enc.add_itxt_chunk(k.to_string(), v.to_string()) };
+            res.map_err(|e| NodeError::msg(format!("{}: {e}", path.display())))?;
         }
         let mut w = enc.write_header().map_err(|e| NodeError::msg(format!("{}: {e}", path.display())))?;
         w.write_image_data(&bytes).map_err(|e| NodeError::msg(format!("{}: {e}", path.display())))?;
@@ -234,7 +237,9 @@ impl Node for SaveImage {
         let mut files = Vec::new();
         for i in 0..img.n {
             let name = format!("{stem}_{counter:05}_.png");
-            write_png(&dir.join(&name), img, i, &[("software", "sdflow")])?;
+            let mut text = ctx.metadata().to_vec();
+            text.push(("software".into(), "sdflow".into()));
+            write_png(&dir.join(&name), img, i, &text)?;
             files.push(json!({"filename": name, "subfolder": sub, "type": if self.preview { "temp" } else { "output" }}));
             counter += 1;
         }

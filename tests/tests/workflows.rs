@@ -281,3 +281,28 @@ fn custom_and_advanced_samplers_agree_with_ksampler() {
     let worst = split.iter().zip(&reference).map(|(a, b)| a.abs_diff(*b)).max().unwrap_or(0);
     assert!(worst <= 1, "two-stage split differs by {worst}");
 }
+
+/// Saved PNGs carry the graph (ComfyUI's `prompt` and `workflow` chunks) and A1111's
+/// `parameters`; the embedded prompt re-opens as the same workflow.
+#[test]
+fn saved_images_embed_the_workflow_and_parameters() {
+    let env = env();
+    let wf = load(&env, "txt2img.json", 64, 2);
+    let opts = RunOptions { output_dir: Some(env.out.clone()), metadata: sdflow_workflows::metadata::png_metadata(&wf, env.exec.registry()), ..Default::default() };
+    let report = env.exec.run(&wf, &NullSink, &CancelToken::new(), &opts).unwrap();
+    let path = env.out.join(report.ui_outputs["7"]["images"][0]["filename"].as_str().unwrap());
+    let dec = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(&path).unwrap()));
+    let reader = dec.read_info().unwrap();
+    let info = reader.info();
+    let mut text: std::collections::BTreeMap<String, String> = info.uncompressed_latin1_text.iter().map(|t| (t.keyword.clone(), t.text.clone())).collect();
+    for t in &info.utf8_text {
+        text.insert(t.keyword.clone(), t.get_text().unwrap());
+    }
+    let prompt = Workflow::parse(&text["prompt"], env.exec.registry()).unwrap();
+    assert_eq!(prompt.to_api_json(), wf.to_api_json());
+    let ui = Workflow::parse(&text["workflow"], env.exec.registry()).unwrap();
+    assert_eq!(ui.nodes.len(), wf.nodes.len());
+    let params = &text["parameters"];
+    assert!(params.starts_with("a lovely cat, (watercolor:1.2)\nNegative prompt: blurry, low quality\n"), "{params}");
+    assert!(params.contains("Steps: 2, Sampler: Euler a, Schedule type: normal, CFG scale: 7.0, Seed: 42, Size: 64x64, Model: model"), "{params}");
+}

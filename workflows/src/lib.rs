@@ -1,6 +1,7 @@
-//! sdflow-workflows: the sd-cli presets (`sdflow txt2img -m … -p …`) as a library that
-//! builds workflow graphs from flags, shared by the CLI and the server. The committed
-//! workflow files, one per supported mode, live beside this crate in `workflows/*.json`
-//! and are run by `tests/tests/workflows.rs`.
-//!
-//! The presets come with the CLI issue; the workflow files are already used.
+//! sdflow-workflows: what sits between users and the node graph — the PNG metadata of
+//! saved images ([`metadata`]) and, with the CLI issue, the sd-cli presets that build
+//! workflow graphs from flags (shared by the CLI and the server). The committed workflow
+//! files, one per supported mode, live beside this crate in `workflows/*.json` and are run
+//! by `tests/tests/workflows.rs`.
+
+pub mod metadata;
