@@ -5,7 +5,7 @@ use crate::values::{ClipRef, CondEntry, CondList};
 use crate::err;
 use sdflow_core::detect::ModelFamily;
 use sdflow_core::models::clip::{ClipLayout, ClipTextConfig, ClipTextModel};
-use sdflow_core::models::sd::encode_prompt;
+use sdflow_core::models::sd::{encode_prompt, Conditioning};
 use sdflow_core::text::{tokenize_weighted, ChunkOptions, ClipSkip, ClipTokenizer, EmbeddingLibrary, PadToken, TextFamily};
 use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Lane, Node, NodeError, NodeSchema, Outputs, Registry, Value};
 use std::sync::Arc;
@@ -13,6 +13,9 @@ use std::sync::Arc;
 pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
     registry.register(Arc::new(ClipTextEncode { rt: rt.clone() }));
     registry.register(Arc::new(ClipSetLastLayer));
+    for op in [CondOp::Combine, CondOp::Concat, CondOp::Average, CondOp::ZeroOut, CondOp::TimestepRange] {
+        registry.register(Arc::new(ConditioningOp(op)));
+    }
 }
 
 fn text_family(f: ModelFamily) -> TextFamily {
@@ -62,7 +65,7 @@ impl Node for ClipTextEncode {
         let skip = clip.clip_skip.map_or_else(|| ClipSkip::default_for(text_family(clip.family)), |s| ClipSkip::new(s).unwrap_or(ClipSkip::default_for(text_family(clip.family))));
         let skip = (skip.get() as usize).min(layers);
         let cond = self.rt.with_backend(|b| encode_prompt(b, &model, &prompt, skip)).map_err(err)?;
-        Ok(Outputs::new(vec![Value::new(IoType::CONDITIONING, CondList(vec![CondEntry { cond: Arc::new(cond) }]))]))
+        Ok(Outputs::new(vec![Value::new(IoType::CONDITIONING, CondList(vec![CondEntry::new(cond)]))]))
     }
 }
 
@@ -88,5 +91,116 @@ impl Node for ClipSetLastLayer {
         }
         clip.clip_skip = Some((-stop) as u32);
         Ok(Outputs::new(vec![Value::new(IoType::CLIP, clip)]))
+    }
+}
+
+/// The conditioning list operations that need no model: Combine, Concat, Average,
+/// ZeroOut and SetTimestepRange, named and shaped as ComfyUI's.
+#[derive(Clone, Copy)]
+enum CondOp {
+    Combine,
+    Concat,
+    Average,
+    ZeroOut,
+    TimestepRange,
+}
+
+struct ConditioningOp(CondOp);
+
+fn cond_of(inputs: &Inputs, name: &str) -> Result<CondList, NodeError> {
+    let c = inputs.downcast::<CondList>(name)?.clone();
+    if c.0.is_empty() {
+        return Err(NodeError::msg(format!("`{name}` is empty")));
+    }
+    Ok(c)
+}
+
+/// `data` rows of `dim` padded with zeros or cut to `tokens` rows (ComfyUI's Average).
+fn fit_tokens(c: &Conditioning, tokens: i64) -> Vec<f32> {
+    let mut v = c.data.clone();
+    v.resize((tokens * c.dim) as usize, 0.0);
+    v
+}
+
+impl Node for ConditioningOp {
+    fn schema(&self) -> NodeSchema {
+        let c = IoType::CONDITIONING;
+        let s = match self.0 {
+            CondOp::Combine => NodeSchema::new("ConditioningCombine")
+                .display_name("Conditioning (Combine)")
+                .input(InputSpec::link("conditioning_1", c.clone()))
+                .input(InputSpec::link("conditioning_2", c.clone())),
+            CondOp::Concat => NodeSchema::new("ConditioningConcat")
+                .display_name("Conditioning (Concat)")
+                .input(InputSpec::link("conditioning_to", c.clone()))
+                .input(InputSpec::link("conditioning_from", c.clone())),
+            CondOp::Average => NodeSchema::new("ConditioningAverage")
+                .display_name("ConditioningAverage")
+                .input(InputSpec::link("conditioning_to", c.clone()))
+                .input(InputSpec::link("conditioning_from", c.clone()))
+                .input(InputSpec::float("conditioning_to_strength", 1.0).float_range(0.0, 1.0).float_step(0.01)),
+            CondOp::ZeroOut => NodeSchema::new("ConditioningZeroOut").display_name("ConditioningZeroOut").input(InputSpec::link("conditioning", c.clone())),
+            CondOp::TimestepRange => NodeSchema::new("ConditioningSetTimestepRange")
+                .display_name("ConditioningSetTimestepRange")
+                .input(InputSpec::link("conditioning", c.clone()))
+                .input(InputSpec::float("start", 0.0).float_range(0.0, 1.0).float_step(0.001))
+                .input(InputSpec::float("end", 1.0).float_range(0.0, 1.0).float_step(0.001)),
+        };
+        s.category("conditioning").output("CONDITIONING", c)
+    }
+
+    fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let out = match self.0 {
+            CondOp::Combine => {
+                let mut a = cond_of(inputs, "conditioning_1")?;
+                a.0.extend(cond_of(inputs, "conditioning_2")?.0);
+                a
+            }
+            CondOp::Concat | CondOp::Average => {
+                let to = cond_of(inputs, "conditioning_to")?;
+                let from = cond_of(inputs, "conditioning_from")?;
+                let f = &from.0[0].cond;
+                if from.0.len() > 1 {
+                    tracing::warn!("conditioning_from has {} entries; only the first is used (as ComfyUI)", from.0.len());
+                }
+                let strength = if matches!(self.0, CondOp::Average) { inputs.float("conditioning_to_strength")? as f32 } else { 0.0 };
+                let mut entries = Vec::with_capacity(to.0.len());
+                for e in &to.0 {
+                    let t = &e.cond;
+                    if t.dim != f.dim {
+                        return Err(NodeError::msg(format!("conditioning widths differ: {} and {}", t.dim, f.dim)));
+                    }
+                    let c = if matches!(self.0, CondOp::Concat) {
+                        let mut data = t.data.clone();
+                        data.extend_from_slice(&f.data);
+                        Conditioning::new(data, t.dim, t.tokens + f.tokens)
+                    } else {
+                        let fv = fit_tokens(f, t.tokens);
+                        Conditioning::new(t.data.iter().zip(&fv).map(|(a, b)| a * strength + b * (1.0 - strength)).collect(), t.dim, t.tokens)
+                    }
+                    .map_err(err)?;
+                    entries.push(CondEntry { cond: Arc::new(c), timestep_range: e.timestep_range });
+                }
+                CondList(entries)
+            }
+            CondOp::ZeroOut => {
+                let c = cond_of(inputs, "conditioning")?;
+                CondList(
+                    c.0.iter()
+                        .map(|e| CondEntry { cond: Arc::new(Conditioning { data: vec![0.0; e.cond.data.len()], ..(*e.cond).clone() }), timestep_range: e.timestep_range })
+                        .collect(),
+                )
+            }
+            CondOp::TimestepRange => {
+                let (start, end) = (inputs.float("start")? as f32, inputs.float("end")? as f32);
+                if !(0.0..=1.0).contains(&start) || !(0.0..=1.0).contains(&end) {
+                    return Err(NodeError::msg(format!("start {start} and end {end} must lie in 0..=1")));
+                }
+                let mut c = cond_of(inputs, "conditioning")?;
+                c.0.iter_mut().for_each(|e| e.timestep_range = Some((start, end)));
+                c
+            }
+        };
+        Ok(Outputs::new(vec![Value::new(IoType::CONDITIONING, out)]))
     }
 }

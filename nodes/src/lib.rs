@@ -6,7 +6,8 @@
 //! given at registration.
 //!
 //! - [`loaders`]: CheckpointLoaderSimple
-//! - [`conditioning`]: CLIPTextEncode, CLIPSetLastLayer
+//! - [`conditioning`]: CLIPTextEncode, CLIPSetLastLayer, ConditioningCombine, ConditioningConcat,
+//!   ConditioningAverage, ConditioningZeroOut, ConditioningSetTimestepRange
 //! - [`latent`]: EmptyLatentImage, SetLatentNoiseMask
 //! - [`sampling`]: KSampler
 //! - [`custom_sampling`]: KSamplerAdvanced, SamplerCustom(Advanced), KSamplerSelect, BasicScheduler,

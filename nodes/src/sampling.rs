@@ -7,7 +7,7 @@ use crate::err;
 use sdflow_core::models::sd::{Conditioning, SdDenoiser};
 use sdflow_core::models::unet::{Unet, UnetConfig};
 use sdflow_core::sampling::rng::{CpuRng, Rng};
-use sdflow_core::sampling::samplers::{sample, Progress, SampleError, SampleOpts, Sampler};
+use sdflow_core::sampling::samplers::{sample, Denoised, Progress, SampleError, SampleOpts, Sampler};
 use sdflow_core::sampling::schedule::{apply_denoise, DiscreteSchedule, ScheduleOpts, Scheduler};
 use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Lane, Node, NodeError, NodeSchema, Outputs, Registry, Value};
 use std::str::FromStr;
@@ -92,13 +92,34 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     let config = UnetConfig::infer(&weights, &model.prefix).map_err(err)?;
     let unet = Unet::new(&weights, &model.prefix, config).map_err(err)?;
     let mut den = SdDenoiser::new(unet, DiscreteSchedule::sd(), model.prediction);
-    let cond = first_cond(&guider.positive, "positive")?;
+    first_cond(&guider.positive, "positive")?;
     // cfg 1 makes the unconditional pass a no-op; skip it as ComfyUI does.
-    let uncond = match &guider.negative {
-        Some(n) if guider.cfg != 1.0 || choice.sampler.needs_uncond() => Some(first_cond(n, "negative")?),
+    let negative = match &guider.negative {
+        Some(n) if guider.cfg != 1.0 || choice.sampler.needs_uncond() => {
+            first_cond(n, "negative")?;
+            Some(n)
+        }
         _ => None,
     };
     let cfg = guider.cfg;
+    let schedule = DiscreteSchedule::sd();
+    // ComfyUI's percent_to_sigma: 0 is the start of sampling (all noise), 1 the end.
+    let percent_to_sigma = |p: f32| -> f32 {
+        if p <= 0.0 {
+            f32::INFINITY
+        } else if p >= 1.0 {
+            0.0
+        } else {
+            schedule.t_to_sigma((1.0 - p) * (schedule.len() - 1) as f32)
+        }
+    };
+    let active = |list: &'_ CondList, sigma: f32| -> Vec<Arc<Conditioning>> {
+        list.0
+            .iter()
+            .filter(|e| e.timestep_range.is_none_or(|(a, b)| sigma <= percent_to_sigma(a) && sigma >= percent_to_sigma(b)))
+            .map(|e| e.cond.clone())
+            .collect()
+    };
 
     let shape = latent.shape;
     let [lw, lh, _, ln] = shape;
@@ -111,7 +132,8 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     };
     let sigma0 = sigmas.first().copied().unwrap_or(0.0);
     let scaled: Vec<f32> = latent.samples.iter().map(|l| l * model.latent_scale).collect();
-    let x: Vec<f32> = scaled.iter().zip(&noise).map(|(l, n)| l + n * sigma0).collect();    // The noise mask at latent resolution, one plane per sample.
+    let x: Vec<f32> = scaled.iter().zip(&noise).map(|(l, n)| l + n * sigma0).collect();
+    // The noise mask at latent resolution, one plane per sample.
     let mask: Option<Vec<f32>> = latent.noise_mask.as_ref().map(|m| (0..ln as usize).flat_map(|i| m.resized(i, lw as usize, lh as usize)).collect());
     let channels = (shape[2]) as usize;
     let mask_at = |mask: &[f32], idx: usize| mask[(idx / (plane * channels)) * plane + idx % plane];
@@ -143,7 +165,34 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
         });
         let xin = blended.as_deref().unwrap_or(x);
         let concat = concat.as_deref().map(|c| (c, extra));
-        let mut d = rt.with_backend(|b| den.denoise_concat(b, xin, shape, sigma, cond, uncond, cfg, concat)).map_err(err)?;
+        let pos = active(&guider.positive, sigma);
+        let neg = negative.map(|n| active(n, sigma)).unwrap_or_default();
+        let mut d = match (pos.as_slice(), neg.as_slice()) {
+            ([], _) => return Err(NodeError::msg(format!("no positive conditioning applies at sigma {sigma} (check the timestep ranges)"))),
+            // One of each: cond and uncond in one batched graph.
+            ([c], n) if n.len() <= 1 => rt.with_backend(|b| den.denoise_concat(b, xin, shape, sigma, c, n.first().map(|u| u.as_ref()), cfg, concat)).map_err(err)?,
+            // Several entries (ConditioningCombine): each evaluated alone and averaged,
+            // as ComfyUI does for entries without areas.
+            (ps, ns) => {
+                let mut mean = |list: &[Arc<Conditioning>]| -> Result<Option<Vec<f32>>, NodeError> {
+                    let mut acc: Option<Vec<f32>> = None;
+                    for c in list {
+                        let d = rt.with_backend(|b| den.denoise_concat(b, xin, shape, sigma, c, None, 1.0, concat)).map_err(err)?.denoised;
+                        match &mut acc {
+                            None => acc = Some(d),
+                            Some(a) => a.iter_mut().zip(&d).for_each(|(a, v)| *a += v),
+                        }
+                    }
+                    let k = list.len().max(1) as f32;
+                    Ok(acc.map(|a| a.into_iter().map(|v| v / k).collect()))
+                };
+                let c = mean(ps)?.unwrap_or_default();
+                match mean(ns)? {
+                    Some(u) => Denoised { denoised: u.iter().zip(&c).map(|(u, c)| u + cfg * (c - u)).collect(), uncond: Some(u) },
+                    None => Denoised { denoised: c, uncond: None },
+                }
+            }
+        };
         if let Some(m) = &mask {
             for (i, v) in d.denoised.iter_mut().enumerate() {
                 let k = mask_at(m, i);

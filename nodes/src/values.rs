@@ -59,6 +59,15 @@ pub struct CondList(pub Vec<CondEntry>);
 #[derive(Clone, Debug)]
 pub struct CondEntry {
     pub cond: Arc<Conditioning>,
+    /// ComfyUI's `start_percent`/`end_percent` (ConditioningSetTimestepRange): the entry
+    /// guides only while sampling is between these fractions of the schedule.
+    pub timestep_range: Option<(f32, f32)>,
+}
+
+impl CondEntry {
+    pub fn new(cond: Conditioning) -> Self {
+        CondEntry { cond: Arc::new(cond), timestep_range: None }
+    }
 }
 
 impl CacheSize for CondList {

@@ -306,3 +306,50 @@ fn saved_images_embed_the_workflow_and_parameters() {
     assert!(params.starts_with("a lovely cat, (watercolor:1.2)\nNegative prompt: blurry, low quality\n"), "{params}");
     assert!(params.contains("Steps: 2, Sampler: Euler a, Schedule type: normal, CFG scale: 7.0, Seed: 42, Size: 64x64, Model: model"), "{params}");
 }
+
+/// The conditioning list nodes, each checked against an identity it must satisfy.
+#[test]
+fn conditioning_nodes() {
+    let env = env();
+    let mut base = load(&env, "txt2img.json", 64, 3);
+    base.set_input("5", "sampler_name", InputValue::Const(serde_json::json!("euler"))).unwrap();
+    let (_, _, reference) = run_saved(&env, &base, "7");
+    let c = |v: serde_json::Value| InputValue::Const(v);
+    let l = |n: &str| InputValue::link(n, 0);
+    let close = |a: &[u8], b: &[u8]| a.iter().zip(b).map(|(x, y)| x.abs_diff(*y)).max().unwrap_or(0) <= 1;
+    let with_positive = |extra: Vec<(&str, NodeSpec)>, positive: &str| {
+        let mut wf = base.clone();
+        for (id, n) in extra {
+            wf.nodes.insert(id.to_string(), n);
+        }
+        wf.set_input("5", "positive", l(positive)).unwrap();
+        wf
+    };
+
+    // A prompt combined with itself averages two equal predictions.
+    let wf = with_positive(vec![("20", NodeSpec::new("ConditioningCombine").with_input("conditioning_1", l("2")).with_input("conditioning_2", l("2")))], "20");
+    assert!(close(&run_saved(&env, &wf, "7").2, &reference), "combine with itself");
+
+    // Split over the schedule at 0.5: at every step the same prompt guides.
+    let range = |a: f64, b: f64| NodeSpec::new("ConditioningSetTimestepRange").with_input("conditioning", l("2")).with_input("start", c(serde_json::json!(a))).with_input("end", c(serde_json::json!(b)));
+    let wf = with_positive(
+        vec![("21", range(0.0, 0.5)), ("22", range(0.5, 1.0)), ("23", NodeSpec::new("ConditioningCombine").with_input("conditioning_1", l("21")).with_input("conditioning_2", l("22")))],
+        "23",
+    );
+    assert!(close(&run_saved(&env, &wf, "7").2, &reference), "timestep ranges covering the schedule");
+
+    // A range that leaves the end uncovered is an error, not a silent blank.
+    let wf = with_positive(vec![("24", range(0.0, 0.3))], "24");
+    assert!(env.exec.run(&wf, &NullSink, &CancelToken::new(), &RunOptions { output_dir: Some(env.out.clone()), ..Default::default() }).is_err());
+
+    // Average at strength 1 is the `to` side.
+    let avg = NodeSpec::new("ConditioningAverage").with_input("conditioning_to", l("2")).with_input("conditioning_from", l("3")).with_input("conditioning_to_strength", c(serde_json::json!(1.0)));
+    let wf = with_positive(vec![("25", avg)], "25");
+    assert_eq!(run_saved(&env, &wf, "7").2, reference, "average at strength 1");
+
+    // Zeroed and concatenated prompts run and change the picture.
+    let wf = with_positive(vec![("26", NodeSpec::new("ConditioningZeroOut").with_input("conditioning", l("2")))], "26");
+    assert_ne!(run_saved(&env, &wf, "7").2, reference, "zeroed prompt");
+    let wf = with_positive(vec![("27", NodeSpec::new("ConditioningConcat").with_input("conditioning_to", l("2")).with_input("conditioning_from", l("3")))], "27");
+    assert_ne!(run_saved(&env, &wf, "7").2, reference, "154-token prompt");
+}
