@@ -816,18 +816,7 @@ fn ddim_trailing<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32], eta: f32) -> R
             ((n as f32 - i as f32 * (n as f32 / steps as f32)).round() as i64 - 1).clamp(0, n - 1);
         let prev_timestep = timestep - n / steps;
         let sigma = sig[timestep as usize] as f32;
-        let scale = if i == 0 {
-            (sigma * sigma + 1.0).sqrt() / sigma
-        } else {
-            (sigma * sigma + 1.0).sqrt()
-        };
-        x.iter_mut().for_each(|v| *v *= scale);
-        let den = run.denoise(&x, sigma)?;
-        let eps: Vec<f32> = x
-            .iter()
-            .zip(&den)
-            .map(|(&a, &b)| (a - b) * (1.0 / sigma))
-            .collect();
+        let (den, eps) = ddpm_eps(run, &mut x, sigma, i == 0)?;
         let a_t = ac[timestep as usize] as f32;
         let a_prev = (if prev_timestep >= 0 {
             ac[prev_timestep as usize]
@@ -855,6 +844,17 @@ fn ddim_trailing<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32], eta: f32) -> R
     Ok(x)
 }
 
+/// The prologue of sd.cpp's DDPM-parameterised samplers (ddim_trailing, tcd): move `x` from
+/// k-diffusion's scale to the DDPM one (the first step starts from pure noise), denoise,
+/// and return the denoised latent and the implied noise.
+fn ddpm_eps<E>(run: &mut Run<'_, '_, E>, x: &mut [f32], sigma: f32, first: bool) -> Result<(Vec<f32>, Vec<f32>), SampleError<E>> {
+    let scale = if first { (sigma * sigma + 1.0).sqrt() / sigma } else { (sigma * sigma + 1.0).sqrt() };
+    x.iter_mut().for_each(|v| *v *= scale);
+    let den = run.denoise(x, sigma)?;
+    let eps = x.iter().zip(&den).map(|(&a, &b)| (a - b) * (1.0 / sigma)).collect();
+    Ok((den, eps))
+}
+
 /// sd.cpp's TCD (trajectory consistency distillation) sampler; `eta` is its gamma.
 fn tcd<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32], eta: f32) -> Res<E> {
     let (ac, sig) = sdcpp_alphas_cumprod();
@@ -875,18 +875,7 @@ fn tcd<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32], eta: f32) -> Res<E> {
         };
         let timestep_s = (((1.0 - eta) * prev_timestep as f32).floor() as i64).clamp(0, n - 1);
         let sigma = sig[timestep as usize] as f32;
-        let scale = if i == 0 {
-            (sigma * sigma + 1.0).sqrt() / sigma
-        } else {
-            (sigma * sigma + 1.0).sqrt()
-        };
-        x.iter_mut().for_each(|v| *v *= scale);
-        let den = run.denoise(&x, sigma)?;
-        let eps: Vec<f32> = x
-            .iter()
-            .zip(&den)
-            .map(|(&a, &b)| (a - b) * (1.0 / sigma))
-            .collect();
+        let (den, eps) = ddpm_eps(run, &mut x, sigma, i == 0)?;
         let a_t = ac[timestep as usize] as f32;
         let b_t = 1.0 - a_t;
         let a_prev = ac[prev_timestep as usize] as f32;
