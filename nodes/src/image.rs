@@ -1,6 +1,7 @@
 //! VAE decode/encode and image output.
 
 use crate::runtime::Runtime;
+use crate::resize::{center_crop, resize_plane, Method};
 use crate::values::{Image, Latent, Mask, VaeRef};
 use crate::err;
 use sdflow_core::ggml::{Context, GraphRun};
@@ -19,6 +20,7 @@ pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
     registry.register(Arc::new(LoadImage { rt: rt.clone() }));
     registry.register(Arc::new(LoadImageMask { rt: rt.clone() }));
     registry.register(Arc::new(VaeEncodeForInpaint { rt: rt.clone() }));
+    registry.register(Arc::new(ImageScale));
 }
 
 // The VAE graphs are a few hundred nodes; generous, and independent of image size.
@@ -414,5 +416,51 @@ impl Node for VaeEncodeForInpaint {
         let mut latent = encode_image(&self.rt, ctx, vae, &grey)?;
         latent.noise_mask = Some(Arc::new(Mask { data: grown_all, n: img.n, height: h, width: w }));
         Ok(Outputs::new(vec![Value::new(IoType::LATENT, latent)]))
+    }
+}
+
+/// ComfyUI's "Upscale Image": resample to `width`×`height` (0 keeps the aspect ratio
+/// from the other side), optionally cropping to the target's aspect ratio first.
+struct ImageScale;
+
+impl Node for ImageScale {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("ImageScale")
+            .display_name("Upscale Image")
+            .category("image/upscaling")
+            .input(InputSpec::link("image", IoType::IMAGE))
+            .input(InputSpec::combo("upscale_method", Method::NAMES))
+            .input(InputSpec::int("width", 512).int_range(0, MAX_IMAGE_SIDE as i128))
+            .input(InputSpec::int("height", 512).int_range(0, MAX_IMAGE_SIDE as i128))
+            .input(InputSpec::combo("crop", ["disabled", "center"]))
+            .output("IMAGE", IoType::IMAGE)
+    }
+
+    fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let img = inputs.downcast::<Image>("image")?;
+        let method = Method::parse(inputs.string("upscale_method")?).ok_or_else(|| NodeError::msg("unknown upscale_method"))?;
+        let (tw, th) = (inputs.int("width")?.max(0) as usize, inputs.int("height")?.max(0) as usize);
+        let (w, h) = (img.width, img.height);
+        let (ow, oh) = match (tw > 0, th > 0) {
+            (false, false) => (w, h),
+            (true, false) => (tw, ((h * tw) as f64 / w as f64).round().max(1.0) as usize),
+            (false, true) => (((w * th) as f64 / h as f64).round().max(1.0) as usize, th),
+            (true, true) => (tw, th),
+        };
+        if (ow as u64) * (oh as u64) > MAX_IMAGE_PIXELS || ow > MAX_IMAGE_SIDE as usize || oh > MAX_IMAGE_SIDE as usize {
+            return Err(NodeError::msg(format!("{ow}x{oh} is larger than the image limit")));
+        }
+        let (x0, y0, cw, ch) = if inputs.string("crop")? == "center" { center_crop(w, h, ow, oh) } else { (0, 0, w, h) };
+        let c = img.channels;
+        let mut data = vec![0f32; img.n * ow * oh * c];
+        for i in 0..img.n {
+            for k in 0..c {
+                let plane: Vec<f32> = (y0..y0 + ch).flat_map(|y| (x0..x0 + cw).map(move |x| (y, x))).map(|(y, x)| img.data[((i * h + y) * w + x) * c + k]).collect();
+                for (p, v) in resize_plane(&plane, cw, ch, ow, oh, method).into_iter().enumerate() {
+                    data[(i * ow * oh + p) * c + k] = v;
+                }
+            }
+        }
+        Ok(Outputs::new(vec![Value::new(IoType::IMAGE, Image { data, n: img.n, height: oh, width: ow, channels: c })]))
     }
 }

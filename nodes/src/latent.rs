@@ -1,6 +1,7 @@
 //! Latent images.
 
 use crate::runtime::Runtime;
+use crate::resize::{center_crop, resize_plane, Method};
 use crate::values::{Latent, Mask};
 use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Node, NodeError, NodeSchema, Outputs, Registry, Value};
 use std::sync::Arc;
@@ -8,6 +9,8 @@ use std::sync::Arc;
 pub fn register(registry: &mut Registry, _rt: &Arc<Runtime>) {
     registry.register(Arc::new(EmptyLatentImage));
     registry.register(Arc::new(SetLatentNoiseMask));
+    registry.register(Arc::new(LatentUpscale { by: false }));
+    registry.register(Arc::new(LatentUpscale { by: true }));
 }
 
 /// The largest latent batch a node will allocate; past it a clear error beats an
@@ -68,5 +71,69 @@ impl Node for SetLatentNoiseMask {
         }
         latent.noise_mask = Some(Arc::new(mask.clone()));
         Ok(Outputs::new(vec![Value::new(IoType::LATENT, latent)]))
+    }
+}
+
+/// Upscale every (sample, channel) plane of a latent to `ow`×`oh`, with an optional
+/// centred crop to the target's aspect ratio first.
+fn resize_latent(l: &Latent, ow: usize, oh: usize, method: Method, crop: bool) -> Result<Latent, NodeError> {
+    let [w, h, c, n] = l.shape;
+    let (w, h) = (w as usize, h as usize);
+    let shape = [ow as i64, oh as i64, c, n];
+    latent_zeros(shape)?; // the size check
+    let (x0, y0, cw, ch) = if crop { center_crop(w, h, ow, oh) } else { (0, 0, w, h) };
+    let mut samples = Vec::with_capacity(ow * oh * (c * n) as usize);
+    for plane in l.samples.chunks(w * h) {
+        let src: Vec<f32> = (y0..y0 + ch).flat_map(|y| plane[y * w + x0..y * w + x0 + cw].iter().copied()).collect();
+        samples.extend(resize_plane(&src, cw, ch, ow, oh, method));
+    }
+    Ok(Latent { samples, shape, noise_mask: l.noise_mask.clone() })
+}
+
+/// ComfyUI's "Upscale Latent" (to a pixel size) and "Upscale Latent By" (a factor).
+struct LatentUpscale {
+    by: bool,
+}
+
+impl Node for LatentUpscale {
+    fn schema(&self) -> NodeSchema {
+        let s = NodeSchema::new(if self.by { "LatentUpscaleBy" } else { "LatentUpscale" })
+            .display_name(if self.by { "Upscale Latent By" } else { "Upscale Latent" })
+            .category("latent")
+            .input(InputSpec::link("samples", IoType::LATENT))
+            .input(InputSpec::combo("upscale_method", Method::NAMES));
+        let s = if self.by {
+            s.input(InputSpec::float("scale_by", 1.5).float_range(0.01, 8.0).float_step(0.01))
+        } else {
+            s.input(InputSpec::int("width", 512).int_range(0, 16384).int_step(8))
+                .input(InputSpec::int("height", 512).int_range(0, 16384).int_step(8))
+                .input(InputSpec::combo("crop", ["disabled", "center"]))
+        };
+        s.output("LATENT", IoType::LATENT)
+    }
+
+    fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let l = inputs.downcast::<Latent>("samples")?;
+        let method = Method::parse(inputs.string("upscale_method")?).ok_or_else(|| NodeError::msg("unknown upscale_method"))?;
+        let (w, h) = (l.shape[0] as f64, l.shape[1] as f64);
+        let (ow, oh, crop) = if self.by {
+            let s = inputs.float("scale_by")?;
+            if !(s > 0.0 && s.is_finite()) {
+                return Err(NodeError::msg(format!("scale_by {s} must be positive")));
+            }
+            ((w * s).round(), (h * s).round(), false)
+        } else {
+            // 0 keeps the aspect ratio from the other side, as ComfyUI.
+            let (pw, ph) = (inputs.int("width")? as f64 / 8.0, inputs.int("height")? as f64 / 8.0);
+            let crop = inputs.string("crop")? == "center";
+            match (pw > 0.0, ph > 0.0) {
+                (false, false) => (w, h, false),
+                (true, false) => (pw, (h * pw / w).round(), crop),
+                (false, true) => ((w * ph / h).round(), ph, crop),
+                (true, true) => (pw, ph, crop),
+            }
+        };
+        let (ow, oh) = ((ow as usize).max(1), (oh as usize).max(1));
+        Ok(Outputs::new(vec![Value::new(IoType::LATENT, resize_latent(l, ow, oh, method, crop)?)]))
     }
 }

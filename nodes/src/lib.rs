@@ -8,18 +8,19 @@
 //! - [`loaders`]: CheckpointLoaderSimple
 //! - [`conditioning`]: CLIPTextEncode, CLIPSetLastLayer, ConditioningCombine, ConditioningConcat,
 //!   ConditioningAverage, ConditioningZeroOut, ConditioningSetTimestepRange
-//! - [`latent`]: EmptyLatentImage, SetLatentNoiseMask
+//! - [`latent`]: EmptyLatentImage, SetLatentNoiseMask, LatentUpscale, LatentUpscaleBy
 //! - [`sampling`]: KSampler
 //! - [`custom_sampling`]: KSamplerAdvanced, SamplerCustom(Advanced), KSamplerSelect, BasicScheduler,
 //!   KarrasScheduler, ExponentialScheduler, SplitSigmas, RandomNoise, DisableNoise, CFGGuider, BasicGuider
-//! - [`image`]: LoadImage, LoadImageMask, VAEDecode, VAEEncode, VAEEncodeForInpaint, SaveImage,
-//!   PreviewImage
+//! - [`image`]: LoadImage, LoadImageMask, ImageScale, VAEDecode, VAEEncode, VAEEncodeForInpaint,
+//!   SaveImage, PreviewImage
 
 pub mod conditioning;
 pub mod custom_sampling;
 pub mod image;
 pub mod latent;
 pub mod loaders;
+pub mod resize;
 pub mod runtime;
 pub mod sampling;
 pub mod values;

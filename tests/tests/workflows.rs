@@ -353,3 +353,25 @@ fn conditioning_nodes() {
     let wf = with_positive(vec![("27", NodeSpec::new("ConditioningConcat").with_input("conditioning_to", l("2")).with_input("conditioning_from", l("3")))], "27");
     assert_ne!(run_saved(&env, &wf, "7").2, reference, "154-token prompt");
 }
+
+#[test]
+fn hires_fix_samples_again_at_the_upscaled_size() {
+    let env = env();
+    let wf = load(&env, "hires_fix.json", 64, 2);
+    let (w, h, _) = run_saved(&env, &wf, "9");
+    assert_eq!((w, h), (96, 96), "64 × 1.5");
+    // An image-space resize of the result, through ImageScale with a centre crop.
+    let mut scaled = wf.clone();
+    scaled.nodes.insert(
+        "20".into(),
+        NodeSpec::new("ImageScale")
+            .with_input("image", InputValue::link("8", 0))
+            .with_input("upscale_method", InputValue::Const(serde_json::json!("area")))
+            .with_input("width", InputValue::Const(serde_json::json!(40)))
+            .with_input("height", InputValue::Const(serde_json::json!(30)))
+            .with_input("crop", InputValue::Const(serde_json::json!("center"))),
+    );
+    scaled.set_input("9", "images", InputValue::link("20", 0)).unwrap();
+    let (w, h, _) = run_saved(&env, &scaled, "9");
+    assert_eq!((w, h), (40, 30));
+}

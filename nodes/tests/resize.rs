@@ -1,0 +1,29 @@
+//! Latent/image resampling against `torch.nn.functional.interpolate` (fixture from
+//! tests/fixtures/make_resize.py).
+
+use sdflow_nodes::resize::{center_crop, resize_plane, Method};
+
+#[test]
+fn resize_matches_torch_interpolate() {
+    let r: serde_json::Value = serde_json::from_str(include_str!("fixtures/resize.json")).unwrap();
+    let src: Vec<f32> = serde_json::from_value(r["src"].clone()).unwrap();
+    let (w, h) = (r["w"].as_u64().unwrap() as usize, r["h"].as_u64().unwrap() as usize);
+    let cases = r["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 12);
+    for c in cases {
+        let mode = c["mode"].as_str().unwrap();
+        let (ow, oh) = (c["w"].as_u64().unwrap() as usize, c["h"].as_u64().unwrap() as usize);
+        let want: Vec<f32> = serde_json::from_value(c["out"].clone()).unwrap();
+        let got = resize_plane(&src, w, h, ow, oh, Method::parse(mode).unwrap());
+        let err = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(err < 1e-5, "{mode} {w}x{h} -> {ow}x{oh}: max error {err}");
+    }
+}
+
+#[test]
+fn center_crop_keeps_the_target_aspect() {
+    assert_eq!(center_crop(100, 50, 10, 10), (25, 0, 50, 50));
+    assert_eq!(center_crop(50, 100, 20, 10), (0, 37, 50, 25));
+    assert_eq!(center_crop(64, 64, 8, 8), (0, 0, 64, 64));
+    assert!(Method::parse("bislerp").is_none());
+}
