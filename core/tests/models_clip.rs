@@ -1,15 +1,20 @@
 //! CLIP text encoders against transformers' `CLIPTextModel` on tiny random weights
-//! (fixtures from tests/fixtures/models/make_clip.py).
+//! (fixtures from tests/fixtures/models/make_clip.py; the weights are regenerated here).
 
 mod common;
 
-use common::{load_f32, max_abs_err, reference};
+use common::{det_weights, max_abs_err, reference};
 use sdflow_core::ggml::{Backend, Context, GraphRun};
 use sdflow_core::models::clip::{Activation, ClipLayout, ClipTextConfig, ClipTextModel};
 
-fn check(file: &str, prefix: &str, layout: ClipLayout, key: &str, act: Activation) {
+/// The fixture's CLIP weights for one layout (`hf` or `openclip`).
+fn weights(key: &str, backend: &Backend) -> sdflow_core::models::Weights {
+    det_weights(&reference("clip_tiny_ref.json")[format!("{key}_keys")], 0.35, backend)
+}
+
+fn check(prefix: &str, layout: ClipLayout, key: &str, act: Activation) {
     let backend = Backend::cpu(2).unwrap();
-    let w = load_f32(file, &backend);
+    let w = weights(key, &backend);
     let mut cfg = ClipTextConfig::infer(&w, prefix, layout).unwrap();
     assert_eq!((cfg.hidden, cfg.layers, cfg.intermediate, cfg.vocab, cfg.max_positions), (64, 3, 128, 1000, 77));
     cfg.heads = 2;
@@ -31,18 +36,18 @@ fn check(file: &str, prefix: &str, layout: ClipLayout, key: &str, act: Activatio
 
 #[test]
 fn clip_l_hf_layout_matches_transformers() {
-    check("clip_hf_tiny.safetensors", "cond_stage_model.transformer.text_model", ClipLayout::HuggingFace, "hf", Activation::QuickGelu);
+    check("cond_stage_model.transformer.text_model", ClipLayout::HuggingFace, "hf", Activation::QuickGelu);
 }
 
 #[test]
 fn openclip_layout_matches_transformers() {
-    check("clip_openclip_tiny.safetensors", "cond_stage_model.model", ClipLayout::OpenClip, "openclip", Activation::Gelu);
+    check("cond_stage_model.model", ClipLayout::OpenClip, "openclip", Activation::Gelu);
 }
 
 #[test]
 fn bad_inputs_and_weights_are_errors() {
     let backend = Backend::cpu(1).unwrap();
-    let w = load_f32("clip_hf_tiny.safetensors", &backend);
+    let w = weights("hf", &backend);
     let prefix = "cond_stage_model.transformer.text_model";
     let mut cfg = ClipTextConfig::infer(&w, prefix, ClipLayout::HuggingFace).unwrap();
     cfg.heads = 2;

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{load_f32, max_abs_err, reference};
+use common::{det_weights, keys, max_abs_err, reference};
 use sdflow_core::ggml::Backend;
 use sdflow_core::models::sd::{Conditioning, Prediction, SdDenoiser};
 use sdflow_core::models::unet::{Heads, Unet, UnetConfig};
@@ -14,7 +14,7 @@ use sdflow_core::sampling::schedule::{DiscreteSchedule, ScheduleOpts, Scheduler}
 #[test]
 fn euler_4_steps_with_cfg_matches_k_diffusion() {
     let backend = Backend::cpu(2).unwrap();
-    let w = load_f32("unet_sd1_tiny.safetensors", &backend);
+    let w = det_weights(&keys("unet_sd1_tiny_keys.json"), 0.14, &backend);
     let mut cfg = UnetConfig::infer(&w, "model.diffusion_model").unwrap();
     cfg.heads = Heads::Count(4);
     let unet = Unet::new(&w, "model.diffusion_model", cfg).unwrap();

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{load_f32, max_abs_err, reference};
+use common::{det_weights, keys, max_abs_err, reference};
 use sdflow_core::ggml::{Backend, Context, GraphRun};
 use sdflow_core::models::unet::{BlockKind, Heads, Unet, UnetConfig};
 
@@ -11,7 +11,7 @@ const PREFIX: &str = "model.diffusion_model";
 
 fn check(name: &str, heads: Heads, linear: bool) {
     let backend = Backend::cpu(2).unwrap();
-    let w = load_f32(&format!("unet_{name}_tiny.safetensors"), &backend);
+    let w = det_weights(&keys(&format!("unet_{name}_tiny_keys.json")), 0.14, &backend);
     let mut cfg = UnetConfig::infer(&w, PREFIX).unwrap();
     assert_eq!(cfg.linear_projection, linear);
     assert_eq!((cfg.in_channels, cfg.model_channels, cfg.middle_depth), (4, 32, 1));
@@ -65,7 +65,7 @@ fn sd2_unet_matches_diffusers() {
 #[test]
 fn unet_rejects_bad_inputs() {
     let backend = Backend::cpu(1).unwrap();
-    let w = load_f32("unet_sd1_tiny.safetensors", &backend);
+    let w = det_weights(&keys("unet_sd1_tiny_keys.json"), 0.14, &backend);
     assert!(UnetConfig::infer(&w, "model.nothing").is_err());
     let mut cfg = UnetConfig::infer(&w, PREFIX).unwrap();
     cfg.heads = Heads::Count(5);

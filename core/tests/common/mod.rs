@@ -1,19 +1,73 @@
 //! Helpers shared by the model parity tests.
 #![allow(dead_code)]
 
+use sdflow_core::dtype::DType;
 use sdflow_core::ggml::Backend;
 use sdflow_core::models::Weights;
+use std::collections::BTreeMap;
 
 pub const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/models");
 
-/// Every tensor of an f32 safetensors fixture as ggml weights, through the real loader.
-pub fn load_f32(file: &str, backend: &Backend) -> Weights {
-    let src = sdflow_core::io::open(std::path::Path::new(&format!("{DIR}/{file}"))).unwrap();
+fn fnv1a64(s: &str) -> u64 {
+    s.bytes().fold(0xCBF2_9CE4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01B3))
+}
+
+fn splitmix64(x: u64) -> u64 {
+    let x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let z = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    let z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn is_norm_weight(name: &str) -> bool {
+    if !name.ends_with(".weight") {
+        return false;
+    }
+    let parts: Vec<&str> = name.split('.').collect();
+    let module = parts[parts.len() - 2];
+    if module.starts_with("ln_") || module.contains("norm") {
+        return true;
+    }
+    let pair = parts[parts.len() - 3..parts.len() - 1].join(".");
+    matches!(pair.as_str(), "in_layers.0" | "out_layers.0" | "out.0")
+}
+
+/// The deterministic weights of tests/fixtures/models/detweights.py, bit for bit.
+pub fn det_values(name: &str, n: usize, scale: f64) -> Vec<f32> {
+    let h = fnv1a64(name);
+    let norm = is_norm_weight(name);
+    (0..n as u64)
+        .map(|i| {
+            let u = (splitmix64(h ^ i) >> 11) as f64 * 2f64.powi(-53) * 2.0 - 1.0;
+            (if norm { 1.0 + 0.1 * u } else { scale * u }) as f32
+        })
+        .collect()
+}
+
+/// A fixture model: every tensor of `keys` (name → PyTorch shape) with its deterministic
+/// values, written as an f32 safetensors file and loaded through the real loader.
+pub fn det_weights(keys: &serde_json::Value, scale: f64, backend: &Backend) -> Weights {
+    let keys: BTreeMap<String, Vec<usize>> = serde_json::from_value(keys.clone()).unwrap();
+    let data: Vec<(String, Vec<usize>, Vec<u8>)> = keys
+        .iter()
+        .map(|(name, shape)| {
+            let v = det_values(name, shape.iter().product(), scale);
+            (name.clone(), shape.clone(), v.iter().flat_map(|x| x.to_le_bytes()).collect())
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.safetensors");
+    sdflow_core::io::safetensors::write(&path, data.iter().map(|(n, s, b)| (n.as_str(), DType::F32, s.clone(), b.as_slice())), &BTreeMap::new()).unwrap();
+    let src = sdflow_core::io::open(&path).unwrap();
     sdflow_core::models::load::load_weights(backend, src.as_ref(), &[""], &sdflow_core::io::TypeRules::none()).unwrap()
 }
 
 pub fn reference(file: &str) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(format!("{DIR}/{file}")).unwrap()).unwrap()
+}
+
+pub fn keys(file: &str) -> serde_json::Value {
+    reference(file)
 }
 
 pub fn max_abs_err(a: &[f32], b: &[f32]) -> f32 {
