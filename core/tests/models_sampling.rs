@@ -39,9 +39,7 @@ fn euler_4_steps_with_cfg_matches_k_diffusion() {
     let out = sample(Sampler::Euler, &mut model, x, &sigmas, &mut rng, &SampleOpts::default(), None).unwrap();
     assert_eq!(calls, 4);
     let want = f("out");
-    let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
     let err = max_abs_err(&out, &want);
-    // Values reach ~66 after CFG 7.5 on random weights: compare relative to that.
-    eprintln!("euler4: max abs error {err}, largest value {scale}");
-    assert!(err / scale <= 1e-4, "max abs error {err} (largest value {scale})");
+    // Values reach ~60 after CFG 7.5; the bound is still the absolute 1e-3.
+    assert!(err <= 1e-3, "max abs error {err}");
 }
