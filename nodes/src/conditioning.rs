@@ -44,7 +44,7 @@ impl Node for ClipTextEncode {
     }
 
     fn lane(&self) -> Lane {
-        Lane::Device(crate::runtime::DEVICE_LANE.into())
+        crate::runtime::device_lane()
     }
 
     fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {

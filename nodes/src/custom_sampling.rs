@@ -3,7 +3,7 @@
 
 use crate::err;
 use crate::runtime::Runtime;
-use crate::sampling::{sample_latent, sampler_names, scheduler_names, Guider, NoiseSource, SamplerChoice, Sigmas};
+use crate::sampling::{guider_from, sample_latent, sampler_from, sampler_names, scheduler_names, steps_from, Guider, NoiseSource, SamplerChoice, Sigmas};
 use crate::values::{CondList, Latent, ModelRef};
 use sdflow_core::sampling::samplers::{SampleOpts, Sampler};
 use sdflow_core::sampling::schedule::{apply_denoise, exponential_sigmas, karras_sigmas, DiscreteSchedule, ScheduleOpts, Scheduler};
@@ -30,10 +30,6 @@ const CATEGORY: &str = "sampling/custom_sampling";
 
 fn one(ty: IoType, v: impl sdflow_executor::CacheSize) -> Outputs {
     Outputs::new(vec![Value::new(ty, v)])
-}
-
-fn steps_of(inputs: &Inputs) -> Result<usize, NodeError> {
-    usize::try_from(inputs.int("steps")?).map_err(|_| NodeError::msg("steps must be positive"))
 }
 
 struct KSamplerSelect;
@@ -67,7 +63,7 @@ impl Node for BasicScheduler {
     fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
         inputs.downcast::<ModelRef>("model")?;
         let scheduler = Scheduler::from_str(inputs.string("scheduler")?).map_err(err)?;
-        let sigmas = apply_denoise(scheduler, steps_of(inputs)?, inputs.float("denoise")? as f32, &DiscreteSchedule::sd(), &ScheduleOpts::default()).map_err(err)?;
+        let sigmas = apply_denoise(scheduler, steps_from(inputs)?, inputs.float("denoise")? as f32, &DiscreteSchedule::sd(), &ScheduleOpts::default()).map_err(err)?;
         Ok(one(IoType::SIGMAS, Sigmas(sigmas)))
     }
 }
@@ -91,7 +87,7 @@ impl Node for RangeScheduler {
     }
 
     fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
-        let (steps, smax, smin) = (steps_of(inputs)?, inputs.float("sigma_max")? as f32, inputs.float("sigma_min")? as f32);
+        let (steps, smax, smin) = (steps_from(inputs)?, inputs.float("sigma_max")? as f32, inputs.float("sigma_min")? as f32);
         let sigmas = if self.karras { karras_sigmas(steps, smin, smax, inputs.float("rho")? as f32) } else { exponential_sigmas(steps, smin, smax) };
         Ok(one(IoType::SIGMAS, Sigmas(sigmas.map_err(err)?)))
     }
@@ -218,21 +214,15 @@ impl Node for SamplerCustom {
     }
 
     fn lane(&self) -> Lane {
-        Lane::Device(crate::runtime::DEVICE_LANE.into())
+        crate::runtime::device_lane()
     }
 
     fn execute(&self, ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
         let (guider, noise) = if self.advanced {
             (inputs.downcast::<Guider>("guider")?.clone(), *inputs.downcast::<NoiseSource>("noise")?)
         } else {
-            let g = Guider {
-                model: inputs.downcast::<ModelRef>("model")?.clone(),
-                positive: inputs.downcast::<CondList>("positive")?.clone(),
-                negative: Some(inputs.downcast::<CondList>("negative")?.clone()),
-                cfg: inputs.float("cfg")? as f32,
-            };
             let seed = inputs.uint("noise_seed")?;
-            (g, NoiseSource(inputs.boolean("add_noise")?.then_some(seed)))
+            (guider_from(inputs)?, NoiseSource(inputs.boolean("add_noise")?.then_some(seed)))
         };
         let choice = inputs.downcast::<SamplerChoice>("sampler")?;
         let sigmas = &inputs.downcast::<Sigmas>("sigmas")?.0;
@@ -270,19 +260,14 @@ impl Node for KSamplerAdvanced {
     }
 
     fn lane(&self) -> Lane {
-        Lane::Device(crate::runtime::DEVICE_LANE.into())
+        crate::runtime::device_lane()
     }
 
     fn execute(&self, ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
-        let guider = Guider {
-            model: inputs.downcast::<ModelRef>("model")?.clone(),
-            positive: inputs.downcast::<CondList>("positive")?.clone(),
-            negative: Some(inputs.downcast::<CondList>("negative")?.clone()),
-            cfg: inputs.float("cfg")? as f32,
-        };
-        let choice = SamplerChoice { sampler: Sampler::from_str(inputs.string("sampler_name")?).map_err(err)?, opts: SampleOpts::default() };
+        let guider = guider_from(inputs)?;
+        let choice = sampler_from(inputs)?;
         let scheduler = Scheduler::from_str(inputs.string("scheduler")?).map_err(err)?;
-        let full = scheduler.sigmas(steps_of(inputs)?, &DiscreteSchedule::sd(), &ScheduleOpts::default()).map_err(err)?;
+        let full = scheduler.sigmas(steps_from(inputs)?, &DiscreteSchedule::sd(), &ScheduleOpts::default()).map_err(err)?;
         let start = usize::try_from(inputs.int("start_at_step")?).map_err(|_| NodeError::msg("start_at_step must be >= 0"))?;
         let end = usize::try_from(inputs.int("end_at_step")?).map_err(|_| NodeError::msg("end_at_step must be >= 0"))?;
         // ComfyUI: sigmas[start:], cut after `end`, and the last forced to 0 unless the

@@ -70,7 +70,7 @@ impl Node for VaeDecode {
     }
 
     fn lane(&self) -> Lane {
-        Lane::Device(crate::runtime::DEVICE_LANE.into())
+        crate::runtime::device_lane()
     }
 
     fn execute(&self, ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
@@ -118,7 +118,7 @@ impl Node for VaeEncode {
     }
 
     fn lane(&self) -> Lane {
-        Lane::Device(crate::runtime::DEVICE_LANE.into())
+        crate::runtime::device_lane()
     }
 
     fn execute(&self, ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
@@ -296,10 +296,7 @@ impl Node for LoadImage {
     }
 
     fn fingerprint(&self, inputs: &Inputs) -> Result<Option<Vec<u8>>, NodeError> {
-        let path = self.rt.resolve_input(inputs.string("image")?).map_err(NodeError::msg)?;
-        let bytes = std::fs::read(&path).map_err(|e| NodeError::msg(format!("{}: {e}", path.display())))?;
-        // Content, not mtime: re-uploading the same picture keeps the cache.
-        Ok(Some(bytes))
+        self.rt.input_fingerprint(inputs.string("image")?)
     }
 
     fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
@@ -327,8 +324,7 @@ impl Node for LoadImageMask {
     }
 
     fn fingerprint(&self, inputs: &Inputs) -> Result<Option<Vec<u8>>, NodeError> {
-        let path = self.rt.resolve_input(inputs.string("image")?).map_err(NodeError::msg)?;
-        Ok(Some(std::fs::read(&path).map_err(|e| NodeError::msg(format!("{}: {e}", path.display())))?))
+        self.rt.input_fingerprint(inputs.string("image")?)
     }
 
     fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
@@ -369,7 +365,7 @@ impl Node for VaeEncodeForInpaint {
     }
 
     fn lane(&self) -> Lane {
-        Lane::Device(crate::runtime::DEVICE_LANE.into())
+        crate::runtime::device_lane()
     }
 
     fn execute(&self, ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {

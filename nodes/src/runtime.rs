@@ -24,6 +24,11 @@ pub struct Runtime {
 /// The executor lane name of the compute backend.
 pub const DEVICE_LANE: &str = "cpu0";
 
+/// The lane of every node that computes on the backend: one at a time.
+pub fn device_lane() -> sdflow_executor::Lane {
+    sdflow_executor::Lane::Device(DEVICE_LANE.into())
+}
+
 impl Runtime {
     pub fn new(models_dir: impl Into<PathBuf>, output_dir: impl Into<PathBuf>, threads: usize, weight_type: Option<DType>) -> Result<Self, sdflow_core::ggml::GgmlError> {
         Ok(Runtime {
@@ -61,6 +66,13 @@ impl Runtime {
             .collect();
         out.sort();
         out
+    }
+
+    /// The content of input file `name`: the fingerprint of nodes that read it, so a
+    /// re-uploaded identical picture keeps the cache and a changed one does not.
+    pub fn input_fingerprint(&self, name: &str) -> Result<Option<Vec<u8>>, sdflow_executor::NodeError> {
+        let path = self.resolve_input(name).map_err(sdflow_executor::NodeError::msg)?;
+        std::fs::read(&path).map(Some).map_err(|e| sdflow_executor::NodeError::msg(format!("{}: {e}", path.display())))
     }
 
     /// The input file `name` refers to, confined to the input folder.

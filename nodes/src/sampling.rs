@@ -241,7 +241,7 @@ impl Node for KSampler {
     }
 
     fn lane(&self) -> Lane {
-        Lane::Device(crate::runtime::DEVICE_LANE.into())
+        crate::runtime::device_lane()
     }
 
     fn execute(&self, ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
@@ -257,16 +257,16 @@ impl Node for KSampler {
     }
 }
 
-fn steps_from(inputs: &Inputs) -> Result<usize, NodeError> {
+pub(crate) fn steps_from(inputs: &Inputs) -> Result<usize, NodeError> {
     usize::try_from(inputs.int("steps")?).map_err(|_| NodeError::msg("steps must be positive"))
 }
 
-fn sampler_from(inputs: &Inputs) -> Result<SamplerChoice, NodeError> {
+pub(crate) fn sampler_from(inputs: &Inputs) -> Result<SamplerChoice, NodeError> {
     Ok(SamplerChoice { sampler: Sampler::from_str(inputs.string("sampler_name")?).map_err(err)?, opts: SampleOpts::default() })
 }
 
 /// model, positive, negative and cfg of the KSampler-style nodes.
-fn guider_from(inputs: &Inputs) -> Result<Guider, NodeError> {
+pub(crate) fn guider_from(inputs: &Inputs) -> Result<Guider, NodeError> {
     Ok(Guider {
         model: inputs.downcast::<ModelRef>("model")?.clone(),
         positive: inputs.downcast::<CondList>("positive")?.clone(),
