@@ -47,6 +47,9 @@ fn main() {
     let vae_w = load_weights(&backend, src.as_ref(), &["first_stage_model."], &rules).expect("vae");
     let clip_w = load_weights(&backend, src.as_ref(), &["cond_stage_model."], &rules).expect("clip");
     let load_s = t.elapsed().as_secs_f64();
+    // The weights are copied into backend buffers; the mapped file's pages would count
+    // toward the resident set for as long as the map lives, as they would not in a run.
+    drop(src);
     let prefix = "cond_stage_model.transformer.text_model";
     let clip = ClipTextModel::new(&clip_w, prefix, ClipTextConfig::infer(&clip_w, prefix, ClipLayout::HuggingFace).unwrap()).unwrap();
     let unet = Unet::new(&unet_w, "model.diffusion_model", UnetConfig::infer(&unet_w, "model.diffusion_model").unwrap()).unwrap();

@@ -532,3 +532,76 @@ fn data_size_mismatch_is_an_error() {
     a.set_f32(&[1.0, 2.0, 3.0, 4.0]).unwrap();
     assert_eq!(a.get_f32().unwrap(), vec![1.0, 2.0, 3.0, 4.0]);
 }
+
+/// Plain product of `a` [k, m, a2] and `b` [k, n, b2] (a broadcast over b's batches).
+fn matmul_ref(a: &[f32], b: &[f32], k: usize, m: usize, n: usize, a2: usize, b2: usize) -> Vec<f32> {
+    let mut out = vec![0f32; m * n * b2];
+    for z in 0..b2 {
+        let az = z / (b2 / a2);
+        for j in 0..n {
+            for i in 0..m {
+                out[(z * n + j) * m + i] = (0..k).map(|x| a[(az * m + i) * k + x] * b[(z * n + j) * k + x]).sum();
+            }
+        }
+    }
+    out
+}
+
+// Large enough for the CPU product op (core::ggml::matmul), with two threads: weight
+// bands per thread, whole matrices per thread, broadcast, f16 and quantized weights.
+#[test]
+fn cpu_product_op_matches_plain_products() {
+    let (k, m, n) = (96, 40, 80);
+    let a = vals(k * m * 2, 11);
+    let b = vals(k * n * 4, 12);
+    let (got, ne) = run(vec![(vec![k as i64, m as i64, 2], Data::F32(a.clone())), (vec![k as i64, n as i64, 4], Data::F32(b.clone()))], |c, t| c.mul_mat(t[0], t[1]).unwrap());
+    assert_eq!(ne, [m as i64, n as i64, 4, 1]);
+    assert_close(&got, &matmul_ref(&a, &b, k, m, n, 2, 4), 1e-5, "f32 broadcast");
+
+    // One weight matrix times a batch: the batch becomes extra columns.
+    let a1 = f16_round(&vals(k * m, 13));
+    let (got, _) = run(vec![(vec![k as i64, m as i64], Data::F16(a1.clone())), (vec![k as i64, n as i64, 4], Data::F32(b.clone()))], |c, t| c.mul_mat(t[0], t[1]).unwrap());
+    // f16 weights are expanded to f32; the activations stay f32.
+    assert_close(&got, &matmul_ref(&a1, &b, k, m, n, 1, 4), 1e-5, "f16 weights");
+
+    let a1 = vals(k * m, 14);
+    // Quantized weights: the same as multiplying by their dequantized values.
+    let (diff, _) = run(vec![(vec![k as i64, m as i64], Data::F32(a1.clone())), (vec![k as i64, n as i64, 4], Data::F32(b.clone()))], |c, t| {
+        let q = c.cast(t[0], GType::Q8_0).unwrap();
+        let deq = c.cast(q, GType::F32).unwrap();
+        c.sub(c.mul_mat(q, t[1]).unwrap(), c.mul_mat(deq, t[1]).unwrap()).unwrap()
+    });
+    assert_close(&diff, &vec![0.0; diff.len()], 1e-5, "q8_0 weights");
+
+    // Transposed output, and a non-contiguous batch layout of b (a permuted view).
+    let (got, ne) = run(vec![(vec![k as i64, m as i64], Data::F32(a1.clone())), (vec![k as i64, 4, n as i64], Data::F32(b.clone()))], |c, t| {
+        let bp = c.permute(t[1], [0, 2, 1, 3]).unwrap(); // [k, n, 4] view
+        c.mul_mat_t(t[0], bp).unwrap()
+    });
+    assert_eq!(ne, [n as i64, m as i64, 4, 1]);
+    // b's memory is [k, 4, n]: element (x, z, j) at (j*4 + z)*k + x.
+    let bz: Vec<f32> = (0..4).flat_map(|z| (0..n).flat_map(move |j| (0..k).map(move |x| (j, z, x)))).map(|(j, z, x)| b[(j * 4 + z) * k + x]).collect();
+    let want = matmul_ref(&a1, &bz, k, m, n, 1, 4);
+    let want_t: Vec<f32> = (0..4).flat_map(|z| (0..m).flat_map(move |i| (0..n).map(move |j| (z, i, j)))).map(|(z, i, j)| want[(z * n + j) * m + i]).collect();
+    assert_close(&got, &want_t, 1e-5, "transposed output");
+}
+
+// Large enough that each thread of the CPU convolution works through several column
+// blocks, whose edges fall inside output rows; with 1×1, 3×3 and 5×5 kernels, padded and
+// not, f32 and f16 kernels.
+#[test]
+fn cpu_convolution_over_several_blocks() {
+    for &(kw, p) in &[(1usize, 0usize), (3, 1), (3, 0), (5, 2)] {
+        let kn = [kw, kw, 6, 600];
+        let xn = [40usize, 30, 6, 2];
+        let k = f16_round(&vals(kn.iter().product(), 20));
+        let x = vals(xn.iter().product(), 21);
+        let (want, wn) = conv_ref(&k, kn, &x, xn, 1, p, 1);
+        let ne = |a: [usize; 4]| a.iter().map(|&v| v as i64).collect::<Vec<_>>();
+        for data in [Data::F32(k.clone()), Data::F16(k.clone())] {
+            let (got, gne) = run(vec![(ne(kn), data), (ne(xn), Data::F32(x.clone()))], |c, t| c.conv_2d(t[0], t[1], (1, 1), (p as i32, p as i32), (1, 1)).unwrap());
+            assert_eq!(gne, [wn[0] as i64, wn[1] as i64, wn[2] as i64, wn[3] as i64]);
+            assert_close(&got, &want, 1e-4, &format!("conv {kw}×{kw} pad {p}"));
+        }
+    }
+}

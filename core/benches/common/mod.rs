@@ -52,3 +52,12 @@ pub fn peak_rss() -> u64 {
         .and_then(|kb| kb.parse::<u64>().ok())
         .map_or(0, |kb| kb * 1024)
 }
+
+/// CPU seconds this process has used (all threads). With one compute thread this counts
+/// the work itself even while other processes share the cores, where wall time does not.
+pub fn cpu_seconds() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid out-pointer for clock_gettime.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}

@@ -68,6 +68,8 @@ impl Backend {
         let ptr = NonNull::new(unsafe { ggml_sys::ggml_backend_dev_init(dev, std::ptr::null()) })
             .ok_or_else(|| GgmlError::Backend(format!("cannot initialise GPU device {index}")))?;
         let name = cstr(unsafe { ggml_sys::ggml_backend_name(ptr.as_ptr()) });
+        // Graphs for this device must not hold the CPU-only product op.
+        super::matmul::disable();
         Ok(Backend { ptr, kind: BackendKind::Gpu(index), name })
     }
 

@@ -291,8 +291,46 @@ impl Context {
         if an[0] != bn[0] || bn[2] % an[2] != 0 || bn[3] % an[3] != 0 || transposed {
             return Err(shape("mul_mat", format!("a {an:?} cannot multiply b {bn:?}")));
         }
+        if super::matmul::enabled() && an[0] * an[1] * bn[1] * bn[2] * bn[3] >= super::matmul::MIN_MACS && super::matmul::supports(a.raw(), b.raw()) {
+            return self.matmul_op("mul_mat", a, b, [an[1], bn[1], bn[2], bn[3]], 0);
+        }
         // SAFETY: preconditions checked above.
         self.op("mul_mat", || unsafe { ggml_sys::ggml_mul_mat(self.raw(), a.raw(), b.raw()) })
+    }
+
+    /// [`Context::mul_mat`] transposed: `a` [K, M, ...] × `b` [K, N, ...] → [N, M, ...].
+    /// A convolution's product lands in [W·H, C_out, N] this way, with no permute copy
+    /// (on the CPU; elsewhere it is the product followed by one).
+    pub fn mul_mat_t<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Result<Tensor<'a>> {
+        let (an, bn) = (a.ne(), b.ne());
+        if an[0] != bn[0] || bn[2] % an[2] != 0 || bn[3] % an[3] != 0 {
+            return Err(shape("mul_mat_t", format!("a {an:?} cannot multiply b {bn:?}")));
+        }
+        if super::matmul::enabled() && super::matmul::supports(a.raw(), b.raw()) {
+            return self.matmul_op("mul_mat_t", a, b, [bn[1], an[1], bn[2], bn[3]], super::matmul::TRANSPOSED);
+        }
+        self.cont(self.permute(self.mul_mat(a, b)?, [1, 0, 2, 3])?)
+    }
+
+    fn matmul_op<'a>(&'a self, name: &'static str, a: Tensor<'a>, b: Tensor<'a>, ne: [i64; 4], flags: usize) -> Result<Tensor<'a>> {
+        let mut args = [a.raw(), b.raw()];
+        // SAFETY: the operands' shapes were checked by the caller and `supports`; the
+        // userdata is a flag word, not a pointer, so it outlives the graph trivially.
+        self.op(name, || unsafe {
+            ggml_sys::ggml_custom_4d(
+                self.raw(),
+                GType::F32.0,
+                ne[0],
+                ne[1],
+                ne[2],
+                ne[3],
+                args.as_mut_ptr(),
+                2,
+                Some(super::matmul::compute),
+                ggml_sys::GGML_N_TASKS_MAX,
+                flags as *mut std::os::raw::c_void,
+            )
+        })
     }
 
     fn binary<'a>(
@@ -350,6 +388,9 @@ impl Context {
         if !kernel.is_contiguous() {
             return Err(shape("conv_2d", "kernel must be contiguous".into()));
         }
+        if stride == (1, 1) && dilation == (1, 1) && input.dtype() == GType::F32 && super::matmul::enabled() && super::matmul::supports(kernel.raw(), input.raw()) {
+            return self.conv_2d_shifted(kernel, input, pad);
+        }
         // SAFETY: channel and output-size preconditions checked.
         let cols = self.op("conv_2d", || unsafe {
             ggml_sys::ggml_im2col(self.raw(), kernel.raw(), input.raw(), stride.0, stride.1, pad.0, pad.1, dilation.0, dilation.1, true, GType::F32.0)
@@ -358,9 +399,44 @@ impl Context {
         let kn = kernel.ne();
         let cols2 = self.reshape(cols, [k, ow * oh * n, 1, 1])?;
         let kernel2 = self.reshape(kernel, [kn[0] * kn[1] * kn[2], kn[3], 1, 1])?;
+        if super::matmul::enabled() && super::matmul::supports(kernel2.raw(), cols.raw()) {
+            let cols3 = self.reshape(cols, [k, ow * oh, n, 1])?;
+            let out = self.mul_mat_t(kernel2, cols3)?; // [OW·OH, Cout, N]
+            return self.reshape(out, [ow, oh, kn[3], n]);
+        }
         let out = self.mul_mat(kernel2, cols2)?; // [Cout, OW·OH·N]
         let out = self.reshape(out, [kn[3], ow, oh, n])?;
         self.cont(self.permute(out, [2, 0, 1, 3])?)
+    }
+
+    /// The CPU's stride-1 convolution: the kernel expanded to f32 and reordered to
+    /// [C, C_out, KW, KH] by one ggml copy (all threads), the input padded once, then
+    /// `matmul::conv_compute`.
+    fn conv_2d_shifted<'a>(&'a self, kernel: Tensor<'a>, input: Tensor<'a>, pad: (i32, i32)) -> Result<Tensor<'a>> {
+        let kn = kernel.ne();
+        let kernel = self.cast(kernel, GType::F32)?;
+        let kernel = if kn[0] * kn[1] == 1 { self.reshape(kernel, [kn[2], kn[3], 1, 1])? } else { self.cont(self.permute(kernel, [2, 3, 0, 1])?)? };
+        let input = if input.is_contiguous() { input } else { self.cont(input)? };
+        let x = if pad == (0, 0) { input } else { self.pad(input, [(pad.0, pad.0), (pad.1, pad.1), (0, 0), (0, 0)])? };
+        let xn = x.ne();
+        let (ow, oh) = (xn[0] - kn[0] + 1, xn[1] - kn[1] + 1);
+        let mut args = [kernel.raw(), x.raw()];
+        // SAFETY: shapes checked by check_conv; both sources are f32 and contiguous.
+        self.op("conv_2d", || unsafe {
+            ggml_sys::ggml_custom_4d(
+                self.raw(),
+                GType::F32.0,
+                ow,
+                oh,
+                kn[3],
+                xn[3],
+                args.as_mut_ptr(),
+                2,
+                Some(super::matmul::conv_compute),
+                ggml_sys::GGML_N_TASKS_MAX,
+                std::ptr::null_mut(),
+            )
+        })
     }
 
     /// 2-D convolution computed directly, without the im2col buffer (less memory).
@@ -487,6 +563,25 @@ impl Context {
 
     pub fn silu<'a>(&'a self, a: Tensor<'a>) -> Result<Tensor<'a>> {
         self.unary("silu", a, ggml_sys::ggml_silu)
+    }
+
+    /// max(x, 0).
+    pub fn relu<'a>(&'a self, a: Tensor<'a>) -> Result<Tensor<'a>> {
+        self.unary("relu", a, ggml_sys::ggml_relu)
+    }
+
+    /// x for x > 0, `negative_slope`·x otherwise (`nn.LeakyReLU`).
+    pub fn leaky_relu<'a>(&'a self, a: Tensor<'a>, negative_slope: f32) -> Result<Tensor<'a>> {
+        // SAFETY: reads metadata only.
+        if !unsafe { ggml_sys::ggml_is_contiguous_rows(a.raw()) } {
+            return Err(shape("leaky_relu", "rows must be contiguous".into()));
+        }
+        // SAFETY: precondition checked; not in place, so `a` stays readable.
+        self.op("leaky_relu", || unsafe { ggml_sys::ggml_leaky_relu(self.raw(), a.raw(), negative_slope, false) })
+    }
+
+    pub fn tanh<'a>(&'a self, a: Tensor<'a>) -> Result<Tensor<'a>> {
+        self.unary("tanh", a, ggml_sys::ggml_tanh)
     }
 
     /// Sinusoidal embeddings [dim, N] of the f32 timesteps `t` [N]: cos of the

@@ -11,6 +11,7 @@
 
 mod backend;
 mod context;
+pub mod matmul;
 mod run;
 
 pub use backend::{Backend, BackendKind, Buffer, GraphAllocator};
