@@ -52,12 +52,23 @@ pub struct RunArgs {
 /// The node types `sdflow run` offers: every real node, plus the executor's stub pack
 /// (handy for trying the engine without a model).
 pub fn registry(models_dir: &Path, output_dir: &Path, input_dir: &Path, threads: Option<usize>) -> anyhow::Result<Registry> {
+    registry_with_runtime(models_dir, output_dir, input_dir, threads).map(|(r, _)| r)
+}
+
+/// [`registry`], with the runtime its nodes share (the server reports its residency
+/// manager and lists its model folders).
+pub fn registry_with_runtime(models_dir: &Path, output_dir: &Path, input_dir: &Path, threads: Option<usize>) -> anyhow::Result<(Registry, Arc<sdflow_nodes::Runtime>)> {
+    registry_with_type(models_dir, output_dir, input_dir, threads, None)
+}
+
+/// [`registry_with_runtime`], converting weights to `weight_type` at load (sd-cli's `--type`).
+pub fn registry_with_type(models_dir: &Path, output_dir: &Path, input_dir: &Path, threads: Option<usize>, weight_type: Option<sdflow_core::dtype::DType>) -> anyhow::Result<(Registry, Arc<sdflow_nodes::Runtime>)> {
     let mut registry = Registry::new();
     sdflow_executor::stub::register(&mut registry);
     let threads = threads.unwrap_or_else(sdflow_core::ggml::default_threads);
-    let rt = sdflow_nodes::Runtime::new(models_dir, output_dir, threads, None).context("starting the compute backend")?.with_input_dir(input_dir);
-    sdflow_nodes::register_all(&mut registry, Arc::new(rt));
-    Ok(registry)
+    let rt = Arc::new(sdflow_nodes::Runtime::new(models_dir, output_dir, threads, weight_type).context("starting the compute backend")?.with_input_dir(input_dir));
+    sdflow_nodes::register_all(&mut registry, rt.clone());
+    Ok((registry, rt))
 }
 
 pub fn run_command(args: RunArgs) -> anyhow::Result<()> {
@@ -69,28 +80,49 @@ pub fn run_command(args: RunArgs) -> anyhow::Result<()> {
         for s in &args.set {
             apply_override(&mut wf, &registry, s).with_context(|| path.display().to_string())?;
         }
-        workflows.push((path, wf));
+        workflows.push((path.display().to_string(), wf));
     }
-    if let Some(dir) = &args.output_dir {
+    let session = Session { output_dir: args.output_dir.clone(), json_events: args.json_events, workers: args.workers, repeat: args.repeat };
+    execute(registry, &workflows, &session)?;
+    Ok(())
+}
+
+/// How [`execute`] runs its workflows.
+pub struct Session {
+    /// Where output nodes write (created if missing); `None`: the runtime's default.
+    pub output_dir: Option<PathBuf>,
+    /// Events as JSON lines on stdout instead of progress bars.
+    pub json_events: bool,
+    pub workers: Option<usize>,
+    /// Runs of each workflow.
+    pub repeat: usize,
+}
+
+/// Validates every workflow (all before any runs, each failure with its full report),
+/// then runs them in one executor with progress bars and a per-node summary, Ctrl-C
+/// cancelling. Returns the report of each run, in order. `sdflow run` and the sd-cli
+/// presets both run through here.
+pub fn execute(registry: Arc<Registry>, workflows: &[(String, Workflow)], session: &Session) -> anyhow::Result<Vec<RunReport>> {
+    if let Some(dir) = &session.output_dir {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("creating output directory {}", dir.display()))?;
     }
     let mut config = ExecutorConfig::default();
-    if let Some(w) = args.workers {
+    if let Some(w) = session.workers {
         config.workers = w.max(1);
     }
     let executor = Executor::new(registry, config);
     // Everything is validated before anything runs.
     let mut plans = Vec::with_capacity(workflows.len());
     let mut invalid = false;
-    for (path, wf) in &workflows {
+    for (label, wf) in workflows {
         match executor.validate(wf) {
             Ok(plan) => plans.push(plan),
             Err(report) => {
-                if args.json_events {
+                if session.json_events {
                     println!("{}", report.to_json());
                 }
-                eprint!("{}: {}", path.display(), report.render());
+                eprint!("{label}: {}", report.render());
                 invalid = true;
             }
         }
@@ -110,16 +142,17 @@ pub fn run_command(args: RunArgs) -> anyhow::Result<()> {
         })
         .context("installing the Ctrl-C handler")?;
     }
-    for _ in 0..args.repeat.max(1) {
-        for ((path, wf), plan) in workflows.iter().zip(&plans) {
+    let mut reports = Vec::new();
+    for _ in 0..session.repeat.max(1) {
+        for ((label, wf), plan) in workflows.iter().zip(&plans) {
             let options = RunOptions {
                 run_id: None,
-                output_dir: args.output_dir.clone(),
+                output_dir: session.output_dir.clone(),
                 metadata: sdflow_workflows::metadata::png_metadata(wf, executor.registry()),
             };
-            if workflows.len() > 1 || args.repeat > 1 {
-                let line = format!("== {}", path.display());
-                if args.json_events {
+            if workflows.len() > 1 || session.repeat > 1 {
+                let line = format!("== {label}");
+                if session.json_events {
                     eprintln!("{line}")
                 } else {
                     println!("{line}")
@@ -131,10 +164,10 @@ pub fn run_command(args: RunArgs) -> anyhow::Result<()> {
             if stopping.load(std::sync::atomic::Ordering::SeqCst) {
                 bail!("interrupted");
             }
-            run_one(&executor, wf, plan, &options, &cancel, args.json_events)?;
+            reports.push(run_one(&executor, wf, plan, &options, &cancel, session.json_events)?);
         }
     }
-    Ok(())
+    Ok(reports)
 }
 
 fn run_one(
@@ -144,7 +177,7 @@ fn run_one(
     options: &RunOptions,
     cancel: &CancelToken,
     json_events: bool,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<RunReport> {
     let result = if json_events {
         executor.run_plan(plan, &JsonLines, cancel, options)
     } else {
@@ -171,7 +204,7 @@ fn run_one(
     match result {
         Ok(report) => {
             print_table(&report, None);
-            Ok(())
+            Ok(report)
         }
         Err(RunError::NodeFailed {
             node_id,
@@ -200,8 +233,17 @@ fn duration(d: Duration) -> String {
 }
 
 fn load(path: &Path, registry: &Registry) -> anyhow::Result<Workflow> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    // An image saved by sdflow or ComfyUI carries its graph: the API-format `prompt`
+    // (every input's value) is preferred over the UI-format `workflow`.
+    let text = match sdflow_workflows::metadata::parse_metadata(&bytes) {
+        Ok(meta) => {
+            let entry = |key: &str| meta.entries.iter().find(|e| e.key == key).map(|e| e.text.clone());
+            entry("prompt").or_else(|| entry("workflow")).with_context(|| format!("{}: the image carries no workflow (no `prompt` or `workflow` text)", path.display()))?
+        }
+        Err(sdflow_workflows::metadata::MetadataError::Unrecognized) => String::from_utf8(bytes).with_context(|| format!("{}: neither a workflow (UTF-8 JSON) nor an image", path.display()))?,
+        Err(e) => return Err(anyhow::anyhow!("{}: {e}", path.display())),
+    };
     Workflow::parse(&text, registry).map_err(|e| match e {
         WorkflowError::Json {
             line,

@@ -5,3 +5,4 @@
 //! by `tests/tests/workflows.rs`.
 
 pub mod metadata;
+pub mod presets;

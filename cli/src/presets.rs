@@ -1,0 +1,829 @@
+//! The sd-cli presets: `sdflow img_gen` (alias `txt2img`), `upscale`, `adetailer` and
+//! `vid_gen`, with sd-cli's flag names and defaults. Each builds a workflow with
+//! `sdflow_workflows::presets` and runs it through `run::execute`, then moves the images
+//! to where `-o` says, as sd-cli names them.
+//!
+//! sd-cli takes file paths (`-m path/to/model.safetensors`); the node graph takes names
+//! inside a models folder. The two meet in a staging folder: every file a flag names is
+//! linked into it under its kind (`checkpoints/`, `loras/`, ...) and the workflow uses
+//! the link's name. A value that is not a path is looked up in `--models-dir` as
+//! `sdflow run` would.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use clap::parser::ValueSource;
+use clap::{Arg, ArgAction, ArgMatches, Args, Command, FromArgMatches};
+use sdflow_executor::Workflow;
+use sdflow_workflows::presets::{self, AdetailerParams, HiresParams, ImgGenParams, Preset, TilingParams, UpscaleParams, SD_SAMPLERS, SD_SCHEDULERS};
+
+use crate::run;
+
+/// VAELoader's entry for the SD1.x/2.x tiny autoencoder (ComfyUI's name).
+const TAESD: &str = "taesd";
+
+/// sd-cli flags that map to nothing in sdflow yet: accepted by the parser (so they are not
+/// "unknown"), refused when given.
+const REFUSED: &[(&str, bool, &str)] = &[
+    ("clip_vision", true, "no model family that uses a CLIP vision encoder is implemented"),
+    ("t5xxl", true, "T5-XXL text encoders (SD3, FLUX, Wan) are not implemented"),
+    ("llm", true, "LLM text encoders (Qwen-Image, FLUX.2, Z-Image) are not implemented"),
+    ("llm_vision", true, "LLM vision encoders are not implemented"),
+    ("qwen2vl", true, "LLM text encoders (Qwen-Image) are not implemented"),
+    ("qwen2vl_vision", true, "LLM vision encoders are not implemented"),
+    ("high-noise-diffusion-model", true, "Wan2.2 MoE models are not implemented"),
+    ("photo-maker", true, "PhotoMaker is not implemented"),
+    ("pm-id-images-dir", true, "PhotoMaker is not implemented"),
+    ("pm-id-embed-path", true, "PhotoMaker is not implemented"),
+    ("pm-style-strength", true, "PhotoMaker is not implemented"),
+    ("chroma-t5-mask-pad", true, "Chroma is not implemented"),
+    ("chroma-disable-dit-mask", false, "Chroma is not implemented"),
+    ("chroma-enable-t5-mask", false, "Chroma is not implemented"),
+    ("force-sdxl-vae-conv-scale", false, "SDXL is not implemented"),
+    ("vae-relative-tile-size", true, "only --vae-tile-size is understood"),
+    ("offload-to-cpu", false, "weights are placed by sdflow's residency manager; no per-flag placement yet"),
+    ("mmap", false, "model files are always memory-mapped when the format allows"),
+    ("control-net-cpu", false, "no per-model device placement yet"),
+    ("clip-on-cpu", false, "no per-model device placement yet"),
+    ("vae-on-cpu", false, "no per-model device placement yet"),
+    ("max-vram", true, "no VRAM budget yet"),
+    ("fa", false, "the attention kernel is not selectable yet"),
+    ("diffusion-fa", false, "the attention kernel is not selectable yet"),
+    ("diffusion-conv-direct", false, "the convolution kernel is not selectable yet"),
+    ("vae-conv-direct", false, "the convolution kernel is not selectable yet"),
+    ("circular", false, "circular padding is not implemented"),
+    ("circularx", false, "circular padding is not implemented"),
+    ("circulary", false, "circular padding is not implemented"),
+    ("prediction", true, "the prediction type is detected from the checkpoint and cannot be overridden yet"),
+    ("lora-apply-mode", true, "LoRAs are applied by the LoraLoader node; the mode is not selectable"),
+    ("end-img", true, "video generation is not implemented"),
+    ("control-video", true, "video generation is not implemented"),
+    ("video-frames", true, "video generation is not implemented"),
+    ("fps", true, "video generation is not implemented"),
+    ("high-noise-steps", true, "Wan2.2 MoE models are not implemented"),
+    ("high-noise-cfg-scale", true, "Wan2.2 MoE models are not implemented"),
+    ("high-noise-img-cfg-scale", true, "Wan2.2 MoE models are not implemented"),
+    ("high-noise-guidance", true, "Wan2.2 MoE models are not implemented"),
+    ("high-noise-slg-scale", true, "Wan2.2 MoE models are not implemented"),
+    ("high-noise-skip-layer-start", true, "Wan2.2 MoE models are not implemented"),
+    ("high-noise-skip-layer-end", true, "Wan2.2 MoE models are not implemented"),
+    ("high-noise-eta", true, "Wan2.2 MoE models are not implemented"),
+    ("high-noise-sampling-method", true, "Wan2.2 MoE models are not implemented"),
+    ("high-noise-skip-layers", true, "Wan2.2 MoE models are not implemented"),
+    ("moe-boundary", true, "Wan2.2 MoE models are not implemented"),
+    ("vace-strength", true, "Wan VACE is not implemented"),
+    ("flow-shift", true, "flow-matching models are not implemented"),
+    ("timestep-shift", true, "NitroFusion timestep shifting is not implemented"),
+    ("guidance", true, "distilled guidance (FLUX) is not implemented"),
+    ("slg-scale", true, "skip-layer guidance (DiT models) is not implemented"),
+    ("skip-layer-start", true, "skip-layer guidance (DiT models) is not implemented"),
+    ("skip-layer-end", true, "skip-layer guidance (DiT models) is not implemented"),
+    ("skip-layers", true, "skip-layer guidance (DiT models) is not implemented"),
+    ("ref-image", true, "reference images (FLUX Kontext) are not implemented"),
+    ("increase-ref-index", false, "reference images (FLUX Kontext) are not implemented"),
+    ("disable-auto-resize-ref-image", false, "reference images (FLUX Kontext) are not implemented"),
+    ("cache-mode", true, "step caching (easycache, ucache, cache-dit) is not implemented"),
+    ("cache-option", true, "step caching is not implemented"),
+    ("cache-preset", true, "step caching is not implemented"),
+    ("scm-mask", true, "step caching is not implemented"),
+    ("scm-policy", true, "step caching is not implemented"),
+    ("hires-sigmas", true, "no node builds sigmas from a list yet"),
+    ("preview-path", true, "step previews are not written yet"),
+    ("preview-interval", true, "step previews are not written yet"),
+    ("taesd-preview-only", false, "step previews are not written yet"),
+    ("preview-noisy", false, "step previews are not written yet"),
+    ("convert-name", false, "only `sdflow convert` converts, and it keeps tensor names"),
+];
+
+/// The refused flags a command line gave, in table order.
+#[derive(Debug, Clone, Default)]
+pub struct Refused {
+    given: Vec<(String, &'static str)>,
+}
+
+impl Refused {
+    fn check(&self) -> anyhow::Result<()> {
+        if self.given.is_empty() {
+            return Ok(());
+        }
+        let lines: Vec<String> = self.given.iter().map(|(f, r)| format!("not supported yet: {f} ({r})")).collect();
+        bail!("{}", lines.join("\nerror: "))
+    }
+}
+
+impl FromArgMatches for Refused {
+    fn from_arg_matches(m: &ArgMatches) -> Result<Self, clap::Error> {
+        let mut r = Refused::default();
+        r.update_from_arg_matches(m)?;
+        Ok(r)
+    }
+
+    fn update_from_arg_matches(&mut self, m: &ArgMatches) -> Result<(), clap::Error> {
+        for &(long, takes_value, reason) in REFUSED {
+            if m.value_source(long) == Some(ValueSource::CommandLine) {
+                let shown = if takes_value { format!("--{long} {}", m.get_one::<String>(long).map_or("", |s| s.as_str())) } else { format!("--{long}") };
+                self.given.push((shown, reason));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Args for Refused {
+    fn augment_args(mut cmd: Command) -> Command {
+        for &(long, takes_value, reason) in REFUSED {
+            let mut a = Arg::new(long).long(long).help(format!("not supported yet: {reason}")).help_heading("Not supported yet (refused when given)");
+            if long == "ref-image" {
+                a = a.short('r');
+            }
+            a = if takes_value { a.action(ArgAction::Set).value_name("VALUE").allow_hyphen_values(true) } else { a.action(ArgAction::SetTrue) };
+            cmd = cmd.arg(a);
+        }
+        cmd
+    }
+
+    fn augment_args_for_update(cmd: Command) -> Command {
+        Self::augment_args(cmd)
+    }
+}
+
+/// Flags every preset command takes.
+#[derive(Args, Debug, Clone)]
+pub struct CommonArgs {
+    /// Print the workflow JSON instead of running it.
+    #[arg(long)]
+    pub print_workflow: bool,
+    /// Write the workflow JSON to FILE (and run it, unless --print-workflow).
+    #[arg(long, value_name = "FILE")]
+    pub save_workflow: Option<PathBuf>,
+    /// Folder where model flags that are names, not paths, are looked up (`checkpoints/`,
+    /// `vae/`, `loras/`, ... inside it, or the files themselves).
+    #[arg(long, value_name = "DIR", default_value = "models")]
+    pub models_dir: PathBuf,
+    /// Number of threads to use during computation. If threads <= 0, then
+    /// threads will be set to the number of CPU physical cores.
+    #[arg(short = 't', long, value_name = "int", default_value_t = -1, allow_negative_numbers = true)]
+    pub threads: i64,
+    /// Print extra info (debug logging).
+    #[arg(short = 'v', long)]
+    pub verbose: bool,
+    /// Colors the logging tags according to level.
+    #[arg(long)]
+    pub color: bool,
+    /// Weight type (examples: f32, f16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, q3_K, q4_K).
+    /// If not specified, the default is the type of the weight file.
+    #[arg(long = "type", value_name = "TYPE", value_parser = parse_dtype)]
+    pub wtype: Option<sdflow_core::dtype::DType>,
+    /// Print every event as one JSON line on stdout.
+    #[arg(long)]
+    pub json_events: bool,
+    /// Preview method: only `none` (previews are not written yet).
+    #[arg(long, value_name = "METHOD", value_parser = ["none", "proj", "tae", "vae"])]
+    pub preview: Option<String>,
+}
+
+fn parse_dtype(s: &str) -> Result<sdflow_core::dtype::DType, String> {
+    s.parse().map_err(|e: sdflow_core::dtype::UnknownDType| format!("invalid weight format {s}: {e}"))
+}
+
+/// A sampler name: sd.cpp's or ComfyUI's.
+fn sampler_parser() -> clap::builder::PossibleValuesParser {
+    let mut names: Vec<&'static str> = SD_SAMPLERS.to_vec();
+    names.extend(["euler_ancestral", "dpm_2", "dpmpp_2s_ancestral", "dpmpp_2m", "lms", "ddim", "dpmpp_2m_sde", "euler_cfg_pp", "euler_ancestral_cfg_pp", "er_sde", "gradient_estimation"]);
+    clap::builder::PossibleValuesParser::new(names)
+}
+
+fn scheduler_parser() -> clap::builder::PossibleValuesParser {
+    let mut names: Vec<&'static str> = SD_SCHEDULERS.to_vec();
+    names.extend(["normal", "beta", "ddim_uniform"]);
+    clap::builder::PossibleValuesParser::new(names)
+}
+
+fn parse_tile_size(s: &str) -> Result<(i64, i64), String> {
+    let bad = || format!("`{s}` is not of the form [X]x[Y]");
+    match s.split_once('x') {
+        Some((x, y)) => Ok((x.trim().parse().map_err(|_| bad())?, y.trim().parse().map_err(|_| bad())?)),
+        None => {
+            let v: i64 = s.trim().parse().map_err(|_| bad())?;
+            Ok((v, v))
+        }
+    }
+}
+
+/// Flags shared by `img_gen` and `adetailer`: the prompt and the sampler.
+#[derive(Args, Debug, Clone)]
+pub struct SamplingArgs {
+    /// The prompt to render.
+    #[arg(short = 'p', long, value_name = "string", default_value = "", allow_hyphen_values = true)]
+    pub prompt: String,
+    /// The negative prompt.
+    #[arg(short = 'n', long, value_name = "string", default_value = "", allow_hyphen_values = true)]
+    pub negative_prompt: String,
+    /// Number of sample steps.
+    #[arg(long, value_name = "int", default_value_t = 20, value_parser = clap::value_parser!(i64).range(1..=10000))]
+    pub steps: i64,
+    /// Unconditional guidance scale.
+    #[arg(long, value_name = "float", default_value_t = 7.0)]
+    pub cfg_scale: f64,
+    /// Sampling method (default: euler_a); sd.cpp's names or ComfyUI's.
+    #[arg(long, value_name = "METHOD", value_parser = sampler_parser())]
+    pub sampling_method: Option<String>,
+    /// Denoiser sigma scheduler (default: discrete, ComfyUI's `normal`).
+    #[arg(long, value_name = "SCHEDULER", value_parser = scheduler_parser())]
+    pub scheduler: Option<String>,
+    /// RNG seed.
+    #[arg(short = 's', long, value_name = "int", default_value_t = 42, allow_negative_numbers = true)]
+    pub seed: i64,
+    /// RNG: only `cpu` (torch's CPU generator, as ComfyUI draws noise).
+    #[arg(long, value_name = "RNG", value_parser = ["std_default", "cuda", "cpu"])]
+    pub rng: Option<String>,
+    /// Sampler RNG: only `cpu`.
+    #[arg(long, value_name = "RNG", value_parser = ["std_default", "cuda", "cpu"])]
+    pub sampler_rng: Option<String>,
+    /// Custom sigma values for the sampler, comma-separated (refused: no node yet).
+    #[arg(long, value_name = "SIGMAS")]
+    pub sigmas: Option<String>,
+    /// Eta in DDIM/TCD/res_multistep (refused: the samplers use their own).
+    #[arg(long, value_name = "float", allow_negative_numbers = true)]
+    pub eta: Option<f64>,
+    /// Path to write result image to; printf-style %d patterns for image sequences
+    /// (eg. output_%03d.png).
+    #[arg(short = 'o', long, value_name = "string", default_value = "./output.png")]
+    pub output: String,
+    /// Starting index for the output image sequence (default 0 with %d in the output
+    /// path, 1 otherwise).
+    #[arg(long, value_name = "int", allow_negative_numbers = true)]
+    pub output_begin_idx: Option<i64>,
+}
+
+impl SamplingArgs {
+    fn refusals(&self) -> anyhow::Result<()> {
+        for (flag, v) in [("--rng", &self.rng), ("--sampler-rng", &self.sampler_rng)] {
+            if let Some(r) = v.as_deref().filter(|r| *r != "cpu") {
+                bail!("not supported yet: {flag} {r} (KSampler draws its noise with torch's CPU generator, as ComfyUI does; only `cpu` is available)");
+            }
+        }
+        if self.sigmas.is_some() {
+            bail!("not supported yet: --sigmas (no node builds sigmas from a list yet)");
+        }
+        if let Some(e) = self.eta {
+            bail!("not supported yet: --eta {e} (KSampler uses each sampler's own eta)");
+        }
+        Ok(())
+    }
+}
+
+/// `sdflow img_gen`: sd-cli's default mode.
+#[derive(Args, Debug, Clone)]
+pub struct ImgGenArgs {
+    /// Path to full model.
+    #[arg(short = 'm', long, value_name = "string")]
+    pub model: Option<String>,
+    /// Path to the standalone diffusion model.
+    #[arg(long, value_name = "string")]
+    pub diffusion_model: Option<String>,
+    /// Path to the clip-l text encoder.
+    #[arg(long = "clip_l", value_name = "string")]
+    pub clip_l: Option<String>,
+    /// Path to the clip-g text encoder.
+    #[arg(long = "clip_g", value_name = "string")]
+    pub clip_g: Option<String>,
+    /// Path to standalone vae model.
+    #[arg(long, value_name = "string")]
+    pub vae: Option<String>,
+    /// Path to taesd. Using Tiny AutoEncoder for fast decoding (low quality).
+    #[arg(long, alias = "tae", value_name = "string")]
+    pub taesd: Option<String>,
+    /// Path to control net model.
+    #[arg(long, value_name = "string")]
+    pub control_net: Option<String>,
+    /// Path to control image, control net.
+    #[arg(long, value_name = "string")]
+    pub control_image: Option<String>,
+    /// Strength to apply Control Net.
+    #[arg(long, value_name = "float", default_value_t = 0.9)]
+    pub control_strength: f64,
+    /// Apply canny preprocessor (edge detection).
+    #[arg(long)]
+    pub canny: bool,
+    /// Path to esrgan model.
+    #[arg(long, value_name = "string")]
+    pub upscale_model: Option<String>,
+    /// Run the ESRGAN upscaler this many times.
+    #[arg(long, value_name = "int", default_value_t = 1, value_parser = clap::value_parser!(i64).range(1..=16))]
+    pub upscale_repeats: i64,
+    /// Tile size for ESRGAN upscaling.
+    #[arg(long, value_name = "int", default_value_t = 128)]
+    pub upscale_tile_size: i64,
+    /// Image guidance scale for instruct-pix2pix models (with -i).
+    #[arg(long, value_name = "float")]
+    pub img_cfg_scale: Option<f64>,
+    /// Embeddings directory.
+    #[arg(long, value_name = "string")]
+    pub embd_dir: Option<PathBuf>,
+    /// Lora model directory (for `<lora:name:weight>` prompt tags).
+    #[arg(long, value_name = "string", default_value = ".")]
+    pub lora_model_dir: PathBuf,
+    /// Weight type per tensor pattern (refused here: only --type applies at load; see
+    /// `sdflow convert`).
+    #[arg(long, value_name = "string")]
+    pub tensor_type_rules: Option<String>,
+    /// Path to the init image (img2img).
+    #[arg(short = 'i', long, value_name = "string")]
+    pub init_img: Option<String>,
+    /// Path to the mask image (inpainting).
+    #[arg(long, value_name = "string")]
+    pub mask: Option<String>,
+    /// Image height, in pixel space (default: 512).
+    #[arg(short = 'H', long, value_name = "int", value_parser = clap::value_parser!(i64).range(16..=16384))]
+    pub height: Option<i64>,
+    /// Image width, in pixel space (default: 512).
+    #[arg(short = 'W', long, value_name = "int", value_parser = clap::value_parser!(i64).range(16..=16384))]
+    pub width: Option<i64>,
+    /// Batch count.
+    #[arg(short = 'b', long, value_name = "int", default_value_t = 1, value_parser = clap::value_parser!(i64).range(1..=4096))]
+    pub batch_count: i64,
+    /// Strength for noising/unnoising (default: 0.75).
+    #[arg(long, value_name = "float")]
+    pub strength: Option<f64>,
+    /// Ignore last layers of CLIP network; 1 ignores none, 2 ignores one layer; <= 0:
+    /// the model's own.
+    #[arg(long, value_name = "int", default_value_t = -1, allow_negative_numbers = true)]
+    pub clip_skip: i64,
+    /// Process vae in tiles to reduce memory usage.
+    #[arg(long)]
+    pub vae_tiling: bool,
+    /// Tile size for vae tiling, format [X]x[Y].
+    #[arg(long, value_name = "XxY", value_parser = parse_tile_size, default_value = "32x32")]
+    pub vae_tile_size: (i64, i64),
+    /// Tile overlap for vae tiling, in fraction of tile size.
+    #[arg(long, value_name = "float", default_value_t = 0.5)]
+    pub vae_tile_overlap: f64,
+    /// Enable the highres fix (a second pass at a larger size).
+    #[arg(long)]
+    pub hires: bool,
+    /// Highres fix upscaler: Latent, Latent (bicubic), Latent (nearest-exact), Nearest,
+    /// Lanczos, or a model name under --hires-upscalers-dir.
+    #[arg(long, value_name = "string", default_value = "Latent")]
+    pub hires_upscaler: String,
+    /// Directory of upscale models for --hires-upscaler.
+    #[arg(long, value_name = "string")]
+    pub hires_upscalers_dir: Option<PathBuf>,
+    /// Highres fix scale.
+    #[arg(long, value_name = "float", default_value_t = 2.0)]
+    pub hires_scale: f64,
+    /// Highres fix target width.
+    #[arg(long, value_name = "int", default_value_t = 0)]
+    pub hires_width: i64,
+    /// Highres fix target height.
+    #[arg(long, value_name = "int", default_value_t = 0)]
+    pub hires_height: i64,
+    /// Highres fix steps.
+    #[arg(long, value_name = "int", default_value_t = 0)]
+    pub hires_steps: i64,
+    /// Highres fix denoising strength.
+    #[arg(long, value_name = "float", default_value_t = 0.7)]
+    pub hires_denoising_strength: f64,
+    /// Tile size for a model --hires-upscaler.
+    #[arg(long, value_name = "int", default_value_t = 128)]
+    pub hires_upscale_tile_size: i64,
+    /// Detector model for ADetailer (re-samples what it finds after generation).
+    #[arg(long, value_name = "string")]
+    pub ad_model: Option<String>,
+    /// Extra detailer node inputs, `input=value,...`.
+    #[arg(long, value_name = "string")]
+    pub extra_ad_args: Option<String>,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub common: CommonArgs,
+    #[command(flatten)]
+    pub refused: Refused,
+}
+
+/// `sdflow upscale`: sd-cli's upscale mode.
+#[derive(Args, Debug, Clone)]
+pub struct UpscaleArgs {
+    /// Path to the image to upscale.
+    #[arg(short = 'i', long, value_name = "string")]
+    pub init_img: String,
+    /// Path to esrgan model.
+    #[arg(long, value_name = "string")]
+    pub upscale_model: String,
+    /// Run the ESRGAN upscaler this many times.
+    #[arg(long, value_name = "int", default_value_t = 1, value_parser = clap::value_parser!(i64).range(1..=16))]
+    pub upscale_repeats: i64,
+    /// Tile size for ESRGAN upscaling.
+    #[arg(long, value_name = "int", default_value_t = 128)]
+    pub upscale_tile_size: i64,
+    /// Path to write result image to.
+    #[arg(short = 'o', long, value_name = "string", default_value = "./output.png")]
+    pub output: String,
+    #[command(flatten)]
+    pub common: CommonArgs,
+    #[command(flatten)]
+    pub refused: Refused,
+}
+
+/// `sdflow adetailer`: re-sample what a detector finds in an existing image.
+#[derive(Args, Debug, Clone)]
+pub struct AdetailerArgs {
+    /// Path to full model.
+    #[arg(short = 'm', long, value_name = "string")]
+    pub model: String,
+    /// Path to the image to refine.
+    #[arg(short = 'i', long, value_name = "string")]
+    pub init_img: String,
+    /// Detector model (e.g. face_yolov8n.pt).
+    #[arg(long, value_name = "string")]
+    pub ad_model: String,
+    /// Extra detailer node inputs, `input=value,...`.
+    #[arg(long, value_name = "string")]
+    pub extra_ad_args: Option<String>,
+    /// Denoising strength of the re-sampled regions.
+    #[arg(long, value_name = "float", default_value_t = 0.4)]
+    pub strength: f64,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub common: CommonArgs,
+    #[command(flatten)]
+    pub refused: Refused,
+}
+
+/// `sdflow vid_gen`: refused; the arguments are taken so the refusal comes first.
+#[derive(Args, Debug, Clone)]
+pub struct VidGenArgs {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+    pub rest: Vec<String>,
+}
+
+/// Model and image files linked into one folder the runtime reads, so paths work where
+/// the graph takes names.
+struct Stage {
+    dir: tempfile::TempDir,
+    models_dir: PathBuf,
+    /// (kind, staged name) -> the real file, to spot two different files of one name.
+    linked: BTreeMap<(String, String), PathBuf>,
+}
+
+impl Stage {
+    fn new(models_dir: &Path) -> anyhow::Result<Self> {
+        let dir = tempfile::Builder::new().prefix("sdflow-stage-").tempdir().context("creating a staging folder")?;
+        std::fs::create_dir_all(dir.path().join("input"))?;
+        Ok(Stage { dir, models_dir: models_dir.to_path_buf(), linked: BTreeMap::new() })
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn input_dir(&self) -> PathBuf {
+        self.dir.path().join("input")
+    }
+
+    /// Links `real` into `kind/` and returns its name there.
+    fn link(&mut self, kind: &str, real: &Path) -> anyhow::Result<String> {
+        self.link_named(kind, real, None)
+    }
+
+    /// Links `real` into `kind/` as `name` (default: its own file name), or as
+    /// `2_name`, ... when another file already has that name.
+    fn link_named(&mut self, kind: &str, real: &Path, name: Option<String>) -> anyhow::Result<String> {
+        let real = real.canonicalize().with_context(|| format!("{}", real.display()))?;
+        let base = name.unwrap_or_else(|| real.file_name().map_or_else(|| "file".to_string(), |n| n.to_string_lossy().into_owned()));
+        let mut name = base.clone();
+        let mut i = 1;
+        while let Some(existing) = self.linked.get(&(kind.to_string(), name.clone())) {
+            if *existing == real {
+                return Ok(name);
+            }
+            i += 1;
+            name = format!("{i}_{base}");
+        }
+        let dir = self.dir.path().join(kind);
+        std::fs::create_dir_all(&dir)?;
+        link_file(&real, &dir.join(&name)).with_context(|| format!("linking {} into the staging folder", real.display()))?;
+        self.linked.insert((kind.to_string(), name.clone()), real);
+        Ok(name)
+    }
+
+    /// The staged name of the model file a flag names: a path, or a name in
+    /// `--models-dir` (under `kind/` or at the top).
+    fn model(&mut self, kind: &str, flag: &str, value: &str) -> anyhow::Result<String> {
+        let candidates = [PathBuf::from(value), self.models_dir.join(kind).join(value), self.models_dir.join(value)];
+        match candidates.iter().find(|p| p.exists()) {
+            Some(p) => self.link(kind, &p.clone()),
+            None => bail!("{flag} {value}: no such file (nor in {})", self.models_dir.join(kind).display()),
+        }
+    }
+
+    /// `--taesd FILE`: linked as `vae_approx/taesd.EXT`, where VAELoader's `taesd` entry
+    /// finds it.
+    fn taesd(&mut self, value: &str) -> anyhow::Result<String> {
+        let p = PathBuf::from(value);
+        let real = if p.is_file() { p } else { self.models_dir.join("vae_approx").join(value) };
+        if !real.is_file() {
+            bail!("--taesd {value}: no such file (nor in {})", self.models_dir.join("vae_approx").display());
+        }
+        let ext = real.extension().and_then(|e| e.to_str()).unwrap_or("safetensors").to_string();
+        self.link_named("vae_approx", &real, Some(format!("{TAESD}.{ext}")))?;
+        Ok(TAESD.into())
+    }
+
+    fn image(&mut self, flag: &str, value: &str) -> anyhow::Result<String> {
+        let p = PathBuf::from(value);
+        if !p.is_file() {
+            bail!("{flag} {value}: no such file");
+        }
+        self.link("input", &p)
+    }
+
+    /// A LoRA tag's file in `dir`: `NAME` with one of sd.cpp's extensions.
+    fn lora(&mut self, dir: &Path, name: &str) -> anyhow::Result<String> {
+        match find_lora(dir, name) {
+            Some(p) => self.link("loras", &p),
+            None => bail!("<lora:{name}:...>: no {name}.safetensors/.ckpt/.pt/.gguf in --lora-model-dir {}", dir.display()),
+        }
+    }
+
+    fn embeddings(&mut self, dir: &Path) -> anyhow::Result<()> {
+        if !dir.is_dir() {
+            bail!("--embd-dir {}: not a directory", dir.display());
+        }
+        link_file(&dir.canonicalize()?, &self.dir.path().join("embeddings")).context("linking the embeddings folder")
+    }
+}
+
+fn find_lora(dir: &Path, name: &str) -> Option<PathBuf> {
+    ["", ".safetensors", ".ckpt", ".pt", ".gguf", ".bin"].iter().map(|ext| dir.join(format!("{name}{ext}"))).find(|p| p.is_file())
+}
+
+#[cfg(unix)]
+fn link_file(real: &Path, at: &Path) -> std::io::Result<()> {
+    std::os::unix::fs::symlink(real, at)
+}
+
+#[cfg(not(unix))]
+fn link_file(real: &Path, at: &Path) -> std::io::Result<()> {
+    if real.is_dir() {
+        return Err(std::io::Error::other("linking folders needs a Unix system"));
+    }
+    std::fs::hard_link(real, at).or_else(|_| std::fs::copy(real, at).map(|_| ()))
+}
+
+/// The name a flag's value has in a printed workflow: a path's file name, else the value.
+fn shown_name(value: &str) -> String {
+    Path::new(value).file_name().map_or_else(|| value.to_string(), |n| n.to_string_lossy().into_owned())
+}
+
+/// How a command resolves the files its flags name.
+enum Names<'a> {
+    /// For printing: file names only, nothing checked.
+    Shown,
+    Staged(&'a mut Stage),
+}
+
+impl Names<'_> {
+    fn model(&mut self, kind: &str, flag: &str, v: &Option<String>) -> anyhow::Result<Option<String>> {
+        match (self, v) {
+            (_, None) => Ok(None),
+            (Names::Shown, Some(v)) => Ok(Some(shown_name(v))),
+            (Names::Staged(s), Some(v)) => s.model(kind, flag, v).map(Some),
+        }
+    }
+
+    fn image(&mut self, flag: &str, v: &Option<String>) -> anyhow::Result<Option<String>> {
+        match (self, v) {
+            (_, None) => Ok(None),
+            (Names::Shown, Some(v)) => Ok(Some(shown_name(v))),
+            (Names::Staged(s), Some(v)) => s.image(flag, v).map(Some),
+        }
+    }
+}
+
+/// The refusals and validity checks that need no files: done before anything is staged.
+fn check_output(output: &str) -> anyhow::Result<()> {
+    let ext = Path::new(output).extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+    if ext.as_deref() != Some("png") {
+        bail!("not supported yet: -o {output} (SaveImage writes PNG; give the output a .png name)");
+    }
+    Ok(())
+}
+
+fn img_gen_params(a: &ImgGenArgs, seed: i64, names: &mut Names<'_>) -> anyhow::Result<ImgGenParams> {
+    let (_, tags) = presets::extract_loras(&a.sampling.prompt)?;
+    let mut lora_files = BTreeMap::new();
+    for t in &tags {
+        let file = match names {
+            Names::Shown => find_lora(&a.lora_model_dir, &t.name).map_or_else(|| format!("{}.safetensors", t.name), |p| shown_name(&p.to_string_lossy())),
+            Names::Staged(s) => s.lora(&a.lora_model_dir, &t.name)?,
+        };
+        lora_files.insert(t.name.clone(), file);
+    }
+    let hires_upscaler = if a.hires && !a.hires_upscaler.starts_with("Latent") && !["Nearest", "Lanczos"].contains(&a.hires_upscaler.as_str()) {
+        // A model name under --hires-upscalers-dir, as sd-cli looks it up.
+        match (&mut *names, &a.hires_upscalers_dir) {
+            (Names::Staged(s), Some(dir)) => {
+                let found = ["", ".pth", ".safetensors", ".pt", ".bin"].iter().map(|e| dir.join(format!("{}{e}", a.hires_upscaler))).find(|p| p.is_file());
+                match found {
+                    Some(p) => s.link("upscale_models", &p)?,
+                    None => bail!("--hires-upscaler {}: no such model in {}", a.hires_upscaler, dir.display()),
+                }
+            }
+            (Names::Staged(s), None) => s.model("upscale_models", "--hires-upscaler", &a.hires_upscaler)?,
+            (Names::Shown, _) => a.hires_upscaler.clone(),
+        }
+    } else {
+        a.hires_upscaler.clone()
+    };
+    Ok(ImgGenParams {
+        model: names.model("checkpoints", "-m", &a.model)?,
+        diffusion_model: names.model("diffusion_models", "--diffusion-model", &a.diffusion_model)?,
+        clip_l: names.model("text_encoders", "--clip_l", &a.clip_l)?,
+        clip_g: names.model("text_encoders", "--clip_g", &a.clip_g)?,
+        vae: names.model("vae", "--vae", &a.vae)?,
+        taesd: match (&a.taesd, &mut *names) {
+            (None, _) => None,
+            (Some(_), Names::Shown) => Some(TAESD.to_string()),
+            (Some(v), Names::Staged(s)) => Some(s.taesd(v)?),
+        },
+        control_net: names.model("controlnet", "--control-net", &a.control_net)?,
+        control_image: names.image("--control-image", &a.control_image)?,
+        control_strength: a.control_strength,
+        canny: a.canny,
+        upscale_model: names.model("upscale_models", "--upscale-model", &a.upscale_model)?,
+        upscale_repeats: a.upscale_repeats,
+        upscale_tile_size: a.upscale_tile_size,
+        ad_model: names.model("ultralytics", "--ad-model", &a.ad_model)?,
+        extra_ad_args: a.extra_ad_args.clone(),
+        prompt: a.sampling.prompt.clone(),
+        negative_prompt: a.sampling.negative_prompt.clone(),
+        lora_files,
+        width: a.width.unwrap_or(512),
+        height: a.height.unwrap_or(512),
+        size_given: a.width.is_some() || a.height.is_some(),
+        steps: a.sampling.steps,
+        cfg_scale: a.sampling.cfg_scale,
+        sampling_method: a.sampling.sampling_method.clone(),
+        scheduler: a.sampling.scheduler.clone(),
+        seed,
+        batch_count: a.batch_count,
+        init_img: names.image("-i", &a.init_img)?,
+        mask: names.image("--mask", &a.mask)?,
+        strength: a.strength.unwrap_or(0.75),
+        clip_skip: a.clip_skip,
+        img_cfg_scale: a.img_cfg_scale,
+        hires: HiresParams {
+            enabled: a.hires,
+            upscaler: hires_upscaler,
+            scale: a.hires_scale,
+            width: a.hires_width,
+            height: a.hires_height,
+            steps: a.hires_steps,
+            denoising_strength: a.hires_denoising_strength,
+            upscale_tile_size: a.hires_upscale_tile_size,
+        },
+        tiling: TilingParams { enabled: a.vae_tiling, tile_size: a.vae_tile_size, overlap: a.vae_tile_overlap },
+        output: a.sampling.output.clone(),
+    })
+}
+
+fn common_refusals(c: &CommonArgs, refused: &Refused) -> anyhow::Result<()> {
+    refused.check()?;
+    if let Some(p) = c.preview.as_deref().filter(|p| *p != "none") {
+        bail!("not supported yet: --preview {p} (step previews are not written yet)");
+    }
+    Ok(())
+}
+
+pub fn img_gen_command(a: ImgGenArgs) -> anyhow::Result<()> {
+    common_refusals(&a.common, &a.refused)?;
+    a.sampling.refusals()?;
+    if let Some(r) = &a.tensor_type_rules {
+        bail!("not supported yet: --tensor-type-rules {r} (loading applies --type only; `sdflow convert` takes rules)");
+    }
+    check_output(&a.sampling.output)?;
+    if let (Some(_), Some(st)) = (a.img_cfg_scale, a.strength) {
+        bail!("not supported yet: --strength {st} with --img-cfg-scale (instruct-pix2pix samples from noise, strength 1)");
+    }
+    let seed = presets::resolve_seed(a.sampling.seed);
+    let shown = presets::img_gen(&img_gen_params(&a, seed, &mut Names::Shown)?)?;
+    finish(shown, &a.common, &a.sampling.output, a.sampling.output_begin_idx, |stage| {
+        if let Some(d) = &a.embd_dir {
+            stage.embeddings(d)?;
+        } else if a.common.models_dir.join("embeddings").is_dir() {
+            stage.embeddings(&a.common.models_dir.join("embeddings"))?;
+        }
+        Ok(presets::img_gen(&img_gen_params(&a, seed, &mut Names::Staged(stage))?)?)
+    })
+}
+
+pub fn upscale_command(a: UpscaleArgs) -> anyhow::Result<()> {
+    common_refusals(&a.common, &a.refused)?;
+    check_output(&a.output)?;
+    let params = |names: &mut Names<'_>| -> anyhow::Result<UpscaleParams> {
+        Ok(UpscaleParams {
+            init_img: names.image("-i", &Some(a.init_img.clone()))?.unwrap_or_default(),
+            upscale_model: names.model("upscale_models", "--upscale-model", &Some(a.upscale_model.clone()))?.unwrap_or_default(),
+            upscale_repeats: a.upscale_repeats,
+            tile_size: a.upscale_tile_size,
+            output: a.output.clone(),
+        })
+    };
+    let shown = presets::upscale(&params(&mut Names::Shown)?)?;
+    finish(shown, &a.common, &a.output, None, |stage| Ok(presets::upscale(&params(&mut Names::Staged(stage))?)?))
+}
+
+pub fn adetailer_command(a: AdetailerArgs) -> anyhow::Result<()> {
+    common_refusals(&a.common, &a.refused)?;
+    a.sampling.refusals()?;
+    check_output(&a.sampling.output)?;
+    let seed = presets::resolve_seed(a.sampling.seed);
+    let params = |names: &mut Names<'_>| -> anyhow::Result<AdetailerParams> {
+        Ok(AdetailerParams {
+            model: names.model("checkpoints", "-m", &Some(a.model.clone()))?.unwrap_or_default(),
+            init_img: names.image("-i", &Some(a.init_img.clone()))?.unwrap_or_default(),
+            ad_model: names.model("ultralytics", "--ad-model", &Some(a.ad_model.clone()))?.unwrap_or_default(),
+            extra_ad_args: a.extra_ad_args.clone(),
+            prompt: a.sampling.prompt.clone(),
+            negative_prompt: a.sampling.negative_prompt.clone(),
+            steps: a.sampling.steps,
+            cfg_scale: a.sampling.cfg_scale,
+            sampling_method: a.sampling.sampling_method.clone(),
+            scheduler: a.sampling.scheduler.clone(),
+            seed,
+            strength: a.strength,
+            output: a.sampling.output.clone(),
+        })
+    };
+    let shown = presets::adetailer(&params(&mut Names::Shown)?)?;
+    finish(shown, &a.common, &a.sampling.output, a.sampling.output_begin_idx, |stage| Ok(presets::adetailer(&params(&mut Names::Staged(stage))?)?))
+}
+
+pub fn vid_gen_command(_a: VidGenArgs) -> anyhow::Result<()> {
+    bail!("not supported yet: vid_gen (no video model family — Wan, SVD, LTX — is implemented)")
+}
+
+/// Prints or saves `shown` (the workflow with file names as given), refuses it if this
+/// build lacks a node it needs, else stages the files, builds the runnable workflow with
+/// `build`, runs it and moves the images to `-o`.
+fn finish(shown: Preset, c: &CommonArgs, output: &str, begin: Option<i64>, build: impl FnOnce(&mut Stage) -> anyhow::Result<Preset>) -> anyhow::Result<()> {
+    let threads = (c.threads > 0).then_some(c.threads as usize);
+    let stage_probe = Stage::new(&c.models_dir)?;
+    let (probe, _) = run::registry_with_type(stage_probe.path(), stage_probe.path(), &stage_probe.input_dir(), threads, c.wtype)?;
+    let missing = presets::unsupported_nodes(&shown, &probe);
+    drop(probe);
+    drop(stage_probe);
+    if let Some(path) = &c.save_workflow {
+        std::fs::write(path, shown.workflow.to_string_pretty() + "\n").with_context(|| format!("writing {}", path.display()))?;
+    }
+    if c.print_workflow {
+        println!("{}", shown.workflow.to_string_pretty());
+        for m in &missing {
+            eprintln!("note: this build cannot run it yet: {m}");
+        }
+        return Ok(());
+    }
+    if !missing.is_empty() {
+        let lines: Vec<String> = missing.iter().map(ToString::to_string).collect();
+        bail!("{}", lines.join("\nerror: "));
+    }
+    let mut stage = Stage::new(&c.models_dir)?;
+    let preset = build(&mut stage)?;
+    let out_dir = stage.path().join("output");
+    let registry = Arc::new(run::registry_with_type(stage.path(), &out_dir, &stage.input_dir(), threads, c.wtype)?.0);
+    let workflows: Vec<(String, Workflow)> = vec![(preset.workflow.header.as_ref().and_then(|h| h.title.clone()).unwrap_or_default(), preset.workflow.clone())];
+    let session = run::Session { output_dir: Some(out_dir.clone()), json_events: c.json_events, workers: None, repeat: 1 };
+    let reports = run::execute(registry, &workflows, &session)?;
+    let mut files = Vec::new();
+    for report in &reports {
+        for id in &preset.save_nodes {
+            let Some(images) = report.ui_outputs.get(id).and_then(|u| u.get("images")).and_then(|i| i.as_array()) else { continue };
+            for img in images {
+                let name = img.get("filename").and_then(|f| f.as_str()).unwrap_or_default();
+                let sub = img.get("subfolder").and_then(|f| f.as_str()).unwrap_or_default();
+                files.push(out_dir.join(sub).join(name));
+            }
+        }
+    }
+    let targets = presets::output_paths(output, files.len(), begin)?;
+    for (from, to) in files.iter().zip(&targets) {
+        if let Some(parent) = to.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+        }
+        if std::fs::rename(from, to).is_err() {
+            // Across file systems a rename fails; copy instead.
+            std::fs::copy(from, to).with_context(|| format!("writing {}", to.display()))?;
+        }
+        let line = format!("save result image to '{}'", to.display());
+        if c.json_events {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,354 @@
+//! The `sdflow` binary as a user runs it: the sd-cli presets (printed workflows equal the
+//! committed files for the same flags; a real run on a tiny random-weight model writes
+//! where `-o` says), refusals, sd-cli-style errors, `metadata` and `convert`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use sdflow_core::dtype::{self, DType};
+use sdflow_core::io;
+use sdflow_core::synth::{write_checkpoint, Format, SdConfig};
+use sdflow_executor::Workflow;
+
+fn sdflow(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_sdflow")).args(args).current_dir(cwd).output().expect("running sdflow")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn ok(args: &[&str], cwd: &Path) -> String {
+    let out = sdflow(args, cwd);
+    assert!(out.status.success(), "sdflow {args:?} failed:\n{}\n{}", text(&out.stdout), text(&out.stderr));
+    text(&out.stdout)
+}
+
+fn fails(args: &[&str], cwd: &Path) -> (i32, String) {
+    let out = sdflow(args, cwd);
+    assert!(!out.status.success(), "sdflow {args:?} succeeded:\n{}", text(&out.stdout));
+    (out.status.code().unwrap_or(-1), text(&out.stderr))
+}
+
+fn workflows_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../workflows")
+}
+
+/// The flags each committed workflow file is the preset of (also in docs/cli.md).
+const FILES: &[(&str, &[&str])] = &[
+    ("txt2img.json", &["img_gen", "-m", "model.safetensors", "-p", "a lovely cat, (watercolor:1.2)", "-n", "blurry, low quality", "-o", "txt2img.png"]),
+    ("img2img.json", &["img_gen", "-m", "model.safetensors", "-p", "a lovely cat, oil painting", "-n", "blurry, low quality", "-i", "input.png", "-o", "img2img.png"]),
+    ("inpaint.json", &["img_gen", "-m", "model.safetensors", "-p", "a red hat", "-n", "blurry, low quality", "-i", "input.png", "--mask", "mask.png", "--strength", "1.0", "--sampling-method", "euler", "-o", "inpaint.png"]),
+    (
+        "hires_fix.json",
+        &["img_gen", "-m", "model.safetensors", "-p", "a lovely cat, (watercolor:1.2)", "-n", "blurry, low quality", "--hires", "--hires-upscaler", "Latent (bicubic)", "--hires-scale", "1.5", "--hires-denoising-strength", "0.5", "-o", "hires.png"],
+    ),
+    ("txt2img_tiled_vae.json", &["img_gen", "-m", "model.safetensors", "-p", "a lovely cat, (watercolor:1.2)", "-n", "blurry, low quality", "-W", "1024", "-H", "1024", "--vae-tiling", "--vae-tile-size", "64x64", "--vae-tile-overlap", "0.125", "-o", "txt2img_tiled_vae.png"]),
+    ("instruct_pix2pix.json", &["img_gen", "-m", "model.safetensors", "-p", "turn it into a watercolor painting", "-i", "input.png", "--img-cfg-scale", "1.5", "--sampling-method", "euler", "-o", "pix2pix.png"]),
+    ("upscale.json", &["upscale", "-i", "input.png", "--upscale-model", "RealESRGAN_x4plus.safetensors", "-o", "upscaled.png"]),
+    ("inpaint_partial.json", &["img_gen", "-m", "model.safetensors", "-p", "a red hat", "-n", "blurry, low quality", "-i", "input.png", "--mask", "mask.png", "-o", "inpaint_partial.png"]),
+];
+
+/// Committed workflows no sd-cli command line describes (graph-only features).
+const NOT_PRESETS: &[(&str, &str)] = &[
+    ("area_composition.json", "sd-cli has no per-region prompts"),
+    ("outpaint.json", "sd-cli outpaints only through a padded -i and --mask made by hand"),
+];
+
+#[test]
+fn every_committed_workflow_is_a_preset() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut seen = Vec::new();
+    for e in std::fs::read_dir(workflows_dir()).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().and_then(|x| x.to_str()) == Some("json") {
+            seen.push(p.file_name().unwrap().to_string_lossy().into_owned());
+        }
+    }
+    seen.sort();
+    let mut listed: Vec<String> = FILES.iter().map(|f| f.0.to_string()).chain(NOT_PRESETS.iter().map(|f| f.0.to_string())).collect();
+    listed.sort();
+    assert_eq!(seen, listed, "every file in workflows/ has its flags in FILES (or a reason in NOT_PRESETS)");
+    for (file, flags) in FILES {
+        let committed = Workflow::parse_api(&std::fs::read_to_string(workflows_dir().join(file)).unwrap()).unwrap();
+        let mut args = flags.to_vec();
+        args.push("--print-workflow");
+        let printed = Workflow::parse_api(&ok(&args, dir.path())).unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert_eq!(printed, committed, "{file}: sdflow {}", flags.join(" "));
+        // --save-workflow writes the same document.
+        let saved = dir.path().join("saved.json");
+        let mut args = flags.to_vec();
+        args.extend(["--print-workflow", "--save-workflow", saved.to_str().unwrap()]);
+        ok(&args, dir.path());
+        assert_eq!(Workflow::parse_api(&std::fs::read_to_string(&saved).unwrap()).unwrap(), committed, "{file} saved");
+    }
+}
+
+#[test]
+fn sd_cli_spellings_of_the_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = ["-m", "model.safetensors", "-p", "a cat", "--print-workflow"];
+    let plain = ok(&[&["img_gen"], &base[..]].concat(), dir.path());
+    assert_eq!(ok(&[&["txt2img"], &base[..]].concat(), dir.path()), plain);
+    assert_eq!(ok(&[&["-M", "img_gen"], &base[..]].concat(), dir.path()), plain);
+    // No mode at all: sd-cli's default, img_gen.
+    assert_eq!(ok(&base, dir.path()), plain);
+    // A path to the model prints as its file name.
+    let with_path = ok(&["img_gen", "-m", "some/folder/model.safetensors", "-p", "a cat", "--print-workflow"], dir.path());
+    assert_eq!(with_path, plain);
+    // A negative seed is drawn once and written into the graph.
+    let random = ok(&["img_gen", "-m", "m.safetensors", "-s", "-1", "--print-workflow"], dir.path());
+    let wf = Workflow::parse_api(&random).unwrap();
+    let seed = match &wf.nodes["5"].inputs["seed"] {
+        sdflow_executor::InputValue::Const(v) => v.as_i64().unwrap(),
+        other => panic!("{other:?}"),
+    };
+    assert!(seed >= 0);
+}
+
+#[test]
+fn bad_flags_get_a_message_and_the_usage() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, err) = fails(&["img_gen", "-m", "m.safetensors", "--no-such-flag"], dir.path());
+    assert_eq!(code, 2);
+    assert!(err.contains("unexpected argument '--no-such-flag'") && err.contains("Usage:"), "{err}");
+    let (_, err) = fails(&["img_gen", "-m", "m.safetensors", "--steps", "many"], dir.path());
+    assert!(err.contains("invalid value 'many' for '--steps <int>'") && err.contains("Usage:"), "{err}");
+    let (_, err) = fails(&["img_gen", "-m", "m.safetensors", "--sampling-method", "euler_b"], dir.path());
+    assert!(err.contains("euler_b") && err.contains("possible values"), "{err}");
+    let (_, err) = fails(&["img_gen", "-m", "m.safetensors", "-W", "0", "--print-workflow"], dir.path());
+    assert!(err.contains("invalid value '0' for '--width <int>'") && err.contains("Usage:"), "{err}");
+    let (_, err) = fails(&["img_gen", "-p", "a cat", "--print-workflow"], dir.path());
+    assert!(err.contains("-m/--model"), "{err}");
+    let (_, err) = fails(&["img_gen", "-m", "m.safetensors", "--type", "q9_9", "--print-workflow"], dir.path());
+    assert!(err.contains("invalid weight format q9_9"), "{err}");
+    let (_, err) = fails(&["-M", "no_such_mode", "-m", "m.safetensors"], dir.path());
+    assert!(err.contains("no_such_mode") && err.contains("Usage:"), "{err}");
+}
+
+#[test]
+fn unsupported_flags_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    for (args, expect) in [
+        (&["img_gen", "-m", "m.safetensors", "--t5xxl", "t5.safetensors"][..], "not supported yet: --t5xxl t5.safetensors (T5-XXL"),
+        (&["img_gen", "-m", "m.safetensors", "--offload-to-cpu"][..], "not supported yet: --offload-to-cpu ("),
+        (&["img_gen", "-m", "m.safetensors", "--rng", "cuda"][..], "not supported yet: --rng cuda ("),
+        (&["img_gen", "-m", "m.safetensors", "--eta", "0.3"][..], "not supported yet: --eta 0.3 ("),
+        (&["img_gen", "-m", "m.safetensors", "--sigmas", "14.6,7.8,0"][..], "not supported yet: --sigmas ("),
+        (&["img_gen", "-m", "m.safetensors", "--tensor-type-rules", "vae=f16"][..], "not supported yet: --tensor-type-rules vae=f16"),
+        (&["img_gen", "-m", "m.safetensors", "-o", "out.jpg"][..], "not supported yet: -o out.jpg (SaveImage writes PNG"),
+        (&["img_gen", "-m", "m.safetensors", "--preview", "tae"][..], "not supported yet: --preview tae"),
+        (&["img_gen", "-m", "m.safetensors", "--hires", "--hires-upscaler", "Latent (antialiased)"][..], "not supported yet: --hires-upscaler (Latent (antialiased)"),
+        (&["vid_gen", "-m", "m.safetensors", "--video-frames", "9"][..], "not supported yet: vid_gen"),
+        (&["-M", "vid_gen", "-m", "m.safetensors"][..], "not supported yet: vid_gen"),
+    ] {
+        let (code, err) = fails(args, dir.path());
+        assert_eq!(code, 1, "{args:?}");
+        assert!(err.contains(expect), "{args:?}: {err}");
+    }
+}
+
+/// Flags whose nodes this build may lack are refused exactly when the node catalogue
+/// lacks them (other parts of sdflow add nodes; the refusal follows the catalogue).
+#[test]
+fn flags_needing_absent_nodes_name_the_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = sdflow_nodes::Runtime::new(dir.path(), dir.path(), 1, None).unwrap();
+    let mut reg = sdflow_executor::Registry::new();
+    sdflow_nodes::register_all(&mut reg, std::sync::Arc::new(rt));
+    for (args, flag, class) in [
+        (&["-p", "a cat <lora:ink:0.7>"][..], "<lora:ink:0.7>", "LoraLoader"),
+        (&["--vae", "vae.safetensors"][..], "--vae", "VAELoader"),
+        (&["--upscale-model", "esrgan.pth"][..], "--upscale-model", "UpscaleModelLoader"),
+        (&["--control-net", "cn.safetensors", "--control-image", "c.png"][..], "--control-net", "ControlNetLoader"),
+        (&["--vae-tiling"][..], "--vae-tiling", "VAEDecodeTiled"),
+        (&["--ad-model", "face_yolov8n.pt"][..], "--ad-model", "FaceDetailer"),
+        (&["-b", "2", "-i", "in.png"][..], "-b", "RepeatLatentBatch"),
+    ] {
+        let mut full = vec!["img_gen", "-m", "m.safetensors"];
+        full.extend(args);
+        let refusal = format!("not supported yet: {flag} (needs node {class})");
+        // Printing works either way and notes what this build cannot run.
+        let mut print = full.clone();
+        print.push("--print-workflow");
+        let out = sdflow(&print, dir.path());
+        assert!(out.status.success(), "{print:?}: {}", text(&out.stderr));
+        assert!(text(&out.stdout).contains(&format!("\"{class}\"")), "{print:?} emits {class}");
+        let out = sdflow(&full, dir.path());
+        let err = text(&out.stderr);
+        if reg.get(class).is_none() {
+            assert!(!out.status.success() && err.contains(&refusal), "{full:?}: {err}");
+            assert!(text(&sdflow(&print, dir.path()).stderr).contains(&refusal));
+        } else {
+            assert!(!err.contains(&refusal), "{class} exists now, yet {full:?} was refused: {err}");
+        }
+    }
+}
+
+fn write_png(path: &Path, w: u32, h: u32) {
+    let mut enc = png::Encoder::new(std::io::BufWriter::new(std::fs::File::create(path).unwrap()), w, h);
+    enc.set_color(png::ColorType::Rgb);
+    enc.set_depth(png::BitDepth::Eight);
+    let px: Vec<u8> = (0..h).flat_map(|y| (0..w).flat_map(move |x| [(x * 255 / w) as u8, (y * 255 / h) as u8, 128])).collect();
+    enc.write_header().unwrap().write_image_data(&px).unwrap();
+}
+
+fn png_pixels(path: &Path) -> Vec<u8> {
+    let mut r = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(path).unwrap())).read_info().unwrap();
+    let mut buf = vec![0; r.output_buffer_size()];
+    let info = r.next_frame(&mut buf).unwrap();
+    buf.truncate(info.buffer_size());
+    buf
+}
+
+fn png_size(path: &Path) -> (u32, u32) {
+    let r = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(path).unwrap())).read_info().unwrap();
+    (r.info().width, r.info().height)
+}
+
+/// A real run: sd-cli's flags with file paths, a batch named by `-o`'s pattern, the
+/// images' metadata read back by `sdflow metadata`; then img2img and inpainting from
+/// the result.
+#[test]
+fn img_gen_runs_on_a_tiny_model_and_writes_where_o_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("weights/tiny.safetensors");
+    std::fs::create_dir_all(model.parent().unwrap()).unwrap();
+    write_checkpoint(&model, &SdConfig::tiny_sd1_f8(), DType::F32, 11, Format::Safetensors).unwrap();
+    let m = model.to_str().unwrap();
+    let out = ok(&["-m", m, "-p", "a lovely cat", "-n", "blurry", "-W", "64", "-H", "48", "--steps", "2", "-b", "2", "-s", "7", "-t", "2", "-o", "shots/cat_%02d.png"], dir.path());
+    assert!(out.contains("save result image to 'shots/cat_00.png'"), "{out}");
+    assert!(out.contains("KSampler"), "the run summary: {out}");
+    let (a, b) = (dir.path().join("shots/cat_00.png"), dir.path().join("shots/cat_01.png"));
+    assert_eq!(png_size(&a), (64, 48));
+    assert_eq!(png_size(&b), (64, 48));
+    assert!(!dir.path().join("shots/cat_02.png").exists());
+
+    // What SaveImage embedded, read without loading anything.
+    let json: serde_json::Value = serde_json::from_str(&ok(&["metadata", "shots/cat_00.png", "--metadata-format", "json"], dir.path())).unwrap();
+    assert_eq!(json["format"], "png");
+    assert_eq!((json["width"].as_u64(), json["height"].as_u64()), (Some(64), Some(48)));
+    let entries = json["entries"].as_array().unwrap();
+    let entry = |key: &str| entries.iter().find(|e| e["key"] == key).unwrap_or_else(|| panic!("no {key} in {entries:?}"));
+    let params = entry("parameters")["text"].as_str().unwrap();
+    assert!(params.starts_with("a lovely cat\nNegative prompt: blurry\n"), "{params}");
+    assert!(params.contains("Steps: 2, Sampler: Euler a, Schedule type: normal, CFG scale: 7.0, Seed: 7, Size: 64x48, Model: tiny"), "{params}");
+    assert_eq!(entry("prompt")["json"]["5"]["class_type"], "KSampler");
+    assert!(entry("workflow")["json"]["nodes"].is_array());
+    let text_form = ok(&["metadata", "-i", "shots/cat_01.png"], dir.path());
+    assert!(text_form.contains("format: PNG, 64x48") && text_form.contains("[tEXt] parameters:\na lovely cat"), "{text_form}");
+    let (_, err) = fails(&["metadata", "weights/tiny.safetensors"], dir.path());
+    assert!(err.contains("not a PNG, JPEG or WebP file"), "{err}");
+
+    // The image carries its graph: `sdflow run IMAGE` makes the same pictures again.
+    ok(&["run", "shots/cat_00.png", "--models-dir", "weights", "--output-dir", "rerun", "-t", "2"], dir.path());
+    let mut again: Vec<PathBuf> = std::fs::read_dir(dir.path().join("rerun")).unwrap().map(|e| e.unwrap().path()).collect();
+    again.sort();
+    assert_eq!(again.len(), 2, "{again:?}");
+    assert_eq!(png_pixels(&again[0]), png_pixels(&a), "same graph, same seed, same image");
+    assert_eq!(png_pixels(&again[1]), png_pixels(&b));
+    assert_ne!(png_pixels(&a), png_pixels(&b), "the two images of a batch differ");
+
+    // img2img from a file in another folder, resized by -W/-H; inpainting with a mask.
+    write_png(&dir.path().join("mask.png"), 64, 48);
+    ok(&["img_gen", "-m", m, "-p", "a cat", "-i", "shots/cat_00.png", "-W", "72", "-H", "56", "--steps", "2", "--strength", "0.5", "-t", "2"], dir.path());
+    assert_eq!(png_size(&dir.path().join("output.png")), (72, 56), "sd-cli's default output, at the -W/-H size");
+    ok(&["img_gen", "-m", m, "-p", "a hat", "-i", "shots/cat_01.png", "--mask", "mask.png", "--steps", "2", "-t", "2", "-o", "inpainted.png"], dir.path());
+    assert_eq!(png_size(&dir.path().join("inpainted.png")), (64, 48));
+
+    // A missing file is named.
+    let (_, err) = fails(&["img_gen", "-m", "weights/none.safetensors", "-p", "x"], dir.path());
+    assert!(err.contains("-m weights/none.safetensors: no such file"), "{err}");
+}
+
+fn tensors_f32(path: &Path) -> Vec<(String, DType, Vec<usize>, Vec<f32>)> {
+    let src = io::open(path).unwrap();
+    src.tensors()
+        .iter()
+        .map(|t| {
+            let bytes = src.read(&t.name).unwrap();
+            (t.name.clone(), t.dtype, t.shape.clone(), dtype::to_f32(t.dtype, &bytes, t.n_elements()).unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn convert_writes_gguf_and_safetensors_with_the_asked_types() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("tiny.safetensors");
+    write_checkpoint(&src, &SdConfig::tiny_sd1(), DType::F32, 5, Format::Safetensors).unwrap();
+    let original = tensors_f32(&src);
+
+    ok(&["convert", "-m", "tiny.safetensors", "-o", "tiny-q8.gguf", "--type", "q8_0"], dir.path());
+    let q8: std::collections::BTreeMap<String, (DType, Vec<usize>, Vec<f32>)> = tensors_f32(&dir.path().join("tiny-q8.gguf")).into_iter().map(|(n, t, s, v)| (n, (t, s, v))).collect();
+    assert_eq!(q8.len(), original.len());
+    let mut quantized = 0;
+    for (name, _, shape, want) in &original {
+        let (qtype, qshape, got) = &q8[name];
+        assert_eq!(shape, qshape, "{name}");
+        // sd.cpp's rule: biases, `.scale`s, embeddings and rows that are not whole 32-value
+        // blocks keep their type; everything else becomes q8_0.
+        let eligible = !name.ends_with(".bias") && !name.ends_with(".scale") && !name.contains("embedding") && shape.last().unwrap_or(&1) % 32 == 0;
+        assert_eq!(*qtype, if eligible { DType::Q8_0 } else { DType::F32 }, "{name} {shape:?}");
+        if *qtype == DType::Q8_0 {
+            quantized += 1;
+        }
+        // Q8_0 stores each 32-value block as int8 times a scale of max|x|/127.
+        let row = *shape.last().unwrap_or(&1);
+        for (r, (w, g)) in want.chunks(row.max(1)).zip(got.chunks(row.max(1))).enumerate() {
+            for (blk_w, blk_g) in w.chunks(32).zip(g.chunks(32)) {
+                let amax = blk_w.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let worst = blk_w.iter().zip(blk_g).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+                // Half a step, plus the f16 rounding of the block's scale.
+                assert!(worst <= amax / 127.0 * 0.6 + 1e-6, "{name} row {r}: error {worst} for block max {amax} ({qtype:?})");
+            }
+        }
+    }
+    assert!(quantized > 10, "only {quantized} of {} tensors became q8_0", original.len());
+
+    ok(&["-M", "convert", "-m", "tiny.safetensors", "-o", "tiny-f16.safetensors", "--type", "f32", "--tensor-type-rules", "first_stage_model\\.=f16"], dir.path());
+    let f16: std::collections::BTreeMap<String, (DType, Vec<f32>)> = tensors_f32(&dir.path().join("tiny-f16.safetensors")).into_iter().map(|(n, t, _, v)| (n, (t, v))).collect();
+    assert_eq!(f16.len(), original.len());
+    for (name, _, _, want) in &original {
+        let (t, got) = &f16[name];
+        let expect = if name.starts_with("first_stage_model.") && !name.ends_with(".bias") { DType::F16 } else { DType::F32 };
+        assert_eq!(*t, expect, "{name}");
+        for (a, b) in want.iter().zip(got) {
+            assert!((a - b).abs() <= a.abs() * 1e-3 + 1e-7, "{name}: {a} became {b}");
+        }
+    }
+
+    let (_, err) = fails(&["convert", "-m", "tiny.safetensors", "-o", "tiny.bin"], dir.path());
+    assert!(err.contains("must end in .gguf or .safetensors"), "{err}");
+    let (_, err) = fails(&["convert", "-m", "tiny.safetensors", "-o", "q.safetensors", "--type", "q8_0"], dir.path());
+    assert!(err.contains("cannot be stored in safetensors"), "{err}");
+    assert!(!dir.path().join("q.safetensors").exists() && !dir.path().join("q.safetensors.partial").exists(), "no half-written file");
+    let (_, err) = fails(&["convert", "-m", "tiny.safetensors", "-o", "x.gguf", "--tensor-type-rules", "([=f16"], dir.path());
+    assert!(err.contains("bad regex"), "{err}");
+    let (_, err) = fails(&["convert", "-m", "missing.safetensors", "-o", "x.gguf"], dir.path());
+    assert!(err.contains("missing.safetensors"), "{err}");
+}
+
+/// `sdflow upscale` and `img_gen --upscale-model` on the tiny ESRGAN fixture of the
+/// upscaler's own tests (core/tests/fixtures/models/esrgan), and `--vae-tiling`.
+#[test]
+fn upscale_and_tiled_decoding_run() {
+    let fixtures = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../core/tests/fixtures/models/esrgan");
+    let (model, input) = (fixtures.join("srvgg_x4_tiny.pth"), fixtures.join("input.png"));
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("tiny.safetensors");
+    write_checkpoint(&ckpt, &SdConfig::tiny_sd1_f8(), DType::F32, 3, Format::Safetensors).unwrap();
+    let c = ckpt.to_str().unwrap();
+    // Tiles of 8 latent pixels (64 image pixels) over a 128x64 image: several tiles.
+    ok(&["-m", c, "-p", "a cat", "-W", "128", "-H", "64", "--steps", "1", "--vae-tiling", "--vae-tile-size", "8x8", "-t", "2", "-o", "tiled.png"], dir.path());
+    assert_eq!(png_size(&dir.path().join("tiled.png")), (128, 64));
+    if !model.is_file() || !input.is_file() {
+        eprintln!("SKIP upscale part: {} is gone (the ESRGAN tests' fixture)", model.display());
+        return;
+    }
+    let (w, h) = png_size(&input);
+    ok(&["upscale", "-i", input.to_str().unwrap(), "--upscale-model", model.to_str().unwrap(), "--upscale-repeats", "2", "-o", "up.png"], dir.path());
+    assert_eq!(png_size(&dir.path().join("up.png")), (w * 16, h * 16), "two ×4 passes");
+    ok(&["-m", c, "-p", "a cat", "-W", "64", "-H", "64", "--steps", "1", "--upscale-model", model.to_str().unwrap(), "-t", "2", "-o", "gen_up.png"], dir.path());
+    assert_eq!(png_size(&dir.path().join("gen_up.png")), (256, 256));
+}

@@ -1,0 +1,1064 @@
+//! sd-cli's modes as workflow graphs: typed parameters with sd-cli's defaults, and the
+//! functions that turn them into a [`Workflow`]. The CLI (`sdflow img_gen`, ...) and the
+//! server build their graphs here, so a flag means the same thing everywhere.
+//!
+//! The graphs use ComfyUI's node names and input names. A preset emits the node a flag
+//! needs even when this build has no such node yet (LoraLoader, VAELoader, ...):
+//! [`unsupported_nodes`] then names the flag and the node, so a caller refuses the request
+//! instead of running something other than what was asked for.
+//!
+//! Node ids: the nodes every run of a mode has ("core" nodes: loader, prompts, latent
+//! source, sampler, decoder, saver) are numbered first, in graph order, so the graphs for
+//! plain flags are exactly the committed files in `workflows/` (whose ids users and tests
+//! address with `--set`); nodes that optional flags add are numbered after them.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use sdflow_executor::{Header, InputValue, NodeSpec, Registry, Workflow};
+use serde_json::{json, Value as Json};
+
+/// Why a preset could not be built.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PresetError {
+    /// A flag asks for something sdflow cannot do yet.
+    #[error("not supported yet: {flag} ({reason})")]
+    NotSupported { flag: String, reason: String },
+    /// A flag's value is malformed or out of range.
+    #[error("invalid value for {flag}: {msg}")]
+    Invalid { flag: String, msg: String },
+    /// A required flag is absent.
+    #[error("missing {flag}: {msg}")]
+    Missing { flag: String, msg: String },
+}
+
+fn not_supported(flag: impl Into<String>, reason: impl Into<String>) -> PresetError {
+    PresetError::NotSupported { flag: flag.into(), reason: reason.into() }
+}
+
+fn invalid(flag: impl Into<String>, msg: impl Into<String>) -> PresetError {
+    PresetError::Invalid { flag: flag.into(), msg: msg.into() }
+}
+
+/// sd-cli's sampling methods (`--sampling-method`).
+pub const SD_SAMPLERS: [&str; 14] =
+    ["euler", "euler_a", "heun", "dpm2", "dpm++2s_a", "dpm++2m", "dpm++2mv2", "ipndm", "ipndm_v", "lcm", "ddim_trailing", "tcd", "res_multistep", "res_2s"];
+
+/// sd-cli's schedulers (`--scheduler`).
+pub const SD_SCHEDULERS: [&str; 11] =
+    ["discrete", "karras", "exponential", "ays", "gits", "smoothstep", "sgm_uniform", "simple", "kl_optimal", "lcm", "bong_tangent"];
+
+/// The name a workflow spells a sampler with: ComfyUI's where ComfyUI has the same sampler
+/// (so the graph opens in ComfyUI), sd.cpp's otherwise (our samplers take both).
+pub fn workflow_sampler_name(name: &str) -> &str {
+    match name {
+        "euler_a" => "euler_ancestral",
+        "dpm2" => "dpm_2",
+        "dpm++2s_a" => "dpmpp_2s_ancestral",
+        "dpm++2m" => "dpmpp_2m",
+        other => other,
+    }
+}
+
+/// The name a workflow spells a scheduler with (ComfyUI's `normal` is sd.cpp's `discrete`).
+pub fn workflow_scheduler_name(name: &str) -> &str {
+    match name {
+        "discrete" | "default" => "normal",
+        other => other,
+    }
+}
+
+/// One `<lora:name:weight>` tag of a prompt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoraTag {
+    pub name: String,
+    pub weight: f64,
+}
+
+/// Removes sd.cpp's `<lora:name:weight>` tags from `prompt`, returning the prompt without
+/// them and the tags in order. A tag without a weight has weight 1, as in sd.cpp.
+pub fn extract_loras(prompt: &str) -> Result<(String, Vec<LoraTag>), PresetError> {
+    let mut out = String::with_capacity(prompt.len());
+    let mut tags = Vec::new();
+    let mut rest = prompt;
+    while let Some(start) = rest.find("<lora:") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + "<lora:".len()..];
+        let Some(end) = after.find('>') else {
+            return Err(invalid("-p", format!("unterminated LoRA tag `{}`", &rest[start..])));
+        };
+        let body = &after[..end];
+        let (name, weight) = match body.rsplit_once(':') {
+            Some((name, w)) => match w.trim().parse::<f64>() {
+                Ok(w) if w.is_finite() => (name, w),
+                _ => return Err(invalid("-p", format!("LoRA tag `<lora:{body}>`: weight `{w}` is not a number"))),
+            },
+            None => (body, 1.0),
+        };
+        if name.trim().is_empty() {
+            return Err(invalid("-p", format!("LoRA tag `<lora:{body}>` has no name")));
+        }
+        tags.push(LoraTag { name: name.trim().to_string(), weight });
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok((out, tags))
+}
+
+/// `--hires*`: sd-webui's "Hires. fix", which sd.cpp's flags follow.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HiresParams {
+    /// `--hires`.
+    pub enabled: bool,
+    /// `--hires-upscaler`: `Latent`, `Latent (bicubic)`, `Latent (nearest-exact)`,
+    /// `Nearest`, `Lanczos`, or an upscale model's name.
+    pub upscaler: String,
+    /// `--hires-scale`.
+    pub scale: f64,
+    /// `--hires-width`, `--hires-height`: a target size instead of a scale (0: from the
+    /// scale, or from the other side and the aspect ratio).
+    pub width: i64,
+    pub height: i64,
+    /// `--hires-steps` (0: the base pass's steps).
+    pub steps: i64,
+    /// `--hires-denoising-strength`.
+    pub denoising_strength: f64,
+    /// `--hires-upscale-tile-size`, for a model upscaler (128).
+    pub upscale_tile_size: i64,
+}
+
+impl Default for HiresParams {
+    fn default() -> Self {
+        HiresParams { enabled: false, upscaler: "Latent".into(), scale: 2.0, width: 0, height: 0, steps: 0, denoising_strength: 0.7, upscale_tile_size: 128 }
+    }
+}
+
+/// `--vae-tiling` and its options.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TilingParams {
+    pub enabled: bool,
+    /// `--vae-tile-size`, in latent pixels (sd.cpp's unit; default 32x32).
+    pub tile_size: (i64, i64),
+    /// `--vae-tile-overlap`, a fraction of the tile (default 0.5).
+    pub overlap: f64,
+}
+
+impl Default for TilingParams {
+    fn default() -> Self {
+        TilingParams { enabled: false, tile_size: (32, 32), overlap: 0.5 }
+    }
+}
+
+/// sd-cli's `img_gen` mode: txt2img, img2img (`-i`), inpainting (`--mask`), hires fix,
+/// LoRA tags, ControlNet, ESRGAN upscaling of the result. Defaults are sd-cli's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImgGenParams {
+    /// `-m`: a full checkpoint (UNet, text encoder, VAE).
+    pub model: Option<String>,
+    /// `--diffusion-model`: a standalone diffusion model.
+    pub diffusion_model: Option<String>,
+    /// `--clip_l`, `--clip_g`: standalone text encoders.
+    pub clip_l: Option<String>,
+    pub clip_g: Option<String>,
+    /// `--vae`: a standalone VAE.
+    pub vae: Option<String>,
+    /// `--taesd`: the tiny autoencoder, decoding instead of the VAE.
+    pub taesd: Option<String>,
+    /// `--control-net`, `--control-image`, `--control-strength` (0.9).
+    pub control_net: Option<String>,
+    pub control_image: Option<String>,
+    pub control_strength: f64,
+    /// `--canny`: edge-detect the control image first.
+    pub canny: bool,
+    /// `--upscale-model`, `--upscale-repeats` (1).
+    pub upscale_model: Option<String>,
+    pub upscale_repeats: i64,
+    /// `--upscale-tile-size` (128).
+    pub upscale_tile_size: i64,
+    /// `--ad-model`: a detector whose finds are re-sampled (ADetailer / FaceDetailer);
+    /// `--extra-ad-args`: `input=value,...` overrides for the detailer node.
+    pub ad_model: Option<String>,
+    pub extra_ad_args: Option<String>,
+    /// `-p`, `-n`. `<lora:name:weight>` tags in the prompt become LoraLoader nodes.
+    pub prompt: String,
+    pub negative_prompt: String,
+    /// LoRA file name per tag name; a tag without an entry loads `NAME.safetensors`.
+    pub lora_files: BTreeMap<String, String>,
+    pub width: i64,
+    pub height: i64,
+    /// Whether `-W`/`-H` were given: with `-i` they resize the input image.
+    pub size_given: bool,
+    pub steps: i64,
+    pub cfg_scale: f64,
+    /// `--sampling-method` (sd.cpp or ComfyUI name; `None`: euler_a, sd-cli's default for
+    /// UNet models).
+    pub sampling_method: Option<String>,
+    /// `--scheduler` (`None`: discrete).
+    pub scheduler: Option<String>,
+    /// `-s`: a negative seed asks for a random one (see [`resolve_seed`]).
+    pub seed: i64,
+    /// `-b`: images per run.
+    pub batch_count: i64,
+    /// `-i`, `--mask`, `--strength` (0.75).
+    pub init_img: Option<String>,
+    pub mask: Option<String>,
+    pub strength: f64,
+    /// `--clip-skip` (≤ 0: the model's default).
+    pub clip_skip: i64,
+    /// `--img-cfg-scale`: instruct-pix2pix with this image guidance (needs `-i`).
+    pub img_cfg_scale: Option<f64>,
+    pub hires: HiresParams,
+    pub tiling: TilingParams,
+    /// `-o` (`./output.png`); its file stem is the SaveImage prefix.
+    pub output: String,
+}
+
+impl Default for ImgGenParams {
+    fn default() -> Self {
+        ImgGenParams {
+            model: None,
+            diffusion_model: None,
+            clip_l: None,
+            clip_g: None,
+            vae: None,
+            taesd: None,
+            control_net: None,
+            control_image: None,
+            control_strength: 0.9,
+            canny: false,
+            upscale_model: None,
+            upscale_repeats: 1,
+            upscale_tile_size: 128,
+            ad_model: None,
+            extra_ad_args: None,
+            prompt: String::new(),
+            negative_prompt: String::new(),
+            lora_files: BTreeMap::new(),
+            width: 512,
+            height: 512,
+            size_given: false,
+            steps: 20,
+            cfg_scale: 7.0,
+            sampling_method: None,
+            scheduler: None,
+            seed: 42,
+            batch_count: 1,
+            init_img: None,
+            mask: None,
+            strength: 0.75,
+            clip_skip: -1,
+            img_cfg_scale: None,
+            hires: HiresParams::default(),
+            tiling: TilingParams::default(),
+            output: "./output.png".into(),
+        }
+    }
+}
+
+/// sd-cli's `upscale` mode: an image through an ESRGAN-style model, `repeats` times.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpscaleParams {
+    pub init_img: String,
+    pub upscale_model: String,
+    pub upscale_repeats: i64,
+    /// `--upscale-tile-size` (128).
+    pub tile_size: i64,
+    pub output: String,
+}
+
+/// `sdflow adetailer`: re-sample what a detector finds in an existing image.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdetailerParams {
+    pub model: String,
+    pub init_img: String,
+    pub ad_model: String,
+    pub extra_ad_args: Option<String>,
+    pub prompt: String,
+    pub negative_prompt: String,
+    pub steps: i64,
+    pub cfg_scale: f64,
+    pub sampling_method: Option<String>,
+    pub scheduler: Option<String>,
+    pub seed: i64,
+    pub strength: f64,
+    pub output: String,
+}
+
+/// A built preset: the workflow, and for each node id the flag that put the node there
+/// (for refusals that name the flag).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Preset {
+    pub workflow: Workflow,
+    pub origins: BTreeMap<String, String>,
+    /// Ids of the SaveImage nodes, in order.
+    pub save_nodes: Vec<String>,
+}
+
+/// `-s`: sd-cli draws a random seed for negative values. The seed is fixed here, when
+/// the graph is built, so a printed or saved workflow reruns the same image.
+pub fn resolve_seed(seed: i64) -> i64 {
+    if seed >= 0 {
+        return seed;
+    }
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    // sd-cli's random seeds are non-negative 31-bit values (from `rand()`).
+    (h.finish() & 0x7fff_ffff) as i64
+}
+
+/// The SaveImage `filename_prefix` for an `-o` path: its file stem without printf
+/// patterns (`out/cat_%03d.png` gives `cat_`).
+pub fn save_prefix(output: &str) -> String {
+    let name = Path::new(output).file_name().map_or_else(|| output.to_string(), |n| n.to_string_lossy().into_owned());
+    let stem = match name.rsplit_once('.') {
+        Some((s, _)) if !s.is_empty() => s.to_string(),
+        _ => name,
+    };
+    let mut out = String::new();
+    let mut chars = stem.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '%' {
+            if chars.peek() == Some(&'%') {
+                chars.next();
+                out.push('%');
+                continue;
+            }
+            while chars.peek().is_some_and(|c| c.is_ascii_digit()) {
+                chars.next();
+            }
+            if chars.peek() == Some(&'d') {
+                chars.next();
+            }
+            continue;
+        }
+        out.push(c);
+    }
+    let out = out.trim_matches(|c: char| c == '/' || c == '\\').to_string();
+    if out.is_empty() {
+        "output".into()
+    } else {
+        out
+    }
+}
+
+/// Formats one printf `%d` / `%0Nd` / `%Nd` in `pattern` with `index`; `None` when the
+/// pattern has no such specifier.
+fn format_index(pattern: &str, index: i64) -> Result<Option<String>, PresetError> {
+    let mut out = String::new();
+    let mut found = false;
+    let mut chars = pattern.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        if chars.peek() == Some(&'%') {
+            chars.next();
+            out.push('%');
+            continue;
+        }
+        let mut spec = String::new();
+        while chars.peek().is_some_and(|c| c.is_ascii_digit()) {
+            spec.push(chars.next().unwrap_or('0'));
+        }
+        if chars.next() != Some('d') {
+            return Err(invalid("-o", format!("`{pattern}`: only %d, %0Nd and %Nd patterns are understood")));
+        }
+        if found {
+            return Err(invalid("-o", format!("`{pattern}` has more than one %d")));
+        }
+        found = true;
+        let width: usize = spec.trim_start_matches('0').parse().unwrap_or(0);
+        if width > 32 {
+            return Err(invalid("-o", format!("`{pattern}`: field width {width} is too large")));
+        }
+        if spec.starts_with('0') {
+            out.push_str(&format!("{index:0width$}"));
+        } else {
+            out.push_str(&format!("{index:width$}"));
+        }
+    }
+    Ok(found.then_some(out))
+}
+
+/// The files sd-cli writes for `count` images and `-o output`: with a `%d` pattern, the
+/// pattern at `begin`, `begin+1`, ... (`begin` defaults to 0); without, `output` itself,
+/// then `stem_2.ext`, `stem_3.ext`, ... (`begin` defaults to 1), as sd-cli names a batch.
+pub fn output_paths(output: &str, count: usize, begin: Option<i64>) -> Result<Vec<PathBuf>, PresetError> {
+    if let Some(b) = begin.filter(|b| *b < 0) {
+        return Err(invalid("--output-begin-idx", format!("{b} must be non-negative")));
+    }
+    if format_index(output, 0)?.is_some() {
+        let begin = begin.unwrap_or(0);
+        return (0..count as i64).map(|i| Ok(PathBuf::from(format_index(output, begin + i)?.unwrap_or_default()))).collect();
+    }
+    let begin = begin.unwrap_or(1);
+    let path = Path::new(output);
+    let stem = path.file_stem().map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+    let ext = path.extension().map(|e| e.to_string_lossy().into_owned());
+    Ok((0..count as i64)
+        .map(|i| {
+            if i == 0 {
+                return path.to_path_buf();
+            }
+            let name = match &ext {
+                Some(e) => format!("{stem}_{}.{e}", begin + i),
+                None => format!("{stem}_{}", begin + i),
+            };
+            path.with_file_name(name)
+        })
+        .collect())
+}
+
+/// Where a link input comes from, by builder key.
+#[derive(Clone)]
+struct Out(String, usize);
+
+fn link(o: &Out) -> InputValue {
+    InputValue::link(o.0.clone(), o.1)
+}
+
+struct Entry {
+    key: String,
+    core: bool,
+    origin: String,
+    spec: NodeSpec,
+}
+
+/// Builds a graph with symbolic keys, numbered at the end (core nodes first).
+#[derive(Default)]
+struct Builder {
+    entries: Vec<Entry>,
+}
+
+impl Builder {
+    fn add(&mut self, key: &str, core: bool, origin: &str, spec: NodeSpec) -> String {
+        let key = if self.entries.iter().any(|e| e.key == key) { format!("{key}#{}", self.entries.len()) } else { key.to_string() };
+        self.entries.push(Entry { key: key.clone(), core, origin: origin.to_string(), spec });
+        key
+    }
+
+    fn core(&mut self, key: &str, origin: &str, spec: NodeSpec) -> String {
+        self.add(key, true, origin, spec)
+    }
+
+    fn extra(&mut self, key: &str, origin: &str, spec: NodeSpec) -> String {
+        self.add(key, false, origin, spec)
+    }
+
+    fn finish(self, title: String, description: String) -> Preset {
+        let mut ids = BTreeMap::new();
+        let order = self.entries.iter().filter(|e| e.core).chain(self.entries.iter().filter(|e| !e.core));
+        for (i, e) in order.enumerate() {
+            ids.insert(e.key.clone(), (i + 1).to_string());
+        }
+        let mut wf = Workflow { header: Some(Header { title: Some(title), description: Some(description), ..Header::default() }), nodes: BTreeMap::new() };
+        let mut origins = BTreeMap::new();
+        let mut save_nodes = Vec::new();
+        for e in self.entries {
+            let id = ids[&e.key].clone();
+            let mut spec = e.spec;
+            for v in spec.inputs.values_mut() {
+                if let InputValue::Link { node, .. } = v {
+                    if let Some(n) = ids.get(node.as_str()) {
+                        *node = n.clone();
+                    }
+                }
+            }
+            if spec.class_type == "SaveImage" {
+                save_nodes.push(id.clone());
+            }
+            origins.insert(id.clone(), e.origin);
+            wf.nodes.insert(id, spec);
+        }
+        save_nodes.sort_by_key(|id| id.parse::<u64>().unwrap_or(u64::MAX));
+        Preset { workflow: wf, origins, save_nodes }
+    }
+}
+
+fn text_encode(text: &str, clip: &Out, title: &str) -> NodeSpec {
+    let mut n = NodeSpec::new("CLIPTextEncode").with_const("text", json!(text)).with_input("clip", link(clip));
+    n.title = Some(title.into());
+    n
+}
+
+#[allow(clippy::too_many_arguments)]
+fn ksampler(model: &Out, seed: i64, steps: i64, cfg: f64, sampler: &str, scheduler: &str, pos: &Out, neg: &Out, latent: &Out, denoise: f64) -> NodeSpec {
+    NodeSpec::new("KSampler")
+        .with_input("model", link(model))
+        .with_const("seed", json!(seed))
+        .with_const("steps", json!(steps))
+        .with_const("cfg", json!(cfg))
+        .with_const("sampler_name", json!(sampler))
+        .with_const("scheduler", json!(scheduler))
+        .with_input("positive", link(pos))
+        .with_input("negative", link(neg))
+        .with_input("latent_image", link(latent))
+        .with_const("denoise", json!(denoise))
+}
+
+fn check_range(flag: &str, v: i64, lo: i64, hi: i64) -> Result<(), PresetError> {
+    if v < lo || v > hi {
+        return Err(invalid(flag, format!("{v} is outside {lo}..={hi}")));
+    }
+    Ok(())
+}
+
+fn check_unit(flag: &str, v: f64) -> Result<(), PresetError> {
+    if !(0.0..=1.0).contains(&v) {
+        return Err(invalid(flag, format!("{v} is outside 0..=1")));
+    }
+    Ok(())
+}
+
+fn sampler_names(method: &Option<String>, scheduler: &Option<String>) -> (String, String) {
+    let sampler = workflow_sampler_name(method.as_deref().unwrap_or("euler_a")).to_string();
+    let scheduler = workflow_scheduler_name(scheduler.as_deref().unwrap_or("discrete")).to_string();
+    (sampler, scheduler)
+}
+
+/// The image-to-image the detailer node does, with `--extra-ad-args` applied.
+#[allow(clippy::too_many_arguments)]
+fn detailer(b: &mut Builder, image: &Out, model: &Out, clip: &Out, vae: &Out, pos: &Out, neg: &Out, ad_model: &str, extra: Option<&str>, seed: i64, steps: i64, cfg: f64, sampler: &str, scheduler: &str, denoise: f64) -> Result<Out, PresetError> {
+    // Impact Pack's FaceDetailer and its detector provider: the de-facto ComfyUI names
+    // for ADetailer's "detect, crop, re-sample, paste back".
+    let det = b.extra("ad_detector", "--ad-model", NodeSpec::new("UltralyticsDetectorProvider").with_const("model_name", json!(ad_model)));
+    let mut n = NodeSpec::new("FaceDetailer")
+        .with_input("image", link(image))
+        .with_input("model", link(model))
+        .with_input("clip", link(clip))
+        .with_input("vae", link(vae))
+        .with_input("positive", link(pos))
+        .with_input("negative", link(neg))
+        .with_input("bbox_detector", InputValue::link(det, 0))
+        .with_const("seed", json!(seed))
+        .with_const("steps", json!(steps))
+        .with_const("cfg", json!(cfg))
+        .with_const("sampler_name", json!(sampler))
+        .with_const("scheduler", json!(scheduler))
+        .with_const("denoise", json!(denoise))
+        .with_const("guide_size", json!(512.0))
+        .with_const("bbox_threshold", json!(0.5))
+        .with_const("bbox_dilation", json!(10))
+        .with_const("feather", json!(5));
+    for part in extra.unwrap_or("").split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (k, v) = part.split_once('=').ok_or_else(|| invalid("--extra-ad-args", format!("`{part}` is not input=value")))?;
+        let v = v.trim();
+        let value = serde_json::from_str::<Json>(v).unwrap_or_else(|_| json!(v));
+        n = n.with_const(k.trim(), value);
+    }
+    let key = b.extra("ad_detailer", "--ad-model", n);
+    Ok(Out(key, 0))
+}
+
+/// Builds sd-cli's `img_gen` graph.
+pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
+    check_range("-W", p.width, 16, 16384)?;
+    check_range("-H", p.height, 16, 16384)?;
+    check_range("--steps", p.steps, 1, 10000)?;
+    check_range("-b", p.batch_count, 1, 4096)?;
+    check_unit("--strength", p.strength)?;
+    check_range("--upscale-repeats", p.upscale_repeats, 1, 16)?;
+    if !p.cfg_scale.is_finite() || p.cfg_scale < 0.0 {
+        return Err(invalid("--cfg-scale", format!("{} must be a non-negative number", p.cfg_scale)));
+    }
+    if p.mask.is_some() && p.init_img.is_none() {
+        return Err(PresetError::Missing { flag: "-i".into(), msg: "--mask needs an init image".into() });
+    }
+    if p.control_image.is_some() != p.control_net.is_some() {
+        let (flag, msg) = if p.control_net.is_some() { ("--control-image", "--control-net needs a control image") } else { ("--control-net", "--control-image needs a control net") };
+        return Err(PresetError::Missing { flag: flag.into(), msg: msg.into() });
+    }
+    let seed = resolve_seed(p.seed);
+    let (sampler, scheduler) = sampler_names(&p.sampling_method, &p.scheduler);
+    let (prompt, loras) = extract_loras(&p.prompt)?;
+    let mut b = Builder::default();
+
+    // Model, text encoder and VAE sources.
+    let ckpt = p.model.as_ref().map(|m| b.core("ckpt", "-m", NodeSpec::new("CheckpointLoaderSimple").with_const("ckpt_name", json!(m))));
+    let mut model = match (&p.diffusion_model, &ckpt) {
+        (Some(d), _) => {
+            let n = NodeSpec::new("UNETLoader").with_const("unet_name", json!(d)).with_const("weight_dtype", json!("default"));
+            let key = if ckpt.is_some() { b.extra("unet", "--diffusion-model", n) } else { b.core("unet", "--diffusion-model", n) };
+            Out(key, 0)
+        }
+        (None, Some(c)) => Out(c.clone(), 0),
+        (None, None) => return Err(PresetError::Missing { flag: "-m".into(), msg: "the following arguments are required: -m/--model or --diffusion-model".into() }),
+    };
+    let mut clip = match (&p.clip_l, &p.clip_g, &ckpt) {
+        (Some(l), Some(g), _) => Out(b.extra("clip", "--clip_g", NodeSpec::new("DualCLIPLoader").with_const("clip_name1", json!(l)).with_const("clip_name2", json!(g)).with_const("type", json!("sdxl"))), 0),
+        (Some(l), None, _) => Out(b.extra("clip", "--clip_l", NodeSpec::new("CLIPLoader").with_const("clip_name", json!(l)).with_const("type", json!("stable_diffusion"))), 0),
+        (None, Some(_), _) => return Err(not_supported("--clip_g", "a clip_g without clip_l (SDXL needs both)")),
+        (None, None, Some(c)) => Out(c.clone(), 1),
+        (None, None, None) => return Err(PresetError::Missing { flag: "--clip_l".into(), msg: "a standalone --diffusion-model needs its text encoder".into() }),
+    };
+    let vae = match (&p.vae, &ckpt) {
+        (Some(v), _) => Out(b.extra("vae", "--vae", NodeSpec::new("VAELoader").with_const("vae_name", json!(v))), 0),
+        (None, Some(c)) => Out(c.clone(), 2),
+        (None, None) => return Err(PresetError::Missing { flag: "--vae".into(), msg: "a standalone --diffusion-model needs a VAE".into() }),
+    };
+    // sd.cpp decodes with TAESD when given, and still encodes with the VAE.
+    let decoder = match &p.taesd {
+        Some(t) => Out(b.extra("taesd", "--taesd", NodeSpec::new("VAELoader").with_const("vae_name", json!(t))), 0),
+        None => vae.clone(),
+    };
+
+    for (i, tag) in loras.iter().enumerate() {
+        let file = p.lora_files.get(&tag.name).cloned().unwrap_or_else(|| format!("{}.safetensors", tag.name));
+        let key = b.extra(&format!("lora{i}"), &format!("<lora:{}:{}>", tag.name, tag.weight), NodeSpec::new("LoraLoader")
+            .with_input("model", link(&model))
+            .with_input("clip", link(&clip))
+            .with_const("lora_name", json!(file))
+            .with_const("strength_model", json!(tag.weight))
+            .with_const("strength_clip", json!(tag.weight)));
+        model = Out(key.clone(), 0);
+        clip = Out(key, 1);
+    }
+    if p.clip_skip > 0 {
+        check_range("--clip-skip", p.clip_skip, 1, 24)?;
+        let key = b.extra("clip_skip", "--clip-skip", NodeSpec::new("CLIPSetLastLayer").with_input("clip", link(&clip)).with_const("stop_at_clip_layer", json!(-p.clip_skip)));
+        clip = Out(key, 0);
+    }
+
+    let mut pos = Out(b.core("pos", "-p", text_encode(&prompt, &clip, "Prompt")), 0);
+    let mut neg = Out(b.core("neg", "-n", text_encode(&p.negative_prompt, &clip, "Negative prompt")), 0);
+
+    let (tile_px, overlap_px) = if p.tiling.enabled {
+        let (tx, ty) = p.tiling.tile_size;
+        if tx != ty {
+            return Err(not_supported("--vae-tile-size", format!("{tx}x{ty}: tiled VAE nodes take square tiles")));
+        }
+        if !(0.0..1.0).contains(&p.tiling.overlap) {
+            return Err(invalid("--vae-tile-overlap", format!("{} is outside 0..1", p.tiling.overlap)));
+        }
+        // sd.cpp counts tiles in latent pixels; ComfyUI's tiled nodes in image pixels.
+        let px = tx * 8;
+        (px, (px as f64 * p.tiling.overlap).round() as i64)
+    } else {
+        (0, 0)
+    };
+    let encode = |b: &mut Builder, key: &str, origin: &str, pixels: &Out| -> String {
+        if p.tiling.enabled {
+            b.core(key, "--vae-tiling", NodeSpec::new("VAEEncodeTiled").with_input("pixels", link(pixels)).with_input("vae", link(&vae)).with_const("tile_size", json!(tile_px)).with_const("overlap", json!(overlap_px)).with_const("temporal_size", json!(64)).with_const("temporal_overlap", json!(8)))
+        } else {
+            b.core(key, origin, NodeSpec::new("VAEEncode").with_input("pixels", link(pixels)).with_input("vae", link(&vae)))
+        }
+    };
+
+    let (samples, mut title, mut description) = if let Some(img_cfg) = p.img_cfg_scale {
+        pix2pix(&mut b, p, img_cfg, seed, &sampler, &scheduler, &model, &vae, &pos, &neg)?
+    } else {
+        // The latent to sample, and the mode's title and description.
+        let (latent, denoise, mut title, mut description) = match &p.init_img {
+            None => {
+                let key = b.core("latent", "-W/-H", NodeSpec::new("EmptyLatentImage").with_const("width", json!(p.width)).with_const("height", json!(p.height)).with_const("batch_size", json!(p.batch_count)));
+                (Out(key, 0), 1.0, "Text to image".to_string(), "sd-cli's default mode: a prompt and a negative prompt, sampled from an empty latent with the checkpoint's UNet and decoded with its VAE.".to_string())
+            }
+            Some(img) => {
+                let load = b.core("image", "-i", NodeSpec::new("LoadImage").with_const("image", json!(img)));
+                let mut pixels = Out(load, 0);
+                if p.size_given {
+                    let key = b.extra("resize", "-W/-H", NodeSpec::new("ImageScale").with_input("image", link(&pixels)).with_const("upscale_method", json!("bicubic")).with_const("width", json!(p.width)).with_const("height", json!(p.height)).with_const("crop", json!("center")));
+                    pixels = Out(key, 0);
+                }
+                let out = match &p.mask {
+                    None => {
+                        let enc = encode(&mut b, "encode", "-i", &pixels);
+                        (Out(enc, 0), p.strength, "Image to image".to_string(), "sd-cli's img2img (-i, --strength): the input image is encoded with the VAE, noised to the denoise strength and sampled back with the prompt.".to_string())
+                    }
+                    Some(mask) => {
+                        let m = b.core("mask", "--mask", NodeSpec::new("LoadImageMask").with_const("image", json!(mask)).with_const("channel", json!("red")));
+                        if p.strength >= 1.0 {
+                            let enc = b.core("encode", "--mask", NodeSpec::new("VAEEncodeForInpaint").with_input("pixels", link(&pixels)).with_input("vae", link(&vae)).with_input("mask", InputValue::link(m, 0)).with_const("grow_mask_by", json!(6)));
+                            (Out(enc, 0), 1.0, "Inpainting".to_string(), "sd-cli's --mask mode: the masked part of the input image (mask.png's red channel, white = repaint) is greyed, encoded and re-sampled with the prompt; outside the mask the latent is held at the image. Works with normal checkpoints (latent blending) and 9-channel inpainting checkpoints (mask and masked image as extra UNet input).".to_string())
+                        } else {
+                            // Below full strength the masked region keeps the image's content
+                            // as a start, so it is encoded as is, not greyed.
+                            let enc = encode(&mut b, "encode", "--mask", &pixels);
+                            let key = b.core("noise_mask", "--mask", NodeSpec::new("SetLatentNoiseMask").with_input("samples", InputValue::link(enc, 0)).with_input("mask", InputValue::link(m, 0)));
+                            (Out(key, 0), p.strength, "Inpainting".to_string(), format!("sd-cli's --mask mode at --strength {}: the input image is encoded, noised to the strength and re-sampled where the mask (red channel, white = repaint) is set; elsewhere the latent is held at the image.", p.strength))
+                        }
+                    }
+                };
+                if p.batch_count > 1 {
+                    let key = b.extra("repeat", "-b", NodeSpec::new("RepeatLatentBatch").with_input("samples", link(&out.0)).with_const("amount", json!(p.batch_count)));
+                    (Out(key, 0), out.1, out.2, out.3)
+                } else {
+                    out
+                }
+            }
+        };
+
+        if let (Some(cn), Some(ci)) = (&p.control_net, &p.control_image) {
+            let loader = b.extra("cn", "--control-net", NodeSpec::new("ControlNetLoader").with_const("control_net_name", json!(cn)));
+            let img = b.extra("cn_image", "--control-image", NodeSpec::new("LoadImage").with_const("image", json!(ci)));
+            let mut hint = Out(img, 0);
+            if p.canny {
+                let key = b.extra("canny", "--canny", NodeSpec::new("Canny").with_input("image", link(&hint)).with_const("low_threshold", json!(0.4)).with_const("high_threshold", json!(0.8)));
+                hint = Out(key, 0);
+            }
+            let apply = b.extra("cn_apply", "--control-net", NodeSpec::new("ControlNetApplyAdvanced")
+                .with_input("positive", link(&pos))
+                .with_input("negative", link(&neg))
+                .with_input("control_net", InputValue::link(loader, 0))
+                .with_input("image", link(&hint))
+                .with_const("strength", json!(p.control_strength))
+                .with_const("start_percent", json!(0.0))
+                .with_const("end_percent", json!(1.0)));
+            pos = Out(apply.clone(), 0);
+            neg = Out(apply, 1);
+        }
+
+        let first = b.core("sampler", "img_gen", ksampler(&model, seed, p.steps, p.cfg_scale, &sampler, &scheduler, &pos, &neg, &latent, denoise));
+        let mut samples = Out(first.clone(), 0);
+
+        if p.hires.enabled {
+            let h = &p.hires;
+            check_unit("--hires-denoising-strength", h.denoising_strength)?;
+            check_range("--hires-steps", h.steps, 0, 10000)?;
+            check_range("--hires-width", h.width, 0, 16384)?;
+            check_range("--hires-height", h.height, 0, 16384)?;
+            if !(h.scale.is_finite() && h.scale > 0.0 && h.scale <= 8.0) {
+                return Err(invalid("--hires-scale", format!("{} is outside (0, 8]", h.scale)));
+            }
+            // The base pass's size, for a target given by one side only.
+            let (bw, bh) = (p.width, p.height);
+            let target = match (h.width, h.height) {
+                (0, 0) => None,
+                (w, 0) => Some((w, (w as f64 * bh as f64 / bw as f64).round() as i64)),
+                (0, hh) => Some(((hh as f64 * bw as f64 / bh as f64).round() as i64, hh)),
+                (w, hh) => Some((w, hh)),
+            };
+            let latent_method = match h.upscaler.as_str() {
+                "Latent" => Some("bilinear"),
+                "Latent (bicubic)" => Some("bicubic"),
+                "Latent (nearest-exact)" => Some("nearest-exact"),
+                "Latent (nearest)" => return Err(not_supported("--hires-upscaler", "Latent (nearest): LatentUpscale offers nearest-exact, not torch's nearest")),
+                "Latent (antialiased)" | "Latent (bicubic antialiased)" => return Err(not_supported("--hires-upscaler", format!("{}: LatentUpscale has no antialiased modes", h.upscaler))),
+                _ => None,
+            };
+            let upscaled = if let Some(method) = latent_method {
+                let n = match target {
+                    None => NodeSpec::new("LatentUpscaleBy").with_input("samples", link(&samples)).with_const("upscale_method", json!(method)).with_const("scale_by", json!(h.scale)),
+                    Some((w, hh)) => NodeSpec::new("LatentUpscale").with_input("samples", link(&samples)).with_const("upscale_method", json!(method)).with_const("width", json!(w)).with_const("height", json!(hh)).with_const("crop", json!("disabled")),
+                };
+                Out(b.core("hires_upscale", "--hires", n), 0)
+            } else {
+                // An image-space upscaler: decode, resize (through a model or a filter),
+                // encode again.
+                let decoded = b.core("hires_decode", "--hires", NodeSpec::new("VAEDecode").with_input("samples", link(&samples)).with_input("vae", link(&vae)));
+                let mut img = Out(decoded, 0);
+                let method = match h.upscaler.as_str() {
+                    "Nearest" => "nearest-exact",
+                    "Lanczos" => "lanczos",
+                    model_name => {
+                        let loader = b.core("hires_model", "--hires-upscaler", NodeSpec::new("UpscaleModelLoader").with_const("model_name", json!(model_name)));
+                        let up = b.core("hires_model_upscale", "--hires-upscaler", upscale_node(&loader, &img, 1, h.upscale_tile_size));
+                        img = Out(up, 0);
+                        "bicubic"
+                    }
+                };
+                let (w, hh) = target.unwrap_or(((bw as f64 * h.scale).round() as i64, (bh as f64 * h.scale).round() as i64));
+                let scaled = b.core("hires_scale", "--hires-upscaler", NodeSpec::new("ImageScale").with_input("image", link(&img)).with_const("upscale_method", json!(method)).with_const("width", json!(w)).with_const("height", json!(hh)).with_const("crop", json!("disabled")));
+                Out(encode(&mut b, "hires_encode", "--hires", &Out(scaled, 0)), 0)
+            };
+            let steps = if h.steps > 0 { h.steps } else { p.steps };
+            let mut second = ksampler(&model, seed, steps, p.cfg_scale, &sampler, &scheduler, &pos, &neg, &upscaled, h.denoising_strength);
+            second.title = Some("Hires pass".into());
+            let second = b.core("hires_sampler", "--hires", second);
+            if let Some(e) = b.entries.iter_mut().find(|e| e.key == first) {
+                e.spec.title = Some("Base pass".into());
+            }
+            samples = Out(second, 0);
+            title = "Hires fix".into();
+            description = match (latent_method, target) {
+                (Some(_), None) => format!("txt2img at a base size, the latent upscaled {}× and sampled again at denoise {} — sd-cli's --hires with a latent upscaler.", h.scale, h.denoising_strength),
+                _ => format!("txt2img at a base size, upscaled with {} and sampled again at denoise {} — sd-cli's --hires.", h.upscaler, h.denoising_strength),
+            };
+        }
+        (samples, title, description)
+    };
+    if p.tiling.enabled && p.init_img.is_none() && !p.hires.enabled {
+        title = "Text to image, tiled VAE decode".into();
+        description = format!("txt2img with the latent decoded in overlapping {tile_px}-pixel tiles (VAE Decode (Tiled), sd-cli's --vae-tiling): bounded memory for large images, tiles cross-faded over their {overlap_px}-pixel overlap.");
+    }
+    let decoded = if p.tiling.enabled {
+        b.core("decode", "--vae-tiling", NodeSpec::new("VAEDecodeTiled").with_input("samples", link(&samples)).with_input("vae", link(&decoder)).with_const("tile_size", json!(tile_px)).with_const("overlap", json!(overlap_px)).with_const("temporal_size", json!(64)).with_const("temporal_overlap", json!(8)))
+    } else {
+        b.core("decode", if p.taesd.is_some() { "--taesd" } else { "img_gen" }, NodeSpec::new("VAEDecode").with_input("samples", link(&samples)).with_input("vae", link(&decoder)))
+    };
+    let mut image = Out(decoded, 0);
+    if let Some(ad) = &p.ad_model {
+        image = detailer(&mut b, &image, &model, &clip, &vae, &pos, &neg, ad, p.extra_ad_args.as_deref(), seed, p.steps, p.cfg_scale, &sampler, &scheduler, 0.4)?;
+    } else if p.extra_ad_args.is_some() {
+        return Err(PresetError::Missing { flag: "--ad-model".into(), msg: "--extra-ad-args needs a detector model".into() });
+    }
+    if let Some(um) = &p.upscale_model {
+        image = upscale_chain(&mut b, &image, um, p.upscale_repeats, p.upscale_tile_size);
+    }
+    b.core("save", "-o", NodeSpec::new("SaveImage").with_input("images", link(&image)).with_const("filename_prefix", json!(save_prefix(&p.output))));
+    if p.control_net.is_some() {
+        description.push_str(" With a ControlNet.");
+    }
+    Ok(b.finish(title, description))
+}
+
+/// `--img-cfg-scale`: an instruct-pix2pix checkpoint edits the input image by the prompt;
+/// DualCFGGuider mixes the text and image guidance as sd.cpp does.
+#[allow(clippy::too_many_arguments)]
+fn pix2pix(b: &mut Builder, p: &ImgGenParams, img_cfg: f64, seed: i64, sampler: &str, scheduler: &str, model: &Out, vae: &Out, pos: &Out, neg: &Out) -> Result<(Out, String, String), PresetError> {
+    let Some(img) = &p.init_img else {
+        return Err(PresetError::Missing { flag: "-i".into(), msg: "--img-cfg-scale (instruct-pix2pix) edits an init image".into() });
+    };
+    if !img_cfg.is_finite() || img_cfg < 0.0 {
+        return Err(invalid("--img-cfg-scale", format!("{img_cfg} must be a non-negative number")));
+    }
+    for (given, flag) in [(p.mask.is_some(), "--mask"), (p.hires.enabled, "--hires"), (p.control_net.is_some(), "--control-net"), (p.size_given, "-W/-H"), (p.batch_count > 1, "-b")] {
+        if given {
+            return Err(not_supported(flag, "with --img-cfg-scale (instruct-pix2pix)"));
+        }
+    }
+    if let Some(e) = b.entries.iter_mut().find(|e| e.key == pos.0) {
+        e.spec.title = Some("Instruction".into());
+    }
+    let load = b.core("image", "-i", NodeSpec::new("LoadImage").with_const("image", json!(img)));
+    let cond = b.core("pix2pix", "--img-cfg-scale", NodeSpec::new("InstructPixToPixConditioning").with_input("positive", link(pos)).with_input("negative", link(neg)).with_input("vae", link(vae)).with_input("pixels", InputValue::link(load, 0)));
+    let mut guider = NodeSpec::new("DualCFGGuider")
+        .with_input("model", link(model))
+        .with_input("cond1", InputValue::link(cond.clone(), 0))
+        .with_input("cond2", InputValue::link(cond.clone(), 1))
+        .with_input("negative", link(neg))
+        .with_const("cfg_conds", json!(p.cfg_scale))
+        .with_const("cfg_cond2_negative", json!(img_cfg))
+        .with_const("style", json!("regular"));
+    guider.title = Some("cfg and img-cfg".into());
+    let guider = b.core("guider", "--img-cfg-scale", guider);
+    let select = b.core("sampler_select", "--sampling-method", NodeSpec::new("KSamplerSelect").with_const("sampler_name", json!(sampler)));
+    let sigmas = b.core("scheduler", "--scheduler", NodeSpec::new("BasicScheduler").with_input("model", link(model)).with_const("scheduler", json!(scheduler)).with_const("steps", json!(p.steps)).with_const("denoise", json!(1.0)));
+    let noise = b.core("noise", "-s", NodeSpec::new("RandomNoise").with_const("noise_seed", json!(seed)));
+    let out = b.core("sampler", "--img-cfg-scale", NodeSpec::new("SamplerCustomAdvanced")
+        .with_input("noise", InputValue::link(noise, 0))
+        .with_input("guider", InputValue::link(guider, 0))
+        .with_input("sampler", InputValue::link(select, 0))
+        .with_input("sigmas", InputValue::link(sigmas, 0))
+        .with_input("latent_image", InputValue::link(cond, 2)));
+    Ok((Out(out, 0), "Instruct-pix2pix".into(), "Edits the input image by instruction with an instruct-pix2pix (8-channel) checkpoint. sd-cli's --cfg-scale and --img-cfg-scale: DualCFGGuider mixes uncond + img_cfg·(image-only − uncond) + cfg·(prompt and image − image-only), where the negative prompt without the image is the uncond.".into()))
+}
+
+fn upscale_chain(b: &mut Builder, image: &Out, model_name: &str, repeats: i64, tile_size: i64) -> Out {
+    let loader = b.extra("upscale_model", "--upscale-model", NodeSpec::new("UpscaleModelLoader").with_const("model_name", json!(model_name)));
+    let key = b.extra("upscale", "--upscale-model", upscale_node(&loader, image, repeats, tile_size));
+    Out(key, 0)
+}
+
+/// ImageUpscaleWithModel with sd-cli's tiling and repeat count as inputs.
+fn upscale_node(loader: &str, image: &Out, repeats: i64, tile_size: i64) -> NodeSpec {
+    NodeSpec::new("ImageUpscaleWithModel").with_input("upscale_model", InputValue::link(loader, 0)).with_input("image", link(image)).with_const("tile_size", json!(tile_size)).with_const("repeats", json!(repeats))
+}
+
+/// Builds sd-cli's `upscale` graph.
+pub fn upscale(p: &UpscaleParams) -> Result<Preset, PresetError> {
+    check_range("--upscale-repeats", p.upscale_repeats, 1, 16)?;
+    check_range("--upscale-tile-size", p.tile_size, 16, 4096)?;
+    let mut b = Builder::default();
+    let img = b.core("image", "-i", NodeSpec::new("LoadImage").with_const("image", json!(p.init_img)));
+    let loader = b.core("upscale_model", "--upscale-model", NodeSpec::new("UpscaleModelLoader").with_const("model_name", json!(p.upscale_model)));
+    let up = b.core("upscale", "--upscale-model", upscale_node(&loader, &Out(img, 0), p.upscale_repeats, p.tile_size));
+    b.core("save", "-o", NodeSpec::new("SaveImage").with_input("images", InputValue::link(up, 0)).with_const("filename_prefix", json!(save_prefix(&p.output))));
+    Ok(b.finish("Upscale with a model".into(), "sd-cli's --upscale-model: an ESRGAN / Real-ESRGAN upscaler (RRDBNet x4plus, x4plus-anime-6B, or the compact animevideov3) from models/upscale_models enlarges an image tile by tile (--upscale-tile-size, --upscale-repeats).".into()))
+}
+
+/// Builds the `adetailer` graph: detect in an existing image and re-sample the finds.
+pub fn adetailer(p: &AdetailerParams) -> Result<Preset, PresetError> {
+    check_range("--steps", p.steps, 1, 10000)?;
+    check_unit("--strength", p.strength)?;
+    let seed = resolve_seed(p.seed);
+    let (sampler, scheduler) = sampler_names(&p.sampling_method, &p.scheduler);
+    let (prompt, loras) = extract_loras(&p.prompt)?;
+    if !loras.is_empty() {
+        return Err(not_supported("<lora:...>", "LoRA tags in adetailer prompts"));
+    }
+    let mut b = Builder::default();
+    let ckpt = b.core("ckpt", "-m", NodeSpec::new("CheckpointLoaderSimple").with_const("ckpt_name", json!(p.model)));
+    let (model, clip, vae) = (Out(ckpt.clone(), 0), Out(ckpt.clone(), 1), Out(ckpt, 2));
+    let pos = Out(b.core("pos", "-p", text_encode(&prompt, &clip, "Prompt")), 0);
+    let neg = Out(b.core("neg", "-n", text_encode(&p.negative_prompt, &clip, "Negative prompt")), 0);
+    let img = Out(b.core("image", "-i", NodeSpec::new("LoadImage").with_const("image", json!(p.init_img))), 0);
+    let image = detailer(&mut b, &img, &model, &clip, &vae, &pos, &neg, &p.ad_model, p.extra_ad_args.as_deref(), seed, p.steps, p.cfg_scale, &sampler, &scheduler, p.strength)?;
+    b.core("save", "-o", NodeSpec::new("SaveImage").with_input("images", link(&image)).with_const("filename_prefix", json!(save_prefix(&p.output))));
+    Ok(b.finish("ADetailer".into(), "Detects regions (faces, hands, ...) in the input image with --ad-model and re-samples each at --strength, pasting the results back.".into()))
+}
+
+/// The nodes of `preset` that `registry` lacks, each as the refusal naming the flag that
+/// asked for it. Empty when the registry can run the graph's node types.
+pub fn unsupported_nodes(preset: &Preset, registry: &Registry) -> Vec<PresetError> {
+    let mut ids: Vec<&String> = preset.workflow.nodes.keys().collect();
+    ids.sort_by_key(|id| id.parse::<u64>().unwrap_or(u64::MAX));
+    let mut seen = std::collections::BTreeSet::new();
+    let mut out = Vec::new();
+    for id in ids {
+        let class = &preset.workflow.nodes[id].class_type;
+        if registry.get(class).is_some() {
+            continue;
+        }
+        let flag = preset.origins.get(id).cloned().unwrap_or_else(|| format!("node {id}"));
+        if seen.insert((flag.clone(), class.clone())) {
+            out.push(not_supported(flag, format!("needs node {class}")));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lora_tags_are_extracted() {
+        let (p, tags) = extract_loras("a cat <lora:ink:0.8>, sketch<lora:style>").unwrap();
+        assert_eq!(p, "a cat , sketch");
+        assert_eq!(tags, vec![LoraTag { name: "ink".into(), weight: 0.8 }, LoraTag { name: "style".into(), weight: 1.0 }]);
+        assert!(extract_loras("a <lora:x:abc>").is_err());
+        assert!(extract_loras("a <lora:x:1").is_err());
+        assert!(extract_loras("a <lora::1>").is_err());
+    }
+
+    #[test]
+    fn output_names_follow_sd_cli() {
+        assert_eq!(save_prefix("./output.png"), "output");
+        assert_eq!(save_prefix("out/cat_%03d.png"), "cat_");
+        assert_eq!(save_prefix("%d.png"), "output");
+        let p = output_paths("out/cat_%03d.png", 3, None).unwrap();
+        assert_eq!(p, vec![PathBuf::from("out/cat_000.png"), PathBuf::from("out/cat_001.png"), PathBuf::from("out/cat_002.png")]);
+        let p = output_paths("x_%d.png", 2, Some(5)).unwrap();
+        assert_eq!(p, vec![PathBuf::from("x_5.png"), PathBuf::from("x_6.png")]);
+        let p = output_paths("./output.png", 3, None).unwrap();
+        assert_eq!(p, vec![PathBuf::from("./output.png"), PathBuf::from("./output_2.png"), PathBuf::from("./output_3.png")]);
+        assert_eq!(output_paths("a%5d.png", 1, None).unwrap(), vec![PathBuf::from("a    0.png")]);
+        assert!(output_paths("a_%s.png", 1, None).is_err());
+        assert!(output_paths("a_%d_%d.png", 1, None).is_err());
+        assert!(output_paths("a.png", 1, Some(-1)).is_err());
+    }
+
+    #[test]
+    fn negative_seeds_are_drawn() {
+        assert_eq!(resolve_seed(7), 7);
+        let s = resolve_seed(-1);
+        assert!(s >= 0);
+    }
+
+    fn base() -> ImgGenParams {
+        ImgGenParams { model: Some("m.safetensors".into()), prompt: "a cat".into(), ..Default::default() }
+    }
+
+    #[test]
+    fn optional_flags_add_nodes_after_the_core_ones() {
+        let mut p = base();
+        p.prompt = "a cat <lora:ink:0.5>".into();
+        p.clip_skip = 2;
+        p.vae = Some("v.safetensors".into());
+        let preset = img_gen(&p).unwrap();
+        let wf = &preset.workflow;
+        let classes: Vec<&str> = (1..=wf.nodes.len()).map(|i| wf.nodes[&i.to_string()].class_type.as_str()).collect();
+        assert_eq!(classes, ["CheckpointLoaderSimple", "CLIPTextEncode", "CLIPTextEncode", "EmptyLatentImage", "KSampler", "VAEDecode", "SaveImage", "VAELoader", "LoraLoader", "CLIPSetLastLayer"]);
+        assert_eq!(wf.nodes["2"].inputs["text"], InputValue::Const(json!("a cat ")));
+        assert_eq!(wf.nodes["2"].inputs["clip"], InputValue::link("10", 0));
+        assert_eq!(wf.nodes["10"].inputs["stop_at_clip_layer"], InputValue::Const(json!(-2)));
+        assert_eq!(wf.nodes["5"].inputs["model"], InputValue::link("9", 0));
+        assert_eq!(wf.nodes["6"].inputs["vae"], InputValue::link("8", 0));
+        assert_eq!(preset.origins["9"], "<lora:ink:0.5>");
+        assert_eq!(preset.save_nodes, vec!["7".to_string()]);
+    }
+
+    #[test]
+    fn missing_node_classes_name_their_flags() {
+        let mut p = base();
+        p.upscale_model = Some("esrgan.pth".into());
+        p.upscale_repeats = 2;
+        let preset = img_gen(&p).unwrap();
+        let mut reg = Registry::new();
+        sdflow_executor::stub::register(&mut reg);
+        let errs: Vec<String> = unsupported_nodes(&preset, &reg).iter().map(|e| e.to_string()).collect();
+        assert!(errs.contains(&"not supported yet: --upscale-model (needs node UpscaleModelLoader)".to_string()), "{errs:?}");
+        assert!(errs.contains(&"not supported yet: --upscale-model (needs node ImageUpscaleWithModel)".to_string()), "{errs:?}");
+        let ups: Vec<_> = preset.workflow.nodes.values().filter(|n| n.class_type == "ImageUpscaleWithModel").collect();
+        assert_eq!(ups.len(), 1);
+        assert_eq!(ups[0].inputs["repeats"], InputValue::Const(json!(2)), "--upscale-repeats 2");
+    }
+
+    #[test]
+    fn bad_values_are_errors() {
+        let mut p = base();
+        p.width = 0;
+        assert!(matches!(img_gen(&p), Err(PresetError::Invalid { .. })));
+        let mut p = base();
+        p.strength = 1.5;
+        assert!(img_gen(&p).is_err());
+        let mut p = base();
+        p.model = None;
+        assert!(matches!(img_gen(&p), Err(PresetError::Missing { .. })));
+        let mut p = base();
+        p.mask = Some("m.png".into());
+        assert!(img_gen(&p).is_err(), "a mask without an image");
+        let mut p = base();
+        p.hires.enabled = true;
+        p.hires.upscaler = "Latent (antialiased)".into();
+        assert!(matches!(img_gen(&p), Err(PresetError::NotSupported { .. })));
+        let mut p = base();
+        p.tiling.enabled = true;
+        p.tiling.tile_size = (32, 64);
+        assert!(matches!(img_gen(&p), Err(PresetError::NotSupported { .. })));
+    }
+
+    #[test]
+    fn hires_targets_and_image_upscalers() {
+        let mut p = base();
+        p.height = 768;
+        p.hires.enabled = true;
+        p.hires.width = 1024;
+        let wf = img_gen(&p).unwrap().workflow;
+        assert_eq!(wf.nodes["6"].class_type, "LatentUpscale");
+        assert_eq!(wf.nodes["6"].inputs["height"], InputValue::Const(json!(1536)), "the other side keeps the aspect ratio");
+        assert_eq!(wf.nodes["7"].inputs["denoise"], InputValue::Const(json!(0.7)));
+
+        let mut p = base();
+        p.hires.enabled = true;
+        p.hires.upscaler = "4x-UltraSharp.pth".into();
+        p.hires.steps = 8;
+        let wf = img_gen(&p).unwrap().workflow;
+        let classes: Vec<&str> = (1..=wf.nodes.len()).map(|i| wf.nodes[&i.to_string()].class_type.as_str()).collect();
+        assert_eq!(classes, ["CheckpointLoaderSimple", "CLIPTextEncode", "CLIPTextEncode", "EmptyLatentImage", "KSampler", "VAEDecode", "UpscaleModelLoader", "ImageUpscaleWithModel", "ImageScale", "VAEEncode", "KSampler", "VAEDecode", "SaveImage"]);
+        assert_eq!(wf.nodes["9"].inputs["width"], InputValue::Const(json!(1024)), "512 × the default scale 2");
+        assert_eq!(wf.nodes["11"].inputs["steps"], InputValue::Const(json!(8)));
+        assert_eq!(wf.nodes["11"].inputs["latent_image"], InputValue::link("10", 0));
+    }
+
+    #[test]
+    fn control_net_feeds_the_sampler() {
+        let mut p = base();
+        p.control_net = Some("cn.safetensors".into());
+        p.control_image = Some("edges.png".into());
+        p.canny = true;
+        let wf = img_gen(&p).unwrap().workflow;
+        let apply = wf.nodes.iter().find(|(_, n)| n.class_type == "ControlNetApplyAdvanced").map(|(id, _)| id.clone()).unwrap();
+        assert_eq!(wf.nodes["5"].inputs["positive"], InputValue::link(apply.clone(), 0));
+        assert_eq!(wf.nodes["5"].inputs["negative"], InputValue::link(apply.clone(), 1));
+        assert_eq!(wf.nodes[&apply].inputs["strength"], InputValue::Const(json!(0.9)));
+        assert!(wf.nodes.values().any(|n| n.class_type == "Canny"));
+        let mut p = base();
+        p.control_net = Some("cn.safetensors".into());
+        assert!(matches!(img_gen(&p), Err(PresetError::Missing { .. })), "a control net without an image");
+    }
+
+    #[test]
+    fn partial_strength_inpainting_keeps_the_image() {
+        let mut p = base();
+        p.init_img = Some("in.png".into());
+        p.mask = Some("mask.png".into());
+        let wf = img_gen(&p).unwrap().workflow;
+        let classes: Vec<&str> = (1..=wf.nodes.len()).map(|i| wf.nodes[&i.to_string()].class_type.as_str()).collect();
+        assert_eq!(classes, ["CheckpointLoaderSimple", "CLIPTextEncode", "CLIPTextEncode", "LoadImage", "LoadImageMask", "VAEEncode", "SetLatentNoiseMask", "KSampler", "VAEDecode", "SaveImage"]);
+        assert_eq!(wf.nodes["8"].inputs["denoise"], InputValue::Const(json!(0.75)));
+    }
+}
