@@ -1,0 +1,407 @@
+//! ComfyUI's HTTP API: prompts, queue, history, interrupt, node catalogue, system stats,
+//! model lists.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
+use axum::Json as Reply;
+use sdflow_executor::Workflow;
+use serde::Deserialize;
+use serde_json::{json, Value as Json};
+
+use crate::error::ApiError;
+use crate::extract::{JsonBody, QueryArgs};
+use crate::history::valid_prompt_id;
+use crate::queue::{number_json, Job};
+use crate::state::AppState;
+
+type AppStateRef = State<Arc<AppState>>;
+
+#[derive(Deserialize)]
+pub struct PromptRequest {
+    prompt: Option<Json>,
+    #[serde(default)]
+    client_id: Option<String>,
+    #[serde(default)]
+    extra_data: Option<Json>,
+    #[serde(default)]
+    front: Option<bool>,
+    #[serde(default)]
+    number: Option<f64>,
+    /// Newer ComfyUI lets the client choose the id.
+    #[serde(default)]
+    prompt_id: Option<String>,
+}
+
+/// A prompt on its way to the queue.
+pub struct Submission {
+    /// As the client sent it, echoed by `/queue` and `/history`.
+    pub prompt: Json,
+    pub workflow: Workflow,
+    pub client_id: Option<String>,
+    pub extra_data: Json,
+    pub number: f64,
+    pub prompt_id: String,
+    /// Told the history entry when the prompt is done.
+    pub done: Option<tokio::sync::oneshot::Sender<Arc<Json>>>,
+}
+
+/// Validates a prompt and puts it on the queue; the same path for ComfyUI clients and for
+/// the A1111/OpenAI endpoints (which pass `done` to wait for the result).
+pub fn enqueue(state: &AppState, sub: Submission) -> Result<Json, ApiError> {
+    let Submission {
+        prompt,
+        workflow,
+        client_id,
+        extra_data,
+        number,
+        prompt_id,
+        done,
+    } = sub;
+    let plan = state
+        .executor
+        .validate(&workflow)
+        .map_err(ApiError::Invalid)?;
+    let outputs: Vec<String> = workflow
+        .nodes
+        .iter()
+        .filter(|(_, n)| {
+            state
+                .executor
+                .registry()
+                .schema(&n.class_type)
+                .is_some_and(|s| s.output_node)
+        })
+        .map(|(id, _)| id.clone())
+        .collect();
+    let metadata = comfy_metadata(&extra_data, &workflow, state);
+    let job = Job {
+        prompt_id: prompt_id.clone(),
+        number,
+        prompt,
+        extra_data,
+        outputs,
+        client_id,
+        plan,
+        metadata,
+        done,
+    };
+    state.submit(job)?;
+    Ok(json!({ "prompt_id": prompt_id, "number": number_json(number), "node_errors": {} }))
+}
+
+/// [`enqueue`] on a blocking thread: validation asks node schemas for their combo lists,
+/// which read folders (checkpoints, input images).
+pub async fn enqueue_off_thread(state: Arc<AppState>, sub: Submission) -> Result<Json, ApiError> {
+    tokio::task::spawn_blocking(move || enqueue(&state, sub))
+        .await
+        .map_err(|e| ApiError::Internal(format!("validation task failed: {e}")))?
+}
+
+/// The PNG text chunks of a prompt's images: our metadata helper's `prompt`, `workflow`
+/// and `parameters`, with what the client sent in `extra_data.extra_pnginfo` (ComfyUI's
+/// UI sends its own `workflow` there) taking precedence.
+fn comfy_metadata(
+    extra_data: &Json,
+    workflow: &Workflow,
+    state: &AppState,
+) -> Vec<(String, String)> {
+    let mut meta = sdflow_workflows::metadata::png_metadata(workflow, state.executor.registry());
+    if let Some(info) = extra_data.get("extra_pnginfo").and_then(Json::as_object) {
+        for (k, v) in info {
+            let text = match v {
+                Json::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            meta.retain(|(mk, _)| mk != k);
+            meta.push((k.clone(), text));
+        }
+    }
+    meta
+}
+
+pub async fn post_prompt(
+    State(state): AppStateRef,
+    JsonBody(req): JsonBody<PromptRequest>,
+) -> Result<Reply<Json>, ApiError> {
+    let Some(prompt) = req.prompt else {
+        return Err(ApiError::bad("no prompt: the body needs a `prompt` object"));
+    };
+    if !prompt.is_object() {
+        return Err(ApiError::bad("`prompt` must be an object of nodes by id"));
+    }
+    let workflow = Workflow::from_json(prompt.clone(), state.executor.registry())
+        .map_err(|e| ApiError::bad(format!("prompt: {e}")))?;
+    let number = match req.number {
+        Some(n) if n.is_finite() => n,
+        Some(_) => return Err(ApiError::bad("`number` must be a finite number")),
+        None => {
+            let n = state.queue.next_number() as f64;
+            if req.front == Some(true) {
+                -n
+            } else {
+                n
+            }
+        }
+    };
+    let prompt_id = match req.prompt_id {
+        Some(id) if valid_prompt_id(&id) => {
+            if state.history.get(&id).is_some() || state.queue.is_known(&id) {
+                return Err(ApiError::bad(format!("prompt_id {id} is already in use")));
+            }
+            id
+        }
+        Some(id) => {
+            return Err(ApiError::bad(format!(
+                "prompt_id `{id}` must be 1-128 letters, digits, '-' or '_'"
+            )))
+        }
+        None => uuid::Uuid::new_v4().to_string(),
+    };
+    let mut extra_data = match req.extra_data {
+        Some(Json::Object(m)) => Json::Object(m),
+        Some(Json::Null) | None => json!({}),
+        Some(_) => return Err(ApiError::bad("`extra_data` must be an object")),
+    };
+    if let Some(c) = &req.client_id {
+        extra_data["client_id"] = json!(c);
+    }
+    // Validated here rather than on a blocking thread: clients such as the ComfyUI SDK
+    // subscribe to the prompt's events only once this reply arrives, so it must not lag
+    // behind the worker starting the prompt.
+    let reply = enqueue(
+        &state,
+        Submission {
+            prompt,
+            workflow,
+            client_id: req.client_id,
+            extra_data,
+            number,
+            prompt_id,
+            done: None,
+        },
+    )?;
+    Ok(Reply(reply))
+}
+
+pub async fn get_prompt(State(state): AppStateRef) -> Reply<Json> {
+    Reply(json!({ "exec_info": { "queue_remaining": state.queue.remaining() } }))
+}
+
+pub async fn get_queue(State(state): AppStateRef) -> Reply<Json> {
+    let (running, pending) = state.queue.snapshot();
+    Reply(json!({ "queue_running": running, "queue_pending": pending }))
+}
+
+#[derive(Deserialize)]
+pub struct ClearOrDelete {
+    #[serde(default)]
+    clear: bool,
+    #[serde(default)]
+    delete: Vec<String>,
+}
+
+pub async fn post_queue(
+    State(state): AppStateRef,
+    JsonBody(req): JsonBody<ClearOrDelete>,
+) -> Response {
+    if req.clear {
+        state.queue.clear();
+    }
+    if !req.delete.is_empty() {
+        state.queue.delete(&req.delete);
+    }
+    state.hub.status(state.queue.remaining());
+    axum::http::StatusCode::OK.into_response()
+}
+
+#[derive(Deserialize)]
+pub struct HistoryQuery {
+    max_items: Option<usize>,
+    #[serde(default)]
+    offset: Option<usize>,
+}
+
+pub async fn get_history(
+    State(state): AppStateRef,
+    QueryArgs(q): QueryArgs<HistoryQuery>,
+) -> Reply<Json> {
+    Reply(state.history.list(q.max_items, q.offset.unwrap_or(0)))
+}
+
+pub async fn get_history_one(State(state): AppStateRef, Path(id): Path<String>) -> Reply<Json> {
+    // ComfyUI answers an unknown id with an empty object, and clients poll on that.
+    let mut out = serde_json::Map::new();
+    if let Some(e) = state.history.get(&id) {
+        out.insert(id, (*e).clone());
+    }
+    Reply(Json::Object(out))
+}
+
+pub async fn post_history(
+    State(state): AppStateRef,
+    JsonBody(req): JsonBody<ClearOrDelete>,
+) -> Response {
+    if req.clear {
+        state.history.clear();
+    }
+    for id in &req.delete {
+        state.history.delete(id);
+    }
+    axum::http::StatusCode::OK.into_response()
+}
+
+#[derive(Deserialize, Default)]
+pub struct InterruptRequest {
+    #[serde(default)]
+    prompt_id: Option<String>,
+}
+
+pub async fn post_interrupt(
+    State(state): AppStateRef,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    // ComfyUI's frontend posts no body here; a body, when there is one, must be JSON.
+    let req: InterruptRequest = if body.iter().all(u8::is_ascii_whitespace) {
+        InterruptRequest::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad(format!("malformed JSON body: {e}")))?
+    };
+    state.queue.interrupt(req.prompt_id.as_deref());
+    Ok(axum::http::StatusCode::OK.into_response())
+}
+
+pub async fn object_info(State(state): AppStateRef) -> Reply<Json> {
+    Reply(state.executor.registry().object_info())
+}
+
+pub async fn object_info_one(State(state): AppStateRef, Path(class): Path<String>) -> Reply<Json> {
+    let mut out = serde_json::Map::new();
+    if let Some(schema) = state.executor.registry().schema(&class) {
+        out.insert(class, schema.object_info());
+    }
+    Reply(Json::Object(out))
+}
+
+/// `(total, available)` bytes of RAM, from /proc/meminfo where there is one.
+fn memory() -> (u64, u64) {
+    let Ok(text) = std::fs::read_to_string("/proc/meminfo") else {
+        return (0, 0);
+    };
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| {
+                rest.trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+            })
+            .map_or(0, |kb| kb * 1024)
+    };
+    (field("MemTotal:"), field("MemAvailable:"))
+}
+
+pub async fn system_stats(State(state): AppStateRef) -> Reply<Json> {
+    let (ram_total, ram_free) = memory();
+    let cache = state.executor.cache_stats();
+    let residency = serde_json::to_value(state.runtime.residency.stats()).unwrap_or(Json::Null);
+    Reply(json!({
+        "system": {
+            // ComfyUI reports Python's os.name; clients use it to pick path separators.
+            "os": if cfg!(windows) { "nt" } else { "posix" },
+            "ram_total": ram_total,
+            "ram_free": ram_free,
+            "comfyui_version": concat!("sdflow ", env!("CARGO_PKG_VERSION")),
+            "required_frontend_version": "",
+            "python_version": "",
+            "pytorch_version": "",
+            "embedded_python": false,
+            "argv": std::env::args().collect::<Vec<_>>(),
+        },
+        "devices": [{
+            "name": "cpu",
+            "type": "cpu",
+            "index": null,
+            "vram_total": ram_total,
+            "vram_free": ram_free,
+            "torch_vram_total": 0,
+            "torch_vram_free": 0,
+        }],
+        "sdflow": {
+            "version": env!("CARGO_PKG_VERSION"),
+            "uptime_s": state.started.elapsed().as_secs(),
+            "queue_remaining": state.queue.remaining(),
+            "history_entries": state.history.len(),
+            "residency": residency,
+            "output_cache": {
+                "entries": cache.entries,
+                "bytes": cache.bytes,
+                "budget_bytes": cache.budget_bytes,
+                "hits": cache.hits,
+                "misses": cache.misses,
+                "evictions": cache.evictions,
+            },
+        },
+    }))
+}
+
+/// ComfyUI's model folder names.
+pub const MODEL_FOLDERS: [&str; 14] = [
+    "checkpoints",
+    "loras",
+    "vae",
+    "text_encoders",
+    "diffusion_models",
+    "clip_vision",
+    "embeddings",
+    "diffusers",
+    "vae_approx",
+    "controlnet",
+    "upscale_models",
+    "hypernetworks",
+    "photomaker",
+    "style_models",
+];
+
+/// Files of one model folder. Checkpoints follow the loader's rule (the models folder
+/// itself when it has no `checkpoints/`), so this lists what CheckpointLoaderSimple offers;
+/// other kinds need their own subfolder.
+pub fn list_models(state: &AppState, folder: &str) -> Vec<String> {
+    if folder != "checkpoints" && !state.config.models_dir.join(folder).is_dir() {
+        return Vec::new();
+    }
+    state.runtime.list_models(folder)
+}
+
+pub async fn models(State(_state): AppStateRef) -> Reply<Json> {
+    Reply(json!(MODEL_FOLDERS))
+}
+
+pub async fn models_in(
+    State(state): AppStateRef,
+    Path(folder): Path<String>,
+) -> Result<Reply<Json>, ApiError> {
+    if !MODEL_FOLDERS.contains(&folder.as_str()) {
+        return Err(ApiError::NotFound(format!("no model folder `{folder}`")));
+    }
+    Ok(Reply(json!(list_models(&state, &folder))))
+}
+
+pub async fn embeddings(State(state): AppStateRef) -> Reply<Json> {
+    let names: Vec<String> = list_models(&state, "embeddings")
+        .into_iter()
+        .map(|n| match n.rsplit_once('.') {
+            Some((stem, _)) => stem.to_string(),
+            None => n,
+        })
+        .collect();
+    Reply(json!(names))
+}
+
+pub async fn features() -> Reply<Json> {
+    Reply(json!({ "supports_preview_metadata": false, "max_upload_size": null }))
+}

@@ -1,0 +1,224 @@
+//! The bounded prompt queue and its one worker thread.
+//!
+//! The executor runs synchronously, so the worker is a plain thread that blocks on the
+//! queue; handlers only push, inspect and cancel. Pending prompts are taken in ComfyUI's
+//! order: lowest `number` first (`front` prompts have negative numbers), then arrival.
+
+use std::sync::Arc;
+
+use parking_lot::{Condvar, Mutex};
+use sdflow_executor::{CancelToken, Plan};
+use serde_json::{json, Value as Json};
+use tokio::sync::oneshot;
+
+use crate::error::ApiError;
+
+/// One accepted prompt.
+pub struct Job {
+    pub prompt_id: String,
+    pub number: f64,
+    /// The prompt as the client sent it (ComfyUI's API format), echoed by `/queue` and
+    /// `/history`.
+    pub prompt: Json,
+    pub extra_data: Json,
+    /// Output nodes the plan runs (ComfyUI's `outputs_to_execute`).
+    pub outputs: Vec<String>,
+    /// The WebSocket client that gets this prompt's events; everyone when `None`.
+    pub client_id: Option<String>,
+    pub plan: Plan,
+    /// Text chunks for the PNGs output nodes write.
+    pub metadata: Vec<(String, String)>,
+    /// Told the history entry once the prompt is done (the synchronous A1111/OpenAI
+    /// endpoints wait on it).
+    pub done: Option<oneshot::Sender<Arc<Json>>>,
+}
+
+impl Job {
+    /// ComfyUI's queue item: `[number, prompt_id, prompt, extra_data, outputs_to_execute]`.
+    pub fn queue_item(&self) -> Json {
+        json!([
+            number_json(self.number),
+            self.prompt_id,
+            self.prompt,
+            self.extra_data,
+            self.outputs
+        ])
+    }
+}
+
+/// ComfyUI numbers are integers unless a client sent a fractional one.
+pub fn number_json(n: f64) -> Json {
+    if n.fract() == 0.0 && n.abs() < 9.0e15 {
+        json!(n as i64)
+    } else {
+        json!(n)
+    }
+}
+
+struct Running {
+    prompt_id: String,
+    item: Json,
+    cancel: CancelToken,
+}
+
+#[derive(Default)]
+struct State {
+    pending: Vec<(u64, Job)>,
+    running: Option<Running>,
+    closed: bool,
+    arrivals: u64,
+    /// ComfyUI's `self.number`: the next number handed to a prompt without one.
+    counter: u64,
+}
+
+pub struct JobQueue {
+    max: usize,
+    state: Mutex<State>,
+    wake: Condvar,
+}
+
+impl JobQueue {
+    pub fn new(max: usize) -> Self {
+        JobQueue {
+            max: max.max(1),
+            state: Mutex::new(State::default()),
+            wake: Condvar::new(),
+        }
+    }
+
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    /// The number a prompt gets when the client gives none (negated for `front`).
+    pub fn next_number(&self) -> u64 {
+        let mut s = self.state.lock();
+        let n = s.counter;
+        s.counter += 1;
+        n
+    }
+
+    pub fn push(&self, job: Job) -> Result<(), ApiError> {
+        let mut s = self.state.lock();
+        if s.closed {
+            return Err(ApiError::ShuttingDown);
+        }
+        if s.pending.len() >= self.max {
+            return Err(ApiError::QueueFull { max: self.max });
+        }
+        if s.pending.iter().any(|(_, j)| j.prompt_id == job.prompt_id)
+            || s.running
+                .as_ref()
+                .is_some_and(|r| r.prompt_id == job.prompt_id)
+        {
+            return Err(ApiError::bad(format!(
+                "prompt_id {} is already queued",
+                job.prompt_id
+            )));
+        }
+        let arrival = s.arrivals;
+        s.arrivals += 1;
+        s.pending.push((arrival, job));
+        drop(s);
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    /// Blocks until there is a prompt to run, marks it running and hands it out with its
+    /// cancel token; `None` once the queue is closed.
+    pub fn take(&self) -> Option<(Job, CancelToken)> {
+        let mut s = self.state.lock();
+        loop {
+            if s.closed {
+                return None;
+            }
+            let best = s
+                .pending
+                .iter()
+                .enumerate()
+                .min_by(|(_, a), (_, b)| a.1.number.total_cmp(&b.1.number).then(a.0.cmp(&b.0)))
+                .map(|(i, _)| i);
+            if let Some(i) = best {
+                let (_, job) = s.pending.remove(i);
+                let cancel = CancelToken::new();
+                s.running = Some(Running {
+                    prompt_id: job.prompt_id.clone(),
+                    item: job.queue_item(),
+                    cancel: cancel.clone(),
+                });
+                return Some((job, cancel));
+            }
+            self.wake.wait(&mut s);
+        }
+    }
+
+    /// The running prompt is done (its history entry is already stored).
+    pub fn finish(&self) {
+        self.state.lock().running = None;
+    }
+
+    /// Prompts waiting or running (ComfyUI's `queue_remaining`).
+    pub fn remaining(&self) -> usize {
+        let s = self.state.lock();
+        s.pending.len() + usize::from(s.running.is_some())
+    }
+
+    /// `(running, pending)` as ComfyUI's `GET /queue` lists them, pending in run order.
+    pub fn snapshot(&self) -> (Vec<Json>, Vec<Json>) {
+        let s = self.state.lock();
+        let running = s.running.iter().map(|r| r.item.clone()).collect();
+        let mut pending: Vec<&(u64, Job)> = s.pending.iter().collect();
+        pending.sort_by(|a, b| a.1.number.total_cmp(&b.1.number).then(a.0.cmp(&b.0)));
+        (
+            running,
+            pending.iter().map(|(_, j)| j.queue_item()).collect(),
+        )
+    }
+
+    pub fn is_known(&self, prompt_id: &str) -> bool {
+        let s = self.state.lock();
+        s.running.as_ref().is_some_and(|r| r.prompt_id == prompt_id)
+            || s.pending.iter().any(|(_, j)| j.prompt_id == prompt_id)
+    }
+
+    /// Drops every pending prompt; returns how many.
+    pub fn clear(&self) -> usize {
+        let mut s = self.state.lock();
+        let n = s.pending.len();
+        s.pending.clear();
+        n
+    }
+
+    /// Drops the pending prompts with these ids; returns how many were found.
+    pub fn delete(&self, ids: &[String]) -> usize {
+        let mut s = self.state.lock();
+        let before = s.pending.len();
+        s.pending.retain(|(_, j)| !ids.contains(&j.prompt_id));
+        before - s.pending.len()
+    }
+
+    /// Cancels the running prompt — only if it is `prompt_id` when one is given. Returns
+    /// whether something was cancelled.
+    pub fn interrupt(&self, prompt_id: Option<&str>) -> bool {
+        let s = self.state.lock();
+        match &s.running {
+            Some(r) if prompt_id.is_none_or(|p| p == r.prompt_id) => {
+                r.cancel.cancel();
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Stops handing out work and cancels the running prompt; pending ones are dropped.
+    pub fn close(&self) {
+        let mut s = self.state.lock();
+        s.closed = true;
+        s.pending.clear();
+        if let Some(r) = &s.running {
+            r.cancel.cancel();
+        }
+        drop(s);
+        self.wake.notify_all();
+    }
+}

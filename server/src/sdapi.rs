@@ -1,0 +1,579 @@
+//! sd-server's endpoints: A1111's `/sdapi/v1/*` and OpenAI's `/v1/images/*`. Each request
+//! becomes a workflow through the CLI presets ([`sdflow_workflows::presets`]), runs on the
+//! same queue as ComfyUI prompts (so it shows in `/queue` and `/history`), and is answered
+//! once it has run, with the images inline as base64 PNGs.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::Json as Reply;
+use base64::Engine;
+use sdflow_workflows::presets::{self, ImgGenParams};
+use serde::Deserialize;
+use serde_json::{json, Value as Json};
+
+use crate::comfy::{enqueue_off_thread, list_models, Submission};
+use crate::error::ApiError;
+use crate::extract::{text_field, Form, JsonBody};
+use crate::files::{check_image, resolve};
+use crate::state::AppState;
+
+type AppStateRef = State<Arc<AppState>>;
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+
+/// A1111's sampler names (and sd-server's `k_` spellings) in ComfyUI's words; names it
+/// does not know pass through for validation to judge.
+fn comfy_sampler(name: &str) -> Option<String> {
+    let lower = name.trim().to_ascii_lowercase();
+    let mapped = match lower.as_str() {
+        "" | "default" => return None,
+        "euler a" | "k_euler_a" => "euler_ancestral",
+        "euler" | "k_euler" => "euler",
+        "heun" | "k_heun" => "heun",
+        "dpm2" | "k_dpm_2" => "dpm_2",
+        "lms" | "k_lms" => "lms",
+        "dpm++ 2s a" | "k_dpmpp_2s_a" => "dpmpp_2s_ancestral",
+        "dpm++ 2m" | "k_dpmpp_2m" => "dpmpp_2m",
+        "dpm++ 2m sde" | "k_dpmpp_2m_sde" => "dpmpp_2m_sde",
+        "lcm" => "lcm",
+        "ddim" => "ddim",
+        "ipndm" => "ipndm",
+        "res multistep" | "k_res_multistep" => "res_multistep",
+        _ => return Some(name.trim().to_string()),
+    };
+    Some(mapped.to_string())
+}
+
+/// A1111's schedule types ("Automatic", "Karras", ...) in ComfyUI's words.
+fn comfy_scheduler(name: &str) -> Option<String> {
+    let lower = name.trim().to_ascii_lowercase();
+    match lower.as_str() {
+        "" | "automatic" | "default" => None,
+        "uniform" | "discrete" => Some("normal".into()),
+        "sgm uniform" => Some("sgm_uniform".into()),
+        "kl optimal" => Some("kl_optimal".into()),
+        "align your steps" => Some("ays".into()),
+        other => Some(other.to_string()),
+    }
+}
+
+/// The checkpoint a request names (by file name, by stem, or by A1111 title
+/// `name [hash]`), or the first one there is.
+fn pick_checkpoint(state: &AppState, wanted: Option<&str>) -> Result<String, ApiError> {
+    let all = list_models(state, "checkpoints");
+    let Some(wanted) = wanted.map(str::trim).filter(|w| !w.is_empty()) else {
+        return all.into_iter().next().ok_or_else(|| {
+            ApiError::bad(format!(
+                "no checkpoint in {}; put a model file there",
+                state.config.models_dir.display()
+            ))
+        });
+    };
+    let bare = wanted.split(" [").next().unwrap_or(wanted);
+    all.iter()
+        .find(|m| *m == bare || stem(m) == bare)
+        .cloned()
+        .ok_or_else(|| {
+            ApiError::bad(format!(
+                "no checkpoint `{wanted}` (have: {})",
+                all.join(", ")
+            ))
+        })
+}
+
+fn stem(name: &str) -> &str {
+    let file = name.rsplit('/').next().unwrap_or(name);
+    file.rsplit_once('.').map_or(file, |(s, _)| s)
+}
+
+/// Input images written for one request, removed when the request is answered.
+struct TempInputs(Vec<PathBuf>);
+
+impl Drop for TempInputs {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+impl TempInputs {
+    /// Decodes an uploaded image (checked against the size limits) and stores it as a PNG
+    /// in the input folder, for LoadImage; returns the name to give LoadImage.
+    fn add(
+        &mut self,
+        state: &AppState,
+        bytes: &[u8],
+        what: &str,
+        to_mask: Option<MaskRule>,
+    ) -> Result<String, ApiError> {
+        check_image(bytes, what)?;
+        let img =
+            image::load_from_memory(bytes).map_err(|e| ApiError::bad(format!("{what}: {e}")))?;
+        let img = match to_mask {
+            None => img,
+            Some(rule) => image::DynamicImage::ImageRgb8(mask_image(&img, rule)),
+        };
+        let mut png = Vec::new();
+        img.write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png)
+            .map_err(|e| ApiError::Internal(format!("encoding {what}: {e}")))?;
+        let name = format!("sdapi-{}.png", uuid::Uuid::new_v4().simple());
+        let path = state.dirs.input.join(&name);
+        crate::history::write_atomic(&path, &png)?;
+        self.0.push(path);
+        Ok(name)
+    }
+}
+
+#[derive(Clone, Copy)]
+enum MaskRule {
+    /// A1111 and sd-server: white repaints.
+    WhiteRepaints,
+    /// OpenAI: transparent pixels repaint; an opaque mask falls back to white-repaints.
+    TransparentRepaints,
+}
+
+/// The mask as LoadImageMask's `red` channel reads it: 255 where to repaint.
+fn mask_image(img: &image::DynamicImage, rule: MaskRule) -> image::RgbImage {
+    let rgba = img.to_rgba8();
+    let has_alpha = img.color().has_alpha() && rgba.pixels().any(|p| p.0[3] < 255);
+    image::RgbImage::from_fn(rgba.width(), rgba.height(), |x, y| {
+        let p = rgba.get_pixel(x, y).0;
+        let v = match rule {
+            MaskRule::TransparentRepaints if has_alpha => 255 - p[3],
+            _ => ((u16::from(p[0]) + u16::from(p[1]) + u16::from(p[2])) / 3) as u8,
+        };
+        image::Rgb([v, v, v])
+    })
+}
+
+/// Strips a `data:image/...;base64,` prefix and decodes.
+fn decode_b64(s: &str, what: &str) -> Result<Vec<u8>, ApiError> {
+    let data = match s.split_once(";base64,") {
+        Some((prefix, rest)) if prefix.starts_with("data:") => rest,
+        _ => s,
+    };
+    let cleaned: String = data.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+    B64.decode(cleaned.as_bytes())
+        .map_err(|e| ApiError::bad(format!("{what} is not valid base64: {e}")))
+}
+
+/// Runs one preset and returns the PNG bytes of its saved images.
+async fn generate(state: &Arc<AppState>, params: &ImgGenParams) -> Result<Vec<Vec<u8>>, ApiError> {
+    let preset = presets::img_gen(params).map_err(|e| ApiError::bad(e.to_string()))?;
+    let missing = presets::unsupported_nodes(&preset, state.executor.registry());
+    if !missing.is_empty() {
+        let list: Vec<String> = missing.iter().map(ToString::to_string).collect();
+        return Err(ApiError::bad(list.join("; ")));
+    }
+    let prompt = preset.workflow.to_api_json();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let number = state.queue.next_number() as f64;
+    enqueue_off_thread(
+        state.clone(),
+        Submission {
+            prompt,
+            workflow: preset.workflow,
+            client_id: None,
+            extra_data: json!({}),
+            number,
+            prompt_id: uuid::Uuid::new_v4().to_string(),
+            done: Some(tx),
+        },
+    )
+    .await?;
+    let entry = rx.await.map_err(|_| {
+        ApiError::RunFailed("the prompt was removed from the queue before it ran".into())
+    })?;
+    if entry["status"]["status_str"] != "success" {
+        let messages = entry["status"]["messages"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let why = messages
+            .iter()
+            .find_map(|m| match m[0].as_str() {
+                Some("execution_error") => Some(format!(
+                    "node {} ({}) failed: {}",
+                    m[1]["node_id"].as_str().unwrap_or("?"),
+                    m[1]["node_type"].as_str().unwrap_or("?"),
+                    m[1]["exception_message"].as_str().unwrap_or("")
+                )),
+                Some("execution_interrupted") => Some("the run was interrupted".into()),
+                _ => None,
+            })
+            .unwrap_or_else(|| "the run failed".into());
+        return Err(ApiError::RunFailed(why));
+    }
+    let mut images = Vec::new();
+    for node in &preset.save_nodes {
+        for img in entry["outputs"][node]["images"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let path = resolve(
+                state,
+                img["filename"].as_str().unwrap_or(""),
+                img["subfolder"].as_str().unwrap_or(""),
+                img["type"].as_str().unwrap_or("output"),
+            )?;
+            images.push(
+                tokio::fs::read(&path)
+                    .await
+                    .map_err(|e| ApiError::io(img["filename"].to_string(), e))?,
+            );
+        }
+    }
+    Ok(images)
+}
+
+#[derive(Deserialize)]
+#[serde(default)]
+pub struct A1111Request {
+    prompt: String,
+    negative_prompt: String,
+    width: Option<i64>,
+    height: Option<i64>,
+    steps: Option<i64>,
+    cfg_scale: Option<f64>,
+    sampler_name: String,
+    scheduler: String,
+    seed: i64,
+    batch_size: i64,
+    clip_skip: i64,
+    denoising_strength: Option<f64>,
+    init_images: Vec<String>,
+    mask: Option<String>,
+    inpainting_mask_invert: i64,
+    override_settings: Json,
+}
+
+impl Default for A1111Request {
+    fn default() -> Self {
+        A1111Request {
+            prompt: String::new(),
+            negative_prompt: String::new(),
+            width: None,
+            height: None,
+            steps: None,
+            cfg_scale: None,
+            sampler_name: String::new(),
+            scheduler: String::new(),
+            seed: -1,
+            batch_size: 1,
+            clip_skip: -1,
+            denoising_strength: None,
+            init_images: Vec::new(),
+            mask: None,
+            inpainting_mask_invert: 0,
+            override_settings: Json::Null,
+        }
+    }
+}
+
+async fn a1111(state: Arc<AppState>, body: Json, img2img: bool) -> Result<Reply<Json>, ApiError> {
+    let req: A1111Request =
+        serde_json::from_value(body.clone()).map_err(|e| ApiError::bad(format!("request: {e}")))?;
+    if req.prompt.is_empty() {
+        return Err(ApiError::bad("prompt required"));
+    }
+    let model = pick_checkpoint(
+        &state,
+        req.override_settings
+            .get("sd_model_checkpoint")
+            .and_then(Json::as_str),
+    )?;
+    let mut p = ImgGenParams {
+        model: Some(model.clone()),
+        prompt: req.prompt.clone(),
+        negative_prompt: req.negative_prompt.clone(),
+        sampling_method: comfy_sampler(&req.sampler_name),
+        scheduler: comfy_scheduler(&req.scheduler),
+        seed: presets::resolve_seed(req.seed),
+        batch_count: req.batch_size.max(1),
+        clip_skip: req.clip_skip,
+        output: "sdapi.png".into(),
+        ..ImgGenParams::default()
+    };
+    if let Some(s) = req.steps {
+        p.steps = s;
+    }
+    if let Some(c) = req.cfg_scale {
+        p.cfg_scale = c;
+    }
+    if let (Some(w), Some(h)) = (req.width, req.height) {
+        p.width = w;
+        p.height = h;
+        p.size_given = true;
+    }
+    let mut temp = TempInputs(Vec::new());
+    if img2img {
+        let first = req
+            .init_images
+            .first()
+            .ok_or_else(|| ApiError::bad("img2img needs init_images"))?;
+        let bytes = decode_b64(first, "init_images[0]")?;
+        p.init_img = Some(temp.add(&state, &bytes, "init_images[0]", None)?);
+        if let Some(mask) = req.mask.as_deref().filter(|m| !m.is_empty()) {
+            let bytes = decode_b64(mask, "mask")?;
+            let mut decoded =
+                image::load_from_memory(&bytes).map_err(|e| ApiError::bad(format!("mask: {e}")))?;
+            if req.inpainting_mask_invert != 0 {
+                decoded.invert();
+            }
+            let mut png = Vec::new();
+            decoded
+                .write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png)
+                .map_err(|e| ApiError::Internal(format!("encoding the mask: {e}")))?;
+            p.mask = Some(temp.add(&state, &png, "mask", Some(MaskRule::WhiteRepaints))?);
+        }
+        if let Some(d) = req.denoising_strength {
+            p.strength = d.min(1.0);
+        }
+    }
+    let images = generate(&state, &p).await?;
+    drop(temp);
+    let info = json!({
+        "prompt": p.prompt,
+        "negative_prompt": p.negative_prompt,
+        "seed": p.seed,
+        "all_seeds": (0..images.len()).map(|i| p.seed + i as i64).collect::<Vec<_>>(),
+        "width": p.width,
+        "height": p.height,
+        "steps": p.steps,
+        "cfg_scale": p.cfg_scale,
+        "sampler_name": p.sampling_method.clone().unwrap_or_else(|| "euler_ancestral".into()),
+        "scheduler": p.scheduler.clone().unwrap_or_else(|| "normal".into()),
+        "denoising_strength": if img2img { json!(p.strength) } else { Json::Null },
+        "sd_model_name": stem(&model),
+        "version": concat!("sdflow ", env!("CARGO_PKG_VERSION")),
+    });
+    Ok(Reply(json!({
+        "images": images.iter().map(|b| B64.encode(b)).collect::<Vec<_>>(),
+        "parameters": body,
+        // A1111 sends `info` as a JSON document inside a string.
+        "info": info.to_string(),
+    })))
+}
+
+pub async fn txt2img(
+    State(state): AppStateRef,
+    JsonBody(body): JsonBody<Json>,
+) -> Result<Reply<Json>, ApiError> {
+    a1111(state, body, false).await
+}
+
+pub async fn img2img(
+    State(state): AppStateRef,
+    JsonBody(body): JsonBody<Json>,
+) -> Result<Reply<Json>, ApiError> {
+    a1111(state, body, true).await
+}
+
+pub async fn samplers() -> Reply<Json> {
+    let list: Vec<Json> = sdflow_nodes::sampling::sampler_names()
+        .into_iter()
+        .map(|n| {
+            let a1111 = a1111_name(&n);
+            let mut aliases = vec![n.clone()];
+            if a1111 != n {
+                aliases.push(a1111.clone());
+            }
+            json!({ "name": n, "aliases": aliases, "options": {} })
+        })
+        .collect();
+    Reply(json!(list))
+}
+
+fn a1111_name(comfy: &str) -> String {
+    [
+        "euler a",
+        "euler",
+        "heun",
+        "dpm2",
+        "lms",
+        "dpm++ 2s a",
+        "dpm++ 2m",
+        "dpm++ 2m sde",
+        "lcm",
+        "ddim",
+    ]
+    .iter()
+    .find(|a| comfy_sampler(a).as_deref() == Some(comfy))
+    .map(|a| a.to_string())
+    .unwrap_or_else(|| comfy.to_string())
+}
+
+pub async fn schedulers() -> Reply<Json> {
+    let list: Vec<Json> = sdflow_nodes::sampling::scheduler_names()
+        .into_iter()
+        .map(|n| json!({ "name": n, "label": n, "aliases": [n] }))
+        .collect();
+    Reply(json!(list))
+}
+
+pub async fn sd_models(State(state): AppStateRef) -> Reply<Json> {
+    let list: Vec<Json> = list_models(&state, "checkpoints")
+        .into_iter()
+        .map(|m| json!({ "title": m, "model_name": stem(&m), "hash": null, "sha256": null, "filename": m, "config": null }))
+        .collect();
+    Reply(json!(list))
+}
+
+pub async fn loras(State(state): AppStateRef) -> Reply<Json> {
+    let list: Vec<Json> = list_models(&state, "loras")
+        .into_iter()
+        .map(|m| json!({ "name": stem(&m), "path": m }))
+        .collect();
+    Reply(json!(list))
+}
+
+pub async fn upscalers(State(state): AppStateRef) -> Reply<Json> {
+    let mut list: Vec<Json> = ["None", "Lanczos", "Nearest"]
+        .iter()
+        .map(|n| json!({ "name": n, "model_name": null, "model_path": null, "model_url": null, "scale": 4 }))
+        .collect();
+    for m in list_models(&state, "upscale_models") {
+        list.push(json!({ "name": stem(&m), "model_name": stem(&m), "model_path": m, "model_url": null, "scale": 4 }));
+    }
+    Reply(json!(list))
+}
+
+/// OpenAI's `size`: `WxH`; `auto` or absent keeps the default.
+fn parse_size(size: Option<&str>) -> Result<Option<(i64, i64)>, ApiError> {
+    let Some(s) = size
+        .map(str::trim)
+        .filter(|s| !s.is_empty() && *s != "auto")
+    else {
+        return Ok(None);
+    };
+    let parsed = s
+        .split_once(['x', 'X'])
+        .and_then(|(w, h)| Some((w.trim().parse::<i64>().ok()?, h.trim().parse::<i64>().ok()?)));
+    match parsed {
+        Some((w, h)) if w > 0 && h > 0 => Ok(Some((w, h))),
+        _ => Err(ApiError::bad(format!("size `{s}` is not WIDTHxHEIGHT"))),
+    }
+}
+
+fn openai_reply(images: &[Vec<u8>]) -> Reply<Json> {
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    Reply(json!({
+        "created": created,
+        "data": images.iter().map(|b| json!({ "b64_json": B64.encode(b) })).collect::<Vec<_>>(),
+        "output_format": "png",
+    }))
+}
+
+fn check_format(format: Option<&str>) -> Result<(), ApiError> {
+    match format {
+        None | Some("b64_json") => Ok(()),
+        Some(other) => Err(ApiError::bad(format!(
+            "response_format `{other}` is not supported; use b64_json"
+        ))),
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+pub struct OpenAiRequest {
+    prompt: String,
+    negative_prompt: String,
+    n: Option<i64>,
+    size: Option<String>,
+    model: Option<String>,
+    response_format: Option<String>,
+    seed: Option<i64>,
+}
+
+pub async fn generations(
+    State(state): AppStateRef,
+    JsonBody(req): JsonBody<OpenAiRequest>,
+) -> Result<Reply<Json>, ApiError> {
+    if req.prompt.is_empty() {
+        return Err(ApiError::bad("prompt required"));
+    }
+    check_format(req.response_format.as_deref())?;
+    let model = pick_checkpoint(
+        &state,
+        req.model.as_deref().filter(|m| *m != "sd-cpp-local"),
+    )?;
+    let mut p = ImgGenParams {
+        model: Some(model),
+        prompt: req.prompt,
+        negative_prompt: req.negative_prompt,
+        seed: presets::resolve_seed(req.seed.unwrap_or(-1)),
+        batch_count: req.n.unwrap_or(1),
+        output: "openai.png".into(),
+        ..ImgGenParams::default()
+    };
+    if let Some((w, h)) = parse_size(req.size.as_deref())? {
+        (p.width, p.height, p.size_given) = (w, h, true);
+    }
+    let images = generate(&state, &p).await?;
+    Ok(openai_reply(&images))
+}
+
+pub async fn edits(State(state): AppStateRef, form: Form) -> Result<Reply<Json>, ApiError> {
+    let parts = form.parts(state.config.max_body_bytes).await?;
+    let prompt = text_field(&parts, "prompt")?.unwrap_or("").to_string();
+    if prompt.is_empty() {
+        return Err(ApiError::bad("prompt required"));
+    }
+    check_format(text_field(&parts, "response_format")?)?;
+    let image = parts
+        .iter()
+        .find(|p| p.name == "image" || p.name == "image[]")
+        .ok_or_else(|| ApiError::bad("at least one image (`image` or `image[]`) required"))?;
+    let n = match text_field(&parts, "n")? {
+        Some(v) => v
+            .trim()
+            .parse::<i64>()
+            .map_err(|_| ApiError::bad(format!("n `{v}` is not a number")))?,
+        None => 1,
+    };
+    let model = pick_checkpoint(
+        &state,
+        text_field(&parts, "model")?.filter(|m| *m != "sd-cpp-local"),
+    )?;
+    let mut p = ImgGenParams {
+        model: Some(model),
+        prompt,
+        negative_prompt: text_field(&parts, "negative_prompt")?
+            .unwrap_or("")
+            .to_string(),
+        seed: presets::resolve_seed(-1),
+        batch_count: n,
+        output: "openai_edit.png".into(),
+        ..ImgGenParams::default()
+    };
+    if let Some((w, h)) = parse_size(text_field(&parts, "size")?)? {
+        (p.width, p.height, p.size_given) = (w, h, true);
+    }
+    let mut temp = TempInputs(Vec::new());
+    p.init_img = Some(temp.add(&state, &image.bytes, "image", None)?);
+    if let Some(mask) = parts.iter().find(|p| p.name == "mask") {
+        p.mask = Some(temp.add(
+            &state,
+            &mask.bytes,
+            "mask",
+            Some(MaskRule::TransparentRepaints),
+        )?);
+    }
+    let images = generate(&state, &p).await?;
+    drop(temp);
+    Ok(openai_reply(&images))
+}
+
+pub async fn models(State(state): AppStateRef) -> Reply<Json> {
+    let data: Vec<Json> = list_models(&state, "checkpoints")
+        .into_iter()
+        .map(|m| json!({ "id": m, "object": "model", "created": 0, "owned_by": "local" }))
+        .collect();
+    Reply(json!({ "object": "list", "data": data }))
+}

@@ -1,0 +1,270 @@
+//! The real nodes on a tiny random-weight SD1 checkpoint: a ComfyUI prompt through
+//! /prompt and /view, and sd-server's A1111 and OpenAI endpoints.
+
+mod common;
+
+use base64::Engine;
+use common::{start_in, TestServer};
+use sdflow_core::dtype::DType;
+use sdflow_core::synth::{ensure_checkpoint, Format, SdConfig};
+use serde_json::{json, Value as Json};
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+
+async fn server() -> (TestServer, tempfile::TempDir) {
+    let tmp = tempfile::tempdir().unwrap();
+    let ckpts = tmp.path().join("models/checkpoints");
+    std::fs::create_dir_all(&ckpts).unwrap();
+    ensure_checkpoint(
+        &ckpts.join("model.safetensors"),
+        &SdConfig::tiny_sd1_f8(),
+        DType::F32,
+        7,
+        Format::Safetensors,
+    )
+    .unwrap();
+    let s = start_in(tmp.path(), |_| {}, true).await;
+    (s, tmp)
+}
+
+fn decode_png(b64: &str) -> image::DynamicImage {
+    let bytes = B64.decode(b64).unwrap();
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+    image::load_from_memory(&bytes).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_comfyui_prompt_on_real_nodes_through_prompt_and_view() {
+    let (mut s, _tmp) = server().await;
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../workflows/txt2img.json"
+    ))
+    .unwrap();
+    let mut prompt: Json = serde_json::from_str::<Json>(&text).unwrap()["nodes"].clone();
+    prompt["4"]["inputs"]["width"] = json!(64);
+    prompt["4"]["inputs"]["height"] = json!(64);
+    prompt["5"]["inputs"]["steps"] = json!(2);
+    let (code, r) = s
+        .post("/prompt", json!({"prompt": prompt, "client_id": "real"}))
+        .await;
+    assert_eq!(code, 200, "{r}");
+    let id = r["prompt_id"].as_str().unwrap().to_string();
+    let entry = s.wait_history(&id).await;
+    assert_eq!(entry["status"]["status_str"], "success", "{entry}");
+    let img = &entry["outputs"]["7"]["images"][0];
+    assert_eq!(img["type"], "output");
+    let url = format!(
+        "/view?filename={}&subfolder={}&type=output",
+        img["filename"].as_str().unwrap(),
+        img["subfolder"].as_str().unwrap()
+    );
+    let r = s.http.get(s.url(&url)).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "image/png");
+    let bytes = r.bytes().await.unwrap().to_vec();
+    let png = image::load_from_memory(&bytes).unwrap();
+    assert_eq!((png.width(), png.height()), (64, 64));
+    // ComfyUI's metadata: the prompt, so the image reopens as its workflow.
+    let meta = sdflow_workflows::metadata::parse_metadata(&bytes).unwrap();
+    let prompt_text = meta
+        .entries
+        .iter()
+        .find(|e| e.key == "prompt")
+        .expect("a prompt chunk");
+    let saved: Json = serde_json::from_str(&prompt_text.text).unwrap();
+    assert_eq!(saved["5"]["inputs"]["steps"], 2);
+    // No temporary files were left next to the output.
+    let leftovers: Vec<_> = std::fs::read_dir(s.dir.join("output"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().contains("tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sd_server_endpoints_generate_on_the_tiny_model() {
+    let (mut s, _tmp) = server().await;
+    let (code, r) = s
+        .post("/sdapi/v1/txt2img", json!({"prompt": "a cat", "negative_prompt": "blurry", "width": 64, "height": 64, "steps": 2, "cfg_scale": 5.0, "sampler_name": "Euler a", "scheduler": "Karras", "seed": 5, "batch_size": 2}))
+        .await;
+    assert_eq!(code, 200, "{r}");
+    let images = r["images"].as_array().unwrap();
+    assert_eq!(images.len(), 2);
+    let first = decode_png(images[0].as_str().unwrap());
+    assert_eq!((first.width(), first.height()), (64, 64));
+    assert_ne!(
+        first.to_rgb8().into_raw(),
+        decode_png(images[1].as_str().unwrap()).to_rgb8().into_raw(),
+        "batch images differ"
+    );
+    assert_eq!(r["parameters"]["prompt"], "a cat");
+    let info: Json = serde_json::from_str(r["info"].as_str().unwrap()).unwrap();
+    assert_eq!(info["seed"], 5);
+    assert_eq!(info["sampler_name"], "euler_ancestral");
+    assert_eq!(info["scheduler"], "karras");
+    // The request went through the queue like any prompt.
+    let h = s.get("/history").await.1;
+    let entry = h.as_object().unwrap().values().next().unwrap();
+    let sampler = entry["prompt"][2]
+        .as_object()
+        .unwrap()
+        .values()
+        .find(|n| n["class_type"] == "KSampler")
+        .unwrap();
+    assert_eq!(sampler["inputs"]["sampler_name"], "euler_ancestral");
+    assert_eq!(sampler["inputs"]["seed"], 5);
+    // The seed is honoured: another seed, another image.
+    let (_, other) = s.post("/sdapi/v1/txt2img", json!({"prompt": "a cat", "negative_prompt": "blurry", "width": 64, "height": 64, "steps": 2, "cfg_scale": 5.0, "sampler_name": "Euler a", "scheduler": "Karras", "seed": 6, "batch_size": 1})).await;
+    assert_eq!(
+        serde_json::from_str::<Json>(other["info"].as_str().unwrap()).unwrap()["seed"],
+        6
+    );
+    assert_ne!(
+        decode_png(other["images"][0].as_str().unwrap())
+            .to_rgb8()
+            .into_raw(),
+        first.to_rgb8().into_raw()
+    );
+
+    // img2img from the first image, with and without a mask (as a data URL, as A1111's UI sends).
+    let init = images[0].as_str().unwrap();
+    let (code, r) = s.post("/sdapi/v1/img2img", json!({"prompt": "a dog", "init_images": [init], "denoising_strength": 0.5, "steps": 2, "seed": 3})).await;
+    assert_eq!(code, 200, "{r}");
+    let out = decode_png(r["images"][0].as_str().unwrap());
+    assert_eq!((out.width(), out.height()), (64, 64));
+    let mut mask = image::GrayImage::new(64, 64);
+    for (x, _, p) in mask.enumerate_pixels_mut() {
+        p.0 = [if x >= 32 { 255 } else { 0 }];
+    }
+    let mut mask_png = Vec::new();
+    image::DynamicImage::ImageLuma8(mask)
+        .write_to(
+            &mut std::io::Cursor::new(&mut mask_png),
+            image::ImageFormat::Png,
+        )
+        .unwrap();
+    let mask_b64 = format!("data:image/png;base64,{}", B64.encode(&mask_png));
+    let masked = |seed: i64| {
+        let body = json!({"prompt": "a dog", "init_images": [init], "mask": mask_b64, "denoising_strength": 0.6, "steps": 2, "seed": seed});
+        let s = &s;
+        async move {
+            let (code, r) = s.post("/sdapi/v1/img2img", body).await;
+            assert_eq!(code, 200, "{r}");
+            decode_png(r["images"][0].as_str().unwrap()).to_rgb8()
+        }
+    };
+    let (a, b) = (masked(3).await, masked(4).await);
+    // Outside the mask the latent is held at the image whatever the seed; inside it is
+    // sampled from the seed's noise.
+    let diff = |x0: u32, x1: u32| -> f64 {
+        let mut d = 0.0;
+        for y in 0..64 {
+            for x in x0..x1 {
+                for c in 0..3 {
+                    d += (f64::from(a.get_pixel(x, y).0[c]) - f64::from(b.get_pixel(x, y).0[c]))
+                        .abs();
+                }
+            }
+        }
+        d
+    };
+    assert!(
+        diff(40, 64) > 2.0 * diff(0, 24),
+        "the masked half depends on the seed more: {} vs {}",
+        diff(40, 64),
+        diff(0, 24)
+    );
+    // Inputs written for the request are gone afterwards.
+    let left: Vec<_> = std::fs::read_dir(s.dir.join("input"))
+        .unwrap()
+        .flatten()
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+
+    // OpenAI.
+    let (code, r) = s
+        .post(
+            "/v1/images/generations",
+            json!({"prompt": "a cat", "n": 1, "size": "64x64", "response_format": "b64_json"}),
+        )
+        .await;
+    assert_eq!(code, 200, "{r}");
+    assert!(r["created"].as_u64().unwrap() > 0);
+    let g = decode_png(r["data"][0]["b64_json"].as_str().unwrap());
+    assert_eq!((g.width(), g.height()), (64, 64));
+    let form = reqwest::multipart::Form::new()
+        .part(
+            "image",
+            reqwest::multipart::Part::bytes(B64.decode(init).unwrap()).file_name("in.png"),
+        )
+        .part(
+            "mask",
+            reqwest::multipart::Part::bytes(mask_png).file_name("mask.png"),
+        )
+        .text("prompt", "a dog")
+        .text("size", "64x64");
+    let r = s
+        .http
+        .post(s.url("/v1/images/edits"))
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let j: Json = r.json().await.unwrap();
+    let e = decode_png(j["data"][0]["b64_json"].as_str().unwrap());
+    assert_eq!((e.width(), e.height()), (64, 64));
+
+    // Bad requests name the problem.
+    let (code, r) = s.post("/sdapi/v1/txt2img", json!({"prompt": ""})).await;
+    assert_eq!(code, 400, "{r}");
+    let (code, r) = s.post("/sdapi/v1/txt2img", json!({"prompt": "x", "sampler_name": "warp drive", "steps": 1, "width": 64, "height": 64})).await;
+    assert_eq!(code, 400, "{r}");
+    assert!(r.to_string().contains("warp drive"), "{r}");
+    let (code, r) = s
+        .post(
+            "/sdapi/v1/txt2img",
+            json!({"prompt": "x", "override_settings": {"sd_model_checkpoint": "nope"}}),
+        )
+        .await;
+    assert_eq!(code, 400);
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("model.safetensors"),
+        "{r}"
+    );
+    assert_eq!(
+        s.post("/sdapi/v1/img2img", json!({"prompt": "x"})).await.0,
+        400
+    );
+    assert_eq!(
+        s.post(
+            "/sdapi/v1/img2img",
+            json!({"prompt": "x", "init_images": ["!!notbase64"]})
+        )
+        .await
+        .0,
+        400
+    );
+    assert_eq!(
+        s.post(
+            "/v1/images/generations",
+            json!({"prompt": "x", "size": "big"})
+        )
+        .await
+        .0,
+        400
+    );
+    assert_eq!(
+        s.post("/sdapi/v1/txt2img", json!({"prompt": "x", "steps": "many"}))
+            .await
+            .0,
+        400
+    );
+    s.shutdown().await;
+}
