@@ -79,7 +79,8 @@ pub enum Heads {
 /// ldm `UNetModel` hyper-parameters (names follow the ldm yaml configs).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UnetConfig {
-    /// 4 for txt2img; 9 for inpainting models (latent + mask + masked-image latent).
+    /// 4 for txt2img; 9 for inpainting models (latent + mask + masked-image latent); 8
+    /// for instruct-pix2pix (latent + source image latent).
     pub in_channels: usize,
     pub out_channels: usize,
     pub model_channels: usize,
@@ -235,6 +236,14 @@ impl SdConfig {
     pub fn tiny_sd1_f8() -> Self {
         let mut cfg = Self::tiny_sd1();
         cfg.vae.ch_mult = vec![1, 1, 2, 2];
+        cfg
+    }
+
+    /// [`SdConfig::tiny_sd1_f8`] with an instruct-pix2pix UNet: 8 input channels, the
+    /// noisy latent and the source image's latent.
+    pub fn tiny_sd1_pix2pix() -> Self {
+        let mut cfg = Self::tiny_sd1_f8();
+        cfg.unet.in_channels = 8;
         cfg
     }
 

@@ -268,3 +268,18 @@ fn every_truncation_fails_cleanly() {
     }
     assert!(safetensors::parse(&full).is_ok());
 }
+
+/// A header 128 + 256·k bytes long starts the file with 0x80, the pickle protocol byte;
+/// the `{` at offset 8 still says safetensors, whatever the file is called.
+#[test]
+fn header_length_with_a_pickle_looking_first_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = r#"{"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}}"#;
+    let header = format!("{body:<128}");
+    let bytes = raw(&header, 16);
+    assert_eq!(bytes[0], 0x80);
+    let p = dir.path().join("model.bin");
+    std::fs::write(&p, &bytes).unwrap();
+    let src = io::open(&p).unwrap();
+    assert_eq!(src.tensors().len(), 1);
+}

@@ -1,7 +1,7 @@
 //! Text conditioning.
 
 use crate::runtime::Runtime;
-use crate::values::{ClipRef, CondEntry, CondList};
+use crate::values::{ClipRef, CondArea, CondEntry, CondList, CondMask, Mask};
 use crate::err;
 use sdflow_core::detect::ModelFamily;
 use sdflow_core::models::clip::{ClipLayout, ClipTextConfig, ClipTextModel};
@@ -15,6 +15,9 @@ pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
     registry.register(Arc::new(ClipSetLastLayer));
     for op in [CondOp::Combine, CondOp::Concat, CondOp::Average, CondOp::ZeroOut, CondOp::TimestepRange] {
         registry.register(Arc::new(ConditioningOp(op)));
+    }
+    for op in [AreaOp::Pixels, AreaOp::Percentage, AreaOp::Strength, AreaOp::Mask] {
+        registry.register(Arc::new(ConditioningArea(op)));
     }
 }
 
@@ -179,7 +182,7 @@ impl Node for ConditioningOp {
                         Conditioning::new(t.data.iter().zip(&fv).map(|(a, b)| a * strength + b * (1.0 - strength)).collect(), t.dim, t.tokens)
                     }
                     .map_err(err)?;
-                    entries.push(CondEntry { cond: Arc::new(c), timestep_range: e.timestep_range });
+                    entries.push(e.with_cond(c));
                 }
                 CondList(entries)
             }
@@ -187,7 +190,7 @@ impl Node for ConditioningOp {
                 let c = cond_of(inputs, "conditioning")?;
                 CondList(
                     c.0.iter()
-                        .map(|e| CondEntry { cond: Arc::new(Conditioning { data: vec![0.0; e.cond.data.len()], ..(*e.cond).clone() }), timestep_range: e.timestep_range })
+                        .map(|e| e.with_cond(Conditioning { data: vec![0.0; e.cond.data.len()], ..(*e.cond).clone() }))
                         .collect(),
                 )
             }
@@ -202,5 +205,111 @@ impl Node for ConditioningOp {
             }
         };
         Ok(Outputs::new(vec![Value::new(IoType::CONDITIONING, out)]))
+    }
+}
+
+/// ComfyUI's area and mask nodes: where an entry guides, and how strongly.
+#[derive(Clone, Copy)]
+enum AreaOp {
+    /// ConditioningSetArea: pixels, stored as latent cells (÷ 8, rounded down).
+    Pixels,
+    /// ConditioningSetAreaPercentage: fractions of the latent, resolved when sampling.
+    Percentage,
+    /// ConditioningSetAreaStrength.
+    Strength,
+    /// ConditioningSetMask.
+    Mask,
+}
+
+struct ConditioningArea(AreaOp);
+
+/// ComfyUI's MAX_RESOLUTION.
+const MAX_RESOLUTION: i64 = 16384;
+
+impl Node for ConditioningArea {
+    fn schema(&self) -> NodeSchema {
+        let c = IoType::CONDITIONING;
+        let strength = InputSpec::float("strength", 1.0).float_range(0.0, 10.0).float_step(0.01);
+        let s = match self.0 {
+            AreaOp::Pixels => NodeSchema::new("ConditioningSetArea")
+                .display_name("Conditioning (Set Area)")
+                .description("Makes the conditioning guide only a rectangle of the image (pixels, multiples of 8), blended in with feathered edges.")
+                .input(InputSpec::link("conditioning", c.clone()))
+                .input(InputSpec::int("width", 64).int_range(64, MAX_RESOLUTION as i128).int_step(8))
+                .input(InputSpec::int("height", 64).int_range(64, MAX_RESOLUTION as i128).int_step(8))
+                .input(InputSpec::int("x", 0).int_range(0, MAX_RESOLUTION as i128).int_step(8))
+                .input(InputSpec::int("y", 0).int_range(0, MAX_RESOLUTION as i128).int_step(8))
+                .input(strength),
+            AreaOp::Percentage => NodeSchema::new("ConditioningSetAreaPercentage")
+                .display_name("Conditioning (Set Area with Percentage)")
+                .description("ConditioningSetArea with the rectangle as fractions of the image.")
+                .input(InputSpec::link("conditioning", c.clone()))
+                .input(InputSpec::float("width", 1.0).float_range(0.0, 1.0).float_step(0.01))
+                .input(InputSpec::float("height", 1.0).float_range(0.0, 1.0).float_step(0.01))
+                .input(InputSpec::float("x", 0.0).float_range(0.0, 1.0).float_step(0.01))
+                .input(InputSpec::float("y", 0.0).float_range(0.0, 1.0).float_step(0.01))
+                .input(strength),
+            AreaOp::Strength => NodeSchema::new("ConditioningSetAreaStrength")
+                .display_name("ConditioningSetAreaStrength")
+                .input(InputSpec::link("conditioning", c.clone()))
+                .input(strength),
+            AreaOp::Mask => NodeSchema::new("ConditioningSetMask")
+                .display_name("Conditioning (Set Mask)")
+                .description("Weights the conditioning's guidance by a mask; \"mask bounds\" also runs the model only on the mask's bounding box.")
+                .input(InputSpec::link("conditioning", c.clone()))
+                .input(InputSpec::link("mask", IoType::MASK))
+                .input(strength)
+                .input(InputSpec::combo("set_cond_area", ["default", "mask bounds"])),
+        };
+        s.category("conditioning").output("CONDITIONING", c)
+    }
+
+    fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let mut c = cond_of(inputs, "conditioning")?;
+        let strength = inputs.float("strength")? as f32;
+        if !(0.0..=10.0).contains(&strength) {
+            return Err(NodeError::msg(format!("strength {strength} is outside 0..=10")));
+        }
+        match self.0 {
+            AreaOp::Pixels => {
+                let mut v = [0i64; 4];
+                for (slot, (name, min)) in v.iter_mut().zip([("height", 64), ("width", 64), ("y", 0), ("x", 0)]) {
+                    let p = inputs.int(name)?;
+                    if !(min..=MAX_RESOLUTION).contains(&p) {
+                        return Err(NodeError::msg(format!("{name} {p} is outside {min}..={MAX_RESOLUTION}")));
+                    }
+                    *slot = p / 8;
+                }
+                let area = CondArea::Cells { height: v[0], width: v[1], y: v[2], x: v[3] };
+                c.0.iter_mut().for_each(|e| (e.area, e.strength) = (Some(area), strength));
+            }
+            AreaOp::Percentage => {
+                let mut v = [0f64; 4];
+                for (slot, name) in v.iter_mut().zip(["height", "width", "y", "x"]) {
+                    let f = inputs.float(name)?;
+                    if !(0.0..=1.0).contains(&f) {
+                        return Err(NodeError::msg(format!("{name} {f} is outside 0..=1")));
+                    }
+                    *slot = f;
+                }
+                let area = CondArea::Fraction { height: v[0], width: v[1], y: v[2], x: v[3] };
+                c.0.iter_mut().for_each(|e| (e.area, e.strength) = (Some(area), strength));
+            }
+            AreaOp::Strength => c.0.iter_mut().for_each(|e| e.strength = strength),
+            AreaOp::Mask => {
+                let mask = inputs.downcast_arc::<Mask>("mask")?;
+                if mask.n == 0 || mask.width == 0 || mask.height == 0 {
+                    return Err(NodeError::msg("the mask is empty"));
+                }
+                let area_to_bounds = match inputs.string("set_cond_area")? {
+                    "default" => false,
+                    "mask bounds" => true,
+                    other => return Err(NodeError::msg(format!("set_cond_area `{other}` is not \"default\" or \"mask bounds\""))),
+                };
+                let m = CondMask { mask, strength, area_to_bounds };
+                c.0.iter_mut().for_each(|e| e.mask = Some(m.clone()));
+            }
+        }
+        Ok(Outputs::new(vec![Value::new(IoType::CONDITIONING, c)]))
     }
 }

@@ -171,13 +171,14 @@ impl Node for CfgGuider {
     fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
         let model = inputs.downcast::<ModelRef>("model")?.clone();
         let g = if self.basic {
-            Guider { model, positive: inputs.downcast::<CondList>("conditioning")?.clone(), negative: None, cfg: 1.0 }
+            Guider { model, positive: inputs.downcast::<CondList>("conditioning")?.clone(), negative: None, cfg: 1.0, dual: None }
         } else {
             Guider {
                 model,
                 positive: inputs.downcast::<CondList>("positive")?.clone(),
                 negative: Some(inputs.downcast::<CondList>("negative")?.clone()),
                 cfg: inputs.float("cfg")? as f32,
+                dual: None,
             }
         };
         Ok(one(IoType::GUIDER, g))

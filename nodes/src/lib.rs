@@ -5,7 +5,7 @@
 //! manager, the compute backend, where models and outputs live — is in one [`Runtime`]
 //! given at registration.
 //!
-//! - [`loaders`]: CheckpointLoaderSimple
+//! - [`loaders`]: CheckpointLoaderSimple, VAELoader
 //! - [`conditioning`]: CLIPTextEncode, CLIPSetLastLayer, ConditioningCombine, ConditioningConcat,
 //!   ConditioningAverage, ConditioningZeroOut, ConditioningSetTimestepRange
 //! - [`latent`]: EmptyLatentImage, SetLatentNoiseMask, LatentUpscale, LatentUpscaleBy
@@ -13,16 +13,25 @@
 //! - [`custom_sampling`]: KSamplerAdvanced, SamplerCustom(Advanced), KSamplerSelect, BasicScheduler,
 //!   KarrasScheduler, ExponentialScheduler, SplitSigmas, RandomNoise, DisableNoise, CFGGuider, BasicGuider
 //! - [`image`]: LoadImage, LoadImageMask, ImageScale, VAEDecode, VAEEncode, VAEEncodeForInpaint,
-//!   SaveImage, PreviewImage
+//!   SaveImage, PreviewImage, VAEDecodeTiled, VAEEncodeTiled, ImageCrop, ImageInvert, EmptyImage
+//! - [`mask`]: SolidMask, InvertMask, CropMask, MaskComposite, FeatherMask, GrowMask, ThresholdMask,
+//!   ImageToMask, MaskToImage, ImageCompositeMasked, ImagePadForOutpaint
+//! - [`upscale`]: UpscaleModelLoader, ImageUpscaleWithModel (ESRGAN / Real-ESRGAN), ImageScaleBy
 
 pub mod conditioning;
 pub mod custom_sampling;
+pub mod guidance;
 pub mod image;
 pub mod latent;
 pub mod loaders;
+pub mod mask;
+pub mod pix2pix;
+pub mod preview;
 pub mod resize;
 pub mod runtime;
 pub mod sampling;
+pub mod taesd;
+pub mod upscale;
 pub mod values;
 
 pub use runtime::Runtime;
@@ -38,6 +47,9 @@ pub fn register_all(registry: &mut Registry, rt: Arc<Runtime>) {
     sampling::register(registry, &rt);
     custom_sampling::register(registry, &rt);
     image::register(registry, &rt);
+    mask::register(registry);
+    pix2pix::register(registry, &rt);
+    upscale::register(registry, &rt);
 }
 
 /// Turns any displayable error into the executor's node error.

@@ -1,7 +1,7 @@
 //! Model loaders.
 
 use crate::runtime::Runtime;
-use crate::values::{ClipRef, ModelRef, VaeRef};
+use crate::values::{ClipRef, ModelRef, VaeKind, VaeRef};
 use crate::err;
 use sdflow_core::detect::{self, KeyLayout, ModelFamily};
 use sdflow_core::ggml::Backend;
@@ -9,6 +9,7 @@ use sdflow_core::io::{self, TypeRules};
 use sdflow_core::models::clip::ClipLayout;
 use sdflow_core::models::load::load_weights;
 use sdflow_core::models::sd::Prediction;
+use sdflow_core::models::vae::{standalone_source, STANDALONE_PREFIX};
 use sdflow_core::models::Weights;
 use sdflow_core::residency::{Device, WeightHandle, WeightKey};
 use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Node, NodeError, NodeSchema, Outputs, Registry, Value};
@@ -17,6 +18,7 @@ use std::sync::Arc;
 
 pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
     registry.register(Arc::new(CheckpointLoaderSimple { rt: rt.clone() }));
+    registry.register(Arc::new(VaeLoader { rt: rt.clone() }));
 }
 
 /// Ask the residency manager for the tensors under `prefix` of `path`; nothing is read
@@ -99,10 +101,7 @@ impl Node for CheckpointLoaderSimple {
 
     /// A changed file on disk must not be served from the cache.
     fn fingerprint(&self, inputs: &Inputs) -> Result<Option<Vec<u8>>, NodeError> {
-        let path = self.path(inputs)?;
-        let meta = std::fs::metadata(&path).map_err(|e| NodeError::msg(format!("{}: {e}", path.display())))?;
-        let mtime = meta.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_nanos());
-        Ok(Some(format!("{}:{}:{mtime}", path.display(), meta.len()).into_bytes()))
+        file_fingerprint(&self.path(inputs)?)
     }
 
     fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
@@ -122,11 +121,105 @@ impl Node for CheckpointLoaderSimple {
             family: parts.family,
             clip_skip: None,
         };
-        let vae = VaeRef { weights: weights_handle(&self.rt, &path, "first_stage_model.")?, prefix: "first_stage_model".into() };
+        let vae = VaeRef { weights: weights_handle(&self.rt, &path, "first_stage_model.")?, prefix: "first_stage_model".into(), kind: VaeKind::Kl };
         Ok(Outputs::new(vec![
             Value::new(IoType::MODEL, model),
             Value::new(IoType::CLIP, clip),
             Value::new(IoType::VAE, vae),
         ]))
     }
+}
+
+/// ComfyUI's "Load VAE": a standalone VAE file from `models/vae` — LDM key names with or
+/// without `first_stage_model.`, or diffusers `AutoencoderKL` names (also a diffusers
+/// pipeline folder's `vae/`). The weights load on first use, through the residency manager.
+struct VaeLoader {
+    rt: Arc<Runtime>,
+}
+
+impl VaeLoader {
+    fn path(&self, inputs: &Inputs) -> Result<PathBuf, NodeError> {
+        self.rt.resolve_model("vae", inputs.string("vae_name")?).map_err(NodeError::msg)
+    }
+}
+
+/// The residency key prefix of VAEs loaded through [`standalone_source`]: distinct from a
+/// checkpoint's own `first_stage_model.` entry, whose tensors are not renamed.
+const STANDALONE_KEY: &str = "vae-loader:";
+
+/// The KL VAE of a standalone file as a handle; nothing is read until it is pinned.
+fn standalone_vae_handle(rt: &Runtime, path: &Path) -> Result<WeightHandle<Weights>, NodeError> {
+    // Validate the layout now, so a wrong file fails in the loader naming the file.
+    let src = io::open(path).map_err(err)?;
+    standalone_source(src).map_err(err)?;
+    let key = WeightKey::new([path], STANDALONE_KEY, rt.weight_type, Device::Cpu).map_err(err)?;
+    let (path, wt) = (path.to_path_buf(), rt.weight_type);
+    rt.residency
+        .get_or_load(key, move || -> Result<Weights, Box<dyn std::error::Error + Send + Sync>> {
+            let src = standalone_source(io::open(&path)?)?;
+            let backend = Backend::cpu(1)?;
+            Ok(load_weights(&backend, src.as_ref(), &[&format!("{STANDALONE_PREFIX}.")], &TypeRules::new(wt, "")?)?)
+        })
+        .map_err(err)
+}
+
+impl Node for VaeLoader {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("VAELoader")
+            .display_name("Load VAE")
+            .category("loaders")
+            .description("Loads a standalone VAE (LDM or diffusers key names); weights load on first use.")
+            .input(InputSpec::combo("vae_name", vae_names(&self.rt)).tooltip("The VAE file in models/vae, or `taesd` (from models/vae_approx)."))
+            .output("VAE", IoType::VAE)
+    }
+
+    fn fingerprint(&self, inputs: &Inputs) -> Result<Option<Vec<u8>>, NodeError> {
+        if let Some(files) = taesd_choice(&self.rt, inputs)? {
+            let mut all = Vec::new();
+            for (p, _) in &files.parts {
+                all.extend(file_fingerprint(p)?.unwrap_or_default());
+            }
+            return Ok(Some(all));
+        }
+        file_fingerprint(&self.path(inputs)?)
+    }
+
+    fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        if let Some(files) = taesd_choice(&self.rt, inputs)? {
+            let vae = VaeRef { weights: crate::taesd::weights_handle(&self.rt, &files)?, prefix: String::new(), kind: VaeKind::Taesd };
+            return Ok(Outputs::new(vec![Value::new(IoType::VAE, vae)]));
+        }
+        let path = self.path(inputs)?;
+        // A pipeline folder holds its VAE in `vae/`; io::open reads the folder's components.
+        let vae = VaeRef { weights: standalone_vae_handle(&self.rt, &path)?, prefix: STANDALONE_PREFIX.into(), kind: VaeKind::Kl };
+        Ok(Outputs::new(vec![Value::new(IoType::VAE, vae)]))
+    }
+}
+
+/// VAELoader's choices: the files in `models/vae`, then `taesd` when `models/vae_approx`
+/// has it (ComfyUI lists it when both halves are there; sd.cpp's single file counts too).
+fn vae_names(rt: &Runtime) -> Vec<String> {
+    let mut names = rt.list_models("vae");
+    if crate::taesd::find_full(rt).is_some() {
+        names.push(crate::taesd::SD_TAESD.to_string());
+    }
+    names
+}
+
+/// The TAESD files when VAELoader's `vae_name` is `taesd` and no file in `models/vae`
+/// has that name.
+fn taesd_choice(rt: &Runtime, inputs: &Inputs) -> Result<Option<crate::taesd::TaesdFiles>, NodeError> {
+    let name = inputs.string("vae_name")?;
+    if name != crate::taesd::SD_TAESD || rt.resolve_model("vae", name).is_ok() {
+        return Ok(None);
+    }
+    crate::taesd::find_full(rt).map(Some).ok_or_else(|| NodeError::msg("`taesd` needs taesd_encoder.* and taesd_decoder.* (or one taesd.* file) in models/vae_approx"))
+}
+
+/// A file's path, size and modification time: a changed file must not be served from
+/// the cache.
+fn file_fingerprint(path: &Path) -> Result<Option<Vec<u8>>, NodeError> {
+    let meta = std::fs::metadata(path).map_err(|e| NodeError::msg(format!("{}: {e}", path.display())))?;
+    let mtime = meta.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_nanos());
+    Ok(Some(format!("{}:{}:{mtime}", path.display(), meta.len()).into_bytes()))
 }

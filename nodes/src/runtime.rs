@@ -17,6 +17,12 @@ pub struct Runtime {
     pub input_dir: PathBuf,
     /// Weight type to convert matrices to at load (`--type`); `None` keeps the file's.
     pub weight_type: Option<DType>,
+    /// When VAEDecode/VAEEncode work in tiles (`--vae-tiling` and its options).
+    pub vae_tiling: sdflow_core::models::tiling::VaeTiling,
+    /// The generator of sampling noise (`--rng`): ComfyUI's CPU noise by default.
+    pub rng: sdflow_core::sampling::RngKind,
+    /// How samplers preview their progress (`--preview-method`).
+    pub preview: crate::preview::PreviewMethod,
     /// The compute lane: one graph at a time, as the executor's device lane guarantees.
     backend: Mutex<Backend>,
 }
@@ -37,8 +43,29 @@ impl Runtime {
             output_dir: output_dir.into(),
             input_dir: PathBuf::from("input"),
             weight_type,
+            vae_tiling: Default::default(),
+            rng: sdflow_core::sampling::RngKind::Cpu,
+            preview: crate::preview::PreviewMethod::default(),
             backend: Mutex::new(Backend::cpu(threads)?),
         })
+    }
+
+    /// Set the generator of sampling noise.
+    pub fn with_rng(mut self, rng: sdflow_core::sampling::RngKind) -> Self {
+        self.rng = rng;
+        self
+    }
+
+    /// Set how samplers preview their progress.
+    pub fn with_preview_method(mut self, preview: crate::preview::PreviewMethod) -> Self {
+        self.preview = preview;
+        self
+    }
+
+    /// Set when VAEDecode/VAEEncode work in tiles.
+    pub fn with_vae_tiling(mut self, tiling: sdflow_core::models::tiling::VaeTiling) -> Self {
+        self.vae_tiling = tiling;
+        self
     }
 
     /// Run `f` with exclusive use of the compute backend.

@@ -1,13 +1,14 @@
 //! Samplers.
 
 use crate::runtime::Runtime;
-use crate::values::{CondList, Latent, ModelRef};
+use crate::guidance::{self, Mix};
+use crate::values::{CondConcat, CondList, Latent, ModelRef};
 use crate::handle_size;
 use crate::err;
-use sdflow_core::models::sd::{Conditioning, SdDenoiser};
+use sdflow_core::models::sd::{BatchItem, Conditioning, SdDenoiser};
 use sdflow_core::models::unet::{Unet, UnetConfig};
-use sdflow_core::sampling::rng::{CpuRng, Rng};
-use sdflow_core::sampling::samplers::{sample, Denoised, Progress, SampleError, SampleOpts, Sampler};
+use sdflow_core::sampling::rng::Rng;
+use sdflow_core::sampling::samplers::{sample, Progress, SampleError, SampleOpts, Sampler};
 use sdflow_core::sampling::schedule::{apply_denoise, DiscreteSchedule, ScheduleOpts, Scheduler};
 use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Lane, Node, NodeError, NodeSchema, Outputs, Registry, Value};
 use std::str::FromStr;
@@ -53,8 +54,21 @@ pub struct Guider {
     pub positive: CondList,
     pub negative: Option<CondList>,
     pub cfg: f32,
+    /// ComfyUI's DualCFGGuider: `positive` is its `cond1` and `cfg` its `cfg_conds`.
+    pub dual: Option<DualCfg>,
 }
 handle_size!(Guider);
+
+/// The middle conditioning of dual CFG (DualCFGGuider's `cond2`, sd.cpp's image
+/// conditioning) and its scale against the negative (`cfg_cond2_negative`, sd.cpp's
+/// `--img-cfg-scale`).
+#[derive(Clone, Debug)]
+pub struct DualCfg {
+    pub middle: CondList,
+    pub cfg_middle: f32,
+    /// DualCFGGuider's "nested" style.
+    pub nested: bool,
+}
 
 /// SAMPLER: a sampling method with its options.
 #[derive(Clone, Debug)]
@@ -83,6 +97,14 @@ fn first_cond<'a>(c: &'a CondList, which: &str) -> Result<&'a Conditioning, Node
     c.0.first().map(|e| e.cond.as_ref()).ok_or_else(|| NodeError::msg(format!("{which} conditioning is empty")))
 }
 
+/// At most this many whole latents go through the UNet in one graph: a three-way
+/// guidance step in one batch, and the memory of a batch bounded by it.
+const BATCH_LATENTS: usize = 3;
+
+/// ComfyUI's `blank_inpaint_image_like`: a black image's latent (model space), what
+/// inpainting UNets see as the masked image when the latent has no noise mask.
+const BLANK_INPAINT_LATENT: [f32; 4] = [0.8223, -0.6876, 0.6364, 0.1380];
+
 /// Run `choice` down `sigmas` from `latent` (noised with `noise`'s seed, if any, to the
 /// first sigma), reporting progress to `ctx`: the shared body of every sampler node.
 /// Returns the result and the last denoised estimate (SamplerCustom's second output).
@@ -93,15 +115,19 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     let unet = Unet::new(&weights, &model.prefix, config).map_err(err)?;
     let mut den = SdDenoiser::new(unet, DiscreteSchedule::sd(), model.prediction);
     first_cond(&guider.positive, "positive")?;
-    // cfg 1 makes the unconditional pass a no-op; skip it as ComfyUI does.
-    let negative = match &guider.negative {
-        Some(n) if guider.cfg != 1.0 || choice.sampler.needs_uncond() => {
-            first_cond(n, "negative")?;
-            Some(n)
-        }
-        _ => None,
+    let mix = match &guider.dual {
+        Some(d) => Mix::Dual { cfg: guider.cfg, cfg_middle: d.cfg_middle, nested: d.nested },
+        None if guider.negative.is_some() => Mix::Cfg { cfg: guider.cfg },
+        None => Mix::Positive,
     };
-    let cfg = guider.cfg;
+    // Passes whose weight vanishes are skipped (ComfyUI's cfg-1 optimisation).
+    let (eval_middle, eval_negative) = mix.passes(choice.sampler.needs_uncond());
+    if let Some(n) = &guider.negative {
+        first_cond(n, "negative")?;
+    }
+    if let Some(d) = &guider.dual {
+        first_cond(&d.middle, "middle (cond2)")?;
+    }
     let schedule = DiscreteSchedule::sd();
     // ComfyUI's percent_to_sigma: 0 is the start of sampling (all noise), 1 the end.
     let percent_to_sigma = |p: f32| -> f32 {
@@ -113,19 +139,16 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
             schedule.t_to_sigma((1.0 - p) * (schedule.len() - 1) as f32)
         }
     };
-    let active = |list: &'_ CondList, sigma: f32| -> Vec<Arc<Conditioning>> {
-        list.0
-            .iter()
-            .filter(|e| e.timestep_range.is_none_or(|(a, b)| sigma <= percent_to_sigma(a) && sigma >= percent_to_sigma(b)))
-            .map(|e| e.cond.clone())
-            .collect()
-    };
 
     let shape = latent.shape;
-    let [lw, lh, _, ln] = shape;
+    let [lw, lh, channels, ln] = shape;
+    if shape.iter().any(|&d| d < 1) || latent.samples.len() as i64 != lw * lh * channels * ln {
+        return Err(NodeError::msg(format!("a latent of {} values is not {shape:?}", latent.samples.len())));
+    }
     let plane = (lw * lh) as usize;
+    let channels = channels as usize;
     // One generator for the initial noise and every step's, as sd.cpp does.
-    let mut rng = CpuRng::new(noise.0.unwrap_or(0));
+    let mut rng = rt.rng.seeded(noise.0.unwrap_or(0));
     let noise: Vec<f32> = match noise.0 {
         Some(_) => rng.randn(latent.samples.len()),
         None => vec![0.0; latent.samples.len()],
@@ -135,23 +158,78 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     let x: Vec<f32> = scaled.iter().zip(&noise).map(|(l, n)| l + n * sigma0).collect();
     // The noise mask at latent resolution, one plane per sample.
     let mask: Option<Vec<f32>> = latent.noise_mask.as_ref().map(|m| (0..ln as usize).flat_map(|i| m.resized(i, lw as usize, lh as usize)).collect());
-    let channels = (shape[2]) as usize;
     let mask_at = |mask: &[f32], idx: usize| mask[(idx / (plane * channels)) * plane + idx % plane];
-    // Inpainting UNets take the mask and the masked image's latent as 5 extra channels.
+
+    // The extra input channels: inpainting UNets take a mask and the masked image's
+    // latent (5), instruct-pix2pix UNets the source image's latent (4).
     let extra = den.unet().config.in_channels - shape[2];
-    let concat: Option<Vec<f32>> = match extra {
-        0 => None,
-        5 if shape[2] == 4 => Some(
-            (0..ln as usize)
-                .flat_map(|i| {
-                    let m: Vec<f32> = mask.as_ref().map_or_else(|| vec![1.0; plane], |m| m[i * plane..(i + 1) * plane].to_vec());
-                    let per = plane * channels;
-                    m.into_iter().chain(scaled[i * per..(i + 1) * per].iter().copied()).collect::<Vec<f32>>()
-                })
-                .collect(),
-        ),
-        _ => return Err(NodeError::msg(format!("this UNet takes {} input channels; only 4 and 9 (inpainting) are supported yet", shape[2] + extra))),
+    if !(extra == 0 || (channels == 4 && (extra == 4 || extra == 5))) {
+        return Err(NodeError::msg(format!(
+            "this UNet takes {} input channels; only 4, 8 (instruct-pix2pix) and 9 (inpainting) are supported",
+            shape[2] + extra
+        )));
+    }
+    let per = plane * channels;
+    let n = ln as usize;
+    // Per sample: [mask plane,] then the image latent's channels.
+    let build = |mask_plane: &dyn Fn(usize) -> Vec<f32>, image: &dyn Fn(usize) -> Vec<f32>| -> Option<Arc<Vec<f32>>> {
+        if extra == 0 {
+            return None;
+        }
+        let mut v = Vec::with_capacity(plane * extra as usize * n);
+        for i in 0..n {
+            if extra == 5 {
+                v.extend(mask_plane(i));
+            }
+            v.extend(image(i));
+        }
+        Some(Arc::new(v))
     };
+    let noise_mask_plane = |i: usize| mask.as_ref().map_or_else(|| vec![1.0; plane], |m| m[i * plane..(i + 1) * plane].to_vec());
+    let model_concat = build(&noise_mask_plane, &|i| match &mask {
+        Some(_) => scaled[i * per..(i + 1) * per].to_vec(),
+        None if extra == 5 => BLANK_INPAINT_LATENT.iter().flat_map(|&v| std::iter::repeat_n(v, plane)).collect(),
+        None => vec![0.0; per],
+    });
+    let empty_concat = build(&|_| vec![1.0; plane], &|_| vec![0.0; per]);
+    let mut concat_of = |c: &CondConcat| -> Result<Option<Arc<Vec<f32>>>, String> {
+        match c {
+            CondConcat::Model => Ok(model_concat.clone()),
+            CondConcat::Empty => Ok(empty_concat.clone()),
+            CondConcat::Image(img) => {
+                let s = img.shape;
+                if s[0] != lw || s[1] != lh || s[2] != 4 || !(s[3] == 1 || s[3] == ln) || img.samples.len() as i64 != s.iter().product::<i64>() {
+                    return Err(format!("the conditioning's image latent is {s:?}; sampling a {shape:?} latent needs [{lw}, {lh}, 4, 1 or {ln}]"));
+                }
+                let src = |i: usize| -> Vec<f32> {
+                    let j = if s[3] == 1 { 0 } else { i };
+                    img.samples[j * per..(j + 1) * per].iter().map(|v| v * model.latent_scale).collect()
+                };
+                Ok(build(&noise_mask_plane, &src))
+            }
+        }
+    };
+    // ComfyUI's order of the conditioning dict: positive, middle, negative.
+    let mut lists: Vec<&CondList> = vec![&guider.positive];
+    let middle_at = guider.dual.as_ref().map(|d| {
+        lists.push(&d.middle);
+        lists.len() - 1
+    });
+    let negative_at = guider.negative.as_ref().map(|neg| {
+        lists.push(neg);
+        lists.len() - 1
+    });
+    let prepared = guidance::prepare(&lists, lw as usize, lh as usize, &mut concat_of).map_err(NodeError::msg)?;
+    let mut sides: Vec<Option<&[guidance::Prepared]>> = vec![None; prepared.len()];
+    sides[0] = Some(&prepared[0]);
+    if let (Some(i), true) = (middle_at, eval_middle) {
+        sides[i] = Some(&prepared[i]);
+    }
+    if let (Some(i), true) = (negative_at, eval_negative) {
+        sides[i] = Some(&prepared[i]);
+    }
+    let budget = BATCH_LATENTS * plane * n;
+
     let total = sigmas.len().saturating_sub(1) as u64;
     let mut denoiser = |x: &[f32], sigma: f32| -> Result<_, NodeError> {
         ctx.check_cancelled()?;
@@ -164,35 +242,22 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
             }).collect()
         });
         let xin = blended.as_deref().unwrap_or(x);
-        let concat = concat.as_deref().map(|c| (c, extra));
-        let pos = active(&guider.positive, sigma);
-        let neg = negative.map(|n| active(n, sigma)).unwrap_or_default();
-        let mut d = match (pos.as_slice(), neg.as_slice()) {
-            ([], _) => return Err(NodeError::msg(format!("no positive conditioning applies at sigma {sigma} (check the timestep ranges)"))),
-            // One of each: cond and uncond in one batched graph.
-            ([c], n) if n.len() <= 1 => rt.with_backend(|b| den.denoise_concat(b, xin, shape, sigma, c, n.first().map(|u| u.as_ref()), cfg, concat)).map_err(err)?,
-            // Several entries (ConditioningCombine): each evaluated alone and averaged,
-            // as ComfyUI does for entries without areas.
-            (ps, ns) => {
-                let mut mean = |list: &[Arc<Conditioning>]| -> Result<Option<Vec<f32>>, NodeError> {
-                    let mut acc: Option<Vec<f32>> = None;
-                    for c in list {
-                        let d = rt.with_backend(|b| den.denoise_concat(b, xin, shape, sigma, c, None, 1.0, concat)).map_err(err)?.denoised;
-                        match &mut acc {
-                            None => acc = Some(d),
-                            Some(a) => a.iter_mut().zip(&d).for_each(|(a, v)| *a += v),
-                        }
-                    }
-                    let k = list.len().max(1) as f32;
-                    Ok(acc.map(|a| a.into_iter().map(|v| v / k).collect()))
-                };
-                let c = mean(ps)?.unwrap_or_default();
-                match mean(ns)? {
-                    Some(u) => Denoised { denoised: u.iter().zip(&c).map(|(u, c)| u + cfg * (c - u)).collect(), uncond: Some(u) },
-                    None => Denoised { denoised: c, uncond: None },
-                }
-            }
+        let active = |p: &guidance::Prepared| p.timestep_range.is_none_or(|(a, b)| sigma <= percent_to_sigma(a) && sigma >= percent_to_sigma(b));
+        if !prepared[0].iter().any(active) {
+            return Err(NodeError::msg(format!("no positive conditioning applies at sigma {sigma} (check the timestep ranges)")));
+        }
+        let mut run_model = |items: &[guidance::ModelItem<'_>], s: [i64; 4]| -> Result<Vec<Vec<f32>>, NodeError> {
+            let batch: Vec<BatchItem<'_>> = items.iter().map(|it| BatchItem { x: &it.x, cond: it.cond, concat: it.concat.as_deref() }).collect();
+            rt.with_backend(|b| den.denoise_batch(b, s, sigma, &batch)).map_err(err)
         };
+        let mut out = guidance::calc_cond_batch(&sides, xin, shape, extra as usize, &active, budget, &mut run_model).map_err(|e| match e {
+            guidance::CalcError::Input(m) => NodeError::msg(m),
+            guidance::CalcError::Model(e) => e,
+        })?;
+        let take = |out: &mut Vec<Option<Vec<f32>>>, i: Option<usize>| i.and_then(|i| out[i].take());
+        let (mid, neg) = (take(&mut out, middle_at), take(&mut out, negative_at));
+        let pos = out[0].take().expect("the positive side is always evaluated");
+        let mut d = mix.mix(pos, mid, neg);
         if let Some(m) = &mask {
             for (i, v) in d.denoised.iter_mut().enumerate() {
                 let k = mask_at(m, i);
@@ -205,6 +270,9 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     let mut progress = |p: Progress<'_>| {
         last_denoised = Some(p.denoised.to_vec());
         ctx.progress(p.step as u64, total);
+        if let Some(image) = crate::preview::preview(rt, model.family, p.denoised, shape) {
+            ctx.preview(image);
+        }
     };
     let out = sample(choice.sampler, &mut denoiser, x, sigmas, &mut rng, &choice.opts, Some(&mut progress)).map_err(|e| match e {
         SampleError::Model { error, .. } => error,
@@ -272,5 +340,6 @@ pub(crate) fn guider_from(inputs: &Inputs) -> Result<Guider, NodeError> {
         positive: inputs.downcast::<CondList>("positive")?.clone(),
         negative: Some(inputs.downcast::<CondList>("negative")?.clone()),
         cfg: inputs.float("cfg")? as f32,
+        dual: None,
     })
 }

@@ -35,6 +35,17 @@ pub struct ClipRef {
 pub struct VaeRef {
     pub weights: WeightHandle<Weights>,
     pub prefix: String,
+    pub kind: VaeKind,
+}
+
+/// Which autoencoder architecture a [`VaeRef`] holds; VAE nodes dispatch on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VaeKind {
+    /// The KL autoencoder (`AutoencoderKL`) in LDM key names under the handle's prefix.
+    Kl,
+    /// The SD1.x/2.x TAESD (VAELoader's `taesd`), wherever `crate::taesd` finds its halves
+    /// in the handle's weights.
+    Taesd,
 }
 
 // Handles are owned by the residency manager (and small settings cost next to nothing):
@@ -52,6 +63,15 @@ macro_rules! handle_size {
 }
 handle_size!(ModelRef, ClipRef, VaeRef);
 
+/// UPSCALE_MODEL: an ESRGAN-family upscaler (RRDBNet or SRVGGNetCompact), as a residency
+/// handle.
+#[derive(Clone, Debug)]
+pub struct UpscaleModelRef {
+    pub weights: WeightHandle<sdflow_core::models::esrgan::Upscaler>,
+    pub name: String,
+}
+handle_size!(UpscaleModelRef);
+
 /// CONDITIONING: ComfyUI's list of (embedding, options) entries.
 #[derive(Clone, Debug)]
 pub struct CondList(pub Vec<CondEntry>);
@@ -62,17 +82,75 @@ pub struct CondEntry {
     /// ComfyUI's `start_percent`/`end_percent` (ConditioningSetTimestepRange): the entry
     /// guides only while sampling is between these fractions of the schedule.
     pub timestep_range: Option<(f32, f32)>,
+    /// ComfyUI's `area` (ConditioningSetArea / …Percentage): the model runs on this part
+    /// of the latent only, and its prediction is blended in with feathered edges.
+    pub area: Option<CondArea>,
+    /// ComfyUI's `strength`: the weight of this entry's prediction where it applies.
+    pub strength: f32,
+    /// ComfyUI's `mask` (ConditioningSetMask): per-pixel weights of the prediction.
+    pub mask: Option<CondMask>,
+    /// What the extra input channels of inpainting / instruct-pix2pix UNets get.
+    pub concat: CondConcat,
+}
+
+/// An area in latent cells (ComfyUI stores pixel areas divided by 8) or as fractions of
+/// the latent, resolved when sampling starts.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum CondArea {
+    Cells { height: i64, width: i64, y: i64, x: i64 },
+    Fraction { height: f64, width: f64, y: f64, x: f64 },
+}
+
+#[derive(Clone, Debug)]
+pub struct CondMask {
+    pub mask: Arc<Mask>,
+    /// ComfyUI's `mask_strength`.
+    pub strength: f32,
+    /// ComfyUI's `set_area_to_bounds` ("mask bounds"): run the model only on the
+    /// bounding box of the mask.
+    pub area_to_bounds: bool,
+}
+
+/// The extra UNet input channels an entry brings.
+#[derive(Clone, Debug, Default)]
+pub enum CondConcat {
+    /// The model's own: for inpainting UNets the noise mask and the latent being
+    /// sampled, for instruct-pix2pix zeros (ComfyUI's behaviour without
+    /// `concat_latent_image`).
+    #[default]
+    Model,
+    /// ComfyUI's `concat_latent_image` (InstructPixToPixConditioning): a VAE latent
+    /// (not yet scaled) of the source image.
+    Image(Arc<Latent>),
+    /// sd.cpp's unconditional extra channels: zeros, and a mask of ones for
+    /// inpainting UNets. The negative of sd.cpp's image-CFG three-way guidance.
+    Empty,
 }
 
 impl CondEntry {
     pub fn new(cond: Conditioning) -> Self {
-        CondEntry { cond: Arc::new(cond), timestep_range: None }
+        CondEntry { cond: Arc::new(cond), timestep_range: None, area: None, strength: 1.0, mask: None, concat: CondConcat::Model }
+    }
+
+    /// This entry's options with another embedding (what ComfyUI's list operations
+    /// keep when they change `cond`).
+    pub fn with_cond(&self, cond: Conditioning) -> Self {
+        CondEntry { cond: Arc::new(cond), ..self.clone() }
     }
 }
 
 impl CacheSize for CondList {
     fn cache_bytes(&self) -> usize {
-        self.0.iter().map(|e| e.cond.data.len() * 4).sum()
+        self.0
+            .iter()
+            .map(|e| {
+                let concat = match &e.concat {
+                    CondConcat::Image(l) => l.samples.len(),
+                    _ => 0,
+                };
+                (e.cond.data.len() + e.mask.as_ref().map_or(0, |m| m.mask.data.len()) + concat) * 4
+            })
+            .sum()
     }
 }
 

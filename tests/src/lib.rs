@@ -10,3 +10,102 @@ use std::path::PathBuf;
 pub fn workflows_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../workflows")
 }
+
+use sdflow_core::dtype::DType;
+use sdflow_core::synth::{write_checkpoint, Format, SdConfig};
+use sdflow_executor::{stub, CancelToken, Executor, ExecutorConfig, InputValue, NullSink, Registry, RunOptions, Workflow};
+use sdflow_nodes::Runtime;
+use std::path::Path;
+use std::sync::Arc;
+
+/// A scratch models/input/output tree with a tiny SD1 checkpoint (KL-f8 VAE) and an
+/// executor over every node, for end-to-end tests.
+pub struct TestEnv {
+    pub dir: tempfile::TempDir,
+    pub out: PathBuf,
+    pub exec: Executor,
+}
+
+impl TestEnv {
+    /// `models/checkpoints/model.safetensors` (tiny SD1, seed 7), `input/input.png` (a
+    /// 72×56 gradient), `input/mask.png` (right half white); `runtime` may adjust the
+    /// runtime before the nodes are registered.
+    pub fn new(runtime: impl FnOnce(Runtime) -> Runtime) -> TestEnv {
+        let dir = tempfile::tempdir().unwrap();
+        let ckpts = dir.path().join("models/checkpoints");
+        std::fs::create_dir_all(&ckpts).unwrap();
+        write_checkpoint(&ckpts.join("model.safetensors"), &SdConfig::tiny_sd1_f8(), DType::F32, 7, Format::Safetensors).unwrap();
+        let input = dir.path().join("input");
+        std::fs::create_dir_all(&input).unwrap();
+        write_test_png(&input.join("input.png"), 72, 56);
+        write_mask_png(&input.join("mask.png"), 72, 56, |x, _| x >= 36);
+        TestEnv::with_dir(dir, runtime)
+    }
+
+    /// An executor over a prepared tree (`models/`, `input/`; `output/` is created).
+    pub fn with_dir(dir: tempfile::TempDir, runtime: impl FnOnce(Runtime) -> Runtime) -> TestEnv {
+        let out = dir.path().join("output");
+        let rt = runtime(Runtime::new(dir.path().join("models"), &out, 2, None).unwrap().with_input_dir(dir.path().join("input")));
+        let mut reg = Registry::new();
+        stub::register(&mut reg);
+        sdflow_nodes::register_all(&mut reg, Arc::new(rt));
+        TestEnv { exec: Executor::new(Arc::new(reg), ExecutorConfig::default()), out, dir }
+    }
+
+    /// A committed workflow shrunk to test size: `size`² empty latents, `steps` steps,
+    /// `input.png` for every LoadImage.
+    pub fn workflow(&self, name: &str, size: i64, steps: i64) -> Workflow {
+        let text = std::fs::read_to_string(workflows_dir().join(name)).unwrap();
+        let mut wf = Workflow::parse(&text, self.exec.registry()).unwrap();
+        assert!(wf.header.as_ref().and_then(|h| h.title.as_ref()).is_some(), "{name} has a title");
+        for (id, node) in wf.nodes.clone() {
+            let set = |wf: &mut Workflow, input: &str, v: serde_json::Value| wf.set_input(&id, input, InputValue::Const(v)).unwrap();
+            match node.class_type.as_str() {
+                "EmptyLatentImage" => {
+                    set(&mut wf, "width", serde_json::json!(size));
+                    set(&mut wf, "height", serde_json::json!(size));
+                }
+                "KSampler" => set(&mut wf, "steps", serde_json::json!(steps)),
+                "LoadImage" => set(&mut wf, "image", serde_json::json!("input.png")),
+                _ => {}
+            }
+        }
+        wf
+    }
+
+    /// Run `wf` and read back the first image output node `save_node` wrote.
+    pub fn run_saved(&self, wf: &Workflow, save_node: &str) -> (u32, u32, Vec<u8>) {
+        let opts = RunOptions { output_dir: Some(self.out.clone()), ..Default::default() };
+        let report = self.exec.run(wf, &NullSink, &CancelToken::new(), &opts).unwrap();
+        read_png(&self.out.join(report.ui_outputs[save_node]["images"][0]["filename"].as_str().unwrap()))
+    }
+}
+
+/// A colour gradient, so encoders see structure.
+pub fn write_test_png(path: &Path, w: u32, h: u32) {
+    let mut enc = png::Encoder::new(std::io::BufWriter::new(std::fs::File::create(path).unwrap()), w, h);
+    enc.set_color(png::ColorType::Rgb);
+    enc.set_depth(png::BitDepth::Eight);
+    let px: Vec<u8> = (0..h).flat_map(|y| (0..w).flat_map(move |x| [(x * 255 / w) as u8, (y * 255 / h) as u8, 128])).collect();
+    enc.write_header().unwrap().write_image_data(&px).unwrap();
+}
+
+/// A mask image: white (255 in every channel) where `masked(x, y)`.
+pub fn write_mask_png(path: &Path, w: u32, h: u32, masked: impl Fn(u32, u32) -> bool) {
+    let mut enc = png::Encoder::new(std::io::BufWriter::new(std::fs::File::create(path).unwrap()), w, h);
+    enc.set_color(png::ColorType::Rgb);
+    enc.set_depth(png::BitDepth::Eight);
+    let masked = &masked;
+    let px: Vec<u8> = (0..h).flat_map(|y| (0..w).flat_map(move |x| [if masked(x, y) { 255u8 } else { 0 }; 3])).collect();
+    enc.write_header().unwrap().write_image_data(&px).unwrap();
+}
+
+/// Width, height and 8-bit samples of a PNG.
+pub fn read_png(path: &Path) -> (u32, u32, Vec<u8>) {
+    let dec = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(path).unwrap()));
+    let mut r = dec.read_info().unwrap();
+    let mut buf = vec![0; r.output_buffer_size()];
+    let info = r.next_frame(&mut buf).unwrap();
+    buf.truncate(info.buffer_size());
+    (info.width, info.height, buf)
+}

@@ -26,6 +26,11 @@ fn env() -> Env {
     let mut sd2 = SdConfig::tiny_sd2();
     sd2.vae.ch_mult = vec![1, 1, 2, 2];
     write_checkpoint(&ckpts.join("sd2.safetensors"), &sd2, DType::F16, 9, Format::Safetensors).unwrap();
+    // workflows/upscale.json's model (a tiny RRDBNet; tests/tests/upscale.rs runs it).
+    let upscalers = dir.path().join("models/upscale_models");
+    std::fs::create_dir_all(&upscalers).unwrap();
+    let rrdb = sdflow_core::models::esrgan::RrdbConfig { in_channels: 3, out_channels: 3, num_feat: 8, num_grow: 4, num_blocks: 1, num_upsample: 2, unshuffle: 1 };
+    sdflow_core::models::esrgan::write_random(&upscalers.join("RealESRGAN_x4plus.safetensors"), &sdflow_core::models::esrgan::Arch::Rrdb(rrdb), 3).unwrap();
     let out = dir.path().join("output");
     let input = dir.path().join("input");
     std::fs::create_dir_all(&input).unwrap();

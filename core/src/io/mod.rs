@@ -453,11 +453,13 @@ pub(crate) fn open_file_source(path: &Path, opts: &OpenOptions) -> Result<FileSo
     if head.starts_with(b"PK\x03\x04") || head.starts_with(b"PK\x05\x06") {
         return pickle::from_blob(blob);
     }
-    if head.first() == Some(&0x80) {
-        return pickle::from_blob(blob);
-    }
+    // Safetensors before the bare-pickle byte: a header length whose low byte is 0x80
+    // (e.g. 128 + 256·k bytes) would otherwise read as a pickle protocol marker.
     if (head.len() >= 9 && head[8] == b'{') || name.ends_with(".safetensors") {
         return safetensors::from_blob(blob);
+    }
+    if head.first() == Some(&0x80) {
+        return pickle::from_blob(blob);
     }
     if name.ends_with(".gguf") {
         return gguf::from_blob(blob);

@@ -13,6 +13,13 @@ use crate::io::{TensorInfo, TensorSource, TypeRules};
 /// The type `info` is loaded as under `rules`.
 pub fn load_type(info: &TensorInfo, rules: &TypeRules) -> DType {
     let t = rules.target(info);
+    // ggml multiplies matrices in quantized types but multiplies and adds element-wise
+    // only in float ones: a quantized vector (a norm's weight, whose 32 or 64 values fill
+    // whole blocks; or one a converter quantized) computes as f32, as in sd.cpp, whose
+    // norm layers are always f32.
+    if t.is_quantized() && info.shape.len() < 2 {
+        return DType::F32;
+    }
     if t.ggml_type().is_some() && (t == DType::F32 || t == DType::F16 || t == DType::BF16 || t.is_quantized()) {
         t
     } else {
@@ -22,23 +29,44 @@ pub fn load_type(info: &TensorInfo, rules: &TypeRules) -> DType {
 
 /// Every tensor of `src` whose name starts with one of `prefixes`, on `backend`.
 pub fn load_weights(backend: &Backend, src: &dyn TensorSource, prefixes: &[&str], rules: &TypeRules) -> Result<Weights> {
-    let wanted: Vec<_> = src.tensors().iter().filter(|t| prefixes.iter().any(|p| t.name.starts_with(p))).collect();
+    let wanted: Vec<_> = src.tensors().iter().filter(|t| prefixes.iter().any(|p| t.name.starts_with(p))).map(|t| (src, t, t.name.clone())).collect();
     if wanted.is_empty() {
         return Err(ModelError::Config(format!("{}: no tensors under {prefixes:?}", src.path().display())));
     }
+    load_named(backend, wanted, rules)
+}
+
+/// Every tensor of several sources in one [`Weights`], each named `prefix` + its name in
+/// its file: models split over files whose names collide (TAESD's encoder and decoder
+/// files, combined as ComfyUI does under `taesd_encoder.` / `taesd_decoder.`).
+pub fn load_weights_prefixed(backend: &Backend, parts: &[(&dyn TensorSource, &str)], rules: &TypeRules) -> Result<Weights> {
+    let mut wanted = Vec::new();
+    for &(src, prefix) in parts {
+        if src.tensors().is_empty() {
+            return Err(ModelError::Config(format!("{}: no tensors", src.path().display())));
+        }
+        wanted.extend(src.tensors().iter().map(|t| (src, t, format!("{prefix}{}", t.name))));
+    }
+    load_named(backend, wanted, rules)
+}
+
+/// Load `(source, tensor, name to give it)` triples, converting as `rules` say.
+fn load_named(backend: &Backend, wanted: Vec<(&dyn TensorSource, &TensorInfo, String)>, rules: &TypeRules) -> Result<Weights> {
     let mut specs = Vec::with_capacity(wanted.len());
-    for t in &wanted {
+    let mut origin = std::collections::HashMap::with_capacity(wanted.len());
+    for (src, t, name) in &wanted {
         let ty = load_type(t, rules);
         let g = ty.ggml_type().ok_or_else(|| ModelError::Weight { name: t.name.clone(), detail: format!("{ty:?} has no ggml type") })?;
         if t.shape.len() > 4 {
             return Err(ModelError::Weight { name: t.name.clone(), detail: format!("{} dimensions", t.shape.len()) });
         }
         let ne: Vec<i64> = if t.shape.is_empty() { vec![1] } else { t.shape.iter().rev().map(|&d| d as i64).collect() };
-        specs.push(WeightSpec { name: t.name.clone(), ty: GType(g), ne });
+        specs.push(WeightSpec { name: name.clone(), ty: GType(g), ne });
+        origin.insert(name.as_str(), (*src, *t));
     }
     Weights::new(backend, &specs, |spec| {
-        let info = src.get(&spec.name).ok_or_else(|| ModelError::MissingWeight(spec.name.clone()))?;
-        let bytes = src.read(&spec.name).map_err(|e| ModelError::Weight { name: spec.name.clone(), detail: e.to_string() })?;
+        let &(src, info) = origin.get(spec.name.as_str()).ok_or_else(|| ModelError::MissingWeight(spec.name.clone()))?;
+        let bytes = src.read(&info.name).map_err(|e| ModelError::Weight { name: spec.name.clone(), detail: e.to_string() })?;
         let ty = DType::from_ggml(spec.ty.0).ok_or_else(|| ModelError::Weight { name: spec.name.clone(), detail: "unknown ggml type".into() })?;
         if ty == info.dtype {
             return Ok(bytes.into_owned());

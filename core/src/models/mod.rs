@@ -6,9 +6,12 @@
 //! from tensors known to fit together.
 
 pub mod clip;
+pub mod esrgan;
 pub mod load;
 pub mod nn;
 pub mod sd;
+pub mod taesd;
+pub mod tiling;
 pub mod unet;
 pub mod vae;
 pub mod weights;

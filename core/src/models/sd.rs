@@ -36,6 +36,16 @@ impl Conditioning {
 /// Latent dimensions [W, H, C, N] (ggml order).
 pub type LatentShape = [i64; 4];
 
+/// One item of [`SdDenoiser::denoise_batch`].
+#[derive(Clone, Copy, Debug)]
+pub struct BatchItem<'a> {
+    /// The noisy latent, of the batch's shape.
+    pub x: &'a [f32],
+    pub cond: &'a Conditioning,
+    /// The UNet's extra input channels, per sample.
+    pub concat: Option<&'a [f32]>,
+}
+
 pub struct SdDenoiser<'w> {
     unet: Unet<'w>,
     pub schedule: DiscreteSchedule,
@@ -74,11 +84,6 @@ impl<'w> SdDenoiser<'w> {
     /// `concat_channels` channels per sample, appended after the (scaled) latent.
     #[allow(clippy::too_many_arguments)]
     pub fn denoise_concat(&mut self, backend: &Backend, x: &[f32], shape: LatentShape, sigma: f32, cond: &Conditioning, uncond: Option<&Conditioning>, cfg_scale: f32, concat: Option<(&[f32], i64)>) -> Result<Denoised> {
-        let n_per = (shape[0] * shape[1] * shape[2]) as usize;
-        let n = shape[3] as usize;
-        if x.len() != n_per * n || n == 0 {
-            return Err(ModelError::Input(format!("latent of {} values for shape {shape:?}", x.len())));
-        }
         let extra = concat.map_or(0, |c| c.1);
         let want = self.unet.config.in_channels;
         if shape[2] + extra != want {
@@ -87,58 +92,83 @@ impl<'w> SdDenoiser<'w> {
                 shape[2]
             )));
         }
+        let c = concat.map(|c| c.0);
+        let mut items = vec![BatchItem { x, cond, concat: c }];
+        if let Some(u) = uncond {
+            items.push(BatchItem { x, cond: u, concat: c });
+        }
+        let mut out = self.denoise_batch(backend, shape, sigma, &items)?;
+        let cond_d = out.remove(0);
+        match out.pop() {
+            None => Ok(Denoised { denoised: cond_d, uncond: None }),
+            Some(un_d) => {
+                let mixed = un_d.iter().zip(&cond_d).map(|(u, c)| u + cfg_scale * (c - u)).collect();
+                Ok(Denoised { denoised: mixed, uncond: Some(un_d) })
+            }
+        }
+    }
+
+    /// Unguided denoised predictions for several (latent, conditioning, extra channels)
+    /// items of the same latent shape at one noise level, as few UNet graphs as the
+    /// conditionings allow: items whose token counts match run as one batch. Each
+    /// item's `concat` holds the UNet's extra input channels (`in_channels` minus the
+    /// latent's) per sample, and must be present exactly when the UNet takes some.
+    pub fn denoise_batch(&mut self, backend: &Backend, shape: LatentShape, sigma: f32, items: &[BatchItem<'_>]) -> Result<Vec<Vec<f32>>> {
+        let n_per = (shape[0] * shape[1] * shape[2]) as usize;
+        let n = shape[3] as usize;
         let plane = (shape[0] * shape[1]) as usize;
-        if let Some((c, ch)) = concat {
-            if c.len() != plane * ch as usize * n {
-                return Err(ModelError::Input(format!("{} extra-channel values for {n} samples of {ch}×{plane}", c.len())));
+        let want = self.unet.config.in_channels;
+        let extra = want - shape[2];
+        if n == 0 || shape.iter().any(|&d| d < 1) || extra < 0 {
+            return Err(ModelError::Input(format!("latent shape {shape:?} for a UNet of {want} input channels")));
+        }
+        for (k, it) in items.iter().enumerate() {
+            if it.x.len() != n_per * n {
+                return Err(ModelError::Input(format!("item {k}: latent of {} values for shape {shape:?}", it.x.len())));
+            }
+            match (it.concat, extra) {
+                (None, 0) => {}
+                (Some(c), e) if e > 0 && c.len() == plane * e as usize * n => {}
+                (c, _) => {
+                    return Err(ModelError::Input(format!(
+                        "item {k}: {} extra-channel values; the UNet takes {extra} extra channels for {n} samples of {plane}",
+                        c.map_or(0, |c| c.len())
+                    )))
+                }
             }
         }
         if !sigma.is_finite() || sigma < 0.0 {
             return Err(ModelError::Input(format!("sigma {sigma}")));
         }
-        // Different token counts cannot share a batch; run them one after another.
-        let batched = uncond.is_some_and(|u| u.tokens == cond.tokens && u.dim == cond.dim);
-        let mut conds: Vec<&Conditioning> = vec![cond];
-        if let Some(u) = uncond {
-            conds.push(u);
-        }
-        let groups: Vec<Vec<&Conditioning>> = if batched { vec![conds] } else { conds.into_iter().map(|c| vec![c]).collect() };
-
         let (c_skip, c_out, c_in) = self.scalings(sigma);
         let t = self.schedule.sigma_to_t(sigma);
-        let mut preds: Vec<Vec<f32>> = Vec::new();
-        for group in groups {
-            let reps = group.len();
-            let mut xin: Vec<f32> = Vec::with_capacity((n_per + plane * extra as usize) * n * reps);
-            for _ in 0..reps {
+        let mut out: Vec<Option<Vec<f32>>> = vec![None; items.len()];
+        // Different token counts cannot share a batch; run them one after another.
+        let mut pending: Vec<usize> = (0..items.len()).collect();
+        while let Some(&first) = pending.first() {
+            let key = (items[first].cond.tokens, items[first].cond.dim);
+            let (group, rest): (Vec<usize>, Vec<usize>) = pending.iter().partition(|&&k| (items[k].cond.tokens, items[k].cond.dim) == key);
+            pending = rest;
+            let mut xin: Vec<f32> = Vec::with_capacity((n_per + plane * extra as usize) * n * group.len());
+            let mut ctx_data = Vec::with_capacity(group.iter().map(|&k| items[k].cond.data.len() * n).sum());
+            for &k in &group {
+                let it = &items[k];
                 for i in 0..n {
-                    xin.extend(x[i * n_per..(i + 1) * n_per].iter().map(|v| v * c_in));
-                    if let Some((c, ch)) = concat {
-                        let per = plane * ch as usize;
+                    xin.extend(it.x[i * n_per..(i + 1) * n_per].iter().map(|v| v * c_in));
+                    if let Some(c) = it.concat {
+                        let per = plane * extra as usize;
                         xin.extend_from_slice(&c[i * per..(i + 1) * per]);
                     }
+                    ctx_data.extend_from_slice(&it.cond.data);
                 }
             }
-            let mut ctx_data = Vec::with_capacity(group.iter().map(|c| c.data.len() * n).sum());
-            for c in &group {
-                for _ in 0..n {
-                    ctx_data.extend_from_slice(&c.data);
-                }
-            }
-            let b = (reps * n) as i64;
-            let out = self.run_unet(backend, xin, [shape[0], shape[1], want, b], vec![t; b as usize], ctx_data, group[0].dim, group[0].tokens)?;
-            preds.extend(out.chunks(n_per * n).map(|c| c.to_vec()));
-        }
-        let to_denoised = |p: &[f32]| -> Vec<f32> { x.iter().zip(p).map(|(xv, pv)| xv * c_skip + pv * c_out).collect() };
-        let cond_d = to_denoised(&preds[0]);
-        match preds.get(1) {
-            None => Ok(Denoised { denoised: cond_d, uncond: None }),
-            Some(up) => {
-                let un_d = to_denoised(up);
-                let mixed = un_d.iter().zip(&cond_d).map(|(u, c)| u + cfg_scale * (c - u)).collect();
-                Ok(Denoised { denoised: mixed, uncond: Some(un_d) })
+            let b = (group.len() * n) as i64;
+            let pred = self.run_unet(backend, xin, [shape[0], shape[1], want, b], vec![t; b as usize], ctx_data, key.1, key.0)?;
+            for (&k, p) in group.iter().zip(pred.chunks(n_per * n)) {
+                out[k] = Some(items[k].x.iter().zip(p).map(|(xv, pv)| xv * c_skip + pv * c_out).collect());
             }
         }
+        Ok(out.into_iter().map(|o| o.expect("every item ran in some group")).collect())
     }
 
     #[allow(clippy::too_many_arguments)]

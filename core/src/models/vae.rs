@@ -6,8 +6,9 @@
 //! applies the model family's scale factor).
 
 use super::nn::{attention, conv2d, group_norm};
+use super::tiling::{self, Direction, TiledError, VaeTiling};
 use super::{ModelError, Result, Weights};
-use crate::ggml::{Context, Tensor};
+use crate::ggml::{Backend, Context, GType, GgmlError, GraphAllocator, Tensor};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct VaeConfig {
@@ -290,4 +291,247 @@ impl<'w> Vae<'w> {
         let nb = m.nb();
         Ok(ctx.cont(ctx.view(m, [w, h, self.config.z_channels, n], [nb[1], nb[2], nb[3]], 0)?)?)
     }
+}
+
+/// Graph and tensor capacity of one VAE graph: a few hundred nodes, independent of the
+/// image size.
+pub const GRAPH_SIZE: usize = 8192;
+
+/// What one VAE run computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VaeOp {
+    /// Latent [w, h, z] → image [w·f, h·f, 3] in [-1, 1].
+    Decode,
+    /// Image [W, H, 3] in [-1, 1] → the latent distribution's mean [W/f, H/f, z].
+    EncodeMean,
+}
+
+/// How a [`Vae::run`] went: tiled or whole, and why.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunInfo {
+    /// `None` when the whole image went through one graph.
+    pub tiles: Option<tiling::TileLayout>,
+    /// The whole-image attempt that failed to allocate (or exceeded the threshold) first.
+    pub fallback: Option<String>,
+}
+
+fn is_alloc_failure(e: &ModelError) -> bool {
+    matches!(e, ModelError::Ggml(GgmlError::Alloc { .. }))
+}
+
+impl<'w> Vae<'w> {
+    /// One graph over one sample `input` (dimensions `ne` = [W, H, C, 1]) with a kept
+    /// allocator. With `max_compute_bytes`, a compute buffer larger than that fails as an
+    /// allocation failure before anything is computed — the same error a backend that
+    /// cannot provide the buffer gives, so both lead to the tiled retry.
+    fn run_graph(&self, backend: &Backend, alloc: &mut GraphAllocator, op: VaeOp, ne: [i64; 4], input: &[f32], max_compute_bytes: Option<usize>) -> Result<Vec<f32>> {
+        let ctx = Context::new(GRAPH_SIZE, GRAPH_SIZE)?;
+        let x = ctx.new_tensor(GType::F32, &ne)?.set_input();
+        let out = match op {
+            VaeOp::Decode => self.decode(&ctx, x)?,
+            VaeOp::EncodeMean => self.encode_mean(&ctx, x)?,
+        };
+        let out = if out.is_contiguous() { out } else { ctx.cont(out)? }.set_output();
+        let mut graph = ctx.graph(GRAPH_SIZE)?;
+        graph.build_forward(out)?;
+        // GraphRun allocates and computes in one call; the threshold has to be checked
+        // between the two, so this runs the steps itself.
+        alloc.alloc(&graph)?;
+        if let Some(limit) = max_compute_bytes {
+            let bytes = alloc.buffer_size();
+            if bytes > limit {
+                return Err(GgmlError::Alloc { what: format!("VAE compute buffer (over the {limit}-byte threshold)"), bytes, backend: backend.name().to_string() }.into());
+            }
+        }
+        x.set_f32(input)?;
+        backend.compute(&graph)?;
+        Ok(out.get_f32()?)
+    }
+
+    /// Decode or encode one sample: `input` is planar [C][H][W] with sides `w`×`h`
+    /// (latent pixels for a decode, image pixels for an encode). Whole when `tiling`
+    /// allows and the compute buffer fits, in sd.cpp's tiles otherwise.
+    pub fn run(&self, backend: &Backend, op: VaeOp, input: &[f32], w: usize, h: usize, tiling: &VaeTiling) -> Result<(Vec<f32>, RunInfo)> {
+        let c = &self.config;
+        let (in_c, out_c) = match op {
+            VaeOp::Decode => (c.z_channels as usize, c.image_channels as usize),
+            VaeOp::EncodeMean => (c.image_channels as usize, c.z_channels as usize),
+        };
+        if input.len() != w * h * in_c {
+            return Err(ModelError::Input(format!("{} values for a {w}x{h}x{in_c} input", input.len())));
+        }
+        let mut info = RunInfo { tiles: None, fallback: None };
+        if !tiling.enabled {
+            let mut alloc = GraphAllocator::new(backend)?;
+            match self.run_graph(backend, &mut alloc, op, [w as i64, h as i64, in_c as i64, 1], input, tiling.max_compute_bytes) {
+                Err(e) if is_alloc_failure(&e) && (tiling.retry_on_alloc_failure || tiling.max_compute_bytes.is_some()) => info.fallback = Some(e.to_string()),
+                other => return other.map(|v| (v, info)),
+            }
+        }
+        let out = self.run_tiles(backend, op, input, w, h, in_c, out_c, tiling, &mut info)?;
+        Ok((out, info))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_tiles(&self, backend: &Backend, op: VaeOp, input: &[f32], w: usize, h: usize, in_c: usize, out_c: usize, tiling: &VaeTiling, info: &mut RunInfo) -> Result<Vec<f32>> {
+        let f = self.config.downscale() as usize;
+        let (dir, lw, lh, factor) = match op {
+            VaeOp::Decode => (Direction::Upscale, w, h, 1.0),
+            VaeOp::EncodeMean => {
+                if w % f != 0 || h % f != 0 {
+                    return Err(ModelError::Input(format!("image {w}x{h}: sides must be divisible by {f}")));
+                }
+                (Direction::Downscale, w / f, h / f, 1.30539)
+            }
+        };
+        let (tw, th, overlap) = tiling.tile_sizes(lw, lh, factor);
+        let layout = tiling::layout(lw, lh, tw, th, overlap);
+        // Every tile has the same size: one allocator (and compute buffer) serves them all.
+        let mut alloc = GraphAllocator::new(backend)?;
+        let out = tiling::run_tiled(input, w, h, in_c, out_c, f, dir, &layout, |tile, tw, th| self.run_graph(backend, &mut alloc, op, [tw as i64, th as i64, in_c as i64, 1], &tile, None));
+        info.tiles = Some(layout);
+        out.map_err(|e| match e {
+            TiledError::Tile(e) => e,
+            TiledError::Shape(s) => ModelError::Input(s),
+        })
+    }
+}
+
+/// How a standalone VAE file names its tensors.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum VaeLayout {
+    /// LDM names (`decoder.up.N.block.M`) under `prefix` (`first_stage_model.` in a full
+    /// checkpoint, empty in a VAE file).
+    Ldm { prefix: String },
+    /// diffusers `AutoencoderKL` names (`decoder.up_blocks.N.resnets.M`) under `prefix`
+    /// (empty, or `vae.` in a pipeline folder), with `levels` decoder levels.
+    Diffusers { prefix: String, levels: usize },
+}
+
+/// The prefix [`standalone_source`] puts every VAE tensor under.
+pub const STANDALONE_PREFIX: &str = "first_stage_model";
+
+impl VaeLayout {
+    /// The layout of a file with tensors `names`, if it holds a KL VAE decoder.
+    pub fn detect<'a>(names: impl IntoIterator<Item = &'a str> + Clone) -> Option<Self> {
+        let has = |p: &str| names.clone().into_iter().any(|n| n.starts_with(p));
+        for prefix in ["first_stage_model.", "", "vae."] {
+            if has(&format!("{prefix}decoder.up.")) {
+                return Some(VaeLayout::Ldm { prefix: prefix.into() });
+            }
+            let up = format!("{prefix}decoder.up_blocks.");
+            if has(&up) {
+                let levels = names.clone().into_iter().filter_map(|n| n.strip_prefix(&up)?.split('.').next()?.parse::<usize>().ok()).max().map_or(0, |m| m + 1);
+                return Some(VaeLayout::Diffusers { prefix: prefix.into(), levels });
+            }
+        }
+        None
+    }
+
+    /// The LDM name (without any prefix) of tensor `name`, and whether it is a linear
+    /// weight LDM stores as a 1×1 convolution; `None` for tensors outside the VAE.
+    pub fn ldm_name(&self, name: &str) -> Option<(String, bool)> {
+        match self {
+            VaeLayout::Ldm { prefix } => {
+                let n = name.strip_prefix(prefix.as_str())?;
+                ["encoder.", "decoder.", "quant_conv.", "post_quant_conv."].iter().any(|p| n.starts_with(p)).then(|| (n.to_string(), false))
+            }
+            VaeLayout::Diffusers { prefix, levels } => diffusers_to_ldm(name.strip_prefix(prefix.as_str())?, *levels),
+        }
+    }
+}
+
+/// diffusers `AutoencoderKL` name → LDM name (both without prefix).
+fn diffusers_to_ldm(name: &str, levels: usize) -> Option<(String, bool)> {
+    if name.starts_with("quant_conv.") || name.starts_with("post_quant_conv.") {
+        return Some((name.to_string(), false));
+    }
+    let (side, rest) = name.split_once('.')?;
+    if side != "encoder" && side != "decoder" {
+        return None;
+    }
+    let resnet = |r: &str| r.replacen("conv_shortcut.", "nin_shortcut.", 1);
+    let idx = |s: &str| s.parse::<usize>().ok();
+    let parts: Vec<&str> = rest.splitn(5, '.').collect();
+    let mapped = match parts.as_slice() {
+        ["conv_in", wb] | ["conv_out", wb] => format!("{side}.{}.{wb}", parts[0]),
+        ["conv_norm_out", wb] => format!("{side}.norm_out.{wb}"),
+        ["mid_block", "resnets", k, r @ ..] => format!("{side}.mid.block_{}.{}", idx(k)? + 1, resnet(&r.join("."))),
+        ["mid_block", "attentions", "0", proj, tail @ ..] => {
+            let tail = tail.join(".");
+            let (ldm, wb) = match (*proj, tail.as_str()) {
+                ("group_norm", wb) => ("norm", wb.to_string()),
+                ("to_q" | "query", wb) => ("q", wb.to_string()),
+                ("to_k" | "key", wb) => ("k", wb.to_string()),
+                ("to_v" | "value", wb) => ("v", wb.to_string()),
+                ("proj_attn", wb) => ("proj_out", wb.to_string()),
+                ("to_out", t) => ("proj_out", t.strip_prefix("0.")?.to_string()),
+                _ => return None,
+            };
+            let linear = ldm != "norm" && wb == "weight";
+            return Some((format!("{side}.mid.attn_1.{ldm}.{wb}"), linear));
+        }
+        ["down_blocks", i, "resnets", j, r] if side == "encoder" => format!("encoder.down.{}.block.{}.{}", idx(i)?, idx(j)?, resnet(r)),
+        ["down_blocks", i, "downsamplers", "0", r] if side == "encoder" => format!("encoder.down.{}.downsample.{r}", idx(i)?),
+        ["up_blocks", i, "resnets", j, r] if side == "decoder" => format!("decoder.up.{}.block.{}.{}", levels.checked_sub(idx(i)? + 1)?, idx(j)?, resnet(r)),
+        ["up_blocks", i, "upsamplers", "0", r] if side == "decoder" => format!("decoder.up.{}.upsample.{r}", levels.checked_sub(idx(i)? + 1)?),
+        _ => return None,
+    };
+    Some((mapped, false))
+}
+
+/// A source that shows another source's VAE tensors under LDM names below
+/// [`STANDALONE_PREFIX`], with diffusers' linear attention weights as 1×1 convolutions
+/// (same bytes, two more dimensions).
+struct StandaloneVae {
+    inner: Box<dyn crate::io::TensorSource>,
+    tensors: Vec<crate::io::TensorInfo>,
+    /// Our name → (index in `tensors`, the inner source's name).
+    index: std::collections::HashMap<String, (usize, String)>,
+}
+
+impl crate::io::TensorSource for StandaloneVae {
+    fn path(&self) -> &std::path::Path {
+        self.inner.path()
+    }
+    fn format(&self) -> crate::io::Format {
+        self.inner.format()
+    }
+    fn tensors(&self) -> &[crate::io::TensorInfo] {
+        &self.tensors
+    }
+    fn get(&self, name: &str) -> Option<&crate::io::TensorInfo> {
+        self.index.get(name).map(|(i, _)| &self.tensors[*i])
+    }
+    fn read(&self, name: &str) -> std::result::Result<crate::io::TensorBytes<'_>, crate::io::IoError> {
+        let (_, orig) = self.index.get(name).ok_or_else(|| crate::io::IoError::NotFound { path: self.inner.path().to_path_buf(), tensor: name.to_string() })?;
+        self.inner.read(orig)
+    }
+    fn metadata(&self) -> &std::collections::BTreeMap<String, String> {
+        self.inner.metadata()
+    }
+}
+
+/// A standalone VAE file (LDM names with or without `first_stage_model.`, or diffusers
+/// names) as a source whose KL VAE tensors all sit under [`STANDALONE_PREFIX`] in LDM
+/// names, ready for [`VaeConfig::infer`].
+pub fn standalone_source(src: Box<dyn crate::io::TensorSource>) -> Result<Box<dyn crate::io::TensorSource>> {
+    let shown = src.path().display().to_string();
+    let layout = VaeLayout::detect(src.tensors().iter().map(|t| t.name.as_str()))
+        .ok_or_else(|| ModelError::Config(format!("{shown}: no KL VAE decoder (neither `decoder.up.*` nor diffusers `decoder.up_blocks.*` tensors)")))?;
+    let mut tensors = Vec::new();
+    let mut index = std::collections::HashMap::new();
+    for t in src.tensors() {
+        let Some((ldm, linear)) = layout.ldm_name(&t.name) else { continue };
+        let mut info = t.clone();
+        info.name = format!("{STANDALONE_PREFIX}.{ldm}");
+        if linear && info.shape.len() == 2 {
+            info.shape.extend([1, 1]);
+        }
+        if index.insert(info.name.clone(), (tensors.len(), t.name.clone())).is_some() {
+            return Err(ModelError::Weight { name: info.name, detail: format!("{shown}: two tensors map to this name") });
+        }
+        tensors.push(info);
+    }
+    Ok(Box::new(StandaloneVae { inner: src, tensors, index }))
 }

@@ -24,6 +24,18 @@ pub trait Rng {
     fn random_u64(&mut self) -> u64;
 }
 
+/// A boxed generator (what [`RngKind::seeded`] gives) is one too, so callers that pick the
+/// kind at run time pass it where a generator is expected.
+impl<R: Rng + ?Sized> Rng for Box<R> {
+    fn randn(&mut self, n: usize) -> Vec<f32> {
+        (**self).randn(n)
+    }
+
+    fn random_u64(&mut self) -> u64 {
+        (**self).random_u64()
+    }
+}
+
 /// Which generator a seed goes through, by sd.cpp's `--rng` names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RngKind {

@@ -28,7 +28,8 @@ fn is_norm_weight(name: &str) -> bool {
     if module.starts_with("ln_") || module.contains("norm") {
         return true;
     }
-    let pair = parts[parts.len() - 3..parts.len() - 1].join(".");
+    // Python slices parts[-3:-1], which is shorter for two-part names.
+    let pair = parts[parts.len().saturating_sub(3)..parts.len() - 1].join(".");
     matches!(pair.as_str(), "in_layers.0" | "out_layers.0" | "out.0")
 }
 

@@ -1,0 +1,187 @@
+//! Previews of the denoised estimate while sampling, as ComfyUI's `latent_preview.py`
+//! makes them: a fixed latent → RGB projection (cheap, latent-sized), or the TAESD
+//! decoder (full-sized) when `models/vae_approx` has one. JPEG at quality 95, the long
+//! side capped at [`MAX_PREVIEW_RESOLUTION`].
+
+use crate::runtime::Runtime;
+use crate::taesd;
+use sdflow_core::detect::ModelFamily;
+use sdflow_core::models::taesd::Half;
+use sdflow_executor::{PreviewFormat, PreviewImage};
+use std::str::FromStr;
+
+/// ComfyUI's default `--preview-size`.
+pub const MAX_PREVIEW_RESOLUTION: u32 = 512;
+
+/// ComfyUI's JPEG quality for previews.
+const JPEG_QUALITY: u8 = 95;
+
+/// ComfyUI's `SD15` latent format (SD1.x and SD2.x): each latent channel's R, G, B weight.
+/// No bias.
+pub const SD15_LATENT_RGB_FACTORS: [[f32; 3]; 4] = [
+    [0.3512, 0.2297, 0.3227],
+    [0.3250, 0.4974, 0.2350],
+    [-0.2829, 0.1762, 0.2721],
+    [-0.2120, -0.2616, -0.7177],
+];
+
+/// ComfyUI's `--preview-method`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PreviewMethod {
+    /// No previews.
+    None,
+    /// ComfyUI's `auto`: the latent → RGB projection.
+    Auto,
+    #[default]
+    Latent2Rgb,
+    /// The TAESD decoder, falling back to the projection when none is installed.
+    Taesd,
+}
+
+impl PreviewMethod {
+    pub const ALL: [PreviewMethod; 4] = [PreviewMethod::None, PreviewMethod::Auto, PreviewMethod::Latent2Rgb, PreviewMethod::Taesd];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PreviewMethod::None => "none",
+            PreviewMethod::Auto => "auto",
+            PreviewMethod::Latent2Rgb => "latent2rgb",
+            PreviewMethod::Taesd => "taesd",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("unknown preview method `{0}` (valid: none, auto, latent2rgb, taesd)")]
+pub struct UnknownPreviewMethod(String);
+
+impl FromStr for PreviewMethod {
+    type Err = UnknownPreviewMethod;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let lower = s.trim().to_ascii_lowercase();
+        PreviewMethod::ALL.into_iter().find(|m| m.name() == lower).ok_or_else(|| UnknownPreviewMethod(s.to_string()))
+    }
+}
+
+/// ComfyUI's `preview_to_image`: [-1, 1] → 0..=255, rounded as torch rounds (half to even).
+fn to_byte(v: f32) -> u8 {
+    ((v.clamp(-1.0, 1.0) + 1.0) * 127.5).round_ties_even() as u8
+}
+
+/// The projection of the first sample of `latent` (dimensions [W, H, C, N], planar, at
+/// the diffusion model's scale) through `factors` (one RGB row per channel) and `bias`:
+/// row-major RGB8 pixels, W×H.
+pub fn latent_to_rgb(latent: &[f32], shape: [i64; 4], factors: &[[f32; 3]], bias: [f32; 3]) -> Option<Vec<u8>> {
+    let [w, h, c, _] = shape.map(|d| d.max(0) as usize);
+    if c != factors.len() || latent.len() < w * h * c {
+        return None;
+    }
+    let plane = w * h;
+    let mut out = Vec::with_capacity(plane * 3);
+    for p in 0..plane {
+        for (ch, b) in bias.iter().enumerate() {
+            let v = factors.iter().enumerate().fold(*b, |acc, (k, f)| acc + latent[k * plane + p] * f[ch]);
+            out.push(to_byte(v));
+        }
+    }
+    Some(out)
+}
+
+/// The preview of the sampler's current denoised estimate `denoised` (dimensions
+/// `shape`, at the diffusion model's scale), as the runtime's preview method makes it;
+/// `None` when previews are off or `family` has no preview.
+pub fn preview(rt: &Runtime, family: ModelFamily, denoised: &[f32], shape: [i64; 4]) -> Option<PreviewImage> {
+    if rt.preview == PreviewMethod::None || !matches!(family, ModelFamily::Sd1 | ModelFamily::Sd2 { .. }) {
+        return None;
+    }
+    if rt.preview == PreviewMethod::Taesd {
+        match taesd_rgb(rt, denoised, shape) {
+            Ok(Some((rgb, w, h))) => return jpeg(rgb, w, h),
+            Ok(None) => tracing::debug!("TAESD previews asked for, but models/vae_approx has no taesd_decoder; using latent2rgb"),
+            Err(e) => tracing::warn!("TAESD preview failed, using latent2rgb: {e}"),
+        }
+    }
+    let rgb = latent_to_rgb(denoised, shape, &SD15_LATENT_RGB_FACTORS, [0.0; 3])?;
+    jpeg(rgb, shape[0] as u32, shape[1] as u32)
+}
+
+/// The TAESD decoding of the first sample, if a decoder is installed.
+fn taesd_rgb(rt: &Runtime, denoised: &[f32], shape: [i64; 4]) -> Result<Option<(Vec<u8>, u32, u32)>, sdflow_executor::NodeError> {
+    let Some(files) = taesd::find_decoder(rt) else { return Ok(None) };
+    let weights = taesd::weights_handle(rt, &files)?.pin().map_err(crate::err)?;
+    let model = taesd::model(&weights, Half::Decoder)?;
+    let [w, h, c, _] = shape.map(|d| d.max(0) as usize);
+    let first = denoised.get(..w * h * c).ok_or_else(|| sdflow_executor::NodeError::msg("preview: short latent"))?;
+    let chw = taesd::run(rt, &model, Half::Decoder, first, w, h)?;
+    let f = model.config.downscale() as usize;
+    let (iw, ih) = (w * f, h * f);
+    let plane = iw * ih;
+    // TAESD's [0, 1] to preview_to_image's [-1, 1], as ComfyUI's TAESD.decode does.
+    let rgb = (0..plane).flat_map(|p| (0..3).map(move |ch| (ch, p))).map(|(ch, p)| to_byte(chw[ch * plane + p] * 2.0 - 1.0)).collect();
+    Ok(Some((rgb, iw as u32, ih as u32)))
+}
+
+/// JPEG of row-major RGB8 `rgb`, shrunk (bilinear, aspect kept) to fit the preview size.
+fn jpeg(rgb: Vec<u8>, w: u32, h: u32) -> Option<PreviewImage> {
+    let img = image::RgbImage::from_raw(w, h, rgb)?;
+    let long = w.max(h);
+    let img = if long > MAX_PREVIEW_RESOLUTION {
+        let scale = MAX_PREVIEW_RESOLUTION as f64 / long as f64;
+        let (nw, nh) = (((w as f64 * scale).round() as u32).max(1), ((h as f64 * scale).round() as u32).max(1));
+        image::imageops::resize(&img, nw, nh, image::imageops::FilterType::Triangle)
+    } else {
+        img
+    };
+    let mut data = Vec::new();
+    if let Err(e) = image::codecs::jpeg::JpegEncoder::new_with_quality(&mut data, JPEG_QUALITY).encode_image(&img) {
+        tracing::warn!("preview JPEG encoding failed: {e}");
+        return None;
+    }
+    Some(PreviewImage { format: PreviewFormat::Jpeg, width: img.width(), height: img.height(), data: data.into() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// ComfyUI's Latent2RGBPreviewer on a 3×2 latent, run with torch (`F.linear` with the
+    /// SD15 factors, then preview_to_image's clamp, add, mul and round).
+    #[test]
+    fn latent2rgb_matches_comfyui() {
+        #[rustfmt::skip]
+        let latent = [
+            0.5, -1.2, 2.0, 0.0, 0.8, -0.3,
+            1.1, 0.4, -2.5, 0.2, -0.9, 0.7,
+            -0.6, 1.5, 0.3, 0.0, 0.1, -1.4,
+            0.9, -0.2, 1.8, 0.0, -1.1, 0.6,
+        ];
+        let want = [193, 168, 78, 42, 158, 160, 54, 0, 0, 136, 140, 133, 152, 133, 238, 177, 112, 33];
+        assert_eq!(latent_to_rgb(&latent, [3, 2, 4, 1], &SD15_LATENT_RGB_FACTORS, [0.0; 3]).unwrap(), want);
+        // Only the first sample of a batch is previewed.
+        let mut batch = latent.to_vec();
+        batch.extend([9.0; 24]);
+        assert_eq!(latent_to_rgb(&batch, [3, 2, 4, 2], &SD15_LATENT_RGB_FACTORS, [0.0; 3]).unwrap(), want);
+        assert!(latent_to_rgb(&latent[..20], [3, 2, 4, 1], &SD15_LATENT_RGB_FACTORS, [0.0; 3]).is_none(), "short latent");
+        assert!(latent_to_rgb(&latent, [3, 2, 3, 1], &SD15_LATENT_RGB_FACTORS, [0.0; 3]).is_none(), "3 channels");
+    }
+
+    #[test]
+    fn preview_methods_parse() {
+        for m in PreviewMethod::ALL {
+            assert_eq!(m.name().parse::<PreviewMethod>().unwrap(), m);
+        }
+        assert_eq!(" TAESD ".parse::<PreviewMethod>().unwrap(), PreviewMethod::Taesd);
+        let e = "fast".parse::<PreviewMethod>().unwrap_err().to_string();
+        assert!(e.contains("fast") && e.contains("latent2rgb"), "{e}");
+    }
+
+    #[test]
+    fn jpeg_is_capped_on_the_long_side_only_when_larger() {
+        let big = jpeg(vec![128; 1024 * 256 * 3], 1024, 256).unwrap();
+        assert_eq!((big.width, big.height), (512, 128));
+        let small = jpeg(vec![128; 64 * 48 * 3], 64, 48).unwrap();
+        assert_eq!((small.width, small.height), (64, 48));
+        assert!(jpeg(vec![0; 10], 64, 48).is_none(), "wrong pixel count");
+    }
+}

@@ -1,0 +1,182 @@
+//! TAESD files in `models/vae_approx` (ComfyUI's folder), loaded as one set of weights
+//! for VAELoader's `taesd` choice and for sampling previews.
+//!
+//! Two ways to ship it are found: ComfyUI's pair `taesd_encoder.*` + `taesd_decoder.*`
+//! (madebyollin's files, bare keys; combined under `taesd_encoder.` / `taesd_decoder.`
+//! as ComfyUI does), and sd.cpp's single `--taesd` file in the diffusers layout
+//! (`encoder.layers.*` / `decoder.layers.*`), looked for as `taesd.*`.
+
+use crate::err;
+use crate::runtime::Runtime;
+use sdflow_core::ggml::{Backend, Context, GraphRun};
+use sdflow_core::io::{self, TypeRules};
+use sdflow_core::models::load::load_weights_prefixed;
+use sdflow_core::models::taesd::{Half, Taesd};
+use sdflow_core::models::Weights;
+use sdflow_core::residency::{Device, WeightHandle, WeightKey};
+use sdflow_executor::NodeError;
+use std::path::{Path, PathBuf};
+
+/// The VAELoader entry and file stem of the SD1.x/2.x TAESD.
+pub const SD_TAESD: &str = "taesd";
+
+/// ComfyUI's `vae_scale` for `taesd`: TAESD works on latents at the diffusion model's
+/// scale, the VAE nodes pass unscaled ones.
+pub const SD_TAESD_SCALE: f32 = 0.18215;
+
+/// A TAESD graph is ~20 layers of a few ops each.
+const GRAPH: usize = 2048;
+
+/// The files of one TAESD: each with the prefix its tensors get.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TaesdFiles {
+    pub parts: Vec<(PathBuf, &'static str)>,
+}
+
+impl TaesdFiles {
+    /// The key prefixes a half may sit under in the loaded weights, most specific first.
+    fn prefixes(half: Half) -> [&'static str; 2] {
+        match half {
+            Half::Encoder => ["encoder.layers.", "taesd_encoder."],
+            Half::Decoder => ["decoder.layers.", "taesd_decoder."],
+        }
+    }
+}
+
+fn vae_approx_dir(rt: &Runtime) -> PathBuf {
+    rt.models_dir.join("vae_approx")
+}
+
+/// `{stem}.{model extension}` in `dir`, if there is one.
+fn find_file(dir: &Path, stem: &str) -> Option<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_file() && p.file_stem().and_then(|s| s.to_str()) == Some(stem))
+        .filter(|p| p.extension().and_then(|x| x.to_str()).is_some_and(|x| ["safetensors", "pth", "pt", "ckpt", "gguf", "bin"].contains(&x.to_ascii_lowercase().as_str())))
+        .collect();
+    found.sort();
+    found.into_iter().next()
+}
+
+/// The SD TAESD with both halves (VAELoader's `taesd`), if `vae_approx` has it.
+pub fn find_full(rt: &Runtime) -> Option<TaesdFiles> {
+    let dir = vae_approx_dir(rt);
+    let (enc, dec) = (find_file(&dir, &format!("{SD_TAESD}_encoder")), find_file(&dir, &format!("{SD_TAESD}_decoder")));
+    match (enc, dec) {
+        (Some(e), Some(d)) => Some(TaesdFiles { parts: vec![(e, "taesd_encoder."), (d, "taesd_decoder.")] }),
+        _ => find_file(&dir, SD_TAESD).map(|f| TaesdFiles { parts: vec![(f, "")] }),
+    }
+}
+
+/// The SD TAESD decoder alone (what previews need), if `vae_approx` has one.
+pub fn find_decoder(rt: &Runtime) -> Option<TaesdFiles> {
+    let dir = vae_approx_dir(rt);
+    match find_file(&dir, &format!("{SD_TAESD}_decoder")) {
+        Some(d) => Some(TaesdFiles { parts: vec![(d, "taesd_decoder.")] }),
+        None => find_file(&dir, SD_TAESD).map(|f| TaesdFiles { parts: vec![(f, "")] }),
+    }
+}
+
+/// The residency handle of `files`' weights; nothing is read until it is pinned.
+pub fn weights_handle(rt: &Runtime, files: &TaesdFiles) -> Result<WeightHandle<Weights>, NodeError> {
+    // The prefixes given to each file are part of what is loaded: a key per layout.
+    let tag: String = files.parts.iter().map(|(_, p)| *p).collect::<Vec<_>>().join("+");
+    let key = WeightKey::new(files.parts.iter().map(|(p, _)| p), format!("taesd:{tag}"), rt.weight_type, Device::Cpu).map_err(err)?;
+    let (parts, wt) = (files.parts.clone(), rt.weight_type);
+    rt.residency
+        .get_or_load(key, move || -> Result<Weights, Box<dyn std::error::Error + Send + Sync>> {
+            let sources = parts.iter().map(|(p, _)| io::open(p)).collect::<Result<Vec<_>, _>>()?;
+            let named: Vec<_> = sources.iter().zip(&parts).map(|(s, (_, prefix))| (s.as_ref(), *prefix)).collect();
+            let backend = Backend::cpu(1)?;
+            Ok(load_weights_prefixed(&backend, &named, &TypeRules::new(wt, "")?)?)
+        })
+        .map_err(err)
+}
+
+/// The `half` of a TAESD in `w`, wherever its layout put it.
+pub fn model(w: &Weights, half: Half) -> Result<Taesd<'_>, NodeError> {
+    let mut first_err = None;
+    for prefix in TaesdFiles::prefixes(half) {
+        match Taesd::load(w, prefix, half) {
+            Ok(m) => return Ok(m),
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    Err(NodeError::msg(format!("TAESD: {}", first_err.expect("two prefixes tried"))))
+}
+
+/// One sample through `model` on the compute backend: `input` is planar [C][H][W] with
+/// sides `w`×`h` (latents at the diffusion model's scale to decode, images in [0, 1] to
+/// encode). Returns the planar output.
+pub fn run(rt: &Runtime, model: &Taesd<'_>, half: Half, input: &[f32], w: usize, h: usize) -> Result<Vec<f32>, NodeError> {
+    let c = match half {
+        Half::Decoder => model.config.latent_channels,
+        Half::Encoder => model.config.image_channels,
+    };
+    if input.len() != w * h * c as usize {
+        return Err(NodeError::msg(format!("TAESD: {} values for a {w}x{h}x{c} input", input.len())));
+    }
+    rt.with_backend(|b| {
+        let g = Context::new(GRAPH, GRAPH).map_err(err)?;
+        let mut run = GraphRun::new(&g);
+        let x = run.input_f32(&[w as i64, h as i64, c, 1], input.to_vec()).map_err(err)?;
+        let out = match half {
+            Half::Decoder => model.decode(&g, x),
+            Half::Encoder => model.encode(&g, x),
+        }
+        .map_err(err)?;
+        Ok(run.compute(b, &[out], GRAPH).map_err(err)?.remove(0))
+    })
+}
+
+/// A TAESD standing in for the KL VAE (VAELoader's `taesd`), in the KL VAE's conventions:
+/// unscaled latents and images in [-1, 1], converted around TAESD's as ComfyUI's
+/// `TAESD.decode` / `encode` do with `vae_scale` 0.18215.
+pub struct TaesdVae<'w> {
+    pub decoder: Taesd<'w>,
+    /// sd.cpp's single `--taesd` file may hold the decoder only.
+    pub encoder: Option<Taesd<'w>>,
+}
+
+impl<'w> TaesdVae<'w> {
+    pub fn new(w: &'w Weights) -> Result<Self, NodeError> {
+        let decoder = model(w, Half::Decoder)?;
+        let has_encoder = TaesdFiles::prefixes(Half::Encoder).iter().any(|p| w.names().any(|n| n.starts_with(p)));
+        let encoder = if has_encoder { Some(model(w, Half::Encoder)?) } else { None };
+        if let Some(e) = &encoder {
+            if e.config.latent_channels != decoder.config.latent_channels {
+                return Err(NodeError::msg(format!("TAESD: the encoder makes {} latent channels, the decoder takes {}", e.config.latent_channels, decoder.config.latent_channels)));
+            }
+        }
+        Ok(TaesdVae { decoder, encoder })
+    }
+
+    pub fn downscale(&self) -> i64 {
+        self.decoder.config.downscale()
+    }
+
+    pub fn z_channels(&self) -> i64 {
+        self.decoder.config.latent_channels
+    }
+
+    /// One sample, planar, sides `w`×`h`: unscaled latents → image in [-1, 1], or image in
+    /// [-1, 1] → unscaled latents.
+    pub fn run(&self, rt: &Runtime, op: sdflow_core::models::vae::VaeOp, input: &[f32], w: usize, h: usize) -> Result<Vec<f32>, NodeError> {
+        use sdflow_core::models::vae::VaeOp;
+        match op {
+            VaeOp::Decode => {
+                let z: Vec<f32> = input.iter().map(|v| v * SD_TAESD_SCALE).collect();
+                Ok(run(rt, &self.decoder, Half::Decoder, &z, w, h)?.into_iter().map(|v| v * 2.0 - 1.0).collect())
+            }
+            VaeOp::EncodeMean => {
+                let enc = self.encoder.as_ref().ok_or_else(|| NodeError::msg("this TAESD has no encoder (taesd_encoder.* is missing from models/vae_approx)"))?;
+                let x: Vec<f32> = input.iter().map(|v| (v + 1.0) * 0.5).collect();
+                Ok(run(rt, enc, Half::Encoder, &x, w, h)?.into_iter().map(|v| v / SD_TAESD_SCALE).collect())
+            }
+        }
+    }
+}
