@@ -8,6 +8,7 @@ use axum::extract::State;
 use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::Json as Reply;
+use axum::body::Bytes;
 use serde::Deserialize;
 use serde_json::{json, Value as Json};
 
@@ -60,15 +61,16 @@ fn target_dir(root: &Path, subfolder: &str) -> Result<PathBuf, ApiError> {
     confined(root, &dir)
 }
 
-struct Upload<'a> {
-    image: &'a Part,
+struct Upload {
+    /// The uploaded file's bytes (shared, not copied).
+    image: Bytes,
     name: String,
     subfolder: String,
     kind: String,
     overwrite: bool,
 }
 
-fn parse_upload(parts: &[Part]) -> Result<Upload<'_>, ApiError> {
+fn parse_upload(parts: &[Part]) -> Result<Upload, ApiError> {
     let image = parts
         .iter()
         .find(|p| p.name == "image")
@@ -80,7 +82,7 @@ fn parse_upload(parts: &[Part]) -> Result<Upload<'_>, ApiError> {
     let name = file_name(name)?.to_string();
     let overwrite = matches!(text_field(parts, "overwrite")?, Some("true" | "1"));
     Ok(Upload {
-        image,
+        image: image.bytes.clone(),
         name,
         subfolder: text_field(parts, "subfolder")?.unwrap_or("").to_string(),
         kind: text_field(parts, "type")?
@@ -93,7 +95,7 @@ fn parse_upload(parts: &[Part]) -> Result<Upload<'_>, ApiError> {
 
 /// Stores an upload as ComfyUI does: a taken name gets ` (1)`, ` (2)`, … unless the file
 /// there has the same bytes (then it is reused) or `overwrite` is set.
-fn store(state: &AppState, up: &Upload<'_>, bytes: &[u8]) -> Result<Json, ApiError> {
+fn store(state: &AppState, up: &Upload, bytes: &[u8]) -> Result<Json, ApiError> {
     let root = state.dirs.by_type(&up.kind)?;
     let dir = target_dir(root, &up.subfolder)?;
     let (stem, ext) = match up.name.rsplit_once('.') {
@@ -134,35 +136,10 @@ pub async fn upload_image(
 ) -> Result<Reply<Json>, ApiError> {
     let parts = form.parts(state.config.max_body_bytes).await?;
     let up = parse_upload(&parts)?;
-    check_image(&up.image.bytes, &format!("upload {}", up.name))?;
-    let state2 = state.clone();
-    let bytes = up.image.bytes.clone();
-    let (name, subfolder, kind, overwrite) = (
-        up.name.clone(),
-        up.subfolder.clone(),
-        up.kind.clone(),
-        up.overwrite,
-    );
-    let reply = tokio::task::spawn_blocking(move || {
-        let image = Part {
-            name: "image".into(),
-            file_name: Some(name.clone()),
-            bytes: bytes.clone(),
-        };
-        store(
-            &state2,
-            &Upload {
-                image: &image,
-                name,
-                subfolder,
-                kind,
-                overwrite,
-            },
-            &bytes,
-        )
-    })
-    .await
-    .map_err(|e| ApiError::Internal(e.to_string()))??;
+    check_image(&up.image, &format!("upload {}", up.name))?;
+    let reply = tokio::task::spawn_blocking(move || store(&state, &up, &up.image))
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))??;
     Ok(Reply(reply))
 }
 
@@ -183,7 +160,7 @@ pub async fn upload_mask(
 ) -> Result<Reply<Json>, ApiError> {
     let parts = form.parts(state.config.max_body_bytes).await?;
     let up = parse_upload(&parts)?;
-    check_image(&up.image.bytes, &format!("mask {}", up.name))?;
+    check_image(&up.image, &format!("mask {}", up.name))?;
     let original: OriginalRef = serde_json::from_str(
         text_field(&parts, "original_ref")?
             .ok_or_else(|| ApiError::bad("the form has no `original_ref`"))?,
@@ -198,14 +175,7 @@ pub async fn upload_mask(
         )?)
         .join(file_name(&original.filename)?);
     let src = confined(&root, &src)?;
-    let mask_bytes = up.image.bytes.clone();
-    let state2 = state.clone();
-    let (name, subfolder, ukind, overwrite) = (
-        up.name.clone(),
-        up.subfolder.clone(),
-        up.kind.clone(),
-        up.overwrite,
-    );
+    let mask_bytes = up.image.clone();
     let reply = tokio::task::spawn_blocking(move || {
         let original_bytes =
             std::fs::read(&src).map_err(|e| ApiError::io(original.filename.clone(), e))?;
@@ -231,22 +201,7 @@ pub async fn upload_mask(
         let mut png = Vec::new();
         img.write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png)
             .map_err(|e| ApiError::Internal(format!("encoding the masked image: {e}")))?;
-        let image = Part {
-            name: "image".into(),
-            file_name: Some(name.clone()),
-            bytes: png.clone().into(),
-        };
-        store(
-            &state2,
-            &Upload {
-                image: &image,
-                name,
-                subfolder,
-                kind: ukind,
-                overwrite,
-            },
-            &png,
-        )
+        store(&state, &up, &png)
     })
     .await
     .map_err(|e| ApiError::Internal(e.to_string()))??;

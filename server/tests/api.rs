@@ -4,7 +4,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{quick_prompt, slow_prompt, start, start_in};
+use common::{quick_prompt, send, slow_prompt, start, start_in};
 use futures_util::StreamExt;
 use serde_json::{json, Value as Json};
 use tokio_tungstenite::tungstenite::Message;
@@ -142,12 +142,7 @@ async fn a_prompt_runs_with_comfyui_events_previews_history_and_view() {
     );
 
     // The file the output node wrote, through /view: the stub adds 1 to each value.
-    let r = s
-        .http
-        .get(s.url("/view?filename=first.txt&type=output"))
-        .send()
-        .await
-        .unwrap();
+    let r = send(s.http.get(s.url("/view?filename=first.txt&type=output"))).await;
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["content-type"], "text/plain; charset=utf-8");
     let text = r.text().await.unwrap();
@@ -208,23 +203,7 @@ async fn validation_errors_come_back_in_comfyui_shape() {
 async fn queue_listing_delete_clear_front_and_interrupt_of_one_prompt() {
     let mut s = start(|_| {}).await;
     // A long prompt holds the worker while the others wait.
-    let (_, r) = s
-        .post(
-            "/prompt",
-            json!({"prompt": slow_prompt(1, 2000, 5, "long")}),
-        )
-        .await;
-    let long = r["prompt_id"].as_str().unwrap().to_string();
-    for _ in 0..200 {
-        if !s.get("/queue").await.1["queue_running"]
-            .as_array()
-            .unwrap()
-            .is_empty()
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let long = s.hold_worker("long").await;
     let mut ids = Vec::new();
     for i in 0..3 {
         let (code, r) = s
@@ -333,24 +312,8 @@ async fn queue_listing_delete_clear_front_and_interrupt_of_one_prompt() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_queue_answers_429() {
     let mut s = start(|c| c.max_queue = 2).await;
-    let (_, r) = s
-        .post(
-            "/prompt",
-            json!({"prompt": slow_prompt(1, 2000, 5, "hold")}),
-        )
-        .await;
-    let hold = r["prompt_id"].as_str().unwrap().to_string();
     // Wait until it runs, so exactly max_queue prompts can wait behind it.
-    for _ in 0..200 {
-        if !s.get("/queue").await.1["queue_running"]
-            .as_array()
-            .unwrap()
-            .is_empty()
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let hold = s.hold_worker("hold").await;
     assert_eq!(
         s.post("/prompt", json!({"prompt": quick_prompt(1, "a")}))
             .await
@@ -491,24 +454,10 @@ async fn history_survives_a_restart_and_stays_bounded() {
     s.wait_history("my-id").await;
     let h = s.get("/history").await.1;
     assert_eq!(h.as_object().unwrap().keys().next_back().unwrap(), "my-id");
-    assert_eq!(
-        s.post(
-            "/prompt",
-            json!({"prompt": quick_prompt(9, "again"), "prompt_id": "my-id"})
-        )
-        .await
-        .0,
-        400
-    );
-    assert_eq!(
-        s.post(
-            "/prompt",
-            json!({"prompt": quick_prompt(9, "bad"), "prompt_id": "../x"})
-        )
-        .await
-        .0,
-        400
-    );
+    // A taken id, and one that is no plain name.
+    for id in ["my-id", "../x"] {
+        assert_eq!(s.post("/prompt", json!({"prompt": quick_prompt(9, "again"), "prompt_id": id})).await.0, 400, "{id}");
+    }
     s.shutdown().await;
 }
 

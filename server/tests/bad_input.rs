@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{quick_prompt, start};
+use common::{quick_prompt, send, start};
 use serde_json::{json, Value as Json};
 
 fn png(w: u32, h: u32) -> Vec<u8> {
@@ -72,13 +72,7 @@ async fn upload(
     for (k, v) in fields {
         form = form.text(k.to_string(), v.to_string());
     }
-    let r = s
-        .http
-        .post(s.url("/upload/image"))
-        .multipart(form)
-        .send()
-        .await
-        .unwrap();
+    let r = send(s.http.post(s.url("/upload/image")).multipart(form)).await;
     let code = r.status().as_u16();
     let text = r.text().await.unwrap();
     (
@@ -97,58 +91,31 @@ async fn malformed_json_and_huge_bodies() {
         .build()
         .unwrap();
     for body in ["{not json", "", "[1,2", "\"prompt\""] {
-        let r = s
-            .http
-            .post(s.url("/prompt"))
-            .body(body)
-            .send()
-            .await
-            .unwrap();
+        let r = send(s.http.post(s.url("/prompt")).body(body)).await;
         assert_eq!(r.status(), 400, "body {body:?}");
         let j: Json = r.json().await.unwrap();
         assert_eq!(j["error"]["type"], "bad_request", "{j}");
     }
-    let r = s
-        .http
-        .post(s.url("/prompt"))
-        .body("{\n  \"prompt\": {\"1\": }\n}")
-        .send()
-        .await
-        .unwrap();
+    let r = send(s.http.post(s.url("/prompt")).body("{\n  \"prompt\": {\"1\": }\n}")).await;
     let j: Json = r.json().await.unwrap();
     assert!(
         j["error"]["message"].as_str().unwrap().contains("line 2"),
         "{j}"
     );
     // Wrong types inside a well-formed body.
-    assert_eq!(
-        s.post("/prompt", json!({"prompt": {"1": {"class_type": 5}}}))
-            .await
-            .0,
-        400
-    );
-    assert_eq!(
-        s.post(
-            "/prompt",
-            json!({"prompt": quick_prompt(1, "x"), "number": "soon"})
-        )
-        .await
-        .0,
-        400
-    );
-    assert_eq!(s.post("/queue", json!({"delete": "all"})).await.0, 400);
+    for (path, body) in [
+        ("/prompt", json!({"prompt": {"1": {"class_type": 5}}})),
+        ("/prompt", json!({"prompt": quick_prompt(1, "x"), "number": "soon"})),
+        ("/queue", json!({"delete": "all"})),
+    ] {
+        assert_eq!(s.post(path, body.clone()).await.0, 400, "{path} {body}");
+    }
 
     let huge = format!(
         "{{\"prompt\": {{}}, \"pad\": \"{}\"}}",
         "x".repeat(200 << 10)
     );
-    let r = s
-        .http
-        .post(s.url("/prompt"))
-        .body(huge)
-        .send()
-        .await
-        .unwrap();
+    let r = send(s.http.post(s.url("/prompt")).body(huge)).await;
     assert_eq!(r.status(), 413);
     let j: Json = r.json().await.unwrap();
     assert_eq!(j["error"]["type"], "payload_too_large");
@@ -205,12 +172,7 @@ async fn uploads_and_view_stay_in_their_folders() {
     assert!(s.dir.join("output/temp/pets/dogs/dog.png").is_file());
 
     // View what was uploaded.
-    let r = s
-        .http
-        .get(s.url("/view?filename=dog.png&subfolder=pets/dogs&type=temp"))
-        .send()
-        .await
-        .unwrap();
+    let r = send(s.http.get(s.url("/view?filename=dog.png&subfolder=pets/dogs&type=temp"))).await;
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["content-type"], "image/png");
     assert_eq!(r.bytes().await.unwrap().to_vec(), png(4, 4));
@@ -226,12 +188,7 @@ async fn uploads_and_view_stay_in_their_folders() {
         "filename=passwd&subfolder=%2Fetc",
         "filename=secret.txt&type=root",
     ] {
-        let r = s
-            .http
-            .get(s.url(&format!("/view?{q}")))
-            .send()
-            .await
-            .unwrap();
+        let r = send(s.http.get(s.url(&format!("/view?{q}")))).await;
         let code = r.status().as_u16();
         assert!(code == 400 || code == 403, "/view?{q} gave {code}");
         assert_ne!(r.text().await.unwrap(), "secret");
@@ -257,12 +214,7 @@ async fn uploads_and_view_stay_in_their_folders() {
         "filename=link.txt&type=input",
         "filename=secret.txt&subfolder=escape&type=input",
     ] {
-        let r = s
-            .http
-            .get(s.url(&format!("/view?{q}")))
-            .send()
-            .await
-            .unwrap();
+        let r = send(s.http.get(s.url(&format!("/view?{q}")))).await;
         assert_eq!(r.status(), 403, "/view?{q}");
     }
 
@@ -296,21 +248,9 @@ async fn uploads_and_view_stay_in_their_folders() {
         "{r}"
     );
     let form = reqwest::multipart::Form::new().text("overwrite", "true");
-    let r = s
-        .http
-        .post(s.url("/upload/image"))
-        .multipart(form)
-        .send()
-        .await
-        .unwrap();
+    let r = send(s.http.post(s.url("/upload/image")).multipart(form)).await;
     assert_eq!(r.status(), 400);
-    let r = s
-        .http
-        .post(s.url("/upload/image"))
-        .body("plain")
-        .send()
-        .await
-        .unwrap();
+    let r = send(s.http.post(s.url("/upload/image")).body("plain")).await;
     assert_eq!(r.status(), 400);
     s.shutdown().await;
 }
@@ -339,13 +279,7 @@ async fn mask_upload_puts_the_mask_alpha_on_the_original() {
             "original_ref",
             json!({"filename": "orig.png", "type": "input", "subfolder": ""}).to_string(),
         );
-    let r = s
-        .http
-        .post(s.url("/upload/mask"))
-        .multipart(form)
-        .send()
-        .await
-        .unwrap();
+    let r = send(s.http.post(s.url("/upload/mask")).multipart(form)).await;
     assert_eq!(r.status(), 200);
     let j: Json = r.json().await.unwrap();
     let out = image::open(s.dir.join("input").join(j["name"].as_str().unwrap()))
@@ -367,13 +301,7 @@ async fn mask_upload_puts_the_mask_alpha_on_the_original() {
             "original_ref",
             json!({"filename": "orig.png", "type": "input", "subfolder": "../.."}).to_string(),
         );
-    let r = s
-        .http
-        .post(s.url("/upload/mask"))
-        .multipart(form)
-        .send()
-        .await
-        .unwrap();
+    let r = send(s.http.post(s.url("/upload/mask")).multipart(form)).await;
     assert_eq!(r.status(), 403);
     s.shutdown().await;
 }
@@ -382,35 +310,22 @@ async fn mask_upload_puts_the_mask_alpha_on_the_original() {
 async fn foreign_origins_are_refused_unless_allowed() {
     let mut s = start(|c| c.cors_origins = vec!["http://editor.test:3000".into()]).await;
     let host = s.base.trim_start_matches("http://").to_string();
-    let send = |origin: &str| {
-        s.http
-            .post(s.url("/prompt"))
-            .header("Origin", origin)
-            .json(&json!({"prompt": quick_prompt(1, "o")}))
-            .send()
-    };
-    let r = send("https://evil.example").await.unwrap();
+    let from = |origin: &str| send(s.http.post(s.url("/prompt")).header("Origin", origin).json(&json!({"prompt": quick_prompt(1, "o")})));
+    let r = from("https://evil.example").await;
     assert_eq!(r.status(), 403);
     assert!(r.headers().get("access-control-allow-origin").is_none());
-    assert_eq!(send("http://127.0.0.1:1").await.unwrap().status(), 403);
-    assert_eq!(send("null").await.unwrap().status(), 403);
+    assert_eq!(from("http://127.0.0.1:1").await.status(), 403);
+    assert_eq!(from("null").await.status(), 403);
     // The server's own pages may call it.
-    assert_eq!(send(&format!("http://{host}")).await.unwrap().status(), 200);
+    assert_eq!(from(&format!("http://{host}")).await.status(), 200);
     // An allowed origin gets through, with CORS headers, and its preflight is answered.
-    let r = send("http://editor.test:3000").await.unwrap();
+    let r = from("http://editor.test:3000").await;
     assert_eq!(r.status(), 200);
     assert_eq!(
         r.headers()["access-control-allow-origin"],
         "http://editor.test:3000"
     );
-    let r = s
-        .http
-        .request(reqwest::Method::OPTIONS, s.url("/prompt"))
-        .header("Origin", "http://editor.test:3000")
-        .header("Access-Control-Request-Method", "POST")
-        .send()
-        .await
-        .unwrap();
+    let r = send(s.http.request(reqwest::Method::OPTIONS, s.url("/prompt")).header("Origin", "http://editor.test:3000").header("Access-Control-Request-Method", "POST")).await;
     assert_eq!(r.status(), 204);
     assert!(r.headers()["access-control-allow-headers"]
         .to_str()
@@ -432,46 +347,18 @@ async fn foreign_origins_are_refused_unless_allowed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_token_is_required_when_set() {
     let mut s = start(|c| c.auth_token = Some("s3cret token".into())).await;
-    let r = s.http.get(s.url("/queue")).send().await.unwrap();
+    let r = send(s.http.get(s.url("/queue"))).await;
     assert_eq!(r.status(), 401);
     assert_eq!(r.headers()["www-authenticate"], "Bearer");
-    let r = s
-        .http
-        .get(s.url("/queue"))
-        .bearer_auth("wrong")
-        .send()
-        .await
-        .unwrap();
+    let r = send(s.http.get(s.url("/queue")).bearer_auth("wrong")).await;
     assert_eq!(r.status(), 401);
-    let r = s
-        .http
-        .post(s.url("/prompt"))
-        .json(&json!({"prompt": quick_prompt(1, "t")}))
-        .send()
-        .await
-        .unwrap();
+    let r = send(s.http.post(s.url("/prompt")).json(&json!({"prompt": quick_prompt(1, "t")}))).await;
     assert_eq!(r.status(), 401);
-    let r = s
-        .http
-        .get(s.url("/view?filename=x.png"))
-        .send()
-        .await
-        .unwrap();
+    let r = send(s.http.get(s.url("/view?filename=x.png"))).await;
     assert_eq!(r.status(), 401);
-    let r = s
-        .http
-        .get(s.url("/queue"))
-        .bearer_auth("s3cret token")
-        .send()
-        .await
-        .unwrap();
+    let r = send(s.http.get(s.url("/queue")).bearer_auth("s3cret token")).await;
     assert_eq!(r.status(), 200);
-    let r = s
-        .http
-        .get(s.url("/queue?token=s3cret%20token"))
-        .send()
-        .await
-        .unwrap();
+    let r = send(s.http.get(s.url("/queue?token=s3cret%20token"))).await;
     assert_eq!(r.status(), 200);
     assert!(tokio_tungstenite::connect_async(s.ws_url("t"))
         .await

@@ -4,7 +4,7 @@
 mod common;
 
 use base64::Engine;
-use common::{start_in, TestServer};
+use common::{send, start_in, TestServer};
 use sdflow_core::dtype::DType;
 use sdflow_core::synth::{ensure_checkpoint, Format, SdConfig};
 use serde_json::{json, Value as Json};
@@ -206,13 +206,7 @@ async fn sd_server_endpoints_generate_on_the_tiny_model() {
         )
         .text("prompt", "a dog")
         .text("size", "64x64");
-    let r = s
-        .http
-        .post(s.url("/v1/images/edits"))
-        .multipart(form)
-        .send()
-        .await
-        .unwrap();
+    let r = send(s.http.post(s.url("/v1/images/edits")).multipart(form)).await;
     assert_eq!(r.status(), 200);
     let j: Json = r.json().await.unwrap();
     let e = decode_png(j["data"][0]["b64_json"].as_str().unwrap());

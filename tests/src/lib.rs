@@ -18,6 +18,17 @@ use sdflow_nodes::Runtime;
 use std::path::Path;
 use std::sync::Arc;
 
+/// `models/checkpoints/model.safetensors` (tiny SD1 with a KL-f8 VAE, seed 7) and an
+/// empty `input/` under `root`; returns the input folder.
+pub fn tiny_tree(root: &Path) -> PathBuf {
+    let ckpts = root.join("models/checkpoints");
+    std::fs::create_dir_all(&ckpts).unwrap();
+    write_checkpoint(&ckpts.join("model.safetensors"), &SdConfig::tiny_sd1_f8(), DType::F32, 7, Format::Safetensors).unwrap();
+    let input = root.join("input");
+    std::fs::create_dir_all(&input).unwrap();
+    input
+}
+
 /// A scratch models/input/output tree with a tiny SD1 checkpoint (KL-f8 VAE) and an
 /// executor over every node, for end-to-end tests.
 pub struct TestEnv {
@@ -32,11 +43,7 @@ impl TestEnv {
     /// runtime before the nodes are registered.
     pub fn new(runtime: impl FnOnce(Runtime) -> Runtime) -> TestEnv {
         let dir = tempfile::tempdir().unwrap();
-        let ckpts = dir.path().join("models/checkpoints");
-        std::fs::create_dir_all(&ckpts).unwrap();
-        write_checkpoint(&ckpts.join("model.safetensors"), &SdConfig::tiny_sd1_f8(), DType::F32, 7, Format::Safetensors).unwrap();
-        let input = dir.path().join("input");
-        std::fs::create_dir_all(&input).unwrap();
+        let input = tiny_tree(dir.path());
         write_test_png(&input.join("input.png"), 72, 56);
         write_mask_png(&input.join("mask.png"), 72, 56, |x, _| x >= 36);
         TestEnv::with_dir(dir, runtime)

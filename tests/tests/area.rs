@@ -2,8 +2,6 @@
 //! in one model evaluation (one Euler step to sigma 0 returns the denoised latent) an
 //! area or mask entry changes the latent only where it applies.
 
-use sdflow_core::dtype::DType;
-use sdflow_core::synth::{write_checkpoint, Format, SdConfig};
 use sdflow_executor::{stub, CancelToken, Executor, ExecutorConfig, InputSpec, InputValue, Inputs, IoType, Node, NodeError, NodeSchema, NodeSpec, NullSink, Outputs, Registry, RunOptions, Workflow};
 use sdflow_nodes::values::Latent;
 use sdflow_nodes::Runtime;
@@ -41,11 +39,7 @@ struct Env {
 
 fn env() -> Env {
     let dir = tempfile::tempdir().unwrap();
-    let ckpts = dir.path().join("models/checkpoints");
-    std::fs::create_dir_all(&ckpts).unwrap();
-    write_checkpoint(&ckpts.join("model.safetensors"), &SdConfig::tiny_sd1_f8(), DType::F32, 7, Format::Safetensors).unwrap();
-    let input = dir.path().join("input");
-    std::fs::create_dir_all(&input).unwrap();
+    let input = sdflow_tests::tiny_tree(dir.path());
     // White from x 96 on, at the 192×128 image size: latent cells x ≥ 12.
     sdflow_tests::write_mask_png(&input.join("right.png"), 192, 128, |x, _| x >= 96);
     let rt = Runtime::new(dir.path().join("models"), dir.path().join("output"), 2, None).unwrap().with_input_dir(&input);

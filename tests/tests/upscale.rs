@@ -6,6 +6,7 @@ use sdflow_core::io::TypeRules;
 use sdflow_core::models::esrgan::{self, Arch, RrdbConfig, Tiling, Upscaler};
 use sdflow_executor::{stub, CancelToken, Executor, ExecutorConfig, InputValue, NodeSpec, NullSink, Registry, RunOptions, Workflow};
 use sdflow_nodes::Runtime;
+use sdflow_tests::read_png;
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -59,14 +60,6 @@ fn write_png(path: &Path, w: u32, h: u32, px: &[u8]) {
     enc.write_header().unwrap().write_image_data(px).unwrap();
 }
 
-fn read_png(path: &Path) -> (u32, u32, Vec<u8>) {
-    let dec = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(path).unwrap()));
-    let mut r = dec.read_info().unwrap();
-    let mut buf = vec![0; r.output_buffer_size()];
-    let info = r.next_frame(&mut buf).unwrap();
-    buf.truncate(info.buffer_size());
-    (info.width, info.height, buf)
-}
 
 fn workflow(env: &Env) -> Workflow {
     let text = std::fs::read_to_string(sdflow_tests::workflows_dir().join("upscale.json")).unwrap();

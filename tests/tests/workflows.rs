@@ -5,6 +5,7 @@ use sdflow_core::dtype::DType;
 use sdflow_core::synth::{write_checkpoint, Format, SdConfig};
 use sdflow_executor::{stub, CancelToken, Executor, ExecutorConfig, InputValue, NodeSpec, NullSink, Registry, RunOptions, Workflow};
 use sdflow_nodes::Runtime;
+use sdflow_tests::{read_png, write_mask_png, write_test_png};
 use std::sync::Arc;
 
 struct Env {
@@ -15,9 +16,8 @@ struct Env {
 
 fn env() -> Env {
     let dir = tempfile::tempdir().unwrap();
+    sdflow_tests::tiny_tree(dir.path());
     let ckpts = dir.path().join("models/checkpoints");
-    std::fs::create_dir_all(&ckpts).unwrap();
-    write_checkpoint(&ckpts.join("model.safetensors"), &SdConfig::tiny_sd1_f8(), DType::F32, 7, Format::Safetensors).unwrap();
     // A 9-channel inpainting UNet (mask and masked-image latent as extra input).
     let mut inpaint = SdConfig::tiny_sd1_f8();
     inpaint.unet.in_channels = 9;
@@ -61,38 +61,6 @@ fn load(env: &Env, name: &str, size: i64, steps: i64) -> Workflow {
         }
     }
     wf
-}
-
-/// A colour gradient, so encoders see structure.
-fn write_test_png(path: &std::path::Path, w: u32, h: u32) {
-    let mut enc = png::Encoder::new(std::io::BufWriter::new(std::fs::File::create(path).unwrap()), w, h);
-    enc.set_color(png::ColorType::Rgb);
-    enc.set_depth(png::BitDepth::Eight);
-    let px: Vec<u8> = (0..h).flat_map(|y| (0..w).flat_map(move |x| [(x * 255 / w) as u8, (y * 255 / h) as u8, 128])).collect();
-    enc.write_header().unwrap().write_image_data(&px).unwrap();
-}
-
-/// A mask image: white (255 in every channel) where `masked(x, y)`.
-fn write_mask_png(path: &std::path::Path, w: u32, h: u32, masked: impl Fn(u32, u32) -> bool) {
-    let mut enc = png::Encoder::new(std::io::BufWriter::new(std::fs::File::create(path).unwrap()), w, h);
-    enc.set_color(png::ColorType::Rgb);
-    enc.set_depth(png::BitDepth::Eight);
-    let mut px = Vec::with_capacity((w * h * 3) as usize);
-    for y in 0..h {
-        for x in 0..w {
-            px.extend([if masked(x, y) { 255u8 } else { 0 }; 3]);
-        }
-    }
-    enc.write_header().unwrap().write_image_data(&px).unwrap();
-}
-
-fn read_png(path: &std::path::Path) -> (u32, u32, Vec<u8>) {
-    let dec = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(path).unwrap()));
-    let mut r = dec.read_info().unwrap();
-    let mut buf = vec![0; r.output_buffer_size()];
-    let info = r.next_frame(&mut buf).unwrap();
-    buf.truncate(info.buffer_size());
-    (info.width, info.height, buf)
 }
 
 #[test]

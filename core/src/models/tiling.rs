@@ -163,33 +163,26 @@ pub fn layout(small_w: usize, small_h: usize, tile_w: usize, tile_h: usize, targ
     let (ox, oy) = ((pw as f32 * fx) as i64, (ph as f32 * fy) as i64);
     let (step_x, step_y) = ((pw - ox).max(1), (ph - oy).max(1));
     let (tw, th) = (pw.min(sw), ph.min(sh));
-    let mut tiles = Vec::new();
-    let mut y = 0i64;
-    let mut last_y = false;
-    while y < sh && !last_y {
-        let mut dy = 0;
-        if y + th >= sh {
-            let wanted = y;
-            y = sh - th;
-            dy = wanted - y;
-            last_y = true;
-        }
-        let mut x = 0i64;
-        let mut last_x = false;
-        while x < sw && !last_x {
-            let mut dx = 0;
-            if x + tw >= sw {
-                let wanted = x;
-                x = sw - tw;
-                dx = wanted - x;
-                last_x = true;
-            }
-            tiles.push(TilePos { x: x as usize, y: y as usize, skip_x: dx as usize, skip_y: dy as usize });
-            x += step_x;
-        }
-        y += step_y;
-    }
+    let xs = axis_starts(sw, tw, step_x);
+    let tiles = axis_starts(sh, th, step_y).into_iter().flat_map(|(y, skip_y)| xs.iter().map(move |&(x, skip_x)| TilePos { x, y, skip_x, skip_y })).collect();
     TileLayout { tile_w: tw as usize, tile_h: th as usize, overlap_x: ox.max(0) as usize, overlap_y: oy.max(0) as usize, tiles }
+}
+
+/// Tile starts along one axis of `size` cells, `step` apart; the last tile is moved back
+/// to end at the edge, and its skip is how far it moved (the cells its predecessor covers).
+fn axis_starts(size: i64, tile: i64, step: i64) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut p = 0i64;
+    while p < size {
+        if p + tile >= size {
+            let end = size - tile;
+            out.push((end as usize, (p - end) as usize));
+            break;
+        }
+        out.push((p as usize, 0));
+        p += step;
+    }
+    out
 }
 
 fn smootherstep(x: f32) -> f32 {

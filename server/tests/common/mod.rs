@@ -66,6 +66,11 @@ pub async fn start(tweak: impl FnOnce(&mut ServerConfig)) -> TestServer {
     s
 }
 
+/// Sends `req`; the tests look at the response's status and headers themselves.
+pub async fn send(req: reqwest::RequestBuilder) -> reqwest::Response {
+    req.send().await.unwrap()
+}
+
 impl TestServer {
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
@@ -79,7 +84,7 @@ impl TestServer {
     }
 
     pub async fn get(&self, path: &str) -> (u16, Json) {
-        let r = self.http.get(self.url(path)).send().await.unwrap();
+        let r = send(self.http.get(self.url(path))).await;
         let status = r.status().as_u16();
         let text = r.text().await.unwrap();
         (
@@ -89,19 +94,27 @@ impl TestServer {
     }
 
     pub async fn post(&self, path: &str, body: Json) -> (u16, Json) {
-        let r = self
-            .http
-            .post(self.url(path))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        let r = send(self.http.post(self.url(path)).json(&body)).await;
         let status = r.status().as_u16();
         let text = r.text().await.unwrap();
         (
             status,
             serde_json::from_str(&text).unwrap_or(Json::String(text)),
         )
+    }
+
+    /// Queues a 10-second prompt and waits until the worker runs it, so that what is
+    /// queued next waits behind it; returns its id.
+    pub async fn hold_worker(&self, label: &str) -> String {
+        let (_, r) = self.post("/prompt", json!({"prompt": slow_prompt(1, 2000, 5, label)})).await;
+        let id = r["prompt_id"].as_str().unwrap().to_string();
+        for _ in 0..200 {
+            if !self.get("/queue").await.1["queue_running"].as_array().unwrap().is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        id
     }
 
     /// Polls `/history/{id}` until the prompt is there.
