@@ -526,6 +526,44 @@ impl Context {
         Ok(t)
     }
 
+    /// Unmasked softmax attention per head on the CPU (see `ggml::attention`): `q`
+    /// [Dh, H, Nq, B], `k` and `v` [Dh, H, Nkv, B], f32 with unit stride in ne[0];
+    /// returns [Dh, H, Nq, B]. `None` where this backend cannot run it (the custom ops are
+    /// off): the caller uses [`Context::flash_attn_ext`] then.
+    pub fn attention_cpu<'a>(&'a self, q: Tensor<'a>, k: Tensor<'a>, v: Tensor<'a>, scale: f32) -> Result<Option<Tensor<'a>>> {
+        if !super::matmul::enabled() {
+            return Ok(None);
+        }
+        let (qn, kn, vn) = (q.ne(), k.ne(), v.ne());
+        if qn[0] != kn[0] || kn != vn || qn[1] != kn[1] || qn[3] != kn[3] {
+            return Err(shape("attention", format!("q {qn:?} k {kn:?} v {vn:?} do not match")));
+        }
+        // SAFETY: metadata reads of live tensors.
+        let unit = |t: Tensor<'_>| t.dtype() == GType::F32 && unsafe { (*t.raw()).nb[0] } == 4;
+        if !(unit(q) && unit(k) && unit(v)) {
+            return Err(shape("attention", "q, k and v must be f32 with unit stride in ne[0]".to_string()));
+        }
+        let mut args = [q.raw(), k.raw(), v.raw()];
+        // SAFETY: shapes and types checked; the userdata carries the scale's bits, not a
+        // pointer.
+        self.op("attention", || unsafe {
+            ggml_sys::ggml_custom_4d(
+                self.raw(),
+                GType::F32.0,
+                qn[0],
+                qn[1],
+                qn[2],
+                qn[3],
+                args.as_mut_ptr(),
+                3,
+                Some(super::attention::compute),
+                ggml_sys::GGML_N_TASKS_MAX,
+                scale.to_bits() as usize as *mut std::os::raw::c_void,
+            )
+        })
+        .map(Some)
+    }
+
     fn unary<'a>(&'a self, name: &'static str, a: Tensor<'a>, f: unsafe extern "C" fn(*mut ggml_sys::ggml_context, *mut ggml_sys::ggml_tensor) -> *mut ggml_sys::ggml_tensor) -> Result<Tensor<'a>> {
         // SAFETY: reads metadata only.
         if !unsafe { ggml_sys::ggml_is_contiguous_rows(a.raw()) } {
@@ -611,6 +649,20 @@ impl Context {
         }
         let n = a.ne();
         self.interpolate(a, [n[0] * factor as i64, n[1] * factor as i64, n[2], n[3]], ScaleMode::Nearest)
+    }
+
+    /// `nn.MaxPool2d(k, stride, pad)` over ne[0] and ne[1] of an f32 tensor. ggml skips
+    /// window positions outside the input, which is PyTorch's -inf padding.
+    pub fn max_pool_2d<'a>(&'a self, a: Tensor<'a>, k: i32, stride: i32, pad: i32) -> Result<Tensor<'a>> {
+        let n = a.ne();
+        let (kk, pp) = (k as i64, pad as i64);
+        if a.dtype() != GType::F32 || k < 1 || stride < 1 || pad < 0 || 2 * pad > k || n[0] + 2 * pp < kk || n[1] + 2 * pp < kk {
+            return Err(shape("max_pool_2d", format!("{:?} {:?} tensor with kernel {k}, stride {stride}, padding {pad}", a.dtype(), n)));
+        }
+        // SAFETY: preconditions checked; the op value is one ggml defines.
+        self.op("max_pool_2d", || unsafe {
+            ggml_sys::ggml_pool_2d(self.raw(), a.raw(), ggml_sys::GGML_OP_POOL_MAX, k, k, stride, stride, pad as f32, pad as f32)
+        })
     }
 
     /// Zero padding: `pads[i] = (before, after)` for dimension i.

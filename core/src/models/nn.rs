@@ -35,6 +35,12 @@ pub fn attention<'a>(ctx: &'a Context, q: Tensor<'a>, k: Tensor<'a>, v: Tensor<'
         let t = if t.is_contiguous() { t } else { ctx.cont(t)? };
         Ok(ctx.reshape(t, [dh, heads, n, b])?)
     };
+    if mask.is_none() {
+        // The CPU op reads the heads of [dh, H, T, B] through strides: no permutes.
+        if let Some(out) = ctx.attention_cpu(split(q, tq)?, split(k, tk)?, split(v, tk)?, 1.0 / (dh as f32).sqrt())? {
+            return Ok(ctx.reshape(out, [d, tq, b, 1])?);
+        }
+    }
     if tk >= FLASH_MIN_KEYS {
         // Fused attention never materialises the Tq×Tk score matrix (1 GiB per layer
         // for SD at 512²). ggml's CPU kernel wants f16 keys and values.
