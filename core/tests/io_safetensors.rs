@@ -283,3 +283,21 @@ fn header_length_with_a_pickle_looking_first_byte() {
     let src = io::open(&p).unwrap();
     assert_eq!(src.tensors().len(), 1);
 }
+
+/// Released tensors read back unchanged: the pages come back from the file.
+#[test]
+fn released_tensors_read_back_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..3 * 4096u32).flat_map(|i| (i as f32).to_le_bytes()).collect();
+    let header = format!(r#"{{"w":{{"dtype":"F32","shape":[3,4096],"data_offsets":[0,{}]}}}}"#, data.len());
+    let mut bytes = raw(&header, 0);
+    bytes.extend_from_slice(&data);
+    let p = dir.path().join("big.safetensors");
+    std::fs::write(&p, &bytes).unwrap();
+    let src = io::open(&p).unwrap();
+    let before = src.read("w").unwrap().into_owned();
+    assert_eq!(before, data);
+    src.release("w");
+    src.release("no such tensor");
+    assert_eq!(src.read("w").unwrap().into_owned(), data);
+}

@@ -219,6 +219,11 @@ pub trait TensorSource: Send + Sync {
     fn get(&self, name: &str) -> Option<&TensorInfo>;
     /// The raw bytes of `name` in its stored dtype.
     fn read(&self, name: &str) -> Result<TensorBytes<'_>, IoError>;
+    /// The caller has copied `name` out and will not read it again soon: a mapped file
+    /// drops those pages from this process (they stay in the page cache, and a later
+    /// read maps them back). Loading a model tensor by tensor with this keeps its peak
+    /// resident memory at the loaded weights plus one tensor, not plus the whole file.
+    fn release(&self, _name: &str) {}
     /// safetensors `__metadata__`, GGUF key/values rendered as strings.
     fn metadata(&self) -> &BTreeMap<String, String> {
         static EMPTY: BTreeMap<String, String> = BTreeMap::new();
@@ -243,6 +248,21 @@ impl Default for OpenOptions {
 pub(crate) enum Backing {
     Mmap(memmap2::Mmap),
     Memory(Vec<u8>),
+}
+
+impl Backing {
+    /// Drop the mapped pages of `start..start + len` from this process's memory.
+    fn release(&self, start: usize, len: usize) {
+        if let Backing::Mmap(m) = self {
+            if len > 0 && start.checked_add(len).is_some_and(|end| end <= m.len()) {
+                // SAFETY: the mapping is read-only and file-backed: after DONTNEED a read
+                // faults the same bytes back in from the file, so no borrowed slice of it
+                // (another thread may hold one) can see different contents. Failure only
+                // means the pages stay resident.
+                let _ = unsafe { m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, len) };
+            }
+        }
+    }
 }
 
 impl Deref for Backing {
@@ -410,6 +430,13 @@ impl TensorSource for FileSource {
                 let bytes = pickle::read_zip_entry(&data.data, entry, start, len)
                     .map_err(|e| err(e.msg))?;
                 Ok(TensorBytes::Owned(bytes))
+            }
+        }
+    }
+    fn release(&self, name: &str) {
+        if let Some(Location::Range { blob, start, len }) = self.get(name).map(|i| &i.loc) {
+            if let Some(b) = self.blobs.get(*blob) {
+                b.data.release(*start, *len);
             }
         }
     }

@@ -68,9 +68,8 @@ fn load_named(backend: &Backend, wanted: Vec<(&dyn TensorSource, &TensorInfo, St
         let &(src, info) = origin.get(spec.name.as_str()).ok_or_else(|| ModelError::MissingWeight(spec.name.clone()))?;
         let bytes = src.read(&info.name).map_err(|e| ModelError::Weight { name: spec.name.clone(), detail: e.to_string() })?;
         let ty = DType::from_ggml(spec.ty.0).ok_or_else(|| ModelError::Weight { name: spec.name.clone(), detail: "unknown ggml type".into() })?;
-        if ty == info.dtype {
-            return Ok(bytes.into_owned());
-        }
-        dtype::convert(info.dtype, &bytes, &info.shape, ty).map_err(|e| ModelError::Weight { name: spec.name.clone(), detail: e.to_string() })
+        let out = if ty == info.dtype { Ok(bytes.into_owned()) } else { dtype::convert(info.dtype, &bytes, &info.shape, ty).map_err(|e| ModelError::Weight { name: spec.name.clone(), detail: e.to_string() }) };
+        src.release(&info.name);
+        out
     })
 }
