@@ -409,13 +409,12 @@ impl Context {
         self.cont(self.permute(out, [2, 0, 1, 3])?)
     }
 
-    /// The CPU's stride-1 convolution: the kernel expanded to f32 and reordered to
-    /// [C, C_out, KW, KH] by one ggml copy (all threads), the input padded once, then
-    /// `matmul::conv_compute`.
+    /// The CPU's stride-1 convolution: a non-f32 kernel expanded to f32 by one ggml copy
+    /// (all threads), the input padded once, then `matmul::conv_compute`, which reads the
+    /// kernel in its stored [KW, KH, C, C_out] layout through strides.
     fn conv_2d_shifted<'a>(&'a self, kernel: Tensor<'a>, input: Tensor<'a>, pad: (i32, i32)) -> Result<Tensor<'a>> {
         let kn = kernel.ne();
         let kernel = self.cast(kernel, GType::F32)?;
-        let kernel = if kn[0] * kn[1] == 1 { self.reshape(kernel, [kn[2], kn[3], 1, 1])? } else { self.cont(self.permute(kernel, [2, 3, 0, 1])?)? };
         let input = if input.is_contiguous() { input } else { self.cont(input)? };
         let x = if pad == (0, 0) { input } else { self.pad(input, [(pad.0, pad.0), (pad.1, pad.1), (0, 0), (0, 0)])? };
         let xn = x.ne();
