@@ -76,7 +76,24 @@ fn native_bf16() -> bool {
     }
 }
 
+unsafe extern "C" fn f16_rows(x: *const c_void, y: *mut f32, n: i64) {
+    // SAFETY: forwarded; the caller passes n f16 values and room for n floats.
+    unsafe { ggml_sys::ggml_cpu_fp16_to_fp32(x as *const ggml_sys::ggml_fp16_t, y, n) }
+}
+
+unsafe extern "C" fn bf16_rows(x: *const c_void, y: *mut f32, n: i64) {
+    // SAFETY: as f16_rows.
+    unsafe { ggml_sys::ggml_cpu_bf16_to_fp32(x as *const ggml_sys::ggml_bf16_t, y, n) }
+}
+
 fn to_float(ty: ggml_sys::ggml_type) -> Option<unsafe extern "C" fn(*const c_void, *mut f32, i64)> {
+    // ggml-base's row converters for f16 and bf16 are scalar loops; ggml-cpu's use the
+    // CPU's conversion instructions (F16C, AVX-512 BF16).
+    match ty {
+        ggml_sys::GGML_TYPE_F16 => return Some(f16_rows),
+        ggml_sys::GGML_TYPE_BF16 => return Some(bf16_rows),
+        _ => {}
+    }
     // SAFETY: ggml_get_type_traits returns a static table entry for every type.
     unsafe {
         let traits = ggml_sys::ggml_get_type_traits(ty);
