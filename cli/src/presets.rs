@@ -57,7 +57,7 @@ const REFUSED: &[(&str, bool, &str)] = &[
     ("circularx", false, "circular padding is not implemented"),
     ("circulary", false, "circular padding is not implemented"),
     ("prediction", true, "the prediction type is detected from the checkpoint and cannot be overridden yet"),
-    ("lora-apply-mode", true, "LoRAs are applied by the LoraLoader node; the mode is not selectable"),
+    ("lora-apply-mode", true, "LoraLoader always merges LoRAs into the weights (sd.cpp's `immediately`, also for quantized weights); `at_runtime` is not implemented"),
     ("end-img", true, "video generation is not implemented"),
     ("control-video", true, "video generation is not implemented"),
     ("video-frames", true, "video generation is not implemented"),

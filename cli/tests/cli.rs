@@ -47,6 +47,7 @@ const FILES: &[(&str, &[&str])] = &[
     ("instruct_pix2pix.json", &["img_gen", "-m", "model.safetensors", "-p", "turn it into a watercolor painting", "-i", "input.png", "--img-cfg-scale", "1.5", "--sampling-method", "euler", "-o", "pix2pix.png"]),
     ("upscale.json", &["upscale", "-i", "input.png", "--upscale-model", "RealESRGAN_x4plus.safetensors", "-o", "upscaled.png"]),
     ("inpaint_partial.json", &["img_gen", "-m", "model.safetensors", "-p", "a red hat", "-n", "blurry, low quality", "-i", "input.png", "--mask", "mask.png", "-o", "inpaint_partial.png"]),
+    ("lora.json", &["img_gen", "-m", "model.safetensors", "-p", "<lora:ink:0.8>a lovely cat, (watercolor:1.2)", "-n", "blurry, low quality", "-o", "lora.png"]),
 ];
 
 /// Committed workflows no sd-cli command line describes (graph-only features).
@@ -351,4 +352,24 @@ fn upscale_and_tiled_decoding_run() {
     assert_eq!(png_size(&dir.path().join("up.png")), (w * 16, h * 16), "two ×4 passes");
     ok(&["-m", c, "-p", "a cat", "-W", "64", "-H", "64", "--steps", "1", "--upscale-model", model.to_str().unwrap(), "-t", "2", "-o", "gen_up.png"], dir.path());
     assert_eq!(png_size(&dir.path().join("gen_up.png")), (256, 256));
+}
+
+/// `<lora:NAME:W>` tags run: the LoRA from `--lora-model-dir` changes the image, and a
+/// weight of 0 gives exactly the image without the tag.
+#[test]
+fn img_gen_applies_lora_tags() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.safetensors");
+    write_checkpoint(&model, &SdConfig::tiny_sd1_f8(), DType::F32, 11, Format::Safetensors).unwrap();
+    let loras = dir.path().join("loras");
+    std::fs::create_dir_all(&loras).unwrap();
+    let src = io::open(&model).unwrap();
+    sdflow_core::lora::synth::write_random_lora(src.as_ref(), &loras.join("ink.safetensors"), 4, 0.3, 5, Format::Safetensors).unwrap();
+    let run = |prompt: &str, out: &str| {
+        ok(&["-m", model.to_str().unwrap(), "--lora-model-dir", loras.to_str().unwrap(), "-p", prompt, "-W", "64", "-H", "64", "--steps", "2", "-s", "3", "-o", out], dir.path());
+        png_pixels(&dir.path().join(out))
+    };
+    let plain = run("a lovely cat", "plain.png");
+    assert_ne!(run("<lora:ink:0.8>a lovely cat", "ink.png"), plain);
+    assert_eq!(run("<lora:ink:0>a lovely cat", "zero.png"), plain);
 }

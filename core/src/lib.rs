@@ -18,6 +18,7 @@ pub mod detect;
 pub mod dtype;
 pub mod ggml;
 pub mod io;
+pub mod lora;
 pub mod models;
 pub mod residency;
 pub mod sampling;

@@ -605,3 +605,32 @@ fn cpu_convolution_over_several_blocks() {
         }
     }
 }
+
+#[test]
+fn max_pool_2d_pads_with_minus_infinity() {
+    // SPPF's pool: 5×5, stride 1, padding 2, on values that are all negative so a zero
+    // padding would show.
+    let (w, h, c) = (7usize, 6usize, 2usize);
+    let x: Vec<f32> = vals(w * h * c, 31).iter().map(|v| v - 2.0).collect();
+    let (got, ne) = run(vec![(vec![w as i64, h as i64, c as i64, 1], Data::F32(x.clone()))], |ctx, t| ctx.max_pool_2d(t[0], 5, 1, 2).unwrap());
+    assert_eq!(ne, [w as i64, h as i64, c as i64, 1]);
+    let mut want = Vec::new();
+    for ch in 0..c {
+        for y in 0..h as i64 {
+            for xx in 0..w as i64 {
+                let mut m = f32::NEG_INFINITY;
+                for ky in (y - 2).max(0)..(y + 3).min(h as i64) {
+                    for kx in (xx - 2).max(0)..(xx + 3).min(w as i64) {
+                        m = m.max(x[(ch * h + ky as usize) * w + kx as usize]);
+                    }
+                }
+                want.push(m);
+            }
+        }
+    }
+    assert_close(&got, &want, 0.0, "max_pool_2d");
+    let ctx = Context::new(8, 8).unwrap();
+    let t = ctx.new_tensor(GType::F32, &[4, 4, 1, 1]).unwrap();
+    assert!(ctx.max_pool_2d(t, 5, 1, 0).is_err(), "a window larger than the input");
+    assert!(ctx.max_pool_2d(t, 3, 1, 2).is_err(), "padding over half the window");
+}

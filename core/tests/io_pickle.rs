@@ -439,3 +439,52 @@ fn random_byte_flips_never_panic() {
         }
     }
 }
+
+#[test]
+fn pickled_modules_flatten_like_their_state_dict() {
+    // {"model": Net() with _parameters {w}, _modules {sub: Sub() with _buffers {b} and a
+    // plain attribute holding a tensor}} — as Ultralytics pickles a whole DetectionModel.
+    let main = P::new()
+        .op(b"}(")
+        .s("model")
+        .global("some.module", "Net")
+        .op(b")\x81}(")
+        .s("_parameters")
+        .op(b"}(")
+        .tensor("w", "k0", 4, 0, &[4], &[1])
+        .op(b"u")
+        .s("_modules")
+        .op(b"}(")
+        .s("sub")
+        .global("some.module", "Sub")
+        .op(b")\x81}(")
+        .s("_buffers")
+        .op(b"}(")
+        .tensor("b", "k1", 2, 0, &[2], &[1])
+        .op(b"u")
+        .s("cache")
+        .op(b"}(")
+        .tensor("hidden", "k2", 2, 0, &[2], &[1])
+        .op(b"u")
+        .op(b"ub") // Sub's state, BUILD
+        .op(b"u") // _modules
+        .op(b"ub") // Net's state, BUILD
+        .op(b"u.")
+        .0;
+    let u = pickle::unpickle(&main, 0).unwrap();
+    let names: Vec<&str> = u.tensors.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["model.w", "model.sub.b"]);
+    // An object whose state is not a module's contributes nothing, and a second BUILD
+    // does not replace the first state.
+    let p = P::new()
+        .global("some.module", "Thing")
+        .op(b")\x81}(")
+        .tensor("x", "k0", 4, 0, &[4], &[1])
+        .op(b"ub}(")
+        .s("_parameters")
+        .op(b"}(")
+        .tensor("y", "k1", 4, 0, &[4], &[1])
+        .op(b"uub.")
+        .0;
+    assert!(pickle::unpickle(&p, 0).unwrap().tensors.is_empty());
+}

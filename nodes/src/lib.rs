@@ -6,6 +6,7 @@
 //! given at registration.
 //!
 //! - [`loaders`]: CheckpointLoaderSimple, VAELoader
+//! - [`lora`]: LoraLoader, LoraLoaderModelOnly
 //! - [`conditioning`]: CLIPTextEncode, CLIPSetLastLayer, ConditioningCombine, ConditioningConcat,
 //!   ConditioningAverage, ConditioningZeroOut, ConditioningSetTimestepRange
 //! - [`latent`]: EmptyLatentImage, SetLatentNoiseMask, LatentUpscale, LatentUpscaleBy
@@ -17,13 +18,16 @@
 //! - [`mask`]: SolidMask, InvertMask, CropMask, MaskComposite, FeatherMask, GrowMask, ThresholdMask,
 //!   ImageToMask, MaskToImage, ImageCompositeMasked, ImagePadForOutpaint
 //! - [`upscale`]: UpscaleModelLoader, ImageUpscaleWithModel (ESRGAN / Real-ESRGAN), ImageScaleBy
+//! - [`detect`]: UltralyticsDetectorProvider (YOLOv8), BboxDetectorMasks (ADetailer's masks)
 
 pub mod conditioning;
 pub mod custom_sampling;
+pub mod detect;
 pub mod guidance;
 pub mod image;
 pub mod latent;
 pub mod loaders;
+pub mod lora;
 pub mod mask;
 pub mod pix2pix;
 pub mod preview;
@@ -42,6 +46,7 @@ use std::sync::Arc;
 /// Register every node type this crate defines.
 pub fn register_all(registry: &mut Registry, rt: Arc<Runtime>) {
     loaders::register(registry, &rt);
+    lora::register(registry, &rt);
     conditioning::register(registry, &rt);
     latent::register(registry, &rt);
     sampling::register(registry, &rt);
@@ -50,6 +55,7 @@ pub fn register_all(registry: &mut Registry, rt: Arc<Runtime>) {
     mask::register(registry);
     pix2pix::register(registry, &rt);
     upscale::register(registry, &rt);
+    detect::register(registry, &rt);
 }
 
 /// Turns any displayable error into the executor's node error.

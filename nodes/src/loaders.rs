@@ -218,7 +218,7 @@ fn taesd_choice(rt: &Runtime, inputs: &Inputs) -> Result<Option<crate::taesd::Ta
 
 /// A file's path, size and modification time: a changed file must not be served from
 /// the cache.
-fn file_fingerprint(path: &Path) -> Result<Option<Vec<u8>>, NodeError> {
+pub(crate) fn file_fingerprint(path: &Path) -> Result<Option<Vec<u8>>, NodeError> {
     let meta = std::fs::metadata(path).map_err(|e| NodeError::msg(format!("{}: {e}", path.display())))?;
     let mtime = meta.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_nanos());
     Ok(Some(format!("{}:{}:{mtime}", path.display(), meta.len()).into_bytes()))

@@ -31,6 +31,11 @@ fn env() -> Env {
     std::fs::create_dir_all(&upscalers).unwrap();
     let rrdb = sdflow_core::models::esrgan::RrdbConfig { in_channels: 3, out_channels: 3, num_feat: 8, num_grow: 4, num_blocks: 1, num_upsample: 2, unshuffle: 1 };
     sdflow_core::models::esrgan::write_random(&upscalers.join("RealESRGAN_x4plus.safetensors"), &sdflow_core::models::esrgan::Arch::Rrdb(rrdb), 3).unwrap();
+    // workflows/lora.json's LoRA (tests/tests/lora.rs runs it).
+    let loras = dir.path().join("models/loras");
+    std::fs::create_dir_all(&loras).unwrap();
+    let ckpt = sdflow_core::io::open(&ckpts.join("model.safetensors")).unwrap();
+    sdflow_core::lora::synth::write_random_lora(ckpt.as_ref(), &loras.join("ink.safetensors"), 4, 0.3, 5, Format::Safetensors).unwrap();
     let out = dir.path().join("output");
     let input = dir.path().join("input");
     std::fs::create_dir_all(&input).unwrap();

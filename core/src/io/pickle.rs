@@ -5,7 +5,11 @@
 //! exactly these callables and produce `None` for every other:
 //! - `torch._utils._rebuild_tensor_v2` / `_rebuild_tensor` → a tensor view of a storage,
 //! - `torch._utils._rebuild_parameter` → its data argument (an `nn.Parameter` is its tensor),
-//! - `collections.OrderedDict` → an empty dict (items arrive through `SETITEMS`).
+//! - `collections.OrderedDict` → an empty dict (items arrive through `SETITEMS`),
+//! - `NEWOBJ` of any other class and `copyreg._reconstructor` → an inert object record that
+//!   keeps only the state its `BUILD` gives it; records whose state has `torch.nn.Module`'s
+//!   `_parameters` / `_buffers` / `_modules` are walked like a state dict (Ultralytics
+//!   checkpoints pickle the whole model: `model.model.0.conv.weight`, ...).
 //!
 //! Storages come from `persistent_load` ids `('storage', <storage class>, key, location,
 //! numel[, view])`, with the storage class checked against an allowlist. Both container
@@ -49,6 +53,10 @@ enum Value {
     },
     Storage(usize),
     Tensor(TensorRef),
+    /// An instance of some class (NEWOBJ, `copyreg._reconstructor`): never constructed,
+    /// only its BUILD state is kept, so that `torch.nn.Module` trees (Ultralytics
+    /// checkpoints pickle a whole model) can be walked for their tensors.
+    Object { state: Option<Idx> },
 }
 
 #[derive(Debug, Clone)]
@@ -370,6 +378,8 @@ impl<'a> Machine<'a> {
                 }
             }
             ("collections", "OrderedDict") => Value::Dict(Vec::new()),
+            // Protocol 0/1's spelling of `object.__new__(cls)`.
+            ("copyreg", "_reconstructor") | ("copy_reg", "_reconstructor") => Value::Object { state: None },
             _ => Value::None,
         }
     }
@@ -603,11 +613,14 @@ impl<'a> Machine<'a> {
                     self.pop_mark()?;
                     self.push(Value::None)
                 }
-                // BUILD sets object state; for the objects we model (dicts, tensors) the state
-                // is metadata we do not need, so the object stays as it is.
+                // BUILD sets object state. Dicts and tensors keep none we need; an inert
+                // object records it (first BUILD only) for `flatten` to read as data.
                 b'b' => {
-                    self.pop()?;
-                    self.top()?;
+                    let state = self.pop()?;
+                    let obj = self.top()?;
+                    if let Value::Object { state: s @ None } = &mut self.arena[obj] {
+                        *s = Some(state);
+                    }
                 }
                 b'Q' => {
                     let pid = self.pop()?;
@@ -667,6 +680,7 @@ impl<'a> Machine<'a> {
             Value::Global { module, name } if module == "collections" && name == "OrderedDict" => {
                 Value::Dict(Vec::new())
             }
+            Value::Global { .. } => Value::Object { state: None },
             _ => Value::None,
         }
     }
@@ -706,6 +720,29 @@ impl<'a> Machine<'a> {
                         } else {
                             format!("{prefix}.{key}")
                         };
+                        stack.push((v, name, depth + 1));
+                    }
+                }
+                Value::Object { state: Some(st) } => {
+                    if !visited.insert(i) {
+                        continue;
+                    }
+                    // A torch.nn.Module: its state_dict names are those of `_parameters`,
+                    // `_buffers` and `_modules`, without those attribute names. Every other
+                    // attribute (and any other object) is skipped, as `state_dict()` does.
+                    let Value::Dict(attrs) = &self.arena[*st] else { continue };
+                    let mut children = Vec::new();
+                    for attr in ["_parameters", "_buffers", "_modules"] {
+                        let found = attrs.iter().find(|&&(k, _)| self.str_of(k) == Some(attr));
+                        if let Some(&(_, d)) = found {
+                            if let Value::Dict(items) = &self.arena[d] {
+                                children.extend(items.iter().copied());
+                            }
+                        }
+                    }
+                    for &(k, v) in children.iter().rev() {
+                        let Some(key) = self.str_of(k) else { continue };
+                        let name = if prefix.is_empty() { key.to_string() } else { format!("{prefix}.{key}") };
                         stack.push((v, name, depth + 1));
                     }
                 }

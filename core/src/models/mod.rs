@@ -15,6 +15,7 @@ pub mod tiling;
 pub mod unet;
 pub mod vae;
 pub mod weights;
+pub mod yolo;
 
 pub use weights::{WeightSpec, Weights};
 

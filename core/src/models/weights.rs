@@ -23,9 +23,13 @@ pub struct Weights {
     map: HashMap<String, NonNull<ggml_sys::ggml_tensor>>,
     buffer: Option<Buffer>,
     ctx: Context,
+    /// For an overlay ([`Weights::overlay`]): the weights it shares its other tensors
+    /// with, pinned so they stay resident while the overlay is. Dropped last.
+    base: Option<crate::residency::PinGuard<Weights>>,
 }
 
-// SAFETY: the tensor pointers refer to `ctx`, which moves with the struct; once loaded
+// SAFETY: the tensor pointers refer to `ctx`, which moves with the struct, or (overlays) to
+// the context of `base`, which the struct keeps alive; once loaded
 // the weights are only read (graph building takes shared references).
 unsafe impl Send for Weights {}
 unsafe impl Sync for Weights {}
@@ -52,7 +56,7 @@ impl Weights {
         if let Some(b) = &buffer {
             b.mark_weights();
         }
-        let w = Weights { map, buffer, ctx };
+        let w = Weights { map, buffer, ctx, base: None };
         for s in specs {
             let bytes = fill(s)?;
             let t = w.get(&s.name)?;
@@ -83,6 +87,30 @@ impl Weights {
             return Err(ModelError::Shape { name: name.to_string(), expected: want.to_vec(), got: t.ne().to_vec() });
         }
         Ok(t)
+    }
+
+    /// `base` with the tensors in `replaced` (name, bytes in that tensor's type) swapped
+    /// for new ones of the same type and shape; every other tensor is `base`'s own, shared.
+    /// The overlay owns (and [`Weights::bytes`] counts) only the replaced tensors, and keeps
+    /// `base` pinned while it lives: a LoRA-merged view of a checkpoint.
+    pub fn overlay(backend: &Backend, base: crate::residency::PinGuard<Weights>, replaced: Vec<(String, Vec<u8>)>) -> Result<Self, ModelError> {
+        let mut specs = Vec::with_capacity(replaced.len());
+        for (name, _) in &replaced {
+            let t = base.get(name)?;
+            specs.push(WeightSpec { name: name.clone(), ty: t.dtype(), ne: t.ne().to_vec() });
+        }
+        let bytes: HashMap<&str, &Vec<u8>> = replaced.iter().map(|(n, b)| (n.as_str(), b)).collect();
+        let mut own = Weights::new(backend, &specs, |s| Ok(bytes.get(s.name.as_str()).map(|b| b.to_vec()).unwrap_or_default()))?;
+        for (name, p) in &base.map {
+            own.map.entry(name.clone()).or_insert(*p);
+        }
+        own.base = Some(base);
+        Ok(own)
+    }
+
+    /// Whether this is an overlay and `name` is one of its own (replaced) tensors.
+    pub fn owns(&self, name: &str) -> bool {
+        self.base.is_some() && self.get(name).is_ok_and(|t| !self.base.as_ref().is_some_and(|b| b.get(name).is_ok_and(|bt| bt.raw() == t.raw())))
     }
 
     pub fn contains(&self, name: &str) -> bool {

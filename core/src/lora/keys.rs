@@ -1,0 +1,201 @@
+//! Which model weight a LoRA key patches.
+//!
+//! As ComfyUI does (`model_lora_keys_unet`, `model_lora_keys_clip`), the table is built
+//! from the model's own weight names: each LDM checkpoint key yields every spelling a
+//! trainer may have used for it — kohya's `lora_unet_` / `lora_te_` names over LDM or
+//! diffusers module paths, diffusers/PEFT dotted paths (`unet.…`, `text_encoder.…`), and
+//! the plain checkpoint path.
+
+use std::collections::{HashMap, HashSet};
+
+/// Where a LoRA key lands: a weight of the model, or a block of its rows (a q/k/v
+/// projection inside OpenCLIP's fused `in_proj_weight`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// The model weight's full name (e.g. `model.diffusion_model.out.2.weight`).
+    pub weight: String,
+    /// `(first row, rows)` along the outermost (PyTorch dim 0) axis; `None`: all of it.
+    pub rows: Option<(usize, usize)>,
+}
+
+/// LoRA module name (without `.lora_up.weight` etc.) → the weight it patches.
+#[derive(Debug, Default, Clone)]
+pub struct KeyMap {
+    map: HashMap<String, Target>,
+}
+
+const UNET: &str = "model.diffusion_model.";
+
+impl KeyMap {
+    /// The table for a model holding the weights `names`, with the dim-0 length of each
+    /// weight given by `rows` (needed to split fused projections).
+    pub fn new<'a>(names: impl IntoIterator<Item = &'a str>, rows: impl Fn(&str) -> usize) -> Self {
+        let names: Vec<&str> = names.into_iter().collect();
+        let set: HashSet<&str> = names.iter().copied().collect();
+        let mut km = KeyMap::default();
+        let nrb = unet_res_blocks(&set);
+        for &name in &names {
+            let Some(base) = name.strip_suffix(".weight") else {
+                if let Some(b) = name.strip_suffix(".in_proj_weight") {
+                    km.open_clip_qkv(name, b, rows(name));
+                }
+                continue;
+            };
+            let whole = |w: &str| Target { weight: w.to_string(), rows: None };
+            km.add(base, whole(name));
+            if let Some(k) = base.strip_prefix(UNET) {
+                km.add(&format!("diffusion_model.{k}"), whole(name));
+                km.add(&format!("lora_unet_{}", k.replace('.', "_")), whole(name));
+                if let Some(d) = nrb.and_then(|n| ldm_to_diffusers(k, n, &set)) {
+                    km.add(&format!("lora_unet_{}", d.replace('.', "_")), whole(name));
+                    km.add(&format!("lycoris_{}", d.replace('.', "_")), whole(name));
+                    // Old diffusers attention processors name `to_q` as `processor.to_q`
+                    // and `to_out.0` as `to_out`; PEFT keeps the module path.
+                    let mut proc = d.replace(".to_", ".processor.to_");
+                    if let Some(p) = proc.strip_suffix(".to_out.0") {
+                        proc = format!("{p}.to_out");
+                    }
+                    for p in ["", "unet.", "base_model.model."] {
+                        km.add(&format!("{p}{d}"), whole(name));
+                        km.add(&format!("{p}{proc}"), whole(name));
+                    }
+                }
+            } else if let Some(i) = base.find("text_model.") {
+                // Hugging Face CLIP (SD1's text encoder, also under a standalone file).
+                let k = &base[i + "text_model.".len()..];
+                km.add_te(k, whole(name));
+            } else if let Some((layer, module)) = open_clip_layer(base) {
+                let hf = match module {
+                    "attn.out_proj" => "self_attn.out_proj",
+                    "mlp.c_fc" => "mlp.fc1",
+                    "mlp.c_proj" => "mlp.fc2",
+                    _ => continue,
+                };
+                km.add_te(&format!("encoder.layers.{layer}.{hf}"), whole(name));
+            }
+        }
+        km
+    }
+
+    /// The target of a LoRA module name.
+    pub fn get(&self, lora_key: &str) -> Option<&Target> {
+        self.map.get(lora_key)
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    fn add(&mut self, key: &str, t: Target) {
+        self.map.entry(key.to_string()).or_insert(t);
+    }
+
+    /// A text-encoder module at `k` (Hugging Face path below `text_model.`).
+    fn add_te(&mut self, k: &str, t: Target) {
+        let flat = k.replace('.', "_");
+        for p in ["lora_te_text_model_", "lora_te1_text_model_"] {
+            self.add(&format!("{p}{flat}"), t.clone());
+        }
+        for p in ["text_encoder.text_model.", "te.text_model.", "text_model."] {
+            self.add(&format!("{p}{k}"), t.clone());
+        }
+    }
+
+    /// OpenCLIP's fused q/k/v: Hugging Face-named LoRAs (what SD2 trainers write) patch
+    /// one third of the rows each.
+    fn open_clip_qkv(&mut self, name: &str, base: &str, rows: usize) {
+        let Some((layer, "attn")) = open_clip_layer(base) else { return };
+        if rows == 0 || !rows.is_multiple_of(3) {
+            return;
+        }
+        let d = rows / 3;
+        for (i, p) in ["q_proj", "k_proj", "v_proj"].iter().enumerate() {
+            let t = Target { weight: name.to_string(), rows: Some((i * d, d)) };
+            self.add_te(&format!("encoder.layers.{layer}.self_attn.{p}"), t);
+        }
+    }
+}
+
+/// `(layer, module)` of an OpenCLIP text transformer path
+/// (`….transformer.resblocks.3.mlp.c_fc` → `(3, "mlp.c_fc")`).
+fn open_clip_layer(base: &str) -> Option<(usize, &str)> {
+    let i = base.find("transformer.resblocks.")?;
+    let rest = &base[i + "transformer.resblocks.".len()..];
+    let (n, module) = rest.split_once('.')?;
+    Some((n.parse().ok()?, module))
+}
+
+/// Res blocks per UNet level: the first downsampler sits right after them.
+fn unet_res_blocks(names: &HashSet<&str>) -> Option<usize> {
+    (2..64).find(|i| names.contains(format!("{UNET}input_blocks.{i}.0.op.weight").as_str())).map(|i| i - 1)
+}
+
+fn resnet(rest: &str) -> Option<&'static str> {
+    Some(match rest {
+        "in_layers.0" => "norm1",
+        "in_layers.2" => "conv1",
+        "emb_layers.1" => "time_emb_proj",
+        "out_layers.0" => "norm2",
+        "out_layers.3" => "conv2",
+        "skip_connection" => "conv_shortcut",
+        _ => return None,
+    })
+}
+
+/// The diffusers `UNet2DConditionModel` path of an LDM UNet module path (below
+/// `diffusion_model.`), for SD1.x/2.x UNets with `nrb` res blocks per level: the
+/// inverse of diffusers' `convert_ldm_unet_checkpoint`.
+pub fn ldm_to_diffusers(k: &str, nrb: usize, names: &HashSet<&str>) -> Option<String> {
+    let fixed = match k {
+        "time_embed.0" => Some("time_embedding.linear_1"),
+        "time_embed.2" => Some("time_embedding.linear_2"),
+        "input_blocks.0.0" => Some("conv_in"),
+        "out.0" => Some("conv_norm_out"),
+        "out.2" => Some("conv_out"),
+        _ => None,
+    };
+    if let Some(f) = fixed {
+        return Some(f.to_string());
+    }
+    let mut parts = k.splitn(4, '.');
+    let block = parts.next()?;
+    let per = nrb + 1;
+    if block == "middle_block" {
+        let j: usize = parts.next()?.parse().ok()?;
+        let rest = parts.collect::<Vec<_>>().join(".");
+        return match j {
+            0 | 2 => Some(format!("mid_block.resnets.{}.{}", j / 2, resnet(&rest)?)),
+            1 => Some(format!("mid_block.attentions.0.{rest}")),
+            _ => None,
+        };
+    }
+    let i: usize = parts.next()?.parse().ok()?;
+    let j: usize = parts.next()?.parse().ok()?;
+    let rest = parts.next()?;
+    match block {
+        "input_blocks" if i >= 1 => {
+            let (level, r) = ((i - 1) / per, (i - 1) % per);
+            match (r == nrb, j) {
+                (true, 0) if rest == "op" => Some(format!("down_blocks.{level}.downsamplers.0.conv")),
+                (false, 0) => Some(format!("down_blocks.{level}.resnets.{r}.{}", resnet(rest)?)),
+                (false, 1) => Some(format!("down_blocks.{level}.attentions.{r}.{rest}")),
+                _ => None,
+            }
+        }
+        "output_blocks" => {
+            let (level, r) = (i / per, i % per);
+            let upsampler = rest == "conv" && names.contains(format!("{UNET}output_blocks.{i}.{j}.conv.weight").as_str());
+            match j {
+                0 => Some(format!("up_blocks.{level}.resnets.{r}.{}", resnet(rest)?)),
+                1 | 2 if upsampler => Some(format!("up_blocks.{level}.upsamplers.0.conv")),
+                1 => Some(format!("up_blocks.{level}.attentions.{r}.{rest}")),
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}

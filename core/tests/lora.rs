@@ -1,0 +1,201 @@
+//! LoRA / LyCORIS merging against ComfyUI's formulas, computed in PyTorch by
+//! fixtures/lora/make_lora.py: every format (kohya LoRA with alpha, LoCon with and without
+//! Tucker mid, LoHa, LoKr, full diff/diff_b, diffusers/PEFT names, OpenCLIP's fused q/k/v),
+//! in safetensors, pickle and GGUF files; broken files never panic.
+
+use std::path::{Path, PathBuf};
+
+use sdflow_core::dtype::{self, DType};
+use sdflow_core::ggml::Backend;
+use sdflow_core::io::{self, gguf, TypeRules};
+use sdflow_core::lora::{self, LoraFile, Side};
+use sdflow_core::models::load::load_weights;
+use sdflow_core::models::Weights;
+use sdflow_core::residency::{Device, PinGuard, ResidencyManager, WeightKey};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/lora").join(name)
+}
+
+fn pinned_base(rm: &ResidencyManager, file: &str) -> PinGuard<Weights> {
+    let path = fixture(file);
+    let key = WeightKey::new([&path], "", None, Device::Cpu).unwrap();
+    let h = rm
+        .get_or_load(key, move || -> Result<Weights, Box<dyn std::error::Error + Send + Sync>> {
+            let src = io::open(&path)?;
+            Ok(load_weights(&Backend::cpu(1)?, src.as_ref(), &[""], &TypeRules::new(None, "")?)?)
+        })
+        .unwrap();
+    h.pin().unwrap()
+}
+
+fn values(w: &Weights, name: &str) -> (DType, Vec<f32>) {
+    let t = w.get(name).unwrap();
+    let ty = DType::from_ggml(t.dtype().0).unwrap();
+    (ty, dtype::to_f32(ty, &t.get_bytes().unwrap(), t.n_elements() as usize).unwrap())
+}
+
+fn expected(file: &str) -> Vec<(String, DType, Vec<f32>)> {
+    let src = io::open(&fixture(file)).unwrap();
+    src.tensors()
+        .iter()
+        .map(|t| {
+            let b = src.read(&t.name).unwrap();
+            (t.name.clone(), t.dtype, dtype::to_f32(t.dtype, &b, t.n_elements()).unwrap())
+        })
+        .collect()
+}
+
+fn side_of(name: &str) -> Side {
+    if name.starts_with("model.diffusion_model.") {
+        Side::DiffusionModel
+    } else {
+        Side::TextEncoder
+    }
+}
+
+/// Merges `lora_path` into the case's base on both sides and checks every expected weight
+/// (f32 within 1e-5; f16 within one rounding step), and that every other weight is the
+/// base's own tensor, shared.
+fn check_case(case: &str, lora_path: &Path, base_file: &str, strength: f32) {
+    let rm = ResidencyManager::new();
+    let base = pinned_base(&rm, base_file);
+    let file = LoraFile::open(lora_path).unwrap_or_else(|e| panic!("{case}: {e}"));
+    let want = expected(&format!("{case}_expected.safetensors"));
+    let mut touched = std::collections::BTreeSet::new();
+    for side in [Side::DiffusionModel, Side::TextEncoder] {
+        let (merged, report) = lora::merge(base.clone(), &file, side, strength).unwrap();
+        assert!(report.skipped.is_empty(), "{case} {side:?}: {:?}", report.skipped);
+        for (name, ty, exp) in want.iter().filter(|w| side_of(&w.0) == side) {
+            let (got_ty, got) = values(&merged, name);
+            assert_eq!(got_ty, *ty, "{case}: {name} keeps its type");
+            let (_, orig) = values(&base, name);
+            assert!(orig.iter().zip(&got).any(|(a, b)| a != b), "{case}: {name} was patched");
+            let tol = |e: f32| if *ty == DType::F16 { 1e-3 * e.abs().max(1.0) } else { 1e-5 };
+            let worst = got.iter().zip(exp).map(|(g, e)| ((g - e).abs() - tol(*e), (g - e).abs())).fold((f32::MIN, 0f32), |a, b| if b.0 > a.0 { b } else { a });
+            assert!(worst.0 <= 0.0, "{case}: {name} differs by {} from ComfyUI's merge", worst.1);
+            assert!(merged.owns(name), "{case}: the overlay owns {name}");
+            touched.insert(name.clone());
+        }
+        for name in base.names() {
+            if !want.iter().any(|w| w.0 == name && side_of(name) == side) {
+                assert!(!merged.owns(name), "{case}: {name} is shared with the base, not copied");
+            }
+        }
+        assert!(merged.bytes() < base.bytes(), "{case}: the overlay holds only patched tensors");
+    }
+    assert_eq!(touched.len(), want.len(), "{case}: every expected weight was checked");
+}
+
+fn cases() -> Vec<(String, String, f32)> {
+    let idx: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture("cases.json")).unwrap()).unwrap();
+    idx.as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v["base"].as_str().unwrap().to_string(), v["strength"].as_f64().unwrap() as f32))
+        .collect()
+}
+
+#[test]
+fn every_format_matches_comfyui() {
+    let all = cases();
+    assert_eq!(all.len(), 7);
+    for (case, base, strength) in all {
+        check_case(&case, &fixture(&format!("{case}.safetensors")), &base, strength);
+    }
+}
+
+#[test]
+fn pickle_and_gguf_files_merge_the_same() {
+    check_case("kohya", &fixture("kohya.ckpt"), "base.safetensors", 0.8);
+    // The same file as GGUF, the way `sd -M convert` stores a LoRA (f16 matrices).
+    let dir = tempfile::tempdir().unwrap();
+    let src = io::open(&fixture("kohya.safetensors")).unwrap();
+    let mut data = Vec::new();
+    for t in src.tensors() {
+        let b = src.read(&t.name).unwrap().into_owned();
+        let shape = if t.shape.is_empty() { vec![1] } else { t.shape.clone() };
+        data.push((t.name.clone(), t.dtype, shape, b));
+    }
+    let path = dir.path().join("kohya.gguf");
+    gguf::write(&path, &[], data.iter().map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.as_slice()))).unwrap();
+    check_case("kohya", &path, "base.safetensors", 0.8);
+}
+
+#[test]
+fn strength_scales_the_difference() {
+    let rm = ResidencyManager::new();
+    let base = pinned_base(&rm, "base.safetensors");
+    let file = LoraFile::open(&fixture("loha.safetensors")).unwrap();
+    let name = "model.diffusion_model.input_blocks.1.0.in_layers.2.weight";
+    let (_, orig) = values(&base, name);
+    let (zero, _) = lora::merge(base.clone(), &file, Side::DiffusionModel, 0.0).unwrap();
+    assert_eq!(values(&zero, name).1, orig, "strength 0 leaves the weight as it was");
+    let (one, _) = lora::merge(base.clone(), &file, Side::DiffusionModel, 1.0).unwrap();
+    let (neg, _) = lora::merge(base.clone(), &file, Side::DiffusionModel, -2.0).unwrap();
+    let (a, b) = (values(&one, name).1, values(&neg, name).1);
+    for ((o, p), n) in orig.iter().zip(&a).zip(&b) {
+        assert!(((n - o) + 2.0 * (p - o)).abs() < 1e-5, "Δ(-2) = -2·Δ(1)");
+    }
+}
+
+#[test]
+fn broken_modules_are_skipped_with_one_warning_each() {
+    let rm = ResidencyManager::new();
+    let base = pinned_base(&rm, "base.safetensors");
+    let file = LoraFile::open(&fixture("malformed.safetensors")).unwrap();
+    let (merged, report) = lora::merge(base.clone(), &file, Side::DiffusionModel, 1.0).unwrap();
+    assert_eq!(report.applied, 1, "{report:?}");
+    assert_eq!(report.skipped.len(), 6, "{:#?}", report.skipped);
+    let has = |module: &str, why: &str| {
+        assert!(report.skipped.iter().any(|s| s.starts_with(module) && s.contains(why)), "{module}: {why} in {:#?}", report.skipped);
+    };
+    has("lora_unet_input_blocks_1_1_transformer_blocks_0_attn1_to_q", "lacks `hada_w2_b`");
+    has("lora_unet_input_blocks_1_1_proj_in", "values) but `model.diffusion_model.input_blocks.1.1.proj_in.weight` is [32, 32, 1, 1]");
+    has("lora_unet_no_such_block", "no weight of this model");
+    has("lora_unet_input_blocks_1_0_in_layers_2", "does not fit");
+    has("lora_unet_time_embed_0", "`dora_scale` patches are not supported");
+    has("lora_unet_output_blocks_1_1_conv", "larger than the weight");
+    for (name, _, exp) in expected("malformed_expected.safetensors") {
+        let got = values(&merged, &name).1;
+        assert!(got.iter().zip(&exp).all(|(g, e)| (g - e).abs() <= 1e-5), "{name}: the good module is still merged");
+    }
+    // The text-encoder side sees none of these (they are all UNet modules).
+    let (_, te) = lora::merge(base, &file, Side::TextEncoder, 1.0).unwrap();
+    assert!(te.skipped.is_empty() && te.applied == 0, "{te:?}");
+}
+
+#[test]
+fn unreadable_files_are_errors_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let garbage = dir.path().join("garbage.safetensors");
+    std::fs::write(&garbage, b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all, just bytes").unwrap();
+    let e = LoraFile::open(&garbage).unwrap_err().to_string();
+    assert!(e.contains("garbage.safetensors"), "{e}");
+    // A valid file with no LoRA tensors (e.g. a checkpoint picked by mistake).
+    let e = LoraFile::open(&fixture("base.safetensors")).unwrap_err().to_string();
+    assert!(e.contains("base.safetensors") && e.contains("no LoRA tensors"), "{e}");
+    let e = LoraFile::open(&dir.path().join("missing.safetensors")).unwrap_err().to_string();
+    assert!(e.contains("missing.safetensors"), "{e}");
+}
+
+/// Every module of a real diffusers UNet (2 res blocks per level, SD1's attention
+/// pattern), named the kohya way and the PEFT way, maps to its LDM weight.
+#[test]
+fn diffusers_module_names_map_to_ldm_weights() {
+    let names: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture("unet_diffusers_names.json")).unwrap()).unwrap();
+    let names = names.as_object().unwrap();
+    let ldm: Vec<String> = names.values().map(|v| format!("{}.weight", v.as_str().unwrap())).collect();
+    let km = lora::KeyMap::new(ldm.iter().map(|s| s.as_str()), |_| 0);
+    assert!(names.len() > 200);
+    for (diffusers, ldm) in names {
+        let want = format!("{}.weight", ldm.as_str().unwrap());
+        for key in [format!("lora_unet_{}", diffusers.replace('.', "_")), format!("unet.{diffusers}"), diffusers.clone()] {
+            let got = km.get(&key).map(|t| t.weight.as_str());
+            assert_eq!(got, Some(want.as_str()), "{key}");
+        }
+        // The LDM spelling of kohya's trainer.
+        let k = format!("lora_unet_{}", ldm.as_str().unwrap().trim_start_matches("model.diffusion_model.").replace('.', "_"));
+        assert_eq!(km.get(&k).map(|t| t.weight.as_str()), Some(want.as_str()), "{k}");
+    }
+}
