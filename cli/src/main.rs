@@ -106,6 +106,14 @@ fn main() -> std::process::ExitCode {
         Command::Convert(a) => (a.verbose, true),
         _ => (false, true),
     };
+    // Rust ignores SIGPIPE, so `sdflow … --print-workflow | head` would panic in
+    // println!; like other command-line tools, end quietly instead. The server keeps
+    // ignoring it: a client closing its socket must not end the process.
+    #[cfg(unix)]
+    if !matches!(cli.command, Command::Serve(_)) {
+        // SAFETY: restores the default disposition before any thread is started.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     let level = if verbose { "debug" } else { cli.log_level.as_str() };
     tracing_subscriber::fmt()
         .with_env_filter(
