@@ -271,10 +271,7 @@ impl Node for UltralyticsDetectorProvider {
 
     /// A changed file on disk must not be served from the cache.
     fn fingerprint(&self, inputs: &Inputs) -> Result<Option<Vec<u8>>, NodeError> {
-        let path = self.path(inputs)?;
-        let meta = std::fs::metadata(&path).map_err(|e| NodeError::msg(format!("{}: {e}", path.display())))?;
-        let mtime = meta.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_nanos());
-        Ok(Some(format!("{}:{}:{mtime}", path.display(), meta.len()).into_bytes()))
+        crate::loaders::file_fingerprint(&self.path(inputs)?)
     }
 
     fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
