@@ -48,6 +48,7 @@ const FILES: &[(&str, &[&str])] = &[
     ("upscale.json", &["upscale", "-i", "input.png", "--upscale-model", "RealESRGAN_x4plus.safetensors", "-o", "upscaled.png"]),
     ("inpaint_partial.json", &["img_gen", "-m", "model.safetensors", "-p", "a red hat", "-n", "blurry, low quality", "-i", "input.png", "--mask", "mask.png", "-o", "inpaint_partial.png"]),
     ("lora.json", &["img_gen", "-m", "model.safetensors", "-p", "<lora:ink:0.8>a lovely cat, (watercolor:1.2)", "-n", "blurry, low quality", "-o", "lora.png"]),
+    ("adetailer.json", &["adetailer", "-m", "model.safetensors", "-i", "input.png", "--ad-model", "face_yolov8n.pt", "-p", "detailed portrait photo", "-n", "deformed face", "-o", "adetailer.png"]),
 ];
 
 /// Committed workflows no sd-cli command line describes (graph-only features).
@@ -163,7 +164,7 @@ fn flags_needing_absent_nodes_name_the_node() {
         (&["--upscale-model", "esrgan.pth"][..], "--upscale-model", "UpscaleModelLoader"),
         (&["--control-net", "cn.safetensors", "--control-image", "c.png"][..], "--control-net", "ControlNetLoader"),
         (&["--vae-tiling"][..], "--vae-tiling", "VAEDecodeTiled"),
-        (&["--ad-model", "face_yolov8n.pt"][..], "--ad-model", "FaceDetailer"),
+        (&["--ad-model", "face_yolov8n.pt"][..], "--ad-model", "DetailerForEachMask"),
         (&["-b", "2", "-i", "in.png"][..], "-b", "RepeatLatentBatch"),
     ] {
         let mut full = vec!["img_gen", "-m", "m.safetensors"];

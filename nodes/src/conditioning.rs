@@ -52,24 +52,30 @@ impl Node for ClipTextEncode {
 
     fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
         let clip = inputs.downcast::<ClipRef>("clip")?;
-        let text = inputs.string("text")?;
-        let weights = clip.weights.pin().map_err(err)?;
-        let config = ClipTextConfig::infer(&weights, &clip.prefix, clip.layout).map_err(err)?;
-        let layers = config.layers;
-        let model = ClipTextModel::new(&weights, &clip.prefix, config).map_err(err)?;
-        let pad = match clip.layout {
-            ClipLayout::HuggingFace => PadToken::EndOfText,
-            ClipLayout::OpenClip => PadToken::Zero,
-        };
-        let tokenizer = ClipTokenizer::new(pad);
-        let emb_dir = self.rt.models_dir.join("embeddings");
-        let library = if emb_dir.is_dir() { Some(EmbeddingLibrary::scan(&emb_dir, &tokenizer).map_err(err)?) } else { None };
-        let prompt = tokenize_weighted(text, &tokenizer, library.as_ref(), &ChunkOptions::default()).map_err(err)?;
-        let skip = clip.clip_skip.map_or_else(|| ClipSkip::default_for(text_family(clip.family)), |s| ClipSkip::new(s).unwrap_or(ClipSkip::default_for(text_family(clip.family))));
-        let skip = (skip.get() as usize).min(layers);
-        let cond = self.rt.with_backend(|b| encode_prompt(b, &model, &prompt, skip)).map_err(err)?;
-        Ok(Outputs::new(vec![Value::new(IoType::CONDITIONING, CondList(vec![CondEntry::new(cond)]))]))
+        let cond = encode_text(&self.rt, clip, inputs.string("text")?)?;
+        Ok(Outputs::new(vec![Value::new(IoType::CONDITIONING, cond)]))
     }
+}
+
+/// CLIPTextEncode's encoding of `text`, shared with nodes that encode prompts they build
+/// themselves (the detailer's per-mask prompts).
+pub(crate) fn encode_text(rt: &Runtime, clip: &ClipRef, text: &str) -> Result<CondList, NodeError> {
+    let weights = clip.weights.pin().map_err(err)?;
+    let config = ClipTextConfig::infer(&weights, &clip.prefix, clip.layout).map_err(err)?;
+    let layers = config.layers;
+    let model = ClipTextModel::new(&weights, &clip.prefix, config).map_err(err)?;
+    let pad = match clip.layout {
+        ClipLayout::HuggingFace => PadToken::EndOfText,
+        ClipLayout::OpenClip => PadToken::Zero,
+    };
+    let tokenizer = ClipTokenizer::new(pad);
+    let emb_dir = rt.models_dir.join("embeddings");
+    let library = if emb_dir.is_dir() { Some(EmbeddingLibrary::scan(&emb_dir, &tokenizer).map_err(err)?) } else { None };
+    let prompt = tokenize_weighted(text, &tokenizer, library.as_ref(), &ChunkOptions::default()).map_err(err)?;
+    let skip = clip.clip_skip.map_or_else(|| ClipSkip::default_for(text_family(clip.family)), |s| ClipSkip::new(s).unwrap_or(ClipSkip::default_for(text_family(clip.family))));
+    let skip = (skip.get() as usize).min(layers);
+    let cond = rt.with_backend(|b| encode_prompt(b, &model, &prompt, skip)).map_err(err)?;
+    Ok(CondList(vec![CondEntry::new(cond)]))
 }
 
 /// ComfyUI's "CLIP Set Last Layer": -1 is the last layer, -2 the penultimate (A1111's

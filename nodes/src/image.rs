@@ -77,7 +77,7 @@ fn run_vae(rt: &Runtime, model: &AnyVae<'_>, op: VaeOp, input: &[f32], w: usize,
 }
 
 /// Latents → images, one sample at a time to bound memory.
-fn decode_latent(rt: &Runtime, ctx: &ExecContext<'_>, latent: &Latent, vae: &VaeRef, tiling: &VaeTiling) -> Result<Image, NodeError> {
+pub(crate) fn decode_latent(rt: &Runtime, ctx: &ExecContext<'_>, latent: &Latent, vae: &VaeRef, tiling: &VaeTiling) -> Result<Image, NodeError> {
     let [w, h, c, n] = latent.shape;
     let per = (w * h * c) as usize;
     with_vae(vae, |model| {

@@ -19,10 +19,12 @@
 //!   ImageToMask, MaskToImage, ImageCompositeMasked, ImagePadForOutpaint
 //! - [`upscale`]: UpscaleModelLoader, ImageUpscaleWithModel (ESRGAN / Real-ESRGAN), ImageScaleBy
 //! - [`detect`]: UltralyticsDetectorProvider (YOLOv8), BboxDetectorMasks (ADetailer's masks)
+//! - [`detailer`]: DetailerForEachMask (ADetailer's crop, inpaint and paste back per mask)
 
 pub mod conditioning;
 pub mod custom_sampling;
 pub mod detect;
+pub mod detailer;
 pub mod guidance;
 pub mod image;
 pub mod latent;
@@ -56,6 +58,7 @@ pub fn register_all(registry: &mut Registry, rt: Arc<Runtime>) {
     pix2pix::register(registry, &rt);
     upscale::register(registry, &rt);
     detect::register(registry, &rt);
+    detailer::register(registry, &rt);
 }
 
 /// Turns any displayable error into the executor's node error.

@@ -175,7 +175,7 @@ pub struct ImgGenParams {
     pub upscale_repeats: i64,
     /// `--upscale-tile-size` (128).
     pub upscale_tile_size: i64,
-    /// `--ad-model`: a detector whose finds are re-sampled (ADetailer / FaceDetailer);
+    /// `--ad-model`: a detector whose finds are re-sampled (ADetailer: UltralyticsDetectorProvider, BboxDetectorMasks, DetailerForEachMask);
     /// `--extra-ad-args`: `input=value,...` overrides for the detailer node.
     pub ad_model: Option<String>,
     pub extra_ad_args: Option<String>,
@@ -518,37 +518,56 @@ fn sampler_names(method: &Option<String>, scheduler: &Option<String>) -> (String
     (sampler, scheduler)
 }
 
-/// The image-to-image the detailer node does, with `--extra-ad-args` applied.
+/// ADetailer's detect-and-repair: a detector, its masks and the detail pass over them,
+/// with sd.cpp's `--extra-ad-args` keys routed to the node that takes them.
 #[allow(clippy::too_many_arguments)]
-fn detailer(b: &mut Builder, image: &Out, model: &Out, clip: &Out, vae: &Out, pos: &Out, neg: &Out, ad_model: &str, extra: Option<&str>, seed: i64, steps: i64, cfg: f64, sampler: &str, scheduler: &str, denoise: f64) -> Result<Out, PresetError> {
-    // Impact Pack's FaceDetailer and its detector provider: the de-facto ComfyUI names
-    // for ADetailer's "detect, crop, re-sample, paste back".
+fn detailer(b: &mut Builder, image: &Out, model: &Out, clip: &Out, vae: &Out, prompt: &str, negative: &str, ad_model: &str, extra: Option<&str>, seed: i64, steps: i64, cfg: f64, sampler: &str, scheduler: &str, denoise: f64) -> Result<Out, PresetError> {
     let det = b.extra("ad_detector", "--ad-model", NodeSpec::new("UltralyticsDetectorProvider").with_const("model_name", json!(ad_model)));
-    let mut n = NodeSpec::new("FaceDetailer")
+    let mut masks = NodeSpec::new("BboxDetectorMasks").with_input("bbox_detector", InputValue::link(det, 0)).with_input("image", link(image));
+    let mut n = NodeSpec::new("DetailerForEachMask")
         .with_input("image", link(image))
         .with_input("model", link(model))
         .with_input("clip", link(clip))
         .with_input("vae", link(vae))
-        .with_input("positive", link(pos))
-        .with_input("negative", link(neg))
-        .with_input("bbox_detector", InputValue::link(det, 0))
+        .with_const("prompt", json!(prompt))
+        .with_const("negative_prompt", json!(negative))
+        .with_const("ad_prompt", json!(""))
+        .with_const("ad_negative_prompt", json!(""))
         .with_const("seed", json!(seed))
         .with_const("steps", json!(steps))
         .with_const("cfg", json!(cfg))
         .with_const("sampler_name", json!(sampler))
         .with_const("scheduler", json!(scheduler))
-        .with_const("denoise", json!(denoise))
-        .with_const("guide_size", json!(512.0))
-        .with_const("bbox_threshold", json!(0.5))
-        .with_const("bbox_dilation", json!(10))
-        .with_const("feather", json!(5));
+        .with_const("denoising_strength", json!(denoise))
+        .with_const("inpaint_width", json!(512))
+        .with_const("inpaint_height", json!(512))
+        .with_const("inpaint_padding", json!(32))
+        .with_const("mask_blur", json!(4));
+    const MASK_KEYS: [&str; 12] = ["input_size", "confidence", "nms", "max_detections", "mask_k_largest", "mask_min_ratio", "mask_max_ratio", "dilate_erode", "x_offset", "y_offset", "mask_mode", "sort_by"];
+    const DETAIL_KEYS: [&str; 5] = ["mask_blur", "inpaint_padding", "inpaint_width", "inpaint_height", "denoising_strength"];
     for part in extra.unwrap_or("").split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (k, v) = part.split_once('=').ok_or_else(|| invalid("--extra-ad-args", format!("`{part}` is not input=value")))?;
-        let v = v.trim();
+        let (k, v) = part.split_once('=').ok_or_else(|| invalid("--extra-ad-args", format!("`{part}` is not key=value")))?;
+        let (k, v) = (k.trim(), v.trim());
         let value = serde_json::from_str::<Json>(v).unwrap_or_else(|_| json!(v));
-        n = n.with_const(k.trim(), value);
+        let on = value == json!(true);
+        match k {
+            _ if MASK_KEYS.contains(&k) => masks = masks.with_const(k, value),
+            _ if DETAIL_KEYS.contains(&k) => n = n.with_const(k, value),
+            // sd.cpp's boolean spellings of mask_mode.
+            "merge_masks" if on => masks = masks.with_const("mask_mode", json!("merge")),
+            "invert_mask" if on => masks = masks.with_const("mask_mode", json!("merge_invert")),
+            "merge_masks" | "invert_mask" => {}
+            // sd.cpp: zero steps and a negative cfg_scale inherit the main generation's.
+            "steps" if value.as_i64().is_some_and(|s| s > 0) => n = n.with_const("steps", value),
+            "cfg_scale" if value.as_f64().is_some_and(|c| c >= 0.0) => n = n.with_const("cfg", value),
+            "steps" | "cfg_scale" => {}
+            "sample_method" => n = n.with_const("sampler_name", json!(workflow_sampler_name(v))),
+            "scheduler" => n = n.with_const("scheduler", json!(workflow_scheduler_name(v))),
+            _ => return Err(invalid("--extra-ad-args", format!("unknown key `{k}`"))),
+        }
     }
-    let key = b.extra("ad_detailer", "--ad-model", n);
+    let masks = b.extra("ad_masks", "--ad-model", masks);
+    let key = b.extra("ad_detailer", "--ad-model", n.with_input("masks", InputValue::link(masks, 0)));
     Ok(Out(key, 0))
 }
 
@@ -790,7 +809,7 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
     };
     let mut image = Out(decoded, 0);
     if let Some(ad) = &p.ad_model {
-        image = detailer(&mut b, &image, &model, &clip, &vae, &pos, &neg, ad, p.extra_ad_args.as_deref(), seed, p.steps, p.cfg_scale, &sampler, &scheduler, 0.4)?;
+        image = detailer(&mut b, &image, &model, &clip, &vae, &prompt, &p.negative_prompt, ad, p.extra_ad_args.as_deref(), seed, p.steps, p.cfg_scale, &sampler, &scheduler, 0.4)?;
     } else if p.extra_ad_args.is_some() {
         return Err(PresetError::Missing { flag: "--ad-model".into(), msg: "--extra-ad-args needs a detector model".into() });
     }
@@ -882,12 +901,10 @@ pub fn adetailer(p: &AdetailerParams) -> Result<Preset, PresetError> {
     let mut b = Builder::default();
     let ckpt = b.core("ckpt", "-m", NodeSpec::new("CheckpointLoaderSimple").with_const("ckpt_name", json!(p.model)));
     let (model, clip, vae) = (Out(ckpt.clone(), 0), Out(ckpt.clone(), 1), Out(ckpt, 2));
-    let pos = Out(b.core("pos", "-p", text_encode(&prompt, &clip, "Prompt")), 0);
-    let neg = Out(b.core("neg", "-n", text_encode(&p.negative_prompt, &clip, "Negative prompt")), 0);
     let img = Out(b.core("image", "-i", NodeSpec::new("LoadImage").with_const("image", json!(p.init_img))), 0);
-    let image = detailer(&mut b, &img, &model, &clip, &vae, &pos, &neg, &p.ad_model, p.extra_ad_args.as_deref(), seed, p.steps, p.cfg_scale, &sampler, &scheduler, p.strength)?;
+    let image = detailer(&mut b, &img, &model, &clip, &vae, &prompt, &p.negative_prompt, &p.ad_model, p.extra_ad_args.as_deref(), seed, p.steps, p.cfg_scale, &sampler, &scheduler, p.strength)?;
     b.core("save", "-o", NodeSpec::new("SaveImage").with_input("images", link(&image)).with_const("filename_prefix", json!(save_prefix(&p.output))));
-    Ok(b.finish("ADetailer".into(), "Detects regions (faces, hands, ...) in the input image with --ad-model and re-samples each at --strength, pasting the results back.".into()))
+    Ok(b.finish("ADetailer".into(), "sd-cli's adetailer mode: repairs an existing image. BboxDetectorMasks finds regions (faces, hands, ...) with the --ad-model detector and makes one mask per find; DetailerForEachMask then re-samples them in turn: each mask's box, padded by inpaint_padding, is cropped, inpainted at inpaint_width x inpaint_height with --strength and seed + mask index, and pasted back feathered by mask_blur. ad_prompt takes ADetailer's [SEP] (one prompt per mask), [PROMPT] (the main prompt) and [SKIP].".into()))
 }
 
 /// The nodes of `preset` that `registry` lacks, each as the refusal naming the flag that
@@ -950,6 +967,26 @@ mod tests {
 
     fn base() -> ImgGenParams {
         ImgGenParams { model: Some("m.safetensors".into()), prompt: "a cat".into(), ..Default::default() }
+    }
+
+    #[test]
+    fn extra_ad_args_go_to_the_node_that_takes_them() {
+        let mut p = base();
+        p.ad_model = Some("face.pt".into());
+        p.extra_ad_args = Some("confidence=0.5, merge_masks=true, mask_blur=8, inpaint_width=768, steps=0, cfg_scale=5, sample_method=euler".into());
+        let wf = img_gen(&p).unwrap().workflow;
+        let node = |class: &str| wf.nodes.values().find(|n| n.class_type == class).unwrap();
+        let (masks, detail) = (node("BboxDetectorMasks"), node("DetailerForEachMask"));
+        assert_eq!(masks.inputs["confidence"], InputValue::Const(json!(0.5)));
+        assert_eq!(masks.inputs["mask_mode"], InputValue::Const(json!("merge")));
+        assert_eq!(detail.inputs["mask_blur"], InputValue::Const(json!(8)));
+        assert_eq!(detail.inputs["inpaint_width"], InputValue::Const(json!(768)));
+        assert_eq!(detail.inputs["steps"], InputValue::Const(json!(p.steps)), "steps=0 inherits");
+        assert_eq!(detail.inputs["cfg"], InputValue::Const(json!(5)));
+        assert_eq!(detail.inputs["sampler_name"], InputValue::Const(json!("euler")));
+        assert_eq!(detail.inputs["prompt"], InputValue::Const(json!("a cat")));
+        p.extra_ad_args = Some("feather=5".into());
+        assert!(matches!(img_gen(&p), Err(PresetError::Invalid { .. })), "unknown keys are refused");
     }
 
     #[test]
