@@ -207,9 +207,8 @@ fn conv_block_cols(cout: usize) -> usize {
 /// the padded input, with no im2col buffer (that buffer is KW·KH times the input: 1.2 GB
 /// for one 128-channel 512² layer of the VAE).
 ///
-/// `dst` [OW, OH, C_out, N] = src0 (f32 contiguous kernel [KW, KH, C, C_out], each
-/// offset's C_out × C matrix read with strides: the GEMM packs it anyway, and reordering
-/// it in the graph cost a strided copy of every kernel at every step) ⋆ src1 (f32 padded
+/// `dst` [OW, OH, C_out, N] = src0 (f32 kernel, laid out [C, C_out, KW, KH] so that each
+/// offset's matrix is contiguous) ⋆ src1 (f32 padded
 /// input [OW+KW-1, OH+KH-1, C, N], contiguous). Output row `oy`, column `ox` is wide
 /// column `oy·Wp + ox` of a product whose right operand for offset (dx, dy) is the input
 /// read from `dy·Wp + dx` on: the columns with `ox ≥ OW` are computed and dropped.
@@ -219,7 +218,7 @@ pub(crate) unsafe extern "C" fn conv_compute(dst: *mut ggml_sys::ggml_tensor, it
     unsafe {
         let d = &*dst;
         let (kt, xt) = (&*d.src[0], &*d.src[1]);
-        let (kw, kh, c, cout) = (kt.ne[0] as usize, kt.ne[1] as usize, kt.ne[2] as usize, kt.ne[3] as usize);
+        let (c, cout, kw, kh) = (kt.ne[0] as usize, kt.ne[1] as usize, kt.ne[2] as usize, kt.ne[3] as usize);
         let (wp, hp) = (xt.ne[0] as usize, xt.ne[1] as usize);
         let (ow, oh, batches) = (d.ne[0] as usize, d.ne[1] as usize, d.ne[3] as usize);
         let (ith, nth) = (ith as usize, nth.max(1) as usize);
@@ -253,9 +252,9 @@ pub(crate) unsafe extern "C" fn conv_compute(dst: *mut ggml_sys::ggml_tensor, it
                                 1,
                                 cols as isize,
                                 !first,
-                                kern.add(dy * kw + dx),
-                                (kw * kh) as isize,
-                                (kw * kh * c) as isize,
+                                kern.add((dy * kw + dx) * c * cout),
+                                1,
+                                c as isize,
                                 x.add(dy * wp + dx + b0),
                                 1,
                                 (wp * hp) as isize,
