@@ -36,6 +36,11 @@ fn env() -> Env {
     std::fs::create_dir_all(&loras).unwrap();
     let ckpt = sdflow_core::io::open(&ckpts.join("model.safetensors")).unwrap();
     sdflow_core::lora::synth::write_random_lora(ckpt.as_ref(), &loras.join("ink.safetensors"), 4, 0.3, 5, Format::Safetensors).unwrap();
+    // workflows/adetailer.json's detector, for validation only (which checks that the file
+    // is listed): tests/tests/adetailer.rs runs that workflow with real detector weights.
+    let detectors = dir.path().join("models/ultralytics");
+    std::fs::create_dir_all(&detectors).unwrap();
+    std::fs::write(detectors.join("face_yolov8n.pt"), b"validation only: never loaded").unwrap();
     let out = dir.path().join("output");
     let input = dir.path().join("input");
     std::fs::create_dir_all(&input).unwrap();
