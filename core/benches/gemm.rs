@@ -5,6 +5,7 @@
 //! Env: `SDFLOW_BENCH_THREADS` (all cores by default), `SDFLOW_BENCH_REPS` (4),
 //! `SDFLOW_BENCH_FILTER` (run only the cases whose name contains it). CPU time is
 //! printed beside wall time: with one thread it stays meaningful on a busy machine.
+//! bf16 weights run on AMX tiles where the CPU has them (`SDFLOW_AMX=0`: not).
 //! Run: `cargo bench -p sdflow-core --bench gemm`
 
 mod common;
@@ -48,7 +49,7 @@ fn main() {
     // Whole 3×3 convolutions (padding 1), as the UNet and VAE run them.
     let convs: [(i64, i64, i64, i64, &str); 3] = [(64, 320, 320, 2, "conv 320→320 64²×2"), (32, 1280, 1280, 2, "conv 1280 32²×2"), (256, 128, 128, 1, "conv 128 256² (VAE)")];
     for &(side, cin, cout, n, name) in convs.iter().filter(|c| wanted(c.4)) {
-        for (ty, tname) in [(GType::F32, "f32"), (GType::F16, "f16")] {
+        for (ty, tname) in [(GType::F32, "f32"), (GType::F16, "f16"), (GType::BF16, "bf16")] {
             let ctx = Context::new(64, 256).unwrap();
             let mut run = GraphRun::new(&ctx);
             let w = run.input_f32(&[3, 3, cin, cout], (0..9 * cin * cout).map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 0.05).collect()).unwrap();

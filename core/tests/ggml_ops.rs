@@ -6,6 +6,7 @@ use sdflow_core::ggml::{Backend, Context, GType, GraphAllocator, ScaleMode, Tens
 enum Data {
     F32(Vec<f32>),
     F16(Vec<f32>),
+    BF16(Vec<f32>),
     I32(Vec<i32>),
 }
 
@@ -24,6 +25,10 @@ fn f16_round(v: &[f32]) -> Vec<f32> {
     v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect()
 }
 
+fn bf16_round(v: &[f32]) -> Vec<f32> {
+    v.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect()
+}
+
 /// Build a graph from inputs, compute it on the CPU backend, return the output.
 fn run<F>(inputs: Vec<(Vec<i64>, Data)>, build: F) -> (Vec<f32>, [i64; 4])
 where
@@ -36,6 +41,7 @@ where
             let ty = match d {
                 Data::F32(_) => GType::F32,
                 Data::F16(_) => GType::F16,
+                Data::BF16(_) => GType::BF16,
                 Data::I32(_) => GType::I32,
             };
             ctx.new_tensor(ty, ne).unwrap().set_input()
@@ -56,6 +62,10 @@ where
             Data::I32(v) => t.set_i32(v).unwrap(),
             Data::F16(v) => {
                 let b: Vec<u8> = v.iter().flat_map(|&x| half::f16::from_f32(x).to_le_bytes()).collect();
+                t.set_bytes(&b).unwrap()
+            }
+            Data::BF16(v) => {
+                let b: Vec<u8> = v.iter().flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()).collect();
                 t.set_bytes(&b).unwrap()
             }
         }
@@ -633,4 +643,88 @@ fn max_pool_2d_pads_with_minus_infinity() {
     let t = ctx.new_tensor(GType::F32, &[4, 4, 1, 1]).unwrap();
     assert!(ctx.max_pool_2d(t, 5, 1, 0).is_err(), "a window larger than the input");
     assert!(ctx.max_pool_2d(t, 3, 1, 2).is_err(), "padding over half the window");
+}
+
+/// bf16 weights multiply on AMX tiles where the CPU has them (`ggml::amx`), with the
+/// activations rounded to bf16; elsewhere on ggml's or our f32 kernels. Either way the
+/// result is the product of the bf16 weights, to bf16 rounding of the activations: the
+/// tolerance is tight where AMX ran (both operands rounded in the reference) and bf16's
+/// where it did not.
+fn bf16_tolerance() -> f32 {
+    if sdflow_core::ggml::amx::available() {
+        2e-5
+    } else {
+        2e-2
+    }
+}
+
+// Row blocks of 32 and a partial one, output columns beyond the bands' multiples of 32,
+// batches merged into one product, transposed output, and too-small products.
+#[test]
+fn bf16_products_match_plain_products() {
+    let tol = bf16_tolerance();
+    for &(k, m, n, batch) in &[(96usize, 40usize, 80usize, 4usize), (64, 70, 33, 1), (32, 32, 32, 1), (160, 96, 7, 3), (48, 24, 50, 1)] {
+        let a = bf16_round(&vals(k * m, 31));
+        let b = vals(k * n * batch, 32);
+        let (got, ne) = run(vec![(vec![k as i64, m as i64], Data::BF16(a.clone())), (vec![k as i64, n as i64, batch as i64], Data::F32(b.clone()))], |c, t| c.mul_mat(t[0], t[1]).unwrap());
+        assert_eq!(ne, [m as i64, n as i64, batch as i64, 1]);
+        assert_close(&got, &matmul_ref(&a, &bf16_round(&b), k, m, n, 1, batch), tol, &format!("bf16 product k{k} m{m} n{n} x{batch}"));
+        let (got, ne) = run(vec![(vec![k as i64, m as i64], Data::BF16(a.clone())), (vec![k as i64, n as i64, batch as i64], Data::F32(b.clone()))], |c, t| c.mul_mat_t(t[0], t[1]).unwrap());
+        assert_eq!(ne, [n as i64, m as i64, batch as i64, 1]);
+        let want = matmul_ref(&a, &bf16_round(&b), k, m, n, 1, batch);
+        let want_t: Vec<f32> = (0..batch).flat_map(|z| (0..m).flat_map(move |i| (0..n).map(move |j| (z, i, j)))).map(|(z, i, j)| want[(z * n + j) * m + i]).collect();
+        assert_close(&got, &want_t, tol, &format!("bf16 transposed k{k} m{m} n{n} x{batch}"));
+    }
+}
+
+// Stride-1 convolutions with bf16 kernels: several 32-column blocks per thread, rows
+// narrower than a block (the zero rows below the input), 1×1 to 5×5 kernels.
+#[test]
+fn bf16_convolutions_match_plain_convolutions() {
+    let tol = bf16_tolerance();
+    for &(kw, p, xn, cout) in &[(3usize, 1usize, [40usize, 30, 64, 2], 64usize), (3, 1, [5, 4, 32, 1], 32), (1, 0, [17, 9, 32, 2], 96), (5, 2, [12, 11, 32, 1], 32), (3, 0, [9, 8, 64, 1], 32)] {
+        let kn = [kw, kw, xn[2], cout];
+        let k = bf16_round(&vals(kn.iter().product(), 40));
+        let x = vals(xn.iter().product(), 41);
+        let (want, wn) = conv_ref(&k, kn, &bf16_round(&x), xn, 1, p, 1);
+        let ne = |a: [usize; 4]| a.iter().map(|&v| v as i64).collect::<Vec<_>>();
+        let pi = p as i32;
+        let (got, gne) = run(vec![(ne(kn), Data::BF16(k.clone())), (ne(xn), Data::F32(x.clone()))], |c, t| c.conv_2d(t[0], t[1], (1, 1), (pi, pi), (1, 1)).unwrap());
+        assert_eq!(gne, [wn[0] as i64, wn[1] as i64, wn[2] as i64, wn[3] as i64]);
+        assert_close(&got, &want, tol, &format!("bf16 conv {kw}x{kw} pad {p} input {xn:?} to {cout}"));
+    }
+}
+
+// Attention of a bf16 model: where the CPU has AMX both products run on tiles with q, k,
+// v and the probabilities rounded to bf16. Head widths and key counts that are not
+// multiples of 32 (zero padding), partial query blocks, several heads and batches.
+#[test]
+fn bf16_attention_matches_plain_attention() {
+    for &(dh, heads, tq, tk, b) in &[(40usize, 2usize, 70usize, 77usize, 2usize), (64, 1, 33, 300, 1), (8, 3, 5, 9, 1)] {
+        let d = dh * heads;
+        let (q, k, v) = (vals(d * tq * b, 50), vals(d * tk * b, 51), vals(d * tk * b, 52));
+        let (got, ne) = run(
+            vec![(vec![d as i64, tq as i64, b as i64], Data::F32(q.clone())), (vec![d as i64, tk as i64, b as i64], Data::F32(k.clone())), (vec![d as i64, tk as i64, b as i64], Data::F32(v.clone()))],
+            |c, t| sdflow_core::models::nn::attention_typed(c, t[0], t[1], t[2], heads as i64, None, GType::BF16).unwrap(),
+        );
+        assert_eq!(ne, [d as i64, tq as i64, b as i64, 1]);
+        let scale = 1.0 / (dh as f64).sqrt();
+        let mut want = vec![0f32; d * tq * b];
+        for z in 0..b {
+            for h in 0..heads {
+                for i in 0..tq {
+                    let qi = &q[(z * tq + i) * d + h * dh..][..dh];
+                    let s: Vec<f64> = (0..tk).map(|j| qi.iter().zip(&k[(z * tk + j) * d + h * dh..][..dh]).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * scale).collect();
+                    let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                    let sum: f64 = e.iter().sum();
+                    for c in 0..dh {
+                        want[(z * tq + i) * d + h * dh + c] = (0..tk).map(|j| e[j] * v[(z * tk + j) * d + h * dh + c] as f64).sum::<f64>() as f32 / sum as f32;
+                    }
+                }
+            }
+        }
+        // bf16 operands: about 2^-8 of the values' size.
+        assert_close(&got, &want, 1e-2, &format!("bf16 attention dh {dh} heads {heads} tq {tq} tk {tk} batch {b}"));
+    }
 }

@@ -20,7 +20,7 @@ const BLOCK_ROWS: usize = 256;
 /// `e^x` for x ≤ 0 to a few ulp, in a form the compiler vectorises: x = n·ln 2 + r
 /// with |r| ≤ ln 2 / 2, e^r by its degree-6 Taylor polynomial, 2^n in the exponent bits.
 #[inline(always)]
-fn exp_nonpositive(x: f32) -> f32 {
+pub(crate) fn exp_nonpositive(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_145_75;
     const LN2_LO: f32 = 1.428_606_8e-6;

@@ -291,8 +291,13 @@ impl Context {
         if an[0] != bn[0] || bn[2] % an[2] != 0 || bn[3] % an[3] != 0 || transposed {
             return Err(shape("mul_mat", format!("a {an:?} cannot multiply b {bn:?}")));
         }
-        if super::matmul::enabled() && an[0] * an[1] * bn[1] * bn[2] * bn[3] >= super::matmul::MIN_MACS && super::matmul::supports(a.raw(), b.raw()) {
-            return self.matmul_op("mul_mat", a, b, [an[1], bn[1], bn[2], bn[3]], 0);
+        if an[0] * an[1] * bn[1] * bn[2] * bn[3] >= super::matmul::MIN_MACS {
+            if let Some(t) = self.amx_linear("mul_mat", a, b, [an[1], bn[1], bn[2], bn[3]], 0)? {
+                return Ok(t);
+            }
+            if super::matmul::enabled() && super::matmul::supports(a.raw(), b.raw()) {
+                return self.matmul_op("mul_mat", a, b, [an[1], bn[1], bn[2], bn[3]], 0);
+            }
         }
         // SAFETY: preconditions checked above.
         self.op("mul_mat", || unsafe { ggml_sys::ggml_mul_mat(self.raw(), a.raw(), b.raw()) })
@@ -306,31 +311,52 @@ impl Context {
         if an[0] != bn[0] || bn[2] % an[2] != 0 || bn[3] % an[3] != 0 {
             return Err(shape("mul_mat_t", format!("a {an:?} cannot multiply b {bn:?}")));
         }
+        if let Some(t) = self.amx_linear("mul_mat_t", a, b, [bn[1], an[1], bn[2], bn[3]], super::amx::TRANSPOSED)? {
+            return Ok(t);
+        }
         if super::matmul::enabled() && super::matmul::supports(a.raw(), b.raw()) {
             return self.matmul_op("mul_mat_t", a, b, [bn[1], an[1], bn[2], bn[3]], super::matmul::TRANSPOSED);
         }
         self.cont(self.permute(self.mul_mat(a, b)?, [1, 0, 2, 3])?)
     }
 
-    fn matmul_op<'a>(&'a self, name: &'static str, a: Tensor<'a>, b: Tensor<'a>, ne: [i64; 4], flags: usize) -> Result<Tensor<'a>> {
-        let mut args = [a.raw(), b.raw()];
-        // SAFETY: the operands' shapes were checked by the caller and `supports`; the
-        // userdata is a flag word, not a pointer, so it outlives the graph trivially.
+    /// The product on AMX tiles ([`super::amx`]) when the CPU has them and the operands
+    /// fit: a 2-D bf16/f16 weight with contiguous rows and K a multiple of 32, f32
+    /// activations (cast to bf16 by one ggml copy, all threads). `None`: not taken.
+    fn amx_linear<'a>(&'a self, name: &'static str, a: Tensor<'a>, b: Tensor<'a>, ne: [i64; 4], flags: usize) -> Result<Option<Tensor<'a>>> {
+        let an = a.ne();
+        // SAFETY: reads metadata only.
+        let rows_contiguous = unsafe { (*a.raw()).nb[0] } == a.dtype().type_size();
+        if !super::matmul::enabled() || an[2] * an[3] != 1 || !rows_contiguous || b.dtype() != GType::F32 || !super::amx::takes(a.dtype().0, an[0]) {
+            return Ok(None);
+        }
+        let b = if b.is_contiguous() { b } else { self.cont(b)? };
+        // SAFETY: to_bf16 converts a contiguous f32 tensor into one of its shape; the
+        // product's weight is 2-D with contiguous rows and K a multiple of 32, its
+        // activations that contiguous bf16 copy.
+        unsafe {
+            let x = self.custom("to_bf16", GType::BF16, b.ne(), &[b], Some(super::amx::to_bf16_compute), 0)?;
+            self.custom(name, GType::F32, ne, &[a, x], Some(super::amx::linear_compute), flags).map(Some)
+        }
+    }
+
+    /// A ggml custom op over `args` computing `f` into a new [`ne`] tensor of type `ty`,
+    /// split over all threads; `userdata` is a plain word (flags or packed sizes), never a
+    /// pointer, so it outlives the graph trivially.
+    ///
+    /// # Safety
+    /// `f` must read `args` and write the output only within the shapes the caller checked.
+    unsafe fn custom<'a>(&'a self, name: &'static str, ty: GType, ne: [i64; 4], args: &[Tensor<'a>], f: ggml_sys::ggml_custom_op_t, userdata: usize) -> Result<Tensor<'a>> {
+        let mut raw: Vec<*mut ggml_sys::ggml_tensor> = args.iter().map(|t| t.raw()).collect();
+        // SAFETY: forwarded to the caller's contract.
         self.op(name, || unsafe {
-            ggml_sys::ggml_custom_4d(
-                self.raw(),
-                GType::F32.0,
-                ne[0],
-                ne[1],
-                ne[2],
-                ne[3],
-                args.as_mut_ptr(),
-                2,
-                Some(super::matmul::compute),
-                ggml_sys::GGML_N_TASKS_MAX,
-                flags as *mut std::os::raw::c_void,
-            )
+            ggml_sys::ggml_custom_4d(self.raw(), ty.0, ne[0], ne[1], ne[2], ne[3], raw.as_mut_ptr(), raw.len() as i32, f, ggml_sys::GGML_N_TASKS_MAX, userdata as *mut std::os::raw::c_void)
         })
+    }
+
+    fn matmul_op<'a>(&'a self, name: &'static str, a: Tensor<'a>, b: Tensor<'a>, ne: [i64; 4], flags: usize) -> Result<Tensor<'a>> {
+        // SAFETY: the operands' shapes were checked by the caller and `supports`.
+        unsafe { self.custom(name, GType::F32, ne, &[a, b], Some(super::matmul::compute), flags) }
     }
 
     fn binary<'a>(
@@ -388,8 +414,14 @@ impl Context {
         if !kernel.is_contiguous() {
             return Err(shape("conv_2d", "kernel must be contiguous".into()));
         }
-        if stride == (1, 1) && dilation == (1, 1) && input.dtype() == GType::F32 && super::matmul::enabled() && super::matmul::supports(kernel.raw(), input.raw()) {
-            return self.conv_2d_shifted(kernel, input, pad);
+        if stride == (1, 1) && dilation == (1, 1) && input.dtype() == GType::F32 && super::matmul::enabled() {
+            let kn = kernel.ne();
+            if kn[2] % 32 == 0 && kn[3] % 32 == 0 && super::amx::takes(kernel.dtype().0, kn[2]) {
+                return self.conv_2d_amx(kernel, input, pad);
+            }
+            if super::matmul::supports(kernel.raw(), input.raw()) {
+                return self.conv_2d_shifted(kernel, input, pad);
+            }
         }
         // SAFETY: channel and output-size preconditions checked.
         let cols = self.op("conv_2d", || unsafe {
@@ -427,23 +459,31 @@ impl Context {
         let x = if pad == (0, 0) { input } else { self.pad(input, [(pad.0, pad.0), (pad.1, pad.1), (0, 0), (0, 0)])? };
         let xn = x.ne();
         let (ow, oh) = (xn[0] - kn[0] + 1, xn[1] - kn[1] + 1);
-        let mut args = [kernel.raw(), x.raw()];
         // SAFETY: shapes checked by check_conv; both sources are f32 and contiguous.
-        self.op("conv_2d", || unsafe {
-            ggml_sys::ggml_custom_4d(
-                self.raw(),
-                GType::F32.0,
-                ow,
-                oh,
-                kn[3],
-                xn[3],
-                args.as_mut_ptr(),
-                2,
-                Some(super::matmul::conv_compute),
-                ggml_sys::GGML_N_TASKS_MAX,
-                std::ptr::null_mut(),
-            )
-        })
+        unsafe { self.custom("conv_2d", GType::F32, [ow, oh, kn[3], xn[3]], &[kernel, x], Some(super::matmul::conv_compute), 0) }
+    }
+
+    /// The stride-1 convolution on AMX tiles: the kernel rounded to bf16 and reordered to
+    /// [C, C_out, KW, KH], the input padded (with zero rows below, so whole 32-column
+    /// blocks of shifted reads stay inside) and pair-interleaved in one ggml copy each,
+    /// then `amx::conv_compute`.
+    fn conv_2d_amx<'a>(&'a self, kernel: Tensor<'a>, input: Tensor<'a>, pad: (i32, i32)) -> Result<Tensor<'a>> {
+        let kn = kernel.ne();
+        let xn = input.ne();
+        let (wp, hp) = (xn[0] + 2 * pad.0 as i64, xn[1] + 2 * pad.1 as i64);
+        let extra = (31 + wp - 1) / wp;
+        let input = if input.is_contiguous() { input } else { self.cont(input)? };
+        let (ow, oh) = (wp - kn[0] + 1, hp - kn[1] + 1);
+        let pads = pad.0 as usize | (pad.1 as usize) << 16 | (extra as usize) << 32;
+        let taps = kn[0] as usize | (kn[1] as usize) << 16 | (wp as usize) << 32;
+        // SAFETY: the kernel is contiguous bf16 (checked by conv_2d and amx::takes), the
+        // input contiguous f32, C and C_out multiples of 32 (checked by the caller); each op
+        // writes exactly the shape it is given here.
+        unsafe {
+            let k = self.custom("conv_2d", GType::BF16, [kn[2], kn[3], kn[0], kn[1]], &[kernel], Some(super::amx::reorder_kernel_compute), 0)?;
+            let x = self.custom("conv_2d", GType::BF16, [2, wp * (hp + extra), xn[2] / 2, xn[3]], &[input], Some(super::amx::pack_conv_input_compute), pads)?;
+            self.custom("conv_2d", GType::F32, [ow, oh, kn[3], xn[3]], &[k, x], Some(super::amx::conv_compute), taps)
+        }
     }
 
     /// 2-D convolution computed directly, without the im2col buffer (less memory).
@@ -537,7 +577,10 @@ impl Context {
     /// [Dh, H, Nq, B], `k` and `v` [Dh, H, Nkv, B], f32 with unit stride in ne[0];
     /// returns [Dh, H, Nq, B]. `None` where this backend cannot run it (the custom ops are
     /// off): the caller uses [`Context::flash_attn_ext`] then.
-    pub fn attention_cpu<'a>(&'a self, q: Tensor<'a>, k: Tensor<'a>, v: Tensor<'a>, scale: f32) -> Result<Option<Tensor<'a>>> {
+    ///
+    /// `bf16`: the model computes in bf16 (its weights are bf16), so where the CPU has AMX
+    /// tiles both products run on them ([`super::amx`]), the softmax staying f32.
+    pub fn attention_cpu<'a>(&'a self, q: Tensor<'a>, k: Tensor<'a>, v: Tensor<'a>, scale: f32, bf16: bool) -> Result<Option<Tensor<'a>>> {
         if !super::matmul::enabled() {
             return Ok(None);
         }
@@ -550,25 +593,9 @@ impl Context {
         if !(unit(q) && unit(k) && unit(v)) {
             return Err(shape("attention", "q, k and v must be f32 with unit stride in ne[0]".to_string()));
         }
-        let mut args = [q.raw(), k.raw(), v.raw()];
-        // SAFETY: shapes and types checked; the userdata carries the scale's bits, not a
-        // pointer.
-        self.op("attention", || unsafe {
-            ggml_sys::ggml_custom_4d(
-                self.raw(),
-                GType::F32.0,
-                qn[0],
-                qn[1],
-                qn[2],
-                qn[3],
-                args.as_mut_ptr(),
-                3,
-                Some(super::attention::compute),
-                ggml_sys::GGML_N_TASKS_MAX,
-                scale.to_bits() as usize as *mut std::os::raw::c_void,
-            )
-        })
-        .map(Some)
+        let f = if bf16 && super::amx::takes_attention(qn[0], kn[2]) { super::amx::attention_compute } else { super::attention::compute };
+        // SAFETY: shapes and types checked; the userdata carries the scale's bits.
+        unsafe { self.custom("attention", GType::F32, qn, &[q, k, v], Some(f), scale.to_bits() as usize) }.map(Some)
     }
 
     fn unary<'a>(&'a self, name: &'static str, a: Tensor<'a>, f: unsafe extern "C" fn(*mut ggml_sys::ggml_context, *mut ggml_sys::ggml_tensor) -> *mut ggml_sys::ggml_tensor) -> Result<Tensor<'a>> {

@@ -9,6 +9,7 @@
 //! every op here checks ggml's own preconditions first and returns a [`GgmlError`]
 //! instead: a malformed model file must end in an error message, never in `abort()`.
 
+pub mod amx;
 mod attention;
 mod backend;
 mod context;

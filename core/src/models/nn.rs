@@ -28,6 +28,12 @@ pub fn layer_norm<'a>(ctx: &'a Context, w: &'a Weights, name: &str, x: Tensor<'a
 /// Multi-head attention on projected q [D, Tq, B], k/v [D, Tk, B] with `heads` heads;
 /// `mask` [Tk, Tq] is added to the scaled scores. Returns [D, Tq, B].
 pub fn attention<'a>(ctx: &'a Context, q: Tensor<'a>, k: Tensor<'a>, v: Tensor<'a>, heads: i64, mask: Option<Tensor<'a>>) -> Result<Tensor<'a>> {
+    attention_typed(ctx, q, k, v, heads, mask, GType::F32)
+}
+
+/// [`attention`] for a model that computes in `compute` (its projection weights' type):
+/// bf16 models may take the CPU's bf16 tile attention.
+pub fn attention_typed<'a>(ctx: &'a Context, q: Tensor<'a>, k: Tensor<'a>, v: Tensor<'a>, heads: i64, mask: Option<Tensor<'a>>, compute: GType) -> Result<Tensor<'a>> {
     let [d, tq, b, _] = q.ne();
     let tk = k.ne()[1];
     let dh = d / heads;
@@ -37,7 +43,7 @@ pub fn attention<'a>(ctx: &'a Context, q: Tensor<'a>, k: Tensor<'a>, v: Tensor<'
     };
     if mask.is_none() {
         // The CPU op reads the heads of [dh, H, T, B] through strides: no permutes.
-        if let Some(out) = ctx.attention_cpu(split(q, tq)?, split(k, tk)?, split(v, tk)?, 1.0 / (dh as f32).sqrt())? {
+        if let Some(out) = ctx.attention_cpu(split(q, tq)?, split(k, tk)?, split(v, tk)?, 1.0 / (dh as f32).sqrt(), compute == GType::BF16)? {
             return Ok(ctx.reshape(out, [d, tq, b, 1])?);
         }
     }

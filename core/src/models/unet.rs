@@ -6,7 +6,7 @@
 //! down- and upsamplers sit. That covers SD1.x, SD2.x, 9-channel inpainting and
 //! 8-channel instruct-pix2pix UNets with one code path.
 
-use super::nn::{attention, conv2d, group_norm, layer_norm, linear};
+use super::nn::{attention_typed, conv2d, group_norm, layer_norm, linear};
 use super::{ModelError, Result, Weights};
 use crate::ggml::{Context, ScaleMode, Tensor};
 
@@ -285,7 +285,8 @@ impl<'w> Unet<'w> {
         let q = linear(ctx, w, &format!("{name}.to_q"), x)?;
         let k = linear(ctx, w, &format!("{name}.to_k"), context)?;
         let v = linear(ctx, w, &format!("{name}.to_v"), context)?;
-        let a = attention(ctx, q, k, v, heads, None)?;
+        let compute = w.get(&format!("{name}.to_q.weight"))?.dtype();
+        let a = attention_typed(ctx, q, k, v, heads, None, compute)?;
         linear(ctx, w, &format!("{name}.to_out.0"), a)
     }
 

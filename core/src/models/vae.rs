@@ -5,7 +5,7 @@
 //! Images are [W, H, 3, N] in [-1, 1]; latents are [w, h, z, N], unscaled (the caller
 //! applies the model family's scale factor).
 
-use super::nn::{attention, conv2d, group_norm};
+use super::nn::{attention_typed, conv2d, group_norm};
 use super::tiling::{self, Direction, TiledError, VaeTiling};
 use super::{ModelError, Result, Weights};
 use crate::ggml::{Backend, Context, GType, GgmlError, GraphAllocator, Tensor};
@@ -204,7 +204,8 @@ impl<'w> Vae<'w> {
         let q = tokens(self.conv(ctx, &format!("{name}.q"), hn, 1, 0)?)?;
         let k = tokens(self.conv(ctx, &format!("{name}.k"), hn, 1, 0)?)?;
         let v = tokens(self.conv(ctx, &format!("{name}.v"), hn, 1, 0)?)?;
-        let a = attention(ctx, q, k, v, 1, None)?; // [C, W·H, N]
+        let compute = self.w.get(&self.n(&format!("{name}.q.weight")))?.dtype();
+        let a = attention_typed(ctx, q, k, v, 1, None, compute)?; // [C, W·H, N]
         let a = ctx.cont(ctx.permute(a, [1, 0, 2, 3])?)?;
         let a = ctx.reshape(a, [w, h, c, n])?;
         let a = self.conv(ctx, &format!("{name}.proj_out"), a, 1, 0)?;

@@ -1,0 +1,577 @@
+//! bf16 products on Intel AMX tiles, as ggml custom ops.
+//!
+//! On CPUs with AMX-BF16 (Xeon Sapphire Rapids and later) one core multiplies bf16
+//! matrices into f32 at ~700 GFLOP/s through its tile unit (measured here: a plain tile
+//! loop over 1024³, one core), where the f32 FMA path of the same core tops out near 100
+//! and ggml's AVX-512 BF16 dot products near 100. ggml itself uses AMX only for its int8
+//! quantized types. So on such CPUs, products whose weights are bf16 run here: activations
+//! rounded to bf16, sums kept in f32 — the precision ggml's own bf16 path has. f16 and f32
+//! weights stay on the exact f32 kernels of [`super::matmul`].
+//!
+//! The tile instructions are written as inline assembly: Rust's AMX intrinsics and
+//! target features are still unstable, but the assembler takes the mnemonics as they are.
+//! Tiles are configured per thread at the start of each op and released at its end.
+//!
+//! Two shapes of work:
+//! - [`linear_compute`]: `dst` [M, N] = W [K, M] × X [K, N] (X already bf16). A tiles are
+//!   rows of X; each thread packs its band of W rows into the tile unit's pair-interleaved
+//!   ("VNNI") layout once per op.
+//! - [`conv_compute`]: a stride-1 convolution as KW·KH accumulated products over shifted
+//!   views of the padded input, like `matmul::conv_compute`, but with the input already
+//!   pair-interleaved (a shift along the pixel axis stays a pointer offset) and the sums of
+//!   all offsets kept in the tile registers.
+//!
+//! - [`attention_compute`]: softmax attention per head and block of 32 queries, both
+//!   products on tiles, the softmax in f32 between them (probabilities rounded to bf16).
+//!
+//! `SDFLOW_AMX=0` turns the path off (for comparisons).
+
+use std::cell::RefCell;
+use std::os::raw::{c_int, c_void};
+use std::sync::OnceLock;
+
+/// Whether this process can run AMX-BF16 tile instructions: the CPU has them, and Linux
+/// granted the process the tile state (it must be asked for, once per process).
+pub fn available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        if std::env::var("SDFLOW_AMX").is_ok_and(|v| v == "0") {
+            return false;
+        }
+        detect()
+    })
+}
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn detect() -> bool {
+    // CPUID leaf 7: EDX bit 22 AMX-BF16, bit 24 AMX-TILE.
+    // SAFETY: CPUID leaf 7 exists on every x86-64 CPU that runs this build (it is built
+    // for the host's AVX2 at least); the call has no side effects. (Safe to call in newer
+    // Rust, unsafe in the workspace's minimum version.)
+    #[allow(unused_unsafe)]
+    let edx = unsafe { core::arch::x86_64::__cpuid_count(7, 0) }.edx;
+    if edx & (1 << 22) == 0 || edx & (1 << 24) == 0 {
+        return false;
+    }
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // SAFETY: a plain syscall with integer arguments; failure leaves nothing changed.
+    unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 }
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+fn detect() -> bool {
+    false
+}
+
+/// Whether a product with this weight type and reduction length runs here.
+/// Only bf16 weights: choosing them (`--type bf16`) is choosing bf16 arithmetic, which
+/// ggml's own bf16 products do too; f16 and f32 weights keep their exact f32 products.
+pub(crate) fn takes(weight: ggml_sys::ggml_type, k: i64) -> bool {
+    weight == ggml_sys::GGML_TYPE_BF16 && k % 32 == 0 && available()
+}
+
+/// Tile palette 1 with all eight tiles 16 rows × 64 bytes.
+#[repr(C, align(64))]
+struct TileConfig {
+    palette: u8,
+    start_row: u8,
+    reserved: [u8; 14],
+    colsb: [u16; 16],
+    rows: [u8; 16],
+}
+
+const FULL: TileConfig = TileConfig { palette: 1, start_row: 0, reserved: [0; 14], colsb: [64, 64, 64, 64, 64, 64, 64, 64, 0, 0, 0, 0, 0, 0, 0, 0], rows: [16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0] };
+
+/// Holds the configured tiles of this thread for the length of one op.
+struct Tiles;
+
+impl Tiles {
+    fn configure() -> Tiles {
+        // SAFETY: `available()` was true when the op was built (permission granted); the
+        // config is a valid palette-1 layout.
+        unsafe { std::arch::asm!("ldtilecfg [{}]", in(reg) &FULL as *const TileConfig, options(nostack, readonly)) };
+        Tiles
+    }
+}
+
+impl Drop for Tiles {
+    fn drop(&mut self) {
+        // SAFETY: releases this thread's tile state, configured above.
+        unsafe { std::arch::asm!("tilerelease", options(nostack, nomem)) };
+    }
+}
+
+/// Zero the four accumulators tmm0..tmm3.
+#[inline(always)]
+unsafe fn zero_acc() {
+    // SAFETY: tiles configured by the caller.
+    unsafe { std::arch::asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem)) }
+}
+
+/// `ksteps` steps of a 32×32 block: tmm0..3 += A[32 rows × 32] × B[16 pair rows × 32 columns]
+/// per step. A rows are `a_stride` bytes apart and advance 64 bytes a step; B pair rows are
+/// `b_stride` bytes apart and advance 16 pair rows a step.
+#[inline(always)]
+unsafe fn steps(a: *const u8, a_stride: usize, b: *const u8, b_stride: usize, ksteps: usize) {
+    if ksteps == 0 {
+        return;
+    }
+    // SAFETY: the caller guarantees every addressed byte is readable; tiles configured.
+    unsafe {
+        std::arch::asm!(
+            "2:",
+            "tileloadd tmm4, [{a0} + {as}*1]",
+            "tileloadd tmm5, [{a1} + {as}*1]",
+            "tileloadd tmm6, [{b0} + {bs}*1]",
+            "tileloadd tmm7, [{b1} + {bs}*1]",
+            "tdpbf16ps tmm0, tmm4, tmm6",
+            "tdpbf16ps tmm1, tmm4, tmm7",
+            "tdpbf16ps tmm2, tmm5, tmm6",
+            "tdpbf16ps tmm3, tmm5, tmm7",
+            "add {a0}, 64",
+            "add {a1}, 64",
+            "add {b0}, {bstep}",
+            "add {b1}, {bstep}",
+            "dec {k}",
+            "jnz 2b",
+            a0 = inout(reg) a => _,
+            a1 = inout(reg) a.add(16 * a_stride) => _,
+            b0 = inout(reg) b => _,
+            b1 = inout(reg) b.add(64) => _,
+            as = in(reg) a_stride,
+            bs = in(reg) b_stride,
+            bstep = in(reg) 16 * b_stride,
+            k = inout(reg) ksteps => _,
+            options(nostack, readonly),
+        )
+    }
+}
+
+/// Store the 32×32 accumulator block row-major at `c` (rows `stride` bytes apart).
+#[inline(always)]
+unsafe fn store(c: *mut u8, stride: usize) {
+    // SAFETY: the caller guarantees 32 rows of 128 writable bytes at `c`.
+    unsafe {
+        std::arch::asm!(
+            "tilestored [{c0} + {s}*1], tmm0",
+            "tilestored [{c1} + {s}*1], tmm1",
+            "tilestored [{c2} + {s}*1], tmm2",
+            "tilestored [{c3} + {s}*1], tmm3",
+            c0 = in(reg) c,
+            c1 = in(reg) c.add(64),
+            c2 = in(reg) c.add(16 * stride),
+            c3 = in(reg) c.add(16 * stride + 64),
+            s = in(reg) stride,
+            options(nostack),
+        )
+    }
+}
+
+thread_local! {
+    // Packed weights, the partial last row block and the block buffer: grown to the
+    // largest op and kept, so pages fault in once per thread.
+    static PACKED: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
+    static EDGE: RefCell<Vec<u16>> = const { RefCell::new(Vec::new()) };
+    static BLOCK: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static ATTN: RefCell<AttnScratch> = const { RefCell::new(AttnScratch { head: None, keys: Vec::new(), values: Vec::new(), q: Vec::new(), scores: Vec::new(), probs: Vec::new(), out: Vec::new() }) };
+}
+
+/// One thread's attention buffers; `head` says whose keys and values are packed.
+struct AttnScratch {
+    head: Option<(usize, usize, usize)>,
+    keys: Vec<u32>,
+    values: Vec<u32>,
+    q: Vec<u16>,
+    scores: Vec<f32>,
+    probs: Vec<u16>,
+    out: Vec<f32>,
+}
+
+fn grow<T: Clone + Default>(v: &mut Vec<T>, n: usize) {
+    if v.len() < n {
+        v.resize(n, T::default());
+    }
+}
+
+/// Flag bit in the op's userdata: write C transposed, [N, M] instead of [M, N].
+pub(crate) const TRANSPOSED: usize = super::matmul::TRANSPOSED;
+
+/// `dst` [M, N, B2, B3] (or [N, M, ...] with TRANSPOSED) = src0 (bf16 weight [K, M])
+/// × src1 (bf16, contiguous [K, N, B2, B3]); each thread a band of M.
+pub(crate) unsafe extern "C" fn linear_compute(dst: *mut ggml_sys::ggml_tensor, ith: c_int, nth: c_int, userdata: *mut c_void) {
+    // SAFETY: ggml calls this with the tensor built by `Context::mul_mat`: src0 a 2-D
+    // weight with contiguous rows, K a multiple of 32, src1 a contiguous bf16 tensor.
+    unsafe {
+        let d = &*dst;
+        let (w, x) = (&*d.src[0], &*d.src[1]);
+        let transposed = userdata as usize & TRANSPOSED != 0;
+        let (k, m) = (w.ne[0] as usize, w.ne[1] as usize);
+        let batches = (x.ne[2] * x.ne[3]) as usize;
+        // Batches stored back to back with their outputs likewise are one product.
+        let merge = !transposed && d.nb[2] == d.nb[1] * d.ne[1] as usize && d.nb[3] == d.nb[2] * d.ne[2] as usize;
+        let (n, batches) = if merge { (x.ne[1] as usize * batches, 1) } else { (x.ne[1] as usize, batches) };
+        let (ith, nth) = (ith as usize, nth.max(1) as usize);
+        let band = m.div_ceil(nth).next_multiple_of(32);
+        let (m0, m1) = ((ith * band).min(m), ((ith + 1) * band).min(m));
+        if m0 >= m1 {
+            return;
+        }
+        let mb = m1 - m0;
+        let mp = mb.next_multiple_of(32);
+        let pairs = k / 2;
+        let _tiles = Tiles::configure();
+        PACKED.with(|p| {
+            EDGE.with(|e| {
+                BLOCK.with(|blk| {
+                    let (mut p, mut e, mut blk) = (p.borrow_mut(), e.borrow_mut(), blk.borrow_mut());
+                    // Pack this band in blocks of 32 output columns, each block contiguous
+                    // (what one tile step reads is 128 consecutive bytes): pair row r of
+                    // block jb holds, for each column j, the bf16 pair (W[j][2r],
+                    // W[j][2r+1]) as one u32; padding columns are zero.
+                    grow(&mut p, pairs * mp);
+                    let packed = &mut p[..pairs * mp];
+                    for j in 0..mp {
+                        let at = (j / 32) * pairs * 32 + j % 32;
+                        if j < mb {
+                            let row = (w.data as *const u8).add((m0 + j) * w.nb[1]) as *const u32;
+                            for r in 0..pairs {
+                                packed[at + r * 32] = row.add(r).read_unaligned();
+                            }
+                        } else {
+                            for r in 0..pairs {
+                                packed[at + r * 32] = 0;
+                            }
+                        }
+                    }
+                    grow(&mut e, 32 * k);
+                    grow(&mut blk, 32 * 32);
+                    let packed = packed.as_ptr() as *const u8;
+                    let xrow = k * 2;
+                    // Column chunks whose packed weights stay in L2 while every row block
+                    // of X passes over them.
+                    let chunk = ((1 << 20) / (k * 2)).max(32).next_multiple_of(32).min(mp);
+                    for bi in 0..batches {
+                        let (i2, i3) = (bi % x.ne[2] as usize, bi / x.ne[2] as usize);
+                        let xb = (x.data as *const u8).add(i2 * x.nb[2] + i3 * x.nb[3]);
+                        let db = (d.data as *mut u8).add(i2 * d.nb[2] + i3 * d.nb[3]);
+                        let drow = d.nb[1];
+                        let mut c0 = 0;
+                        while c0 < mp {
+                            let c1 = (c0 + chunk).min(mp);
+                            let mut n0 = 0;
+                            while n0 < n {
+                                let rows = (n - n0).min(32);
+                                // A partial last block reads from a zero-padded copy: past
+                                // the last row of X lies memory that is not X's.
+                                let a = if rows == 32 {
+                                    xb.add(n0 * xrow)
+                                } else {
+                                    e[..32 * k].fill(0);
+                                    std::ptr::copy_nonoverlapping(xb.add(n0 * xrow), e.as_mut_ptr() as *mut u8, rows * xrow);
+                                    e.as_ptr() as *const u8
+                                };
+                                let mut j0 = c0;
+                                while j0 < c1 {
+                                    zero_acc();
+                                    steps(a, xrow, packed.add(j0 * pairs * 4), 128, k / 32);
+                                    let cols = (mb - j0.min(mb)).min(32);
+                                    if !transposed && rows == 32 && cols == 32 {
+                                        store(db.add(n0 * drow + (m0 + j0) * 4), drow);
+                                    } else if cols > 0 {
+                                        store(blk.as_mut_ptr() as *mut u8, 128);
+                                        for r in 0..rows {
+                                            for cc in 0..cols {
+                                                let v = blk[r * 32 + cc];
+                                                let (nn, mm) = (n0 + r, m0 + j0 + cc);
+                                                let at = if transposed { mm * drow + nn * 4 } else { nn * drow + mm * 4 };
+                                                *(db.add(at) as *mut f32) = v;
+                                            }
+                                        }
+                                    }
+                                    j0 += 32;
+                                }
+                                n0 += 32;
+                            }
+                            c0 = c1;
+                        }
+                    }
+                })
+            })
+        });
+    }
+}
+
+/// Stride-1 convolution. `dst` [OW, OH, C_out, N] = src0 (bf16 kernel [C, C_out, KW, KH],
+/// contiguous) ⋆ src1 (bf16 padded input, pair-interleaved: [2, P, C/2, N] with
+/// P = Wp × Hp' pixels, Hp' ≥ Hp rows with zero rows below so that whole 32-column blocks
+/// stay inside). userdata: (KW, KH, Wp) packed as KW | KH << 16 | Wp << 32.
+pub(crate) unsafe extern "C" fn conv_compute(dst: *mut ggml_sys::ggml_tensor, ith: c_int, nth: c_int, userdata: *mut c_void) {
+    // SAFETY: ggml calls this with the tensor built by `Context::conv_2d`, whose sources
+    // are laid out as above with C and C_out multiples of 32.
+    unsafe {
+        let d = &*dst;
+        let (kt, xt) = (&*d.src[0], &*d.src[1]);
+        let u = userdata as usize;
+        let (kw, kh, wp) = (u & 0xffff, (u >> 16) & 0xffff, u >> 32);
+        let (c, cout) = (kt.ne[0] as usize, kt.ne[1] as usize);
+        let plane = xt.ne[1] as usize; // P
+        let (ow, oh, batches) = (d.ne[0] as usize, d.ne[1] as usize, d.ne[3] as usize);
+        let (ith, nth) = (ith as usize, nth.max(1) as usize);
+        let wide = (oh - 1) * wp + ow;
+        let blocks = wide.div_ceil(32);
+        let share = blocks.div_ceil(nth);
+        let (q0, q1) = ((ith * share).min(blocks), ((ith + 1) * share).min(blocks));
+        if q0 >= q1 {
+            return;
+        }
+        let _tiles = Tiles::configure();
+        BLOCK.with(|blk| {
+            let mut blk = blk.borrow_mut();
+            grow(&mut blk, 32 * 32);
+            let kern = kt.data as *const u8;
+            let arow = c * 2; // bytes between kernel rows (output channels)
+            let brow = plane * 4; // bytes between pair rows of the input
+            for b in 0..batches {
+                let x = (xt.data as *const u8).add(b * xt.nb[3]);
+                let out = (d.data as *mut u8).add(b * d.nb[3]) as *mut f32;
+                for co0 in (0..cout).step_by(32) {
+                    for q in q0..q1 {
+                        let j0 = q * 32;
+                        zero_acc();
+                        for dy in 0..kh {
+                            for dx in 0..kw {
+                                let a = kern.add(((dy * kw + dx) * cout + co0) * arow);
+                                let bptr = x.add((j0 + dy * wp + dx) * 4);
+                                steps(a, arow, bptr, brow, c / 32);
+                            }
+                        }
+                        store(blk.as_mut_ptr() as *mut u8, 128);
+                        // Keep the wide columns that are output positions.
+                        let end = (j0 + 32).min(wide);
+                        for co in 0..32 {
+                            let src = blk.as_ptr().add(co * 32);
+                            let dplane = out.add((co0 + co) * ow * oh);
+                            let mut j = j0;
+                            while j < end {
+                                let (oy, ox) = (j / wp, j % wp);
+                                if ox < ow {
+                                    let run = (ow - ox).min(end - j);
+                                    std::ptr::copy_nonoverlapping(src.add(j - j0), dplane.add(oy * ow + ox), run);
+                                    j += run;
+                                } else {
+                                    j += wp - ox;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// f32 → bf16, rounding to nearest even (NaN stays NaN).
+#[inline(always)]
+fn bf16(x: f32) -> u16 {
+    let b = x.to_bits();
+    if x.is_nan() {
+        return ((b >> 16) | 0x40) as u16;
+    }
+    ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
+}
+
+/// Whether the tile attention can take q [dh, H, Tq, B] with `tk` keys.
+pub(crate) fn takes_attention(dh: i64, tk: i64) -> bool {
+    dh <= 512 && tk <= 1 << 16 && available()
+}
+
+/// `dst` [dh, H, Tq, B] = softmax(scale · q kᵀ) v per head, from q [dh, H, Tq, B] and
+/// k, v [dh, H, Tk, B] (f32, unit stride in ne[0]); the scale is the userdata's low 32
+/// bits. Each thread takes blocks of 32 queries of one head; a head's keys and values
+/// are packed once per thread (Tk and dh padded with zeros to multiples of 32).
+pub(crate) unsafe extern "C" fn attention_compute(dst: *mut ggml_sys::ggml_tensor, ith: c_int, nth: c_int, userdata: *mut c_void) {
+    // SAFETY: ggml calls this with the tensor built by `Context::attention_cpu`, whose
+    // sources are allocated f32 tensors of the shapes it checked; `dst` is contiguous.
+    unsafe {
+        let d = &*dst;
+        let (q, k, v) = (&*d.src[0], &*d.src[1], &*d.src[2]);
+        let scale = f32::from_bits(userdata as usize as u32);
+        let (dh, heads, tq, batch) = (q.ne[0] as usize, q.ne[1] as usize, q.ne[2] as usize, q.ne[3] as usize);
+        let tk = k.ne[2] as usize;
+        let (dp, kp) = (dh.next_multiple_of(32), tk.next_multiple_of(32));
+        let blocks = tq.div_ceil(32);
+        let (ith, nth) = (ith as usize, nth.max(1) as usize);
+        let tasks = heads * batch * blocks;
+        // Contiguous task ranges: a thread meets each head once, so packs it once.
+        let share = tasks.div_ceil(nth);
+        let (t0, t1) = ((ith * share).min(tasks), ((ith + 1) * share).min(tasks));
+        if t0 >= t1 {
+            return;
+        }
+        let _tiles = Tiles::configure();
+        let row = |t: &ggml_sys::ggml_tensor, h: usize, i: usize, b: usize| (t.data as *const u8).add(h * t.nb[1] + i * t.nb[2] + b * t.nb[3]) as *const f32;
+        ATTN.with(|sc| {
+            let sc = &mut *sc.borrow_mut();
+            sc.head = None;
+            grow(&mut sc.keys, dp / 2 * kp);
+            grow(&mut sc.values, kp / 2 * dp);
+            grow(&mut sc.q, 32 * dp);
+            grow(&mut sc.scores, 32 * kp);
+            grow(&mut sc.probs, 32 * kp);
+            grow(&mut sc.out, 32 * dp);
+            for task in t0..t1 {
+                let (hb, blk) = (task / blocks, task % blocks);
+                let (h, b) = (hb % heads, hb / heads);
+                if sc.head != Some((h, b, tk)) {
+                    // keys: pair row p, column j = (K[j][2p], K[j][2p+1]);
+                    // values: pair row p, column c = (V[2p][c], V[2p+1][c]).
+                    let at = |t: &ggml_sys::ggml_tensor, j: usize, i: usize| if j < tk && i < dh { *row(t, h, j, b).add(i) } else { 0.0 };
+                    for p in 0..dp / 2 {
+                        for j in 0..kp {
+                            sc.keys[p * kp + j] = bf16(at(k, j, 2 * p)) as u32 | (bf16(at(k, j, 2 * p + 1)) as u32) << 16;
+                        }
+                    }
+                    for p in 0..kp / 2 {
+                        for c in 0..dp {
+                            sc.values[p * dp + c] = bf16(at(v, 2 * p, c)) as u32 | (bf16(at(v, 2 * p + 1, c)) as u32) << 16;
+                        }
+                    }
+                    sc.head = Some((h, b, tk));
+                }
+                let r0 = blk * 32;
+                let rows = 32.min(tq - r0);
+                for r in 0..32 {
+                    let dst_row = &mut sc.q[r * dp..(r + 1) * dp];
+                    if r < rows {
+                        let src = std::slice::from_raw_parts(row(q, h, r0 + r, b), dh);
+                        for (o, &x) in dst_row.iter_mut().zip(src) {
+                            *o = bf16(x);
+                        }
+                        dst_row[dh..].fill(0);
+                    } else {
+                        dst_row.fill(0);
+                    }
+                }
+                // scores (32 × Tk') = q block · kᵀ
+                for j0 in (0..kp).step_by(32) {
+                    zero_acc();
+                    steps(sc.q.as_ptr() as *const u8, dp * 2, (sc.keys.as_ptr() as *const u8).add(j0 * 4), kp * 4, dp / 32);
+                    store((sc.scores.as_mut_ptr() as *mut u8).add(j0 * 4), kp * 4);
+                }
+                let mut inv = [0f32; 32];
+                for r in 0..rows {
+                    let s = &sc.scores[r * kp..r * kp + tk];
+                    let max = s.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) * scale;
+                    let p = &mut sc.probs[r * kp..(r + 1) * kp];
+                    let mut sum = 0f32;
+                    for (o, &x) in p.iter_mut().zip(s) {
+                        let e = super::attention::exp_nonpositive(x * scale - max);
+                        let e16 = bf16(e);
+                        // The sum of what is multiplied, so the rows of weights add to 1.
+                        sum += f32::from_bits((e16 as u32) << 16);
+                        *o = e16;
+                    }
+                    p[tk..].fill(0);
+                    inv[r] = 1.0 / sum;
+                }
+                for r in rows..32 {
+                    sc.probs[r * kp..(r + 1) * kp].fill(0);
+                }
+                // out (32 × dh') = probabilities · v
+                for c0 in (0..dp).step_by(32) {
+                    zero_acc();
+                    steps(sc.probs.as_ptr() as *const u8, kp * 2, (sc.values.as_ptr() as *const u8).add(c0 * 4), dp * 4, kp / 32);
+                    store((sc.out.as_mut_ptr() as *mut u8).add(c0 * 4), dp * 4);
+                }
+                for (r, iv) in inv.iter().enumerate().take(rows) {
+                    let o = std::slice::from_raw_parts_mut((d.data as *mut u8).add(h * d.nb[1] + (r0 + r) * d.nb[2] + b * d.nb[3]) as *mut f32, dh);
+                    for (x, &y) in o.iter_mut().zip(&sc.out[r * dp..r * dp + dh]) {
+                        *x = y * iv;
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// Rows of f32 to bf16 (the activations of [`linear_compute`]): ggml's own copy converts
+/// element by element, at ~2 ns each; this one converts whole rows with the CPU's bf16
+/// conversion instructions. `dst` [K, N, B2, B3] bf16 from contiguous f32 `src`.
+pub(crate) unsafe extern "C" fn to_bf16_compute(dst: *mut ggml_sys::ggml_tensor, ith: c_int, nth: c_int, _userdata: *mut c_void) {
+    // SAFETY: built by `Context::mul_mat` over a contiguous f32 tensor of dst's shape.
+    unsafe {
+        let d = &*dst;
+        let s = &*d.src[0];
+        let (k, rows) = (d.ne[0] as usize, (d.ne[1] * d.ne[2] * d.ne[3]) as usize);
+        let (ith, nth) = (ith as usize, nth.max(1) as usize);
+        let share = rows.div_ceil(nth);
+        let (r0, r1) = ((ith * share).min(rows), ((ith + 1) * share).min(rows));
+        if r0 < r1 {
+            let src = (s.data as *const f32).add(r0 * k);
+            let out = (d.data as *mut ggml_sys::ggml_bf16_t).add(r0 * k);
+            ggml_sys::ggml_cpu_fp32_to_bf16(src, out, ((r1 - r0) * k) as i64);
+        }
+    }
+}
+
+/// The input of [`conv_compute`]: f32 [W, H, C, N] (contiguous) → bf16 pairs of channel
+/// planes, zero padded: `dst` [2, Wp·Hp', C/2, N] with Wp = W + 2·px and Hp' = H + 2·py +
+/// extra. userdata: px | py << 16 | extra << 32. Threads take (pair, batch) planes.
+pub(crate) unsafe extern "C" fn pack_conv_input_compute(dst: *mut ggml_sys::ggml_tensor, ith: c_int, nth: c_int, userdata: *mut c_void) {
+    // SAFETY: built by `Context::conv_2d_amx` with the shapes above.
+    unsafe {
+        let d = &*dst;
+        let s = &*d.src[0];
+        let u = userdata as usize;
+        let (px, py, extra) = (u & 0xffff, (u >> 16) & 0xffff, u >> 32);
+        let (w, h, c, n) = (s.ne[0] as usize, s.ne[1] as usize, s.ne[2] as usize, s.ne[3] as usize);
+        let (wp, hp) = (w + 2 * px, h + 2 * py + extra);
+        let planes = c / 2 * n;
+        let (ith, nth) = (ith as usize, nth.max(1) as usize);
+        let mut lo = vec![0u16; w];
+        let mut hi = vec![0u16; w];
+        for plane in (ith..planes).step_by(nth) {
+            let (p, b) = (plane % (c / 2), plane / (c / 2));
+            let out = (d.data as *mut u32).add(plane * wp * hp);
+            let out = std::slice::from_raw_parts_mut(out, wp * hp);
+            let src = |ch: usize, y: usize| (s.data as *const f32).add(((b * c + ch) * h + y) * w);
+            for y in 0..hp {
+                let row = &mut out[y * wp..(y + 1) * wp];
+                if y < py || y >= py + h {
+                    row.fill(0);
+                    continue;
+                }
+                ggml_sys::ggml_cpu_fp32_to_bf16(src(2 * p, y - py), lo.as_mut_ptr() as *mut ggml_sys::ggml_bf16_t, w as i64);
+                ggml_sys::ggml_cpu_fp32_to_bf16(src(2 * p + 1, y - py), hi.as_mut_ptr() as *mut ggml_sys::ggml_bf16_t, w as i64);
+                row[..px].fill(0);
+                row[px + w..].fill(0);
+                for ((o, &a), &b) in row[px..px + w].iter_mut().zip(&lo).zip(&hi) {
+                    *o = a as u32 | (b as u32) << 16;
+                }
+            }
+        }
+    }
+}
+
+/// The kernel of [`conv_compute`]: bf16 [KW, KH, C, C_out] → [C, C_out, KW, KH], so each
+/// offset's C_out × C matrix is contiguous. Threads take output channels.
+pub(crate) unsafe extern "C" fn reorder_kernel_compute(dst: *mut ggml_sys::ggml_tensor, ith: c_int, nth: c_int, _userdata: *mut c_void) {
+    // SAFETY: built by `Context::conv_2d_amx` over a contiguous bf16 kernel.
+    unsafe {
+        let d = &*dst;
+        let s = &*d.src[0];
+        let (kw, kh, c, cout) = (s.ne[0] as usize, s.ne[1] as usize, s.ne[2] as usize, s.ne[3] as usize);
+        let taps = kw * kh;
+        let (ith, nth) = (ith as usize, nth.max(1) as usize);
+        for co in (ith..cout).step_by(nth) {
+            let src = std::slice::from_raw_parts((s.data as *const u16).add(co * c * taps), c * taps);
+            for t in 0..taps {
+                let out = std::slice::from_raw_parts_mut((d.data as *mut u16).add((t * cout + co) * c), c);
+                for (ci, o) in out.iter_mut().enumerate() {
+                    *o = src[ci * taps + t];
+                }
+            }
+        }
+    }
+}
