@@ -437,9 +437,26 @@ pub async fn upscalers(State(state): AppStateRef) -> Reply<Json> {
         .map(|n| json!({ "name": n, "model_name": null, "model_path": null, "model_url": null, "scale": 4 }))
         .collect();
     for m in list_models(&state, "upscale_models") {
-        list.push(json!({ "name": stem(&m), "model_name": stem(&m), "model_path": m, "model_url": null, "scale": 4 }));
+        let mut entry = json!({ "name": stem(&m), "model_name": stem(&m), "model_path": m, "model_url": null });
+        // A file whose scale cannot be read from its header gets none rather than a guess;
+        // loading it is where its error is reported.
+        if let Some(scale) = upscaler_scale(&state, &m) {
+            entry["scale"] = json!(scale);
+        }
+        list.push(entry);
     }
     Reply(json!(list))
+}
+
+/// The upscale factor of model `name`, from the tensor shapes in its header.
+fn upscaler_scale(state: &AppState, name: &str) -> Option<i64> {
+    let path = state.runtime.resolve_model("upscale_models", name).ok()?;
+    let src = sdflow_core::io::open(&path)
+        .map_err(|e| tracing::debug!("{name}: {e}"))
+        .ok()?;
+    sdflow_core::models::esrgan::scale_of(src.as_ref())
+        .map_err(|e| tracing::debug!("{name}: {e}"))
+        .ok()
 }
 
 /// OpenAI's `size`: `WxH`; `auto` or absent keeps the default.

@@ -392,3 +392,33 @@ async fn unknown_routes_and_the_editor_page() {
     }
     s.shutdown().await;
 }
+
+/// `/sdapi/v1/upscalers` reports each model's scale as its weights imply it, and no scale
+/// for a file whose header says nothing of one; detectors have their model folder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upscalers_report_their_scale() {
+    use sdflow_core::models::esrgan::{write_random, Arch, CompactConfig, RrdbConfig};
+    let mut s = start(|c| {
+        let dir = c.models_dir.join("upscale_models");
+        std::fs::create_dir_all(&dir).unwrap();
+        // x2plus's shape: two ×2 stages over a 2× pixel-unshuffled input.
+        let x2 = RrdbConfig { in_channels: 3, out_channels: 3, num_feat: 8, num_grow: 4, num_blocks: 1, num_upsample: 2, unshuffle: 2 };
+        write_random(&dir.join("x2.safetensors"), &Arch::Rrdb(x2), 1).unwrap();
+        let x3 = CompactConfig { in_channels: 3, out_channels: 3, num_feat: 8, num_conv: 1, upscale: 3 };
+        write_random(&dir.join("x3.safetensors"), &Arch::Compact(x3), 2).unwrap();
+        std::fs::write(dir.join("broken.pth"), b"not a model").unwrap();
+        std::fs::create_dir_all(c.models_dir.join("ultralytics")).unwrap();
+        std::fs::write(c.models_dir.join("ultralytics/face_yolov8n.pt"), b"").unwrap();
+    })
+    .await;
+    let (code, list) = s.get("/sdapi/v1/upscalers").await;
+    assert_eq!(code, 200);
+    let entry = |name: &str| list.as_array().unwrap().iter().find(|e| e["name"] == name).unwrap_or_else(|| panic!("no {name} in {list}")).clone();
+    assert_eq!(entry("x2")["scale"], 2, "{list}");
+    assert_eq!(entry("x3")["scale"], 3, "{list}");
+    assert_eq!(entry("x3")["model_path"], "x3.safetensors");
+    assert!(entry("broken").get("scale").is_none(), "{list}");
+    assert!(s.get("/models").await.1.as_array().unwrap().contains(&json!("ultralytics")));
+    assert_eq!(s.get("/models/ultralytics").await.1, json!(["face_yolov8n.pt"]));
+    s.shutdown().await;
+}
