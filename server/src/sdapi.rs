@@ -129,10 +129,14 @@ impl TempInputs {
 
 #[derive(Clone, Copy)]
 enum MaskRule {
-    /// A1111 and sd-server: white repaints.
-    WhiteRepaints,
+    /// A1111 and sd-server: white repaints (black, with `inpainting_mask_invert`).
+    WhiteRepaints { invert: bool },
     /// OpenAI: transparent pixels repaint; an opaque mask falls back to white-repaints.
     TransparentRepaints,
+}
+
+fn gray(p: [u8; 4]) -> u8 {
+    ((u16::from(p[0]) + u16::from(p[1]) + u16::from(p[2])) / 3) as u8
 }
 
 /// The mask as LoadImageMask's `red` channel reads it: 255 where to repaint.
@@ -143,7 +147,8 @@ fn mask_image(img: &image::DynamicImage, rule: MaskRule) -> image::RgbImage {
         let p = rgba.get_pixel(x, y).0;
         let v = match rule {
             MaskRule::TransparentRepaints if has_alpha => 255 - p[3],
-            _ => ((u16::from(p[0]) + u16::from(p[1]) + u16::from(p[2])) / 3) as u8,
+            MaskRule::WhiteRepaints { invert: true } => 255 - gray(p),
+            _ => gray(p),
         };
         image::Rgb([v, v, v])
     })
@@ -319,16 +324,10 @@ async fn a1111(state: Arc<AppState>, body: Json, img2img: bool) -> Result<Reply<
         p.init_img = Some(temp.add(&state, &bytes, "init_images[0]", None)?);
         if let Some(mask) = req.mask.as_deref().filter(|m| !m.is_empty()) {
             let bytes = decode_b64(mask, "mask")?;
-            let mut decoded =
-                image::load_from_memory(&bytes).map_err(|e| ApiError::bad(format!("mask: {e}")))?;
-            if req.inpainting_mask_invert != 0 {
-                decoded.invert();
-            }
-            let mut png = Vec::new();
-            decoded
-                .write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png)
-                .map_err(|e| ApiError::Internal(format!("encoding the mask: {e}")))?;
-            p.mask = Some(temp.add(&state, &png, "mask", Some(MaskRule::WhiteRepaints))?);
+            let rule = MaskRule::WhiteRepaints {
+                invert: req.inpainting_mask_invert != 0,
+            };
+            p.mask = Some(temp.add(&state, &bytes, "mask", Some(rule))?);
         }
         if let Some(d) = req.denoising_strength {
             p.strength = d.min(1.0);

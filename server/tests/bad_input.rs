@@ -422,3 +422,26 @@ async fn upscalers_report_their_scale() {
     assert_eq!(s.get("/models/ultralytics").await.1, json!(["face_yolov8n.pt"]));
     s.shutdown().await;
 }
+
+/// A1111's mask is held to the same size limits as every other image, from its header,
+/// before anything decodes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a1111_masks_are_size_checked_before_decoding() {
+    use base64::Engine;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let mut s = start(|c| {
+        std::fs::create_dir_all(c.models_dir.join("checkpoints")).unwrap();
+        std::fs::write(c.models_dir.join("checkpoints/m.safetensors"), b"").unwrap();
+    })
+    .await;
+    let body = json!({
+        "prompt": "a cat",
+        "init_images": [b64(&png(8, 6))],
+        "mask": format!("data:image/png;base64,{}", b64(&png_header_only(20000, 20000))),
+    });
+    let (code, r) = s.post("/sdapi/v1/img2img", body).await;
+    assert_eq!(code, 400, "{r}");
+    let message = r["error"]["message"].as_str().unwrap();
+    assert!(message.contains("mask is 20000x20000"), "{r}");
+    s.shutdown().await;
+}
