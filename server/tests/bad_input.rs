@@ -393,6 +393,67 @@ async fn unknown_routes_and_the_editor_page() {
     s.shutdown().await;
 }
 
+/// DNS rebinding: a page whose name now points at 127.0.0.1 is same-origin as far as the
+/// browser knows, so only its `Host` gives it away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_hosts_are_refused_on_loopback() {
+    let mut s = start(|c| c.allowed_hosts = vec!["sdflow.lan".into()]).await;
+    let port = s.server.as_ref().unwrap().addr().port();
+    let with_host = |host: String| {
+        let host_origin = format!("http://{host}");
+        send(
+            s.http
+                .post(s.url("/prompt"))
+                .header("Host", host)
+                .header("Origin", host_origin)
+                .json(&json!({"prompt": quick_prompt(1, "h")})),
+        )
+    };
+    for foreign in [format!("evil.example:{port}"), "evil.example".into(), format!("10.1.2.3:{port}")] {
+        let r = with_host(foreign.clone()).await;
+        assert_eq!(r.status(), 403, "{foreign}");
+        let j: Json = r.json().await.unwrap();
+        assert!(j["error"]["message"].as_str().unwrap().contains(&foreign), "{j}");
+    }
+    for local in [format!("localhost:{port}"), format!("127.0.0.1:{port}"), format!("[::1]:{port}"), format!("sdflow.lan:{port}")] {
+        assert_eq!(with_host(local.clone()).await.status(), 200, "{local}");
+    }
+    // GETs and the WebSocket handshake are guarded the same way.
+    let r = send(s.http.get(s.url("/queue")).header("Host", "evil.example")).await;
+    assert_eq!(r.status(), 403);
+    let mut req = tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(
+        s.ws_url("h"),
+    )
+    .unwrap();
+    req.headers_mut()
+        .insert("Host", format!("evil.example:{port}").parse().unwrap());
+    assert!(tokio_tungstenite::connect_async(req).await.is_err());
+    s.shutdown().await;
+}
+
+/// A1111's mask is held to the same size limits as every other image, from its header,
+/// before anything decodes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a1111_masks_are_size_checked_before_decoding() {
+    use base64::Engine;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let mut s = start(|c| {
+        std::fs::create_dir_all(c.models_dir.join("checkpoints")).unwrap();
+        std::fs::write(c.models_dir.join("checkpoints/m.safetensors"), b"").unwrap();
+    })
+    .await;
+    let body = json!({
+        "prompt": "a cat",
+        "init_images": [b64(&png(8, 6))],
+        "mask": format!("data:image/png;base64,{}", b64(&png_header_only(20000, 20000))),
+    });
+    let (code, r) = s.post("/sdapi/v1/img2img", body).await;
+    assert_eq!(code, 400, "{r}");
+    let message = r["error"]["message"].as_str().unwrap();
+    assert!(message.contains("mask is 20000x20000"), "{r}");
+    s.shutdown().await;
+}
+
 /// `/sdapi/v1/upscalers` reports each model's scale as its weights imply it, and no scale
 /// for a file whose header says nothing of one; detectors have their model folder.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -420,28 +481,5 @@ async fn upscalers_report_their_scale() {
     assert!(entry("broken").get("scale").is_none(), "{list}");
     assert!(s.get("/models").await.1.as_array().unwrap().contains(&json!("ultralytics")));
     assert_eq!(s.get("/models/ultralytics").await.1, json!(["face_yolov8n.pt"]));
-    s.shutdown().await;
-}
-
-/// A1111's mask is held to the same size limits as every other image, from its header,
-/// before anything decodes it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a1111_masks_are_size_checked_before_decoding() {
-    use base64::Engine;
-    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
-    let mut s = start(|c| {
-        std::fs::create_dir_all(c.models_dir.join("checkpoints")).unwrap();
-        std::fs::write(c.models_dir.join("checkpoints/m.safetensors"), b"").unwrap();
-    })
-    .await;
-    let body = json!({
-        "prompt": "a cat",
-        "init_images": [b64(&png(8, 6))],
-        "mask": format!("data:image/png;base64,{}", b64(&png_header_only(20000, 20000))),
-    });
-    let (code, r) = s.post("/sdapi/v1/img2img", body).await;
-    assert_eq!(code, 400, "{r}");
-    let message = r["error"]["message"].as_str().unwrap();
-    assert!(message.contains("mask is 20000x20000"), "{r}");
     s.shutdown().await;
 }
