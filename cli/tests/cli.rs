@@ -374,3 +374,17 @@ fn img_gen_applies_lora_tags() {
     assert_ne!(run("<lora:ink:0.8>a lovely cat", "ink.png"), plain);
     assert_eq!(run("<lora:ink:0>a lovely cat", "zero.png"), plain);
 }
+
+/// A log level sdflow does not know is a usage error, as in sd-cli, not a silent `warn`.
+#[test]
+fn bad_log_levels_get_a_message_and_the_usage() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, err) = fails(&["--log-level", "verbose", "metadata", "x.png"], dir.path());
+    assert_eq!(code, 2);
+    assert!(err.contains("invalid value 'verbose' for '--log-level") && err.contains("possible values") && err.contains("Usage:"), "{err}");
+    let (code, err) = fails(&["img_gen", "-m", "m.safetensors", "--log-level=loud", "--print-workflow"], dir.path());
+    assert_eq!(code, 2);
+    assert!(err.contains("'loud'") && err.contains("Usage:"), "{err}");
+    // The known levels still pass, in any case.
+    ok(&["--log-level", "DEBUG", "img_gen", "-m", "m.safetensors", "--print-workflow"], dir.path());
+}
