@@ -436,7 +436,8 @@ pub async fn upscalers(State(state): AppStateRef) -> Reply<Json> {
         .map(|n| json!({ "name": n, "model_name": null, "model_path": null, "model_url": null, "scale": 4 }))
         .collect();
     for m in list_models(&state, "upscale_models") {
-        let mut entry = json!({ "name": stem(&m), "model_name": stem(&m), "model_path": m, "model_url": null });
+        let mut entry =
+            json!({ "name": stem(&m), "model_name": stem(&m), "model_path": m, "model_url": null });
         // A file whose scale cannot be read from its header gets none rather than a guess;
         // loading it is where its error is reported.
         if let Some(scale) = upscaler_scale(&state, &m) {
@@ -592,4 +593,25 @@ pub async fn models(State(state): AppStateRef) -> Reply<Json> {
         .map(|m| json!({ "id": m, "object": "model", "created": 0, "owned_by": "local" }))
         .collect();
     Reply(json!({ "object": "list", "data": data }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masks_are_white_where_to_repaint() {
+        // An opaque white pixel and a transparent black one.
+        let img = image::DynamicImage::ImageRgba8(image::RgbaImage::from_fn(2, 1, |x, _| {
+            image::Rgba(if x == 0 {
+                [255, 255, 255, 255]
+            } else {
+                [0, 0, 0, 0]
+            })
+        }));
+        let red = |rule| -> Vec<u8> { mask_image(&img, rule).pixels().map(|p| p.0[0]).collect() };
+        assert_eq!(red(MaskRule::WhiteRepaints { invert: false }), [255, 0]);
+        assert_eq!(red(MaskRule::WhiteRepaints { invert: true }), [0, 255]);
+        assert_eq!(red(MaskRule::TransparentRepaints), [0, 255]);
+    }
 }

@@ -324,10 +324,24 @@ mod tests {
     fn host_matching() {
         let dir = std::path::Path::new("/nonexistent");
         let mut c = ServerConfig::with_base(dir);
-        for ok in ["127.0.0.1:8188", "localhost:8188", "LOCALHOST.", "[::1]:8188", "127.0.0.2", "[::1]"] {
+        for ok in [
+            "127.0.0.1:8188",
+            "localhost:8188",
+            "LOCALHOST.",
+            "[::1]:8188",
+            "127.0.0.2",
+            "[::1]",
+        ] {
             assert!(host_allowed(ok, &c), "{ok}");
         }
-        for bad in ["evil.example:8188", "evil.example", "10.0.0.1:8188", "localhost.evil.example", "[::2]:8188", ""] {
+        for bad in [
+            "evil.example:8188",
+            "evil.example",
+            "10.0.0.1:8188",
+            "localhost.evil.example",
+            "[::2]:8188",
+            "",
+        ] {
             assert!(!host_allowed(bad, &c), "{bad}");
         }
         c.allowed_hosts = vec!["SDFlow.lan:443".into()];
