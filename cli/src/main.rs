@@ -16,7 +16,8 @@ mod serve;
 #[command(name = "sdflow", version, about = "A node-graph engine for diffusion models")]
 struct Cli {
     /// Log level: error, warn, info, debug, trace.
-    #[arg(long, global = true, default_value = "warn")]
+    // Checked here: tracing would take any other word as a target name and log nothing.
+    #[arg(long, global = true, default_value = "warn", ignore_case = true, value_parser = ["error", "warn", "info", "debug", "trace"])]
     log_level: String,
     #[command(subcommand)]
     command: Command,
@@ -114,12 +115,9 @@ fn main() -> std::process::ExitCode {
         // SAFETY: restores the default disposition before any thread is started.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
-    let level = if verbose { "debug" } else { cli.log_level.as_str() };
+    let level = if verbose { "debug".to_string() } else { cli.log_level.to_ascii_lowercase() };
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_new(level)
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::new(level))
         .with_ansi(color)
         .with_writer(std::io::stderr)
         .init();

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use indicatif::{MultiProgress, ProgressBar, ProgressState, ProgressStyle};
 use sdflow_executor::{
     CancelToken, Event, EventSink, Executor, ExecutorConfig, InputValue, Registry, RunError,
     RunOptions, RunReport, Workflow, WorkflowError,
@@ -362,6 +362,25 @@ impl EventSink for JsonLines {
     }
 }
 
+/// Steps done, speed and time left, as sd-cli and tqdm show them: `s/it` once a step
+/// takes more than a second (a UNet step on the CPU), `it/s` below.
+fn step_style() -> ProgressStyle {
+    ProgressStyle::with_template("{prefix:>12} [{bar:40}] {pos}/{len} {rate} ETA {eta} ({elapsed})")
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .with_key("rate", |state: &ProgressState, w: &mut dyn std::fmt::Write| {
+            let _ = w.write_str(&rate(state.per_sec()));
+        })
+        .progress_chars("=> ")
+}
+
+fn rate(per_sec: f64) -> String {
+    if per_sec > 0.0 && per_sec < 1.0 {
+        format!("{:.2}s/it", 1.0 / per_sec)
+    } else {
+        format!("{per_sec:.2}it/s")
+    }
+}
+
 /// Progress bars for nodes that report progress, one per running node.
 #[derive(Default)]
 struct ProgressSink {
@@ -386,12 +405,8 @@ impl EventSink for ProgressSink {
         } = event
         {
             let bar = bars.entry(node.clone()).or_insert_with(|| {
-                let style =
-                    ProgressStyle::with_template("{prefix:>12} [{bar:40}] {pos}/{len} {elapsed}")
-                        .unwrap_or_else(|_| ProgressStyle::default_bar())
-                        .progress_chars("=> ");
                 let bar = self.multi.add(ProgressBar::new(max));
-                bar.set_style(style);
+                bar.set_style(step_style());
                 bar.set_prefix(format!("node {node}"));
                 bar
             });
@@ -403,5 +418,75 @@ impl EventSink for ProgressSink {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A terminal that keeps what is drawn on it.
+    #[derive(Debug, Default, Clone)]
+    struct Screen(Arc<Mutex<String>>);
+
+    impl indicatif::TermLike for Screen {
+        fn width(&self) -> u16 {
+            120
+        }
+        fn move_cursor_up(&self, _: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn move_cursor_down(&self, _: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn move_cursor_right(&self, _: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn move_cursor_left(&self, _: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn write_line(&self, s: &str) -> std::io::Result<()> {
+            let mut t = self.0.lock().unwrap();
+            t.push_str(s);
+            t.push('\n');
+            Ok(())
+        }
+        fn write_str(&self, s: &str) -> std::io::Result<()> {
+            self.0.lock().unwrap().push_str(s);
+            Ok(())
+        }
+        fn clear_line(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn flush(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_step_bar_shows_speed_and_time_left() {
+        let screen = Screen::default();
+        let sink = ProgressSink {
+            multi: MultiProgress::with_draw_target(indicatif::ProgressDrawTarget::term_like(Box::new(screen.clone()))),
+            bars: Mutex::default(),
+        };
+        for value in 1..=4 {
+            std::thread::sleep(Duration::from_millis(30));
+            sink.send(Event::Progress { prompt_id: "p".into(), node: "5".into(), value, max: 20 });
+        }
+        let drawn = screen.0.lock().unwrap().clone();
+        // Each redraw starts with the bar's prefix; the last one shows step 4.
+        let line = drawn.rsplit("node 5").find(|l| l.contains("4/20")).unwrap_or_else(|| panic!("no 4/20 step in {drawn:?}"));
+        let speed: f64 = line.split_whitespace().find_map(|w| w.strip_suffix("it/s")).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("no it/s in {line}"));
+        assert!(speed > 0.0 && speed.is_finite(), "{line}");
+        let eta = line.split_once("ETA ").map(|(_, rest)| rest.split_whitespace().next().unwrap_or("")).unwrap_or_else(|| panic!("no ETA in {line}"));
+        assert!(eta.ends_with(['s', 'm']) && eta[..eta.len() - 1].parse::<u32>().is_ok(), "{line}");
+    }
+
+    #[test]
+    fn slow_steps_read_as_seconds_per_step() {
+        assert_eq!(rate(0.25), "4.00s/it");
+        assert_eq!(rate(2.5), "2.50it/s");
+        assert_eq!(rate(0.0), "0.00it/s");
     }
 }

@@ -44,6 +44,12 @@ pub struct ServeArgs {
     /// pages; CORS headers are sent to it. Repeatable.
     #[arg(long = "cors-origin", value_name = "ORIGIN")]
     pub cors_origin: Vec<String>,
+    /// A host name clients reach the server by (a reverse proxy's, a LAN name), besides
+    /// loopback names and the listen address; requests for other hosts get 403. Repeatable.
+    /// On loopback other hosts are always refused (DNS rebinding); beyond it, only once
+    /// this is given.
+    #[arg(long = "allow-host", value_name = "HOST")]
+    pub allow_host: Vec<String>,
     /// Require `Authorization: Bearer TOKEN` (or `?token=TOKEN`) on every request.
     #[arg(long, value_name = "TOKEN")]
     pub auth_token: Option<String>,
@@ -74,6 +80,7 @@ pub fn serve_command(args: ServeArgs) -> anyhow::Result<()> {
         max_queue: args.max_queue,
         max_history: args.max_history,
         cors_origins: args.cors_origin,
+        allowed_hosts: args.allow_host,
         auth_token: args.auth_token.filter(|t| !t.is_empty()),
         max_body_bytes: args.max_body_mb.saturating_mul(1 << 20),
     };

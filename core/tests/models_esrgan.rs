@@ -105,6 +105,9 @@ fn tiny_models_match_pytorch_in_every_naming() {
         let path = dir.path().join(format!("{name}.safetensors"));
         write_file(&path, &tiny_tensors(&r, name), rename);
         let model = load(&path, &backend).unwrap_or_else(|e| panic!("{name} ({naming}): {e}"));
+        // The header alone gives the scale the loaded model has.
+        let src = sdflow_core::io::open(&path).unwrap();
+        assert_eq!(esrgan::scale_of(src.as_ref()).unwrap(), model.scale(), "{name} ({naming})");
         match (&model.arch, name) {
             (Arch::Rrdb(c), "rrdb_x4") => assert_eq!((c.num_blocks, c.num_feat, c.num_grow, c.num_upsample, c.unshuffle), (2, 8, 4, 2, 1)),
             (Arch::Rrdb(c), "rrdb_x2") => assert_eq!((c.num_blocks, c.in_channels, c.unshuffle, model.scale()), (1, 3, 2, 2)),
@@ -131,6 +134,8 @@ fn pth_and_gguf_files_load() {
     let input = floats(&r["input"]);
     let pth = load(Path::new(&format!("{DIR}/esrgan/srvgg_x4_tiny.pth")), &backend).unwrap();
     assert!(matches!(pth.arch, Arch::Compact(_)), "{:?}", pth.arch);
+    let src = sdflow_core::io::open(Path::new(&format!("{DIR}/esrgan/srvgg_x4_tiny.pth"))).unwrap();
+    assert_eq!(esrgan::scale_of(src.as_ref()).unwrap(), 4, "the .pth's scale from its pickle's shapes");
     let err = max_abs_err(&forward_untiled(&pth, &backend, &input, 10, 8), &floats(&r["srvgg_x4"]["output"]));
     assert!(err <= 1e-4, ".pth: max abs error {err}");
 

@@ -349,8 +349,9 @@ pub async fn system_stats(State(state): AppStateRef) -> Reply<Json> {
     }))
 }
 
-/// ComfyUI's model folder names.
-pub const MODEL_FOLDERS: [&str; 14] = [
+/// ComfyUI's model folder names, and Impact Pack's `ultralytics` (the detectors
+/// UltralyticsDetectorProvider reads).
+pub const MODEL_FOLDERS: [&str; 15] = [
     "checkpoints",
     "loras",
     "vae",
@@ -365,6 +366,7 @@ pub const MODEL_FOLDERS: [&str; 14] = [
     "hypernetworks",
     "photomaker",
     "style_models",
+    "ultralytics",
 ];
 
 /// Files of one model folder. Checkpoints follow the loader's rule (the models folder

@@ -129,10 +129,14 @@ impl TempInputs {
 
 #[derive(Clone, Copy)]
 enum MaskRule {
-    /// A1111 and sd-server: white repaints.
-    WhiteRepaints,
+    /// A1111 and sd-server: white repaints (black, with `inpainting_mask_invert`).
+    WhiteRepaints { invert: bool },
     /// OpenAI: transparent pixels repaint; an opaque mask falls back to white-repaints.
     TransparentRepaints,
+}
+
+fn gray(p: [u8; 4]) -> u8 {
+    ((u16::from(p[0]) + u16::from(p[1]) + u16::from(p[2])) / 3) as u8
 }
 
 /// The mask as LoadImageMask's `red` channel reads it: 255 where to repaint.
@@ -143,7 +147,8 @@ fn mask_image(img: &image::DynamicImage, rule: MaskRule) -> image::RgbImage {
         let p = rgba.get_pixel(x, y).0;
         let v = match rule {
             MaskRule::TransparentRepaints if has_alpha => 255 - p[3],
-            _ => ((u16::from(p[0]) + u16::from(p[1]) + u16::from(p[2])) / 3) as u8,
+            MaskRule::WhiteRepaints { invert: true } => 255 - gray(p),
+            _ => gray(p),
         };
         image::Rgb([v, v, v])
     })
@@ -319,16 +324,10 @@ async fn a1111(state: Arc<AppState>, body: Json, img2img: bool) -> Result<Reply<
         p.init_img = Some(temp.add(&state, &bytes, "init_images[0]", None)?);
         if let Some(mask) = req.mask.as_deref().filter(|m| !m.is_empty()) {
             let bytes = decode_b64(mask, "mask")?;
-            let mut decoded =
-                image::load_from_memory(&bytes).map_err(|e| ApiError::bad(format!("mask: {e}")))?;
-            if req.inpainting_mask_invert != 0 {
-                decoded.invert();
-            }
-            let mut png = Vec::new();
-            decoded
-                .write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png)
-                .map_err(|e| ApiError::Internal(format!("encoding the mask: {e}")))?;
-            p.mask = Some(temp.add(&state, &png, "mask", Some(MaskRule::WhiteRepaints))?);
+            let rule = MaskRule::WhiteRepaints {
+                invert: req.inpainting_mask_invert != 0,
+            };
+            p.mask = Some(temp.add(&state, &bytes, "mask", Some(rule))?);
         }
         if let Some(d) = req.denoising_strength {
             p.strength = d.min(1.0);
@@ -437,9 +436,27 @@ pub async fn upscalers(State(state): AppStateRef) -> Reply<Json> {
         .map(|n| json!({ "name": n, "model_name": null, "model_path": null, "model_url": null, "scale": 4 }))
         .collect();
     for m in list_models(&state, "upscale_models") {
-        list.push(json!({ "name": stem(&m), "model_name": stem(&m), "model_path": m, "model_url": null, "scale": 4 }));
+        let mut entry =
+            json!({ "name": stem(&m), "model_name": stem(&m), "model_path": m, "model_url": null });
+        // A file whose scale cannot be read from its header gets none rather than a guess;
+        // loading it is where its error is reported.
+        if let Some(scale) = upscaler_scale(&state, &m) {
+            entry["scale"] = json!(scale);
+        }
+        list.push(entry);
     }
     Reply(json!(list))
+}
+
+/// The upscale factor of model `name`, from the tensor shapes in its header.
+fn upscaler_scale(state: &AppState, name: &str) -> Option<i64> {
+    let path = state.runtime.resolve_model("upscale_models", name).ok()?;
+    let src = sdflow_core::io::open(&path)
+        .map_err(|e| tracing::debug!("{name}: {e}"))
+        .ok()?;
+    sdflow_core::models::esrgan::scale_of(src.as_ref())
+        .map_err(|e| tracing::debug!("{name}: {e}"))
+        .ok()
 }
 
 /// OpenAI's `size`: `WxH`; `auto` or absent keeps the default.
@@ -576,4 +593,25 @@ pub async fn models(State(state): AppStateRef) -> Reply<Json> {
         .map(|m| json!({ "id": m, "object": "model", "created": 0, "owned_by": "local" }))
         .collect();
     Reply(json!({ "object": "list", "data": data }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masks_are_white_where_to_repaint() {
+        // An opaque white pixel and a transparent black one.
+        let img = image::DynamicImage::ImageRgba8(image::RgbaImage::from_fn(2, 1, |x, _| {
+            image::Rgba(if x == 0 {
+                [255, 255, 255, 255]
+            } else {
+                [0, 0, 0, 0]
+            })
+        }));
+        let red = |rule| -> Vec<u8> { mask_image(&img, rule).pixels().map(|p| p.0[0]).collect() };
+        assert_eq!(red(MaskRule::WhiteRepaints { invert: false }), [255, 0]);
+        assert_eq!(red(MaskRule::WhiteRepaints { invert: true }), [0, 255]);
+        assert_eq!(red(MaskRule::TransparentRepaints), [0, 255]);
+    }
 }

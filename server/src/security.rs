@@ -6,7 +6,14 @@
 //! request whose `Origin` names another host than the one it was sent to is refused
 //! unless `--cors-origin` allows that origin. Beyond loopback, `--auth-token` requires a
 //! bearer token on every request.
+//!
+//! DNS rebinding defeats the origin check: a page at `evil.example` whose name is then
+//! re-pointed at 127.0.0.1 is same-origin with the server as far as the browser can tell,
+//! but its requests carry `Host: evil.example`. So on loopback (or when `--allow-host`
+//! names hosts) a request whose `Host` is not a loopback name, the listen address or an
+//! allowed host is refused.
 
+use std::net::IpAddr;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
@@ -16,11 +23,18 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use crate::error::ApiError;
-use crate::state::AppState;
+use crate::state::{AppState, ServerConfig};
 
 pub async fn guard(State(state): State<Arc<AppState>>, mut req: Request, next: Next) -> Response {
     req.extensions_mut()
         .insert(crate::extract::BodyLimit(state.config.max_body_bytes));
+    if let Some(host) = foreign_host(&req, &state.config) {
+        tracing::warn!("refused a request for host {host}");
+        return ApiError::Forbidden(format!(
+            "requests for host `{host}` are not allowed (see --allow-host)"
+        ))
+        .into_response();
+    }
     let origin = req
         .headers()
         .get(header::ORIGIN)
@@ -54,6 +68,42 @@ pub async fn guard(State(state): State<Arc<AppState>>, mut req: Request, next: N
     };
     response = with_cors(response, cors);
     response
+}
+
+/// The request's host when the configuration does not serve it: `None` when it is
+/// served, when nothing restricts hosts (listening beyond loopback with no
+/// `--allow-host`), or when the request names no host (browsers always send one).
+fn foreign_host(req: &Request, config: &ServerConfig) -> Option<String> {
+    if !config.listen.is_loopback() && config.allowed_hosts.is_empty() {
+        return None;
+    }
+    let host = match req.headers().get(header::HOST) {
+        Some(v) => String::from_utf8_lossy(v.as_bytes()).into_owned(),
+        // HTTP/2 carries the host in the request target instead.
+        None => req.uri().authority()?.as_str().to_string(),
+    };
+    (!host_allowed(&host, config)).then_some(host)
+}
+
+/// Whether `host` (a `Host` header: `name[:port]`, `[v6][:port]`) names this server: a
+/// loopback address, `localhost`, the listen address or one of `--allow-host`. The port
+/// is not compared; a rebinding page reaches the server's own port anyway.
+fn host_allowed(host: &str, config: &ServerConfig) -> bool {
+    let lower = host.to_ascii_lowercase();
+    let (name, _) = split_port(&lower);
+    let name = name.trim_end_matches('.');
+    if let Ok(ip) = name.parse::<IpAddr>() {
+        if ip.is_loopback() || ip == config.listen {
+            return true;
+        }
+    } else if name == "localhost" {
+        return true;
+    }
+    config.allowed_hosts.iter().any(|a| {
+        let a = a.to_ascii_lowercase();
+        let (allowed, _) = split_port(&a);
+        allowed.trim_end_matches('.') == name
+    })
 }
 
 fn with_cors(mut response: Response, cors: Option<HeaderValue>) -> Response {
@@ -268,6 +318,37 @@ mod tests {
         assert!(!same_host("http://[::2]:8188", &h));
         assert!(allowed_origin(&["http://a.test".into()], "http://a.test").is_some());
         assert!(allowed_origin(&["http://a.test".into()], "http://b.test").is_none());
+    }
+
+    #[test]
+    fn host_matching() {
+        let dir = std::path::Path::new("/nonexistent");
+        let mut c = ServerConfig::with_base(dir);
+        for ok in [
+            "127.0.0.1:8188",
+            "localhost:8188",
+            "LOCALHOST.",
+            "[::1]:8188",
+            "127.0.0.2",
+            "[::1]",
+        ] {
+            assert!(host_allowed(ok, &c), "{ok}");
+        }
+        for bad in [
+            "evil.example:8188",
+            "evil.example",
+            "10.0.0.1:8188",
+            "localhost.evil.example",
+            "[::2]:8188",
+            "",
+        ] {
+            assert!(!host_allowed(bad, &c), "{bad}");
+        }
+        c.allowed_hosts = vec!["SDFlow.lan:443".into()];
+        assert!(host_allowed("sdflow.lan:8188", &c));
+        c.listen = IpAddr::from([192, 168, 1, 5]);
+        assert!(host_allowed("192.168.1.5:8188", &c));
+        assert!(!host_allowed("evil.example", &c));
     }
 
     #[test]

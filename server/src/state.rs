@@ -30,6 +30,10 @@ pub struct ServerConfig {
     /// Browser origins allowed besides the server's own (`*` for any); CORS headers are
     /// sent to these.
     pub cors_origins: Vec<String>,
+    /// Host names (`Host` header values, port ignored) served besides loopback names and
+    /// the listen address. On loopback other hosts are always refused (DNS rebinding);
+    /// beyond loopback they are refused only when this is non-empty.
+    pub allowed_hosts: Vec<String>,
     /// When set, every request needs `Authorization: Bearer TOKEN` (or `?token=TOKEN`).
     pub auth_token: Option<String>,
     pub max_body_bytes: usize,
@@ -51,6 +55,7 @@ impl ServerConfig {
             max_queue: 1000,
             max_history: 10_000,
             cors_origins: Vec::new(),
+            allowed_hosts: Vec::new(),
             auth_token: None,
             max_body_bytes: 100 << 20,
         }

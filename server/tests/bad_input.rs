@@ -392,3 +392,94 @@ async fn unknown_routes_and_the_editor_page() {
     }
     s.shutdown().await;
 }
+
+/// DNS rebinding: a page whose name now points at 127.0.0.1 is same-origin as far as the
+/// browser knows, so only its `Host` gives it away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_hosts_are_refused_on_loopback() {
+    let mut s = start(|c| c.allowed_hosts = vec!["sdflow.lan".into()]).await;
+    let port = s.server.as_ref().unwrap().addr().port();
+    let with_host = |host: String| {
+        let host_origin = format!("http://{host}");
+        send(
+            s.http
+                .post(s.url("/prompt"))
+                .header("Host", host)
+                .header("Origin", host_origin)
+                .json(&json!({"prompt": quick_prompt(1, "h")})),
+        )
+    };
+    for foreign in [format!("evil.example:{port}"), "evil.example".into(), format!("10.1.2.3:{port}")] {
+        let r = with_host(foreign.clone()).await;
+        assert_eq!(r.status(), 403, "{foreign}");
+        let j: Json = r.json().await.unwrap();
+        assert!(j["error"]["message"].as_str().unwrap().contains(&foreign), "{j}");
+    }
+    for local in [format!("localhost:{port}"), format!("127.0.0.1:{port}"), format!("[::1]:{port}"), format!("sdflow.lan:{port}")] {
+        assert_eq!(with_host(local.clone()).await.status(), 200, "{local}");
+    }
+    // GETs and the WebSocket handshake are guarded the same way.
+    let r = send(s.http.get(s.url("/queue")).header("Host", "evil.example")).await;
+    assert_eq!(r.status(), 403);
+    let mut req = tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(
+        s.ws_url("h"),
+    )
+    .unwrap();
+    req.headers_mut()
+        .insert("Host", format!("evil.example:{port}").parse().unwrap());
+    assert!(tokio_tungstenite::connect_async(req).await.is_err());
+    s.shutdown().await;
+}
+
+/// A1111's mask is held to the same size limits as every other image, from its header,
+/// before anything decodes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a1111_masks_are_size_checked_before_decoding() {
+    use base64::Engine;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let mut s = start(|c| {
+        std::fs::create_dir_all(c.models_dir.join("checkpoints")).unwrap();
+        std::fs::write(c.models_dir.join("checkpoints/m.safetensors"), b"").unwrap();
+    })
+    .await;
+    let body = json!({
+        "prompt": "a cat",
+        "init_images": [b64(&png(8, 6))],
+        "mask": format!("data:image/png;base64,{}", b64(&png_header_only(20000, 20000))),
+    });
+    let (code, r) = s.post("/sdapi/v1/img2img", body).await;
+    assert_eq!(code, 400, "{r}");
+    let message = r["error"]["message"].as_str().unwrap();
+    assert!(message.contains("mask is 20000x20000"), "{r}");
+    s.shutdown().await;
+}
+
+/// `/sdapi/v1/upscalers` reports each model's scale as its weights imply it, and no scale
+/// for a file whose header says nothing of one; detectors have their model folder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upscalers_report_their_scale() {
+    use sdflow_core::models::esrgan::{write_random, Arch, CompactConfig, RrdbConfig};
+    let mut s = start(|c| {
+        let dir = c.models_dir.join("upscale_models");
+        std::fs::create_dir_all(&dir).unwrap();
+        // x2plus's shape: two ×2 stages over a 2× pixel-unshuffled input.
+        let x2 = RrdbConfig { in_channels: 3, out_channels: 3, num_feat: 8, num_grow: 4, num_blocks: 1, num_upsample: 2, unshuffle: 2 };
+        write_random(&dir.join("x2.safetensors"), &Arch::Rrdb(x2), 1).unwrap();
+        let x3 = CompactConfig { in_channels: 3, out_channels: 3, num_feat: 8, num_conv: 1, upscale: 3 };
+        write_random(&dir.join("x3.safetensors"), &Arch::Compact(x3), 2).unwrap();
+        std::fs::write(dir.join("broken.pth"), b"not a model").unwrap();
+        std::fs::create_dir_all(c.models_dir.join("ultralytics")).unwrap();
+        std::fs::write(c.models_dir.join("ultralytics/face_yolov8n.pt"), b"").unwrap();
+    })
+    .await;
+    let (code, list) = s.get("/sdapi/v1/upscalers").await;
+    assert_eq!(code, 200);
+    let entry = |name: &str| list.as_array().unwrap().iter().find(|e| e["name"] == name).unwrap_or_else(|| panic!("no {name} in {list}")).clone();
+    assert_eq!(entry("x2")["scale"], 2, "{list}");
+    assert_eq!(entry("x3")["scale"], 3, "{list}");
+    assert_eq!(entry("x3")["model_path"], "x3.safetensors");
+    assert!(entry("broken").get("scale").is_none(), "{list}");
+    assert!(s.get("/models").await.1.as_array().unwrap().contains(&json!("ultralytics")));
+    assert_eq!(s.get("/models/ultralytics").await.1, json!(["face_yolov8n.pt"]));
+    s.shutdown().await;
+}

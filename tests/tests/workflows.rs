@@ -172,23 +172,91 @@ fn inpaint_with_a_9_channel_unet() {
     env.exec.run(&txt, &NullSink, &CancelToken::new(), &RunOptions { output_dir: Some(env.out.clone()), ..Default::default() }).unwrap();
 }
 
-fn check_inpaint(env: &Env, wf: Workflow) {
-    let env = env;
-    let (w, h, masked) = run_saved(&env, &wf, "9");
+/// The id of the one node of `class` in `wf`.
+fn node_of(wf: &Workflow, class: &str) -> String {
+    let ids: Vec<&String> = wf.nodes.iter().filter(|(_, n)| n.class_type == class).map(|(id, _)| id).collect();
+    assert_eq!(ids.len(), 1, "one {class} node");
+    ids[0].clone()
+}
+
+/// Runs an inpainting workflow (its LoadImageMask, VAEEncode*, VAEDecode and SaveImage
+/// found by class) and returns the masked run's pixels and the plain decode of the
+/// encoded input.
+fn check_inpaint(env: &Env, wf: Workflow) -> (Vec<u8>, Vec<u8>) {
+    let (mask, decode, save) = (node_of(&wf, "LoadImageMask"), node_of(&wf, "VAEDecode"), node_of(&wf, "SaveImage"));
+    let encode = wf.nodes.iter().find(|(_, n)| n.class_type.starts_with("VAEEncode")).map(|(id, _)| id.clone()).expect("a VAE encoder");
+    let (w, h, masked) = run_saved(env, &wf, &save);
     assert_eq!((w, h), (72, 56));
 
     // An empty mask: sampling must hand back the encoded image unchanged, so decoding
     // it gives exactly what decoding the encoding directly gives.
     let mut empty = wf.clone();
-    empty.set_input("5", "image", InputValue::Const(serde_json::json!("empty_mask.png"))).unwrap();
-    let (_, _, kept) = run_saved(&env, &empty, "9");
+    empty.set_input(&mask, "image", InputValue::Const(serde_json::json!("empty_mask.png"))).unwrap();
+    let (_, _, kept) = run_saved(env, &empty, &save);
     let mut direct = empty.clone();
-    direct.set_input("8", "samples", InputValue::link("6", 0)).unwrap();
-    let (_, _, reference) = run_saved(&env, &direct, "9");
+    direct.set_input(&decode, "samples", InputValue::link(&encode, 0)).unwrap();
+    let (_, _, reference) = run_saved(env, &direct, &save);
     // Equal up to the rounding of the last Euler step (x + (x − d)/σ·(0 − σ) ≈ d).
     let worst = kept.iter().zip(&reference).map(|(a, b)| a.abs_diff(*b)).max().unwrap_or(0);
     assert!(worst <= 1, "nothing masked, nothing changed (worst pixel difference {worst})");
     assert_ne!(masked, reference, "the masked half was re-sampled");
+    (masked, reference)
+}
+
+/// Mean absolute difference of two 72x56 RGB images over columns `x0..x1`.
+fn column_diff(a: &[u8], b: &[u8], x0: usize, x1: usize) -> f64 {
+    let (w, h) = (72, 56);
+    let mut sum = 0u64;
+    for y in 0..h {
+        for i in (y * w + x0) * 3..(y * w + x1) * 3 {
+            sum += u64::from(a[i].abs_diff(b[i]));
+        }
+    }
+    sum as f64 / ((x1 - x0) * h * 3) as f64
+}
+
+/// sd-cli's default --strength 0.75 with a mask: SetLatentNoiseMask holds the unmasked
+/// latent at the image while the masked right half (x ≥ 36) is re-sampled from the
+/// partly noised image.
+#[test]
+fn partial_inpaint_changes_only_the_masked_part() {
+    let env = env();
+    let wf = load(&env, "inpaint_partial.json", 64, 3);
+    let (masked, reference) = check_inpaint(&env, wf.clone());
+    let sampler = node_of(&wf, "KSampler");
+    assert_eq!(wf.nodes[&sampler].inputs["denoise"], InputValue::Const(serde_json::json!(0.75)), "the file's point: sd-cli's default strength");
+    // Another seed re-samples the masked side differently while the unmasked latent is
+    // the image's in both runs. The decoder mixes latents across the picture, so the left
+    // edge, far from the mask's border, still changes some, but far less.
+    let save = node_of(&wf, "SaveImage");
+    let mut reseeded = wf.clone();
+    reseeded.set_input(&sampler, "seed", InputValue::Const(serde_json::json!(7))).unwrap();
+    let (_, _, other) = run_saved(&env, &reseeded, &save);
+    let (left, right) = (column_diff(&masked, &other, 0, 16), column_diff(&masked, &other, 48, 72));
+    assert!(right > 2.0 * left, "masked side changed by {right:.2} per channel, unmasked side by {left:.2} (vs input: {:.2}, {:.2})", column_diff(&masked, &reference, 0, 16), column_diff(&masked, &reference, 48, 72));
+    // The strength is honoured: full denoise gives another picture.
+    let mut full = wf.clone();
+    full.set_input(&sampler, "denoise", InputValue::Const(serde_json::json!(1.0))).unwrap();
+    assert_ne!(run_saved(&env, &full, &save).2, masked, "denoise 1.0 and 0.75 differ");
+}
+
+/// Every committed workflow says what it is: a title and a description in its header.
+#[test]
+fn every_workflow_file_has_a_title_and_a_description() {
+    let mut n = 0;
+    for e in std::fs::read_dir(sdflow_tests::workflows_dir()).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().and_then(|x| x.to_str()) != Some("json") {
+            continue;
+        }
+        let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        for key in ["title", "description"] {
+            let text = doc[key].as_str().unwrap_or("");
+            assert!(!text.trim().is_empty(), "{} has no {key}", p.display());
+        }
+        n += 1;
+    }
+    assert!(n >= 10, "only {n} workflow files found");
 }
 
 #[test]

@@ -170,6 +170,78 @@ pub fn canonical_names<'a>(names: impl IntoIterator<Item = &'a str>) -> Result<B
     Ok(out)
 }
 
+/// RRDBNet's image channels and input unshuffle factor from `conv_first`'s input and
+/// `conv_last`'s output channels: x2plus / x1 models feed pixel-unshuffled input, 4× or
+/// 16× the image channels.
+fn rrdb_unshuffle(cin: i64, cout: i64) -> (i64, i64) {
+    match (cin, cout) {
+        (c, o) if c == o => (c, 1),
+        (c, o) if c == 4 * o => (o, 2),
+        (c, o) if c == 16 * o => (o, 4),
+        _ => (cin, 1),
+    }
+}
+
+/// RRDBNet's scale: ×2 per upsampling stage, less the input's unshuffle.
+fn rrdb_scale(num_upsample: u32, unshuffle: i64) -> Result<i64> {
+    if num_upsample > 4 || (1i64 << num_upsample) < unshuffle {
+        return Err(ModelError::Config(format!("RRDBNet with {num_upsample} upsampling stages and a {unshuffle}× unshuffled input")));
+    }
+    Ok((1i64 << num_upsample) / unshuffle)
+}
+
+/// SRVGGNetCompact's body is conv, act, (conv, act) × num_conv, conv: the last conv is the
+/// highest even index with a weight.
+fn compact_last_conv(contains: impl Fn(&str) -> bool) -> Result<usize> {
+    let mut last = 0;
+    while contains(&format!("body.{}.weight", last + 2)) {
+        last += 2;
+    }
+    if last < 2 {
+        return Err(ModelError::Config("SRVGGNetCompact body has no final convolution (`body.2.weight`)".into()));
+    }
+    Ok(last)
+}
+
+/// The last conv emits out_channels·upscale² for the pixel shuffle, out_channels being the
+/// input's channel count.
+fn compact_upscale(cin: i64, cout_total: i64) -> Result<i64> {
+    let sq = cout_total / cin.max(1);
+    (1..=8).find(|u| u * u == sq && cin > 0 && cout_total % cin == 0).ok_or_else(|| {
+        ModelError::Config(format!("SRVGGNetCompact last conv has {cout_total} outputs, not {cin}·r² for an upscale r"))
+    })
+}
+
+/// The scale of the upscaler in `src`, from its tensor names and shapes alone: nothing is
+/// read or loaded, so a model list can report it for every file cheaply. The full checks
+/// are [`Upscaler::load`]'s.
+pub fn scale_of(src: &dyn TensorSource) -> Result<i64> {
+    let names = canonical_names(src.tensors().iter().map(|t| t.name.as_str()))?;
+    // PyTorch order, [out, in, kh, kw].
+    let channels = |name: &str| -> Result<(i64, i64)> {
+        let key = format!("{name}.weight");
+        let info = names.get(&key).and_then(|orig| src.get(orig)).ok_or_else(|| ModelError::MissingWeight(key.clone()))?;
+        match info.shape.as_slice() {
+            [o, i, _, _] => Ok((*i as i64, *o as i64)),
+            other => Err(ModelError::Weight { name: key, detail: format!("not a conv kernel: {other:?}") }),
+        }
+    };
+    if names.contains_key("conv_first.weight") {
+        let (cin, _) = channels("conv_first")?;
+        let (_, cout) = channels("conv_last")?;
+        let num_upsample = (1..).take_while(|i| names.contains_key(&format!("conv_up{i}.weight"))).count() as u32;
+        let (_, unshuffle) = rrdb_unshuffle(cin, cout);
+        rrdb_scale(num_upsample, unshuffle)
+    } else if names.contains_key("body.0.weight") {
+        let (cin, _) = channels("body.0")?;
+        let last = compact_last_conv(|n| names.contains_key(n))?;
+        let (_, cout_total) = channels(&format!("body.{last}"))?;
+        compact_upscale(cin, cout_total)
+    } else {
+        Err(ModelError::Config("not an ESRGAN upscaler: neither `conv_first.weight` (RRDBNet) nor `body.0.weight` (SRVGGNetCompact) is present".into()))
+    }
+}
+
 /// An upscaler: its weights (under basicsr names) and the architecture they imply.
 pub struct Upscaler {
     weights: Weights,
@@ -248,16 +320,8 @@ impl Upscaler {
         let (_, _, gc) = conv_shape(w, "body.0.rdb1.conv1")?;
         let num_upsample = (1..).take_while(|i| w.contains(&format!("conv_up{i}.weight"))).count() as u32;
         let (_, _, cout) = conv_shape(w, "conv_last")?;
-        // x2plus / x1 models feed pixel-unshuffled input: 4× or 16× the image channels.
-        let (in_channels, unshuffle) = match (cin, cout) {
-            (c, o) if c == o => (c, 1),
-            (c, o) if c == 4 * o => (o, 2),
-            (c, o) if c == 16 * o => (o, 4),
-            _ => (cin, 1),
-        };
-        if num_upsample > 4 || (1i64 << num_upsample) < unshuffle {
-            return Err(ModelError::Config(format!("RRDBNet with {num_upsample} upsampling stages and a {unshuffle}× unshuffled input")));
-        }
+        let (in_channels, unshuffle) = rrdb_unshuffle(cin, cout);
+        rrdb_scale(num_upsample, unshuffle)?;
         let c = RrdbConfig { in_channels, out_channels: cout, num_feat: nf, num_grow: gc, num_blocks, num_upsample, unshuffle };
         expect_conv(w, "conv_first", cin, nf)?;
         for b in 0..num_blocks {
@@ -277,24 +341,12 @@ impl Upscaler {
 
     fn infer_compact(w: &Weights) -> Result<CompactConfig> {
         let (_, cin, nf) = conv_shape(w, "body.0")?;
-        // body: conv, act, (conv, act) × num_conv, conv — the last conv is the highest even
-        // index with a weight.
-        let mut last = 0;
-        while w.contains(&format!("body.{}.weight", last + 2)) {
-            last += 2;
-        }
-        if last < 2 {
-            return Err(ModelError::Config("SRVGGNetCompact body has no final convolution (`body.2.weight`)".into()));
-        }
+        let last = compact_last_conv(|n| w.contains(n))?;
         let (_, _, cout_total) = conv_shape(w, &format!("body.{last}"))?;
         let num_conv = last / 2 - 1;
-        // The last conv emits out_channels·upscale² for the pixel shuffle; the output has as
-        // many channels as the input in every released model.
+        // The output has as many channels as the input in every released model.
         let out_channels = cin;
-        let sq = cout_total / out_channels;
-        let upscale = (1..=8).find(|u| u * u == sq && cout_total % out_channels == 0).ok_or_else(|| {
-            ModelError::Config(format!("SRVGGNetCompact last conv has {cout_total} outputs, not {out_channels}·r² for an upscale r"))
-        })?;
+        let upscale = compact_upscale(cin, cout_total)?;
         for i in 0..=num_conv {
             let act = format!("body.{}.weight", 2 * i + 1);
             if !w.contains(&act) {
