@@ -395,6 +395,12 @@ pub struct ImgGenArgs {
     /// Extra detailer node inputs, `input=value,...`.
     #[arg(long, value_name = "string")]
     pub extra_ad_args: Option<String>,
+    /// ADetailer prompt ([PROMPT] inserts the main prompt, [SEP] separates masks, [SKIP] skips one; empty: the main prompt).
+    #[arg(long, value_name = "string", default_value = "")]
+    pub ad_prompt: String,
+    /// ADetailer negative prompt (empty: the main negative prompt).
+    #[arg(long, value_name = "string", default_value = "")]
+    pub ad_negative_prompt: String,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]
@@ -442,6 +448,18 @@ pub struct AdetailerArgs {
     /// Extra detailer node inputs, `input=value,...`.
     #[arg(long, value_name = "string")]
     pub extra_ad_args: Option<String>,
+    /// ADetailer prompt ([PROMPT] inserts the main prompt, [SEP] separates masks, [SKIP] skips one; empty: the main prompt).
+    #[arg(long, value_name = "string", default_value = "")]
+    pub ad_prompt: String,
+    /// ADetailer negative prompt (empty: the main negative prompt).
+    #[arg(long, value_name = "string", default_value = "")]
+    pub ad_negative_prompt: String,
+    /// Resize the input to this height first (the detail pass works at the image's size).
+    #[arg(short = 'H', long, value_name = "int", value_parser = clap::value_parser!(i64).range(16..=16384))]
+    pub height: Option<i64>,
+    /// Resize the input to this width first.
+    #[arg(short = 'W', long, value_name = "int", value_parser = clap::value_parser!(i64).range(16..=16384))]
+    pub width: Option<i64>,
     /// Denoising strength of the re-sampled regions.
     #[arg(long, value_name = "float", default_value_t = 0.4)]
     pub strength: f64,
@@ -627,7 +645,7 @@ fn img_gen_params(a: &ImgGenArgs, seed: i64, names: &mut Names<'_>) -> anyhow::R
         // A model name under --hires-upscalers-dir, as sd-cli looks it up.
         match (&mut *names, &a.hires_upscalers_dir) {
             (Names::Staged(s), Some(dir)) => {
-                let found = ["", ".pth", ".safetensors", ".pt", ".bin"].iter().map(|e| dir.join(format!("{}{e}", a.hires_upscaler))).find(|p| p.is_file());
+                let found = ["", ".pth", ".safetensors", ".pt", ".bin", ".gguf"].iter().map(|e| dir.join(format!("{}{e}", a.hires_upscaler))).find(|p| p.is_file());
                 match found {
                     Some(p) => s.link("upscale_models", &p)?,
                     None => bail!("--hires-upscaler {}: no such model in {}", a.hires_upscaler, dir.display()),
@@ -659,6 +677,8 @@ fn img_gen_params(a: &ImgGenArgs, seed: i64, names: &mut Names<'_>) -> anyhow::R
         upscale_tile_size: a.upscale_tile_size,
         ad_model: names.model("ultralytics", "--ad-model", &a.ad_model)?,
         extra_ad_args: a.extra_ad_args.clone(),
+        ad_prompt: a.ad_prompt.clone(),
+        ad_negative_prompt: a.ad_negative_prompt.clone(),
         prompt: a.sampling.prompt.clone(),
         negative_prompt: a.sampling.negative_prompt.clone(),
         lora_files,
@@ -748,8 +768,12 @@ pub fn adetailer_command(a: AdetailerArgs) -> anyhow::Result<()> {
             init_img: names.image("-i", &Some(a.init_img.clone()))?.unwrap_or_default(),
             ad_model: names.model("ultralytics", "--ad-model", &Some(a.ad_model.clone()))?.unwrap_or_default(),
             extra_ad_args: a.extra_ad_args.clone(),
+            ad_prompt: a.ad_prompt.clone(),
+            ad_negative_prompt: a.ad_negative_prompt.clone(),
             prompt: a.sampling.prompt.clone(),
             negative_prompt: a.sampling.negative_prompt.clone(),
+            width: a.width,
+            height: a.height,
             steps: a.sampling.steps,
             cfg_scale: a.sampling.cfg_scale,
             sampling_method: a.sampling.sampling_method.clone(),

@@ -49,6 +49,11 @@ const FILES: &[(&str, &[&str])] = &[
     ("inpaint_partial.json", &["img_gen", "-m", "model.safetensors", "-p", "a red hat", "-n", "blurry, low quality", "-i", "input.png", "--mask", "mask.png", "-o", "inpaint_partial.png"]),
     ("lora.json", &["img_gen", "-m", "model.safetensors", "-p", "<lora:ink:0.8>a lovely cat, (watercolor:1.2)", "-n", "blurry, low quality", "-o", "lora.png"]),
     ("adetailer.json", &["adetailer", "-m", "model.safetensors", "-i", "input.png", "--ad-model", "face_yolov8n.pt", "-p", "detailed portrait photo", "-n", "deformed face", "-o", "adetailer.png"]),
+    (
+        "hires_fix_model.json",
+        &["img_gen", "-m", "model.safetensors", "-p", "a lovely cat, (watercolor:1.2)", "-n", "blurry, low quality", "--hires", "--hires-upscaler", "RealESRGAN_x4plus.safetensors", "--hires-denoising-strength", "0.5", "-o", "hires_model.png"],
+    ),
+    ("adetailer_txt2img.json", &["img_gen", "-m", "model.safetensors", "-p", "portrait photo", "-n", "blurry, low quality", "--ad-model", "face_yolov8n.pt", "--ad-prompt", "[PROMPT], detailed face", "-o", "adetailer_txt2img.png"]),
 ];
 
 /// Committed workflows no sd-cli command line describes (graph-only features).
@@ -140,7 +145,6 @@ fn unsupported_flags_are_refused() {
         (&["img_gen", "-m", "m.safetensors", "--tensor-type-rules", "vae=f16"][..], "not supported yet: --tensor-type-rules vae=f16"),
         (&["img_gen", "-m", "m.safetensors", "-o", "out.jpg"][..], "not supported yet: -o out.jpg (SaveImage writes PNG"),
         (&["img_gen", "-m", "m.safetensors", "--preview", "tae"][..], "not supported yet: --preview tae"),
-        (&["img_gen", "-m", "m.safetensors", "--hires", "--hires-upscaler", "Latent (antialiased)"][..], "not supported yet: --hires-upscaler (Latent (antialiased)"),
         (&["vid_gen", "-m", "m.safetensors", "--video-frames", "9"][..], "not supported yet: vid_gen"),
         (&["-M", "vid_gen", "-m", "m.safetensors"][..], "not supported yet: vid_gen"),
     ] {
@@ -521,4 +525,29 @@ fn bad_log_levels_get_a_message_and_the_usage() {
     assert!(err.contains("'loud'") && err.contains("Usage:"), "{err}");
     // The known levels still pass, in any case.
     ok(&["--log-level", "DEBUG", "img_gen", "-m", "m.safetensors", "--print-workflow"], dir.path());
+}
+
+/// `--hires` with a model upscaler found by its stem under `--hires-upscalers-dir`, as
+/// sd-cli looks it up, a GGUF file among the extensions.
+#[test]
+fn hires_model_upscaler_is_found_in_its_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.safetensors");
+    write_checkpoint(&model, &SdConfig::tiny_sd1_f8(), DType::F32, 11, Format::Safetensors).unwrap();
+    let ups = dir.path().join("upscalers");
+    std::fs::create_dir_all(&ups).unwrap();
+    let arch = sdflow_core::models::esrgan::Arch::Rrdb(sdflow_core::models::esrgan::RrdbConfig { in_channels: 3, out_channels: 3, num_feat: 8, num_grow: 4, num_blocks: 1, num_upsample: 2, unshuffle: 1 });
+    let st = dir.path().join("up.safetensors");
+    sdflow_core::models::esrgan::write_random(&st, &arch, 3).unwrap();
+    let src = io::open(&st).unwrap();
+    let data: Vec<(String, DType, Vec<usize>, Vec<u8>)> = src.tensors().iter().map(|t| (t.name.clone(), t.dtype, t.shape.clone(), src.read(&t.name).unwrap().into_owned())).collect();
+    io::gguf::write(&ups.join("tiny_up.gguf"), &[], data.iter().map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.as_slice()))).unwrap();
+    let m = model.to_str().unwrap();
+    let args = ["-m", m, "-p", "a cat", "-W", "64", "-H", "64", "--steps", "1", "--hires", "--hires-upscaler", "tiny_up", "--hires-upscalers-dir", "upscalers", "--hires-scale", "1.5", "-t", "2", "-o", "hires.png"];
+    ok(&args, dir.path());
+    assert_eq!(png_size(&dir.path().join("hires.png")), (96, 96));
+    let mut missing = args.to_vec();
+    missing[12] = "no_such_upscaler";
+    let (_, err) = fails(&missing, dir.path());
+    assert!(err.contains("--hires-upscaler no_such_upscaler: no such model in upscalers"), "{err}");
 }

@@ -199,3 +199,56 @@ fn diffusers_module_names_map_to_ldm_weights() {
         assert_eq!(km.get(&k).map(|t| t.weight.as_str()), Some(want.as_str()), "{k}");
     }
 }
+
+/// Tensors no patch format names (training leftovers, typos) are skipped, each with its
+/// own warning on the side its name points at, and counted in the merge's summary; the
+/// rest of the file merges as without them.
+#[test]
+fn unrecognised_tensors_are_warned_about_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = io::open(&fixture("kohya.safetensors")).unwrap();
+    let mut data: Vec<(String, DType, Vec<usize>, Vec<u8>)> = src.tensors().iter().map(|t| (t.name.clone(), t.dtype, t.shape.clone(), src.read(&t.name).unwrap().into_owned())).collect();
+    let strays = ["lora_unet_input_blocks_1_1_proj_in.lora_upp.weight", "training_step", "lora_te_text_model_encoder_layers_0_mlp_fc1.scale"];
+    for s in strays {
+        data.push((s.to_string(), DType::F32, vec![2], [1f32, 2.0].iter().flat_map(|x| x.to_le_bytes()).collect()));
+    }
+    let path = dir.path().join("with_strays.safetensors");
+    io::safetensors::write(&path, data.iter().map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.as_slice())), &Default::default()).unwrap();
+    check_case("kohya", &path, "base.safetensors", 0.8);
+
+    let file = LoraFile::open(&path).unwrap();
+    let rm = ResidencyManager::new();
+    let base = pinned_base(&rm, "base.safetensors");
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+    let sink = log.clone();
+    let subscriber = tracing_subscriber::fmt().with_ansi(false).with_writer(move || Sink(sink.clone())).finish();
+    let (unet, te) = tracing::subscriber::with_default(subscriber, || {
+        let (_, unet) = lora::merge(base.clone(), &file, Side::DiffusionModel, 0.8).unwrap();
+        let (_, te) = lora::merge(base.clone(), &file, Side::TextEncoder, 0.8).unwrap();
+        (unet, te)
+    });
+    let mut unet_unknown = unet.unknown.clone();
+    unet_unknown.sort();
+    assert_eq!(unet_unknown, ["lora_unet_input_blocks_1_1_proj_in.lora_upp.weight", "training_step"]);
+    assert_eq!(te.unknown, ["lora_te_text_model_encoder_layers_0_mlp_fc1.scale"]);
+    let log = String::from_utf8(log.lock().unwrap().clone()).unwrap();
+    for s in strays {
+        assert_eq!(log.lines().filter(|l| l.contains(&format!("tensor `{s}` has no LoRA/LyCORIS name; skipped"))).count(), 1, "one warning for {s}:\n{log}");
+    }
+    assert!(log.contains("0 of ") && log.contains("modules skipped, and 2 tensors with unrecognised names"), "{log}");
+    assert!(log.contains("modules skipped, and 1 tensors with unrecognised names"), "{log}");
+}
+
+/// A `tracing` writer into a shared buffer.
+struct Sink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Sink {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}

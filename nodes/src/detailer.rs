@@ -115,6 +115,7 @@ struct Settings {
     sigmas: Vec<f32>,
     cfg: f32,
     sampler: Sampler,
+    /// As given: 0 stands for the image's side.
     inpaint: (usize, usize),
     padding: usize,
     blur: u32,
@@ -135,7 +136,7 @@ impl DetailerForEachMask {
             }
             Ok(v as usize)
         };
-        let (iw, ih) = (int("inpaint_width", 1)?, int("inpaint_height", 1)?);
+        let (iw, ih) = (int("inpaint_width", 0)?, int("inpaint_height", 0)?);
         let steps = int("steps", 1)?;
         let denoise = inputs.float("denoising_strength")? as f32;
         if !(0.0..=1.0).contains(&denoise) {
@@ -149,9 +150,7 @@ impl DetailerForEachMask {
             sigmas,
             cfg: inputs.float("cfg")? as f32,
             sampler: Sampler::from_str(inputs.string("sampler_name")?).map_err(err)?,
-            // The VAE works in blocks of 8: the crop is resized to an aligned size so the
-            // decode covers it exactly.
-            inpaint: ((iw / ALIGN * ALIGN).max(ALIGN), (ih / ALIGN * ALIGN).max(ALIGN)),
+            inpaint: (iw, ih),
             padding: int("inpaint_padding", 0)?,
             blur: u32::try_from(blur).map_err(|_| NodeError::msg(format!("mask_blur {blur} is too large")))?,
         })
@@ -160,7 +159,7 @@ impl DetailerForEachMask {
 
 impl Node for DetailerForEachMask {
     fn schema(&self) -> NodeSchema {
-        let side = |n: &str| InputSpec::int(n, 512).int_range(8, 4096).int_step(8);
+        let side = |n: &str| InputSpec::int(n, 512).int_range(0, 4096).int_step(8);
         NodeSchema::new("DetailerForEachMask")
             .display_name("Detailer (for each mask)")
             .category("ImpactPack/Detailer")
@@ -180,7 +179,7 @@ impl Node for DetailerForEachMask {
             .input(InputSpec::combo("sampler_name", sampler_names()))
             .input(InputSpec::combo("scheduler", scheduler_names()))
             .input(InputSpec::float("denoising_strength", 0.4).float_range(0.0, 1.0).float_step(0.01))
-            .input(side("inpaint_width").tooltip("Width the crop is re-sampled at (aligned down to 8)."))
+            .input(side("inpaint_width").tooltip("Width the crop is re-sampled at (aligned down to 8); 0: the image's width, as sd-cli's adetailer mode."))
             .input(side("inpaint_height"))
             .input(InputSpec::int("inpaint_padding", 32).int_range(0, 4096).tooltip("Pixels of context around the mask's box."))
             .input(InputSpec::int("mask_blur", 4).int_range(0, 256).tooltip("Feather radius of the paste-back."))
@@ -216,7 +215,13 @@ impl Node for DetailerForEachMask {
             encoded.insert(text.to_string(), c.clone());
             Ok(c)
         };
-        let (tw, th) = s.inpaint;
+        // The VAE works in blocks of 8: the crop is resized to an aligned size so the
+        // decode covers it exactly.
+        let aligned = |v: usize, side: usize| {
+            let v = if v == 0 { side } else { v };
+            (v / ALIGN * ALIGN).max(ALIGN)
+        };
+        let (tw, th) = (aligned(s.inpaint.0, w), aligned(s.inpaint.1, h));
         let mut cur = img.data.clone();
         for i in 0..masks.n {
             ctx.check_cancelled()?;

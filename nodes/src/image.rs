@@ -493,7 +493,7 @@ impl Node for ImageScale {
             .display_name("Upscale Image")
             .category("image/upscaling")
             .input(InputSpec::link("image", IoType::IMAGE))
-            .input(InputSpec::combo("upscale_method", Method::NAMES))
+            .input(InputSpec::combo("upscale_method", Method::IMAGE_NAMES))
             .input(InputSpec::int("width", 512).int_range(0, MAX_IMAGE_SIDE as i128))
             .input(InputSpec::int("height", 512).int_range(0, MAX_IMAGE_SIDE as i128))
             .input(InputSpec::combo("crop", ["disabled", "center"]))

@@ -101,7 +101,7 @@ impl Node for LatentUpscale {
             .display_name(if self.by { "Upscale Latent By" } else { "Upscale Latent" })
             .category("latent")
             .input(InputSpec::link("samples", IoType::LATENT))
-            .input(InputSpec::combo("upscale_method", Method::NAMES));
+            .input(InputSpec::combo("upscale_method", Method::LATENT_NAMES));
         let s = if self.by {
             s.input(InputSpec::float("scale_by", 1.5).float_range(0.01, 8.0).float_step(0.01))
         } else {

@@ -43,7 +43,7 @@ pub fn lora_handle(rt: &Runtime, base: &WeightHandle<Weights>, path: &Path, stre
             let pinned = base.pin()?;
             let file = LoraFile::open(&canonical)?;
             let (merged, report) = lora::merge(pinned, &file, side, strength)?;
-            tracing::info!(lora = %canonical.display(), ?side, strength, modules = report.applied, weights = report.patched_weights, skipped = report.skipped.len(), "LoRA merged");
+            tracing::info!(lora = %canonical.display(), ?side, strength, modules = report.applied, weights = report.patched_weights, skipped = report.skipped.len(), unknown_tensors = report.unknown.len(), "LoRA merged");
             Ok(merged)
         })
         .map_err(err)

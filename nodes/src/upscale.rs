@@ -203,7 +203,7 @@ impl Node for ImageScaleBy {
             .display_name("Upscale Image By")
             .category("image/upscaling")
             .input(InputSpec::link("image", IoType::IMAGE))
-            .input(InputSpec::combo("upscale_method", Method::NAMES))
+            .input(InputSpec::combo("upscale_method", Method::IMAGE_NAMES))
             .input(InputSpec::float("scale_by", 1.0).float_range(0.01, 8.0).float_step(0.01))
             .output("IMAGE", IoType::IMAGE)
     }
@@ -211,7 +211,7 @@ impl Node for ImageScaleBy {
     fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
         let img = inputs.downcast::<Image>("image")?;
         let name = inputs.string("upscale_method")?;
-        let method = Method::parse(name).ok_or_else(|| NodeError::msg(format!("unknown upscale_method `{name}` (one of {:?})", Method::NAMES)))?;
+        let method = Method::parse(name).ok_or_else(|| NodeError::msg(format!("unknown upscale_method `{name}` (one of {:?})", Method::IMAGE_NAMES)))?;
         let by = inputs.float("scale_by")?;
         if !(by.is_finite() && by > 0.0) {
             return Err(NodeError::msg(format!("scale_by {by} must be a positive number")));

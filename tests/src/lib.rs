@@ -116,3 +116,11 @@ pub fn read_png(path: &Path) -> (u32, u32, Vec<u8>) {
     buf.truncate(info.buffer_size());
     (info.width, info.height, buf)
 }
+
+/// The id of the one node of `class` in `wf` (committed presets number their nodes by
+/// build order, which tests should not depend on).
+pub fn node_of(wf: &Workflow, class: &str) -> String {
+    let ids: Vec<&String> = wf.nodes.iter().filter(|(_, n)| n.class_type == class).map(|(id, _)| id).collect();
+    assert_eq!(ids.len(), 1, "one {class} in the workflow");
+    ids[0].clone()
+}

@@ -9,7 +9,7 @@
 use sdflow_executor::{CancelToken, Executor, ExecutorConfig, InputSpec, InputValue, Inputs, IoType, Node, NodeError, NodeSchema, NodeSpec, NullSink, Outputs, Registry, RunOptions, Value, Workflow};
 use sdflow_nodes::values::Mask;
 use sdflow_nodes::Runtime;
-use sdflow_tests::{read_png, tiny_tree, workflows_dir, write_mask_png, write_test_png};
+use sdflow_tests::{node_of, read_png, tiny_tree, workflows_dir, write_mask_png, write_test_png};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -199,6 +199,21 @@ fn an_empty_mask_leaves_the_image_as_it_is() {
     assert_eq!(out, input_pixels(&env.dir.path().join("input")));
 }
 
+/// sd-cli's adetailer mode inpaints at the image's own size: 0 asks for that.
+#[test]
+fn zero_inpaint_size_is_the_image_size() {
+    let env = env();
+    let mut zero = workflow(&env, Some(&["a.png"]));
+    zero.set_input("6", "inpaint_width", c(json!(0))).unwrap();
+    zero.set_input("6", "inpaint_height", c(json!(0))).unwrap();
+    let mut sized = zero.clone();
+    sized.set_input("6", "inpaint_width", c(json!(W))).unwrap();
+    sized.set_input("6", "inpaint_height", c(json!(H))).unwrap();
+    let (_, _, a) = run(&env, &zero).unwrap();
+    assert_eq!(a, run(&env, &sized).unwrap().2);
+    assert_ne!(a, run(&env, &workflow(&env, Some(&["a.png"]))).unwrap().2, "32x32 differs from the image's 72x56");
+}
+
 #[test]
 fn bad_inputs_are_errors() {
     let env = env();
@@ -207,9 +222,9 @@ fn bad_inputs_are_errors() {
     assert!(e.contains("masks are") && e.contains("72x56"), "{e}");
 
     for k in ["inpaint_width", "inpaint_height"] {
-        let mut zero = workflow(&env, Some(&["a.png"]));
-        zero.set_input("6", k, c(json!(0))).unwrap();
-        let e = run(&env, &zero).unwrap_err();
+        let mut negative = workflow(&env, Some(&["a.png"]));
+        negative.set_input("6", k, c(json!(-8))).unwrap();
+        let e = run(&env, &negative).unwrap_err();
         assert!(e.contains(k), "{k}: {e}");
     }
     let mut strength = workflow(&env, Some(&["a.png"]));
@@ -235,21 +250,79 @@ fn committed_workflow_runs_with_the_real_detector() {
     let src = image::open(env.dir.path().join("input/photo.jpg")).unwrap().to_rgb8();
     assert_eq!((w, h), (src.width(), src.height()));
     let masks: Vec<Vec<u8>> = report.ui_outputs["21"]["images"].as_array().unwrap().iter().map(|m| read_png(&env.out.join(m["filename"].as_str().unwrap())).2).collect();
-    let ch = masks[0].len() / (w * h) as usize;
-    // Within 5 pixels (the radius-2 blur's reach) of any mask pixel the repair may differ.
-    let near = |x: u32, y: u32| -> bool {
-        masks.iter().any(|m| (y.saturating_sub(5)..(y + 6).min(h)).any(|yy| (x.saturating_sub(5)..(x + 6).min(w)).any(|xx| m[((yy * w + xx) as usize) * ch] > 0)))
-    };
-    let (mut changed_far, mut changed_near) = (0, 0);
-    for y in 0..h {
-        for x in 0..w {
-            let p = ((y * w + x) * 3) as usize;
-            if out[p..p + 3] != src.as_raw()[p..p + 3] {
-                if near(x, y) { changed_near += 1 } else { changed_far += 1 }
-            }
-        }
-    }
+    let (changed_far, changed_near) = changes_by_mask_distance(&out, src.as_raw(), &masks, w, h);
     eprintln!("{} masks, {changed_near} pixels repaired", masks.len());
     assert_eq!(changed_far, 0, "nothing changes away from the detected regions");
     assert!(changed_near > 1000, "the detected regions are re-sampled ({changed_near} pixels)");
+}
+
+/// Pixels of `out` that differ from `src`, (away from every mask, within 5 pixels of
+/// one: the radius-2 blur's reach). `masks` are saved MaskToImage PNGs.
+fn changes_by_mask_distance(out: &[u8], src: &[u8], masks: &[Vec<u8>], w: u32, h: u32) -> (usize, usize) {
+    let ch = masks.first().map_or(1, |m| m.len() / (w * h) as usize);
+    let near = |x: u32, y: u32| -> bool {
+        masks.iter().any(|m| (y.saturating_sub(5)..(y + 6).min(h)).any(|yy| (x.saturating_sub(5)..(x + 6).min(w)).any(|xx| m[((yy * w + xx) as usize) * ch] > 0)))
+    };
+    let (mut far, mut close) = (0, 0);
+    for y in 0..h {
+        for x in 0..w {
+            let p = ((y * w + x) * 3) as usize;
+            if out[p..p + 3] != src[p..p + 3] {
+                if near(x, y) { close += 1 } else { far += 1 }
+            }
+        }
+    }
+    (far, close)
+}
+
+/// workflows/adetailer_txt2img.json (sd-cli's img_gen with --ad-model): the generated
+/// image is repaired where the masks are and left as generated elsewhere. The detector is
+/// replaced by two mask files unless SDFLOW_YOLO_PT / SDFLOW_YOLO_IMAGE are set; then the
+/// real one runs on what the tiny model generated.
+#[test]
+fn detailer_after_txt2img() {
+    let env = env();
+    let text = std::fs::read_to_string(workflows_dir().join("adetailer_txt2img.json")).unwrap();
+    let mut wf = Workflow::parse(&text, env.exec.registry()).unwrap();
+    assert!(wf.header.as_ref().and_then(|h| h.title.as_ref()).is_some() && wf.header.as_ref().and_then(|h| h.description.as_ref()).is_some());
+    let [latent, sampler, decode, detail, masks, save] = ["EmptyLatentImage", "KSampler", "VAEDecode", "DetailerForEachMask", "BboxDetectorMasks", "SaveImage"].map(|k| node_of(&wf, k));
+    wf.set_input(&latent, "width", c(json!(W))).unwrap();
+    wf.set_input(&latent, "height", c(json!(H))).unwrap();
+    wf.set_input(&sampler, "steps", c(json!(2))).unwrap();
+    for (k, v) in [("steps", json!(3)), ("inpaint_width", json!(32)), ("inpaint_height", json!(32)), ("inpaint_padding", json!(4)), ("mask_blur", json!(2)), ("denoising_strength", json!(0.6))] {
+        wf.set_input(&detail, k, c(v)).unwrap();
+    }
+    assert_eq!(wf.nodes[&detail].inputs["image"], InputValue::link(decode.clone(), 0), "the detail pass repairs the decoded image");
+    // The image before the detail pass and the masks it used, saved alongside.
+    wf.nodes.insert("30".into(), NodeSpec::new("SaveImage").with_input("images", InputValue::link(decode, 0)).with_input("filename_prefix", c(json!("base"))));
+    let real = std::env::var_os("SDFLOW_YOLO_PT").is_some() && std::env::var_os("SDFLOW_YOLO_IMAGE").is_some();
+    let mask_node = if real {
+        masks
+    } else {
+        let detector = node_of(&wf, "UltralyticsDetectorProvider");
+        wf.nodes.remove(&detector);
+        wf.nodes.remove(&masks);
+        let load = |f: &str| NodeSpec::new("LoadImageMask").with_input("image", c(json!(f))).with_input("channel", c(json!("red")));
+        wf.nodes.insert("40".into(), load("a.png"));
+        wf.nodes.insert("41".into(), load("b.png"));
+        wf.nodes.insert("42".into(), NodeSpec::new("TestStackMasks").with_input("first", InputValue::link("40", 0)).with_input("second", InputValue::link("41", 0)));
+        wf.set_input(&detail, "masks", InputValue::link("42", 0)).unwrap();
+        "42".to_string()
+    };
+    wf.nodes.insert("31".into(), NodeSpec::new("MaskToImage").with_input("mask", InputValue::link(mask_node, 0)));
+    wf.nodes.insert("32".into(), NodeSpec::new("SaveImage").with_input("images", InputValue::link("31", 0)).with_input("filename_prefix", c(json!("masks"))));
+    let opts = RunOptions { output_dir: Some(env.out.clone()), ..Default::default() };
+    let report = env.exec.run(&wf, &NullSink, &CancelToken::new(), &opts).unwrap();
+    let saved = |id: &str| -> Vec<(u32, u32, Vec<u8>)> { report.ui_outputs[id]["images"].as_array().unwrap().iter().map(|m| read_png(&env.out.join(m["filename"].as_str().unwrap()))).collect() };
+    let (w, h, out) = saved(&save).remove(0);
+    let (_, _, base) = saved("30").remove(0);
+    assert_eq!((w, h), (W, H));
+    let masks: Vec<Vec<u8>> = saved("32").into_iter().map(|m| m.2).collect();
+    let (far, close) = changes_by_mask_distance(&out, &base, &masks, w, h);
+    assert_eq!(far, 0, "nothing changes away from the masks");
+    if real {
+        eprintln!("{} masks from the real detector, {close} pixels repaired", masks.len());
+    } else {
+        assert!(changed_in(&base, &out, A) > 100 && changed_in(&base, &out, B) > 100, "both masked regions of the generated image are re-sampled");
+    }
 }

@@ -5,7 +5,7 @@ use sdflow_core::dtype::DType;
 use sdflow_core::synth::{write_checkpoint, Format, SdConfig};
 use sdflow_executor::{stub, CancelToken, Executor, ExecutorConfig, InputValue, NodeSpec, NullSink, Registry, RunOptions, Workflow};
 use sdflow_nodes::Runtime;
-use sdflow_tests::{read_png, write_mask_png, write_test_png};
+use sdflow_tests::{node_of, read_png, write_mask_png, write_test_png};
 use std::sync::Arc;
 
 struct Env {
@@ -425,4 +425,56 @@ fn hires_fix_samples_again_at_the_upscaled_size() {
     scaled.set_input("9", "images", InputValue::link("20", 0)).unwrap();
     let (w, h, _) = run_saved(&env, &scaled, "9");
     assert_eq!((w, h), (40, 30));
+}
+
+/// sd-cli's `--hires` with each non-model upscaler, as the preset builds it: the image
+/// filters (Lanczos through ImageScale) and torch's latent modes sd-webui names.
+#[test]
+fn hires_fix_runs_with_every_filter_upscaler() {
+    let env = env();
+    let mut seen = Vec::new();
+    for upscaler in ["Lanczos", "Nearest", "Latent (nearest)", "Latent (antialiased)", "Latent (bicubic antialiased)"] {
+        let mut p = sdflow_workflows::presets::ImgGenParams { model: Some("model.safetensors".into()), prompt: "a cat".into(), width: 64, height: 64, steps: 2, ..Default::default() };
+        p.hires.enabled = true;
+        p.hires.upscaler = upscaler.into();
+        p.hires.scale = 1.5;
+        let preset = sdflow_workflows::presets::img_gen(&p).unwrap_or_else(|e| panic!("{upscaler}: {e}"));
+        if let Err(report) = env.exec.validate(&preset.workflow) {
+            panic!("{upscaler}: {}", serde_json::to_string_pretty(&report.to_json()).unwrap());
+        }
+        let (w, h, px) = run_saved(&env, &preset.workflow, &preset.save_nodes[0]);
+        assert_eq!((w, h), (96, 96), "{upscaler}: 64 × 1.5");
+        seen.push(px);
+    }
+    // The Lanczos and nearest image resizes, and the three latent modes, differ.
+    for i in 0..seen.len() {
+        for j in i + 1..seen.len() {
+            assert_ne!(seen[i], seen[j], "upscalers {i} and {j} gave the same image");
+        }
+    }
+}
+
+/// workflows/hires_fix_model.json: the base image goes through the upscale model (the
+/// tiny RRDBNet, ×4), is resized to the hires size and sampled again.
+#[test]
+fn hires_fix_with_a_model_upscaler_runs() {
+    let env = env();
+    let mut wf = load(&env, "hires_fix_model.json", 64, 2);
+    let (scale, save) = (node_of(&wf, "ImageScale"), node_of(&wf, "SaveImage"));
+    // The preset's target is 2 × 512; at test size 2 × 64.
+    for k in ["width", "height"] {
+        wf.set_input(&scale, k, InputValue::Const(serde_json::json!(128))).unwrap();
+    }
+    let (w, h, with_model) = run_saved(&env, &wf, &save);
+    assert_eq!((w, h), (128, 128));
+    // Without the model (the decoded base image resized directly) the result differs:
+    // the upscaler's output is what the hires pass starts from.
+    let mut plain = wf.clone();
+    let decoded = wf.nodes[&node_of(&wf, "ImageUpscaleWithModel")].inputs["image"].clone();
+    assert!(matches!(decoded, InputValue::Link { .. }), "{decoded:?}");
+    plain.set_input(&scale, "image", decoded).unwrap();
+    plain.nodes.remove(&node_of(&wf, "ImageUpscaleWithModel"));
+    plain.nodes.remove(&node_of(&wf, "UpscaleModelLoader"));
+    let (_, _, without) = run_saved(&env, &plain, &save);
+    assert_ne!(with_model, without);
 }

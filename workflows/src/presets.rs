@@ -110,7 +110,8 @@ pub fn extract_loras(prompt: &str) -> Result<(String, Vec<LoraTag>), PresetError
 pub struct HiresParams {
     /// `--hires`.
     pub enabled: bool,
-    /// `--hires-upscaler`: `Latent`, `Latent (bicubic)`, `Latent (nearest-exact)`,
+    /// `--hires-upscaler`: `Latent`, `Latent (nearest)`, `Latent (nearest-exact)`,
+    /// `Latent (antialiased)`, `Latent (bicubic)`, `Latent (bicubic antialiased)`,
     /// `Nearest`, `Lanczos`, or an upscale model's name.
     pub upscaler: String,
     /// `--hires-scale`.
@@ -179,6 +180,10 @@ pub struct ImgGenParams {
     /// `--extra-ad-args`: `input=value,...` overrides for the detailer node.
     pub ad_model: Option<String>,
     pub extra_ad_args: Option<String>,
+    /// `--ad-prompt`, `--ad-negative-prompt`: the detail pass's prompts (empty: the main
+    /// ones).
+    pub ad_prompt: String,
+    pub ad_negative_prompt: String,
     /// `-p`, `-n`. `<lora:name:weight>` tags in the prompt become LoraLoader nodes.
     pub prompt: String,
     pub negative_prompt: String,
@@ -231,6 +236,8 @@ impl Default for ImgGenParams {
             upscale_tile_size: 128,
             ad_model: None,
             extra_ad_args: None,
+            ad_prompt: String::new(),
+            ad_negative_prompt: String::new(),
             prompt: String::new(),
             negative_prompt: String::new(),
             lora_files: BTreeMap::new(),
@@ -273,8 +280,15 @@ pub struct AdetailerParams {
     pub init_img: String,
     pub ad_model: String,
     pub extra_ad_args: Option<String>,
+    /// `--ad-prompt`, `--ad-negative-prompt` (empty: `-p`, `-n`).
+    pub ad_prompt: String,
+    pub ad_negative_prompt: String,
     pub prompt: String,
     pub negative_prompt: String,
+    /// `-W`, `-H`: resize the input first; the detail pass works at the (resized)
+    /// image's size either way, as sd-cli's adetailer mode.
+    pub width: Option<i64>,
+    pub height: Option<i64>,
     pub steps: i64,
     pub cfg_scale: f64,
     pub sampling_method: Option<String>,
@@ -521,7 +535,16 @@ fn sampler_names(method: &Option<String>, scheduler: &Option<String>) -> (String
 /// ADetailer's detect-and-repair: a detector, its masks and the detail pass over them,
 /// with sd.cpp's `--extra-ad-args` keys routed to the node that takes them.
 #[allow(clippy::too_many_arguments)]
-fn detailer(b: &mut Builder, image: &Out, model: &Out, clip: &Out, vae: &Out, prompt: &str, negative: &str, ad_model: &str, extra: Option<&str>, seed: i64, steps: i64, cfg: f64, sampler: &str, scheduler: &str, denoise: f64) -> Result<Out, PresetError> {
+/// The detail pass's prompts and inpaint size (0: the image's side).
+struct DetailSpec<'a> {
+    prompt: &'a str,
+    negative: &'a str,
+    ad_prompt: &'a str,
+    ad_negative: &'a str,
+    inpaint: (i64, i64),
+}
+
+fn detailer(b: &mut Builder, image: &Out, model: &Out, clip: &Out, vae: &Out, d: &DetailSpec<'_>, ad_model: &str, extra: Option<&str>, seed: i64, steps: i64, cfg: f64, sampler: &str, scheduler: &str, denoise: f64) -> Result<Out, PresetError> {
     let det = b.extra("ad_detector", "--ad-model", NodeSpec::new("UltralyticsDetectorProvider").with_const("model_name", json!(ad_model)));
     let mut masks = NodeSpec::new("BboxDetectorMasks").with_input("bbox_detector", InputValue::link(det, 0)).with_input("image", link(image));
     let mut n = NodeSpec::new("DetailerForEachMask")
@@ -529,18 +552,18 @@ fn detailer(b: &mut Builder, image: &Out, model: &Out, clip: &Out, vae: &Out, pr
         .with_input("model", link(model))
         .with_input("clip", link(clip))
         .with_input("vae", link(vae))
-        .with_const("prompt", json!(prompt))
-        .with_const("negative_prompt", json!(negative))
-        .with_const("ad_prompt", json!(""))
-        .with_const("ad_negative_prompt", json!(""))
+        .with_const("prompt", json!(d.prompt))
+        .with_const("negative_prompt", json!(d.negative))
+        .with_const("ad_prompt", json!(d.ad_prompt))
+        .with_const("ad_negative_prompt", json!(d.ad_negative))
         .with_const("seed", json!(seed))
         .with_const("steps", json!(steps))
         .with_const("cfg", json!(cfg))
         .with_const("sampler_name", json!(sampler))
         .with_const("scheduler", json!(scheduler))
         .with_const("denoising_strength", json!(denoise))
-        .with_const("inpaint_width", json!(512))
-        .with_const("inpaint_height", json!(512))
+        .with_const("inpaint_width", json!(d.inpaint.0))
+        .with_const("inpaint_height", json!(d.inpaint.1))
         .with_const("inpaint_padding", json!(32))
         .with_const("mask_blur", json!(4));
     const MASK_KEYS: [&str; 12] = ["input_size", "confidence", "nms", "max_detections", "mask_k_largest", "mask_min_ratio", "mask_max_ratio", "dilate_erode", "x_offset", "y_offset", "mask_mode", "sort_by"];
@@ -753,8 +776,9 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
                 "Latent" => Some("bilinear"),
                 "Latent (bicubic)" => Some("bicubic"),
                 "Latent (nearest-exact)" => Some("nearest-exact"),
-                "Latent (nearest)" => return Err(not_supported("--hires-upscaler", "Latent (nearest): LatentUpscale offers nearest-exact, not torch's nearest")),
-                "Latent (antialiased)" | "Latent (bicubic antialiased)" => return Err(not_supported("--hires-upscaler", format!("{}: LatentUpscale has no antialiased modes", h.upscaler))),
+                "Latent (nearest)" => Some("nearest"),
+                "Latent (antialiased)" => Some("bilinear-antialiased"),
+                "Latent (bicubic antialiased)" => Some("bicubic-antialiased"),
                 _ => None,
             };
             let upscaled = if let Some(method) = latent_method {
@@ -809,7 +833,9 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
     };
     let mut image = Out(decoded, 0);
     if let Some(ad) = &p.ad_model {
-        image = detailer(&mut b, &image, &model, &clip, &vae, &prompt, &p.negative_prompt, ad, p.extra_ad_args.as_deref(), seed, p.steps, p.cfg_scale, &sampler, &scheduler, 0.4)?;
+        // sd.cpp's defaults after generation: 512x512 at strength 0.4.
+        let d = DetailSpec { prompt: &prompt, negative: &p.negative_prompt, ad_prompt: &p.ad_prompt, ad_negative: &p.ad_negative_prompt, inpaint: (512, 512) };
+        image = detailer(&mut b, &image, &model, &clip, &vae, &d, ad, p.extra_ad_args.as_deref(), seed, p.steps, p.cfg_scale, &sampler, &scheduler, 0.4)?;
     } else if p.extra_ad_args.is_some() {
         return Err(PresetError::Missing { flag: "--ad-model".into(), msg: "--extra-ad-args needs a detector model".into() });
     }
@@ -819,6 +845,10 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
     b.core("save", "-o", NodeSpec::new("SaveImage").with_input("images", link(&image)).with_const("filename_prefix", json!(save_prefix(&p.output))));
     if p.control_net.is_some() {
         description.push_str(" With a ControlNet.");
+    }
+    if p.ad_model.is_some() {
+        title.push_str(", then ADetailer");
+        description.push_str(" ADetailer then re-samples what the --ad-model detector finds (BboxDetectorMasks → DetailerForEachMask, one crop per mask at 512x512).");
     }
     Ok(b.finish(title, description))
 }
@@ -901,10 +931,20 @@ pub fn adetailer(p: &AdetailerParams) -> Result<Preset, PresetError> {
     let mut b = Builder::default();
     let ckpt = b.core("ckpt", "-m", NodeSpec::new("CheckpointLoaderSimple").with_const("ckpt_name", json!(p.model)));
     let (model, clip, vae) = (Out(ckpt.clone(), 0), Out(ckpt.clone(), 1), Out(ckpt, 2));
-    let img = Out(b.core("image", "-i", NodeSpec::new("LoadImage").with_const("image", json!(p.init_img))), 0);
-    let image = detailer(&mut b, &img, &model, &clip, &vae, &prompt, &p.negative_prompt, &p.ad_model, p.extra_ad_args.as_deref(), seed, p.steps, p.cfg_scale, &sampler, &scheduler, p.strength)?;
+    let mut img = Out(b.core("image", "-i", NodeSpec::new("LoadImage").with_const("image", json!(p.init_img))), 0);
+    let (w, h) = (p.width.unwrap_or(0), p.height.unwrap_or(0));
+    if w != 0 || h != 0 {
+        check_range("-W", w, 0, 16384)?;
+        check_range("-H", h, 0, 16384)?;
+        // As img_gen's -i with -W/-H; one side alone keeps the aspect ratio.
+        let resize = NodeSpec::new("ImageScale").with_input("image", link(&img)).with_const("upscale_method", json!("bicubic")).with_const("width", json!(w)).with_const("height", json!(h)).with_const("crop", json!("center"));
+        img = Out(b.extra("resize", "-W/-H", resize), 0);
+    }
+    // The detail pass runs at the image's size (0), which -W/-H just set.
+    let d = DetailSpec { prompt: &prompt, negative: &p.negative_prompt, ad_prompt: &p.ad_prompt, ad_negative: &p.ad_negative_prompt, inpaint: (0, 0) };
+    let image = detailer(&mut b, &img, &model, &clip, &vae, &d, &p.ad_model, p.extra_ad_args.as_deref(), seed, p.steps, p.cfg_scale, &sampler, &scheduler, p.strength)?;
     b.core("save", "-o", NodeSpec::new("SaveImage").with_input("images", link(&image)).with_const("filename_prefix", json!(save_prefix(&p.output))));
-    Ok(b.finish("ADetailer".into(), "sd-cli's adetailer mode: repairs an existing image. BboxDetectorMasks finds regions (faces, hands, ...) with the --ad-model detector and makes one mask per find; DetailerForEachMask then re-samples them in turn: each mask's box, padded by inpaint_padding, is cropped, inpainted at inpaint_width x inpaint_height with --strength and seed + mask index, and pasted back feathered by mask_blur. ad_prompt takes ADetailer's [SEP] (one prompt per mask), [PROMPT] (the main prompt) and [SKIP].".into()))
+    Ok(b.finish("ADetailer".into(), "sd-cli's adetailer mode: repairs an existing image. BboxDetectorMasks finds regions (faces, hands, ...) with the --ad-model detector and makes one mask per find; DetailerForEachMask then re-samples them in turn: each mask's box, padded by inpaint_padding, is cropped, inpainted at inpaint_width x inpaint_height (0: the image's size, as sd-cli; -W/-H resize the image first) with --strength and seed + mask index, and pasted back feathered by mask_blur. ad_prompt takes ADetailer's [SEP] (one prompt per mask), [PROMPT] (the main prompt) and [SKIP].".into()))
 }
 
 /// The nodes of `preset` that `registry` lacks, each as the refusal naming the flag that
@@ -989,6 +1029,66 @@ mod tests {
         assert!(matches!(img_gen(&p), Err(PresetError::Invalid { .. })), "unknown keys are refused");
     }
 
+    fn adetailer_base() -> AdetailerParams {
+        AdetailerParams {
+            model: "m.safetensors".into(),
+            init_img: "in.png".into(),
+            ad_model: "face.pt".into(),
+            extra_ad_args: None,
+            ad_prompt: String::new(),
+            ad_negative_prompt: String::new(),
+            prompt: "a face".into(),
+            negative_prompt: "blur".into(),
+            width: None,
+            height: None,
+            steps: 20,
+            cfg_scale: 7.0,
+            sampling_method: None,
+            scheduler: None,
+            seed: 1,
+            strength: 0.4,
+            output: "out.png".into(),
+        }
+    }
+
+    /// sd-cli's adetailer mode inpaints at the image's size, which -W/-H set by resizing
+    /// the input first; --ad-prompt/--ad-negative-prompt reach the detailer.
+    #[test]
+    fn adetailer_mode_works_at_the_image_size() {
+        let node = |wf: &Workflow, class: &str| wf.nodes.values().find(|n| n.class_type == class).cloned();
+        let mut p = adetailer_base();
+        p.ad_prompt = "[PROMPT], sharp eyes".into();
+        p.ad_negative_prompt = "lowres".into();
+        let wf = adetailer(&p).unwrap().workflow;
+        let detail = node(&wf, "DetailerForEachMask").unwrap();
+        assert_eq!((&detail.inputs["inpaint_width"], &detail.inputs["inpaint_height"]), (&InputValue::Const(json!(0)), &InputValue::Const(json!(0))));
+        assert_eq!(detail.inputs["ad_prompt"], InputValue::Const(json!("[PROMPT], sharp eyes")));
+        assert_eq!(detail.inputs["ad_negative_prompt"], InputValue::Const(json!("lowres")));
+        assert!(node(&wf, "ImageScale").is_none(), "no -W/-H: the input as it is");
+
+        p.width = Some(640);
+        let wf = adetailer(&p).unwrap().workflow;
+        let scale = node(&wf, "ImageScale").expect("-W resizes the input");
+        assert_eq!((&scale.inputs["width"], &scale.inputs["height"]), (&InputValue::Const(json!(640)), &InputValue::Const(json!(0))), "one side keeps the aspect ratio");
+        let detail = node(&wf, "DetailerForEachMask").unwrap();
+        let resized = wf.nodes.iter().find(|(_, n)| n.class_type == "ImageScale").map(|(id, _)| id.clone()).unwrap();
+        assert_eq!(detail.inputs["image"], InputValue::link(resized.clone(), 0));
+        assert_eq!(node(&wf, "BboxDetectorMasks").unwrap().inputs["image"], InputValue::link(resized, 0), "detection sees the resized image");
+        assert_eq!(detail.inputs["inpaint_width"], InputValue::Const(json!(0)), "the resized image's size");
+
+        p.extra_ad_args = Some("inpaint_width=512,inpaint_height=512".into());
+        let detail = node(&adetailer(&p).unwrap().workflow, "DetailerForEachMask").unwrap();
+        assert_eq!(detail.inputs["inpaint_width"], InputValue::Const(json!(512)), "--extra-ad-args wins");
+
+        let mut p = base();
+        p.ad_model = Some("face.pt".into());
+        p.ad_prompt = "[PROMPT] [SEP] [SKIP]".into();
+        let wf = img_gen(&p).unwrap().workflow;
+        let detail = node(&wf, "DetailerForEachMask").unwrap();
+        assert_eq!(detail.inputs["ad_prompt"], InputValue::Const(json!("[PROMPT] [SEP] [SKIP]")));
+        assert_eq!(detail.inputs["inpaint_width"], InputValue::Const(json!(512)), "after generation: sd.cpp's 512x512");
+    }
+
     #[test]
     fn optional_flags_add_nodes_after_the_core_ones() {
         let mut p = base();
@@ -1039,13 +1139,28 @@ mod tests {
         p.mask = Some("m.png".into());
         assert!(img_gen(&p).is_err(), "a mask without an image");
         let mut p = base();
-        p.hires.enabled = true;
-        p.hires.upscaler = "Latent (antialiased)".into();
-        assert!(matches!(img_gen(&p), Err(PresetError::NotSupported { .. })));
-        let mut p = base();
         p.tiling.enabled = true;
         p.tiling.tile_size = (32, 64);
         assert!(matches!(img_gen(&p), Err(PresetError::NotSupported { .. })));
+    }
+
+    #[test]
+    fn every_sd_cli_latent_upscaler_has_a_latent_method() {
+        for (name, method) in [
+            ("Latent", "bilinear"),
+            ("Latent (nearest)", "nearest"),
+            ("Latent (nearest-exact)", "nearest-exact"),
+            ("Latent (antialiased)", "bilinear-antialiased"),
+            ("Latent (bicubic)", "bicubic"),
+            ("Latent (bicubic antialiased)", "bicubic-antialiased"),
+        ] {
+            let mut p = base();
+            p.hires.enabled = true;
+            p.hires.upscaler = name.into();
+            let wf = img_gen(&p).unwrap_or_else(|e| panic!("{name}: {e}")).workflow;
+            assert_eq!(wf.nodes["6"].class_type, "LatentUpscaleBy", "{name}");
+            assert_eq!(wf.nodes["6"].inputs["upscale_method"], InputValue::Const(json!(method)), "{name}");
+        }
     }
 
     #[test]

@@ -190,6 +190,8 @@ pub struct MergeReport {
     pub applied: usize,
     /// One line per module that was skipped, with why.
     pub skipped: Vec<String>,
+    /// Tensors of this side whose names no patch format uses, each skipped.
+    pub unknown: Vec<String>,
     /// Weights the overlay owns.
     pub patched_weights: usize,
 }
@@ -217,6 +219,12 @@ pub fn deltas(base: &Weights, lora: &LoraFile, side: Side, strength: f32, report
         tracing::warn!("LoRA {}: {msg}", lora.path);
         report.skipped.push(msg);
     };
+    // A stray tensor is reported by the side its name points at, so a LoRA merged into
+    // both the model and the text encoder names it once.
+    for name in lora.unknown.iter().filter(|n| side.owns(n)) {
+        tracing::warn!("LoRA {}: tensor `{name}` has no LoRA/LyCORIS name; skipped", lora.path);
+        report.unknown.push(name.clone());
+    }
     for (module, what) in &lora.unsupported {
         if side.owns(module) {
             skip(report, format!("{module}: `{what}` patches are not supported; skipped"));
@@ -300,8 +308,10 @@ pub fn merge(base: PinGuard<Weights>, lora: &LoraFile, side: Side, strength: f32
         patched.push((name, out));
     }
     report.patched_weights = patched.len();
-    if !report.skipped.is_empty() {
-        tracing::warn!("LoRA {}: {} of {} modules skipped", lora.path, report.skipped.len(), report.applied + report.skipped.len());
+    match (report.skipped.len(), report.unknown.len()) {
+        (0, 0) => {}
+        (s, 0) => tracing::warn!("LoRA {}: {s} of {} modules skipped", lora.path, report.applied + s),
+        (s, u) => tracing::warn!("LoRA {}: {s} of {} modules skipped, and {u} tensors with unrecognised names", lora.path, report.applied + s),
     }
     let backend = Backend::cpu(1).map_err(ModelError::from)?;
     Ok((Weights::overlay(&backend, base, patched)?, report))
