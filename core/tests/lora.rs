@@ -4,6 +4,9 @@
 //! in safetensors, pickle and GGUF files; broken files never panic. At runtime (LoRA and
 //! LoCon as graph branches) every patched layer computes what it computes merged.
 
+mod common;
+
+use common::vals;
 use std::path::{Path, PathBuf};
 
 use sdflow_core::dtype::{self, DType};
@@ -201,17 +204,6 @@ fn diffusers_module_names_map_to_ldm_weights() {
     }
 }
 
-/// Deterministic values in [-1, 1).
-fn noise(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
-
 /// The layer that uses weight `name` (`nn::conv2d` for a kernel, stride `stride` and
 /// "same" padding; `nn::project` for a matrix) on a fixed input.
 fn layer(w: &Weights, name: &str, stride: i32) -> Vec<f32> {
@@ -219,10 +211,10 @@ fn layer(w: &Weights, name: &str, stride: i32) -> Vec<f32> {
     let ctx = Context::new(64, 64).unwrap();
     let mut run = GraphRun::new(&ctx);
     let y = if ne[2] != 1 || ne[3] != 1 {
-        let x = run.input_f32(&[7, 6, ne[2], 2], noise((7 * 6 * 2 * ne[2]) as usize, 3)).unwrap();
+        let x = run.input_f32(&[7, 6, ne[2], 2], vals((7 * 6 * 2 * ne[2]) as usize, 3)).unwrap();
         nn::conv2d(&ctx, w, name.strip_suffix(".weight").unwrap(), x, stride, (ne[0] / 2) as i32).unwrap()
     } else {
-        let x = run.input_f32(&[ne[0], 5, 2], noise((ne[0] * 10) as usize, 4)).unwrap();
+        let x = run.input_f32(&[ne[0], 5, 2], vals((ne[0] * 10) as usize, 4)).unwrap();
         nn::project(&ctx, w, name, x).unwrap()
     };
     run.compute(&Backend::cpu(1).unwrap(), &[y], 64).unwrap().remove(0)
