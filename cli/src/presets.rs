@@ -57,7 +57,6 @@ const REFUSED: &[(&str, bool, &str)] = &[
     ("circularx", false, "circular padding is not implemented"),
     ("circulary", false, "circular padding is not implemented"),
     ("prediction", true, "the prediction type is detected from the checkpoint and cannot be overridden yet"),
-    ("lora-apply-mode", true, "LoraLoader always merges LoRAs into the weights (sd.cpp's `immediately`, also for quantized weights); `at_runtime` is not implemented"),
     ("end-img", true, "video generation is not implemented"),
     ("control-video", true, "video generation is not implemented"),
     ("video-frames", true, "video generation is not implemented"),
@@ -326,6 +325,11 @@ pub struct ImgGenArgs {
     /// Lora model directory (for `<lora:name:weight>` prompt tags).
     #[arg(long, value_name = "string", default_value = ".")]
     pub lora_model_dir: PathBuf,
+    /// How LoRAs are applied: immediately (merged into the weights), at_runtime (low-rank
+    /// branches in the graph, the weights untouched) or auto (at_runtime for quantized
+    /// weights, else immediately).
+    #[arg(long, value_name = "MODE", value_parser = ["auto", "immediately", "at_runtime"])]
+    pub lora_apply_mode: Option<String>,
     /// Weight type per tensor pattern (refused here: only --type applies at load; see
     /// `sdflow convert`).
     #[arg(long, value_name = "string")]
@@ -682,6 +686,7 @@ fn img_gen_params(a: &ImgGenArgs, seed: i64, names: &mut Names<'_>) -> anyhow::R
         prompt: a.sampling.prompt.clone(),
         negative_prompt: a.sampling.negative_prompt.clone(),
         lora_files,
+        lora_apply_mode: a.lora_apply_mode.clone(),
         width: a.width.unwrap_or(512),
         height: a.height.unwrap_or(512),
         size_given: a.width.is_some() || a.height.is_some(),

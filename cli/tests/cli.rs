@@ -375,8 +375,20 @@ fn img_gen_applies_lora_tags() {
         png_pixels(&dir.path().join(out))
     };
     let plain = run("a lovely cat", "plain.png");
-    assert_ne!(run("<lora:ink:0.8>a lovely cat", "ink.png"), plain);
+    let ink = run("<lora:ink:0.8>a lovely cat", "ink.png");
+    assert_ne!(ink, plain);
     assert_eq!(run("<lora:ink:0>a lovely cat", "zero.png"), plain);
+
+    // --lora-apply-mode reaches the LoraLoader: at_runtime draws what the default (auto,
+    // on these f32 weights: immediately) draws, to within rounding.
+    let wf = ok(&["-m", model.to_str().unwrap(), "--lora-model-dir", loras.to_str().unwrap(), "-p", "<lora:ink:0.8>a cat", "--lora-apply-mode", "at_runtime", "--print-workflow"], dir.path());
+    let wf: serde_json::Value = serde_json::from_str(&wf).unwrap();
+    assert_eq!(wf["nodes"]["8"]["inputs"]["apply_mode"], "at_runtime", "{wf}");
+    ok(&["-m", model.to_str().unwrap(), "--lora-model-dir", loras.to_str().unwrap(), "-p", "<lora:ink:0.8>a lovely cat", "--lora-apply-mode", "at_runtime", "-W", "64", "-H", "64", "--steps", "2", "-s", "3", "-o", "rt.png"], dir.path());
+    let rt = png_pixels(&dir.path().join("rt.png"));
+    assert!(rt.iter().zip(&ink).all(|(a, b)| a.abs_diff(*b) <= 2), "at_runtime is within 2 levels of immediately");
+    let (_, e) = fails(&["-m", model.to_str().unwrap(), "-p", "a cat", "--lora-apply-mode", "later", "--print-workflow"], dir.path());
+    assert!(e.contains("later") && e.contains("at_runtime"), "{e}");
 }
 
 /// The sdflow-format file of `workflows/` as ComfyUI's API format: its `nodes` object

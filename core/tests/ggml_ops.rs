@@ -1,6 +1,9 @@
 //! Every ggml op the model families use, checked against plain Rust reference code on the
 //! CPU backend. Dimensions are ggml order: ne[0] is innermost.
 
+mod common;
+
+use common::vals;
 use sdflow_core::ggml::{Backend, Context, GType, GraphAllocator, ScaleMode, Tensor};
 
 enum Data {
@@ -10,16 +13,6 @@ enum Data {
     I32(Vec<i32>),
 }
 
-/// Deterministic pseudo-random values in [-1, 1).
-fn vals(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
 
 fn f16_round(v: &[f32]) -> Vec<f32> {
     v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect()

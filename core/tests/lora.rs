@@ -1,16 +1,20 @@
 //! LoRA / LyCORIS merging against ComfyUI's formulas, computed in PyTorch by
 //! fixtures/lora/make_lora.py: every format (kohya LoRA with alpha, LoCon with and without
 //! Tucker mid, LoHa, LoKr, full diff/diff_b, diffusers/PEFT names, OpenCLIP's fused q/k/v),
-//! in safetensors, pickle and GGUF files; broken files never panic.
+//! in safetensors, pickle and GGUF files; broken files never panic. At runtime (LoRA and
+//! LoCon as graph branches) every patched layer computes what it computes merged.
 
+mod common;
+
+use common::vals;
 use std::path::{Path, PathBuf};
 
 use sdflow_core::dtype::{self, DType};
-use sdflow_core::ggml::Backend;
+use sdflow_core::ggml::{Backend, Context, GraphRun};
 use sdflow_core::io::{self, gguf, TypeRules};
-use sdflow_core::lora::{self, LoraFile, Side};
+use sdflow_core::lora::{self, ApplyMode, LoraFile, Side};
 use sdflow_core::models::load::load_weights;
-use sdflow_core::models::Weights;
+use sdflow_core::models::{nn, WeightSpec, Weights};
 use sdflow_core::residency::{Device, PinGuard, ResidencyManager, WeightKey};
 
 fn fixture(name: &str) -> PathBuf {
@@ -200,6 +204,7 @@ fn diffusers_module_names_map_to_ldm_weights() {
     }
 }
 
+<<<<<<< HEAD
 /// Tensors no patch format names (training leftovers, typos) are skipped, each with its
 /// own warning on the side its name points at, and counted in the merge's summary; the
 /// rest of the file merges as without them.
@@ -251,4 +256,151 @@ impl std::io::Write for Sink {
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
+=======
+/// The layer that uses weight `name` (`nn::conv2d` for a kernel, stride `stride` and
+/// "same" padding; `nn::project` for a matrix) on a fixed input.
+fn layer(w: &Weights, name: &str, stride: i32) -> Vec<f32> {
+    let ne = w.get(name).unwrap().ne();
+    let ctx = Context::new(64, 64).unwrap();
+    let mut run = GraphRun::new(&ctx);
+    let y = if ne[2] != 1 || ne[3] != 1 {
+        let x = run.input_f32(&[7, 6, ne[2], 2], vals((7 * 6 * 2 * ne[2]) as usize, 3)).unwrap();
+        nn::conv2d(&ctx, w, name.strip_suffix(".weight").unwrap(), x, stride, (ne[0] / 2) as i32).unwrap()
+    } else {
+        let x = run.input_f32(&[ne[0], 5, 2], vals((ne[0] * 10) as usize, 4)).unwrap();
+        nn::project(&ctx, w, name, x).unwrap()
+    };
+    run.compute(&Backend::cpu(1).unwrap(), &[y], 64).unwrap().remove(0)
+}
+
+/// Largest |a - b| relative to the largest |b| (at least 1).
+fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(1f32, |m, v| m.max(v.abs()));
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+#[test]
+fn at_runtime_gives_the_layers_of_the_merge() {
+    for (case, base_file, strength) in cases() {
+        let rm = ResidencyManager::new();
+        let base = pinned_base(&rm, &base_file);
+        let file = LoraFile::open(&fixture(&format!("{case}.safetensors"))).unwrap();
+        let want = expected(&format!("{case}_expected.safetensors"));
+        for side in [Side::DiffusionModel, Side::TextEncoder] {
+            let (merged, _) = lora::merge(base.clone(), &file, side, strength).unwrap();
+            let (runtime, report) = lora::apply(base.clone(), &file, side, strength, ApplyMode::AtRuntime).unwrap();
+            assert_eq!(report.mode, ApplyMode::AtRuntime);
+            assert!(report.skipped.is_empty(), "{case} {side:?}: {:?}", report.skipped);
+            for (name, ty, _) in want.iter().filter(|w| side_of(&w.0) == side && !w.0.ends_with(".bias")) {
+                let low_rank = !["loha", "lokr", "diff"].contains(&case.as_str());
+                // LoRA and LoCon stay out of the weights; the others have no branch form.
+                assert_eq!(runtime.owns(name), !low_rank, "{case}: {name}");
+                assert_eq!(runtime.adapters(name).is_empty(), !low_rank, "{case}: {name}");
+                // f16 weights: the merge rounds the patched weight to f16, the branch does not.
+                let tol = if *ty == DType::F16 { 2e-3 } else { 2e-5 };
+                for stride in [1, 2] {
+                    let d = rel_diff(&layer(&runtime, name, stride), &layer(&merged, name, stride));
+                    assert!(d <= tol, "{case}: {name} (stride {stride}): the runtime branch is off the merge by {d}");
+                    if ne_is_matrix(&base, name) {
+                        break;
+                    }
+                }
+            }
+            if matches!(case.as_str(), "kohya" | "peft" | "openclip") && report.applied > 0 {
+                assert_eq!(report.at_runtime, report.applied, "{case} {side:?}: every module is a branch");
+                assert_eq!(report.patched_weights, 0, "{case} {side:?}: no weight copied");
+                assert!(runtime.bytes() < merged.bytes(), "{case} {side:?}: factors ({}) < merged weights ({})", runtime.bytes(), merged.bytes());
+            }
+        }
+    }
+}
+
+fn ne_is_matrix(w: &Weights, name: &str) -> bool {
+    let ne = w.get(name).unwrap().ne();
+    ne[2] == 1 && ne[3] == 1
+}
+
+#[test]
+fn a_chain_at_runtime_adds_every_branch() {
+    let rm = ResidencyManager::new();
+    let base = pinned_base(&rm, "base.safetensors");
+    let file = LoraFile::open(&fixture("kohya.safetensors")).unwrap();
+    let name = "model.diffusion_model.output_blocks.1.1.conv.weight";
+    // Twice at 0.4 at runtime = once at 0.8 merged.
+    let (merged, _) = lora::merge(base.clone(), &file, Side::DiffusionModel, 0.8).unwrap();
+    let key = WeightKey::new([fixture("kohya.safetensors")], "once", None, Device::Cpu).unwrap();
+    let b = base.clone();
+    let once = rm
+        .get_or_load(key, move || -> Result<Weights, Box<dyn std::error::Error + Send + Sync>> {
+            let file = LoraFile::open(&fixture("kohya.safetensors"))?;
+            Ok(lora::apply(b.clone(), &file, Side::DiffusionModel, 0.4, ApplyMode::AtRuntime)?.0)
+        })
+        .unwrap()
+        .pin()
+        .unwrap();
+    let (twice, _) = lora::apply(once, &file, Side::DiffusionModel, 0.4, ApplyMode::AtRuntime).unwrap();
+    assert_eq!(twice.adapters(name).len(), 2);
+    let d = rel_diff(&layer(&twice, name, 1), &layer(&merged, name, 1));
+    assert!(d <= 2e-5, "off by {d}");
+}
+
+#[test]
+fn auto_keeps_quantized_weights_and_branches_beside_them() {
+    let rm = ResidencyManager::new();
+    let path = fixture("base.safetensors");
+    let load = |ty: Option<DType>, prefix: &str| {
+        let path = path.clone();
+        let key = WeightKey::new([&path], prefix, ty, Device::Cpu).unwrap();
+        rm.get_or_load(key, move || -> Result<Weights, Box<dyn std::error::Error + Send + Sync>> {
+            let src = io::open(&path)?;
+            Ok(load_weights(&Backend::cpu(1)?, src.as_ref(), &[""], &TypeRules::new(ty, "")?)?)
+        })
+        .unwrap()
+        .pin()
+        .unwrap()
+    };
+    let q8 = load(Some(DType::Q8_0), "");
+    let f32_base = load(None, "");
+    assert_eq!(ApplyMode::Auto.resolve(&q8), ApplyMode::AtRuntime);
+    assert_eq!(ApplyMode::Auto.resolve(&f32_base), ApplyMode::Immediately);
+    let name = "model.diffusion_model.input_blocks.1.1.transformer_blocks.0.attn1.to_q.weight";
+    assert_eq!(q8.get(name).unwrap().dtype(), sdflow_core::ggml::GType::Q8_0, "the fixture's matrix is quantized");
+
+    // The q8_0 weights, dequantized: what an exact merge would start from.
+    let key = WeightKey::new([&path], "dequantized", None, Device::Cpu).unwrap();
+    let q = q8.clone();
+    let deq = rm
+        .get_or_load(key, move || -> Result<Weights, Box<dyn std::error::Error + Send + Sync>> {
+            let specs: Vec<WeightSpec> = q.names().map(|n| WeightSpec { name: n.to_string(), ty: sdflow_core::ggml::GType::F32, ne: q.get(n).unwrap().ne().to_vec() }).collect();
+            Ok(Weights::new(&Backend::cpu(1)?, &specs, |s| Ok(values(&q, &s.name).1.iter().flat_map(|x| x.to_le_bytes()).collect()))?)
+        })
+        .unwrap()
+        .pin()
+        .unwrap();
+
+    let file = LoraFile::open(&fixture("kohya.safetensors")).unwrap();
+    let (auto, report) = lora::apply(q8.clone(), &file, Side::DiffusionModel, 0.8, ApplyMode::Auto).unwrap();
+    assert_eq!(report.mode, ApplyMode::AtRuntime);
+    assert!(report.at_runtime > 0 && report.patched_weights == 0, "{report:?}");
+    assert!(!auto.owns(name) && auto.adapters(name).len() == 1);
+    assert!(auto.bytes() * 4 < q8.bytes(), "the branches ({} bytes) are a fraction of the weights ({})", auto.bytes(), q8.bytes());
+    let (exact, _) = lora::merge(deq, &file, Side::DiffusionModel, 0.8).unwrap();
+    let (plain, _) = lora::merge(q8.clone(), &file, Side::DiffusionModel, 0.0).unwrap();
+    let (got, want, without) = (layer(&auto, name, 1), layer(&exact, name, 1), layer(&plain, name, 1));
+    // ggml quantizes the activations for a q8_0 product: about 1 % off, far less than
+    // what the LoRA changes.
+    let d = rel_diff(&got, &want);
+    assert!(d < 0.02, "q8_0 + branch is off the exact merge by {d}");
+    assert!(rel_diff(&without, &want) > 5.0 * d, "the LoRA's effect ({}) stands out of the error ({d})", rel_diff(&without, &want));
+}
+
+#[test]
+fn apply_modes_parse_by_sd_cpp_names() {
+    for n in ApplyMode::NAMES {
+        assert_eq!(n.parse::<ApplyMode>().unwrap().name(), n);
+    }
+    let e = "runtime".parse::<ApplyMode>().unwrap_err().to_string();
+    assert!(e.contains("runtime") && e.contains("at_runtime"), "{e}");
+>>>>>>> wt-c
 }

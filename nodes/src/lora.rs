@@ -9,14 +9,16 @@
 //! tensors that LoRA touches, and the checkpoint itself is never reloaded for either. A
 //! chain of LoraLoaders stacks overlays, each keyed by the chain so far.
 //!
-//! Only the `immediately` apply mode (sd.cpp's name: merged into the weights) exists; a
-//! LoRA on quantized weights is merged by dequantizing, adding and quantizing again.
+//! `apply_mode` is sd.cpp's `--lora-apply-mode`: `immediately` merges into the weights
+//! (a quantized weight is dequantized, patched and quantized again), `at_runtime` keeps the
+//! weights and adds LoRA / LoCon as low-rank branches when graphs are built, `auto` (the
+//! default) picks `at_runtime` for quantized weights. The mode is part of the entry's key.
 
 use crate::err;
 use crate::runtime::Runtime;
 use crate::values::{ClipRef, ModelRef};
 use sdflow_core::io;
-use sdflow_core::lora::{self, LoraFile, Side};
+use sdflow_core::lora::{self, ApplyMode, LoraFile, Side};
 use sdflow_core::models::Weights;
 use sdflow_core::residency::{WeightHandle, WeightKey};
 use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Node, NodeError, NodeSchema, Outputs, Registry, Value};
@@ -28,22 +30,23 @@ pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
     registry.register(Arc::new(LoraLoader { rt: rt.clone(), model_only: true }));
 }
 
-/// `base` with the LoRA at `path` merged at `strength` (for the modules of `side`), as a
-/// residency handle; nothing is read until it is pinned.
-pub fn lora_handle(rt: &Runtime, base: &WeightHandle<Weights>, path: &Path, strength: f32, side: Side) -> Result<WeightHandle<Weights>, NodeError> {
+/// `base` with the LoRA at `path` applied at `strength` in `mode` (for the modules of
+/// `side`), as a residency handle; nothing is read until it is pinned.
+pub fn lora_handle(rt: &Runtime, base: &WeightHandle<Weights>, path: &Path, strength: f32, side: Side, mode: ApplyMode) -> Result<WeightHandle<Weights>, NodeError> {
     let canonical = std::fs::canonicalize(path).map_err(|e| NodeError::msg(format!("{}: {e}", path.display())))?;
     let bk = base.key();
     let mut sources = bk.sources.clone();
     sources.push(canonical.clone());
     // `{:?}` keeps every bit of the strength: 0.7 and 0.70000005 are different merges.
-    let key = WeightKey { sources, prefix: format!("{}+lora@{strength:?}", bk.prefix), dtype: bk.dtype, device: bk.device };
+    // `auto` keys as itself: what it resolves to is known only once the base is loaded.
+    let key = WeightKey { sources, prefix: format!("{}+lora:{}@{strength:?}", bk.prefix, mode.name()), dtype: bk.dtype, device: bk.device };
     let base = base.clone();
     rt.residency
         .get_or_load(key, move || -> Result<Weights, Box<dyn std::error::Error + Send + Sync>> {
             let pinned = base.pin()?;
             let file = LoraFile::open(&canonical)?;
-            let (merged, report) = lora::merge(pinned, &file, side, strength)?;
-            tracing::info!(lora = %canonical.display(), ?side, strength, modules = report.applied, weights = report.patched_weights, skipped = report.skipped.len(), unknown_tensors = report.unknown.len(), "LoRA merged");
+            let (merged, report) = lora::apply(pinned, &file, side, strength, mode)?;
+            tracing::info!(lora = %canonical.display(), ?side, strength, mode = report.mode.name(), modules = report.applied, at_runtime = report.at_runtime, weights = report.patched_weights, skipped = report.skipped.len(), unknown_tensors = report.unknown.len(), "LoRA applied");
             Ok(merged)
         })
         .map_err(err)
@@ -65,6 +68,14 @@ fn strength_input(name: &str, tip: &str) -> InputSpec {
     InputSpec::float(name, 1.0).float_range(-100.0, 100.0).float_step(0.01).tooltip(tip)
 }
 
+/// The optional `apply_mode`: a workflow written for ComfyUI has none and gets `auto`.
+fn apply_mode(inputs: &Inputs) -> Result<ApplyMode, NodeError> {
+    if !inputs.contains("apply_mode") {
+        return Ok(ApplyMode::Auto);
+    }
+    inputs.string("apply_mode")?.parse().map_err(err)
+}
+
 fn strength(inputs: &Inputs, name: &str) -> Result<f32, NodeError> {
     let s = inputs.float(name)?;
     if !s.is_finite() {
@@ -83,17 +94,22 @@ impl Node for LoraLoader {
         };
         let s = s
             .category("loaders")
-            .description("Merges a LoRA / LyCORIS file (kohya, diffusers/PEFT, LoCon, LoHa, LoKr, full diff) into the weights; the checkpoint stays shared and loaded once.")
+            .description("Applies a LoRA / LyCORIS file (kohya, diffusers/PEFT, LoCon, LoHa, LoKr, full diff) to the weights, merged or as runtime branches; the checkpoint stays shared and loaded once.")
             .input(InputSpec::link("model", IoType::MODEL).tooltip("The diffusion model the LoRA will be applied to."));
         let s = if self.model_only { s } else { s.input(InputSpec::link("clip", IoType::CLIP).tooltip("The CLIP model the LoRA will be applied to.")) };
         let s = s.input(InputSpec::combo("lora_name", self.rt.list_models("loras")).tooltip("The name of the LoRA."));
         let s = s.input(strength_input("strength_model", model_tip));
+        let s = if self.model_only { s } else { s.input(strength_input("strength_clip", "How strongly to modify the CLIP model. This value can be negative.")) };
+        let s = s.input(
+            InputSpec::combo("apply_mode", ApplyMode::NAMES)
+                .combo_default(ApplyMode::Auto.name())
+                .optional()
+                .tooltip("sd.cpp's --lora-apply-mode: immediately merges into the weights, at_runtime adds LoRA/LoCon as low-rank branches and leaves the weights untouched, auto picks at_runtime for quantized weights."),
+        );
         if self.model_only {
             s.output("MODEL", IoType::MODEL)
         } else {
-            s.input(strength_input("strength_clip", "How strongly to modify the CLIP model. This value can be negative."))
-                .output("MODEL", IoType::MODEL)
-                .output("CLIP", IoType::CLIP)
+            s.output("MODEL", IoType::MODEL).output("CLIP", IoType::CLIP)
         }
     }
 
@@ -109,18 +125,19 @@ impl Node for LoraLoader {
         let src = io::open(&path).map_err(err)?;
         LoraFile::check(src.as_ref()).map_err(err)?;
         drop(src);
+        let mode = apply_mode(inputs)?;
         let mut model = inputs.downcast::<ModelRef>("model")?.clone();
         let sm = strength(inputs, "strength_model")?;
         // Strength 0 is the input itself (as in ComfyUI): no entry, no merge.
         if sm != 0.0 {
-            model.weights = lora_handle(&self.rt, &model.weights, &path, sm, Side::DiffusionModel)?;
+            model.weights = lora_handle(&self.rt, &model.weights, &path, sm, Side::DiffusionModel, mode)?;
         }
         let mut out = vec![Value::new(IoType::MODEL, model)];
         if !self.model_only {
             let mut clip = inputs.downcast::<ClipRef>("clip")?.clone();
             let sc = strength(inputs, "strength_clip")?;
             if sc != 0.0 {
-                clip.weights = lora_handle(&self.rt, &clip.weights, &path, sc, Side::TextEncoder)?;
+                clip.weights = lora_handle(&self.rt, &clip.weights, &path, sc, Side::TextEncoder, mode)?;
             }
             out.push(Value::new(IoType::CLIP, clip));
         }

@@ -2,6 +2,8 @@
 //! on a tiny SD1 checkpoint with a random kohya LoRA over all its UNet and text-encoder
 //! layers. The LoRA changes the image, strength 0 is exactly no LoRA, other strengths
 //! reuse the checkpoint already loaded, and broken files fail the run naming the file.
+//! `apply_mode` at_runtime draws what immediately draws without copying the weights, and
+//! auto picks it for quantized weights.
 
 use std::sync::Mutex;
 use sdflow_core::dtype::DType;
@@ -9,7 +11,7 @@ use sdflow_core::io;
 use sdflow_core::lora::synth::write_random_lora;
 use sdflow_core::residency::ResidencyManager;
 use sdflow_core::synth::Format;
-use sdflow_executor::{CancelToken, InputValue, NodeSpec, NullSink, RunOptions, Workflow};
+use sdflow_executor::{CancelToken, ErrorKind, InputValue, NodeSpec, NullSink, RunOptions, Workflow};
 use sdflow_tests::{tiny_tree, TestEnv};
 use serde_json::json;
 use std::sync::Arc;
@@ -100,7 +102,7 @@ fn another_strength_reuses_the_loaded_checkpoint() {
     assert_eq!(env.run_saved(&wf, "7").2, first, "back to 0.8: the same image");
 
     let stats = rm.stats();
-    let (base, merged): (Vec<_>, Vec<_>) = stats.models.iter().partition(|m| !m.key.prefix.contains("+lora@"));
+    let (base, merged): (Vec<_>, Vec<_>) = stats.models.iter().partition(|m| !m.key.prefix.contains("+lora"));
     for m in &base {
         assert_eq!(m.loads, 1, "{} loaded once for every strength: {m:?}", m.name);
     }
@@ -124,6 +126,73 @@ fn quantized_weights_take_the_lora_too() {
     let wf = lora_wf(&env);
     let with = env.run_saved(&wf, "7").2;
     assert_ne!(with, env.run_saved(&without_lora(&wf), "7").2);
+}
+
+fn mode(wf: &Workflow, mode: &str) -> Workflow {
+    let mut wf = wf.clone();
+    wf.set_input("8", "apply_mode", c(json!(mode))).unwrap();
+    wf
+}
+
+/// The largest difference of two images of the same size, in 8-bit levels.
+fn max_level_diff(a: &[u8], b: &[u8]) -> u8 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| x.abs_diff(*y)).max().unwrap_or(0)
+}
+
+/// The resident LoRA entry of the UNet in `mode`, and the checkpoint's UNet.
+fn unet_entries(rm: &ResidencyManager, mode: &str) -> (u64, u64) {
+    let stats = rm.stats();
+    let unet = stats.models.iter().find(|m| m.key.prefix == "model.diffusion_model.").unwrap();
+    let lora = stats.models.iter().find(|m| m.key.prefix.starts_with(&format!("model.diffusion_model.+lora:{mode}@"))).unwrap_or_else(|| panic!("no {mode} entry in {:#?}", stats.models));
+    (lora.bytes, unet.bytes)
+}
+
+#[test]
+fn at_runtime_draws_what_immediately_draws_without_copying_weights() {
+    let (env, rm) = env(None);
+    let wf = lora_wf(&env);
+    let merged = env.run_saved(&mode(&wf, "immediately"), "7").2;
+    let runtime = env.run_saved(&mode(&wf, "at_runtime"), "7").2;
+    let plain = env.run_saved(&without_lora(&wf), "7").2;
+    let d = max_level_diff(&runtime, &merged);
+    let effect = max_level_diff(&plain, &merged);
+    eprintln!("at_runtime vs immediately: {d} levels; the LoRA itself: {effect} levels");
+    assert!(d <= 2, "at_runtime is {d} levels off immediately");
+    assert!(effect > 10 * d.max(1), "the LoRA's effect ({effect}) dwarfs the difference ({d})");
+    // auto on f32 weights is immediately.
+    assert_eq!(env.run_saved(&wf, "7").2, merged, "the workflow's default (auto) merges f32 weights");
+
+    let (runtime_bytes, unet) = unet_entries(&rm, "at_runtime");
+    let (merged_bytes, _) = unet_entries(&rm, "immediately");
+    eprintln!("UNet {unet} bytes; at_runtime entry {runtime_bytes}; immediately entry {merged_bytes}");
+    assert!(runtime_bytes * 3 < unet && runtime_bytes * 3 < merged_bytes, "the runtime entry holds only the rank-4 factors");
+}
+
+#[test]
+fn auto_runs_a_lora_on_quantized_weights_at_runtime() {
+    let (env, rm) = env(Some(DType::Q8_0));
+    let wf = lora_wf(&env);
+    let auto = env.run_saved(&wf, "7").2;
+    assert_eq!(env.run_saved(&mode(&wf, "at_runtime"), "7").2, auto, "auto = at_runtime on q8_0 weights");
+    let (auto_bytes, unet) = unet_entries(&rm, "auto");
+    assert!(auto_bytes * 3 < unet, "auto copied no quantized weight ({auto_bytes} of {unet} bytes)");
+    let merged = env.run_saved(&mode(&wf, "immediately"), "7").2;
+    let (merged_bytes, _) = unet_entries(&rm, "immediately");
+    assert!(merged_bytes > auto_bytes, "immediately re-quantized copies ({merged_bytes} bytes, auto {auto_bytes})");
+    let plain = env.run_saved(&without_lora(&wf), "7").2;
+    let d = max_level_diff(&auto, &merged);
+    eprintln!("q8_0: auto vs immediately: {d} levels; the LoRA itself: {} levels", max_level_diff(&plain, &merged));
+    assert!(max_level_diff(&plain, &merged) > 2 * d.max(1), "both apply the same LoRA");
+}
+
+#[test]
+fn an_unknown_apply_mode_is_refused() {
+    let (env, _) = env(None);
+    let report = env.exec.validate(&mode(&lora_wf(&env), "later")).unwrap_err();
+    assert!(report.has("8", ErrorKind::ValueNotInList), "{report:?}");
+    // lora.json, like a ComfyUI workflow, has no apply_mode: optional, auto.
+    env.exec.validate(&lora_wf(&env)).unwrap();
 }
 
 #[test]

@@ -172,13 +172,6 @@ fn inpaint_with_a_9_channel_unet() {
     env.exec.run(&txt, &NullSink, &CancelToken::new(), &RunOptions { output_dir: Some(env.out.clone()), ..Default::default() }).unwrap();
 }
 
-/// The id of the one node of `class` in `wf`.
-fn node_of(wf: &Workflow, class: &str) -> String {
-    let ids: Vec<&String> = wf.nodes.iter().filter(|(_, n)| n.class_type == class).map(|(id, _)| id).collect();
-    assert_eq!(ids.len(), 1, "one {class} node");
-    ids[0].clone()
-}
-
 /// Runs an inpainting workflow (its LoadImageMask, VAEEncode*, VAEDecode and SaveImage
 /// found by class) and returns the masked run's pixels and the plain decode of the
 /// encoded input.

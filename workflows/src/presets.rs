@@ -189,6 +189,9 @@ pub struct ImgGenParams {
     pub negative_prompt: String,
     /// LoRA file name per tag name; a tag without an entry loads `NAME.safetensors`.
     pub lora_files: BTreeMap<String, String>,
+    /// `--lora-apply-mode`: every LoraLoader's `apply_mode`; `None` leaves the input out
+    /// (the node's default, auto, as in sd-cli).
+    pub lora_apply_mode: Option<String>,
     pub width: i64,
     pub height: i64,
     /// Whether `-W`/`-H` were given: with `-i` they resize the input image.
@@ -241,6 +244,7 @@ impl Default for ImgGenParams {
             prompt: String::new(),
             negative_prompt: String::new(),
             lora_files: BTreeMap::new(),
+            lora_apply_mode: None,
             width: 512,
             height: 512,
             size_given: false,
@@ -648,12 +652,16 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
 
     for (i, tag) in loras.iter().enumerate() {
         let file = p.lora_files.get(&tag.name).cloned().unwrap_or_else(|| format!("{}.safetensors", tag.name));
-        let key = b.extra(&format!("lora{i}"), &format!("<lora:{}:{}>", tag.name, tag.weight), NodeSpec::new("LoraLoader")
+        let mut node = NodeSpec::new("LoraLoader")
             .with_input("model", link(&model))
             .with_input("clip", link(&clip))
             .with_const("lora_name", json!(file))
             .with_const("strength_model", json!(tag.weight))
-            .with_const("strength_clip", json!(tag.weight)));
+            .with_const("strength_clip", json!(tag.weight));
+        if let Some(m) = &p.lora_apply_mode {
+            node = node.with_const("apply_mode", json!(m));
+        }
+        let key = b.extra(&format!("lora{i}"), &format!("<lora:{}:{}>", tag.name, tag.weight), node);
         model = Out(key.clone(), 0);
         clip = Out(key, 1);
     }
@@ -1106,6 +1114,19 @@ mod tests {
         assert_eq!(wf.nodes["6"].inputs["vae"], InputValue::link("8", 0));
         assert_eq!(preset.origins["9"], "<lora:ink:0.5>");
         assert_eq!(preset.save_nodes, vec!["7".to_string()]);
+    }
+
+    #[test]
+    fn lora_apply_mode_reaches_every_lora_node_only_when_given() {
+        let mut p = base();
+        p.prompt = "a cat <lora:ink:0.5><lora:pen:1>".into();
+        let loras = |p: &ImgGenParams| -> Vec<Option<InputValue>> {
+            let wf = img_gen(p).unwrap().workflow;
+            wf.nodes.values().filter(|n| n.class_type == "LoraLoader").map(|n| n.inputs.get("apply_mode").cloned()).collect()
+        };
+        assert_eq!(loras(&p), vec![None, None], "the node's default stays out of the graph");
+        p.lora_apply_mode = Some("at_runtime".into());
+        assert_eq!(loras(&p), vec![Some(InputValue::Const(json!("at_runtime"))); 2]);
     }
 
     #[test]

@@ -9,6 +9,9 @@
 //! computed in f32 like it does: `w' = w + strength · scale · Δ`, then stored back in the
 //! weight's own type.
 //!
+//! [`apply`] in [`ApplyMode::AtRuntime`] keeps LoRA and LoCon modules out of the weights:
+//! their factors become low-rank branches that the layers add when a graph is built.
+//!
 //! [`merge`] returns an overlay [`Weights`]: it owns only the patched tensors and shares
 //! every other one with the (pinned) base, so several strengths of one LoRA cost one copy
 //! of the checkpoint plus the patched tensors each.
@@ -25,7 +28,7 @@ use std::path::Path;
 use crate::dtype::{self, ConvertError, DType};
 use crate::ggml::Backend;
 use crate::io::{IoError, TensorSource};
-use crate::models::{ModelError, Weights};
+use crate::models::{AdapterSpec, Factor, ModelError, Weights};
 use crate::residency::PinGuard;
 
 pub use keys::{KeyMap, Target};
@@ -45,6 +48,8 @@ pub enum LoraError {
     File { path: String, msg: String },
     #[error(transparent)]
     Model(#[from] ModelError),
+    #[error("unknown LoRA apply mode `{0}` (auto, immediately or at_runtime)")]
+    Mode(String),
 }
 
 /// An f32 tensor in PyTorch dimension order.
@@ -183,11 +188,64 @@ pub fn is_text_encoder_key(key: &str) -> bool {
     ["lora_te", "text_encoder", "te.", "te_", "text_encoders.", "cond_stage_model.", "text_model."].iter().any(|p| key.starts_with(p))
 }
 
+/// How a LoRA reaches the model: sd.cpp's `--lora-apply-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ApplyMode {
+    /// `at_runtime` when any weight is quantized, else `immediately` (sd.cpp's rule,
+    /// asked per model here: the UNet and the text encoder each by their own weights).
+    #[default]
+    Auto,
+    /// Merged into copies of the patched weights: nothing extra per step, but a quantized
+    /// weight is dequantized, patched and quantized again, which blurs a small difference.
+    Immediately,
+    /// LoRA and LoCon as low-rank branches in the graph (`nn::project`, `nn::conv2d`): the
+    /// weights stay the checkpoint's, at the price of two thin products per patched layer.
+    /// LoHa, LoKr and full differences have no low-rank form and are still merged.
+    AtRuntime,
+}
+
+impl ApplyMode {
+    pub const NAMES: [&'static str; 3] = ["auto", "immediately", "at_runtime"];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ApplyMode::Auto => "auto",
+            ApplyMode::Immediately => "immediately",
+            ApplyMode::AtRuntime => "at_runtime",
+        }
+    }
+
+    /// The mode used for `base`: `Auto` decided by its weight types.
+    pub fn resolve(self, base: &Weights) -> ApplyMode {
+        match self {
+            ApplyMode::Auto if base.is_quantized() => ApplyMode::AtRuntime,
+            ApplyMode::Auto => ApplyMode::Immediately,
+            m => m,
+        }
+    }
+}
+
+impl std::str::FromStr for ApplyMode {
+    type Err = LoraError;
+    fn from_str(s: &str) -> Result<Self, LoraError> {
+        match s {
+            "auto" => Ok(ApplyMode::Auto),
+            "immediately" => Ok(ApplyMode::Immediately),
+            "at_runtime" => Ok(ApplyMode::AtRuntime),
+            _ => Err(LoraError::Mode(s.to_string())),
+        }
+    }
+}
+
 /// What a merge did.
 #[derive(Debug, Default, Clone)]
 pub struct MergeReport {
-    /// Modules merged.
+    /// The mode applied (`Auto` resolved).
+    pub mode: ApplyMode,
+    /// Patches applied (a module's weight and its bias count apart).
     pub applied: usize,
+    /// Of those, the ones added as runtime branches instead of merged.
+    pub at_runtime: usize,
     /// One line per module that was skipped, with why.
     pub skipped: Vec<String>,
     /// Tensors of this side whose names no patch format uses, each skipped.
@@ -209,12 +267,20 @@ impl Side {
     }
 }
 
-/// The weight differences of `lora` for the model whose weights are `base`, by target
-/// weight, already multiplied by strength and scale (f32, PyTorch order, whole weights).
-pub fn deltas(base: &Weights, lora: &LoraFile, side: Side, strength: f32, report: &mut MergeReport) -> BTreeMap<String, Vec<f32>> {
+/// What applying a file to one model takes: whole-weight differences to merge (f32,
+/// PyTorch order, whole weights, already × strength × scale) and runtime branches.
+#[derive(Default)]
+struct Plan {
+    deltas: BTreeMap<String, Vec<f32>>,
+    adapters: Vec<AdapterSpec>,
+}
+
+/// The plan for `lora` on the model whose weights are `base`. With `runtime`, every
+/// plain LoRA / LoCon module that fits its weight becomes a branch; the rest are merged.
+fn plan(base: &Weights, lora: &LoraFile, side: Side, strength: f32, runtime: bool, report: &mut MergeReport) -> Plan {
     let names: Vec<&str> = base.names().collect();
     let km = KeyMap::new(names.iter().copied(), |n| base.get(n).map(|t| t.ne()[ne_len(t.ne()) - 1] as usize).unwrap_or(0));
-    let mut out: BTreeMap<String, Vec<f32>> = BTreeMap::new();
+    let mut plan = Plan::default();
     let skip = |report: &mut MergeReport, msg: String| {
         tracing::warn!("LoRA {}: {msg}", lora.path);
         report.skipped.push(msg);
@@ -241,7 +307,19 @@ pub fn deltas(base: &Weights, lora: &LoraFile, side: Side, strength: f32, report
         let main: Vec<&str> = parts.0.keys().copied().filter(|p| *p != "diff_b").collect();
         if !main.is_empty() {
             match weight_target {
-                Some(t) => todo.push((t.clone(), base.get(&t.weight).map_err(|e| e.to_string()).and_then(|w| delta(parts, w.n_elements() as usize)))),
+                Some(t) => {
+                    // A module with no runtime form falls through to the merge, which
+                    // also words what is wrong with a broken one.
+                    let branch = if runtime { base.get(&t.weight).ok().and_then(|w| low_rank(parts, t, w.ne(), strength).ok()) } else { None };
+                    match branch {
+                        Some(a) => {
+                            plan.adapters.push(a);
+                            report.applied += 1;
+                            report.at_runtime += 1;
+                        }
+                        None => todo.push((t.clone(), base.get(&t.weight).map_err(|e| e.to_string()).and_then(|w| delta(parts, w.n_elements() as usize)))),
+                    }
+                }
                 None => {
                     skip(report, format!("{module}: no weight of this model has that name; skipped"));
                     continue;
@@ -274,14 +352,14 @@ pub fn deltas(base: &Weights, lora: &LoraFile, side: Side, strength: f32, report
                 skip(report, format!("{module}: the patch has {:?} ({} values) but `{}` is {shape:?}{}; skipped", d.shape, d.numel(), target.weight, target.rows.map_or(String::new(), |(a, n)| format!(" rows {a}..{}", a + n))));
                 continue;
             }
-            let acc = out.entry(target.weight.clone()).or_insert_with(|| vec![0.0; total]);
+            let acc = plan.deltas.entry(target.weight.clone()).or_insert_with(|| vec![0.0; total]);
             for (a, v) in acc[first * inner..(first + rows) * inner].iter_mut().zip(&d.data) {
                 *a += strength * v;
             }
             report.applied += 1;
         }
     }
-    out
+    plan
 }
 
 /// Number of meaningful ggml dimensions (at least 1).
@@ -289,10 +367,62 @@ fn ne_len(ne: [i64; 4]) -> usize {
     (1..=4).rev().find(|&i| ne[i - 1] != 1).unwrap_or(1)
 }
 
+/// A plain LoRA or LoCon module as a runtime branch for the weight of dimensions `ne`
+/// (ggml order), its factors laid out as `nn::project` / `nn::conv2d` use them; or why it
+/// has none. A weight whose outer two dimensions are 1 is a linear layer's, any other
+/// a convolution kernel.
+fn low_rank(parts: &Parts, target: &Target, ne: [i64; 4], strength: f32) -> Result<AdapterSpec, String> {
+    let p = &parts.0;
+    if p.keys().any(|k| k.starts_with("hada_") || k.starts_with("lokr_")) {
+        return Err("not a LoRA".into());
+    }
+    let up = need(parts, "LoRA", "up")?;
+    let down = need(parts, "LoRA", "down")?;
+    let rank = down.dim(0);
+    if rank == 0 {
+        return Err("rank 0".into());
+    }
+    let scale = strength * scalar(parts, "alpha").map_or(1.0, |a| a / rank as f32);
+    let conv = ne[2] != 1 || ne[3] != 1;
+    let (kw, kh, inp, all_out) = if conv { (ne[0], ne[1], ne[2], ne[3]) } else { (1, 1, ne[0], ne[1]) };
+    let out = target.rows.map_or(all_out, |(_, n)| n as i64);
+    let factor = |m: &Mat, ne: Vec<i64>| -> Result<Factor, String> {
+        if m.numel() as i64 != ne.iter().product::<i64>() {
+            return Err(format!("{:?} does not fit {ne:?}", m.shape));
+        }
+        if m.data.iter().any(|x| !x.is_finite()) {
+            return Err("NaN or infinite values".into());
+        }
+        Ok(Factor { ne, data: m.data.clone() })
+    };
+    let r = rank as i64;
+    let (down, mid, r_out) = match p.get("mid") {
+        None if conv => (factor(down, vec![kw, kh, inp, r])?, None, r),
+        None => (factor(down, vec![inp, r])?, None, r),
+        Some(m) if conv && m.shape.len() == 4 && m.shape[1] == rank && m.shape[2] as i64 == kh && m.shape[3] as i64 == kw => {
+            let r2 = m.shape[0] as i64;
+            (factor(down, vec![1, 1, inp, r])?, Some(factor(m, vec![kw, kh, r, r2])?), r2)
+        }
+        Some(m) => return Err(format!("Tucker core {:?} does not fit", m.shape)),
+    };
+    if up.dim(0) as i64 != out || up.cols() as i64 != r_out {
+        return Err(format!("`up` {:?} is not [{out}, {r_out}]", up.shape));
+    }
+    let up = factor(up, if conv { vec![1, 1, r_out, out] } else { vec![r_out, out] })?;
+    Ok(AdapterSpec { target: target.weight.clone(), down, mid, up, scale, rows: target.rows })
+}
+
 /// `base` with `lora` merged at `strength`: an overlay owning only the patched tensors.
 pub fn merge(base: PinGuard<Weights>, lora: &LoraFile, side: Side, strength: f32) -> Result<(Weights, MergeReport), LoraError> {
-    let mut report = MergeReport::default();
-    let deltas = deltas(&base, lora, side, strength, &mut report);
+    apply(base, lora, side, strength, ApplyMode::Immediately)
+}
+
+/// `base` with `lora` applied at `strength` in `mode`: an overlay owning the merged
+/// tensors and the runtime branches' factors, sharing every other tensor with `base`.
+pub fn apply(base: PinGuard<Weights>, lora: &LoraFile, side: Side, strength: f32, mode: ApplyMode) -> Result<(Weights, MergeReport), LoraError> {
+    let mode = mode.resolve(&base);
+    let mut report = MergeReport { mode, ..Default::default() };
+    let Plan { deltas, adapters } = plan(&base, lora, side, strength, mode == ApplyMode::AtRuntime, &mut report);
     let mut patched = Vec::with_capacity(deltas.len());
     for (name, d) in deltas {
         let t = base.get(&name)?;
@@ -313,8 +443,15 @@ pub fn merge(base: PinGuard<Weights>, lora: &LoraFile, side: Side, strength: f32
         (s, 0) => tracing::warn!("LoRA {}: {s} of {} modules skipped", lora.path, report.applied + s),
         (s, u) => tracing::warn!("LoRA {}: {s} of {} modules skipped, and {u} tensors with unrecognised names", lora.path, report.applied + s),
     }
+    if mode == ApplyMode::AtRuntime && report.applied > report.at_runtime {
+        tracing::warn!(
+            "LoRA {}: {} patches (LoHa, LoKr, full differences, biases, or factors that do not fit a branch) have no low-rank form and are merged into the weights, also at runtime",
+            lora.path,
+            report.applied - report.at_runtime
+        );
+    }
     let backend = Backend::cpu(1).map_err(ModelError::from)?;
-    Ok((Weights::overlay(&backend, base, patched)?, report))
+    Ok((Weights::patched(&backend, base, patched, adapters)?, report))
 }
 
 // ---- The formulas (ComfyUI's weight adapters). ----

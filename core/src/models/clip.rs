@@ -4,7 +4,7 @@
 //! self_attn.q_proj`, ...) or OpenCLIP names (`token_embedding`, `transformer.resblocks.N.
 //! attn.in_proj_weight`, ...).
 
-use super::nn::{attention, layer_norm, linear};
+use super::nn::{attention, layer_norm, linear, project};
 use super::{ModelError, Result, Weights};
 use crate::ggml::{Context, GraphRun, Tensor};
 
@@ -216,7 +216,7 @@ impl<'w> ClipTextModel<'w> {
                     linear(ctx, self.w, &format!("{l}.self_attn.v_proj"), h)?,
                 ),
                 ClipLayout::OpenClip => {
-                    let qkv = ctx.mul_mat(self.w.get(&format!("{l}.attn.in_proj_weight"))?, h)?;
+                    let qkv = project(ctx, self.w, &format!("{l}.attn.in_proj_weight"), h)?;
                     let qkv = ctx.add(qkv, self.w.get(&format!("{l}.attn.in_proj_bias"))?)?;
                     let nb = qkv.nb();
                     let part = |j: usize| ctx.view(qkv, [d, t, b, 1], [nb[1], nb[2], nb[3]], j * d as usize * 4);

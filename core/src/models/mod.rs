@@ -17,7 +17,7 @@ pub mod vae;
 pub mod weights;
 pub mod yolo;
 
-pub use weights::{WeightSpec, Weights};
+pub use weights::{Adapter, AdapterSpec, Factor, WeightSpec, Weights};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {

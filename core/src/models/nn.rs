@@ -1,6 +1,6 @@
 //! Layers shared by the architectures, named after their PyTorch modules.
 
-use super::{Result, Weights};
+use super::{Adapter, Result, Weights};
 use crate::ggml::{Context, GType, Tensor};
 
 /// From this many keys on, attention runs fused (flash attention): below it the plain
@@ -9,13 +9,44 @@ pub const FLASH_MIN_KEYS: i64 = 1024;
 
 /// `nn.Linear` at `{name}.weight` / `{name}.bias` on x [in, ...] → [out, ...].
 pub fn linear<'a>(ctx: &'a Context, w: &'a Weights, name: &str, x: Tensor<'a>) -> Result<Tensor<'a>> {
-    let y = ctx.mul_mat(w.get(&format!("{name}.weight"))?, x)?;
+    let y = project(ctx, w, &format!("{name}.weight"), x)?;
     let bias = format!("{name}.bias");
     if w.contains(&bias) {
         Ok(ctx.add(y, w.get(&bias)?)?)
     } else {
         Ok(y)
     }
+}
+
+/// The weight called `weight` [in, out] times x [in, ...], plus the weight's runtime LoRA
+/// branches `scale · up·(down·x)`: two thin products instead of a patched copy of the
+/// weight, which is what keeps a quantized checkpoint's weights untouched.
+pub fn project<'a>(ctx: &'a Context, w: &'a Weights, weight: &str, x: Tensor<'a>) -> Result<Tensor<'a>> {
+    let y = ctx.mul_mat(w.get(weight)?, x)?;
+    add_adapters(ctx, w, weight, y, 0, |a| {
+        let h = ctx.scale(ctx.mul_mat(a.down, x)?, a.scale)?;
+        Ok(ctx.mul_mat(a.up, h)?)
+    })
+}
+
+/// `y` plus `branch(a)` for every runtime adapter `a` of `weight`; a branch that covers
+/// only some output rows (one block of a fused q/k/v) is padded with zeros to `y`'s
+/// extent along `axis`, the axis that holds the output features.
+fn add_adapters<'a>(ctx: &'a Context, w: &'a Weights, weight: &str, mut y: Tensor<'a>, axis: usize, branch: impl Fn(&Adapter<'a>) -> Result<Tensor<'a>>) -> Result<Tensor<'a>> {
+    for a in w.adapters(weight) {
+        let mut d = branch(&a)?;
+        if let Some((first, n)) = a.rows {
+            let mut pads = [(0, 0); 4];
+            let after = y.ne()[axis] - (first + n) as i64;
+            if after < 0 {
+                return Err(super::ModelError::Weight { name: weight.to_string(), detail: format!("a LoRA patches rows {first}..{} of {}", first + n, y.ne()[axis]) });
+            }
+            pads[axis] = (first as i32, after as i32);
+            d = ctx.pad(d, pads)?;
+        }
+        y = ctx.add(y, d)?;
+    }
+    Ok(y)
 }
 
 /// `nn.LayerNorm` over ne[0] with affine weight and bias.
@@ -78,8 +109,17 @@ fn per_channel<'a>(ctx: &'a Context, v: Tensor<'a>) -> Result<Tensor<'a>> {
 
 /// `nn.Conv2d` at `{name}.weight` [k, k, in, out] / `{name}.bias` on x [W, H, in, N].
 pub fn conv2d<'a>(ctx: &'a Context, w: &'a Weights, name: &str, x: Tensor<'a>, stride: i32, pad: i32) -> Result<Tensor<'a>> {
-    let k = w.get(&format!("{name}.weight"))?;
-    let y = ctx.conv_2d(k, x, (stride, stride), (pad, pad), (1, 1))?;
+    let weight = format!("{name}.weight");
+    let y = ctx.conv_2d(w.get(&weight)?, x, (stride, stride), (pad, pad), (1, 1))?;
+    // LoCon at runtime: `down` takes the layer's stride and padding (or, with a Tucker
+    // `mid` kernel, is 1×1 and `mid` takes them), `up` is 1×1.
+    let y = add_adapters(ctx, w, &weight, y, 2, |a| {
+        let h = match a.mid {
+            None => ctx.conv_2d(a.down, x, (stride, stride), (pad, pad), (1, 1))?,
+            Some(mid) => ctx.conv_2d(mid, ctx.conv_2d(a.down, x, (1, 1), (0, 0), (1, 1))?, (stride, stride), (pad, pad), (1, 1))?,
+        };
+        Ok(ctx.conv_2d(a.up, ctx.scale(h, a.scale)?, (1, 1), (0, 0), (1, 1))?)
+    })?;
     let bias = format!("{name}.bias");
     if w.contains(&bias) {
         Ok(ctx.add(y, per_channel(ctx, w.get(&bias)?)?)?)

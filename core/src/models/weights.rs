@@ -18,9 +18,55 @@ pub struct WeightSpec {
     pub ne: Vec<i64>,
 }
 
+/// One factor of a runtime adapter: f32 values for a tensor of dimensions `ne` (ggml order).
+#[derive(Clone, Debug)]
+pub struct Factor {
+    pub ne: Vec<i64>,
+    pub data: Vec<f32>,
+}
+
+/// A low-rank branch to add to the product of the weight `target` when a graph is built
+/// (LoRA applied at runtime): `scale · up(mid(down(x)))`, the factors laid out for how
+/// the layer uses the weight — matrices [in, rank] / [rank, out] for a linear layer,
+/// kernels [kw, kh, in, rank] (or 1×1 with a `mid` kernel, LoCon's Tucker form) /
+/// [1, 1, rank, out] for a convolution.
+#[derive(Clone, Debug)]
+pub struct AdapterSpec {
+    pub target: String,
+    pub down: Factor,
+    pub mid: Option<Factor>,
+    pub up: Factor,
+    pub scale: f32,
+    /// `(first, count)` of the output rows (PyTorch dim 0) the branch adds to: one block
+    /// of a fused q/k/v projection; `None`: all of them.
+    pub rows: Option<(usize, usize)>,
+}
+
+/// A runtime adapter of a [`Weights`], its factors as graph-ready tensors.
+#[derive(Clone, Copy)]
+pub struct Adapter<'a> {
+    pub down: Tensor<'a>,
+    pub mid: Option<Tensor<'a>>,
+    pub up: Tensor<'a>,
+    pub scale: f32,
+    pub rows: Option<(usize, usize)>,
+}
+
+#[derive(Clone, Copy)]
+struct AdapterPtrs {
+    down: NonNull<ggml_sys::ggml_tensor>,
+    mid: Option<NonNull<ggml_sys::ggml_tensor>>,
+    up: NonNull<ggml_sys::ggml_tensor>,
+    scale: f32,
+    rows: Option<(usize, usize)>,
+}
+
 pub struct Weights {
     // Field order matters for drop: tensors point into `ctx`, data into `buffer`.
     map: HashMap<String, NonNull<ggml_sys::ggml_tensor>>,
+    /// Runtime adapters by target weight name: this overlay's own (in `ctx`) after the
+    /// ones inherited from `base` (in its context, kept alive by the pin).
+    adapters: HashMap<String, Vec<AdapterPtrs>>,
     buffer: Option<Buffer>,
     ctx: Context,
     /// For an overlay ([`Weights::overlay`]): the weights it shares its other tensors
@@ -28,8 +74,8 @@ pub struct Weights {
     base: Option<crate::residency::PinGuard<Weights>>,
 }
 
-// SAFETY: the tensor pointers refer to `ctx`, which moves with the struct, or (overlays) to
-// the context of `base`, which the struct keeps alive; once loaded
+// SAFETY: the tensor pointers (weights and adapter factors) refer to `ctx`, which moves
+// with the struct, or (overlays) to the context of `base`, which the struct keeps alive; once loaded
 // the weights are only read (graph building takes shared references).
 unsafe impl Send for Weights {}
 unsafe impl Sync for Weights {}
@@ -56,7 +102,7 @@ impl Weights {
         if let Some(b) = &buffer {
             b.mark_weights();
         }
-        let w = Weights { map, buffer, ctx, base: None };
+        let w = Weights { map, adapters: HashMap::new(), buffer, ctx, base: None };
         for s in specs {
             let bytes = fill(s)?;
             let t = w.get(&s.name)?;
@@ -94,18 +140,67 @@ impl Weights {
     /// The overlay owns (and [`Weights::bytes`] counts) only the replaced tensors, and keeps
     /// `base` pinned while it lives: a LoRA-merged view of a checkpoint.
     pub fn overlay(backend: &Backend, base: crate::residency::PinGuard<Weights>, replaced: Vec<(String, Vec<u8>)>) -> Result<Self, ModelError> {
-        let mut specs = Vec::with_capacity(replaced.len());
+        Self::patched(backend, base, replaced, Vec::new())
+    }
+
+    /// [`Weights::overlay`] that also carries runtime `adapters`: their factors live in the
+    /// overlay's own buffer, the weights they target stay `base`'s, and `base`'s own
+    /// adapters are kept (a chain of LoRAs at runtime adds every branch).
+    pub fn patched(backend: &Backend, base: crate::residency::PinGuard<Weights>, replaced: Vec<(String, Vec<u8>)>, adapters: Vec<AdapterSpec>) -> Result<Self, ModelError> {
+        let mut specs = Vec::with_capacity(replaced.len() + 3 * adapters.len());
         for (name, _) in &replaced {
             let t = base.get(name)?;
             specs.push(WeightSpec { name: name.clone(), ty: t.dtype(), ne: t.ne().to_vec() });
         }
-        let bytes: HashMap<&str, &Vec<u8>> = replaced.iter().map(|(n, b)| (n.as_str(), b)).collect();
-        let mut own = Weights::new(backend, &specs, |s| Ok(bytes.get(s.name.as_str()).map(|b| b.to_vec()).unwrap_or_default()))?;
+        let mut bytes: HashMap<String, Vec<u8>> = replaced.into_iter().collect();
+        // Factors get names no weight has (`#` never occurs in checkpoint keys); they
+        // leave the name map once created, so `names()` and `get` see only weights.
+        let factor_name = |i: usize, part: &str| format!("#adapter{i}.{part}");
+        for (i, a) in adapters.iter().enumerate() {
+            base.get(&a.target)?;
+            for (part, f) in [("down", Some(&a.down)), ("mid", a.mid.as_ref()), ("up", Some(&a.up))] {
+                let Some(f) = f else { continue };
+                let name = factor_name(i, part);
+                if f.ne.iter().product::<i64>() != f.data.len() as i64 {
+                    return Err(ModelError::Weight { name: format!("{} LoRA {part}", a.target), detail: format!("{:?} given {} values", f.ne, f.data.len()) });
+                }
+                bytes.insert(name.clone(), f.data.iter().flat_map(|x| x.to_le_bytes()).collect());
+                specs.push(WeightSpec { name, ty: GType::F32, ne: f.ne.clone() });
+            }
+        }
+        let mut own = Weights::new(backend, &specs, |s| Ok(bytes.remove(&s.name).unwrap_or_default()))?;
+        own.adapters = base.adapters.clone();
+        for (i, a) in adapters.into_iter().enumerate() {
+            let mut take = |part: &str| own.map.remove(&factor_name(i, part)).ok_or_else(|| ModelError::MissingWeight(factor_name(i, part)));
+            let ptrs = AdapterPtrs { down: take("down")?, mid: if a.mid.is_some() { Some(take("mid")?) } else { None }, up: take("up")?, scale: a.scale, rows: a.rows };
+            own.adapters.entry(a.target).or_default().push(ptrs);
+        }
         for (name, p) in &base.map {
             own.map.entry(name.clone()).or_insert(*p);
         }
         own.base = Some(base);
         Ok(own)
+    }
+
+    /// The runtime adapters on the weight called `name`, in the order they were added.
+    pub fn adapters(&self, name: &str) -> Vec<Adapter<'_>> {
+        // SAFETY (all three): the pointers refer to `self.ctx` or to the pinned base's
+        // context, both alive as long as &self.
+        let t = |p: NonNull<ggml_sys::ggml_tensor>| unsafe { Tensor::from_raw(p) };
+        self.adapters.get(name).map_or_else(Vec::new, |v| v.iter().map(|a| Adapter { down: t(a.down), mid: a.mid.map(t), up: t(a.up), scale: a.scale, rows: a.rows }).collect())
+    }
+
+    /// How many runtime adapters these weights carry, over all targets.
+    pub fn adapter_count(&self) -> usize {
+        self.adapters.values().map(Vec::len).sum()
+    }
+
+    /// Whether any weight is stored in a quantized type (what sd.cpp's `auto` LoRA mode asks).
+    pub fn is_quantized(&self) -> bool {
+        self.map.values().any(|p| {
+            // SAFETY: as in `get`.
+            unsafe { Tensor::from_raw(*p) }.dtype().is_quantized()
+        })
     }
 
     /// Whether this is an overlay and `name` is one of its own (replaced) tensors.

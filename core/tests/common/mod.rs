@@ -33,6 +33,17 @@ fn is_norm_weight(name: &str) -> bool {
     matches!(pair.as_str(), "in_layers.0" | "out_layers.0" | "out.0")
 }
 
+/// Deterministic pseudo-random values in [-1, 1).
+pub fn vals(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
 /// The deterministic weights of tests/fixtures/models/detweights.py, bit for bit.
 pub fn det_values(name: &str, n: usize, scale: f64) -> Vec<f32> {
     let h = fnv1a64(name);
