@@ -204,7 +204,6 @@ fn diffusers_module_names_map_to_ldm_weights() {
     }
 }
 
-<<<<<<< HEAD
 /// Tensors no patch format names (training leftovers, typos) are skipped, each with its
 /// own warning on the side its name points at, and counted in the merge's summary; the
 /// rest of the file merges as without them.
@@ -256,7 +255,8 @@ impl std::io::Write for Sink {
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
-=======
+}
+
 /// The layer that uses weight `name` (`nn::conv2d` for a kernel, stride `stride` and
 /// "same" padding; `nn::project` for a matrix) on a fixed input.
 fn layer(w: &Weights, name: &str, stride: i32) -> Vec<f32> {
@@ -402,5 +402,4 @@ fn apply_modes_parse_by_sd_cpp_names() {
     }
     let e = "runtime".parse::<ApplyMode>().unwrap_err().to_string();
     assert!(e.contains("runtime") && e.contains("at_runtime"), "{e}");
->>>>>>> wt-c
 }
