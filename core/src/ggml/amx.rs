@@ -460,20 +460,15 @@ pub(crate) unsafe extern "C" fn attention_compute(dst: *mut ggml_sys::ggml_tenso
                     store((sc.scores.as_mut_ptr() as *mut u8).add(j0 * 4), kp * 4);
                 }
                 let mut inv = [0f32; 32];
+                // The softmax in f32, vectorised (scale, max, exp and sum over the row as
+                // in the f32 op), then the probabilities rounded to bf16 by whole rows.
                 for r in 0..rows {
-                    let s = &sc.scores[r * kp..r * kp + tk];
-                    let max = s.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) * scale;
+                    let s = &mut sc.scores[r * kp..r * kp + tk];
+                    s.iter_mut().for_each(|x| *x *= scale);
+                    inv[r] = 1.0 / super::attention::exp_row(s);
                     let p = &mut sc.probs[r * kp..(r + 1) * kp];
-                    let mut sum = 0f32;
-                    for (o, &x) in p.iter_mut().zip(s) {
-                        let e = super::attention::exp_nonpositive(x * scale - max);
-                        let e16 = bf16(e);
-                        // The sum of what is multiplied, so the rows of weights add to 1.
-                        sum += f32::from_bits((e16 as u32) << 16);
-                        *o = e16;
-                    }
+                    ggml_sys::ggml_cpu_fp32_to_bf16(s.as_ptr(), p.as_mut_ptr() as *mut ggml_sys::ggml_bf16_t, tk as i64);
                     p[tk..].fill(0);
-                    inv[r] = 1.0 / sum;
                 }
                 for r in rows..32 {
                     sc.probs[r * kp..(r + 1) * kp].fill(0);

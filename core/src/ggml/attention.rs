@@ -34,7 +34,7 @@ pub(crate) fn exp_nonpositive(x: f32) -> f32 {
 }
 
 /// In place: `row` ← e^(row − max row); returns the sum.
-fn exp_row(row: &mut [f32]) -> f32 {
+pub(crate) fn exp_row(row: &mut [f32]) -> f32 {
     let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
     // Eight partial sums keep the reduction vectorised (and its rounding independent of
     // how the compiler would otherwise order one long sum).
