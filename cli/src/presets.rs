@@ -235,10 +235,14 @@ pub struct SamplingArgs {
     /// RNG seed.
     #[arg(short = 's', long, value_name = "int", default_value_t = 42, allow_negative_numbers = true)]
     pub seed: i64,
-    /// RNG: only `cpu` (torch's CPU generator, as ComfyUI draws noise).
+    /// RNG, as sd-cli's: `cuda` (torch's CUDA Philox), `cpu` (torch's CPU generator with
+    /// its portable kernel), `std_default` (C++'s default engine); the noise is bit for
+    /// bit sd-cli's. Without it the noise is ComfyUI's (torch's CPU generator as x86
+    /// torch draws it).
     #[arg(long, value_name = "RNG", value_parser = ["std_default", "cuda", "cpu"])]
     pub rng: Option<String>,
-    /// Sampler RNG: only `cpu`.
+    /// Sampler RNG: the same generator as --rng (one draws the initial and every step's
+    /// noise); a different one is refused.
     #[arg(long, value_name = "RNG", value_parser = ["std_default", "cuda", "cpu"])]
     pub sampler_rng: Option<String>,
     /// Custom sigma values for the sampler, comma-separated (refused: no node yet).
@@ -258,10 +262,17 @@ pub struct SamplingArgs {
 }
 
 impl SamplingArgs {
+    /// The KSampler `rng` for `--rng`: sd-cli's `cpu` is torch's portable CPU kernel, which
+    /// the node calls `cpu_portable` (its `cpu` is x86 torch's, as ComfyUI draws).
+    fn node_rng(&self) -> Option<String> {
+        self.rng.as_deref().map(|r| if r == "cpu" { "cpu_portable" } else { r }.to_string())
+    }
+
     fn refusals(&self) -> anyhow::Result<()> {
-        for (flag, v) in [("--rng", &self.rng), ("--sampler-rng", &self.sampler_rng)] {
-            if let Some(r) = v.as_deref().filter(|r| *r != "cpu") {
-                bail!("not supported yet: {flag} {r} (KSampler draws its noise with torch's CPU generator, as ComfyUI does; only `cpu` is available)");
+        if let Some(s) = &self.sampler_rng {
+            if self.rng.as_ref() != Some(s) {
+                let rng = self.rng.as_deref().unwrap_or("the default");
+                bail!("not supported yet: --sampler-rng {s} with --rng {rng} (one generator draws the initial and every step's noise; give both the same)");
             }
         }
         if self.sigmas.is_some() {
@@ -687,6 +698,7 @@ fn img_gen_params(a: &ImgGenArgs, seed: i64, names: &mut Names<'_>) -> anyhow::R
         negative_prompt: a.sampling.negative_prompt.clone(),
         lora_files,
         lora_apply_mode: a.lora_apply_mode.clone(),
+        rng: a.sampling.node_rng(),
         width: a.width.unwrap_or(512),
         height: a.height.unwrap_or(512),
         size_given: a.width.is_some() || a.height.is_some(),

@@ -139,7 +139,7 @@ fn unsupported_flags_are_refused() {
     for (args, expect) in [
         (&["img_gen", "-m", "m.safetensors", "--t5xxl", "t5.safetensors"][..], "not supported yet: --t5xxl t5.safetensors (T5-XXL"),
         (&["img_gen", "-m", "m.safetensors", "--offload-to-cpu"][..], "not supported yet: --offload-to-cpu ("),
-        (&["img_gen", "-m", "m.safetensors", "--rng", "cuda"][..], "not supported yet: --rng cuda ("),
+        (&["img_gen", "-m", "m.safetensors", "--rng", "cuda", "--sampler-rng", "cpu"][..], "not supported yet: --sampler-rng cpu with --rng cuda ("),
         (&["img_gen", "-m", "m.safetensors", "--eta", "0.3"][..], "not supported yet: --eta 0.3 ("),
         (&["img_gen", "-m", "m.safetensors", "--sigmas", "14.6,7.8,0"][..], "not supported yet: --sigmas ("),
         (&["img_gen", "-m", "m.safetensors", "--tensor-type-rules", "vae=f16"][..], "not supported yet: --tensor-type-rules vae=f16"),
@@ -562,4 +562,23 @@ fn hires_model_upscaler_is_found_in_its_directory() {
     missing[12] = "no_such_upscaler";
     let (_, err) = fails(&missing, dir.path());
     assert!(err.contains("--hires-upscaler no_such_upscaler: no such model in upscalers"), "{err}");
+}
+
+/// `--rng` names sd-cli's generators; the KSampler gets the node's name for each (sd-cli's
+/// `cpu` is torch's portable kernel), and without the flag the input stays out.
+#[test]
+fn rng_flags_choose_the_samplers_generator() {
+    let dir = tempfile::tempdir().unwrap();
+    let rng_of = |extra: &[&str]| -> Option<String> {
+        let mut args = vec!["img_gen", "-m", "m.safetensors", "--print-workflow"];
+        args.extend_from_slice(extra);
+        let wf: serde_json::Value = serde_json::from_str(&ok(&args, dir.path())).unwrap();
+        let nodes = wf["nodes"].as_object().unwrap();
+        let ks = nodes.values().find(|n| n["class_type"] == "KSampler").unwrap();
+        ks["inputs"].get("rng").map(|v| v.as_str().unwrap().to_string())
+    };
+    assert_eq!(rng_of(&[]), None);
+    assert_eq!(rng_of(&["--rng", "cuda"]).as_deref(), Some("cuda"));
+    assert_eq!(rng_of(&["--rng", "cpu", "--sampler-rng", "cpu"]).as_deref(), Some("cpu_portable"));
+    assert_eq!(rng_of(&["--rng", "std_default"]).as_deref(), Some("std_default"));
 }

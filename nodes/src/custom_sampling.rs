@@ -3,7 +3,7 @@
 
 use crate::err;
 use crate::runtime::Runtime;
-use crate::sampling::{guider_from, sample_latent, sampler_from, sampler_names, scheduler_names, steps_from, Guider, NoiseSource, SamplerChoice, Sigmas};
+use crate::sampling::{guider_from, rng_from, rng_input, sample_latent, sampler_from, sampler_names, scheduler_names, steps_from, Guider, NoiseSource, SamplerChoice, Sigmas};
 use crate::values::{CondList, Latent, ModelRef};
 use sdflow_core::sampling::samplers::{SampleOpts, Sampler};
 use sdflow_core::sampling::schedule::{apply_denoise, exponential_sigmas, karras_sigmas, DiscreteSchedule, ScheduleOpts, Scheduler};
@@ -122,11 +122,11 @@ struct RandomNoise;
 
 impl Node for RandomNoise {
     fn schema(&self) -> NodeSchema {
-        NodeSchema::new("RandomNoise").display_name("RandomNoise").category(format!("{CATEGORY}/noise")).input(InputSpec::seed("noise_seed").control_after_generate()).output("NOISE", IoType::NOISE)
+        NodeSchema::new("RandomNoise").display_name("RandomNoise").category(format!("{CATEGORY}/noise")).input(InputSpec::seed("noise_seed").control_after_generate()).input(rng_input()).output("NOISE", IoType::NOISE)
     }
 
     fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
-        Ok(one(IoType::NOISE, NoiseSource(Some(inputs.uint("noise_seed")?))))
+        Ok(one(IoType::NOISE, NoiseSource(Some(inputs.uint("noise_seed")?), rng_from(inputs)?)))
     }
 }
 
@@ -138,7 +138,7 @@ impl Node for DisableNoise {
     }
 
     fn execute(&self, _ctx: &mut ExecContext<'_>, _inputs: &Inputs) -> Result<Outputs, NodeError> {
-        Ok(one(IoType::NOISE, NoiseSource(None)))
+        Ok(one(IoType::NOISE, NoiseSource(None, None)))
     }
 }
 
@@ -205,6 +205,7 @@ impl Node for SamplerCustom {
                 .input(InputSpec::float("cfg", 8.0).float_range(0.0, 100.0).float_step(0.1))
                 .input(InputSpec::link("positive", IoType::CONDITIONING))
                 .input(InputSpec::link("negative", IoType::CONDITIONING))
+                .input(rng_input())
         };
         s.category(CATEGORY)
             .input(InputSpec::link("sampler", IoType::SAMPLER))
@@ -223,7 +224,7 @@ impl Node for SamplerCustom {
             (inputs.downcast::<Guider>("guider")?.clone(), *inputs.downcast::<NoiseSource>("noise")?)
         } else {
             let seed = inputs.uint("noise_seed")?;
-            (guider_from(inputs)?, NoiseSource(inputs.boolean("add_noise")?.then_some(seed)))
+            (guider_from(inputs)?, NoiseSource(inputs.boolean("add_noise")?.then_some(seed), rng_from(inputs)?))
         };
         let choice = inputs.downcast::<SamplerChoice>("sampler")?;
         let sigmas = &inputs.downcast::<Sigmas>("sigmas")?.0;
@@ -257,6 +258,7 @@ impl Node for KSamplerAdvanced {
             .input(InputSpec::int("start_at_step", 0).int_range(0, 10000))
             .input(InputSpec::int("end_at_step", 10000).int_range(0, 10000))
             .input(InputSpec::combo("return_with_leftover_noise", ["disable", "enable"]))
+            .input(rng_input())
             .output("LATENT", IoType::LATENT)
     }
 
@@ -287,7 +289,7 @@ impl Node for KSamplerAdvanced {
             // Nothing to sample: ComfyUI hands the latent back unchanged.
             return Ok(one(IoType::LATENT, latent.clone()));
         }
-        let noise = NoiseSource((inputs.string("add_noise")? == "enable").then_some(inputs.uint("noise_seed")?));
+        let noise = NoiseSource((inputs.string("add_noise")? == "enable").then_some(inputs.uint("noise_seed")?), rng_from(inputs)?);
         let (out, _) = sample_latent(&self.rt, ctx, &guider, &choice, &sigmas, noise, latent)?;
         Ok(one(IoType::LATENT, out))
     }

@@ -239,7 +239,7 @@ impl Node for DetailerForEachMask {
             latent.noise_mask = Some(Arc::new(Mask { data: crop_mask.clone(), n: 1, height: ch, width: cw }));
             let guider = Guider { model: model.clone(), positive: encode(&positive)?, negative: Some(encode(&negative)?), cfg: s.cfg, dual: None };
             let choice = SamplerChoice { sampler: s.sampler, opts: SampleOpts::default() };
-            let (out, _) = sample_latent(&self.rt, ctx, &guider, &choice, &s.sigmas, NoiseSource(Some(s.seed.wrapping_add(i as u64))), &latent)?;
+            let (out, _) = sample_latent(&self.rt, ctx, &guider, &choice, &s.sigmas, NoiseSource(Some(s.seed.wrapping_add(i as u64)), None), &latent)?;
             let decoded = decode_latent(&self.rt, ctx, &out, vae, &self.rt.vae_tiling)?;
             let back = resize_hwc(&decoded.data, decoded.width, decoded.height, 3, cw, ch, Method::Bicubic);
             for y in 0..ch {

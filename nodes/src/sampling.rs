@@ -8,6 +8,7 @@ use crate::err;
 use sdflow_core::models::sd::{BatchItem, Conditioning, SdDenoiser};
 use sdflow_core::models::unet::{Unet, UnetConfig};
 use sdflow_core::sampling::rng::Rng;
+use sdflow_core::sampling::RngKind;
 use sdflow_core::sampling::samplers::{sample, Progress, SampleError, SampleOpts, Sampler};
 use sdflow_core::sampling::schedule::{apply_denoise, DiscreteSchedule, ScheduleOpts, Scheduler};
 use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Lane, Node, NodeError, NodeSchema, Outputs, Registry, Value};
@@ -88,9 +89,28 @@ impl sdflow_executor::CacheSize for Sigmas {
     }
 }
 
-/// NOISE: the seed of the initial noise, or none (ComfyUI's DisableNoise).
+/// NOISE: the seed of the initial noise, or none (ComfyUI's DisableNoise), and the
+/// generator it goes through (sd.cpp's `--rng`); none: the runtime's, ComfyUI's CPU noise.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct NoiseSource(pub Option<u64>);
+pub struct NoiseSource(pub Option<u64>, pub Option<RngKind>);
+
+/// The optional `rng` input of the nodes that draw noise: ComfyUI's workflows have none
+/// and keep its CPU noise; sd.cpp's names choose another generator (`cuda` is sd-cli's
+/// default: the Philox noise of torch on CUDA, bit for bit).
+pub(crate) fn rng_input() -> InputSpec {
+    InputSpec::combo("rng", RngKind::ALL.map(|k| k.name()))
+        .combo_default(RngKind::Cpu.name())
+        .optional()
+        .tooltip("The noise generator (sd.cpp's --rng): cpu is torch's CPU randn (ComfyUI), cuda torch's CUDA Philox (sd-cli's default), std_default C++'s std::default_random_engine, cpu_portable torch's portable CPU kernel (sd-cli's cpu).")
+}
+
+/// The `rng` input's generator, if the node has one.
+pub(crate) fn rng_from(inputs: &Inputs) -> Result<Option<RngKind>, NodeError> {
+    if !inputs.contains("rng") {
+        return Ok(None);
+    }
+    inputs.string("rng")?.parse().map(Some).map_err(err)
+}
 handle_size!(NoiseSource);
 
 fn first_cond<'a>(c: &'a CondList, which: &str) -> Result<&'a Conditioning, NodeError> {
@@ -148,7 +168,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     let plane = (lw * lh) as usize;
     let channels = channels as usize;
     // One generator for the initial noise and every step's, as sd.cpp does.
-    let mut rng = rt.rng.seeded(noise.0.unwrap_or(0));
+    let mut rng = noise.1.unwrap_or(rt.rng).seeded(noise.0.unwrap_or(0));
     let noise: Vec<f32> = match noise.0 {
         Some(_) => rng.randn(latent.samples.len()),
         None => vec![0.0; latent.samples.len()],
@@ -305,6 +325,7 @@ impl Node for KSampler {
             .input(InputSpec::link("negative", IoType::CONDITIONING))
             .input(InputSpec::link("latent_image", IoType::LATENT))
             .input(InputSpec::float("denoise", 1.0).float_range(0.0, 1.0).float_step(0.01))
+            .input(rng_input())
             .output("LATENT", IoType::LATENT)
     }
 
@@ -320,7 +341,7 @@ impl Node for KSampler {
         let denoise = inputs.float("denoise")? as f32;
         let sigmas = apply_denoise(scheduler, steps, denoise, &DiscreteSchedule::sd(), &ScheduleOpts::default()).map_err(err)?;
         let latent = inputs.downcast::<Latent>("latent_image")?;
-        let (out, _) = sample_latent(&self.rt, ctx, &guider, &choice, &sigmas, NoiseSource(Some(inputs.uint("seed")?)), latent)?;
+        let (out, _) = sample_latent(&self.rt, ctx, &guider, &choice, &sigmas, NoiseSource(Some(inputs.uint("seed")?), rng_from(inputs)?), latent)?;
         Ok(Outputs::new(vec![Value::new(IoType::LATENT, out)]))
     }
 }

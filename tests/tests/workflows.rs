@@ -471,3 +471,61 @@ fn hires_fix_with_a_model_upscaler_runs() {
     let (_, _, without) = run_saved(&env, &plain, &save);
     assert_ne!(with_model, without);
 }
+
+/// The noise generator (sd.cpp's `--rng`) as a sampler input: absent is ComfyUI's CPU
+/// noise; each other generator gives another image; KSampler and RandomNoise draw alike;
+/// an unknown name is a validation error.
+#[test]
+fn noise_generators_are_chosen_per_sampler() {
+    let env = env();
+    let c = |v: serde_json::Value| InputValue::Const(v);
+    let mut base = load(&env, "txt2img.json", 64, 2);
+    base.set_input("5", "sampler_name", c(serde_json::json!("euler"))).unwrap();
+    let with = |rng: &str| {
+        let mut wf = base.clone();
+        wf.set_input("5", "rng", c(serde_json::json!(rng))).unwrap();
+        wf
+    };
+    let (_, _, default) = run_saved(&env, &base, "7");
+    assert_eq!(run_saved(&env, &with("cpu"), "7").2, default, "no rng input is ComfyUI's cpu noise");
+    let cuda = run_saved(&env, &with("cuda"), "7").2;
+    let std_default = run_saved(&env, &with("std_default"), "7").2;
+    let portable = run_saved(&env, &with("cpu_portable"), "7").2;
+    for (name, img) in [("cuda", &cuda), ("std_default", &std_default), ("cpu_portable", &portable)] {
+        assert_ne!(img, &default, "{name} draws other noise than cpu");
+    }
+    assert_ne!(cuda, std_default);
+    assert_ne!(cuda, portable);
+
+    // SamplerCustom draws its noise through the same generator as KSampler.
+    let konst = |name: &str| match &base.nodes["5"].inputs[name] {
+        InputValue::Const(v) => v.clone(),
+        other => panic!("KSampler {name} is {other:?}"),
+    };
+    let mut custom = base.clone();
+    custom.nodes.remove("5");
+    custom.nodes.insert("10".into(), NodeSpec::new("KSamplerSelect").with_input("sampler_name", c(serde_json::json!("euler"))));
+    custom.nodes.insert(
+        "11".into(),
+        NodeSpec::new("BasicScheduler").with_input("model", InputValue::link("1", 0)).with_input("scheduler", c(serde_json::json!("normal"))).with_input("steps", c(serde_json::json!(2))).with_input("denoise", c(serde_json::json!(1.0))),
+    );
+    custom.nodes.insert(
+        "14".into(),
+        NodeSpec::new("SamplerCustom")
+            .with_input("model", InputValue::link("1", 0))
+            .with_input("add_noise", c(serde_json::json!(true)))
+            .with_input("noise_seed", c(konst("seed")))
+            .with_input("cfg", c(konst("cfg")))
+            .with_input("positive", InputValue::link("2", 0))
+            .with_input("negative", InputValue::link("3", 0))
+            .with_input("rng", c(serde_json::json!("cuda")))
+            .with_input("sampler", InputValue::link("10", 0))
+            .with_input("sigmas", InputValue::link("11", 0))
+            .with_input("latent_image", InputValue::link("4", 0)),
+    );
+    custom.set_input("6", "samples", InputValue::link("14", 0)).unwrap();
+    assert_eq!(run_saved(&env, &custom, "7").2, cuda, "SamplerCustom with rng cuda");
+
+    let bad = with("mersenne");
+    assert!(env.exec.validate(&bad).is_err(), "an unknown generator is a validation error");
+}

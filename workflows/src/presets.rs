@@ -192,6 +192,10 @@ pub struct ImgGenParams {
     /// `--lora-apply-mode`: every LoraLoader's `apply_mode`; `None` leaves the input out
     /// (the node's default, auto, as in sd-cli).
     pub lora_apply_mode: Option<String>,
+    /// `--rng` (and `--sampler-rng`, which must agree: one generator draws the initial and
+    /// every step's noise): the KSamplers' `rng`; `None` leaves the input out (ComfyUI's
+    /// CPU noise).
+    pub rng: Option<String>,
     pub width: i64,
     pub height: i64,
     /// Whether `-W`/`-H` were given: with `-i` they resize the input image.
@@ -245,6 +249,7 @@ impl Default for ImgGenParams {
             negative_prompt: String::new(),
             lora_files: BTreeMap::new(),
             lora_apply_mode: None,
+            rng: None,
             width: 512,
             height: 512,
             size_given: false,
@@ -502,8 +507,8 @@ fn text_encode(text: &str, clip: &Out, title: &str) -> NodeSpec {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn ksampler(model: &Out, seed: i64, steps: i64, cfg: f64, sampler: &str, scheduler: &str, pos: &Out, neg: &Out, latent: &Out, denoise: f64) -> NodeSpec {
-    NodeSpec::new("KSampler")
+fn ksampler(model: &Out, seed: i64, steps: i64, cfg: f64, sampler: &str, scheduler: &str, pos: &Out, neg: &Out, latent: &Out, denoise: f64, rng: Option<&str>) -> NodeSpec {
+    let node = NodeSpec::new("KSampler")
         .with_input("model", link(model))
         .with_const("seed", json!(seed))
         .with_const("steps", json!(steps))
@@ -513,7 +518,12 @@ fn ksampler(model: &Out, seed: i64, steps: i64, cfg: f64, sampler: &str, schedul
         .with_input("positive", link(pos))
         .with_input("negative", link(neg))
         .with_input("latent_image", link(latent))
-        .with_const("denoise", json!(denoise))
+        .with_const("denoise", json!(denoise));
+    // Left out unless asked for: the node's default is ComfyUI's CPU noise.
+    match rng {
+        Some(r) => node.with_const("rng", json!(r)),
+        None => node,
+    }
 }
 
 fn check_range(flag: &str, v: i64, lo: i64, hi: i64) -> Result<(), PresetError> {
@@ -760,7 +770,7 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
             neg = Out(apply, 1);
         }
 
-        let first = b.core("sampler", "img_gen", ksampler(&model, seed, p.steps, p.cfg_scale, &sampler, &scheduler, &pos, &neg, &latent, denoise));
+        let first = b.core("sampler", "img_gen", ksampler(&model, seed, p.steps, p.cfg_scale, &sampler, &scheduler, &pos, &neg, &latent, denoise, p.rng.as_deref()));
         let mut samples = Out(first.clone(), 0);
 
         if p.hires.enabled {
@@ -815,7 +825,7 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
                 Out(encode(&mut b, "hires_encode", "--hires", &Out(scaled, 0)), 0)
             };
             let steps = if h.steps > 0 { h.steps } else { p.steps };
-            let mut second = ksampler(&model, seed, steps, p.cfg_scale, &sampler, &scheduler, &pos, &neg, &upscaled, h.denoising_strength);
+            let mut second = ksampler(&model, seed, steps, p.cfg_scale, &sampler, &scheduler, &pos, &neg, &upscaled, h.denoising_strength, p.rng.as_deref());
             second.title = Some("Hires pass".into());
             let second = b.core("hires_sampler", "--hires", second);
             if let Some(e) = b.entries.iter_mut().find(|e| e.key == first) {
@@ -1114,6 +1124,19 @@ mod tests {
         assert_eq!(wf.nodes["6"].inputs["vae"], InputValue::link("8", 0));
         assert_eq!(preset.origins["9"], "<lora:ink:0.5>");
         assert_eq!(preset.save_nodes, vec!["7".to_string()]);
+    }
+
+    #[test]
+    fn rng_reaches_every_ksampler_only_when_given() {
+        let mut p = base();
+        p.hires.enabled = true;
+        let rngs = |p: &ImgGenParams| -> Vec<Option<InputValue>> {
+            let wf = img_gen(p).unwrap().workflow;
+            wf.nodes.values().filter(|n| n.class_type == "KSampler").map(|n| n.inputs.get("rng").cloned()).collect()
+        };
+        assert_eq!(rngs(&p), vec![None, None]);
+        p.rng = Some("cuda".into());
+        assert_eq!(rngs(&p), vec![Some(InputValue::Const(json!("cuda"))); 2]);
     }
 
     #[test]

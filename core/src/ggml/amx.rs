@@ -395,10 +395,7 @@ pub(crate) unsafe extern "C" fn attention_compute(dst: *mut ggml_sys::ggml_tenso
     // sources are allocated f32 tensors of the shapes it checked; `dst` is contiguous.
     unsafe {
         let d = &*dst;
-        let (q, k, v) = (&*d.src[0], &*d.src[1], &*d.src[2]);
-        let scale = f32::from_bits(userdata as usize as u32);
-        let (dh, heads, tq, batch) = (q.ne[0] as usize, q.ne[1] as usize, q.ne[2] as usize, q.ne[3] as usize);
-        let tk = k.ne[2] as usize;
+        let super::attention::Operands { q, k, v, scale, dh, heads, tq, batch, tk } = super::attention::operands(d, userdata);
         let (dp, kp) = (dh.next_multiple_of(32), tk.next_multiple_of(32));
         let blocks = tq.div_ceil(32);
         let (ith, nth) = (ith as usize, nth.max(1) as usize);

@@ -54,6 +54,29 @@ pub(crate) fn exp_row(row: &mut [f32]) -> f32 {
     sum
 }
 
+/// What both attention ops (this one and `amx::attention_compute`) read off their tensor:
+/// q [dh, H, Tq, B], k and v [dh, H, Tk, B], and the scale in the userdata's low 32 bits.
+pub(crate) struct Operands<'t> {
+    pub q: &'t ggml_sys::ggml_tensor,
+    pub k: &'t ggml_sys::ggml_tensor,
+    pub v: &'t ggml_sys::ggml_tensor,
+    pub scale: f32,
+    pub dh: usize,
+    pub heads: usize,
+    pub tq: usize,
+    pub batch: usize,
+    pub tk: usize,
+}
+
+/// # Safety
+/// `d` must be an attention op's tensor built by `Context::attention_cpu`.
+pub(crate) unsafe fn operands(d: &ggml_sys::ggml_tensor, userdata: *mut c_void) -> Operands<'_> {
+    // SAFETY: the op has its three sources, per the caller's contract.
+    let (q, k, v) = unsafe { (&*d.src[0], &*d.src[1], &*d.src[2]) };
+    let (dh, heads, tq, batch) = (q.ne[0] as usize, q.ne[1] as usize, q.ne[2] as usize, q.ne[3] as usize);
+    Operands { q, k, v, scale: f32::from_bits(userdata as usize as u32), dh, heads, tq, batch, tk: k.ne[2] as usize }
+}
+
 thread_local! {
     static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
@@ -66,10 +89,7 @@ pub(crate) unsafe extern "C" fn compute(dst: *mut ggml_sys::ggml_tensor, ith: c_
     // sources are allocated f32 tensors of the shapes it checked; `dst` is contiguous.
     unsafe {
         let d = &*dst;
-        let (q, k, v) = (&*d.src[0], &*d.src[1], &*d.src[2]);
-        let scale = f32::from_bits(userdata as usize as u32);
-        let (dh, heads, tq, batch) = (q.ne[0] as usize, q.ne[1] as usize, q.ne[2] as usize, q.ne[3] as usize);
-        let tk = k.ne[2] as usize;
+        let Operands { q, k, v, scale, dh, heads, tq, batch, tk } = operands(d, userdata);
         let blocks = tq.div_ceil(BLOCK_ROWS);
         let (ith, nth) = (ith as usize, nth.max(1) as usize);
         let es = |t: &ggml_sys::ggml_tensor, i: usize| (t.nb[i] / 4) as isize;

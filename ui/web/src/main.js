@@ -158,6 +158,9 @@ async function openFile(file) {
     setStatus(note || `opened ${file.name}`, note ? "warn" : "");
   } catch (e) {
     setStatus(e.message, "error");
+  } finally {
+    // Reading a file is asynchronous: scripts (the browser test) wait on this count.
+    window.sdflow.filesHandled += 1;
   }
 }
 
@@ -365,4 +368,4 @@ fitCanvas();
 start();
 
 // For the browser console and the browser test.
-window.sdflow = { graph, canvas, view, LiteGraph, graphToPrompt: () => graphToPrompt(graph).prompt, addNode };
+window.sdflow = { graph, canvas, view, LiteGraph, graphToPrompt: () => graphToPrompt(graph).prompt, addNode, filesHandled: 0 };

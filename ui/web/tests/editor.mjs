@@ -107,13 +107,17 @@ async function newestImage(count) {
   return img.evaluate((el) => ({ width: el.naturalWidth, height: el.naturalHeight, src: el.src }));
 }
 
+// Drops a file on the canvas and waits until the page has handled it (read, opened or
+// refused): reading a File is asynchronous, and checking the graph at once raced.
 async function dropFile(name, mime, bytes) {
+  const before = await page.evaluate(() => window.sdflow.filesHandled);
   await page.evaluate(([name, mime, data]) => {
     const file = new File([new Uint8Array(data)], name, { type: mime });
     const dt = new DataTransfer();
     dt.items.add(file);
     document.getElementById("graph-canvas").dispatchEvent(new DragEvent("drop", { dataTransfer: dt, bubbles: true, cancelable: true }));
   }, [name, mime, [...bytes]]);
+  await page.waitForFunction((n) => window.sdflow.filesHandled > n, before, { timeout: 10000 });
 }
 
 async function nodeTypes() {
