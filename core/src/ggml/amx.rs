@@ -169,17 +169,23 @@ unsafe fn store(c: *mut u8, stride: usize) {
 }
 
 thread_local! {
-    // Packed weights, the partial last row block and the block buffer: grown to the
-    // largest op and kept, so pages fault in once per thread.
-    static PACKED: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
-    static EDGE: RefCell<Vec<u16>> = const { RefCell::new(Vec::new()) };
+    // Grown to the largest op and kept, so pages fault in once per thread.
+    static LINEAR: RefCell<LinearScratch> = const { RefCell::new(LinearScratch { packed: Vec::new(), edge: Vec::new() }) };
     static BLOCK: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     static ATTN: RefCell<AttnScratch> = const { RefCell::new(AttnScratch { head: None, keys: Vec::new(), values: Vec::new(), q: Vec::new(), scores: Vec::new(), probs: Vec::new(), out: Vec::new() }) };
 }
 
-/// One thread's attention buffers; `head` says whose keys and values are packed.
+/// One thread's product buffers: its band of packed weights, and a zero-padded copy of a
+/// partial last block of activation rows.
+struct LinearScratch {
+    packed: Vec<u32>,
+    edge: Vec<u16>,
+}
+
+/// One thread's attention buffers; `head` says whose keys and values are packed (reset at
+/// the start of each op).
 struct AttnScratch {
-    head: Option<(usize, usize, usize)>,
+    head: Option<(usize, usize)>,
     keys: Vec<u32>,
     values: Vec<u32>,
     q: Vec<u16>,
@@ -194,10 +200,7 @@ fn grow<T: Clone + Default>(v: &mut Vec<T>, n: usize) {
     }
 }
 
-/// Flag bit in the op's userdata: write C transposed, [N, M] instead of [M, N].
-pub(crate) const TRANSPOSED: usize = super::matmul::TRANSPOSED;
-
-/// `dst` [M, N, B2, B3] (or [N, M, ...] with TRANSPOSED) = src0 (bf16 weight [K, M])
+/// `dst` [M, N, B2, B3] (or [N, M, ...] with `matmul::TRANSPOSED`) = src0 (bf16 weight [K, M])
 /// × src1 (bf16, contiguous [K, N, B2, B3]); each thread a band of M.
 pub(crate) unsafe extern "C" fn linear_compute(dst: *mut ggml_sys::ggml_tensor, ith: c_int, nth: c_int, userdata: *mut c_void) {
     // SAFETY: ggml calls this with the tensor built by `Context::mul_mat`: src0 a 2-D
@@ -205,7 +208,7 @@ pub(crate) unsafe extern "C" fn linear_compute(dst: *mut ggml_sys::ggml_tensor, 
     unsafe {
         let d = &*dst;
         let (w, x) = (&*d.src[0], &*d.src[1]);
-        let transposed = userdata as usize & TRANSPOSED != 0;
+        let transposed = userdata as usize & super::matmul::TRANSPOSED != 0;
         let (k, m) = (w.ne[0] as usize, w.ne[1] as usize);
         let batches = (x.ne[2] * x.ne[3]) as usize;
         // Batches stored back to back with their outputs likewise are one product.
@@ -221,82 +224,82 @@ pub(crate) unsafe extern "C" fn linear_compute(dst: *mut ggml_sys::ggml_tensor, 
         let mp = mb.next_multiple_of(32);
         let pairs = k / 2;
         let _tiles = Tiles::configure();
-        PACKED.with(|p| {
-            EDGE.with(|e| {
-                BLOCK.with(|blk| {
-                    let (mut p, mut e, mut blk) = (p.borrow_mut(), e.borrow_mut(), blk.borrow_mut());
-                    // Pack this band in blocks of 32 output columns, each block contiguous
-                    // (what one tile step reads is 128 consecutive bytes): pair row r of
-                    // block jb holds, for each column j, the bf16 pair (W[j][2r],
-                    // W[j][2r+1]) as one u32; padding columns are zero.
-                    grow(&mut p, pairs * mp);
-                    let packed = &mut p[..pairs * mp];
-                    for j in 0..mp {
-                        let at = (j / 32) * pairs * 32 + j % 32;
-                        if j < mb {
-                            let row = (w.data as *const u8).add((m0 + j) * w.nb[1]) as *const u32;
-                            for r in 0..pairs {
-                                packed[at + r * 32] = row.add(r).read_unaligned();
-                            }
-                        } else {
-                            for r in 0..pairs {
-                                packed[at + r * 32] = 0;
-                            }
+        LINEAR.with(|sc| {
+            BLOCK.with(|blk| {
+                let mut sc = sc.borrow_mut();
+                let LinearScratch { packed: p, edge: e } = &mut *sc;
+                let mut blk = blk.borrow_mut();
+                // Pack this band in blocks of 32 output columns, each block contiguous
+                // (what one tile step reads is 128 consecutive bytes): pair row r of
+                // block jb holds, for each column j, the bf16 pair (W[j][2r],
+                // W[j][2r+1]) as one u32; padding columns are zero.
+                grow(p, pairs * mp);
+                let packed = &mut p[..pairs * mp];
+                for j in 0..mp {
+                    let at = (j / 32) * pairs * 32 + j % 32;
+                    if j < mb {
+                        let row = (w.data as *const u8).add((m0 + j) * w.nb[1]) as *const u32;
+                        for r in 0..pairs {
+                            packed[at + r * 32] = row.add(r).read_unaligned();
+                        }
+                    } else {
+                        for r in 0..pairs {
+                            packed[at + r * 32] = 0;
                         }
                     }
-                    grow(&mut e, 32 * k);
-                    grow(&mut blk, 32 * 32);
-                    let packed = packed.as_ptr() as *const u8;
-                    let xrow = k * 2;
-                    // Column chunks whose packed weights stay in L2 while every row block
-                    // of X passes over them.
-                    let chunk = ((1 << 20) / (k * 2)).max(32).next_multiple_of(32).min(mp);
-                    for bi in 0..batches {
-                        let (i2, i3) = (bi % x.ne[2] as usize, bi / x.ne[2] as usize);
-                        let xb = (x.data as *const u8).add(i2 * x.nb[2] + i3 * x.nb[3]);
-                        let db = (d.data as *mut u8).add(i2 * d.nb[2] + i3 * d.nb[3]);
-                        let drow = d.nb[1];
-                        let mut c0 = 0;
-                        while c0 < mp {
-                            let c1 = (c0 + chunk).min(mp);
-                            let mut n0 = 0;
-                            while n0 < n {
-                                let rows = (n - n0).min(32);
-                                // A partial last block reads from a zero-padded copy: past
-                                // the last row of X lies memory that is not X's.
-                                let a = if rows == 32 {
-                                    xb.add(n0 * xrow)
-                                } else {
-                                    e[..32 * k].fill(0);
-                                    std::ptr::copy_nonoverlapping(xb.add(n0 * xrow), e.as_mut_ptr() as *mut u8, rows * xrow);
-                                    e.as_ptr() as *const u8
-                                };
-                                let mut j0 = c0;
-                                while j0 < c1 {
-                                    zero_acc();
-                                    steps(a, xrow, packed.add(j0 * pairs * 4), 128, k / 32);
-                                    let cols = (mb - j0.min(mb)).min(32);
-                                    if !transposed && rows == 32 && cols == 32 {
-                                        store(db.add(n0 * drow + (m0 + j0) * 4), drow);
-                                    } else if cols > 0 {
-                                        store(blk.as_mut_ptr() as *mut u8, 128);
-                                        for r in 0..rows {
-                                            for cc in 0..cols {
-                                                let v = blk[r * 32 + cc];
-                                                let (nn, mm) = (n0 + r, m0 + j0 + cc);
-                                                let at = if transposed { mm * drow + nn * 4 } else { nn * drow + mm * 4 };
-                                                *(db.add(at) as *mut f32) = v;
-                                            }
+                }
+                grow(e, 32 * k);
+                grow(&mut blk, 32 * 32);
+                let packed = packed.as_ptr() as *const u8;
+                let xrow = k * 2;
+                // Column chunks whose packed weights stay in L2 while every row block
+                // of X passes over them.
+                let chunk = ((1 << 20) / (k * 2)).max(32).next_multiple_of(32).min(mp);
+                for bi in 0..batches {
+                    let (i2, i3) = (bi % x.ne[2] as usize, bi / x.ne[2] as usize);
+                    let xb = (x.data as *const u8).add(i2 * x.nb[2] + i3 * x.nb[3]);
+                    let db = (d.data as *mut u8).add(i2 * d.nb[2] + i3 * d.nb[3]);
+                    let drow = d.nb[1];
+                    let mut c0 = 0;
+                    while c0 < mp {
+                        let c1 = (c0 + chunk).min(mp);
+                        let mut n0 = 0;
+                        while n0 < n {
+                            let rows = (n - n0).min(32);
+                            // A partial last block reads from a zero-padded copy: past
+                            // the last row of X lies memory that is not X's.
+                            let a = if rows == 32 {
+                                xb.add(n0 * xrow)
+                            } else {
+                                e[..32 * k].fill(0);
+                                std::ptr::copy_nonoverlapping(xb.add(n0 * xrow), e.as_mut_ptr() as *mut u8, rows * xrow);
+                                e.as_ptr() as *const u8
+                            };
+                            let mut j0 = c0;
+                            while j0 < c1 {
+                                zero_acc();
+                                steps(a, xrow, packed.add(j0 * pairs * 4), 128, k / 32);
+                                let cols = (mb - j0.min(mb)).min(32);
+                                if !transposed && rows == 32 && cols == 32 {
+                                    store(db.add(n0 * drow + (m0 + j0) * 4), drow);
+                                } else if cols > 0 {
+                                    store(blk.as_mut_ptr() as *mut u8, 128);
+                                    for r in 0..rows {
+                                        for cc in 0..cols {
+                                            let v = blk[r * 32 + cc];
+                                            let (nn, mm) = (n0 + r, m0 + j0 + cc);
+                                            let at = if transposed { mm * drow + nn * 4 } else { nn * drow + mm * 4 };
+                                            *(db.add(at) as *mut f32) = v;
                                         }
                                     }
-                                    j0 += 32;
                                 }
-                                n0 += 32;
+                                j0 += 32;
                             }
-                            c0 = c1;
+                            n0 += 32;
                         }
+                        c0 = c1;
                     }
-                })
+                }
             })
         });
     }
@@ -347,22 +350,9 @@ pub(crate) unsafe extern "C" fn conv_compute(dst: *mut ggml_sys::ggml_tensor, it
                             }
                         }
                         store(blk.as_mut_ptr() as *mut u8, 128);
-                        // Keep the wide columns that are output positions.
                         let end = (j0 + 32).min(wide);
                         for co in 0..32 {
-                            let src = blk.as_ptr().add(co * 32);
-                            let dplane = out.add((co0 + co) * ow * oh);
-                            let mut j = j0;
-                            while j < end {
-                                let (oy, ox) = (j / wp, j % wp);
-                                if ox < ow {
-                                    let run = (ow - ox).min(end - j);
-                                    std::ptr::copy_nonoverlapping(src.add(j - j0), dplane.add(oy * ow + ox), run);
-                                    j += run;
-                                } else {
-                                    j += wp - ox;
-                                }
-                            }
+                            super::matmul::keep_output_columns(blk.as_ptr().add(co * 32), j0, end, wp, ow, out.add((co0 + co) * ow * oh));
                         }
                     }
                 }
@@ -420,7 +410,7 @@ pub(crate) unsafe extern "C" fn attention_compute(dst: *mut ggml_sys::ggml_tenso
             for task in t0..t1 {
                 let (hb, blk) = (task / blocks, task % blocks);
                 let (h, b) = (hb % heads, hb / heads);
-                if sc.head != Some((h, b, tk)) {
+                if sc.head != Some((h, b)) {
                     // keys: pair row p, column j = (K[j][2p], K[j][2p+1]);
                     // values: pair row p, column c = (V[2p][c], V[2p+1][c]).
                     let at = |t: &ggml_sys::ggml_tensor, j: usize, i: usize| if j < tk && i < dh { *row(t, h, j, b).add(i) } else { 0.0 };
@@ -434,17 +424,14 @@ pub(crate) unsafe extern "C" fn attention_compute(dst: *mut ggml_sys::ggml_tenso
                             sc.values[p * dp + c] = bf16(at(v, 2 * p, c)) as u32 | (bf16(at(v, 2 * p + 1, c)) as u32) << 16;
                         }
                     }
-                    sc.head = Some((h, b, tk));
+                    sc.head = Some((h, b));
                 }
                 let r0 = blk * 32;
                 let rows = 32.min(tq - r0);
                 for r in 0..32 {
                     let dst_row = &mut sc.q[r * dp..(r + 1) * dp];
                     if r < rows {
-                        let src = std::slice::from_raw_parts(row(q, h, r0 + r, b), dh);
-                        for (o, &x) in dst_row.iter_mut().zip(src) {
-                            *o = bf16(x);
-                        }
+                        ggml_sys::ggml_cpu_fp32_to_bf16(row(q, h, r0 + r, b), dst_row.as_mut_ptr() as *mut ggml_sys::ggml_bf16_t, dh as i64);
                         dst_row[dh..].fill(0);
                     } else {
                         dst_row.fill(0);

@@ -311,7 +311,7 @@ impl Context {
         if an[0] != bn[0] || bn[2] % an[2] != 0 || bn[3] % an[3] != 0 {
             return Err(shape("mul_mat_t", format!("a {an:?} cannot multiply b {bn:?}")));
         }
-        if let Some(t) = self.amx_linear("mul_mat_t", a, b, [bn[1], an[1], bn[2], bn[3]], super::amx::TRANSPOSED)? {
+        if let Some(t) = self.amx_linear("mul_mat_t", a, b, [bn[1], an[1], bn[2], bn[3]], super::matmul::TRANSPOSED)? {
             return Ok(t);
         }
         if super::matmul::enabled() && super::matmul::supports(a.raw(), b.raw()) {
@@ -321,8 +321,8 @@ impl Context {
     }
 
     /// The product on AMX tiles ([`super::amx`]) when the CPU has them and the operands
-    /// fit: a 2-D bf16/f16 weight with contiguous rows and K a multiple of 32, f32
-    /// activations (cast to bf16 by one ggml copy, all threads). `None`: not taken.
+    /// fit: a 2-D bf16 weight with contiguous rows and K a multiple of 32, f32 activations
+    /// (rounded to bf16 first by one op over all threads). `None`: not taken.
     fn amx_linear<'a>(&'a self, name: &'static str, a: Tensor<'a>, b: Tensor<'a>, ne: [i64; 4], flags: usize) -> Result<Option<Tensor<'a>>> {
         let an = a.ne();
         // SAFETY: reads metadata only.
@@ -416,7 +416,7 @@ impl Context {
         }
         if stride == (1, 1) && dilation == (1, 1) && input.dtype() == GType::F32 && super::matmul::enabled() {
             let kn = kernel.ne();
-            if kn[2] % 32 == 0 && kn[3] % 32 == 0 && super::amx::takes(kernel.dtype().0, kn[2]) {
+            if kn[3] % 32 == 0 && super::amx::takes(kernel.dtype().0, kn[2]) {
                 return self.conv_2d_amx(kernel, input, pad);
             }
             if super::matmul::supports(kernel.raw(), input.raw()) {
@@ -463,10 +463,10 @@ impl Context {
         unsafe { self.custom("conv_2d", GType::F32, [ow, oh, kn[3], xn[3]], &[kernel, x], Some(super::matmul::conv_compute), 0) }
     }
 
-    /// The stride-1 convolution on AMX tiles: the kernel rounded to bf16 and reordered to
-    /// [C, C_out, KW, KH], the input padded (with zero rows below, so whole 32-column
-    /// blocks of shifted reads stay inside) and pair-interleaved in one ggml copy each,
-    /// then `amx::conv_compute`.
+    /// The stride-1 convolution on AMX tiles: the bf16 kernel reordered to [C, C_out, KW,
+    /// KH], the input rounded to bf16, padded (with zero rows below, so whole 32-column
+    /// blocks of shifted reads stay inside) and pair-interleaved, one op each, then
+    /// `amx::conv_compute`.
     fn conv_2d_amx<'a>(&'a self, kernel: Tensor<'a>, input: Tensor<'a>, pad: (i32, i32)) -> Result<Tensor<'a>> {
         let kn = kernel.ne();
         let xn = input.ne();

@@ -267,25 +267,33 @@ pub(crate) unsafe extern "C" fn conv_compute(dst: *mut ggml_sys::ggml_tensor, it
                             );
                         }
                     }
-                    // Keep the wide columns that are real output positions.
                     for co in 0..cout {
-                        let src = s.as_ptr().add(co * cols);
-                        let plane = out.add(co * ow * oh);
-                        let mut j = b0;
-                        while j < b0 + cols {
-                            let (oy, ox) = (j / wp, j % wp);
-                            if ox < ow {
-                                let run = (ow - ox).min(b0 + cols - j);
-                                std::ptr::copy_nonoverlapping(src.add(j - b0), plane.add(oy * ow + ox), run);
-                                j += run;
-                            } else {
-                                j += wp - ox;
-                            }
-                        }
+                        keep_output_columns(s.as_ptr().add(co * cols), b0, b0 + cols, wp, ow, out.add(co * ow * oh));
                     }
                     b0 += cols;
                 }
             }
         });
+    }
+}
+
+/// Copy wide columns `j0..j1` of one output channel (`src[0]` is column `j0`; column
+/// `oy·wp + ox` is output position (ox, oy)) into its `ow`-wide output plane, dropping the
+/// columns with `ox ≥ ow`: the shifted-view convolutions compute those and throw them away.
+///
+/// # Safety
+/// `src` holds `j1 - j0` floats; `plane` has room for every kept position.
+pub(crate) unsafe fn keep_output_columns(src: *const f32, j0: usize, j1: usize, wp: usize, ow: usize, plane: *mut f32) {
+    let mut j = j0;
+    while j < j1 {
+        let (oy, ox) = (j / wp, j % wp);
+        if ox < ow {
+            let run = (ow - ox).min(j1 - j);
+            // SAFETY: per the caller's contract.
+            unsafe { std::ptr::copy_nonoverlapping(src.add(j - j0), plane.add(oy * ow + ox), run) };
+            j += run;
+        } else {
+            j += wp - ox;
+        }
     }
 }
