@@ -1,7 +1,7 @@
 //! The Stable Diffusion 1.x/2.x denoiser: the UNet wrapped as a k-diffusion model,
 //! `denoised = D(x, σ)`, with classifier-free guidance computed in one batched graph.
 
-use super::unet::Unet;
+use super::unet::{Unet, UnetExtras};
 use super::{ModelError, Result};
 use crate::ggml::{Backend, Context, GraphAllocator, GraphRun};
 use crate::sampling::samplers::Denoised;
@@ -22,6 +22,37 @@ pub struct Conditioning {
     pub data: Vec<f32>,
     pub dim: i64,
     pub tokens: i64,
+    /// The pooled text embedding (SDXL: OpenCLIP-G's projected end token).
+    pub pooled: Option<Vec<f32>>,
+    /// SDXL's size and crop conditioning.
+    pub size: SizeCond,
+}
+
+/// SDXL's micro-conditioning, as ComfyUI's CLIPTextEncodeSDXL(Refiner) sets it. Sizes
+/// left unset are the image's (ComfyUI and sd.cpp both default to the latent's size
+/// × 8), targets default to the size.
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub struct SizeCond {
+    pub width: Option<f64>,
+    pub height: Option<f64>,
+    pub crop_w: f64,
+    pub crop_h: f64,
+    pub target_width: Option<f64>,
+    pub target_height: Option<f64>,
+    /// The refiner's aesthetic score (ComfyUI: 6 for the positive prompt by default).
+    pub aesthetic_score: Option<f64>,
+}
+
+/// Width of one scalar's sinusoidal embedding in SDXL's ADM vector.
+const ADM_EMBED: usize = 256;
+
+/// LDM's `timestep_embedding` of one value: cos of every frequency, then sin.
+fn fourier(v: f64, out: &mut Vec<f32>) {
+    let half = ADM_EMBED / 2;
+    let freqs = (0..half).map(|i| (-(10000f64.ln()) * i as f64 / half as f64).exp());
+    let args: Vec<f64> = freqs.map(|f| v * f).collect();
+    out.extend(args.iter().map(|a| a.cos() as f32));
+    out.extend(args.iter().map(|a| a.sin() as f32));
 }
 
 impl Conditioning {
@@ -29,7 +60,37 @@ impl Conditioning {
         if dim < 1 || tokens < 1 || data.len() as i64 != dim * tokens {
             return Err(ModelError::Input(format!("conditioning of {} values is not {tokens} tokens × {dim}", data.len())));
         }
-        Ok(Conditioning { data, dim, tokens })
+        Ok(Conditioning { data, dim, tokens, pooled: None, size: SizeCond::default() })
+    }
+
+    /// The ADM vector `y` of `width` values for an image of `image_w`×`image_h` pixels:
+    /// the pooled embedding, then the embeddings of height, width, crop top, crop
+    /// left and either target height and width (SDXL base, 6 scalars) or the aesthetic
+    /// score (the refiner, 5), as `comfy/model_base.py`'s `encode_adm` lays them out.
+    pub fn adm(&self, width: i64, image_w: i64, image_h: i64) -> Result<Vec<f32>> {
+        let pooled = self.pooled.as_ref().ok_or_else(|| {
+            ModelError::Input("this UNet (SDXL) needs a pooled text embedding, and the conditioning has none: encode the prompt with the SDXL checkpoint's CLIP".into())
+        })?;
+        let s = &self.size;
+        let (w, h) = (s.width.unwrap_or(image_w as f64), s.height.unwrap_or(image_h as f64));
+        let mut scalars = vec![h, w, s.crop_h, s.crop_w];
+        let extra = width - pooled.len() as i64;
+        if extra == 6 * ADM_EMBED as i64 {
+            scalars.extend([s.target_height.unwrap_or(h), s.target_width.unwrap_or(w)]);
+        } else if extra == 5 * ADM_EMBED as i64 {
+            scalars.push(s.aesthetic_score.unwrap_or(6.0));
+        } else {
+            return Err(ModelError::Input(format!(
+                "the UNet takes a {width}-wide ADM vector; a {}-wide pooled embedding leaves {extra} values, not 5 or 6 size embeddings of {ADM_EMBED}",
+                pooled.len()
+            )));
+        }
+        let mut y = Vec::with_capacity(width as usize);
+        y.extend_from_slice(pooled);
+        for v in scalars {
+            fourier(v, &mut y);
+        }
+        Ok(y)
     }
 }
 
@@ -151,8 +212,14 @@ impl<'w> SdDenoiser<'w> {
             pending = rest;
             let mut xin: Vec<f32> = Vec::with_capacity((n_per + plane * extra as usize) * n * group.len());
             let mut ctx_data = Vec::with_capacity(group.iter().map(|&k| items[k].cond.data.len() * n).sum());
+            let adm = self.unet.config.adm_in_channels;
+            let mut y = Vec::new();
             for &k in &group {
                 let it = &items[k];
+                if let Some(adm) = adm {
+                    let v = it.cond.adm(adm, shape[0] * 8, shape[1] * 8)?;
+                    (0..n).for_each(|_| y.extend_from_slice(&v));
+                }
                 for i in 0..n {
                     xin.extend(it.x[i * n_per..(i + 1) * n_per].iter().map(|v| v * c_in));
                     if let Some(c) = it.concat {
@@ -163,7 +230,8 @@ impl<'w> SdDenoiser<'w> {
                 }
             }
             let b = (group.len() * n) as i64;
-            let pred = self.run_unet(backend, xin, [shape[0], shape[1], want, b], vec![t; b as usize], ctx_data, key.1, key.0)?;
+            let y = adm.map(|_| y);
+            let pred = self.run_unet(backend, xin, [shape[0], shape[1], want, b], vec![t; b as usize], ctx_data, key.1, key.0, y)?;
             for (&k, p) in group.iter().zip(pred.chunks(n_per * n)) {
                 out[k] = Some(items[k].x.iter().zip(p).map(|(xv, pv)| xv * c_skip + pv * c_out).collect());
             }
@@ -172,7 +240,7 @@ impl<'w> SdDenoiser<'w> {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn run_unet(&mut self, backend: &Backend, x: Vec<f32>, shape: LatentShape, t: Vec<f32>, context: Vec<f32>, dim: i64, tokens: i64) -> Result<Vec<f32>> {
+    fn run_unet(&mut self, backend: &Backend, x: Vec<f32>, shape: LatentShape, t: Vec<f32>, context: Vec<f32>, dim: i64, tokens: i64, y: Option<Vec<f32>>) -> Result<Vec<f32>> {
         // A UNet graph is a few thousand nodes; this bounds SD1/SD2 at any size.
         const GRAPH: usize = 32768;
         let ctx = Context::new(GRAPH, GRAPH)?;
@@ -180,7 +248,12 @@ impl<'w> SdDenoiser<'w> {
         let xt = run.input_f32(&shape, x)?;
         let tt = run.input_f32(&[shape[3]], t)?;
         let ct = run.input_f32(&[dim, tokens, shape[3]], context)?;
-        let out = self.unet.forward(&ctx, xt, tt, ct)?;
+        let mut extras = UnetExtras::default();
+        if let Some(y) = y {
+            let width = y.len() as i64 / shape[3];
+            extras.y = Some(run.input_f32(&[width, shape[3]], y)?);
+        }
+        let out = self.unet.forward_with(&ctx, xt, tt, ct, &extras)?;
         if self.alloc.is_none() {
             self.alloc = Some(GraphAllocator::new(backend)?);
         }

@@ -56,6 +56,17 @@ pub struct UnetConfig {
     pub input_blocks: Vec<Block>,
     pub middle_depth: usize,
     pub output_blocks: Vec<Block>,
+    /// Width of the class/ADM vector `y` the UNet adds to its time embedding through
+    /// `label_emb` (SDXL: pooled text + six size embeddings, 2816; the refiner 2560).
+    pub adm_in_channels: Option<i64>,
+}
+
+/// What one UNet evaluation takes besides latent, timesteps and text context.
+#[derive(Default)]
+pub struct UnetExtras<'a> {
+    /// The ADM vector `y` [adm_in_channels, N] (SDXL), required exactly when the UNet
+    /// has `label_emb`.
+    pub y: Option<Tensor<'a>>,
 }
 
 const GROUPS: i32 = 32;
@@ -124,7 +135,12 @@ impl UnetConfig {
             }
             None => (0, false),
         };
+        let adm_in_channels = match w.contains(&n("label_emb.0.0.weight".into())) {
+            true => Some(w.get(&n("label_emb.0.0.weight".into()))?.ne()[0]),
+            false => None,
+        };
         Ok(UnetConfig {
+            adm_in_channels,
             in_channels,
             out_channels: out[3],
             model_channels,
@@ -230,6 +246,10 @@ impl<'w> Unet<'w> {
         self.expect_conv("input_blocks.0.0", 3, c.in_channels, c.model_channels)?;
         self.expect_linear("time_embed.0", c.model_channels, c.time_embed_dim, true)?;
         self.expect_linear("time_embed.2", c.time_embed_dim, c.time_embed_dim, true)?;
+        if let Some(adm) = c.adm_in_channels {
+            self.expect_linear("label_emb.0.0", adm, c.time_embed_dim, true)?;
+            self.expect_linear("label_emb.0.2", c.time_embed_dim, c.time_embed_dim, true)?;
+        }
         for b in c.input_blocks.iter().map(|b| ("input_blocks", b)).chain(c.output_blocks.iter().map(|b| ("output_blocks", b))) {
             let (side, Block { index, kind }) = b;
             match *kind {
@@ -344,6 +364,14 @@ impl<'w> Unet<'w> {
     where
         'w: 'a,
     {
+        self.forward_with(ctx, x, t, context, &UnetExtras::default())
+    }
+
+    /// [`Unet::forward`] with the inputs some UNets need or some features add.
+    pub fn forward_with<'a>(&'a self, ctx: &'a Context, x: Tensor<'a>, t: Tensor<'a>, context: Tensor<'a>, extras: &UnetExtras<'a>) -> Result<Tensor<'a>>
+    where
+        'w: 'a,
+    {
         let c = &self.config;
         let [_, _, cin, b] = x.ne();
         if cin != c.in_channels {
@@ -355,7 +383,22 @@ impl<'w> Unet<'w> {
         let w = self.w;
         let emb = ctx.timestep_embedding(t, c.model_channels as i32, 10000)?;
         let emb = linear(ctx, w, &self.n("time_embed.0"), emb)?;
-        let emb = linear(ctx, w, &self.n("time_embed.2"), ctx.silu(emb)?)?;
+        let mut emb = linear(ctx, w, &self.n("time_embed.2"), ctx.silu(emb)?)?;
+        match (c.adm_in_channels, extras.y) {
+            (None, None) => {}
+            (Some(adm), Some(y)) if y.ne()[0] == adm && y.ne()[1] == b => {
+                let e = linear(ctx, w, &self.n("label_emb.0.0"), y)?;
+                let e = linear(ctx, w, &self.n("label_emb.0.2"), ctx.silu(e)?)?;
+                emb = ctx.add(emb, e)?;
+            }
+            (adm, y) => {
+                return Err(ModelError::Input(format!(
+                    "the UNet takes {} ADM vector; got {}",
+                    adm.map_or("no".to_string(), |a| format!("a {a}-wide")),
+                    y.map_or("none".to_string(), |y| format!("{:?}", y.ne()))
+                )))
+            }
+        }
 
         let mut h = conv2d(ctx, w, &self.n("input_blocks.0.0"), x, 1, 1)?;
         let mut skips = vec![h];
