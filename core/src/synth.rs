@@ -477,6 +477,37 @@ fn spatial_transformer(s: &mut Specs, p: &str, c: usize, u: &UnetConfig) {
 fn unet(s: &mut Specs, p: &str, u: &UnetConfig) {
     let mc = u.model_channels;
     let emb = mc * 4;
+    let mut skip_chans = unet_encoder(s, p, u);
+    let mut ch = *skip_chans.last().expect("input_blocks.0 at least");
+    let mut ds = 1 << (u.channel_mult.len() - 1);
+    let mut idx = 0;
+    for (level, &mult) in u.channel_mult.iter().enumerate().rev() {
+        for i in 0..=u.num_res_blocks {
+            let b = format!("{p}output_blocks.{idx}");
+            let skip = skip_chans.pop().expect("one skip per input block");
+            unet_resblock(s, &format!("{b}.0"), ch + skip, mc * mult, emb);
+            ch = mc * mult;
+            let mut layer = 1;
+            if u.attention_resolutions.contains(&ds) {
+                spatial_transformer(s, &format!("{b}.1"), ch, u);
+                layer = 2;
+            }
+            if level > 0 && i == u.num_res_blocks {
+                s.conv(&format!("{b}.{layer}.conv"), ch, ch, 3);
+                ds /= 2;
+            }
+            idx += 1;
+        }
+    }
+    s.norm(&format!("{p}out.0"), ch);
+    s.conv(&format!("{p}out.2"), mc, u.out_channels, 3);
+}
+
+/// Time embedding, input blocks and middle block of ldm's `UNetModel` (what a ControlNet
+/// copies); returns each skip's channels, `input_blocks.0` first.
+fn unet_encoder(s: &mut Specs, p: &str, u: &UnetConfig) -> Vec<usize> {
+    let mc = u.model_channels;
+    let emb = mc * 4;
     s.linear(&format!("{p}time_embed.0"), mc, emb, true);
     s.linear(&format!("{p}time_embed.2"), emb, emb, true);
     s.conv(&format!("{p}input_blocks.0.0"), u.in_channels, mc, 3);
@@ -506,27 +537,36 @@ fn unet(s: &mut Specs, p: &str, u: &UnetConfig) {
     unet_resblock(s, &format!("{p}middle_block.0"), ch, ch, emb);
     spatial_transformer(s, &format!("{p}middle_block.1"), ch, u);
     unet_resblock(s, &format!("{p}middle_block.2"), ch, ch, emb);
-    let mut idx = 0;
-    for (level, &mult) in u.channel_mult.iter().enumerate().rev() {
-        for i in 0..=u.num_res_blocks {
-            let b = format!("{p}output_blocks.{idx}");
-            let skip = skip_chans.pop().expect("one skip per input block");
-            unet_resblock(s, &format!("{b}.0"), ch + skip, mc * mult, emb);
-            ch = mc * mult;
-            let mut layer = 1;
-            if u.attention_resolutions.contains(&ds) {
-                spatial_transformer(s, &format!("{b}.1"), ch, u);
-                layer = 2;
-            }
-            if level > 0 && i == u.num_res_blocks {
-                s.conv(&format!("{b}.{layer}.conv"), ch, ch, 3);
-                ds /= 2;
-            }
-            idx += 1;
-        }
+    skip_chans
+}
+
+/// ldm `ControlNet` (cldm) for a UNet of `u`: the hint encoder (ldm's fixed widths 16,
+/// 32, 96, 256 from `hint_channels`), the UNet's encoder, and a 1×1 zero convolution
+/// per skip and for the middle block (random here, as after training, so they act).
+pub fn controlnet_tensors(u: &UnetConfig, hint_channels: usize) -> Vec<TensorSpec> {
+    let p = "control_model.";
+    let mut s = Specs(Vec::new());
+    let mut cin = hint_channels;
+    for (i, cout) in [16, 16, 32, 32, 96, 96, 256, u.model_channels].into_iter().enumerate() {
+        s.conv(&format!("{p}input_hint_block.{}", 2 * i), cin, cout, 3);
+        cin = cout;
     }
-    s.norm(&format!("{p}out.0"), ch);
-    s.conv(&format!("{p}out.2"), mc, u.out_channels, 3);
+    let skips = unet_encoder(&mut s, p, u);
+    for (i, &c) in skips.iter().enumerate() {
+        s.conv(&format!("{p}zero_convs.{i}.0"), c, c, 1);
+    }
+    let mid = *skips.last().expect("input_blocks.0 at least");
+    s.conv(&format!("{p}middle_block_out.0"), mid, mid, 1);
+    s.0
+}
+
+/// Writes [`controlnet_tensors`] as an f32 safetensors file (a ControlNet for the
+/// checkpoints [`write_checkpoint`] writes with the same UNet config).
+pub fn write_controlnet(path: &Path, u: &UnetConfig, hint_channels: usize, seed: u64) -> Result<(), SynthError> {
+    let specs = controlnet_tensors(u, hint_channels);
+    let data: Vec<(String, Vec<usize>, Vec<u8>)> = specs.iter().map(|t| (t.name.clone(), t.shape.clone(), t.values(seed).iter().flat_map(|v| v.to_le_bytes()).collect())).collect();
+    crate::io::safetensors::write(path, data.iter().map(|(n, shape, b)| (n.as_str(), DType::F32, shape.clone(), b.as_slice())), &std::collections::BTreeMap::new())?;
+    Ok(())
 }
 
 /// ldm autoencoder `ResnetBlock` without timestep embedding.

@@ -19,9 +19,11 @@ use crate::dtype::{ConvertError, DType};
 pub mod diffusers;
 pub mod gguf;
 pub mod pickle;
+pub mod renamed;
 pub mod rules;
 pub mod safetensors;
 
+pub use renamed::Renamed;
 pub use rules::{read_as, TypeRules};
 
 /// The on-disk format a source was read from.

@@ -134,16 +134,48 @@ fn unet_res_blocks(names: &HashSet<&str>) -> Option<usize> {
     (2..64).find(|i| names.contains(format!("{UNET}input_blocks.{i}.0.op.weight").as_str())).map(|i| i - 1)
 }
 
+/// A res block's LDM module paths and their diffusers names.
+const RESNET: [(&str, &str); 6] = [
+    ("in_layers.0", "norm1"),
+    ("in_layers.2", "conv1"),
+    ("emb_layers.1", "time_emb_proj"),
+    ("out_layers.0", "norm2"),
+    ("out_layers.3", "conv2"),
+    ("skip_connection", "conv_shortcut"),
+];
+
 fn resnet(rest: &str) -> Option<&'static str> {
-    Some(match rest {
-        "in_layers.0" => "norm1",
-        "in_layers.2" => "conv1",
-        "emb_layers.1" => "time_emb_proj",
-        "out_layers.0" => "norm2",
-        "out_layers.3" => "conv2",
-        "skip_connection" => "conv_shortcut",
-        _ => return None,
-    })
+    RESNET.iter().find(|(l, _)| *l == rest).map(|(_, d)| *d)
+}
+
+/// The LDM path of a diffusers encoder module path (below `unet.`, or of a
+/// `ControlNetModel`): conv_in, the time and add (SDXL label) embeddings, down and mid
+/// blocks, with `nrb` res blocks per level. The inverse of [`ldm_to_diffusers`] there.
+pub fn diffusers_to_ldm_encoder(k: &str, nrb: usize) -> Option<String> {
+    let fixed = match k {
+        "time_embedding.linear_1" => Some("time_embed.0"),
+        "time_embedding.linear_2" => Some("time_embed.2"),
+        "add_embedding.linear_1" => Some("label_emb.0.0"),
+        "add_embedding.linear_2" => Some("label_emb.0.2"),
+        "conv_in" => Some("input_blocks.0.0"),
+        _ => None,
+    };
+    if let Some(f) = fixed {
+        return Some(f.to_string());
+    }
+    let parts: Vec<&str> = k.splitn(5, '.').collect();
+    let idx = |s: &str| s.parse::<usize>().ok();
+    let ldm_resnet = |r: &str| RESNET.iter().find(|(_, d)| *d == r).map(|(l, _)| *l);
+    let per = nrb + 1;
+    match parts.as_slice() {
+        ["down_blocks", level, "resnets", r, rest] if idx(r)? < nrb => Some(format!("input_blocks.{}.0.{}", idx(level)? * per + idx(r)? + 1, ldm_resnet(rest)?)),
+        ["down_blocks", level, "attentions", r, rest] if idx(r)? < nrb => Some(format!("input_blocks.{}.1.{rest}", idx(level)? * per + idx(r)? + 1)),
+        ["down_blocks", level, "downsamplers", "0", "conv"] => Some(format!("input_blocks.{}.0.op", (idx(level)? + 1) * per)),
+        ["mid_block", "resnets", j, rest] if idx(j)? < 2 => Some(format!("middle_block.{}.{}", 2 * idx(j)?, ldm_resnet(rest)?)),
+        ["mid_block", "attentions", "0", a, rest] => Some(format!("middle_block.1.{a}.{rest}")),
+        ["mid_block", "attentions", "0", a] => Some(format!("middle_block.1.{a}")),
+        _ => None,
+    }
 }
 
 /// The diffusers `UNet2DConditionModel` path of an LDM UNet module path (below

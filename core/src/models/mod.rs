@@ -6,6 +6,7 @@
 //! from tensors known to fit together.
 
 pub mod clip;
+pub mod controlnet;
 pub mod esrgan;
 pub mod load;
 pub mod nn;

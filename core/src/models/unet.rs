@@ -67,6 +67,18 @@ pub struct UnetExtras<'a> {
     /// The ADM vector `y` [adm_in_channels, N] (SDXL), required exactly when the UNet
     /// has `label_emb`.
     pub y: Option<Tensor<'a>>,
+    /// ControlNet residuals (the sum over stacked ControlNets), added as ldm's
+    /// `apply_control` does.
+    pub control: Option<ControlResiduals<'a>>,
+}
+
+/// What ControlNets add to a UNet: one tensor per skip connection (`input_blocks.0` to
+/// the last input block, in order) and one for the middle block's output, each the shape
+/// of what it is added to.
+#[derive(Clone)]
+pub struct ControlResiduals<'a> {
+    pub skips: Vec<Tensor<'a>>,
+    pub middle: Tensor<'a>,
 }
 
 const GROUPS: i32 = 32;
@@ -76,17 +88,49 @@ impl UnetConfig {
     /// Heads default to 8 for 1×1-conv projections (SD1) and 64-wide for Linear ones
     /// (SD2), as the released models use; override `heads` for other models.
     pub fn infer(w: &Weights, prefix: &str) -> Result<Self> {
+        let mut cfg = Self::infer_encoder(w, prefix)?;
+        let n = |s: String| format!("{prefix}.{s}");
+        cfg.out_channels = w.get(&n("out.2.weight".into()))?.ne()[3];
+        for i in 0.. {
+            if !w.contains(&n(format!("output_blocks.{i}.0.in_layers.0.weight"))) {
+                break;
+            }
+            let (cin, cout) = res_dims(w, &n(format!("output_blocks.{i}.0")))?;
+            let transformer_depth = depth(w, &n(format!("output_blocks.{i}.1")));
+            let up = if transformer_depth > 0 { 2 } else { 1 };
+            let upsample = w.contains(&n(format!("output_blocks.{i}.{up}.conv.weight")));
+            cfg.output_blocks.push(Block { index: i, kind: BlockKind::Res { cin, cout, transformer_depth, upsample } });
+        }
+        if cfg.output_blocks.len() != cfg.input_blocks.len() + 1 {
+            return Err(ModelError::Config(format!(
+                "UNet under `{prefix}`: {} input blocks and {} output blocks do not pair up",
+                cfg.input_blocks.len() + 1,
+                cfg.output_blocks.len()
+            )));
+        }
+        if cfg.context_dim == 0 {
+            let first = cfg.output_blocks.iter().find_map(|b| match b.kind {
+                BlockKind::Res { transformer_depth, .. } if transformer_depth > 0 => Some(n(format!("output_blocks.{}.1", b.index))),
+                _ => None,
+            });
+            if let Some(block) = first {
+                (cfg.context_dim, cfg.linear_projection) = attention_style(w, &block)?;
+                cfg.heads = default_heads(cfg.linear_projection);
+            }
+        }
+        Ok(cfg)
+    }
+
+    /// The encoder half of [`UnetConfig::infer`] (time and label embeddings, input blocks,
+    /// middle block), for models that have no decoder: ControlNets. `output_blocks` is
+    /// empty and `out_channels` 0.
+    pub fn infer_encoder(w: &Weights, prefix: &str) -> Result<Self> {
         let n = |s: String| format!("{prefix}.{s}");
         let conv_in = w.get(&n("input_blocks.0.0.weight".into()))?.ne();
         let (in_channels, model_channels) = (conv_in[2], conv_in[3]);
         let time_embed_dim = w.get(&n("time_embed.0.weight".into()))?.ne()[1];
-        let out = w.get(&n("out.2.weight".into()))?.ne();
-        let depth = |block: String| (0..).take_while(|d| w.contains(&n(format!("{block}.transformer_blocks.{d}.norm1.weight")))).count();
-        let res_dims = |block: String| -> Result<(i64, i64)> {
-            let cin = w.get(&n(format!("{block}.in_layers.0.weight")))?.ne()[0];
-            let cout = w.get(&n(format!("{block}.in_layers.2.weight")))?.ne()[3];
-            Ok((cin, cout))
-        };
+        let depth = |block: String| depth(w, &n(block));
+        let res_dims = |block: String| res_dims(w, &n(block));
 
         let mut input_blocks = Vec::new();
         for i in 1.. {
@@ -101,38 +145,19 @@ impl UnetConfig {
                 break;
             }
         }
-        let mut output_blocks = Vec::new();
-        for i in 0.. {
-            if !w.contains(&n(format!("output_blocks.{i}.0.in_layers.0.weight"))) {
-                break;
-            }
-            let (cin, cout) = res_dims(format!("output_blocks.{i}.0"))?;
-            let transformer_depth = depth(format!("output_blocks.{i}.1"));
-            let up = if transformer_depth > 0 { 2 } else { 1 };
-            let upsample = w.contains(&n(format!("output_blocks.{i}.{up}.conv.weight")));
-            output_blocks.push(Block { index: i, kind: BlockKind::Res { cin, cout, transformer_depth, upsample } });
-        }
-        if input_blocks.is_empty() || output_blocks.len() != input_blocks.len() + 1 {
-            return Err(ModelError::Config(format!(
-                "UNet under `{prefix}`: {} input blocks and {} output blocks do not pair up",
-                input_blocks.len() + 1,
-                output_blocks.len()
-            )));
+        if input_blocks.is_empty() {
+            return Err(ModelError::Config(format!("UNet under `{prefix}`: no input blocks after input_blocks.0")));
         }
         let middle_depth = depth("middle_block.1".into());
         // Context width and projection style, from the first transformer there is.
         let first_attn = (middle_depth > 0).then(|| "middle_block.1".to_string()).or_else(|| {
-            input_blocks.iter().map(|b| ("input_blocks", b)).chain(output_blocks.iter().map(|b| ("output_blocks", b))).find_map(|(side, b)| match b.kind {
-                BlockKind::Res { transformer_depth, .. } if transformer_depth > 0 => Some(format!("{side}.{}.1", b.index)),
+            input_blocks.iter().find_map(|b| match b.kind {
+                BlockKind::Res { transformer_depth, .. } if transformer_depth > 0 => Some(format!("input_blocks.{}.1", b.index)),
                 _ => None,
             })
         });
         let (context_dim, linear_projection) = match first_attn {
-            Some(block) => {
-                let k = w.get(&n(format!("{block}.transformer_blocks.0.attn2.to_k.weight")))?.ne();
-                let p = w.get(&n(format!("{block}.proj_in.weight")))?.ne();
-                (k[0], p[2] == 1 && p[3] == 1)
-            }
+            Some(block) => attention_style(w, &n(block))?,
             None => (0, false),
         };
         let adm_in_channels = match w.contains(&n("label_emb.0.0.weight".into())) {
@@ -142,17 +167,57 @@ impl UnetConfig {
         Ok(UnetConfig {
             adm_in_channels,
             in_channels,
-            out_channels: out[3],
+            out_channels: 0,
             model_channels,
             time_embed_dim,
             context_dim,
             linear_projection,
-            heads: if linear_projection { Heads::Dim(64) } else { Heads::Count(8) },
+            heads: default_heads(linear_projection),
             input_blocks,
             middle_depth,
-            output_blocks,
+            output_blocks: Vec::new(),
         })
     }
+
+    /// Channels of each skip connection, `input_blocks.0` first: what the decoder takes
+    /// and what ControlNet residuals must match.
+    pub fn skip_channels(&self) -> Vec<i64> {
+        let mut out = vec![self.model_channels];
+        for b in &self.input_blocks {
+            out.push(match b.kind {
+                BlockKind::Down { channels } => channels,
+                BlockKind::Res { cout, .. } => cout,
+            });
+        }
+        out
+    }
+}
+
+fn default_heads(linear_projection: bool) -> Heads {
+    if linear_projection {
+        Heads::Dim(64)
+    } else {
+        Heads::Count(8)
+    }
+}
+
+/// Transformer layers of the SpatialTransformer at `block` (full name).
+fn depth(w: &Weights, block: &str) -> usize {
+    (0..).take_while(|d| w.contains(&format!("{block}.transformer_blocks.{d}.norm1.weight"))).count()
+}
+
+/// (cin, cout) of the res block at `block` (full name).
+fn res_dims(w: &Weights, block: &str) -> Result<(i64, i64)> {
+    let cin = w.get(&format!("{block}.in_layers.0.weight"))?.ne()[0];
+    let cout = w.get(&format!("{block}.in_layers.2.weight"))?.ne()[3];
+    Ok((cin, cout))
+}
+
+/// Context width and whether projections are Linear, from the transformer at `block`.
+fn attention_style(w: &Weights, block: &str) -> Result<(i64, bool)> {
+    let k = w.get(&format!("{block}.transformer_blocks.0.attn2.to_k.weight"))?.ne();
+    let p = w.get(&format!("{block}.proj_in.weight"))?.ne();
+    Ok((k[0], p[2] == 1 && p[3] == 1))
 }
 
 pub struct Unet<'w> {
@@ -164,7 +229,16 @@ pub struct Unet<'w> {
 impl<'w> Unet<'w> {
     pub fn new(w: &'w Weights, prefix: &str, config: UnetConfig) -> Result<Self> {
         let u = Unet { w, prefix: prefix.to_string(), config };
-        u.validate()?;
+        u.validate_encoder()?;
+        u.validate_decoder()?;
+        Ok(u)
+    }
+
+    /// The encoder half alone (a config from [`UnetConfig::infer_encoder`]), which is what
+    /// a ControlNet runs: [`Unet::embed`] and [`Unet::encode`], no [`Unet::forward`].
+    pub(crate) fn new_encoder(w: &'w Weights, prefix: &str, config: UnetConfig) -> Result<Self> {
+        let u = Unet { w, prefix: prefix.to_string(), config };
+        u.validate_encoder()?;
         Ok(u)
     }
 
@@ -241,7 +315,7 @@ impl<'w> Unet<'w> {
         Ok(())
     }
 
-    fn validate(&self) -> Result<()> {
+    fn validate_encoder(&self) -> Result<()> {
         let c = &self.config;
         self.expect_conv("input_blocks.0.0", 3, c.in_channels, c.model_channels)?;
         self.expect_linear("time_embed.0", c.model_channels, c.time_embed_dim, true)?;
@@ -250,8 +324,28 @@ impl<'w> Unet<'w> {
             self.expect_linear("label_emb.0.0", adm, c.time_embed_dim, true)?;
             self.expect_linear("label_emb.0.2", c.time_embed_dim, c.time_embed_dim, true)?;
         }
-        for b in c.input_blocks.iter().map(|b| ("input_blocks", b)).chain(c.output_blocks.iter().map(|b| ("output_blocks", b))) {
-            let (side, Block { index, kind }) = b;
+        self.validate_blocks("input_blocks", &c.input_blocks)?;
+        let mid = self.w.get(&self.n("middle_block.0.in_layers.0.weight"))?.ne()[0];
+        self.expect_res("middle_block.0", mid, mid)?;
+        if c.middle_depth > 0 {
+            self.expect_transformer("middle_block.1", mid, c.middle_depth)?;
+        }
+        self.expect_res(if c.middle_depth > 0 { "middle_block.2" } else { "middle_block.1" }, mid, mid)
+    }
+
+    fn validate_decoder(&self) -> Result<()> {
+        let c = &self.config;
+        self.validate_blocks("output_blocks", &c.output_blocks)?;
+        let last = match c.output_blocks.last().map(|b| &b.kind) {
+            Some(BlockKind::Res { cout, .. }) => *cout,
+            _ => c.model_channels,
+        };
+        self.expect_norm("out.0", last, true)?;
+        self.expect_conv("out.2", 3, last, c.out_channels)
+    }
+
+    fn validate_blocks(&self, side: &str, blocks: &[Block]) -> Result<()> {
+        for Block { index, kind } in blocks {
             match *kind {
                 BlockKind::Down { channels } => self.expect_conv(&format!("{side}.{index}.0.op"), 3, channels, channels)?,
                 BlockKind::Res { cin, cout, transformer_depth, upsample } => {
@@ -266,18 +360,7 @@ impl<'w> Unet<'w> {
                 }
             }
         }
-        let mid = self.w.get(&self.n("middle_block.0.in_layers.0.weight"))?.ne()[0];
-        self.expect_res("middle_block.0", mid, mid)?;
-        if c.middle_depth > 0 {
-            self.expect_transformer("middle_block.1", mid, c.middle_depth)?;
-        }
-        self.expect_res(if c.middle_depth > 0 { "middle_block.2" } else { "middle_block.1" }, mid, mid)?;
-        let last = match c.output_blocks.last().map(|b| &b.kind) {
-            Some(BlockKind::Res { cout, .. }) => *cout,
-            _ => c.model_channels,
-        };
-        self.expect_norm("out.0", last, true)?;
-        self.expect_conv("out.2", 3, last, c.out_channels)
+        Ok(())
     }
 
     fn res_block<'a>(&'a self, ctx: &'a Context, name: &str, x: Tensor<'a>, emb: Tensor<'a>) -> Result<Tensor<'a>>
@@ -358,49 +441,59 @@ impl<'w> Unet<'w> {
         Ok(ctx.add(x, h)?)
     }
 
-    /// The model output (ε or v, as trained) for latents `x` [W, H, Cin, N] at
-    /// timesteps `t` [N] (f32) with text conditioning `context` [Dc, Tc, N].
-    pub fn forward<'a>(&'a self, ctx: &'a Context, x: Tensor<'a>, t: Tensor<'a>, context: Tensor<'a>) -> Result<Tensor<'a>>
-    where
-        'w: 'a,
-    {
-        self.forward_with(ctx, x, t, context, &UnetExtras::default())
-    }
-
-    /// [`Unet::forward`] with the inputs some UNets need or some features add.
-    pub fn forward_with<'a>(&'a self, ctx: &'a Context, x: Tensor<'a>, t: Tensor<'a>, context: Tensor<'a>, extras: &UnetExtras<'a>) -> Result<Tensor<'a>>
-    where
-        'w: 'a,
-    {
+    pub(crate) fn check_inputs(&self, x: Tensor<'_>, t: Tensor<'_>, context: Tensor<'_>) -> Result<()> {
         let c = &self.config;
         let [_, _, cin, b] = x.ne();
         if cin != c.in_channels {
-            return Err(ModelError::Input(format!("latent {:?}: the UNet takes {} channels", x.ne(), c.in_channels)));
+            return Err(ModelError::Input(format!("latent {:?}: the model takes {} channels", x.ne(), c.in_channels)));
         }
         if t.ne()[0] != b || context.ne()[2] != b || (c.context_dim > 0 && context.ne()[0] != c.context_dim) {
             return Err(ModelError::Input(format!("batch {b}: timesteps {:?}, context {:?} (context width {})", t.ne(), context.ne(), c.context_dim)));
         }
-        let w = self.w;
+        Ok(())
+    }
+
+    /// The time embedding of timesteps `t` [N], plus the label embedding of the ADM
+    /// vector `y` [adm_in_channels, N] where the model has one: [time_embed_dim, N].
+    pub(crate) fn embed<'a>(&'a self, ctx: &'a Context, t: Tensor<'a>, y: Option<Tensor<'a>>) -> Result<Tensor<'a>>
+    where
+        'w: 'a,
+    {
+        let (c, w, b) = (&self.config, self.w, t.ne()[0]);
         let emb = ctx.timestep_embedding(t, c.model_channels as i32, 10000)?;
         let emb = linear(ctx, w, &self.n("time_embed.0"), emb)?;
-        let mut emb = linear(ctx, w, &self.n("time_embed.2"), ctx.silu(emb)?)?;
-        match (c.adm_in_channels, extras.y) {
-            (None, None) => {}
+        let emb = linear(ctx, w, &self.n("time_embed.2"), ctx.silu(emb)?)?;
+        match (c.adm_in_channels, y) {
+            (None, None) => Ok(emb),
             (Some(adm), Some(y)) if y.ne()[0] == adm && y.ne()[1] == b => {
                 let e = linear(ctx, w, &self.n("label_emb.0.0"), y)?;
                 let e = linear(ctx, w, &self.n("label_emb.0.2"), ctx.silu(e)?)?;
-                emb = ctx.add(emb, e)?;
+                Ok(ctx.add(emb, e)?)
             }
-            (adm, y) => {
-                return Err(ModelError::Input(format!(
-                    "the UNet takes {} ADM vector; got {}",
-                    adm.map_or("no".to_string(), |a| format!("a {a}-wide")),
-                    y.map_or("none".to_string(), |y| format!("{:?}", y.ne()))
-                )))
-            }
+            (adm, y) => Err(ModelError::Input(format!(
+                "the {} takes {} ADM vector; got {}",
+                if self.config.output_blocks.is_empty() { "ControlNet" } else { "UNet" },
+                adm.map_or("no".to_string(), |a| format!("a {a}-wide")),
+                y.map_or("none".to_string(), |y| format!("{:?}", y.ne()))
+            ))),
         }
+    }
 
+    /// The encoder: input blocks and middle block on `x` with embedding `emb`. Returns
+    /// every input block's output (the skips) and the middle block's. `after_first` is
+    /// added to `input_blocks.0`'s output before anything uses it (a ControlNet's hint).
+    pub(crate) fn encode<'a>(&'a self, ctx: &'a Context, x: Tensor<'a>, emb: Tensor<'a>, context: Tensor<'a>, after_first: Option<Tensor<'a>>) -> Result<(Vec<Tensor<'a>>, Tensor<'a>)>
+    where
+        'w: 'a,
+    {
+        let (c, w) = (&self.config, self.w);
         let mut h = conv2d(ctx, w, &self.n("input_blocks.0.0"), x, 1, 1)?;
+        if let Some(a) = after_first {
+            if a.ne() != h.ne() {
+                return Err(ModelError::Input(format!("a hint of {:?} for input_blocks.0's output of {:?}", a.ne(), h.ne())));
+            }
+            h = ctx.add(h, a)?;
+        }
         let mut skips = vec![h];
         for blk in &c.input_blocks {
             let i = blk.index;
@@ -424,6 +517,41 @@ impl<'w> Unet<'w> {
         } else {
             h = self.res_block(ctx, "middle_block.1", h, emb)?;
         }
+        Ok((skips, h))
+    }
+
+    /// The model output (ε or v, as trained) for latents `x` [W, H, Cin, N] at
+    /// timesteps `t` [N] (f32) with text conditioning `context` [Dc, Tc, N].
+    pub fn forward<'a>(&'a self, ctx: &'a Context, x: Tensor<'a>, t: Tensor<'a>, context: Tensor<'a>) -> Result<Tensor<'a>>
+    where
+        'w: 'a,
+    {
+        self.forward_with(ctx, x, t, context, &UnetExtras::default())
+    }
+
+    /// [`Unet::forward`] with the inputs some UNets need or some features add.
+    pub fn forward_with<'a>(&'a self, ctx: &'a Context, x: Tensor<'a>, t: Tensor<'a>, context: Tensor<'a>, extras: &UnetExtras<'a>) -> Result<Tensor<'a>>
+    where
+        'w: 'a,
+    {
+        let c = &self.config;
+        self.check_inputs(x, t, context)?;
+        let emb = self.embed(ctx, t, extras.y)?;
+        let (mut skips, mut h) = self.encode(ctx, x, emb, context, None)?;
+        if let Some(control) = &extras.control {
+            // ldm's apply_control: the middle residual onto the middle block's output,
+            // each skip residual onto its skip (taken when popped, the same thing).
+            if control.skips.len() != skips.len() {
+                return Err(ModelError::Input(format!("{} ControlNet residuals for {} skip connections", control.skips.len(), skips.len())));
+            }
+            for (s, r) in skips.iter_mut().chain(std::iter::once(&mut h)).zip(control.skips.iter().chain(std::iter::once(&control.middle))) {
+                if s.ne() != r.ne() {
+                    return Err(ModelError::Input(format!("a ControlNet residual of {:?} for a UNet activation of {:?}", r.ne(), s.ne())));
+                }
+                *s = ctx.add(*s, *r)?;
+            }
+        }
+        let w = self.w;
         for blk in &c.output_blocks {
             let i = blk.index;
             let BlockKind::Res { transformer_depth, upsample, .. } = blk.kind else { continue };

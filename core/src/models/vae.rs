@@ -481,38 +481,6 @@ fn diffusers_to_ldm(name: &str, levels: usize) -> Option<(String, bool)> {
     Some((mapped, false))
 }
 
-/// A source that shows another source's VAE tensors under LDM names below
-/// [`STANDALONE_PREFIX`], with diffusers' linear attention weights as 1×1 convolutions
-/// (same bytes, two more dimensions).
-struct StandaloneVae {
-    inner: Box<dyn crate::io::TensorSource>,
-    tensors: Vec<crate::io::TensorInfo>,
-    /// Our name → (index in `tensors`, the inner source's name).
-    index: std::collections::HashMap<String, (usize, String)>,
-}
-
-impl crate::io::TensorSource for StandaloneVae {
-    fn path(&self) -> &std::path::Path {
-        self.inner.path()
-    }
-    fn format(&self) -> crate::io::Format {
-        self.inner.format()
-    }
-    fn tensors(&self) -> &[crate::io::TensorInfo] {
-        &self.tensors
-    }
-    fn get(&self, name: &str) -> Option<&crate::io::TensorInfo> {
-        self.index.get(name).map(|(i, _)| &self.tensors[*i])
-    }
-    fn read(&self, name: &str) -> std::result::Result<crate::io::TensorBytes<'_>, crate::io::IoError> {
-        let (_, orig) = self.index.get(name).ok_or_else(|| crate::io::IoError::NotFound { path: self.inner.path().to_path_buf(), tensor: name.to_string() })?;
-        self.inner.read(orig)
-    }
-    fn metadata(&self) -> &std::collections::BTreeMap<String, String> {
-        self.inner.metadata()
-    }
-}
-
 /// A standalone VAE file (LDM names with or without `first_stage_model.`, or diffusers
 /// names) as a source whose KL VAE tensors all sit under [`STANDALONE_PREFIX`] in LDM
 /// names, ready for [`VaeConfig::infer`].
@@ -520,19 +488,17 @@ pub fn standalone_source(src: Box<dyn crate::io::TensorSource>) -> Result<Box<dy
     let shown = src.path().display().to_string();
     let layout = VaeLayout::detect(src.tensors().iter().map(|t| t.name.as_str()))
         .ok_or_else(|| ModelError::Config(format!("{shown}: no KL VAE decoder (neither `decoder.up.*` nor diffusers `decoder.up_blocks.*` tensors)")))?;
-    let mut tensors = Vec::new();
-    let mut index = std::collections::HashMap::new();
-    for t in src.tensors() {
-        let Some((ldm, linear)) = layout.ldm_name(&t.name) else { continue };
+    // diffusers' linear attention weights become LDM's 1×1 convolutions (same bytes,
+    // two more dimensions).
+    let renamed = crate::io::Renamed::new(src, |t| {
+        let (ldm, linear) = layout.ldm_name(&t.name)?;
         let mut info = t.clone();
         info.name = format!("{STANDALONE_PREFIX}.{ldm}");
         if linear && info.shape.len() == 2 {
             info.shape.extend([1, 1]);
         }
-        if index.insert(info.name.clone(), (tensors.len(), t.name.clone())).is_some() {
-            return Err(ModelError::Weight { name: info.name, detail: format!("{shown}: two tensors map to this name") });
-        }
-        tensors.push(info);
-    }
-    Ok(Box::new(StandaloneVae { inner: src, tensors, index }))
+        Some(info)
+    })
+    .map_err(|name| ModelError::Weight { name, detail: format!("{shown}: two tensors map to this name") })?;
+    Ok(Box::new(renamed))
 }
