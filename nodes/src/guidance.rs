@@ -6,7 +6,7 @@
 //!
 //! The model is a closure here, so the math is tested on toy denoisers without a UNet.
 
-use crate::values::{CondArea, CondConcat, CondEntry, CondList};
+use crate::values::{CondArea, CondConcat, CondEntry, CondList, Control};
 use sdflow_core::models::sd::Conditioning;
 use sdflow_core::sampling::samplers::Denoised;
 use std::sync::Arc;
@@ -32,6 +32,8 @@ pub struct Prepared {
     pub mask: Option<(Arc<Vec<f32>>, usize, f32)>,
     /// The UNet's extra input channels for the whole latent, every sample.
     pub concat: Option<Arc<Vec<f32>>>,
+    /// The entry's ControlNets.
+    pub control: Option<Arc<Control>>,
 }
 
 /// Python's `round` (ties to even), which ComfyUI uses for percentage areas.
@@ -100,7 +102,7 @@ fn prepare_entry(e: &CondEntry, w: usize, h: usize, concat_of: &mut dyn FnMut(&C
         }
         mask = Some((Arc::new(planes), m.mask.n, m.strength));
     }
-    Ok(Prepared { cond: e.cond.clone(), timestep_range: e.timestep_range, strength: e.strength, area, mask, concat: concat_of(&e.concat)? })
+    Ok(Prepared { cond: e.cond.clone(), timestep_range: e.timestep_range, strength: e.strength, area, mask, concat: concat_of(&e.concat)?, control: e.control.clone() })
 }
 
 fn same_area_counterpart(conds: &mut Vec<Prepared>, c: &Prepared) {
@@ -124,6 +126,31 @@ fn same_area_counterpart(conds: &mut Vec<Prepared>, c: &Prepared) {
     out.cond = conds[s].cond.clone();
     out.concat = conds[s].concat.clone();
     conds.push(out);
+}
+
+/// ComfyUI's `apply_empty_x_to_equal_area` for `control`: the controls of positive
+/// entries marked `apply_to_uncond` (the old ControlNetApply) go onto the negative's
+/// entries without an area, unless some negative entry without an area has a control of
+/// its own; the k-th such control onto the (k mod count)-th control-less entry, replacing
+/// its control, or as a copy when that entry already got one.
+pub fn apply_controls_to_uncond(positive: &[Prepared], negative: &mut Vec<Prepared>) {
+    let given: Vec<Arc<Control>> = positive.iter().filter(|p| p.area.is_none()).filter_map(|p| p.control.clone()).filter(|c| c.apply_to_uncond).collect();
+    if negative.iter().any(|n| n.area.is_none() && n.control.is_some()) {
+        return;
+    }
+    let free: Vec<usize> = (0..negative.len()).filter(|&i| negative[i].area.is_none()).collect();
+    if free.is_empty() {
+        return;
+    }
+    for (k, c) in given.into_iter().enumerate() {
+        let at = free[k % free.len()];
+        if negative[at].control.is_some() {
+            let copy = Prepared { control: Some(c), ..negative[at].clone() };
+            negative.push(copy);
+        } else {
+            negative[at].control = Some(c);
+        }
+    }
 }
 
 /// One entry's model evaluation at one step: its region and per-sample weights.
@@ -200,6 +227,9 @@ pub struct ModelItem<'a> {
     pub x: Vec<f32>,
     pub cond: &'a Conditioning,
     pub concat: Option<Vec<f32>>,
+    /// The entry's ControlNets; their hints are the whole hint image resized to the
+    /// region, as ComfyUI's `get_control` does for an area's crop of the latent.
+    pub control: Option<&'a Arc<Control>>,
 }
 
 /// Crop `c` channels of every sample of a `w`×`h` tensor to `r`.
@@ -253,7 +283,7 @@ pub fn calc_cond_batch<E>(
             .iter()
             .map(|&k| {
                 let j = &jobs[k];
-                ModelItem { x: crop(x, w, h, c, n, j.region), cond: &j.p.cond, concat: j.p.concat.as_ref().map(|cc| crop(cc, w, h, extra_channels, n, j.region)) }
+                ModelItem { x: crop(x, w, h, c, n, j.region), cond: &j.p.cond, concat: j.p.concat.as_ref().map(|cc| crop(cc, w, h, extra_channels, n, j.region)), control: j.p.control.as_ref() }
             })
             .collect();
         let preds = model(&items, [size.1 as i64, size.0 as i64, c as i64, n as i64]).map_err(CalcError::Model)?;
@@ -406,7 +436,7 @@ mod tests {
     fn feathering_follows_comfyui() {
         // A 16-wide area at x 8 of a 32-wide latent: rr = min(8, 16 / 4) = 4, ramps
         // 1/4, 2/4, 3/4, 4/4 from each inner edge; none at the latent's own border.
-        let p = Prepared { cond: Arc::new(cond(0.0)), timestep_range: None, strength: 2.0, area: Some((4, 16, 0, 8)), mask: None, concat: None };
+        let p = Prepared { cond: Arc::new(cond(0.0)), timestep_range: None, strength: 2.0, area: Some((4, 16, 0, 8)), mask: None, concat: None, control: None };
         let j = job(0, &p, 32, 8, 1).unwrap();
         let row: Vec<f32> = j.mult[..16].to_vec();
         assert_eq!(&row[..4], &[0.5, 1.0, 1.5, 2.0]);

@@ -514,19 +514,27 @@ impl Node for ImageScale {
         if (ow as u64) * (oh as u64) > MAX_IMAGE_PIXELS || ow > MAX_IMAGE_SIDE as usize || oh > MAX_IMAGE_SIDE as usize {
             return Err(NodeError::msg(format!("{ow}x{oh} is larger than the image limit")));
         }
-        let (x0, y0, cw, ch) = if inputs.string("crop")? == "center" { center_crop(w, h, ow, oh) } else { (0, 0, w, h) };
-        let c = img.channels;
-        let mut data = vec![0f32; img.n * ow * oh * c];
-        for i in 0..img.n {
-            for k in 0..c {
-                let plane: Vec<f32> = (y0..y0 + ch).flat_map(|y| (x0..x0 + cw).map(move |x| (y, x))).map(|(y, x)| img.data[((i * h + y) * w + x) * c + k]).collect();
-                for (p, v) in resize_plane(&plane, cw, ch, ow, oh, method).into_iter().enumerate() {
-                    data[(i * ow * oh + p) * c + k] = v;
-                }
+        let scaled = scale_image(img, ow, oh, method, inputs.string("crop")? == "center");
+        Ok(Outputs::new(vec![Value::new(IoType::IMAGE, scaled)]))
+    }
+}
+
+/// ComfyUI's `common_upscale` of an IMAGE to `ow`×`oh`, first cropped to the target's
+/// aspect ratio around the centre when `center`.
+pub(crate) fn scale_image(img: &Image, ow: usize, oh: usize, method: Method, center: bool) -> Image {
+    let (w, h) = (img.width, img.height);
+    let (x0, y0, cw, ch) = if center { center_crop(w, h, ow, oh) } else { (0, 0, w, h) };
+    let c = img.channels;
+    let mut data = vec![0f32; img.n * ow * oh * c];
+    for i in 0..img.n {
+        for k in 0..c {
+            let plane: Vec<f32> = (y0..y0 + ch).flat_map(|y| (x0..x0 + cw).map(move |x| (y, x))).map(|(y, x)| img.data[((i * h + y) * w + x) * c + k]).collect();
+            for (p, v) in resize_plane(&plane, cw, ch, ow, oh, method).into_iter().enumerate() {
+                data[(i * ow * oh + p) * c + k] = v;
             }
         }
-        Ok(Outputs::new(vec![Value::new(IoType::IMAGE, Image { data, n: img.n, height: oh, width: ow, channels: c })]))
     }
+    Image { data, n: img.n, height: oh, width: ow, channels: c }
 }
 
 /// ComfyUI's "Image Crop": `width`×`height` from (`x`, `y`), the corner clamped inside

@@ -20,8 +20,10 @@
 //! - [`upscale`]: UpscaleModelLoader, ImageUpscaleWithModel (ESRGAN / Real-ESRGAN), ImageScaleBy
 //! - [`detect`]: UltralyticsDetectorProvider (YOLOv8), BboxDetectorMasks (ADetailer's masks)
 //! - [`detailer`]: DetailerForEachMask (ADetailer's crop, inpaint and paste back per mask)
+//! - [`controlnet`]: ControlNetLoader, ControlNetApplyAdvanced, ControlNetApply, Canny
 
 pub mod conditioning;
+pub mod controlnet;
 pub mod custom_sampling;
 pub mod detect;
 pub mod detailer;
@@ -56,6 +58,7 @@ pub fn register_all(registry: &mut Registry, rt: Arc<Runtime>) {
     image::register(registry, &rt);
     mask::register(registry);
     pix2pix::register(registry, &rt);
+    controlnet::register(registry, &rt);
     upscale::register(registry, &rt);
     detect::register(registry, &rt);
     detailer::register(registry, &rt);

@@ -5,7 +5,10 @@ use crate::guidance::{self, Mix};
 use crate::values::{CondConcat, CondList, Latent, ModelRef};
 use crate::handle_size;
 use crate::err;
-use sdflow_core::models::sd::{BatchItem, Conditioning, SdDenoiser};
+use crate::controlnet::{hint_for, Controls};
+use crate::values::Control;
+use sdflow_core::models::sd::{BatchItem, Conditioning, ControlInput, SdDenoiser};
+use std::collections::HashMap;
 use sdflow_core::models::unet::{Unet, UnetConfig};
 use sdflow_core::sampling::rng::Rng;
 use sdflow_core::sampling::RngKind;
@@ -239,7 +242,16 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
         lists.push(neg);
         lists.len() - 1
     });
-    let prepared = guidance::prepare(&lists, lw as usize, lh as usize, &mut concat_of).map_err(NodeError::msg)?;
+    let mut prepared = guidance::prepare(&lists, lw as usize, lh as usize, &mut concat_of).map_err(NodeError::msg)?;
+    if let Some(i) = negative_at {
+        let (pos, rest) = prepared.split_at_mut(1);
+        guidance::apply_controls_to_uncond(&pos[0], &mut rest[i - 1]);
+    }
+    // The ControlNets of every entry, pinned and checked against the UNet once; their
+    // hints are made per region size on first use (ComfyUI's `cond_hints`).
+    let controls = Controls::collect(prepared.iter().flatten().map(|p| &p.control))?;
+    let nets = controls.nets(&den.unet().config)?;
+    let mut hints: HashMap<(usize, i64, i64), Vec<f32>> = HashMap::new();
     let mut sides: Vec<Option<&[guidance::Prepared]>> = vec![None; prepared.len()];
     sides[0] = Some(&prepared[0]);
     if let (Some(i), true) = (middle_at, eval_middle) {
@@ -267,7 +279,23 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
             return Err(NodeError::msg(format!("no positive conditioning applies at sigma {sigma} (check the timestep ranges)")));
         }
         let mut run_model = |items: &[guidance::ModelItem<'_>], s: [i64; 4]| -> Result<Vec<Vec<f32>>, NodeError> {
-            let batch: Vec<BatchItem<'_>> = items.iter().map(|it| BatchItem { x: &it.x, cond: it.cond, concat: it.concat.as_deref() }).collect();
+            // ComfyUI's get_control: a control outside its range passes on the ones under it.
+            let active_controls = |it: &guidance::ModelItem<'_>| -> Vec<(usize, Arc<Control>)> {
+                it.control.into_iter().flat_map(|c| c.chain()).filter(|c| sigma <= percent_to_sigma(c.range.0) && sigma >= percent_to_sigma(c.range.1)).map(|c| (controls.index(c), c.clone())).collect()
+            };
+            let active: Vec<Vec<(usize, Arc<Control>)>> = items.iter().map(active_controls).collect();
+            for (k, c) in active.iter().flatten() {
+                if !hints.contains_key(&(*k, s[0], s[1])) {
+                    let cfg = &nets[*k].config;
+                    let sc = cfg.hint_scale();
+                    hints.insert((*k, s[0], s[1]), hint_for(c, (s[0] * sc) as usize, (s[1] * sc) as usize, cfg.hint_channels as usize)?);
+                }
+            }
+            let inputs: Vec<Vec<ControlInput<'_>>> = active
+                .iter()
+                .map(|list| list.iter().map(|(k, c)| ControlInput { net: &nets[*k], hint: &hints[&(*k, s[0], s[1])], images: c.image.n, strength: c.strength }).collect())
+                .collect();
+            let batch: Vec<BatchItem<'_>> = items.iter().zip(&inputs).map(|(it, control)| BatchItem { x: &it.x, cond: it.cond, concat: it.concat.as_deref(), control }).collect();
             rt.with_backend(|b| den.denoise_batch(b, s, sigma, &batch)).map_err(err)
         };
         let mut out = guidance::calc_cond_batch(&sides, xin, shape, extra as usize, &active, budget, &mut run_model).map_err(|e| match e {

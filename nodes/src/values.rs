@@ -72,6 +72,39 @@ pub struct UpscaleModelRef {
 }
 handle_size!(UpscaleModelRef);
 
+/// CONTROL_NET: a ControlNet file's weights (renamed to `control_model.*` LDM names) as a
+/// residency handle.
+#[derive(Clone, Debug)]
+pub struct ControlNetRef {
+    pub weights: WeightHandle<Weights>,
+    pub name: String,
+}
+handle_size!(ControlNetRef);
+
+/// ComfyUI's `control` of a conditioning entry: a ControlNet with its hint image,
+/// strength and schedule range, stacked on the control the entry had before.
+#[derive(Clone, Debug)]
+pub struct Control {
+    pub net: ControlNetRef,
+    /// The hint (IMAGE, 0..1), resized to each evaluated region when sampling.
+    pub image: Arc<Image>,
+    pub strength: f32,
+    /// `start_percent`, `end_percent`.
+    pub range: (f32, f32),
+    /// The entry's control before this one was applied: its residuals add to these.
+    pub previous: Option<Arc<Control>>,
+    /// ComfyUI's `control_apply_to_uncond` (the old ControlNetApply): the negative's
+    /// entries without a control of their own get this one too.
+    pub apply_to_uncond: bool,
+}
+
+impl Control {
+    /// This control and the ones stacked under it, newest first.
+    pub fn chain(self: &Arc<Self>) -> impl Iterator<Item = &Arc<Control>> {
+        std::iter::successors(Some(self), |c| c.previous.as_ref())
+    }
+}
+
 /// CONDITIONING: ComfyUI's list of (embedding, options) entries.
 #[derive(Clone, Debug)]
 pub struct CondList(pub Vec<CondEntry>);
@@ -91,6 +124,8 @@ pub struct CondEntry {
     pub mask: Option<CondMask>,
     /// What the extra input channels of inpainting / instruct-pix2pix UNets get.
     pub concat: CondConcat,
+    /// ComfyUI's `control`: the ControlNet(s) this entry's model evaluations run with.
+    pub control: Option<Arc<Control>>,
 }
 
 /// An area in latent cells (ComfyUI stores pixel areas divided by 8) or as fractions of
@@ -129,7 +164,7 @@ pub enum CondConcat {
 
 impl CondEntry {
     pub fn new(cond: Conditioning) -> Self {
-        CondEntry { cond: Arc::new(cond), timestep_range: None, area: None, strength: 1.0, mask: None, concat: CondConcat::Model }
+        CondEntry { cond: Arc::new(cond), timestep_range: None, area: None, strength: 1.0, mask: None, concat: CondConcat::Model, control: None }
     }
 
     /// This entry's options with another embedding (what ComfyUI's list operations
@@ -148,7 +183,8 @@ impl CacheSize for CondList {
                     CondConcat::Image(l) => l.samples.len(),
                     _ => 0,
                 };
-                (e.cond.data.len() + e.mask.as_ref().map_or(0, |m| m.mask.data.len()) + concat) * 4
+                let hints: usize = e.control.iter().flat_map(|c| c.chain()).map(|c| c.image.data.len()).sum();
+                (e.cond.data.len() + e.mask.as_ref().map_or(0, |m| m.mask.data.len()) + concat + hints) * 4
             })
             .sum()
     }

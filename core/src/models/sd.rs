@@ -1,7 +1,8 @@
 //! The Stable Diffusion 1.x/2.x denoiser: the UNet wrapped as a k-diffusion model,
 //! `denoised = D(x, σ)`, with classifier-free guidance computed in one batched graph.
 
-use super::unet::{Unet, UnetExtras};
+use super::controlnet::ControlNet;
+use super::unet::{ControlResiduals, Unet, UnetExtras};
 use super::{ModelError, Result};
 use crate::ggml::{Backend, Context, GraphAllocator, GraphRun};
 use crate::sampling::samplers::Denoised;
@@ -105,6 +106,35 @@ pub struct BatchItem<'a> {
     pub cond: &'a Conditioning,
     /// The UNet's extra input channels, per sample.
     pub concat: Option<&'a [f32]>,
+    /// ControlNets whose residuals the UNet adds (summed), in stacking order.
+    pub control: &'a [ControlInput<'a>],
+}
+
+/// One ControlNet applied to a [`BatchItem`].
+#[derive(Clone, Copy)]
+pub struct ControlInput<'a> {
+    pub net: &'a ControlNet<'a>,
+    /// Hint images at the item's size times the net's hint scale, [W·s, H·s, C, images]
+    /// (ggml order); sample `i` of the item takes image `i % images`, as ComfyUI's
+    /// `broadcast_image_to`.
+    pub hint: &'a [f32],
+    pub images: usize,
+    pub strength: f32,
+}
+
+impl std::fmt::Debug for ControlInput<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlInput").field("hint", &self.hint.len()).field("images", &self.images).field("strength", &self.strength).finish_non_exhaustive()
+    }
+}
+
+impl ControlInput<'_> {
+    /// Items whose controls are the same (the same nets, hints and strengths) share a
+    /// ControlNet evaluation, and so a batch (ComfyUI's `can_concat_cond`).
+    fn same(a: &[Self], b: &[Self]) -> bool {
+        a.len() == b.len()
+            && a.iter().zip(b).all(|(a, b)| std::ptr::eq(a.net, b.net) && std::ptr::eq(a.hint, b.hint) && a.images == b.images && a.strength == b.strength)
+    }
 }
 
 pub struct SdDenoiser<'w> {
@@ -154,9 +184,9 @@ impl<'w> SdDenoiser<'w> {
             )));
         }
         let c = concat.map(|c| c.0);
-        let mut items = vec![BatchItem { x, cond, concat: c }];
+        let mut items = vec![BatchItem { x, cond, concat: c, control: &[] }];
         if let Some(u) = uncond {
-            items.push(BatchItem { x, cond: u, concat: c });
+            items.push(BatchItem { x, cond: u, concat: c, control: &[] });
         }
         let mut out = self.denoise_batch(backend, shape, sigma, &items)?;
         let cond_d = out.remove(0);
@@ -169,9 +199,10 @@ impl<'w> SdDenoiser<'w> {
         }
     }
 
-    /// Unguided denoised predictions for several (latent, conditioning, extra channels)
-    /// items of the same latent shape at one noise level, as few UNet graphs as the
-    /// conditionings allow: items whose token counts match run as one batch. Each
+    /// Unguided denoised predictions for several (latent, conditioning, extra channels,
+    /// controls) items of the same latent shape at one noise level, as few UNet graphs
+    /// as the conditionings allow: items whose token counts and controls match run as
+    /// one batch, their ControlNets in the same graph. Each
     /// item's `concat` holds the UNet's extra input channels (`in_channels` minus the
     /// latent's) per sample, and must be present exactly when the UNet takes some.
     pub fn denoise_batch(&mut self, backend: &Backend, shape: LatentShape, sigma: f32, items: &[BatchItem<'_>]) -> Result<Vec<Vec<f32>>> {
@@ -198,6 +229,25 @@ impl<'w> SdDenoiser<'w> {
                 }
             }
         }
+        for (k, it) in items.iter().enumerate() {
+            for c in it.control {
+                let cfg = &c.net.config;
+                let sc = cfg.hint_scale();
+                if cfg.unet.in_channels != shape[2] {
+                    return Err(ModelError::Input(format!("item {k}: the ControlNet takes {} latent channels, the latent has {}", cfg.unet.in_channels, shape[2])));
+                }
+                if c.images == 0 || c.hint.len() as i64 != shape[0] * sc * shape[1] * sc * cfg.hint_channels * c.images as i64 {
+                    return Err(ModelError::Input(format!(
+                        "item {k}: a hint of {} values is not {} images of {}x{}x{}",
+                        c.hint.len(),
+                        c.images,
+                        shape[0] * sc,
+                        shape[1] * sc,
+                        cfg.hint_channels
+                    )));
+                }
+            }
+        }
         if !sigma.is_finite() || sigma < 0.0 {
             return Err(ModelError::Input(format!("sigma {sigma}")));
         }
@@ -208,7 +258,8 @@ impl<'w> SdDenoiser<'w> {
         let mut pending: Vec<usize> = (0..items.len()).collect();
         while let Some(&first) = pending.first() {
             let key = (items[first].cond.tokens, items[first].cond.dim);
-            let (group, rest): (Vec<usize>, Vec<usize>) = pending.iter().partition(|&&k| (items[k].cond.tokens, items[k].cond.dim) == key);
+            let control = items[first].control;
+            let (group, rest): (Vec<usize>, Vec<usize>) = pending.iter().partition(|&&k| (items[k].cond.tokens, items[k].cond.dim) == key && ControlInput::same(items[k].control, control));
             pending = rest;
             let mut xin: Vec<f32> = Vec::with_capacity((n_per + plane * extra as usize) * n * group.len());
             let mut ctx_data = Vec::with_capacity(group.iter().map(|&k| items[k].cond.data.len() * n).sum());
@@ -231,7 +282,16 @@ impl<'w> SdDenoiser<'w> {
             }
             let b = (group.len() * n) as i64;
             let y = adm.map(|_| y);
-            let pred = self.run_unet(backend, xin, [shape[0], shape[1], want, b], vec![t; b as usize], ctx_data, key.1, key.0, y)?;
+            // Each control's hints for the whole group: sample i of each item takes image i % images.
+            let hints: Vec<Vec<f32>> = control
+                .iter()
+                .map(|c| {
+                    let per = c.hint.len() / c.images;
+                    (0..group.len()).flat_map(|_| (0..n).flat_map(|i| c.hint[(i % c.images) * per..(i % c.images + 1) * per].iter().copied())).collect()
+                })
+                .collect();
+            let controls: Vec<(&ControlInput<'_>, Vec<f32>)> = control.iter().zip(hints).collect();
+            let pred = self.run_unet(backend, xin, [shape[0], shape[1], want, b], shape[2], vec![t; b as usize], ctx_data, key.1, key.0, y, controls)?;
             for (&k, p) in group.iter().zip(pred.chunks(n_per * n)) {
                 out[k] = Some(items[k].x.iter().zip(p).map(|(xv, pv)| xv * c_skip + pv * c_out).collect());
             }
@@ -239,11 +299,14 @@ impl<'w> SdDenoiser<'w> {
         Ok(out.into_iter().map(|o| o.expect("every item ran in some group")).collect())
     }
 
+    /// The UNet on `x` (`shape`, of which the first `latent_channels` channels are the
+    /// latent), with the residuals of `controls` (each with its hints for the batch).
     #[allow(clippy::too_many_arguments)]
-    fn run_unet(&mut self, backend: &Backend, x: Vec<f32>, shape: LatentShape, t: Vec<f32>, context: Vec<f32>, dim: i64, tokens: i64, y: Option<Vec<f32>>) -> Result<Vec<f32>> {
-        // A UNet graph is a few thousand nodes; this bounds SD1/SD2 at any size.
-        const GRAPH: usize = 32768;
-        let ctx = Context::new(GRAPH, GRAPH)?;
+    fn run_unet(&mut self, backend: &Backend, x: Vec<f32>, shape: LatentShape, latent_channels: i64, t: Vec<f32>, context: Vec<f32>, dim: i64, tokens: i64, y: Option<Vec<f32>>, controls: Vec<(&ControlInput<'_>, Vec<f32>)>) -> Result<Vec<f32>> {
+        // A UNet graph is a few thousand nodes, a ControlNet half that; this bounds
+        // SD1/SD2 at any size.
+        let graph = 32768 + 16384 * controls.len();
+        let ctx = Context::new(graph, graph)?;
         let mut run = GraphRun::new(&ctx);
         let xt = run.input_f32(&shape, x)?;
         let tt = run.input_f32(&[shape[3]], t)?;
@@ -253,12 +316,35 @@ impl<'w> SdDenoiser<'w> {
             let width = y.len() as i64 / shape[3];
             extras.y = Some(run.input_f32(&[width, shape[3]], y)?);
         }
+        if !controls.is_empty() {
+            // ControlNets see the latent without the UNet's extra channels.
+            let xl = if latent_channels == shape[2] {
+                xt
+            } else {
+                let nb = xt.nb();
+                ctx.cont(ctx.view(xt, [shape[0], shape[1], latent_channels, shape[3]], [nb[1], nb[2], nb[3]], 0)?)?
+            };
+            let mut sum: Option<ControlResiduals<'_>> = None;
+            for (c, hint) in controls {
+                let sc = c.net.config.hint_scale();
+                let ht = run.input_f32(&[shape[0] * sc, shape[1] * sc, c.net.config.hint_channels, shape[3]], hint)?;
+                let r = c.net.forward(&ctx, xl, ht, tt, ct, extras.y, c.strength)?;
+                sum = Some(match sum {
+                    None => r,
+                    Some(s) => ControlResiduals {
+                        skips: s.skips.iter().zip(&r.skips).map(|(a, b)| ctx.add(*a, *b)).collect::<std::result::Result<_, _>>()?,
+                        middle: ctx.add(s.middle, r.middle)?,
+                    },
+                });
+            }
+            extras.control = sum;
+        }
         let out = self.unet.forward_with(&ctx, xt, tt, ct, &extras)?;
         if self.alloc.is_none() {
             self.alloc = Some(GraphAllocator::new(backend)?);
         }
         let alloc = self.alloc.as_mut().expect("allocator just created");
-        Ok(run.compute_with(backend, alloc, &[out], GRAPH)?.remove(0))
+        Ok(run.compute_with(backend, alloc, &[out], graph)?.remove(0))
     }
 }
 
