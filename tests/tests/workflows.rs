@@ -36,6 +36,16 @@ fn env() -> Env {
     std::fs::create_dir_all(&loras).unwrap();
     let ckpt = sdflow_core::io::open(&ckpts.join("model.safetensors")).unwrap();
     sdflow_core::lora::synth::write_random_lora(ckpt.as_ref(), &loras.join("ink.safetensors"), 4, 0.3, 5, Format::Safetensors).unwrap();
+    // workflows/controlnet.json's ControlNet and a second one to stack, for the tiny
+    // checkpoint's UNet; one for a wider UNet, which must not fit.
+    let controlnets = dir.path().join("models/controlnet");
+    std::fs::create_dir_all(&controlnets).unwrap();
+    let unet = SdConfig::tiny_sd1_f8().unet;
+    sdflow_core::synth::write_controlnet(&controlnets.join("control_v11p_sd15_canny.safetensors"), &unet, 3, 11).unwrap();
+    sdflow_core::synth::write_controlnet(&controlnets.join("control_v11f1p_sd15_depth.safetensors"), &unet, 3, 12).unwrap();
+    let wide = sdflow_core::synth::UnetConfig { model_channels: 64, ..unet };
+    sdflow_core::synth::write_controlnet(&controlnets.join("wide.safetensors"), &wide, 3, 13).unwrap();
+    std::fs::write(controlnets.join("junk.safetensors"), b"\x10\0\0\0\0\0\0\0{not json}").unwrap();
     // workflows/adetailer.json's detector, for validation only (which checks that the file
     // is listed): tests/tests/adetailer.rs runs that workflow with real detector weights.
     let detectors = dir.path().join("models/ultralytics");
@@ -47,6 +57,7 @@ fn env() -> Env {
     write_test_png(&input.join("input.png"), 72, 56);
     write_mask_png(&input.join("mask.png"), 72, 56, |x, _| x >= 36);
     write_mask_png(&input.join("empty_mask.png"), 72, 56, |_, _| false);
+    write_test_png(&input.join("control.png"), 80, 64);
     let rt = Arc::new(Runtime::new(dir.path().join("models"), &out, 2, None).unwrap().with_input_dir(&input));
     let mut reg = Registry::new();
     stub::register(&mut reg);
@@ -528,4 +539,133 @@ fn noise_generators_are_chosen_per_sampler() {
 
     let bad = with("mersenne");
     assert!(env.exec.validate(&bad).is_err(), "an unknown generator is a validation error");
+}
+
+fn run_err(env: &Env, wf: &Workflow) -> String {
+    let e = env.exec.run(wf, &NullSink, &CancelToken::new(), &RunOptions { output_dir: Some(env.out.clone()), ..Default::default() }).err().expect("the run fails");
+    format!("{e} {e:?}")
+}
+
+/// workflows/controlnet.json: the ControlNet changes the picture; at strength 0, or
+/// outside its schedule range, it is as if it were not there.
+#[test]
+fn controlnet_guides_and_respects_strength_and_range() {
+    let env = env();
+    let wf = load(&env, "controlnet.json", 64, 3);
+    let (apply, save, sampler) = (node_of(&wf, "ControlNetApplyAdvanced"), node_of(&wf, "SaveImage"), node_of(&wf, "KSampler"));
+    let (w, h, controlled) = run_saved(&env, &wf, &save);
+    assert_eq!((w, h), (64, 64));
+    let mut plain = wf.clone();
+    plain.set_input(&sampler, "positive", InputValue::link("2", 0)).unwrap();
+    plain.set_input(&sampler, "negative", InputValue::link("3", 0)).unwrap();
+    let (_, _, reference) = run_saved(&env, &plain, &save);
+    assert_ne!(controlled, reference, "the ControlNet changes the image");
+    let mut off = wf.clone();
+    off.set_input(&apply, "strength", InputValue::Const(serde_json::json!(0.0))).unwrap();
+    assert_eq!(run_saved(&env, &off, &save).2, reference, "strength 0");
+    let mut never = wf.clone();
+    never.set_input(&apply, "end_percent", InputValue::Const(serde_json::json!(0.0))).unwrap();
+    assert_eq!(run_saved(&env, &never, &save).2, reference, "a range that covers no step");
+    let mut late = wf.clone();
+    late.set_input(&apply, "start_percent", InputValue::Const(serde_json::json!(0.5))).unwrap();
+    let (_, _, half) = run_saved(&env, &late, &save);
+    assert!(half != reference && half != controlled, "active for the second half only");
+
+    // The old single-conditioning node on the prompt (and, as ComfyUI, the negative).
+    let mut old = plain.clone();
+    old.nodes.insert(
+        "20".into(),
+        NodeSpec::new("ControlNetApply").with_input("conditioning", InputValue::link("2", 0)).with_input("control_net", InputValue::link("8", 0)).with_input("image", InputValue::link("10", 0)).with_input("strength", InputValue::Const(serde_json::json!(0.9))),
+    );
+    old.set_input(&sampler, "positive", InputValue::link("20", 0)).unwrap();
+    assert_eq!(run_saved(&env, &old, &save).2, controlled, "ControlNetApply = ControlNetApplyAdvanced on both over the whole schedule");
+}
+
+/// Two ControlNetApplyAdvanced in a chain: both residuals add up.
+#[test]
+fn stacked_controlnets_differ_from_one() {
+    let env = env();
+    let wf = load(&env, "controlnet.json", 64, 3);
+    let (apply, save, sampler) = (node_of(&wf, "ControlNetApplyAdvanced"), node_of(&wf, "SaveImage"), node_of(&wf, "KSampler"));
+    let (_, _, one) = run_saved(&env, &wf, &save);
+    let mut two = wf.clone();
+    two.nodes.insert("20".into(), NodeSpec::new("ControlNetLoader").with_input("control_net_name", InputValue::Const(serde_json::json!("control_v11f1p_sd15_depth.safetensors"))));
+    let second = |strength: f64| {
+        NodeSpec::new("ControlNetApplyAdvanced")
+            .with_input("positive", InputValue::link(&apply, 0))
+            .with_input("negative", InputValue::link(&apply, 1))
+            .with_input("control_net", InputValue::link("20", 0))
+            .with_input("image", InputValue::link("9", 0))
+            .with_input("strength", InputValue::Const(serde_json::json!(strength)))
+            .with_input("start_percent", InputValue::Const(serde_json::json!(0.0)))
+            .with_input("end_percent", InputValue::Const(serde_json::json!(1.0)))
+    };
+    two.nodes.insert("21".into(), second(0.7));
+    two.set_input(&sampler, "positive", InputValue::link("21", 0)).unwrap();
+    two.set_input(&sampler, "negative", InputValue::link("21", 1)).unwrap();
+    let (_, _, stacked) = run_saved(&env, &two, &save);
+    assert_ne!(stacked, one, "a second ControlNet adds its residuals");
+    let mut only_second = two.clone();
+    only_second.set_input(&apply, "strength", InputValue::Const(serde_json::json!(0.0))).unwrap();
+    let (_, _, second_alone) = run_saved(&env, &only_second, &save);
+    assert!(second_alone != stacked && second_alone != one);
+    // The same ControlNet file applied twice at half strength is it once at full
+    // strength (the residuals scale linearly), up to rounding.
+    let mut halves = wf.clone();
+    halves.set_input(&apply, "strength", InputValue::Const(serde_json::json!(0.45))).unwrap();
+    halves.nodes.insert("21".into(), second(0.45).with_input("control_net", InputValue::link("8", 0)).with_input("image", InputValue::link("10", 0)));
+    halves.set_input(&sampler, "positive", InputValue::link("21", 0)).unwrap();
+    halves.set_input(&sampler, "negative", InputValue::link("21", 1)).unwrap();
+    let (_, _, twice) = run_saved(&env, &halves, &save);
+    let worst = twice.iter().zip(&one).map(|(a, b)| a.abs_diff(*b)).max().unwrap_or(0);
+    assert!(worst <= 2, "two half-strength applications vs one: worst pixel difference {worst}");
+}
+
+/// An area entry with a ControlNet: the hint is resized to the area (ComfyUI's
+/// get_control on the area's crop of the latent).
+#[test]
+fn controlnet_with_an_area_runs() {
+    let env = env();
+    let wf = load(&env, "controlnet.json", 128, 2);
+    let (save, sampler) = (node_of(&wf, "SaveImage"), node_of(&wf, "KSampler"));
+    let (_, _, whole) = run_saved(&env, &wf, &save);
+    let mut area = wf.clone();
+    area.nodes.insert(
+        "20".into(),
+        NodeSpec::new("ConditioningSetArea")
+            .with_input("conditioning", InputValue::link("11", 0))
+            .with_input("width", InputValue::Const(serde_json::json!(64)))
+            .with_input("height", InputValue::Const(serde_json::json!(72)))
+            .with_input("x", InputValue::Const(serde_json::json!(32)))
+            .with_input("y", InputValue::Const(serde_json::json!(8)))
+            .with_input("strength", InputValue::Const(serde_json::json!(1.0))),
+    );
+    area.nodes.insert("21".into(), NodeSpec::new("ConditioningCombine").with_input("conditioning_1", InputValue::link("11", 0)).with_input("conditioning_2", InputValue::link("20", 0)));
+    area.set_input(&sampler, "positive", InputValue::link("21", 0)).unwrap();
+    let (_, _, with_area) = run_saved(&env, &area, &save);
+    assert_ne!(with_area, whole);
+}
+
+#[test]
+fn controlnet_errors_name_the_problem() {
+    let env = env();
+    let wf = load(&env, "controlnet.json", 64, 2);
+    let loader = node_of(&wf, "ControlNetLoader");
+    let mut missing = wf.clone();
+    missing.set_input(&loader, "control_net_name", InputValue::Const(serde_json::json!("missing.safetensors"))).unwrap();
+    assert!(env.exec.validate(&missing).is_err(), "a missing file fails validation");
+    let mut junk = wf.clone();
+    junk.set_input(&loader, "control_net_name", InputValue::Const(serde_json::json!("junk.safetensors"))).unwrap();
+    let e = run_err(&env, &junk);
+    assert!(e.contains("junk.safetensors"), "{e}");
+    let mut wide = wf.clone();
+    wide.set_input(&loader, "control_net_name", InputValue::Const(serde_json::json!("wide.safetensors"))).unwrap();
+    let e = run_err(&env, &wide);
+    assert!(e.contains("wide.safetensors") && e.contains("skip widths"), "{e}");
+    // Not a ControlNet: a checkpoint put in models/controlnet.
+    std::fs::copy(env._dir.path().join("models/checkpoints/model.safetensors"), env._dir.path().join("models/controlnet/ckpt.safetensors")).unwrap();
+    let mut ckpt = wf.clone();
+    ckpt.set_input(&loader, "control_net_name", InputValue::Const(serde_json::json!("ckpt.safetensors"))).unwrap();
+    let e = run_err(&env, &ckpt);
+    assert!(e.contains("not a ControlNet"), "{e}");
 }
