@@ -53,6 +53,10 @@ const FILES: &[(&str, &[&str])] = &[
         "hires_fix_model.json",
         &["img_gen", "-m", "model.safetensors", "-p", "a lovely cat, (watercolor:1.2)", "-n", "blurry, low quality", "--hires", "--hires-upscaler", "RealESRGAN_x4plus.safetensors", "--hires-denoising-strength", "0.5", "-o", "hires_model.png"],
     ),
+    (
+        "controlnet.json",
+        &["img_gen", "-m", "model.safetensors", "-p", "a lovely cat, oil painting", "-n", "blurry, low quality", "--control-net", "control_v11p_sd15_canny.safetensors", "--control-image", "control.png", "--canny", "-o", "controlnet.png"],
+    ),
     ("adetailer_txt2img.json", &["img_gen", "-m", "model.safetensors", "-p", "portrait photo", "-n", "blurry, low quality", "--ad-model", "face_yolov8n.pt", "--ad-prompt", "[PROMPT], detailed face", "-o", "adetailer_txt2img.png"]),
 ];
 
@@ -389,6 +393,35 @@ fn img_gen_applies_lora_tags() {
     assert!(rt.iter().zip(&ink).all(|(a, b)| a.abs_diff(*b) <= 2), "at_runtime is within 2 levels of immediately");
     let (_, e) = fails(&["-m", model.to_str().unwrap(), "-p", "a cat", "--lora-apply-mode", "later", "--print-workflow"], dir.path());
     assert!(e.contains("later") && e.contains("at_runtime"), "{e}");
+}
+
+/// sd-cli's ControlNet flags run: `--control-net` and `--control-image` change the image,
+/// `--canny` edge-detects the control image first, `--control-strength 0` is no
+/// ControlNet, and a missing ControlNet file is named.
+#[test]
+fn img_gen_runs_a_controlnet() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.safetensors");
+    let cfg = SdConfig::tiny_sd1_f8();
+    write_checkpoint(&model, &cfg, DType::F32, 11, Format::Safetensors).unwrap();
+    let cn = dir.path().join("control_canny.safetensors");
+    sdflow_core::synth::write_controlnet(&cn, &cfg.unet, 3, 4).unwrap();
+    write_png(&dir.path().join("edges.png"), 80, 64);
+    let (m, c) = (model.to_str().unwrap(), cn.to_str().unwrap());
+    let run = |extra: &[&str], out: &str| {
+        let mut args = vec!["-m", m, "-p", "a lovely cat", "-W", "64", "-H", "64", "--steps", "2", "-s", "3", "-o", out];
+        args.extend(extra);
+        ok(&args, dir.path());
+        png_pixels(&dir.path().join(out))
+    };
+    let plain = run(&[], "plain.png");
+    let controlled = run(&["--control-net", c, "--control-image", "edges.png"], "cn.png");
+    assert_ne!(controlled, plain);
+    let canny = run(&["--control-net", c, "--control-image", "edges.png", "--canny"], "canny.png");
+    assert!(canny != controlled && canny != plain, "--canny changes the hint");
+    assert_eq!(run(&["--control-net", c, "--control-image", "edges.png", "--control-strength", "0"], "zero.png"), plain);
+    let (_, e) = fails(&["-m", m, "-p", "a cat", "-W", "64", "-H", "64", "--steps", "1", "--control-net", "missing_cn.safetensors", "--control-image", "edges.png", "-o", "x.png"], dir.path());
+    assert!(e.contains("missing_cn.safetensors"), "{e}");
 }
 
 /// The sdflow-format file of `workflows/` as ComfyUI's API format: its `nodes` object

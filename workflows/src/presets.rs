@@ -755,7 +755,9 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
             let img = b.extra("cn_image", "--control-image", NodeSpec::new("LoadImage").with_const("image", json!(ci)));
             let mut hint = Out(img, 0);
             if p.canny {
-                let key = b.extra("canny", "--canny", NodeSpec::new("Canny").with_input("image", link(&hint)).with_const("low_threshold", json!(0.4)).with_const("high_threshold", json!(0.8)));
+                // sd-cli's preprocess_canny arguments (high 0.08, low 0.08), which the Canny
+                // node reads the same way.
+                let key = b.extra("canny", "--canny", NodeSpec::new("Canny").with_input("image", link(&hint)).with_const("low_threshold", json!(0.08)).with_const("high_threshold", json!(0.08)));
                 hint = Out(key, 0);
             }
             let apply = b.extra("cn_apply", "--control-net", NodeSpec::new("ControlNetApplyAdvanced")
@@ -862,7 +864,12 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
     }
     b.core("save", "-o", NodeSpec::new("SaveImage").with_input("images", link(&image)).with_const("filename_prefix", json!(save_prefix(&p.output))));
     if p.control_net.is_some() {
-        description.push_str(" With a ControlNet.");
+        title.push_str(", ControlNet");
+        description.push_str(if p.canny {
+            " A ControlNet (--control-net) guides the prompt and the negative prompt at --control-strength over the whole schedule, from the Canny edges of the control image (--canny, sd.cpp's preprocessing)."
+        } else {
+            " A ControlNet (--control-net) guides the prompt and the negative prompt at --control-strength over the whole schedule, from the control image as given."
+        });
     }
     if p.ad_model.is_some() {
         title.push_str(", then ADetailer");
@@ -1241,7 +1248,8 @@ mod tests {
         assert_eq!(wf.nodes["5"].inputs["positive"], InputValue::link(apply.clone(), 0));
         assert_eq!(wf.nodes["5"].inputs["negative"], InputValue::link(apply.clone(), 1));
         assert_eq!(wf.nodes[&apply].inputs["strength"], InputValue::Const(json!(0.9)));
-        assert!(wf.nodes.values().any(|n| n.class_type == "Canny"));
+        let canny = wf.nodes.values().find(|n| n.class_type == "Canny").expect("--canny adds Canny");
+        assert_eq!(canny.inputs["high_threshold"], InputValue::Const(json!(0.08)), "sd-cli's threshold");
         let mut p = base();
         p.control_net = Some("cn.safetensors".into());
         assert!(matches!(img_gen(&p), Err(PresetError::Missing { .. })), "a control net without an image");
