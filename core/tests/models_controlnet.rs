@@ -219,3 +219,73 @@ fn the_synthetic_controlnet_fits_the_tiny_checkpoint() {
     let cnet = ControlNet::new(&cw, PREFIX, ccfg).unwrap();
     cnet.check_fits(&UnetConfig::infer(&uw, UNET).unwrap()).unwrap();
 }
+
+/// SdDenoiser::denoise_batch with controls: items with different control stacks batch
+/// apart and each gets exactly what the UNet gives with the summed residuals of its
+/// stack (c_in-scaled latent, sample i on hint image i mod images); an item without
+/// controls is the plain prediction.
+#[test]
+fn the_denoiser_runs_stacked_controls_per_item() {
+    use sdflow_core::models::sd::{BatchItem, Conditioning, ControlInput, Prediction, SdDenoiser};
+    use sdflow_core::sampling::schedule::DiscreteSchedule;
+    let backend = Backend::cpu(2).unwrap();
+    let uw = det_weights(&keys("unet_sd1_tiny_keys.json"), 0.14, &backend);
+    let c1w = det_weights(&keys("controlnet_sd1_tiny_keys.json"), 0.14, &backend);
+    // A second ControlNet: the same layout, other values.
+    let k2: BTreeMap<String, Vec<usize>> = serde_json::from_value(keys("controlnet_sd1_tiny_keys.json")).unwrap();
+    let t2: Vec<_> = k2.into_iter().map(|(n, s)| (n.clone(), s.clone(), det_values(&format!("second.{n}"), s.iter().product(), 0.14))).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let c2w = load_file(dir.path(), "second.safetensors", &t2, &backend).unwrap();
+    fn net(w: &Weights) -> ControlNet<'_> {
+        let mut cfg = ControlNetConfig::infer(w, PREFIX).unwrap();
+        cfg.unet.heads = Heads::Count(4);
+        ControlNet::new(w, PREFIX, cfg).unwrap()
+    }
+    let (n1, n2) = (net(&c1w), net(&c2w));
+    let mut ucfg = UnetConfig::infer(&uw, UNET).unwrap();
+    ucfg.heads = Heads::Count(4);
+    let mut den = SdDenoiser::new(Unet::new(&uw, UNET, ucfg.clone()).unwrap(), DiscreteSchedule::sd(), Prediction::Epsilon);
+
+    let (w, h, n) = (6i64, 4i64, 2usize);
+    let per = (w * h * 4) as usize;
+    let x = det_values("batch.x", per * n, 1.0);
+    let cond = Conditioning::new(det_values("batch.cond", 48 * 5, 1.0), 48, 5).unwrap();
+    let hint1: Vec<f32> = det_values("batch.hint1", (w * h * 64 * 3) as usize, 0.5).iter().map(|v| v + 0.5).collect();
+    let hint2: Vec<f32> = det_values("batch.hint2", (w * h * 64 * 3) as usize * 2, 0.5).iter().map(|v| v + 0.5).collect();
+    let a = [ControlInput { net: &n1, hint: &hint1, images: 1, strength: 0.8 }];
+    let b = [ControlInput { net: &n1, hint: &hint1, images: 1, strength: 0.8 }, ControlInput { net: &n2, hint: &hint2, images: 2, strength: 0.5 }];
+    let sigma = 3.0f32;
+    let items = [BatchItem { x: &x, cond: &cond, concat: None, control: &a }, BatchItem { x: &x, cond: &cond, concat: None, control: &b }, BatchItem { x: &x, cond: &cond, concat: None, control: &[] }];
+    let out = den.denoise_batch(&backend, [w, h, 4, n as i64], sigma, &items).unwrap();
+
+    // The same by hand, one graph per item.
+    let unet = Unet::new(&uw, UNET, ucfg).unwrap();
+    let c_in = 1.0 / (sigma * sigma + 1.0).sqrt();
+    let t = DiscreteSchedule::sd().sigma_to_t(sigma);
+    let by_hand = |controls: &[(&ControlNet, Vec<f32>, f32)]| -> Vec<f32> {
+        let ctx = Context::new(65536, 65536).unwrap();
+        let mut g = GraphRun::new(&ctx);
+        let xt = g.input_f32(&[w, h, 4, n as i64], x.iter().map(|v| v * c_in).collect()).unwrap();
+        let tt = g.input_f32(&[n as i64], vec![t; n]).unwrap();
+        let ct = g.input_f32(&[48, 5, n as i64], [cond.data.clone(), cond.data.clone()].concat()).unwrap();
+        let mut sum: Option<sdflow_core::models::unet::ControlResiduals> = None;
+        for (net, hint, s) in controls {
+            let ht = g.input_f32(&[8 * w, 8 * h, 3, n as i64], hint.clone()).unwrap();
+            let r = net.forward(&ctx, xt, ht, tt, ct, None, *s).unwrap();
+            sum = Some(match sum {
+                None => r,
+                Some(p) => sdflow_core::models::unet::ControlResiduals { skips: p.skips.iter().zip(&r.skips).map(|(a, b)| ctx.add(*a, *b).unwrap()).collect(), middle: ctx.add(p.middle, r.middle).unwrap() },
+            });
+        }
+        let eps = unet.forward_with(&ctx, xt, tt, ct, &UnetExtras { y: None, control: sum }).unwrap();
+        let eps = g.compute(&backend, &[eps], 65536).unwrap().remove(0);
+        x.iter().zip(&eps).map(|(xv, e)| xv - sigma * e).collect()
+    };
+    let twice = |v: &[f32]| [v, v].concat();
+    let expect = [by_hand(&[(&n1, twice(&hint1), 0.8)]), by_hand(&[(&n1, twice(&hint1), 0.8), (&n2, hint2.clone(), 0.5)]), by_hand(&[])];
+    for (k, (got, want)) in out.iter().zip(&expect).enumerate() {
+        let e = max_abs_err(got, want);
+        assert!(e <= 1e-5, "item {k}: max abs error {e}");
+    }
+    assert!(max_abs_err(&out[0], &out[2]) > 1e-3 && max_abs_err(&out[0], &out[1]) > 1e-3, "the controls matter");
+}
