@@ -289,3 +289,25 @@ fn the_denoiser_runs_stacked_controls_per_item() {
     }
     assert!(max_abs_err(&out[0], &out[2]) > 1e-3 && max_abs_err(&out[0], &out[1]) > 1e-3, "the controls matter");
 }
+
+/// The diffusers → LDM encoder renaming inverts the LoRA tables' LDM → diffusers one on
+/// every encoder weight of the SD1 UNet, and maps SDXL's add embedding to label_emb.
+#[test]
+fn diffusers_encoder_names_round_trip() {
+    use sdflow_core::lora::keys::{diffusers_to_ldm_encoder, ldm_to_diffusers};
+    let k: BTreeMap<String, Vec<usize>> = serde_json::from_value(keys("unet_sd1_tiny_keys.json")).unwrap();
+    let names: std::collections::HashSet<&str> = k.keys().map(String::as_str).collect();
+    let mut n = 0;
+    for name in k.keys() {
+        let module = name.strip_prefix("model.diffusion_model.").unwrap().rsplit_once('.').unwrap().0;
+        if !["input_blocks.", "middle_block.", "time_embed."].iter().any(|p| module.starts_with(p)) {
+            continue;
+        }
+        let d = ldm_to_diffusers(module, 2, &names).unwrap_or_else(|| panic!("{module}"));
+        assert_eq!(diffusers_to_ldm_encoder(&d, 2).as_deref(), Some(module), "{d}");
+        n += 1;
+    }
+    assert!(n > 100, "{n} encoder weights");
+    assert_eq!(diffusers_to_ldm_encoder("add_embedding.linear_2", 2).as_deref(), Some("label_emb.0.2"));
+    assert_eq!(diffusers_to_ldm_encoder("up_blocks.0.resnets.0.conv1", 2), None, "no decoder in an encoder");
+}

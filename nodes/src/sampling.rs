@@ -8,7 +8,7 @@ use crate::err;
 use crate::controlnet::{hint_for, Controls};
 use crate::values::Control;
 use sdflow_core::models::sd::{BatchItem, Conditioning, ControlInput, SdDenoiser};
-use std::collections::HashMap;
+use std::collections::hash_map::{Entry, HashMap};
 use sdflow_core::models::unet::{Unet, UnetConfig};
 use sdflow_core::sampling::rng::Rng;
 use sdflow_core::sampling::RngKind;
@@ -285,10 +285,10 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
             };
             let active: Vec<Vec<(usize, Arc<Control>)>> = items.iter().map(active_controls).collect();
             for (k, c) in active.iter().flatten() {
-                if !hints.contains_key(&(*k, s[0], s[1])) {
+                if let Entry::Vacant(slot) = hints.entry((*k, s[0], s[1])) {
                     let cfg = &nets[*k].config;
                     let sc = cfg.hint_scale();
-                    hints.insert((*k, s[0], s[1]), hint_for(c, (s[0] * sc) as usize, (s[1] * sc) as usize, cfg.hint_channels as usize)?);
+                    slot.insert(hint_for(c, (s[0] * sc) as usize, (s[1] * sc) as usize, cfg.hint_channels as usize)?);
                 }
             }
             let inputs: Vec<Vec<ControlInput<'_>>> = active

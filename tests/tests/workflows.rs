@@ -542,7 +542,7 @@ fn noise_generators_are_chosen_per_sampler() {
 }
 
 fn run_err(env: &Env, wf: &Workflow) -> String {
-    let e = env.exec.run(wf, &NullSink, &CancelToken::new(), &RunOptions { output_dir: Some(env.out.clone()), ..Default::default() }).err().expect("the run fails");
+    let e = env.exec.run(wf, &NullSink, &CancelToken::new(), &RunOptions { output_dir: Some(env.out.clone()), ..Default::default() }).expect_err("the run fails");
     format!("{e} {e:?}")
 }
 
