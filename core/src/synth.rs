@@ -64,6 +64,10 @@ pub enum SdVersion {
     /// SD 2.x: OpenCLIP ViT-H/14 text encoder (`cond_stage_model.model.*`), linear
     /// `proj_in`/`proj_out` (ldm's `use_linear_in_transformer`).
     Sd2,
+    /// SDXL: CLIP-L (`conditioner.embedders.0.transformer.text_model.*`) and OpenCLIP-G
+    /// (`conditioner.embedders.1.model.*`), per-level transformer depths and the ADM
+    /// input (`label_emb`).
+    Sdxl,
 }
 
 /// How attention heads are sized: ldm's `num_heads` (SD1) or `num_head_channels` (SD2).
@@ -92,6 +96,13 @@ pub struct UnetConfig {
     pub context_dim: usize,
     pub transformer_depth: usize,
     pub use_linear_in_transformer: bool,
+    /// Per-level transformer depths (SDXL: 0, 2, 10), overriding `transformer_depth`
+    /// and `attention_resolutions` where given; the middle block takes the last.
+    #[serde(default)]
+    pub transformer_depths: Vec<usize>,
+    /// Width of the ADM vector `label_emb` takes (SDXL: 2816).
+    #[serde(default)]
+    pub adm_in_channels: Option<usize>,
 }
 
 /// ldm KL autoencoder (`ddconfig`) hyper-parameters.
@@ -126,6 +137,9 @@ pub struct SdConfig {
     pub unet: UnetConfig,
     pub vae: VaeConfig,
     pub text: TextConfig,
+    /// SDXL's second text encoder (OpenCLIP-G).
+    #[serde(default)]
+    pub text2: Option<TextConfig>,
 }
 
 impl VaeConfig {
@@ -164,6 +178,8 @@ impl SdConfig {
                 context_dim: 768,
                 transformer_depth: 1,
                 use_linear_in_transformer: false,
+                transformer_depths: Vec::new(),
+                adm_in_channels: None,
             },
             vae: VaeConfig::kl_f8(),
             text: TextConfig {
@@ -175,6 +191,7 @@ impl SdConfig {
                 max_positions: 77,
                 projection_dim: 768,
             },
+            text2: None,
         }
     }
 
@@ -198,6 +215,7 @@ impl SdConfig {
                 max_positions: 77,
                 projection_dim: 1024,
             },
+            text2: None,
         }
     }
 
@@ -217,6 +235,8 @@ impl SdConfig {
                 context_dim: 32,
                 transformer_depth: 1,
                 use_linear_in_transformer: false,
+                transformer_depths: Vec::new(),
+                adm_in_channels: None,
             },
             vae: VaeConfig::tiny(),
             text: TextConfig {
@@ -228,6 +248,7 @@ impl SdConfig {
                 max_positions: 77,
                 projection_dim: 32,
             },
+            text2: None,
         }
     }
 
@@ -259,6 +280,57 @@ impl SdConfig {
             },
             vae: VaeConfig::tiny(),
             text: TextConfig { intermediate: 128, ..base.text },
+            text2: None,
+        }
+    }
+
+    /// Stable Diffusion XL 1.0 base (`sd_xl_base.yaml`).
+    pub fn sdxl() -> Self {
+        SdConfig {
+            version: SdVersion::Sdxl,
+            unet: UnetConfig {
+                in_channels: 4,
+                out_channels: 4,
+                model_channels: 320,
+                channel_mult: vec![1, 2, 4],
+                num_res_blocks: 2,
+                attention_resolutions: vec![2, 4],
+                heads: Heads::HeadDim(64),
+                context_dim: 2048,
+                transformer_depth: 1,
+                use_linear_in_transformer: true,
+                transformer_depths: vec![0, 2, 10],
+                adm_in_channels: Some(2816),
+            },
+            vae: VaeConfig::kl_f8(),
+            text: Self::sd15().text,
+            text2: Some(TextConfig { hidden: 1280, layers: 32, heads: 20, intermediate: 5120, vocab: 49408, max_positions: 77, projection_dim: 1280 }),
+        }
+    }
+
+    /// SDXL structure at toy size: attention on the lower two of three levels with
+    /// depths 1 and 2, two 32-wide text encoders (context 64), a 32-wide pooled output.
+    pub fn tiny_sdxl() -> Self {
+        let text = Self::tiny_sd1().text;
+        SdConfig {
+            version: SdVersion::Sdxl,
+            unet: UnetConfig {
+                in_channels: 4,
+                out_channels: 4,
+                model_channels: 32,
+                channel_mult: vec![1, 2, 2],
+                num_res_blocks: 1,
+                attention_resolutions: vec![2, 4],
+                heads: Heads::HeadDim(16),
+                context_dim: 64,
+                transformer_depth: 1,
+                use_linear_in_transformer: true,
+                transformer_depths: vec![0, 1, 2],
+                adm_in_channels: Some(32 + 6 * 256),
+            },
+            vae: VaeConfig { ch_mult: vec![1, 1, 2, 2], ..VaeConfig::tiny() },
+            text: text.clone(),
+            text2: Some(TextConfig { intermediate: 128, ..text }),
         }
     }
 
@@ -271,6 +343,15 @@ impl SdConfig {
         }
         if u.in_channels == 0 || u.out_channels == 0 || u.context_dim == 0 {
             return err("unet: in/out channels and context_dim must be non-zero".into());
+        }
+        if !u.transformer_depths.is_empty() && u.transformer_depths.len() != u.channel_mult.len() {
+            return err(format!("unet: {} transformer depths for {} levels", u.transformer_depths.len(), u.channel_mult.len()));
+        }
+        if self.version == SdVersion::Sdxl {
+            let Some(t2) = &self.text2 else { return err("sdxl: the second text encoder (text2) is missing".into()) };
+            if u.context_dim != self.text.hidden + t2.hidden || u.adm_in_channels != Some(t2.projection_dim + 6 * 256) {
+                return err(format!("sdxl: context_dim must be {} and adm_in_channels {}", self.text.hidden + t2.hidden, t2.projection_dim + 6 * 256));
+            }
         }
         if !self.unet.attention_resolutions.is_empty() && u.transformer_depth == 0 {
             return err("unet: transformer_depth must be at least 1".into());
@@ -323,6 +404,11 @@ impl SdConfig {
         match self.version {
             SdVersion::Sd1 => clip_l(&mut out, "cond_stage_model.transformer.text_model.", &self.text),
             SdVersion::Sd2 => open_clip(&mut out, "cond_stage_model.model.", &self.text),
+            SdVersion::Sdxl => {
+                clip_l(&mut out, "conditioner.embedders.0.transformer.text_model.", &self.text);
+                let g = self.text2.as_ref().expect("validated");
+                open_clip(&mut out, "conditioner.embedders.1.model.", g);
+            }
         }
         Ok(out.0)
     }
@@ -445,7 +531,7 @@ fn unet_resblock(s: &mut Specs, p: &str, cin: usize, cout: usize, emb: usize) {
 }
 
 /// ldm `SpatialTransformer` (inner dim = heads * head dim = channels for every SD config).
-fn spatial_transformer(s: &mut Specs, p: &str, c: usize, u: &UnetConfig) {
+fn spatial_transformer(s: &mut Specs, p: &str, c: usize, u: &UnetConfig, depth: usize) {
     let inner = c;
     s.norm(&format!("{p}.norm"), c);
     let proj = |s: &mut Specs, name: String, cin: usize, cout: usize| {
@@ -456,7 +542,7 @@ fn spatial_transformer(s: &mut Specs, p: &str, c: usize, u: &UnetConfig) {
         }
     };
     proj(s, format!("{p}.proj_in"), c, inner);
-    for d in 0..u.transformer_depth {
+    for d in 0..depth {
         let b = format!("{p}.transformer_blocks.{d}");
         for (attn, kv_dim) in [("attn1", inner), ("attn2", u.context_dim)] {
             s.linear(&format!("{b}.{attn}.to_q"), inner, inner, false);
@@ -479,6 +565,16 @@ fn unet(s: &mut Specs, p: &str, u: &UnetConfig) {
     let emb = mc * 4;
     s.linear(&format!("{p}time_embed.0"), mc, emb, true);
     s.linear(&format!("{p}time_embed.2"), emb, emb, true);
+    if let Some(adm) = u.adm_in_channels {
+        s.linear(&format!("{p}label_emb.0.0"), adm, emb, true);
+        s.linear(&format!("{p}label_emb.0.2"), emb, emb, true);
+    }
+    // The transformer depth at a level (0: none).
+    let depth_at = |level: usize, ds: usize| match u.transformer_depths.get(level) {
+        Some(&d) => d,
+        None if u.attention_resolutions.contains(&ds) => u.transformer_depth,
+        None => 0,
+    };
     s.conv(&format!("{p}input_blocks.0.0"), u.in_channels, mc, 3);
     let mut skip_chans = vec![mc];
     let mut ch = mc;
@@ -490,8 +586,8 @@ fn unet(s: &mut Specs, p: &str, u: &UnetConfig) {
             let b = format!("{p}input_blocks.{idx}");
             unet_resblock(s, &format!("{b}.0"), ch, mult * mc, emb);
             ch = mult * mc;
-            if u.attention_resolutions.contains(&ds) {
-                spatial_transformer(s, &format!("{b}.1"), ch, u);
+            if depth_at(level, ds) > 0 {
+                spatial_transformer(s, &format!("{b}.1"), ch, u, depth_at(level, ds));
             }
             skip_chans.push(ch);
             idx += 1;
@@ -504,7 +600,7 @@ fn unet(s: &mut Specs, p: &str, u: &UnetConfig) {
         }
     }
     unet_resblock(s, &format!("{p}middle_block.0"), ch, ch, emb);
-    spatial_transformer(s, &format!("{p}middle_block.1"), ch, u);
+    spatial_transformer(s, &format!("{p}middle_block.1"), ch, u, u.transformer_depths.last().copied().unwrap_or(u.transformer_depth).max(1));
     unet_resblock(s, &format!("{p}middle_block.2"), ch, ch, emb);
     let mut idx = 0;
     for (level, &mult) in u.channel_mult.iter().enumerate().rev() {
@@ -514,8 +610,8 @@ fn unet(s: &mut Specs, p: &str, u: &UnetConfig) {
             unet_resblock(s, &format!("{b}.0"), ch + skip, mc * mult, emb);
             ch = mc * mult;
             let mut layer = 1;
-            if u.attention_resolutions.contains(&ds) {
-                spatial_transformer(s, &format!("{b}.1"), ch, u);
+            if depth_at(level, ds) > 0 {
+                spatial_transformer(s, &format!("{b}.1"), ch, u, depth_at(level, ds));
                 layer = 2;
             }
             if level > 0 && i == u.num_res_blocks {

@@ -137,7 +137,9 @@ impl Node for LoraLoader {
             let mut clip = inputs.downcast::<ClipRef>("clip")?.clone();
             let sc = strength(inputs, "strength_clip")?;
             if sc != 0.0 {
-                clip.weights = lora_handle(&self.rt, &clip.weights, &path, sc, Side::TextEncoder, mode)?;
+                for enc in &mut clip.encoders {
+                    enc.weights = lora_handle(&self.rt, &enc.weights, &path, sc, Side::TextEncoder, mode)?;
+                }
             }
             out.push(Value::new(IoType::CLIP, clip));
         }

@@ -19,15 +19,22 @@ pub struct ModelRef {
     pub latent_scale: f32,
 }
 
-/// CLIP: a text encoder, with the clip-skip set by CLIPSetLastLayer (`None`: the
-/// family's default).
+/// CLIP: the text encoders of a model family (SD1/SD2: one; SDXL: CLIP-L then
+/// OpenCLIP-G), with the clip-skip set by CLIPSetLastLayer (`None`: the family's
+/// default).
 #[derive(Clone, Debug)]
 pub struct ClipRef {
+    pub encoders: Vec<ClipEncoder>,
+    pub family: ModelFamily,
+    pub clip_skip: Option<u32>,
+}
+
+/// One text encoder of a [`ClipRef`].
+#[derive(Clone, Debug)]
+pub struct ClipEncoder {
     pub weights: WeightHandle<Weights>,
     pub prefix: String,
     pub layout: ClipLayout,
-    pub family: ModelFamily,
-    pub clip_skip: Option<u32>,
 }
 
 /// VAE.

@@ -26,6 +26,8 @@ fn env() -> Env {
     let mut sd2 = SdConfig::tiny_sd2();
     sd2.vae.ch_mult = vec![1, 1, 2, 2];
     write_checkpoint(&ckpts.join("sd2.safetensors"), &sd2, DType::F16, 9, Format::Safetensors).unwrap();
+    // SDXL's structure: two text encoders, ADM size conditioning, per-level depths.
+    write_checkpoint(&ckpts.join("sdxl.safetensors"), &SdConfig::tiny_sdxl(), DType::F32, 10, Format::Safetensors).unwrap();
     // workflows/upscale.json's model (a tiny RRDBNet; tests/tests/upscale.rs runs it).
     let upscalers = dir.path().join("models/upscale_models");
     std::fs::create_dir_all(&upscalers).unwrap();
@@ -528,4 +530,42 @@ fn noise_generators_are_chosen_per_sampler() {
 
     let bad = with("mersenne");
     assert!(env.exec.validate(&bad).is_err(), "an unknown generator is a validation error");
+}
+
+#[test]
+fn sdxl_txt2img_runs_and_size_conditioning_matters() {
+    let env = env();
+    let wf = load(&env, "sdxl_txt2img.json", 64, 2);
+    let (w, h, px) = run_saved(&env, &wf, "7");
+    assert_eq!((w, h), (64, 64));
+    let distinct: std::collections::HashSet<_> = px.iter().collect();
+    assert!(distinct.len() > 16, "only {} distinct byte values", distinct.len());
+    // The size SDXL is told about reaches the UNet through the ADM vector.
+    let mut other = wf.clone();
+    other.set_input("2", "width", InputValue::Const(serde_json::json!(512))).unwrap();
+    assert_ne!(run_saved(&env, &other, "7").2, px, "CLIPTextEncodeSDXL's width changes the image");
+    // The prompts of the two encoders both count.
+    let mut other = wf.clone();
+    other.set_input("2", "text_g", InputValue::Const(serde_json::json!("a red bicycle"))).unwrap();
+    assert_ne!(run_saved(&env, &other, "7").2, px, "text_g changes the image");
+    let mut other = wf.clone();
+    other.set_input("2", "text_l", InputValue::Const(serde_json::json!("a red bicycle"))).unwrap();
+    assert_ne!(run_saved(&env, &other, "7").2, px, "text_l changes the image");
+}
+
+#[test]
+fn sdxl_and_sd1_conditioning_do_not_mix() {
+    let env = env();
+    // CLIPTextEncodeSDXL on an SD1 CLIP: refused, naming the node's need.
+    let mut wf = load(&env, "sdxl_txt2img.json", 64, 2);
+    wf.set_input("1", "ckpt_name", InputValue::Const(serde_json::json!("model.safetensors"))).unwrap();
+    let err = env.exec.run(&wf, &NullSink, &CancelToken::new(), &RunOptions::default()).err().expect("SD1 CLIP into CLIPTextEncodeSDXL");
+    assert!(format!("{err:?}").contains("two text encoders"), "{err:?}");
+    // SD1 prompts for an SDXL UNet: the widths differ, and the run says so.
+    let mut sd1 = load(&env, "txt2img.json", 64, 2);
+    let mut xl_model = NodeSpec::new("CheckpointLoaderSimple");
+    xl_model.inputs.insert("ckpt_name".into(), InputValue::Const(serde_json::json!("sdxl.safetensors")));
+    sd1.nodes.insert("9".into(), xl_model);
+    sd1.set_input("5", "model", InputValue::Link { node: "9".into(), output: 0 }).unwrap();
+    assert!(env.exec.run(&sd1, &NullSink, &CancelToken::new(), &RunOptions::default()).is_err(), "768-style context into an SDXL UNet");
 }

@@ -73,6 +73,39 @@ impl Names {
             ClipLayout::OpenClip => format!("{}.ln_final", self.prefix),
         }
     }
+    /// The pooled output's projection: OpenCLIP keeps a bare matrix used as `x @ P`
+    /// next to the transformer; Hugging Face's `CLIPTextModelWithProjection` a bias-free
+    /// Linear beside `text_model` (`text_encoder_2/text_projection.weight`).
+    fn projection(&self) -> String {
+        match self.layout {
+            ClipLayout::HuggingFace => {
+                let root = self.prefix.strip_suffix("text_model").map_or(String::new(), |r| r.to_string());
+                format!("{root}text_projection.weight")
+            }
+            ClipLayout::OpenClip => format!("{}.text_projection", self.prefix),
+        }
+    }
+}
+
+/// How [`ClipTextModel::encode`] reads the encoder.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EncodeOptions {
+    /// 1 = the last layer's hidden states, 2 = the penultimate, ...
+    pub clip_skip: usize,
+    /// Pass the hidden states through the final layer norm: SD1 and SD2 do, SDXL's two
+    /// encoders do not (ComfyUI's `layer_norm_hidden_state=False`).
+    pub final_norm: bool,
+    /// Also return the pooled output: the last layer, final-normed, at each sequence's
+    /// given token position (its end token), projected (SDXL's OpenCLIP-G).
+    pub pooled_at: Option<Vec<usize>>,
+}
+
+/// The outputs of [`ClipTextModel::encode`].
+pub struct ClipOutputs<'a> {
+    /// [hidden, T, B].
+    pub hidden: Tensor<'a>,
+    /// [projection, B].
+    pub pooled: Option<Tensor<'a>>,
 }
 
 /// A CLIP text encoder over [`Weights`] whose shapes have been checked.
@@ -166,6 +199,22 @@ impl<'w> ClipTextModel<'w> {
     where
         'w: 'a,
     {
+        let opts = EncodeOptions { clip_skip, final_norm: true, pooled_at: None };
+        Ok(self.encode(ctx, run, tokens, &opts, extra)?.hidden)
+    }
+
+    /// Whether the weights hold the pooled output's projection.
+    pub fn has_projection(&self) -> bool {
+        self.w.contains(&self.names.projection())
+    }
+
+    /// Hidden states (and optionally the pooled output) for `tokens`, as `opts` asks;
+    /// `extra` as in [`ClipTextModel::forward_with_extra`].
+    pub fn encode<'a>(&'a self, ctx: &'a Context, run: &mut GraphRun<'a>, tokens: &[Vec<i32>], opts: &EncodeOptions, extra: &[f32]) -> Result<ClipOutputs<'a>>
+    where
+        'w: 'a,
+    {
+        let clip_skip = opts.clip_skip;
         let c = &self.config;
         let b = tokens.len();
         let t = tokens.first().map_or(0, |s| s.len());
@@ -205,8 +254,16 @@ impl<'w> ClipTextModel<'w> {
         }
         let mask = run.input_f32(&[t, t], mask)?;
 
+        if let Some(at) = &opts.pooled_at {
+            if at.len() != tokens.len() || at.iter().any(|&p| p >= t as usize) {
+                return Err(ModelError::Input(format!("pooled positions {at:?} for {b} sequences of {t} tokens")));
+            }
+        }
         let [ln1, ln2, out, fc1, fc2] = self.names.parts();
-        for i in 0..(c.layers + 1 - clip_skip) {
+        let wanted = c.layers + 1 - clip_skip;
+        let run_layers = if opts.pooled_at.is_some() { c.layers } else { wanted };
+        let mut hidden = None;
+        for i in 0..run_layers {
             let l = self.names.layer(i);
             let h = layer_norm(ctx, self.w, &format!("{l}.{ln1}"), x, c.eps)?;
             let (q, k, v) = match c.layout {
@@ -234,7 +291,47 @@ impl<'w> ClipTextModel<'w> {
             };
             let h = linear(ctx, self.w, &format!("{l}.{fc2}"), h)?;
             x = ctx.add(x, h)?;
+            if i + 1 == wanted {
+                hidden = Some(x);
+            }
         }
-        layer_norm(ctx, self.w, &self.names.final_norm(), x, c.eps)
+        let hidden = hidden.expect("the loop runs at least the wanted layers");
+        let hidden = if opts.final_norm { layer_norm(ctx, self.w, &self.names.final_norm(), hidden, c.eps)? } else { hidden };
+        let pooled = match &opts.pooled_at {
+            None => None,
+            Some(at) => {
+                let last = layer_norm(ctx, self.w, &self.names.final_norm(), x, c.eps)?;
+                let rows = ctx.reshape(ctx.cont(last)?, [d, t * b, 1, 1])?;
+                let idx = run.input_i32(&[b], at.iter().enumerate().map(|(k, &p)| (k as i64 * t + p as i64) as i32).collect())?;
+                let picked = ctx.get_rows(rows, idx)?; // [d, B]
+                Some(self.project_pooled(ctx, picked)?)
+            }
+        };
+        Ok(ClipOutputs { hidden, pooled })
+    }
+
+    fn project_pooled<'a>(&'a self, ctx: &'a Context, x: Tensor<'a>) -> Result<Tensor<'a>>
+    where
+        'w: 'a,
+    {
+        let name = self.names.projection();
+        let p = self.w.get(&name)?;
+        let d = self.config.hidden;
+        match self.config.layout {
+            ClipLayout::HuggingFace => {
+                if p.ne()[0] != d {
+                    return Err(ModelError::Shape { name, expected: vec![d, p.ne()[1]], got: p.ne().to_vec() });
+                }
+                project(ctx, self.w, &name, x)
+            }
+            ClipLayout::OpenClip => {
+                // Stored [width, embed] for `x @ P`: ggml wants the contracted axis first.
+                if p.ne()[1] != d {
+                    return Err(ModelError::Shape { name, expected: vec![p.ne()[0], d], got: p.ne().to_vec() });
+                }
+                let pt = ctx.cont(ctx.permute(ctx.cast(p, crate::ggml::GType::F32)?, [1, 0, 2, 3])?)?;
+                Ok(ctx.mul_mat(pt, x)?)
+            }
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! The Stable Diffusion 1.x/2.x denoiser: the UNet wrapped as a k-diffusion model,
 //! `denoised = D(x, σ)`, with classifier-free guidance computed in one batched graph.
 
+use super::clip::{ClipTextModel, EncodeOptions};
 use super::unet::{Unet, UnetExtras};
 use super::{ModelError, Result};
 use crate::ggml::{Backend, Context, GraphAllocator, GraphRun};
@@ -266,7 +267,14 @@ impl<'w> SdDenoiser<'w> {
 /// vectors spliced in, then A1111/sd.cpp emphasis — each token's hidden state scaled
 /// by its weight and the chunk rescaled to its original mean. Returns `77 × chunks`
 /// tokens of conditioning.
-pub fn encode_prompt(backend: &Backend, clip: &super::clip::ClipTextModel<'_>, prompt: &crate::text::TokenizedPrompt, clip_skip: usize) -> Result<Conditioning> {
+pub fn encode_prompt(backend: &Backend, clip: &ClipTextModel<'_>, prompt: &crate::text::TokenizedPrompt, clip_skip: usize) -> Result<Conditioning> {
+    encode_prompt_with(backend, clip, prompt, clip_skip, true, false)
+}
+
+/// [`encode_prompt`] with the hidden states' final layer norm optional (`final_norm`)
+/// and, with `pooled`, the first chunk's pooled output (ComfyUI and sd.cpp pool the
+/// first chunk only) in [`Conditioning::pooled`].
+pub fn encode_prompt_with(backend: &Backend, clip: &ClipTextModel<'_>, prompt: &crate::text::TokenizedPrompt, clip_skip: usize, final_norm: bool, pooled: bool) -> Result<Conditioning> {
     let d = clip.config.hidden;
     let vocab = clip.config.vocab as i32;
     let mut extra: Vec<f32> = Vec::new();
@@ -291,8 +299,20 @@ pub fn encode_prompt(backend: &Backend, clip: &super::clip::ClipTextModel<'_>, p
     const GRAPH: usize = 8192;
     let ctx = Context::new(GRAPH, GRAPH)?;
     let mut run = GraphRun::new(&ctx);
-    let out = clip.forward_with_extra(&ctx, &mut run, &tokens, clip_skip, &extra)?;
-    let mut hidden = run.compute(backend, &[out], GRAPH)?.remove(0);
+    // The end token's position: the first `<|endoftext|>` (what ComfyUI's argmax over
+    // the ids finds), the last position if a chunk has none.
+    let eos = crate::text::tokenizer::EOS_TOKEN as i32;
+    let pooled_at = pooled.then(|| tokens.iter().map(|ids| ids.iter().position(|&i| i == eos).unwrap_or(ids.len() - 1)).collect());
+    let opts = EncodeOptions { clip_skip, final_norm, pooled_at };
+    let out = clip.encode(&ctx, &mut run, &tokens, &opts, &extra)?;
+    let mut outs: Vec<_> = vec![out.hidden];
+    outs.extend(out.pooled);
+    let mut results = run.compute(backend, &outs, GRAPH)?;
+    let mut hidden = results.remove(0);
+    let pooled = results.pop().map(|p| {
+        let width = p.len() / tokens.len();
+        p[..width].to_vec()
+    });
     let t = tokens[0].len();
     for (chunk, values) in prompt.chunks.iter().zip(hidden.chunks_mut(t * d as usize)) {
         if chunk.weights.iter().all(|&w| w == 1.0) {
@@ -309,5 +329,32 @@ pub fn encode_prompt(backend: &Backend, clip: &super::clip::ClipTextModel<'_>, p
             values.iter_mut().for_each(|x| *x *= k);
         }
     }
-    Conditioning::new(hidden, d, (t * prompt.chunks.len()) as i64)
+    let mut cond = Conditioning::new(hidden, d, (t * prompt.chunks.len()) as i64)?;
+    cond.pooled = pooled;
+    Ok(cond)
+}
+
+/// SDXL's text conditioning: CLIP-L's and OpenCLIP-G's penultimate hidden states (no
+/// final norm), side by side per token (768 + 1280 = 2048 wide), and G's pooled
+/// output. The two prompts are one prompt tokenized with each encoder's padding.
+pub fn encode_prompt_sdxl(
+    backend: &Backend,
+    l: (&ClipTextModel<'_>, &crate::text::TokenizedPrompt),
+    g: (&ClipTextModel<'_>, &crate::text::TokenizedPrompt),
+    clip_skip: usize,
+) -> Result<Conditioning> {
+    let cl = encode_prompt_with(backend, l.0, l.1, clip_skip.min(l.0.config.layers), false, false)?;
+    let cg = encode_prompt_with(backend, g.0, g.1, clip_skip.min(g.0.config.layers), false, true)?;
+    if cl.tokens != cg.tokens {
+        return Err(ModelError::Input(format!("the two encoders' prompts differ in length: {} and {} tokens", cl.tokens, cg.tokens)));
+    }
+    let (dl, dg) = (cl.dim as usize, cg.dim as usize);
+    let mut data = Vec::with_capacity(cl.data.len() + cg.data.len());
+    for (a, b) in cl.data.chunks(dl).zip(cg.data.chunks(dg)) {
+        data.extend_from_slice(a);
+        data.extend_from_slice(b);
+    }
+    let mut cond = Conditioning::new(data, (dl + dg) as i64, cl.tokens)?;
+    cond.pooled = cg.pooled;
+    Ok(cond)
 }
