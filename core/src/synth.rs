@@ -309,7 +309,9 @@ impl SdConfig {
     }
 
     /// SDXL structure at toy size: attention on the lower two of three levels with
-    /// depths 1 and 2, two 32-wide text encoders (context 64), a 32-wide pooled output.
+    /// depths 1 and 2, a 32-wide CLIP-L and a 64-wide OpenCLIP-G (context 96; the
+    /// widths differ as the real ones do, which picks SDXL embeddings' vectors), a
+    /// 64-wide pooled output.
     pub fn tiny_sdxl() -> Self {
         let text = Self::tiny_sd1().text;
         SdConfig {
@@ -322,15 +324,15 @@ impl SdConfig {
                 num_res_blocks: 1,
                 attention_resolutions: vec![2, 4],
                 heads: Heads::HeadDim(16),
-                context_dim: 64,
+                context_dim: 96,
                 transformer_depth: 1,
                 use_linear_in_transformer: true,
                 transformer_depths: vec![0, 1, 2],
-                adm_in_channels: Some(32 + 6 * 256),
+                adm_in_channels: Some(64 + 6 * 256),
             },
             vae: VaeConfig { ch_mult: vec![1, 1, 2, 2], ..VaeConfig::tiny() },
             text: text.clone(),
-            text2: Some(TextConfig { intermediate: 128, ..text }),
+            text2: Some(TextConfig { hidden: 64, intermediate: 128, projection_dim: 64, ..text }),
         }
     }
 

@@ -551,6 +551,32 @@ fn sdxl_txt2img_runs_and_size_conditioning_matters() {
     let mut other = wf.clone();
     other.set_input("2", "text_l", InputValue::Const(serde_json::json!("a red bicycle"))).unwrap();
     assert_ne!(run_saved(&env, &other, "7").2, px, "text_l changes the image");
+    // An SDXL embedding brings one set of vectors per encoder (clip_l 32 wide, clip_g 64).
+    let emb_dir = env.out.parent().unwrap().join("models/embeddings");
+    std::fs::create_dir_all(&emb_dir).unwrap();
+    let (l, g): (Vec<f32>, Vec<f32>) = ((0..64).map(|i| (i as f32 * 0.37).sin()).collect(), (0..128).map(|i| (i as f32 * 0.11).cos()).collect());
+    let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let (lb, gb) = (bytes(&l), bytes(&g));
+    sdflow_core::io::safetensors::write(
+        &emb_dir.join("xlstyle.safetensors"),
+        [("clip_l", DType::F32, vec![2, 32], lb.as_slice()), ("clip_g", DType::F32, vec![2, 64], gb.as_slice())].into_iter(),
+        &Default::default(),
+    )
+    .unwrap();
+    let mut with_emb = wf.clone();
+    let prompt = "a lighthouse on a cliff at dawn, oil painting, xlstyle";
+    with_emb.set_input("2", "text_g", InputValue::Const(serde_json::json!(prompt))).unwrap();
+    with_emb.set_input("2", "text_l", InputValue::Const(serde_json::json!(prompt))).unwrap();
+    let mut plain = with_emb.clone();
+    plain.set_input("2", "text_g", InputValue::Const(serde_json::json!(prompt.replace("xlstyle", "xlstyles")))).unwrap();
+    plain.set_input("2", "text_l", InputValue::Const(serde_json::json!(prompt.replace("xlstyle", "xlstyles")))).unwrap();
+    assert_ne!(run_saved(&env, &with_emb, "7").2, run_saved(&env, &plain, "7").2, "the embedding's vectors are used");
+    // An SD1-style embedding (one 32-wide set) has nothing for OpenCLIP-G: the run says so.
+    sdflow_core::io::safetensors::write(&emb_dir.join("lonly.safetensors"), [("emb_params", DType::F32, vec![2, 32], lb.as_slice())].into_iter(), &Default::default()).unwrap();
+    let mut one_width = wf.clone();
+    one_width.set_input("2", "text_g", InputValue::Const(serde_json::json!("lonly"))).unwrap();
+    let err = env.exec.run(&one_width, &NullSink, &CancelToken::new(), &RunOptions::default()).err().expect("no G vectors");
+    assert!(format!("{err:?}").contains("lonly") && format!("{err:?}").contains("64-wide"), "{err:?}");
 }
 
 #[test]
