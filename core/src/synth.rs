@@ -131,7 +131,7 @@ pub struct TextConfig {
 }
 
 /// One whole single-file SD checkpoint.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SdConfig {
     pub version: SdVersion,
     pub unet: UnetConfig,
@@ -140,6 +140,9 @@ pub struct SdConfig {
     /// SDXL's second text encoder (OpenCLIP-G).
     #[serde(default)]
     pub text2: Option<TextConfig>,
+    /// CosXL's EDM v-prediction marker: `edm_vpred.sigma_min` / `sigma_max` scalars.
+    #[serde(default)]
+    pub edm_vpred: Option<(f32, f32)>,
 }
 
 impl VaeConfig {
@@ -192,6 +195,7 @@ impl SdConfig {
                 projection_dim: 768,
             },
             text2: None,
+            edm_vpred: None,
         }
     }
 
@@ -216,6 +220,7 @@ impl SdConfig {
                 projection_dim: 1024,
             },
             text2: None,
+            edm_vpred: None,
         }
     }
 
@@ -249,6 +254,7 @@ impl SdConfig {
                 projection_dim: 32,
             },
             text2: None,
+            edm_vpred: None,
         }
     }
 
@@ -281,6 +287,7 @@ impl SdConfig {
             vae: VaeConfig::tiny(),
             text: TextConfig { intermediate: 128, ..base.text },
             text2: None,
+            edm_vpred: None,
         }
     }
 
@@ -305,6 +312,7 @@ impl SdConfig {
             vae: VaeConfig::kl_f8(),
             text: Self::sd15().text,
             text2: Some(TextConfig { hidden: 1280, layers: 32, heads: 20, intermediate: 5120, vocab: 49408, max_positions: 77, projection_dim: 1280 }),
+            edm_vpred: None,
         }
     }
 
@@ -333,6 +341,7 @@ impl SdConfig {
             vae: VaeConfig { ch_mult: vec![1, 1, 2, 2], ..VaeConfig::tiny() },
             text: text.clone(),
             text2: Some(TextConfig { hidden: 64, intermediate: 128, projection_dim: 64, ..text }),
+            edm_vpred: None,
         }
     }
 
@@ -411,6 +420,10 @@ impl SdConfig {
                 let g = self.text2.as_ref().expect("validated");
                 open_clip(&mut out, "conditioner.embedders.1.model.", g);
             }
+        }
+        if let Some((lo, hi)) = self.edm_vpred {
+            out.push("edm_vpred.sigma_min".into(), vec![], Init::Constant(lo));
+            out.push("edm_vpred.sigma_max".into(), vec![], Init::Constant(hi));
         }
         Ok(out.0)
     }

@@ -56,7 +56,7 @@ fn sdxl_unet_with_size_conditioning_matches_diffusers() {
     let c = run.input_f32(&[64, 7, 2], floats(&r["context"])).unwrap();
     let yt = run.input_f32(&[32 + 6 * 256, 2], y).unwrap();
     assert!(unet.forward(&ctx, x, t, c).is_err(), "an SDXL UNet without its ADM vector");
-    let out = unet.forward_with(&ctx, x, t, c, &UnetExtras { y: Some(yt) }).unwrap();
+    let out = unet.forward_with(&ctx, x, t, c, &UnetExtras { y: Some(yt), ..Default::default() }).unwrap();
     let got = run.compute(&backend, &[out], 16384).unwrap().remove(0);
     let err = max_abs_err(&got, &floats(&r["out"]));
     assert!(err <= 1e-3, "SDXL UNet: max abs error {err}");
@@ -103,4 +103,40 @@ fn open_clip_g_penultimate_and_pooled_match_transformers() {
     let mut run = GraphRun::new(&ctx);
     let bad = EncodeOptions { clip_skip: 2, final_norm: false, pooled_at: Some(vec![8, 0]) };
     assert!(model.encode(&ctx, &mut run, &tokens, &bad, &[]).is_err(), "pooled position past the sequence");
+}
+
+#[test]
+fn edm_v_prediction_tells_the_unet_a_quarter_log_sigma() {
+    use sdflow_core::models::sd::{Prediction, SdDenoiser};
+    use sdflow_core::sampling::schedule::DiscreteSchedule;
+    let backend = Backend::cpu(2).unwrap();
+    let w = det_weights(&keys("unet_sdxl_tiny_keys.json"), 0.14, &backend);
+    let mut cfg = UnetConfig::infer(&w, PREFIX).unwrap();
+    cfg.heads = Heads::Dim(16);
+    let r = &reference("sdxl_tiny_ref.json")["unet"];
+    let x: Vec<f32> = floats(&r["x"])[..12 * 8 * 4].to_vec();
+    let ctx_data: Vec<f32> = floats(&r["context"])[..7 * 64].to_vec();
+    let mut cond = Conditioning::new(ctx_data.clone(), 64, 7).unwrap();
+    cond.pooled = Some(floats(&r["pooled"])[..32].to_vec());
+    let y = cond.adm(32 + 6 * 256, 96, 64).unwrap();
+    let sigma = 3.0f32;
+    let schedule = DiscreteSchedule::edm(0.002, 120.0).unwrap();
+    assert!((schedule.sigma_max() - 120.0).abs() < 1e-3 && (schedule.sigma_min() - 0.002).abs() < 1e-6);
+    let mut den = SdDenoiser::new(Unet::new(&w, PREFIX, cfg.clone()).unwrap(), schedule, Prediction::EdmV);
+    let got = den.denoise(&backend, &x, [12, 8, 4, 1], sigma, &cond, None, 1.0).unwrap().denoised;
+
+    // EDM with σ_data = 1: c_in = 1/√(σ²+1), c_skip = 1/(σ²+1), c_out = −σ/√(σ²+1), c_noise = ¼·ln σ.
+    let unet = Unet::new(&w, PREFIX, cfg).unwrap();
+    let c_in = 1.0 / (sigma * sigma + 1.0).sqrt();
+    let ctx = Context::new(16384, 16384).unwrap();
+    let mut run = GraphRun::new(&ctx);
+    let xt = run.input_f32(&[12, 8, 4, 1], x.iter().map(|v| v * c_in).collect()).unwrap();
+    let t = run.input_f32(&[1], vec![0.25 * sigma.ln()]).unwrap();
+    let c = run.input_f32(&[64, 7, 1], ctx_data).unwrap();
+    let yt = run.input_f32(&[32 + 6 * 256, 1], y).unwrap();
+    let out = unet.forward_with(&ctx, xt, t, c, &UnetExtras { y: Some(yt), ..Default::default() }).unwrap();
+    let v = run.compute(&backend, &[out], 16384).unwrap().remove(0);
+    let want: Vec<f32> = x.iter().zip(&v).map(|(x, v)| x / (sigma * sigma + 1.0) - v * sigma * c_in).collect();
+    let err = max_abs_err(&got, &want);
+    assert!(err <= 1e-4, "EDM-v denoiser: max abs error {err}");
 }

@@ -12,6 +12,7 @@ use sdflow_core::models::sd::Prediction;
 use sdflow_core::models::vae::{standalone_source, STANDALONE_PREFIX};
 use sdflow_core::models::Weights;
 use sdflow_core::residency::{Device, WeightHandle, WeightKey};
+use sdflow_core::sampling::schedule::DiscreteSchedule;
 use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Node, NodeError, NodeSchema, Outputs, Registry, Value};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -43,6 +44,7 @@ struct SdParts {
     /// (prefix, layout) of each text encoder, in the order the family concatenates them.
     clips: Vec<(String, ClipLayout)>,
     latent_scale: f32,
+    schedule: DiscreteSchedule,
 }
 
 fn sd_parts(path: &Path) -> Result<SdParts, NodeError> {
@@ -79,12 +81,34 @@ fn sd_parts(path: &Path) -> Result<SdParts, NodeError> {
     } else {
         return Err(NodeError::msg(format!("{shown}: the checkpoint has no text encoder (cond_stage_model.*)")));
     };
-    let prediction = match det.prediction {
+    let mut prediction = match det.prediction {
         detect::Prediction::V => Prediction::V,
         detect::Prediction::Eps => Prediction::Epsilon,
         detect::Prediction::Flow => return Err(NodeError::msg(format!("{shown}: flow-matching models are not supported yet"))),
     };
-    Ok(SdParts { family: det.family, prediction, clips, latent_scale })
+    // CosXL and CosXL-Edit mark EDM v-prediction with their sigma range, as ComfyUI reads it.
+    let mut schedule = DiscreteSchedule::sd();
+    if has("edm_vpred.sigma_max") {
+        let (lo, hi) = (scalar(src.as_ref(), "edm_vpred.sigma_min")?, scalar(src.as_ref(), "edm_vpred.sigma_max")?);
+        schedule = DiscreteSchedule::edm(lo, hi).map_err(|e| NodeError::msg(format!("{shown}: edm_vpred: {e}")))?;
+        prediction = Prediction::EdmV;
+    }
+    Ok(SdParts { family: det.family, prediction, clips, latent_scale, schedule })
+}
+
+/// The value of a one-element tensor.
+fn scalar(src: &dyn io::TensorSource, name: &str) -> Result<f32, NodeError> {
+    let at = |e: String| NodeError::msg(format!("{}: `{name}`: {e}", src.path().display()));
+    let info = src.tensors().iter().find(|t| t.name == name).ok_or_else(|| at("missing".into()))?;
+    if info.shape.iter().product::<usize>() != 1 {
+        return Err(at(format!("shape {:?}, not one value", info.shape)));
+    }
+    let bytes = src.read(name).map_err(|e| at(e.to_string()))?;
+    let v = sdflow_core::dtype::to_f32(info.dtype, &bytes, 1).map_err(|e| at(e.to_string()))?[0];
+    if !v.is_finite() {
+        return Err(at(format!("{v} is not a number")));
+    }
+    Ok(v)
 }
 
 /// ComfyUI's "Load Checkpoint".
@@ -124,6 +148,7 @@ impl Node for CheckpointLoaderSimple {
             family: parts.family,
             prediction: parts.prediction,
             latent_scale: parts.latent_scale,
+            schedule: parts.schedule,
         };
         let mut encoders = Vec::with_capacity(parts.clips.len());
         for (prefix, layout) in parts.clips {

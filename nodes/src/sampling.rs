@@ -10,7 +10,7 @@ use sdflow_core::models::unet::{Unet, UnetConfig};
 use sdflow_core::sampling::rng::Rng;
 use sdflow_core::sampling::RngKind;
 use sdflow_core::sampling::samplers::{sample, Progress, SampleError, SampleOpts, Sampler};
-use sdflow_core::sampling::schedule::{apply_denoise, DiscreteSchedule, ScheduleOpts, Scheduler};
+use sdflow_core::sampling::schedule::{apply_denoise, ScheduleOpts, Scheduler};
 use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Lane, Node, NodeError, NodeSchema, Outputs, Registry, Value};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -133,7 +133,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     let weights = model.weights.pin().map_err(err)?;
     let config = UnetConfig::infer(&weights, &model.prefix).map_err(err)?;
     let unet = Unet::new(&weights, &model.prefix, config).map_err(err)?;
-    let mut den = SdDenoiser::new(unet, DiscreteSchedule::sd(), model.prediction);
+    let mut den = SdDenoiser::new(unet, model.schedule.clone(), model.prediction);
     first_cond(&guider.positive, "positive")?;
     let mix = match &guider.dual {
         Some(d) => Mix::Dual { cfg: guider.cfg, cfg_middle: d.cfg_middle, nested: d.nested },
@@ -148,7 +148,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     if let Some(d) = &guider.dual {
         first_cond(&d.middle, "middle (cond2)")?;
     }
-    let schedule = DiscreteSchedule::sd();
+    let schedule = &model.schedule;
     // ComfyUI's percent_to_sigma: 0 is the start of sampling (all noise), 1 the end.
     let percent_to_sigma = |p: f32| -> f32 {
         if p <= 0.0 {
@@ -339,7 +339,7 @@ impl Node for KSampler {
         let scheduler = Scheduler::from_str(inputs.string("scheduler")?).map_err(err)?;
         let steps = steps_from(inputs)?;
         let denoise = inputs.float("denoise")? as f32;
-        let sigmas = apply_denoise(scheduler, steps, denoise, &DiscreteSchedule::sd(), &ScheduleOpts::default()).map_err(err)?;
+        let sigmas = apply_denoise(scheduler, steps, denoise, &guider.model.schedule, &ScheduleOpts::default()).map_err(err)?;
         let latent = inputs.downcast::<Latent>("latent_image")?;
         let (out, _) = sample_latent(&self.rt, ctx, &guider, &choice, &sigmas, NoiseSource(Some(inputs.uint("seed")?), rng_from(inputs)?), latent)?;
         Ok(Outputs::new(vec![Value::new(IoType::LATENT, out)]))

@@ -5,6 +5,7 @@ use sdflow_core::models::clip::ClipLayout;
 use sdflow_core::models::sd::{Conditioning, Prediction};
 use sdflow_core::models::Weights;
 use sdflow_core::residency::WeightHandle;
+use sdflow_core::sampling::schedule::DiscreteSchedule;
 use sdflow_executor::CacheSize;
 use std::sync::Arc;
 
@@ -17,6 +18,8 @@ pub struct ModelRef {
     pub prediction: Prediction,
     /// Latent scale of the family's VAE (0.18215 for SD1.x/2.x).
     pub latent_scale: f32,
+    /// The model's noise levels: SD's discrete table, or EDM's log-uniform range.
+    pub schedule: DiscreteSchedule,
 }
 
 /// CLIP: the text encoders of a model family (SD1/SD2: one; SDXL: CLIP-L then

@@ -28,6 +28,9 @@ fn env() -> Env {
     write_checkpoint(&ckpts.join("sd2.safetensors"), &sd2, DType::F16, 9, Format::Safetensors).unwrap();
     // SDXL's structure: two text encoders, ADM size conditioning, per-level depths.
     write_checkpoint(&ckpts.join("sdxl.safetensors"), &SdConfig::tiny_sdxl(), DType::F32, 10, Format::Safetensors).unwrap();
+    // The same weights marked as CosXL (EDM v-prediction over σ 0.002..120).
+    let cosxl = SdConfig { edm_vpred: Some((0.002, 120.0)), ..SdConfig::tiny_sdxl() };
+    write_checkpoint(&ckpts.join("cosxl.safetensors"), &cosxl, DType::F32, 10, Format::Safetensors).unwrap();
     // workflows/upscale.json's model (a tiny RRDBNet; tests/tests/upscale.rs runs it).
     let upscalers = dir.path().join("models/upscale_models");
     std::fs::create_dir_all(&upscalers).unwrap();
@@ -594,4 +597,17 @@ fn sdxl_and_sd1_conditioning_do_not_mix() {
     sd1.nodes.insert("9".into(), xl_model);
     sd1.set_input("5", "model", InputValue::Link { node: "9".into(), output: 0 }).unwrap();
     assert!(env.exec.run(&sd1, &NullSink, &CancelToken::new(), &RunOptions::default()).is_err(), "768-style context into an SDXL UNet");
+}
+
+#[test]
+fn cosxl_edm_v_prediction_is_read_from_the_checkpoint() {
+    let env = env();
+    let wf = load(&env, "sdxl_txt2img.json", 64, 2);
+    let (_, _, xl) = run_saved(&env, &wf, "7");
+    let mut cos = wf.clone();
+    cos.set_input("1", "ckpt_name", InputValue::Const(serde_json::json!("cosxl.safetensors"))).unwrap();
+    let (w, h, px) = run_saved(&env, &cos, "7");
+    assert_eq!((w, h), (64, 64));
+    // Same weights, another prediction type and noise range: another image.
+    assert_ne!(px, xl, "the edm_vpred keys change sampling");
 }

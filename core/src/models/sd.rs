@@ -15,6 +15,10 @@ pub enum Prediction {
     Epsilon,
     /// The velocity v = α·ε − σ·x₀ (SD2 768-v).
     V,
+    /// EDM's v-prediction with σ_data = 1 (CosXL, CosXL-Edit): the scalings of `V`, but
+    /// the UNet is told `0.25·ln σ` instead of a training timestep, over a continuous
+    /// log-uniform schedule ([`DiscreteSchedule::edm`]).
+    EdmV,
 }
 
 /// Text conditioning for one sample: `tokens` vectors of width `dim`, row-major.
@@ -129,7 +133,7 @@ impl<'w> SdDenoiser<'w> {
         let c_in = 1.0 / (sigma * sigma + 1.0).sqrt();
         match self.prediction {
             Prediction::Epsilon => (1.0, -sigma, c_in),
-            Prediction::V => (1.0 / (sigma * sigma + 1.0), -sigma * c_in, c_in),
+            Prediction::V | Prediction::EdmV => (1.0 / (sigma * sigma + 1.0), -sigma * c_in, c_in),
         }
     }
 
@@ -203,7 +207,11 @@ impl<'w> SdDenoiser<'w> {
             return Err(ModelError::Input(format!("sigma {sigma}")));
         }
         let (c_skip, c_out, c_in) = self.scalings(sigma);
-        let t = self.schedule.sigma_to_t(sigma);
+        let t = match self.prediction {
+            // EDM's c_noise; σ = 0 never reaches the model (samplers stop before it).
+            Prediction::EdmV => 0.25 * sigma.max(f32::MIN_POSITIVE).ln(),
+            _ => self.schedule.sigma_to_t(sigma),
+        };
         let mut out: Vec<Option<Vec<f32>>> = vec![None; items.len()];
         // Different token counts cannot share a batch; run them one after another.
         let mut pending: Vec<usize> = (0..items.len()).collect();
