@@ -5,7 +5,7 @@ use crate::guidance::{self, Mix};
 use crate::values::{CondConcat, CondList, Latent, ModelRef};
 use crate::handle_size;
 use crate::err;
-use sdflow_core::models::sd::{BatchItem, Conditioning, SdDenoiser};
+use sdflow_core::models::sd::{BatchItem, Conditioning, IpSide, SdDenoiser};
 use sdflow_core::models::unet::{Unet, UnetConfig};
 use sdflow_core::sampling::rng::Rng;
 use sdflow_core::sampling::RngKind;
@@ -267,7 +267,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
             return Err(NodeError::msg(format!("no positive conditioning applies at sigma {sigma} (check the timestep ranges)")));
         }
         let mut run_model = |items: &[guidance::ModelItem<'_>], s: [i64; 4]| -> Result<Vec<Vec<f32>>, NodeError> {
-            let batch: Vec<BatchItem<'_>> = items.iter().map(|it| BatchItem { x: &it.x, cond: it.cond, concat: it.concat.as_deref() }).collect();
+            let batch: Vec<BatchItem<'_>> = items.iter().map(|it| BatchItem { x: &it.x, cond: it.cond, concat: it.concat.as_deref(), ip: if Some(it.side) == negative_at { IpSide::Uncond } else { IpSide::Cond } }).collect();
             rt.with_backend(|b| den.denoise_batch(b, s, sigma, &batch)).map_err(err)
         };
         let mut out = guidance::calc_cond_batch(&sides, xin, shape, extra as usize, &active, budget, &mut run_model).map_err(|e| match e {
