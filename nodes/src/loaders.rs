@@ -113,6 +113,7 @@ impl Node for CheckpointLoaderSimple {
             family: parts.family,
             prediction: parts.prediction,
             latent_scale: 0.18215,
+            ip_adapters: Vec::new(),
         };
         let clip = ClipRef {
             weights: weights_handle(&self.rt, &path, &format!("{}.", parts.clip_prefix))?,

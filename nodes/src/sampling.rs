@@ -5,7 +5,7 @@ use crate::guidance::{self, Mix};
 use crate::values::{CondConcat, CondList, Latent, ModelRef};
 use crate::handle_size;
 use crate::err;
-use sdflow_core::models::sd::{BatchItem, Conditioning, IpSide, SdDenoiser};
+use sdflow_core::models::sd::{BatchItem, Conditioning, IpPatch, IpSide, SdDenoiser};
 use sdflow_core::models::unet::{Unet, UnetConfig};
 use sdflow_core::sampling::rng::Rng;
 use sdflow_core::sampling::RngKind;
@@ -131,6 +131,7 @@ const BLANK_INPAINT_LATENT: [f32; 4] = [0.8223, -0.6876, 0.6364, 0.1380];
 pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choice: &SamplerChoice, sigmas: &[f32], noise: NoiseSource, latent: &Latent) -> Result<(Latent, Latent), NodeError> {
     let model = &guider.model;
     let weights = model.weights.pin().map_err(err)?;
+    let ip_weights = model.ip_adapters.iter().map(|p| p.weights.pin()).collect::<Result<Vec<_>, _>>().map_err(err)?;
     let config = UnetConfig::infer(&weights, &model.prefix).map_err(err)?;
     let unet = Unet::new(&weights, &model.prefix, config).map_err(err)?;
     let mut den = SdDenoiser::new(unet, DiscreteSchedule::sd(), model.prediction);
@@ -159,6 +160,12 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
             schedule.t_to_sigma((1.0 - p) * (schedule.len() - 1) as f32)
         }
     };
+    if !model.ip_adapters.is_empty() {
+        let patches = (model.ip_adapters.iter().zip(&ip_weights))
+            .map(|(p, w)| IpPatch { weights: w, cond: p.cond.clone(), uncond: p.uncond.clone(), tokens: p.tokens, scale: p.weight, sigmas: (percent_to_sigma(p.start_at), percent_to_sigma(p.end_at)) })
+            .collect();
+        den = den.with_ip_adapters(patches).map_err(err)?;
+    }
 
     let shape = latent.shape;
     let [lw, lh, channels, ln] = shape;
