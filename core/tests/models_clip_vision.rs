@@ -43,7 +43,7 @@ fn bad_vision_weights_and_inputs_are_errors() {
     let r = &reference("ip_adapter_ref.json")["vision"];
     let backend = Backend::cpu(1).unwrap();
     let w = det_weights(&r["keys"], 0.35, &backend);
-    let e = ClipVisionConfig::infer(&w, "cond_stage_model.").err().expect("no tower there");
+    let e = ClipVisionConfig::infer(&w, "cond_stage_model.").expect_err("no tower there");
     assert!(e.to_string().contains("patch_embedding"), "{e}");
     let cfg = ClipVisionConfig { heads: 2, ..ClipVisionConfig::infer(&w, "").unwrap() };
     let e = ClipVisionModel::new(&w, "", ClipVisionConfig { projection_dim: 32, ..cfg.clone() }).err().expect("projection width");

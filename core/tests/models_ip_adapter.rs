@@ -138,11 +138,11 @@ fn adapters_that_do_not_fit_are_errors() {
     let uw = det_weights(&all["unet_keys"], 0.14, &backend);
     let mut ucfg = unet_config(&uw);
     ucfg.context_dim = 64;
-    let e = adapter.check_unet(&ucfg).err().expect("cross width");
+    let e = adapter.check_unet(&ucfg).expect_err("cross width");
     assert!(e.to_string().contains("48 wide") && e.to_string().contains("takes 64"), "{e}");
     // Another UNet structure (the SD1 fixture: one transformer layer per block, 11 blocks).
     let other = det_weights(&common::keys("unet_sd1_tiny_keys.json"), 0.14, &backend);
-    let e = adapter.check_unet(&UnetConfig::infer(&other, PREFIX).unwrap()).err().expect("layer count");
+    let e = adapter.check_unet(&UnetConfig::infer(&other, PREFIX).unwrap()).expect_err("layer count");
     assert!(e.to_string().contains("16 cross-attention layers and this UNet 11"), "{e}");
     // CLIP vision output of the wrong width (a Plus input for a classic adapter).
     let ctx = Context::new(256, 256).unwrap();
@@ -157,10 +157,10 @@ fn adapters_that_do_not_fit_are_errors() {
     let e = IpAdapter::new(&bad, IpAdapterConfig::infer(&bad).unwrap()).err().expect("shape");
     assert!(e.to_string().contains("ip_adapter.3.to_v_ip.weight"), "{e}");
     keys.retain(|k, _| !k.starts_with("ip_adapter."));
-    let e = IpAdapterConfig::infer(&det_weights(&serde_json::Value::Object(keys), 0.2, &backend)).err().expect("no layers");
+    let e = IpAdapterConfig::infer(&det_weights(&serde_json::Value::Object(keys), 0.2, &backend)).expect_err("no layers");
     assert!(e.to_string().contains("not an IP-Adapter"), "{e}");
     let mut keys = all["ip"]["classic"]["keys"].as_object().unwrap().clone();
     keys.retain(|k, _| !k.starts_with("image_proj."));
-    let e = IpAdapterConfig::infer(&det_weights(&serde_json::Value::Object(keys), 0.2, &backend)).err().expect("no projection");
+    let e = IpAdapterConfig::infer(&det_weights(&serde_json::Value::Object(keys), 0.2, &backend)).expect_err("no projection");
     assert!(e.to_string().contains("image projection"), "{e}");
 }

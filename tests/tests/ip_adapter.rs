@@ -38,7 +38,7 @@ fn set(wf: &Workflow, node: &str, input: &str, v: serde_json::Value) -> Workflow
 
 fn run_err(env: &TestEnv, wf: &Workflow) -> String {
     let opts = RunOptions { output_dir: Some(env.out.clone()), ..Default::default() };
-    env.exec.run(wf, &NullSink, &CancelToken::new(), &opts).err().expect("the run fails").to_string()
+    env.exec.run(wf, &NullSink, &CancelToken::new(), &opts).expect_err("the run fails").to_string()
 }
 
 #[test]

@@ -15,7 +15,7 @@ use crate::ggml::{Context, GraphRun, Tensor};
 
 /// CLIP's image normalisation (OpenAI's mean and std, which OpenCLIP's H and bigG keep).
 pub const MEAN: [f32; 3] = [0.481_454_66, 0.457_827_5, 0.408_210_73];
-pub const STD: [f32; 3] = [0.268_629_54, 0.261_302_58, 0.275_777_1];
+pub const STD: [f32; 3] = [0.268_629_54, 0.261_302_6, 0.275_777_1];
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct ClipVisionConfig {
