@@ -967,3 +967,102 @@ fn write_safetensors(path: &Path, cfg: &SdConfig, dtype: DType, seed: u64) -> Re
         bytes: 8 + json.len() as u64 + offset,
     })
 }
+
+/// A CLIP vision tower (`CLIPVisionModelWithProjection`, Hugging Face names as ComfyUI's
+/// `models/clip_vision` files have them) at any size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClipVisionSynth {
+    pub hidden: usize,
+    pub layers: usize,
+    pub intermediate: usize,
+    pub patch: usize,
+    pub image_size: usize,
+    pub projection_dim: usize,
+}
+
+impl ClipVisionSynth {
+    /// ViT-H/14's structure at toy width (16 heads of 2), at the real 224-pixel input
+    /// with 32-pixel patches (50 tokens), for [`SdConfig::tiny_sd1`]'s 32-wide context.
+    pub fn tiny() -> Self {
+        ClipVisionSynth { hidden: 32, layers: 2, intermediate: 64, patch: 32, image_size: 224, projection_dim: 32 }
+    }
+
+    pub fn tensors(&self) -> Result<Vec<TensorSpec>, SynthError> {
+        if self.hidden == 0 || self.layers < 2 || self.patch == 0 || !self.image_size.is_multiple_of(self.patch) || self.projection_dim == 0 {
+            return Err(SynthError::Config(format!("clip vision: {self:?}")));
+        }
+        let mut s = Specs(Vec::new());
+        let (d, p) = (self.hidden, "vision_model");
+        s.push(format!("{p}.embeddings.class_embedding"), vec![d], Init::Normal { mean: 0.0, std: 0.5 });
+        s.push(format!("{p}.embeddings.patch_embedding.weight"), vec![d, 3, self.patch, self.patch], Init::Normal { mean: 0.0, std: 1.0 / ((3 * self.patch * self.patch) as f32).sqrt() });
+        let tokens = (self.image_size / self.patch).pow(2) + 1;
+        s.push(format!("{p}.embeddings.position_embedding.weight"), vec![tokens, d], Init::Normal { mean: 0.0, std: 0.5 });
+        s.norm(&format!("{p}.pre_layrnorm"), d);
+        for i in 0..self.layers {
+            let l = format!("{p}.encoder.layers.{i}");
+            for proj in ["q_proj", "k_proj", "v_proj", "out_proj"] {
+                s.linear(&format!("{l}.self_attn.{proj}"), d, d, true);
+            }
+            s.norm(&format!("{l}.layer_norm1"), d);
+            s.norm(&format!("{l}.layer_norm2"), d);
+            s.linear(&format!("{l}.mlp.fc1"), d, self.intermediate, true);
+            s.linear(&format!("{l}.mlp.fc2"), self.intermediate, d, true);
+        }
+        s.norm(&format!("{p}.post_layernorm"), d);
+        s.linear("visual_projection", d, self.projection_dim, false);
+        Ok(s.0)
+    }
+}
+
+/// Which IP-Adapter image projection [`ip_adapter_tensors`] writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IpAdapterSynth {
+    /// `image_proj.proj` + `norm`: `tokens` tokens from `image_embeds` of `embed_dim`.
+    Classic { embed_dim: usize, tokens: usize },
+    /// The Plus resampler over hidden states of `embed_dim`: `dim` wide with 64-wide
+    /// heads, `depth` layers, `tokens` latent queries.
+    Plus { embed_dim: usize, dim: usize, depth: usize, tokens: usize },
+}
+
+/// Every tensor of an h94 IP-Adapter file (`image_proj.*`, `ip_adapter.N.to_k_ip` /
+/// `to_v_ip`) for a UNet whose cross-attention layers have the widths `layers` (in
+/// diffusers' processor order, `crate::models::ip_adapter::cross_attention_blocks`) and
+/// take `cross_dim`-wide context.
+pub fn ip_adapter_tensors(kind: IpAdapterSynth, layers: &[usize], cross_dim: usize) -> Vec<TensorSpec> {
+    let mut s = Specs(Vec::new());
+    match kind {
+        IpAdapterSynth::Classic { embed_dim, tokens } => {
+            s.linear("image_proj.proj", embed_dim, tokens * cross_dim, true);
+            s.norm("image_proj.norm", cross_dim);
+        }
+        IpAdapterSynth::Plus { embed_dim, dim, depth, tokens } => {
+            s.push("image_proj.latents".into(), vec![1, tokens, dim], Init::Normal { mean: 0.0, std: 1.0 / (dim as f32).sqrt() });
+            s.linear("image_proj.proj_in", embed_dim, dim, true);
+            for i in 0..depth {
+                let l = format!("image_proj.layers.{i}");
+                s.norm(&format!("{l}.0.norm1"), dim);
+                s.norm(&format!("{l}.0.norm2"), dim);
+                s.linear(&format!("{l}.0.to_q"), dim, dim, false);
+                s.linear(&format!("{l}.0.to_kv"), dim, 2 * dim, false);
+                s.linear(&format!("{l}.0.to_out"), dim, dim, false);
+                s.norm(&format!("{l}.1.0"), dim);
+                s.linear(&format!("{l}.1.1"), dim, 4 * dim, false);
+                s.linear(&format!("{l}.1.3"), 4 * dim, dim, false);
+            }
+            s.linear("image_proj.proj_out", dim, cross_dim, true);
+            s.norm("image_proj.norm_out", cross_dim);
+        }
+    }
+    for (k, &c) in layers.iter().enumerate() {
+        s.linear(&format!("ip_adapter.{}.to_k_ip", 2 * k + 1), cross_dim, c, false);
+        s.linear(&format!("ip_adapter.{}.to_v_ip", 2 * k + 1), cross_dim, c, false);
+    }
+    s.0
+}
+
+/// Write `tensors` with their values for `seed` as an f32 safetensors file.
+pub fn write_tensors(path: &Path, tensors: &[TensorSpec], seed: u64) -> Result<(), SynthError> {
+    let data: Vec<Vec<u8>> = tensors.iter().map(|t| t.values(seed).iter().flat_map(|v| v.to_le_bytes()).collect()).collect();
+    crate::io::safetensors::write(path, tensors.iter().zip(&data).map(|(t, b)| (t.name.as_str(), DType::F32, t.shape.clone(), b.as_slice())), &Default::default())?;
+    Ok(())
+}

@@ -200,6 +200,8 @@ pub struct ModelItem<'a> {
     pub x: Vec<f32>,
     pub cond: &'a Conditioning,
     pub concat: Option<Vec<f32>>,
+    /// The index in `sides` of the side the item belongs to.
+    pub side: usize,
 }
 
 /// Crop `c` channels of every sample of a `w`×`h` tensor to `r`.
@@ -253,7 +255,7 @@ pub fn calc_cond_batch<E>(
             .iter()
             .map(|&k| {
                 let j = &jobs[k];
-                ModelItem { x: crop(x, w, h, c, n, j.region), cond: &j.p.cond, concat: j.p.concat.as_ref().map(|cc| crop(cc, w, h, extra_channels, n, j.region)) }
+                ModelItem { x: crop(x, w, h, c, n, j.region), cond: &j.p.cond, concat: j.p.concat.as_ref().map(|cc| crop(cc, w, h, extra_channels, n, j.region)), side: j.side }
             })
             .collect();
         let preds = model(&items, [size.1 as i64, size.0 as i64, c as i64, n as i64]).map_err(CalcError::Model)?;

@@ -149,6 +149,7 @@ impl Node for CheckpointLoaderSimple {
             prediction: parts.prediction,
             latent_scale: parts.latent_scale,
             schedule: parts.schedule,
+            ip_adapters: Vec::new(),
         };
         let mut encoders = Vec::with_capacity(parts.clips.len());
         for (prefix, layout) in parts.clips {

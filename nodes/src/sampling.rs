@@ -5,7 +5,7 @@ use crate::guidance::{self, Mix};
 use crate::values::{CondConcat, CondList, Latent, ModelRef};
 use crate::handle_size;
 use crate::err;
-use sdflow_core::models::sd::{BatchItem, Conditioning, SdDenoiser};
+use sdflow_core::models::sd::{BatchItem, Conditioning, IpPatch, IpSide, SdDenoiser};
 use sdflow_core::models::unet::{Unet, UnetConfig};
 use sdflow_core::sampling::rng::Rng;
 use sdflow_core::sampling::RngKind;
@@ -131,6 +131,7 @@ const BLANK_INPAINT_LATENT: [f32; 4] = [0.8223, -0.6876, 0.6364, 0.1380];
 pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choice: &SamplerChoice, sigmas: &[f32], noise: NoiseSource, latent: &Latent) -> Result<(Latent, Latent), NodeError> {
     let model = &guider.model;
     let weights = model.weights.pin().map_err(err)?;
+    let ip_weights = model.ip_adapters.iter().map(|p| p.weights.pin()).collect::<Result<Vec<_>, _>>().map_err(err)?;
     let config = UnetConfig::infer(&weights, &model.prefix).map_err(err)?;
     let unet = Unet::new(&weights, &model.prefix, config).map_err(err)?;
     let mut den = SdDenoiser::new(unet, model.schedule.clone(), model.prediction);
@@ -159,6 +160,12 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
             schedule.t_to_sigma((1.0 - p) * (schedule.len() - 1) as f32)
         }
     };
+    if !model.ip_adapters.is_empty() {
+        let patches = (model.ip_adapters.iter().zip(&ip_weights))
+            .map(|(p, w)| IpPatch { weights: w, cond: p.cond.clone(), uncond: p.uncond.clone(), tokens: p.tokens, scale: p.weight, sigmas: (percent_to_sigma(p.start_at), percent_to_sigma(p.end_at)) })
+            .collect();
+        den = den.with_ip_adapters(patches).map_err(err)?;
+    }
 
     let shape = latent.shape;
     let [lw, lh, channels, ln] = shape;
@@ -267,7 +274,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
             return Err(NodeError::msg(format!("no positive conditioning applies at sigma {sigma} (check the timestep ranges)")));
         }
         let mut run_model = |items: &[guidance::ModelItem<'_>], s: [i64; 4]| -> Result<Vec<Vec<f32>>, NodeError> {
-            let batch: Vec<BatchItem<'_>> = items.iter().map(|it| BatchItem { x: &it.x, cond: it.cond, concat: it.concat.as_deref() }).collect();
+            let batch: Vec<BatchItem<'_>> = items.iter().map(|it| BatchItem { x: &it.x, cond: it.cond, concat: it.concat.as_deref(), ip: if Some(it.side) == negative_at { IpSide::Uncond } else { IpSide::Cond } }).collect();
             rt.with_backend(|b| den.denoise_batch(b, s, sigma, &batch)).map_err(err)
         };
         let mut out = guidance::calc_cond_batch(&sides, xin, shape, extra as usize, &active, budget, &mut run_model).map_err(|e| match e {

@@ -46,6 +46,8 @@ fn env() -> Env {
     let detectors = dir.path().join("models/ultralytics");
     std::fs::create_dir_all(&detectors).unwrap();
     std::fs::write(detectors.join("face_yolov8n.pt"), b"validation only: never loaded").unwrap();
+    // workflows/ip_adapter.json's CLIP vision and IP-Adapter (tests/tests/ip_adapter.rs runs it).
+    sdflow_tests::write_ip_adapter_models(dir.path());
     let out = dir.path().join("output");
     let input = dir.path().join("input");
     std::fs::create_dir_all(&input).unwrap();

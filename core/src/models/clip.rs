@@ -154,29 +154,8 @@ impl<'w> ClipTextModel<'w> {
         let (d, f) = (c.hidden, c.intermediate);
         w.expect(&names.token_embedding(), &[d, c.vocab])?;
         w.expect(&names.position_embedding(), &[d, c.max_positions])?;
-        let [ln1, ln2, out, fc1, fc2] = names.parts();
         for i in 0..c.layers {
-            let l = names.layer(i);
-            for n in [ln1, ln2] {
-                w.expect(&format!("{l}.{n}.weight"), &[d])?;
-                w.expect(&format!("{l}.{n}.bias"), &[d])?;
-            }
-            match c.layout {
-                ClipLayout::HuggingFace => {
-                    for p in ["q_proj", "k_proj", "v_proj"] {
-                        w.expect(&format!("{l}.self_attn.{p}.weight"), &[d, d])?;
-                        w.expect(&format!("{l}.self_attn.{p}.bias"), &[d])?;
-                    }
-                }
-                ClipLayout::OpenClip => {
-                    w.expect(&format!("{l}.attn.in_proj_weight"), &[d, 3 * d])?;
-                    w.expect(&format!("{l}.attn.in_proj_bias"), &[3 * d])?;
-                }
-            }
-            for (n, i_, o) in [(out, d, d), (fc1, d, f), (fc2, f, d)] {
-                w.expect(&format!("{l}.{n}.weight"), &[i_, o])?;
-                w.expect(&format!("{l}.{n}.bias"), &[o])?;
-            }
+            expect_layer(w, &names.layer(i), c.layout, d, f)?;
         }
         w.expect(&format!("{}.weight", names.final_norm()), &[d])?;
         w.expect(&format!("{}.bias", names.final_norm()), &[d])?;
@@ -259,38 +238,12 @@ impl<'w> ClipTextModel<'w> {
                 return Err(ModelError::Input(format!("pooled positions {at:?} for {b} sequences of {t} tokens")));
             }
         }
-        let [ln1, ln2, out, fc1, fc2] = self.names.parts();
+        let layer = Layer { layout: c.layout, heads: c.heads, activation: c.activation, eps: c.eps };
         let wanted = c.layers + 1 - clip_skip;
         let run_layers = if opts.pooled_at.is_some() { c.layers } else { wanted };
         let mut hidden = None;
         for i in 0..run_layers {
-            let l = self.names.layer(i);
-            let h = layer_norm(ctx, self.w, &format!("{l}.{ln1}"), x, c.eps)?;
-            let (q, k, v) = match c.layout {
-                ClipLayout::HuggingFace => (
-                    linear(ctx, self.w, &format!("{l}.self_attn.q_proj"), h)?,
-                    linear(ctx, self.w, &format!("{l}.self_attn.k_proj"), h)?,
-                    linear(ctx, self.w, &format!("{l}.self_attn.v_proj"), h)?,
-                ),
-                ClipLayout::OpenClip => {
-                    let qkv = project(ctx, self.w, &format!("{l}.attn.in_proj_weight"), h)?;
-                    let qkv = ctx.add(qkv, self.w.get(&format!("{l}.attn.in_proj_bias"))?)?;
-                    let nb = qkv.nb();
-                    let part = |j: usize| ctx.view(qkv, [d, t, b, 1], [nb[1], nb[2], nb[3]], j * d as usize * 4);
-                    (part(0)?, part(1)?, part(2)?)
-                }
-            };
-            let a = attention(ctx, q, k, v, c.heads, Some(mask))?;
-            let a = linear(ctx, self.w, &format!("{l}.{out}"), a)?;
-            x = ctx.add(x, a)?;
-            let h = layer_norm(ctx, self.w, &format!("{l}.{ln2}"), x, c.eps)?;
-            let h = linear(ctx, self.w, &format!("{l}.{fc1}"), h)?;
-            let h = match c.activation {
-                Activation::QuickGelu => ctx.gelu_quick_exact(h)?,
-                Activation::Gelu => ctx.gelu_erf(h)?,
-            };
-            let h = linear(ctx, self.w, &format!("{l}.{fc2}"), h)?;
-            x = ctx.add(x, h)?;
+            x = layer.forward(ctx, self.w, &self.names.layer(i), x, Some(mask))?;
             if i + 1 == wanted {
                 hidden = Some(x);
             }
@@ -333,5 +286,79 @@ impl<'w> ClipTextModel<'w> {
                 Ok(ctx.mul_mat(pt, x)?)
             }
         }
+    }
+}
+
+/// The weight names of one encoder layer's parts in `layout`: (ln1, ln2, out_proj, fc1, fc2).
+fn layer_parts(layout: ClipLayout) -> [&'static str; 5] {
+    Names { prefix: String::new(), layout }.parts()
+}
+
+/// Check the weights of the encoder layer at `l` (width `d`, MLP width `f`).
+pub(crate) fn expect_layer(w: &Weights, l: &str, layout: ClipLayout, d: i64, f: i64) -> Result<()> {
+    let [ln1, ln2, out, fc1, fc2] = layer_parts(layout);
+    for n in [ln1, ln2] {
+        w.expect(&format!("{l}.{n}.weight"), &[d])?;
+        w.expect(&format!("{l}.{n}.bias"), &[d])?;
+    }
+    match layout {
+        ClipLayout::HuggingFace => {
+            for p in ["q_proj", "k_proj", "v_proj"] {
+                w.expect(&format!("{l}.self_attn.{p}.weight"), &[d, d])?;
+                w.expect(&format!("{l}.self_attn.{p}.bias"), &[d])?;
+            }
+        }
+        ClipLayout::OpenClip => {
+            w.expect(&format!("{l}.attn.in_proj_weight"), &[d, 3 * d])?;
+            w.expect(&format!("{l}.attn.in_proj_bias"), &[3 * d])?;
+        }
+    }
+    for (n, i_, o) in [(out, d, d), (fc1, d, f), (fc2, f, d)] {
+        w.expect(&format!("{l}.{n}.weight"), &[i_, o])?;
+        w.expect(&format!("{l}.{n}.bias"), &[o])?;
+    }
+    Ok(())
+}
+
+/// One pre-norm transformer layer of a CLIP encoder (text or vision tower).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Layer {
+    pub layout: ClipLayout,
+    pub heads: i64,
+    pub activation: Activation,
+    pub eps: f32,
+}
+
+impl Layer {
+    /// The layer at `l` on x [D, T, B]; `mask` [T, T] is added to the attention scores.
+    pub(crate) fn forward<'a>(&self, ctx: &'a Context, w: &'a Weights, l: &str, x: Tensor<'a>, mask: Option<Tensor<'a>>) -> Result<Tensor<'a>> {
+        let [ln1, ln2, out, fc1, fc2] = layer_parts(self.layout);
+        let [d, t, b, _] = x.ne();
+        let h = layer_norm(ctx, w, &format!("{l}.{ln1}"), x, self.eps)?;
+        let (q, k, v) = match self.layout {
+            ClipLayout::HuggingFace => (
+                linear(ctx, w, &format!("{l}.self_attn.q_proj"), h)?,
+                linear(ctx, w, &format!("{l}.self_attn.k_proj"), h)?,
+                linear(ctx, w, &format!("{l}.self_attn.v_proj"), h)?,
+            ),
+            ClipLayout::OpenClip => {
+                let qkv = project(ctx, w, &format!("{l}.attn.in_proj_weight"), h)?;
+                let qkv = ctx.add(qkv, w.get(&format!("{l}.attn.in_proj_bias"))?)?;
+                let nb = qkv.nb();
+                let part = |j: usize| ctx.view(qkv, [d, t, b, 1], [nb[1], nb[2], nb[3]], j * d as usize * 4);
+                (part(0)?, part(1)?, part(2)?)
+            }
+        };
+        let a = attention(ctx, q, k, v, self.heads, mask)?;
+        let a = linear(ctx, w, &format!("{l}.{out}"), a)?;
+        let x = ctx.add(x, a)?;
+        let h = layer_norm(ctx, w, &format!("{l}.{ln2}"), x, self.eps)?;
+        let h = linear(ctx, w, &format!("{l}.{fc1}"), h)?;
+        let h = match self.activation {
+            Activation::QuickGelu => ctx.gelu_quick_exact(h)?,
+            Activation::Gelu => ctx.gelu_erf(h)?,
+        };
+        let h = linear(ctx, w, &format!("{l}.{fc2}"), h)?;
+        Ok(ctx.add(x, h)?)
     }
 }

@@ -6,7 +6,9 @@
 //! from tensors known to fit together.
 
 pub mod clip;
+pub mod clip_vision;
 pub mod esrgan;
+pub mod ip_adapter;
 pub mod load;
 pub mod nn;
 pub mod sd;

@@ -2,8 +2,9 @@
 //! `denoised = D(x, σ)`, with classifier-free guidance computed in one batched graph.
 
 use super::clip::{ClipTextModel, EncodeOptions};
-use super::unet::{Unet, UnetExtras};
-use super::{ModelError, Result};
+use super::ip_adapter::{IpAdapter, IpAdapterConfig};
+use super::unet::{IpAttention, Unet, UnetExtras};
+use super::{ModelError, Result, Weights};
 use crate::ggml::{Backend, Context, GraphAllocator, GraphRun};
 use crate::sampling::samplers::Denoised;
 use crate::sampling::schedule::DiscreteSchedule;
@@ -110,6 +111,33 @@ pub struct BatchItem<'a> {
     pub cond: &'a Conditioning,
     /// The UNet's extra input channels, per sample.
     pub concat: Option<&'a [f32]>,
+    /// Which image tokens the IP-Adapters give this item.
+    pub ip: IpSide,
+}
+
+/// The side of classifier-free guidance an item is on, for IP-Adapter: the positive (and
+/// any middle) conditioning sees the image's tokens, the negative the unconditional ones.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IpSide {
+    #[default]
+    Cond,
+    Uncond,
+}
+
+/// An IP-Adapter applied while denoising: its weights and the image tokens it adds.
+pub struct IpPatch<'w> {
+    pub weights: &'w Weights,
+    /// Image tokens [width, tokens] (row-major: `tokens` rows of the UNet's context
+    /// width) for the conditional side.
+    pub cond: Vec<f32>,
+    /// The same for the unconditional side: the projection of a zero embedding (classic)
+    /// or of a black image's hidden states (Plus), as ComfyUI_IPAdapter_plus makes them.
+    pub uncond: Vec<f32>,
+    pub tokens: i64,
+    /// The weight of the image attention (diffusers' `scale`, ComfyUI's `weight`).
+    pub scale: f32,
+    /// (first, last) noise level it applies at: active while first ≥ σ ≥ last.
+    pub sigmas: (f32, f32),
 }
 
 pub struct SdDenoiser<'w> {
@@ -117,11 +145,32 @@ pub struct SdDenoiser<'w> {
     pub schedule: DiscreteSchedule,
     pub prediction: Prediction,
     alloc: Option<GraphAllocator>,
+    ip: Vec<IpPatch<'w>>,
 }
 
 impl<'w> SdDenoiser<'w> {
     pub fn new(unet: Unet<'w>, schedule: DiscreteSchedule, prediction: Prediction) -> Self {
-        SdDenoiser { unet, schedule, prediction, alloc: None }
+        SdDenoiser { unet, schedule, prediction, alloc: None, ip: Vec::new() }
+    }
+
+    /// Denoise with IP-Adapters, each checked against the UNet (its layers, their widths,
+    /// the width of its tokens) before any graph is built.
+    pub fn with_ip_adapters(mut self, patches: Vec<IpPatch<'w>>) -> Result<Self> {
+        let width = self.unet.config.context_dim;
+        for (i, p) in patches.iter().enumerate() {
+            IpAdapter::new(p.weights, IpAdapterConfig::infer(p.weights)?)?.check_unet(&self.unet.config)?;
+            let n = (p.tokens * width) as usize;
+            if p.tokens < 1 || p.cond.len() != n || p.uncond.len() != n {
+                return Err(ModelError::Input(format!(
+                    "IP-Adapter {i}: {} and {} token values are not {} tokens of width {width}",
+                    p.cond.len(),
+                    p.uncond.len(),
+                    p.tokens
+                )));
+            }
+        }
+        self.ip = patches;
+        Ok(self)
     }
 
     pub fn unet(&self) -> &Unet<'w> {
@@ -159,9 +208,9 @@ impl<'w> SdDenoiser<'w> {
             )));
         }
         let c = concat.map(|c| c.0);
-        let mut items = vec![BatchItem { x, cond, concat: c }];
+        let mut items = vec![BatchItem { x, cond, concat: c, ip: IpSide::Cond }];
         if let Some(u) = uncond {
-            items.push(BatchItem { x, cond: u, concat: c });
+            items.push(BatchItem { x, cond: u, concat: c, ip: IpSide::Uncond });
         }
         let mut out = self.denoise_batch(backend, shape, sigma, &items)?;
         let cond_d = out.remove(0);
@@ -240,7 +289,19 @@ impl<'w> SdDenoiser<'w> {
             }
             let b = (group.len() * n) as i64;
             let y = adm.map(|_| y);
-            let pred = self.run_unet(backend, xin, [shape[0], shape[1], want, b], vec![t; b as usize], ctx_data, key.1, key.0, y)?;
+            // Every adapter active at this noise level, with each sample's image tokens.
+            let ip: Vec<(usize, Vec<f32>)> = (self.ip.iter().enumerate())
+                .filter(|(_, p)| sigma <= p.sigmas.0 && sigma >= p.sigmas.1)
+                .map(|(a, p)| {
+                    let mut v = Vec::with_capacity(p.cond.len() * b as usize);
+                    for &k in &group {
+                        let side = if items[k].ip == IpSide::Uncond { &p.uncond } else { &p.cond };
+                        (0..n).for_each(|_| v.extend_from_slice(side));
+                    }
+                    (a, v)
+                })
+                .collect();
+            let pred = self.run_unet(backend, xin, [shape[0], shape[1], want, b], vec![t; b as usize], ctx_data, key.1, key.0, y, ip)?;
             for (&k, p) in group.iter().zip(pred.chunks(n_per * n)) {
                 out[k] = Some(items[k].x.iter().zip(p).map(|(xv, pv)| xv * c_skip + pv * c_out).collect());
             }
@@ -249,7 +310,7 @@ impl<'w> SdDenoiser<'w> {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn run_unet(&mut self, backend: &Backend, x: Vec<f32>, shape: LatentShape, t: Vec<f32>, context: Vec<f32>, dim: i64, tokens: i64, y: Option<Vec<f32>>) -> Result<Vec<f32>> {
+    fn run_unet(&mut self, backend: &Backend, x: Vec<f32>, shape: LatentShape, t: Vec<f32>, context: Vec<f32>, dim: i64, tokens: i64, y: Option<Vec<f32>>, ip: Vec<(usize, Vec<f32>)>) -> Result<Vec<f32>> {
         // A UNet graph is a few thousand nodes; this bounds SD1/SD2 at any size.
         const GRAPH: usize = 32768;
         let ctx = Context::new(GRAPH, GRAPH)?;
@@ -261,6 +322,11 @@ impl<'w> SdDenoiser<'w> {
         if let Some(y) = y {
             let width = y.len() as i64 / shape[3];
             extras.y = Some(run.input_f32(&[width, shape[3]], y)?);
+        }
+        for (a, data) in ip {
+            let p = &self.ip[a];
+            let tokens = run.input_f32(&[self.unet.config.context_dim, p.tokens, shape[3]], data)?;
+            extras.ip.push(IpAttention { weights: p.weights, tokens, scale: p.scale });
         }
         let out = self.unet.forward_with(&ctx, xt, tt, ct, &extras)?;
         if self.alloc.is_none() {
