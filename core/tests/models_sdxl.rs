@@ -140,3 +140,36 @@ fn edm_v_prediction_tells_the_unet_a_quarter_log_sigma() {
     let err = max_abs_err(&got, &want);
     assert!(err <= 1e-4, "EDM-v denoiser: max abs error {err}");
 }
+
+/// SSD-1B and Vega are SDXL with transformer layers (and Vega's middle transformer)
+/// pruned per block: the structure is read block by block, so they run as they are.
+#[test]
+fn pruned_sdxl_variants_are_read_block_by_block() {
+    let backend = Backend::cpu(2).unwrap();
+    let mut table: serde_json::Map<String, serde_json::Value> = serde_json::from_value(keys("unet_sdxl_tiny_keys.json")).unwrap();
+    // One output block keeps one of its two layers; the middle loses its transformer,
+    // and its second res block moves up to index 1, as in Vega.
+    table.retain(|k, _| !k.contains("output_blocks.0.1.transformer_blocks.1.") && !k.contains("middle_block.1."));
+    let renamed: Vec<(String, serde_json::Value)> = table.iter().filter(|(k, _)| k.contains("middle_block.2.")).map(|(k, v)| (k.replace("middle_block.2.", "middle_block.1."), v.clone())).collect();
+    table.retain(|k, _| !k.contains("middle_block.2."));
+    table.extend(renamed);
+    let w = det_weights(&serde_json::Value::Object(table), 0.14, &backend);
+    let mut cfg = UnetConfig::infer(&w, PREFIX).unwrap();
+    assert_eq!(cfg.middle_depth, 0);
+    let out_depths: Vec<usize> = cfg.output_blocks.iter().filter_map(|b| match b.kind {
+        BlockKind::Res { transformer_depth, .. } => Some(transformer_depth),
+        _ => None,
+    }).collect();
+    assert_eq!(&out_depths[..3], &[1, 2, 2]);
+    cfg.heads = Heads::Dim(16);
+    let unet = Unet::new(&w, PREFIX, cfg).unwrap();
+    let ctx = Context::new(16384, 16384).unwrap();
+    let mut run = GraphRun::new(&ctx);
+    let x = run.input_f32(&[8, 8, 4, 1], vec![0.1; 256]).unwrap();
+    let t = run.input_f32(&[1], vec![500.0]).unwrap();
+    let c = run.input_f32(&[64, 7, 1], vec![0.05; 448]).unwrap();
+    let y = run.input_f32(&[32 + 6 * 256, 1], vec![0.01; 32 + 6 * 256]).unwrap();
+    let out = unet.forward_with(&ctx, x, t, c, &UnetExtras { y: Some(y), ..Default::default() }).unwrap();
+    let got = run.compute(&backend, &[out], 16384).unwrap().remove(0);
+    assert!(got.len() == 256 && got.iter().all(|v| v.is_finite()));
+}

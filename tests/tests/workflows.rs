@@ -29,6 +29,9 @@ fn env() -> Env {
     // SDXL's structure: two text encoders, ADM size conditioning, per-level depths.
     write_checkpoint(&ckpts.join("sdxl.safetensors"), &SdConfig::tiny_sdxl(), DType::F32, 10, Format::Safetensors).unwrap();
     // The same weights marked as CosXL (EDM v-prediction over σ 0.002..120).
+    let mut sdxl_inpaint = SdConfig::tiny_sdxl();
+    sdxl_inpaint.unet.in_channels = 9;
+    write_checkpoint(&ckpts.join("sdxl_inpaint.safetensors"), &sdxl_inpaint, DType::F32, 11, Format::Safetensors).unwrap();
     let cosxl = SdConfig { edm_vpred: Some((0.002, 120.0)), ..SdConfig::tiny_sdxl() };
     write_checkpoint(&ckpts.join("cosxl.safetensors"), &cosxl, DType::F32, 10, Format::Safetensors).unwrap();
     // workflows/upscale.json's model (a tiny RRDBNet; tests/tests/upscale.rs runs it).
@@ -177,6 +180,14 @@ fn inpaint_with_a_9_channel_unet() {
     let mut txt = load(&env, "txt2img.json", 64, 2);
     txt.set_input("1", "ckpt_name", InputValue::Const(serde_json::json!("inpaint.safetensors"))).unwrap();
     env.exec.run(&txt, &NullSink, &CancelToken::new(), &RunOptions { output_dir: Some(env.out.clone()), ..Default::default() }).unwrap();
+}
+
+#[test]
+fn inpaint_with_an_sdxl_inpainting_unet() {
+    let env = env();
+    let mut wf = load(&env, "inpaint.json", 64, 3);
+    wf.set_input("1", "ckpt_name", InputValue::Const(serde_json::json!("sdxl_inpaint.safetensors"))).unwrap();
+    check_inpaint(&env, wf);
 }
 
 /// Runs an inpainting workflow (its LoadImageMask, VAEEncode*, VAEDecode and SaveImage
