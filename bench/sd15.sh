@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# SD1.5 on the CPU: sdflow, stable-diffusion.cpp and diffusers (PyTorch), same sizes, steps and
-# threads, then one table of all three.
+# SD1.5 (or SDXL) on the CPU: sdflow, stable-diffusion.cpp and diffusers (PyTorch), same sizes,
+# steps and threads, then one table of all three.
 # Needs: pip install torch diffusers transformers. Usage: bench/sd15.sh [threads] [sizes] [steps]
+# SDFLOW_BENCH_MODEL=sdxl benchmarks SDXL base instead (checkpoint ~/.cache/sdflow/bench/sdxl_f16.safetensors,
+# 6.5 GiB, written on the first run; diffusers needs ~14 GiB of memory for it in f32).
 # SDFLOW_BENCH_SKIP_SDCPP=1 leaves sd.cpp out (its first build compiles sd.cpp and ggml, minutes);
 # SDFLOW_BENCH_SDCPP=prebuilt runs it only if bench/sdcpp is already built, without building.
 set -euo pipefail
@@ -39,10 +41,10 @@ echo "== diffusers"
 python3 bench/sd15_diffusers.py "$threads" "$sizes" "$steps" | tee "$out/3-diffusers"
 
 echo "== side by side ($threads threads, $steps steps; text encode is per prompt)"
-# Each engine prints "<name> SD1.5, weights W, ..., text encode T s per prompt" and then rows
+# Each engine prints "<name> <model>, weights W, ..., text encode T s per prompt" and then rows
 # "<size>² s/step vae_s rss_gib"; join them by size.
 awk '
-    /SD1\.5, .*text encode/ {
+    /(SD1\.5|SDXL), .*text encode/ {
         engine = $1; split($0, field, ", "); weights = field[2]; sub(/^weights /, "", weights)
         text = $0; sub(/.*text encode /, "", text); sub(/ s per prompt.*/, "", text)
         next

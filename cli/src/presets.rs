@@ -646,6 +646,15 @@ fn check_output(output: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Whether sd-cli zeroes the unconditional embeddings of the model at `path` when the
+/// negative prompt is empty: SDXL models, except EDM-v ones (CosXL). A file that cannot
+/// be read is left to the loader to report.
+fn zeroes_empty_negative(path: &str) -> bool {
+    let Ok(src) = sdflow_core::io::open(Path::new(path)) else { return false };
+    let det = sdflow_core::detect::detect_source(src.as_ref());
+    det.family == sdflow_core::detect::ModelFamily::Sdxl && !src.tensors().iter().any(|t| t.name == "edm_vpred.sigma_max")
+}
+
 fn img_gen_params(a: &ImgGenArgs, seed: i64, names: &mut Names<'_>) -> anyhow::Result<ImgGenParams> {
     let (_, tags) = presets::extract_loras(&a.sampling.prompt)?;
     let mut lora_files = BTreeMap::new();
@@ -696,6 +705,7 @@ fn img_gen_params(a: &ImgGenArgs, seed: i64, names: &mut Names<'_>) -> anyhow::R
         ad_negative_prompt: a.ad_negative_prompt.clone(),
         prompt: a.sampling.prompt.clone(),
         negative_prompt: a.sampling.negative_prompt.clone(),
+        zero_empty_negative: a.model.as_deref().is_some_and(zeroes_empty_negative),
         lora_files,
         lora_apply_mode: a.lora_apply_mode.clone(),
         rng: a.sampling.node_rng(),

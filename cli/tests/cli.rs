@@ -64,6 +64,8 @@ const FILES: &[(&str, &[&str])] = &[
 const NOT_PRESETS: &[(&str, &str)] = &[
     ("area_composition.json", "sd-cli has no per-region prompts"),
     ("outpaint.json", "sd-cli outpaints only through a padded -i and --mask made by hand"),
+    ("sdxl_txt2img.json", "sd-cli gives both SDXL encoders one prompt and the image size; CLIPTextEncodeSDXL's separate texts and sizes are ComfyUI's"),
+    ("ip_adapter.json", "sd-cli has no IP-Adapter"),
 ];
 
 #[test]
@@ -93,6 +95,22 @@ fn every_committed_workflow_is_a_preset() {
         ok(&args, dir.path());
         assert_eq!(Workflow::parse_api(&std::fs::read_to_string(&saved).unwrap()).unwrap(), committed, "{file} saved");
     }
+}
+
+/// sd-cli zeroes an SDXL model's unconditional embeddings when -n is empty, except for
+/// EDM-v (CosXL) models; SD1 keeps the encoded empty prompt.
+#[test]
+fn an_empty_negative_prompt_is_zeroed_for_sdxl_as_sd_cli_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let xl = SdConfig::tiny_sdxl();
+    write_checkpoint(&dir.path().join("xl.safetensors"), &xl, DType::F32, 1, Format::Safetensors).unwrap();
+    write_checkpoint(&dir.path().join("cos.safetensors"), &SdConfig { edm_vpred: Some((0.002, 120.0)), ..xl }, DType::F32, 1, Format::Safetensors).unwrap();
+    write_checkpoint(&dir.path().join("sd1.safetensors"), &SdConfig::tiny_sd1(), DType::F32, 1, Format::Safetensors).unwrap();
+    let zeroed = |model: &str, neg: &str| ok(&["img_gen", "-m", model, "-p", "a cat", "-n", neg, "--print-workflow"], dir.path()).contains("ConditioningZeroOut");
+    assert!(zeroed("xl.safetensors", ""));
+    assert!(!zeroed("xl.safetensors", "blurry"));
+    assert!(!zeroed("cos.safetensors", ""));
+    assert!(!zeroed("sd1.safetensors", ""));
 }
 
 #[test]

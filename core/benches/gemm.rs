@@ -71,7 +71,7 @@ fn main() {
     for &(t, d, name) in attn.iter().filter(|a| wanted(a.2)) {
         let ctx = Context::new(64, 256).unwrap();
         let mut run = GraphRun::new(&ctx);
-        let mk = |seed: i64| (0..d * t * 2).map(|i| (((i + seed) * 7919 % 1000) as f32 / 500.0 - 1.0)).collect::<Vec<f32>>();
+        let mk = |seed: i64| (0..d * t * 2).map(|i| ((i + seed) * 7919 % 1000) as f32 / 500.0 - 1.0).collect::<Vec<f32>>();
         let (q, k, v) = (run.input_f32(&[d, t, 2], mk(1)).unwrap(), run.input_f32(&[d, t, 2], mk(2)).unwrap(), run.input_f32(&[d, t, 2], mk(3)).unwrap());
         let outs: Vec<_> = (0..reps).map(|r| sdflow_core::models::nn::attention(&ctx, ctx.scale(q, 1.0 + r as f32 * 1e-3).unwrap(), k, v, 8, None).unwrap()).collect();
         let sum = outs.iter().skip(1).fold(outs[0], |a, &b| ctx.add(a, b).unwrap());

@@ -10,11 +10,10 @@
 //!
 //! Run: `cargo bench -p sdflow-core --bench load`
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
-use sdflow_core::dtype::DType;
 use sdflow_core::io::{self, OpenOptions};
 use sdflow_core::residency::{Device, HostWeights, ResidencyManager};
 

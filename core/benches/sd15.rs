@@ -1,25 +1,27 @@
-//! SD1.5 at full size on the CPU: text encoding, one guided UNet step (cond and uncond
-//! in one batch) and VAE decoding, at 256² and 512², on the cached random-weight
-//! checkpoint. `bench/sd15.sh` runs this beside diffusers and prints both.
+//! SD1.5 or SDXL at full size on the CPU: text encoding, one guided UNet step (cond
+//! and uncond in one batch) and VAE decoding, at each size, on the cached random-weight
+//! checkpoint. `bench/sd15.sh` runs this beside sd.cpp and diffusers and prints all three.
 //!
-//! Env: `SDFLOW_BENCH_TYPE` = f32 | f16 | bf16 (matrix weight type; default bf16 when the
-//! CPU has AVX-512 BF16, else f32), `SDFLOW_BENCH_SIZES` = "256,512",
-//! `SDFLOW_BENCH_STEPS` = 4, `SDFLOW_BENCH_THREADS` = all cores.
+//! Env: `SDFLOW_BENCH_MODEL` = sd15 | sdxl, `SDFLOW_BENCH_TYPE` = f32 | f16 | bf16
+//! (matrix weight type; default bf16 when the CPU has AVX-512 BF16, else f32),
+//! `SDFLOW_BENCH_SIZES` = "256,512", `SDFLOW_BENCH_STEPS` = 4, `SDFLOW_BENCH_THREADS` =
+//! all cores.
 //!
 //! Run: `cargo bench -p sdflow-core --bench sd15`
 
 mod common;
 
-use common::{checkpoint, peak_rss, GIB};
+use common::{checkpoint_of, peak_rss, GIB};
 use sdflow_core::dtype::DType;
 use sdflow_core::ggml::{Backend, Context, GraphRun};
 use sdflow_core::io;
 use sdflow_core::models::clip::{ClipLayout, ClipTextConfig, ClipTextModel};
 use sdflow_core::models::load::load_weights;
-use sdflow_core::models::sd::{encode_prompt, Prediction, SdDenoiser};
+use sdflow_core::models::sd::{encode_prompt, encode_prompt_sdxl, Prediction, SdDenoiser};
 use sdflow_core::models::unet::{Unet, UnetConfig};
 use sdflow_core::models::vae::{Vae, VaeConfig};
 use sdflow_core::sampling::schedule::{DiscreteSchedule, ScheduleOpts, Scheduler};
+use sdflow_core::synth::SdConfig;
 use sdflow_core::text::{tokenize_weighted, ChunkOptions, ClipTokenizer, PadToken};
 use std::time::Instant;
 
@@ -37,7 +39,12 @@ fn main() {
     let sizes: Vec<i64> = env_or("SDFLOW_BENCH_SIZES", "256,512").split(',').map(|s| s.trim().parse().expect("size")).collect();
     let steps: usize = env_or("SDFLOW_BENCH_STEPS", "4").parse().expect("steps");
     let threads: usize = env_or("SDFLOW_BENCH_THREADS", &sdflow_core::ggml::default_threads().to_string()).parse().expect("threads");
-    let path = checkpoint();
+    let xl = match env_or("SDFLOW_BENCH_MODEL", "sd15").as_str() {
+        "sd15" => false,
+        "sdxl" => true,
+        other => panic!("SDFLOW_BENCH_MODEL {other}: sd15 or sdxl"),
+    };
+    let (name, path, latent_scale) = if xl { ("SDXL", checkpoint_of("sdxl", &SdConfig::sdxl()), 0.13025) } else { ("SD1.5", checkpoint_of("sd15", &SdConfig::sd15()), 0.18215) };
     let backend = Backend::cpu(threads).expect("CPU backend");
 
     let t = Instant::now();
@@ -45,25 +52,31 @@ fn main() {
     let rules = io::TypeRules::new(Some(wtype), "").expect("type rules");
     let unet_w = load_weights(&backend, src.as_ref(), &["model.diffusion_model."], &rules).expect("unet");
     let vae_w = load_weights(&backend, src.as_ref(), &["first_stage_model."], &rules).expect("vae");
-    let clip_w = load_weights(&backend, src.as_ref(), &["cond_stage_model."], &rules).expect("clip");
+    let clip_w = load_weights(&backend, src.as_ref(), &["cond_stage_model.", "conditioner."], &rules).expect("clip");
     let load_s = t.elapsed().as_secs_f64();
     // The weights are copied into backend buffers; the mapped file's pages would count
     // toward the resident set for as long as the map lives, as they would not in a run.
     drop(src);
-    let prefix = "cond_stage_model.transformer.text_model";
-    let clip = ClipTextModel::new(&clip_w, prefix, ClipTextConfig::infer(&clip_w, prefix, ClipLayout::HuggingFace).unwrap()).unwrap();
+    let clip_model = |prefix: &str, layout| ClipTextModel::new(&clip_w, prefix, ClipTextConfig::infer(&clip_w, prefix, layout).unwrap()).unwrap();
     let unet = Unet::new(&unet_w, "model.diffusion_model", UnetConfig::infer(&unet_w, "model.diffusion_model").unwrap()).unwrap();
     let vae = Vae::new(&vae_w, "first_stage_model", VaeConfig::infer(&vae_w, "first_stage_model").unwrap()).unwrap();
 
-    let tok = ClipTokenizer::new(PadToken::EndOfText);
     let t = Instant::now();
-    let pos = tokenize_weighted("a photograph of an astronaut riding a horse, (highly detailed:1.2)", &tok, None, &ChunkOptions::default()).unwrap();
-    let neg = tokenize_weighted("blurry, low quality", &tok, None, &ChunkOptions::default()).unwrap();
-    let cond = encode_prompt(&backend, &clip, &pos, 1).unwrap();
-    let uncond = encode_prompt(&backend, &clip, &neg, 1).unwrap();
+    let encode = |text: &str| {
+        let tokens = |pad| tokenize_weighted(text, &ClipTokenizer::new(pad), None, &ChunkOptions::default()).unwrap();
+        if xl {
+            let l = clip_model("conditioner.embedders.0.transformer.text_model", ClipLayout::HuggingFace);
+            let g = clip_model("conditioner.embedders.1.model", ClipLayout::OpenClip);
+            encode_prompt_sdxl(&backend, (&l, &tokens(PadToken::EndOfText)), (&g, &tokens(PadToken::Zero)), 2).unwrap()
+        } else {
+            encode_prompt(&backend, &clip_model("cond_stage_model.transformer.text_model", ClipLayout::HuggingFace), &tokens(PadToken::EndOfText), 1).unwrap()
+        }
+    };
+    let cond = encode("a photograph of an astronaut riding a horse, (highly detailed:1.2)");
+    let uncond = encode("blurry, low quality");
     let text_s = t.elapsed().as_secs_f64() / 2.0;
 
-    println!("sdflow SD1.5, weights {wtype:?}, {threads} threads, load {load_s:.1} s, text encode {text_s:.2} s per prompt");
+    println!("sdflow {name}, weights {wtype:?}, {threads} threads, load {load_s:.1} s, text encode {text_s:.2} s per prompt");
     println!("{:>6} {:>12} {:>14} {:>14}", "size", "s/step", "VAE decode s", "peak RSS GiB");
     let mut den = SdDenoiser::new(unet, DiscreteSchedule::sd(), Prediction::Epsilon);
     for &size in &sizes {
@@ -82,7 +95,7 @@ fn main() {
         let t = Instant::now();
         let ctx = Context::new(8192, 8192).unwrap();
         let mut run = GraphRun::new(&ctx);
-        let z = run.input_f32(&[l, l, 4, 1], x.iter().map(|v| v / 0.18215).collect()).unwrap();
+        let z = run.input_f32(&[l, l, 4, 1], x.iter().map(|v| v / latent_scale).collect()).unwrap();
         let img = vae.decode(&ctx, z).unwrap();
         let out = run.compute(&backend, &[img], 8192).unwrap();
         let vae_s = t.elapsed().as_secs_f64();

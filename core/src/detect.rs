@@ -292,6 +292,8 @@ pub fn detect(tensors: &[TensorInfo]) -> Detection {
         // text encoder the checkpoint ships with names the family.
         (Some(_), None) if has("cond_stage_model.model.") => ModelFamily::Sd2 { v_pred: false },
         (Some(_), None) if has("cond_stage_model.transformer.") => ModelFamily::Sd1,
+        (Some(_), Some(_)) if has("conditioner.embedders.1.") => ModelFamily::Sdxl,
+        (Some(_), Some(_)) if has("conditioner.embedders.0.model.") => ModelFamily::SdxlRefiner,
         (ctx, adm) => {
             d.message = format!(
                 "UNet with cross-attention width {ctx:?} and ADM input {adm:?} matches no known family \

@@ -64,6 +64,10 @@ pub enum SdVersion {
     /// SD 2.x: OpenCLIP ViT-H/14 text encoder (`cond_stage_model.model.*`), linear
     /// `proj_in`/`proj_out` (ldm's `use_linear_in_transformer`).
     Sd2,
+    /// SDXL: CLIP-L (`conditioner.embedders.0.transformer.text_model.*`) and OpenCLIP-G
+    /// (`conditioner.embedders.1.model.*`), per-level transformer depths and the ADM
+    /// input (`label_emb`).
+    Sdxl,
 }
 
 /// How attention heads are sized: ldm's `num_heads` (SD1) or `num_head_channels` (SD2).
@@ -92,6 +96,13 @@ pub struct UnetConfig {
     pub context_dim: usize,
     pub transformer_depth: usize,
     pub use_linear_in_transformer: bool,
+    /// Per-level transformer depths (SDXL: 0, 2, 10), overriding `transformer_depth`
+    /// and `attention_resolutions` where given; the middle block takes the last.
+    #[serde(default)]
+    pub transformer_depths: Vec<usize>,
+    /// Width of the ADM vector `label_emb` takes (SDXL: 2816).
+    #[serde(default)]
+    pub adm_in_channels: Option<usize>,
 }
 
 /// ldm KL autoencoder (`ddconfig`) hyper-parameters.
@@ -120,12 +131,18 @@ pub struct TextConfig {
 }
 
 /// One whole single-file SD checkpoint.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SdConfig {
     pub version: SdVersion,
     pub unet: UnetConfig,
     pub vae: VaeConfig,
     pub text: TextConfig,
+    /// SDXL's second text encoder (OpenCLIP-G).
+    #[serde(default)]
+    pub text2: Option<TextConfig>,
+    /// CosXL's EDM v-prediction marker: `edm_vpred.sigma_min` / `sigma_max` scalars.
+    #[serde(default)]
+    pub edm_vpred: Option<(f32, f32)>,
 }
 
 impl VaeConfig {
@@ -164,6 +181,8 @@ impl SdConfig {
                 context_dim: 768,
                 transformer_depth: 1,
                 use_linear_in_transformer: false,
+                transformer_depths: Vec::new(),
+                adm_in_channels: None,
             },
             vae: VaeConfig::kl_f8(),
             text: TextConfig {
@@ -175,6 +194,8 @@ impl SdConfig {
                 max_positions: 77,
                 projection_dim: 768,
             },
+            text2: None,
+            edm_vpred: None,
         }
     }
 
@@ -198,6 +219,8 @@ impl SdConfig {
                 max_positions: 77,
                 projection_dim: 1024,
             },
+            text2: None,
+            edm_vpred: None,
         }
     }
 
@@ -217,6 +240,8 @@ impl SdConfig {
                 context_dim: 32,
                 transformer_depth: 1,
                 use_linear_in_transformer: false,
+                transformer_depths: Vec::new(),
+                adm_in_channels: None,
             },
             vae: VaeConfig::tiny(),
             text: TextConfig {
@@ -228,6 +253,8 @@ impl SdConfig {
                 max_positions: 77,
                 projection_dim: 32,
             },
+            text2: None,
+            edm_vpred: None,
         }
     }
 
@@ -259,6 +286,62 @@ impl SdConfig {
             },
             vae: VaeConfig::tiny(),
             text: TextConfig { intermediate: 128, ..base.text },
+            text2: None,
+            edm_vpred: None,
+        }
+    }
+
+    /// Stable Diffusion XL 1.0 base (`sd_xl_base.yaml`).
+    pub fn sdxl() -> Self {
+        SdConfig {
+            version: SdVersion::Sdxl,
+            unet: UnetConfig {
+                in_channels: 4,
+                out_channels: 4,
+                model_channels: 320,
+                channel_mult: vec![1, 2, 4],
+                num_res_blocks: 2,
+                attention_resolutions: vec![2, 4],
+                heads: Heads::HeadDim(64),
+                context_dim: 2048,
+                transformer_depth: 1,
+                use_linear_in_transformer: true,
+                transformer_depths: vec![0, 2, 10],
+                adm_in_channels: Some(2816),
+            },
+            vae: VaeConfig::kl_f8(),
+            text: Self::sd15().text,
+            text2: Some(TextConfig { hidden: 1280, layers: 32, heads: 20, intermediate: 5120, vocab: 49408, max_positions: 77, projection_dim: 1280 }),
+            edm_vpred: None,
+        }
+    }
+
+    /// SDXL structure at toy size: attention on the lower two of three levels with
+    /// depths 1 and 2, a 32-wide CLIP-L and a 64-wide OpenCLIP-G (context 96; the
+    /// widths differ as the real ones do, which picks SDXL embeddings' vectors), a
+    /// 64-wide pooled output.
+    pub fn tiny_sdxl() -> Self {
+        let text = Self::tiny_sd1().text;
+        SdConfig {
+            version: SdVersion::Sdxl,
+            unet: UnetConfig {
+                in_channels: 4,
+                out_channels: 4,
+                model_channels: 32,
+                channel_mult: vec![1, 2, 2],
+                num_res_blocks: 1,
+                attention_resolutions: vec![2, 4],
+                heads: Heads::HeadDim(16),
+                context_dim: 96,
+                transformer_depth: 1,
+                use_linear_in_transformer: true,
+                transformer_depths: vec![0, 1, 2],
+                adm_in_channels: Some(64 + 6 * 256),
+            },
+            vae: VaeConfig { ch_mult: vec![1, 1, 2, 2], ..VaeConfig::tiny() },
+            text: text.clone(),
+            text2: Some(TextConfig { hidden: 64, intermediate: 128, projection_dim: 64, ..text }),
+            edm_vpred: None,
         }
     }
 
@@ -271,6 +354,15 @@ impl SdConfig {
         }
         if u.in_channels == 0 || u.out_channels == 0 || u.context_dim == 0 {
             return err("unet: in/out channels and context_dim must be non-zero".into());
+        }
+        if !u.transformer_depths.is_empty() && u.transformer_depths.len() != u.channel_mult.len() {
+            return err(format!("unet: {} transformer depths for {} levels", u.transformer_depths.len(), u.channel_mult.len()));
+        }
+        if self.version == SdVersion::Sdxl {
+            let Some(t2) = &self.text2 else { return err("sdxl: the second text encoder (text2) is missing".into()) };
+            if u.context_dim != self.text.hidden + t2.hidden || u.adm_in_channels != Some(t2.projection_dim + 6 * 256) {
+                return err(format!("sdxl: context_dim must be {} and adm_in_channels {}", self.text.hidden + t2.hidden, t2.projection_dim + 6 * 256));
+            }
         }
         if !self.unet.attention_resolutions.is_empty() && u.transformer_depth == 0 {
             return err("unet: transformer_depth must be at least 1".into());
@@ -323,6 +415,15 @@ impl SdConfig {
         match self.version {
             SdVersion::Sd1 => clip_l(&mut out, "cond_stage_model.transformer.text_model.", &self.text),
             SdVersion::Sd2 => open_clip(&mut out, "cond_stage_model.model.", &self.text),
+            SdVersion::Sdxl => {
+                clip_l(&mut out, "conditioner.embedders.0.transformer.text_model.", &self.text);
+                let g = self.text2.as_ref().expect("validated");
+                open_clip(&mut out, "conditioner.embedders.1.model.", g);
+            }
+        }
+        if let Some((lo, hi)) = self.edm_vpred {
+            out.push("edm_vpred.sigma_min".into(), vec![], Init::Constant(lo));
+            out.push("edm_vpred.sigma_max".into(), vec![], Init::Constant(hi));
         }
         Ok(out.0)
     }
@@ -445,7 +546,7 @@ fn unet_resblock(s: &mut Specs, p: &str, cin: usize, cout: usize, emb: usize) {
 }
 
 /// ldm `SpatialTransformer` (inner dim = heads * head dim = channels for every SD config).
-fn spatial_transformer(s: &mut Specs, p: &str, c: usize, u: &UnetConfig) {
+fn spatial_transformer(s: &mut Specs, p: &str, c: usize, u: &UnetConfig, depth: usize) {
     let inner = c;
     s.norm(&format!("{p}.norm"), c);
     let proj = |s: &mut Specs, name: String, cin: usize, cout: usize| {
@@ -456,7 +557,7 @@ fn spatial_transformer(s: &mut Specs, p: &str, c: usize, u: &UnetConfig) {
         }
     };
     proj(s, format!("{p}.proj_in"), c, inner);
-    for d in 0..u.transformer_depth {
+    for d in 0..depth {
         let b = format!("{p}.transformer_blocks.{d}");
         for (attn, kv_dim) in [("attn1", inner), ("attn2", u.context_dim)] {
             s.linear(&format!("{b}.{attn}.to_q"), inner, inner, false);
@@ -488,8 +589,8 @@ fn unet(s: &mut Specs, p: &str, u: &UnetConfig) {
             unet_resblock(s, &format!("{b}.0"), ch + skip, mc * mult, emb);
             ch = mc * mult;
             let mut layer = 1;
-            if u.attention_resolutions.contains(&ds) {
-                spatial_transformer(s, &format!("{b}.1"), ch, u);
+            if depth_at(u, level, ds) > 0 {
+                spatial_transformer(s, &format!("{b}.1"), ch, u, depth_at(u, level, ds));
                 layer = 2;
             }
             if level > 0 && i == u.num_res_blocks {
@@ -503,13 +604,26 @@ fn unet(s: &mut Specs, p: &str, u: &UnetConfig) {
     s.conv(&format!("{p}out.2"), mc, u.out_channels, 3);
 }
 
-/// Time embedding, input blocks and middle block of ldm's `UNetModel` (what a ControlNet
-/// copies); returns each skip's channels, `input_blocks.0` first.
+/// The transformer depth at a level (0: none), `ds` its downsampling factor.
+fn depth_at(u: &UnetConfig, level: usize, ds: usize) -> usize {
+    match u.transformer_depths.get(level) {
+        Some(&d) => d,
+        None if u.attention_resolutions.contains(&ds) => u.transformer_depth,
+        None => 0,
+    }
+}
+
+/// Time (and label) embedding, input blocks and middle block of ldm's `UNetModel` (what
+/// a ControlNet copies); returns each skip's channels, `input_blocks.0` first.
 fn unet_encoder(s: &mut Specs, p: &str, u: &UnetConfig) -> Vec<usize> {
     let mc = u.model_channels;
     let emb = mc * 4;
     s.linear(&format!("{p}time_embed.0"), mc, emb, true);
     s.linear(&format!("{p}time_embed.2"), emb, emb, true);
+    if let Some(adm) = u.adm_in_channels {
+        s.linear(&format!("{p}label_emb.0.0"), adm, emb, true);
+        s.linear(&format!("{p}label_emb.0.2"), emb, emb, true);
+    }
     s.conv(&format!("{p}input_blocks.0.0"), u.in_channels, mc, 3);
     let mut skip_chans = vec![mc];
     let mut ch = mc;
@@ -521,8 +635,8 @@ fn unet_encoder(s: &mut Specs, p: &str, u: &UnetConfig) -> Vec<usize> {
             let b = format!("{p}input_blocks.{idx}");
             unet_resblock(s, &format!("{b}.0"), ch, mult * mc, emb);
             ch = mult * mc;
-            if u.attention_resolutions.contains(&ds) {
-                spatial_transformer(s, &format!("{b}.1"), ch, u);
+            if depth_at(u, level, ds) > 0 {
+                spatial_transformer(s, &format!("{b}.1"), ch, u, depth_at(u, level, ds));
             }
             skip_chans.push(ch);
             idx += 1;
@@ -535,7 +649,7 @@ fn unet_encoder(s: &mut Specs, p: &str, u: &UnetConfig) -> Vec<usize> {
         }
     }
     unet_resblock(s, &format!("{p}middle_block.0"), ch, ch, emb);
-    spatial_transformer(s, &format!("{p}middle_block.1"), ch, u);
+    spatial_transformer(s, &format!("{p}middle_block.1"), ch, u, u.transformer_depths.last().copied().unwrap_or(u.transformer_depth).max(1));
     unet_resblock(s, &format!("{p}middle_block.2"), ch, ch, emb);
     skip_chans
 }
@@ -895,4 +1009,103 @@ fn write_safetensors(path: &Path, cfg: &SdConfig, dtype: DType, seed: u64) -> Re
         elements,
         bytes: 8 + json.len() as u64 + offset,
     })
+}
+
+/// A CLIP vision tower (`CLIPVisionModelWithProjection`, Hugging Face names as ComfyUI's
+/// `models/clip_vision` files have them) at any size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClipVisionSynth {
+    pub hidden: usize,
+    pub layers: usize,
+    pub intermediate: usize,
+    pub patch: usize,
+    pub image_size: usize,
+    pub projection_dim: usize,
+}
+
+impl ClipVisionSynth {
+    /// ViT-H/14's structure at toy width (16 heads of 2), at the real 224-pixel input
+    /// with 32-pixel patches (50 tokens), for [`SdConfig::tiny_sd1`]'s 32-wide context.
+    pub fn tiny() -> Self {
+        ClipVisionSynth { hidden: 32, layers: 2, intermediate: 64, patch: 32, image_size: 224, projection_dim: 32 }
+    }
+
+    pub fn tensors(&self) -> Result<Vec<TensorSpec>, SynthError> {
+        if self.hidden == 0 || self.layers < 2 || self.patch == 0 || !self.image_size.is_multiple_of(self.patch) || self.projection_dim == 0 {
+            return Err(SynthError::Config(format!("clip vision: {self:?}")));
+        }
+        let mut s = Specs(Vec::new());
+        let (d, p) = (self.hidden, "vision_model");
+        s.push(format!("{p}.embeddings.class_embedding"), vec![d], Init::Normal { mean: 0.0, std: 0.5 });
+        s.push(format!("{p}.embeddings.patch_embedding.weight"), vec![d, 3, self.patch, self.patch], Init::Normal { mean: 0.0, std: 1.0 / ((3 * self.patch * self.patch) as f32).sqrt() });
+        let tokens = (self.image_size / self.patch).pow(2) + 1;
+        s.push(format!("{p}.embeddings.position_embedding.weight"), vec![tokens, d], Init::Normal { mean: 0.0, std: 0.5 });
+        s.norm(&format!("{p}.pre_layrnorm"), d);
+        for i in 0..self.layers {
+            let l = format!("{p}.encoder.layers.{i}");
+            for proj in ["q_proj", "k_proj", "v_proj", "out_proj"] {
+                s.linear(&format!("{l}.self_attn.{proj}"), d, d, true);
+            }
+            s.norm(&format!("{l}.layer_norm1"), d);
+            s.norm(&format!("{l}.layer_norm2"), d);
+            s.linear(&format!("{l}.mlp.fc1"), d, self.intermediate, true);
+            s.linear(&format!("{l}.mlp.fc2"), self.intermediate, d, true);
+        }
+        s.norm(&format!("{p}.post_layernorm"), d);
+        s.linear("visual_projection", d, self.projection_dim, false);
+        Ok(s.0)
+    }
+}
+
+/// Which IP-Adapter image projection [`ip_adapter_tensors`] writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IpAdapterSynth {
+    /// `image_proj.proj` + `norm`: `tokens` tokens from `image_embeds` of `embed_dim`.
+    Classic { embed_dim: usize, tokens: usize },
+    /// The Plus resampler over hidden states of `embed_dim`: `dim` wide with 64-wide
+    /// heads, `depth` layers, `tokens` latent queries.
+    Plus { embed_dim: usize, dim: usize, depth: usize, tokens: usize },
+}
+
+/// Every tensor of an h94 IP-Adapter file (`image_proj.*`, `ip_adapter.N.to_k_ip` /
+/// `to_v_ip`) for a UNet whose cross-attention layers have the widths `layers` (in
+/// diffusers' processor order, `crate::models::ip_adapter::cross_attention_blocks`) and
+/// take `cross_dim`-wide context.
+pub fn ip_adapter_tensors(kind: IpAdapterSynth, layers: &[usize], cross_dim: usize) -> Vec<TensorSpec> {
+    let mut s = Specs(Vec::new());
+    match kind {
+        IpAdapterSynth::Classic { embed_dim, tokens } => {
+            s.linear("image_proj.proj", embed_dim, tokens * cross_dim, true);
+            s.norm("image_proj.norm", cross_dim);
+        }
+        IpAdapterSynth::Plus { embed_dim, dim, depth, tokens } => {
+            s.push("image_proj.latents".into(), vec![1, tokens, dim], Init::Normal { mean: 0.0, std: 1.0 / (dim as f32).sqrt() });
+            s.linear("image_proj.proj_in", embed_dim, dim, true);
+            for i in 0..depth {
+                let l = format!("image_proj.layers.{i}");
+                s.norm(&format!("{l}.0.norm1"), dim);
+                s.norm(&format!("{l}.0.norm2"), dim);
+                s.linear(&format!("{l}.0.to_q"), dim, dim, false);
+                s.linear(&format!("{l}.0.to_kv"), dim, 2 * dim, false);
+                s.linear(&format!("{l}.0.to_out"), dim, dim, false);
+                s.norm(&format!("{l}.1.0"), dim);
+                s.linear(&format!("{l}.1.1"), dim, 4 * dim, false);
+                s.linear(&format!("{l}.1.3"), 4 * dim, dim, false);
+            }
+            s.linear("image_proj.proj_out", dim, cross_dim, true);
+            s.norm("image_proj.norm_out", cross_dim);
+        }
+    }
+    for (k, &c) in layers.iter().enumerate() {
+        s.linear(&format!("ip_adapter.{}.to_k_ip", 2 * k + 1), cross_dim, c, false);
+        s.linear(&format!("ip_adapter.{}.to_v_ip", 2 * k + 1), cross_dim, c, false);
+    }
+    s.0
+}
+
+/// Write `tensors` with their values for `seed` as an f32 safetensors file.
+pub fn write_tensors(path: &Path, tensors: &[TensorSpec], seed: u64) -> Result<(), SynthError> {
+    let data: Vec<Vec<u8>> = tensors.iter().map(|t| t.values(seed).iter().flat_map(|v| v.to_le_bytes()).collect()).collect();
+    crate::io::safetensors::write(path, tensors.iter().zip(&data).map(|(t, b)| (t.name.as_str(), DType::F32, t.shape.clone(), b.as_slice())), &Default::default())?;
+    Ok(())
 }

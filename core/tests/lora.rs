@@ -403,3 +403,38 @@ fn apply_modes_parse_by_sd_cpp_names() {
     let e = "runtime".parse::<ApplyMode>().unwrap_err().to_string();
     assert!(e.contains("runtime") && e.contains("at_runtime"), "{e}");
 }
+
+#[test]
+fn sdxl_loras_reach_the_unet_and_both_text_encoders() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("sdxl.safetensors");
+    sdflow_core::synth::write_checkpoint(&ckpt, &sdflow_core::synth::SdConfig::tiny_sdxl(), DType::F32, 4, sdflow_core::synth::Format::Safetensors).unwrap();
+    let lora_path = dir.path().join("xl_lora.safetensors");
+    let src = io::open(&ckpt).unwrap();
+    sdflow_core::lora::synth::write_random_lora(src.as_ref(), &lora_path, 2, 0.3, 7, sdflow_core::synth::Format::Safetensors).unwrap();
+    let file = LoraFile::open(&lora_path).unwrap();
+    let rm = ResidencyManager::new();
+    for (prefix, side) in [
+        ("model.diffusion_model.", Side::DiffusionModel),
+        ("conditioner.embedders.0.", Side::TextEncoder),
+        ("conditioner.embedders.1.", Side::TextEncoder2),
+    ] {
+        let key = WeightKey::new([&ckpt], prefix, None, Device::Cpu).unwrap();
+        let (c, p) = (ckpt.clone(), prefix.to_string());
+        let handle = rm
+            .get_or_load(key, move || -> Result<Weights, Box<dyn std::error::Error + Send + Sync>> {
+                let src = io::open(&c)?;
+                Ok(load_weights(&Backend::cpu(1)?, src.as_ref(), &[&p], &TypeRules::new(None, "")?)?)
+            })
+            .unwrap();
+        let (merged, report) = lora::merge(handle.pin().unwrap(), &file, side, 1.0).unwrap();
+        assert!(report.applied > 0, "{prefix}: {report:?}");
+        assert!(report.skipped.is_empty() && report.unknown.is_empty(), "{prefix}: {report:#?}");
+        // G's fc1 of layer 0 is patched under its OpenCLIP name.
+        if side == Side::TextEncoder2 {
+            let name = "conditioner.embedders.1.model.transformer.resblocks.0.mlp.c_fc.weight";
+            let base = handle.pin().unwrap();
+            assert_ne!(values(&merged, name).1, values(&base, name).1, "te2 patched G");
+        }
+    }
+}

@@ -69,7 +69,7 @@ fn run(backend: &Backend, name: &str, cw: &Weights, uw: &Weights, case: &serde_j
     let y = (y_dim > 0).then(|| g.input_f32(&[y_dim, n], det("y", n * y_dim, 1.0)).unwrap());
     let strength = case["strength"].as_f64().unwrap() as f32;
     let res = cnet.forward(&ctx, x, hint, t, context, y, strength).unwrap();
-    let out = unet.forward_with(&ctx, x, t, context, &UnetExtras { y, control: Some(res.clone()) }).unwrap();
+    let out = unet.forward_with(&ctx, x, t, context, &UnetExtras { y, control: Some(res.clone()), ..Default::default() }).unwrap();
     let mut wanted = vec![out, res.middle];
     wanted.extend(res.skips.iter().copied());
     let mut got = g.compute(backend, &wanted, 32768).unwrap();
@@ -226,7 +226,7 @@ fn the_synthetic_controlnet_fits_the_tiny_checkpoint() {
 /// controls is the plain prediction.
 #[test]
 fn the_denoiser_runs_stacked_controls_per_item() {
-    use sdflow_core::models::sd::{BatchItem, Conditioning, ControlInput, Prediction, SdDenoiser};
+    use sdflow_core::models::sd::{BatchItem, Conditioning, ControlInput, IpSide, Prediction, SdDenoiser};
     use sdflow_core::sampling::schedule::DiscreteSchedule;
     let backend = Backend::cpu(2).unwrap();
     let uw = det_weights(&keys("unet_sd1_tiny_keys.json"), 0.14, &backend);
@@ -255,7 +255,7 @@ fn the_denoiser_runs_stacked_controls_per_item() {
     let a = [ControlInput { net: &n1, hint: &hint1, images: 1, strength: 0.8 }];
     let b = [ControlInput { net: &n1, hint: &hint1, images: 1, strength: 0.8 }, ControlInput { net: &n2, hint: &hint2, images: 2, strength: 0.5 }];
     let sigma = 3.0f32;
-    let items = [BatchItem { x: &x, cond: &cond, concat: None, control: &a }, BatchItem { x: &x, cond: &cond, concat: None, control: &b }, BatchItem { x: &x, cond: &cond, concat: None, control: &[] }];
+    let items = [BatchItem { x: &x, cond: &cond, concat: None, ip: IpSide::Cond, control: &a }, BatchItem { x: &x, cond: &cond, concat: None, ip: IpSide::Cond, control: &b }, BatchItem { x: &x, cond: &cond, concat: None, ip: IpSide::Cond, control: &[] }];
     let out = den.denoise_batch(&backend, [w, h, 4, n as i64], sigma, &items).unwrap();
 
     // The same by hand, one graph per item.
@@ -277,7 +277,7 @@ fn the_denoiser_runs_stacked_controls_per_item() {
                 Some(p) => sdflow_core::models::unet::ControlResiduals { skips: p.skips.iter().zip(&r.skips).map(|(a, b)| ctx.add(*a, *b).unwrap()).collect(), middle: ctx.add(p.middle, r.middle).unwrap() },
             });
         }
-        let eps = unet.forward_with(&ctx, xt, tt, ct, &UnetExtras { y: None, control: sum }).unwrap();
+        let eps = unet.forward_with(&ctx, xt, tt, ct, &UnetExtras { control: sum, ..Default::default() }).unwrap();
         let eps = g.compute(&backend, &[eps], 65536).unwrap().remove(0);
         x.iter().zip(&eps).map(|(xv, e)| xv - sigma * e).collect()
     };

@@ -6,7 +6,7 @@ mod common;
 
 use common::{det_weights, keys, max_abs_err, reference};
 use sdflow_core::ggml::Backend;
-use sdflow_core::models::sd::{BatchItem, Conditioning, Prediction, SdDenoiser};
+use sdflow_core::models::sd::{BatchItem, Conditioning, IpSide, Prediction, SdDenoiser};
 use sdflow_core::models::weights::Weights;
 use sdflow_core::models::unet::{Heads, Unet, UnetConfig};
 use sdflow_core::sampling::rng::CpuRng;
@@ -68,8 +68,8 @@ fn batch_items_are_independent() {
     let sigma = 3.0;
     let x: Vec<f32> = f("noise").iter().map(|v| v * sigma).collect();
     let y: Vec<f32> = x.iter().rev().copied().collect();
-    let a = BatchItem { x: &x, cond: &cond, concat: None, control: &[] };
-    let b = BatchItem { x: &y, cond: &uncond, concat: None, control: &[] };
+    let a = BatchItem { x: &x, cond: &cond, concat: None, ip: IpSide::Cond, control: &[] };
+    let b = BatchItem { x: &y, cond: &uncond, concat: None, ip: IpSide::Uncond, control: &[] };
     let alone = den.denoise_batch(&backend, shape, sigma, &[a]).unwrap();
     let pair = den.denoise_batch(&backend, shape, sigma, &[a, b]).unwrap();
     let three = den.denoise_batch(&backend, shape, sigma, &[b, a, b]).unwrap();
@@ -82,10 +82,10 @@ fn batch_items_are_independent() {
     assert_eq!(pair[1].len(), x.len());
     // CFG from the batch equals the mix of the separate predictions.
     let d = den.denoise_concat(&backend, &x, shape, sigma, &cond, Some(&uncond), 7.5, None).unwrap();
-    let un = den.denoise_batch(&backend, shape, sigma, &[BatchItem { x: &x, cond: &uncond, concat: None, control: &[] }]).unwrap();
+    let un = den.denoise_batch(&backend, shape, sigma, &[BatchItem { x: &x, cond: &uncond, concat: None, ip: IpSide::Uncond, control: &[] }]).unwrap();
     let mixed: Vec<f32> = un[0].iter().zip(&alone[0]).map(|(u, c)| u + 7.5 * (c - u)).collect();
     assert!(max_abs_err(&d.denoised, &mixed) <= 1e-4 * scale.max(1.0) * 7.5);
     // Wrong extra channels are errors.
-    assert!(den.denoise_batch(&backend, shape, sigma, &[BatchItem { x: &x, cond: &cond, concat: Some(&x), control: &[] }]).is_err());
-    assert!(den.denoise_batch(&backend, shape, sigma, &[BatchItem { x: &x[1..], cond: &cond, concat: None, control: &[] }]).is_err());
+    assert!(den.denoise_batch(&backend, shape, sigma, &[BatchItem { x: &x, cond: &cond, concat: Some(&x), ip: IpSide::Cond, control: &[] }]).is_err());
+    assert!(den.denoise_batch(&backend, shape, sigma, &[BatchItem { x: &x[1..], cond: &cond, concat: None, ip: IpSide::Cond, control: &[] }]).is_err());
 }

@@ -1,17 +1,18 @@
 //! Text conditioning.
 
 use crate::runtime::Runtime;
-use crate::values::{ClipRef, CondArea, CondEntry, CondList, CondMask, Mask};
+use crate::values::{ClipEncoder, ClipRef, CondArea, CondEntry, CondList, CondMask, Mask};
 use crate::err;
 use sdflow_core::detect::ModelFamily;
 use sdflow_core::models::clip::{ClipLayout, ClipTextConfig, ClipTextModel};
-use sdflow_core::models::sd::{encode_prompt, Conditioning};
-use sdflow_core::text::{tokenize_weighted, ChunkOptions, ClipSkip, ClipTokenizer, EmbeddingLibrary, PadToken, TextFamily};
+use sdflow_core::models::sd::{encode_prompt, encode_prompt_sdxl, Conditioning, SizeCond};
+use sdflow_core::text::{tokenize_weighted, ChunkOptions, ClipSkip, ClipTokenizer, EmbeddingLibrary, PadToken, TextFamily, TokenizedPrompt};
 use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Lane, Node, NodeError, NodeSchema, Outputs, Registry, Value};
 use std::sync::Arc;
 
 pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
     registry.register(Arc::new(ClipTextEncode { rt: rt.clone() }));
+    registry.register(Arc::new(ClipTextEncodeSdxl { rt: rt.clone() }));
     registry.register(Arc::new(ClipSetLastLayer));
     for op in [CondOp::Combine, CondOp::Concat, CondOp::Average, CondOp::ZeroOut, CondOp::TimestepRange] {
         registry.register(Arc::new(ConditioningOp(op)));
@@ -57,25 +58,121 @@ impl Node for ClipTextEncode {
     }
 }
 
+/// ComfyUI's "CLIPTextEncodeSDXL": separate prompts for the two encoders and SDXL's
+/// size conditioning.
+struct ClipTextEncodeSdxl {
+    rt: Arc<Runtime>,
+}
+
+impl Node for ClipTextEncodeSdxl {
+    fn schema(&self) -> NodeSchema {
+        let size = |name: &str, default: i64| InputSpec::int(name, default).int_range(0, 16384).int_step(1);
+        NodeSchema::new("CLIPTextEncodeSDXL")
+            .display_name("CLIPTextEncodeSDXL")
+            .category("advanced/conditioning")
+            .description("Encodes SDXL prompts: text_g with OpenCLIP-G, text_l with CLIP-L, and the size/crop conditioning SDXL was trained with.")
+            .input(InputSpec::link("clip", IoType::CLIP))
+            .input(size("width", 1024).tooltip("The original image width SDXL is told about."))
+            .input(size("height", 1024))
+            .input(size("crop_w", 0))
+            .input(size("crop_h", 0))
+            .input(size("target_width", 1024))
+            .input(size("target_height", 1024))
+            .input(InputSpec::string("text_g", "").multiline())
+            .input(InputSpec::string("text_l", "").multiline())
+            .output("CONDITIONING", IoType::CONDITIONING)
+    }
+
+    fn lane(&self) -> Lane {
+        crate::runtime::device_lane()
+    }
+
+    fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let clip = inputs.downcast::<ClipRef>("clip")?;
+        if clip.encoders.len() != 2 {
+            return Err(NodeError::msg(format!("CLIPTextEncodeSDXL needs SDXL's two text encoders; this CLIP ({}) has {}", clip.family, clip.encoders.len())));
+        }
+        let size = |name: &str| -> Result<f64, NodeError> {
+            let v = inputs.int(name)?;
+            if !(0..=16384).contains(&v) {
+                return Err(NodeError::msg(format!("{name} {v} is outside 0..=16384")));
+            }
+            Ok(v as f64)
+        };
+        let sc = SizeCond {
+            width: Some(size("width")?),
+            height: Some(size("height")?),
+            crop_w: size("crop_w")?,
+            crop_h: size("crop_h")?,
+            target_width: Some(size("target_width")?),
+            target_height: Some(size("target_height")?),
+            aesthetic_score: None,
+        };
+        let mut cond = encode_texts(&self.rt, clip, inputs.string("text_l")?, inputs.string("text_g")?)?;
+        cond.size = sc;
+        Ok(Outputs::new(vec![Value::new(IoType::CONDITIONING, CondList(vec![CondEntry::new(cond)]))]))
+    }
+}
+
 /// CLIPTextEncode's encoding of `text`, shared with nodes that encode prompts they build
 /// themselves (the detailer's per-mask prompts).
 pub(crate) fn encode_text(rt: &Runtime, clip: &ClipRef, text: &str) -> Result<CondList, NodeError> {
-    let weights = clip.weights.pin().map_err(err)?;
-    let config = ClipTextConfig::infer(&weights, &clip.prefix, clip.layout).map_err(err)?;
-    let layers = config.layers;
-    let model = ClipTextModel::new(&weights, &clip.prefix, config).map_err(err)?;
-    let pad = match clip.layout {
-        ClipLayout::HuggingFace => PadToken::EndOfText,
-        ClipLayout::OpenClip => PadToken::Zero,
-    };
-    let tokenizer = ClipTokenizer::new(pad);
-    let emb_dir = rt.models_dir.join("embeddings");
-    let library = if emb_dir.is_dir() { Some(EmbeddingLibrary::scan(&emb_dir, &tokenizer).map_err(err)?) } else { None };
-    let prompt = tokenize_weighted(text, &tokenizer, library.as_ref(), &ChunkOptions::default()).map_err(err)?;
-    let skip = clip.clip_skip.map_or_else(|| ClipSkip::default_for(text_family(clip.family)), |s| ClipSkip::new(s).unwrap_or(ClipSkip::default_for(text_family(clip.family))));
-    let skip = (skip.get() as usize).min(layers);
-    let cond = rt.with_backend(|b| encode_prompt(b, &model, &prompt, skip)).map_err(err)?;
+    let cond = encode_texts(rt, clip, text, text)?;
     Ok(CondList(vec![CondEntry::new(cond)]))
+}
+
+/// The conditioning of `clip` for a prompt: SD1/SD2 encode `text_l` with their one
+/// encoder; SDXL encodes `text_l` with CLIP-L and `text_g` with OpenCLIP-G.
+fn encode_texts(rt: &Runtime, clip: &ClipRef, text_l: &str, text_g: &str) -> Result<Conditioning, NodeError> {
+    let family = text_family(clip.family);
+    let skip = clip.clip_skip.map_or_else(|| ClipSkip::default_for(family), |s| ClipSkip::new(s).unwrap_or(ClipSkip::default_for(family)));
+    let emb_dir = rt.models_dir.join("embeddings");
+    let pinned = clip.encoders.iter().map(|e| e.weights.pin().map_err(err)).collect::<Result<Vec<_>, _>>()?;
+    let mut models = Vec::with_capacity(pinned.len());
+    for (enc, weights) in clip.encoders.iter().zip(&pinned) {
+        let config = ClipTextConfig::infer(weights, &enc.prefix, enc.layout).map_err(err)?;
+        models.push(ClipTextModel::new(weights, &enc.prefix, config).map_err(err)?);
+    }
+    // One tokenization per encoder: they share the vocabulary and differ in padding.
+    let tokenize = |enc: &ClipEncoder, text: &str| {
+        let pad = match enc.layout {
+            ClipLayout::HuggingFace => PadToken::EndOfText,
+            ClipLayout::OpenClip => PadToken::Zero,
+        };
+        let tokenizer = ClipTokenizer::new(pad);
+        let library = if emb_dir.is_dir() { Some(EmbeddingLibrary::scan(&emb_dir, &tokenizer).map_err(err)?) } else { None };
+        let prompt = tokenize_weighted(text, &tokenizer, library.as_ref(), &ChunkOptions::default()).map_err(err)?;
+        Ok::<_, NodeError>((prompt, tokenizer.pad()))
+    };
+    match models.as_slice() {
+        [model] => {
+            let (prompt, _) = tokenize(&clip.encoders[0], text_l)?;
+            let skip = (skip.get() as usize).min(model.config.layers);
+            rt.with_backend(|b| encode_prompt(b, model, &prompt, skip)).map_err(err)
+        }
+        [l, g] => {
+            let ((pl, pad_l), (pg, pad_g)) = (tokenize(&clip.encoders[0], text_l)?, tokenize(&clip.encoders[1], text_g)?);
+            // Different prompts may chunk differently; ComfyUI pads the shorter with
+            // empty chunks.
+            let (nl, ng) = (pl.chunks.len(), pg.chunks.len());
+            let (pl, pg) = (pad_chunks(pl, ng, pad_l), pad_chunks(pg, nl, pad_g));
+            rt.with_backend(|b| encode_prompt_sdxl(b, (l, &pl), (g, &pg), skip.get() as usize)).map_err(err)
+        }
+        _ => Err(NodeError::msg(format!("a CLIP of {} text encoders", models.len()))),
+    }
+}
+
+/// `p` grown to `n` chunks with empty ones: BOS, EOS, then `pad`.
+fn pad_chunks(mut p: TokenizedPrompt, n: usize, pad: u32) -> TokenizedPrompt {
+    while p.chunks.len() < n {
+        let mut empty = p.chunks[0].clone();
+        empty.tokens.iter_mut().skip(2).for_each(|t| *t = pad);
+        empty.tokens[1] = sdflow_core::text::EOS_TOKEN;
+        empty.weights.iter_mut().for_each(|w| *w = 1.0);
+        empty.embeddings.clear();
+        p.chunks.push(empty);
+    }
+    p
 }
 
 /// ComfyUI's "CLIP Set Last Layer": -1 is the last layer, -2 the penultimate (A1111's
@@ -179,7 +276,9 @@ impl Node for ConditioningOp {
                     if t.dim != f.dim {
                         return Err(NodeError::msg(format!("conditioning widths differ: {} and {}", t.dim, f.dim)));
                     }
-                    let c = if matches!(self.0, CondOp::Concat) {
+                    // The `to` side's pooled output and size stay (ComfyUI's Concat);
+                    // Average mixes the pooled outputs too.
+                    let mut c = if matches!(self.0, CondOp::Concat) {
                         let mut data = t.data.clone();
                         data.extend_from_slice(&f.data);
                         Conditioning::new(data, t.dim, t.tokens + f.tokens)
@@ -188,6 +287,12 @@ impl Node for ConditioningOp {
                         Conditioning::new(t.data.iter().zip(&fv).map(|(a, b)| a * strength + b * (1.0 - strength)).collect(), t.dim, t.tokens)
                     }
                     .map_err(err)?;
+                    c.size = t.size;
+                    c.pooled = match (&t.pooled, &f.pooled, self.0) {
+                        (Some(pt), Some(pf), CondOp::Average) if pt.len() == pf.len() => Some(pt.iter().zip(pf).map(|(a, b)| a * strength + b * (1.0 - strength)).collect()),
+                        (None, Some(pf), CondOp::Average) => Some(pf.clone()),
+                        (pt, _, _) => pt.clone(),
+                    };
                     entries.push(e.with_cond(c));
                 }
                 CondList(entries)
@@ -196,7 +301,10 @@ impl Node for ConditioningOp {
                 let c = cond_of(inputs, "conditioning")?;
                 CondList(
                     c.0.iter()
-                        .map(|e| e.with_cond(Conditioning { data: vec![0.0; e.cond.data.len()], ..(*e.cond).clone() }))
+                        .map(|e| {
+                            let pooled = e.cond.pooled.as_ref().map(|p| vec![0.0; p.len()]);
+                            e.with_cond(Conditioning { data: vec![0.0; e.cond.data.len()], pooled, ..(*e.cond).clone() })
+                        })
                         .collect(),
                 )
             }

@@ -6,7 +6,7 @@ use crate::runtime::Runtime;
 use crate::sampling::{guider_from, rng_from, rng_input, sample_latent, sampler_from, sampler_names, scheduler_names, steps_from, Guider, NoiseSource, SamplerChoice, Sigmas};
 use crate::values::{CondList, Latent, ModelRef};
 use sdflow_core::sampling::samplers::{SampleOpts, Sampler};
-use sdflow_core::sampling::schedule::{apply_denoise, exponential_sigmas, karras_sigmas, DiscreteSchedule, ScheduleOpts, Scheduler};
+use sdflow_core::sampling::schedule::{apply_denoise, exponential_sigmas, karras_sigmas, ScheduleOpts, Scheduler};
 use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Lane, Node, NodeError, NodeSchema, Outputs, Registry, Value};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -61,9 +61,9 @@ impl Node for BasicScheduler {
     }
 
     fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
-        inputs.downcast::<ModelRef>("model")?;
+        let model = inputs.downcast::<ModelRef>("model")?;
         let scheduler = Scheduler::from_str(inputs.string("scheduler")?).map_err(err)?;
-        let sigmas = apply_denoise(scheduler, steps_from(inputs)?, inputs.float("denoise")? as f32, &DiscreteSchedule::sd(), &ScheduleOpts::default()).map_err(err)?;
+        let sigmas = apply_denoise(scheduler, steps_from(inputs)?, inputs.float("denoise")? as f32, &model.schedule, &ScheduleOpts::default()).map_err(err)?;
         Ok(one(IoType::SIGMAS, Sigmas(sigmas)))
     }
 }
@@ -270,7 +270,7 @@ impl Node for KSamplerAdvanced {
         let guider = guider_from(inputs)?;
         let choice = sampler_from(inputs)?;
         let scheduler = Scheduler::from_str(inputs.string("scheduler")?).map_err(err)?;
-        let full = scheduler.sigmas(steps_from(inputs)?, &DiscreteSchedule::sd(), &ScheduleOpts::default()).map_err(err)?;
+        let full = scheduler.sigmas(steps_from(inputs)?, &guider.model.schedule, &ScheduleOpts::default()).map_err(err)?;
         let start = usize::try_from(inputs.int("start_at_step")?).map_err(|_| NodeError::msg("start_at_step must be >= 0"))?;
         let end = usize::try_from(inputs.int("end_at_step")?).map_err(|_| NodeError::msg("end_at_step must be >= 0"))?;
         // ComfyUI: sigmas[start:], cut after `end`, and the last forced to 0 unless the

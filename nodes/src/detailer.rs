@@ -26,7 +26,7 @@ use crate::runtime::Runtime;
 use crate::sampling::{sample_latent, sampler_names, scheduler_names, Guider, NoiseSource, SamplerChoice};
 use crate::values::{ClipRef, CondList, Image, Mask, ModelRef, VaeRef};
 use sdflow_core::sampling::samplers::{SampleOpts, Sampler};
-use sdflow_core::sampling::schedule::{apply_denoise, DiscreteSchedule, ScheduleOpts, Scheduler};
+use sdflow_core::sampling::schedule::{apply_denoise, ScheduleOpts, Scheduler};
 use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Lane, Node, NodeError, NodeSchema, Outputs, Registry, Value};
 use std::collections::HashMap;
 use std::str::FromStr;
@@ -144,7 +144,8 @@ impl DetailerForEachMask {
         }
         let blur = int("mask_blur", 0)?;
         let scheduler = Scheduler::from_str(inputs.string("scheduler")?).map_err(err)?;
-        let sigmas = apply_denoise(scheduler, steps, denoise, &DiscreteSchedule::sd(), &ScheduleOpts::default()).map_err(err)?;
+        let schedule = &inputs.downcast::<ModelRef>("model")?.schedule;
+        let sigmas = apply_denoise(scheduler, steps, denoise, schedule, &ScheduleOpts::default()).map_err(err)?;
         Ok(Settings {
             seed: inputs.uint("seed")?,
             sigmas,

@@ -227,6 +227,8 @@ pub struct ModelItem<'a> {
     pub x: Vec<f32>,
     pub cond: &'a Conditioning,
     pub concat: Option<Vec<f32>>,
+    /// The index in `sides` of the side the item belongs to.
+    pub side: usize,
     /// The entry's ControlNets; their hints are the whole hint image resized to the
     /// region, as ComfyUI's `get_control` does for an area's crop of the latent.
     pub control: Option<&'a Arc<Control>>,
@@ -283,7 +285,7 @@ pub fn calc_cond_batch<E>(
             .iter()
             .map(|&k| {
                 let j = &jobs[k];
-                ModelItem { x: crop(x, w, h, c, n, j.region), cond: &j.p.cond, concat: j.p.concat.as_ref().map(|cc| crop(cc, w, h, extra_channels, n, j.region)), control: j.p.control.as_ref() }
+                ModelItem { x: crop(x, w, h, c, n, j.region), cond: &j.p.cond, concat: j.p.concat.as_ref().map(|cc| crop(cc, w, h, extra_channels, n, j.region)), side: j.side, control: j.p.control.as_ref() }
             })
             .collect();
         let preds = model(&items, [size.1 as i64, size.0 as i64, c as i64, n as i64]).map_err(CalcError::Model)?;

@@ -20,6 +20,7 @@
 //! - [`upscale`]: UpscaleModelLoader, ImageUpscaleWithModel (ESRGAN / Real-ESRGAN), ImageScaleBy
 //! - [`detect`]: UltralyticsDetectorProvider (YOLOv8), BboxDetectorMasks (ADetailer's masks)
 //! - [`detailer`]: DetailerForEachMask (ADetailer's crop, inpaint and paste back per mask)
+//! - [`ip_adapter`]: CLIPVisionLoader, CLIPVisionEncode, IPAdapterModelLoader, IPAdapterAdvanced
 //! - [`controlnet`]: ControlNetLoader, ControlNetApplyAdvanced, ControlNetApply, Canny
 
 pub mod conditioning;
@@ -29,6 +30,7 @@ pub mod detect;
 pub mod detailer;
 pub mod guidance;
 pub mod image;
+pub mod ip_adapter;
 pub mod latent;
 pub mod loaders;
 pub mod lora;
@@ -62,6 +64,7 @@ pub fn register_all(registry: &mut Registry, rt: Arc<Runtime>) {
     upscale::register(registry, &rt);
     detect::register(registry, &rt);
     detailer::register(registry, &rt);
+    ip_adapter::register(registry, &rt);
 }
 
 /// Turns any displayable error into the executor's node error.

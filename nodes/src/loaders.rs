@@ -1,7 +1,7 @@
 //! Model loaders.
 
 use crate::runtime::Runtime;
-use crate::values::{ClipRef, ModelRef, VaeKind, VaeRef};
+use crate::values::{ClipEncoder, ClipRef, ModelRef, VaeKind, VaeRef};
 use crate::err;
 use sdflow_core::detect::{self, KeyLayout, ModelFamily};
 use sdflow_core::ggml::Backend;
@@ -12,6 +12,7 @@ use sdflow_core::models::sd::Prediction;
 use sdflow_core::models::vae::{standalone_source, STANDALONE_PREFIX};
 use sdflow_core::models::Weights;
 use sdflow_core::residency::{Device, WeightHandle, WeightKey};
+use sdflow_core::sampling::schedule::DiscreteSchedule;
 use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Node, NodeError, NodeSchema, Outputs, Registry, Value};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -36,23 +37,27 @@ pub fn weights_handle(rt: &Runtime, path: &Path, prefix: &str) -> Result<WeightH
         .map_err(err)
 }
 
-/// The checkpoint parts of an SD1.x/2.x single-file checkpoint.
+/// The parts of a single-file SD1.x/2.x/XL checkpoint.
 struct SdParts {
     family: ModelFamily,
     prediction: Prediction,
-    clip_prefix: String,
-    clip_layout: ClipLayout,
+    /// (prefix, layout) of each text encoder, in the order the family concatenates them.
+    clips: Vec<(String, ClipLayout)>,
+    latent_scale: f32,
+    schedule: DiscreteSchedule,
 }
 
 fn sd_parts(path: &Path) -> Result<SdParts, NodeError> {
     let src = io::open(path).map_err(err)?;
     let det = detect::detect_source(src.as_ref());
     let shown = path.display();
-    match det.family {
-        ModelFamily::Sd1 | ModelFamily::Sd2 { .. } => {}
+    let latent_scale = match det.family {
+        ModelFamily::Sd1 | ModelFamily::Sd2 { .. } => 0.18215,
+        // sd_xl_base.yaml's scale_factor.
+        ModelFamily::Sdxl => 0.13025,
         ModelFamily::Unknown => return Err(NodeError::msg(format!("{shown}: {}", det.message))),
-        other => return Err(NodeError::msg(format!("{shown}: {other} checkpoints are not supported yet (SD1.x and SD2.x are)"))),
-    }
+        other => return Err(NodeError::msg(format!("{shown}: {other} checkpoints are not supported yet (SD1.x, SD2.x and SDXL are)"))),
+    };
     if det.layout != Some(KeyLayout::Ldm) {
         return Err(NodeError::msg(format!("{shown}: only single-file (LDM key layout) checkpoints are supported yet, not diffusers folders")));
     }
@@ -61,19 +66,49 @@ fn sd_parts(path: &Path) -> Result<SdParts, NodeError> {
     if !has("first_stage_model.") {
         return Err(NodeError::msg(format!("{shown}: the checkpoint has no VAE (first_stage_model.*)")));
     }
-    let (clip_prefix, clip_layout) = if has("cond_stage_model.transformer.text_model.") {
-        ("cond_stage_model.transformer.text_model", ClipLayout::HuggingFace)
+    let clips: Vec<(String, ClipLayout)> = if det.family == ModelFamily::Sdxl {
+        let (l, g) = ("conditioner.embedders.0.transformer.text_model", "conditioner.embedders.1.model");
+        for p in [l, g] {
+            if !has(&format!("{p}.")) {
+                return Err(NodeError::msg(format!("{shown}: the SDXL checkpoint has no text encoder under `{p}`")));
+            }
+        }
+        vec![(l.into(), ClipLayout::HuggingFace), (g.into(), ClipLayout::OpenClip)]
+    } else if has("cond_stage_model.transformer.text_model.") {
+        vec![("cond_stage_model.transformer.text_model".into(), ClipLayout::HuggingFace)]
     } else if has("cond_stage_model.model.") {
-        ("cond_stage_model.model", ClipLayout::OpenClip)
+        vec![("cond_stage_model.model".into(), ClipLayout::OpenClip)]
     } else {
         return Err(NodeError::msg(format!("{shown}: the checkpoint has no text encoder (cond_stage_model.*)")));
     };
-    let prediction = match det.prediction {
+    let mut prediction = match det.prediction {
         detect::Prediction::V => Prediction::V,
         detect::Prediction::Eps => Prediction::Epsilon,
         detect::Prediction::Flow => return Err(NodeError::msg(format!("{shown}: flow-matching models are not supported yet"))),
     };
-    Ok(SdParts { family: det.family, prediction, clip_prefix: clip_prefix.into(), clip_layout })
+    // CosXL and CosXL-Edit mark EDM v-prediction with their sigma range, as ComfyUI reads it.
+    let mut schedule = DiscreteSchedule::sd();
+    if has("edm_vpred.sigma_max") {
+        let (lo, hi) = (scalar(src.as_ref(), "edm_vpred.sigma_min")?, scalar(src.as_ref(), "edm_vpred.sigma_max")?);
+        schedule = DiscreteSchedule::edm(lo, hi).map_err(|e| NodeError::msg(format!("{shown}: edm_vpred: {e}")))?;
+        prediction = Prediction::EdmV;
+    }
+    Ok(SdParts { family: det.family, prediction, clips, latent_scale, schedule })
+}
+
+/// The value of a one-element tensor.
+fn scalar(src: &dyn io::TensorSource, name: &str) -> Result<f32, NodeError> {
+    let at = |e: String| NodeError::msg(format!("{}: `{name}`: {e}", src.path().display()));
+    let info = src.tensors().iter().find(|t| t.name == name).ok_or_else(|| at("missing".into()))?;
+    if info.shape.iter().product::<usize>() != 1 {
+        return Err(at(format!("shape {:?}, not one value", info.shape)));
+    }
+    let bytes = src.read(name).map_err(|e| at(e.to_string()))?;
+    let v = sdflow_core::dtype::to_f32(info.dtype, &bytes, 1).map_err(|e| at(e.to_string()))?[0];
+    if !v.is_finite() {
+        return Err(at(format!("{v} is not a number")));
+    }
+    Ok(v)
 }
 
 /// ComfyUI's "Load Checkpoint".
@@ -92,7 +127,7 @@ impl Node for CheckpointLoaderSimple {
         NodeSchema::new("CheckpointLoaderSimple")
             .display_name("Load Checkpoint")
             .category("loaders")
-            .description("Loads a diffusion model checkpoint (SD1.x, SD2.x); weights load on first use.")
+            .description("Loads a diffusion model checkpoint (SD1.x, SD2.x, SDXL); weights load on first use.")
             .input(InputSpec::combo("ckpt_name", self.rt.list_models("checkpoints")).tooltip("The checkpoint to load."))
             .output("MODEL", IoType::MODEL)
             .output("CLIP", IoType::CLIP)
@@ -112,15 +147,15 @@ impl Node for CheckpointLoaderSimple {
             prefix: "model.diffusion_model".into(),
             family: parts.family,
             prediction: parts.prediction,
-            latent_scale: 0.18215,
+            latent_scale: parts.latent_scale,
+            schedule: parts.schedule,
+            ip_adapters: Vec::new(),
         };
-        let clip = ClipRef {
-            weights: weights_handle(&self.rt, &path, &format!("{}.", parts.clip_prefix))?,
-            prefix: parts.clip_prefix,
-            layout: parts.clip_layout,
-            family: parts.family,
-            clip_skip: None,
-        };
+        let mut encoders = Vec::with_capacity(parts.clips.len());
+        for (prefix, layout) in parts.clips {
+            encoders.push(ClipEncoder { weights: weights_handle(&self.rt, &path, &format!("{prefix}."))?, prefix, layout });
+        }
+        let clip = ClipRef { encoders, family: parts.family, clip_skip: None };
         let vae = VaeRef { weights: weights_handle(&self.rt, &path, "first_stage_model.")?, prefix: "first_stage_model".into(), kind: VaeKind::Kl };
         Ok(Outputs::new(vec![
             Value::new(IoType::MODEL, model),

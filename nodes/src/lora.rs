@@ -137,7 +137,10 @@ impl Node for LoraLoader {
             let mut clip = inputs.downcast::<ClipRef>("clip")?.clone();
             let sc = strength(inputs, "strength_clip")?;
             if sc != 0.0 {
-                clip.weights = lora_handle(&self.rt, &clip.weights, &path, sc, Side::TextEncoder, mode)?;
+                for (i, enc) in clip.encoders.iter_mut().enumerate() {
+                    let side = if i == 1 { Side::TextEncoder2 } else { Side::TextEncoder };
+                    enc.weights = lora_handle(&self.rt, &enc.weights, &path, sc, side, mode)?;
+                }
             }
             out.push(Value::new(IoType::CLIP, clip));
         }

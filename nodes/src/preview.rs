@@ -25,6 +25,15 @@ pub const SD15_LATENT_RGB_FACTORS: [[f32; 3]; 4] = [
     [-0.2120, -0.2616, -0.7177],
 ];
 
+/// ComfyUI's `SDXL` latent format: per-channel RGB weights and a bias.
+pub const SDXL_LATENT_RGB_FACTORS: [[f32; 3]; 4] = [
+    [0.3651, 0.4232, 0.4341],
+    [-0.2533, -0.0042, 0.1068],
+    [0.1076, 0.1111, -0.0362],
+    [-0.3165, -0.2492, -0.2188],
+];
+pub const SDXL_LATENT_RGB_BIAS: [f32; 3] = [0.1084, -0.0175, -0.0011];
+
 /// ComfyUI's `--preview-method`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum PreviewMethod {
@@ -92,17 +101,23 @@ pub fn latent_to_rgb(latent: &[f32], shape: [i64; 4], factors: &[[f32; 3]], bias
 /// `shape`, at the diffusion model's scale), as the runtime's preview method makes it;
 /// `None` when previews are off or `family` has no preview.
 pub fn preview(rt: &Runtime, family: ModelFamily, denoised: &[f32], shape: [i64; 4]) -> Option<PreviewImage> {
-    if rt.preview == PreviewMethod::None || !matches!(family, ModelFamily::Sd1 | ModelFamily::Sd2 { .. }) {
+    let (factors, bias) = match family {
+        ModelFamily::Sd1 | ModelFamily::Sd2 { .. } => (&SD15_LATENT_RGB_FACTORS, [0.0; 3]),
+        ModelFamily::Sdxl | ModelFamily::SdxlRefiner => (&SDXL_LATENT_RGB_FACTORS, SDXL_LATENT_RGB_BIAS),
+        _ => return None,
+    };
+    if rt.preview == PreviewMethod::None {
         return None;
     }
-    if rt.preview == PreviewMethod::Taesd {
+    // The TAESD in models/vae_approx is SD1/SD2's; SDXL's latents need TAESDXL.
+    if rt.preview == PreviewMethod::Taesd && matches!(family, ModelFamily::Sd1 | ModelFamily::Sd2 { .. }) {
         match taesd_rgb(rt, denoised, shape) {
             Ok(Some((rgb, w, h))) => return jpeg(rgb, w, h),
             Ok(None) => tracing::debug!("TAESD previews asked for, but models/vae_approx has no taesd_decoder; using latent2rgb"),
             Err(e) => tracing::warn!("TAESD preview failed, using latent2rgb: {e}"),
         }
     }
-    let rgb = latent_to_rgb(denoised, shape, &SD15_LATENT_RGB_FACTORS, [0.0; 3])?;
+    let rgb = latent_to_rgb(denoised, shape, factors, bias)?;
     jpeg(rgb, shape[0] as u32, shape[1] as u32)
 }
 

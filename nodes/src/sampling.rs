@@ -7,13 +7,13 @@ use crate::handle_size;
 use crate::err;
 use crate::controlnet::{hint_for, Controls};
 use crate::values::Control;
-use sdflow_core::models::sd::{BatchItem, Conditioning, ControlInput, SdDenoiser};
+use sdflow_core::models::sd::{BatchItem, Conditioning, ControlInput, IpPatch, IpSide, SdDenoiser};
 use std::collections::hash_map::{Entry, HashMap};
 use sdflow_core::models::unet::{Unet, UnetConfig};
 use sdflow_core::sampling::rng::Rng;
 use sdflow_core::sampling::RngKind;
 use sdflow_core::sampling::samplers::{sample, Progress, SampleError, SampleOpts, Sampler};
-use sdflow_core::sampling::schedule::{apply_denoise, DiscreteSchedule, ScheduleOpts, Scheduler};
+use sdflow_core::sampling::schedule::{apply_denoise, ScheduleOpts, Scheduler};
 use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Lane, Node, NodeError, NodeSchema, Outputs, Registry, Value};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -134,9 +134,10 @@ const BLANK_INPAINT_LATENT: [f32; 4] = [0.8223, -0.6876, 0.6364, 0.1380];
 pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choice: &SamplerChoice, sigmas: &[f32], noise: NoiseSource, latent: &Latent) -> Result<(Latent, Latent), NodeError> {
     let model = &guider.model;
     let weights = model.weights.pin().map_err(err)?;
+    let ip_weights = model.ip_adapters.iter().map(|p| p.weights.pin()).collect::<Result<Vec<_>, _>>().map_err(err)?;
     let config = UnetConfig::infer(&weights, &model.prefix).map_err(err)?;
     let unet = Unet::new(&weights, &model.prefix, config).map_err(err)?;
-    let mut den = SdDenoiser::new(unet, DiscreteSchedule::sd(), model.prediction);
+    let mut den = SdDenoiser::new(unet, model.schedule.clone(), model.prediction);
     first_cond(&guider.positive, "positive")?;
     let mix = match &guider.dual {
         Some(d) => Mix::Dual { cfg: guider.cfg, cfg_middle: d.cfg_middle, nested: d.nested },
@@ -151,7 +152,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     if let Some(d) = &guider.dual {
         first_cond(&d.middle, "middle (cond2)")?;
     }
-    let schedule = DiscreteSchedule::sd();
+    let schedule = &model.schedule;
     // ComfyUI's percent_to_sigma: 0 is the start of sampling (all noise), 1 the end.
     let percent_to_sigma = |p: f32| -> f32 {
         if p <= 0.0 {
@@ -162,6 +163,12 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
             schedule.t_to_sigma((1.0 - p) * (schedule.len() - 1) as f32)
         }
     };
+    if !model.ip_adapters.is_empty() {
+        let patches = (model.ip_adapters.iter().zip(&ip_weights))
+            .map(|(p, w)| IpPatch { weights: w, cond: p.cond.clone(), uncond: p.uncond.clone(), tokens: p.tokens, scale: p.weight, sigmas: (percent_to_sigma(p.start_at), percent_to_sigma(p.end_at)) })
+            .collect();
+        den = den.with_ip_adapters(patches).map_err(err)?;
+    }
 
     let shape = latent.shape;
     let [lw, lh, channels, ln] = shape;
@@ -295,7 +302,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
                 .iter()
                 .map(|list| list.iter().map(|(k, c)| ControlInput { net: &nets[*k], hint: &hints[&(*k, s[0], s[1])], images: c.image.n, strength: c.strength }).collect())
                 .collect();
-            let batch: Vec<BatchItem<'_>> = items.iter().zip(&inputs).map(|(it, control)| BatchItem { x: &it.x, cond: it.cond, concat: it.concat.as_deref(), control }).collect();
+            let batch: Vec<BatchItem<'_>> = items.iter().zip(&inputs).map(|(it, control)| BatchItem { x: &it.x, cond: it.cond, concat: it.concat.as_deref(), ip: if Some(it.side) == negative_at { IpSide::Uncond } else { IpSide::Cond }, control }).collect();
             rt.with_backend(|b| den.denoise_batch(b, s, sigma, &batch)).map_err(err)
         };
         let mut out = guidance::calc_cond_batch(&sides, xin, shape, extra as usize, &active, budget, &mut run_model).map_err(|e| match e {
@@ -367,7 +374,7 @@ impl Node for KSampler {
         let scheduler = Scheduler::from_str(inputs.string("scheduler")?).map_err(err)?;
         let steps = steps_from(inputs)?;
         let denoise = inputs.float("denoise")? as f32;
-        let sigmas = apply_denoise(scheduler, steps, denoise, &DiscreteSchedule::sd(), &ScheduleOpts::default()).map_err(err)?;
+        let sigmas = apply_denoise(scheduler, steps, denoise, &guider.model.schedule, &ScheduleOpts::default()).map_err(err)?;
         let latent = inputs.downcast::<Latent>("latent_image")?;
         let (out, _) = sample_latent(&self.rt, ctx, &guider, &choice, &sigmas, NoiseSource(Some(inputs.uint("seed")?), rng_from(inputs)?), latent)?;
         Ok(Outputs::new(vec![Value::new(IoType::LATENT, out)]))

@@ -5,6 +5,7 @@ use sdflow_core::models::clip::ClipLayout;
 use sdflow_core::models::sd::{Conditioning, Prediction};
 use sdflow_core::models::Weights;
 use sdflow_core::residency::WeightHandle;
+use sdflow_core::sampling::schedule::DiscreteSchedule;
 use sdflow_executor::CacheSize;
 use std::sync::Arc;
 
@@ -17,17 +18,78 @@ pub struct ModelRef {
     pub prediction: Prediction,
     /// Latent scale of the family's VAE (0.18215 for SD1.x/2.x).
     pub latent_scale: f32,
+    /// The model's noise levels: SD's discrete table, or EDM's log-uniform range.
+    pub schedule: DiscreteSchedule,
+    /// IP-Adapters applied to the model (IPAdapterAdvanced), in the order applied.
+    pub ip_adapters: Vec<Arc<IpAdapterPatch>>,
 }
 
-/// CLIP: a text encoder, with the clip-skip set by CLIPSetLastLayer (`None`: the
-/// family's default).
+/// One IP-Adapter on a MODEL: the adapter's weights (shared through the residency
+/// manager) and the image tokens it feeds the cross-attentions.
+#[derive(Debug)]
+pub struct IpAdapterPatch {
+    pub weights: WeightHandle<Weights>,
+    /// Image tokens, `tokens` rows of the UNet's context width, for the positive side.
+    pub cond: Vec<f32>,
+    /// The same for the negative side (the unconditional image embedding's).
+    pub uncond: Vec<f32>,
+    pub tokens: i64,
+    pub weight: f32,
+    /// ComfyUI's start_at / end_at: fractions of the schedule where the adapter acts.
+    pub start_at: f32,
+    pub end_at: f32,
+}
+
+/// CLIP_VISION: a CLIP image tower, as a residency handle.
+#[derive(Clone, Debug)]
+pub struct ClipVisionRef {
+    pub weights: WeightHandle<Weights>,
+    pub name: String,
+}
+
+/// IPADAPTER: an IP-Adapter file's weights, as a residency handle.
+#[derive(Clone, Debug)]
+pub struct IpAdapterRef {
+    pub weights: WeightHandle<Weights>,
+    pub name: String,
+}
+
+/// CLIP_VISION_OUTPUT: per image, the projected class token (`image_embeds`) and the
+/// hidden states before the last layer (`penultimate_hidden_states`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClipVisionOutput {
+    /// [n][projection_dim].
+    pub image_embeds: Vec<f32>,
+    /// [n][tokens][hidden].
+    pub penultimate: Vec<f32>,
+    pub n: usize,
+    pub projection_dim: usize,
+    pub hidden: usize,
+    pub tokens: usize,
+}
+
+impl CacheSize for ClipVisionOutput {
+    fn cache_bytes(&self) -> usize {
+        (self.image_embeds.len() + self.penultimate.len()) * 4
+    }
+}
+
+/// CLIP: the text encoders of a model family (SD1/SD2: one; SDXL: CLIP-L then
+/// OpenCLIP-G), with the clip-skip set by CLIPSetLastLayer (`None`: the family's
+/// default).
 #[derive(Clone, Debug)]
 pub struct ClipRef {
+    pub encoders: Vec<ClipEncoder>,
+    pub family: ModelFamily,
+    pub clip_skip: Option<u32>,
+}
+
+/// One text encoder of a [`ClipRef`].
+#[derive(Clone, Debug)]
+pub struct ClipEncoder {
     pub weights: WeightHandle<Weights>,
     pub prefix: String,
     pub layout: ClipLayout,
-    pub family: ModelFamily,
-    pub clip_skip: Option<u32>,
 }
 
 /// VAE.
@@ -61,7 +123,14 @@ macro_rules! handle_size {
         }
     )*};
 }
-handle_size!(ModelRef, ClipRef, VaeRef);
+handle_size!(ClipRef, VaeRef, ClipVisionRef, IpAdapterRef);
+
+impl CacheSize for ModelRef {
+    /// The weights are the residency manager's; IP-Adapter image tokens are the model's own.
+    fn cache_bytes(&self) -> usize {
+        self.ip_adapters.iter().map(|p| (p.cond.len() + p.uncond.len()) * 4).sum()
+    }
+}
 
 /// UPSCALE_MODEL: an ESRGAN-family upscaler (RRDBNet or SRVGGNetCompact), as a residency
 /// handle.

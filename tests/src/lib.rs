@@ -124,3 +124,32 @@ pub fn node_of(wf: &Workflow, class: &str) -> String {
     assert_eq!(ids.len(), 1, "one {class} in the workflow");
     ids[0].clone()
 }
+
+/// What `workflows/ip_adapter.json` names, written for the tiny checkpoint of `root`'s
+/// tree ([`tiny_tree`]): `models/clip_vision/CLIP-ViT-H-14-laion2B-s32B-b79K.safetensors`
+/// (a tiny ViT at the real 224-pixel input), `models/ipadapter/ip-adapter_sd15.safetensors`
+/// (classic, 4 tokens) and `ip-adapter-plus_sd15.safetensors` (Plus, 16 tokens, 4 layers).
+pub fn write_ip_adapter_models(root: &Path) {
+    use sdflow_core::synth::{ip_adapter_tensors, write_tensors, ClipVisionSynth, IpAdapterSynth};
+    let models = root.join("models");
+    let vision = ClipVisionSynth::tiny();
+    std::fs::create_dir_all(models.join("clip_vision")).unwrap();
+    write_tensors(&models.join("clip_vision/CLIP-ViT-H-14-laion2B-s32B-b79K.safetensors"), &vision.tensors().unwrap(), 11).unwrap();
+    let (layers, cross) = unet_cross_attention(&models.join("checkpoints/model.safetensors"));
+    std::fs::create_dir_all(models.join("ipadapter")).unwrap();
+    let classic = IpAdapterSynth::Classic { embed_dim: vision.projection_dim, tokens: 4 };
+    write_tensors(&models.join("ipadapter/ip-adapter_sd15.safetensors"), &ip_adapter_tensors(classic, &layers, cross), 12).unwrap();
+    let plus = IpAdapterSynth::Plus { embed_dim: vision.hidden, dim: 64, depth: 4, tokens: 16 };
+    write_tensors(&models.join("ipadapter/ip-adapter-plus_sd15.safetensors"), &ip_adapter_tensors(plus, &layers, cross), 13).unwrap();
+}
+
+/// The widths of a checkpoint's UNet cross-attentions in IP-Adapter order, and its
+/// context width.
+pub fn unet_cross_attention(ckpt: &Path) -> (Vec<usize>, usize) {
+    use sdflow_core::models::{ip_adapter::cross_attention_blocks, load::load_weights, unet::UnetConfig};
+    let src = sdflow_core::io::open(ckpt).unwrap();
+    let backend = sdflow_core::ggml::Backend::cpu(1).unwrap();
+    let w = load_weights(&backend, src.as_ref(), &["model.diffusion_model."], &sdflow_core::io::TypeRules::none()).unwrap();
+    let cfg = UnetConfig::infer(&w, "model.diffusion_model").unwrap();
+    (cross_attention_blocks(&cfg).iter().map(|b| b.1 as usize).collect(), cfg.context_dim as usize)
+}

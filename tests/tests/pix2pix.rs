@@ -16,6 +16,10 @@ fn env() -> TestEnv {
     let mut inpaint = SdConfig::tiny_sd1_f8();
     inpaint.unet.in_channels = 9;
     write_checkpoint(&ckpts.join("inpaint.safetensors"), &inpaint, DType::F32, 8, Format::Safetensors).unwrap();
+    // CosXL-Edit's structure: an 8-channel SDXL UNet with EDM v-prediction.
+    let mut cosxl_edit = SdConfig { edm_vpred: Some((0.002, 120.0)), ..SdConfig::tiny_sdxl() };
+    cosxl_edit.unet.in_channels = 8;
+    write_checkpoint(&ckpts.join("cosxl_edit.safetensors"), &cosxl_edit, DType::F32, 12, Format::Safetensors).unwrap();
     let input = dir.path().join("input");
     std::fs::create_dir_all(&input).unwrap();
     write_test_png(&input.join("input.png"), 72, 56);
@@ -53,6 +57,18 @@ fn instruct_pix2pix_runs_at_the_input_size() {
     let env = env();
     let (w, h, _) = env.run_saved(&pix2pix(&env), "12");
     assert_eq!((w, h), (72, 56));
+}
+
+#[test]
+fn cosxl_edit_runs_the_pix2pix_workflow() {
+    let env = env();
+    let mut wf = pix2pix(&env);
+    wf.set_input("1", "ckpt_name", c(json!("cosxl_edit.safetensors"))).unwrap();
+    let (w, h, px) = env.run_saved(&wf, "12");
+    assert_eq!((w, h), (72, 56));
+    let mut other = wf.clone();
+    other.set_input("8", "steps", c(json!(2))).unwrap();
+    assert_ne!(env.run_saved(&other, "12").2, px, "steps change the edit");
 }
 
 #[test]

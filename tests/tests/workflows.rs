@@ -26,6 +26,14 @@ fn env() -> Env {
     let mut sd2 = SdConfig::tiny_sd2();
     sd2.vae.ch_mult = vec![1, 1, 2, 2];
     write_checkpoint(&ckpts.join("sd2.safetensors"), &sd2, DType::F16, 9, Format::Safetensors).unwrap();
+    // SDXL's structure: two text encoders, ADM size conditioning, per-level depths.
+    write_checkpoint(&ckpts.join("sdxl.safetensors"), &SdConfig::tiny_sdxl(), DType::F32, 10, Format::Safetensors).unwrap();
+    // The same weights marked as CosXL (EDM v-prediction over σ 0.002..120).
+    let mut sdxl_inpaint = SdConfig::tiny_sdxl();
+    sdxl_inpaint.unet.in_channels = 9;
+    write_checkpoint(&ckpts.join("sdxl_inpaint.safetensors"), &sdxl_inpaint, DType::F32, 11, Format::Safetensors).unwrap();
+    let cosxl = SdConfig { edm_vpred: Some((0.002, 120.0)), ..SdConfig::tiny_sdxl() };
+    write_checkpoint(&ckpts.join("cosxl.safetensors"), &cosxl, DType::F32, 10, Format::Safetensors).unwrap();
     // workflows/upscale.json's model (a tiny RRDBNet; tests/tests/upscale.rs runs it).
     let upscalers = dir.path().join("models/upscale_models");
     std::fs::create_dir_all(&upscalers).unwrap();
@@ -51,6 +59,8 @@ fn env() -> Env {
     let detectors = dir.path().join("models/ultralytics");
     std::fs::create_dir_all(&detectors).unwrap();
     std::fs::write(detectors.join("face_yolov8n.pt"), b"validation only: never loaded").unwrap();
+    // workflows/ip_adapter.json's CLIP vision and IP-Adapter (tests/tests/ip_adapter.rs runs it).
+    sdflow_tests::write_ip_adapter_models(dir.path());
     let out = dir.path().join("output");
     let input = dir.path().join("input");
     std::fs::create_dir_all(&input).unwrap();
@@ -181,6 +191,14 @@ fn inpaint_with_a_9_channel_unet() {
     let mut txt = load(&env, "txt2img.json", 64, 2);
     txt.set_input("1", "ckpt_name", InputValue::Const(serde_json::json!("inpaint.safetensors"))).unwrap();
     env.exec.run(&txt, &NullSink, &CancelToken::new(), &RunOptions { output_dir: Some(env.out.clone()), ..Default::default() }).unwrap();
+}
+
+#[test]
+fn inpaint_with_an_sdxl_inpainting_unet() {
+    let env = env();
+    let mut wf = load(&env, "inpaint.json", 64, 3);
+    wf.set_input("1", "ckpt_name", InputValue::Const(serde_json::json!("sdxl_inpaint.safetensors"))).unwrap();
+    check_inpaint(&env, wf);
 }
 
 /// Runs an inpainting workflow (its LoadImageMask, VAEEncode*, VAEDecode and SaveImage
@@ -668,4 +686,81 @@ fn controlnet_errors_name_the_problem() {
     ckpt.set_input(&loader, "control_net_name", InputValue::Const(serde_json::json!("ckpt.safetensors"))).unwrap();
     let e = run_err(&env, &ckpt);
     assert!(e.contains("not a ControlNet"), "{e}");
+}
+
+#[test]
+fn sdxl_txt2img_runs_and_size_conditioning_matters() {
+    let env = env();
+    let wf = load(&env, "sdxl_txt2img.json", 64, 2);
+    let (w, h, px) = run_saved(&env, &wf, "7");
+    assert_eq!((w, h), (64, 64));
+    let distinct: std::collections::HashSet<_> = px.iter().collect();
+    assert!(distinct.len() > 16, "only {} distinct byte values", distinct.len());
+    // The size SDXL is told about reaches the UNet through the ADM vector.
+    let mut other = wf.clone();
+    other.set_input("2", "width", InputValue::Const(serde_json::json!(512))).unwrap();
+    assert_ne!(run_saved(&env, &other, "7").2, px, "CLIPTextEncodeSDXL's width changes the image");
+    // The prompts of the two encoders both count.
+    let mut other = wf.clone();
+    other.set_input("2", "text_g", InputValue::Const(serde_json::json!("a red bicycle"))).unwrap();
+    assert_ne!(run_saved(&env, &other, "7").2, px, "text_g changes the image");
+    let mut other = wf.clone();
+    other.set_input("2", "text_l", InputValue::Const(serde_json::json!("a red bicycle"))).unwrap();
+    assert_ne!(run_saved(&env, &other, "7").2, px, "text_l changes the image");
+    // An SDXL embedding brings one set of vectors per encoder (clip_l 32 wide, clip_g 64).
+    let emb_dir = env.out.parent().unwrap().join("models/embeddings");
+    std::fs::create_dir_all(&emb_dir).unwrap();
+    let (l, g): (Vec<f32>, Vec<f32>) = ((0..64).map(|i| (i as f32 * 0.37).sin()).collect(), (0..128).map(|i| (i as f32 * 0.11).cos()).collect());
+    let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let (lb, gb) = (bytes(&l), bytes(&g));
+    sdflow_core::io::safetensors::write(
+        &emb_dir.join("xlstyle.safetensors"),
+        [("clip_l", DType::F32, vec![2, 32], lb.as_slice()), ("clip_g", DType::F32, vec![2, 64], gb.as_slice())].into_iter(),
+        &Default::default(),
+    )
+    .unwrap();
+    let mut with_emb = wf.clone();
+    let prompt = "a lighthouse on a cliff at dawn, oil painting, xlstyle";
+    with_emb.set_input("2", "text_g", InputValue::Const(serde_json::json!(prompt))).unwrap();
+    with_emb.set_input("2", "text_l", InputValue::Const(serde_json::json!(prompt))).unwrap();
+    let mut plain = with_emb.clone();
+    plain.set_input("2", "text_g", InputValue::Const(serde_json::json!(prompt.replace("xlstyle", "xlstyles")))).unwrap();
+    plain.set_input("2", "text_l", InputValue::Const(serde_json::json!(prompt.replace("xlstyle", "xlstyles")))).unwrap();
+    assert_ne!(run_saved(&env, &with_emb, "7").2, run_saved(&env, &plain, "7").2, "the embedding's vectors are used");
+    // An SD1-style embedding (one 32-wide set) has nothing for OpenCLIP-G: the run says so.
+    sdflow_core::io::safetensors::write(&emb_dir.join("lonly.safetensors"), [("emb_params", DType::F32, vec![2, 32], lb.as_slice())].into_iter(), &Default::default()).unwrap();
+    let mut one_width = wf.clone();
+    one_width.set_input("2", "text_g", InputValue::Const(serde_json::json!("lonly"))).unwrap();
+    let err = env.exec.run(&one_width, &NullSink, &CancelToken::new(), &RunOptions::default()).err().expect("no G vectors");
+    assert!(format!("{err:?}").contains("lonly") && format!("{err:?}").contains("64-wide"), "{err:?}");
+}
+
+#[test]
+fn sdxl_and_sd1_conditioning_do_not_mix() {
+    let env = env();
+    // CLIPTextEncodeSDXL on an SD1 CLIP: refused, naming the node's need.
+    let mut wf = load(&env, "sdxl_txt2img.json", 64, 2);
+    wf.set_input("1", "ckpt_name", InputValue::Const(serde_json::json!("model.safetensors"))).unwrap();
+    let err = env.exec.run(&wf, &NullSink, &CancelToken::new(), &RunOptions::default()).err().expect("SD1 CLIP into CLIPTextEncodeSDXL");
+    assert!(format!("{err:?}").contains("two text encoders"), "{err:?}");
+    // SD1 prompts for an SDXL UNet: the widths differ, and the run says so.
+    let mut sd1 = load(&env, "txt2img.json", 64, 2);
+    let mut xl_model = NodeSpec::new("CheckpointLoaderSimple");
+    xl_model.inputs.insert("ckpt_name".into(), InputValue::Const(serde_json::json!("sdxl.safetensors")));
+    sd1.nodes.insert("9".into(), xl_model);
+    sd1.set_input("5", "model", InputValue::Link { node: "9".into(), output: 0 }).unwrap();
+    assert!(env.exec.run(&sd1, &NullSink, &CancelToken::new(), &RunOptions::default()).is_err(), "768-style context into an SDXL UNet");
+}
+
+#[test]
+fn cosxl_edm_v_prediction_is_read_from_the_checkpoint() {
+    let env = env();
+    let wf = load(&env, "sdxl_txt2img.json", 64, 2);
+    let (_, _, xl) = run_saved(&env, &wf, "7");
+    let mut cos = wf.clone();
+    cos.set_input("1", "ckpt_name", InputValue::Const(serde_json::json!("cosxl.safetensors"))).unwrap();
+    let (w, h, px) = run_saved(&env, &cos, "7");
+    assert_eq!((w, h), (64, 64));
+    // Same weights, another prediction type and noise range: another image.
+    assert_ne!(px, xl, "the edm_vpred keys change sampling");
 }

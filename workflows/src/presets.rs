@@ -187,6 +187,10 @@ pub struct ImgGenParams {
     /// `-p`, `-n`. `<lora:name:weight>` tags in the prompt become LoraLoader nodes.
     pub prompt: String,
     pub negative_prompt: String,
+    /// sd-cli zeroes an SDXL model's unconditional embeddings when `-n` is empty (not
+    /// for EDM-v models): the caller, which can read the model file, says whether this
+    /// model is one.
+    pub zero_empty_negative: bool,
     /// LoRA file name per tag name; a tag without an entry loads `NAME.safetensors`.
     pub lora_files: BTreeMap<String, String>,
     /// `--lora-apply-mode`: every LoraLoader's `apply_mode`; `None` leaves the input out
@@ -247,6 +251,7 @@ impl Default for ImgGenParams {
             ad_negative_prompt: String::new(),
             prompt: String::new(),
             negative_prompt: String::new(),
+            zero_empty_negative: false,
             lora_files: BTreeMap::new(),
             lora_apply_mode: None,
             rng: None,
@@ -683,6 +688,9 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
 
     let mut pos = Out(b.core("pos", "-p", text_encode(&prompt, &clip, "Prompt")), 0);
     let mut neg = Out(b.core("neg", "-n", text_encode(&p.negative_prompt, &clip, "Negative prompt")), 0);
+    if p.zero_empty_negative && p.negative_prompt.is_empty() {
+        neg = Out(b.extra("neg_zero", "-n \"\" (SDXL)", NodeSpec::new("ConditioningZeroOut").with_input("conditioning", link(&neg))), 0);
+    }
 
     let (tile_px, overlap_px) = if p.tiling.enabled {
         let (tx, ty) = p.tiling.tile_size;

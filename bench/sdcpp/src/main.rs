@@ -104,9 +104,18 @@ fn peak_rss() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-fn default_checkpoint() -> PathBuf {
+/// `SDFLOW_BENCH_MODEL` (sd15 or sdxl), as the sdflow bench reads it: (file stem, name).
+fn model() -> Result<(&'static str, &'static str), String> {
+    match std::env::var("SDFLOW_BENCH_MODEL").as_deref() {
+        Err(_) | Ok("sd15") => Ok(("sd15", "SD1.5")),
+        Ok("sdxl") => Ok(("sdxl", "SDXL")),
+        Ok(other) => Err(format!("SDFLOW_BENCH_MODEL {other}: sd15 or sdxl")),
+    }
+}
+
+fn default_checkpoint() -> Result<PathBuf, String> {
     let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
-    home.join(".cache/sdflow/bench/sd15_f16.safetensors")
+    Ok(home.join(format!(".cache/sdflow/bench/{}_f16.safetensors", model()?.0)))
 }
 
 struct Args {
@@ -131,7 +140,7 @@ fn parse_args() -> Result<Args, String> {
         .map(|s| s.trim().parse::<i32>().map_err(|e| format!("size {s:?}: {e}")))
         .collect::<Result<Vec<_>, _>>()?;
     if let Some(bad) = sizes.iter().find(|s| **s <= 0 || **s % 64 != 0) {
-        return Err(format!("size {bad}: sd.cpp's SD1.5 needs a positive multiple of 64"));
+        return Err(format!("size {bad}: sd.cpp needs a positive multiple of 64"));
     }
     let steps: i32 = match arg(2) {
         Some(s) => s.parse().map_err(|e| format!("steps {s:?}: {e}"))?,
@@ -140,7 +149,10 @@ fn parse_args() -> Result<Args, String> {
     if steps < 1 {
         return Err(format!("steps {steps}: at least 1"));
     }
-    let checkpoint = arg(3).map(PathBuf::from).unwrap_or_else(default_checkpoint);
+    let checkpoint = match arg(3) {
+        Some(p) => PathBuf::from(p),
+        None => default_checkpoint()?,
+    };
     if !checkpoint.is_file() {
         return Err(format!(
             "checkpoint {}: not found (the sdflow bench writes it: cargo bench -p sdflow-core --bench sd15)",
@@ -275,7 +287,7 @@ fn bench(ctx: *mut sd::sd_ctx_t, args: &Args, ctx_s: f64, type_name: &str, flash
             let text = m.text_s.map_or("?".to_string(), |t| format!("{:.2}", t / 2.0));
             // No comma: bench/sd15.sh takes the weights field up to the next one.
             let fa = if flash { " +flash-attn" } else { "" };
-            println!("sd.cpp SD1.5, weights {type_name}{fa}, {} threads, load {load_s:.1} s, text encode {text} s per prompt", args.threads);
+            println!("sd.cpp {}, weights {type_name}{fa}, {} threads, load {load_s:.1} s, text encode {text} s per prompt", model()?.1, args.threads);
             println!("{:>6} {:>12} {:>14} {:>14}", "size", "s/step", "VAE decode s", "peak RSS GiB");
         }
         println!("{:>6} {:>12.2} {:>14.2} {:>14.2}", format!("{size}²"), m.step_s, m.vae_s, peak_rss() as f64 / GIB);

@@ -1,4 +1,4 @@
-//! Shared by the benchmarks: the cached full-size SD1.5 checkpoint and process memory.
+//! Shared by the benchmarks: the cached full-size random checkpoints and process memory.
 #![allow(dead_code)]
 
 use std::path::PathBuf;
@@ -10,12 +10,17 @@ use sdflow_core::synth::{ensure_checkpoint, Format, SdConfig};
 /// The full-size random-weight SD1.5 checkpoint (f16 safetensors), written once by
 /// `sdflow_core::synth` and reused while its metadata matches.
 pub fn checkpoint() -> PathBuf {
+    checkpoint_of("sd15", &SdConfig::sd15())
+}
+
+/// The full-size random-weight checkpoint of `config`, cached as `<name>_f16.safetensors`.
+pub fn checkpoint_of(name: &str, config: &SdConfig) -> PathBuf {
     let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
     let dir = home.join(".cache/sdflow/bench");
-    let path = dir.join("sd15_f16.safetensors");
+    let path = dir.join(format!("{name}_f16.safetensors"));
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     let t = Instant::now();
-    let wrote = ensure_checkpoint(&path, &SdConfig::sd15(), DType::F16, 0, Format::Safetensors)
+    let wrote = ensure_checkpoint(&path, config, DType::F16, 0, Format::Safetensors)
         .unwrap_or_else(|e| panic!("writing the benchmark checkpoint: {e}"));
     if wrote {
         let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);

@@ -63,7 +63,7 @@ impl KeyMap {
             } else if let Some(i) = base.find("text_model.") {
                 // Hugging Face CLIP (SD1's text encoder, also under a standalone file).
                 let k = &base[i + "text_model.".len()..];
-                km.add_te(k, whole(name));
+                km.add_te(k, whole(name), second_encoder(name));
             } else if let Some((layer, module)) = open_clip_layer(base) {
                 let hf = match module {
                     "attn.out_proj" => "self_attn.out_proj",
@@ -71,7 +71,7 @@ impl KeyMap {
                     "mlp.c_proj" => "mlp.fc2",
                     _ => continue,
                 };
-                km.add_te(&format!("encoder.layers.{layer}.{hf}"), whole(name));
+                km.add_te(&format!("encoder.layers.{layer}.{hf}"), whole(name), second_encoder(name));
             }
         }
         km
@@ -94,13 +94,20 @@ impl KeyMap {
         self.map.entry(key.to_string()).or_insert(t);
     }
 
-    /// A text-encoder module at `k` (Hugging Face path below `text_model.`).
-    fn add_te(&mut self, k: &str, t: Target) {
+    /// A text-encoder module at `k` (Hugging Face path below `text_model.`); `second`:
+    /// it belongs to SDXL's second encoder (OpenCLIP-G), which trainers call `te2` /
+    /// `text_encoder_2`.
+    fn add_te(&mut self, k: &str, t: Target, second: bool) {
         let flat = k.replace('.', "_");
-        for p in ["lora_te_text_model_", "lora_te1_text_model_"] {
+        let (kohya, dotted): (&[&str], &[&str]) = if second {
+            (&["lora_te2_text_model_"], &["text_encoder_2.text_model.", "te2.text_model."])
+        } else {
+            (&["lora_te_text_model_", "lora_te1_text_model_"], &["text_encoder.text_model.", "te.text_model.", "te1.text_model.", "text_model."])
+        };
+        for p in kohya {
             self.add(&format!("{p}{flat}"), t.clone());
         }
-        for p in ["text_encoder.text_model.", "te.text_model.", "text_model."] {
+        for p in dotted {
             self.add(&format!("{p}{k}"), t.clone());
         }
     }
@@ -115,9 +122,14 @@ impl KeyMap {
         let d = rows / 3;
         for (i, p) in ["q_proj", "k_proj", "v_proj"].iter().enumerate() {
             let t = Target { weight: name.to_string(), rows: Some((i * d, d)) };
-            self.add_te(&format!("encoder.layers.{layer}.self_attn.{p}"), t);
+            self.add_te(&format!("encoder.layers.{layer}.self_attn.{p}"), t, second_encoder(name));
         }
     }
+}
+
+/// Whether a checkpoint weight belongs to SDXL's second text encoder.
+fn second_encoder(name: &str) -> bool {
+    name.starts_with("conditioner.embedders.1.")
 }
 
 /// `(layer, module)` of an OpenCLIP text transformer path

@@ -185,7 +185,12 @@ fn classify(name: &str) -> Option<(&str, &'static str, Option<&'static str>)> {
 /// Which modules of a file belong to the text encoder (the rest to the diffusion model),
 /// so each side reports only its own unmatched keys.
 pub fn is_text_encoder_key(key: &str) -> bool {
-    ["lora_te", "text_encoder", "te.", "te_", "text_encoders.", "cond_stage_model.", "text_model."].iter().any(|p| key.starts_with(p))
+    ["lora_te", "text_encoder", "te.", "te_", "te1.", "te2.", "text_encoders.", "cond_stage_model.", "conditioner.", "text_model."].iter().any(|p| key.starts_with(p))
+}
+
+/// Whether a text-encoder key names SDXL's second encoder (OpenCLIP-G).
+fn is_second_encoder_key(key: &str) -> bool {
+    ["lora_te2_", "text_encoder_2.", "te2.", "conditioner.embedders.1."].iter().any(|p| key.starts_with(p))
 }
 
 /// How a LoRA reaches the model: sd.cpp's `--lora-apply-mode`.
@@ -258,12 +263,19 @@ pub struct MergeReport {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Side {
     DiffusionModel,
+    /// The text encoder (SDXL: the first, CLIP-L).
     TextEncoder,
+    /// SDXL's second text encoder (OpenCLIP-G): `lora_te2_` / `text_encoder_2.` keys.
+    TextEncoder2,
 }
 
 impl Side {
     fn owns(self, key: &str) -> bool {
-        is_text_encoder_key(key) == (self == Side::TextEncoder)
+        match self {
+            Side::DiffusionModel => !is_text_encoder_key(key),
+            Side::TextEncoder => is_text_encoder_key(key) && !is_second_encoder_key(key),
+            Side::TextEncoder2 => is_text_encoder_key(key) && is_second_encoder_key(key),
+        }
     }
 }
 

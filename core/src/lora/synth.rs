@@ -27,7 +27,19 @@ pub fn write_random_lora(ckpt: &dyn TensorSource, path: &Path, rank: usize, std:
         let key = if let Some(k) = base.strip_prefix("model.diffusion_model.") {
             format!("lora_unet_{}", k.replace('.', "_"))
         } else if let Some(i) = base.find("text_model.encoder.layers.") {
-            format!("lora_te_{}", base[i..].replace('.', "_"))
+            // SDXL's first encoder is kohya's `te1`.
+            let te = if base.starts_with("conditioner.embedders.0.") { "lora_te1_" } else { "lora_te_" };
+            format!("{te}{}", base[i..].replace('.', "_"))
+        } else if let Some(rest) = base.strip_prefix("conditioner.embedders.1.model.transformer.resblocks.") {
+            // SDXL's OpenCLIP-G as trainers name it: `te2`, Hugging Face module paths.
+            let Some((layer, module)) = rest.split_once('.') else { continue };
+            let hf = match module {
+                "attn.out_proj" => "self_attn_out_proj",
+                "mlp.c_fc" => "mlp_fc1",
+                "mlp.c_proj" => "mlp_fc2",
+                _ => continue,
+            };
+            format!("lora_te2_text_model_encoder_layers_{layer}_{hf}")
         } else {
             continue;
         };

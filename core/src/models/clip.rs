@@ -73,6 +73,39 @@ impl Names {
             ClipLayout::OpenClip => format!("{}.ln_final", self.prefix),
         }
     }
+    /// The pooled output's projection: OpenCLIP keeps a bare matrix used as `x @ P`
+    /// next to the transformer; Hugging Face's `CLIPTextModelWithProjection` a bias-free
+    /// Linear beside `text_model` (`text_encoder_2/text_projection.weight`).
+    fn projection(&self) -> String {
+        match self.layout {
+            ClipLayout::HuggingFace => {
+                let root = self.prefix.strip_suffix("text_model").map_or(String::new(), |r| r.to_string());
+                format!("{root}text_projection.weight")
+            }
+            ClipLayout::OpenClip => format!("{}.text_projection", self.prefix),
+        }
+    }
+}
+
+/// How [`ClipTextModel::encode`] reads the encoder.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EncodeOptions {
+    /// 1 = the last layer's hidden states, 2 = the penultimate, ...
+    pub clip_skip: usize,
+    /// Pass the hidden states through the final layer norm: SD1 and SD2 do, SDXL's two
+    /// encoders do not (ComfyUI's `layer_norm_hidden_state=False`).
+    pub final_norm: bool,
+    /// Also return the pooled output: the last layer, final-normed, at each sequence's
+    /// given token position (its end token), projected (SDXL's OpenCLIP-G).
+    pub pooled_at: Option<Vec<usize>>,
+}
+
+/// The outputs of [`ClipTextModel::encode`].
+pub struct ClipOutputs<'a> {
+    /// [hidden, T, B].
+    pub hidden: Tensor<'a>,
+    /// [projection, B].
+    pub pooled: Option<Tensor<'a>>,
 }
 
 /// A CLIP text encoder over [`Weights`] whose shapes have been checked.
@@ -121,29 +154,8 @@ impl<'w> ClipTextModel<'w> {
         let (d, f) = (c.hidden, c.intermediate);
         w.expect(&names.token_embedding(), &[d, c.vocab])?;
         w.expect(&names.position_embedding(), &[d, c.max_positions])?;
-        let [ln1, ln2, out, fc1, fc2] = names.parts();
         for i in 0..c.layers {
-            let l = names.layer(i);
-            for n in [ln1, ln2] {
-                w.expect(&format!("{l}.{n}.weight"), &[d])?;
-                w.expect(&format!("{l}.{n}.bias"), &[d])?;
-            }
-            match c.layout {
-                ClipLayout::HuggingFace => {
-                    for p in ["q_proj", "k_proj", "v_proj"] {
-                        w.expect(&format!("{l}.self_attn.{p}.weight"), &[d, d])?;
-                        w.expect(&format!("{l}.self_attn.{p}.bias"), &[d])?;
-                    }
-                }
-                ClipLayout::OpenClip => {
-                    w.expect(&format!("{l}.attn.in_proj_weight"), &[d, 3 * d])?;
-                    w.expect(&format!("{l}.attn.in_proj_bias"), &[3 * d])?;
-                }
-            }
-            for (n, i_, o) in [(out, d, d), (fc1, d, f), (fc2, f, d)] {
-                w.expect(&format!("{l}.{n}.weight"), &[i_, o])?;
-                w.expect(&format!("{l}.{n}.bias"), &[o])?;
-            }
+            expect_layer(w, &names.layer(i), c.layout, d, f)?;
         }
         w.expect(&format!("{}.weight", names.final_norm()), &[d])?;
         w.expect(&format!("{}.bias", names.final_norm()), &[d])?;
@@ -166,6 +178,22 @@ impl<'w> ClipTextModel<'w> {
     where
         'w: 'a,
     {
+        let opts = EncodeOptions { clip_skip, final_norm: true, pooled_at: None };
+        Ok(self.encode(ctx, run, tokens, &opts, extra)?.hidden)
+    }
+
+    /// Whether the weights hold the pooled output's projection.
+    pub fn has_projection(&self) -> bool {
+        self.w.contains(&self.names.projection())
+    }
+
+    /// Hidden states (and optionally the pooled output) for `tokens`, as `opts` asks;
+    /// `extra` as in [`ClipTextModel::forward_with_extra`].
+    pub fn encode<'a>(&'a self, ctx: &'a Context, run: &mut GraphRun<'a>, tokens: &[Vec<i32>], opts: &EncodeOptions, extra: &[f32]) -> Result<ClipOutputs<'a>>
+    where
+        'w: 'a,
+    {
+        let clip_skip = opts.clip_skip;
         let c = &self.config;
         let b = tokens.len();
         let t = tokens.first().map_or(0, |s| s.len());
@@ -205,36 +233,132 @@ impl<'w> ClipTextModel<'w> {
         }
         let mask = run.input_f32(&[t, t], mask)?;
 
-        let [ln1, ln2, out, fc1, fc2] = self.names.parts();
-        for i in 0..(c.layers + 1 - clip_skip) {
-            let l = self.names.layer(i);
-            let h = layer_norm(ctx, self.w, &format!("{l}.{ln1}"), x, c.eps)?;
-            let (q, k, v) = match c.layout {
-                ClipLayout::HuggingFace => (
-                    linear(ctx, self.w, &format!("{l}.self_attn.q_proj"), h)?,
-                    linear(ctx, self.w, &format!("{l}.self_attn.k_proj"), h)?,
-                    linear(ctx, self.w, &format!("{l}.self_attn.v_proj"), h)?,
-                ),
-                ClipLayout::OpenClip => {
-                    let qkv = project(ctx, self.w, &format!("{l}.attn.in_proj_weight"), h)?;
-                    let qkv = ctx.add(qkv, self.w.get(&format!("{l}.attn.in_proj_bias"))?)?;
-                    let nb = qkv.nb();
-                    let part = |j: usize| ctx.view(qkv, [d, t, b, 1], [nb[1], nb[2], nb[3]], j * d as usize * 4);
-                    (part(0)?, part(1)?, part(2)?)
-                }
-            };
-            let a = attention(ctx, q, k, v, c.heads, Some(mask))?;
-            let a = linear(ctx, self.w, &format!("{l}.{out}"), a)?;
-            x = ctx.add(x, a)?;
-            let h = layer_norm(ctx, self.w, &format!("{l}.{ln2}"), x, c.eps)?;
-            let h = linear(ctx, self.w, &format!("{l}.{fc1}"), h)?;
-            let h = match c.activation {
-                Activation::QuickGelu => ctx.gelu_quick_exact(h)?,
-                Activation::Gelu => ctx.gelu_erf(h)?,
-            };
-            let h = linear(ctx, self.w, &format!("{l}.{fc2}"), h)?;
-            x = ctx.add(x, h)?;
+        if let Some(at) = &opts.pooled_at {
+            if at.len() != tokens.len() || at.iter().any(|&p| p >= t as usize) {
+                return Err(ModelError::Input(format!("pooled positions {at:?} for {b} sequences of {t} tokens")));
+            }
         }
-        layer_norm(ctx, self.w, &self.names.final_norm(), x, c.eps)
+        let layer = Layer { layout: c.layout, heads: c.heads, activation: c.activation, eps: c.eps };
+        let wanted = c.layers + 1 - clip_skip;
+        let run_layers = if opts.pooled_at.is_some() { c.layers } else { wanted };
+        let mut hidden = None;
+        for i in 0..run_layers {
+            x = layer.forward(ctx, self.w, &self.names.layer(i), x, Some(mask))?;
+            if i + 1 == wanted {
+                hidden = Some(x);
+            }
+        }
+        let hidden = hidden.expect("the loop runs at least the wanted layers");
+        let hidden = if opts.final_norm { layer_norm(ctx, self.w, &self.names.final_norm(), hidden, c.eps)? } else { hidden };
+        let pooled = match &opts.pooled_at {
+            None => None,
+            Some(at) => {
+                let last = layer_norm(ctx, self.w, &self.names.final_norm(), x, c.eps)?;
+                let rows = ctx.reshape(ctx.cont(last)?, [d, t * b, 1, 1])?;
+                let idx = run.input_i32(&[b], at.iter().enumerate().map(|(k, &p)| (k as i64 * t + p as i64) as i32).collect())?;
+                let picked = ctx.get_rows(rows, idx)?; // [d, B]
+                Some(self.project_pooled(ctx, picked)?)
+            }
+        };
+        Ok(ClipOutputs { hidden, pooled })
+    }
+
+    fn project_pooled<'a>(&'a self, ctx: &'a Context, x: Tensor<'a>) -> Result<Tensor<'a>>
+    where
+        'w: 'a,
+    {
+        let name = self.names.projection();
+        let p = self.w.get(&name)?;
+        let d = self.config.hidden;
+        match self.config.layout {
+            ClipLayout::HuggingFace => {
+                if p.ne()[0] != d {
+                    return Err(ModelError::Shape { name, expected: vec![d, p.ne()[1]], got: p.ne().to_vec() });
+                }
+                project(ctx, self.w, &name, x)
+            }
+            ClipLayout::OpenClip => {
+                // Stored [width, embed] for `x @ P`: ggml wants the contracted axis first.
+                if p.ne()[1] != d {
+                    return Err(ModelError::Shape { name, expected: vec![p.ne()[0], d], got: p.ne().to_vec() });
+                }
+                let pt = ctx.cont(ctx.permute(ctx.cast(p, crate::ggml::GType::F32)?, [1, 0, 2, 3])?)?;
+                Ok(ctx.mul_mat(pt, x)?)
+            }
+        }
+    }
+}
+
+/// The weight names of one encoder layer's parts in `layout`: (ln1, ln2, out_proj, fc1, fc2).
+fn layer_parts(layout: ClipLayout) -> [&'static str; 5] {
+    Names { prefix: String::new(), layout }.parts()
+}
+
+/// Check the weights of the encoder layer at `l` (width `d`, MLP width `f`).
+pub(crate) fn expect_layer(w: &Weights, l: &str, layout: ClipLayout, d: i64, f: i64) -> Result<()> {
+    let [ln1, ln2, out, fc1, fc2] = layer_parts(layout);
+    for n in [ln1, ln2] {
+        w.expect(&format!("{l}.{n}.weight"), &[d])?;
+        w.expect(&format!("{l}.{n}.bias"), &[d])?;
+    }
+    match layout {
+        ClipLayout::HuggingFace => {
+            for p in ["q_proj", "k_proj", "v_proj"] {
+                w.expect(&format!("{l}.self_attn.{p}.weight"), &[d, d])?;
+                w.expect(&format!("{l}.self_attn.{p}.bias"), &[d])?;
+            }
+        }
+        ClipLayout::OpenClip => {
+            w.expect(&format!("{l}.attn.in_proj_weight"), &[d, 3 * d])?;
+            w.expect(&format!("{l}.attn.in_proj_bias"), &[3 * d])?;
+        }
+    }
+    for (n, i_, o) in [(out, d, d), (fc1, d, f), (fc2, f, d)] {
+        w.expect(&format!("{l}.{n}.weight"), &[i_, o])?;
+        w.expect(&format!("{l}.{n}.bias"), &[o])?;
+    }
+    Ok(())
+}
+
+/// One pre-norm transformer layer of a CLIP encoder (text or vision tower).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Layer {
+    pub layout: ClipLayout,
+    pub heads: i64,
+    pub activation: Activation,
+    pub eps: f32,
+}
+
+impl Layer {
+    /// The layer at `l` on x [D, T, B]; `mask` [T, T] is added to the attention scores.
+    pub(crate) fn forward<'a>(&self, ctx: &'a Context, w: &'a Weights, l: &str, x: Tensor<'a>, mask: Option<Tensor<'a>>) -> Result<Tensor<'a>> {
+        let [ln1, ln2, out, fc1, fc2] = layer_parts(self.layout);
+        let [d, t, b, _] = x.ne();
+        let h = layer_norm(ctx, w, &format!("{l}.{ln1}"), x, self.eps)?;
+        let (q, k, v) = match self.layout {
+            ClipLayout::HuggingFace => (
+                linear(ctx, w, &format!("{l}.self_attn.q_proj"), h)?,
+                linear(ctx, w, &format!("{l}.self_attn.k_proj"), h)?,
+                linear(ctx, w, &format!("{l}.self_attn.v_proj"), h)?,
+            ),
+            ClipLayout::OpenClip => {
+                let qkv = project(ctx, w, &format!("{l}.attn.in_proj_weight"), h)?;
+                let qkv = ctx.add(qkv, w.get(&format!("{l}.attn.in_proj_bias"))?)?;
+                let nb = qkv.nb();
+                let part = |j: usize| ctx.view(qkv, [d, t, b, 1], [nb[1], nb[2], nb[3]], j * d as usize * 4);
+                (part(0)?, part(1)?, part(2)?)
+            }
+        };
+        let a = attention(ctx, q, k, v, self.heads, mask)?;
+        let a = linear(ctx, w, &format!("{l}.{out}"), a)?;
+        let x = ctx.add(x, a)?;
+        let h = layer_norm(ctx, w, &format!("{l}.{ln2}"), x, self.eps)?;
+        let h = linear(ctx, w, &format!("{l}.{fc1}"), h)?;
+        let h = match self.activation {
+            Activation::QuickGelu => ctx.gelu_quick_exact(h)?,
+            Activation::Gelu => ctx.gelu_erf(h)?,
+        };
+        let h = linear(ctx, w, &format!("{l}.{fc2}"), h)?;
+        Ok(ctx.add(x, h)?)
     }
 }

@@ -7,7 +7,9 @@
 
 pub mod clip;
 pub mod controlnet;
+pub mod clip_vision;
 pub mod esrgan;
+pub mod ip_adapter;
 pub mod load;
 pub mod nn;
 pub mod sd;

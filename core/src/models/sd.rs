@@ -1,9 +1,11 @@
 //! The Stable Diffusion 1.x/2.x denoiser: the UNet wrapped as a k-diffusion model,
 //! `denoised = D(x, σ)`, with classifier-free guidance computed in one batched graph.
 
+use super::clip::{ClipTextModel, EncodeOptions};
 use super::controlnet::ControlNet;
-use super::unet::{ControlResiduals, Unet, UnetExtras};
-use super::{ModelError, Result};
+use super::ip_adapter::{IpAdapter, IpAdapterConfig};
+use super::unet::{ControlResiduals, IpAttention, Unet, UnetExtras};
+use super::{ModelError, Result, Weights};
 use crate::ggml::{Backend, Context, GraphAllocator, GraphRun};
 use crate::sampling::samplers::Denoised;
 use crate::sampling::schedule::DiscreteSchedule;
@@ -15,6 +17,10 @@ pub enum Prediction {
     Epsilon,
     /// The velocity v = α·ε − σ·x₀ (SD2 768-v).
     V,
+    /// EDM's v-prediction with σ_data = 1 (CosXL, CosXL-Edit): the scalings of `V`, but
+    /// the UNet is told `0.25·ln σ` instead of a training timestep, over a continuous
+    /// log-uniform schedule ([`DiscreteSchedule::edm`]).
+    EdmV,
 }
 
 /// Text conditioning for one sample: `tokens` vectors of width `dim`, row-major.
@@ -106,6 +112,8 @@ pub struct BatchItem<'a> {
     pub cond: &'a Conditioning,
     /// The UNet's extra input channels, per sample.
     pub concat: Option<&'a [f32]>,
+    /// Which image tokens the IP-Adapters give this item.
+    pub ip: IpSide,
     /// ControlNets whose residuals the UNet adds (summed), in stacking order.
     pub control: &'a [ControlInput<'a>],
 }
@@ -137,16 +145,62 @@ impl ControlInput<'_> {
     }
 }
 
+/// The side of classifier-free guidance an item is on, for IP-Adapter: the positive (and
+/// any middle) conditioning sees the image's tokens, the negative the unconditional ones.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IpSide {
+    #[default]
+    Cond,
+    Uncond,
+}
+
+/// An IP-Adapter applied while denoising: its weights and the image tokens it adds.
+pub struct IpPatch<'w> {
+    pub weights: &'w Weights,
+    /// Image tokens [width, tokens] (row-major: `tokens` rows of the UNet's context
+    /// width) for the conditional side.
+    pub cond: Vec<f32>,
+    /// The same for the unconditional side: the projection of a zero embedding (classic)
+    /// or of a black image's hidden states (Plus), as ComfyUI_IPAdapter_plus makes them.
+    pub uncond: Vec<f32>,
+    pub tokens: i64,
+    /// The weight of the image attention (diffusers' `scale`, ComfyUI's `weight`).
+    pub scale: f32,
+    /// (first, last) noise level it applies at: active while first ≥ σ ≥ last.
+    pub sigmas: (f32, f32),
+}
+
 pub struct SdDenoiser<'w> {
     unet: Unet<'w>,
     pub schedule: DiscreteSchedule,
     pub prediction: Prediction,
     alloc: Option<GraphAllocator>,
+    ip: Vec<IpPatch<'w>>,
 }
 
 impl<'w> SdDenoiser<'w> {
     pub fn new(unet: Unet<'w>, schedule: DiscreteSchedule, prediction: Prediction) -> Self {
-        SdDenoiser { unet, schedule, prediction, alloc: None }
+        SdDenoiser { unet, schedule, prediction, alloc: None, ip: Vec::new() }
+    }
+
+    /// Denoise with IP-Adapters, each checked against the UNet (its layers, their widths,
+    /// the width of its tokens) before any graph is built.
+    pub fn with_ip_adapters(mut self, patches: Vec<IpPatch<'w>>) -> Result<Self> {
+        let width = self.unet.config.context_dim;
+        for (i, p) in patches.iter().enumerate() {
+            IpAdapter::new(p.weights, IpAdapterConfig::infer(p.weights)?)?.check_unet(&self.unet.config)?;
+            let n = (p.tokens * width) as usize;
+            if p.tokens < 1 || p.cond.len() != n || p.uncond.len() != n {
+                return Err(ModelError::Input(format!(
+                    "IP-Adapter {i}: {} and {} token values are not {} tokens of width {width}",
+                    p.cond.len(),
+                    p.uncond.len(),
+                    p.tokens
+                )));
+            }
+        }
+        self.ip = patches;
+        Ok(self)
     }
 
     pub fn unet(&self) -> &Unet<'w> {
@@ -158,7 +212,7 @@ impl<'w> SdDenoiser<'w> {
         let c_in = 1.0 / (sigma * sigma + 1.0).sqrt();
         match self.prediction {
             Prediction::Epsilon => (1.0, -sigma, c_in),
-            Prediction::V => (1.0 / (sigma * sigma + 1.0), -sigma * c_in, c_in),
+            Prediction::V | Prediction::EdmV => (1.0 / (sigma * sigma + 1.0), -sigma * c_in, c_in),
         }
     }
 
@@ -184,9 +238,9 @@ impl<'w> SdDenoiser<'w> {
             )));
         }
         let c = concat.map(|c| c.0);
-        let mut items = vec![BatchItem { x, cond, concat: c, control: &[] }];
+        let mut items = vec![BatchItem { x, cond, concat: c, ip: IpSide::Cond, control: &[] }];
         if let Some(u) = uncond {
-            items.push(BatchItem { x, cond: u, concat: c, control: &[] });
+            items.push(BatchItem { x, cond: u, concat: c, ip: IpSide::Uncond, control: &[] });
         }
         let mut out = self.denoise_batch(backend, shape, sigma, &items)?;
         let cond_d = out.remove(0);
@@ -252,7 +306,11 @@ impl<'w> SdDenoiser<'w> {
             return Err(ModelError::Input(format!("sigma {sigma}")));
         }
         let (c_skip, c_out, c_in) = self.scalings(sigma);
-        let t = self.schedule.sigma_to_t(sigma);
+        let t = match self.prediction {
+            // EDM's c_noise; σ = 0 never reaches the model (samplers stop before it).
+            Prediction::EdmV => 0.25 * sigma.max(f32::MIN_POSITIVE).ln(),
+            _ => self.schedule.sigma_to_t(sigma),
+        };
         let mut out: Vec<Option<Vec<f32>>> = vec![None; items.len()];
         // Different token counts cannot share a batch; run them one after another.
         let mut pending: Vec<usize> = (0..items.len()).collect();
@@ -291,7 +349,19 @@ impl<'w> SdDenoiser<'w> {
                 })
                 .collect();
             let controls: Vec<(&ControlInput<'_>, Vec<f32>)> = control.iter().zip(hints).collect();
-            let pred = self.run_unet(backend, xin, [shape[0], shape[1], want, b], shape[2], vec![t; b as usize], ctx_data, key.1, key.0, y, controls)?;
+            // Every adapter active at this noise level, with each sample's image tokens.
+            let ip: Vec<(usize, Vec<f32>)> = (self.ip.iter().enumerate())
+                .filter(|(_, p)| sigma <= p.sigmas.0 && sigma >= p.sigmas.1)
+                .map(|(a, p)| {
+                    let mut v = Vec::with_capacity(p.cond.len() * b as usize);
+                    for &k in &group {
+                        let side = if items[k].ip == IpSide::Uncond { &p.uncond } else { &p.cond };
+                        (0..n).for_each(|_| v.extend_from_slice(side));
+                    }
+                    (a, v)
+                })
+                .collect();
+            let pred = self.run_unet(backend, xin, [shape[0], shape[1], want, b], shape[2], vec![t; b as usize], ctx_data, key.1, key.0, y, controls, ip)?;
             for (&k, p) in group.iter().zip(pred.chunks(n_per * n)) {
                 out[k] = Some(items[k].x.iter().zip(p).map(|(xv, pv)| xv * c_skip + pv * c_out).collect());
             }
@@ -302,7 +372,7 @@ impl<'w> SdDenoiser<'w> {
     /// The UNet on `x` (`shape`, of which the first `latent_channels` channels are the
     /// latent), with the residuals of `controls` (each with its hints for the batch).
     #[allow(clippy::too_many_arguments)]
-    fn run_unet(&mut self, backend: &Backend, x: Vec<f32>, shape: LatentShape, latent_channels: i64, t: Vec<f32>, context: Vec<f32>, dim: i64, tokens: i64, y: Option<Vec<f32>>, controls: Vec<(&ControlInput<'_>, Vec<f32>)>) -> Result<Vec<f32>> {
+    fn run_unet(&mut self, backend: &Backend, x: Vec<f32>, shape: LatentShape, latent_channels: i64, t: Vec<f32>, context: Vec<f32>, dim: i64, tokens: i64, y: Option<Vec<f32>>, controls: Vec<(&ControlInput<'_>, Vec<f32>)>, ip: Vec<(usize, Vec<f32>)>) -> Result<Vec<f32>> {
         // A UNet graph is a few thousand nodes, a ControlNet half that; this bounds
         // SD1/SD2 at any size.
         let graph = 32768 + 16384 * controls.len();
@@ -315,6 +385,11 @@ impl<'w> SdDenoiser<'w> {
         if let Some(y) = y {
             let width = y.len() as i64 / shape[3];
             extras.y = Some(run.input_f32(&[width, shape[3]], y)?);
+        }
+        for (a, data) in ip {
+            let p = &self.ip[a];
+            let tokens = run.input_f32(&[self.unet.config.context_dim, p.tokens, shape[3]], data)?;
+            extras.ip.push(IpAttention { weights: p.weights, tokens, scale: p.scale });
         }
         if !controls.is_empty() {
             // ControlNets see the latent without the UNet's extra channels.
@@ -352,7 +427,14 @@ impl<'w> SdDenoiser<'w> {
 /// vectors spliced in, then A1111/sd.cpp emphasis — each token's hidden state scaled
 /// by its weight and the chunk rescaled to its original mean. Returns `77 × chunks`
 /// tokens of conditioning.
-pub fn encode_prompt(backend: &Backend, clip: &super::clip::ClipTextModel<'_>, prompt: &crate::text::TokenizedPrompt, clip_skip: usize) -> Result<Conditioning> {
+pub fn encode_prompt(backend: &Backend, clip: &ClipTextModel<'_>, prompt: &crate::text::TokenizedPrompt, clip_skip: usize) -> Result<Conditioning> {
+    encode_prompt_with(backend, clip, prompt, clip_skip, true, false)
+}
+
+/// [`encode_prompt`] with the hidden states' final layer norm optional (`final_norm`)
+/// and, with `pooled`, the first chunk's pooled output (ComfyUI and sd.cpp pool the
+/// first chunk only) in [`Conditioning::pooled`].
+pub fn encode_prompt_with(backend: &Backend, clip: &ClipTextModel<'_>, prompt: &crate::text::TokenizedPrompt, clip_skip: usize, final_norm: bool, pooled: bool) -> Result<Conditioning> {
     let d = clip.config.hidden;
     let vocab = clip.config.vocab as i32;
     let mut extra: Vec<f32> = Vec::new();
@@ -377,8 +459,20 @@ pub fn encode_prompt(backend: &Backend, clip: &super::clip::ClipTextModel<'_>, p
     const GRAPH: usize = 8192;
     let ctx = Context::new(GRAPH, GRAPH)?;
     let mut run = GraphRun::new(&ctx);
-    let out = clip.forward_with_extra(&ctx, &mut run, &tokens, clip_skip, &extra)?;
-    let mut hidden = run.compute(backend, &[out], GRAPH)?.remove(0);
+    // The end token's position: the first `<|endoftext|>` (what ComfyUI's argmax over
+    // the ids finds), the last position if a chunk has none.
+    let eos = crate::text::tokenizer::EOS_TOKEN as i32;
+    let pooled_at = pooled.then(|| tokens.iter().map(|ids| ids.iter().position(|&i| i == eos).unwrap_or(ids.len() - 1)).collect());
+    let opts = EncodeOptions { clip_skip, final_norm, pooled_at };
+    let out = clip.encode(&ctx, &mut run, &tokens, &opts, &extra)?;
+    let mut outs: Vec<_> = vec![out.hidden];
+    outs.extend(out.pooled);
+    let mut results = run.compute(backend, &outs, GRAPH)?;
+    let mut hidden = results.remove(0);
+    let pooled = results.pop().map(|p| {
+        let width = p.len() / tokens.len();
+        p[..width].to_vec()
+    });
     let t = tokens[0].len();
     for (chunk, values) in prompt.chunks.iter().zip(hidden.chunks_mut(t * d as usize)) {
         if chunk.weights.iter().all(|&w| w == 1.0) {
@@ -395,5 +489,32 @@ pub fn encode_prompt(backend: &Backend, clip: &super::clip::ClipTextModel<'_>, p
             values.iter_mut().for_each(|x| *x *= k);
         }
     }
-    Conditioning::new(hidden, d, (t * prompt.chunks.len()) as i64)
+    let mut cond = Conditioning::new(hidden, d, (t * prompt.chunks.len()) as i64)?;
+    cond.pooled = pooled;
+    Ok(cond)
+}
+
+/// SDXL's text conditioning: CLIP-L's and OpenCLIP-G's penultimate hidden states (no
+/// final norm), side by side per token (768 + 1280 = 2048 wide), and G's pooled
+/// output. The two prompts are one prompt tokenized with each encoder's padding.
+pub fn encode_prompt_sdxl(
+    backend: &Backend,
+    l: (&ClipTextModel<'_>, &crate::text::TokenizedPrompt),
+    g: (&ClipTextModel<'_>, &crate::text::TokenizedPrompt),
+    clip_skip: usize,
+) -> Result<Conditioning> {
+    let cl = encode_prompt_with(backend, l.0, l.1, clip_skip.min(l.0.config.layers), false, false)?;
+    let cg = encode_prompt_with(backend, g.0, g.1, clip_skip.min(g.0.config.layers), false, true)?;
+    if cl.tokens != cg.tokens {
+        return Err(ModelError::Input(format!("the two encoders' prompts differ in length: {} and {} tokens", cl.tokens, cg.tokens)));
+    }
+    let (dl, dg) = (cl.dim as usize, cg.dim as usize);
+    let mut data = Vec::with_capacity(cl.data.len() + cg.data.len());
+    for (a, b) in cl.data.chunks(dl).zip(cg.data.chunks(dg)) {
+        data.extend_from_slice(a);
+        data.extend_from_slice(b);
+    }
+    let mut cond = Conditioning::new(data, (dl + dg) as i64, cl.tokens)?;
+    cond.pooled = cg.pooled;
+    Ok(cond)
 }

@@ -6,7 +6,7 @@
 //! down- and upsamplers sit. That covers SD1.x, SD2.x, 9-channel inpainting and
 //! 8-channel instruct-pix2pix UNets with one code path.
 
-use super::nn::{attention_typed, conv2d, group_norm, layer_norm, linear};
+use super::nn::{attention_typed, conv2d, group_norm, layer_norm, linear, project};
 use super::{ModelError, Result, Weights};
 use crate::ggml::{Context, ScaleMode, Tensor};
 
@@ -67,6 +67,8 @@ pub struct UnetExtras<'a> {
     /// The ADM vector `y` [adm_in_channels, N] (SDXL), required exactly when the UNet
     /// has `label_emb`.
     pub y: Option<Tensor<'a>>,
+    /// IP-Adapters: image tokens every cross-attention also attends to.
+    pub ip: Vec<IpAttention<'a>>,
     /// ControlNet residuals (the sum over stacked ControlNets), added as ldm's
     /// `apply_control` does.
     pub control: Option<ControlResiduals<'a>>,
@@ -79,6 +81,26 @@ pub struct UnetExtras<'a> {
 pub struct ControlResiduals<'a> {
     pub skips: Vec<Tensor<'a>>,
     pub middle: Tensor<'a>,
+}
+
+/// One IP-Adapter's image attention (diffusers' `IPAdapterAttnProcessor`): each
+/// cross-attention adds `scale · attention(q, to_k_ip(tokens), to_v_ip(tokens))` to its
+/// text attention, before the output projection.
+pub struct IpAttention<'a> {
+    /// The adapter's weights (`ip_adapter.N.to_k_ip` / `to_v_ip`), checked against this
+    /// UNet with [`super::ip_adapter::IpAdapter::check_unet`].
+    pub weights: &'a Weights,
+    /// Image tokens per sample [width, tokens, N].
+    pub tokens: Tensor<'a>,
+    pub scale: f32,
+}
+
+/// The image attention of one cross-attention layer: the adapters and the layer's index N
+/// in their `ip_adapter.N` weights.
+#[derive(Clone, Copy)]
+struct IpLayer<'e, 'a> {
+    adapters: &'e [IpAttention<'a>],
+    index: usize,
 }
 
 const GROUPS: i32 = 32;
@@ -380,7 +402,7 @@ impl<'w> Unet<'w> {
         Ok(ctx.add(x, h)?)
     }
 
-    fn cross_attention<'a>(&'a self, ctx: &'a Context, name: &str, x: Tensor<'a>, context: Tensor<'a>, heads: i64) -> Result<Tensor<'a>>
+    fn cross_attention<'a>(&'a self, ctx: &'a Context, name: &str, x: Tensor<'a>, context: Tensor<'a>, heads: i64, ip: Option<IpLayer<'_, 'a>>) -> Result<Tensor<'a>>
     where
         'w: 'a,
     {
@@ -389,12 +411,18 @@ impl<'w> Unet<'w> {
         let k = linear(ctx, w, &format!("{name}.to_k"), context)?;
         let v = linear(ctx, w, &format!("{name}.to_v"), context)?;
         let compute = w.get(&format!("{name}.to_q.weight"))?.dtype();
-        let a = attention_typed(ctx, q, k, v, heads, None, compute)?;
+        let mut a = attention_typed(ctx, q, k, v, heads, None, compute)?;
+        for (adapter, n) in ip.iter().flat_map(|l| l.adapters.iter().map(move |a| (a, l.index))) {
+            let k = project(ctx, adapter.weights, &format!("ip_adapter.{n}.to_k_ip.weight"), adapter.tokens)?;
+            let v = project(ctx, adapter.weights, &format!("ip_adapter.{n}.to_v_ip.weight"), adapter.tokens)?;
+            let image = attention_typed(ctx, q, k, v, heads, None, compute)?;
+            a = ctx.add(a, ctx.scale(image, adapter.scale)?)?;
+        }
         linear(ctx, w, &format!("{name}.to_out.0"), a)
     }
 
     /// SpatialTransformer on x [W, H, C, N] with `context` [Dc, Tc, N].
-    fn transformer<'a>(&'a self, ctx: &'a Context, name: &str, x: Tensor<'a>, context: Tensor<'a>, depth: usize) -> Result<Tensor<'a>>
+    fn transformer<'a>(&'a self, ctx: &'a Context, name: &str, x: Tensor<'a>, context: Tensor<'a>, depth: usize, ip: &IpLayers<'_, 'a>) -> Result<Tensor<'a>>
     where
         'w: 'a,
     {
@@ -419,9 +447,10 @@ impl<'w> Unet<'w> {
         for d in 0..depth {
             let blk = n(&format!("transformer_blocks.{d}"));
             let t = layer_norm(ctx, w, &format!("{blk}.norm1"), h, 1e-5)?;
-            h = ctx.add(h, self.cross_attention(ctx, &format!("{blk}.attn1"), t, t, heads)?)?;
+            h = ctx.add(h, self.cross_attention(ctx, &format!("{blk}.attn1"), t, t, heads, None)?)?;
             let t = layer_norm(ctx, w, &format!("{blk}.norm2"), h, 1e-5)?;
-            h = ctx.add(h, self.cross_attention(ctx, &format!("{blk}.attn2"), t, context, heads)?)?;
+            let image = ip.layer(&format!("{name}.transformer_blocks.{d}"));
+            h = ctx.add(h, self.cross_attention(ctx, &format!("{blk}.attn2"), t, context, heads, image)?)?;
             let t = layer_norm(ctx, w, &format!("{blk}.norm3"), h, 1e-5)?;
             // GEGLU: the projection's first half is the value, the second the gate.
             let p = linear(ctx, w, &format!("{blk}.ff.net.0.proj"), t)?;
@@ -482,7 +511,7 @@ impl<'w> Unet<'w> {
     /// The encoder: input blocks and middle block on `x` with embedding `emb`. Returns
     /// every input block's output (the skips) and the middle block's. `after_first` is
     /// added to `input_blocks.0`'s output before anything uses it (a ControlNet's hint).
-    pub(crate) fn encode<'a>(&'a self, ctx: &'a Context, x: Tensor<'a>, emb: Tensor<'a>, context: Tensor<'a>, after_first: Option<Tensor<'a>>) -> Result<(Vec<Tensor<'a>>, Tensor<'a>)>
+    pub(crate) fn encode<'a>(&'a self, ctx: &'a Context, x: Tensor<'a>, emb: Tensor<'a>, context: Tensor<'a>, after_first: Option<Tensor<'a>>, ip: &IpLayers<'_, 'a>) -> Result<(Vec<Tensor<'a>>, Tensor<'a>)>
     where
         'w: 'a,
     {
@@ -502,7 +531,7 @@ impl<'w> Unet<'w> {
                 BlockKind::Res { transformer_depth, .. } => {
                     let h = self.res_block(ctx, &format!("input_blocks.{i}.0"), h, emb)?;
                     if transformer_depth > 0 {
-                        self.transformer(ctx, &format!("input_blocks.{i}.1"), h, context, transformer_depth)?
+                        self.transformer(ctx, &format!("input_blocks.{i}.1"), h, context, transformer_depth, &ip)?
                     } else {
                         h
                     }
@@ -512,7 +541,7 @@ impl<'w> Unet<'w> {
         }
         h = self.res_block(ctx, "middle_block.0", h, emb)?;
         if c.middle_depth > 0 {
-            h = self.transformer(ctx, "middle_block.1", h, context, c.middle_depth)?;
+            h = self.transformer(ctx, "middle_block.1", h, context, c.middle_depth, &ip)?;
             h = self.res_block(ctx, "middle_block.2", h, emb)?;
         } else {
             h = self.res_block(ctx, "middle_block.1", h, emb)?;
@@ -537,7 +566,15 @@ impl<'w> Unet<'w> {
         let c = &self.config;
         self.check_inputs(x, t, context)?;
         let emb = self.embed(ctx, t, extras.y)?;
-        let (mut skips, mut h) = self.encode(ctx, x, emb, context, None)?;
+        let b = x.ne()[3];
+        for (i, a) in extras.ip.iter().enumerate() {
+            let [width, _, n, _] = a.tokens.ne();
+            if width != c.context_dim || n != b {
+                return Err(ModelError::Input(format!("IP-Adapter {i}: image tokens {:?} for a batch of {b} and {}-wide cross-attention", a.tokens.ne(), c.context_dim)));
+            }
+        }
+        let ip = IpLayers::new(&extras.ip, c);
+        let (mut skips, mut h) = self.encode(ctx, x, emb, context, None, &ip)?;
         if let Some(control) = &extras.control {
             // ldm's apply_control: the middle residual onto the middle block's output,
             // each skip residual onto its skip (taken when popped, the same thing).
@@ -559,7 +596,7 @@ impl<'w> Unet<'w> {
             h = ctx.concat(h, skip, 2)?;
             h = self.res_block(ctx, &format!("output_blocks.{i}.0"), h, emb)?;
             if transformer_depth > 0 {
-                h = self.transformer(ctx, &format!("output_blocks.{i}.1"), h, context, transformer_depth)?;
+                h = self.transformer(ctx, &format!("output_blocks.{i}.1"), h, context, transformer_depth, &ip)?;
             }
             if upsample {
                 let at = if transformer_depth > 0 { 2 } else { 1 };
@@ -573,5 +610,29 @@ impl<'w> Unet<'w> {
         }
         let h = ctx.silu(group_norm(ctx, w, &self.n("out.0"), h, GROUPS, 1e-5)?)?;
         conv2d(ctx, w, &self.n("out.2"), h, 1, 1)
+    }
+}
+
+/// Where each transformer block's cross-attention finds its IP-Adapter weights.
+pub(crate) struct IpLayers<'e, 'a> {
+    adapters: &'e [IpAttention<'a>],
+    /// Block name (`input_blocks.1.1.transformer_blocks.0`, no prefix) → N of `ip_adapter.N`.
+    index: std::collections::HashMap<String, usize>,
+}
+
+impl<'e, 'a> IpLayers<'e, 'a> {
+    pub(crate) fn new(adapters: &'e [IpAttention<'a>], config: &UnetConfig) -> Self {
+        let index = match adapters.is_empty() {
+            true => Default::default(),
+            false => super::ip_adapter::cross_attention_blocks(config).into_iter().enumerate().map(|(k, (name, _))| (name, 2 * k + 1)).collect(),
+        };
+        IpLayers { adapters, index }
+    }
+
+    fn layer(&self, block: &str) -> Option<IpLayer<'e, 'a>> {
+        if self.adapters.is_empty() {
+            return None;
+        }
+        self.index.get(block).map(|&index| IpLayer { adapters: self.adapters, index })
     }
 }

@@ -63,6 +63,19 @@ impl DiscreteSchedule {
         Self::from_alphas_cumprod(&alphas_cumprod)
     }
 
+    /// ComfyUI's `ModelSamplingContinuousEDM` table: 1000 sigmas spaced evenly in
+    /// log-sigma from `sigma_min` to `sigma_max` (CosXL: 0.002 to 120), so the
+    /// schedulers that walk the table walk log-sigma linearly.
+    pub fn edm(sigma_min: f32, sigma_max: f32) -> Result<Self, SamplingError> {
+        if !(sigma_min > 0.0 && sigma_max > sigma_min && sigma_max.is_finite()) {
+            return Err(SamplingError::InvalidOption { field: "sigma range", reason: format!("sigma_min {sigma_min} and sigma_max {sigma_max} must satisfy 0 < min < max") });
+        }
+        let (lo, hi) = ((sigma_min as f64).ln(), (sigma_max as f64).ln());
+        let log_sigmas: Vec<f32> = (0..TIMESTEPS).map(|i| torch_linspace_f64(lo, hi, TIMESTEPS, i) as f32).collect();
+        let sigmas = log_sigmas.iter().map(|l| l.exp()).collect();
+        Ok(DiscreteSchedule { sigmas, log_sigmas })
+    }
+
     /// From a model's own `alphas_cumprod` (as stored in some checkpoints).
     pub fn from_alphas_cumprod(alphas_cumprod: &[f32]) -> Result<Self, SamplingError> {
         if alphas_cumprod.len() < 2 {
