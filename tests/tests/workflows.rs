@@ -53,6 +53,8 @@ fn env() -> Env {
     sdflow_core::synth::write_controlnet(&controlnets.join("control_v11f1p_sd15_depth.safetensors"), &unet, 3, 12).unwrap();
     let wide = sdflow_core::synth::UnetConfig { model_channels: 64, ..unet };
     sdflow_core::synth::write_controlnet(&controlnets.join("wide.safetensors"), &wide, 3, 13).unwrap();
+    // An SDXL ControlNet (with label_emb) for the tiny SDXL checkpoint.
+    sdflow_core::synth::write_controlnet(&controlnets.join("sdxl_canny.safetensors"), &SdConfig::tiny_sdxl().unet, 3, 14).unwrap();
     std::fs::write(controlnets.join("junk.safetensors"), b"\x10\0\0\0\0\0\0\0{not json}").unwrap();
     // workflows/adetailer.json's detector, for validation only (which checks that the file
     // is listed): tests/tests/adetailer.rs runs that workflow with real detector weights.
@@ -763,4 +765,37 @@ fn cosxl_edm_v_prediction_is_read_from_the_checkpoint() {
     assert_eq!((w, h), (64, 64));
     // Same weights, another prediction type and noise range: another image.
     assert_ne!(px, xl, "the edm_vpred keys change sampling");
+}
+
+/// An SDXL ControlNet (with label_emb, taking the ADM vector y) on the SDXL workflow;
+/// an SD1 ControlNet does not fit the SDXL UNet.
+#[test]
+fn sdxl_controlnet_runs() {
+    let env = env();
+    let wf = load(&env, "sdxl_txt2img.json", 64, 2);
+    let (_, _, plain) = run_saved(&env, &wf, "7");
+    let with = |name: &str| {
+        let mut w = wf.clone();
+        w.nodes.insert("20".into(), NodeSpec::new("ControlNetLoader").with_input("control_net_name", InputValue::Const(serde_json::json!(name))));
+        w.nodes.insert("21".into(), NodeSpec::new("LoadImage").with_input("image", InputValue::Const(serde_json::json!("input.png"))));
+        w.nodes.insert(
+            "22".into(),
+            NodeSpec::new("ControlNetApplyAdvanced")
+                .with_input("positive", InputValue::link("2", 0))
+                .with_input("negative", InputValue::link("3", 0))
+                .with_input("control_net", InputValue::link("20", 0))
+                .with_input("image", InputValue::link("21", 0))
+                .with_input("strength", InputValue::Const(serde_json::json!(0.8)))
+                .with_input("start_percent", InputValue::Const(serde_json::json!(0.0)))
+                .with_input("end_percent", InputValue::Const(serde_json::json!(1.0))),
+        );
+        w.set_input("5", "positive", InputValue::link("22", 0)).unwrap();
+        w.set_input("5", "negative", InputValue::link("22", 1)).unwrap();
+        w
+    };
+    let (w, h, controlled) = run_saved(&env, &with("sdxl_canny.safetensors"), "7");
+    assert_eq!((w, h), (64, 64));
+    assert_ne!(controlled, plain, "the SDXL ControlNet changes the image");
+    let e = run_err(&env, &with("control_v11p_sd15_canny.safetensors"));
+    assert!(e.contains("control_v11p_sd15_canny.safetensors") && e.contains("another model family"), "{e}");
 }
