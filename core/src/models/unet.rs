@@ -531,7 +531,7 @@ impl<'w> Unet<'w> {
                 BlockKind::Res { transformer_depth, .. } => {
                     let h = self.res_block(ctx, &format!("input_blocks.{i}.0"), h, emb)?;
                     if transformer_depth > 0 {
-                        self.transformer(ctx, &format!("input_blocks.{i}.1"), h, context, transformer_depth, &ip)?
+                        self.transformer(ctx, &format!("input_blocks.{i}.1"), h, context, transformer_depth, ip)?
                     } else {
                         h
                     }
@@ -541,7 +541,7 @@ impl<'w> Unet<'w> {
         }
         h = self.res_block(ctx, "middle_block.0", h, emb)?;
         if c.middle_depth > 0 {
-            h = self.transformer(ctx, "middle_block.1", h, context, c.middle_depth, &ip)?;
+            h = self.transformer(ctx, "middle_block.1", h, context, c.middle_depth, ip)?;
             h = self.res_block(ctx, "middle_block.2", h, emb)?;
         } else {
             h = self.res_block(ctx, "middle_block.1", h, emb)?;
