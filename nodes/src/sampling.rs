@@ -135,6 +135,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     let config = UnetConfig::infer(&weights, &model.prefix).map_err(err)?;
     let unet = Unet::new(&weights, &model.prefix, config).map_err(err)?;
     let mut den = SdDenoiser::new(unet, model.schedule.clone(), model.prediction);
+    den.image_size = Some((latent.shape[0] * 8, latent.shape[1] * 8));
     first_cond(&guider.positive, "positive")?;
     let mix = match &guider.dual {
         Some(d) => Mix::Dual { cfg: guider.cfg, cfg_middle: d.cfg_middle, nested: d.nested },
