@@ -324,7 +324,7 @@ pub fn expand_trigger(prompt: &TokenizedPrompt, trigger: u32, repeat: usize, pad
             weights.resize(len, 1.0);
             crate::text::Chunk { tokens, weights, embeddings }
         };
-        let rest_slots: Vec<_> = slots.iter().filter(|s| s.position - 1 >= split).cloned().map(|mut s| {
+        let rest_slots: Vec<_> = slots.iter().filter(|s| s.position > split).cloned().map(|mut s| {
             s.position -= split;
             s
         }).collect();
@@ -347,7 +347,7 @@ pub fn expand_trigger(prompt: &TokenizedPrompt, trigger: u32, repeat: usize, pad
 /// length, type (0 f32, 1 f16), `n_dims` sizes, the name, the data; all little-endian
 /// i32), or a safetensors file with an `id_embeds` tensor [N, id_dim]. Returns the values,
 /// `id_dim` and N.
-pub fn read_id_embeds(path: &Path) -> Result<(Vec<f32>, usize, usize)> {
+pub fn read_id_embeds(path: &Path) -> Result<IdEmbeds> {
     let shown = path.display();
     let bytes = std::fs::read(path).map_err(|e| ModelError::Input(format!("{shown}: {e}")))?;
     if let Some(r) = parse_ggml_dump(&bytes) {
@@ -364,7 +364,10 @@ pub fn read_id_embeds(path: &Path) -> Result<(Vec<f32>, usize, usize)> {
 }
 
 /// `None` when `bytes` do not start like a ggml tensor dump.
-fn parse_ggml_dump(bytes: &[u8]) -> Option<std::result::Result<(Vec<f32>, usize, usize), String>> {
+/// Face embeddings: the values, their width and their count.
+type IdEmbeds = (Vec<f32>, usize, usize);
+
+fn parse_ggml_dump(bytes: &[u8]) -> Option<std::result::Result<IdEmbeds, String>> {
     let i32_at = |o: usize| bytes.get(o..o + 4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]));
     let (n_dims, name_len, ttype) = (i32_at(0)?, i32_at(4)?, i32_at(8)?);
     if !(1..=4).contains(&n_dims) || !(0..=256).contains(&name_len) || !(0..=1).contains(&ttype) {
