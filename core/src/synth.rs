@@ -1103,6 +1103,63 @@ pub fn ip_adapter_tensors(kind: IpAdapterSynth, layers: &[usize], cross_dim: usi
     s.0
 }
 
+/// Every tensor of an official PhotoMaker file (`id_encoder.*`, `lora_weights.unet.*`) at
+/// toy widths, for tests: the ID encoder over the vision tower `vision` (its projection
+/// is CLIP-L's part of the prompt) with `visual_projection_2` to `proj2` (OpenCLIP-G's
+/// part), fused `vision.projection_dim + proj2` wide; with `face_dim`, v2's face-token
+/// path (two tokens per image, one resampler layer with a single head, as a toy width
+/// allows); and a rank-4 LoRA over every attention projection of `unet`'s UNet in the
+/// old diffusers attention-processor names PhotoMaker ships.
+pub fn photomaker_tensors(vision: &ClipVisionSynth, proj2: usize, face_dim: Option<usize>, unet: &SdConfig) -> Result<Vec<TensorSpec>, SynthError> {
+    let mut s = Specs(Vec::new());
+    for mut t in vision.tensors()? {
+        t.name = format!("id_encoder.{}", t.name);
+        s.0.push(t);
+    }
+    let (h, d) = (vision.hidden, vision.projection_dim + proj2);
+    s.linear("id_encoder.visual_projection_2", h, proj2, false);
+    for (name, cin) in [("mlp1", 2 * d), ("mlp2", d)] {
+        s.norm(&format!("id_encoder.fuse_module.{name}.layernorm"), cin);
+        s.linear(&format!("id_encoder.fuse_module.{name}.fc1"), cin, d, true);
+        s.linear(&format!("id_encoder.fuse_module.{name}.fc2"), d, d, true);
+    }
+    s.norm("id_encoder.fuse_module.layer_norm", d);
+    if let Some(f) = face_dim {
+        let q = "id_encoder.qformer_perceiver";
+        s.linear(&format!("{q}.token_proj.0"), f, 4 * f, true);
+        s.linear(&format!("{q}.token_proj.2"), 4 * f, 2 * d, true);
+        s.norm(&format!("{q}.token_norm"), d);
+        let r = format!("{q}.perceiver_resampler");
+        s.linear(&format!("{r}.proj_in"), h, d, true);
+        let l = format!("{r}.layers.0");
+        s.norm(&format!("{l}.0.norm1"), d);
+        s.norm(&format!("{l}.0.norm2"), d);
+        s.linear(&format!("{l}.0.to_q"), d, d, false);
+        s.linear(&format!("{l}.0.to_kv"), d, 2 * d, false);
+        s.linear(&format!("{l}.0.to_out"), d, d, false);
+        s.norm(&format!("{l}.1.0"), d);
+        s.linear(&format!("{l}.1.1"), d, 4 * d, false);
+        s.linear(&format!("{l}.1.3"), 4 * d, d, false);
+        s.linear(&format!("{r}.proj_out"), d, d, true);
+        s.norm(&format!("{r}.norm_out"), d);
+    }
+    let ckpt = unet.tensors()?;
+    let names: std::collections::HashSet<&str> = ckpt.iter().map(|t| t.name.as_str()).collect();
+    let nrb = unet.unet.num_res_blocks;
+    for t in &ckpt {
+        let Some(k) = t.name.strip_prefix("model.diffusion_model.").and_then(|k| k.strip_suffix(".weight")) else { continue };
+        if !(k.contains(".attn1.to_") || k.contains(".attn2.to_")) {
+            continue;
+        }
+        let Some(d) = crate::lora::keys::ldm_to_diffusers(k, nrb, &names) else { continue };
+        let module = d.replace(".to_", ".processor.to_").replace(".to_out.0", ".to_out");
+        let (o, i) = (t.shape[0], t.shape[1]);
+        s.push(format!("lora_weights.unet.{module}_lora.down.weight"), vec![4, i], Init::Normal { mean: 0.0, std: 1.0 / (i as f32).sqrt() });
+        s.push(format!("lora_weights.unet.{module}_lora.up.weight"), vec![o, 4], Init::Normal { mean: 0.0, std: 0.05 });
+    }
+    Ok(s.0)
+}
+
 /// Write `tensors` with their values for `seed` as an f32 safetensors file.
 pub fn write_tensors(path: &Path, tensors: &[TensorSpec], seed: u64) -> Result<(), SynthError> {
     let data: Vec<Vec<u8>> = tensors.iter().map(|t| t.values(seed).iter().flat_map(|v| v.to_le_bytes()).collect()).collect();

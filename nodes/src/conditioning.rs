@@ -124,6 +124,12 @@ pub(crate) fn encode_text(rt: &Runtime, clip: &ClipRef, text: &str) -> Result<Co
 /// The conditioning of `clip` for a prompt: SD1/SD2 encode `text_l` with their one
 /// encoder; SDXL encodes `text_l` with CLIP-L and `text_g` with OpenCLIP-G.
 fn encode_texts(rt: &Runtime, clip: &ClipRef, text_l: &str, text_g: &str) -> Result<Conditioning, NodeError> {
+    encode_texts_with(rt, clip, text_l, text_g, &mut |p, _| Ok(p))
+}
+
+/// [`encode_texts`] with each encoder's tokenized prompt passed through `edit` (with the
+/// tokenizer's padding token) before encoding: PhotoMaker rewrites the class word.
+pub(crate) fn encode_texts_with(rt: &Runtime, clip: &ClipRef, text_l: &str, text_g: &str, edit: &mut dyn FnMut(TokenizedPrompt, u32) -> Result<TokenizedPrompt, NodeError>) -> Result<Conditioning, NodeError> {
     let family = text_family(clip.family);
     let skip = clip.clip_skip.map_or_else(|| ClipSkip::default_for(family), |s| ClipSkip::new(s).unwrap_or(ClipSkip::default_for(family)));
     let emb_dir = rt.models_dir.join("embeddings");
@@ -143,6 +149,10 @@ fn encode_texts(rt: &Runtime, clip: &ClipRef, text_l: &str, text_g: &str) -> Res
         let library = if emb_dir.is_dir() { Some(EmbeddingLibrary::scan(&emb_dir, &tokenizer).map_err(err)?) } else { None };
         let prompt = tokenize_weighted(text, &tokenizer, library.as_ref(), &ChunkOptions::default()).map_err(err)?;
         Ok::<_, NodeError>((prompt, tokenizer.pad()))
+    };
+    let mut tokenize = |enc: &ClipEncoder, text: &str| {
+        let (prompt, pad) = tokenize(enc, text)?;
+        Ok::<_, NodeError>((edit(prompt, pad)?, pad))
     };
     match models.as_slice() {
         [model] => {

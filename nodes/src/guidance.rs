@@ -25,6 +25,7 @@ pub struct Region {
 pub struct Prepared {
     pub cond: Arc<Conditioning>,
     pub timestep_range: Option<(f32, f32)>,
+    pub step_range: Option<(f32, f32)>,
     pub strength: f32,
     /// (height, width, y, x) in cells, not yet clamped to the latent (as ComfyUI keeps it).
     pub area: Option<(i64, i64, i64, i64)>,
@@ -102,7 +103,7 @@ fn prepare_entry(e: &CondEntry, w: usize, h: usize, concat_of: &mut dyn FnMut(&C
         }
         mask = Some((Arc::new(planes), m.mask.n, m.strength));
     }
-    Ok(Prepared { cond: e.cond.clone(), timestep_range: e.timestep_range, strength: e.strength, area, mask, concat: concat_of(&e.concat)?, control: e.control.clone() })
+    Ok(Prepared { cond: e.cond.clone(), timestep_range: e.timestep_range, step_range: e.step_range, strength: e.strength, area, mask, concat: concat_of(&e.concat)?, control: e.control.clone() })
 }
 
 fn same_area_counterpart(conds: &mut Vec<Prepared>, c: &Prepared) {
@@ -438,7 +439,7 @@ mod tests {
     fn feathering_follows_comfyui() {
         // A 16-wide area at x 8 of a 32-wide latent: rr = min(8, 16 / 4) = 4, ramps
         // 1/4, 2/4, 3/4, 4/4 from each inner edge; none at the latent's own border.
-        let p = Prepared { cond: Arc::new(cond(0.0)), timestep_range: None, strength: 2.0, area: Some((4, 16, 0, 8)), mask: None, concat: None, control: None };
+        let p = Prepared { cond: Arc::new(cond(0.0)), timestep_range: None, step_range: None, strength: 2.0, area: Some((4, 16, 0, 8)), mask: None, concat: None, control: None };
         let j = job(0, &p, 32, 8, 1).unwrap();
         let row: Vec<f32> = j.mult[..16].to_vec();
         assert_eq!(&row[..4], &[0.5, 1.0, 1.5, 2.0]);

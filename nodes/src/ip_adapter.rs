@@ -98,7 +98,7 @@ fn image_size(cv: &ClipVisionRef) -> Result<usize, NodeError> {
 }
 
 /// A residency handle on the tensors of `path` under `prefixes`.
-fn handle(rt: &Runtime, path: &Path, key: &str, prefixes: &'static [&'static str]) -> Result<WeightHandle<Weights>, NodeError> {
+pub(crate) fn handle(rt: &Runtime, path: &Path, key: &str, prefixes: &'static [&'static str]) -> Result<WeightHandle<Weights>, NodeError> {
     let key = WeightKey::new([path], key, rt.weight_type, Device::Cpu).map_err(err)?;
     let (path, wt) = (path.to_path_buf(), rt.weight_type);
     rt.residency

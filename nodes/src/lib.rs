@@ -35,6 +35,7 @@ pub mod latent;
 pub mod loaders;
 pub mod lora;
 pub mod mask;
+pub mod photomaker;
 pub mod pix2pix;
 pub mod preview;
 pub mod resize;
@@ -65,6 +66,7 @@ pub fn register_all(registry: &mut Registry, rt: Arc<Runtime>) {
     detect::register(registry, &rt);
     detailer::register(registry, &rt);
     ip_adapter::register(registry, &rt);
+    photomaker::register(registry, &rt);
 }
 
 /// Turns any displayable error into the executor's node error.

@@ -33,18 +33,25 @@ pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
 /// `base` with the LoRA at `path` applied at `strength` in `mode` (for the modules of
 /// `side`), as a residency handle; nothing is read until it is pinned.
 pub fn lora_handle(rt: &Runtime, base: &WeightHandle<Weights>, path: &Path, strength: f32, side: Side, mode: ApplyMode) -> Result<WeightHandle<Weights>, NodeError> {
+    lora_handle_with(rt, base, path, strength, side, mode, "lora", LoraFile::open)
+}
+
+/// [`lora_handle`] with the LoRA read from `path` by `read` (the LoRA part of a bundle);
+/// `tag` keeps its residency key apart from a plain LoRA's.
+#[allow(clippy::too_many_arguments)]
+pub fn lora_handle_with(rt: &Runtime, base: &WeightHandle<Weights>, path: &Path, strength: f32, side: Side, mode: ApplyMode, tag: &str, read: fn(&Path) -> Result<LoraFile, lora::LoraError>) -> Result<WeightHandle<Weights>, NodeError> {
     let canonical = std::fs::canonicalize(path).map_err(|e| NodeError::msg(format!("{}: {e}", path.display())))?;
     let bk = base.key();
     let mut sources = bk.sources.clone();
     sources.push(canonical.clone());
     // `{:?}` keeps every bit of the strength: 0.7 and 0.70000005 are different merges.
     // `auto` keys as itself: what it resolves to is known only once the base is loaded.
-    let key = WeightKey { sources, prefix: format!("{}+lora:{}@{strength:?}", bk.prefix, mode.name()), dtype: bk.dtype, device: bk.device };
+    let key = WeightKey { sources, prefix: format!("{}+{tag}:{}@{strength:?}", bk.prefix, mode.name()), dtype: bk.dtype, device: bk.device };
     let base = base.clone();
     rt.residency
         .get_or_load(key, move || -> Result<Weights, Box<dyn std::error::Error + Send + Sync>> {
             let pinned = base.pin()?;
-            let file = LoraFile::open(&canonical)?;
+            let file = read(&canonical)?;
             let (merged, report) = lora::apply(pinned, &file, side, strength, mode)?;
             tracing::info!(lora = %canonical.display(), ?side, strength, mode = report.mode.name(), modules = report.applied, at_runtime = report.at_runtime, weights = report.patched_weights, skipped = report.skipped.len(), unknown_tensors = report.unknown.len(), "LoRA applied");
             Ok(merged)

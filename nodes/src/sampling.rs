@@ -138,6 +138,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     let config = UnetConfig::infer(&weights, &model.prefix).map_err(err)?;
     let unet = Unet::new(&weights, &model.prefix, config).map_err(err)?;
     let mut den = SdDenoiser::new(unet, model.schedule.clone(), model.prediction);
+    den.image_size = Some((latent.shape[0] * 8, latent.shape[1] * 8));
     first_cond(&guider.positive, "positive")?;
     let mix = match &guider.dual {
         Some(d) => Mix::Dual { cfg: guider.cfg, cfg_middle: d.cfg_middle, nested: d.nested },
@@ -270,6 +271,12 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     let budget = BATCH_LATENTS * plane * n;
 
     let total = sigmas.len().saturating_sub(1) as u64;
+    // The step being taken (0-based): the count of finished ones, for step ranges.
+    let step = std::cell::Cell::new(0usize);
+    let in_steps = |(a, b): (f32, f32)| {
+        let at = |f: f32| if f >= 1.0 { usize::MAX } else { (f * total as f32) as usize };
+        (at(a)..at(b)).contains(&step.get())
+    };
     let mut denoiser = |x: &[f32], sigma: f32| -> Result<_, NodeError> {
         ctx.check_cancelled()?;
         // ComfyUI's KSamplerX0Inpaint: outside the mask the latent is held at the input
@@ -281,7 +288,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
             }).collect()
         });
         let xin = blended.as_deref().unwrap_or(x);
-        let active = |p: &guidance::Prepared| p.timestep_range.is_none_or(|(a, b)| sigma <= percent_to_sigma(a) && sigma >= percent_to_sigma(b));
+        let active = |p: &guidance::Prepared| p.timestep_range.is_none_or(|(a, b)| sigma <= percent_to_sigma(a) && sigma >= percent_to_sigma(b)) && p.step_range.is_none_or(in_steps);
         if !prepared[0].iter().any(active) {
             return Err(NodeError::msg(format!("no positive conditioning applies at sigma {sigma} (check the timestep ranges)")));
         }
@@ -324,6 +331,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     let mut last_denoised: Option<Vec<f32>> = None;
     let mut progress = |p: Progress<'_>| {
         last_denoised = Some(p.denoised.to_vec());
+        step.set(p.step);
         ctx.progress(p.step as u64, total);
         if let Some(image) = crate::preview::preview(rt, model.family, p.denoised, shape) {
             ctx.preview(image);

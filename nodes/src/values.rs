@@ -184,6 +184,9 @@ pub struct CondEntry {
     /// ComfyUI's `start_percent`/`end_percent` (ConditioningSetTimestepRange): the entry
     /// guides only while sampling is between these fractions of the schedule.
     pub timestep_range: Option<(f32, f32)>,
+    /// sd.cpp's PhotoMaker switch, by sampling step: with `(a, b)` the entry guides the
+    /// steps `i` (0-based, of `n`) with `floor(a·n) <= i < floor(b·n)` (`b` = 1: to the end).
+    pub step_range: Option<(f32, f32)>,
     /// ComfyUI's `area` (ConditioningSetArea / …Percentage): the model runs on this part
     /// of the latent only, and its prediction is blended in with feathered edges.
     pub area: Option<CondArea>,
@@ -233,7 +236,7 @@ pub enum CondConcat {
 
 impl CondEntry {
     pub fn new(cond: Conditioning) -> Self {
-        CondEntry { cond: Arc::new(cond), timestep_range: None, area: None, strength: 1.0, mask: None, concat: CondConcat::Model, control: None }
+        CondEntry { cond: Arc::new(cond), timestep_range: None, step_range: None, area: None, strength: 1.0, mask: None, concat: CondConcat::Model, control: None }
     }
 
     /// This entry's options with another embedding (what ComfyUI's list operations

@@ -153,3 +153,27 @@ pub fn unet_cross_attention(ckpt: &Path) -> (Vec<usize>, usize) {
     let cfg = UnetConfig::infer(&w, "model.diffusion_model").unwrap();
     (cross_attention_blocks(&cfg).iter().map(|b| b.1 as usize).collect(), cfg.context_dim as usize)
 }
+
+/// PhotoMaker files for the tiny SDXL checkpoint (`models/photomaker/photomaker-v1.safetensors`
+/// and `photomaker-v2.safetensors`, official key layout, 16-wide face embeddings for v2) and
+/// `input/photomaker_id/`: two ID images and face_detect.py's `id_embeds.bin` for them.
+pub fn write_photomaker_models(root: &Path) {
+    use sdflow_core::synth::{photomaker_tensors, write_tensors, ClipVisionSynth};
+    let dir = root.join("models/photomaker");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (vision, sdxl) = (ClipVisionSynth::tiny(), SdConfig::tiny_sdxl());
+    write_tensors(&dir.join("photomaker-v1.safetensors"), &photomaker_tensors(&vision, 64, None, &sdxl).unwrap(), 21).unwrap();
+    write_tensors(&dir.join("photomaker-v2.safetensors"), &photomaker_tensors(&vision, 64, Some(16), &sdxl).unwrap(), 22).unwrap();
+    let ids = root.join("input/photomaker_id");
+    std::fs::create_dir_all(&ids).unwrap();
+    write_test_png(&ids.join("a.png"), 72, 56);
+    write_mask_png(&ids.join("b.png"), 72, 56, |x, y| (x + y) % 7 < 3);
+    // sd.cpp's dump: n_dims, name length, type (f32), sizes [16, 2, 1, 1], name, data.
+    let mut dump = Vec::new();
+    for v in [4i32, 9, 0, 16, 2, 1, 1] {
+        dump.extend(v.to_le_bytes());
+    }
+    dump.extend(b"id_embeds");
+    dump.extend((0..32).flat_map(|i| ((i as f32 * 0.37).sin()).to_le_bytes()));
+    std::fs::write(ids.join("id_embeds.bin"), dump).unwrap();
+}

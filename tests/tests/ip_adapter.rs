@@ -23,6 +23,13 @@ fn env() -> TestEnv {
     let narrow = ClipVisionSynth { projection_dim: 24, ..ClipVisionSynth::tiny() };
     write_tensors(&models.join("clip_vision/narrow.safetensors"), &narrow.tensors().unwrap(), 2).unwrap();
     std::fs::copy(models.join("clip_vision/CLIP-ViT-H-14-laion2B-s32B-b79K.safetensors"), models.join("ipadapter/not_an_adapter.safetensors")).unwrap();
+    // SDXL: its adapter has one layer pair per transformer layer of every block (two in
+    // some blocks here), for the 96-wide context of the tiny SDXL.
+    let xl = models.join("checkpoints/sdxl.safetensors");
+    sdflow_core::synth::write_checkpoint(&xl, &sdflow_core::synth::SdConfig::tiny_sdxl(), sdflow_core::dtype::DType::F32, 10, sdflow_core::synth::Format::Safetensors).unwrap();
+    let (layers, cross) = sdflow_tests::unet_cross_attention(&xl);
+    let embed_dim = ClipVisionSynth::tiny().projection_dim;
+    write_tensors(&models.join("ipadapter/ip-adapter_sdxl.safetensors"), &ip_adapter_tensors(IpAdapterSynth::Classic { embed_dim, tokens: 4 }, &layers, cross), 3).unwrap();
     TestEnv::with_dir(dir, |rt| rt)
 }
 
@@ -118,4 +125,22 @@ fn preprocessing_matches_comfyui() {
     }
     let grey = Image { data: vec![0.5; 2 * 2], n: 1, height: 2, width: 2, channels: 1 };
     assert!(clip_preprocess(&grey, 8, true).is_err(), "one channel is not RGB");
+}
+
+#[test]
+fn ip_adapter_runs_on_sdxl() {
+    let env = env();
+    let wf = wf(&env);
+    let (apply, save, sampler) = (node_of(&wf, "IPAdapterAdvanced"), node_of(&wf, "SaveImage"), node_of(&wf, "KSampler"));
+    let xl = set(&set(&wf, "1", "ckpt_name", json!("sdxl.safetensors")), &node_of(&wf, "IPAdapterModelLoader"), "ipadapter_file", json!("ip-adapter_sdxl.safetensors"));
+    let (_, _, with) = env.run_saved(&set(&xl, &apply, "weight", json!(1.0)), &save);
+    let mut plain = xl.clone();
+    plain.set_input(&sampler, "model", InputValue::link("1", 0)).unwrap();
+    let (_, _, without) = env.run_saved(&plain, &save);
+    assert_ne!(with, without, "the image prompt reaches SDXL's cross-attentions");
+    let (_, _, zero) = env.run_saved(&set(&xl, &apply, "weight", json!(0.0)), &save);
+    assert_eq!(zero, without, "weight 0 is exactly no adapter");
+    // The SD1.5 adapter does not fit SDXL's layers: an error naming the file.
+    let e = run_err(&env, &set(&wf, "1", "ckpt_name", json!("sdxl.safetensors")));
+    assert!(e.contains("ip-adapter_sd15"), "{e}");
 }

@@ -63,6 +63,8 @@ fn env() -> Env {
     std::fs::write(detectors.join("face_yolov8n.pt"), b"validation only: never loaded").unwrap();
     // workflows/ip_adapter.json's CLIP vision and IP-Adapter (tests/tests/ip_adapter.rs runs it).
     sdflow_tests::write_ip_adapter_models(dir.path());
+    // workflows/photomaker.json's files (tests/tests/photomaker.rs runs it).
+    sdflow_tests::write_photomaker_models(dir.path());
     let out = dir.path().join("output");
     let input = dir.path().join("input");
     std::fs::create_dir_all(&input).unwrap();

@@ -127,13 +127,23 @@ pub struct LoraFile {
 impl LoraFile {
     /// Reads every tensor of `src` as f32 and groups them by module.
     pub fn read(src: &dyn TensorSource) -> Result<Self, LoraError> {
+        Self::read_renamed(src, &|n| Some(n.to_string()))
+    }
+
+    /// [`LoraFile::read`] of the tensors `rename` keeps, under the names it gives: the
+    /// LoRA part of a file that bundles one with other weights (PhotoMaker's
+    /// `lora_weights.*`).
+    pub fn read_renamed(src: &dyn TensorSource, rename: &dyn Fn(&str) -> Option<String>) -> Result<Self, LoraError> {
         let path = src.path().display().to_string();
         let mut modules: BTreeMap<String, Parts> = BTreeMap::new();
         let mut unknown = Vec::new();
         let mut unsupported = BTreeMap::new();
+        let mut kept = 0;
         for info in src.tensors() {
-            let Some((module, suffix, part)) = classify(&info.name) else {
-                unknown.push(info.name.clone());
+            let Some(name) = rename(&info.name) else { continue };
+            kept += 1;
+            let Some((module, suffix, part)) = classify(&name) else {
+                unknown.push(name);
                 continue;
             };
             let module = module.to_string();
@@ -147,7 +157,7 @@ impl LoraFile {
             modules.entry(module).or_default().0.insert(part, Mat { shape: info.shape.clone(), data });
         }
         if modules.is_empty() && unsupported.is_empty() {
-            return Err(LoraError::File { path, msg: format!("no LoRA tensors (none of {} tensors has a LoRA/LyCORIS name)", src.tensors().len()) });
+            return Err(LoraError::File { path, msg: format!("no LoRA tensors (none of {kept} tensors has a LoRA/LyCORIS name)") });
         }
         Ok(LoraFile { path, modules, unknown, unsupported })
     }

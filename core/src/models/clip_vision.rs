@@ -94,6 +94,9 @@ pub struct VisionOutput<'a> {
     pub penultimate: Tensor<'a>,
     /// The last layer's hidden states [hidden, tokens, B].
     pub last_hidden: Tensor<'a>,
+    /// The class token through `post_layernorm` [hidden, B], before the projection
+    /// (Hugging Face's `pooler_output`; PhotoMaker projects it twice).
+    pub pooled: Tensor<'a>,
 }
 
 pub struct ClipVisionModel<'w> {
@@ -171,6 +174,6 @@ impl<'w> ClipVisionModel<'w> {
         let cls = ctx.cont(ctx.view(x, [d, 1, b, 1], [nb[1], nb[2], nb[3]], 0)?)?;
         let pooled = layer_norm(ctx, w, &self.n("vision_model.post_layernorm"), ctx.reshape(cls, [d, b, 1, 1])?, c.eps)?;
         let image_embeds = project(ctx, w, &self.n("visual_projection.weight"), pooled)?;
-        Ok(VisionOutput { image_embeds, penultimate, last_hidden: x })
+        Ok(VisionOutput { image_embeds, penultimate, last_hidden: x, pooled })
     }
 }

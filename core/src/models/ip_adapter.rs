@@ -144,17 +144,7 @@ impl<'w> IpAdapter<'w> {
                 w.expect("image_proj.latents", &[dim, c.tokens, 1])?;
                 w.expect("image_proj.proj_in.weight", &[c.embed_dim, dim])?;
                 w.expect("image_proj.proj_in.bias", &[dim])?;
-                for i in 0..depth {
-                    let l = format!("image_proj.layers.{i}");
-                    norm(w, &format!("{l}.0.norm1"), dim)?;
-                    norm(w, &format!("{l}.0.norm2"), dim)?;
-                    w.expect(&format!("{l}.0.to_q.weight"), &[dim, inner])?;
-                    w.expect(&format!("{l}.0.to_kv.weight"), &[dim, 2 * inner])?;
-                    w.expect(&format!("{l}.0.to_out.weight"), &[inner, dim])?;
-                    norm(w, &format!("{l}.1.0"), dim)?;
-                    w.expect(&format!("{l}.1.1.weight"), &[dim, ff])?;
-                    w.expect(&format!("{l}.1.3.weight"), &[ff, dim])?;
-                }
+                expect_perceiver_layers(w, "image_proj", dim, inner, ff, depth)?;
                 w.expect("image_proj.proj_out.weight", &[dim, c.cross_dim])?;
                 w.expect("image_proj.proj_out.bias", &[c.cross_dim])?;
                 norm(w, "image_proj.norm_out", c.cross_dim)?;
@@ -220,24 +210,8 @@ impl<'w> IpAdapter<'w> {
                 let b = ne[2] * ne[3];
                 let x = linear(ctx, w, "image_proj.proj_in", ctx.reshape(embeds, [c.embed_dim, ne[1], b, 1])?)?;
                 let zeros = run.input_f32(&[dim, c.tokens, b], vec![0.0; (dim * c.tokens * b) as usize])?;
-                let mut latents = ctx.add(zeros, w.get("image_proj.latents")?)?;
-                for i in 0..depth {
-                    let l = format!("image_proj.layers.{i}");
-                    // PerceiverAttention: the latents query the image tokens and themselves.
-                    let xn = layer_norm(ctx, w, &format!("{l}.0.norm1"), x, EPS)?;
-                    let ln = layer_norm(ctx, w, &format!("{l}.0.norm2"), latents, EPS)?;
-                    let q = linear(ctx, w, &format!("{l}.0.to_q"), ln)?;
-                    let kv = linear(ctx, w, &format!("{l}.0.to_kv"), ctx.concat(xn, ln, 1)?)?; // [2·inner, T+Q, B]
-                    let [_, tk, _, _] = kv.ne();
-                    let nb = kv.nb();
-                    let k = ctx.view(kv, [inner, tk, b, 1], [nb[1], nb[2], nb[3]], 0)?;
-                    let v = ctx.view(kv, [inner, tk, b, 1], [nb[1], nb[2], nb[3]], inner as usize * kv.dtype().type_size())?;
-                    let a = attention(ctx, q, k, v, heads, None)?;
-                    latents = ctx.add(latents, linear(ctx, w, &format!("{l}.0.to_out"), a)?)?;
-                    let h = layer_norm(ctx, w, &format!("{l}.1.0"), latents, EPS)?;
-                    let h = ctx.gelu_erf(linear(ctx, w, &format!("{l}.1.1"), h)?)?;
-                    latents = ctx.add(latents, linear(ctx, w, &format!("{l}.1.3"), h)?)?;
-                }
+                let latents = ctx.add(zeros, w.get("image_proj.latents")?)?;
+                let latents = perceiver_layers(ctx, w, "image_proj", x, latents, depth, inner, heads)?;
                 let out = linear(ctx, w, "image_proj.proj_out", latents)?;
                 layer_norm(ctx, w, "image_proj.norm_out", out, EPS)
             }
@@ -245,7 +219,49 @@ impl<'w> IpAdapter<'w> {
     }
 }
 
-fn norm(w: &Weights, name: &str, c: i64) -> Result<()> {
+/// The perceiver resampler's layers under `{prefix}.layers.N` (IP-Adapter Plus, and
+/// PhotoMaker v2's FacePerceiverResampler): the latents [dim, Q, B] attend to the
+/// projected image tokens `x` [dim, T, B] and themselves (PerceiverAttention), then a
+/// feed-forward, `depth` times, each with a residual.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn perceiver_layers<'a>(ctx: &'a Context, w: &'a Weights, prefix: &str, x: Tensor<'a>, mut latents: Tensor<'a>, depth: usize, inner: i64, heads: i64) -> Result<Tensor<'a>> {
+    let b = latents.ne()[2];
+    for i in 0..depth {
+        let l = format!("{prefix}.layers.{i}");
+        let xn = layer_norm(ctx, w, &format!("{l}.0.norm1"), x, EPS)?;
+        let ln = layer_norm(ctx, w, &format!("{l}.0.norm2"), latents, EPS)?;
+        let q = linear(ctx, w, &format!("{l}.0.to_q"), ln)?;
+        let kv = linear(ctx, w, &format!("{l}.0.to_kv"), ctx.concat(xn, ln, 1)?)?; // [2·inner, T+Q, B]
+        let [_, tk, _, _] = kv.ne();
+        let nb = kv.nb();
+        let k = ctx.view(kv, [inner, tk, b, 1], [nb[1], nb[2], nb[3]], 0)?;
+        let v = ctx.view(kv, [inner, tk, b, 1], [nb[1], nb[2], nb[3]], inner as usize * kv.dtype().type_size())?;
+        let a = attention(ctx, q, k, v, heads, None)?;
+        latents = ctx.add(latents, linear(ctx, w, &format!("{l}.0.to_out"), a)?)?;
+        let h = layer_norm(ctx, w, &format!("{l}.1.0"), latents, EPS)?;
+        let h = ctx.gelu_erf(linear(ctx, w, &format!("{l}.1.1"), h)?)?;
+        latents = ctx.add(latents, linear(ctx, w, &format!("{l}.1.3"), h)?)?;
+    }
+    Ok(latents)
+}
+
+/// Check the weights [`perceiver_layers`] reads.
+pub(crate) fn expect_perceiver_layers(w: &Weights, prefix: &str, dim: i64, inner: i64, ff: i64, depth: usize) -> Result<()> {
+    for i in 0..depth {
+        let l = format!("{prefix}.layers.{i}");
+        norm(w, &format!("{l}.0.norm1"), dim)?;
+        norm(w, &format!("{l}.0.norm2"), dim)?;
+        w.expect(&format!("{l}.0.to_q.weight"), &[dim, inner])?;
+        w.expect(&format!("{l}.0.to_kv.weight"), &[dim, 2 * inner])?;
+        w.expect(&format!("{l}.0.to_out.weight"), &[inner, dim])?;
+        norm(w, &format!("{l}.1.0"), dim)?;
+        w.expect(&format!("{l}.1.1.weight"), &[dim, ff])?;
+        w.expect(&format!("{l}.1.3.weight"), &[ff, dim])?;
+    }
+    Ok(())
+}
+
+pub(crate) fn norm(w: &Weights, name: &str, c: i64) -> Result<()> {
     w.expect(&format!("{name}.weight"), &[c])?;
     w.expect(&format!("{name}.bias"), &[c])?;
     Ok(())

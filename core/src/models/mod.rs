@@ -12,6 +12,7 @@ pub mod esrgan;
 pub mod ip_adapter;
 pub mod load;
 pub mod nn;
+pub mod photomaker;
 pub mod sd;
 pub mod taesd;
 pub mod tiling;

@@ -176,11 +176,15 @@ pub struct SdDenoiser<'w> {
     pub prediction: Prediction,
     alloc: Option<GraphAllocator>,
     ip: Vec<IpPatch<'w>>,
+    /// The whole image's pixel size, which SDXL's size conditioning defaults to even
+    /// when an area conditioning runs the UNet on part of the latent (ComfyUI passes the
+    /// noise's size); `None`: the size of the latent each call gets.
+    pub image_size: Option<(i64, i64)>,
 }
 
 impl<'w> SdDenoiser<'w> {
     pub fn new(unet: Unet<'w>, schedule: DiscreteSchedule, prediction: Prediction) -> Self {
-        SdDenoiser { unet, schedule, prediction, alloc: None, ip: Vec::new() }
+        SdDenoiser { unet, schedule, prediction, alloc: None, ip: Vec::new(), image_size: None }
     }
 
     /// Denoise with IP-Adapters, each checked against the UNet (its layers, their widths,
@@ -326,7 +330,8 @@ impl<'w> SdDenoiser<'w> {
             for &k in &group {
                 let it = &items[k];
                 if let Some(adm) = adm {
-                    let v = it.cond.adm(adm, shape[0] * 8, shape[1] * 8)?;
+                    let (iw, ih) = self.image_size.unwrap_or((shape[0] * 8, shape[1] * 8));
+                    let v = it.cond.adm(adm, iw, ih)?;
                     (0..n).for_each(|_| y.extend_from_slice(&v));
                 }
                 for i in 0..n {
