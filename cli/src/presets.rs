@@ -27,21 +27,17 @@ const TAESD: &str = "taesd";
 /// sd-cli flags that map to nothing in sdflow yet: accepted by the parser (so they are not
 /// "unknown"), refused when given.
 const REFUSED: &[(&str, bool, &str)] = &[
-    ("clip_vision", true, "no model family that uses a CLIP vision encoder is implemented"),
+    ("clip_vision", true, "the models that take --clip_vision (Wan image-to-video, unCLIP) are not implemented; IP-Adapter's image encoder is a workflow node (CLIPVisionLoader)"),
     ("t5xxl", true, "T5-XXL text encoders (SD3, FLUX, Wan) are not implemented"),
     ("llm", true, "LLM text encoders (Qwen-Image, FLUX.2, Z-Image) are not implemented"),
     ("llm_vision", true, "LLM vision encoders are not implemented"),
     ("qwen2vl", true, "LLM text encoders (Qwen-Image) are not implemented"),
     ("qwen2vl_vision", true, "LLM vision encoders are not implemented"),
     ("high-noise-diffusion-model", true, "Wan2.2 MoE models are not implemented"),
-    ("photo-maker", true, "PhotoMaker is not implemented"),
-    ("pm-id-images-dir", true, "PhotoMaker is not implemented"),
-    ("pm-id-embed-path", true, "PhotoMaker is not implemented"),
-    ("pm-style-strength", true, "PhotoMaker is not implemented"),
     ("chroma-t5-mask-pad", true, "Chroma is not implemented"),
     ("chroma-disable-dit-mask", false, "Chroma is not implemented"),
     ("chroma-enable-t5-mask", false, "Chroma is not implemented"),
-    ("force-sdxl-vae-conv-scale", false, "SDXL is not implemented"),
+    ("force-sdxl-vae-conv-scale", false, "sdflow's VAE convolutions run in f32 or bf16 with f32 sums, where the fp16 overflow this works around does not arise"),
     ("vae-relative-tile-size", true, "only --vae-tile-size is understood"),
     ("offload-to-cpu", false, "weights are placed by sdflow's residency manager; no per-flag placement yet"),
     ("mmap", false, "model files are always memory-mapped when the format allows"),
@@ -318,6 +314,18 @@ pub struct ImgGenArgs {
     /// Apply canny preprocessor (edge detection).
     #[arg(long)]
     pub canny: bool,
+    /// Path to PhotoMaker model.
+    #[arg(long = "photo-maker", value_name = "string")]
+    pub photo_maker: Option<String>,
+    /// Path to PhotoMaker input id images dir.
+    #[arg(long = "pm-id-images-dir", value_name = "string")]
+    pub pm_id_images_dir: Option<String>,
+    /// Path to PhotoMaker v2 id embed.
+    #[arg(long = "pm-id-embed-path", value_name = "string")]
+    pub pm_id_embed_path: Option<String>,
+    /// Strength for keeping PhotoMaker input identity.
+    #[arg(long = "pm-style-strength", value_name = "float", default_value_t = 20.0)]
+    pub pm_style_strength: f64,
     /// Path to esrgan model.
     #[arg(long, value_name = "string")]
     pub upscale_model: Option<String>,
@@ -628,6 +636,21 @@ impl Names<'_> {
         }
     }
 
+    /// A folder the graph reads from the input folder (PhotoMaker's ID images).
+    fn folder(&mut self, flag: &str, v: &Option<String>) -> anyhow::Result<Option<String>> {
+        match (self, v) {
+            (_, None) => Ok(None),
+            (Names::Shown, Some(v)) => Ok(Some(shown_name(v.trim_end_matches('/')))),
+            (Names::Staged(s), Some(v)) => {
+                let p = PathBuf::from(v);
+                if !p.is_dir() {
+                    bail!("{flag} {v}: no such folder");
+                }
+                s.link("input", &p).map(Some)
+            }
+        }
+    }
+
     fn image(&mut self, flag: &str, v: &Option<String>) -> anyhow::Result<Option<String>> {
         match (self, v) {
             (_, None) => Ok(None),
@@ -696,6 +719,10 @@ fn img_gen_params(a: &ImgGenArgs, seed: i64, names: &mut Names<'_>) -> anyhow::R
         control_image: names.image("--control-image", &a.control_image)?,
         control_strength: a.control_strength,
         canny: a.canny,
+        photo_maker: names.model("photomaker", "--photo-maker", &a.photo_maker)?,
+        pm_id_images_dir: names.folder("--pm-id-images-dir", &a.pm_id_images_dir)?,
+        pm_id_embed_path: names.image("--pm-id-embed-path", &a.pm_id_embed_path)?,
+        pm_style_strength: a.pm_style_strength,
         upscale_model: names.model("upscale_models", "--upscale-model", &a.upscale_model)?,
         upscale_repeats: a.upscale_repeats,
         upscale_tile_size: a.upscale_tile_size,

@@ -57,6 +57,10 @@ const FILES: &[(&str, &[&str])] = &[
         "controlnet.json",
         &["img_gen", "-m", "model.safetensors", "-p", "a lovely cat, oil painting", "-n", "blurry, low quality", "--control-net", "control_v11p_sd15_canny.safetensors", "--control-image", "control.png", "--canny", "-o", "controlnet.png"],
     ),
+    (
+        "photomaker.json",
+        &["img_gen", "-m", "sdxl.safetensors", "--photo-maker", "photomaker-v1.safetensors", "--pm-id-images-dir", "photomaker_id", "-p", "a photo of a man img, in a garden, soft light", "-n", "blurry, low quality", "-W", "1024", "-H", "1024", "--cfg-scale", "5", "-o", "photomaker.png"],
+    ),
     ("adetailer_txt2img.json", &["img_gen", "-m", "model.safetensors", "-p", "portrait photo", "-n", "blurry, low quality", "--ad-model", "face_yolov8n.pt", "--ad-prompt", "[PROMPT], detailed face", "-o", "adetailer_txt2img.png"]),
 ];
 
@@ -632,4 +636,31 @@ fn rng_flags_choose_the_samplers_generator() {
     assert_eq!(rng_of(&["--rng", "cuda"]).as_deref(), Some("cuda"));
     assert_eq!(rng_of(&["--rng", "cpu", "--sampler-rng", "cpu"]).as_deref(), Some("cpu_portable"));
     assert_eq!(rng_of(&["--rng", "std_default"]).as_deref(), Some("std_default"));
+}
+
+/// sd-cli's PhotoMaker flags run: a folder of ID images, the model's LoRA, the trigger
+/// word `img`; a prompt without the trigger runs plain, with a warning.
+#[test]
+fn photo_maker_flags_run_on_a_tiny_sdxl() {
+    use sdflow_core::synth::{photomaker_tensors, write_tensors, ClipVisionSynth};
+    let dir = tempfile::tempdir().unwrap();
+    let xl = SdConfig::tiny_sdxl();
+    write_checkpoint(&dir.path().join("xl.safetensors"), &xl, DType::F32, 3, Format::Safetensors).unwrap();
+    write_tensors(&dir.path().join("pm.safetensors"), &photomaker_tensors(&ClipVisionSynth::tiny(), 64, None, &xl).unwrap(), 4).unwrap();
+    std::fs::create_dir_all(dir.path().join("ids")).unwrap();
+    write_png(&dir.path().join("ids/a.png"), 40, 48);
+    write_png(&dir.path().join("ids/b.png"), 56, 32);
+    let run = |prompt: &str, out: &str| {
+        let args = ["img_gen", "-m", "xl.safetensors", "--photo-maker", "pm.safetensors", "--pm-id-images-dir", "ids", "-p", prompt, "-W", "64", "-H", "64", "--steps", "2", "-s", "5", "-o", out];
+        let o = sdflow(&args, dir.path());
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        (png_pixels(&dir.path().join(out)), text(&o.stderr))
+    };
+    let (with_id, _) = run("a photo of a man img", "pm.png");
+    assert_eq!(png_size(&dir.path().join("pm.png")), (64, 64));
+    let (plain, log) = run("a photo of a man", "plain.png");
+    assert!(log.contains("without the identity"), "a missing trigger word is warned about: {log}");
+    assert_ne!(with_id, plain, "the ID images change the image");
+    let (_, err) = fails(&["img_gen", "-m", "xl.safetensors", "--photo-maker", "pm.safetensors", "-p", "a man img"], dir.path());
+    assert!(err.contains("--pm-id-images-dir"), "{err}");
 }

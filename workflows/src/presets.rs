@@ -171,6 +171,13 @@ pub struct ImgGenParams {
     pub control_strength: f64,
     /// `--canny`: edge-detect the control image first.
     pub canny: bool,
+    /// `--photo-maker`, `--pm-id-images-dir` (a folder in the input folder),
+    /// `--pm-id-embed-path` (PhotoMaker v2's face embeddings, a file in the input
+    /// folder), `--pm-style-strength` (20).
+    pub photo_maker: Option<String>,
+    pub pm_id_images_dir: Option<String>,
+    pub pm_id_embed_path: Option<String>,
+    pub pm_style_strength: f64,
     /// `--upscale-model`, `--upscale-repeats` (1).
     pub upscale_model: Option<String>,
     pub upscale_repeats: i64,
@@ -238,6 +245,10 @@ impl Default for ImgGenParams {
             clip_g: None,
             vae: None,
             taesd: None,
+            photo_maker: None,
+            pm_id_images_dir: None,
+            pm_id_embed_path: None,
+            pm_style_strength: 20.0,
             control_net: None,
             control_image: None,
             control_strength: 0.9,
@@ -686,7 +697,33 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
         clip = Out(key, 0);
     }
 
-    let mut pos = Out(b.core("pos", "-p", text_encode(&prompt, &clip, "Prompt")), 0);
+    let mut pos = match &p.photo_maker {
+        None => Out(b.core("pos", "-p", text_encode(&prompt, &clip, "Prompt")), 0),
+        Some(pm) => {
+            // sd.cpp: the ID images stacked into the class word before `img`, the file's
+            // LoRA on the UNet, the first style-strength percent of steps without the identity.
+            let dir = p.pm_id_images_dir.as_ref().ok_or_else(|| PresetError::Missing { flag: "--pm-id-images-dir".into(), msg: "--photo-maker needs a folder of ID images".into() })?;
+            if !(0.0..=100.0).contains(&p.pm_style_strength) {
+                return Err(invalid("--pm-style-strength", format!("{} is outside 0..=100", p.pm_style_strength)));
+            }
+            let loader = b.extra("pm", "--photo-maker", NodeSpec::new("PhotoMakerLoader").with_const("photomaker_model_name", json!(pm)));
+            let images = b.extra("pm_images", "--pm-id-images-dir", NodeSpec::new("LoadImagesFromDir").with_const("directory", json!(dir)));
+            let lora = b.extra("pm_lora", "--photo-maker", NodeSpec::new("PhotoMakerLoraLoader").with_input("model", link(&model)).with_input("photomaker", InputValue::link(loader.clone(), 0)).with_const("strength", json!(1.0)));
+            model = Out(lora, 0);
+            let mut enc = NodeSpec::new("PhotoMakerEncode")
+                .with_input("photomaker", InputValue::link(loader, 0))
+                .with_input("image", InputValue::link(images, 0))
+                .with_input("clip", link(&clip))
+                .with_const("text", json!(prompt))
+                .with_const("trigger_word", json!("img"))
+                .with_const("style_strength", json!(p.pm_style_strength));
+            if let Some(e) = &p.pm_id_embed_path {
+                enc = enc.with_const("id_embeds", json!(e));
+            }
+            enc.title = Some("Prompt".into());
+            Out(b.core("pos", "-p", enc), 0)
+        }
+    };
     let mut neg = Out(b.core("neg", "-n", text_encode(&p.negative_prompt, &clip, "Negative prompt")), 0);
     if p.zero_empty_negative && p.negative_prompt.is_empty() {
         neg = Out(b.extra("neg_zero", "-n \"\" (SDXL)", NodeSpec::new("ConditioningZeroOut").with_input("conditioning", link(&neg))), 0);
@@ -878,6 +915,13 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
         } else {
             " A ControlNet (--control-net) guides the prompt and the negative prompt at --control-strength over the whole schedule, from the control image as given."
         });
+    }
+    if p.photo_maker.is_some() {
+        title = format!("PhotoMaker identity ({})", title.to_lowercase());
+        description.push_str(&format!(
+            " PhotoMaker (SDXL), as sd.cpp runs it: every image of the --pm-id-images-dir folder is encoded by the PhotoMaker ID encoder and stacked into the class word before the trigger word `img` (\"a man img\"), the file's LoRA is applied to the UNet, and the first {}% of the steps (--pm-style-strength) are sampled with the prompt without the identity. PhotoMaker v2 also takes the face embeddings of sd.cpp's face_detect.py (--pm-id-embed-path).",
+            p.pm_style_strength
+        ));
     }
     if p.ad_model.is_some() {
         title.push_str(", then ADetailer");
