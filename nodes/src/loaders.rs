@@ -19,6 +19,8 @@ use std::sync::Arc;
 
 pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
     registry.register(Arc::new(CheckpointLoaderSimple { rt: rt.clone() }));
+    registry.register(Arc::new(ClipLoader { rt: rt.clone(), dual: false }));
+    registry.register(Arc::new(ClipLoader { rt: rt.clone(), dual: true }));
     registry.register(Arc::new(VaeLoader { rt: rt.clone() }));
 }
 
@@ -162,6 +164,114 @@ impl Node for CheckpointLoaderSimple {
             Value::new(IoType::CLIP, clip),
             Value::new(IoType::VAE, vae),
         ]))
+    }
+}
+
+/// Where standalone text encoders live (ComfyUI's folder; sd-cli's --clip_l/--clip_g).
+const TEXT_ENCODERS: &str = "text_encoders";
+
+/// ComfyUI's "Load CLIP" (`CLIPLoader`, type `stable_diffusion`: SD1's CLIP-L or SD2's
+/// OpenCLIP-H) and "DualCLIPLoader" (type `sdxl`: CLIP-L and OpenCLIP-G, in either
+/// order). Files in Hugging Face names (`text_model.*`, ComfyUI's clip_l/clip_g files)
+/// or OpenCLIP names, with or without a checkpoint's prefix.
+struct ClipLoader {
+    rt: Arc<Runtime>,
+    dual: bool,
+}
+
+impl ClipLoader {
+    fn names(&self) -> &'static [&'static str] {
+        if self.dual {
+            &["clip_name1", "clip_name2"]
+        } else {
+            &["clip_name"]
+        }
+    }
+
+    fn paths(&self, inputs: &Inputs) -> Result<Vec<PathBuf>, NodeError> {
+        self.names().iter().map(|n| self.rt.resolve_model(TEXT_ENCODERS, inputs.string(n)?).map_err(NodeError::msg)).collect()
+    }
+}
+
+/// The text encoder of a standalone file: the prefix `ClipTextConfig` takes, its
+/// layout, the prefix of the tensors to load (the projection sits beside a Hugging Face
+/// `text_model`), and its width.
+fn text_encoder_in(path: &Path) -> Result<(String, ClipLayout, String, usize), NodeError> {
+    let src = io::open(path).map_err(err)?;
+    let found = src.tensors().iter().find_map(|t| {
+        if let Some(p) = t.name.strip_suffix("embeddings.token_embedding.weight") {
+            let prefix = p.trim_end_matches('.').to_string();
+            let root = prefix.strip_suffix("text_model").unwrap_or(&prefix).to_string();
+            Some((prefix.clone(), ClipLayout::HuggingFace, root, t.shape.get(1).copied().unwrap_or(0)))
+        } else {
+            let p = t.name.strip_suffix("token_embedding.weight")?;
+            let open_clip = src.tensors().iter().any(|u| u.name.starts_with(&format!("{p}transformer.resblocks.")));
+            open_clip.then(|| (p.trim_end_matches('.').to_string(), ClipLayout::OpenClip, p.to_string(), t.shape.get(1).copied().unwrap_or(0)))
+        }
+    });
+    found.ok_or_else(|| NodeError::msg(format!("{}: no CLIP text encoder (no `…embeddings.token_embedding.weight` or OpenCLIP `token_embedding.weight` with `transformer.resblocks`)", path.display())))
+}
+
+impl Node for ClipLoader {
+    fn schema(&self) -> NodeSchema {
+        let files = self.rt.list_models(TEXT_ENCODERS);
+        let s = if self.dual {
+            NodeSchema::new("DualCLIPLoader")
+                .display_name("DualCLIPLoader")
+                .description("Loads SDXL's two text encoders from standalone files (CLIP-L and OpenCLIP-G, in either order).")
+                .input(InputSpec::combo("clip_name1", files.clone()))
+                .input(InputSpec::combo("clip_name2", files))
+                .input(InputSpec::combo("type", vec!["sdxl".to_string()]))
+        } else {
+            NodeSchema::new("CLIPLoader")
+                .display_name("Load CLIP")
+                .description("Loads a standalone text encoder: SD1's CLIP-L or SD2's OpenCLIP-H.")
+                .input(InputSpec::combo("clip_name", files))
+                .input(InputSpec::combo("type", vec!["stable_diffusion".to_string()]))
+        };
+        s.category("advanced/loaders").output("CLIP", IoType::CLIP)
+    }
+
+    fn fingerprint(&self, inputs: &Inputs) -> Result<Option<Vec<u8>>, NodeError> {
+        let mut all = Vec::new();
+        for p in self.paths(inputs)? {
+            all.extend(file_fingerprint(&p)?.unwrap_or_default());
+        }
+        Ok(Some(all))
+    }
+
+    fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let ty = inputs.string("type")?;
+        let wanted = if self.dual { "sdxl" } else { "stable_diffusion" };
+        if ty != wanted {
+            return Err(NodeError::msg(format!("type `{ty}`: only `{wanted}` text encoders are supported yet")));
+        }
+        let mut found = Vec::new();
+        for path in self.paths(inputs)? {
+            let (prefix, layout, root, width) = text_encoder_in(&path)?;
+            found.push((width, ClipEncoder { weights: weights_handle(&self.rt, &path, &root)?, prefix, layout }, path));
+        }
+        // SDXL concatenates CLIP-L (768) before OpenCLIP-G (1280), whichever file came first.
+        found.sort_by_key(|f| f.0);
+        let widths: Vec<usize> = found.iter().map(|f| f.0).collect();
+        let family = match widths.as_slice() {
+            [768] => ModelFamily::Sd1,
+            [1024] => ModelFamily::Sd2 { v_pred: false },
+            [_, _] => ModelFamily::Sdxl,
+            // Reduced (test and research) encoders: the layout names the family.
+            [_] if found[0].1.layout == ClipLayout::OpenClip => ModelFamily::Sd2 { v_pred: false },
+            _ => ModelFamily::Sd1,
+        };
+        if self.dual && widths[0] == widths[1] {
+            return Err(NodeError::msg(format!(
+                "{} and {} are both {}-wide text encoders; SDXL needs CLIP-L and OpenCLIP-G",
+                found[0].2.display(),
+                found[1].2.display(),
+                widths[0]
+            )));
+        }
+        let clip = ClipRef { encoders: found.into_iter().map(|f| f.1).collect(), family, clip_skip: None };
+        Ok(Outputs::new(vec![Value::new(IoType::CLIP, clip)]))
     }
 }
 

@@ -72,6 +72,11 @@ fn env() -> Env {
     write_mask_png(&input.join("mask.png"), 72, 56, |x, _| x >= 36);
     write_mask_png(&input.join("empty_mask.png"), 72, 56, |_, _| false);
     write_test_png(&input.join("control.png"), 80, 64);
+    // Standalone text encoders taken out of the checkpoints (CLIPLoader, DualCLIPLoader).
+    let encoders = dir.path().join("models/text_encoders");
+    extract(&ckpts.join("sdxl.safetensors"), "conditioner.embedders.0.transformer.", "", &encoders.join("clip_l.safetensors"));
+    extract(&ckpts.join("sdxl.safetensors"), "conditioner.embedders.1.model.", "", &encoders.join("clip_g.safetensors"));
+    extract(&ckpts.join("model.safetensors"), "cond_stage_model.transformer.", "", &encoders.join("sd1_clip.safetensors"));
     let rt = Arc::new(Runtime::new(dir.path().join("models"), &out, 2, None).unwrap().with_input_dir(&input));
     let mut reg = Registry::new();
     stub::register(&mut reg);
@@ -800,4 +805,52 @@ fn sdxl_controlnet_runs() {
     assert_ne!(controlled, plain, "the SDXL ControlNet changes the image");
     let e = run_err(&env, &with("control_v11p_sd15_canny.safetensors"));
     assert!(e.contains("control_v11p_sd15_canny.safetensors") && e.contains("another model family"), "{e}");
+/// Tensors of `ckpt` under `from`, renamed to start with `to`, written as a standalone file.
+fn extract(ckpt: &std::path::Path, from: &str, to: &str, out: &std::path::Path) {
+    let src = sdflow_core::io::open(ckpt).unwrap();
+    let parts: Vec<(String, DType, Vec<usize>, Vec<u8>)> = src
+        .tensors()
+        .iter()
+        .filter_map(|t| t.name.strip_prefix(from).map(|rest| (format!("{to}{rest}"), t.dtype, t.shape.clone(), src.read(&t.name).unwrap().to_vec())))
+        .collect();
+    std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+    sdflow_core::io::safetensors::write(out, parts.iter().map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.as_slice())), &Default::default()).unwrap();
+}
+
+/// sd-cli's --clip_l/--clip_g: standalone text encoders (ComfyUI's Hugging Face-named
+/// clip_l, an OpenCLIP-named G) give exactly the checkpoint's own conditioning.
+#[test]
+fn standalone_text_encoders_load_as_the_checkpoints_own() {
+    let env = env();
+    let wf = load(&env, "sdxl_txt2img.json", 64, 2);
+    let (_, _, own) = run_saved(&env, &wf, "7");
+    let mut dual = wf.clone();
+    let mut loader = NodeSpec::new("DualCLIPLoader");
+    // G first: the loader orders them as SDXL concatenates them.
+    for (k, v) in [("clip_name1", "clip_g.safetensors"), ("clip_name2", "clip_l.safetensors"), ("type", "sdxl")] {
+        loader.inputs.insert(k.into(), InputValue::Const(serde_json::json!(v)));
+    }
+    dual.nodes.insert("20".into(), loader);
+    for n in ["2", "3"] {
+        dual.set_input(n, "clip", InputValue::Link { node: "20".into(), output: 0 }).unwrap();
+    }
+    assert_eq!(run_saved(&env, &dual, "7").2, own, "DualCLIPLoader gives the checkpoint's conditioning");
+
+    let wf = load(&env, "txt2img.json", 64, 2);
+    let (_, _, own) = run_saved(&env, &wf, "7");
+    let mut single = wf.clone();
+    let mut loader = NodeSpec::new("CLIPLoader");
+    for (k, v) in [("clip_name", "sd1_clip.safetensors"), ("type", "stable_diffusion")] {
+        loader.inputs.insert(k.into(), InputValue::Const(serde_json::json!(v)));
+    }
+    single.nodes.insert("20".into(), loader);
+    for n in ["2", "3"] {
+        single.set_input(n, "clip", InputValue::Link { node: "20".into(), output: 0 }).unwrap();
+    }
+    assert_eq!(run_saved(&env, &single, "7").2, own, "CLIPLoader gives the checkpoint's conditioning");
+    // Two CLIP-L files are no SDXL pair.
+    let mut twice = dual.clone();
+    twice.set_input("20", "clip_name1", InputValue::Const(serde_json::json!("clip_l.safetensors"))).unwrap();
+    let e = env.exec.run(&twice, &NullSink, &CancelToken::new(), &RunOptions::default()).err().expect("two CLIP-L");
+    assert!(format!("{e:?}").contains("OpenCLIP-G"), "{e:?}");
 }

@@ -42,22 +42,30 @@ struct Names {
 }
 
 impl Names {
+    /// `s` under the prefix; a file of bare names (a standalone OpenCLIP text tower) has none.
+    fn at(&self, s: &str) -> String {
+        if self.prefix.is_empty() {
+            s.to_string()
+        } else {
+            format!("{}.{s}", self.prefix)
+        }
+    }
     fn token_embedding(&self) -> String {
         match self.layout {
-            ClipLayout::HuggingFace => format!("{}.embeddings.token_embedding.weight", self.prefix),
-            ClipLayout::OpenClip => format!("{}.token_embedding.weight", self.prefix),
+            ClipLayout::HuggingFace => self.at("embeddings.token_embedding.weight"),
+            ClipLayout::OpenClip => self.at("token_embedding.weight"),
         }
     }
     fn position_embedding(&self) -> String {
         match self.layout {
-            ClipLayout::HuggingFace => format!("{}.embeddings.position_embedding.weight", self.prefix),
-            ClipLayout::OpenClip => format!("{}.positional_embedding", self.prefix),
+            ClipLayout::HuggingFace => self.at("embeddings.position_embedding.weight"),
+            ClipLayout::OpenClip => self.at("positional_embedding"),
         }
     }
     fn layer(&self, i: usize) -> String {
         match self.layout {
-            ClipLayout::HuggingFace => format!("{}.encoder.layers.{i}", self.prefix),
-            ClipLayout::OpenClip => format!("{}.transformer.resblocks.{i}", self.prefix),
+            ClipLayout::HuggingFace => self.at(&format!("encoder.layers.{i}")),
+            ClipLayout::OpenClip => self.at(&format!("transformer.resblocks.{i}")),
         }
     }
     /// (ln1, ln2, out_proj, fc1, fc2) relative to a layer.
@@ -69,8 +77,8 @@ impl Names {
     }
     fn final_norm(&self) -> String {
         match self.layout {
-            ClipLayout::HuggingFace => format!("{}.final_layer_norm", self.prefix),
-            ClipLayout::OpenClip => format!("{}.ln_final", self.prefix),
+            ClipLayout::HuggingFace => self.at("final_layer_norm"),
+            ClipLayout::OpenClip => self.at("ln_final"),
         }
     }
     /// The pooled output's projection: OpenCLIP keeps a bare matrix used as `x @ P`
@@ -82,7 +90,7 @@ impl Names {
                 let root = self.prefix.strip_suffix("text_model").map_or(String::new(), |r| r.to_string());
                 format!("{root}text_projection.weight")
             }
-            ClipLayout::OpenClip => format!("{}.text_projection", self.prefix),
+            ClipLayout::OpenClip => self.at("text_projection"),
         }
     }
 }
