@@ -805,6 +805,8 @@ fn sdxl_controlnet_runs() {
     assert_ne!(controlled, plain, "the SDXL ControlNet changes the image");
     let e = run_err(&env, &with("control_v11p_sd15_canny.safetensors"));
     assert!(e.contains("control_v11p_sd15_canny.safetensors") && e.contains("another model family"), "{e}");
+}
+
 /// Tensors of `ckpt` under `from`, renamed to start with `to`, written as a standalone file.
 fn extract(ckpt: &std::path::Path, from: &str, to: &str, out: &std::path::Path) {
     let src = sdflow_core::io::open(ckpt).unwrap();
