@@ -91,9 +91,7 @@ impl<'w> ControlNet<'w> {
     }
 
     fn expect_conv(&self, name: &str, k: i64, cin: i64, cout: i64) -> Result<()> {
-        self.w.expect(&self.n(&format!("{name}.weight")), &[k, k, cin, cout])?;
-        self.w.expect(&self.n(&format!("{name}.bias")), &[cout])?;
-        Ok(())
+        self.w.expect_conv(&self.n(name), k, cin, cout)
     }
 
     fn validate(&self) -> Result<()> {

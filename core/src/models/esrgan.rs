@@ -263,12 +263,6 @@ fn conv_shape(w: &Weights, name: &str) -> Result<(i64, i64, i64)> {
     Ok((ne[0], ne[2], ne[3]))
 }
 
-fn expect_conv(w: &Weights, name: &str, cin: i64, cout: i64) -> Result<()> {
-    w.expect(&format!("{name}.weight"), &[3, 3, cin, cout])?;
-    w.expect(&format!("{name}.bias"), &[cout])?;
-    Ok(())
-}
-
 impl Upscaler {
     /// Load every tensor of `src` (any layout [`canonical_names`] knows) onto `backend`.
     pub fn load(backend: &Backend, src: &dyn TensorSource, rules: &TypeRules) -> Result<Self> {
@@ -323,19 +317,19 @@ impl Upscaler {
         let (in_channels, unshuffle) = rrdb_unshuffle(cin, cout);
         rrdb_scale(num_upsample, unshuffle)?;
         let c = RrdbConfig { in_channels, out_channels: cout, num_feat: nf, num_grow: gc, num_blocks, num_upsample, unshuffle };
-        expect_conv(w, "conv_first", cin, nf)?;
+        w.expect_conv("conv_first", 3, cin, nf)?;
         for b in 0..num_blocks {
             for r in 1..=3 {
                 for k in 0..5i64 {
                     let out = if k == 4 { nf } else { gc };
-                    expect_conv(w, &format!("body.{b}.rdb{r}.conv{}", k + 1), nf + k * gc, out)?;
+                    w.expect_conv(&format!("body.{b}.rdb{r}.conv{}", k + 1), 3, nf + k * gc, out)?;
                 }
             }
         }
         for name in ["conv_body", "conv_hr"].into_iter().map(String::from).chain((1..=num_upsample).map(|i| format!("conv_up{i}"))) {
-            expect_conv(w, &name, nf, nf)?;
+            w.expect_conv(&name, 3, nf, nf)?;
         }
-        expect_conv(w, "conv_last", nf, cout)?;
+        w.expect_conv("conv_last", 3, nf, cout)?;
         Ok(c)
     }
 
@@ -356,11 +350,11 @@ impl Upscaler {
             }
             w.expect(&act, &[nf])?;
         }
-        expect_conv(w, "body.0", cin, nf)?;
+        w.expect_conv("body.0", 3, cin, nf)?;
         for i in 1..=num_conv {
-            expect_conv(w, &format!("body.{}", 2 * i), nf, nf)?;
+            w.expect_conv(&format!("body.{}", 2 * i), 3, nf, nf)?;
         }
-        expect_conv(w, &format!("body.{last}"), nf, cout_total)?;
+        w.expect_conv(&format!("body.{last}"), 3, nf, cout_total)?;
         Ok(CompactConfig { in_channels: cin, out_channels, num_feat: nf, num_conv, upscale })
     }
 

@@ -281,8 +281,7 @@ impl<'w> Unet<'w> {
     }
 
     fn expect_conv(&self, name: &str, k: i64, cin: i64, cout: i64) -> Result<()> {
-        self.expect(&format!("{name}.weight"), &[k, k, cin, cout])?;
-        self.expect(&format!("{name}.bias"), &[cout])
+        self.w.expect_conv(&self.n(name), k, cin, cout)
     }
 
     fn expect_linear(&self, name: &str, cin: i64, cout: i64, bias: bool) -> Result<()> {

@@ -135,6 +135,14 @@ impl Weights {
         Ok(t)
     }
 
+    /// An `nn.Conv2d` with bias at `{name}.weight` / `{name}.bias`: a `k`×`k` kernel from
+    /// `cin` to `cout` channels.
+    pub fn expect_conv(&self, name: &str, k: i64, cin: i64, cout: i64) -> Result<(), ModelError> {
+        self.expect(&format!("{name}.weight"), &[k, k, cin, cout])?;
+        self.expect(&format!("{name}.bias"), &[cout])?;
+        Ok(())
+    }
+
     /// `base` with the tensors in `replaced` (name, bytes in that tensor's type) swapped
     /// for new ones of the same type and shape; every other tensor is `base`'s own, shared.
     /// The overlay owns (and [`Weights::bytes`] counts) only the replaced tensors, and keeps
