@@ -675,7 +675,7 @@ fn check_output(output: &str) -> anyhow::Result<()> {
 fn zeroes_empty_negative(path: &str) -> bool {
     let Ok(src) = sdflow_core::io::open(Path::new(path)) else { return false };
     let det = sdflow_core::detect::detect_source(src.as_ref());
-    det.family == sdflow_core::detect::ModelFamily::Sdxl && !src.tensors().iter().any(|t| t.name == "edm_vpred.sigma_max")
+    det.family == sdflow_core::detect::ModelFamily::Sdxl && !src.tensors().iter().any(|t| t.name == sdflow_core::detect::EDM_VPRED_KEYS.1)
 }
 
 fn img_gen_params(a: &ImgGenArgs, seed: i64, names: &mut Names<'_>) -> anyhow::Result<ImgGenParams> {

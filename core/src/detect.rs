@@ -20,6 +20,10 @@ use std::fmt;
 use crate::dtype;
 use crate::io::{TensorInfo, TensorSource};
 
+/// The scalars that mark an SDXL checkpoint as EDM v-prediction (CosXL, CosXL-Edit), as
+/// ComfyUI reads them: (sigma_min, sigma_max).
+pub const EDM_VPRED_KEYS: (&str, &str) = ("edm_vpred.sigma_min", "edm_vpred.sigma_max");
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ModelFamily {
     Sd1,

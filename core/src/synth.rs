@@ -322,26 +322,22 @@ impl SdConfig {
     /// 64-wide pooled output.
     pub fn tiny_sdxl() -> Self {
         let text = Self::tiny_sd1().text;
+        let base = Self::sdxl();
         SdConfig {
-            version: SdVersion::Sdxl,
             unet: UnetConfig {
-                in_channels: 4,
-                out_channels: 4,
                 model_channels: 32,
                 channel_mult: vec![1, 2, 2],
                 num_res_blocks: 1,
-                attention_resolutions: vec![2, 4],
                 heads: Heads::HeadDim(16),
                 context_dim: 96,
-                transformer_depth: 1,
-                use_linear_in_transformer: true,
                 transformer_depths: vec![0, 1, 2],
                 adm_in_channels: Some(64 + 6 * 256),
+                ..base.unet
             },
             vae: VaeConfig { ch_mult: vec![1, 1, 2, 2], ..VaeConfig::tiny() },
             text: text.clone(),
             text2: Some(TextConfig { hidden: 64, intermediate: 128, projection_dim: 64, ..text }),
-            edm_vpred: None,
+            ..base
         }
     }
 
@@ -422,8 +418,9 @@ impl SdConfig {
             }
         }
         if let Some((lo, hi)) = self.edm_vpred {
-            out.push("edm_vpred.sigma_min".into(), vec![], Init::Constant(lo));
-            out.push("edm_vpred.sigma_max".into(), vec![], Init::Constant(hi));
+            let (min_key, max_key) = crate::detect::EDM_VPRED_KEYS;
+            out.push(min_key.into(), vec![], Init::Constant(lo));
+            out.push(max_key.into(), vec![], Init::Constant(hi));
         }
         Ok(out.0)
     }

@@ -90,8 +90,9 @@ fn sd_parts(path: &Path) -> Result<SdParts, NodeError> {
     };
     // CosXL and CosXL-Edit mark EDM v-prediction with their sigma range, as ComfyUI reads it.
     let mut schedule = DiscreteSchedule::sd();
-    if has("edm_vpred.sigma_max") {
-        let (lo, hi) = (scalar(src.as_ref(), "edm_vpred.sigma_min")?, scalar(src.as_ref(), "edm_vpred.sigma_max")?);
+    let (min_key, max_key) = detect::EDM_VPRED_KEYS;
+    if has(max_key) {
+        let (lo, hi) = (scalar(src.as_ref(), min_key)?, scalar(src.as_ref(), max_key)?);
         schedule = DiscreteSchedule::edm(lo, hi).map_err(|e| NodeError::msg(format!("{shown}: edm_vpred: {e}")))?;
         prediction = Prediction::EdmV;
     }
