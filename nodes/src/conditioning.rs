@@ -139,14 +139,15 @@ pub(crate) fn encode_texts_with(rt: &Runtime, clip: &ClipRef, text_l: &str, text
         let config = ClipTextConfig::infer(weights, &enc.prefix, enc.layout).map_err(err)?;
         models.push(ClipTextModel::new(weights, &enc.prefix, config).map_err(err)?);
     }
-    // One tokenization per encoder: they share the vocabulary and differ in padding.
+    // One tokenization per encoder: they share the vocabulary (and so the embedding
+    // names' tokens, scanned once) and differ in padding.
+    let library = if emb_dir.is_dir() { Some(EmbeddingLibrary::scan(&emb_dir, &ClipTokenizer::new(PadToken::EndOfText)).map_err(err)?) } else { None };
     let tokenize = |enc: &ClipEncoder, text: &str| {
         let pad = match enc.layout {
             ClipLayout::HuggingFace => PadToken::EndOfText,
             ClipLayout::OpenClip => PadToken::Zero,
         };
         let tokenizer = ClipTokenizer::new(pad);
-        let library = if emb_dir.is_dir() { Some(EmbeddingLibrary::scan(&emb_dir, &tokenizer).map_err(err)?) } else { None };
         let prompt = tokenize_weighted(text, &tokenizer, library.as_ref(), &ChunkOptions::default()).map_err(err)?;
         Ok::<_, NodeError>((prompt, tokenizer.pad()))
     };

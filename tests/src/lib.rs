@@ -86,6 +86,19 @@ impl TestEnv {
         let report = self.exec.run(wf, &NullSink, &CancelToken::new(), &opts).unwrap();
         read_png(&self.out.join(report.ui_outputs[save_node]["images"][0]["filename"].as_str().unwrap()))
     }
+
+    /// Run `wf`, which must fail, and return the error's text.
+    pub fn run_err(&self, wf: &Workflow) -> String {
+        let opts = RunOptions { output_dir: Some(self.out.clone()), ..Default::default() };
+        self.exec.run(wf, &NullSink, &CancelToken::new(), &opts).expect_err("the run fails").to_string()
+    }
+}
+
+/// `wf` with one widget input of `node` set to `v`.
+pub fn with_input(wf: &Workflow, node: &str, input: &str, v: serde_json::Value) -> Workflow {
+    let mut wf = wf.clone();
+    wf.set_input(node, input, sdflow_executor::InputValue::Const(v)).unwrap();
+    wf
 }
 
 /// A colour gradient, so encoders see structure.

@@ -4,7 +4,7 @@
 //! vision models that do not fit fail naming the file; the preprocessing is ComfyUI's.
 
 use sdflow_core::synth::{ip_adapter_tensors, write_tensors, ClipVisionSynth, IpAdapterSynth};
-use sdflow_executor::{CancelToken, InputValue, NodeSpec, NullSink, RunOptions, Workflow};
+use sdflow_executor::{InputValue, NodeSpec, Workflow};
 use sdflow_nodes::ip_adapter::clip_preprocess;
 use sdflow_nodes::values::Image;
 use sdflow_tests::{node_of, tiny_tree, write_ip_adapter_models, write_test_png, TestEnv};
@@ -37,16 +37,7 @@ fn wf(env: &TestEnv) -> Workflow {
     env.workflow("ip_adapter.json", 64, 2)
 }
 
-fn set(wf: &Workflow, node: &str, input: &str, v: serde_json::Value) -> Workflow {
-    let mut wf = wf.clone();
-    wf.set_input(node, input, InputValue::Const(v)).unwrap();
-    wf
-}
-
-fn run_err(env: &TestEnv, wf: &Workflow) -> String {
-    let opts = RunOptions { output_dir: Some(env.out.clone()), ..Default::default() };
-    env.exec.run(wf, &NullSink, &CancelToken::new(), &opts).expect_err("the run fails").to_string()
-}
+use sdflow_tests::with_input as set;
 
 #[test]
 fn ip_adapter_workflow_runs_and_the_weight_matters() {
@@ -92,16 +83,16 @@ fn misfits_are_clear_errors() {
     let env = env();
     let wf = wf(&env);
     let (loader, vision) = (node_of(&wf, "IPAdapterModelLoader"), node_of(&wf, "CLIPVisionLoader"));
-    let e = run_err(&env, &set(&wf, &loader, "ipadapter_file", json!("wide.safetensors")));
+    let e = env.run_err(&set(&wf, &loader, "ipadapter_file", json!("wide.safetensors")));
     assert!(e.contains("wide.safetensors") && e.contains("48 wide") && e.contains("takes 32"), "{e}");
-    let e = run_err(&env, &set(&wf, &vision, "clip_name", json!("narrow.safetensors")));
+    let e = env.run_err(&set(&wf, &vision, "clip_name", json!("narrow.safetensors")));
     assert!(e.contains("32-wide image embeddings"), "{e}");
-    let e = run_err(&env, &set(&wf, &loader, "ipadapter_file", json!("not_an_adapter.safetensors")));
+    let e = env.run_err(&set(&wf, &loader, "ipadapter_file", json!("not_an_adapter.safetensors")));
     assert!(e.contains("not_an_adapter.safetensors") && e.contains("not an IP-Adapter"), "{e}");
     assert!(env.exec.validate(&set(&wf, &vision, "clip_name", json!("../ipadapter/ip-adapter_sd15.safetensors"))).is_err(), "only listed files");
     let mut no_vision = wf.clone();
     no_vision.nodes.get_mut(&node_of(&wf, "IPAdapterAdvanced")).unwrap().inputs.remove("clip_vision");
-    let e = run_err(&env, &no_vision);
+    let e = env.run_err(&no_vision);
     assert!(e.contains("clip_vision"), "{e}");
 }
 
@@ -141,6 +132,6 @@ fn ip_adapter_runs_on_sdxl() {
     let (_, _, zero) = env.run_saved(&set(&xl, &apply, "weight", json!(0.0)), &save);
     assert_eq!(zero, without, "weight 0 is exactly no adapter");
     // The SD1.5 adapter does not fit SDXL's layers: an error naming the file.
-    let e = run_err(&env, &set(&wf, "1", "ckpt_name", json!("sdxl.safetensors")));
+    let e = env.run_err(&set(&wf, "1", "ckpt_name", json!("sdxl.safetensors")));
     assert!(e.contains("ip-adapter_sd15"), "{e}");
 }

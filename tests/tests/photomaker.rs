@@ -6,7 +6,7 @@
 
 use sdflow_core::dtype::DType;
 use sdflow_core::synth::{write_checkpoint, Format, SdConfig};
-use sdflow_executor::{CancelToken, InputValue, NullSink, RunOptions, Workflow};
+use sdflow_executor::{InputValue, Workflow};
 use sdflow_tests::{node_of, tiny_tree, write_photomaker_models, TestEnv};
 use serde_json::json;
 
@@ -23,16 +23,7 @@ fn env() -> TestEnv {
     TestEnv::with_dir(dir, |rt| rt)
 }
 
-fn set(wf: &Workflow, node: &str, input: &str, v: serde_json::Value) -> Workflow {
-    let mut wf = wf.clone();
-    wf.set_input(node, input, InputValue::Const(v)).unwrap();
-    wf
-}
-
-fn run_err(env: &TestEnv, wf: &Workflow) -> String {
-    let opts = RunOptions { output_dir: Some(env.out.clone()), ..Default::default() };
-    env.exec.run(wf, &NullSink, &CancelToken::new(), &opts).expect_err("the run fails").to_string()
-}
+use sdflow_tests::with_input as set;
 
 /// The workflow with the positive prompt from the negative's CLIPTextEncode, both set to
 /// `text`: what the same sampler gives for a plain prompt.
@@ -79,7 +70,7 @@ fn photomaker_v2_takes_the_face_embeddings_file() {
     let wf = env.workflow("photomaker.json", 64, 3);
     let (loader, enc, save) = (node_of(&wf, "PhotoMakerLoader"), node_of(&wf, "PhotoMakerEncode"), node_of(&wf, "SaveImage"));
     let v2 = set(&wf, &loader, "photomaker_model_name", json!("photomaker-v2.safetensors"));
-    let e = run_err(&env, &v2);
+    let e = env.run_err(&v2);
     assert!(e.contains("photomaker-v2.safetensors") && e.contains("id_embeds"), "{e}");
     let (_, _, a) = env.run_saved(&set(&v2, &enc, "id_embeds", json!("photomaker_id/id_embeds.bin")), &save);
     let (_, _, v1) = env.run_saved(&wf, &save);
@@ -91,12 +82,12 @@ fn bad_inputs_fail_naming_the_place() {
     let env = env();
     let wf = env.workflow("photomaker.json", 64, 2);
     let (loader, dir) = (node_of(&wf, "PhotoMakerLoader"), node_of(&wf, "LoadImagesFromDir"));
-    let e = run_err(&env, &set(&wf, &dir, "directory", json!("empty_dir")));
+    let e = env.run_err(&set(&wf, &dir, "directory", json!("empty_dir")));
     assert!(e.contains("empty_dir") && e.contains("no image files"), "{e}");
-    let e = run_err(&env, &set(&wf, &dir, "directory", json!("broken_dir")));
+    let e = env.run_err(&set(&wf, &dir, "directory", json!("broken_dir")));
     assert!(e.contains("face.png"), "{e}");
-    let e = run_err(&env, &set(&wf, &loader, "photomaker_model_name", json!("broken.safetensors")));
+    let e = env.run_err(&set(&wf, &loader, "photomaker_model_name", json!("broken.safetensors")));
     assert!(e.contains("broken.safetensors"), "{e}");
-    let e = run_err(&env, &set(&wf, &dir, "directory", json!("../outside")));
+    let e = env.run_err(&set(&wf, &dir, "directory", json!("../outside")));
     assert!(e.contains("inside the input folder"), "{e}");
 }
