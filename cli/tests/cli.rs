@@ -293,6 +293,20 @@ fn img_gen_runs_on_a_tiny_model_and_writes_where_o_says() {
     assert!(err.contains("-m weights/none.safetensors: no such file"), "{err}");
 }
 
+/// `-m` naming a diffusers pipeline folder: linked as it is, loaded as the checkpoint it
+/// was converted from.
+#[test]
+fn img_gen_takes_a_diffusers_pipeline_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let single = dir.path().join("tiny.safetensors");
+    write_checkpoint(&single, &SdConfig::tiny_sd1(), DType::F32, 21, Format::Safetensors).unwrap();
+    sdflow_tests::write_pipeline_folder(&single, &dir.path().join("tiny-diffusers"), "sd1", "StableDiffusionPipeline", "epsilon");
+    let args = |m: &'static str, o: &'static str| ["-m", m, "-p", "a lovely cat", "-W", "64", "-H", "64", "--steps", "2", "-s", "3", "-t", "2", "-o", o];
+    ok(&args("tiny.safetensors", "single.png"), dir.path());
+    ok(&args("tiny-diffusers", "folder.png"), dir.path());
+    assert_eq!(png_pixels(&dir.path().join("folder.png")), png_pixels(&dir.path().join("single.png")));
+}
+
 fn tensors_f32(path: &Path) -> Vec<(String, DType, Vec<usize>, Vec<f32>)> {
     let src = io::open(path).unwrap();
     src.tensors()

@@ -296,7 +296,17 @@ pub fn detect(tensors: &[TensorInfo]) -> Detection {
         // text encoder the checkpoint ships with names the family.
         (Some(_), None) if has("cond_stage_model.model.") => ModelFamily::Sd2 { v_pred: false },
         (Some(_), None) if has("cond_stage_model.transformer.") => ModelFamily::Sd1,
-        (Some(_), Some(_)) if has("conditioner.embedders.1.") => ModelFamily::Sdxl,
+        // A diffusers pipeline folder's text encoders have the same names in SD1 and SD2:
+        // SD2's UNet projects into its transformers linearly, SD1's with 1×1 convolutions.
+        (Some(_), None) if has("text_encoder.text_model.") => {
+            let linear = tensors.iter().any(|t| t.name.starts_with(&prefix) && t.name.ends_with("proj_in.weight") && t.shape.len() == 2);
+            if linear {
+                ModelFamily::Sd2 { v_pred: false }
+            } else {
+                ModelFamily::Sd1
+            }
+        }
+        (Some(_), Some(_)) if has("conditioner.embedders.1.") || has("text_encoder_2.") => ModelFamily::Sdxl,
         (Some(_), Some(_)) if has("conditioner.embedders.0.model.") => ModelFamily::SdxlRefiner,
         (ctx, adm) => {
             d.message = format!(

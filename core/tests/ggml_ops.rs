@@ -638,13 +638,13 @@ fn max_pool_2d_pads_with_minus_infinity() {
     assert!(ctx.max_pool_2d(t, 3, 1, 2).is_err(), "padding over half the window");
 }
 
-/// bf16 weights multiply on AMX tiles where the CPU has them (`ggml::amx`), with the
-/// activations rounded to bf16; elsewhere on ggml's or our f32 kernels. Either way the
-/// result is the product of the bf16 weights, to bf16 rounding of the activations: the
-/// tolerance is tight where AMX ran (both operands rounded in the reference) and bf16's
-/// where it did not.
+/// bf16 weights multiply on the CPU's bf16 units where it has them (`ggml::bf16`: AMX
+/// tiles or AVX-512 BF16), with the activations rounded to bf16; elsewhere on ggml's or our
+/// f32 kernels. Either way the result is the product of the bf16 weights, to bf16 rounding
+/// of the activations: the tolerance is tight where our kernels ran (both operands rounded
+/// in the reference) and bf16's where they did not.
 fn bf16_tolerance() -> f32 {
-    if sdflow_core::ggml::amx::available() {
+    if sdflow_core::ggml::bf16::available() {
         2e-5
     } else {
         2e-2
@@ -688,7 +688,7 @@ fn bf16_convolutions_match_plain_convolutions() {
     }
 }
 
-// Attention of a bf16 model: where the CPU has AMX both products run on tiles with q, k,
+// Attention of a bf16 model: where the CPU has bf16 units both products run on them with q, k,
 // v and the probabilities rounded to bf16. Head widths and key counts that are not
 // multiples of 32 (zero padding), partial query blocks, several heads and batches.
 #[test]

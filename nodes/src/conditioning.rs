@@ -143,11 +143,7 @@ pub(crate) fn encode_texts_with(rt: &Runtime, clip: &ClipRef, text_l: &str, text
     // names' tokens, scanned once) and differ in padding.
     let library = if emb_dir.is_dir() { Some(EmbeddingLibrary::scan(&emb_dir, &ClipTokenizer::new(PadToken::EndOfText)).map_err(err)?) } else { None };
     let tokenize = |enc: &ClipEncoder, text: &str| {
-        let pad = match enc.layout {
-            ClipLayout::HuggingFace => PadToken::EndOfText,
-            ClipLayout::OpenClip => PadToken::Zero,
-        };
-        let tokenizer = ClipTokenizer::new(pad);
+        let tokenizer = ClipTokenizer::new(pad_token(clip, enc));
         let prompt = tokenize_weighted(text, &tokenizer, library.as_ref(), &ChunkOptions::default()).map_err(err)?;
         Ok::<_, NodeError>((prompt, tokenizer.pad()))
     };
@@ -158,7 +154,7 @@ pub(crate) fn encode_texts_with(rt: &Runtime, clip: &ClipRef, text_l: &str, text
     match models.as_slice() {
         [model] => {
             let (prompt, _) = tokenize(&clip.encoders[0], text_l)?;
-            let skip = (skip.get() as usize).min(model.config.layers);
+            let skip = (skip.get() as usize).saturating_sub(clip.encoders[0].dropped_layers).clamp(1, model.config.layers);
             rt.with_backend(|b| encode_prompt(b, model, &prompt, skip)).map_err(err)
         }
         [l, g] => {
@@ -170,6 +166,18 @@ pub(crate) fn encode_texts_with(rt: &Runtime, clip: &ClipRef, text_l: &str, text
             rt.with_backend(|b| encode_prompt_sdxl(b, (l, &pl), (g, &pg), skip.get() as usize)).map_err(err)
         }
         _ => Err(NodeError::msg(format!("a CLIP of {} text encoders", models.len()))),
+    }
+}
+
+/// The token that pads `enc`'s prompts. OpenCLIP (SD2's ViT-H, SDXL's second encoder,
+/// ViT-G) pads with zeros and CLIP-L with end-of-text, whatever the key layout: a Hugging
+/// Face-named ViT-H or ViT-G (a diffusers folder, ComfyUI's clip_g) is still OpenCLIP.
+fn pad_token(clip: &ClipRef, enc: &ClipEncoder) -> PadToken {
+    let second = clip.encoders.len() > 1 && std::ptr::eq(enc, &clip.encoders[1]);
+    if enc.layout == ClipLayout::OpenClip || matches!(clip.family, ModelFamily::Sd2 { .. }) || second {
+        PadToken::Zero
+    } else {
+        PadToken::EndOfText
     }
 }
 

@@ -8,6 +8,7 @@ use sdflow_core::ggml::Backend;
 use sdflow_core::io::{self, TypeRules};
 use sdflow_core::models::clip::ClipLayout;
 use sdflow_core::models::load::load_weights;
+use sdflow_core::models::pipeline::{as_checkpoint, scheduler_prediction};
 use sdflow_core::models::sd::Prediction;
 use sdflow_core::models::vae::{standalone_source, STANDALONE_PREFIX};
 use sdflow_core::models::Weights;
@@ -31,7 +32,7 @@ pub fn weights_handle(rt: &Runtime, path: &Path, prefix: &str) -> Result<WeightH
     let (path, pfx, wt) = (path.to_path_buf(), prefix.to_string(), rt.weight_type);
     rt.residency
         .get_or_load(key, move || -> Result<Weights, Box<dyn std::error::Error + Send + Sync>> {
-            let src = io::open(&path)?;
+            let src = as_checkpoint(io::open(&path)?)?;
             // CPU buffers are plain host memory, usable by every CPU backend.
             let backend = Backend::cpu(1)?;
             Ok(load_weights(&backend, src.as_ref(), &[&pfx], &TypeRules::new(wt, "")?)?)
@@ -39,18 +40,32 @@ pub fn weights_handle(rt: &Runtime, path: &Path, prefix: &str) -> Result<WeightH
         .map_err(err)
 }
 
-/// The parts of a single-file SD1.x/2.x/XL checkpoint.
+/// The parts of an SD1.x/2.x/XL checkpoint: a single file, or a diffusers pipeline
+/// folder seen through [`as_checkpoint`].
 struct SdParts {
     family: ModelFamily,
     prediction: Prediction,
-    /// (prefix, layout) of each text encoder, in the order the family concatenates them.
-    clips: Vec<(String, ClipLayout)>,
+    /// Each text encoder, in the order the family concatenates them.
+    clips: Vec<ClipPart>,
     latent_scale: f32,
     schedule: DiscreteSchedule,
 }
 
+/// Where one text encoder sits in a checkpoint.
+struct ClipPart {
+    /// The prefix `ClipTextConfig` takes.
+    prefix: String,
+    layout: ClipLayout,
+    /// The prefix of the tensors to load: a Hugging Face `CLIPTextModelWithProjection`
+    /// keeps its projection beside `text_model`.
+    load: String,
+    /// See [`ClipEncoder::dropped_layers`].
+    dropped_layers: usize,
+}
+
 fn sd_parts(path: &Path) -> Result<SdParts, NodeError> {
-    let src = io::open(path).map_err(err)?;
+    let src = as_checkpoint(io::open(path).map_err(err)?).map_err(err)?;
+    let folder = src.format() == io::Format::Diffusers;
     let det = detect::detect_source(src.as_ref());
     let shown = path.display();
     let latent_scale = match det.family {
@@ -61,25 +76,42 @@ fn sd_parts(path: &Path) -> Result<SdParts, NodeError> {
         other => return Err(NodeError::msg(format!("{shown}: {other} checkpoints are not supported yet (SD1.x, SD2.x and SDXL are)"))),
     };
     if det.layout != Some(KeyLayout::Ldm) {
-        return Err(NodeError::msg(format!("{shown}: only single-file (LDM key layout) checkpoints are supported yet, not diffusers folders")));
+        return Err(NodeError::msg(format!("{shown}: only LDM-named single-file checkpoints and diffusers pipeline folders are supported, not a lone diffusers UNet")));
     }
     let names: Vec<&str> = src.tensors().iter().map(|t| t.name.as_str()).collect();
     let has = |p: &str| names.iter().any(|n| n.starts_with(p));
     if !has("first_stage_model.") {
         return Err(NodeError::msg(format!("{shown}: the checkpoint has no VAE (first_stage_model.*)")));
     }
-    let clips: Vec<(String, ClipLayout)> = if det.family == ModelFamily::Sdxl {
+    let part = |prefix: &str, layout: ClipLayout, load: &str| ClipPart { prefix: prefix.into(), layout, load: load.into(), dropped_layers: 0 };
+    let ldm = |prefix: &str, layout: ClipLayout| part(prefix, layout, &format!("{prefix}."));
+    let clips: Vec<ClipPart> = if folder {
+        let encoders: &[&str] = if det.family == ModelFamily::Sdxl { &["text_encoder", "text_encoder_2"] } else { &["text_encoder"] };
+        let mut clips = Vec::new();
+        for e in encoders {
+            if !has(&format!("{e}.text_model.")) {
+                return Err(NodeError::msg(format!("{shown}: the pipeline has no Hugging Face CLIP text encoder in {e}/")));
+            }
+            clips.push(part(&format!("{e}.text_model"), ClipLayout::HuggingFace, &format!("{e}.")));
+        }
+        // diffusers' SD2 conversion keeps 23 of OpenCLIP-H's 24 layers, and its pipeline
+        // reads the last one it kept: SD2's default (penultimate) layer.
+        if matches!(det.family, ModelFamily::Sd2 { .. }) {
+            clips[0].dropped_layers = 1;
+        }
+        clips
+    } else if det.family == ModelFamily::Sdxl {
         let (l, g) = ("conditioner.embedders.0.transformer.text_model", "conditioner.embedders.1.model");
         for p in [l, g] {
             if !has(&format!("{p}.")) {
                 return Err(NodeError::msg(format!("{shown}: the SDXL checkpoint has no text encoder under `{p}`")));
             }
         }
-        vec![(l.into(), ClipLayout::HuggingFace), (g.into(), ClipLayout::OpenClip)]
+        vec![ldm(l, ClipLayout::HuggingFace), ldm(g, ClipLayout::OpenClip)]
     } else if has("cond_stage_model.transformer.text_model.") {
-        vec![("cond_stage_model.transformer.text_model".into(), ClipLayout::HuggingFace)]
+        vec![ldm("cond_stage_model.transformer.text_model", ClipLayout::HuggingFace)]
     } else if has("cond_stage_model.model.") {
-        vec![("cond_stage_model.model".into(), ClipLayout::OpenClip)]
+        vec![ldm("cond_stage_model.model", ClipLayout::OpenClip)]
     } else {
         return Err(NodeError::msg(format!("{shown}: the checkpoint has no text encoder (cond_stage_model.*)")));
     };
@@ -88,6 +120,12 @@ fn sd_parts(path: &Path) -> Result<SdParts, NodeError> {
         detect::Prediction::Eps => Prediction::Epsilon,
         detect::Prediction::Flow => return Err(NodeError::msg(format!("{shown}: flow-matching models are not supported yet"))),
     };
+    // A pipeline's scheduler states what its weights cannot show.
+    if folder {
+        if let Some(p) = scheduler_prediction(path).map_err(err)? {
+            prediction = p;
+        }
+    }
     // CosXL and CosXL-Edit mark EDM v-prediction with their sigma range, as ComfyUI reads it.
     let mut schedule = DiscreteSchedule::sd();
     let (min_key, max_key) = detect::EDM_VPRED_KEYS;
@@ -155,8 +193,8 @@ impl Node for CheckpointLoaderSimple {
             ip_adapters: Vec::new(),
         };
         let mut encoders = Vec::with_capacity(parts.clips.len());
-        for (prefix, layout) in parts.clips {
-            encoders.push(ClipEncoder { weights: weights_handle(&self.rt, &path, &format!("{prefix}."))?, prefix, layout });
+        for c in parts.clips {
+            encoders.push(ClipEncoder { weights: weights_handle(&self.rt, &path, &c.load)?, prefix: c.prefix, layout: c.layout, dropped_layers: c.dropped_layers });
         }
         let clip = ClipRef { encoders, family: parts.family, clip_skip: None };
         let vae = VaeRef { weights: weights_handle(&self.rt, &path, "first_stage_model.")?, prefix: "first_stage_model".into(), kind: VaeKind::Kl };
@@ -250,7 +288,7 @@ impl Node for ClipLoader {
         let mut found = Vec::new();
         for path in self.paths(inputs)? {
             let (prefix, layout, root, width) = text_encoder_in(&path)?;
-            found.push((width, ClipEncoder { weights: weights_handle(&self.rt, &path, &root)?, prefix, layout }, path));
+            found.push((width, ClipEncoder { weights: weights_handle(&self.rt, &path, &root)?, prefix, layout, dropped_layers: 0 }, path));
         }
         // SDXL concatenates CLIP-L (768) before OpenCLIP-G (1280), whichever file came first.
         found.sort_by_key(|f| f.0);
@@ -365,6 +403,14 @@ fn taesd_choice(rt: &Runtime, inputs: &Inputs) -> Result<Option<crate::taesd::Ta
 /// A file's path, size and modification time: a changed file must not be served from
 /// the cache.
 pub(crate) fn file_fingerprint(path: &Path) -> Result<Option<Vec<u8>>, NodeError> {
+    if path.is_dir() {
+        let mut all = Vec::new();
+        for f in io::diffusers::files(path) {
+            all.extend(file_fingerprint(&f)?.unwrap_or_default());
+            all.push(b'\n');
+        }
+        return Ok(Some(all));
+    }
     let meta = std::fs::metadata(path).map_err(|e| NodeError::msg(format!("{}: {e}", path.display())))?;
     let mtime = meta.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_nanos());
     Ok(Some(format!("{}:{}:{mtime}", path.display(), meta.len()).into_bytes()))

@@ -90,6 +90,9 @@ pub struct ClipEncoder {
     pub weights: WeightHandle<Weights>,
     pub prefix: String,
     pub layout: ClipLayout,
+    /// Final layers the file left out of the original encoder (diffusers' SD2 text
+    /// encoder has 23 of OpenCLIP-H's 24): clip skip counts from the original's top.
+    pub dropped_layers: usize,
 }
 
 /// VAE.

@@ -190,3 +190,53 @@ pub fn write_photomaker_models(root: &Path) {
     dump.extend((0..32).flat_map(|i| ((i as f32 * 0.37).sin()).to_le_bytes()));
     std::fs::write(ids.join("id_embeds.bin"), dump).unwrap();
 }
+
+fn pipeline_names() -> serde_json::Value {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../core/tests/fixtures/models/pipeline_names.json");
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+/// Writes the diffusers pipeline folder `dir` from the f32 checkpoint `ckpt`, one of the
+/// tiny checkpoints `model` (`sd1`, `sd2`, `sdxl`: `SdConfig::tiny_sd1`, `tiny_sd2`,
+/// `tiny_sdxl`) as diffusers' own single-file converters rename and cut its tensors (the
+/// table `core/tests/fixtures/models/pipeline_names.json`, from make_pipeline_names.py),
+/// with `class` in its model_index.json and `prediction` in its scheduler config.
+pub fn write_pipeline_folder(ckpt: &Path, dir: &Path, model: &str, class: &str, prediction: &str) {
+    let table = &pipeline_names()[model];
+    let src = sdflow_core::io::open(ckpt).unwrap();
+    for (component, tensors) in table.as_object().unwrap() {
+        let mut out: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+        for (name, how) in tensors.as_object().unwrap() {
+            let [ldm, kind, start, rows] = how.as_array().unwrap().as_slice() else { panic!("{name}: {how}") };
+            let info = src.get(ldm.as_str().unwrap()).unwrap().clone();
+            assert_eq!(info.dtype, DType::F32);
+            let bytes = src.read(&info.name).unwrap().to_vec();
+            let (start, rows) = (start.as_u64().unwrap() as usize, rows.as_u64().unwrap() as usize);
+            let row_bytes = bytes.len() / info.shape[0];
+            let (shape, data) = match kind.as_str().unwrap() {
+                // diffusers' VAE attention is linear where LDM's is a 1×1 convolution.
+                "whole" if component == "vae" && info.shape.len() == 4 && name.contains("attentions") => (info.shape[..2].to_vec(), bytes),
+                "whole" => (info.shape.clone(), bytes),
+                "rows" => {
+                    let mut shape = info.shape.clone();
+                    shape[0] = rows;
+                    (shape, bytes[start * row_bytes..(start + rows) * row_bytes].to_vec())
+                }
+                "transpose" => {
+                    let (r, c) = (info.shape[0], info.shape[1]);
+                    let v: Vec<f32> = bytes.chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+                    let t: Vec<u8> = (0..c).flat_map(|j| (0..r).map(move |i| (i, j))).flat_map(|(i, j)| v[i * c + j].to_le_bytes()).collect();
+                    (vec![c, r], t)
+                }
+                other => panic!("{name}: {other}"),
+            };
+            out.push((name.clone(), shape, data));
+        }
+        let file = if component.starts_with("text_encoder") { "model.safetensors" } else { "diffusion_pytorch_model.safetensors" };
+        std::fs::create_dir_all(dir.join(component)).unwrap();
+        sdflow_core::io::safetensors::write(&dir.join(component).join(file), out.iter().map(|(n, s, b)| (n.as_str(), DType::F32, s.clone(), b.as_slice())), &std::collections::BTreeMap::new()).unwrap();
+    }
+    std::fs::create_dir_all(dir.join("scheduler")).unwrap();
+    std::fs::write(dir.join("scheduler/scheduler_config.json"), format!(r#"{{"_class_name": "EulerDiscreteScheduler", "prediction_type": "{prediction}"}}"#)).unwrap();
+    std::fs::write(dir.join("model_index.json"), format!(r#"{{"_class_name": "{class}"}}"#)).unwrap();
+}

@@ -54,7 +54,7 @@ pub(crate) fn exp_row(row: &mut [f32]) -> f32 {
     sum
 }
 
-/// What both attention ops (this one and `amx::attention_compute`) read off their tensor:
+/// What both attention ops (this one and `bf16::attention_compute`) read off their tensor:
 /// q [dh, H, Tq, B], k and v [dh, H, Tk, B], and the scale in the userdata's low 32 bits.
 pub(crate) struct Operands<'t> {
     pub q: &'t ggml_sys::ggml_tensor,

@@ -292,7 +292,7 @@ impl Context {
             return Err(shape("mul_mat", format!("a {an:?} cannot multiply b {bn:?}")));
         }
         if an[0] * an[1] * bn[1] * bn[2] * bn[3] >= super::matmul::MIN_MACS {
-            if let Some(t) = self.amx_linear("mul_mat", a, b, [an[1], bn[1], bn[2], bn[3]], 0)? {
+            if let Some(t) = self.bf16_linear("mul_mat", a, b, [an[1], bn[1], bn[2], bn[3]], 0)? {
                 return Ok(t);
             }
             if super::matmul::enabled() && super::matmul::supports(a.raw(), b.raw()) {
@@ -311,7 +311,7 @@ impl Context {
         if an[0] != bn[0] || bn[2] % an[2] != 0 || bn[3] % an[3] != 0 {
             return Err(shape("mul_mat_t", format!("a {an:?} cannot multiply b {bn:?}")));
         }
-        if let Some(t) = self.amx_linear("mul_mat_t", a, b, [bn[1], an[1], bn[2], bn[3]], super::matmul::TRANSPOSED)? {
+        if let Some(t) = self.bf16_linear("mul_mat_t", a, b, [bn[1], an[1], bn[2], bn[3]], super::matmul::TRANSPOSED)? {
             return Ok(t);
         }
         if super::matmul::enabled() && super::matmul::supports(a.raw(), b.raw()) {
@@ -320,14 +320,14 @@ impl Context {
         self.cont(self.permute(self.mul_mat(a, b)?, [1, 0, 2, 3])?)
     }
 
-    /// The product on AMX tiles ([`super::amx`]) when the CPU has them and the operands
+    /// The product on the CPU's bf16 units ([`super::bf16`]) when it has them and the operands
     /// fit: a 2-D bf16 weight with contiguous rows and K a multiple of 32, f32 activations
     /// (rounded to bf16 first by one op over all threads). `None`: not taken.
-    fn amx_linear<'a>(&'a self, name: &'static str, a: Tensor<'a>, b: Tensor<'a>, ne: [i64; 4], flags: usize) -> Result<Option<Tensor<'a>>> {
+    fn bf16_linear<'a>(&'a self, name: &'static str, a: Tensor<'a>, b: Tensor<'a>, ne: [i64; 4], flags: usize) -> Result<Option<Tensor<'a>>> {
         let an = a.ne();
         // SAFETY: reads metadata only.
         let rows_contiguous = unsafe { (*a.raw()).nb[0] } == a.dtype().type_size();
-        if !super::matmul::enabled() || an[2] * an[3] != 1 || !rows_contiguous || b.dtype() != GType::F32 || !super::amx::takes(a.dtype().0, an[0]) {
+        if !super::matmul::enabled() || an[2] * an[3] != 1 || !rows_contiguous || b.dtype() != GType::F32 || !super::bf16::takes(a.dtype().0, an[0]) {
             return Ok(None);
         }
         let b = if b.is_contiguous() { b } else { self.cont(b)? };
@@ -335,8 +335,8 @@ impl Context {
         // product's weight is 2-D with contiguous rows and K a multiple of 32, its
         // activations that contiguous bf16 copy.
         unsafe {
-            let x = self.custom("to_bf16", GType::BF16, b.ne(), &[b], Some(super::amx::to_bf16_compute), 0)?;
-            self.custom(name, GType::F32, ne, &[a, x], Some(super::amx::linear_compute), flags).map(Some)
+            let x = self.custom("to_bf16", GType::BF16, b.ne(), &[b], Some(super::bf16::to_bf16_compute), 0)?;
+            self.custom(name, GType::F32, ne, &[a, x], Some(super::bf16::linear_compute), flags).map(Some)
         }
     }
 
@@ -416,8 +416,8 @@ impl Context {
         }
         if stride == (1, 1) && dilation == (1, 1) && input.dtype() == GType::F32 && super::matmul::enabled() {
             let kn = kernel.ne();
-            if kn[3] % 32 == 0 && super::amx::takes(kernel.dtype().0, kn[2]) {
-                return self.conv_2d_amx(kernel, input, pad);
+            if kn[3] % 32 == 0 && super::bf16::takes(kernel.dtype().0, kn[2]) {
+                return self.conv_2d_bf16(kernel, input, pad);
             }
             if super::matmul::supports(kernel.raw(), input.raw()) {
                 return self.conv_2d_shifted(kernel, input, pad);
@@ -463,11 +463,11 @@ impl Context {
         unsafe { self.custom("conv_2d", GType::F32, [ow, oh, kn[3], xn[3]], &[kernel, x], Some(super::matmul::conv_compute), 0) }
     }
 
-    /// The stride-1 convolution on AMX tiles: the bf16 kernel reordered to [C, C_out, KW,
+    /// The stride-1 convolution on the bf16 units: the bf16 kernel reordered to [C, C_out, KW,
     /// KH], the input rounded to bf16, padded (with zero rows below, so whole 32-column
     /// blocks of shifted reads stay inside) and pair-interleaved, one op each, then
-    /// `amx::conv_compute`.
-    fn conv_2d_amx<'a>(&'a self, kernel: Tensor<'a>, input: Tensor<'a>, pad: (i32, i32)) -> Result<Tensor<'a>> {
+    /// `bf16::conv_compute`.
+    fn conv_2d_bf16<'a>(&'a self, kernel: Tensor<'a>, input: Tensor<'a>, pad: (i32, i32)) -> Result<Tensor<'a>> {
         let kn = kernel.ne();
         let xn = input.ne();
         let (wp, hp) = (xn[0] + 2 * pad.0 as i64, xn[1] + 2 * pad.1 as i64);
@@ -476,13 +476,13 @@ impl Context {
         let (ow, oh) = (wp - kn[0] + 1, hp - kn[1] + 1);
         let pads = pad.0 as usize | (pad.1 as usize) << 16 | (extra as usize) << 32;
         let taps = kn[0] as usize | (kn[1] as usize) << 16 | (wp as usize) << 32;
-        // SAFETY: the kernel is contiguous bf16 (checked by conv_2d and amx::takes), the
+        // SAFETY: the kernel is contiguous bf16 (checked by conv_2d and bf16::takes), the
         // input contiguous f32, C and C_out multiples of 32 (checked by the caller); each op
         // writes exactly the shape it is given here.
         unsafe {
-            let k = self.custom("conv_2d", GType::BF16, [kn[2], kn[3], kn[0], kn[1]], &[kernel], Some(super::amx::reorder_kernel_compute), 0)?;
-            let x = self.custom("conv_2d", GType::BF16, [2, wp * (hp + extra), xn[2] / 2, xn[3]], &[input], Some(super::amx::pack_conv_input_compute), pads)?;
-            self.custom("conv_2d", GType::F32, [ow, oh, kn[3], xn[3]], &[k, x], Some(super::amx::conv_compute), taps)
+            let k = self.custom("conv_2d", GType::BF16, [kn[2], kn[3], kn[0], kn[1]], &[kernel], Some(super::bf16::reorder_kernel_compute), 0)?;
+            let x = self.custom("conv_2d", GType::BF16, [2, wp * (hp + extra), xn[2] / 2, xn[3]], &[input], Some(super::bf16::pack_conv_input_compute), pads)?;
+            self.custom("conv_2d", GType::F32, [ow, oh, kn[3], xn[3]], &[k, x], Some(super::bf16::conv_compute), taps)
         }
     }
 
@@ -578,8 +578,8 @@ impl Context {
     /// returns [Dh, H, Nq, B]. `None` where this backend cannot run it (the custom ops are
     /// off): the caller uses [`Context::flash_attn_ext`] then.
     ///
-    /// `bf16`: the model computes in bf16 (its weights are bf16), so where the CPU has AMX
-    /// tiles both products run on them ([`super::amx`]), the softmax staying f32.
+    /// `bf16`: the model computes in bf16 (its weights are bf16), so where the CPU has
+    /// bf16 units both products run on them ([`super::bf16`]), the softmax staying f32.
     pub fn attention_cpu<'a>(&'a self, q: Tensor<'a>, k: Tensor<'a>, v: Tensor<'a>, scale: f32, bf16: bool) -> Result<Option<Tensor<'a>>> {
         if !super::matmul::enabled() {
             return Ok(None);
@@ -593,7 +593,7 @@ impl Context {
         if !(unit(q) && unit(k) && unit(v)) {
             return Err(shape("attention", "q, k and v must be f32 with unit stride in ne[0]".to_string()));
         }
-        let f = if bf16 && super::amx::takes_attention(qn[0], kn[2]) { super::amx::attention_compute } else { super::attention::compute };
+        let f = if bf16 && super::bf16::takes_attention(qn[0], kn[2]) { super::bf16::attention_compute } else { super::attention::compute };
         // SAFETY: shapes and types checked; the userdata carries the scale's bits.
         unsafe { self.custom("attention", GType::F32, qn, &[q, k, v], Some(f), scale.to_bits() as usize) }.map(Some)
     }

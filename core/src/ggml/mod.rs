@@ -9,7 +9,7 @@
 //! every op here checks ggml's own preconditions first and returns a [`GgmlError`]
 //! instead: a malformed model file must end in an error message, never in `abort()`.
 
-pub mod amx;
+pub mod bf16;
 mod attention;
 mod backend;
 mod context;

@@ -45,6 +45,21 @@ pub fn is_diffusers_dir(dir: &Path) -> bool {
             .any(|c| weight_file(&dir.join(c)).is_some())
 }
 
+/// Every file of `dir` that a pipeline load reads or may read: `model_index.json`, the
+/// scheduler config and the component folders' files, sorted. What a cache key over a
+/// folder must cover (the folder's own mtime does not change when a file is rewritten).
+pub fn files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = vec![dir.join("model_index.json")];
+    for sub in COMPONENTS.iter().chain(&["scheduler"]) {
+        if let Ok(entries) = std::fs::read_dir(dir.join(sub)) {
+            out.extend(entries.flatten().map(|e| e.path()));
+        }
+    }
+    out.retain(|p| p.is_file());
+    out.sort();
+    out
+}
+
 fn weight_file(component: &Path) -> Option<PathBuf> {
     WEIGHT_FILES
         .iter()

@@ -190,6 +190,34 @@ pub fn diffusers_to_ldm_encoder(k: &str, nrb: usize) -> Option<String> {
     }
 }
 
+/// The LDM path of a diffusers `UNet2DConditionModel` module path (below `unet.` in a
+/// pipeline folder), with `nrb` res blocks per down level; `up_attn(level)` tells whether
+/// an up level has attentions (its upsampler then sits third, not second, in the LDM
+/// output block). The inverse of [`ldm_to_diffusers`].
+pub fn diffusers_to_ldm_unet(k: &str, nrb: usize, up_attn: impl Fn(usize) -> bool) -> Option<String> {
+    match k {
+        "conv_norm_out" => return Some("out.0".into()),
+        "conv_out" => return Some("out.2".into()),
+        _ => {}
+    }
+    let parts: Vec<&str> = k.splitn(5, '.').collect();
+    let idx = |s: &str| s.parse::<usize>().ok();
+    let per = nrb + 1;
+    match parts.as_slice() {
+        ["up_blocks", level, "resnets", r, rest] if idx(r)? < per => {
+            let ldm = RESNET.iter().find(|(_, d)| d == rest).map(|(l, _)| *l)?;
+            Some(format!("output_blocks.{}.0.{ldm}", idx(level)? * per + idx(r)?))
+        }
+        ["up_blocks", level, "attentions", r, rest] if idx(r)? < per => Some(format!("output_blocks.{}.1.{rest}", idx(level)? * per + idx(r)?)),
+        ["up_blocks", level, "upsamplers", "0", "conv"] => {
+            let level = idx(level)?;
+            Some(format!("output_blocks.{}.{}.conv", level * per + nrb, if up_attn(level) { 2 } else { 1 }))
+        }
+        ["up_blocks", ..] => None,
+        _ => diffusers_to_ldm_encoder(k, nrb),
+    }
+}
+
 /// The diffusers `UNet2DConditionModel` path of an LDM UNet module path (below
 /// `diffusion_model.`), for SD1.x/2.x UNets with `nrb` res blocks per level: the
 /// inverse of diffusers' `convert_ldm_unet_checkpoint`.

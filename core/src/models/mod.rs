@@ -13,6 +13,7 @@ pub mod ip_adapter;
 pub mod load;
 pub mod nn;
 pub mod photomaker;
+pub mod pipeline;
 pub mod sd;
 pub mod taesd;
 pub mod tiling;

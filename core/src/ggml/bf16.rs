@@ -1,47 +1,83 @@
-//! bf16 products on Intel AMX tiles, as ggml custom ops.
+//! bf16 products on the CPU's bf16 units, as ggml custom ops.
 //!
-//! On CPUs with AMX-BF16 (Xeon Sapphire Rapids and later) one core multiplies bf16
-//! matrices into f32 at ~700 GFLOP/s through its tile unit (measured here: a plain tile
-//! loop over 1024³, one core), where the f32 FMA path of the same core tops out near 100
-//! and ggml's AVX-512 BF16 dot products near 100. ggml itself uses AMX only for its int8
-//! quantized types. So on such CPUs, products whose weights are bf16 run here: activations
-//! rounded to bf16, sums kept in f32 — the precision ggml's own bf16 path has. f16 and f32
-//! weights stay on the exact f32 kernels of [`super::matmul`].
+//! Two engines compute the same 32×32 blocks (C += A × B, A rows of bf16, B in the
+//! pair-interleaved "VNNI" layout: each u32 holds two consecutive k of one column):
+//! - Intel AMX tiles (Xeon Sapphire Rapids and later): one core multiplies bf16 matrices
+//!   into f32 at ~700 GFLOP/s (measured: a plain tile loop over 1024³), where its f32 FMA
+//!   path tops out near 100. Written as inline assembly (Rust's AMX intrinsics are still
+//!   unstable); tiles are configured per thread at the start of each op.
+//! - AVX-512 BF16 registers (`vdpbf16ps`; AMD Zen 4 and later, Intel Cooper Lake and
+//!   later): eight rows × 32 columns of sums in 16 registers, each A pair broadcast over
+//!   two B registers. ggml's own bf16 products (llamafile's tinyBLAS) read unpacked
+//!   operands and ran at ~100 GFLOP/s per Zen 4 core; see docs/performance.md for ours.
 //!
-//! The tile instructions are written as inline assembly: Rust's AMX intrinsics and
-//! target features are still unstable, but the assembler takes the mnemonics as they are.
-//! Tiles are configured per thread at the start of each op and released at its end.
+//! ggml itself uses AMX only for its int8 quantized types. So on such CPUs, products whose
+//! weights are bf16 run here: activations rounded to bf16, sums kept in f32 — the
+//! precision ggml's own bf16 path has. f16 and f32 weights stay on the exact f32 kernels
+//! of [`super::matmul`].
 //!
-//! Two shapes of work:
-//! - [`linear_compute`]: `dst` [M, N] = W [K, M] × X [K, N] (X already bf16). A tiles are
-//!   rows of X; each thread packs its band of W rows into the tile unit's pair-interleaved
-//!   ("VNNI") layout once per op.
+//! Three shapes of work:
+//! - [`linear_compute`]: `dst` [M, N] = W [K, M] × X [K, N] (X already bf16). A blocks are
+//!   rows of X; each thread packs its band of W rows into the pair-interleaved layout once
+//!   per op.
 //! - [`conv_compute`]: a stride-1 convolution as KW·KH accumulated products over shifted
 //!   views of the padded input, like `matmul::conv_compute`, but with the input already
 //!   pair-interleaved (a shift along the pixel axis stays a pointer offset) and the sums of
-//!   all offsets kept in the tile registers.
-//!
+//!   all offsets kept in the accumulators.
 //! - [`attention_compute`]: softmax attention per head and block of 32 queries, both
-//!   products on tiles, the softmax in f32 between them (probabilities rounded to bf16).
+//!   products here, the softmax in f32 between them (probabilities rounded to bf16).
 //!
-//! `SDFLOW_AMX=0` turns the path off (for comparisons).
+//! `SDFLOW_AMX=0` leaves the tiles out (the AVX-512 engine still runs where the CPU has
+//! it); `SDFLOW_BF16_KERNELS=0` turns both off (ggml's products, for comparisons).
 
 use std::cell::RefCell;
 use std::os::raw::{c_int, c_void};
 use std::sync::OnceLock;
 
-/// Whether this process can run AMX-BF16 tile instructions: the CPU has them, and Linux
-/// granted the process the tile state (it must be asked for, once per process).
-pub fn available() -> bool {
-    static AVAILABLE: OnceLock<bool> = OnceLock::new();
-    *AVAILABLE.get_or_init(|| {
-        if std::env::var("SDFLOW_AMX").is_ok_and(|v| v == "0") {
-            return false;
+/// Which engine computes the blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Engine {
+    /// AMX-BF16 tiles.
+    Tiles,
+    /// AVX-512 BF16 dot products in vector registers.
+    Avx512,
+}
+
+/// The engine this process uses, if any.
+pub fn engine() -> Option<Engine> {
+    static ENGINE: OnceLock<Option<Engine>> = OnceLock::new();
+    *ENGINE.get_or_init(|| {
+        let off = |var: &str| std::env::var(var).is_ok_and(|v| v == "0");
+        if off("SDFLOW_BF16_KERNELS") {
+            None
+        } else if !off("SDFLOW_AMX") && detect() {
+            Some(Engine::Tiles)
+        } else if avx512_bf16() {
+            Some(Engine::Avx512)
+        } else {
+            None
         }
-        detect()
     })
 }
 
+/// Whether bf16 products run here at all.
+pub fn available() -> bool {
+    engine().is_some()
+}
+
+fn avx512_bf16() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether this process can run AMX-BF16 tile instructions: the CPU has them, and Linux
+/// granted the process the tile state (it must be asked for, once per process).
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 fn detect() -> bool {
     // CPUID leaf 7: EDX bit 22 AMX-BF16, bit 24 AMX-TILE.
@@ -83,89 +119,168 @@ struct TileConfig {
 
 const FULL: TileConfig = TileConfig { palette: 1, start_row: 0, reserved: [0; 14], colsb: [64, 64, 64, 64, 64, 64, 64, 64, 0, 0, 0, 0, 0, 0, 0, 0], rows: [16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0] };
 
-/// Holds the configured tiles of this thread for the length of one op.
+/// The 32×32 block product both engines compute: `zero`, then any number of `steps`
+/// (sums carry across calls: a convolution's offsets add up), then `store`.
+trait Block {
+    /// Ready for this thread's blocks of one op.
+    fn begin() -> Self;
+    unsafe fn zero(&mut self);
+    /// `ksteps` steps of C[32 × 32] += A[32 rows × 32] × B[16 pair rows × 32 columns]. A
+    /// rows are `a_stride` bytes apart and advance 64 bytes a step; B pair rows are
+    /// `b_stride` bytes apart and advance 16 pair rows a step.
+    unsafe fn steps(&mut self, a: *const u8, a_stride: usize, b: *const u8, b_stride: usize, ksteps: usize);
+    /// C row-major at `c`, rows `stride` bytes apart.
+    unsafe fn store(&mut self, c: *mut u8, stride: usize);
+}
+
+/// Holds the configured tiles of this thread for the length of one op; the sums live in
+/// tmm0..tmm3.
 struct Tiles;
 
-impl Tiles {
-    fn configure() -> Tiles {
-        // SAFETY: `available()` was true when the op was built (permission granted); the
-        // config is a valid palette-1 layout.
+impl Block for Tiles {
+    fn begin() -> Tiles {
+        // SAFETY: the engine is `Tiles` only where the CPU has them and the process was
+        // granted their state; the config is a valid palette-1 layout.
         unsafe { std::arch::asm!("ldtilecfg [{}]", in(reg) &FULL as *const TileConfig, options(nostack, readonly)) };
         Tiles
+    }
+
+    #[inline(always)]
+    unsafe fn zero(&mut self) {
+        // SAFETY: tiles configured by `begin`.
+        unsafe { std::arch::asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem)) }
+    }
+
+    #[inline(always)]
+    unsafe fn steps(&mut self, a: *const u8, a_stride: usize, b: *const u8, b_stride: usize, ksteps: usize) {
+        if ksteps == 0 {
+            return;
+        }
+        // SAFETY: the caller guarantees every addressed byte is readable; tiles configured.
+        unsafe {
+            std::arch::asm!(
+                "2:",
+                "tileloadd tmm4, [{a0} + {as}*1]",
+                "tileloadd tmm5, [{a1} + {as}*1]",
+                "tileloadd tmm6, [{b0} + {bs}*1]",
+                "tileloadd tmm7, [{b1} + {bs}*1]",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                "tdpbf16ps tmm2, tmm5, tmm6",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                "add {a0}, 64",
+                "add {a1}, 64",
+                "add {b0}, {bstep}",
+                "add {b1}, {bstep}",
+                "dec {k}",
+                "jnz 2b",
+                a0 = inout(reg) a => _,
+                a1 = inout(reg) a.add(16 * a_stride) => _,
+                b0 = inout(reg) b => _,
+                b1 = inout(reg) b.add(64) => _,
+                as = in(reg) a_stride,
+                bs = in(reg) b_stride,
+                bstep = in(reg) 16 * b_stride,
+                k = inout(reg) ksteps => _,
+                options(nostack, readonly),
+            )
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn store(&mut self, c: *mut u8, stride: usize) {
+        // SAFETY: the caller guarantees 32 rows of 128 writable bytes at `c`.
+        unsafe {
+            std::arch::asm!(
+                "tilestored [{c0} + {s}*1], tmm0",
+                "tilestored [{c1} + {s}*1], tmm1",
+                "tilestored [{c2} + {s}*1], tmm2",
+                "tilestored [{c3} + {s}*1], tmm3",
+                c0 = in(reg) c,
+                c1 = in(reg) c.add(64),
+                c2 = in(reg) c.add(16 * stride),
+                c3 = in(reg) c.add(16 * stride + 64),
+                s = in(reg) stride,
+                options(nostack),
+            )
+        }
     }
 }
 
 impl Drop for Tiles {
     fn drop(&mut self) {
-        // SAFETY: releases this thread's tile state, configured above.
+        // SAFETY: releases this thread's tile state, configured in `begin`.
         unsafe { std::arch::asm!("tilerelease", options(nostack, nomem)) };
     }
 }
 
-/// Zero the four accumulators tmm0..tmm3.
-#[inline(always)]
-unsafe fn zero_acc() {
-    // SAFETY: tiles configured by the caller.
-    unsafe { std::arch::asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem)) }
+/// The AVX-512 BF16 engine: the 32×32 sums in memory (one L1-resident block), loaded into
+/// registers eight rows at a time for each `steps` call.
+#[repr(C, align(64))]
+struct Regs {
+    acc: [f32; 32 * 32],
 }
 
-/// `ksteps` steps of a 32×32 block: tmm0..3 += A[32 rows × 32] × B[16 pair rows × 32 columns]
-/// per step. A rows are `a_stride` bytes apart and advance 64 bytes a step; B pair rows are
-/// `b_stride` bytes apart and advance 16 pair rows a step.
-#[inline(always)]
-unsafe fn steps(a: *const u8, a_stride: usize, b: *const u8, b_stride: usize, ksteps: usize) {
-    if ksteps == 0 {
-        return;
+impl Block for Regs {
+    fn begin() -> Regs {
+        Regs { acc: [0.0; 32 * 32] }
     }
-    // SAFETY: the caller guarantees every addressed byte is readable; tiles configured.
-    unsafe {
-        std::arch::asm!(
-            "2:",
-            "tileloadd tmm4, [{a0} + {as}*1]",
-            "tileloadd tmm5, [{a1} + {as}*1]",
-            "tileloadd tmm6, [{b0} + {bs}*1]",
-            "tileloadd tmm7, [{b1} + {bs}*1]",
-            "tdpbf16ps tmm0, tmm4, tmm6",
-            "tdpbf16ps tmm1, tmm4, tmm7",
-            "tdpbf16ps tmm2, tmm5, tmm6",
-            "tdpbf16ps tmm3, tmm5, tmm7",
-            "add {a0}, 64",
-            "add {a1}, 64",
-            "add {b0}, {bstep}",
-            "add {b1}, {bstep}",
-            "dec {k}",
-            "jnz 2b",
-            a0 = inout(reg) a => _,
-            a1 = inout(reg) a.add(16 * a_stride) => _,
-            b0 = inout(reg) b => _,
-            b1 = inout(reg) b.add(64) => _,
-            as = in(reg) a_stride,
-            bs = in(reg) b_stride,
-            bstep = in(reg) 16 * b_stride,
-            k = inout(reg) ksteps => _,
-            options(nostack, readonly),
-        )
+
+    unsafe fn zero(&mut self) {
+        self.acc.fill(0.0);
+    }
+
+    #[inline(always)]
+    unsafe fn steps(&mut self, a: *const u8, a_stride: usize, b: *const u8, b_stride: usize, ksteps: usize) {
+        for g in 0..4 {
+            // SAFETY: the engine is `Avx512` only where the CPU has AVX-512 BF16; the
+            // caller guarantees the operands' bytes.
+            unsafe { rows8(self.acc.as_mut_ptr().add(g * 8 * 32), a.add(g * 8 * a_stride), a_stride, b, b_stride, 16 * ksteps) }
+        }
+    }
+
+    unsafe fn store(&mut self, c: *mut u8, stride: usize) {
+        for r in 0..32 {
+            // SAFETY: the caller guarantees 32 rows of 128 writable bytes at `c`.
+            unsafe { std::ptr::copy_nonoverlapping(self.acc.as_ptr().add(r * 32), c.add(r * stride) as *mut f32, 32) }
+        }
     }
 }
 
-/// Store the 32×32 accumulator block row-major at `c` (rows `stride` bytes apart).
-#[inline(always)]
-unsafe fn store(c: *mut u8, stride: usize) {
-    // SAFETY: the caller guarantees 32 rows of 128 writable bytes at `c`.
+/// Eight rows of sums: acc[8 × 32] += A[8 rows × 2·pairs] × B[pairs pair rows × 32].
+/// Each A pair is broadcast and multiplied into both halves of the B row (16 columns per
+/// register): 16 accumulators, two B registers, one broadcast.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn rows8(acc: *mut f32, a: *const u8, a_stride: usize, b: *const u8, b_stride: usize, pairs: usize) {
+    use std::arch::x86_64::*;
+    // SAFETY: `acc` holds 8 rows of 32 floats; A rows hold `pairs` u32 each and B rows 32.
     unsafe {
-        std::arch::asm!(
-            "tilestored [{c0} + {s}*1], tmm0",
-            "tilestored [{c1} + {s}*1], tmm1",
-            "tilestored [{c2} + {s}*1], tmm2",
-            "tilestored [{c3} + {s}*1], tmm3",
-            c0 = in(reg) c,
-            c1 = in(reg) c.add(64),
-            c2 = in(reg) c.add(16 * stride),
-            c3 = in(reg) c.add(16 * stride + 64),
-            s = in(reg) stride,
-            options(nostack),
-        )
+        let mut c = [_mm512_setzero_ps(); 16];
+        for r in 0..8 {
+            c[2 * r] = _mm512_loadu_ps(acc.add(r * 32));
+            c[2 * r + 1] = _mm512_loadu_ps(acc.add(r * 32 + 16));
+        }
+        for p in 0..pairs {
+            let row = b.add(p * b_stride);
+            let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(row as *const _));
+            let b1: __m512bh = std::mem::transmute(_mm512_loadu_si512(row.add(64) as *const _));
+            for r in 0..8 {
+                let x: __m512bh = std::mem::transmute(_mm512_set1_epi32((a.add(r * a_stride + p * 4) as *const i32).read_unaligned()));
+                c[2 * r] = _mm512_dpbf16_ps(c[2 * r], b0, x);
+                c[2 * r + 1] = _mm512_dpbf16_ps(c[2 * r + 1], b1, x);
+            }
+        }
+        for r in 0..8 {
+            _mm512_storeu_ps(acc.add(r * 32), c[2 * r]);
+            _mm512_storeu_ps(acc.add(r * 32 + 16), c[2 * r + 1]);
+        }
     }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn rows8(_: *mut f32, _: *const u8, _: usize, _: *const u8, _: usize, _: usize) {
+    unreachable!("the AVX-512 engine is never chosen off x86-64")
 }
 
 thread_local! {
@@ -203,6 +318,16 @@ fn grow<T: Clone + Default>(v: &mut Vec<T>, n: usize) {
 /// `dst` [M, N, B2, B3] (or [N, M, ...] with `matmul::TRANSPOSED`) = src0 (bf16 weight [K, M])
 /// × src1 (bf16, contiguous [K, N, B2, B3]); each thread a band of M.
 pub(crate) unsafe extern "C" fn linear_compute(dst: *mut ggml_sys::ggml_tensor, ith: c_int, nth: c_int, userdata: *mut c_void) {
+    // SAFETY: forwarded as ggml called it.
+    unsafe {
+        match engine() {
+            Some(Engine::Tiles) => linear::<Tiles>(dst, ith, nth, userdata),
+            _ => linear::<Regs>(dst, ith, nth, userdata),
+        }
+    }
+}
+
+unsafe fn linear<K: Block>(dst: *mut ggml_sys::ggml_tensor, ith: c_int, nth: c_int, userdata: *mut c_void) {
     // SAFETY: ggml calls this with the tensor built by `Context::mul_mat`: src0 a 2-D
     // weight with contiguous rows, K a multiple of 32, src1 a contiguous bf16 tensor.
     unsafe {
@@ -223,7 +348,7 @@ pub(crate) unsafe extern "C" fn linear_compute(dst: *mut ggml_sys::ggml_tensor, 
         let mb = m1 - m0;
         let mp = mb.next_multiple_of(32);
         let pairs = k / 2;
-        let _tiles = Tiles::configure();
+        let mut unit = K::begin();
         LINEAR.with(|sc| {
             BLOCK.with(|blk| {
                 let mut sc = sc.borrow_mut();
@@ -277,13 +402,13 @@ pub(crate) unsafe extern "C" fn linear_compute(dst: *mut ggml_sys::ggml_tensor, 
                             };
                             let mut j0 = c0;
                             while j0 < c1 {
-                                zero_acc();
-                                steps(a, xrow, packed.add(j0 * pairs * 4), 128, k / 32);
+                                unit.zero();
+                                unit.steps(a, xrow, packed.add(j0 * pairs * 4), 128, k / 32);
                                 let cols = (mb - j0.min(mb)).min(32);
                                 if !transposed && rows == 32 && cols == 32 {
-                                    store(db.add(n0 * drow + (m0 + j0) * 4), drow);
+                                    unit.store(db.add(n0 * drow + (m0 + j0) * 4), drow);
                                 } else if cols > 0 {
-                                    store(blk.as_mut_ptr() as *mut u8, 128);
+                                    unit.store(blk.as_mut_ptr() as *mut u8, 128);
                                     for r in 0..rows {
                                         for cc in 0..cols {
                                             let v = blk[r * 32 + cc];
@@ -310,6 +435,16 @@ pub(crate) unsafe extern "C" fn linear_compute(dst: *mut ggml_sys::ggml_tensor, 
 /// P = Wp × Hp' pixels, Hp' ≥ Hp rows with zero rows below so that whole 32-column blocks
 /// stay inside). userdata: (KW, KH, Wp) packed as KW | KH << 16 | Wp << 32.
 pub(crate) unsafe extern "C" fn conv_compute(dst: *mut ggml_sys::ggml_tensor, ith: c_int, nth: c_int, userdata: *mut c_void) {
+    // SAFETY: forwarded as ggml called it.
+    unsafe {
+        match engine() {
+            Some(Engine::Tiles) => conv::<Tiles>(dst, ith, nth, userdata),
+            _ => conv::<Regs>(dst, ith, nth, userdata),
+        }
+    }
+}
+
+unsafe fn conv<K: Block>(dst: *mut ggml_sys::ggml_tensor, ith: c_int, nth: c_int, userdata: *mut c_void) {
     // SAFETY: ggml calls this with the tensor built by `Context::conv_2d`, whose sources
     // are laid out as above with C and C_out multiples of 32.
     unsafe {
@@ -328,7 +463,7 @@ pub(crate) unsafe extern "C" fn conv_compute(dst: *mut ggml_sys::ggml_tensor, it
         if q0 >= q1 {
             return;
         }
-        let _tiles = Tiles::configure();
+        let mut unit = K::begin();
         BLOCK.with(|blk| {
             let mut blk = blk.borrow_mut();
             grow(&mut blk, 32 * 32);
@@ -341,15 +476,15 @@ pub(crate) unsafe extern "C" fn conv_compute(dst: *mut ggml_sys::ggml_tensor, it
                 for co0 in (0..cout).step_by(32) {
                     for q in q0..q1 {
                         let j0 = q * 32;
-                        zero_acc();
+                        unit.zero();
                         for dy in 0..kh {
                             for dx in 0..kw {
                                 let a = kern.add(((dy * kw + dx) * cout + co0) * arow);
                                 let bptr = x.add((j0 + dy * wp + dx) * 4);
-                                steps(a, arow, bptr, brow, c / 32);
+                                unit.steps(a, arow, bptr, brow, c / 32);
                             }
                         }
-                        store(blk.as_mut_ptr() as *mut u8, 128);
+                        unit.store(blk.as_mut_ptr() as *mut u8, 128);
                         let end = (j0 + 32).min(wide);
                         for co in 0..32 {
                             super::matmul::keep_output_columns(blk.as_ptr().add(co * 32), j0, end, wp, ow, out.add((co0 + co) * ow * oh));
@@ -381,6 +516,16 @@ pub(crate) fn takes_attention(dh: i64, tk: i64) -> bool {
 /// bits. Each thread takes blocks of 32 queries of one head; a head's keys and values
 /// are packed once per thread (Tk and dh padded with zeros to multiples of 32).
 pub(crate) unsafe extern "C" fn attention_compute(dst: *mut ggml_sys::ggml_tensor, ith: c_int, nth: c_int, userdata: *mut c_void) {
+    // SAFETY: forwarded as ggml called it.
+    unsafe {
+        match engine() {
+            Some(Engine::Tiles) => attention::<Tiles>(dst, ith, nth, userdata),
+            _ => attention::<Regs>(dst, ith, nth, userdata),
+        }
+    }
+}
+
+unsafe fn attention<K: Block>(dst: *mut ggml_sys::ggml_tensor, ith: c_int, nth: c_int, userdata: *mut c_void) {
     // SAFETY: ggml calls this with the tensor built by `Context::attention_cpu`, whose
     // sources are allocated f32 tensors of the shapes it checked; `dst` is contiguous.
     unsafe {
@@ -396,7 +541,7 @@ pub(crate) unsafe extern "C" fn attention_compute(dst: *mut ggml_sys::ggml_tenso
         if t0 >= t1 {
             return;
         }
-        let _tiles = Tiles::configure();
+        let mut unit = K::begin();
         let row = |t: &ggml_sys::ggml_tensor, h: usize, i: usize, b: usize| (t.data as *const u8).add(h * t.nb[1] + i * t.nb[2] + b * t.nb[3]) as *const f32;
         ATTN.with(|sc| {
             let sc = &mut *sc.borrow_mut();
@@ -439,9 +584,9 @@ pub(crate) unsafe extern "C" fn attention_compute(dst: *mut ggml_sys::ggml_tenso
                 }
                 // scores (32 × Tk') = q block · kᵀ
                 for j0 in (0..kp).step_by(32) {
-                    zero_acc();
-                    steps(sc.q.as_ptr() as *const u8, dp * 2, (sc.keys.as_ptr() as *const u8).add(j0 * 4), kp * 4, dp / 32);
-                    store((sc.scores.as_mut_ptr() as *mut u8).add(j0 * 4), kp * 4);
+                    unit.zero();
+                    unit.steps(sc.q.as_ptr() as *const u8, dp * 2, (sc.keys.as_ptr() as *const u8).add(j0 * 4), kp * 4, dp / 32);
+                    unit.store((sc.scores.as_mut_ptr() as *mut u8).add(j0 * 4), kp * 4);
                 }
                 let mut inv = [0f32; 32];
                 // The softmax in f32, vectorised (scale, max, exp and sum over the row as
@@ -459,9 +604,9 @@ pub(crate) unsafe extern "C" fn attention_compute(dst: *mut ggml_sys::ggml_tenso
                 }
                 // out (32 × dh') = probabilities · v
                 for c0 in (0..dp).step_by(32) {
-                    zero_acc();
-                    steps(sc.probs.as_ptr() as *const u8, kp * 2, (sc.values.as_ptr() as *const u8).add(c0 * 4), dp * 4, kp / 32);
-                    store((sc.out.as_mut_ptr() as *mut u8).add(c0 * 4), dp * 4);
+                    unit.zero();
+                    unit.steps(sc.probs.as_ptr() as *const u8, kp * 2, (sc.values.as_ptr() as *const u8).add(c0 * 4), dp * 4, kp / 32);
+                    unit.store((sc.out.as_mut_ptr() as *mut u8).add(c0 * 4), dp * 4);
                 }
                 for (r, iv) in inv.iter().enumerate().take(rows) {
                     let o = std::slice::from_raw_parts_mut((d.data as *mut u8).add(h * d.nb[1] + (r0 + r) * d.nb[2] + b * d.nb[3]) as *mut f32, dh);

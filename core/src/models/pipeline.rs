@@ -1,0 +1,94 @@
+//! A diffusers pipeline folder (`model_index.json`, `unet/`, `vae/`, `text_encoder/`, …)
+//! shown as a single-file LDM checkpoint, so every loader and architecture reads one key
+//! layout.
+//!
+//! [`crate::io::open`] gives the folder's tensors under their component's name
+//! (`unet.conv_in.weight`); [`as_checkpoint`] renames the UNet to
+//! `model.diffusion_model.*` and the VAE to `first_stage_model.*` in LDM names, as
+//! diffusers' `convert_diffusers_to_original_stable_diffusion.py` does. The text encoders
+//! keep their Hugging Face names under `text_encoder.` / `text_encoder_2.`: the CLIP
+//! models read that layout as it is.
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use super::sd::Prediction;
+use super::vae::VaeLayout;
+use super::{ModelError, Result};
+use crate::io::{Format, Renamed, TensorSource};
+use crate::lora::keys::diffusers_to_ldm_unet;
+
+const UNET: &str = "unet.";
+const VAE: &str = "vae.";
+
+/// `src` in LDM names if it is a diffusers folder (see the module doc); any other source
+/// as it is. Fails naming the tensor when a UNet or VAE tensor has no LDM name, so that a
+/// folder of another architecture is not half loaded.
+pub fn as_checkpoint(src: Box<dyn TensorSource>) -> Result<Box<dyn TensorSource>> {
+    if src.format() != Format::Diffusers {
+        return Ok(src);
+    }
+    let shown = src.path().display().to_string();
+    let names: Vec<&str> = src.tensors().iter().map(|t| t.name.as_str()).collect();
+    let unet: Vec<&str> = names.iter().filter_map(|n| n.strip_prefix(UNET)).collect();
+    // Res blocks per down level: the highest resnet index of the first level, plus one.
+    let nrb = unet.iter().filter_map(|n| n.strip_prefix("down_blocks.0.resnets.")?.split('.').next()?.parse::<usize>().ok()).max().map_or(0, |m| m + 1);
+    let up_attn: HashSet<usize> = unet.iter().filter_map(|n| n.strip_prefix("up_blocks.")?.split_once(".attentions.")?.0.parse().ok()).collect();
+    let vae_names: Vec<&str> = names.iter().copied().filter(|n| n.starts_with(VAE)).collect();
+    let vae = if vae_names.is_empty() {
+        None
+    } else {
+        match VaeLayout::detect(vae_names.iter().copied()) {
+            Some(l @ VaeLayout::Diffusers { .. }) => Some(l),
+            _ => return Err(ModelError::Config(format!("{shown}: vae/ holds no diffusers AutoencoderKL (no `decoder.up_blocks.*`)"))),
+        }
+    };
+    let rename = |name: &str| -> Option<Option<(String, bool)>> {
+        if let Some(k) = name.strip_prefix(UNET) {
+            let (module, param) = k.rsplit_once('.')?;
+            let ldm = diffusers_to_ldm_unet(module, nrb, |l| up_attn.contains(&l))?;
+            Some(Some((format!("model.diffusion_model.{ldm}.{param}"), false)))
+        } else if name.starts_with(VAE) {
+            let (ldm, linear) = vae.as_ref()?.ldm_name(name)?;
+            Some(Some((format!("first_stage_model.{ldm}"), linear)))
+        } else {
+            // Text encoders (and components we do not rename) keep their names.
+            Some(None)
+        }
+    };
+    if let Some(bad) = names.iter().find(|n| rename(n).is_none()) {
+        return Err(ModelError::Weight { name: bad.to_string(), detail: format!("{shown}: no LDM name for this diffusers tensor (an unsupported UNet or VAE structure)") });
+    }
+    let renamed = Renamed::new(src, |t| {
+        let mut info = t.clone();
+        if let Some((ldm, linear)) = rename(&t.name).flatten() {
+            info.name = ldm;
+            // diffusers' linear attention weights are LDM's 1×1 convolutions.
+            if linear && info.shape.len() == 2 {
+                info.shape.extend([1, 1]);
+            }
+        }
+        Some(info)
+    })
+    .map_err(|name| ModelError::Weight { name, detail: format!("{shown}: two tensors map to this name") })?;
+    Ok(Box::new(renamed))
+}
+
+/// The prediction type a pipeline folder's `scheduler/scheduler_config.json` states
+/// (`epsilon`, `v_prediction`); `None` when the folder has no scheduler config or it
+/// names none.
+pub fn scheduler_prediction(dir: &Path) -> Result<Option<Prediction>> {
+    let path = dir.join("scheduler/scheduler_config.json");
+    let Ok(text) = std::fs::read_to_string(&path) else { return Ok(None) };
+    let at = |msg: String| ModelError::Config(format!("{}: {msg}", path.display()));
+    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| at(format!("invalid JSON: {e}")))?;
+    match json.get("prediction_type") {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(s)) => match s.as_str() {
+            "epsilon" => Ok(Some(Prediction::Epsilon)),
+            "v_prediction" => Ok(Some(Prediction::V)),
+            other => Err(at(format!("prediction_type `{other}` is not supported (epsilon, v_prediction are)"))),
+        },
+        Some(other) => Err(at(format!("prediction_type {other} is not a string"))),
+    }
+}

@@ -1,0 +1,121 @@
+//! diffusers pipeline folders as checkpoints: a folder converted from a single file by
+//! diffusers' own converters ([`write_pipeline_folder`]) gives exactly the single file's
+//! image.
+
+use std::collections::BTreeMap;
+
+use sdflow_core::dtype::DType;
+use sdflow_core::io::{self, safetensors};
+use sdflow_core::synth::{write_checkpoint, Format, SdConfig};
+use sdflow_tests::{with_input, write_pipeline_folder, TestEnv};
+
+struct Case {
+    name: &'static str,
+    config: SdConfig,
+    class: &'static str,
+    workflow: &'static str,
+}
+
+fn env_with(case: &Case, predictions: &[&str]) -> TestEnv {
+    let env = TestEnv::new(|rt| rt);
+    let ckpts = env.dir.path().join("models/checkpoints");
+    let single = ckpts.join(format!("{}.safetensors", case.name));
+    write_checkpoint(&single, &case.config, DType::F32, 21, Format::Safetensors).unwrap();
+    for p in predictions {
+        write_pipeline_folder(&single, &ckpts.join(format!("{}_{p}", case.name)), case.name, case.class, p);
+    }
+    // TestEnv lists the models folder when nodes register; a new one sees the files.
+    TestEnv::with_dir(env.dir, |rt| rt)
+}
+
+fn image(env: &TestEnv, case: &Case, ckpt: &str) -> Vec<u8> {
+    let wf = env.workflow(case.workflow, 64, 2);
+    let loader = sdflow_tests::node_of(&wf, "CheckpointLoaderSimple");
+    let save = sdflow_tests::node_of(&wf, "SaveImage");
+    env.run_saved(&with_input(&wf, &loader, "ckpt_name", serde_json::json!(ckpt)), &save).2
+}
+
+fn cases() -> [Case; 3] {
+    [
+        Case { name: "sd1", config: SdConfig::tiny_sd1(), class: "StableDiffusionPipeline", workflow: "txt2img.json" },
+        Case { name: "sd2", config: SdConfig::tiny_sd2(), class: "StableDiffusionPipeline", workflow: "txt2img.json" },
+        Case { name: "sdxl", config: SdConfig::tiny_sdxl(), class: "StableDiffusionXLPipeline", workflow: "sdxl_txt2img.json" },
+    ]
+}
+
+/// Not a test: writes the checkpoints make_pipeline_names.py converts, into the folder
+/// `SDFLOW_PIPELINE_CKPTS` names.
+#[test]
+#[ignore]
+fn write_checkpoints_for_make_pipeline_names() {
+    let dir = std::path::PathBuf::from(std::env::var("SDFLOW_PIPELINE_CKPTS").expect("SDFLOW_PIPELINE_CKPTS"));
+    std::fs::create_dir_all(&dir).unwrap();
+    for c in cases() {
+        write_checkpoint(&dir.join(format!("{}.safetensors", c.name)), &c.config, DType::F32, 21, Format::Safetensors).unwrap();
+    }
+}
+
+#[test]
+fn sd1_pipeline_folder_gives_the_single_file_image() {
+    let [case, _, _] = cases();
+    let env = env_with(&case, &["epsilon"]);
+    let single = image(&env, &case, "sd1.safetensors");
+    assert_eq!(image(&env, &case, "sd1_epsilon"), single);
+}
+
+/// SD2's folder drops OpenCLIP's last layer (diffusers' conversion) and reads the last one
+/// kept: the single file's default penultimate layer. Its scheduler config, not the
+/// weights, says v-prediction.
+#[test]
+fn sd2_pipeline_folder_gives_the_single_file_image_and_reads_its_prediction() {
+    let [_, case, _] = cases();
+    let env = env_with(&case, &["epsilon", "v_prediction"]);
+    let single = image(&env, &case, "sd2.safetensors");
+    assert_eq!(image(&env, &case, "sd2_epsilon"), single);
+    assert_ne!(image(&env, &case, "sd2_v_prediction"), single, "the scheduler config's v_prediction counts");
+}
+
+/// SDXL's second encoder is a Hugging Face `CLIPTextModelWithProjection` (its pooled
+/// projection transposed from OpenCLIP's, q/k/v split), padded as OpenCLIP pads.
+#[test]
+fn sdxl_pipeline_folder_gives_the_single_file_image() {
+    let [_, _, case] = cases();
+    let env = env_with(&case, &["epsilon"]);
+    let single = image(&env, &case, "sdxl.safetensors");
+    assert_eq!(image(&env, &case, "sdxl_epsilon"), single);
+}
+
+#[test]
+fn broken_pipeline_folders_are_named_errors() {
+    let [case, _, _] = cases();
+    let env = env_with(&case, &["epsilon"]);
+    let dir = env.dir.path().join("models/checkpoints/sd1_epsilon");
+    let wf = env.workflow(case.workflow, 64, 1);
+    let loader = sdflow_tests::node_of(&wf, "CheckpointLoaderSimple");
+    let run = || env.run_err(&with_input(&wf, &loader, "ckpt_name", serde_json::json!("sd1_epsilon")));
+
+    std::fs::write(dir.join("scheduler/scheduler_config.json"), r#"{"prediction_type": "sample"}"#).unwrap();
+    let e = run();
+    assert!(e.contains("scheduler_config.json") && e.contains("sample"), "{e}");
+    std::fs::write(dir.join("scheduler/scheduler_config.json"), "{not json").unwrap();
+    let e = run();
+    assert!(e.contains("scheduler_config.json") && e.contains("invalid JSON"), "{e}");
+    std::fs::remove_dir_all(dir.join("scheduler")).unwrap();
+
+    // A UNet tensor diffusers' layout has no place for.
+    let unet = dir.join("unet/diffusion_pytorch_model.safetensors");
+    let src = io::open(&unet).unwrap();
+    let mut all: Vec<(String, Vec<usize>, Vec<u8>)> = src.tensors().iter().map(|t| (t.name.clone(), t.shape.clone(), src.read(&t.name).unwrap().to_vec())).collect();
+    drop(src);
+    all.push(("up_blocks.0.mystery.weight".into(), vec![1], vec![0; 4]));
+    safetensors::write(&unet, all.iter().map(|(n, s, b)| (n.as_str(), DType::F32, s.clone(), b.as_slice())), &BTreeMap::new()).unwrap();
+    let e = run();
+    assert!(e.contains("unet.up_blocks.0.mystery.weight") && e.contains("sd1_epsilon"), "{e}");
+
+    // No text encoder: at this reduced width nothing then tells SD1 from SD2.
+    all.pop();
+    safetensors::write(&unet, all.iter().map(|(n, s, b)| (n.as_str(), DType::F32, s.clone(), b.as_slice())), &BTreeMap::new()).unwrap();
+    std::fs::remove_dir_all(dir.join("text_encoder")).unwrap();
+    let e = run();
+    assert!(e.contains("sd1_epsilon") && e.contains("matches no known family"), "{e}");
+}
