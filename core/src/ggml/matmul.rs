@@ -63,8 +63,9 @@ pub(crate) fn supports(a: *const ggml_sys::ggml_tensor, b: *const ggml_sys::ggml
     }
 }
 
-/// ggml's bf16 products run on AVX-512 BF16 units at ~200 GFLOP/s on 2 cores (measured
-/// 2026-12-02), twice what expanding to f32 for our kernels reaches; elsewhere ours win.
+/// On CPUs with AVX-512 BF16, bf16 products run on [`super::bf16`]'s kernels; the few
+/// they do not take (K not a multiple of 32) stay on ggml's bf16 dot products, which
+/// beat expanding to f32 for ours there (~200 vs ~100 GFLOP/s on 2 Zen 4 cores).
 fn native_bf16() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
