@@ -30,6 +30,9 @@ fn env() -> TestEnv {
     let (layers, cross) = sdflow_tests::unet_cross_attention(&xl);
     let embed_dim = ClipVisionSynth::tiny().projection_dim;
     write_tensors(&models.join("ipadapter/ip-adapter_sdxl.safetensors"), &ip_adapter_tensors(IpAdapterSynth::Classic { embed_dim, tokens: 4 }, &layers, cross), 3).unwrap();
+    // A ControlNet for the tiny SD1, to compose with the adapter.
+    std::fs::create_dir_all(models.join("controlnet")).unwrap();
+    sdflow_core::synth::write_controlnet(&models.join("controlnet/canny.safetensors"), &sdflow_core::synth::SdConfig::tiny_sd1_f8().unet, 3, 11).unwrap();
     TestEnv::with_dir(dir, |rt| rt)
 }
 
@@ -134,4 +137,35 @@ fn ip_adapter_runs_on_sdxl() {
     // The SD1.5 adapter does not fit SDXL's layers: an error naming the file.
     let e = env.run_err(&set(&wf, "1", "ckpt_name", json!("sdxl.safetensors")));
     assert!(e.contains("ip-adapter_sd15"), "{e}");
+}
+
+/// IP-Adapter patches the model, ControlNet the conditioning: both act in one sampling,
+/// and the image differs from either alone.
+#[test]
+fn ip_adapter_composes_with_controlnet() {
+    let env = env();
+    let wf = set(&wf(&env), "5", "weight", json!(1.0));
+    let (sampler, save) = (node_of(&wf, "KSampler"), node_of(&wf, "SaveImage"));
+    let mut both = wf.clone();
+    both.nodes.insert("20".into(), NodeSpec::new("ControlNetLoader").with_input("control_net_name", InputValue::Const(json!("canny.safetensors"))));
+    both.nodes.insert(
+        "21".into(),
+        NodeSpec::new("ControlNetApplyAdvanced")
+            .with_input("positive", InputValue::link("6", 0))
+            .with_input("negative", InputValue::link("7", 0))
+            .with_input("control_net", InputValue::link("20", 0))
+            .with_input("image", InputValue::link("4", 0))
+            .with_input("strength", InputValue::Const(json!(1.0)))
+            .with_input("start_percent", InputValue::Const(json!(0.0)))
+            .with_input("end_percent", InputValue::Const(json!(1.0))),
+    );
+    both.set_input(&sampler, "positive", InputValue::link("21", 0)).unwrap();
+    both.set_input(&sampler, "negative", InputValue::link("21", 1)).unwrap();
+    let (_, _, composed) = env.run_saved(&both, &save);
+    let (_, _, adapter_only) = env.run_saved(&wf, &save);
+    let mut control_only = both.clone();
+    control_only.set_input(&sampler, "model", InputValue::link("1", 0)).unwrap();
+    let (_, _, control_only) = env.run_saved(&control_only, &save);
+    assert_ne!(composed, adapter_only, "the ControlNet acts beside the adapter");
+    assert_ne!(composed, control_only, "the adapter acts beside the ControlNet");
 }

@@ -648,6 +648,26 @@ fn stacked_controlnets_differ_from_one() {
     assert!(worst <= 2, "two half-strength applications vs one: worst pixel difference {worst}");
 }
 
+/// Swapping the ControlNet re-runs its loader and what follows, never the checkpoint
+/// loader: the base model's weights stay loaded.
+#[test]
+fn swapping_the_controlnet_keeps_the_base_model() {
+    let env = env();
+    let wf = load(&env, "controlnet.json", 64, 2);
+    let (loader, cn_loader, save) = (node_of(&wf, "CheckpointLoaderSimple"), node_of(&wf, "ControlNetLoader"), node_of(&wf, "SaveImage"));
+    let opts = RunOptions { output_dir: Some(env.out.clone()), ..Default::default() };
+    let first = env.exec.run(&wf, &NullSink, &CancelToken::new(), &opts).unwrap();
+    assert!(first.executed_ids().contains(&loader.as_str()));
+    let mut swapped = wf.clone();
+    swapped.set_input(&cn_loader, "control_net_name", InputValue::Const(serde_json::json!("control_v11f1p_sd15_depth.safetensors"))).unwrap();
+    let second = env.exec.run(&swapped, &NullSink, &CancelToken::new(), &opts).unwrap();
+    let ran = second.executed_ids();
+    assert!(ran.contains(&cn_loader.as_str()) && ran.contains(&save.as_str()), "{ran:?}");
+    assert!(!ran.contains(&loader.as_str()), "the checkpoint loader re-ran: {ran:?}");
+    let image = |r: &sdflow_executor::RunReport| read_png(&env.out.join(r.ui_outputs[&save]["images"][0]["filename"].as_str().unwrap())).2;
+    assert_ne!(image(&first), image(&second), "the other ControlNet guides differently");
+}
+
 /// An area entry with a ControlNet: the hint is resized to the area (ComfyUI's
 /// get_control on the area's crop of the latent).
 #[test]
