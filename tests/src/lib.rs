@@ -13,7 +13,7 @@ pub fn workflows_dir() -> PathBuf {
 
 use sdflow_core::dtype::DType;
 use sdflow_core::synth::{write_checkpoint, Format, SdConfig};
-use sdflow_executor::{stub, CancelToken, Executor, ExecutorConfig, InputValue, NullSink, Registry, RunOptions, Workflow};
+use sdflow_executor::{stub, CancelToken, Executor, ExecutorConfig, InputValue, NodeSpec, NullSink, Registry, RunOptions, Workflow};
 use sdflow_nodes::Runtime;
 use std::path::Path;
 use std::sync::Arc;
@@ -99,6 +99,19 @@ pub fn with_input(wf: &Workflow, node: &str, input: &str, v: serde_json::Value) 
     let mut wf = wf.clone();
     wf.set_input(node, input, sdflow_executor::InputValue::Const(v)).unwrap();
     wf
+}
+
+/// A ControlNetApplyAdvanced over the whole schedule: the conditionings `positive` and
+/// `negative`, the ControlNet of node `control_net`, the hint image of node `image`.
+pub fn controlnet_apply(positive: InputValue, negative: InputValue, control_net: &str, image: &str, strength: f64) -> NodeSpec {
+    NodeSpec::new("ControlNetApplyAdvanced")
+        .with_input("positive", positive)
+        .with_input("negative", negative)
+        .with_input("control_net", InputValue::link(control_net, 0))
+        .with_input("image", InputValue::link(image, 0))
+        .with_input("strength", InputValue::Const(serde_json::json!(strength)))
+        .with_input("start_percent", InputValue::Const(serde_json::json!(0.0)))
+        .with_input("end_percent", InputValue::Const(serde_json::json!(1.0)))
 }
 
 /// A colour gradient, so encoders see structure.

@@ -148,17 +148,7 @@ fn ip_adapter_composes_with_controlnet() {
     let (sampler, save) = (node_of(&wf, "KSampler"), node_of(&wf, "SaveImage"));
     let mut both = wf.clone();
     both.nodes.insert("20".into(), NodeSpec::new("ControlNetLoader").with_input("control_net_name", InputValue::Const(json!("canny.safetensors"))));
-    both.nodes.insert(
-        "21".into(),
-        NodeSpec::new("ControlNetApplyAdvanced")
-            .with_input("positive", InputValue::link("6", 0))
-            .with_input("negative", InputValue::link("7", 0))
-            .with_input("control_net", InputValue::link("20", 0))
-            .with_input("image", InputValue::link("4", 0))
-            .with_input("strength", InputValue::Const(json!(1.0)))
-            .with_input("start_percent", InputValue::Const(json!(0.0)))
-            .with_input("end_percent", InputValue::Const(json!(1.0))),
-    );
+    both.nodes.insert("21".into(), sdflow_tests::controlnet_apply(InputValue::link("6", 0), InputValue::link("7", 0), "20", "4", 1.0));
     both.set_input(&sampler, "positive", InputValue::link("21", 0)).unwrap();
     both.set_input(&sampler, "negative", InputValue::link("21", 1)).unwrap();
     let (_, _, composed) = env.run_saved(&both, &save);

@@ -55,12 +55,18 @@ fn write_checkpoints_for_make_pipeline_names() {
     }
 }
 
+/// The image of `case`'s single file, and its folder's with each scheduler `prediction`.
+fn single_and_folders(case: &Case, predictions: &[&str]) -> (Vec<u8>, Vec<Vec<u8>>) {
+    let env = env_with(case, predictions);
+    let single = image(&env, case, &format!("{}.safetensors", case.name));
+    (single, predictions.iter().map(|p| image(&env, case, &format!("{}_{p}", case.name))).collect())
+}
+
 #[test]
 fn sd1_pipeline_folder_gives_the_single_file_image() {
     let [case, _, _] = cases();
-    let env = env_with(&case, &["epsilon"]);
-    let single = image(&env, &case, "sd1.safetensors");
-    assert_eq!(image(&env, &case, "sd1_epsilon"), single);
+    let (single, folders) = single_and_folders(&case, &["epsilon"]);
+    assert_eq!(folders[0], single);
 }
 
 /// SD2's folder drops OpenCLIP's last layer (diffusers' conversion) and reads the last one
@@ -69,10 +75,9 @@ fn sd1_pipeline_folder_gives_the_single_file_image() {
 #[test]
 fn sd2_pipeline_folder_gives_the_single_file_image_and_reads_its_prediction() {
     let [_, case, _] = cases();
-    let env = env_with(&case, &["epsilon", "v_prediction"]);
-    let single = image(&env, &case, "sd2.safetensors");
-    assert_eq!(image(&env, &case, "sd2_epsilon"), single);
-    assert_ne!(image(&env, &case, "sd2_v_prediction"), single, "the scheduler config's v_prediction counts");
+    let (single, folders) = single_and_folders(&case, &["epsilon", "v_prediction"]);
+    assert_eq!(folders[0], single);
+    assert_ne!(folders[1], single, "the scheduler config's v_prediction counts");
 }
 
 /// SDXL's second encoder is a Hugging Face `CLIPTextModelWithProjection` (its pooled
@@ -80,9 +85,8 @@ fn sd2_pipeline_folder_gives_the_single_file_image_and_reads_its_prediction() {
 #[test]
 fn sdxl_pipeline_folder_gives_the_single_file_image() {
     let [_, _, case] = cases();
-    let env = env_with(&case, &["epsilon"]);
-    let single = image(&env, &case, "sdxl.safetensors");
-    assert_eq!(image(&env, &case, "sdxl_epsilon"), single);
+    let (single, folders) = single_and_folders(&case, &["epsilon"]);
+    assert_eq!(folders[0], single);
 }
 
 #[test]

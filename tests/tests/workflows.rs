@@ -5,7 +5,7 @@ use sdflow_core::dtype::DType;
 use sdflow_core::synth::{write_checkpoint, Format, SdConfig};
 use sdflow_executor::{stub, CancelToken, Executor, ExecutorConfig, InputValue, NodeSpec, NullSink, Registry, RunOptions, Workflow};
 use sdflow_nodes::Runtime;
-use sdflow_tests::{node_of, read_png, write_mask_png, write_test_png};
+use sdflow_tests::{controlnet_apply, node_of, read_png, write_mask_png, write_test_png};
 use std::sync::Arc;
 
 struct Env {
@@ -617,16 +617,7 @@ fn stacked_controlnets_differ_from_one() {
     let (_, _, one) = run_saved(&env, &wf, &save);
     let mut two = wf.clone();
     two.nodes.insert("20".into(), NodeSpec::new("ControlNetLoader").with_input("control_net_name", InputValue::Const(serde_json::json!("control_v11f1p_sd15_depth.safetensors"))));
-    let second = |strength: f64| {
-        NodeSpec::new("ControlNetApplyAdvanced")
-            .with_input("positive", InputValue::link(&apply, 0))
-            .with_input("negative", InputValue::link(&apply, 1))
-            .with_input("control_net", InputValue::link("20", 0))
-            .with_input("image", InputValue::link("9", 0))
-            .with_input("strength", InputValue::Const(serde_json::json!(strength)))
-            .with_input("start_percent", InputValue::Const(serde_json::json!(0.0)))
-            .with_input("end_percent", InputValue::Const(serde_json::json!(1.0)))
-    };
+    let second = |strength: f64| controlnet_apply(InputValue::link(&apply, 0), InputValue::link(&apply, 1), "20", "9", strength);
     two.nodes.insert("21".into(), second(0.7));
     two.set_input(&sampler, "positive", InputValue::link("21", 0)).unwrap();
     two.set_input(&sampler, "negative", InputValue::link("21", 1)).unwrap();
@@ -805,17 +796,7 @@ fn sdxl_controlnet_runs() {
         let mut w = wf.clone();
         w.nodes.insert("20".into(), NodeSpec::new("ControlNetLoader").with_input("control_net_name", InputValue::Const(serde_json::json!(name))));
         w.nodes.insert("21".into(), NodeSpec::new("LoadImage").with_input("image", InputValue::Const(serde_json::json!("input.png"))));
-        w.nodes.insert(
-            "22".into(),
-            NodeSpec::new("ControlNetApplyAdvanced")
-                .with_input("positive", InputValue::link("2", 0))
-                .with_input("negative", InputValue::link("3", 0))
-                .with_input("control_net", InputValue::link("20", 0))
-                .with_input("image", InputValue::link("21", 0))
-                .with_input("strength", InputValue::Const(serde_json::json!(0.8)))
-                .with_input("start_percent", InputValue::Const(serde_json::json!(0.0)))
-                .with_input("end_percent", InputValue::Const(serde_json::json!(1.0))),
-        );
+        w.nodes.insert("22".into(), controlnet_apply(InputValue::link("2", 0), InputValue::link("3", 0), "20", "21", 0.8));
         w.set_input("5", "positive", InputValue::link("22", 0)).unwrap();
         w.set_input("5", "negative", InputValue::link("22", 1)).unwrap();
         w

@@ -65,7 +65,8 @@ pub fn available() -> bool {
     engine().is_some()
 }
 
-fn avx512_bf16() -> bool {
+/// Whether the CPU has AVX-512 BF16 (`vdpbf16ps`).
+pub(crate) fn avx512_bf16() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bf16")
@@ -309,23 +310,34 @@ struct AttnScratch {
     out: Vec<f32>,
 }
 
+/// Defines the ggml-callable op `$name` (with the given doc) running `$inner` on this
+/// process's engine; the ops are built only where there is one.
+macro_rules! engine_op {
+    ($(#[$doc:meta])* $name:ident => $inner:ident) => {
+        $(#[$doc])*
+        pub(crate) unsafe extern "C" fn $name(dst: *mut ggml_sys::ggml_tensor, ith: c_int, nth: c_int, userdata: *mut c_void) {
+            // SAFETY: forwarded as ggml called it.
+            unsafe {
+                match engine() {
+                    Some(Engine::Tiles) => $inner::<Tiles>(dst, ith, nth, userdata),
+                    _ => $inner::<Regs>(dst, ith, nth, userdata),
+                }
+            }
+        }
+    };
+}
+
 fn grow<T: Clone + Default>(v: &mut Vec<T>, n: usize) {
     if v.len() < n {
         v.resize(n, T::default());
     }
 }
 
-/// `dst` [M, N, B2, B3] (or [N, M, ...] with `matmul::TRANSPOSED`) = src0 (bf16 weight [K, M])
-/// × src1 (bf16, contiguous [K, N, B2, B3]); each thread a band of M.
-pub(crate) unsafe extern "C" fn linear_compute(dst: *mut ggml_sys::ggml_tensor, ith: c_int, nth: c_int, userdata: *mut c_void) {
-    // SAFETY: forwarded as ggml called it.
-    unsafe {
-        match engine() {
-            Some(Engine::Tiles) => linear::<Tiles>(dst, ith, nth, userdata),
-            _ => linear::<Regs>(dst, ith, nth, userdata),
-        }
-    }
-}
+engine_op!(
+    /// `dst` [M, N, B2, B3] (or [N, M, ...] with `matmul::TRANSPOSED`) = src0 (bf16 weight [K, M])
+    /// × src1 (bf16, contiguous [K, N, B2, B3]); each thread a band of M.
+    linear_compute => linear
+);
 
 unsafe fn linear<K: Block>(dst: *mut ggml_sys::ggml_tensor, ith: c_int, nth: c_int, userdata: *mut c_void) {
     // SAFETY: ggml calls this with the tensor built by `Context::mul_mat`: src0 a 2-D
@@ -430,19 +442,13 @@ unsafe fn linear<K: Block>(dst: *mut ggml_sys::ggml_tensor, ith: c_int, nth: c_i
     }
 }
 
-/// Stride-1 convolution. `dst` [OW, OH, C_out, N] = src0 (bf16 kernel [C, C_out, KW, KH],
-/// contiguous) ⋆ src1 (bf16 padded input, pair-interleaved: [2, P, C/2, N] with
-/// P = Wp × Hp' pixels, Hp' ≥ Hp rows with zero rows below so that whole 32-column blocks
-/// stay inside). userdata: (KW, KH, Wp) packed as KW | KH << 16 | Wp << 32.
-pub(crate) unsafe extern "C" fn conv_compute(dst: *mut ggml_sys::ggml_tensor, ith: c_int, nth: c_int, userdata: *mut c_void) {
-    // SAFETY: forwarded as ggml called it.
-    unsafe {
-        match engine() {
-            Some(Engine::Tiles) => conv::<Tiles>(dst, ith, nth, userdata),
-            _ => conv::<Regs>(dst, ith, nth, userdata),
-        }
-    }
-}
+engine_op!(
+    /// Stride-1 convolution. `dst` [OW, OH, C_out, N] = src0 (bf16 kernel [C, C_out, KW, KH],
+    /// contiguous) ⋆ src1 (bf16 padded input, pair-interleaved: [2, P, C/2, N] with
+    /// P = Wp × Hp' pixels, Hp' ≥ Hp rows with zero rows below so that whole 32-column blocks
+    /// stay inside). userdata: (KW, KH, Wp) packed as KW | KH << 16 | Wp << 32.
+    conv_compute => conv
+);
 
 unsafe fn conv<K: Block>(dst: *mut ggml_sys::ggml_tensor, ith: c_int, nth: c_int, userdata: *mut c_void) {
     // SAFETY: ggml calls this with the tensor built by `Context::conv_2d`, whose sources
@@ -511,19 +517,13 @@ pub(crate) fn takes_attention(dh: i64, tk: i64) -> bool {
     dh <= 512 && tk <= 1 << 16 && available()
 }
 
-/// `dst` [dh, H, Tq, B] = softmax(scale · q kᵀ) v per head, from q [dh, H, Tq, B] and
-/// k, v [dh, H, Tk, B] (f32, unit stride in ne[0]); the scale is the userdata's low 32
-/// bits. Each thread takes blocks of 32 queries of one head; a head's keys and values
-/// are packed once per thread (Tk and dh padded with zeros to multiples of 32).
-pub(crate) unsafe extern "C" fn attention_compute(dst: *mut ggml_sys::ggml_tensor, ith: c_int, nth: c_int, userdata: *mut c_void) {
-    // SAFETY: forwarded as ggml called it.
-    unsafe {
-        match engine() {
-            Some(Engine::Tiles) => attention::<Tiles>(dst, ith, nth, userdata),
-            _ => attention::<Regs>(dst, ith, nth, userdata),
-        }
-    }
-}
+engine_op!(
+    /// `dst` [dh, H, Tq, B] = softmax(scale · q kᵀ) v per head, from q [dh, H, Tq, B] and
+    /// k, v [dh, H, Tk, B] (f32, unit stride in ne[0]); the scale is the userdata's low 32
+    /// bits. Each thread takes blocks of 32 queries of one head; a head's keys and values
+    /// are packed once per thread (Tk and dh padded with zeros to multiples of 32).
+    attention_compute => attention
+);
 
 unsafe fn attention<K: Block>(dst: *mut ggml_sys::ggml_tensor, ith: c_int, nth: c_int, userdata: *mut c_void) {
     // SAFETY: ggml calls this with the tensor built by `Context::attention_cpu`, whose

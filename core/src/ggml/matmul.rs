@@ -55,25 +55,14 @@ pub(crate) fn supports(a: *const ggml_sys::ggml_tensor, b: *const ggml_sys::ggml
         if b.type_ != ggml_sys::GGML_TYPE_F32 || b.nb[0] != 4 {
             return false;
         }
-        if a.type_ == ggml_sys::GGML_TYPE_BF16 && native_bf16() {
+        // On CPUs with AVX-512 BF16, bf16 products run on `super::bf16`'s kernels; the
+        // few they do not take (K not a multiple of 32) stay on ggml's bf16 dot products,
+        // which beat expanding to f32 for ours there (~200 vs ~100 GFLOP/s on 2 Zen 4 cores).
+        if a.type_ == ggml_sys::GGML_TYPE_BF16 && super::bf16::avx512_bf16() {
             return false;
         }
         let row_contiguous = a.nb[0] == ggml_sys::ggml_type_size(a.type_) && ggml_sys::ggml_blck_size(a.type_) as i64 <= a.ne[0];
         row_contiguous && (a.type_ == ggml_sys::GGML_TYPE_F32 || to_float(a.type_).is_some())
-    }
-}
-
-/// On CPUs with AVX-512 BF16, bf16 products run on [`super::bf16`]'s kernels; the few
-/// they do not take (K not a multiple of 32) stay on ggml's bf16 dot products, which
-/// beat expanding to f32 for ours there (~200 vs ~100 GFLOP/s on 2 Zen 4 cores).
-fn native_bf16() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512bf16")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
     }
 }
 

@@ -43,6 +43,9 @@ pub fn as_checkpoint(src: Box<dyn TensorSource>) -> Result<Box<dyn TensorSource>
             _ => return Err(ModelError::Config(format!("{shown}: vae/ holds no diffusers AutoencoderKL (no `decoder.up_blocks.*`)"))),
         }
     };
+    // The LDM name of a UNet or VAE tensor and whether it is a linear weight LDM stores
+    // as a 1×1 convolution; `Some(None)`: a name kept as it is (text encoders, components
+    // not renamed); `None`: no LDM name.
     let rename = |name: &str| -> Option<Option<(String, bool)>> {
         if let Some(k) = name.strip_prefix(UNET) {
             let (module, param) = k.rsplit_once('.')?;
@@ -52,25 +55,31 @@ pub fn as_checkpoint(src: Box<dyn TensorSource>) -> Result<Box<dyn TensorSource>
             let (ldm, linear) = vae.as_ref()?.ldm_name(name)?;
             Some(Some((format!("first_stage_model.{ldm}"), linear)))
         } else {
-            // Text encoders (and components we do not rename) keep their names.
             Some(None)
         }
     };
-    if let Some(bad) = names.iter().find(|n| rename(n).is_none()) {
-        return Err(ModelError::Weight { name: bad.to_string(), detail: format!("{shown}: no LDM name for this diffusers tensor (an unsupported UNet or VAE structure)") });
-    }
+    let mut unnamed = None;
     let renamed = Renamed::new(src, |t| {
         let mut info = t.clone();
-        if let Some((ldm, linear)) = rename(&t.name).flatten() {
-            info.name = ldm;
-            // diffusers' linear attention weights are LDM's 1×1 convolutions.
-            if linear && info.shape.len() == 2 {
-                info.shape.extend([1, 1]);
+        match rename(&t.name) {
+            Some(Some((ldm, linear))) => {
+                info.name = ldm;
+                // diffusers' linear attention weights are LDM's 1×1 convolutions.
+                if linear && info.shape.len() == 2 {
+                    info.shape.extend([1, 1]);
+                }
+            }
+            Some(None) => {}
+            None => {
+                unnamed.get_or_insert_with(|| t.name.clone());
             }
         }
         Some(info)
     })
     .map_err(|name| ModelError::Weight { name, detail: format!("{shown}: two tensors map to this name") })?;
+    if let Some(name) = unnamed {
+        return Err(ModelError::Weight { name, detail: format!("{shown}: no LDM name for this diffusers tensor (an unsupported UNet or VAE structure)") });
+    }
     Ok(Box::new(renamed))
 }
 
