@@ -77,6 +77,7 @@ pub fn demo_command(args: DemoArgs) -> anyhow::Result<()> {
         models_dir: models,
         threads: args.threads,
         input_dir: dir.join("input"),
+        weight_type: Default::default(),
     })?;
     let newest = std::fs::read_dir(&args.output_dir)?
         .flatten()

@@ -167,20 +167,14 @@ pub struct CommonArgs {
     /// Colors the logging tags according to level.
     #[arg(long)]
     pub color: bool,
-    /// Weight type (examples: f32, f16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, q3_K, q4_K).
-    /// If not specified, the default is the type of the weight file.
-    #[arg(long = "type", value_name = "TYPE", value_parser = parse_dtype)]
-    pub wtype: Option<sdflow_core::dtype::DType>,
+    #[command(flatten)]
+    pub weight_type: run::WeightTypeArg,
     /// Print every event as one JSON line on stdout.
     #[arg(long)]
     pub json_events: bool,
     /// Preview method: only `none` (previews are not written yet).
     #[arg(long, value_name = "METHOD", value_parser = ["none", "proj", "tae", "vae"])]
     pub preview: Option<String>,
-}
-
-fn parse_dtype(s: &str) -> Result<sdflow_core::dtype::DType, String> {
-    s.parse().map_err(|e: sdflow_core::dtype::UnknownDType| format!("invalid weight format {s}: {e}"))
 }
 
 /// A sampler name: sd.cpp's or ComfyUI's.
@@ -851,7 +845,7 @@ pub fn vid_gen_command(_a: VidGenArgs) -> anyhow::Result<()> {
 fn finish(shown: Preset, c: &CommonArgs, output: &str, begin: Option<i64>, build: impl FnOnce(&mut Stage) -> anyhow::Result<Preset>) -> anyhow::Result<()> {
     let threads = (c.threads > 0).then_some(c.threads as usize);
     let stage_probe = Stage::new(&c.models_dir)?;
-    let (probe, _) = run::registry_with_type(stage_probe.path(), stage_probe.path(), &stage_probe.input_dir(), threads, c.wtype)?;
+    let (probe, _) = run::registry(stage_probe.path(), stage_probe.path(), &stage_probe.input_dir(), threads, c.weight_type.resolve())?;
     let missing = presets::unsupported_nodes(&shown, &probe);
     drop(probe);
     drop(stage_probe);
@@ -872,7 +866,7 @@ fn finish(shown: Preset, c: &CommonArgs, output: &str, begin: Option<i64>, build
     let mut stage = Stage::new(&c.models_dir)?;
     let preset = build(&mut stage)?;
     let out_dir = stage.path().join("output");
-    let registry = Arc::new(run::registry_with_type(stage.path(), &out_dir, &stage.input_dir(), threads, c.wtype)?.0);
+    let registry = Arc::new(run::registry(stage.path(), &out_dir, &stage.input_dir(), threads, c.weight_type.resolve())?.0);
     let workflows: Vec<(String, Workflow)> = vec![(preset.workflow.header.as_ref().and_then(|h| h.title.clone()).unwrap_or_default(), preset.workflow.clone())];
     let session = run::Session { output_dir: Some(out_dir.clone()), json_events: c.json_events, workers: None, repeat: 1 };
     let reports = run::execute(registry, &workflows, &session)?;

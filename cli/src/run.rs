@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Args;
+use sdflow_core::io::WeightType;
 use indicatif::{MultiProgress, ProgressBar, ProgressState, ProgressStyle};
 use sdflow_executor::{
     CancelToken, Event, EventSink, Executor, ExecutorConfig, InputValue, Registry, RunError,
@@ -47,33 +48,50 @@ pub struct RunArgs {
     /// Folder LoadImage reads its images from.
     #[arg(long, value_name = "DIR", default_value = "input")]
     pub input_dir: PathBuf,
+    #[command(flatten)]
+    pub weight_type: WeightTypeArg,
 }
 
-/// The node types `sdflow run` offers: every real node, plus the executor's stub pack
-/// (handy for trying the engine without a model).
-pub fn registry(models_dir: &Path, output_dir: &Path, input_dir: &Path, threads: Option<usize>) -> anyhow::Result<Registry> {
-    registry_with_runtime(models_dir, output_dir, input_dir, threads).map(|(r, _)| r)
+/// `--type`: what model weights are converted to at load.
+#[derive(Args, Clone, Debug, Default)]
+pub struct WeightTypeArg {
+    /// Weight type: `auto` (the default) converts float weights to bf16 where the CPU has
+    /// AVX-512 BF16 or AMX, our fastest kernels there (quantized files keep their types),
+    /// and keeps each file's types elsewhere; `stored` keeps them everywhere; a type name
+    /// (f32, f16, bf16, q8_0, q4_0, q4_K, ...) converts every weight to it, as sd-cli's
+    /// `--type` does.
+    #[arg(long = "type", value_name = "TYPE", value_parser = parse_weight_type)]
+    pub wtype: Option<WeightType>,
 }
 
-/// [`registry`], with the runtime its nodes share (the server reports its residency
-/// manager and lists its model folders).
-pub fn registry_with_runtime(models_dir: &Path, output_dir: &Path, input_dir: &Path, threads: Option<usize>) -> anyhow::Result<(Registry, Arc<sdflow_nodes::Runtime>)> {
-    registry_with_type(models_dir, output_dir, input_dir, threads, None)
+impl WeightTypeArg {
+    /// The type asked for, or this CPU's pick.
+    pub fn resolve(&self) -> WeightType {
+        self.wtype.unwrap_or_else(WeightType::for_cpu)
+    }
 }
 
-/// [`registry_with_runtime`], converting weights to `weight_type` at load (sd-cli's `--type`).
-pub fn registry_with_type(models_dir: &Path, output_dir: &Path, input_dir: &Path, threads: Option<usize>, weight_type: Option<sdflow_core::dtype::DType>) -> anyhow::Result<(Registry, Arc<sdflow_nodes::Runtime>)> {
+fn parse_weight_type(s: &str) -> Result<WeightType, String> {
+    s.parse().map_err(|e: sdflow_core::dtype::UnknownDType| format!("invalid weight type {s}: {e}; or auto, stored"))
+}
+
+/// The node types `sdflow run` and `sdflow serve` offer (every real node, plus the
+/// executor's stub pack, handy for trying the engine without a model), with the runtime
+/// their nodes share (the server reports its residency manager and lists its model
+/// folders). Weights load as `weight_type`.
+pub fn registry(models_dir: &Path, output_dir: &Path, input_dir: &Path, threads: Option<usize>, weight_type: WeightType) -> anyhow::Result<(Registry, Arc<sdflow_nodes::Runtime>)> {
     let mut registry = Registry::new();
     sdflow_executor::stub::register(&mut registry);
     let threads = threads.unwrap_or_else(sdflow_core::ggml::default_threads);
     let rt = Arc::new(sdflow_nodes::Runtime::new(models_dir, output_dir, threads, weight_type).context("starting the compute backend")?.with_input_dir(input_dir));
+    tracing::info!(%weight_type, "weights load as");
     sdflow_nodes::register_all(&mut registry, rt.clone());
     Ok((registry, rt))
 }
 
 pub fn run_command(args: RunArgs) -> anyhow::Result<()> {
     let out_dir = args.output_dir.clone().unwrap_or_else(|| PathBuf::from("output"));
-    let registry = Arc::new(registry(&args.models_dir, &out_dir, &args.input_dir, args.threads)?);
+    let registry = Arc::new(registry(&args.models_dir, &out_dir, &args.input_dir, args.threads, args.weight_type.resolve())?.0);
     let mut workflows = Vec::with_capacity(args.workflows.len());
     for path in &args.workflows {
         let mut wf = load(path, &registry)?;

@@ -34,6 +34,8 @@ pub struct ServeArgs {
     /// Compute threads; all cores by default.
     #[arg(short = 't', long, value_name = "N")]
     pub threads: Option<usize>,
+    #[command(flatten)]
+    pub weight_type: crate::run::WeightTypeArg,
     /// Most prompts waiting to run; more are refused with HTTP 429.
     #[arg(long, default_value_t = 1000, value_name = "N")]
     pub max_queue: usize,
@@ -59,11 +61,12 @@ pub struct ServeArgs {
 }
 
 pub fn serve_command(args: ServeArgs) -> anyhow::Result<()> {
-    let (registry, runtime) = crate::run::registry_with_runtime(
+    let (registry, runtime) = crate::run::registry(
         &args.models_dir,
         &args.output_dir,
         &args.input_dir,
         args.threads,
+        args.weight_type.resolve(),
     )?;
     let config = ServerConfig {
         listen: args.listen,

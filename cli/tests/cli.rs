@@ -154,7 +154,7 @@ fn bad_flags_get_a_message_and_the_usage() {
     let (_, err) = fails(&["img_gen", "-p", "a cat", "--print-workflow"], dir.path());
     assert!(err.contains("-m/--model"), "{err}");
     let (_, err) = fails(&["img_gen", "-m", "m.safetensors", "--type", "q9_9", "--print-workflow"], dir.path());
-    assert!(err.contains("invalid weight format q9_9"), "{err}");
+    assert!(err.contains("invalid weight type q9_9") && err.contains("auto, stored"), "{err}");
     let (_, err) = fails(&["-M", "no_such_mode", "-m", "m.safetensors"], dir.path());
     assert!(err.contains("no_such_mode") && err.contains("Usage:"), "{err}");
 }
@@ -293,6 +293,50 @@ fn img_gen_runs_on_a_tiny_model_and_writes_where_o_says() {
     assert!(err.contains("-m weights/none.safetensors: no such file"), "{err}");
 }
 
+/// `--type`: by default (`auto`) float weights load as bf16 where the CPU runs our bf16
+/// kernels and as stored elsewhere; quantized weights keep their type under the default,
+/// while a type name converts every weight, as sd-cli's `--type` does.
+#[test]
+fn weight_type_defaults_to_the_cpus_pick() {
+    let dir = tempfile::tempdir().unwrap();
+    let weights = dir.path().join("weights");
+    std::fs::create_dir_all(&weights).unwrap();
+    write_checkpoint(&weights.join("tiny.safetensors"), &SdConfig::tiny_sd1_f8(), DType::F32, 11, Format::Safetensors).unwrap();
+    write_checkpoint(&weights.join("tiny_q8.gguf"), &SdConfig::tiny_sd1_f8(), DType::Q8_0, 11, Format::Gguf).unwrap();
+    let image = |model: &str, ty: &[&str], out: &str| {
+        let m = format!("weights/{model}");
+        let mut args = vec!["-m", &m, "-p", "a lovely cat", "-W", "64", "-H", "64", "--steps", "2", "-s", "5", "--sampling-method", "euler", "-o", out];
+        args.extend_from_slice(ty);
+        ok(&args, dir.path());
+        png_pixels(&dir.path().join(out))
+    };
+    let auto = image("tiny.safetensors", &[], "auto.png");
+    let stored = image("tiny.safetensors", &["--type", "stored"], "stored.png");
+    let bf16 = image("tiny.safetensors", &["--type", "bf16"], "bf16.png");
+    assert_eq!(image("tiny.safetensors", &["--type", "auto"], "auto2.png"), auto, "auto is the default");
+    if sdflow_core::ggml::bf16::available() {
+        assert_eq!(auto, bf16, "f32 weights run as bf16 on this CPU");
+        assert_ne!(auto, stored);
+    } else {
+        assert_eq!(auto, stored, "no bf16 kernels here: weights as stored");
+    }
+    // A q8_0 file keeps f32 tensors where rows do not fill q8_0 blocks (3×3 kernels): the
+    // default converts those and leaves the q8_0 ones, `--type bf16` converts both.
+    let q8 = image("tiny_q8.gguf", &[], "q8_auto.png");
+    let q8_stored = image("tiny_q8.gguf", &["--type", "stored"], "q8_stored.png");
+    let q8_bf16 = image("tiny_q8.gguf", &["--type", "bf16"], "q8_bf16.png");
+    assert_ne!(q8_bf16, q8_stored, "a type name converts quantized weights too");
+    if sdflow_core::ggml::bf16::available() {
+        assert_ne!(q8, q8_bf16, "the default never dequantizes");
+        assert_ne!(q8, q8_stored);
+    } else {
+        assert_eq!(q8, q8_stored);
+    }
+    // `sdflow run` takes the flag too: the stored-type image's own graph, run as stored.
+    ok(&["run", "stored.png", "--models-dir", "weights", "--output-dir", "rerun", "--type", "stored"], dir.path());
+    assert_eq!(png_pixels(&only_png(&dir.path().join("rerun"))), stored);
+}
+
 /// `-m` naming a diffusers pipeline folder: linked as it is, loaded as the checkpoint it
 /// was converted from.
 #[test]
@@ -420,11 +464,16 @@ fn img_gen_applies_lora_tags() {
     assert_eq!(run("<lora:ink:0>a lovely cat", "zero.png"), plain);
 
     // --lora-apply-mode reaches the LoraLoader: at_runtime draws what the default (auto,
-    // on these f32 weights: immediately) draws, to within rounding.
+    // on these f32 weights: immediately) draws, to within rounding. `--type stored` keeps
+    // them f32 on CPUs where the default would be bf16.
+    let ink = {
+        ok(&["-m", model.to_str().unwrap(), "--lora-model-dir", loras.to_str().unwrap(), "-p", "<lora:ink:0.8>a lovely cat", "--type", "stored", "-W", "64", "-H", "64", "--steps", "2", "-s", "3", "-o", "ink32.png"], dir.path());
+        png_pixels(&dir.path().join("ink32.png"))
+    };
     let wf = ok(&["-m", model.to_str().unwrap(), "--lora-model-dir", loras.to_str().unwrap(), "-p", "<lora:ink:0.8>a cat", "--lora-apply-mode", "at_runtime", "--print-workflow"], dir.path());
     let wf: serde_json::Value = serde_json::from_str(&wf).unwrap();
     assert_eq!(wf["nodes"]["8"]["inputs"]["apply_mode"], "at_runtime", "{wf}");
-    ok(&["-m", model.to_str().unwrap(), "--lora-model-dir", loras.to_str().unwrap(), "-p", "<lora:ink:0.8>a lovely cat", "--lora-apply-mode", "at_runtime", "-W", "64", "-H", "64", "--steps", "2", "-s", "3", "-o", "rt.png"], dir.path());
+    ok(&["-m", model.to_str().unwrap(), "--lora-model-dir", loras.to_str().unwrap(), "-p", "<lora:ink:0.8>a lovely cat", "--lora-apply-mode", "at_runtime", "--type", "stored", "-W", "64", "-H", "64", "--steps", "2", "-s", "3", "-o", "rt.png"], dir.path());
     let rt = png_pixels(&dir.path().join("rt.png"));
     assert!(rt.iter().zip(&ink).all(|(a, b)| a.abs_diff(*b) <= 2), "at_runtime is within 2 levels of immediately");
     let (_, e) = fails(&["-m", model.to_str().unwrap(), "-p", "a cat", "--lora-apply-mode", "later", "--print-workflow"], dir.path());

@@ -2,8 +2,9 @@
 //! and uncond in one batch) and VAE decoding, at each size, on the cached random-weight
 //! checkpoint. `bench/sd15.sh` runs this beside sd.cpp and diffusers and prints all three.
 //!
-//! Env: `SDFLOW_BENCH_MODEL` = sd15 | sdxl, `SDFLOW_BENCH_TYPE` = f32 | f16 | bf16
-//! (matrix weight type; default bf16 when the CPU has AVX-512 BF16, else f32),
+//! Env: `SDFLOW_BENCH_MODEL` = sd15 | sdxl, `SDFLOW_BENCH_TYPE` = f32 | f16 | bf16 | stored
+//! | auto (the weight type, as `sdflow --type` reads it; default auto, what `sdflow` picks
+//! on this CPU: bf16 where the bf16 kernels run, else the file's f16),
 //! `SDFLOW_BENCH_SIZES` = "256,512", `SDFLOW_BENCH_STEPS` = 4, `SDFLOW_BENCH_THREADS` =
 //! all cores.
 //!
@@ -11,10 +12,9 @@
 
 mod common;
 
-use common::{checkpoint_of, peak_rss, GIB};
-use sdflow_core::dtype::DType;
+use common::{checkpoint_of, peak_rss, rss, GIB};
 use sdflow_core::ggml::{Backend, Context, GraphRun};
-use sdflow_core::io;
+use sdflow_core::io::{self, WeightType};
 use sdflow_core::models::clip::{ClipLayout, ClipTextConfig, ClipTextModel};
 use sdflow_core::models::load::load_weights;
 use sdflow_core::models::sd::{encode_prompt, encode_prompt_sdxl, Prediction, SdDenoiser};
@@ -29,13 +29,9 @@ fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_string())
 }
 
-fn has_avx512_bf16() -> bool {
-    std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|c| c.contains("avx512_bf16"))
-}
-
 fn main() {
-    let default_type = if has_avx512_bf16() { "bf16" } else { "f32" };
-    let wtype: DType = env_or("SDFLOW_BENCH_TYPE", default_type).parse().expect("SDFLOW_BENCH_TYPE");
+    // What `sdflow` loads by default on this CPU unless the environment names a type.
+    let wtype: WeightType = env_or("SDFLOW_BENCH_TYPE", "auto").parse().expect("SDFLOW_BENCH_TYPE");
     let sizes: Vec<i64> = env_or("SDFLOW_BENCH_SIZES", "256,512").split(',').map(|s| s.trim().parse().expect("size")).collect();
     let steps: usize = env_or("SDFLOW_BENCH_STEPS", "4").parse().expect("steps");
     let threads: usize = env_or("SDFLOW_BENCH_THREADS", &sdflow_core::ggml::default_threads().to_string()).parse().expect("threads");
@@ -49,7 +45,7 @@ fn main() {
 
     let t = Instant::now();
     let src = io::open(&path).expect("open");
-    let rules = io::TypeRules::new(Some(wtype), "").expect("type rules");
+    let rules = io::TypeRules::new(wtype, "").expect("type rules");
     let unet_w = load_weights(&backend, src.as_ref(), &["model.diffusion_model."], &rules).expect("unet");
     let vae_w = load_weights(&backend, src.as_ref(), &["first_stage_model."], &rules).expect("vae");
     let clip_w = load_weights(&backend, src.as_ref(), &["cond_stage_model.", "conditioner."], &rules).expect("clip");
@@ -58,7 +54,6 @@ fn main() {
     // toward the resident set for as long as the map lives, as they would not in a run.
     drop(src);
     let clip_model = |prefix: &str, layout| ClipTextModel::new(&clip_w, prefix, ClipTextConfig::infer(&clip_w, prefix, layout).unwrap()).unwrap();
-    let unet = Unet::new(&unet_w, "model.diffusion_model", UnetConfig::infer(&unet_w, "model.diffusion_model").unwrap()).unwrap();
     let vae = Vae::new(&vae_w, "first_stage_model", VaeConfig::infer(&vae_w, "first_stage_model").unwrap()).unwrap();
 
     let t = Instant::now();
@@ -76,10 +71,17 @@ fn main() {
     let uncond = encode("blurry, low quality");
     let text_s = t.elapsed().as_secs_f64() / 2.0;
 
-    println!("sdflow {name}, weights {wtype:?}, {threads} threads, load {load_s:.1} s, text encode {text_s:.2} s per prompt");
+    let weights = match wtype {
+        WeightType::Stored => "as stored".to_string(),
+        WeightType::All(t) | WeightType::Floats(t) => t.to_string(),
+    };
+    println!("sdflow {name}, weights {weights}, {threads} threads, load {load_s:.1} s, text encode {text_s:.2} s per prompt, resident after load {:.2} GiB", rss()[0] as f64 / GIB);
     println!("{:>6} {:>12} {:>14} {:>14}", "size", "s/step", "VAE decode s", "peak RSS GiB");
-    let mut den = SdDenoiser::new(unet, DiscreteSchedule::sd(), Prediction::Epsilon);
     for &size in &sizes {
+        // One sampler's denoiser per size, dropped before the VAE decode, as a sampler node
+        // does: its compute buffer is then not resident beside the VAE's.
+        let unet = Unet::new(&unet_w, "model.diffusion_model", UnetConfig::infer(&unet_w, "model.diffusion_model").unwrap()).unwrap();
+        let mut den = SdDenoiser::new(unet, DiscreteSchedule::sd(), Prediction::Epsilon);
         let l = size / 8;
         let shape = [l, l, 4, 1];
         let sigmas = Scheduler::Discrete.sigmas(steps, &DiscreteSchedule::sd(), &ScheduleOpts::default()).unwrap();
@@ -92,6 +94,8 @@ fn main() {
             x = den.denoise(&backend, &x, shape, s, &cond, Some(&uncond), 7.0).unwrap().denoised;
         }
         let step_s = t.elapsed().as_secs_f64() / (steps - 1).max(1) as f64;
+        drop(den);
+        eprintln!("{size}²: peak RSS up to the end of sampling {:.2} GiB", peak_rss() as f64 / GIB);
         let t = Instant::now();
         let ctx = Context::new(8192, 8192).unwrap();
         let mut run = GraphRun::new(&ctx);

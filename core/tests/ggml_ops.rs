@@ -671,11 +671,12 @@ fn bf16_products_match_plain_products() {
 }
 
 // Stride-1 convolutions with bf16 kernels: several 32-column blocks per thread, rows
-// narrower than a block (the zero rows below the input), 1×1 to 5×5 kernels.
+// narrower than a block (the zero rows below the input), 1×1 to 5×5 kernels, output
+// channels that leave a partial block (a VAE's conv_out: 3).
 #[test]
 fn bf16_convolutions_match_plain_convolutions() {
     let tol = bf16_tolerance();
-    for &(kw, p, xn, cout) in &[(3usize, 1usize, [40usize, 30, 64, 2], 64usize), (3, 1, [5, 4, 32, 1], 32), (1, 0, [17, 9, 32, 2], 96), (5, 2, [12, 11, 32, 1], 32), (3, 0, [9, 8, 64, 1], 32)] {
+    for &(kw, p, xn, cout) in &[(3usize, 1usize, [40usize, 30, 64, 2], 64usize), (3, 1, [5, 4, 32, 1], 32), (1, 0, [17, 9, 32, 2], 96), (5, 2, [12, 11, 32, 1], 32), (3, 0, [9, 8, 64, 1], 32), (3, 1, [20, 14, 64, 2], 3), (1, 0, [9, 7, 32, 1], 40)] {
         let kn = [kw, kw, xn[2], cout];
         let k = bf16_round(&vals(kn.iter().product(), 40));
         let x = vals(xn.iter().product(), 41);

@@ -120,10 +120,10 @@ fn conversion_errors() {
 #[test]
 fn type_rules_parse_like_sd_cpp() {
     let r = TypeRules::parse("q8_0", r"^vae\.=f16, attn=q4_K ,norm=f32").unwrap();
-    assert_eq!(r.requested("vae.decoder.attn.w"), Some(DType::F16)); // first match wins
-    assert_eq!(r.requested("unet.attn.to_q.weight"), Some(DType::Q4K));
-    assert_eq!(r.requested("unet.conv.weight"), Some(DType::Q8_0));
-    assert_eq!(TypeRules::parse("", "").unwrap().requested("x"), None);
+    assert_eq!(r.requested("vae.decoder.attn.w", DType::F32), Some(DType::F16)); // first match wins
+    assert_eq!(r.requested("unet.attn.to_q.weight", DType::F32), Some(DType::Q4K));
+    assert_eq!(r.requested("unet.conv.weight", DType::F32), Some(DType::Q8_0));
+    assert_eq!(TypeRules::parse("", "").unwrap().requested("x", DType::F32), None);
     for (t, rules) in [("q9", ""), ("", "nope"), ("", "a=q9_9"), ("", "(=f16")] {
         assert!(
             matches!(TypeRules::parse(t, rules), Err(io::IoError::Rules { .. })),
@@ -200,4 +200,32 @@ fn read_as_converts_what_sd_cpp_converts() {
             && e.contains("importance"),
         "{e}"
     );
+}
+
+#[test]
+fn weight_types_choose_which_tensors_convert() {
+    use io::WeightType;
+    let info = |dt: DType| io::TensorInfo::detached("blocks.0.attn.weight", dt, vec![4, 64]);
+    let floats = TypeRules::new(WeightType::Floats(DType::BF16), "").unwrap();
+    let all = TypeRules::new(WeightType::All(DType::BF16), "").unwrap();
+    // The per-CPU pick converts float files and leaves quantized ones as they are.
+    assert_eq!(floats.target(&info(DType::F16)), DType::BF16);
+    assert_eq!(floats.target(&info(DType::F32)), DType::BF16);
+    assert_eq!(floats.target(&info(DType::Q8_0)), DType::Q8_0);
+    // sd-cli's --type converts both.
+    assert_eq!(all.target(&info(DType::Q8_0)), DType::BF16);
+    assert_eq!(TypeRules::new(WeightType::Stored, "").unwrap().target(&info(DType::F16)), DType::F16);
+    // Explicit per-tensor rules still win over the float-only default.
+    let ruled = TypeRules::new(WeightType::Floats(DType::BF16), "attn=f32").unwrap();
+    assert_eq!(ruled.target(&info(DType::Q8_0)), DType::F32);
+    // Spellings round-trip; `auto` is this CPU's pick; junk is an error naming it.
+    for w in [WeightType::Stored, WeightType::All(DType::Q4_0), WeightType::Floats(DType::BF16)] {
+        assert_eq!(w.to_string().parse::<WeightType>().unwrap(), w);
+    }
+    assert_eq!("auto".parse::<WeightType>().unwrap(), WeightType::for_cpu());
+    assert_eq!("F16".parse::<WeightType>().unwrap(), WeightType::All(DType::F16));
+    let e = "floats:q9".parse::<WeightType>().unwrap_err().to_string();
+    assert!(e.contains("q9"), "{e}");
+    assert_eq!(WeightType::from(None), WeightType::Stored);
+    assert_eq!(WeightType::from(Some(DType::F16)), WeightType::All(DType::F16));
 }

@@ -6,6 +6,7 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use sdflow_core::dtype::DType;
+use sdflow_core::io::WeightType;
 use sdflow_core::residency::{
     Device, Footprint, Load, ResidencyError, ResidencyManager, Resident, WeightHandle, WeightKey,
 };
@@ -124,7 +125,10 @@ fn different_prefix_dtype_or_device_are_different_entries() {
     let keys = [
         base.clone(),
         WeightKey { prefix: "first_stage_model.".into(), ..base.clone() },
-        WeightKey { dtype: Some(DType::F16), ..base.clone() },
+        WeightKey { dtype: Some(DType::F16).into(), ..base.clone() },
+        // Float-only bf16 and every-tensor bf16 differ on quantized files.
+        WeightKey { dtype: WeightType::Floats(DType::BF16), ..base.clone() },
+        WeightKey { dtype: WeightType::All(DType::BF16), ..base.clone() },
         WeightKey { device: Device::Gpu(0), ..base.clone() },
         f.key("b.safetensors", "model.diffusion_model."),
     ];
@@ -139,8 +143,8 @@ fn different_prefix_dtype_or_device_are_different_entries() {
         assert_eq!(runs.load(Ordering::SeqCst), 1);
     }
     let s = m.stats();
-    assert_eq!(s.loads, 5);
-    assert_eq!(s.device(Device::Cpu).unwrap().bytes, 40);
+    assert_eq!(s.loads, 7);
+    assert_eq!(s.device(Device::Cpu).unwrap().bytes, 60);
     assert_eq!(s.device(Device::Gpu(0)).unwrap().bytes, 10);
     drop(guards);
 }

@@ -1,7 +1,7 @@
 //! What every node of one registry shares.
 
 use parking_lot::Mutex;
-use sdflow_core::dtype::DType;
+use sdflow_core::io::WeightType;
 use sdflow_core::ggml::Backend;
 use sdflow_core::residency::ResidencyManager;
 use std::path::{Path, PathBuf};
@@ -15,8 +15,9 @@ pub struct Runtime {
     pub output_dir: PathBuf,
     /// Where LoadImage finds its files (ComfyUI's `input/`).
     pub input_dir: PathBuf,
-    /// Weight type to convert matrices to at load (`--type`); `None` keeps the file's.
-    pub weight_type: Option<DType>,
+    /// What weights are converted to at load (`--type`; the binaries default to
+    /// [`WeightType::for_cpu`]).
+    pub weight_type: WeightType,
     /// When VAEDecode/VAEEncode work in tiles (`--vae-tiling` and its options).
     pub vae_tiling: sdflow_core::models::tiling::VaeTiling,
     /// The generator of sampling noise (`--rng`): ComfyUI's CPU noise by default.
@@ -36,13 +37,13 @@ pub fn device_lane() -> sdflow_executor::Lane {
 }
 
 impl Runtime {
-    pub fn new(models_dir: impl Into<PathBuf>, output_dir: impl Into<PathBuf>, threads: usize, weight_type: Option<DType>) -> Result<Self, sdflow_core::ggml::GgmlError> {
+    pub fn new(models_dir: impl Into<PathBuf>, output_dir: impl Into<PathBuf>, threads: usize, weight_type: impl Into<WeightType>) -> Result<Self, sdflow_core::ggml::GgmlError> {
         Ok(Runtime {
             residency: ResidencyManager::new(),
             models_dir: models_dir.into(),
             output_dir: output_dir.into(),
             input_dir: PathBuf::from("input"),
-            weight_type,
+            weight_type: weight_type.into(),
             vae_tiling: Default::default(),
             rng: sdflow_core::sampling::RngKind::Cpu,
             preview: crate::preview::PreviewMethod::default(),

@@ -31,7 +31,7 @@ fn env(weight_type: Option<DType>) -> (TestEnv, ResidencyManager) {
     let rm = Arc::new(Mutex::new(None));
     let keep = rm.clone();
     let env = TestEnv::with_dir(dir, move |mut rt| {
-        rt.weight_type = weight_type;
+        rt.weight_type = weight_type.into();
         *keep.lock().unwrap() = Some(rt.residency.clone());
         rt
     });

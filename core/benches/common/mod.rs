@@ -32,30 +32,25 @@ pub fn checkpoint_of(name: &str, config: &SdConfig) -> PathBuf {
 pub const GIB: f64 = (1u64 << 30) as f64;
 pub const MIB: f64 = (1u64 << 20) as f64;
 
-/// `VmRSS`, `RssAnon`, `RssFile` of this process, in bytes.
-pub fn rss() -> [u64; 3] {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|kb| kb.parse::<u64>().ok())
-            .map_or(0, |kb| kb * 1024)
-    };
-    [field("VmRSS:"), field("RssAnon:"), field("RssFile:")]
-}
-
-
-/// Peak resident set (`VmHWM`) of this process, in bytes.
-pub fn peak_rss() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+/// A `kB` field of `/proc/self/status`, in bytes (0 where there is none).
+fn status_bytes(status: &str, name: &str) -> u64 {
     status
         .lines()
-        .find(|l| l.starts_with("VmHWM:"))
+        .find(|l| l.starts_with(name))
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|kb| kb.parse::<u64>().ok())
         .map_or(0, |kb| kb * 1024)
+}
+
+/// `VmRSS`, `RssAnon`, `RssFile` of this process, in bytes.
+pub fn rss() -> [u64; 3] {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    ["VmRSS:", "RssAnon:", "RssFile:"].map(|f| status_bytes(&status, f))
+}
+
+/// Peak resident set (`VmHWM`) of this process, in bytes.
+pub fn peak_rss() -> u64 {
+    status_bytes(&std::fs::read_to_string("/proc/self/status").unwrap_or_default(), "VmHWM:")
 }
 
 /// CPU seconds this process has used (all threads). With one compute thread this counts

@@ -443,8 +443,8 @@ unsafe fn linear<K: Block>(dst: *mut ggml_sys::ggml_tensor, ith: c_int, nth: c_i
 }
 
 engine_op!(
-    /// Stride-1 convolution. `dst` [OW, OH, C_out, N] = src0 (bf16 kernel [C, C_out, KW, KH],
-    /// contiguous) ⋆ src1 (bf16 padded input, pair-interleaved: [2, P, C/2, N] with
+    /// Stride-1 convolution. `dst` [OW, OH, C_out, N] = src0 (bf16 kernel [C, C_out', KW, KH],
+    /// contiguous, C_out' ≥ C_out a multiple of 32) ⋆ src1 (bf16 padded input, pair-interleaved: [2, P, C/2, N] with
     /// P = Wp × Hp' pixels, Hp' ≥ Hp rows with zero rows below so that whole 32-column blocks
     /// stay inside). userdata: (KW, KH, Wp) packed as KW | KH << 16 | Wp << 32.
     conv_compute => conv
@@ -452,13 +452,14 @@ engine_op!(
 
 unsafe fn conv<K: Block>(dst: *mut ggml_sys::ggml_tensor, ith: c_int, nth: c_int, userdata: *mut c_void) {
     // SAFETY: ggml calls this with the tensor built by `Context::conv_2d`, whose sources
-    // are laid out as above with C and C_out multiples of 32.
+    // are laid out as above with C a multiple of 32 and C_out padded to one.
     unsafe {
         let d = &*dst;
         let (kt, xt) = (&*d.src[0], &*d.src[1]);
         let u = userdata as usize;
         let (kw, kh, wp) = (u & 0xffff, (u >> 16) & 0xffff, u >> 32);
-        let (c, cout) = (kt.ne[0] as usize, kt.ne[1] as usize);
+        // The kernel's C_out is padded to whole blocks (zero rows); `cout` is the real one.
+        let (c, coutp, cout) = (kt.ne[0] as usize, kt.ne[1] as usize, d.ne[2] as usize);
         let plane = xt.ne[1] as usize; // P
         let (ow, oh, batches) = (d.ne[0] as usize, d.ne[1] as usize, d.ne[3] as usize);
         let (ith, nth) = (ith as usize, nth.max(1) as usize);
@@ -479,20 +480,20 @@ unsafe fn conv<K: Block>(dst: *mut ggml_sys::ggml_tensor, ith: c_int, nth: c_int
             for b in 0..batches {
                 let x = (xt.data as *const u8).add(b * xt.nb[3]);
                 let out = (d.data as *mut u8).add(b * d.nb[3]) as *mut f32;
-                for co0 in (0..cout).step_by(32) {
+                for co0 in (0..coutp).step_by(32) {
                     for q in q0..q1 {
                         let j0 = q * 32;
                         unit.zero();
                         for dy in 0..kh {
                             for dx in 0..kw {
-                                let a = kern.add(((dy * kw + dx) * cout + co0) * arow);
+                                let a = kern.add(((dy * kw + dx) * coutp + co0) * arow);
                                 let bptr = x.add((j0 + dy * wp + dx) * 4);
                                 unit.steps(a, arow, bptr, brow, c / 32);
                             }
                         }
                         unit.store(blk.as_mut_ptr() as *mut u8, 128);
                         let end = (j0 + 32).min(wide);
-                        for co in 0..32 {
+                        for co in 0..32.min(cout - co0) {
                             super::matmul::keep_output_columns(blk.as_ptr().add(co * 32), j0, end, wp, ow, out.add((co0 + co) * ow * oh));
                         }
                     }
@@ -643,7 +644,7 @@ pub(crate) unsafe extern "C" fn to_bf16_compute(dst: *mut ggml_sys::ggml_tensor,
 /// planes, zero padded: `dst` [2, Wp·Hp', C/2, N] with Wp = W + 2·px and Hp' = H + 2·py +
 /// extra. userdata: px | py << 16 | extra << 32. Threads take (pair, batch) planes.
 pub(crate) unsafe extern "C" fn pack_conv_input_compute(dst: *mut ggml_sys::ggml_tensor, ith: c_int, nth: c_int, userdata: *mut c_void) {
-    // SAFETY: built by `Context::conv_2d_amx` with the shapes above.
+    // SAFETY: built by `Context::conv_2d_bf16` with the shapes above.
     unsafe {
         let d = &*dst;
         let s = &*d.src[0];
@@ -678,20 +679,26 @@ pub(crate) unsafe extern "C" fn pack_conv_input_compute(dst: *mut ggml_sys::ggml
     }
 }
 
-/// The kernel of [`conv_compute`]: bf16 [KW, KH, C, C_out] → [C, C_out, KW, KH], so each
-/// offset's C_out × C matrix is contiguous. Threads take output channels.
+/// The kernel of [`conv_compute`]: bf16 [KW, KH, C, C_out] → [C, C_out', KW, KH], so each
+/// offset's C_out' × C matrix is contiguous; C_out' (`dst`'s) is C_out rounded up to whole
+/// 32-row blocks, the extra rows zero. Threads take output channels.
 pub(crate) unsafe extern "C" fn reorder_kernel_compute(dst: *mut ggml_sys::ggml_tensor, ith: c_int, nth: c_int, _userdata: *mut c_void) {
-    // SAFETY: built by `Context::conv_2d_amx` over a contiguous bf16 kernel.
+    // SAFETY: built by `Context::conv_2d_bf16` over a contiguous bf16 kernel.
     unsafe {
         let d = &*dst;
         let s = &*d.src[0];
         let (kw, kh, c, cout) = (s.ne[0] as usize, s.ne[1] as usize, s.ne[2] as usize, s.ne[3] as usize);
+        let coutp = d.ne[1] as usize;
         let taps = kw * kh;
         let (ith, nth) = (ith as usize, nth.max(1) as usize);
-        for co in (ith..cout).step_by(nth) {
-            let src = std::slice::from_raw_parts((s.data as *const u16).add(co * c * taps), c * taps);
+        for co in (ith..coutp).step_by(nth) {
             for t in 0..taps {
-                let out = std::slice::from_raw_parts_mut((d.data as *mut u16).add((t * cout + co) * c), c);
+                let out = std::slice::from_raw_parts_mut((d.data as *mut u16).add((t * coutp + co) * c), c);
+                if co >= cout {
+                    out.fill(0);
+                    continue;
+                }
+                let src = std::slice::from_raw_parts((s.data as *const u16).add(co * c * taps), c * taps);
                 for (ci, o) in out.iter_mut().enumerate() {
                     *o = src[ci * taps + t];
                 }

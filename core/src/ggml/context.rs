@@ -416,7 +416,9 @@ impl Context {
         }
         if stride == (1, 1) && dilation == (1, 1) && input.dtype() == GType::F32 && super::matmul::enabled() {
             let kn = kernel.ne();
-            if kn[3] % 32 == 0 && super::bf16::takes(kernel.dtype().0, kn[2]) {
+            // Any C_out: a VAE's conv_out (128 → 3) through im2col instead would need a
+            // 1.2 GB column buffer at 512², the largest allocation of the whole decode.
+            if super::bf16::takes(kernel.dtype().0, kn[2]) {
                 return self.conv_2d_bf16(kernel, input, pad);
             }
             if super::matmul::supports(kernel.raw(), input.raw()) {
@@ -464,7 +466,7 @@ impl Context {
     }
 
     /// The stride-1 convolution on the bf16 units: the bf16 kernel reordered to [C, C_out, KW,
-    /// KH], the input rounded to bf16, padded (with zero rows below, so whole 32-column
+    /// KH] (C_out padded to a multiple of 32 with zero rows), the input rounded to bf16, padded (with zero rows below, so whole 32-column
     /// blocks of shifted reads stay inside) and pair-interleaved, one op each, then
     /// `bf16::conv_compute`.
     fn conv_2d_bf16<'a>(&'a self, kernel: Tensor<'a>, input: Tensor<'a>, pad: (i32, i32)) -> Result<Tensor<'a>> {
@@ -477,10 +479,10 @@ impl Context {
         let pads = pad.0 as usize | (pad.1 as usize) << 16 | (extra as usize) << 32;
         let taps = kn[0] as usize | (kn[1] as usize) << 16 | (wp as usize) << 32;
         // SAFETY: the kernel is contiguous bf16 (checked by conv_2d and bf16::takes), the
-        // input contiguous f32, C and C_out multiples of 32 (checked by the caller); each op
+        // input contiguous f32, C a multiple of 32 (checked by the caller); each op
         // writes exactly the shape it is given here.
         unsafe {
-            let k = self.custom("conv_2d", GType::BF16, [kn[2], kn[3], kn[0], kn[1]], &[kernel], Some(super::bf16::reorder_kernel_compute), 0)?;
+            let k = self.custom("conv_2d", GType::BF16, [kn[2], (kn[3] + 31) / 32 * 32, kn[0], kn[1]], &[kernel], Some(super::bf16::reorder_kernel_compute), 0)?;
             let x = self.custom("conv_2d", GType::BF16, [2, wp * (hp + extra), xn[2] / 2, xn[3]], &[input], Some(super::bf16::pack_conv_input_compute), pads)?;
             self.custom("conv_2d", GType::F32, [ow, oh, kn[3], xn[3]], &[k, x], Some(super::bf16::conv_compute), taps)
         }

@@ -24,7 +24,7 @@ pub mod rules;
 pub mod safetensors;
 
 pub use renamed::Renamed;
-pub use rules::{read_as, TypeRules};
+pub use rules::{read_as, TypeRules, WeightType};
 
 /// The on-disk format a source was read from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -12,8 +12,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use super::{BoxError, Device, Footprint, Load, ResidencyError, ResidencyManager, Resident, WeightHandle, WeightKey};
-use crate::dtype::DType;
-use crate::io::{self, IoError, OpenOptions, TensorBytes, TensorInfo, TensorSource, TypeRules};
+use crate::io::{self, IoError, OpenOptions, TensorBytes, TensorInfo, TensorSource, TypeRules, WeightType};
 
 /// Failures assembling host weights.
 #[derive(Debug, thiserror::Error)]
@@ -89,7 +88,7 @@ impl HostWeights {
     pub fn load(
         sources: &[PathBuf],
         prefix: &str,
-        dtype: Option<DType>,
+        dtype: WeightType,
         options: &OpenOptions,
     ) -> Result<HostWeights, HostWeightsError> {
         let rules = TypeRules::new(dtype, "")?;
@@ -214,7 +213,7 @@ impl Resident for HostWeights {
 pub struct HostWeightsLoader {
     pub sources: Vec<PathBuf>,
     pub prefix: String,
-    pub dtype: Option<DType>,
+    pub dtype: WeightType,
     pub options: OpenOptions,
 }
 
@@ -250,9 +249,10 @@ impl ResidencyManager {
         &self,
         sources: &[impl AsRef<Path>],
         prefix: &str,
-        dtype: Option<DType>,
+        dtype: impl Into<WeightType>,
         options: OpenOptions,
     ) -> Result<WeightHandle<HostWeights>, ResidencyError> {
+        let dtype = dtype.into();
         let key = WeightKey::new(sources.iter().map(|p| p.as_ref()), prefix, dtype, Device::Cpu)?;
         let loader = HostWeightsLoader { sources: key.sources.clone(), prefix: prefix.to_string(), dtype, options };
         self.get_or_load(key, loader)

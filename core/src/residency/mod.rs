@@ -45,7 +45,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
 
-use crate::dtype::DType;
+use crate::io::WeightType;
 
 /// An error from a loader, kept as a trait object because loaders come from many layers.
 pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
@@ -113,9 +113,9 @@ pub struct WeightKey {
     /// The tensor-name prefix selecting a sub-model (e.g. `model.diffusion_model.`); empty
     /// for the whole file.
     pub prefix: String,
-    /// The element type the weights are converted to; `None` keeps each tensor's file type.
-    #[serde(with = "dtype_name")]
-    pub dtype: Option<DType>,
+    /// The type the weights are converted to at load.
+    #[serde(with = "weight_type_name")]
+    pub dtype: WeightType,
     pub device: Device,
 }
 
@@ -124,10 +124,10 @@ impl WeightKey {
     pub fn new<P: AsRef<Path>>(
         sources: impl IntoIterator<Item = P>,
         prefix: impl Into<String>,
-        dtype: Option<DType>,
+        dtype: impl Into<WeightType>,
         device: Device,
     ) -> Result<Self, ResidencyError> {
-        let prefix = prefix.into();
+        let (prefix, dtype) = (prefix.into(), dtype.into());
         let sources = sources
             .into_iter()
             .map(|p| {
@@ -169,28 +169,29 @@ impl WeightKey {
 impl fmt::Display for WeightKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.name())?;
-        if let Some(dt) = self.dtype {
-            write!(f, " as {dt:?}")?;
+        if self.dtype != WeightType::Stored {
+            write!(f, " as {}", self.dtype)?;
         }
         write!(f, " on {}", self.device)
     }
 }
 
-/// Serializes a dtype by its ggml name (`f16`, `q4_K`), the spelling users type.
-mod dtype_name {
-    use super::DType;
+/// Serializes a weight type as its `--type` spelling (`bf16`, `floats:bf16`), `null` when
+/// weights keep their stored types.
+mod weight_type_name {
+    use super::WeightType;
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub fn serialize<S: Serializer>(d: &Option<DType>, s: S) -> Result<S::Ok, S::Error> {
-        match d {
-            Some(d) => s.serialize_some(d.name()),
-            None => s.serialize_none(),
+    pub fn serialize<S: Serializer>(w: &WeightType, s: S) -> Result<S::Ok, S::Error> {
+        match w {
+            WeightType::Stored => s.serialize_none(),
+            w => s.serialize_some(&w.to_string()),
         }
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<DType>, D::Error> {
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<WeightType, D::Error> {
         let name: Option<String> = Option::deserialize(d)?;
-        name.map(|n| n.parse().map_err(serde::de::Error::custom)).transpose()
+        name.map_or(Ok(WeightType::Stored), |n| n.parse().map_err(serde::de::Error::custom))
     }
 }
 
