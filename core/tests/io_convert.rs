@@ -205,6 +205,7 @@ fn read_as_converts_what_sd_cpp_converts() {
 #[test]
 fn weight_types_choose_which_tensors_convert() {
     use io::WeightType;
+    use sdflow_core::models::load::load_type;
     let info = |dt: DType| io::TensorInfo::detached("blocks.0.attn.weight", dt, vec![4, 64]);
     let floats = TypeRules::new(WeightType::Floats(DType::BF16), "").unwrap();
     let all = TypeRules::new(WeightType::All(DType::BF16), "").unwrap();
@@ -215,6 +216,14 @@ fn weight_types_choose_which_tensors_convert() {
     // sd-cli's --type converts both.
     assert_eq!(all.target(&info(DType::Q8_0)), DType::BF16);
     assert_eq!(TypeRules::new(WeightType::Stored, "").unwrap().target(&info(DType::F16)), DType::F16);
+    // At load, vectors (norm weights, OpenCLIP's `in_proj_bias`) are widened but never
+    // narrowed; the rules themselves (what `sdflow convert` writes) convert them.
+    let vector = |dt: DType| io::TensorInfo::detached("cond_stage_model.model.transformer.resblocks.0.attn.in_proj_bias", dt, vec![96]);
+    assert_eq!(floats.target(&vector(DType::F32)), DType::BF16);
+    assert_eq!(load_type(&vector(DType::F32), &floats), DType::F32);
+    assert_eq!(load_type(&vector(DType::F16), &all), DType::F16);
+    assert_eq!(load_type(&vector(DType::F16), &TypeRules::new(Some(DType::F32), "").unwrap()), DType::F32);
+    assert_eq!(load_type(&info(DType::F32), &floats), DType::BF16, "matrices are converted");
     // Explicit per-tensor rules still win over the float-only default.
     let ruled = TypeRules::new(WeightType::Floats(DType::BF16), "attn=f32").unwrap();
     assert_eq!(ruled.target(&info(DType::Q8_0)), DType::F32);

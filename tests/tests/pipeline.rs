@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use sdflow_core::dtype::DType;
-use sdflow_core::io::{self, safetensors};
+use sdflow_core::io::{self, safetensors, WeightType};
 use sdflow_core::synth::{write_checkpoint, Format, SdConfig};
 use sdflow_tests::{with_input, write_pipeline_folder, TestEnv};
 
@@ -17,6 +17,10 @@ struct Case {
 }
 
 fn env_with(case: &Case, predictions: &[&str]) -> TestEnv {
+    env_typed(case, predictions, WeightType::Stored)
+}
+
+fn env_typed(case: &Case, predictions: &[&str], weights: WeightType) -> TestEnv {
     let env = TestEnv::new(|rt| rt);
     let ckpts = env.dir.path().join("models/checkpoints");
     let single = ckpts.join(format!("{}.safetensors", case.name));
@@ -25,7 +29,10 @@ fn env_with(case: &Case, predictions: &[&str]) -> TestEnv {
         write_pipeline_folder(&single, &ckpts.join(format!("{}_{p}", case.name)), case.name, case.class, p);
     }
     // TestEnv lists the models folder when nodes register; a new one sees the files.
-    TestEnv::with_dir(env.dir, |rt| rt)
+    TestEnv::with_dir(env.dir, |mut rt| {
+        rt.weight_type = weights;
+        rt
+    })
 }
 
 fn image(env: &TestEnv, case: &Case, ckpt: &str) -> Vec<u8> {
@@ -57,7 +64,11 @@ fn write_checkpoints_for_make_pipeline_names() {
 
 /// The image of `case`'s single file, and its folder's with each scheduler `prediction`.
 fn single_and_folders(case: &Case, predictions: &[&str]) -> (Vec<u8>, Vec<Vec<u8>>) {
-    let env = env_with(case, predictions);
+    single_and_folders_as(case, predictions, WeightType::Stored)
+}
+
+fn single_and_folders_as(case: &Case, predictions: &[&str], weights: WeightType) -> (Vec<u8>, Vec<Vec<u8>>) {
+    let env = env_typed(case, predictions, weights);
     let single = image(&env, case, &format!("{}.safetensors", case.name));
     (single, predictions.iter().map(|p| image(&env, case, &format!("{}_{p}", case.name))).collect())
 }
@@ -87,6 +98,19 @@ fn sdxl_pipeline_folder_gives_the_single_file_image() {
     let [_, _, case] = cases();
     let (single, folders) = single_and_folders(&case, &["epsilon"]);
     assert_eq!(folders[0], single);
+}
+
+/// Loaded as bf16 (the default on CPUs with bf16 units) the folder still gives the single
+/// file's image: the type rules see neither OpenCLIP's fused `in_proj_bias` (a vector, kept
+/// f32 like Hugging Face's `q_proj.bias`) nor its transposed pooled projection (a bf16
+/// product, like the Linear's) differently from their Hugging Face twins.
+#[test]
+fn openclip_and_hugging_face_encoders_agree_in_bf16() {
+    let [_, sd2, sdxl] = cases();
+    for case in [sd2, sdxl] {
+        let (single, folders) = single_and_folders_as(&case, &["epsilon"], WeightType::Floats(DType::BF16));
+        assert_eq!(folders[0], single, "{}", case.name);
+    }
 }
 
 #[test]

@@ -290,7 +290,11 @@ impl<'w> ClipTextModel<'w> {
                 if p.ne()[1] != d {
                     return Err(ModelError::Shape { name, expected: vec![p.ne()[0], d], got: p.ne().to_vec() });
                 }
-                let pt = ctx.cont(ctx.permute(ctx.cast(p, crate::ggml::GType::F32)?, [1, 0, 2, 3])?)?;
+                // Transposed in its own type, so the product is the one a Hugging Face
+                // layout's Linear runs (bf16 weights: the same bf16 product); quantized
+                // blocks cannot be transposed and are expanded first.
+                let p = if p.dtype().is_quantized() { ctx.cast(p, crate::ggml::GType::F32)? } else { p };
+                let pt = ctx.cont(ctx.permute(p, [1, 0, 2, 3])?)?;
                 Ok(ctx.mul_mat(pt, x)?)
             }
         }

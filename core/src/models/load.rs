@@ -20,6 +20,14 @@ pub fn load_type(info: &TensorInfo, rules: &TypeRules) -> DType {
     if t.is_quantized() && info.shape.len() < 2 {
         return DType::F32;
     }
+    // Nor is a vector (a norm's weight, a bias under any name: OpenCLIP's `in_proj_bias`)
+    // narrowed to another float type: sd.cpp's layers hold them in f32 whatever `--type`
+    // says (and its rules see canonical names, where every bias ends in `.bias`); bf16 would
+    // cost them precision and save nothing that matters. (`sdflow convert` writes what the
+    // rules say, as sd.cpp's convert does.)
+    if info.shape.len() < 2 && t.is_float() && t != DType::F32 && t != info.dtype {
+        return if matches!(info.dtype, DType::F16 | DType::BF16) { info.dtype } else { DType::F32 };
+    }
     if t.ggml_type().is_some() && (t == DType::F32 || t == DType::F16 || t == DType::BF16 || t.is_quantized()) {
         t
     } else {
