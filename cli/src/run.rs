@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use sdflow_core::io::WeightType;
 use indicatif::{MultiProgress, ProgressBar, ProgressState, ProgressStyle};
+use sdflow_core::io::WeightType;
 use sdflow_executor::{
     CancelToken, Event, EventSink, Executor, ExecutorConfig, InputValue, Registry, RunError,
     RunOptions, RunReport, Workflow, WorkflowError,

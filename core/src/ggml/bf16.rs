@@ -444,9 +444,10 @@ unsafe fn linear<K: Block>(dst: *mut ggml_sys::ggml_tensor, ith: c_int, nth: c_i
 
 engine_op!(
     /// Stride-1 convolution. `dst` [OW, OH, C_out, N] = src0 (bf16 kernel [C, C_out', KW, KH],
-    /// contiguous, C_out' ≥ C_out a multiple of 32) ⋆ src1 (bf16 padded input, pair-interleaved: [2, P, C/2, N] with
-    /// P = Wp × Hp' pixels, Hp' ≥ Hp rows with zero rows below so that whole 32-column blocks
-    /// stay inside). userdata: (KW, KH, Wp) packed as KW | KH << 16 | Wp << 32.
+    /// contiguous, C_out' ≥ C_out a multiple of 32) ⋆ src1 (bf16 padded input,
+    /// pair-interleaved: [2, P, C/2, N] with P = Wp × Hp' pixels, Hp' ≥ Hp rows with zero rows
+    /// below so that whole 32-column blocks stay inside). userdata: (KW, KH, Wp) packed as
+    /// KW | KH << 16 | Wp << 32.
     conv_compute => conv
 );
 

@@ -466,9 +466,9 @@ impl Context {
     }
 
     /// The stride-1 convolution on the bf16 units: the bf16 kernel reordered to [C, C_out, KW,
-    /// KH] (C_out padded to a multiple of 32 with zero rows), the input rounded to bf16, padded (with zero rows below, so whole 32-column
-    /// blocks of shifted reads stay inside) and pair-interleaved, one op each, then
-    /// `bf16::conv_compute`.
+    /// KH] (C_out padded to a multiple of 32 with zero rows), the input rounded to bf16,
+    /// padded (with zero rows below, so whole 32-column blocks of shifted reads stay inside)
+    /// and pair-interleaved, one op each, then `bf16::conv_compute`.
     fn conv_2d_bf16<'a>(&'a self, kernel: Tensor<'a>, input: Tensor<'a>, pad: (i32, i32)) -> Result<Tensor<'a>> {
         let kn = kernel.ne();
         let xn = input.ne();
