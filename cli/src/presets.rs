@@ -84,7 +84,6 @@ const REFUSED: &[(&str, bool, &str)] = &[
     ("cache-preset", true, "step caching is not implemented"),
     ("scm-mask", true, "step caching is not implemented"),
     ("scm-policy", true, "step caching is not implemented"),
-    ("hires-sigmas", true, "no node builds sigmas from a list yet"),
     ("preview-path", true, "step previews are not written yet"),
     ("preview-interval", true, "step previews are not written yet"),
     ("taesd-preview-only", false, "step previews are not written yet"),
@@ -177,10 +176,11 @@ pub struct CommonArgs {
     pub preview: Option<String>,
 }
 
-/// A sampler name: sd.cpp's or ComfyUI's.
+/// A sampler name: sd.cpp's (every sampler sdflow has) or ComfyUI's.
 fn sampler_parser() -> clap::builder::PossibleValuesParser {
     let mut names: Vec<&'static str> = SD_SAMPLERS.to_vec();
-    names.extend(["euler_ancestral", "dpm_2", "dpmpp_2s_ancestral", "dpmpp_2m", "lms", "ddim", "dpmpp_2m_sde", "euler_cfg_pp", "euler_ancestral_cfg_pp", "er_sde", "gradient_estimation"]);
+    names.extend(sdflow_core::sampling::Sampler::ALL.iter().map(|s| s.name()).filter(|n| !SD_SAMPLERS.contains(n)));
+    names.extend(["euler_ancestral", "dpm_2", "dpmpp_2s_ancestral", "dpmpp_2m", "ddim", "dpmpp_2m_sde", "euler_ancestral_cfg_pp", "gradient_estimation"]);
     clap::builder::PossibleValuesParser::new(names)
 }
 
@@ -199,6 +199,15 @@ fn parse_tile_size(s: &str) -> Result<(i64, i64), String> {
             Ok((v, v))
         }
     }
+}
+
+/// A parsed `--sigmas` / `--hires-sigmas` list (a newtype: clap reads `Option<Vec<_>>`
+/// as a repeated flag).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SigmaList(pub Vec<f32>);
+
+fn parse_sigma_list(s: &str) -> Result<SigmaList, String> {
+    sdflow_core::sampling::parse_sigmas(s).map(SigmaList).map_err(|e| e.to_string())
 }
 
 /// Flags shared by `img_gen` and `adetailer`: the prompt and the sampler.
@@ -235,10 +244,13 @@ pub struct SamplingArgs {
     /// noise); a different one is refused.
     #[arg(long, value_name = "RNG", value_parser = ["std_default", "cuda", "cpu"])]
     pub sampler_rng: Option<String>,
-    /// Custom sigma values for the sampler, comma-separated (refused: no node yet).
-    #[arg(long, value_name = "SIGMAS")]
-    pub sigmas: Option<String>,
-    /// Eta in DDIM/TCD/res_multistep (refused: the samplers use their own).
+    /// Custom sigma values for the sampler, comma-separated (e.g. "14.61,7.8,3.5,0.0"):
+    /// the schedule instead of --steps and --scheduler; with -i cut to --strength.
+    #[arg(long, value_name = "SIGMAS", value_parser = parse_sigma_list, allow_hyphen_values = true)]
+    pub sigmas: Option<SigmaList>,
+    /// Eta of the ancestral/SDE samplers and of ddim_trailing, tcd, res_multistep,
+    /// res_2s (default: each sampler's own, 1 for euler_a, dpm++2s_a, er_sde,
+    /// euler_a_cfg_pp, 0 for the others).
     #[arg(long, value_name = "float", allow_negative_numbers = true)]
     pub eta: Option<f64>,
     /// Path to write result image to; printf-style %d patterns for image sequences
@@ -264,12 +276,6 @@ impl SamplingArgs {
                 let rng = self.rng.as_deref().unwrap_or("the default");
                 bail!("not supported yet: --sampler-rng {s} with --rng {rng} (one generator draws the initial and every step's noise; give both the same)");
             }
-        }
-        if self.sigmas.is_some() {
-            bail!("not supported yet: --sigmas (no node builds sigmas from a list yet)");
-        }
-        if let Some(e) = self.eta {
-            bail!("not supported yet: --eta {e} (KSampler uses each sampler's own eta)");
         }
         Ok(())
     }
@@ -406,6 +412,10 @@ pub struct ImgGenArgs {
     /// Tile size for a model --hires-upscaler.
     #[arg(long, value_name = "int", default_value_t = 128)]
     pub hires_upscale_tile_size: i64,
+    /// Custom sigma values for the highres pass, comma-separated: its whole schedule,
+    /// not cut to --hires-denoising-strength (the first sigma is the noise added).
+    #[arg(long, value_name = "SIGMAS", value_parser = parse_sigma_list, allow_hyphen_values = true)]
+    pub hires_sigmas: Option<SigmaList>,
     /// Detector model for ADetailer (re-samples what it finds after generation).
     #[arg(long, value_name = "string")]
     pub ad_model: Option<String>,
@@ -737,6 +747,8 @@ fn img_gen_params(a: &ImgGenArgs, seed: i64, names: &mut Names<'_>) -> anyhow::R
         cfg_scale: a.sampling.cfg_scale,
         sampling_method: a.sampling.sampling_method.clone(),
         scheduler: a.sampling.scheduler.clone(),
+        eta: a.sampling.eta,
+        sigmas: a.sampling.sigmas.clone().map(|l| l.0),
         seed,
         batch_count: a.batch_count,
         init_img: names.image("-i", &a.init_img)?,
@@ -753,6 +765,7 @@ fn img_gen_params(a: &ImgGenArgs, seed: i64, names: &mut Names<'_>) -> anyhow::R
             steps: a.hires_steps,
             denoising_strength: a.hires_denoising_strength,
             upscale_tile_size: a.hires_upscale_tile_size,
+            sigmas: a.hires_sigmas.clone().map(|l| l.0),
         },
         tiling: TilingParams { enabled: a.vae_tiling, tile_size: a.vae_tile_size, overlap: a.vae_tile_overlap },
         output: a.sampling.output.clone(),
@@ -808,6 +821,9 @@ pub fn upscale_command(a: UpscaleArgs) -> anyhow::Result<()> {
 pub fn adetailer_command(a: AdetailerArgs) -> anyhow::Result<()> {
     common_refusals(&a.common, &a.refused)?;
     a.sampling.refusals()?;
+    if a.sampling.sigmas.is_some() {
+        bail!("not supported yet: --sigmas in the adetailer mode (the detail pass's schedule is --steps of --scheduler cut to --strength)");
+    }
     check_output(&a.sampling.output)?;
     let seed = presets::resolve_seed(a.sampling.seed);
     let params = |names: &mut Names<'_>| -> anyhow::Result<AdetailerParams> {
@@ -826,6 +842,8 @@ pub fn adetailer_command(a: AdetailerArgs) -> anyhow::Result<()> {
             cfg_scale: a.sampling.cfg_scale,
             sampling_method: a.sampling.sampling_method.clone(),
             scheduler: a.sampling.scheduler.clone(),
+            eta: a.sampling.eta,
+            rng: a.sampling.node_rng(),
             seed,
             strength: a.strength,
             output: a.sampling.output.clone(),

@@ -166,8 +166,7 @@ fn unsupported_flags_are_refused() {
         (&["img_gen", "-m", "m.safetensors", "--t5xxl", "t5.safetensors"][..], "not supported yet: --t5xxl t5.safetensors (T5-XXL"),
         (&["img_gen", "-m", "m.safetensors", "--offload-to-cpu"][..], "not supported yet: --offload-to-cpu ("),
         (&["img_gen", "-m", "m.safetensors", "--rng", "cuda", "--sampler-rng", "cpu"][..], "not supported yet: --sampler-rng cpu with --rng cuda ("),
-        (&["img_gen", "-m", "m.safetensors", "--eta", "0.3"][..], "not supported yet: --eta 0.3 ("),
-        (&["img_gen", "-m", "m.safetensors", "--sigmas", "14.6,7.8,0"][..], "not supported yet: --sigmas ("),
+        (&["adetailer", "-m", "m.safetensors", "-i", "in.png", "--ad-model", "face.pt", "--sigmas", "14.6,7.8,0"][..], "not supported yet: --sigmas in the adetailer mode ("),
         (&["img_gen", "-m", "m.safetensors", "--tensor-type-rules", "vae=f16"][..], "not supported yet: --tensor-type-rules vae=f16"),
         (&["img_gen", "-m", "m.safetensors", "-o", "out.jpg"][..], "not supported yet: -o out.jpg (SaveImage writes PNG"),
         (&["img_gen", "-m", "m.safetensors", "--preview", "tae"][..], "not supported yet: --preview tae"),
@@ -699,6 +698,37 @@ fn rng_flags_choose_the_samplers_generator() {
     assert_eq!(rng_of(&["--rng", "cuda"]).as_deref(), Some("cuda"));
     assert_eq!(rng_of(&["--rng", "cpu", "--sampler-rng", "cpu"]).as_deref(), Some("cpu_portable"));
     assert_eq!(rng_of(&["--rng", "std_default"]).as_deref(), Some("std_default"));
+}
+
+/// `--eta`, `--sigmas` and `--hires-sigmas` run: `--eta` at the sampler's own default
+/// (1 for euler_a) is the plain image, another eta another image; custom sigmas sample
+/// txt2img, img2img (cut to --strength) and the hires pass.
+#[test]
+fn eta_and_custom_sigmas_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.safetensors");
+    write_checkpoint(&model, &SdConfig::tiny_sd1_f8(), DType::F32, 11, Format::Safetensors).unwrap();
+    let m = model.to_str().unwrap();
+    let run = |extra: &[&str], out: &str| -> Vec<u8> {
+        let mut args = vec!["-m", m, "-p", "a cat", "-W", "64", "-H", "64", "--steps", "3", "-s", "5", "-t", "2", "-o", out];
+        args.extend_from_slice(extra);
+        ok(&args, dir.path());
+        png_pixels(&dir.path().join(out))
+    };
+    let plain = run(&[], "plain.png");
+    assert!(plain == run(&["--eta", "1"], "eta1.png"), "--eta 1 is euler_a's own eta");
+    assert!(plain != run(&["--eta", "0"], "eta0.png"), "--eta 0 takes the noise out");
+    assert!(plain != run(&["--sigmas", "14.6, 3.0, 0.5, 0"], "sigmas.png"));
+    run(&["-i", "plain.png", "--strength", "0.5", "--sigmas", "[14.6 7 3.0 0.5 0]"], "img2img.png");
+    run(&["--hires", "--hires-scale", "1.5", "--hires-sigmas", "2,0.5,0", "--eta", "0.5"], "hires.png");
+    assert_eq!(png_size(&dir.path().join("hires.png")), (96, 96));
+    let (code, err) = fails(&["-m", m, "--sigmas", "14,x,0"], dir.path());
+    assert_eq!(code, 2, "a clap error: {err}");
+    assert!(err.contains("--sigmas") && err.contains("(\"x\") is not a number"), "{err}");
+    let (_, err) = fails(&["-m", m, "--eta", "-2"], dir.path());
+    assert!(err.contains("--eta"), "{err}");
+    let (_, err) = fails(&["-m", m, "--hires-sigmas", "2,0"], dir.path());
+    assert!(err.contains("--hires"), "{err}");
 }
 
 /// sd-cli's PhotoMaker flags run: a folder of ID images, the model's LoRA, the trigger

@@ -6,13 +6,17 @@ use crate::runtime::Runtime;
 use crate::sampling::{guider_from, rng_from, rng_input, sample_latent, sampler_from, sampler_names, scheduler_names, steps_from, Guider, NoiseSource, SamplerChoice, Sigmas};
 use crate::values::{CondList, Latent, ModelRef};
 use sdflow_core::sampling::samplers::{SampleOpts, Sampler};
-use sdflow_core::sampling::schedule::{apply_denoise, exponential_sigmas, karras_sigmas, ScheduleOpts, Scheduler};
+use sdflow_core::sampling::schedule::{apply_denoise, exponential_sigmas, karras_sigmas, parse_sigmas, ScheduleOpts, Scheduler};
 use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Lane, Node, NodeError, NodeSchema, Outputs, Registry, Value};
 use std::str::FromStr;
 use std::sync::Arc;
 
 pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
     registry.register(Arc::new(KSamplerSelect));
+    for kind in OptionsSampler::ALL {
+        registry.register(Arc::new(kind));
+    }
+    registry.register(Arc::new(ManualSigmas));
     registry.register(Arc::new(BasicScheduler));
     registry.register(Arc::new(RangeScheduler { karras: true }));
     registry.register(Arc::new(RangeScheduler { karras: false }));
@@ -42,6 +46,98 @@ impl Node for KSamplerSelect {
     fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
         let sampler = Sampler::from_str(inputs.string("sampler_name")?).map_err(err)?;
         Ok(one(IoType::SAMPLER, SamplerChoice { sampler, opts: SampleOpts::default() }))
+    }
+}
+
+/// The SAMPLER nodes that set a sampler's options: ComfyUI's per-sampler nodes
+/// (SamplerEulerAncestral, ...) and KSamplerSelectAdvanced, which takes any sampler with
+/// sd.cpp's `--eta` and a noise choice (ComfyUI has no node for ddim/tcd/res eta).
+#[derive(Clone, Copy)]
+enum OptionsSampler {
+    EulerAncestral,
+    EulerAncestralCfgPp,
+    Dpmpp2sAncestral,
+    Lms,
+    Select,
+}
+
+impl OptionsSampler {
+    const ALL: [OptionsSampler; 5] = [OptionsSampler::EulerAncestral, OptionsSampler::EulerAncestralCfgPp, OptionsSampler::Dpmpp2sAncestral, OptionsSampler::Lms, OptionsSampler::Select];
+
+    /// Node id, display name and the fixed sampler (none: chosen by `sampler_name`).
+    fn describe(self) -> (&'static str, &'static str, Option<Sampler>) {
+        match self {
+            OptionsSampler::EulerAncestral => ("SamplerEulerAncestral", "SamplerEulerAncestral", Some(Sampler::EulerA)),
+            OptionsSampler::EulerAncestralCfgPp => ("SamplerEulerAncestralCFGPP", "SamplerEulerAncestralCFG++", Some(Sampler::EulerACfgPp)),
+            OptionsSampler::Dpmpp2sAncestral => ("SamplerDPMPP_2S_Ancestral", "SamplerDPMPP_2S_Ancestral", Some(Sampler::Dpmpp2sA)),
+            OptionsSampler::Lms => ("SamplerLMS", "SamplerLMS", Some(Sampler::Lms)),
+            OptionsSampler::Select => ("KSamplerSelectAdvanced", "KSamplerSelect (Advanced)", None),
+        }
+    }
+}
+
+/// `eta` and `s_noise` widgets with ComfyUI's ranges (CFG++ keeps eta in 0..=1).
+fn eta_inputs(s: NodeSchema, eta_max: f64, s_noise_max: f64) -> NodeSchema {
+    s.input(InputSpec::float("eta", 1.0).float_range(0.0, eta_max).float_step(0.01)).input(InputSpec::float("s_noise", 1.0).float_range(0.0, s_noise_max).float_step(0.01))
+}
+
+impl Node for OptionsSampler {
+    fn schema(&self) -> NodeSchema {
+        let (id, display, _) = self.describe();
+        let s = NodeSchema::new(id).display_name(display).category(format!("{CATEGORY}/samplers"));
+        let s = match self {
+            OptionsSampler::EulerAncestral | OptionsSampler::Dpmpp2sAncestral => eta_inputs(s, 100.0, 100.0),
+            OptionsSampler::EulerAncestralCfgPp => eta_inputs(s, 1.0, 10.0),
+            OptionsSampler::Lms => s.input(InputSpec::int("order", 4).int_range(1, 16).tooltip("How many past derivatives each step combines (ComfyUI allows up to 100; sdflow's coefficients are exact up to 16).")),
+            OptionsSampler::Select => s
+                .description("Any sampler with sd.cpp's options: --eta, the noise scale and Brownian-tree noise.")
+                .input(InputSpec::combo("sampler_name", sampler_names()))
+                .input(InputSpec::float("eta", -1.0).float_range(-1.0, 100.0).float_step(0.01).tooltip("sd-cli's --eta: the noise of ancestral and SDE steps (euler_a, dpm++2s_a, er_sde, euler_a_cfg_pp, dpm++2m_sde) and the eta of ddim_trailing, tcd, res_multistep and res_2s. Negative: the sampler's own default, as sd-cli without --eta (1 for the ancestral and SDE samplers, 0 for the others)."))
+                .input(InputSpec::float("s_noise", 1.0).float_range(0.0, 100.0).float_step(0.01).tooltip("Scale of every noise draw (k-diffusion's s_noise)."))
+                .input(InputSpec::combo("noise", ["sampler", "brownian_tree"]).tooltip("Where per-step noise comes from: the sampler's own (the seeded generator's stream; a Brownian tree for dpm++2m_sde_bt), or a Brownian tree seeded from the generator, which keeps the noise consistent across step counts.")),
+        };
+        s.output("SAMPLER", IoType::SAMPLER)
+    }
+
+    fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let (_, _, fixed) = self.describe();
+        let sampler = match fixed {
+            Some(s) => s,
+            None => Sampler::from_str(inputs.string("sampler_name")?).map_err(err)?,
+        };
+        let mut opts = SampleOpts::default();
+        match self {
+            OptionsSampler::Lms => opts.lms_order = usize::try_from(inputs.int("order")?).map_err(|_| NodeError::msg("order must be positive"))?,
+            OptionsSampler::Select => {
+                let eta = inputs.float("eta")?;
+                opts.eta = (eta >= 0.0).then_some(eta as f32);
+                opts.s_noise = inputs.float("s_noise")? as f32;
+                opts.brownian = inputs.string("noise")? == "brownian_tree";
+            }
+            _ => {
+                opts.eta = Some(inputs.float("eta")? as f32);
+                opts.s_noise = inputs.float("s_noise")? as f32;
+            }
+        }
+        Ok(one(IoType::SAMPLER, SamplerChoice { sampler, opts }))
+    }
+}
+
+/// ComfyUI's ManualSigmas: a schedule typed as a list of numbers (sd-cli's `--sigmas`).
+struct ManualSigmas;
+
+impl Node for ManualSigmas {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("ManualSigmas")
+            .display_name("ManualSigmas")
+            .category(format!("{CATEGORY}/sigmas"))
+            .input(InputSpec::string("sigmas", "1, 0.5").tooltip("Sigmas from high to low, separated by commas or spaces (sd-cli's --sigmas). End with 0 to finish denoised; SD1.x/2.x/XL schedules start near 14.6."))
+            .output("SIGMAS", IoType::SIGMAS)
+    }
+
+    fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let sigmas = parse_sigmas(inputs.string("sigmas")?).map_err(err)?;
+        Ok(one(IoType::SIGMAS, Sigmas(sigmas)))
     }
 }
 

@@ -23,7 +23,7 @@ use crate::err;
 use crate::image::{decode_latent, encode_image};
 use crate::resize::{resize_plane, Method};
 use crate::runtime::Runtime;
-use crate::sampling::{sample_latent, sampler_names, scheduler_names, Guider, NoiseSource, SamplerChoice};
+use crate::sampling::{rng_from, rng_input, sample_latent, sampler_names, scheduler_names, Guider, NoiseSource, SamplerChoice};
 use crate::values::{ClipRef, CondList, Image, Mask, ModelRef, VaeRef};
 use sdflow_core::sampling::samplers::{SampleOpts, Sampler};
 use sdflow_core::sampling::schedule::{apply_denoise, ScheduleOpts, Scheduler};
@@ -114,7 +114,8 @@ struct Settings {
     seed: u64,
     sigmas: Vec<f32>,
     cfg: f32,
-    sampler: Sampler,
+    sampler: SamplerChoice,
+    rng: Option<sdflow_core::sampling::RngKind>,
     /// As given: 0 stands for the image's side.
     inpaint: (usize, usize),
     padding: usize,
@@ -150,7 +151,13 @@ impl DetailerForEachMask {
             seed: inputs.uint("seed")?,
             sigmas,
             cfg: inputs.float("cfg")? as f32,
-            sampler: Sampler::from_str(inputs.string("sampler_name")?).map_err(err)?,
+            // A SAMPLER input (KSamplerSelectAdvanced: sd-cli's --eta) overrides sampler_name.
+            sampler: if inputs.contains("sampler") {
+                inputs.downcast::<SamplerChoice>("sampler")?.clone()
+            } else {
+                SamplerChoice { sampler: Sampler::from_str(inputs.string("sampler_name")?).map_err(err)?, opts: SampleOpts::default() }
+            },
+            rng: rng_from(inputs)?,
             inpaint: (iw, ih),
             padding: int("inpaint_padding", 0)?,
             blur: u32::try_from(blur).map_err(|_| NodeError::msg(format!("mask_blur {blur} is too large")))?,
@@ -184,6 +191,8 @@ impl Node for DetailerForEachMask {
             .input(side("inpaint_height"))
             .input(InputSpec::int("inpaint_padding", 32).int_range(0, 4096).tooltip("Pixels of context around the mask's box."))
             .input(InputSpec::int("mask_blur", 4).int_range(0, 256).tooltip("Feather radius of the paste-back."))
+            .input(InputSpec::link("sampler", IoType::SAMPLER).optional().tooltip("A sampler with its options (KSamplerSelectAdvanced, SamplerEulerAncestral, ...), used instead of sampler_name."))
+            .input(rng_input())
             .output("IMAGE", IoType::IMAGE)
     }
 
@@ -239,8 +248,7 @@ impl Node for DetailerForEachMask {
             let mut latent = encode_image(&self.rt, ctx, vae, &resized, &self.rt.vae_tiling)?;
             latent.noise_mask = Some(Arc::new(Mask { data: crop_mask.clone(), n: 1, height: ch, width: cw }));
             let guider = Guider { model: model.clone(), positive: encode(&positive)?, negative: Some(encode(&negative)?), cfg: s.cfg, dual: None };
-            let choice = SamplerChoice { sampler: s.sampler, opts: SampleOpts::default() };
-            let (out, _) = sample_latent(&self.rt, ctx, &guider, &choice, &s.sigmas, NoiseSource(Some(s.seed.wrapping_add(i as u64)), None), &latent)?;
+            let (out, _) = sample_latent(&self.rt, ctx, &guider, &s.sampler, &s.sigmas, NoiseSource(Some(s.seed.wrapping_add(i as u64)), s.rng), &latent)?;
             let decoded = decode_latent(&self.rt, ctx, &out, vae, &self.rt.vae_tiling)?;
             let back = resize_hwc(&decoded.data, decoded.width, decoded.height, 3, cw, ch, Method::Bicubic);
             for y in 0..ch {

@@ -246,6 +246,9 @@ pub struct A1111Request {
     cfg_scale: Option<f64>,
     sampler_name: String,
     scheduler: String,
+    /// A1111's eta: the noise of the ancestral samplers and DDIM's eta (unset: each
+    /// sampler's own).
+    eta: Option<f64>,
     seed: i64,
     batch_size: i64,
     clip_skip: i64,
@@ -267,6 +270,7 @@ impl Default for A1111Request {
             cfg_scale: None,
             sampler_name: String::new(),
             scheduler: String::new(),
+            eta: None,
             seed: -1,
             batch_size: 1,
             clip_skip: -1,
@@ -297,6 +301,7 @@ async fn a1111(state: Arc<AppState>, body: Json, img2img: bool) -> Result<Reply<
         negative_prompt: req.negative_prompt.clone(),
         sampling_method: comfy_sampler(&req.sampler_name),
         scheduler: comfy_scheduler(&req.scheduler),
+        eta: req.eta,
         seed: presets::resolve_seed(req.seed),
         batch_count: req.batch_size.max(1),
         clip_skip: req.clip_skip,

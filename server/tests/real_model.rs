@@ -129,6 +129,22 @@ async fn sd_server_endpoints_generate_on_the_tiny_model() {
         first.to_rgb8().into_raw()
     );
 
+    // A1111's eta: Euler a without noise is Euler.
+    let no_eta = |sampler: &str, eta: Option<f64>| {
+        let mut body = json!({"prompt": "a cat", "width": 64, "height": 64, "steps": 2, "sampler_name": sampler, "seed": 9});
+        if let Some(e) = eta {
+            body["eta"] = json!(e);
+        }
+        body
+    };
+    let (code, a) = s.post("/sdapi/v1/txt2img", no_eta("Euler a", Some(0.0))).await;
+    assert_eq!(code, 200, "{a}");
+    let (_, e) = s.post("/sdapi/v1/txt2img", no_eta("Euler", None)).await;
+    let (_, ancestral) = s.post("/sdapi/v1/txt2img", no_eta("Euler a", None)).await;
+    let pixels = |r: &Json| decode_png(r["images"][0].as_str().unwrap()).to_rgb8().into_raw();
+    assert!(pixels(&a) == pixels(&e), "eta 0 takes the noise out of Euler a");
+    assert!(pixels(&a) != pixels(&ancestral));
+
     // img2img from the first image, with and without a mask (as a data URL, as A1111's UI sends).
     let init = images[0].as_str().unwrap();
     let (code, r) = s.post("/sdapi/v1/img2img", json!({"prompt": "a dog", "init_images": [init], "denoising_strength": 0.5, "steps": 2, "seed": 3})).await;

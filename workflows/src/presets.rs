@@ -126,11 +126,14 @@ pub struct HiresParams {
     pub denoising_strength: f64,
     /// `--hires-upscale-tile-size`, for a model upscaler (128).
     pub upscale_tile_size: i64,
+    /// `--hires-sigmas`: the hires pass's whole schedule, as given (sd-cli does not cut it
+    /// to the denoising strength; its first sigma is the noise added).
+    pub sigmas: Option<Vec<f32>>,
 }
 
 impl Default for HiresParams {
     fn default() -> Self {
-        HiresParams { enabled: false, upscaler: "Latent".into(), scale: 2.0, width: 0, height: 0, steps: 0, denoising_strength: 0.7, upscale_tile_size: 128 }
+        HiresParams { enabled: false, upscaler: "Latent".into(), scale: 2.0, width: 0, height: 0, steps: 0, denoising_strength: 0.7, upscale_tile_size: 128, sigmas: None }
     }
 }
 
@@ -218,6 +221,11 @@ pub struct ImgGenParams {
     pub sampling_method: Option<String>,
     /// `--scheduler` (`None`: discrete).
     pub scheduler: Option<String>,
+    /// `--eta` (`None`: each sampler's own, as sd-cli without the flag).
+    pub eta: Option<f64>,
+    /// `--sigmas`: the base pass's schedule instead of `--steps` and `--scheduler`; with
+    /// `-i` cut to `--strength` as sd-cli cuts it.
+    pub sigmas: Option<Vec<f32>>,
     /// `-s`: a negative seed asks for a random one (see [`resolve_seed`]).
     pub seed: i64,
     /// `-b`: images per run.
@@ -273,6 +281,8 @@ impl Default for ImgGenParams {
             cfg_scale: 7.0,
             sampling_method: None,
             scheduler: None,
+            eta: None,
+            sigmas: None,
             seed: 42,
             batch_count: 1,
             init_img: None,
@@ -318,6 +328,9 @@ pub struct AdetailerParams {
     pub cfg_scale: f64,
     pub sampling_method: Option<String>,
     pub scheduler: Option<String>,
+    /// `--eta`, `--rng`: as [`ImgGenParams`]'.
+    pub eta: Option<f64>,
+    pub rng: Option<String>,
     pub seed: i64,
     pub strength: f64,
     pub output: String,
@@ -522,29 +535,122 @@ fn text_encode(text: &str, clip: &Out, title: &str) -> NodeSpec {
     n
 }
 
+/// What every sampling pass of a preset shares: `-s`, `--cfg-scale`, the sampler and
+/// scheduler (workflow names), `--rng` and `--eta`.
+struct Sampling<'a> {
+    seed: i64,
+    cfg: f64,
+    sampler: &'a str,
+    scheduler: &'a str,
+    rng: Option<&'a str>,
+    eta: Option<f64>,
+}
+
+impl Sampling<'_> {
+    /// The SAMPLER node `--eta` needs (KSampler takes only a sampler's name).
+    fn select_node(&self, sampler: &str) -> Option<NodeSpec> {
+        self.eta.map(|eta| NodeSpec::new("KSamplerSelectAdvanced").with_const("sampler_name", json!(sampler)).with_const("eta", json!(eta)).with_const("s_noise", json!(1.0)).with_const("noise", json!("sampler")))
+    }
+}
+
+/// The pass's schedule when it is not `--steps` of `--scheduler`.
+enum CustomSigmas<'a> {
+    /// `--sigmas` with `-i`: cut to the strength as sd-cli's img2img cuts its schedule.
+    Strength(&'a [f32], f64),
+    /// `--hires-sigmas`, or `--sigmas` without `-i`: the schedule as given.
+    Whole(&'a [f32]),
+}
+
+/// One sampling pass: KSampler, or SamplerCustom when `--eta` or custom sigmas ask for
+/// more than KSampler's inputs (its SAMPLER a KSamplerSelectAdvanced, its SIGMAS a
+/// ManualSigmas), so that the plain graphs stay ComfyUI's KSampler graphs.
 #[allow(clippy::too_many_arguments)]
-fn ksampler(model: &Out, seed: i64, steps: i64, cfg: f64, sampler: &str, scheduler: &str, pos: &Out, neg: &Out, latent: &Out, denoise: f64, rng: Option<&str>) -> NodeSpec {
-    let node = NodeSpec::new("KSampler")
-        .with_input("model", link(model))
-        .with_const("seed", json!(seed))
-        .with_const("steps", json!(steps))
-        .with_const("cfg", json!(cfg))
-        .with_const("sampler_name", json!(sampler))
-        .with_const("scheduler", json!(scheduler))
-        .with_input("positive", link(pos))
-        .with_input("negative", link(neg))
-        .with_input("latent_image", link(latent))
-        .with_const("denoise", json!(denoise));
-    // Left out unless asked for: the node's default is ComfyUI's CPU noise.
-    match rng {
+fn sample_pass(b: &mut Builder, key: &str, origin: &str, s: &Sampling<'_>, model: &Out, steps: i64, sigmas: Option<CustomSigmas<'_>>, denoise: f64, pos: &Out, neg: &Out, latent: &Out) -> String {
+    let with_rng = |node: NodeSpec| match s.rng {
+        // Left out unless asked for: the node's default is ComfyUI's CPU noise.
         Some(r) => node.with_const("rng", json!(r)),
         None => node,
+    };
+    if s.eta.is_none() && sigmas.is_none() {
+        let node = NodeSpec::new("KSampler")
+            .with_input("model", link(model))
+            .with_const("seed", json!(s.seed))
+            .with_const("steps", json!(steps))
+            .with_const("cfg", json!(s.cfg))
+            .with_const("sampler_name", json!(s.sampler))
+            .with_const("scheduler", json!(s.scheduler))
+            .with_input("positive", link(pos))
+            .with_input("negative", link(neg))
+            .with_input("latent_image", link(latent))
+            .with_const("denoise", json!(denoise));
+        return b.core(key, origin, with_rng(node));
     }
+    let select = match s.select_node(s.sampler) {
+        Some(n) => b.extra(&format!("{key}_select"), "--eta", n),
+        None => b.extra(&format!("{key}_select"), "--sampling-method", NodeSpec::new("KSamplerSelect").with_const("sampler_name", json!(s.sampler))),
+    };
+    let schedule = match sigmas {
+        None => Out(b.extra(&format!("{key}_sigmas"), "--scheduler", NodeSpec::new("BasicScheduler").with_input("model", link(model)).with_const("scheduler", json!(s.scheduler)).with_const("steps", json!(steps)).with_const("denoise", json!(denoise))), 0),
+        Some(CustomSigmas::Whole(list)) => Out(b.extra(&format!("{key}_sigmas"), origin, manual_sigmas(list)), 0),
+        Some(CustomSigmas::Strength(list, strength)) => {
+            let manual = b.extra(&format!("{key}_sigmas"), origin, manual_sigmas(list));
+            match strength_split(list.len(), strength) {
+                0 => Out(manual, 0),
+                step => Out(b.extra(&format!("{key}_split"), "--strength", NodeSpec::new("SplitSigmas").with_input("sigmas", InputValue::link(manual, 0)).with_const("step", json!(step))), 1),
+            }
+        }
+    };
+    let node = NodeSpec::new("SamplerCustom")
+        .with_input("model", link(model))
+        .with_const("add_noise", json!(true))
+        .with_const("noise_seed", json!(s.seed))
+        .with_const("cfg", json!(s.cfg))
+        .with_input("positive", link(pos))
+        .with_input("negative", link(neg))
+        .with_input("sampler", InputValue::link(select, 0))
+        .with_input("sigmas", link(&schedule))
+        .with_input("latent_image", link(latent));
+    b.core(key, origin, with_rng(node))
+}
+
+fn manual_sigmas(list: &[f32]) -> NodeSpec {
+    let text: Vec<String> = list.iter().map(f32::to_string).collect();
+    NodeSpec::new("ManualSigmas").with_const("sigmas", json!(text.join(", ")))
+}
+
+/// Where sd-cli's img2img starts in a custom schedule of `len` sigmas at `strength`: it
+/// runs the last `t_enc = floor(steps * strength)` steps (at most `steps - 1`), from one
+/// sigma earlier. SplitSigmas' `step`: its low half is what runs.
+fn strength_split(len: usize, strength: f64) -> usize {
+    if strength >= 1.0 || len < 2 {
+        return 0;
+    }
+    let steps = len - 1;
+    let t_enc = ((steps as f32 * strength as f32) as usize).min(steps - 1);
+    steps - t_enc - 1
 }
 
 fn check_range(flag: &str, v: i64, lo: i64, hi: i64) -> Result<(), PresetError> {
     if v < lo || v > hi {
         return Err(invalid(flag, format!("{v} is outside {lo}..={hi}")));
+    }
+    Ok(())
+}
+
+fn check_eta(eta: Option<f64>) -> Result<(), PresetError> {
+    match eta {
+        Some(e) if !(e.is_finite() && (0.0..=100.0).contains(&e)) => Err(invalid("--eta", format!("{e} is outside 0..=100"))),
+        _ => Ok(()),
+    }
+}
+
+fn check_sigmas(flag: &str, list: Option<&[f32]>) -> Result<(), PresetError> {
+    let Some(list) = list else { return Ok(()) };
+    if list.len() < 2 {
+        return Err(invalid(flag, format!("needs at least 2 sigmas (a start and an end), got {}", list.len())));
+    }
+    if let Some(v) = list.iter().find(|v| !(v.is_finite() && **v >= 0.0)) {
+        return Err(invalid(flag, format!("{v} is not a finite sigma >= 0")));
     }
     Ok(())
 }
@@ -574,7 +680,9 @@ struct DetailSpec<'a> {
     inpaint: (i64, i64),
 }
 
-fn detailer(b: &mut Builder, image: &Out, model: &Out, clip: &Out, vae: &Out, d: &DetailSpec<'_>, ad_model: &str, extra: Option<&str>, seed: i64, steps: i64, cfg: f64, sampler: &str, scheduler: &str, denoise: f64) -> Result<Out, PresetError> {
+#[allow(clippy::too_many_arguments)]
+fn detailer(b: &mut Builder, image: &Out, model: &Out, clip: &Out, vae: &Out, d: &DetailSpec<'_>, ad_model: &str, extra: Option<&str>, s: &Sampling<'_>, steps: i64, denoise: f64) -> Result<Out, PresetError> {
+    let (seed, cfg, sampler, scheduler) = (s.seed, s.cfg, s.sampler, s.scheduler);
     let det = b.extra("ad_detector", "--ad-model", NodeSpec::new("UltralyticsDetectorProvider").with_const("model_name", json!(ad_model)));
     let mut masks = NodeSpec::new("BboxDetectorMasks").with_input("bbox_detector", InputValue::link(det, 0)).with_input("image", link(image));
     let mut n = NodeSpec::new("DetailerForEachMask")
@@ -596,6 +704,10 @@ fn detailer(b: &mut Builder, image: &Out, model: &Out, clip: &Out, vae: &Out, d:
         .with_const("inpaint_height", json!(d.inpaint.1))
         .with_const("inpaint_padding", json!(32))
         .with_const("mask_blur", json!(4));
+    if let Some(r) = s.rng {
+        n = n.with_const("rng", json!(r));
+    }
+    let mut sampler_name = sampler.to_string();
     const MASK_KEYS: [&str; 12] = ["input_size", "confidence", "nms", "max_detections", "mask_k_largest", "mask_min_ratio", "mask_max_ratio", "dilate_erode", "x_offset", "y_offset", "mask_mode", "sort_by"];
     const DETAIL_KEYS: [&str; 5] = ["mask_blur", "inpaint_padding", "inpaint_width", "inpaint_height", "denoising_strength"];
     for part in extra.unwrap_or("").split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -614,12 +726,19 @@ fn detailer(b: &mut Builder, image: &Out, model: &Out, clip: &Out, vae: &Out, d:
             "steps" if value.as_i64().is_some_and(|s| s > 0) => n = n.with_const("steps", value),
             "cfg_scale" if value.as_f64().is_some_and(|c| c >= 0.0) => n = n.with_const("cfg", value),
             "steps" | "cfg_scale" => {}
-            "sample_method" => n = n.with_const("sampler_name", json!(workflow_sampler_name(v))),
+            "sample_method" => {
+                sampler_name = workflow_sampler_name(v).to_string();
+                n = n.with_const("sampler_name", json!(sampler_name));
+            }
             "scheduler" => n = n.with_const("scheduler", json!(workflow_scheduler_name(v))),
             _ => return Err(invalid("--extra-ad-args", format!("unknown key `{k}`"))),
         }
     }
     let masks = b.extra("ad_masks", "--ad-model", masks);
+    if let Some(select) = s.select_node(&sampler_name) {
+        let select = b.extra("ad_sampler", "--eta", select);
+        n = n.with_input("sampler", InputValue::link(select, 0));
+    }
     let key = b.extra("ad_detailer", "--ad-model", n.with_input("masks", InputValue::link(masks, 0)));
     Ok(Out(key, 0))
 }
@@ -644,6 +763,14 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
     }
     let seed = resolve_seed(p.seed);
     let (sampler, scheduler) = sampler_names(&p.sampling_method, &p.scheduler);
+    check_eta(p.eta)?;
+    for (flag, list) in [("--sigmas", &p.sigmas), ("--hires-sigmas", &p.hires.sigmas)] {
+        check_sigmas(flag, list.as_deref())?;
+    }
+    if p.hires.sigmas.is_some() && !p.hires.enabled {
+        return Err(PresetError::Missing { flag: "--hires".into(), msg: "--hires-sigmas is the hires pass's schedule".into() });
+    }
+    let sampling = Sampling { seed, cfg: p.cfg_scale, sampler: &sampler, scheduler: &scheduler, rng: p.rng.as_deref(), eta: p.eta };
     let (prompt, loras) = extract_loras(&p.prompt)?;
     let mut b = Builder::default();
 
@@ -752,7 +879,7 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
     };
 
     let (samples, mut title, mut description) = if let Some(img_cfg) = p.img_cfg_scale {
-        pix2pix(&mut b, p, img_cfg, seed, &sampler, &scheduler, &model, &vae, &pos, &neg)?
+        pix2pix(&mut b, p, img_cfg, &sampling, &model, &vae, &pos, &neg)?
     } else {
         // The latent to sample, and the mode's title and description.
         let (latent, denoise, mut title, mut description) = match &p.init_img {
@@ -817,7 +944,8 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
             neg = Out(apply, 1);
         }
 
-        let first = b.core("sampler", "img_gen", ksampler(&model, seed, p.steps, p.cfg_scale, &sampler, &scheduler, &pos, &neg, &latent, denoise, p.rng.as_deref()));
+        let custom = p.sigmas.as_deref().map(|list| if p.init_img.is_some() { CustomSigmas::Strength(list, denoise) } else { CustomSigmas::Whole(list) });
+        let first = sample_pass(&mut b, "sampler", if p.sigmas.is_some() { "--sigmas" } else { "img_gen" }, &sampling, &model, p.steps, custom, denoise, &pos, &neg, &latent);
         let mut samples = Out(first.clone(), 0);
 
         if p.hires.enabled {
@@ -872,11 +1000,11 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
                 Out(encode(&mut b, "hires_encode", "--hires", &Out(scaled, 0)), 0)
             };
             let steps = if h.steps > 0 { h.steps } else { p.steps };
-            let mut second = ksampler(&model, seed, steps, p.cfg_scale, &sampler, &scheduler, &pos, &neg, &upscaled, h.denoising_strength, p.rng.as_deref());
-            second.title = Some("Hires pass".into());
-            let second = b.core("hires_sampler", "--hires", second);
-            if let Some(e) = b.entries.iter_mut().find(|e| e.key == first) {
-                e.spec.title = Some("Base pass".into());
+            let second = sample_pass(&mut b, "hires_sampler", if h.sigmas.is_some() { "--hires-sigmas" } else { "--hires" }, &sampling, &model, steps, h.sigmas.as_deref().map(CustomSigmas::Whole), h.denoising_strength, &pos, &neg, &upscaled);
+            for (key, title) in [(&second, "Hires pass"), (&first, "Base pass")] {
+                if let Some(e) = b.entries.iter_mut().find(|e| &e.key == key) {
+                    e.spec.title = Some(title.into());
+                }
             }
             samples = Out(second, 0);
             title = "Hires fix".into();
@@ -900,7 +1028,7 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
     if let Some(ad) = &p.ad_model {
         // sd.cpp's defaults after generation: 512x512 at strength 0.4.
         let d = DetailSpec { prompt: &prompt, negative: &p.negative_prompt, ad_prompt: &p.ad_prompt, ad_negative: &p.ad_negative_prompt, inpaint: (512, 512) };
-        image = detailer(&mut b, &image, &model, &clip, &vae, &d, ad, p.extra_ad_args.as_deref(), seed, p.steps, p.cfg_scale, &sampler, &scheduler, 0.4)?;
+        image = detailer(&mut b, &image, &model, &clip, &vae, &d, ad, p.extra_ad_args.as_deref(), &sampling, p.steps, 0.4)?;
     } else if p.extra_ad_args.is_some() {
         return Err(PresetError::Missing { flag: "--ad-model".into(), msg: "--extra-ad-args needs a detector model".into() });
     }
@@ -933,7 +1061,7 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
 /// `--img-cfg-scale`: an instruct-pix2pix checkpoint edits the input image by the prompt;
 /// DualCFGGuider mixes the text and image guidance as sd.cpp does.
 #[allow(clippy::too_many_arguments)]
-fn pix2pix(b: &mut Builder, p: &ImgGenParams, img_cfg: f64, seed: i64, sampler: &str, scheduler: &str, model: &Out, vae: &Out, pos: &Out, neg: &Out) -> Result<(Out, String, String), PresetError> {
+fn pix2pix(b: &mut Builder, p: &ImgGenParams, img_cfg: f64, s: &Sampling<'_>, model: &Out, vae: &Out, pos: &Out, neg: &Out) -> Result<(Out, String, String), PresetError> {
     let Some(img) = &p.init_img else {
         return Err(PresetError::Missing { flag: "-i".into(), msg: "--img-cfg-scale (instruct-pix2pix) edits an init image".into() });
     };
@@ -960,9 +1088,20 @@ fn pix2pix(b: &mut Builder, p: &ImgGenParams, img_cfg: f64, seed: i64, sampler: 
         .with_const("style", json!("regular"));
     guider.title = Some("cfg and img-cfg".into());
     let guider = b.core("guider", "--img-cfg-scale", guider);
-    let select = b.core("sampler_select", "--sampling-method", NodeSpec::new("KSamplerSelect").with_const("sampler_name", json!(sampler)));
-    let sigmas = b.core("scheduler", "--scheduler", NodeSpec::new("BasicScheduler").with_input("model", link(model)).with_const("scheduler", json!(scheduler)).with_const("steps", json!(p.steps)).with_const("denoise", json!(1.0)));
-    let noise = b.core("noise", "-s", NodeSpec::new("RandomNoise").with_const("noise_seed", json!(seed)));
+    let select = match s.select_node(s.sampler) {
+        Some(n) => b.core("sampler_select", "--eta", n),
+        None => b.core("sampler_select", "--sampling-method", NodeSpec::new("KSamplerSelect").with_const("sampler_name", json!(s.sampler))),
+    };
+    // The whole schedule: instruct-pix2pix samples from pure noise, as at strength 1.
+    let sigmas = match &p.sigmas {
+        Some(list) => b.core("scheduler", "--sigmas", manual_sigmas(list)),
+        None => b.core("scheduler", "--scheduler", NodeSpec::new("BasicScheduler").with_input("model", link(model)).with_const("scheduler", json!(s.scheduler)).with_const("steps", json!(p.steps)).with_const("denoise", json!(1.0))),
+    };
+    let mut noise = NodeSpec::new("RandomNoise").with_const("noise_seed", json!(s.seed));
+    if let Some(r) = s.rng {
+        noise = noise.with_const("rng", json!(r));
+    }
+    let noise = b.core("noise", "-s", noise);
     let out = b.core("sampler", "--img-cfg-scale", NodeSpec::new("SamplerCustomAdvanced")
         .with_input("noise", InputValue::link(noise, 0))
         .with_input("guider", InputValue::link(guider, 0))
@@ -1001,6 +1140,8 @@ pub fn adetailer(p: &AdetailerParams) -> Result<Preset, PresetError> {
     check_unit("--strength", p.strength)?;
     let seed = resolve_seed(p.seed);
     let (sampler, scheduler) = sampler_names(&p.sampling_method, &p.scheduler);
+    check_eta(p.eta)?;
+    let sampling = Sampling { seed, cfg: p.cfg_scale, sampler: &sampler, scheduler: &scheduler, rng: p.rng.as_deref(), eta: p.eta };
     let (prompt, loras) = extract_loras(&p.prompt)?;
     if !loras.is_empty() {
         return Err(not_supported("<lora:...>", "LoRA tags in adetailer prompts"));
@@ -1019,7 +1160,7 @@ pub fn adetailer(p: &AdetailerParams) -> Result<Preset, PresetError> {
     }
     // The detail pass runs at the image's size (0), which -W/-H just set.
     let d = DetailSpec { prompt: &prompt, negative: &p.negative_prompt, ad_prompt: &p.ad_prompt, ad_negative: &p.ad_negative_prompt, inpaint: (0, 0) };
-    let image = detailer(&mut b, &img, &model, &clip, &vae, &d, &p.ad_model, p.extra_ad_args.as_deref(), seed, p.steps, p.cfg_scale, &sampler, &scheduler, p.strength)?;
+    let image = detailer(&mut b, &img, &model, &clip, &vae, &d, &p.ad_model, p.extra_ad_args.as_deref(), &sampling, p.steps, p.strength)?;
     b.core("save", "-o", NodeSpec::new("SaveImage").with_input("images", link(&image)).with_const("filename_prefix", json!(save_prefix(&p.output))));
     Ok(b.finish("ADetailer".into(), "sd-cli's adetailer mode: repairs an existing image. BboxDetectorMasks finds regions (faces, hands, ...) with the --ad-model detector and makes one mask per find; DetailerForEachMask then re-samples them in turn: each mask's box, padded by inpaint_padding, is cropped, inpainted at inpaint_width x inpaint_height (0: the image's size, as sd-cli; -W/-H resize the image first) with --strength and seed + mask index, and pasted back feathered by mask_blur. ad_prompt takes ADetailer's [SEP] (one prompt per mask), [PROMPT] (the main prompt) and [SKIP].".into()))
 }
@@ -1122,6 +1263,8 @@ mod tests {
             cfg_scale: 7.0,
             sampling_method: None,
             scheduler: None,
+            eta: None,
+            rng: None,
             seed: 1,
             strength: 0.4,
             output: "out.png".into(),
@@ -1196,6 +1339,114 @@ mod tests {
         assert_eq!(rngs(&p), vec![None, None]);
         p.rng = Some("cuda".into());
         assert_eq!(rngs(&p), vec![Some(InputValue::Const(json!("cuda"))); 2]);
+    }
+
+    /// The node of `class` in `wf`, and the node a link input of it comes from.
+    fn find<'a>(wf: &'a Workflow, class: &str) -> Vec<&'a NodeSpec> {
+        wf.nodes.values().filter(|n| n.class_type == class).collect()
+    }
+
+    fn source<'a>(wf: &'a Workflow, node: &NodeSpec, input: &str) -> (&'a NodeSpec, usize) {
+        match &node.inputs[input] {
+            InputValue::Link { node, output } => (&wf.nodes[node.as_str()], *output),
+            other => panic!("{input} is not a link: {other:?}"),
+        }
+    }
+
+    /// `--eta`: every pass (base, hires, pix2pix, detailer) gets a KSamplerSelectAdvanced
+    /// with it; without, the graphs keep KSampler.
+    #[test]
+    fn eta_reaches_every_pass_through_a_sampler_node() {
+        let mut p = base();
+        p.hires.enabled = true;
+        p.rng = Some("cuda".into());
+        assert_eq!(find(&img_gen(&p).unwrap().workflow, "KSampler").len(), 2);
+        p.eta = Some(0.3);
+        let wf = img_gen(&p).unwrap().workflow;
+        assert!(find(&wf, "KSampler").is_empty());
+        let passes = find(&wf, "SamplerCustom");
+        assert_eq!(passes.len(), 2);
+        for pass in passes {
+            let (select, _) = source(&wf, pass, "sampler");
+            assert_eq!((select.class_type.as_str(), &select.inputs["eta"], &select.inputs["sampler_name"]), ("KSamplerSelectAdvanced", &InputValue::Const(json!(0.3)), &InputValue::Const(json!("euler_ancestral"))));
+            let (sched, _) = source(&wf, pass, "sigmas");
+            assert_eq!(sched.class_type, "BasicScheduler");
+            assert_eq!((&pass.inputs["rng"], &pass.inputs["noise_seed"]), (&InputValue::Const(json!("cuda")), &InputValue::Const(json!(42))));
+        }
+        // The hires pass keeps its denoise on its scheduler.
+        assert!(find(&wf, "BasicScheduler").iter().any(|n| n.inputs["denoise"] == InputValue::Const(json!(0.7))));
+
+        let mut q = base();
+        q.init_img = Some("in.png".into());
+        q.img_cfg_scale = Some(1.5);
+        q.eta = Some(0.0);
+        let wf = img_gen(&q).unwrap().workflow;
+        assert_eq!(find(&wf, "KSamplerSelectAdvanced")[0].inputs["eta"], InputValue::Const(json!(0.0)));
+
+        let mut a = adetailer_base();
+        a.eta = Some(0.5);
+        a.rng = Some("cpu_portable".into());
+        a.extra_ad_args = Some("sample_method=dpm++2m".into());
+        let wf = adetailer(&a).unwrap().workflow;
+        let det = find(&wf, "DetailerForEachMask")[0];
+        let (select, _) = source(&wf, det, "sampler");
+        assert_eq!((&select.inputs["sampler_name"], &select.inputs["eta"]), (&InputValue::Const(json!("dpmpp_2m")), &InputValue::Const(json!(0.5))));
+        assert_eq!(det.inputs["rng"], InputValue::Const(json!("cpu_portable")));
+        for bad in [-0.1, f64::NAN, 1000.0] {
+            q.eta = Some(bad);
+            assert!(matches!(img_gen(&q), Err(PresetError::Invalid { ref flag, .. }) if flag == "--eta"), "{bad}");
+        }
+    }
+
+    /// `--sigmas`: ManualSigmas instead of the scheduler, cut to `--strength` with `-i` as
+    /// sd-cli cuts it; `--hires-sigmas`: the hires pass's whole schedule.
+    #[test]
+    fn custom_sigmas_become_manual_sigmas() {
+        let mut p = base();
+        p.sigmas = Some(vec![14.6, 7.0, 3.0, 1.0, 0.0]);
+        let wf = img_gen(&p).unwrap().workflow;
+        let pass = find(&wf, "SamplerCustom")[0];
+        let (select, _) = source(&wf, pass, "sampler");
+        assert_eq!(select.class_type, "KSamplerSelect");
+        let (manual, _) = source(&wf, pass, "sigmas");
+        assert_eq!(manual.inputs["sigmas"], InputValue::Const(json!("14.6, 7, 3, 1, 0")));
+
+        // 4 steps at strength 0.5: sd-cli runs t_enc = 2 steps from one sigma earlier,
+        // sigmas[1..]; at 0.75 (t_enc 3) the whole list.
+        p.init_img = Some("in.png".into());
+        for (strength, split) in [(0.5, Some(1)), (0.75, None), (0.2, Some(3)), (1.0, None)] {
+            p.strength = strength;
+            let wf = img_gen(&p).unwrap().workflow;
+            let pass = find(&wf, "SamplerCustom")[0];
+            let (node, out) = source(&wf, pass, "sigmas");
+            match split {
+                Some(step) => {
+                    assert_eq!((node.class_type.as_str(), out, &node.inputs["step"]), ("SplitSigmas", 1, &InputValue::Const(json!(step))), "{strength}");
+                    assert_eq!(source(&wf, node, "sigmas").0.class_type, "ManualSigmas");
+                }
+                None => assert_eq!(node.class_type, "ManualSigmas", "{strength}"),
+            }
+        }
+        assert_eq!(strength_split(5, 0.5), 1);
+        assert_eq!(strength_split(21, 0.75), 4, "sd-cli: 20 steps at 0.75 (t_enc 15) start at sigma 4");
+
+        let mut h = base();
+        h.hires.enabled = true;
+        h.hires.sigmas = Some(vec![3.0, 1.0, 0.0]);
+        let wf = img_gen(&h).unwrap().workflow;
+        assert_eq!(find(&wf, "KSampler").len(), 1, "the base pass keeps KSampler");
+        let pass = find(&wf, "SamplerCustom")[0];
+        assert_eq!(pass.title.as_deref(), Some("Hires pass"));
+        assert_eq!(source(&wf, pass, "sigmas").0.inputs["sigmas"], InputValue::Const(json!("3, 1, 0")));
+
+        for (flag, list) in [("--sigmas", vec![1.0]), ("--sigmas", vec![2.0, -1.0]), ("--sigmas", vec![f32::INFINITY, 0.0])] {
+            let mut q = base();
+            q.sigmas = Some(list.clone());
+            assert!(matches!(img_gen(&q), Err(PresetError::Invalid { flag: ref f, .. }) if f == flag), "{list:?}");
+        }
+        let mut q = base();
+        q.hires.sigmas = Some(vec![1.0, 0.0]);
+        assert!(matches!(img_gen(&q), Err(PresetError::Missing { ref flag, .. }) if flag == "--hires"));
     }
 
     #[test]
