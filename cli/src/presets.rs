@@ -84,10 +84,6 @@ const REFUSED: &[(&str, bool, &str)] = &[
     ("cache-preset", true, "step caching is not implemented"),
     ("scm-mask", true, "step caching is not implemented"),
     ("scm-policy", true, "step caching is not implemented"),
-    ("preview-path", true, "step previews are not written yet"),
-    ("preview-interval", true, "step previews are not written yet"),
-    ("taesd-preview-only", false, "step previews are not written yet"),
-    ("preview-noisy", false, "step previews are not written yet"),
     ("convert-name", false, "only `sdflow convert` converts, and it keeps tensor names"),
 ];
 
@@ -171,9 +167,36 @@ pub struct CommonArgs {
     /// Print every event as one JSON line on stdout.
     #[arg(long)]
     pub json_events: bool,
-    /// Preview method: only `none` (previews are not written yet).
+    /// Preview method while sampling: `proj` (the latent→RGB projection), `tae` (the
+    /// --taesd decoder) or `none`; `vae` (a full decode per step) is refused.
     #[arg(long, value_name = "METHOD", value_parser = ["none", "proj", "tae", "vae"])]
     pub preview: Option<String>,
+    /// Path to write preview image to (PNG, or JPEG for a .jpg path).
+    #[arg(long, value_name = "string", default_value = "./preview.png")]
+    pub preview_path: PathBuf,
+    /// Interval in denoising steps between consecutive updates of the image preview.
+    #[arg(long, value_name = "int", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub preview_interval: u32,
+    /// Preview the noisy latents of the sampler rather than its denoised estimates.
+    #[arg(long)]
+    pub preview_noisy: bool,
+}
+
+impl CommonArgs {
+    /// The runtime's preview method for `--preview` (none unless asked: nothing shows the
+    /// previews of a preset run but the preview file).
+    fn preview_method(&self) -> sdflow_nodes::preview::PreviewMethod {
+        use sdflow_nodes::preview::PreviewMethod;
+        match self.preview.as_deref() {
+            Some("proj") => PreviewMethod::Latent2Rgb,
+            Some("tae") => PreviewMethod::Taesd,
+            _ => PreviewMethod::None,
+        }
+    }
+
+    fn preview_file(&self) -> Option<run::PreviewFile> {
+        (self.preview_method() != sdflow_nodes::preview::PreviewMethod::None).then(|| run::PreviewFile { path: self.preview_path.clone(), interval: self.preview_interval })
+    }
 }
 
 /// A sampler name: sd.cpp's (every sampler sdflow has) or ComfyUI's.
@@ -302,6 +325,10 @@ pub struct ImgGenArgs {
     /// Path to taesd. Using Tiny AutoEncoder for fast decoding (low quality).
     #[arg(long, alias = "tae", value_name = "string")]
     pub taesd: Option<String>,
+    /// Use --taesd only for the previews (--preview tae); the final image is decoded with
+    /// the VAE.
+    #[arg(long)]
+    pub taesd_preview_only: bool,
     /// Path to control net model.
     #[arg(long, value_name = "string")]
     pub control_net: Option<String>,
@@ -714,10 +741,11 @@ fn img_gen_params(a: &ImgGenArgs, seed: i64, names: &mut Names<'_>) -> anyhow::R
         clip_l: names.model("text_encoders", "--clip_l", &a.clip_l)?,
         clip_g: names.model("text_encoders", "--clip_g", &a.clip_g)?,
         vae: names.model("vae", "--vae", &a.vae)?,
+        // Staged either way: previews find it in vae_approx/.
         taesd: match (&a.taesd, &mut *names) {
             (None, _) => None,
-            (Some(_), Names::Shown) => Some(TAESD.to_string()),
-            (Some(v), Names::Staged(s)) => Some(s.taesd(v)?),
+            (Some(_), Names::Shown) => (!a.taesd_preview_only).then(|| TAESD.to_string()),
+            (Some(v), Names::Staged(s)) => Some(s.taesd(v)?).filter(|_| !a.taesd_preview_only),
         },
         control_net: names.model("controlnet", "--control-net", &a.control_net)?,
         control_image: names.image("--control-image", &a.control_image)?,
@@ -774,8 +802,14 @@ fn img_gen_params(a: &ImgGenArgs, seed: i64, names: &mut Names<'_>) -> anyhow::R
 
 fn common_refusals(c: &CommonArgs, refused: &Refused) -> anyhow::Result<()> {
     refused.check()?;
-    if let Some(p) = c.preview.as_deref().filter(|p| *p != "none") {
-        bail!("not supported yet: --preview {p} (step previews are not written yet)");
+    if c.preview.as_deref() == Some("vae") {
+        bail!("not supported yet: --preview vae (a full VAE decode per step; --preview tae or proj draw the previews)");
+    }
+    if c.preview_method() != sdflow_nodes::preview::PreviewMethod::None {
+        let ext = c.preview_path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+        if !matches!(ext.as_deref(), Some("png" | "jpg" | "jpeg")) {
+            bail!("invalid value for --preview-path: {} (previews are written as .png or .jpg)", c.preview_path.display());
+        }
     }
     Ok(())
 }
@@ -783,6 +817,14 @@ fn common_refusals(c: &CommonArgs, refused: &Refused) -> anyhow::Result<()> {
 pub fn img_gen_command(a: ImgGenArgs) -> anyhow::Result<()> {
     common_refusals(&a.common, &a.refused)?;
     a.sampling.refusals()?;
+    if a.taesd.is_none() {
+        if a.taesd_preview_only {
+            bail!("missing --taesd: --taesd-preview-only previews with the --taesd decoder");
+        }
+        if a.common.preview.as_deref() == Some("tae") {
+            bail!("missing --taesd: --preview tae draws the previews with the --taesd decoder");
+        }
+    }
     if let Some(r) = &a.tensor_type_rules {
         bail!("not supported yet: --tensor-type-rules {r} (loading applies --type only; `sdflow convert` takes rules)");
     }
@@ -821,6 +863,9 @@ pub fn upscale_command(a: UpscaleArgs) -> anyhow::Result<()> {
 pub fn adetailer_command(a: AdetailerArgs) -> anyhow::Result<()> {
     common_refusals(&a.common, &a.refused)?;
     a.sampling.refusals()?;
+    if a.common.preview.as_deref() == Some("tae") {
+        bail!("not supported yet: --preview tae in the adetailer mode (it takes no --taesd; --preview proj works)");
+    }
     if a.sampling.sigmas.is_some() {
         bail!("not supported yet: --sigmas in the adetailer mode (the detail pass's schedule is --steps of --scheduler cut to --strength)");
     }
@@ -884,9 +929,10 @@ fn finish(shown: Preset, c: &CommonArgs, output: &str, begin: Option<i64>, build
     let mut stage = Stage::new(&c.models_dir)?;
     let preset = build(&mut stage)?;
     let out_dir = stage.path().join("output");
-    let registry = Arc::new(run::registry(stage.path(), &out_dir, &stage.input_dir(), threads, c.weight_type.resolve())?.0);
+    let (method, noisy) = (c.preview_method(), c.preview_noisy);
+    let registry = Arc::new(run::registry_with(stage.path(), &out_dir, &stage.input_dir(), threads, c.weight_type.resolve(), |rt| rt.with_preview_method(method).with_preview_noisy(noisy))?.0);
     let workflows: Vec<(String, Workflow)> = vec![(preset.workflow.header.as_ref().and_then(|h| h.title.clone()).unwrap_or_default(), preset.workflow.clone())];
-    let session = run::Session { output_dir: Some(out_dir.clone()), json_events: c.json_events, workers: None, repeat: 1 };
+    let session = run::Session { output_dir: Some(out_dir.clone()), json_events: c.json_events, workers: None, repeat: 1, preview: c.preview_file() };
     let reports = run::execute(registry, &workflows, &session)?;
     let mut files = Vec::new();
     for report in &reports {

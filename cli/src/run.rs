@@ -80,10 +80,15 @@ fn parse_weight_type(s: &str) -> Result<WeightType, String> {
 /// their nodes share (the server reports its residency manager and lists its model
 /// folders). Weights load as `weight_type`.
 pub fn registry(models_dir: &Path, output_dir: &Path, input_dir: &Path, threads: Option<usize>, weight_type: WeightType) -> anyhow::Result<(Registry, Arc<sdflow_nodes::Runtime>)> {
+    registry_with(models_dir, output_dir, input_dir, threads, weight_type, |rt| rt)
+}
+
+/// [`registry`], with `configure` setting the runtime's other options (previews).
+pub fn registry_with(models_dir: &Path, output_dir: &Path, input_dir: &Path, threads: Option<usize>, weight_type: WeightType, configure: impl FnOnce(sdflow_nodes::Runtime) -> sdflow_nodes::Runtime) -> anyhow::Result<(Registry, Arc<sdflow_nodes::Runtime>)> {
     let mut registry = Registry::new();
     sdflow_executor::stub::register(&mut registry);
     let threads = threads.unwrap_or_else(sdflow_core::ggml::default_threads);
-    let rt = Arc::new(sdflow_nodes::Runtime::new(models_dir, output_dir, threads, weight_type).context("starting the compute backend")?.with_input_dir(input_dir));
+    let rt = Arc::new(configure(sdflow_nodes::Runtime::new(models_dir, output_dir, threads, weight_type).context("starting the compute backend")?.with_input_dir(input_dir)));
     tracing::info!(%weight_type, "weights load as");
     sdflow_nodes::register_all(&mut registry, rt.clone());
     Ok((registry, rt))
@@ -100,7 +105,7 @@ pub fn run_command(args: RunArgs) -> anyhow::Result<()> {
         }
         workflows.push((path.display().to_string(), wf));
     }
-    let session = Session { output_dir: args.output_dir.clone(), json_events: args.json_events, workers: args.workers, repeat: args.repeat };
+    let session = Session { output_dir: args.output_dir.clone(), json_events: args.json_events, workers: args.workers, repeat: args.repeat, preview: None };
     execute(registry, &workflows, &session)?;
     Ok(())
 }
@@ -114,6 +119,67 @@ pub struct Session {
     pub workers: Option<usize>,
     /// Runs of each workflow.
     pub repeat: usize,
+    /// Write sampler previews to a file (sd-cli's `--preview-path`).
+    pub preview: Option<PreviewFile>,
+}
+
+/// sd-cli's `--preview-path` and `--preview-interval`: every `interval`-th preview of a
+/// node overwrites `path` (PNG, or the JPEG as sent for a `.jpg` path).
+#[derive(Clone, Debug)]
+pub struct PreviewFile {
+    pub path: PathBuf,
+    pub interval: u32,
+}
+
+impl PreviewFile {
+    fn write(&self, image: &sdflow_executor::PreviewImage) -> anyhow::Result<()> {
+        use sdflow_executor::PreviewFormat;
+        let jpeg_path = self.path.extension().and_then(|e| e.to_str()).is_some_and(|e| e.eq_ignore_ascii_case("jpg") || e.eq_ignore_ascii_case("jpeg"));
+        let bytes: Vec<u8> = match image.format {
+            PreviewFormat::Jpeg if jpeg_path => image.data.to_vec(),
+            PreviewFormat::Png if !jpeg_path => image.data.to_vec(),
+            _ => {
+                let img = match image.format {
+                    PreviewFormat::Rgb8 => image::RgbImage::from_raw(image.width, image.height, image.data.to_vec()).map(image::DynamicImage::ImageRgb8).context("a preview with the wrong pixel count")?,
+                    _ => image::load_from_memory(&image.data).context("decoding a preview")?,
+                };
+                let mut out = std::io::Cursor::new(Vec::new());
+                img.write_to(&mut out, if jpeg_path { image::ImageFormat::Jpeg } else { image::ImageFormat::Png })?;
+                out.into_inner()
+            }
+        };
+        // Written beside and renamed, so a viewer never reads half a file.
+        let tmp = self.path.with_extension("part");
+        std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, &self.path).with_context(|| format!("writing {}", self.path.display()))
+    }
+}
+
+/// Passes every event on, and writes the sampler previews to the preview file.
+struct PreviewWriter<'a> {
+    inner: &'a dyn EventSink,
+    file: PreviewFile,
+    seen: Mutex<HashMap<String, u32>>,
+    warned: std::sync::atomic::AtomicBool,
+}
+
+impl EventSink for PreviewWriter<'_> {
+    fn send(&self, event: Event) {
+        if let Event::Preview { node, image, .. } = &event {
+            let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+            let n = seen.entry(node.clone()).or_insert(0);
+            *n += 1;
+            if n.is_multiple_of(self.file.interval.max(1)) {
+                if let Err(e) = self.file.write(image) {
+                    // A preview is not worth failing a generation for; say it once.
+                    if !self.warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                        tracing::warn!("preview not written: {e:#}");
+                    }
+                }
+            }
+        }
+        self.inner.send(event);
+    }
 }
 
 /// Validates every workflow (all before any runs, each failure with its full report),
@@ -182,7 +248,7 @@ pub fn execute(registry: Arc<Registry>, workflows: &[(String, Workflow)], sessio
             if stopping.load(std::sync::atomic::Ordering::SeqCst) {
                 bail!("interrupted");
             }
-            reports.push(run_one(&executor, wf, plan, &options, &cancel, session.json_events)?);
+            reports.push(run_one(&executor, wf, plan, &options, &cancel, session)?);
         }
     }
     Ok(reports)
@@ -194,13 +260,18 @@ fn run_one(
     plan: &sdflow_executor::Plan,
     options: &RunOptions,
     cancel: &CancelToken,
-    json_events: bool,
+    session: &Session,
 ) -> anyhow::Result<RunReport> {
+    let json_events = session.json_events;
+    let run = |sink: &dyn EventSink| match &session.preview {
+        Some(file) => executor.run_plan(plan, &PreviewWriter { inner: sink, file: file.clone(), seen: Mutex::default(), warned: Default::default() }, cancel, options),
+        None => executor.run_plan(plan, sink, cancel, options),
+    };
     let result = if json_events {
-        executor.run_plan(plan, &JsonLines, cancel, options)
+        run(&JsonLines)
     } else {
         let sink = ProgressSink::default();
-        let r = executor.run_plan(plan, &sink, cancel, options);
+        let r = run(&sink);
         sink.clear();
         r
     };

@@ -169,7 +169,9 @@ fn unsupported_flags_are_refused() {
         (&["adetailer", "-m", "m.safetensors", "-i", "in.png", "--ad-model", "face.pt", "--sigmas", "14.6,7.8,0"][..], "not supported yet: --sigmas in the adetailer mode ("),
         (&["img_gen", "-m", "m.safetensors", "--tensor-type-rules", "vae=f16"][..], "not supported yet: --tensor-type-rules vae=f16"),
         (&["img_gen", "-m", "m.safetensors", "-o", "out.jpg"][..], "not supported yet: -o out.jpg (SaveImage writes PNG"),
-        (&["img_gen", "-m", "m.safetensors", "--preview", "tae"][..], "not supported yet: --preview tae"),
+        (&["img_gen", "-m", "m.safetensors", "--preview", "vae"][..], "not supported yet: --preview vae"),
+        (&["img_gen", "-m", "m.safetensors", "--preview", "tae"][..], "missing --taesd: --preview tae"),
+        (&["img_gen", "-m", "m.safetensors", "--preview", "proj", "--preview-path", "p.gif"][..], "invalid value for --preview-path: p.gif"),
         (&["vid_gen", "-m", "m.safetensors", "--video-frames", "9"][..], "not supported yet: vid_gen"),
         (&["-M", "vid_gen", "-m", "m.safetensors"][..], "not supported yet: vid_gen"),
     ] {
@@ -729,6 +731,43 @@ fn eta_and_custom_sigmas_run() {
     assert!(err.contains("--eta"), "{err}");
     let (_, err) = fails(&["-m", m, "--hires-sigmas", "2,0"], dir.path());
     assert!(err.contains("--hires"), "{err}");
+}
+
+/// sd-cli's previews: `--preview proj` writes the latent projection (latent-sized),
+/// `--preview tae` the TAESD decoding (image-sized) to `--preview-path`; with
+/// `--taesd-preview-only` the image itself is the VAE's, as without `--taesd`.
+#[test]
+fn previews_are_written_to_the_preview_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.safetensors");
+    write_checkpoint(&model, &SdConfig::tiny_sd1_f8(), DType::F32, 11, Format::Safetensors).unwrap();
+    let taesd = sdflow_tests::write_taesd(dir.path(), true).remove(0);
+    let (m, t) = (model.to_str().unwrap(), taesd.to_str().unwrap());
+    let run = |extra: &[&str], out: &str| {
+        let mut args = vec!["-m", m, "-p", "a cat", "-W", "64", "-H", "64", "--steps", "3", "-s", "5", "-t", "2", "-o", out];
+        args.extend_from_slice(extra);
+        ok(&args, dir.path());
+    };
+    run(&[], "plain.png");
+    assert!(!dir.path().join("preview.png").exists(), "no previews unless asked");
+    // Step 2 of 3 (at the last step the state is the estimate).
+    run(&["--preview", "proj", "--preview-path", "proj.png", "--preview-interval", "2"], "a.png");
+    assert_eq!(png_size(&dir.path().join("proj.png")), (8, 8), "the projection is latent-sized");
+    run(&["--preview", "proj", "--preview-path", "noisy.png", "--preview-noisy", "--preview-interval", "2"], "b.png");
+    assert!(png_pixels(&dir.path().join("noisy.png")) != png_pixels(&dir.path().join("proj.png")), "the noisy latent, not the estimate");
+    run(&["--preview", "proj", "--preview-path", "last.png"], "e.png");
+    assert!(png_pixels(&dir.path().join("last.png")) != png_pixels(&dir.path().join("proj.png")), "every step overwrites the preview");
+    run(&["--preview", "tae", "--taesd", t, "--taesd-preview-only", "--preview-path", "tae.jpg", "--preview-interval", "2"], "c.png");
+    let jpeg = image::open(dir.path().join("tae.jpg")).unwrap();
+    assert_eq!((jpeg.width(), jpeg.height()), (64, 64), "TAESD previews are image-sized");
+    assert!(png_pixels(&dir.path().join("c.png")) == png_pixels(&dir.path().join("plain.png")), "--taesd-preview-only decodes with the VAE");
+    run(&["--taesd", t], "d.png");
+    assert!(png_pixels(&dir.path().join("d.png")) != png_pixels(&dir.path().join("plain.png")), "--taesd alone decodes with TAESD");
+    for bad in [&["--preview-interval", "0"][..], &["--taesd-preview-only"][..]] {
+        let mut args = vec!["-m", m];
+        args.extend_from_slice(bad);
+        fails(&args, dir.path());
+    }
 }
 
 /// sd-cli's PhotoMaker flags run: a folder of ID images, the model's LoRA, the trigger

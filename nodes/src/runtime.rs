@@ -24,6 +24,9 @@ pub struct Runtime {
     pub rng: sdflow_core::sampling::RngKind,
     /// How samplers preview their progress (`--preview-method`).
     pub preview: crate::preview::PreviewMethod,
+    /// Preview the noisy latent (the sampler's state after each step) rather than the
+    /// denoised estimate (sd-cli's `--preview-noisy`).
+    pub preview_noisy: bool,
     /// The compute lane: one graph at a time, as the executor's device lane guarantees.
     backend: Mutex<Backend>,
 }
@@ -47,6 +50,7 @@ impl Runtime {
             vae_tiling: Default::default(),
             rng: sdflow_core::sampling::RngKind::Cpu,
             preview: crate::preview::PreviewMethod::default(),
+            preview_noisy: false,
             backend: Mutex::new(Backend::cpu(threads)?),
         })
     }
@@ -60,6 +64,12 @@ impl Runtime {
     /// Set how samplers preview their progress.
     pub fn with_preview_method(mut self, preview: crate::preview::PreviewMethod) -> Self {
         self.preview = preview;
+        self
+    }
+
+    /// Preview the noisy latents instead of the denoised estimates.
+    pub fn with_preview_noisy(mut self, noisy: bool) -> Self {
+        self.preview_noisy = noisy;
         self
     }
 

@@ -333,7 +333,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
         last_denoised = Some(p.denoised.to_vec());
         step.set(p.step);
         ctx.progress(p.step as u64, total);
-        if let Some(image) = crate::preview::preview(rt, model.family, p.denoised, shape) {
+        if let Some(image) = crate::preview::preview(rt, model.family, if rt.preview_noisy { p.x } else { p.denoised }, shape) {
             ctx.preview(image);
         }
     };

@@ -253,3 +253,45 @@ pub fn write_pipeline_folder(ckpt: &Path, dir: &Path, model: &str, class: &str, 
     std::fs::write(dir.join("scheduler/scheduler_config.json"), format!(r#"{{"_class_name": "EulerDiscreteScheduler", "prediction_type": "{prediction}"}}"#)).unwrap();
     std::fs::write(dir.join("model_index.json"), format!(r#"{{"_class_name": "{class}"}}"#)).unwrap();
 }
+
+/// A TAESD with the real architecture's shapes (from core's fixture key table) and small
+/// pseudo-random weights: `taesd.safetensors` in one file (`encoder.layers.*`,
+/// `decoder.layers.*`, as sd.cpp's `--taesd` takes it) or madebyollin's two files
+/// (`taesd_encoder.safetensors`, `taesd_decoder.safetensors`). Returns the file(s).
+pub fn write_taesd(dir: &Path, single_file: bool) -> Vec<PathBuf> {
+    use std::collections::BTreeMap;
+    let table = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../core/tests/fixtures/models/taesd_keys.json")).unwrap();
+    let keys: BTreeMap<String, Vec<usize>> = serde_json::from_str(&table).unwrap();
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        ((state >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) as f32 * 0.08
+    };
+    type Tensors = Vec<(String, Vec<usize>, Vec<u8>)>;
+    let mut files: Vec<(PathBuf, Tensors)> = Vec::new();
+    for (half, offset) in [("encoder", 0), ("decoder", 1)] {
+        let tensors: Tensors = keys
+            .iter()
+            .filter_map(|(name, shape)| {
+                let rest = name.strip_prefix(&format!("{half}.layers."))?;
+                let n: usize = shape.iter().product();
+                let bytes: Vec<u8> = (0..n).flat_map(|_| next().to_le_bytes()).collect();
+                if single_file {
+                    return Some((name.clone(), shape.clone(), bytes));
+                }
+                let (i, tail) = rest.split_once('.').unwrap();
+                Some((format!("{}.{tail}", i.parse::<usize>().unwrap() + offset), shape.clone(), bytes))
+            })
+            .collect();
+        match files.last_mut() {
+            Some((_, all)) if single_file => all.extend(tensors),
+            _ => files.push((dir.join(if single_file { "taesd.safetensors".to_string() } else { format!("taesd_{half}.safetensors") }), tensors)),
+        }
+    }
+    for (path, tensors) in &files {
+        sdflow_core::io::safetensors::write(path, tensors.iter().map(|(n, s, b)| (n.as_str(), DType::F32, s.clone(), b.as_slice())), &BTreeMap::new()).unwrap();
+    }
+    files.into_iter().map(|(p, _)| p).collect()
+}

@@ -7,38 +7,9 @@ use sdflow_core::synth::{write_checkpoint, Format, SdConfig};
 use sdflow_executor::{stub, CancelToken, Event, Executor, ExecutorConfig, InputValue, NullSink, PreviewFormat, Registry, RunOptions, Workflow};
 use sdflow_nodes::preview::PreviewMethod;
 use sdflow_nodes::Runtime;
-use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::Arc;
 
 const STEPS: i64 = 3;
-
-/// A TAESD in madebyollin's two-file layout, with the real architecture's shapes (from
-/// core's fixture key table) and small pseudo-random weights.
-fn write_taesd(dir: &Path) {
-    let table = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../core/tests/fixtures/models/taesd_keys.json")).unwrap();
-    let keys: BTreeMap<String, Vec<usize>> = serde_json::from_str(&table).unwrap();
-    let mut state = 0x2545_F491_4F6C_DD1Du64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        ((state >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) as f32 * 0.08
-    };
-    for (half, offset) in [("encoder", 0), ("decoder", 1)] {
-        let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = keys
-            .iter()
-            .filter_map(|(name, shape)| {
-                let rest = name.strip_prefix(&format!("{half}.layers."))?;
-                let (i, tail) = rest.split_once('.').unwrap();
-                let n: usize = shape.iter().product();
-                let bytes = (0..n).flat_map(|_| next().to_le_bytes()).collect();
-                Some((format!("{}.{tail}", i.parse::<usize>().unwrap() + offset), shape.clone(), bytes))
-            })
-            .collect();
-        sdflow_core::io::safetensors::write(&dir.join(format!("taesd_{half}.safetensors")), tensors.iter().map(|(n, s, b)| (n.as_str(), DType::F32, s.clone(), b.as_slice())), &BTreeMap::new()).unwrap();
-    }
-}
 
 struct Env {
     dir: tempfile::TempDir,
@@ -53,7 +24,7 @@ fn env(configure: impl FnOnce(Runtime) -> Runtime, taesd: bool) -> Env {
     if taesd {
         let approx = dir.path().join("models/vae_approx");
         std::fs::create_dir_all(&approx).unwrap();
-        write_taesd(&approx);
+        sdflow_tests::write_taesd(&approx, false);
     }
     let rt = configure(Runtime::new(dir.path().join("models"), dir.path().join("output"), 2, None).unwrap());
     let mut reg = Registry::new();
