@@ -52,7 +52,6 @@ const REFUSED: &[(&str, bool, &str)] = &[
     ("circular", false, "circular padding is not implemented"),
     ("circularx", false, "circular padding is not implemented"),
     ("circulary", false, "circular padding is not implemented"),
-    ("prediction", true, "the prediction type is detected from the checkpoint and cannot be overridden yet"),
     ("end-img", true, "video generation is not implemented"),
     ("control-video", true, "video generation is not implemented"),
     ("video-frames", true, "video generation is not implemented"),
@@ -271,6 +270,10 @@ pub struct SamplingArgs {
     /// the schedule instead of --steps and --scheduler; with -i cut to --strength.
     #[arg(long, value_name = "SIGMAS", value_parser = parse_sigma_list, allow_hyphen_values = true)]
     pub sigmas: Option<SigmaList>,
+    /// Prediction type override (default: what the checkpoint says): eps, v, edm_v;
+    /// the flow types are refused.
+    #[arg(long, value_name = "string", value_parser = ["eps", "v", "edm_v", "sd3_flow", "flux_flow", "flux2_flow"])]
+    pub prediction: Option<String>,
     /// Eta of the ancestral/SDE samplers and of ddim_trailing, tcd, res_multistep,
     /// res_2s (default: each sampler's own, 1 for euler_a, dpm++2s_a, er_sde,
     /// euler_a_cfg_pp, 0 for the others).
@@ -775,6 +778,7 @@ fn img_gen_params(a: &ImgGenArgs, seed: i64, names: &mut Names<'_>) -> anyhow::R
         cfg_scale: a.sampling.cfg_scale,
         sampling_method: a.sampling.sampling_method.clone(),
         scheduler: a.sampling.scheduler.clone(),
+        prediction: a.sampling.prediction.clone(),
         eta: a.sampling.eta,
         sigmas: a.sampling.sigmas.clone().map(|l| l.0),
         seed,
@@ -887,6 +891,7 @@ pub fn adetailer_command(a: AdetailerArgs) -> anyhow::Result<()> {
             cfg_scale: a.sampling.cfg_scale,
             sampling_method: a.sampling.sampling_method.clone(),
             scheduler: a.sampling.scheduler.clone(),
+            prediction: a.sampling.prediction.clone(),
             eta: a.sampling.eta,
             rng: a.sampling.node_rng(),
             seed,

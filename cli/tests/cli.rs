@@ -169,6 +169,7 @@ fn unsupported_flags_are_refused() {
         (&["adetailer", "-m", "m.safetensors", "-i", "in.png", "--ad-model", "face.pt", "--sigmas", "14.6,7.8,0"][..], "not supported yet: --sigmas in the adetailer mode ("),
         (&["img_gen", "-m", "m.safetensors", "--tensor-type-rules", "vae=f16"][..], "not supported yet: --tensor-type-rules vae=f16"),
         (&["img_gen", "-m", "m.safetensors", "-o", "out.jpg"][..], "not supported yet: -o out.jpg (SaveImage writes PNG"),
+        (&["img_gen", "-m", "m.safetensors", "--prediction", "flux2_flow"][..], "not supported yet: --prediction flux2_flow ("),
         (&["img_gen", "-m", "m.safetensors", "--preview", "vae"][..], "not supported yet: --preview vae"),
         (&["img_gen", "-m", "m.safetensors", "--preview", "tae"][..], "missing --taesd: --preview tae"),
         (&["img_gen", "-m", "m.safetensors", "--preview", "proj", "--preview-path", "p.gif"][..], "invalid value for --preview-path: p.gif"),
@@ -731,6 +732,30 @@ fn eta_and_custom_sigmas_run() {
     assert!(err.contains("--eta"), "{err}");
     let (_, err) = fails(&["-m", m, "--hires-sigmas", "2,0"], dir.path());
     assert!(err.contains("--hires"), "{err}");
+}
+
+/// `--prediction v` on an eps checkpoint gives the image of the same weights marked
+/// `v_pred`; the flow types are refused.
+#[test]
+fn prediction_overrides_the_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let (eps, v) = (dir.path().join("eps.safetensors"), dir.path().join("v.safetensors"));
+    write_checkpoint(&eps, &SdConfig::tiny_sd1_f8(), DType::F32, 11, Format::Safetensors).unwrap();
+    let marked = SdConfig { markers: sdflow_core::synth::PredictionMarkers { v_pred: true, ztsnr: false }, ..SdConfig::tiny_sd1_f8() };
+    write_checkpoint(&v, &marked, DType::F32, 11, Format::Safetensors).unwrap();
+    let run = |m: &Path, extra: &[&str], out: &str| -> Vec<u8> {
+        let mut args = vec!["-m", m.to_str().unwrap(), "-p", "a cat", "-W", "64", "-H", "64", "--steps", "2", "-t", "2", "-o", out];
+        args.extend_from_slice(extra);
+        ok(&args, dir.path());
+        png_pixels(&dir.path().join(out))
+    };
+    let marked_v = run(&v, &[], "a.png");
+    assert!(run(&eps, &["--prediction", "v"], "b.png") == marked_v);
+    assert!(run(&eps, &[], "c.png") != marked_v);
+    assert!(run(&v, &["--prediction", "eps"], "d.png") == run(&eps, &[], "e.png"));
+    let (code, err) = fails(&["-m", "x.safetensors", "--prediction", "sd3_flow"], dir.path());
+    assert_eq!(code, 1);
+    assert!(err.contains("not supported yet: --prediction sd3_flow"), "{err}");
 }
 
 /// sd-cli's previews: `--preview proj` writes the latent projection (latent-sized),

@@ -143,6 +143,17 @@ pub struct SdConfig {
     /// CosXL's EDM v-prediction marker: `edm_vpred.sigma_min` / `sigma_max` scalars.
     #[serde(default)]
     pub edm_vpred: Option<(f32, f32)>,
+    /// The empty marker tensors of v-prediction (`v_pred`) and zero-terminal-SNR
+    /// (`ztsnr`) checkpoints, as ComfyUI saves them.
+    #[serde(default)]
+    pub markers: PredictionMarkers,
+}
+
+/// Which empty marker tensors a synthetic checkpoint carries.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PredictionMarkers {
+    pub v_pred: bool,
+    pub ztsnr: bool,
 }
 
 impl VaeConfig {
@@ -196,6 +207,7 @@ impl SdConfig {
             },
             text2: None,
             edm_vpred: None,
+            markers: PredictionMarkers::default(),
         }
     }
 
@@ -221,6 +233,7 @@ impl SdConfig {
             },
             text2: None,
             edm_vpred: None,
+            markers: PredictionMarkers::default(),
         }
     }
 
@@ -255,6 +268,7 @@ impl SdConfig {
             },
             text2: None,
             edm_vpred: None,
+            markers: PredictionMarkers::default(),
         }
     }
 
@@ -288,6 +302,7 @@ impl SdConfig {
             text: TextConfig { intermediate: 128, ..base.text },
             text2: None,
             edm_vpred: None,
+            markers: PredictionMarkers::default(),
         }
     }
 
@@ -313,6 +328,7 @@ impl SdConfig {
             text: Self::sd15().text,
             text2: Some(TextConfig { hidden: 1280, layers: 32, heads: 20, intermediate: 5120, vocab: 49408, max_positions: 77, projection_dim: 1280 }),
             edm_vpred: None,
+            markers: PredictionMarkers::default(),
         }
     }
 
@@ -421,6 +437,11 @@ impl SdConfig {
             let (min_key, max_key) = crate::detect::EDM_VPRED_KEYS;
             out.push(min_key.into(), vec![], Init::Constant(lo));
             out.push(max_key.into(), vec![], Init::Constant(hi));
+        }
+        for (on, key) in [(self.markers.v_pred, "v_pred"), (self.markers.ztsnr, "ztsnr")] {
+            if on {
+                out.push(key.into(), vec![0], Init::Constant(0.0));
+            }
         }
         Ok(out.0)
     }

@@ -47,6 +47,21 @@ fn discrete_model_table_matches_comfyui() {
     assert!((model.sigma_max() - 14.614642).abs() < 1e-4);
 }
 
+/// ModelSamplingDiscrete(zsnr=True): the last sigma is ~4519 (pure noise), the first
+/// unchanged. ComfyUI now computes the whole table in f64 from the betas; ours rescales
+/// the f32 table of [`DiscreteSchedule::sd`] (which follows the f32 sigma math of the
+/// ComfyUI it was checked against), so the low sigmas differ by that table's 1.3e-5.
+#[test]
+fn zero_terminal_snr_table_matches_comfyui() {
+    let doc = fixture();
+    let want = floats(&doc["zsnr_sigmas"]);
+    let model = DiscreteSchedule::sd().zero_terminal_snr();
+    assert_eq!(model.len(), 1000);
+    assert_close(model.sigmas(), &want, 2e-5, "zsnr sigmas");
+    assert!((model.sigma_max() - 4518.76).abs() < 0.05, "{}", model.sigma_max());
+    assert_eq!(model.sigma_min(), DiscreteSchedule::sd().sigma_min());
+}
+
 #[test]
 fn t_sigma_maps_match_k_diffusion() {
     let doc = fixture();

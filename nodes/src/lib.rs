@@ -35,6 +35,7 @@ pub mod latent;
 pub mod loaders;
 pub mod lora;
 pub mod mask;
+pub mod model_sampling;
 pub mod photomaker;
 pub mod pix2pix;
 pub mod preview;
@@ -60,6 +61,7 @@ pub fn register_all(registry: &mut Registry, rt: Arc<Runtime>) {
     custom_sampling::register(registry, &rt);
     image::register(registry, &rt);
     mask::register(registry);
+    model_sampling::register(registry);
     pix2pix::register(registry, &rt);
     controlnet::register(registry, &rt);
     upscale::register(registry, &rt);

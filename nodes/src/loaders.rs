@@ -126,8 +126,10 @@ fn sd_parts(path: &Path) -> Result<SdParts, NodeError> {
             prediction = p;
         }
     }
+    // v-prediction checkpoints with a `ztsnr` key were trained to zero terminal SNR
+    // (ComfyUI reads the pair so; the key alone on an eps model means nothing to it).
+    let mut schedule = if det.zsnr && prediction == Prediction::V { DiscreteSchedule::sd().zero_terminal_snr() } else { DiscreteSchedule::sd() };
     // CosXL and CosXL-Edit mark EDM v-prediction with their sigma range, as ComfyUI reads it.
-    let mut schedule = DiscreteSchedule::sd();
     let (min_key, max_key) = detect::EDM_VPRED_KEYS;
     if has(max_key) {
         let (lo, hi) = (scalar(src.as_ref(), min_key)?, scalar(src.as_ref(), max_key)?);

@@ -221,6 +221,8 @@ pub struct ImgGenParams {
     pub sampling_method: Option<String>,
     /// `--scheduler` (`None`: discrete).
     pub scheduler: Option<String>,
+    /// `--prediction` (eps, v, edm_v; `None`: what the checkpoint says).
+    pub prediction: Option<String>,
     /// `--eta` (`None`: each sampler's own, as sd-cli without the flag).
     pub eta: Option<f64>,
     /// `--sigmas`: the base pass's schedule instead of `--steps` and `--scheduler`; with
@@ -281,6 +283,7 @@ impl Default for ImgGenParams {
             cfg_scale: 7.0,
             sampling_method: None,
             scheduler: None,
+            prediction: None,
             eta: None,
             sigmas: None,
             seed: 42,
@@ -328,7 +331,8 @@ pub struct AdetailerParams {
     pub cfg_scale: f64,
     pub sampling_method: Option<String>,
     pub scheduler: Option<String>,
-    /// `--eta`, `--rng`: as [`ImgGenParams`]'.
+    /// `--prediction`, `--eta`, `--rng`: as [`ImgGenParams`]'.
+    pub prediction: Option<String>,
     pub eta: Option<f64>,
     pub rng: Option<String>,
     pub seed: i64,
@@ -637,6 +641,20 @@ fn check_range(flag: &str, v: i64, lo: i64, hi: i64) -> Result<(), PresetError> 
     Ok(())
 }
 
+/// `--prediction`: what the model predicts, set over the loader's MODEL (ComfyUI's
+/// model-sampling nodes; sd-cli's names).
+fn prediction_node(b: &mut Builder, model: &Out, prediction: Option<&str>) -> Result<Out, PresetError> {
+    let Some(p) = prediction else { return Ok(model.clone()) };
+    let node = match p {
+        "eps" | "v" => NodeSpec::new("ModelSamplingDiscrete").with_input("model", link(model)).with_const("sampling", json!(if p == "eps" { "eps" } else { "v_prediction" })).with_const("zsnr", json!(false)),
+        // sd.cpp's EDMVDenoiser range (CosXL's).
+        "edm_v" => NodeSpec::new("ModelSamplingContinuousEDM").with_input("model", link(model)).with_const("sampling", json!("v_prediction")).with_const("sigma_max", json!(120.0)).with_const("sigma_min", json!(0.002)),
+        "sd3_flow" | "flux_flow" | "flux2_flow" => return Err(not_supported(format!("--prediction {p}"), "flow-matching models (SD3, FLUX) are not implemented")),
+        other => return Err(invalid("--prediction", format!("`{other}` is not one of eps, v, edm_v, sd3_flow, flux_flow, flux2_flow"))),
+    };
+    Ok(Out(b.extra("model_sampling", "--prediction", node), 0))
+}
+
 fn check_eta(eta: Option<f64>) -> Result<(), PresetError> {
     match eta {
         Some(e) if !(e.is_finite() && (0.0..=100.0).contains(&e)) => Err(invalid("--eta", format!("{e} is outside 0..=100"))),
@@ -785,6 +803,7 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
         (None, Some(c)) => Out(c.clone(), 0),
         (None, None) => return Err(PresetError::Missing { flag: "-m".into(), msg: "the following arguments are required: -m/--model or --diffusion-model".into() }),
     };
+    model = prediction_node(&mut b, &model, p.prediction.as_deref())?;
     let mut clip = match (&p.clip_l, &p.clip_g, &ckpt) {
         (Some(l), Some(g), _) => Out(b.extra("clip", "--clip_g", NodeSpec::new("DualCLIPLoader").with_const("clip_name1", json!(l)).with_const("clip_name2", json!(g)).with_const("type", json!("sdxl"))), 0),
         (Some(l), None, _) => Out(b.extra("clip", "--clip_l", NodeSpec::new("CLIPLoader").with_const("clip_name", json!(l)).with_const("type", json!("stable_diffusion"))), 0),
@@ -1149,6 +1168,7 @@ pub fn adetailer(p: &AdetailerParams) -> Result<Preset, PresetError> {
     let mut b = Builder::default();
     let ckpt = b.core("ckpt", "-m", NodeSpec::new("CheckpointLoaderSimple").with_const("ckpt_name", json!(p.model)));
     let (model, clip, vae) = (Out(ckpt.clone(), 0), Out(ckpt.clone(), 1), Out(ckpt, 2));
+    let model = prediction_node(&mut b, &model, p.prediction.as_deref())?;
     let mut img = Out(b.core("image", "-i", NodeSpec::new("LoadImage").with_const("image", json!(p.init_img))), 0);
     let (w, h) = (p.width.unwrap_or(0), p.height.unwrap_or(0));
     if w != 0 || h != 0 {
@@ -1263,6 +1283,7 @@ mod tests {
             cfg_scale: 7.0,
             sampling_method: None,
             scheduler: None,
+            prediction: None,
             eta: None,
             rng: None,
             seed: 1,
@@ -1396,6 +1417,29 @@ mod tests {
             q.eta = Some(bad);
             assert!(matches!(img_gen(&q), Err(PresetError::Invalid { ref flag, .. }) if flag == "--eta"), "{bad}");
         }
+    }
+
+    /// `--prediction`: a model-sampling node between the loader and every user of MODEL.
+    #[test]
+    fn prediction_sets_the_model_sampling() {
+        let mut p = base();
+        p.hires.enabled = true;
+        for (flag, class, sampling) in [("eps", "ModelSamplingDiscrete", "eps"), ("v", "ModelSamplingDiscrete", "v_prediction"), ("edm_v", "ModelSamplingContinuousEDM", "v_prediction")] {
+            p.prediction = Some(flag.into());
+            let wf = img_gen(&p).unwrap().workflow;
+            let node = find(&wf, class);
+            assert_eq!(node[0].inputs["sampling"], InputValue::Const(json!(sampling)));
+            assert_eq!(source(&wf, node[0], "model").0.class_type, "CheckpointLoaderSimple");
+            for ks in find(&wf, "KSampler") {
+                assert_eq!(source(&wf, ks, "model").0.class_type, class, "{flag}");
+            }
+        }
+        p.prediction = Some("flux_flow".into());
+        assert!(matches!(img_gen(&p), Err(PresetError::NotSupported { ref flag, .. }) if flag == "--prediction flux_flow"));
+        let mut a = adetailer_base();
+        a.prediction = Some("v".into());
+        let wf = adetailer(&a).unwrap().workflow;
+        assert_eq!(source(&wf, find(&wf, "DetailerForEachMask")[0], "model").0.class_type, "ModelSamplingDiscrete");
     }
 
     /// `--sigmas`: ManualSigmas instead of the scheduler, cut to `--strength` with `-i` as

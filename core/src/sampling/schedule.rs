@@ -76,6 +76,29 @@ impl DiscreteSchedule {
         Ok(DiscreteSchedule { sigmas, log_sigmas })
     }
 
+    /// ComfyUI's `rescale_zero_terminal_snr_sigmas` (Lin et al., "Common Diffusion Noise
+    /// Schedules and Sample Steps Are Flawed"): √ᾱ shifted so the last timestep is pure
+    /// noise (ᾱ pinned to 4.897e-8, σ ≈ 4519) and scaled so the first keeps its value.
+    /// For models trained so: `ztsnr` checkpoints, ModelSamplingDiscrete's `zsnr`. In f64,
+    /// as ComfyUI computes it.
+    pub fn zero_terminal_snr(&self) -> Self {
+        let sqrt_abar: Vec<f64> = self.sigmas.iter().map(|&s| (1.0 / (s as f64 * s as f64 + 1.0)).sqrt()).collect();
+        let n = sqrt_abar.len();
+        let (first, last) = (sqrt_abar[0], sqrt_abar[n - 1]);
+        let scale = first / (first - last);
+        let sigmas: Vec<f32> = sqrt_abar
+            .iter()
+            .enumerate()
+            .map(|(i, a)| {
+                let shifted = (a - last) * scale;
+                let abar = if i + 1 == n { 4.897_345_189_085_343_5e-8 } else { shifted * shifted };
+                ((1.0 - abar) / abar).sqrt() as f32
+            })
+            .collect();
+        let log_sigmas = sigmas.iter().map(|s| s.ln()).collect();
+        DiscreteSchedule { sigmas, log_sigmas }
+    }
+
     /// From a model's own `alphas_cumprod` (as stored in some checkpoints).
     pub fn from_alphas_cumprod(alphas_cumprod: &[f32]) -> Result<Self, SamplingError> {
         if alphas_cumprod.len() < 2 {

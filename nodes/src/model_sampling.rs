@@ -1,0 +1,85 @@
+//! ComfyUI's model-sampling overrides (its `nodes_model_advanced.py`): what a MODEL
+//! predicts and over which noise levels, when the checkpoint does not say or says it
+//! wrongly (sd-cli's `--prediction`). They change the MODEL's description only; the
+//! weights stay the residency manager's entry.
+
+use crate::values::ModelRef;
+use sdflow_core::detect::ModelFamily;
+use sdflow_core::models::sd::Prediction;
+use sdflow_core::sampling::schedule::DiscreteSchedule;
+use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Node, NodeError, NodeSchema, Outputs, Registry, Value};
+use std::sync::Arc;
+
+pub fn register(registry: &mut Registry) {
+    registry.register(Arc::new(ModelSamplingDiscrete));
+    registry.register(Arc::new(ModelSamplingContinuousEdm));
+}
+
+const CATEGORY: &str = "advanced/model";
+
+/// The MODEL with another prediction and schedule.
+fn with_sampling(model: &ModelRef, prediction: Prediction, schedule: DiscreteSchedule) -> Outputs {
+    let mut m = model.clone();
+    m.prediction = prediction;
+    m.schedule = schedule;
+    if let ModelFamily::Sd2 { .. } = m.family {
+        m.family = ModelFamily::Sd2 { v_pred: prediction == Prediction::V };
+    }
+    Outputs::new(vec![Value::new(IoType::MODEL, m)])
+}
+
+/// eps or v-prediction over SD's discrete schedule, optionally rescaled to zero terminal
+/// SNR. ComfyUI's `lcm`, `x0` and `img_to_img` samplings are not offered.
+struct ModelSamplingDiscrete;
+
+impl Node for ModelSamplingDiscrete {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("ModelSamplingDiscrete")
+            .display_name("ModelSamplingDiscrete")
+            .category(CATEGORY)
+            .description("Sets what the model predicts (sd-cli's --prediction eps / v) over SD's 1000-step schedule; zsnr rescales that schedule to zero terminal SNR, for models trained so.")
+            .input(InputSpec::link("model", IoType::MODEL))
+            .input(InputSpec::combo("sampling", ["eps", "v_prediction"]))
+            .input(InputSpec::boolean("zsnr", false))
+            .output("MODEL", IoType::MODEL)
+    }
+
+    fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let model = inputs.downcast::<ModelRef>("model")?;
+        let prediction = match inputs.string("sampling")? {
+            "eps" => Prediction::Epsilon,
+            "v_prediction" => Prediction::V,
+            other => return Err(NodeError::msg(format!("sampling `{other}` is not supported (eps, v_prediction)"))),
+        };
+        let schedule = if inputs.boolean("zsnr")? { DiscreteSchedule::sd().zero_terminal_snr() } else { DiscreteSchedule::sd() };
+        Ok(with_sampling(model, prediction, schedule))
+    }
+}
+
+/// EDM v-prediction over a continuous log-uniform sigma range (CosXL's; sd-cli's
+/// `--prediction edm_v`). ComfyUI's other EDM samplings are not offered.
+struct ModelSamplingContinuousEdm;
+
+impl Node for ModelSamplingContinuousEdm {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("ModelSamplingContinuousEDM")
+            .display_name("ModelSamplingContinuousEDM")
+            .category(CATEGORY)
+            .description("EDM v-prediction between sigma_min and sigma_max (CosXL; sd-cli's --prediction edm_v).")
+            .input(InputSpec::link("model", IoType::MODEL))
+            .input(InputSpec::combo("sampling", ["v_prediction"]))
+            .input(InputSpec::float("sigma_max", 120.0).float_range(0.0, 1000.0).float_step(0.001))
+            .input(InputSpec::float("sigma_min", 0.002).float_range(0.0, 1000.0).float_step(0.001))
+            .output("MODEL", IoType::MODEL)
+    }
+
+    fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let model = inputs.downcast::<ModelRef>("model")?;
+        if inputs.string("sampling")? != "v_prediction" {
+            return Err(NodeError::msg("only v_prediction is supported"));
+        }
+        let (hi, lo) = (inputs.float("sigma_max")? as f32, inputs.float("sigma_min")? as f32);
+        let schedule = DiscreteSchedule::edm(lo, hi).map_err(crate::err)?;
+        Ok(with_sampling(model, Prediction::EdmV, schedule))
+    }
+}
