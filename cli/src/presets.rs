@@ -38,7 +38,6 @@ const REFUSED: &[(&str, bool, &str)] = &[
     ("chroma-disable-dit-mask", false, "Chroma is not implemented"),
     ("chroma-enable-t5-mask", false, "Chroma is not implemented"),
     ("force-sdxl-vae-conv-scale", false, "sdflow's VAE convolutions run in f32 or bf16 with f32 sums, where the fp16 overflow this works around does not arise"),
-    ("vae-relative-tile-size", true, "only --vae-tile-size is understood"),
     ("offload-to-cpu", false, "weights are placed by sdflow's residency manager; no per-flag placement yet"),
     ("mmap", false, "model files are always memory-mapped when the format allows"),
     ("control-net-cpu", false, "no per-model device placement yet"),
@@ -210,6 +209,10 @@ fn scheduler_parser() -> clap::builder::PossibleValuesParser {
     let mut names: Vec<&'static str> = SD_SCHEDULERS.to_vec();
     names.extend(["normal", "beta", "ddim_uniform"]);
     clap::builder::PossibleValuesParser::new(names)
+}
+
+fn parse_rel_tile_size(s: &str) -> Result<(f32, f32), String> {
+    sdflow_core::models::tiling::VaeTiling::parse_rel_size(s).map_err(|e| e.to_string())
 }
 
 fn parse_tile_size(s: &str) -> Result<(i64, i64), String> {
@@ -414,6 +417,10 @@ pub struct ImgGenArgs {
     /// Tile overlap for vae tiling, in fraction of tile size.
     #[arg(long, value_name = "float", default_value_t = 0.5)]
     pub vae_tile_overlap: f64,
+    /// Relative tile size for vae tiling, [X]x[Y]: per axis a fraction of the latent side
+    /// (<= 1) or a number of tiles (> 1); overrides --vae-tile-size.
+    #[arg(long, value_name = "[X]x[Y]", value_parser = parse_rel_tile_size)]
+    pub vae_relative_tile_size: Option<(f32, f32)>,
     /// Enable the highres fix (a second pass at a larger size).
     #[arg(long)]
     pub hires: bool,
@@ -799,7 +806,7 @@ fn img_gen_params(a: &ImgGenArgs, seed: i64, names: &mut Names<'_>) -> anyhow::R
             upscale_tile_size: a.hires_upscale_tile_size,
             sigmas: a.hires_sigmas.clone().map(|l| l.0),
         },
-        tiling: TilingParams { enabled: a.vae_tiling, tile_size: a.vae_tile_size, overlap: a.vae_tile_overlap },
+        tiling: TilingParams { enabled: a.vae_tiling, tile_size: a.vae_tile_size, overlap: a.vae_tile_overlap, relative: a.vae_relative_tile_size.map(|(x, y)| (x as f64, y as f64)) },
         output: a.sampling.output.clone(),
     })
 }

@@ -434,6 +434,15 @@ fn upscale_and_tiled_decoding_run() {
     // Tiles of 8 latent pixels (64 image pixels) over a 128x64 image: several tiles.
     ok(&["-m", c, "-p", "a cat", "-W", "128", "-H", "64", "--steps", "1", "--vae-tiling", "--vae-tile-size", "8x8", "-t", "2", "-o", "tiled.png"], dir.path());
     assert_eq!(png_size(&dir.path().join("tiled.png")), (128, 64));
+    // sd-cli's other tile shapes: non-square tiles, tiles relative to the latent.
+    ok(&["-m", c, "-p", "a cat", "-W", "128", "-H", "64", "--steps", "1", "--vae-tiling", "--vae-tile-size", "16x8", "-t", "2", "-o", "tall.png"], dir.path());
+    ok(&["-m", c, "-p", "a cat", "-W", "128", "-H", "64", "--steps", "1", "--vae-tiling", "--vae-relative-tile-size", "2x1", "-t", "2", "-o", "rel.png"], dir.path());
+    let tiled = png_pixels(&dir.path().join("tiled.png"));
+    assert!(png_pixels(&dir.path().join("tall.png")) != tiled && png_pixels(&dir.path().join("rel.png")) != tiled);
+    let (_, err) = fails(&["-m", c, "--vae-relative-tile-size", "2x1"], dir.path());
+    assert!(err.contains("missing --vae-tiling"), "{err}");
+    let (code, err) = fails(&["-m", c, "--vae-tiling", "--vae-relative-tile-size", "2xwide"], dir.path());
+    assert!(code == 2 && err.contains("--vae-relative-tile-size"), "{err}");
     if !model.is_file() || !input.is_file() {
         eprintln!("SKIP upscale part: {} is gone (the ESRGAN tests' fixture)", model.display());
         return;

@@ -109,17 +109,32 @@ struct VaeDecode {
     tiled: bool,
 }
 
-/// ComfyUI's tile inputs (pixels) as sd.cpp's tiling: the latent tile is `tile_size/f`,
-/// the overlap fraction `overlap/tile_size`, with ComfyUI's cap of a quarter tile on a
-/// decode.
+/// ComfyUI's tile inputs (pixels) as sd.cpp's tiling: the latent tile is `tile_size/f`
+/// (by `tile_height/f` when that is set: sd-cli's non-square `--vae-tile-size`), the
+/// overlap fraction `overlap/tile_size`, with ComfyUI's cap of a quarter tile on a decode;
+/// `relative_tile_size` is sd-cli's `--vae-relative-tile-size`.
 fn node_tiling(inputs: &Inputs, f: usize, decode: bool) -> Result<VaeTiling, NodeError> {
-    let tile = usize::try_from(inputs.int("tile_size")?).map_err(|_| NodeError::msg("tile_size must be positive"))?;
-    let mut overlap = usize::try_from(inputs.int("overlap")?).map_err(|_| NodeError::msg("overlap must be >= 0"))?;
-    if decode && tile < overlap * 4 {
-        overlap = tile / 4;
+    let px = |name: &str| usize::try_from(inputs.int(name)?).map_err(|_| NodeError::msg(format!("{name} must be >= 0")));
+    let tile = px("tile_size")?;
+    let height = if inputs.contains("tile_height") { px("tile_height")? } else { 0 };
+    let height = if height == 0 { tile } else { height };
+    let mut overlap = px("overlap")?;
+    if decode && tile.min(height) < overlap * 4 {
+        overlap = tile.min(height) / 4;
     }
-    let lt = (tile / f).max(1);
-    Ok(VaeTiling { enabled: true, tile_size: (lt, lt), rel_size: (0.0, 0.0), target_overlap: ((overlap / f) as f32 / lt as f32).min(0.5), ..VaeTiling::default() })
+    let rel_size = match inputs.contains("relative_tile_size").then(|| inputs.string("relative_tile_size")).transpose()? {
+        Some(text) if !text.trim().is_empty() => VaeTiling::parse_rel_size(text).map_err(|e| NodeError::msg(format!("relative_tile_size: {e}")))?,
+        _ => (0.0, 0.0),
+    };
+    let (lt, lh) = ((tile / f).max(1), (height / f).max(1));
+    Ok(VaeTiling { enabled: true, tile_size: (lt, lh), rel_size, target_overlap: ((overlap / f) as f32 / lt as f32).min(0.5), ..VaeTiling::default() })
+}
+
+/// sd-cli's tile options beyond ComfyUI's square tile: optional, so ComfyUI's workflows
+/// load unchanged.
+fn sd_cli_tile_inputs(s: NodeSchema, step: i128) -> NodeSchema {
+    s.input(InputSpec::int("tile_height", 0).int_range(0, 4096).int_step(step).optional().tooltip("Tile height in pixels when it differs from tile_size (sd-cli's --vae-tile-size WxH); 0: square tiles."))
+        .input(InputSpec::string("relative_tile_size", "").optional().tooltip("sd-cli's --vae-relative-tile-size, [X]x[Y]: per axis a fraction of the latent side (<= 1) or a number of tiles (> 1); empty: tile_size decides."))
 }
 
 /// ComfyUI's video-only inputs of the tiled VAE nodes: accepted so its workflows load,
@@ -139,9 +154,12 @@ impl Node for VaeDecode {
         let s = if self.tiled { NodeSchema::new("VAEDecodeTiled").display_name("VAE Decode (Tiled)").category("_for_testing") } else { NodeSchema::new("VAEDecode").display_name("VAE Decode").category("latent") };
         let s = s.input(InputSpec::link("samples", IoType::LATENT)).input(InputSpec::link("vae", IoType::VAE));
         let s = if self.tiled {
-            temporal_inputs(
-                s.input(InputSpec::int("tile_size", 512).int_range(64, 4096).int_step(32).tooltip("Tile side in pixels."))
-                    .input(InputSpec::int("overlap", 64).int_range(0, 4096).int_step(32).tooltip("Overlap between tiles in pixels.")),
+            sd_cli_tile_inputs(
+                temporal_inputs(
+                    s.input(InputSpec::int("tile_size", 512).int_range(64, 4096).int_step(32).tooltip("Tile side in pixels."))
+                        .input(InputSpec::int("overlap", 64).int_range(0, 4096).int_step(32).tooltip("Overlap between tiles in pixels.")),
+                ),
+                32,
             )
         } else {
             s
@@ -175,9 +193,12 @@ impl Node for VaeEncode {
         let s = if self.tiled { NodeSchema::new("VAEEncodeTiled").display_name("VAE Encode (Tiled)").category("_for_testing") } else { NodeSchema::new("VAEEncode").display_name("VAE Encode").category("latent") };
         let s = s.input(InputSpec::link("pixels", IoType::IMAGE)).input(InputSpec::link("vae", IoType::VAE));
         let s = if self.tiled {
-            temporal_inputs(
-                s.input(InputSpec::int("tile_size", 512).int_range(64, 4096).int_step(64).tooltip("Tile side in pixels."))
-                    .input(InputSpec::int("overlap", 64).int_range(0, 4096).int_step(32).tooltip("Overlap between tiles in pixels.")),
+            sd_cli_tile_inputs(
+                temporal_inputs(
+                    s.input(InputSpec::int("tile_size", 512).int_range(64, 4096).int_step(64).tooltip("Tile side in pixels."))
+                        .input(InputSpec::int("overlap", 64).int_range(0, 4096).int_step(32).tooltip("Overlap between tiles in pixels.")),
+                ),
+                64,
             )
         } else {
             s

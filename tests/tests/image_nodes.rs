@@ -82,6 +82,34 @@ fn tiled_vae_workflow_runs_and_agrees_with_vae_decode() {
     assert!(tiled != whole && d < 40.0, "mean difference {d}");
 }
 
+/// sd-cli's tile options on VAEDecodeTiled: a tile height of its own (`--vae-tile-size
+/// WxH`) and relative tile sizes (`--vae-relative-tile-size`).
+#[test]
+fn tiled_decode_takes_sd_cli_tile_shapes() {
+    let env = TestEnv::new(|rt| rt);
+    let wf = env.workflow("txt2img_tiled_vae.json", 128, 2);
+    let run = |sets: &[(&str, serde_json::Value)]| {
+        let mut w = wf.clone();
+        for (k, v) in sets {
+            w.set_input("6", k, c(v.clone())).unwrap();
+        }
+        env.run_saved(&w, "7").2
+    };
+    let whole = run(&[("tile_size", serde_json::json!(128))]);
+    let square = run(&[("tile_size", serde_json::json!(64)), ("overlap", serde_json::json!(16))]);
+    let tall = run(&[("tile_size", serde_json::json!(64)), ("overlap", serde_json::json!(16)), ("tile_height", serde_json::json!(128))]);
+    assert!(tall != square && tall != whole, "64x128 tiles split the image only across");
+    assert!(run(&[("tile_size", serde_json::json!(128)), ("tile_height", serde_json::json!(128))]) == whole);
+    // Relative sizes override tile_size: the whole latent side is one tile; 2 is two tiles.
+    assert!(run(&[("tile_size", serde_json::json!(64)), ("relative_tile_size", serde_json::json!("1"))]) == whole);
+    let halves = run(&[("tile_size", serde_json::json!(512)), ("overlap", serde_json::json!(16)), ("relative_tile_size", serde_json::json!("2x1"))]);
+    assert!(halves != whole && halves != tall);
+    let mut bad = wf.clone();
+    bad.set_input("6", "relative_tile_size", c(serde_json::json!("wide"))).unwrap();
+    let err = env.run_err(&bad);
+    assert!(err.contains("relative_tile_size"), "{err}");
+}
+
 #[test]
 fn vae_encode_tiled_with_one_tile_equals_vae_encode() {
     let env = TestEnv::new(|rt| rt);

@@ -145,11 +145,14 @@ pub struct TilingParams {
     pub tile_size: (i64, i64),
     /// `--vae-tile-overlap`, a fraction of the tile (default 0.5).
     pub overlap: f64,
+    /// `--vae-relative-tile-size`: per axis a fraction of the latent side (<= 1) or a
+    /// number of tiles (> 1); it overrides `tile_size` where given.
+    pub relative: Option<(f64, f64)>,
 }
 
 impl Default for TilingParams {
     fn default() -> Self {
-        TilingParams { enabled: false, tile_size: (32, 32), overlap: 0.5 }
+        TilingParams { enabled: false, tile_size: (32, 32), overlap: 0.5, relative: None }
     }
 }
 
@@ -641,6 +644,19 @@ fn check_range(flag: &str, v: i64, lo: i64, hi: i64) -> Result<(), PresetError> 
     Ok(())
 }
 
+/// sd-cli's tile options beyond ComfyUI's square `tile_size`, as the tiled nodes' optional
+/// inputs; left out when not given, so the plain graphs stay ComfyUI's.
+fn sd_cli_tiles(mut node: NodeSpec, t: &TilingParams) -> NodeSpec {
+    let (tx, ty) = t.tile_size;
+    if tx != ty {
+        node = node.with_const("tile_height", json!(ty * 8));
+    }
+    if let Some((rx, ry)) = t.relative {
+        node = node.with_const("relative_tile_size", json!(format!("{rx}x{ry}")));
+    }
+    node
+}
+
 /// `--prediction`: what the model predicts, set over the loader's MODEL (ComfyUI's
 /// model-sampling nodes; sd-cli's names).
 fn prediction_node(b: &mut Builder, model: &Out, prediction: Option<&str>) -> Result<Out, PresetError> {
@@ -875,10 +891,18 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
         neg = Out(b.extra("neg_zero", "-n \"\" (SDXL)", NodeSpec::new("ConditioningZeroOut").with_input("conditioning", link(&neg))), 0);
     }
 
+    if p.tiling.relative.is_some() && !p.tiling.enabled {
+        return Err(PresetError::Missing { flag: "--vae-tiling".into(), msg: "--vae-relative-tile-size sizes the tiles of --vae-tiling".into() });
+    }
     let (tile_px, overlap_px) = if p.tiling.enabled {
         let (tx, ty) = p.tiling.tile_size;
-        if tx != ty {
-            return Err(not_supported("--vae-tile-size", format!("{tx}x{ty}: tiled VAE nodes take square tiles")));
+        // The tiled nodes take 64..=4096 pixels.
+        check_range("--vae-tile-size", tx.min(ty), 8, 512)?;
+        check_range("--vae-tile-size", tx.max(ty), 8, 512)?;
+        if let Some((rx, ry)) = p.tiling.relative {
+            if !(rx.is_finite() && ry.is_finite() && rx >= 0.0 && ry >= 0.0) {
+                return Err(invalid("--vae-relative-tile-size", format!("{rx}x{ry} must be non-negative numbers")));
+            }
         }
         if !(0.0..1.0).contains(&p.tiling.overlap) {
             return Err(invalid("--vae-tile-overlap", format!("{} is outside 0..1", p.tiling.overlap)));
@@ -891,7 +915,7 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
     };
     let encode = |b: &mut Builder, key: &str, origin: &str, pixels: &Out| -> String {
         if p.tiling.enabled {
-            b.core(key, "--vae-tiling", NodeSpec::new("VAEEncodeTiled").with_input("pixels", link(pixels)).with_input("vae", link(&vae)).with_const("tile_size", json!(tile_px)).with_const("overlap", json!(overlap_px)).with_const("temporal_size", json!(64)).with_const("temporal_overlap", json!(8)))
+            b.core(key, "--vae-tiling", sd_cli_tiles(NodeSpec::new("VAEEncodeTiled").with_input("pixels", link(pixels)).with_input("vae", link(&vae)).with_const("tile_size", json!(tile_px)).with_const("overlap", json!(overlap_px)).with_const("temporal_size", json!(64)).with_const("temporal_overlap", json!(8)), &p.tiling))
         } else {
             b.core(key, origin, NodeSpec::new("VAEEncode").with_input("pixels", link(pixels)).with_input("vae", link(&vae)))
         }
@@ -1039,7 +1063,7 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
         description = format!("txt2img with the latent decoded in overlapping {tile_px}-pixel tiles (VAE Decode (Tiled), sd-cli's --vae-tiling): bounded memory for large images, tiles cross-faded over their {overlap_px}-pixel overlap.");
     }
     let decoded = if p.tiling.enabled {
-        b.core("decode", "--vae-tiling", NodeSpec::new("VAEDecodeTiled").with_input("samples", link(&samples)).with_input("vae", link(&decoder)).with_const("tile_size", json!(tile_px)).with_const("overlap", json!(overlap_px)).with_const("temporal_size", json!(64)).with_const("temporal_overlap", json!(8)))
+        b.core("decode", "--vae-tiling", sd_cli_tiles(NodeSpec::new("VAEDecodeTiled").with_input("samples", link(&samples)).with_input("vae", link(&decoder)).with_const("tile_size", json!(tile_px)).with_const("overlap", json!(overlap_px)).with_const("temporal_size", json!(64)).with_const("temporal_overlap", json!(8)), &p.tiling))
     } else {
         b.core("decode", if p.taesd.is_some() { "--taesd" } else { "img_gen" }, NodeSpec::new("VAEDecode").with_input("samples", link(&samples)).with_input("vae", link(&decoder)))
     };
@@ -1419,6 +1443,33 @@ mod tests {
         }
     }
 
+    /// `--vae-tile-size WxH` and `--vae-relative-tile-size` reach both tiled VAE nodes as
+    /// their optional inputs; square tiles leave the graph ComfyUI's.
+    #[test]
+    fn sd_cli_tile_shapes_reach_the_tiled_nodes() {
+        let mut p = base();
+        p.init_img = Some("in.png".into());
+        p.tiling.enabled = true;
+        let wf = img_gen(&p).unwrap().workflow;
+        for class in ["VAEEncodeTiled", "VAEDecodeTiled"] {
+            let n = find(&wf, class)[0];
+            assert!(!n.inputs.contains_key("tile_height") && !n.inputs.contains_key("relative_tile_size"), "{class}");
+        }
+        p.tiling.tile_size = (32, 48);
+        p.tiling.relative = Some((0.5, 2.0));
+        let wf = img_gen(&p).unwrap().workflow;
+        for class in ["VAEEncodeTiled", "VAEDecodeTiled"] {
+            let n = find(&wf, class)[0];
+            assert_eq!((&n.inputs["tile_size"], &n.inputs["tile_height"]), (&InputValue::Const(json!(256)), &InputValue::Const(json!(384))), "{class}");
+            assert_eq!(n.inputs["relative_tile_size"], InputValue::Const(json!("0.5x2")));
+        }
+        p.tiling.tile_size = (2, 2);
+        assert!(matches!(img_gen(&p), Err(PresetError::Invalid { ref flag, .. }) if flag == "--vae-tile-size"));
+        p.tiling.tile_size = (32, 32);
+        p.tiling.enabled = false;
+        assert!(matches!(img_gen(&p), Err(PresetError::Missing { ref flag, .. }) if flag == "--vae-tiling"));
+    }
+
     /// `--prediction`: a model-sampling node between the loader and every user of MODEL.
     #[test]
     fn prediction_sets_the_model_sampling() {
@@ -1538,8 +1589,8 @@ mod tests {
         assert!(img_gen(&p).is_err(), "a mask without an image");
         let mut p = base();
         p.tiling.enabled = true;
-        p.tiling.tile_size = (32, 64);
-        assert!(matches!(img_gen(&p), Err(PresetError::NotSupported { .. })));
+        p.tiling.overlap = 1.0;
+        assert!(matches!(img_gen(&p), Err(PresetError::Invalid { ref flag, .. }) if flag == "--vae-tile-overlap"));
     }
 
     #[test]
