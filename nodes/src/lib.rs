@@ -11,8 +11,11 @@
 //!   ConditioningAverage, ConditioningZeroOut, ConditioningSetTimestepRange
 //! - [`latent`]: EmptyLatentImage, SetLatentNoiseMask, LatentUpscale, LatentUpscaleBy
 //! - [`sampling`]: KSampler
-//! - [`custom_sampling`]: KSamplerAdvanced, SamplerCustom(Advanced), KSamplerSelect, BasicScheduler,
-//!   KarrasScheduler, ExponentialScheduler, SplitSigmas, RandomNoise, DisableNoise, CFGGuider, BasicGuider
+//! - [`custom_sampling`]: KSamplerAdvanced, SamplerCustom(Advanced), KSamplerSelect,
+//!   KSamplerSelectAdvanced, SamplerEulerAncestral(CFGPP), SamplerDPMPP_2S_Ancestral, SamplerLMS,
+//!   BasicScheduler, KarrasScheduler, ExponentialScheduler, ManualSigmas, SplitSigmas, RandomNoise,
+//!   DisableNoise, CFGGuider, BasicGuider
+//! - [`model_sampling`]: ModelSamplingDiscrete, ModelSamplingContinuousEDM
 //! - [`image`]: LoadImage, LoadImageMask, ImageScale, VAEDecode, VAEEncode, VAEEncodeForInpaint,
 //!   SaveImage, PreviewImage, VAEDecodeTiled, VAEEncodeTiled, ImageCrop, ImageInvert, EmptyImage
 //! - [`mask`]: SolidMask, InvertMask, CropMask, MaskComposite, FeatherMask, GrowMask, ThresholdMask,
