@@ -8,7 +8,7 @@ use sdflow_core::ggml::Backend;
 use sdflow_core::io::{self, TypeRules};
 use sdflow_core::models::clip::ClipLayout;
 use sdflow_core::models::load::load_weights;
-use sdflow_core::models::pipeline::{as_checkpoint, scheduler_prediction};
+use sdflow_core::models::pipeline::{as_checkpoint, scheduler_settings};
 use sdflow_core::models::sd::Prediction;
 use sdflow_core::models::vae::{standalone_source, STANDALONE_PREFIX};
 use sdflow_core::models::Weights;
@@ -121,14 +121,15 @@ fn sd_parts(path: &Path) -> Result<SdParts, NodeError> {
         detect::Prediction::Flow => return Err(NodeError::msg(format!("{shown}: flow-matching models are not supported yet"))),
     };
     // A pipeline's scheduler states what its weights cannot show.
-    if folder {
-        if let Some(p) = scheduler_prediction(path).map_err(err)? {
-            prediction = p;
-        }
+    let settings = if folder { scheduler_settings(path).map_err(err)? } else { Default::default() };
+    if let Some(p) = settings.prediction {
+        prediction = p;
     }
     // v-prediction checkpoints with a `ztsnr` key were trained to zero terminal SNR
-    // (ComfyUI reads the pair so; the key alone on an eps model means nothing to it).
-    let mut schedule = if det.zsnr && prediction == Prediction::V { DiscreteSchedule::sd().zero_terminal_snr() } else { DiscreteSchedule::sd() };
+    // (ComfyUI reads the pair so; the key alone on an eps model means nothing to it), as
+    // were pipelines whose scheduler rescales its betas to zero SNR.
+    let zero_snr = (det.zsnr && prediction == Prediction::V) || settings.zero_snr;
+    let mut schedule = if zero_snr { DiscreteSchedule::sd().zero_terminal_snr() } else { DiscreteSchedule::sd() };
     // CosXL and CosXL-Edit mark EDM v-prediction with their sigma range, as ComfyUI reads it.
     let (min_key, max_key) = detect::EDM_VPRED_KEYS;
     if has(max_key) {

@@ -113,6 +113,36 @@ fn openclip_and_hugging_face_encoders_agree_in_bf16() {
     }
 }
 
+/// `rescale_betas_zero_snr` in the scheduler config: the zero-terminal-SNR schedule, the
+/// one ModelSamplingDiscrete's zsnr gives.
+#[test]
+fn zero_snr_scheduler_config_rescales_the_schedule() {
+    let [_, case, _] = cases();
+    let env = env_with(&case, &["v_prediction"]);
+    let wf = env.workflow(case.workflow, 64, 2);
+    let (loader, sampler, save) = (sdflow_tests::node_of(&wf, "CheckpointLoaderSimple"), sdflow_tests::node_of(&wf, "KSampler"), sdflow_tests::node_of(&wf, "SaveImage"));
+    let wf = with_input(&wf, &loader, "ckpt_name", serde_json::json!("sd2_v_prediction"));
+    let plain = env.run_saved(&wf, &save).2;
+    let mut by_node = wf.clone();
+    let c = |v: serde_json::Value| sdflow_executor::InputValue::Const(v);
+    by_node.nodes.insert(
+        "30".into(),
+        sdflow_executor::NodeSpec::new("ModelSamplingDiscrete").with_input("model", sdflow_executor::InputValue::link(loader.as_str(), 0)).with_input("sampling", c(serde_json::json!("v_prediction"))).with_input("zsnr", c(serde_json::json!(true))),
+    );
+    by_node.set_input(&sampler, "model", sdflow_executor::InputValue::link("30", 0)).unwrap();
+    let zsnr = env.run_saved(&by_node, &save).2;
+    assert_ne!(zsnr, plain);
+    let config = env.dir.path().join("models/checkpoints/sd2_v_prediction/scheduler/scheduler_config.json");
+    let mut json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    json["rescale_betas_zero_snr"] = serde_json::json!(true);
+    std::fs::write(&config, json.to_string()).unwrap();
+    assert_eq!(env.run_saved(&wf, &save).2, zsnr);
+    json["rescale_betas_zero_snr"] = serde_json::json!("yes");
+    std::fs::write(&config, json.to_string()).unwrap();
+    let e = env.run_err(&wf);
+    assert!(e.contains("rescale_betas_zero_snr"), "{e}");
+}
+
 #[test]
 fn broken_pipeline_folders_are_named_errors() {
     let [case, _, _] = cases();

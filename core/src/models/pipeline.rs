@@ -83,21 +83,34 @@ pub fn as_checkpoint(src: Box<dyn TensorSource>) -> Result<Box<dyn TensorSource>
     Ok(Box::new(renamed))
 }
 
-/// The prediction type a pipeline folder's `scheduler/scheduler_config.json` states
-/// (`epsilon`, `v_prediction`); `None` when the folder has no scheduler config or it
-/// names none.
-pub fn scheduler_prediction(dir: &Path) -> Result<Option<Prediction>> {
+/// What a pipeline folder's `scheduler/scheduler_config.json` says about the model.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SchedulerSettings {
+    /// `prediction_type` (`epsilon`, `v_prediction`); `None` when not stated.
+    pub prediction: Option<Prediction>,
+    /// `rescale_betas_zero_snr`: the model was trained on the zero-terminal-SNR schedule.
+    pub zero_snr: bool,
+}
+
+/// The folder's [`SchedulerSettings`]; the defaults when it has no scheduler config.
+pub fn scheduler_settings(dir: &Path) -> Result<SchedulerSettings> {
     let path = dir.join("scheduler/scheduler_config.json");
-    let Ok(text) = std::fs::read_to_string(&path) else { return Ok(None) };
+    let Ok(text) = std::fs::read_to_string(&path) else { return Ok(SchedulerSettings::default()) };
     let at = |msg: String| ModelError::Config(format!("{}: {msg}", path.display()));
     let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| at(format!("invalid JSON: {e}")))?;
-    match json.get("prediction_type") {
-        None | Some(serde_json::Value::Null) => Ok(None),
+    let prediction = match json.get("prediction_type") {
+        None | Some(serde_json::Value::Null) => None,
         Some(serde_json::Value::String(s)) => match s.as_str() {
-            "epsilon" => Ok(Some(Prediction::Epsilon)),
-            "v_prediction" => Ok(Some(Prediction::V)),
-            other => Err(at(format!("prediction_type `{other}` is not supported (epsilon, v_prediction are)"))),
+            "epsilon" => Some(Prediction::Epsilon),
+            "v_prediction" => Some(Prediction::V),
+            other => return Err(at(format!("prediction_type `{other}` is not supported (epsilon, v_prediction are)"))),
         },
-        Some(other) => Err(at(format!("prediction_type {other} is not a string"))),
-    }
+        Some(other) => return Err(at(format!("prediction_type {other} is not a string"))),
+    };
+    let zero_snr = match json.get("rescale_betas_zero_snr") {
+        None | Some(serde_json::Value::Null) => false,
+        Some(serde_json::Value::Bool(b)) => *b,
+        Some(other) => return Err(at(format!("rescale_betas_zero_snr {other} is not a boolean"))),
+    };
+    Ok(SchedulerSettings { prediction, zero_snr })
 }
