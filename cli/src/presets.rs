@@ -816,11 +816,8 @@ fn common_refusals(c: &CommonArgs, refused: &Refused) -> anyhow::Result<()> {
     if c.preview.as_deref() == Some("vae") {
         bail!("not supported yet: --preview vae (a full VAE decode per step; --preview tae or proj draw the previews)");
     }
-    if c.preview_method() != sdflow_nodes::preview::PreviewMethod::None {
-        let ext = c.preview_path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
-        if !matches!(ext.as_deref(), Some("png" | "jpg" | "jpeg")) {
-            bail!("invalid value for --preview-path: {} (previews are written as .png or .jpg)", c.preview_path.display());
-        }
+    if c.preview_method() != sdflow_nodes::preview::PreviewMethod::None && run::preview_format(&c.preview_path).is_none() {
+        bail!("invalid value for --preview-path: {} (previews are written as .png or .jpg)", c.preview_path.display());
     }
     Ok(())
 }

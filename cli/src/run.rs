@@ -131,10 +131,15 @@ pub struct PreviewFile {
     pub interval: u32,
 }
 
+/// The format a preview file is written in, by its extension: PNG or JPEG, nothing else.
+pub fn preview_format(path: &Path) -> Option<image::ImageFormat> {
+    image::ImageFormat::from_path(path).ok().filter(|f| matches!(f, image::ImageFormat::Png | image::ImageFormat::Jpeg))
+}
+
 impl PreviewFile {
     fn write(&self, image: &sdflow_executor::PreviewImage) -> anyhow::Result<()> {
         use sdflow_executor::PreviewFormat;
-        let jpeg_path = self.path.extension().and_then(|e| e.to_str()).is_some_and(|e| e.eq_ignore_ascii_case("jpg") || e.eq_ignore_ascii_case("jpeg"));
+        let jpeg_path = preview_format(&self.path).context("previews are written as .png or .jpg")? == image::ImageFormat::Jpeg;
         let bytes: Vec<u8> = match image.format {
             PreviewFormat::Jpeg if jpeg_path => image.data.to_vec(),
             PreviewFormat::Png if !jpeg_path => image.data.to_vec(),

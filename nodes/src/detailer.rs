@@ -23,9 +23,8 @@ use crate::err;
 use crate::image::{decode_latent, encode_image};
 use crate::resize::{resize_plane, Method};
 use crate::runtime::Runtime;
-use crate::sampling::{rng_from, rng_input, sample_latent, sampler_names, scheduler_names, Guider, NoiseSource, SamplerChoice};
+use crate::sampling::{rng_from, rng_input, sample_latent, sampler_from, sampler_names, scheduler_names, Guider, NoiseSource, SamplerChoice};
 use crate::values::{ClipRef, CondList, Image, Mask, ModelRef, VaeRef};
-use sdflow_core::sampling::samplers::{SampleOpts, Sampler};
 use sdflow_core::sampling::schedule::{apply_denoise, ScheduleOpts, Scheduler};
 use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Lane, Node, NodeError, NodeSchema, Outputs, Registry, Value};
 use std::collections::HashMap;
@@ -152,11 +151,7 @@ impl DetailerForEachMask {
             sigmas,
             cfg: inputs.float("cfg")? as f32,
             // A SAMPLER input (KSamplerSelectAdvanced: sd-cli's --eta) overrides sampler_name.
-            sampler: if inputs.contains("sampler") {
-                inputs.downcast::<SamplerChoice>("sampler")?.clone()
-            } else {
-                SamplerChoice { sampler: Sampler::from_str(inputs.string("sampler_name")?).map_err(err)?, opts: SampleOpts::default() }
-            },
+            sampler: if inputs.contains("sampler") { inputs.downcast::<SamplerChoice>("sampler")?.clone() } else { sampler_from(inputs)? },
             rng: rng_from(inputs)?,
             inpaint: (iw, ih),
             padding: int("inpaint_padding", 0)?,

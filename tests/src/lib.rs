@@ -87,6 +87,15 @@ impl TestEnv {
         read_png(&self.out.join(report.ui_outputs[save_node]["images"][0]["filename"].as_str().unwrap()))
     }
 
+    /// [`TestEnv::run_saved`]'s pixels, hashed: a failed comparison prints two numbers,
+    /// not two images.
+    pub fn run_saved_hash(&self, wf: &Workflow, save_node: &str) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.run_saved(wf, save_node).2.hash(&mut h);
+        h.finish()
+    }
+
     /// Run `wf`, which must fail, and return the error's text.
     pub fn run_err(&self, wf: &Workflow) -> String {
         let opts = RunOptions { output_dir: Some(self.out.clone()), ..Default::default() };

@@ -33,10 +33,7 @@ fn run(env: &TestEnv, ckpt: &str, sampling: Option<NodeSpec>) -> u64 {
         wf.nodes.insert("30".into(), node.with_input("model", InputValue::link("1", 0)));
         wf.set_input("5", "model", InputValue::link("30", 0)).unwrap();
     }
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    env.run_saved(&wf, "7").2.hash(&mut h);
-    h.finish()
+    env.run_saved_hash(&wf, "7")
 }
 
 fn discrete(sampling: &str, zsnr: bool) -> Option<NodeSpec> {

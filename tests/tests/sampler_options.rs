@@ -54,13 +54,8 @@ fn select(sampler: &str, eta: f64, s_noise: f64, noise: &str) -> NodeSpec {
         .with_input("noise", c(json!(noise)))
 }
 
-/// The saved image's pixels, hashed (a failed comparison prints two numbers, not two
-/// images).
 fn image(env: &TestEnv, wf: &Workflow) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    env.run_saved(wf, "7").2.hash(&mut h);
-    h.finish()
+    env.run_saved_hash(wf, "7")
 }
 
 /// KSampler with `sampler`.

@@ -558,6 +558,24 @@ impl Sampling<'_> {
     fn select_node(&self, sampler: &str) -> Option<NodeSpec> {
         self.eta.map(|eta| NodeSpec::new("KSamplerSelectAdvanced").with_const("sampler_name", json!(sampler)).with_const("eta", json!(eta)).with_const("s_noise", json!(1.0)).with_const("noise", json!("sampler")))
     }
+
+    /// The SAMPLER node of a SamplerCustom pass and the flag it stands for: with `--eta`
+    /// its KSamplerSelectAdvanced, else KSamplerSelect.
+    fn sampler_node(&self, sampler: &str) -> (NodeSpec, &'static str) {
+        match self.select_node(sampler) {
+            Some(n) => (n, "--eta"),
+            None => (NodeSpec::new("KSamplerSelect").with_const("sampler_name", json!(sampler)), "--sampling-method"),
+        }
+    }
+
+    /// `node` with `--rng`, left out unless asked for: the nodes' default is ComfyUI's
+    /// CPU noise.
+    fn with_rng(&self, node: NodeSpec) -> NodeSpec {
+        match self.rng {
+            Some(r) => node.with_const("rng", json!(r)),
+            None => node,
+        }
+    }
 }
 
 /// The pass's schedule when it is not `--steps` of `--scheduler`.
@@ -573,11 +591,6 @@ enum CustomSigmas<'a> {
 /// ManualSigmas), so that the plain graphs stay ComfyUI's KSampler graphs.
 #[allow(clippy::too_many_arguments)]
 fn sample_pass(b: &mut Builder, key: &str, origin: &str, s: &Sampling<'_>, model: &Out, steps: i64, sigmas: Option<CustomSigmas<'_>>, denoise: f64, pos: &Out, neg: &Out, latent: &Out) -> String {
-    let with_rng = |node: NodeSpec| match s.rng {
-        // Left out unless asked for: the node's default is ComfyUI's CPU noise.
-        Some(r) => node.with_const("rng", json!(r)),
-        None => node,
-    };
     if s.eta.is_none() && sigmas.is_none() {
         let node = NodeSpec::new("KSampler")
             .with_input("model", link(model))
@@ -590,12 +603,10 @@ fn sample_pass(b: &mut Builder, key: &str, origin: &str, s: &Sampling<'_>, model
             .with_input("negative", link(neg))
             .with_input("latent_image", link(latent))
             .with_const("denoise", json!(denoise));
-        return b.core(key, origin, with_rng(node));
+        return b.core(key, origin, s.with_rng(node));
     }
-    let select = match s.select_node(s.sampler) {
-        Some(n) => b.extra(&format!("{key}_select"), "--eta", n),
-        None => b.extra(&format!("{key}_select"), "--sampling-method", NodeSpec::new("KSamplerSelect").with_const("sampler_name", json!(s.sampler))),
-    };
+    let (select, select_origin) = s.sampler_node(s.sampler);
+    let select = b.extra(&format!("{key}_select"), select_origin, select);
     let schedule = match sigmas {
         None => Out(b.extra(&format!("{key}_sigmas"), "--scheduler", NodeSpec::new("BasicScheduler").with_input("model", link(model)).with_const("scheduler", json!(s.scheduler)).with_const("steps", json!(steps)).with_const("denoise", json!(denoise))), 0),
         Some(CustomSigmas::Whole(list)) => Out(b.extra(&format!("{key}_sigmas"), origin, manual_sigmas(list)), 0),
@@ -617,7 +628,7 @@ fn sample_pass(b: &mut Builder, key: &str, origin: &str, s: &Sampling<'_>, model
         .with_input("sampler", InputValue::link(select, 0))
         .with_input("sigmas", link(&schedule))
         .with_input("latent_image", link(latent));
-    b.core(key, origin, with_rng(node))
+    b.core(key, origin, s.with_rng(node))
 }
 
 fn manual_sigmas(list: &[f32]) -> NodeSpec {
@@ -738,9 +749,7 @@ fn detailer(b: &mut Builder, image: &Out, model: &Out, clip: &Out, vae: &Out, d:
         .with_const("inpaint_height", json!(d.inpaint.1))
         .with_const("inpaint_padding", json!(32))
         .with_const("mask_blur", json!(4));
-    if let Some(r) = s.rng {
-        n = n.with_const("rng", json!(r));
-    }
+    n = s.with_rng(n);
     let mut sampler_name = sampler.to_string();
     const MASK_KEYS: [&str; 12] = ["input_size", "confidence", "nms", "max_detections", "mask_k_largest", "mask_min_ratio", "mask_max_ratio", "dilate_erode", "x_offset", "y_offset", "mask_mode", "sort_by"];
     const DETAIL_KEYS: [&str; 5] = ["mask_blur", "inpaint_padding", "inpaint_width", "inpaint_height", "denoising_strength"];
@@ -1131,20 +1140,14 @@ fn pix2pix(b: &mut Builder, p: &ImgGenParams, img_cfg: f64, s: &Sampling<'_>, mo
         .with_const("style", json!("regular"));
     guider.title = Some("cfg and img-cfg".into());
     let guider = b.core("guider", "--img-cfg-scale", guider);
-    let select = match s.select_node(s.sampler) {
-        Some(n) => b.core("sampler_select", "--eta", n),
-        None => b.core("sampler_select", "--sampling-method", NodeSpec::new("KSamplerSelect").with_const("sampler_name", json!(s.sampler))),
-    };
+    let (select, select_origin) = s.sampler_node(s.sampler);
+    let select = b.core("sampler_select", select_origin, select);
     // The whole schedule: instruct-pix2pix samples from pure noise, as at strength 1.
     let sigmas = match &p.sigmas {
         Some(list) => b.core("scheduler", "--sigmas", manual_sigmas(list)),
         None => b.core("scheduler", "--scheduler", NodeSpec::new("BasicScheduler").with_input("model", link(model)).with_const("scheduler", json!(s.scheduler)).with_const("steps", json!(p.steps)).with_const("denoise", json!(1.0))),
     };
-    let mut noise = NodeSpec::new("RandomNoise").with_const("noise_seed", json!(s.seed));
-    if let Some(r) = s.rng {
-        noise = noise.with_const("rng", json!(r));
-    }
-    let noise = b.core("noise", "-s", noise);
+    let noise = b.core("noise", "-s", s.with_rng(NodeSpec::new("RandomNoise").with_const("noise_seed", json!(s.seed))));
     let out = b.core("sampler", "--img-cfg-scale", NodeSpec::new("SamplerCustomAdvanced")
         .with_input("noise", InputValue::link(noise, 0))
         .with_input("guider", InputValue::link(guider, 0))
