@@ -614,6 +614,18 @@ impl Context {
         self.unary("gelu", a, ggml_sys::ggml_gelu)
     }
 
+    /// GELU, tanh approximation, from f32 ops: `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`,
+    /// PyTorch's `gelu(approximate="tanh")` (T5's `gelu_new`, FLUX's MLPs) to f32 accuracy;
+    /// [`Context::gelu`] looks x up in an f16 table on the CPU.
+    pub fn gelu_tanh_exact<'a>(&'a self, a: Tensor<'a>) -> Result<Tensor<'a>> {
+        let x3 = self.mul(self.mul(a, a)?, a)?;
+        let inner = self.scale(self.add(a, self.scale(x3, 0.044715)?)?, (2.0 / std::f32::consts::PI).sqrt())?;
+        let t = self.tanh(inner)?;
+        // 0.5·x·(1 + t) = 0.5·x + 0.5·x·t
+        let half = self.scale(a, 0.5)?;
+        self.add(half, self.mul(half, t)?)
+    }
+
     /// GELU with the exact erf form (torch's default `nn.GELU()`).
     pub fn gelu_erf<'a>(&'a self, a: Tensor<'a>) -> Result<Tensor<'a>> {
         self.unary("gelu_erf", a, ggml_sys::ggml_gelu_erf)

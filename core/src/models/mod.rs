@@ -15,6 +15,7 @@ pub mod nn;
 pub mod photomaker;
 pub mod pipeline;
 pub mod sd;
+pub mod t5;
 pub mod taesd;
 pub mod tiling;
 pub mod unet;

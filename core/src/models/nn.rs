@@ -56,6 +56,11 @@ pub fn layer_norm<'a>(ctx: &'a Context, w: &'a Weights, name: &str, x: Tensor<'a
     Ok(ctx.add(y, w.get(&format!("{name}.bias"))?)?)
 }
 
+/// RMS norm over ne[0] scaled by the weight at `name` (T5's `T5LayerNorm`, `nn.RMSNorm`).
+pub fn rms_norm<'a>(ctx: &'a Context, w: &'a Weights, name: &str, x: Tensor<'a>, eps: f32) -> Result<Tensor<'a>> {
+    Ok(ctx.mul(ctx.rms_norm(x, eps)?, w.get(name)?)?)
+}
+
 /// Multi-head attention on projected q [D, Tq, B], k/v [D, Tk, B] with `heads` heads;
 /// `mask` [Tk, Tq] is added to the scaled scores. Returns [D, Tq, B].
 pub fn attention<'a>(ctx: &'a Context, q: Tensor<'a>, k: Tensor<'a>, v: Tensor<'a>, heads: i64, mask: Option<Tensor<'a>>) -> Result<Tensor<'a>> {

@@ -1,9 +1,11 @@
-//! Text front end of the CLIP text encoders: tokenizer, A1111 prompt weighting,
-//! textual-inversion embeddings, and the 77-token chunks the encoder consumes.
+//! Text front end of the text encoders: tokenizers, A1111 prompt weighting,
+//! textual-inversion embeddings, and the 77-token chunks a CLIP encoder consumes.
 //!
 //! - [`tokenizer`]: CLIP's byte-level BPE with CLIP's exact text clean-up.
 //! - [`prompt`]: A1111's `parse_prompt_attention` and the chunking of a weighted
 //!   prompt into `BOS + 75 + EOS` windows.
+//! - [`t5`]: T5's SentencePiece unigram tokenizer and ComfyUI's weighted, padded T5
+//!   sequences.
 //! - [`embeddings`]: a directory of textual-inversion files, matched by file stem.
 //! - [`ClipSkip`]: which hidden layer the encoder reads; only configuration here.
 
@@ -12,6 +14,7 @@ mod clean;
 mod clean_tables;
 pub mod embeddings;
 pub mod prompt;
+pub mod t5;
 pub mod tokenizer;
 
 use std::path::PathBuf;
@@ -85,6 +88,8 @@ impl ClipSkip {
 pub enum TextError {
     #[error("token id {id} at position {position} is not in the CLIP vocabulary")]
     UnknownTokenId { id: u32, position: usize },
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
     #[error("clip skip must be at least 1, got {0}")]
     InvalidClipSkip(i64),
     #[error("embeddings directory {path}: {source}")]

@@ -1,0 +1,246 @@
+//! The T5 v1.1 encoder (T5-XXL: SD3, FLUX.1, Chroma) and UMT5's (Wan), the encoder half
+//! only, in the key layout of Hugging Face's `T5EncoderModel` (what `t5xxl_fp16.safetensors`
+//! and ComfyUI's single files hold, bare or under a prefix). GGUF files in llama.cpp's
+//! naming are shown in this layout by [`hf_name`].
+//!
+//! Born as its own folder because the DiT families share it: FLUX, SD3 and Chroma read
+//! T5-XXL, Wan reads UMT5-XXL, which differs only in carrying its relative-position bias
+//! in every layer instead of the first.
+
+mod attention;
+
+pub use attention::relative_position_bucket;
+
+use super::nn::rms_norm;
+use super::{ModelError, Result, Weights};
+use crate::ggml::{Context, GraphRun, Tensor};
+
+/// The encoder's dimensions; everything but the bucket parameters is read off the weights.
+#[derive(Clone, Debug, PartialEq)]
+pub struct T5Config {
+    pub d_model: i64,
+    pub layers: usize,
+    pub heads: i64,
+    /// Width of one head (64 for T5-XXL; `heads · d_kv` need not equal `d_model`).
+    pub d_kv: i64,
+    pub d_ff: i64,
+    pub vocab: i64,
+    pub buckets: i64,
+    pub max_distance: i64,
+    pub eps: f32,
+    /// UMT5: each layer has its own relative-position bias; T5: layer 0's serves all.
+    pub bias_per_layer: bool,
+}
+
+/// The weight names of one encoder in Hugging Face's layout under `prefix`.
+#[derive(Clone, Debug)]
+struct Names {
+    prefix: String,
+}
+
+impl Names {
+    fn at(&self, s: &str) -> String {
+        format!("{}{s}", self.prefix)
+    }
+    fn layer(&self, i: usize) -> String {
+        self.at(&format!("encoder.block.{i}.layer"))
+    }
+    fn attn(&self, i: usize, part: &str) -> String {
+        format!("{}.0.SelfAttention.{part}.weight", self.layer(i))
+    }
+    fn bias(&self, i: usize) -> String {
+        self.attn(i, "relative_attention_bias")
+    }
+    fn ff(&self, i: usize, part: &str) -> String {
+        format!("{}.1.DenseReluDense.{part}.weight", self.layer(i))
+    }
+    fn norm(&self, i: usize, sub: usize) -> String {
+        format!("{}.{sub}.layer_norm.weight", self.layer(i))
+    }
+    fn final_norm(&self) -> String {
+        self.at("encoder.final_layer_norm.weight")
+    }
+    /// The token embedding: `shared.weight`, or the encoder's tied copy when a file
+    /// keeps only that.
+    fn embedding(&self, w: &Weights) -> String {
+        let shared = self.at("shared.weight");
+        if w.contains(&shared) {
+            shared
+        } else {
+            self.at("encoder.embed_tokens.weight")
+        }
+    }
+}
+
+/// The prefix under which `w` holds a T5 encoder (`""`, `text_encoders.t5xxl.transformer.`,
+/// ...): the part before `encoder.block.0.layer.0.SelfAttention.q.weight`.
+pub fn find_prefix(w: &Weights) -> Option<String> {
+    const Q: &str = "encoder.block.0.layer.0.SelfAttention.q.weight";
+    let mut found: Vec<&str> = w.names().filter_map(|n| n.strip_suffix(Q)).collect();
+    found.sort();
+    found.first().map(|p| p.to_string())
+}
+
+impl T5Config {
+    /// Read the dimensions off the weights under `prefix`.
+    pub fn infer(w: &Weights, prefix: &str) -> Result<Self> {
+        let names = Names { prefix: prefix.to_string() };
+        let layers = (0..).take_while(|&i| w.contains(&names.attn(i, "q"))).count();
+        if layers == 0 {
+            return Err(ModelError::Config(format!("no T5 encoder layers under `{prefix}` (`{}`)", names.attn(0, "q"))));
+        }
+        let emb = w.get(&names.embedding(w))?.ne();
+        // Stored [buckets, heads]: ggml order [heads, buckets].
+        let bias = w.get(&names.bias(0))?.ne();
+        let q = w.get(&names.attn(0, "q"))?.ne();
+        let wi = w.get(&names.ff(0, "wi_0")).map_err(|_| ModelError::Config(format!("`{}`: only the gated-GELU T5 (v1.1, T5-XXL, UMT5) is supported", names.ff(0, "wi_0"))))?.ne();
+        let heads = bias[0];
+        if heads < 1 || q[1] % heads != 0 {
+            return Err(ModelError::Config(format!("{heads} heads (from `{}`) do not divide the attention width {}", names.bias(0), q[1])));
+        }
+        Ok(T5Config {
+            d_model: emb[0],
+            layers,
+            heads,
+            d_kv: q[1] / heads,
+            d_ff: wi[1],
+            vocab: emb[1],
+            buckets: bias[1],
+            max_distance: 128,
+            eps: 1e-6,
+            bias_per_layer: layers > 1 && w.contains(&names.bias(1)),
+        })
+    }
+}
+
+/// A T5 encoder over [`Weights`] whose shapes have been checked.
+pub struct T5Encoder<'w> {
+    w: &'w Weights,
+    names: Names,
+    pub config: T5Config,
+}
+
+impl<'w> T5Encoder<'w> {
+    /// Check every weight the config implies, then wrap them.
+    pub fn new(w: &'w Weights, prefix: &str, config: T5Config) -> Result<Self> {
+        let c = &config;
+        if c.buckets < 2 || c.buckets % 2 != 0 || c.max_distance < 1 {
+            return Err(ModelError::Config(format!("{} relative-position buckets, max distance {}", c.buckets, c.max_distance)));
+        }
+        let names = Names { prefix: prefix.to_string() };
+        let (d, inner, f) = (c.d_model, c.heads * c.d_kv, c.d_ff);
+        w.expect(&names.embedding(w), &[d, c.vocab])?;
+        for i in 0..c.layers {
+            for p in ["q", "k", "v"] {
+                w.expect(&names.attn(i, p), &[d, inner])?;
+            }
+            w.expect(&names.attn(i, "o"), &[inner, d])?;
+            if i == 0 || c.bias_per_layer {
+                w.expect(&names.bias(i), &[c.heads, c.buckets])?;
+            }
+            w.expect(&names.ff(i, "wi_0"), &[d, f])?;
+            w.expect(&names.ff(i, "wi_1"), &[d, f])?;
+            w.expect(&names.ff(i, "wo"), &[f, d])?;
+            w.expect(&names.norm(i, 0), &[d])?;
+            w.expect(&names.norm(i, 1), &[d])?;
+        }
+        w.expect(&names.final_norm(), &[d])?;
+        Ok(T5Encoder { w, names, config })
+    }
+
+    /// The last hidden states [d_model, T, B] (after the final norm) for `tokens`, B
+    /// sequences of one length T. `keep`, if given, marks per sequence which tokens the
+    /// others may attend to (Hugging Face's `attention_mask`: Chroma's T5 mask); without
+    /// it every token, padding included, is attended to, as FLUX and SD3 run T5.
+    pub fn forward<'a>(&'a self, ctx: &'a Context, run: &mut GraphRun<'a>, tokens: &[Vec<i32>], keep: Option<&[Vec<bool>]>) -> Result<Tensor<'a>>
+    where
+        'w: 'a,
+    {
+        let c = &self.config;
+        let b = tokens.len();
+        let t = tokens.first().map_or(0, Vec::len);
+        if b == 0 || t == 0 || tokens.iter().any(|s| s.len() != t) {
+            return Err(ModelError::Input(format!("{b} token sequences of length {t}; need one or more of one non-zero length")));
+        }
+        if let Some(bad) = tokens.iter().flatten().find(|&&id| id < 0 || id as i64 >= c.vocab) {
+            return Err(ModelError::Input(format!("token id {bad} outside T5's vocabulary of {}", c.vocab)));
+        }
+        let key_mask = match keep {
+            None => None,
+            Some(k) => {
+                if k.len() != b || k.iter().any(|s| s.len() != t) {
+                    return Err(ModelError::Input(format!("an attention mask for {} sequences does not fit {b} of {t} tokens", k.len())));
+                }
+                // Added to the scores of every query: [Tk, 1, 1, B]. Hugging Face adds
+                // the type's lowest value; any value that makes exp() zero is the same.
+                let v = k.iter().flatten().map(|&on| if on { 0.0 } else { f32::MIN }).collect();
+                Some(run.input_f32(&[t as i64, 1, 1, b as i64], v)?)
+            }
+        };
+        let (d, t, b) = (c.d_model, t as i64, b as i64);
+        let ids = run.input_i32(&[t * b], tokens.iter().flatten().copied().collect())?;
+        let mut x = ctx.reshape(ctx.get_rows(self.w.get(&self.names.embedding(self.w))?, ids)?, [d, t, b, 1])?;
+        let buckets = attention::bucket_table(t, c.buckets, c.max_distance);
+        let buckets = run.input_i32(&[t * t], buckets)?;
+        let mut bias = None;
+        for i in 0..c.layers {
+            if i == 0 || c.bias_per_layer {
+                bias = Some(attention::position_bias(ctx, self.w.get(&self.names.bias(i))?, buckets, t)?);
+            }
+            let bias = bias.expect("layer 0 sets the bias");
+            let h = rms_norm(ctx, self.w, &self.names.norm(i, 0), x, c.eps)?;
+            let a = attention::self_attention(ctx, self.w, &|p| self.names.attn(i, p), h, c.heads, bias, key_mask)?;
+            x = ctx.add(x, a)?;
+            let h = rms_norm(ctx, self.w, &self.names.norm(i, 1), x, c.eps)?;
+            let gate = ctx.gelu_tanh_exact(super::nn::project(ctx, self.w, &self.names.ff(i, "wi_0"), h)?)?;
+            let up = super::nn::project(ctx, self.w, &self.names.ff(i, "wi_1"), h)?;
+            let h = super::nn::project(ctx, self.w, &self.names.ff(i, "wo"), ctx.mul(gate, up)?)?;
+            x = ctx.add(x, h)?;
+        }
+        rms_norm(ctx, self.w, &self.names.final_norm(), x, c.eps)
+    }
+}
+
+/// The Hugging Face name of a T5 encoder tensor in llama.cpp's GGUF naming (`token_embd`,
+/// `enc.blk.N.attn_q`, ...; what city96's T5 GGUF files and llama.cpp's converter write),
+/// or `None` for a name outside it (decoder tensors, which an encoder never reads).
+pub fn hf_name(gguf: &str) -> Option<String> {
+    match gguf {
+        "token_embd.weight" => return Some("shared.weight".into()),
+        "enc.output_norm.weight" => return Some("encoder.final_layer_norm.weight".into()),
+        _ => {}
+    }
+    let rest = gguf.strip_prefix("enc.blk.")?;
+    let (i, part) = rest.split_once('.')?;
+    let i: usize = i.parse().ok()?;
+    let hf = match part {
+        "attn_q.weight" => "0.SelfAttention.q.weight",
+        "attn_k.weight" => "0.SelfAttention.k.weight",
+        "attn_v.weight" => "0.SelfAttention.v.weight",
+        "attn_o.weight" => "0.SelfAttention.o.weight",
+        "attn_rel_b.weight" => "0.SelfAttention.relative_attention_bias.weight",
+        "attn_norm.weight" => "0.layer_norm.weight",
+        "ffn_gate.weight" => "1.DenseReluDense.wi_0.weight",
+        "ffn_up.weight" => "1.DenseReluDense.wi_1.weight",
+        "ffn_down.weight" => "1.DenseReluDense.wo.weight",
+        "ffn_norm.weight" => "1.layer_norm.weight",
+        _ => return None,
+    };
+    Some(format!("encoder.block.{i}.layer.{hf}"))
+}
+
+/// `src` in Hugging Face's layout: a GGUF file in llama.cpp's naming renamed by
+/// [`hf_name`] (decoder tensors left out), any other source as it is.
+pub fn hf_layout(src: Box<dyn crate::io::TensorSource>) -> Result<Box<dyn crate::io::TensorSource>> {
+    if !src.tensors().iter().any(|t| t.name.starts_with("enc.blk.")) {
+        return Ok(src);
+    }
+    let shown = src.path().display().to_string();
+    let renamed = crate::io::Renamed::new(src, |t| {
+        let mut info = t.clone();
+        info.name = hf_name(&t.name)?;
+        Some(info)
+    })
+    .map_err(|name| ModelError::Weight { name, detail: format!("{shown}: two tensors map to this name") })?;
+    Ok(Box::new(renamed))
+}

@@ -1,0 +1,171 @@
+//! T5 v1.1 and UMT5 encoders against transformers' `T5EncoderModel` / `UMT5EncoderModel`
+//! on tiny random weights (fixtures from tests/fixtures/models/make_t5.py; the weights are
+//! regenerated here), in Hugging Face names and in llama.cpp's GGUF names.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::{det_values, det_weights, max_abs_err, reference};
+use sdflow_core::dtype::DType;
+use sdflow_core::ggml::{Backend, Context, GraphRun};
+use sdflow_core::io::TypeRules;
+use sdflow_core::models::load::load_weights;
+use sdflow_core::models::t5::{self, relative_position_bucket, T5Config, T5Encoder};
+use sdflow_core::models::Weights;
+
+const SCALE: f64 = 0.3;
+
+fn fixture() -> serde_json::Value {
+    reference("t5_tiny_ref.json")
+}
+
+fn run(w: &Weights, prefix: &str, keep: Option<&[Vec<bool>]>) -> Vec<f32> {
+    let r = fixture();
+    let tokens: Vec<Vec<i32>> = serde_json::from_value(r["tokens"].clone()).unwrap();
+    let cfg = T5Config::infer(w, prefix).unwrap();
+    let model = T5Encoder::new(w, prefix, cfg).unwrap();
+    let backend = Backend::cpu(2).unwrap();
+    let ctx = Context::new(4096, 4096).unwrap();
+    let mut graph = GraphRun::new(&ctx);
+    let out = model.forward(&ctx, &mut graph, &tokens, keep).unwrap();
+    assert_eq!(out.ne(), [48, 9, 2, 1]);
+    graph.compute(&backend, &[out], 4096).unwrap().remove(0)
+}
+
+fn keep() -> Vec<Vec<bool>> {
+    let k: Vec<Vec<u8>> = serde_json::from_value(fixture()["keep"].clone()).unwrap();
+    k.into_iter().map(|s| s.into_iter().map(|b| b == 1).collect()).collect()
+}
+
+fn check(key: &str, bias_per_layer: bool) {
+    let r = fixture();
+    let backend = Backend::cpu(2).unwrap();
+    let w = det_weights(&r[key]["keys"], SCALE, &backend);
+    let cfg = T5Config::infer(&w, "").unwrap();
+    assert_eq!((cfg.d_model, cfg.layers, cfg.heads, cfg.d_kv, cfg.d_ff, cfg.vocab, cfg.buckets), (48, 3, 5, 12, 80, 1000, 32));
+    assert_eq!(cfg.bias_per_layer, bias_per_layer);
+    for (mask, want) in [(None, "plain"), (Some(keep()), "masked")] {
+        let got = run(&w, "", mask.as_deref());
+        let want: Vec<f32> = serde_json::from_value(r[key][want].clone()).unwrap();
+        let err = max_abs_err(&got, &want);
+        assert!(err <= 1e-3, "{key} {}: max abs error {err}", if mask.is_some() { "masked" } else { "plain" });
+    }
+}
+
+#[test]
+fn t5_matches_transformers() {
+    check("t5", false);
+}
+
+#[test]
+fn umt5_matches_transformers() {
+    check("umt5", true);
+}
+
+#[test]
+fn position_buckets_match_transformers_at_every_distance() {
+    let r = fixture();
+    let from = r["buckets"]["from"].as_i64().unwrap();
+    let want: Vec<i64> = serde_json::from_value(r["buckets"]["values"].clone()).unwrap();
+    for (i, &b) in want.iter().enumerate() {
+        let rel = from + i as i64;
+        assert_eq!(relative_position_bucket(rel, 32, 128), b, "distance {rel}");
+    }
+}
+
+/// The fixture's weights written as a file under other names (`rename` maps each Hugging
+/// Face name), opened through the loader.
+fn write_renamed(key: &str, dir: &std::path::Path, file: &str, rename: impl Fn(&str) -> String) -> std::path::PathBuf {
+    let keys: BTreeMap<String, Vec<usize>> = serde_json::from_value(fixture()[key]["keys"].clone()).unwrap();
+    let data: Vec<(String, Vec<usize>, Vec<u8>)> = keys
+        .iter()
+        .map(|(n, s)| (rename(n), s.clone(), det_values(n, s.iter().product(), SCALE).iter().flat_map(|x| x.to_le_bytes()).collect()))
+        .collect();
+    let path = dir.join(file);
+    let tensors = data.iter().map(|(n, s, b)| (n.as_str(), DType::F32, s.clone(), b.as_slice()));
+    if file.ends_with(".gguf") {
+        sdflow_core::io::gguf::write(&path, &[], tensors).unwrap();
+    } else {
+        sdflow_core::io::safetensors::write(&path, tensors, &BTreeMap::new()).unwrap();
+    }
+    path
+}
+
+/// llama.cpp's names for a Hugging Face T5 encoder name (the inverse of `t5::hf_name`,
+/// written out independently from llama.cpp's tensor map).
+fn llama_cpp_name(hf: &str) -> String {
+    if hf == "shared.weight" {
+        return "token_embd.weight".into();
+    }
+    if hf == "encoder.final_layer_norm.weight" {
+        return "enc.output_norm.weight".into();
+    }
+    let rest = hf.strip_prefix("encoder.block.").unwrap();
+    let (i, part) = rest.split_once(".layer.").unwrap();
+    let part = match part {
+        "0.SelfAttention.q.weight" => "attn_q",
+        "0.SelfAttention.k.weight" => "attn_k",
+        "0.SelfAttention.v.weight" => "attn_v",
+        "0.SelfAttention.o.weight" => "attn_o",
+        "0.SelfAttention.relative_attention_bias.weight" => "attn_rel_b",
+        "0.layer_norm.weight" => "attn_norm",
+        "1.DenseReluDense.wi_0.weight" => "ffn_gate",
+        "1.DenseReluDense.wi_1.weight" => "ffn_up",
+        "1.DenseReluDense.wo.weight" => "ffn_down",
+        "1.layer_norm.weight" => "ffn_norm",
+        other => panic!("{other}"),
+    };
+    format!("enc.blk.{i}.{part}.weight")
+}
+
+#[test]
+fn gguf_names_and_prefixed_files_load_the_same_encoder() {
+    let backend = Backend::cpu(2).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let want: Vec<f32> = serde_json::from_value(fixture()["umt5"]["plain"].clone()).unwrap();
+
+    let gguf = write_renamed("umt5", dir.path(), "umt5.gguf", llama_cpp_name);
+    let src = t5::hf_layout(sdflow_core::io::open(&gguf).unwrap()).unwrap();
+    let w = load_weights(&backend, src.as_ref(), &[""], &TypeRules::none()).unwrap();
+    let prefix = t5::find_prefix(&w).unwrap();
+    assert_eq!(prefix, "");
+    assert!(max_abs_err(&run(&w, &prefix, None), &want) <= 1e-3);
+
+    // An all-in-one checkpoint keeps the encoder under a prefix, and some files hold only
+    // the encoder's tied copy of the embedding.
+    let p = "text_encoders.t5xxl.transformer.";
+    let prefixed = write_renamed("umt5", dir.path(), "aio.safetensors", |n| {
+        if n == "shared.weight" {
+            format!("{p}encoder.embed_tokens.weight")
+        } else {
+            format!("{p}{n}")
+        }
+    });
+    let src = t5::hf_layout(sdflow_core::io::open(&prefixed).unwrap()).unwrap();
+    let w = load_weights(&backend, src.as_ref(), &[""], &TypeRules::none()).unwrap();
+    let prefix = t5::find_prefix(&w).unwrap();
+    assert_eq!(prefix, p);
+    assert!(max_abs_err(&run(&w, &prefix, None), &want) <= 1e-3);
+}
+
+#[test]
+fn bad_inputs_and_weights_are_errors() {
+    let r = fixture();
+    let backend = Backend::cpu(1).unwrap();
+    let w = det_weights(&r["t5"]["keys"], SCALE, &backend);
+    let cfg = T5Config::infer(&w, "").unwrap();
+    let mut wrong = cfg.clone();
+    wrong.d_ff = 96;
+    let e = T5Encoder::new(&w, "", wrong).err().expect("shape mismatch");
+    assert!(e.to_string().contains("DenseReluDense.wi_0.weight"), "{e}");
+    let e = T5Config::infer(&w, "nope.").err().expect("no encoder");
+    assert!(e.to_string().contains("no T5 encoder layers under `nope.`"), "{e}");
+    let model = T5Encoder::new(&w, "", cfg).unwrap();
+    let ctx = Context::new(4096, 4096).unwrap();
+    let mut g = GraphRun::new(&ctx);
+    assert!(model.forward(&ctx, &mut g, &[vec![1000]], None).is_err(), "id outside vocab");
+    assert!(model.forward(&ctx, &mut g, &[vec![1, 2], vec![1]], None).is_err(), "ragged");
+    assert!(model.forward(&ctx, &mut g, &[], None).is_err(), "empty");
+    assert!(model.forward(&ctx, &mut g, &[vec![1, 2]], Some(&[vec![true]])).is_err(), "mask of another length");
+}
