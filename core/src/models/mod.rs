@@ -6,9 +6,11 @@
 //! from tensors known to fit together.
 
 pub mod clip;
-pub mod controlnet;
 pub mod clip_vision;
+pub mod controlnet;
+pub mod dit;
 pub mod esrgan;
+pub mod flux;
 pub mod ip_adapter;
 pub mod load;
 pub mod nn;

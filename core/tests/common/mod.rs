@@ -20,11 +20,15 @@ fn splitmix64(x: u64) -> u64 {
 }
 
 fn is_norm_weight(name: &str) -> bool {
+    let parts: Vec<&str> = name.split('.').collect();
+    let module = if parts.len() > 1 { parts[parts.len() - 2] } else { "" };
+    if name.ends_with(".scale") {
+        // RMS norms that call their weight `scale` (FLUX's q/k norms).
+        return module.contains("norm");
+    }
     if !name.ends_with(".weight") {
         return false;
     }
-    let parts: Vec<&str> = name.split('.').collect();
-    let module = parts[parts.len() - 2];
     if module.starts_with("ln_") || module.contains("norm") {
         return true;
     }

@@ -1,0 +1,116 @@
+//! Building blocks the diffusion transformers share: patch packing, position ids, rotary
+//! position embeddings over several axes, adaLN modulation and the timestep MLP.
+//!
+//! Born with FLUX.1, whose blocks SD3, Chroma, Z-Image, Qwen-Image, FLUX.2 and Wan reuse in
+//! variations; each family's folder keeps only what is its own.
+
+pub mod rope;
+
+use super::nn::linear;
+use super::{ModelError, Result, Weights};
+use crate::ggml::{Context, Tensor};
+
+/// A latent [B, C, H, W] (row-major; ggml [W, H, C, B]) as tokens [B, (H/p)·(W/p), C·p·p]
+/// (ggml [C·p·p, L, B]), rows of patches in reading order, each patch's features in
+/// (channel, row, column) order: einops' `b c (h ph) (w pw) -> b (h w) (c ph pw)`, which
+/// FLUX, Chroma and Qwen-Image use. H and W must be multiples of `p`.
+pub fn patchify(latent: &[f32], shape: [usize; 4], p: usize) -> Result<Vec<f32>> {
+    let [b, c, h, w] = shape;
+    check_patches(latent.len(), shape, p)?;
+    let (hp, wp) = (h / p, w / p);
+    let mut out = Vec::with_capacity(latent.len());
+    for bi in 0..b {
+        for r in 0..hp {
+            for q in 0..wp {
+                for ci in 0..c {
+                    for pr in 0..p {
+                        let row = ((bi * c + ci) * h + r * p + pr) * w + q * p;
+                        out.extend_from_slice(&latent[row..row + p]);
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The inverse of [`patchify`]: tokens back to a latent of `shape` [B, C, H, W].
+pub fn unpatchify(tokens: &[f32], shape: [usize; 4], p: usize) -> Result<Vec<f32>> {
+    let [b, c, h, w] = shape;
+    check_patches(tokens.len(), shape, p)?;
+    let (hp, wp) = (h / p, w / p);
+    let mut out = vec![0f32; tokens.len()];
+    let mut src = tokens.chunks_exact(p);
+    for bi in 0..b {
+        for r in 0..hp {
+            for q in 0..wp {
+                for ci in 0..c {
+                    for pr in 0..p {
+                        let row = ((bi * c + ci) * h + r * p + pr) * w + q * p;
+                        out[row..row + p].copy_from_slice(src.next().expect("lengths checked"));
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn check_patches(len: usize, [b, c, h, w]: [usize; 4], p: usize) -> Result<()> {
+    if p == 0 || h % p != 0 || w % p != 0 || b.checked_mul(c).and_then(|n| n.checked_mul(h)).and_then(|n| n.checked_mul(w)) != Some(len) {
+        return Err(ModelError::Input(format!("a {b}x{c}x{h}x{w} latent of {len} values in {p}x{p} patches: sizes must be multiples of {p}")));
+    }
+    Ok(())
+}
+
+/// Position ids (index, row, column) of an image's `rows` × `cols` patch grid in reading
+/// order: FLUX's image ids (`index` 0 for the image itself; Kontext gives references
+/// their own).
+pub fn image_ids(rows: usize, cols: usize, index: f32) -> Vec<[f32; 3]> {
+    (0..rows).flat_map(|r| (0..cols).map(move |c| [index, r as f32, c as f32])).collect()
+}
+
+/// `chunks` equal slices of a modulation vector m [chunks·D, B], each as a contiguous
+/// [D, 1, B] that broadcasts over a sequence [D, L, B].
+pub fn chunks<'a>(ctx: &'a Context, m: Tensor<'a>, chunks: usize) -> Result<Vec<Tensor<'a>>> {
+    let [n, b, _, _] = m.ne();
+    if n % chunks as i64 != 0 {
+        return Err(ModelError::Input(format!("a modulation of {n} values does not split in {chunks}")));
+    }
+    let d = n / chunks as i64;
+    let row = m.nb()[1];
+    (0..chunks)
+        .map(|j| Ok(ctx.cont(ctx.view(m, [d, 1, b, 1], [row, row, row * b as usize], j * d as usize * 4)?)?))
+        .collect()
+}
+
+/// adaLN: `x·(1 + scale) + shift`, scale and shift [D, 1, B] over x [D, L, B].
+pub fn modulate<'a>(ctx: &'a Context, x: Tensor<'a>, shift: Tensor<'a>, scale: Tensor<'a>) -> Result<Tensor<'a>> {
+    Ok(ctx.add(ctx.add(x, ctx.mul(x, scale)?)?, shift)?)
+}
+
+/// `x + gate·y`, gate [D, 1, B].
+pub fn gated<'a>(ctx: &'a Context, x: Tensor<'a>, gate: Tensor<'a>, y: Tensor<'a>) -> Result<Tensor<'a>> {
+    Ok(ctx.add(x, ctx.mul(y, gate)?)?)
+}
+
+/// `Linear → SiLU → Linear` at `{name}.in_layer` / `{name}.out_layer` (BFL's MLPEmbedder).
+pub fn mlp_embedder<'a>(ctx: &'a Context, w: &'a Weights, name: &str, x: Tensor<'a>) -> Result<Tensor<'a>> {
+    let h = ctx.silu(linear(ctx, w, &format!("{name}.in_layer"), x)?)?;
+    linear(ctx, w, &format!("{name}.out_layer"), h)
+}
+
+/// `[D, L, B]` rows `from..from + n` of a sequence, contiguous.
+pub fn rows<'a>(ctx: &'a Context, x: Tensor<'a>, from: i64, n: i64) -> Result<Tensor<'a>> {
+    let [d, _, b, _] = x.ne();
+    let nb = x.nb();
+    Ok(ctx.cont(ctx.view(x, [d, n, b, 1], [nb[1], nb[2], nb[3]], from as usize * nb[1])?)?)
+}
+
+/// Features `from..from + n` of every token of x [F, L, B], contiguous [n, L, B]: one
+/// part of a fused projection.
+pub fn features<'a>(ctx: &'a Context, x: Tensor<'a>, from: i64, n: i64) -> Result<Tensor<'a>> {
+    let [_, l, b, _] = x.ne();
+    let nb = x.nb();
+    Ok(ctx.cont(ctx.view(x, [n, l, b, 1], [nb[1], nb[2], nb[3]], from as usize * nb[0])?)?)
+}

@@ -1,0 +1,107 @@
+//! FLUX.1's double-stream and single-stream blocks, by BFL's module names.
+
+use crate::ggml::{Context, GType, Tensor};
+use crate::models::dit::{self, rope};
+use crate::models::nn::{attention_typed, linear};
+use crate::models::{Result, Weights};
+
+/// The rotary tables of the joint sequence (text first, then image).
+pub(super) struct Rope<'a> {
+    pub cos: Tensor<'a>,
+    pub sin: Tensor<'a>,
+}
+
+pub(super) struct Blocks<'a> {
+    pub ctx: &'a Context,
+    pub w: &'a Weights,
+    pub heads: i64,
+    pub compute: GType,
+}
+
+/// q, k, v of one stream, heads split: [dh, H, L, B] (q and k RMS-normed), v [D, L, B].
+struct Qkv<'a> {
+    q: Tensor<'a>,
+    k: Tensor<'a>,
+    v: Tensor<'a>,
+}
+
+impl<'a> Blocks<'a> {
+    /// Split a fused q|k|v projection [3D(+more), L, B] into heads, q and k normed by
+    /// `{norm}.query_norm` / `{norm}.key_norm` (BFL's `QKNorm`: RMS norms with a scale).
+    fn qkv(&self, fused: Tensor<'a>, d: i64, norm: &str) -> Result<Qkv<'a>> {
+        let ctx = self.ctx;
+        let [_, l, b, _] = fused.ne();
+        let dh = d / self.heads;
+        let head = |j: i64, which: &str| -> Result<Tensor<'a>> {
+            let t = ctx.reshape(dit::features(ctx, fused, j * d, d)?, [dh, self.heads, l, b])?;
+            let t = ctx.rms_norm(t, 1e-6)?;
+            Ok(ctx.mul(t, self.w.get(&format!("{norm}.{which}.scale"))?)?)
+        };
+        Ok(Qkv { q: head(0, "query_norm")?, k: head(1, "key_norm")?, v: dit::features(ctx, fused, 2 * d, d)? })
+    }
+
+    /// Attention over the joint sequence of `parts` (in sequence order), rotary embedded;
+    /// returns [D, L, B].
+    fn attend(&self, parts: &[&Qkv<'a>], pe: &Rope<'a>) -> Result<Tensor<'a>> {
+        let ctx = self.ctx;
+        let join = |f: &dyn Fn(&Qkv<'a>) -> Tensor<'a>, dim: usize| -> Result<Tensor<'a>> {
+            let mut t = f(parts[0]);
+            for p in &parts[1..] {
+                t = ctx.concat(t, f(p), dim)?;
+            }
+            Ok(t)
+        };
+        let q = rope::apply(ctx, join(&|p| p.q, 2)?, pe.cos, pe.sin)?;
+        let k = rope::apply(ctx, join(&|p| p.k, 2)?, pe.cos, pe.sin)?;
+        let v = join(&|p| p.v, 1)?;
+        let [dh, h, l, b] = q.ne();
+        let flat = |t: Tensor<'a>| ctx.reshape(t, [dh * h, l, b, 1]);
+        Ok(attention_typed(ctx, flat(q)?, flat(k)?, v, self.heads, None, self.compute)?)
+    }
+
+    /// `Linear → GELU(tanh) → Linear` at `{name}.0` / `{name}.2`.
+    fn mlp(&self, name: &str, x: Tensor<'a>) -> Result<Tensor<'a>> {
+        let h = self.ctx.gelu_tanh_exact(linear(self.ctx, self.w, &format!("{name}.0"), x)?)?;
+        linear(self.ctx, self.w, &format!("{name}.2"), h)
+    }
+
+    /// BFL's `DoubleStreamBlock` at `p` on img [D, L, B], txt [D, Lt, B], with `vec` the
+    /// SiLU'd conditioning vector [D, B].
+    pub fn double(&self, p: &str, img: Tensor<'a>, txt: Tensor<'a>, vec: Tensor<'a>, pe: &Rope<'a>) -> Result<(Tensor<'a>, Tensor<'a>)> {
+        let (ctx, w) = (self.ctx, self.w);
+        let d = img.ne()[0];
+        let lt = txt.ne()[1];
+        let im = dit::chunks(ctx, linear(ctx, w, &format!("{p}.img_mod.lin"), vec)?, 6)?;
+        let tm = dit::chunks(ctx, linear(ctx, w, &format!("{p}.txt_mod.lin"), vec)?, 6)?;
+        let stream = |x: Tensor<'a>, m: &[Tensor<'a>], s: &str| -> Result<Qkv<'a>> {
+            let h = dit::modulate(ctx, ctx.norm(x, 1e-6)?, m[0], m[1])?;
+            self.qkv(linear(ctx, w, &format!("{p}.{s}_attn.qkv"), h)?, d, &format!("{p}.{s}_attn.norm"))
+        };
+        let (iq, tq) = (stream(img, &im, "img")?, stream(txt, &tm, "txt")?);
+        let a = self.attend(&[&tq, &iq], pe)?;
+        let l = img.ne()[1];
+        let finish = |x: Tensor<'a>, a: Tensor<'a>, m: &[Tensor<'a>], s: &str| -> Result<Tensor<'a>> {
+            let x = dit::gated(ctx, x, m[2], linear(ctx, w, &format!("{p}.{s}_attn.proj"), a)?)?;
+            let h = dit::modulate(ctx, ctx.norm(x, 1e-6)?, m[3], m[4])?;
+            dit::gated(ctx, x, m[5], self.mlp(&format!("{p}.{s}_mlp"), h)?)
+        };
+        let img = finish(img, dit::rows(ctx, a, lt, l)?, &im, "img")?;
+        let txt = finish(txt, dit::rows(ctx, a, 0, lt)?, &tm, "txt")?;
+        Ok((img, txt))
+    }
+
+    /// BFL's `SingleStreamBlock` at `p` on the joint sequence x [D, L, B].
+    pub fn single(&self, p: &str, x: Tensor<'a>, vec: Tensor<'a>, pe: &Rope<'a>) -> Result<Tensor<'a>> {
+        let (ctx, w) = (self.ctx, self.w);
+        let d = x.ne()[0];
+        let m = dit::chunks(ctx, linear(ctx, w, &format!("{p}.modulation.lin"), vec)?, 3)?;
+        let h = dit::modulate(ctx, ctx.norm(x, 1e-6)?, m[0], m[1])?;
+        let fused = linear(ctx, w, &format!("{p}.linear1"), h)?;
+        let mlp_hidden = fused.ne()[0] - 3 * d;
+        let qkv = self.qkv(fused, d, &format!("{p}.norm"))?;
+        let a = self.attend(&[&qkv], pe)?;
+        let mlp = ctx.gelu_tanh_exact(dit::features(ctx, fused, 3 * d, mlp_hidden)?)?;
+        let out = linear(ctx, w, &format!("{p}.linear2"), ctx.concat(a, mlp, 0)?)?;
+        dit::gated(ctx, x, m[2], out)
+    }
+}

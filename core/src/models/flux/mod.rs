@@ -1,0 +1,228 @@
+//! FLUX.1 (dev, schnell, and their Fill / Kontext variants): the MMDiT of double-stream
+//! blocks (image and text with their own weights, one joint attention) followed by
+//! single-stream blocks over the joined sequence, in BFL's key layout (what ComfyUI and
+//! sd.cpp load: `double_blocks.N.img_attn.qkv`, `single_blocks.N.linear1`, ...), bare or
+//! under `model.diffusion_model.`.
+//!
+//! The model sees 2×2 patches of the 16-channel latent as 64-wide tokens
+//! ([`crate::models::dit::patchify`]), timesteps as σ ∈ [0, 1] and guidance as the
+//! distilled guidance scale; both are embedded at 1000× as BFL's `timestep_embedding` does.
+
+mod blocks;
+
+use super::dit::{self, mlp_embedder, rope};
+use super::nn::linear;
+use super::{ModelError, Result, Weights};
+use crate::ggml::{Context, GType, GraphRun, Tensor};
+
+/// The weight that tells a file holds a FLUX.1 transformer, relative to its prefix.
+pub const MARKER: &str = "double_blocks.0.img_attn.qkv.weight";
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct FluxConfig {
+    /// Token width the model reads: 64 (16 channels × 2×2), 384 for Fill.
+    pub in_channels: i64,
+    pub out_channels: i64,
+    pub hidden: i64,
+    pub heads: i64,
+    pub mlp_hidden: i64,
+    /// Width of the text tokens (T5-XXL: 4096).
+    pub context: i64,
+    /// Width of the pooled text vector (CLIP-L: 768).
+    pub vector: i64,
+    pub depth: usize,
+    pub depth_single: usize,
+    /// dev: the distilled guidance scale is embedded; schnell has no `guidance_in`.
+    pub guidance_embed: bool,
+    /// Head-dimension sections of the rotary embedding per position axis (index, row,
+    /// column); sums to the head width. Not stored in files: (16, 56, 56) for every
+    /// released FLUX.1.
+    pub axes: Vec<usize>,
+    pub theta: f64,
+}
+
+/// The inputs of one evaluation.
+pub struct FluxInputs<'a, 'b> {
+    /// Image tokens [in_channels, L, B].
+    pub img: Tensor<'a>,
+    /// One position (index, row, column) per image token.
+    pub img_ids: &'b [Vec<f32>],
+    /// Text tokens [context, Lt, B].
+    pub txt: Tensor<'a>,
+    /// One position per text token (zeros for FLUX.1).
+    pub txt_ids: &'b [Vec<f32>],
+    /// σ per sequence.
+    pub timesteps: &'b [f32],
+    /// The guidance scale per sequence (dev only).
+    pub guidance: Option<&'b [f32]>,
+    /// The pooled text vector [vector, B].
+    pub y: Tensor<'a>,
+}
+
+/// A FLUX.1 transformer over [`Weights`] whose shapes have been checked.
+pub struct Flux<'w> {
+    w: &'w Weights,
+    prefix: String,
+    pub config: FluxConfig,
+}
+
+fn count(w: &Weights, prefix: &str, part: &str, leaf: &str) -> usize {
+    (0..).take_while(|i| w.contains(&format!("{prefix}{part}.{i}.{leaf}"))).count()
+}
+
+impl FluxConfig {
+    /// Read the dimensions off the weights under `prefix` (`""` or `model.diffusion_model.`).
+    pub fn infer(w: &Weights, prefix: &str) -> Result<Self> {
+        let at = |s: &str| format!("{prefix}{s}");
+        if !w.contains(&at(MARKER)) {
+            return Err(ModelError::Config(format!("not a FLUX.1 transformer: no `{}`", at(MARKER))));
+        }
+        let img_in = w.get(&at("img_in.weight"))?.ne();
+        let out = w.get(&at("final_layer.linear.weight"))?.ne();
+        let head_dim = w.get(&at("double_blocks.0.img_attn.norm.query_norm.scale"))?.ne()[0];
+        let hidden = img_in[1];
+        if head_dim < 1 || hidden % head_dim != 0 {
+            return Err(ModelError::Config(format!("head width {head_dim} does not divide the width {hidden}")));
+        }
+        Ok(FluxConfig {
+            in_channels: img_in[0],
+            out_channels: out[1],
+            hidden,
+            heads: hidden / head_dim,
+            mlp_hidden: w.get(&at("double_blocks.0.img_mlp.0.weight"))?.ne()[1],
+            context: w.get(&at("txt_in.weight"))?.ne()[0],
+            vector: w.get(&at("vector_in.in_layer.weight"))?.ne()[0],
+            depth: count(w, prefix, "double_blocks", "img_attn.qkv.weight"),
+            depth_single: count(w, prefix, "single_blocks", "linear1.weight"),
+            guidance_embed: w.contains(&at("guidance_in.in_layer.weight")),
+            axes: vec![16, 56, 56],
+            theta: 10_000.0,
+        })
+    }
+
+    pub fn head_dim(&self) -> i64 {
+        self.hidden / self.heads
+    }
+}
+
+/// The prefix a FLUX.1 transformer sits under in `w`, if any: bare or one of the
+/// single-file prefixes.
+pub fn find_prefix(w: &Weights) -> Option<String> {
+    ["", "model.diffusion_model."].into_iter().find(|p| w.contains(&format!("{p}{MARKER}"))).map(str::to_string)
+}
+
+impl<'w> Flux<'w> {
+    /// Check every weight the config implies, then wrap them.
+    pub fn new(w: &'w Weights, prefix: &str, config: FluxConfig) -> Result<Self> {
+        let c = &config;
+        let dh = c.head_dim();
+        if c.axes.iter().sum::<usize>() as i64 != dh || c.axes.iter().any(|a| a % 2 != 0) {
+            return Err(ModelError::Config(format!("rotary axes {:?} must be even and sum to the head width {dh}", c.axes)));
+        }
+        let at = |s: String| format!("{prefix}{s}");
+        let lin = |name: String, i: i64, o: i64| -> Result<()> {
+            w.expect(&at(format!("{name}.weight")), &[i, o])?;
+            w.expect(&at(format!("{name}.bias")), &[o])?;
+            Ok(())
+        };
+        let (d, m) = (c.hidden, c.mlp_hidden);
+        lin("img_in".into(), c.in_channels, d)?;
+        lin("txt_in".into(), c.context, d)?;
+        let mut embedders = vec![("time_in", 256), ("vector_in", c.vector)];
+        if c.guidance_embed {
+            embedders.push(("guidance_in", 256));
+        }
+        for (name, n_in) in embedders {
+            lin(format!("{name}.in_layer"), n_in, d)?;
+            lin(format!("{name}.out_layer"), d, d)?;
+        }
+        for i in 0..c.depth {
+            for s in ["img", "txt"] {
+                let p = format!("double_blocks.{i}.{s}");
+                lin(format!("{p}_mod.lin"), d, 6 * d)?;
+                lin(format!("{p}_attn.qkv"), d, 3 * d)?;
+                w.expect(&at(format!("{p}_attn.norm.query_norm.scale")), &[dh])?;
+                w.expect(&at(format!("{p}_attn.norm.key_norm.scale")), &[dh])?;
+                lin(format!("{p}_attn.proj"), d, d)?;
+                lin(format!("{p}_mlp.0"), d, m)?;
+                lin(format!("{p}_mlp.2"), m, d)?;
+            }
+        }
+        for i in 0..c.depth_single {
+            let p = format!("single_blocks.{i}");
+            lin(format!("{p}.linear1"), d, 3 * d + m)?;
+            lin(format!("{p}.linear2"), d + m, d)?;
+            w.expect(&at(format!("{p}.norm.query_norm.scale")), &[dh])?;
+            w.expect(&at(format!("{p}.norm.key_norm.scale")), &[dh])?;
+            lin(format!("{p}.modulation.lin"), d, 3 * d)?;
+        }
+        lin("final_layer.linear".into(), d, c.out_channels)?;
+        lin("final_layer.adaLN_modulation.1".into(), d, 2 * d)?;
+        Ok(Flux { w, prefix: prefix.to_string(), config })
+    }
+
+    fn name(&self, s: &str) -> String {
+        format!("{}{s}", self.prefix)
+    }
+
+    /// The model's output tokens [out_channels, L, B] (the flow velocity, patchified).
+    pub fn forward<'a>(&'a self, ctx: &'a Context, run: &mut GraphRun<'a>, x: &FluxInputs<'a, '_>) -> Result<Tensor<'a>>
+    where
+        'w: 'a,
+    {
+        let c = &self.config;
+        let [fin, l, b, _] = x.img.ne();
+        let [ctx_w, lt, bt, _] = x.txt.ne();
+        if fin != c.in_channels || ctx_w != c.context || bt != b || x.y.ne() != [c.vector, b, 1, 1] {
+            return Err(ModelError::Input(format!(
+                "image tokens {:?}, text {:?} and vector {:?} for a FLUX.1 model of {} / {} / {} features",
+                x.img.ne(),
+                x.txt.ne(),
+                x.y.ne(),
+                c.in_channels,
+                c.context,
+                c.vector
+            )));
+        }
+        if x.img_ids.len() as i64 != l || x.txt_ids.len() as i64 != lt || x.timesteps.len() as i64 != b {
+            return Err(ModelError::Input(format!("{} image ids, {} text ids and {} timesteps for {l} image and {lt} text tokens in {b} sequences", x.img_ids.len(), x.txt_ids.len(), x.timesteps.len())));
+        }
+        let embed = |run: &mut GraphRun<'a>, v: &[f32], name: &str| -> Result<Tensor<'a>> {
+            let t = run.input_f32(&[b], v.iter().map(|s| s * 1000.0).collect())?;
+            mlp_embedder(ctx, self.w, &self.name(name), ctx.timestep_embedding(t, 256, 10_000)?)
+        };
+        let mut vec = embed(run, x.timesteps, "time_in")?;
+        match (c.guidance_embed, x.guidance) {
+            (true, Some(g)) if g.len() as i64 == b => vec = ctx.add(vec, embed(run, g, "guidance_in")?)?,
+            (true, _) => return Err(ModelError::Input(format!("this FLUX.1 model embeds guidance: give one value per sequence ({b})"))),
+            // schnell ignores a guidance value, as sd.cpp and ComfyUI do.
+            (false, _) => {}
+        }
+        vec = ctx.add(vec, mlp_embedder(ctx, self.w, &self.name("vector_in"), x.y)?)?;
+        let vec = ctx.silu(vec)?;
+
+        let ids: Vec<Vec<f32>> = x.txt_ids.iter().chain(x.img_ids).cloned().collect();
+        let (cos, sin) = rope::tables(run, &ids, &c.axes, c.theta, b as usize)?;
+        let pe = blocks::Rope { cos, sin };
+        let blk = blocks::Blocks { ctx, w: self.w, heads: c.heads, compute: self.compute_type() };
+
+        let mut img = linear(ctx, self.w, &self.name("img_in"), x.img)?;
+        let mut txt = linear(ctx, self.w, &self.name("txt_in"), x.txt)?;
+        for i in 0..c.depth {
+            (img, txt) = blk.double(&self.name(&format!("double_blocks.{i}")), img, txt, vec, &pe)?;
+        }
+        let mut joint = ctx.concat(txt, img, 1)?;
+        for i in 0..c.depth_single {
+            joint = blk.single(&self.name(&format!("single_blocks.{i}")), joint, vec, &pe)?;
+        }
+        let img = dit::rows(ctx, joint, lt, l)?;
+        let m = dit::chunks(ctx, linear(ctx, self.w, &self.name("final_layer.adaLN_modulation.1"), vec)?, 2)?;
+        let img = dit::modulate(ctx, ctx.norm(img, 1e-6)?, m[0], m[1])?;
+        linear(ctx, self.w, &self.name("final_layer.linear"), img)
+    }
+
+    /// The type the projections compute in: bf16 models may take the CPU's bf16 attention.
+    fn compute_type(&self) -> GType {
+        self.w.get(&self.name(MARKER)).map_or(GType::F32, |t| t.dtype())
+    }
+}
