@@ -110,3 +110,76 @@ fn bad_configs_and_inputs_are_errors() {
     let e = FluxConfig::infer(&sw, "model.diffusion_model.").err().expect("prefix");
     assert!(e.to_string().contains("not a FLUX.1 transformer"), "{e}");
 }
+
+#[test]
+fn four_euler_steps_match_flux_pipeline() {
+    use sdflow_core::models::flux::{FluxDenoiser, FluxItem};
+    use sdflow_core::models::sd::Conditioning;
+    use sdflow_core::sampling::flow::{flux_mu, linear_sigmas, FlowShift};
+    use sdflow_core::sampling::{sample, CpuRng, Denoised, SampleOpts, Sampler};
+
+    let r = fixture();
+    let s = &r["sampling"];
+    let [_, c, h, wd] = shape();
+    // diffusers' calculate_shift on the packed sequence length is ComfyUI's ModelSamplingFlux
+    // on the pixel size.
+    let mu = flux_mu((wd * 8) as u32, (h * 8) as u32, 0.5, 1.15);
+    assert!((mu - s["mu"].as_f64().unwrap()).abs() < 1e-12, "mu {mu}");
+    let sigmas = linear_sigmas(FlowShift::Flux(mu), 4);
+    assert!(max_abs_err(&sigmas, &floats(&s["sigmas"])) < 1e-6, "{sigmas:?}");
+
+    let (w, cfg) = tiny("dev");
+    let backend = Backend::cpu(2).unwrap();
+    let mut den = FluxDenoiser::new(Flux::new(&w, "", cfg).unwrap());
+    let lt = r["txt_len"].as_u64().unwrap() as i64;
+    let txt = floats(&r["txt"]);
+    let y = floats(&r["y"]);
+    let mut cond = Conditioning::new(txt[..txt.len() / 2].to_vec(), 32, lt).unwrap();
+    cond.pooled = Some(y[..y.len() / 2].to_vec());
+    let latent_shape = [wd as i64, h as i64, c as i64, 1];
+    let mut model = |x: &[f32], sigma: f32| -> Result<Denoised, sdflow_core::models::ModelError> {
+        Ok(den.denoise_batch(&backend, latent_shape, sigma, &[FluxItem { x, cond: &cond }])?.remove(0).into())
+    };
+    let noise = floats(&s["noise"]);
+    let mut rng = CpuRng::new(0);
+    let opts = SampleOpts { flow: true, ..SampleOpts::default() };
+    let out = sample(Sampler::Euler, &mut model, noise, &sigmas, &mut rng, &opts, None).unwrap();
+    let err = max_abs_err(&patchify(&out, [1, c, h, wd], 2).unwrap(), &floats(&s["final"]));
+    assert!(err <= 1e-3, "4 steps: max abs error {err}");
+}
+
+#[test]
+fn denoiser_batches_items_and_names_bad_inputs() {
+    use sdflow_core::models::flux::{FluxDenoiser, FluxItem};
+    use sdflow_core::models::sd::Conditioning;
+
+    let (w, cfg) = tiny("dev");
+    let backend = Backend::cpu(2).unwrap();
+    let mut den = FluxDenoiser::new(Flux::new(&w, "", cfg).unwrap());
+    let [_, c, h, wd] = shape();
+    let x: Vec<f32> = (0..c * h * wd).map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0).collect();
+    let shape = [wd as i64, h as i64, c as i64, 1];
+    let mk = |tokens: i64, g: Option<f32>| {
+        let mut k = Conditioning::new((0..tokens * 32).map(|i| ((i * 13 % 29) as f32) / 29.0 - 0.5).collect(), 32, tokens).unwrap();
+        k.guidance = g;
+        k
+    };
+    let (a, b, long) = (mk(5, None), mk(5, Some(1.0)), mk(7, Some(3.5)));
+    let alone: Vec<Vec<f32>> = [&a, &b, &long].iter().map(|k| den.denoise_batch(&backend, shape, 0.5, &[FluxItem { x: &x, cond: k }]).unwrap().remove(0)).collect();
+    let together = den.denoise_batch(&backend, shape, 0.5, &[FluxItem { x: &x, cond: &a }, FluxItem { x: &x, cond: &long }, FluxItem { x: &x, cond: &b }]).unwrap();
+    for (got, want) in together.iter().zip([&alone[0], &alone[2], &alone[1]]) {
+        assert!(max_abs_err(got, want) < 1e-4);
+    }
+    // No guidance set is ComfyUI's 3.5; another value changes the prediction.
+    let default = den.denoise_batch(&backend, shape, 0.5, &[FluxItem { x: &x, cond: &mk(5, Some(3.5)) }]).unwrap().remove(0);
+    assert!(max_abs_err(&default, &alone[0]) < 1e-6);
+    assert!(max_abs_err(&alone[0], &alone[1]) > 1e-3);
+
+    let wide = Conditioning::new(vec![0.0; 64], 64, 1).unwrap();
+    let e = den.denoise_batch(&backend, shape, 0.5, &[FluxItem { x: &x, cond: &wide }]).err().expect("width");
+    assert!(e.to_string().contains("T5-XXL"), "{e}");
+    let e = den.denoise_batch(&backend, [wd as i64 - 1, h as i64, c as i64, 1], 0.5, &[FluxItem { x: &x[..c * h * (wd - 1)], cond: &a }]).err().expect("odd");
+    assert!(e.to_string().contains("even latent sizes"), "{e}");
+    let e = den.denoise_batch(&backend, [wd as i64, h as i64, 16, 1], 0.5, &[FluxItem { x: &x, cond: &a }]).err().expect("channels");
+    assert!(e.to_string().contains("input features"), "{e}");
+}

@@ -33,6 +33,9 @@ pub struct Conditioning {
     pub pooled: Option<Vec<f32>>,
     /// SDXL's size and crop conditioning.
     pub size: SizeCond,
+    /// The distilled guidance scale of guidance-embedding models (FLUX.1 dev: ComfyUI's
+    /// FluxGuidance / CLIPTextEncodeFlux); `None`: the model's default.
+    pub guidance: Option<f32>,
 }
 
 /// SDXL's micro-conditioning, as ComfyUI's CLIPTextEncodeSDXL(Refiner) sets it. Sizes
@@ -67,7 +70,7 @@ impl Conditioning {
         if dim < 1 || tokens < 1 || data.len() as i64 != dim * tokens {
             return Err(ModelError::Input(format!("conditioning of {} values is not {tokens} tokens × {dim}", data.len())));
         }
-        Ok(Conditioning { data, dim, tokens, pooled: None, size: SizeCond::default() })
+        Ok(Conditioning { data, dim, tokens, pooled: None, size: SizeCond::default(), guidance: None })
     }
 
     /// The ADM vector `y` of `width` values for an image of `image_w`×`image_h` pixels:

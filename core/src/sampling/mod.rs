@@ -8,9 +8,11 @@
 //! - [`schedule`]: the SD discrete model schedule and every sd.cpp / ComfyUI scheduler.
 //! - [`samplers`]: sd.cpp's samplers with ComfyUI aliases, generic over the denoiser, for
 //!   SD-style (eps / v) and rectified-flow models.
+//! - [`flow`]: the σ(t) of rectified-flow models under each family's shift.
 //! - [`brownian`]: a seeded Brownian-tree noise source for the SDE samplers.
 
 pub mod brownian;
+pub mod flow;
 mod gits_table;
 pub mod rng;
 pub mod samplers;

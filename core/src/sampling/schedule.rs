@@ -76,6 +76,15 @@ impl DiscreteSchedule {
         Ok(DiscreteSchedule { sigmas, log_sigmas })
     }
 
+    /// A table of increasing σ (a flow model's, [`super::flow::FlowShift::schedule`]).
+    pub fn from_sigmas(sigmas: Vec<f32>) -> Result<Self, SamplingError> {
+        if sigmas.len() < 2 || sigmas.iter().any(|s| !(s.is_finite() && *s > 0.0)) || sigmas.windows(2).any(|w| w[1] < w[0]) {
+            return Err(SamplingError::InvalidOption { field: "sigmas", reason: format!("a table of {} sigmas must be positive, finite and increasing", sigmas.len()) });
+        }
+        let log_sigmas = sigmas.iter().map(|s| s.ln()).collect();
+        Ok(DiscreteSchedule { sigmas, log_sigmas })
+    }
+
     /// ComfyUI's `rescale_zero_terminal_snr_sigmas` (Lin et al., "Common Diffusion Noise
     /// Schedules and Sample Steps Are Flawed"): √ᾱ shifted so the last timestep is pure
     /// noise (ᾱ pinned to 4.897e-8, σ ≈ 4519) and scaled so the first keeps its value.

@@ -9,6 +9,9 @@
 //! distilled guidance scale; both are embedded at 1000× as BFL's `timestep_embedding` does.
 
 mod blocks;
+pub mod denoiser;
+
+pub use denoiser::{FluxDenoiser, FluxItem, DEFAULT_GUIDANCE};
 
 use super::dit::{self, mlp_embedder, rope};
 use super::nn::linear;

@@ -1,0 +1,123 @@
+//! FLUX.1 as a k-diffusion denoiser over flow latents: `denoised = x − σ·v`, the latent
+//! packed into 2×2 patches and every item's text and guidance batched into one graph.
+
+use super::{Flux, FluxInputs};
+use crate::ggml::{Backend, Context, GraphAllocator, GraphRun};
+use crate::models::dit::{image_ids, patchify, unpatchify};
+use crate::models::sd::{Conditioning, LatentShape};
+use crate::models::{ModelError, Result};
+
+/// ComfyUI's guidance when no FluxGuidance set one (`model_base.Flux`), as sd-cli's
+/// `--guidance` default.
+pub const DEFAULT_GUIDANCE: f32 = 3.5;
+
+/// One item of [`FluxDenoiser::denoise_batch`]: a latent (model space, [W, H, C, N]) and
+/// the conditioning it is denoised under (T5 tokens, CLIP-L's pooled vector, guidance).
+#[derive(Clone, Copy, Debug)]
+pub struct FluxItem<'a> {
+    pub x: &'a [f32],
+    pub cond: &'a Conditioning,
+}
+
+pub struct FluxDenoiser<'w> {
+    model: Flux<'w>,
+    alloc: Option<GraphAllocator>,
+}
+
+impl<'w> FluxDenoiser<'w> {
+    pub fn new(model: Flux<'w>) -> Self {
+        FluxDenoiser { model, alloc: None }
+    }
+
+    pub fn model(&self) -> &Flux<'w> {
+        &self.model
+    }
+
+    /// The denoised estimate of each item at noise level `sigma`; items whose text has
+    /// the same token count share one graph.
+    pub fn denoise_batch(&mut self, backend: &Backend, shape: LatentShape, sigma: f32, items: &[FluxItem<'_>]) -> Result<Vec<Vec<f32>>> {
+        let c = &self.model.config;
+        let [w, h, ch, n] = shape;
+        let per = (w * h * ch) as usize;
+        if shape.iter().any(|&d| d < 1) || ch * 4 != c.in_channels {
+            return Err(ModelError::Input(format!("a {shape:?} latent for a FLUX.1 model of {} input features (latent channels × 4)", c.in_channels)));
+        }
+        if w % 2 != 0 || h % 2 != 0 {
+            return Err(ModelError::Input(format!("a {w}×{h} latent: FLUX.1 needs even latent sizes (images in multiples of 16 pixels)")));
+        }
+        for (k, it) in items.iter().enumerate() {
+            if it.x.len() != per * n as usize {
+                return Err(ModelError::Input(format!("item {k}: latent of {} values for shape {shape:?}", it.x.len())));
+            }
+            if it.cond.dim != c.context {
+                return Err(ModelError::Input(format!("item {k}: text tokens {} wide; this FLUX.1 model reads {} (T5-XXL)", it.cond.dim, c.context)));
+            }
+            if let Some(p) = &it.cond.pooled {
+                if p.len() as i64 != c.vector {
+                    return Err(ModelError::Input(format!("item {k}: a pooled vector of {}; this FLUX.1 model reads {} (CLIP-L)", p.len(), c.vector)));
+                }
+            }
+        }
+        let mut out: Vec<Option<Vec<f32>>> = vec![None; items.len()];
+        let mut pending: Vec<usize> = (0..items.len()).collect();
+        while let Some(&first) = pending.first() {
+            let tokens = items[first].cond.tokens;
+            let group: Vec<usize> = pending.iter().copied().filter(|&k| items[k].cond.tokens == tokens).collect();
+            pending.retain(|k| !group.contains(k));
+            let members: Vec<FluxItem<'_>> = group.iter().map(|&k| items[k]).collect();
+            for (k, d) in group.into_iter().zip(self.run(backend, shape, sigma, &members)?) {
+                out[k] = Some(d);
+            }
+        }
+        Ok(out.into_iter().map(|d| d.expect("every item is in a group")).collect())
+    }
+
+    fn run(&mut self, backend: &Backend, shape: LatentShape, sigma: f32, items: &[FluxItem<'_>]) -> Result<Vec<Vec<f32>>> {
+        let c = &self.model.config;
+        let [w, h, ch, n] = shape.map(|d| d as usize);
+        let b = items.len() * n;
+        let lt = items[0].cond.tokens as usize;
+        let dims = [n, ch, h, w];
+        let mut img = Vec::with_capacity(b * ch * h * w);
+        let mut txt = Vec::with_capacity(b * lt * c.context as usize);
+        let mut y = Vec::with_capacity(b * c.vector as usize);
+        let mut guidance = Vec::with_capacity(b);
+        for it in items {
+            img.extend(patchify(it.x, dims, 2)?);
+            for _ in 0..n {
+                txt.extend_from_slice(&it.cond.data);
+                match &it.cond.pooled {
+                    Some(p) => y.extend_from_slice(p),
+                    // ComfyUI's FLUX without a pooled vector (a T5-only encoder): zeros.
+                    None => y.extend(std::iter::repeat_n(0.0, c.vector as usize)),
+                }
+                guidance.push(it.cond.guidance.unwrap_or(DEFAULT_GUIDANCE));
+            }
+        }
+        let l = (h / 2) * (w / 2);
+        let img_ids: Vec<Vec<f32>> = image_ids(h / 2, w / 2, 0.0).into_iter().map(|a| a.to_vec()).collect();
+        let txt_ids = vec![vec![0.0; c.axes.len()]; lt];
+        let timesteps = vec![sigma; b];
+        let graph_size = 512 * (c.depth + c.depth_single) + 1024;
+        let ctx = Context::new(graph_size * 4, graph_size)?;
+        let mut run = GraphRun::new(&ctx);
+        let (bi, li) = (b as i64, l as i64);
+        let img_t = run.input_f32(&[c.in_channels, li, bi], img)?;
+        let txt_t = run.input_f32(&[c.context, lt as i64, bi], txt)?;
+        let y_t = run.input_f32(&[c.vector, bi], y)?;
+        let inputs = FluxInputs { img: img_t, img_ids: &img_ids, txt: txt_t, txt_ids: &txt_ids, timesteps: &timesteps, guidance: Some(&guidance), y: y_t };
+        let v = self.model.forward(&ctx, &mut run, &inputs)?;
+        let alloc = match &mut self.alloc {
+            Some(a) => a,
+            None => self.alloc.insert(GraphAllocator::new(backend)?),
+        };
+        let v = run.compute_with(backend, alloc, &[v], graph_size)?.remove(0);
+        let v = unpatchify(&v, [b, ch, h, w], 2)?;
+        let per = n * ch * h * w;
+        Ok(items
+            .iter()
+            .enumerate()
+            .map(|(k, it)| it.x.iter().zip(&v[k * per..(k + 1) * per]).map(|(x, v)| x - sigma * v).collect())
+            .collect())
+    }
+}
