@@ -90,7 +90,7 @@ fn open_clip_g_penultimate_and_pooled_match_transformers() {
     let eos: Vec<usize> = serde_json::from_value(g["eos"].clone()).unwrap();
     let ctx = Context::new(4096, 4096).unwrap();
     let mut run = GraphRun::new(&ctx);
-    let opts = EncodeOptions { clip_skip: 2, final_norm: false, pooled_at: Some(eos) };
+    let opts = EncodeOptions { clip_skip: 2, final_norm: false, pooled_at: Some(eos), project_pooled: true };
     let out = model.encode(&ctx, &mut run, &tokens, &opts, &[]).unwrap();
     let pooled = out.pooled.unwrap();
     assert_eq!(pooled.ne(), [48, 2, 1, 1]);
@@ -101,7 +101,7 @@ fn open_clip_g_penultimate_and_pooled_match_transformers() {
     assert!(err <= 1e-3, "pooled: max abs error {err}");
     let ctx = Context::new(4096, 4096).unwrap();
     let mut run = GraphRun::new(&ctx);
-    let bad = EncodeOptions { clip_skip: 2, final_norm: false, pooled_at: Some(vec![8, 0]) };
+    let bad = EncodeOptions { clip_skip: 2, final_norm: false, pooled_at: Some(vec![8, 0]), project_pooled: true };
     assert!(model.encode(&ctx, &mut run, &tokens, &bad, &[]).is_err(), "pooled position past the sequence");
 }
 

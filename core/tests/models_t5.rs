@@ -128,7 +128,7 @@ fn gguf_names_and_prefixed_files_load_the_same_encoder() {
     let gguf = write_renamed("umt5", dir.path(), "umt5.gguf", llama_cpp_name);
     let src = t5::hf_layout(sdflow_core::io::open(&gguf).unwrap()).unwrap();
     let w = load_weights(&backend, src.as_ref(), &[""], &TypeRules::none()).unwrap();
-    let prefix = t5::find_prefix(&w).unwrap();
+    let prefix = t5::find_prefix(w.names()).unwrap();
     assert_eq!(prefix, "");
     assert!(max_abs_err(&run(&w, &prefix, None), &want) <= 1e-3);
 
@@ -144,7 +144,7 @@ fn gguf_names_and_prefixed_files_load_the_same_encoder() {
     });
     let src = t5::hf_layout(sdflow_core::io::open(&prefixed).unwrap()).unwrap();
     let w = load_weights(&backend, src.as_ref(), &[""], &TypeRules::none()).unwrap();
-    let prefix = t5::find_prefix(&w).unwrap();
+    let prefix = t5::find_prefix(w.names()).unwrap();
     assert_eq!(prefix, p);
     assert!(max_abs_err(&run(&w, &prefix, None), &want) <= 1e-3);
 }
@@ -168,4 +168,27 @@ fn bad_inputs_and_weights_are_errors() {
     assert!(model.forward(&ctx, &mut g, &[vec![1, 2], vec![1]], None).is_err(), "ragged");
     assert!(model.forward(&ctx, &mut g, &[], None).is_err(), "empty");
     assert!(model.forward(&ctx, &mut g, &[vec![1, 2]], Some(&[vec![true]])).is_err(), "mask of another length");
+}
+
+#[test]
+fn weighted_prompts_interpolate_from_the_empty_prompt() {
+    use sdflow_core::text::t5::{apply_weights, T5Tokenizer, WeightedTokens};
+    let r = fixture();
+    let backend = Backend::cpu(2).unwrap();
+    let w = det_weights(&r["t5"]["keys"], SCALE, &backend);
+    let model = T5Encoder::new(&w, "", T5Config::infer(&w, "").unwrap()).unwrap();
+    let encode = |ids: Vec<u32>| {
+        let weights = vec![1.0; ids.len()];
+        model.encode_weighted(&backend, &WeightedTokens { ids, weights }).unwrap()
+    };
+    let ids = vec![37, 5, 17, 1, 0, 0];
+    let plain = encode(ids.clone());
+    let empty = encode(T5Tokenizer::empty(6));
+    let weights = vec![1.0, 1.5, 0.5, 1.0, 1.0, 1.0];
+    let got = model.encode_weighted(&backend, &WeightedTokens { ids, weights: weights.clone() }).unwrap();
+    let mut want = plain.clone();
+    apply_weights(&mut want, &empty, &weights, 48);
+    assert!(max_abs_err(&got, &want) < 1e-5);
+    assert!(max_abs_err(&got, &plain) > 1e-3, "the weights change the result");
+    assert_eq!(got[..48], plain[..48], "weight 1 leaves a token alone");
 }

@@ -123,8 +123,22 @@ pub(crate) fn encode_text(rt: &Runtime, clip: &ClipRef, text: &str) -> Result<Co
 
 /// The conditioning of `clip` for a prompt: SD1/SD2 encode `text_l` with their one
 /// encoder; SDXL encodes `text_l` with CLIP-L and `text_g` with OpenCLIP-G.
+/// FLUX encodes `text_l` with CLIP-L (its pooled vector) and `text_g` with T5-XXL.
 fn encode_texts(rt: &Runtime, clip: &ClipRef, text_l: &str, text_g: &str) -> Result<Conditioning, NodeError> {
+    if clip.t5.is_some() {
+        return crate::flux::encode(rt, clip, text_l, text_g);
+    }
     encode_texts_with(rt, clip, text_l, text_g, &mut |p, _| Ok(p))
+}
+
+/// The textual-inversion embeddings of `<models>/embeddings`, if the folder exists.
+pub(crate) fn embedding_library(rt: &Runtime) -> Result<Option<EmbeddingLibrary>, NodeError> {
+    let emb_dir = rt.models_dir.join("embeddings");
+    if emb_dir.is_dir() {
+        Ok(Some(EmbeddingLibrary::scan(&emb_dir, &ClipTokenizer::new(PadToken::EndOfText)).map_err(err)?))
+    } else {
+        Ok(None)
+    }
 }
 
 /// [`encode_texts`] with each encoder's tokenized prompt passed through `edit` (with the
@@ -132,7 +146,9 @@ fn encode_texts(rt: &Runtime, clip: &ClipRef, text_l: &str, text_g: &str) -> Res
 pub(crate) fn encode_texts_with(rt: &Runtime, clip: &ClipRef, text_l: &str, text_g: &str, edit: &mut dyn FnMut(TokenizedPrompt, u32) -> Result<TokenizedPrompt, NodeError>) -> Result<Conditioning, NodeError> {
     let family = text_family(clip.family);
     let skip = clip.clip_skip.map_or_else(|| ClipSkip::default_for(family), |s| ClipSkip::new(s).unwrap_or(ClipSkip::default_for(family)));
-    let emb_dir = rt.models_dir.join("embeddings");
+    if clip.t5.is_some() {
+        return Err(NodeError::msg(format!("this prompt rewriting (PhotoMaker) needs an SD text encoder, not {}'s", clip.family)));
+    }
     let pinned = clip.encoders.iter().map(|e| e.weights.pin().map_err(err)).collect::<Result<Vec<_>, _>>()?;
     let mut models = Vec::with_capacity(pinned.len());
     for (enc, weights) in clip.encoders.iter().zip(&pinned) {
@@ -141,7 +157,7 @@ pub(crate) fn encode_texts_with(rt: &Runtime, clip: &ClipRef, text_l: &str, text
     }
     // One tokenization per encoder: they share the vocabulary (and so the embedding
     // names' tokens, scanned once) and differ in padding.
-    let library = if emb_dir.is_dir() { Some(EmbeddingLibrary::scan(&emb_dir, &ClipTokenizer::new(PadToken::EndOfText)).map_err(err)?) } else { None };
+    let library = embedding_library(rt)?;
     let tokenize = |enc: &ClipEncoder, text: &str| {
         let tokenizer = ClipTokenizer::new(pad_token(clip, enc));
         let prompt = tokenize_weighted(text, &tokenizer, library.as_ref(), &ChunkOptions::default()).map_err(err)?;

@@ -7,7 +7,8 @@ use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Node, NodeError, N
 use std::sync::Arc;
 
 pub fn register(registry: &mut Registry, _rt: &Arc<Runtime>) {
-    registry.register(Arc::new(EmptyLatentImage));
+    registry.register(Arc::new(EMPTY_LATENT_IMAGE));
+    registry.register(Arc::new(EMPTY_SD3_LATENT_IMAGE));
     registry.register(Arc::new(SetLatentNoiseMask));
     registry.register(Arc::new(LatentUpscale { by: false }));
     registry.register(Arc::new(LatentUpscale { by: true }));
@@ -26,16 +27,27 @@ pub fn latent_zeros(shape: [i64; 4]) -> Result<Latent, NodeError> {
     }
 }
 
-/// ComfyUI's "Empty Latent Image": zeros, 4 channels at 1/8 of the image size.
-struct EmptyLatentImage;
+/// ComfyUI's "Empty Latent Image" (4 channels: the SD families) and
+/// "EmptySD3LatentImage" (16: SD3 and FLUX): zeros at 1/8 of the image size.
+struct EmptyLatent {
+    name: &'static str,
+    display: &'static str,
+    channels: i64,
+    /// Default width and height, and their step.
+    size: i64,
+    step: i64,
+}
 
-impl Node for EmptyLatentImage {
+const EMPTY_LATENT_IMAGE: EmptyLatent = EmptyLatent { name: "EmptyLatentImage", display: "Empty Latent Image", channels: 4, size: 512, step: 8 };
+const EMPTY_SD3_LATENT_IMAGE: EmptyLatent = EmptyLatent { name: "EmptySD3LatentImage", display: "EmptySD3LatentImage", channels: 16, size: 1024, step: 16 };
+
+impl Node for EmptyLatent {
     fn schema(&self) -> NodeSchema {
-        NodeSchema::new("EmptyLatentImage")
-            .display_name("Empty Latent Image")
-            .category("latent")
-            .input(InputSpec::int("width", 512).int_range(16, 16384).int_step(8))
-            .input(InputSpec::int("height", 512).int_range(16, 16384).int_step(8))
+        NodeSchema::new(self.name)
+            .display_name(self.display)
+            .category(if self.channels == 4 { "latent" } else { "latent/sd3" })
+            .input(InputSpec::int("width", self.size).int_range(16, 16384).int_step(self.step.into()))
+            .input(InputSpec::int("height", self.size).int_range(16, 16384).int_step(self.step.into()))
             .input(InputSpec::int("batch_size", 1).int_range(1, 4096))
             .output("LATENT", IoType::LATENT)
     }
@@ -45,7 +57,7 @@ impl Node for EmptyLatentImage {
         if w < 16 || h < 16 || n < 1 {
             return Err(NodeError::msg(format!("{w}x{h} × {n} is not a valid latent size")));
         }
-        let latent = latent_zeros([w / 8, h / 8, 4, n])?;
+        let latent = latent_zeros([w / 8, h / 8, self.channels, n])?;
         Ok(Outputs::new(vec![Value::new(IoType::LATENT, latent)]))
     }
 }

@@ -31,6 +31,7 @@ pub mod controlnet;
 pub mod custom_sampling;
 pub mod detect;
 pub mod detailer;
+pub mod flux;
 pub mod guidance;
 pub mod image;
 pub mod ip_adapter;
@@ -59,6 +60,7 @@ pub fn register_all(registry: &mut Registry, rt: Arc<Runtime>) {
     loaders::register(registry, &rt);
     lora::register(registry, &rt);
     conditioning::register(registry, &rt);
+    flux::register(registry, &rt);
     latent::register(registry, &rt);
     sampling::register(registry, &rt);
     custom_sampling::register(registry, &rt);

@@ -1,18 +1,20 @@
 //! Model loaders.
 
 use crate::runtime::Runtime;
-use crate::values::{ClipEncoder, ClipRef, ModelRef, VaeKind, VaeRef};
+use crate::values::{ClipEncoder, ClipRef, ModelRef, T5Ref, VaeKind, VaeRef};
 use crate::err;
 use sdflow_core::detect::{self, KeyLayout, ModelFamily};
 use sdflow_core::ggml::Backend;
-use sdflow_core::io::{self, TypeRules};
+use sdflow_core::io::{self, TypeRules, WeightType};
 use sdflow_core::models::clip::ClipLayout;
 use sdflow_core::models::load::load_weights;
+use sdflow_core::models::t5;
 use sdflow_core::models::pipeline::{as_checkpoint, scheduler_settings};
 use sdflow_core::models::sd::Prediction;
 use sdflow_core::models::vae::{standalone_source, STANDALONE_PREFIX};
 use sdflow_core::models::Weights;
 use sdflow_core::residency::{Device, WeightHandle, WeightKey};
+use sdflow_core::sampling::flow::FlowShift;
 use sdflow_core::sampling::schedule::DiscreteSchedule;
 use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Node, NodeError, NodeSchema, Outputs, Registry, Value};
 use std::path::{Path, PathBuf};
@@ -20,6 +22,7 @@ use std::sync::Arc;
 
 pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
     registry.register(Arc::new(CheckpointLoaderSimple { rt: rt.clone() }));
+    registry.register(Arc::new(UnetLoader { rt: rt.clone() }));
     registry.register(Arc::new(ClipLoader { rt: rt.clone(), dual: false }));
     registry.register(Arc::new(ClipLoader { rt: rt.clone(), dual: true }));
     registry.register(Arc::new(VaeLoader { rt: rt.clone() }));
@@ -28,8 +31,13 @@ pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
 /// Ask the residency manager for the tensors under `prefix` of `path`; nothing is read
 /// until a consumer pins the handle.
 pub fn weights_handle(rt: &Runtime, path: &Path, prefix: &str) -> Result<WeightHandle<Weights>, NodeError> {
-    let key = WeightKey::new([path], prefix, rt.weight_type, Device::Cpu).map_err(err)?;
-    let (path, pfx, wt) = (path.to_path_buf(), prefix.to_string(), rt.weight_type);
+    weights_handle_as(rt, path, prefix, rt.weight_type)
+}
+
+/// [`weights_handle`] loading as `wt` instead of the run's `--type`.
+fn weights_handle_as(rt: &Runtime, path: &Path, prefix: &str, wt: WeightType) -> Result<WeightHandle<Weights>, NodeError> {
+    let key = WeightKey::new([path], prefix, wt, Device::Cpu).map_err(err)?;
+    let (path, pfx) = (path.to_path_buf(), prefix.to_string());
     rt.residency
         .get_or_load(key, move || -> Result<Weights, Box<dyn std::error::Error + Send + Sync>> {
             let src = as_checkpoint(io::open(&path)?)?;
@@ -192,20 +200,93 @@ impl Node for CheckpointLoaderSimple {
             family: parts.family,
             prediction: parts.prediction,
             latent_scale: parts.latent_scale,
+            latent_shift: 0.0,
             schedule: parts.schedule,
+            flow: None,
             ip_adapters: Vec::new(),
         };
         let mut encoders = Vec::with_capacity(parts.clips.len());
         for c in parts.clips {
             encoders.push(ClipEncoder { weights: weights_handle(&self.rt, &path, &c.load)?, prefix: c.prefix, layout: c.layout, dropped_layers: c.dropped_layers });
         }
-        let clip = ClipRef { encoders, family: parts.family, clip_skip: None };
+        let clip = ClipRef { encoders, t5: None, family: parts.family, clip_skip: None };
         let vae = VaeRef { weights: weights_handle(&self.rt, &path, "first_stage_model.")?, prefix: "first_stage_model".into(), kind: VaeKind::Kl };
         Ok(Outputs::new(vec![
             Value::new(IoType::MODEL, model),
             Value::new(IoType::CLIP, clip),
             Value::new(IoType::VAE, vae),
         ]))
+    }
+}
+
+/// Where standalone diffusion models live (ComfyUI's folder; sd-cli's --diffusion-model).
+const DIFFUSION_MODELS: &str = "diffusion_models";
+
+/// FLUX's VAE latent format (ComfyUI's `latent_formats.Flux`).
+const FLUX_LATENT_SCALE: f32 = 0.3611;
+const FLUX_LATENT_SHIFT: f32 = 0.1159;
+
+/// ComfyUI's "Load Diffusion Model": a diffusion model alone, without text encoders or
+/// VAE — FLUX.1 dev and schnell (and their variants) in BFL's names, bare or under
+/// `model.diffusion_model.`, as safetensors or GGUF.
+struct UnetLoader {
+    rt: Arc<Runtime>,
+}
+
+impl UnetLoader {
+    fn path(&self, inputs: &Inputs) -> Result<PathBuf, NodeError> {
+        self.rt.resolve_model(DIFFUSION_MODELS, inputs.string("unet_name")?).map_err(NodeError::msg)
+    }
+}
+
+impl Node for UnetLoader {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("UNETLoader")
+            .display_name("Load Diffusion Model")
+            .category("advanced/loaders")
+            .description("Loads a diffusion model alone (FLUX.1 in BFL/ComfyUI names, safetensors or GGUF); weights load on first use.")
+            .input(InputSpec::combo("unet_name", self.rt.list_models(DIFFUSION_MODELS)).tooltip("The model in models/diffusion_models."))
+            .input(InputSpec::combo("weight_dtype", ["default", "fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2"]).tooltip(
+                "default: the run's --type. The fp8 choices keep one byte per weight: ggml has no fp8 arithmetic, so they load as q8_0, its 8-bit type.",
+            ))
+            .output("MODEL", IoType::MODEL)
+    }
+
+    fn fingerprint(&self, inputs: &Inputs) -> Result<Option<Vec<u8>>, NodeError> {
+        file_fingerprint(&self.path(inputs)?)
+    }
+
+    fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let path = self.path(inputs)?;
+        let wt = match inputs.string("weight_dtype")? {
+            "default" => self.rt.weight_type,
+            "fp8_e4m3fn" | "fp8_e4m3fn_fast" | "fp8_e5m2" => WeightType::All(sdflow_core::dtype::DType::Q8_0),
+            other => return Err(NodeError::msg(format!("weight_dtype `{other}` is not one of default, fp8_e4m3fn, fp8_e4m3fn_fast, fp8_e5m2"))),
+        };
+        let src = io::open(&path).map_err(err)?;
+        let det = detect::detect_source(src.as_ref());
+        let shown = path.display();
+        let prefix = match (det.family, det.layout) {
+            (ModelFamily::Flux, Some(KeyLayout::Ldm)) => det.diffusion_prefix.clone().unwrap_or_default(),
+            (ModelFamily::Flux, _) => return Err(NodeError::msg(format!("{shown}: a FLUX.1 model in diffusers names; only BFL/ComfyUI names (`double_blocks.*`) are supported yet"))),
+            (ModelFamily::Unknown, _) => return Err(NodeError::msg(format!("{shown}: {}", det.message))),
+            (other, _) => return Err(NodeError::msg(format!("{shown}: {other} diffusion models are not supported by this loader yet (FLUX.1 is; SD checkpoints load with CheckpointLoaderSimple)"))),
+        };
+        // dev embeds its distilled guidance and samples with ComfyUI's ModelSamplingFlux
+        // (μ 1.15); schnell is a plain unshifted flow (`model_base.ModelType.FLOW`).
+        let flow = if det.flux_guidance { FlowShift::Flux(1.15) } else { FlowShift::Snr(1.0) };
+        let model = ModelRef {
+            weights: weights_handle_as(&self.rt, &path, &prefix, wt)?,
+            prefix,
+            family: ModelFamily::Flux,
+            prediction: Prediction::Flow,
+            latent_scale: FLUX_LATENT_SCALE,
+            latent_shift: FLUX_LATENT_SHIFT,
+            schedule: flow.schedule().map_err(err)?,
+            flow: Some(flow),
+            ip_adapters: Vec::new(),
+        };
+        Ok(Outputs::new(vec![Value::new(IoType::MODEL, model)]))
     }
 }
 
@@ -260,10 +341,10 @@ impl Node for ClipLoader {
         let s = if self.dual {
             NodeSchema::new("DualCLIPLoader")
                 .display_name("DualCLIPLoader")
-                .description("Loads SDXL's two text encoders from standalone files (CLIP-L and OpenCLIP-G, in either order).")
+                .description("Loads two standalone text encoders, in either order: SDXL's CLIP-L and OpenCLIP-G (type sdxl), FLUX's CLIP-L and T5-XXL (type flux, safetensors or GGUF).")
                 .input(InputSpec::combo("clip_name1", files.clone()))
                 .input(InputSpec::combo("clip_name2", files))
-                .input(InputSpec::combo("type", vec!["sdxl".to_string()]))
+                .input(InputSpec::combo("type", ["sdxl", "flux"]))
         } else {
             NodeSchema::new("CLIPLoader")
                 .display_name("Load CLIP")
@@ -284,9 +365,12 @@ impl Node for ClipLoader {
 
     fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
         let ty = inputs.string("type")?;
-        let wanted = if self.dual { "sdxl" } else { "stable_diffusion" };
-        if ty != wanted {
-            return Err(NodeError::msg(format!("type `{ty}`: only `{wanted}` text encoders are supported yet")));
+        if self.dual && ty == "flux" {
+            return self.flux(inputs);
+        }
+        if ty != if self.dual { "sdxl" } else { "stable_diffusion" } {
+            let wanted = if self.dual { "`sdxl` and `flux`" } else { "`stable_diffusion`" };
+            return Err(NodeError::msg(format!("type `{ty}`: only {wanted} text encoders are supported yet")));
         }
         let mut found = Vec::new();
         for path in self.paths(inputs)? {
@@ -312,9 +396,55 @@ impl Node for ClipLoader {
                 widths[0]
             )));
         }
-        let clip = ClipRef { encoders: found.into_iter().map(|f| f.1).collect(), family, clip_skip: None };
+        let clip = ClipRef { encoders: found.into_iter().map(|f| f.1).collect(), t5: None, family, clip_skip: None };
         Ok(Outputs::new(vec![Value::new(IoType::CLIP, clip)]))
     }
+}
+
+impl ClipLoader {
+    /// DualCLIPLoader's `flux`: CLIP-L (for its pooled vector) and T5-XXL, either order.
+    fn flux(&self, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let mut clip = None;
+        let mut t5 = None;
+        for path in self.paths(inputs)? {
+            let src = io::open(&path).map_err(err)?;
+            let names = || src.tensors().iter().map(|t| t.name.as_str());
+            let slot = if t5::is_t5(names()) { &mut t5 } else { &mut clip };
+            if let Some(other) = slot.replace(path.clone()) {
+                let what = if t5::is_t5(names()) { "T5 encoders" } else { "CLIP text encoders" };
+                return Err(NodeError::msg(format!("{} and {} are both {what}; FLUX needs CLIP-L and T5-XXL", other.display(), path.display())));
+            }
+        }
+        let (clip_path, t5_path) = (clip.expect("two files, neither twice"), t5.expect("two files, neither twice"));
+        let (prefix, layout, root, _) = text_encoder_in(&clip_path)?;
+        let encoder = ClipEncoder { weights: weights_handle(&self.rt, &clip_path, &root)?, prefix, layout, dropped_layers: 0 };
+        let clip = ClipRef { encoders: vec![encoder], t5: Some(t5_handle(&self.rt, &t5_path)?), family: ModelFamily::Flux, clip_skip: None };
+        Ok(Outputs::new(vec![Value::new(IoType::CLIP, clip)]))
+    }
+}
+
+/// The residency key prefix of T5 encoders: their GGUF tensors are renamed on load.
+const T5_KEY: &str = "t5:";
+
+/// The T5 encoder of a standalone file (Hugging Face names under any prefix, or llama.cpp's
+/// GGUF names) as a handle; nothing is read until it is pinned.
+fn t5_handle(rt: &Runtime, path: &Path) -> Result<T5Ref, NodeError> {
+    let src = t5::hf_layout(io::open(path).map_err(err)?).map_err(err)?;
+    let prefix = t5::find_prefix(src.tensors().iter().map(|t| t.name.as_str()))
+        .ok_or_else(|| NodeError::msg(format!("{}: no T5 encoder (`{}`)", path.display(), t5::MARKER)))?;
+    let key = WeightKey::new([path], &format!("{T5_KEY}{prefix}"), rt.weight_type, Device::Cpu).map_err(err)?;
+    let (p, pfx, wt) = (path.to_path_buf(), prefix.clone(), rt.weight_type);
+    let weights = rt
+        .residency
+        .get_or_load(key, move || -> Result<Weights, Box<dyn std::error::Error + Send + Sync>> {
+            let src = t5::hf_layout(io::open(&p)?)?;
+            let backend = Backend::cpu(1)?;
+            // The encoder only: full T5 files carry a decoder no text encoder reads.
+            let parts = [format!("{pfx}encoder."), format!("{pfx}shared.")];
+            Ok(load_weights(&backend, src.as_ref(), &[&parts[0], &parts[1]], &TypeRules::new(wt, "")?)?)
+        })
+        .map_err(err)?;
+    Ok(T5Ref { weights, prefix })
 }
 
 /// ComfyUI's "Load VAE": a standalone VAE file from `models/vae` — LDM key names with or

@@ -134,6 +134,9 @@ impl Node for LoraLoader {
         drop(src);
         let mode = apply_mode(inputs)?;
         let mut model = inputs.downcast::<ModelRef>("model")?.clone();
+        if model.flow.is_some() {
+            return Err(NodeError::msg(format!("{}: LoRAs for {} models are not supported yet (SD1.x, SD2.x and SDXL ones are)", path.display(), model.family)));
+        }
         let sm = strength(inputs, "strength_model")?;
         // Strength 0 is the input itself (as in ComfyUI): no entry, no merge.
         if sm != 0.0 {

@@ -6,6 +6,7 @@
 use crate::values::ModelRef;
 use sdflow_core::detect::ModelFamily;
 use sdflow_core::models::sd::Prediction;
+use sdflow_core::sampling::flow::{flux_mu, FlowShift};
 use sdflow_core::sampling::schedule::DiscreteSchedule;
 use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Node, NodeError, NodeSchema, Outputs, Registry, Value};
 use std::sync::Arc;
@@ -13,19 +14,23 @@ use std::sync::Arc;
 pub fn register(registry: &mut Registry) {
     registry.register(Arc::new(ModelSamplingDiscrete));
     registry.register(Arc::new(ModelSamplingContinuousEdm));
+    registry.register(Arc::new(ModelSamplingFlux));
 }
 
 const CATEGORY: &str = "advanced/model";
 
-/// The MODEL with another prediction and schedule.
-fn with_sampling(model: &ModelRef, prediction: Prediction, schedule: DiscreteSchedule) -> Outputs {
+/// The MODEL with another prediction and schedule; a flow model keeps sampling as one.
+fn with_sampling(model: &ModelRef, prediction: Prediction, schedule: DiscreteSchedule) -> Result<Outputs, NodeError> {
+    if model.flow.is_some() {
+        return Err(NodeError::msg(format!("this {} model samples as a rectified flow: its sampling is set by ModelSamplingFlux", model.family)));
+    }
     let mut m = model.clone();
     m.prediction = prediction;
     m.schedule = schedule;
     if let ModelFamily::Sd2 { .. } = m.family {
         m.family = ModelFamily::Sd2 { v_pred: prediction == Prediction::V };
     }
-    Outputs::new(vec![Value::new(IoType::MODEL, m)])
+    Ok(Outputs::new(vec![Value::new(IoType::MODEL, m)]))
 }
 
 /// eps or v-prediction over SD's discrete schedule, optionally rescaled to zero terminal
@@ -52,7 +57,7 @@ impl Node for ModelSamplingDiscrete {
             other => return Err(NodeError::msg(format!("sampling `{other}` is not supported (eps, v_prediction)"))),
         };
         let schedule = if inputs.boolean("zsnr")? { DiscreteSchedule::sd().zero_terminal_snr() } else { DiscreteSchedule::sd() };
-        Ok(with_sampling(model, prediction, schedule))
+        with_sampling(model, prediction, schedule)
     }
 }
 
@@ -80,6 +85,42 @@ impl Node for ModelSamplingContinuousEdm {
         }
         let (hi, lo) = (inputs.float("sigma_max")? as f32, inputs.float("sigma_min")? as f32);
         let schedule = DiscreteSchedule::edm(lo, hi).map_err(crate::err)?;
-        Ok(with_sampling(model, Prediction::EdmV, schedule))
+        with_sampling(model, Prediction::EdmV, schedule)
+    }
+}
+
+/// FLUX.1's resolution-dependent shift: μ from the image size, between `base_shift` at
+/// 256² and `max_shift` at 1024² (ComfyUI's node; sd.cpp's `flux` scheduler does the same).
+struct ModelSamplingFlux;
+
+impl Node for ModelSamplingFlux {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("ModelSamplingFlux")
+            .display_name("ModelSamplingFlux")
+            .category(CATEGORY)
+            .description("Shifts a FLUX.1 model's noise levels by the image size: mu from base_shift at 256x256 to max_shift at 1024x1024.")
+            .input(InputSpec::link("model", IoType::MODEL))
+            .input(InputSpec::float("max_shift", 1.15).float_range(0.0, 100.0).float_step(0.01))
+            .input(InputSpec::float("base_shift", 0.5).float_range(0.0, 100.0).float_step(0.01))
+            .input(InputSpec::int("width", 1024).int_range(16, 16384).int_step(8))
+            .input(InputSpec::int("height", 1024).int_range(16, 16384).int_step(8))
+            .output("MODEL", IoType::MODEL)
+    }
+
+    fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let model = inputs.downcast::<ModelRef>("model")?;
+        if model.family != ModelFamily::Flux {
+            return Err(NodeError::msg(format!("ModelSamplingFlux needs a FLUX model, not {}", model.family)));
+        }
+        let (max, base) = (inputs.float("max_shift")?, inputs.float("base_shift")?);
+        let (w, h) = (inputs.int("width")?, inputs.int("height")?);
+        if !(0.0..=100.0).contains(&max) || !(0.0..=100.0).contains(&base) || !(16..=16384).contains(&w) || !(16..=16384).contains(&h) {
+            return Err(NodeError::msg(format!("max_shift {max}, base_shift {base} (0..=100) or size {w}x{h} (16..=16384) out of range")));
+        }
+        let shift = FlowShift::Flux(flux_mu(w as u32, h as u32, base, max));
+        let mut m = model.clone();
+        m.schedule = shift.schedule().map_err(crate::err)?;
+        m.flow = Some(shift);
+        Ok(Outputs::new(vec![Value::new(IoType::MODEL, m)]))
     }
 }

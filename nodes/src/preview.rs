@@ -34,6 +34,27 @@ pub const SDXL_LATENT_RGB_FACTORS: [[f32; 3]; 4] = [
 ];
 pub const SDXL_LATENT_RGB_BIAS: [f32; 3] = [0.1084, -0.0175, -0.0011];
 
+/// ComfyUI's `latent_formats.Flux` latent→RGB factors (per channel: R, G, B) and bias.
+pub const FLUX_LATENT_RGB_FACTORS: [[f32; 3]; 16] = [
+    [-0.0346, 0.0244, 0.0681],
+    [0.0034, 0.0210, 0.0687],
+    [0.0275, -0.0668, -0.0433],
+    [-0.0174, 0.0160, 0.0617],
+    [0.0859, 0.0721, 0.0329],
+    [0.0004, 0.0383, 0.0115],
+    [0.0405, 0.0861, 0.0915],
+    [-0.0236, -0.0185, -0.0259],
+    [-0.0245, 0.0250, 0.1180],
+    [0.1008, 0.0755, -0.0421],
+    [-0.0515, 0.0201, 0.0011],
+    [0.0428, -0.0012, -0.0036],
+    [0.0817, 0.0765, 0.0749],
+    [-0.1264, -0.0522, -0.1103],
+    [-0.0280, -0.0881, -0.0499],
+    [-0.1262, -0.0982, -0.0778],
+];
+pub const FLUX_LATENT_RGB_BIAS: [f32; 3] = [-0.0329, -0.0718, -0.0851];
+
 /// ComfyUI's `--preview-method`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum PreviewMethod {
@@ -102,8 +123,9 @@ pub fn latent_to_rgb(latent: &[f32], shape: [i64; 4], factors: &[[f32; 3]], bias
 /// `None` when previews are off or `family` has no preview.
 pub fn preview(rt: &Runtime, family: ModelFamily, denoised: &[f32], shape: [i64; 4]) -> Option<PreviewImage> {
     let (factors, bias) = match family {
-        ModelFamily::Sd1 | ModelFamily::Sd2 { .. } => (&SD15_LATENT_RGB_FACTORS, [0.0; 3]),
-        ModelFamily::Sdxl | ModelFamily::SdxlRefiner => (&SDXL_LATENT_RGB_FACTORS, SDXL_LATENT_RGB_BIAS),
+        ModelFamily::Sd1 | ModelFamily::Sd2 { .. } => (&SD15_LATENT_RGB_FACTORS[..], [0.0; 3]),
+        ModelFamily::Sdxl | ModelFamily::SdxlRefiner => (&SDXL_LATENT_RGB_FACTORS[..], SDXL_LATENT_RGB_BIAS),
+        ModelFamily::Flux => (&FLUX_LATENT_RGB_FACTORS[..], FLUX_LATENT_RGB_BIAS),
         _ => return None,
     };
     if rt.preview == PreviewMethod::None {

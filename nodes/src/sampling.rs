@@ -3,10 +3,12 @@
 use crate::runtime::Runtime;
 use crate::guidance::{self, Mix};
 use crate::values::{CondConcat, CondList, Latent, ModelRef};
+use sdflow_core::detect::ModelFamily;
 use crate::handle_size;
 use crate::err;
 use crate::controlnet::{hint_for, Controls};
 use crate::values::Control;
+use sdflow_core::models::flux::{Flux, FluxConfig, FluxDenoiser, FluxItem};
 use sdflow_core::models::sd::{BatchItem, Conditioning, ControlInput, IpPatch, IpSide, SdDenoiser};
 use std::collections::hash_map::{Entry, HashMap};
 use sdflow_core::models::unet::{Unet, UnetConfig};
@@ -135,10 +137,16 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     let model = &guider.model;
     let weights = model.weights.pin().map_err(err)?;
     let ip_weights = model.ip_adapters.iter().map(|p| p.weights.pin()).collect::<Result<Vec<_>, _>>().map_err(err)?;
-    let config = UnetConfig::infer(&weights, &model.prefix).map_err(err)?;
-    let unet = Unet::new(&weights, &model.prefix, config).map_err(err)?;
-    let mut den = SdDenoiser::new(unet, model.schedule.clone(), model.prediction);
-    den.image_size = Some((latent.shape[0] * 8, latent.shape[1] * 8));
+    let mut den = if model.family == ModelFamily::Flux {
+        let config = FluxConfig::infer(&weights, &model.prefix).map_err(err)?;
+        Den::Flux(FluxDenoiser::new(Flux::new(&weights, &model.prefix, config).map_err(err)?))
+    } else {
+        let config = UnetConfig::infer(&weights, &model.prefix).map_err(err)?;
+        let unet = Unet::new(&weights, &model.prefix, config).map_err(err)?;
+        let mut den = SdDenoiser::new(unet, model.schedule.clone(), model.prediction);
+        den.image_size = Some((latent.shape[0] * 8, latent.shape[1] * 8));
+        Den::Sd(den)
+    };
     first_cond(&guider.positive, "positive")?;
     let mix = match &guider.dual {
         Some(d) => Mix::Dual { cfg: guider.cfg, cfg_middle: d.cfg_middle, nested: d.nested },
@@ -156,7 +164,9 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     let schedule = &model.schedule;
     // ComfyUI's percent_to_sigma: 0 is the start of sampling (all noise), 1 the end.
     let percent_to_sigma = |p: f32| -> f32 {
-        if p <= 0.0 {
+        if let Some(f) = model.flow {
+            f.percent_to_sigma(p)
+        } else if p <= 0.0 {
             f32::INFINITY
         } else if p >= 1.0 {
             0.0
@@ -168,14 +178,27 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
         let patches = (model.ip_adapters.iter().zip(&ip_weights))
             .map(|(p, w)| IpPatch { weights: w, cond: p.cond.clone(), uncond: p.uncond.clone(), tokens: p.tokens, scale: p.weight, sigmas: (percent_to_sigma(p.start_at), percent_to_sigma(p.end_at)) })
             .collect();
-        den = den.with_ip_adapters(patches).map_err(err)?;
+        den = match den {
+            Den::Sd(d) => Den::Sd(d.with_ip_adapters(patches).map_err(err)?),
+            Den::Flux(_) => return Err(NodeError::msg("IP-Adapters apply to SD UNets; this model is FLUX")),
+        };
     }
 
-    let shape = latent.shape;
-    let [lw, lh, channels, ln] = shape;
-    if shape.iter().any(|&d| d < 1) || latent.samples.len() as i64 != lw * lh * channels * ln {
-        return Err(NodeError::msg(format!("a latent of {} values is not {shape:?}", latent.samples.len())));
+    let [lw, lh, channels, ln] = latent.shape;
+    if latent.shape.iter().any(|&d| d < 1) || latent.samples.len() as i64 != lw * lh * channels * ln {
+        return Err(NodeError::msg(format!("a latent of {} values is not {:?}", latent.samples.len(), latent.shape)));
     }
+    // ComfyUI's empty latents: all zeros, left unshifted and grown to the model's channel
+    // count (`fix_empty_latent_channels`), so EmptyLatentImage also serves FLUX.
+    let empty = latent.samples.iter().all(|&v| v == 0.0);
+    let want_channels = if model.family == ModelFamily::Flux { 16 } else { channels };
+    let latent = &if empty && channels != want_channels {
+        Latent { samples: vec![0.0; (lw * lh * want_channels * ln) as usize], shape: [lw, lh, want_channels, ln], noise_mask: latent.noise_mask.clone() }
+    } else {
+        latent.clone()
+    };
+    let shape = latent.shape;
+    let channels = shape[2];
     let plane = (lw * lh) as usize;
     let channels = channels as usize;
     // One generator for the initial noise and every step's, as sd.cpp does.
@@ -185,15 +208,23 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
         None => vec![0.0; latent.samples.len()],
     };
     let sigma0 = sigmas.first().copied().unwrap_or(0.0);
-    let scaled: Vec<f32> = latent.samples.iter().map(|l| l * model.latent_scale).collect();
-    let x: Vec<f32> = scaled.iter().zip(&noise).map(|(l, n)| l + n * sigma0).collect();
+    let shift = if empty { 0.0 } else { model.latent_shift };
+    let scaled: Vec<f32> = latent.samples.iter().map(|l| (l - shift) * model.latent_scale).collect();
+    // The latent noised to σ: x₀ + σ·ε, or for a flow model (1 − σ)·x₀ + σ·ε (ComfyUI's
+    // CONST noise scaling).
+    let flow = model.flow.is_some();
+    let noised = |x0: f32, n: f32, sigma: f32| if flow { x0 * (1.0 - sigma) + n * sigma } else { x0 + n * sigma };
+    let x: Vec<f32> = scaled.iter().zip(&noise).map(|(&l, &n)| noised(l, n, sigma0)).collect();
     // The noise mask at latent resolution, one plane per sample.
     let mask: Option<Vec<f32>> = latent.noise_mask.as_ref().map(|m| (0..ln as usize).flat_map(|i| m.resized(i, lw as usize, lh as usize)).collect());
     let mask_at = |mask: &[f32], idx: usize| mask[(idx / (plane * channels)) * plane + idx % plane];
 
     // The extra input channels: inpainting UNets take a mask and the masked image's
     // latent (5), instruct-pix2pix UNets the source image's latent (4).
-    let extra = den.unet().config.in_channels - shape[2];
+    let extra = match &den {
+        Den::Sd(d) => d.unet().config.in_channels - shape[2],
+        Den::Flux(_) => 0,
+    };
     if !(extra == 0 || (channels == 4 && (extra == 4 || extra == 5))) {
         return Err(NodeError::msg(format!(
             "this UNet takes {} input channels; only 4, 8 (instruct-pix2pix) and 9 (inpainting) are supported",
@@ -234,7 +265,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
                 }
                 let src = |i: usize| -> Vec<f32> {
                     let j = if s[3] == 1 { 0 } else { i };
-                    img.samples[j * per..(j + 1) * per].iter().map(|v| v * model.latent_scale).collect()
+                    img.samples[j * per..(j + 1) * per].iter().map(|v| (v - model.latent_shift) * model.latent_scale).collect()
                 };
                 Ok(build(&noise_mask_plane, &src))
             }
@@ -258,7 +289,11 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     // The ControlNets of every entry, pinned and checked against the UNet once; their
     // hints are made per region size on first use (ComfyUI's `cond_hints`).
     let controls = Controls::collect(prepared.iter().flatten().map(|p| &p.control))?;
-    let nets = controls.nets(&den.unet().config)?;
+    let nets = match &den {
+        Den::Sd(d) => controls.nets(&d.unet().config)?,
+        Den::Flux(_) if prepared.iter().flatten().any(|p| p.control.is_some()) => return Err(NodeError::msg("ControlNets apply to SD UNets; this model is FLUX")),
+        Den::Flux(_) => Vec::new(),
+    };
     let mut hints: HashMap<(usize, i64, i64), Vec<f32>> = HashMap::new();
     let mut sides: Vec<Option<&[guidance::Prepared]>> = vec![None; prepared.len()];
     sides[0] = Some(&prepared[0]);
@@ -284,7 +319,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
         let blended: Option<Vec<f32>> = mask.as_ref().map(|m| {
             x.iter().enumerate().map(|(i, &v)| {
                 let k = mask_at(m, i);
-                v * k + (scaled[i] + noise[i] * sigma) * (1.0 - k)
+                v * k + noised(scaled[i], noise[i], sigma) * (1.0 - k)
             }).collect()
         });
         let xin = blended.as_deref().unwrap_or(x);
@@ -309,8 +344,16 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
                 .iter()
                 .map(|list| list.iter().map(|(k, c)| ControlInput { net: &nets[*k], hint: &hints[&(*k, s[0], s[1])], images: c.image.n, strength: c.strength }).collect())
                 .collect();
-            let batch: Vec<BatchItem<'_>> = items.iter().zip(&inputs).map(|(it, control)| BatchItem { x: &it.x, cond: it.cond, concat: it.concat.as_deref(), ip: if Some(it.side) == negative_at { IpSide::Uncond } else { IpSide::Cond }, control }).collect();
-            rt.with_backend(|b| den.denoise_batch(b, s, sigma, &batch)).map_err(err)
+            match &mut den {
+                Den::Sd(den) => {
+                    let batch: Vec<BatchItem<'_>> = items.iter().zip(&inputs).map(|(it, control)| BatchItem { x: &it.x, cond: it.cond, concat: it.concat.as_deref(), ip: if Some(it.side) == negative_at { IpSide::Uncond } else { IpSide::Cond }, control }).collect();
+                    rt.with_backend(|b| den.denoise_batch(b, s, sigma, &batch)).map_err(err)
+                }
+                Den::Flux(den) => {
+                    let batch: Vec<FluxItem<'_>> = items.iter().map(|it| FluxItem { x: &it.x, cond: it.cond }).collect();
+                    rt.with_backend(|b| den.denoise_batch(b, s, sigma, &batch)).map_err(err)
+                }
+            }
         };
         let mut out = guidance::calc_cond_batch(&sides, xin, shape, extra as usize, &active, budget, &mut run_model).map_err(|e| match e {
             guidance::CalcError::Input(m) => NodeError::msg(m),
@@ -337,14 +380,25 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
             ctx.preview(image);
         }
     };
-    let out = sample(choice.sampler, &mut denoiser, x, sigmas, &mut rng, &choice.opts, Some(&mut progress)).map_err(|e| match e {
+    let opts = SampleOpts { flow, ..choice.opts.clone() };
+    let out = sample(choice.sampler, &mut denoiser, x, sigmas, &mut rng, &opts, Some(&mut progress)).map_err(|e| match e {
         SampleError::Model { error, .. } => error,
         other => err(other),
     })?;
-    let unscale = |v: &[f32]| -> Vec<f32> { v.iter().map(|x| x / model.latent_scale).collect() };
-    let denoised = last_denoised.as_deref().map_or_else(|| unscale(&out), unscale);
+    // A flow model's result at a last σ above 0 (leftover noise) is rescaled by 1/(1 − σ), as
+    // ComfyUI's CONST `inverse_noise_scaling` does.
+    let last = sigmas.last().copied().unwrap_or(0.0);
+    let keep = if flow && last > 0.0 && last < 1.0 { 1.0 / (1.0 - last) } else { 1.0 };
+    let unscale = |v: &[f32], k: f32| -> Vec<f32> { v.iter().map(|x| x * k / model.latent_scale + model.latent_shift).collect() };
+    let denoised = unscale(last_denoised.as_deref().unwrap_or(&out), 1.0);
     let mk = |samples| Latent { samples, shape, noise_mask: latent.noise_mask.clone() };
-    Ok((mk(unscale(&out)), mk(denoised)))
+    Ok((mk(unscale(&out, keep)), mk(denoised)))
+}
+
+/// The model a sampler runs: an SD UNet or a FLUX transformer.
+enum Den<'w> {
+    Sd(SdDenoiser<'w>),
+    Flux(FluxDenoiser<'w>),
 }
 
 /// ComfyUI's "KSampler".

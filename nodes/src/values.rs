@@ -5,6 +5,7 @@ use sdflow_core::models::clip::ClipLayout;
 use sdflow_core::models::sd::{Conditioning, Prediction};
 use sdflow_core::models::Weights;
 use sdflow_core::residency::WeightHandle;
+use sdflow_core::sampling::flow::FlowShift;
 use sdflow_core::sampling::schedule::DiscreteSchedule;
 use sdflow_executor::CacheSize;
 use std::sync::Arc;
@@ -16,10 +17,16 @@ pub struct ModelRef {
     pub prefix: String,
     pub family: ModelFamily,
     pub prediction: Prediction,
-    /// Latent scale of the family's VAE (0.18215 for SD1.x/2.x).
+    /// Latent scale of the family's VAE (0.18215 for SD1.x/2.x): the model sees
+    /// `(latent − latent_shift) · latent_scale`.
     pub latent_scale: f32,
-    /// The model's noise levels: SD's discrete table, or EDM's log-uniform range.
+    /// Latent shift of the family's VAE (FLUX's 0.1159; 0 for the SD families).
+    pub latent_shift: f32,
+    /// The model's noise levels: SD's discrete table, EDM's log-uniform range, or a flow
+    /// model's σ(t) table.
     pub schedule: DiscreteSchedule,
+    /// A flow model's shift (with [`Prediction::Flow`]): its σ(t) and percent→σ map.
+    pub flow: Option<FlowShift>,
     /// IP-Adapters applied to the model (IPAdapterAdvanced), in the order applied.
     pub ip_adapters: Vec<Arc<IpAdapterPatch>>,
 }
@@ -75,13 +82,22 @@ impl CacheSize for ClipVisionOutput {
 }
 
 /// CLIP: the text encoders of a model family (SD1/SD2: one; SDXL: CLIP-L then
-/// OpenCLIP-G), with the clip-skip set by CLIPSetLastLayer (`None`: the family's
-/// default).
+/// OpenCLIP-G; FLUX: CLIP-L and T5-XXL), with the clip-skip set by CLIPSetLastLayer
+/// (`None`: the family's default).
 #[derive(Clone, Debug)]
 pub struct ClipRef {
     pub encoders: Vec<ClipEncoder>,
+    /// The T5 encoder of the DiT families.
+    pub t5: Option<T5Ref>,
     pub family: ModelFamily,
     pub clip_skip: Option<u32>,
+}
+
+/// A T5 encoder of a [`ClipRef`], in Hugging Face names under `prefix`.
+#[derive(Clone, Debug)]
+pub struct T5Ref {
+    pub weights: WeightHandle<Weights>,
+    pub prefix: String,
 }
 
 /// One text encoder of a [`ClipRef`].

@@ -68,7 +68,7 @@ impl TestEnv {
         for (id, node) in wf.nodes.clone() {
             let set = |wf: &mut Workflow, input: &str, v: serde_json::Value| wf.set_input(&id, input, InputValue::Const(v)).unwrap();
             match node.class_type.as_str() {
-                "EmptyLatentImage" => {
+                "EmptyLatentImage" | "EmptySD3LatentImage" => {
                     set(&mut wf, "width", serde_json::json!(size));
                     set(&mut wf, "height", serde_json::json!(size));
                 }
@@ -303,4 +303,32 @@ pub fn write_taesd(dir: &Path, single_file: bool) -> Vec<PathBuf> {
         sdflow_core::io::safetensors::write(path, tensors.iter().map(|(n, s, b)| (n.as_str(), DType::F32, s.clone(), b.as_slice())), &BTreeMap::new()).unwrap();
     }
     files.into_iter().map(|(p, _)| p).collect()
+}
+
+/// FLUX.1's files as people download them, tiny, under `root/models`: the dev and schnell
+/// transformers alone in BFL's names (`diffusion_models/flux1-{dev,schnell}.safetensors`),
+/// T5-XXL's encoder (`text_encoders/t5xxl_fp16.safetensors`), CLIP-L
+/// (`text_encoders/clip_l.safetensors`, unless one is there) and the 16-channel `vae/ae.safetensors`.
+pub fn write_flux_models(root: &Path) {
+    use sdflow_core::synth::dit::{ae_tensors, clip_l_tensors, tiny_ae_config, FluxSynth, T5Synth};
+    use sdflow_core::synth::{write_specs, TensorSpec};
+    let models = root.join("models");
+    let write = |dir: &str, file: &str, specs: &[TensorSpec], config: String, seed: u64| {
+        let dir = models.join(dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(file);
+        if !path.exists() {
+            write_specs(&path, specs, &config, DType::F32, seed, Format::Safetensors).unwrap();
+        }
+    };
+    for (file, guidance, seed) in [("flux1-dev.safetensors", true, 21), ("flux1-schnell.safetensors", false, 22)] {
+        let f = FluxSynth::tiny(guidance);
+        write("diffusion_models", file, &f.tensors(), serde_json::to_string(&f).unwrap(), seed);
+    }
+    let t5 = T5Synth::tiny();
+    write("text_encoders", "t5xxl_fp16.safetensors", &t5.tensors(), serde_json::to_string(&t5).unwrap(), 23);
+    let clip = SdConfig::tiny_sd1().text;
+    write("text_encoders", "clip_l.safetensors", &clip_l_tensors(&clip), serde_json::to_string(&clip).unwrap(), 24);
+    let ae = tiny_ae_config();
+    write("vae", "ae.safetensors", &ae_tensors(&ae), serde_json::to_string(&ae).unwrap(), 25);
 }

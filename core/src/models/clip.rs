@@ -104,8 +104,11 @@ pub struct EncodeOptions {
     /// encoders do not (ComfyUI's `layer_norm_hidden_state=False`).
     pub final_norm: bool,
     /// Also return the pooled output: the last layer, final-normed, at each sequence's
-    /// given token position (its end token), projected (SDXL's OpenCLIP-G).
+    /// given token position (its end token), projected (SDXL's OpenCLIP-G) if
+    /// `project_pooled`, as it is otherwise (FLUX's CLIP-L, ComfyUI's
+    /// `return_projected_pooled=False`).
     pub pooled_at: Option<Vec<usize>>,
+    pub project_pooled: bool,
 }
 
 /// The outputs of [`ClipTextModel::encode`].
@@ -186,7 +189,7 @@ impl<'w> ClipTextModel<'w> {
     where
         'w: 'a,
     {
-        let opts = EncodeOptions { clip_skip, final_norm: true, pooled_at: None };
+        let opts = EncodeOptions { clip_skip, final_norm: true, pooled_at: None, project_pooled: false };
         Ok(self.encode(ctx, run, tokens, &opts, extra)?.hidden)
     }
 
@@ -265,7 +268,7 @@ impl<'w> ClipTextModel<'w> {
                 let rows = ctx.reshape(ctx.cont(last)?, [d, t * b, 1, 1])?;
                 let idx = run.input_i32(&[b], at.iter().enumerate().map(|(k, &p)| (k as i64 * t + p as i64) as i32).collect())?;
                 let picked = ctx.get_rows(rows, idx)?; // [d, B]
-                Some(self.project_pooled(ctx, picked)?)
+                Some(if opts.project_pooled { self.project_pooled(ctx, picked)? } else { picked })
             }
         };
         Ok(ClipOutputs { hidden, pooled })

@@ -21,6 +21,10 @@ pub enum Prediction {
     /// the UNet is told `0.25·ln σ` instead of a training timestep, over a continuous
     /// log-uniform schedule ([`DiscreteSchedule::edm`]).
     EdmV,
+    /// The velocity ε − x₀ of a rectified-flow model (SD3, FLUX): the latent at σ is
+    /// `(1 − σ)·x₀ + σ·ε`, the denoised estimate `x − σ·v`, the input unscaled
+    /// (ComfyUI's `CONST`). Its noise levels follow a [`crate::sampling::flow::FlowShift`].
+    Flow,
 }
 
 /// Text conditioning for one sample: `tokens` vectors of width `dim`, row-major.
@@ -220,6 +224,7 @@ impl<'w> SdDenoiser<'w> {
         match self.prediction {
             Prediction::Epsilon => (1.0, -sigma, c_in),
             Prediction::V | Prediction::EdmV => (1.0 / (sigma * sigma + 1.0), -sigma * c_in, c_in),
+            Prediction::Flow => (1.0, -sigma, 1.0),
         }
     }
 
@@ -436,13 +441,23 @@ impl<'w> SdDenoiser<'w> {
 /// by its weight and the chunk rescaled to its original mean. Returns `77 × chunks`
 /// tokens of conditioning.
 pub fn encode_prompt(backend: &Backend, clip: &ClipTextModel<'_>, prompt: &crate::text::TokenizedPrompt, clip_skip: usize) -> Result<Conditioning> {
-    encode_prompt_with(backend, clip, prompt, clip_skip, true, false)
+    encode_prompt_with(backend, clip, prompt, clip_skip, true, Pooled::None)
+}
+
+/// Which pooled output [`encode_prompt_with`] returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pooled {
+    None,
+    /// Through the encoder's text projection (SDXL's OpenCLIP-G).
+    Projected,
+    /// The final-normed end token itself (FLUX's CLIP-L).
+    Raw,
 }
 
 /// [`encode_prompt`] with the hidden states' final layer norm optional (`final_norm`)
-/// and, with `pooled`, the first chunk's pooled output (ComfyUI and sd.cpp pool the
-/// first chunk only) in [`Conditioning::pooled`].
-pub fn encode_prompt_with(backend: &Backend, clip: &ClipTextModel<'_>, prompt: &crate::text::TokenizedPrompt, clip_skip: usize, final_norm: bool, pooled: bool) -> Result<Conditioning> {
+/// and the first chunk's pooled output (ComfyUI and sd.cpp pool the first chunk only)
+/// in [`Conditioning::pooled`] as `pooled` asks.
+pub fn encode_prompt_with(backend: &Backend, clip: &ClipTextModel<'_>, prompt: &crate::text::TokenizedPrompt, clip_skip: usize, final_norm: bool, pooled: Pooled) -> Result<Conditioning> {
     let d = clip.config.hidden;
     let vocab = clip.config.vocab as i32;
     let mut extra: Vec<f32> = Vec::new();
@@ -470,8 +485,8 @@ pub fn encode_prompt_with(backend: &Backend, clip: &ClipTextModel<'_>, prompt: &
     // The end token's position: the first `<|endoftext|>` (what ComfyUI's argmax over
     // the ids finds), the last position if a chunk has none.
     let eos = crate::text::tokenizer::EOS_TOKEN as i32;
-    let pooled_at = pooled.then(|| tokens.iter().map(|ids| ids.iter().position(|&i| i == eos).unwrap_or(ids.len() - 1)).collect());
-    let opts = EncodeOptions { clip_skip, final_norm, pooled_at };
+    let pooled_at = (pooled != Pooled::None).then(|| tokens.iter().map(|ids| ids.iter().position(|&i| i == eos).unwrap_or(ids.len() - 1)).collect());
+    let opts = EncodeOptions { clip_skip, final_norm, pooled_at, project_pooled: pooled == Pooled::Projected };
     let out = clip.encode(&ctx, &mut run, &tokens, &opts, &extra)?;
     let mut outs: Vec<_> = vec![out.hidden];
     outs.extend(out.pooled);
@@ -511,8 +526,8 @@ pub fn encode_prompt_sdxl(
     g: (&ClipTextModel<'_>, &crate::text::TokenizedPrompt),
     clip_skip: usize,
 ) -> Result<Conditioning> {
-    let cl = encode_prompt_with(backend, l.0, l.1, clip_skip.min(l.0.config.layers), false, false)?;
-    let cg = encode_prompt_with(backend, g.0, g.1, clip_skip.min(g.0.config.layers), false, true)?;
+    let cl = encode_prompt_with(backend, l.0, l.1, clip_skip.min(l.0.config.layers), false, Pooled::None)?;
+    let cg = encode_prompt_with(backend, g.0, g.1, clip_skip.min(g.0.config.layers), false, Pooled::Projected)?;
     if cl.tokens != cg.tokens {
         return Err(ModelError::Input(format!("the two encoders' prompts differ in length: {} and {} tokens", cl.tokens, cg.tokens)));
     }

@@ -357,6 +357,12 @@ impl<'w> Vae<'w> {
             VaeOp::EncodeMean => (c.image_channels as usize, c.z_channels as usize),
         };
         if input.len() != w * h * in_c {
+            if op == VaeOp::Decode && w * h > 0 && input.len() % (w * h) == 0 {
+                return Err(ModelError::Input(format!(
+                    "a latent of {} channels for a VAE of {in_c}: decode it with its model's VAE (SD1/SD2/SDXL: 4 channels; FLUX's ae and SD3's: 16)",
+                    input.len() / (w * h)
+                )));
+            }
             return Err(ModelError::Input(format!("{} values for a {w}x{h}x{in_c} input", input.len())));
         }
         let mut info = RunInfo { tiles: None, fallback: None };

@@ -72,13 +72,20 @@ impl Names {
     }
 }
 
-/// The prefix under which `w` holds a T5 encoder (`""`, `text_encoders.t5xxl.transformer.`,
-/// ...): the part before `encoder.block.0.layer.0.SelfAttention.q.weight`.
-pub fn find_prefix(w: &Weights) -> Option<String> {
-    const Q: &str = "encoder.block.0.layer.0.SelfAttention.q.weight";
-    let mut found: Vec<&str> = w.names().filter_map(|n| n.strip_suffix(Q)).collect();
+/// The weight that marks a T5 encoder in Hugging Face names, relative to its prefix.
+pub const MARKER: &str = "encoder.block.0.layer.0.SelfAttention.q.weight";
+
+/// The prefix under which tensors called `names` hold a T5 encoder (`""`,
+/// `text_encoders.t5xxl.transformer.`, ...): the part before [`MARKER`].
+pub fn find_prefix<'a>(names: impl Iterator<Item = &'a str>) -> Option<String> {
+    let mut found: Vec<&str> = names.filter_map(|n| n.strip_suffix(MARKER)).collect();
     found.sort();
     found.first().map(|p| p.to_string())
+}
+
+/// Whether tensors called `names` hold a T5 encoder, in Hugging Face or llama.cpp names.
+pub fn is_t5<'a>(mut names: impl Iterator<Item = &'a str>) -> bool {
+    names.any(|n| n.ends_with(MARKER) || n == "enc.blk.0.attn_q.weight")
 }
 
 impl T5Config {
@@ -243,4 +250,30 @@ pub fn hf_layout(src: Box<dyn crate::io::TensorSource>) -> Result<Box<dyn crate:
     })
     .map_err(|name| ModelError::Weight { name, detail: format!("{shown}: two tensors map to this name") })?;
     Ok(Box::new(renamed))
+}
+
+impl T5Encoder<'_> {
+    /// A weighted prompt's hidden states [T × d_model], row-major by token, as ComfyUI
+    /// encodes T5 prompts: no attention mask, and where some weight is not 1 the empty
+    /// prompt of the same length encoded beside it (one batch) and each token moved away
+    /// from it by its weight ([`crate::text::t5::apply_weights`]).
+    pub fn encode_weighted(&self, backend: &crate::ggml::Backend, tokens: &crate::text::t5::WeightedTokens) -> Result<Vec<f32>> {
+        let ids: Vec<i32> = tokens.ids.iter().map(|&t| t as i32).collect();
+        let t = ids.len();
+        let mut batch = vec![ids];
+        if tokens.has_weights() {
+            batch.push(crate::text::t5::T5Tokenizer::empty(t).into_iter().map(|i| i as i32).collect());
+        }
+        let size = 64 * self.config.layers + 256;
+        let ctx = Context::new(size, size)?;
+        let mut run = GraphRun::new(&ctx);
+        let out = self.forward(&ctx, &mut run, &batch, None)?;
+        let mut all = run.compute(backend, &[out], size)?.remove(0);
+        let d = self.config.d_model as usize;
+        let mut hidden: Vec<f32> = all.drain(..t * d).collect();
+        if tokens.has_weights() {
+            crate::text::t5::apply_weights(&mut hidden, &all, &tokens.weights, d);
+        }
+        Ok(hidden)
+    }
 }

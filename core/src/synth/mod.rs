@@ -26,6 +26,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::dtype::DType;
 
+pub mod dit;
+
 /// Errors of config validation and checkpoint writing.
 #[derive(Debug, thiserror::Error)]
 pub enum SynthError {
@@ -853,9 +855,17 @@ pub fn write_checkpoint(
     seed: u64,
     format: Format,
 ) -> Result<WrittenCheckpoint, SynthError> {
+    let config = serde_json::to_string(cfg).map_err(|source| SynthError::Header { path: path.to_path_buf(), source })?;
+    write_specs(path, &cfg.tensors()?, &config, dtype, seed, format)
+}
+
+/// Writes the tensors `specs` with their seeded values, `config` (the generating config as
+/// JSON) recorded in the metadata beside the seed: the writer under [`write_checkpoint`] and
+/// the other families' ([`dit`]).
+pub fn write_specs(path: &Path, specs: &[TensorSpec], config: &str, dtype: DType, seed: u64, format: Format) -> Result<WrittenCheckpoint, SynthError> {
     match format {
-        Format::Safetensors => write_safetensors(path, cfg, dtype, seed),
-        Format::Gguf => write_gguf(path, cfg, dtype, seed),
+        Format::Safetensors => write_safetensors(path, specs, config, dtype, seed),
+        Format::Gguf => write_gguf(path, specs, config, dtype, seed),
     }
 }
 
@@ -901,16 +911,15 @@ fn partial_path(path: &Path) -> PathBuf {
     PathBuf::from(p)
 }
 
-fn write_gguf(path: &Path, cfg: &SdConfig, dtype: DType, seed: u64) -> Result<WrittenCheckpoint, SynthError> {
+fn write_gguf(path: &Path, specs: &[TensorSpec], config: &str, dtype: DType, seed: u64) -> Result<WrittenCheckpoint, SynthError> {
     use crate::io::{gguf, TensorInfo, TypeRules};
     if dtype.ggml_type().is_none() {
         return Err(SynthError::UnsupportedDType(dtype));
     }
-    let specs = cfg.tensors()?;
     let rules = TypeRules::new(Some(dtype), "")?;
     let mut data: Vec<(String, DType, Vec<usize>, Vec<u8>)> = Vec::with_capacity(specs.len());
     let mut elements = 0u64;
-    for s in &specs {
+    for s in specs {
         let values = s.values(seed);
         elements += values.len() as u64;
         let target = rules.target(&TensorInfo::detached(s.name.clone(), DType::F32, s.shape.clone()));
@@ -925,9 +934,8 @@ fn write_gguf(path: &Path, cfg: &SdConfig, dtype: DType, seed: u64) -> Result<Wr
         }
         data.push((s.name.clone(), target, s.shape.clone(), bytes));
     }
-    let config = serde_json::to_string(cfg).map_err(|source| SynthError::Header { path: path.to_path_buf(), source })?;
     let kv = vec![
-        ("sdflow.synth.config".to_string(), gguf::Value::String(config)),
+        ("sdflow.synth.config".to_string(), gguf::Value::String(config.to_string())),
         ("sdflow.synth.seed".to_string(), gguf::Value::String(seed.to_string())),
         ("sdflow.synth.generator".to_string(), gguf::Value::String(GENERATOR.into())),
     ];
@@ -959,23 +967,22 @@ fn encode(dtype: DType, values: &[f32], out: &mut Vec<u8>) {
     }
 }
 
-fn write_safetensors(path: &Path, cfg: &SdConfig, dtype: DType, seed: u64) -> Result<WrittenCheckpoint, SynthError> {
+fn write_safetensors(path: &Path, specs: &[TensorSpec], config: &str, dtype: DType, seed: u64) -> Result<WrittenCheckpoint, SynthError> {
     let esize = element_bytes(dtype)?;
     let st_name = dtype.safetensors_name().ok_or(SynthError::UnsupportedDType(dtype))?;
-    let specs = cfg.tensors()?;
     let io_err = |source| SynthError::Io { path: path.to_path_buf(), source };
 
     let mut header = serde_json::Map::new();
     let meta = serde_json::json!({
         "format": "pt",
-        "sdflow.synth.config": serde_json::to_string(cfg).map_err(|source| SynthError::Header { path: path.to_path_buf(), source })?,
+        "sdflow.synth.config": config,
         "sdflow.synth.seed": seed.to_string(),
         "sdflow.synth.generator": GENERATOR,
     });
     header.insert("__metadata__".into(), meta);
     let mut offset = 0u64;
     let mut elements = 0u64;
-    for s in &specs {
+    for s in specs {
         let n = s.n_elements() as u64;
         let len = n * esize as u64;
         header.insert(
@@ -1001,7 +1008,7 @@ fn write_safetensors(path: &Path, cfg: &SdConfig, dtype: DType, seed: u64) -> Re
         const CHUNK: usize = 1 << 18;
         let mut vals = vec![0f32; CHUNK];
         let mut bytes = Vec::with_capacity(CHUNK * esize);
-        for s in &specs {
+        for s in specs {
             let mut stream = ValueStream::new(s, seed);
             let mut left = s.n_elements();
             while left > 0 {

@@ -1,0 +1,155 @@
+//! Random-weight models of the DiT families, in the files people download: the FLUX.1
+//! transformer alone in BFL's names (`flux1-dev.safetensors`, city96's GGUF), the T5-XXL
+//! encoder alone in Hugging Face's (`t5xxl_fp16.safetensors`), FLUX's 16-channel `ae`, and
+//! CLIP-L alone (`clip_l.safetensors`). Tiny configs for tests, full ones for benchmarks.
+
+use serde::{Deserialize, Serialize};
+
+use super::{clip_l, vae, Init, Specs, TensorSpec, TextConfig, VaeConfig};
+
+/// A FLUX.1 transformer (`flux/model.py`'s `FluxParams`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FluxSynth {
+    /// Token width: 16 latent channels × 2×2.
+    pub in_channels: usize,
+    pub hidden: usize,
+    pub heads: usize,
+    pub depth: usize,
+    pub depth_single: usize,
+    /// T5's width.
+    pub context: usize,
+    /// CLIP-L's pooled width.
+    pub vector: usize,
+    pub mlp_ratio: usize,
+    /// dev's `guidance_in`; schnell has none.
+    pub guidance: bool,
+}
+
+impl FluxSynth {
+    /// FLUX.1 dev (schnell: `guidance` false).
+    pub fn dev() -> Self {
+        FluxSynth { in_channels: 64, hidden: 3072, heads: 24, depth: 19, depth_single: 38, context: 4096, vector: 768, mlp_ratio: 4, guidance: true }
+    }
+
+    /// One block of each kind at one 128-wide head (the width FLUX's fixed rotary axes
+    /// 16/56/56 need), reading [`T5Synth::tiny`] tokens and the tiny CLIP's pooled vector.
+    pub fn tiny(guidance: bool) -> Self {
+        FluxSynth { hidden: 128, heads: 1, depth: 1, depth_single: 1, context: T5Synth::tiny().d_model, vector: super::SdConfig::tiny_sd1().text.hidden, guidance, ..Self::dev() }
+    }
+
+    pub fn tensors(&self) -> Vec<TensorSpec> {
+        let mut s = Specs(Vec::new());
+        let (d, m) = (self.hidden, self.hidden * self.mlp_ratio);
+        let dh = d / self.heads;
+        let qk_norm = |s: &mut Specs, p: &str| {
+            for n in ["query_norm", "key_norm"] {
+                s.push(format!("{p}.{n}.scale"), vec![dh], Init::Normal { mean: 1.0, std: super::BIAS_STD });
+            }
+        };
+        s.linear("img_in", self.in_channels, d, true);
+        s.linear("txt_in", self.context, d, true);
+        let mut embedders = vec![("time_in", 256), ("vector_in", self.vector)];
+        if self.guidance {
+            embedders.push(("guidance_in", 256));
+        }
+        for (name, n_in) in embedders {
+            s.linear(&format!("{name}.in_layer"), n_in, d, true);
+            s.linear(&format!("{name}.out_layer"), d, d, true);
+        }
+        for i in 0..self.depth {
+            for st in ["img", "txt"] {
+                let p = format!("double_blocks.{i}.{st}");
+                s.linear(&format!("{p}_mod.lin"), d, 6 * d, true);
+                s.linear(&format!("{p}_attn.qkv"), d, 3 * d, true);
+                qk_norm(&mut s, &format!("{p}_attn.norm"));
+                s.linear(&format!("{p}_attn.proj"), d, d, true);
+                s.linear(&format!("{p}_mlp.0"), d, m, true);
+                s.linear(&format!("{p}_mlp.2"), m, d, true);
+            }
+        }
+        for i in 0..self.depth_single {
+            let p = format!("single_blocks.{i}");
+            s.linear(&format!("{p}.linear1"), d, 3 * d + m, true);
+            s.linear(&format!("{p}.linear2"), d + m, d, true);
+            qk_norm(&mut s, &format!("{p}.norm"));
+            s.linear(&format!("{p}.modulation.lin"), d, 3 * d, true);
+        }
+        s.linear("final_layer.linear", d, self.in_channels, true);
+        s.linear("final_layer.adaLN_modulation.1", d, 2 * d, true);
+        s.0
+    }
+}
+
+/// A T5 v1.1 encoder (`T5EncoderModel`), relative-position bias in layer 0.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct T5Synth {
+    pub d_model: usize,
+    pub d_kv: usize,
+    pub heads: usize,
+    pub d_ff: usize,
+    pub layers: usize,
+    pub vocab: usize,
+}
+
+impl T5Synth {
+    /// T5-XXL v1.1's encoder.
+    pub fn xxl() -> Self {
+        T5Synth { d_model: 4096, d_kv: 64, heads: 64, d_ff: 10240, layers: 24, vocab: 32128 }
+    }
+
+    /// Two layers at width 64, with T5's whole vocabulary (the tokenizer's ids).
+    pub fn tiny() -> Self {
+        T5Synth { d_model: 64, d_kv: 16, heads: 4, d_ff: 128, layers: 2, ..Self::xxl() }
+    }
+
+    pub fn tensors(&self) -> Vec<TensorSpec> {
+        let mut s = Specs(Vec::new());
+        let (d, inner) = (self.d_model, self.heads * self.d_kv);
+        s.push("shared.weight".into(), vec![self.vocab, d], Init::Normal { mean: 0.0, std: 1.0 });
+        let rms = |s: &mut Specs, name: String| s.push(name, vec![d], Init::Normal { mean: 1.0, std: super::BIAS_STD });
+        for i in 0..self.layers {
+            let a = format!("encoder.block.{i}.layer.0");
+            for n in ["q", "k", "v"] {
+                s.linear(&format!("{a}.SelfAttention.{n}"), d, inner, false);
+            }
+            s.linear(&format!("{a}.SelfAttention.o"), inner, d, false);
+            if i == 0 {
+                s.push(format!("{a}.SelfAttention.relative_attention_bias.weight"), vec![32, self.heads], Init::Normal { mean: 0.0, std: 0.1 });
+            }
+            rms(&mut s, format!("{a}.layer_norm.weight"));
+            let f = format!("encoder.block.{i}.layer.1");
+            s.linear(&format!("{f}.DenseReluDense.wi_0"), d, self.d_ff, false);
+            s.linear(&format!("{f}.DenseReluDense.wi_1"), d, self.d_ff, false);
+            s.linear(&format!("{f}.DenseReluDense.wo"), self.d_ff, d, false);
+            rms(&mut s, format!("{f}.layer_norm.weight"));
+        }
+        rms(&mut s, "encoder.final_layer_norm.weight".into());
+        s.0
+    }
+}
+
+/// FLUX's (and SD3's) 16-channel autoencoder as BFL's `ae.safetensors` holds it: the KL
+/// autoencoder without quant convolutions, bare names.
+pub fn ae_tensors(v: &VaeConfig) -> Vec<TensorSpec> {
+    let mut s = Specs(Vec::new());
+    vae(&mut s, "", v);
+    s.0.retain(|t| !t.name.starts_with("quant_conv.") && !t.name.starts_with("post_quant_conv."));
+    s.0
+}
+
+/// FLUX's `ae` at full size.
+pub fn ae_config() -> VaeConfig {
+    VaeConfig { z_channels: 16, embed_dim: 16, ..VaeConfig::kl_f8() }
+}
+
+/// The tiny VAE's width with FLUX's 8× downsampling (4 levels) and 16 latent channels.
+pub fn tiny_ae_config() -> VaeConfig {
+    VaeConfig { z_channels: 16, embed_dim: 16, ch_mult: vec![1, 1, 2, 2], ..VaeConfig::tiny() }
+}
+
+/// CLIP-L alone in Hugging Face's names (`text_model.*`), as ComfyUI's `clip_l.safetensors`.
+pub fn clip_l_tensors(t: &TextConfig) -> Vec<TensorSpec> {
+    let mut s = Specs(Vec::new());
+    clip_l(&mut s, "text_model.", t);
+    s.0
+}

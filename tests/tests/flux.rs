@@ -1,0 +1,172 @@
+//! FLUX.1 end to end on tiny random-weight files in the layouts people download (the
+//! transformer alone in BFL's names, T5-XXL and CLIP-L alone, the 16-channel ae): the
+//! committed workflows, ComfyUI's FLUX nodes, GGUF files, and bad input.
+
+use sdflow_core::dtype::DType;
+use sdflow_executor::Workflow;
+use sdflow_tests::{with_input, write_flux_models, TestEnv};
+
+fn env() -> TestEnv {
+    let dir = tempfile::tempdir().unwrap();
+    sdflow_tests::tiny_tree(dir.path());
+    write_flux_models(dir.path());
+    TestEnv::with_dir(dir, |rt| rt)
+}
+
+fn link(node: &str, output: usize) -> sdflow_executor::InputValue {
+    sdflow_executor::InputValue::Link { node: node.into(), output }
+}
+
+fn dev(env: &TestEnv) -> Workflow {
+    env.workflow("flux_dev_txt2img.json", 64, 2)
+}
+
+#[test]
+fn dev_and_schnell_workflows_run() {
+    let env = env();
+    let (w, h, px) = env.run_saved(&dev(&env), "10");
+    assert_eq!((w, h), (64, 64));
+    let spread = px.iter().max().unwrap() - px.iter().min().unwrap();
+    assert!(spread > 10, "the image is not flat");
+    let (w, h, _) = env.run_saved(&env.workflow("flux_schnell.json", 48, 2), "9");
+    assert_eq!((w, h), (48, 48));
+}
+
+#[test]
+fn guidance_seed_and_shift_change_the_image_and_runs_repeat() {
+    let env = env();
+    let wf = dev(&env);
+    let base = env.run_saved_hash(&wf, "10");
+    assert_eq!(env.run_saved_hash(&wf, "10"), base, "the same graph gives the same image");
+    assert_ne!(env.run_saved_hash(&with_input(&wf, "5", "guidance", serde_json::json!(1.0)), "10"), base);
+    assert_ne!(env.run_saved_hash(&with_input(&wf, "8", "seed", serde_json::json!(43)), "10"), base);
+    // CLIPTextEncodeFlux with the same prompt for both encoders and guidance 3.5 is the
+    // CLIPTextEncode → FluxGuidance pair.
+    let mut flux_encode = wf.clone();
+    let text = "a lovely cat holding a sign that says \"hello\", (watercolor:1.2)";
+    flux_encode.set_input("5", "guidance", sdflow_executor::InputValue::Const(serde_json::json!(3.5))).unwrap();
+    let mut spec = sdflow_executor::NodeSpec::new("CLIPTextEncodeFlux");
+    spec.inputs.insert("clip".into(), link("2", 0));
+    spec.inputs.insert("clip_l".into(), sdflow_executor::InputValue::Const(serde_json::json!(text)));
+    spec.inputs.insert("t5xxl".into(), sdflow_executor::InputValue::Const(serde_json::json!(text)));
+    spec.inputs.insert("guidance".into(), sdflow_executor::InputValue::Const(serde_json::json!(3.5)));
+    flux_encode.nodes.insert("11".into(), spec);
+    flux_encode.set_input("8", "positive", link("11", 0)).unwrap();
+    assert_eq!(env.run_saved_hash(&flux_encode, "10"), base);
+    // ModelSamplingFlux at 1024² is the dev default (μ 1.15); at 256² it shifts less.
+    let mut shifted = wf.clone();
+    let mut ms = sdflow_executor::NodeSpec::new("ModelSamplingFlux");
+    ms.inputs.insert("model".into(), link("1", 0));
+    for (k, v) in [("max_shift", 1.15), ("base_shift", 0.5), ("width", 1024.0), ("height", 1024.0)] {
+        let v = if k.ends_with("shift") { serde_json::json!(v) } else { serde_json::json!(v as i64) };
+        ms.inputs.insert(k.into(), sdflow_executor::InputValue::Const(v));
+    }
+    shifted.nodes.insert("12".into(), ms);
+    shifted.set_input("8", "model", link("12", 0)).unwrap();
+    assert_eq!(env.run_saved_hash(&shifted, "10"), base);
+    let small = with_input(&with_input(&shifted, "12", "width", serde_json::json!(256)), "12", "height", serde_json::json!(256));
+    assert_ne!(env.run_saved_hash(&small, "10"), base);
+    // A 4-channel empty latent serves FLUX too (ComfyUI grows empty latents to 16 channels).
+    let mut four = wf.clone();
+    let mut empty = sdflow_executor::NodeSpec::new("EmptyLatentImage");
+    for (k, v) in [("width", 64), ("height", 64), ("batch_size", 1)] {
+        empty.inputs.insert(k.into(), sdflow_executor::InputValue::Const(serde_json::json!(v)));
+    }
+    four.nodes.insert("7".into(), empty);
+    assert_eq!(env.run_saved_hash(&four, "10"), base);
+}
+
+/// `file` of `dir` rewritten as a GGUF of `dtype` (names kept, or renamed by `rename`).
+fn to_gguf(env: &TestEnv, dir: &str, file: &str, out: &str, dtype: DType, rename: &dyn Fn(&str) -> String) {
+    let d = env.dir.path().join("models").join(dir);
+    let src = sdflow_core::io::open(&d.join(file)).unwrap();
+    let mut data = Vec::new();
+    for t in src.tensors() {
+        let bytes = src.read(&t.name).unwrap().into_owned();
+        let target = if t.shape.len() >= 2 && t.shape[t.shape.len() - 1] % 32 == 0 { dtype } else { DType::F32 };
+        let bytes = sdflow_core::dtype::convert(t.dtype, &bytes, &t.shape, target).unwrap();
+        data.push((rename(&t.name), target, t.shape.clone(), bytes));
+    }
+    sdflow_core::io::gguf::write(&d.join(out), &[], data.iter().map(|(n, t, s, b)| (n.as_str(), *t, s.clone(), b.as_slice()))).unwrap();
+}
+
+/// llama.cpp's name of a Hugging Face T5 encoder tensor.
+fn llama_cpp_t5(hf: &str) -> String {
+    let map = [
+        ("shared.weight", "token_embd.weight"),
+        ("encoder.final_layer_norm.weight", "enc.output_norm.weight"),
+    ];
+    if let Some((_, g)) = map.iter().find(|(h, _)| *h == hf) {
+        return g.to_string();
+    }
+    let rest = hf.strip_prefix("encoder.block.").unwrap();
+    let (i, part) = rest.split_once(".layer.").unwrap();
+    let part = match part {
+        "0.SelfAttention.q.weight" => "attn_q",
+        "0.SelfAttention.k.weight" => "attn_k",
+        "0.SelfAttention.v.weight" => "attn_v",
+        "0.SelfAttention.o.weight" => "attn_o",
+        "0.SelfAttention.relative_attention_bias.weight" => "attn_rel_b",
+        "0.layer_norm.weight" => "attn_norm",
+        "1.DenseReluDense.wi_0.weight" => "ffn_gate",
+        "1.DenseReluDense.wi_1.weight" => "ffn_up",
+        "1.DenseReluDense.wo.weight" => "ffn_down",
+        "1.layer_norm.weight" => "ffn_norm",
+        other => panic!("{other}"),
+    };
+    format!("enc.blk.{i}.{part}.weight")
+}
+
+#[test]
+fn gguf_files_load_and_quantized_weights_stay_close() {
+    let env = env();
+    let wf = dev(&env);
+    let base = env.run_saved(&wf, "10").2;
+    to_gguf(&env, "diffusion_models", "flux1-dev.safetensors", "flux1-dev-f32.gguf", DType::F32, &|n| n.to_string());
+    to_gguf(&env, "diffusion_models", "flux1-dev.safetensors", "flux1-dev-Q8_0.gguf", DType::Q8_0, &|n| n.to_string());
+    to_gguf(&env, "text_encoders", "t5xxl_fp16.safetensors", "t5-v1_1-xxl-encoder-f32.gguf", DType::F32, &llama_cpp_t5);
+    let env = TestEnv::with_dir(env.dir, |rt| rt);
+    let gguf = with_input(&with_input(&wf, "1", "unet_name", serde_json::json!("flux1-dev-f32.gguf")), "2", "clip_name1", serde_json::json!("t5-v1_1-xxl-encoder-f32.gguf"));
+    assert_eq!(env.run_saved(&gguf, "10").2, base, "f32 GGUF files in llama.cpp/city96 names give the same image");
+    let q8 = with_input(&wf, "1", "unet_name", serde_json::json!("flux1-dev-Q8_0.gguf"));
+    let px = env.run_saved(&q8, "10").2;
+    let diff = px.iter().zip(&base).map(|(a, b)| (*a as i32 - *b as i32).abs()).max().unwrap();
+    assert!(diff > 0 && diff < 40, "q8_0 weights compute quantized, close to f32: max pixel difference {diff}");
+}
+
+#[test]
+fn bad_combinations_are_named_errors() {
+    let env = env();
+    let wf = dev(&env);
+    // Two CLIPs for FLUX.
+    let e = env.run_err(&with_input(&wf, "2", "clip_name1", serde_json::json!("clip_l.safetensors")));
+    assert!(e.contains("both CLIP text encoders") && e.contains("T5-XXL"), "{e}");
+    // SD's 4-channel VAE on FLUX's 16-channel latents.
+    std::fs::copy(env.dir.path().join("models/checkpoints/model.safetensors"), env.dir.path().join("models/vae/sd_vae.safetensors")).unwrap();
+    let env = TestEnv::with_dir(env.dir, |rt| rt);
+    let e = env.run_err(&with_input(&wf, "3", "vae_name", serde_json::json!("sd_vae.safetensors")));
+    assert!(e.contains("a latent of 16 channels for a VAE of 4"), "{e}");
+    // An SD checkpoint in the diffusion-model loader.
+    std::fs::copy(env.dir.path().join("models/checkpoints/model.safetensors"), env.dir.path().join("models/diffusion_models/sd15.safetensors")).unwrap();
+    let env = TestEnv::with_dir(env.dir, |rt| rt);
+    let e = env.run_err(&with_input(&wf, "1", "unet_name", serde_json::json!("sd15.safetensors")));
+    assert!(e.contains("sd15.safetensors") && e.contains("CheckpointLoaderSimple"), "{e}");
+    // SD conditioning (CLIP-L's 32-wide tokens) on FLUX.
+    let mut sd_text = wf.clone();
+    let mut loader = sdflow_executor::NodeSpec::new("CheckpointLoaderSimple");
+    loader.inputs.insert("ckpt_name".into(), sdflow_executor::InputValue::Const(serde_json::json!("model.safetensors")));
+    sd_text.nodes.insert("20".into(), loader);
+    sd_text.set_input("4", "clip", link("20", 1)).unwrap();
+    let e = env.run_err(&sd_text);
+    assert!(e.contains("T5-XXL"), "{e}");
+    // ModelSamplingDiscrete cannot turn FLUX into an eps model.
+    let mut eps = wf.clone();
+    let mut ms = sdflow_executor::NodeSpec::new("ModelSamplingDiscrete");
+    ms.inputs.insert("model".into(), link("1", 0));
+    ms.inputs.insert("sampling".into(), sdflow_executor::InputValue::Const(serde_json::json!("eps")));
+    ms.inputs.insert("zsnr".into(), sdflow_executor::InputValue::Const(serde_json::json!(false)));
+    eps.nodes.insert("21".into(), ms);
+    eps.set_input("8", "model", link("21", 0)).unwrap();
+    let e = env.run_err(&eps);
+    assert!(e.contains("ModelSamplingFlux"), "{e}");
+}
