@@ -5,17 +5,18 @@
 //! manager, the compute backend, where models and outputs live — is in one [`Runtime`]
 //! given at registration.
 //!
-//! - [`loaders`]: CheckpointLoaderSimple, VAELoader
+//! - [`loaders`]: CheckpointLoaderSimple, UNETLoader, CLIPLoader, DualCLIPLoader, VAELoader
 //! - [`lora`]: LoraLoader, LoraLoaderModelOnly
 //! - [`conditioning`]: CLIPTextEncode, CLIPSetLastLayer, ConditioningCombine, ConditioningConcat,
 //!   ConditioningAverage, ConditioningZeroOut, ConditioningSetTimestepRange
-//! - [`latent`]: EmptyLatentImage, SetLatentNoiseMask, LatentUpscale, LatentUpscaleBy
+//! - [`latent`]: EmptyLatentImage, EmptySD3LatentImage, SetLatentNoiseMask, LatentUpscale, LatentUpscaleBy
 //! - [`sampling`]: KSampler
 //! - [`custom_sampling`]: KSamplerAdvanced, SamplerCustom(Advanced), KSamplerSelect,
 //!   KSamplerSelectAdvanced, SamplerEulerAncestral(CFGPP), SamplerDPMPP_2S_Ancestral, SamplerLMS,
 //!   BasicScheduler, KarrasScheduler, ExponentialScheduler, ManualSigmas, SplitSigmas, RandomNoise,
 //!   DisableNoise, CFGGuider, BasicGuider
-//! - [`model_sampling`]: ModelSamplingDiscrete, ModelSamplingContinuousEDM
+//! - [`model_sampling`]: ModelSamplingDiscrete, ModelSamplingContinuousEDM, ModelSamplingFlux
+//! - [`flux`]: CLIPTextEncodeFlux, FluxGuidance
 //! - [`image`]: LoadImage, LoadImageMask, ImageScale, VAEDecode, VAEEncode, VAEEncodeForInpaint,
 //!   SaveImage, PreviewImage, VAEDecodeTiled, VAEEncodeTiled, ImageCrop, ImageInvert, EmptyImage
 //! - [`mask`]: SolidMask, InvertMask, CropMask, MaskComposite, FeatherMask, GrowMask, ThresholdMask,

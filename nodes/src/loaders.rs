@@ -179,7 +179,7 @@ impl Node for CheckpointLoaderSimple {
         NodeSchema::new("CheckpointLoaderSimple")
             .display_name("Load Checkpoint")
             .category("loaders")
-            .description("Loads a diffusion model checkpoint (SD1.x, SD2.x, SDXL); weights load on first use.")
+            .description("Loads a diffusion model checkpoint (SD1.x, SD2.x, SDXL, all-in-one FLUX.1); weights load on first use.")
             .input(InputSpec::combo("ckpt_name", self.rt.list_models("checkpoints")).tooltip("The checkpoint to load."))
             .output("MODEL", IoType::MODEL)
             .output("CLIP", IoType::CLIP)
@@ -193,6 +193,12 @@ impl Node for CheckpointLoaderSimple {
 
     fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
         let path = self.path(inputs)?;
+        if !path.is_dir() {
+            let det = detect::detect_source(io::open(&path).map_err(err)?.as_ref());
+            if det.family == ModelFamily::Flux && det.layout == Some(KeyLayout::Ldm) {
+                return flux_checkpoint(&self.rt, &path, &det);
+            }
+        }
         let parts = sd_parts(&path)?;
         let model = ModelRef {
             weights: weights_handle(&self.rt, &path, "model.diffusion_model.")?,
@@ -272,22 +278,61 @@ impl Node for UnetLoader {
             (ModelFamily::Unknown, _) => return Err(NodeError::msg(format!("{shown}: {}", det.message))),
             (other, _) => return Err(NodeError::msg(format!("{shown}: {other} diffusion models are not supported by this loader yet (FLUX.1 is; SD checkpoints load with CheckpointLoaderSimple)"))),
         };
-        // dev embeds its distilled guidance and samples with ComfyUI's ModelSamplingFlux
-        // (μ 1.15); schnell is a plain unshifted flow (`model_base.ModelType.FLOW`).
-        let flow = if det.flux_guidance { FlowShift::Flux(1.15) } else { FlowShift::Snr(1.0) };
-        let model = ModelRef {
-            weights: weights_handle_as(&self.rt, &path, &prefix, wt)?,
-            prefix,
-            family: ModelFamily::Flux,
-            prediction: Prediction::Flow,
-            latent_scale: FLUX_LATENT_SCALE,
-            latent_shift: FLUX_LATENT_SHIFT,
-            schedule: flow.schedule().map_err(err)?,
-            flow: Some(flow),
-            ip_adapters: Vec::new(),
-        };
+        let model = flux_model(weights_handle_as(&self.rt, &path, &prefix, wt)?, prefix, det.flux_guidance)?;
         Ok(Outputs::new(vec![Value::new(IoType::MODEL, model)]))
     }
+}
+
+/// The MODEL of a FLUX.1 transformer under `prefix` of `weights`: dev (`guidance`: it
+/// embeds its distilled guidance) samples with ComfyUI's ModelSamplingFlux (μ 1.15),
+/// schnell as a plain unshifted flow (`model_base.ModelType.FLOW`).
+fn flux_model(weights: WeightHandle<Weights>, prefix: String, guidance: bool) -> Result<ModelRef, NodeError> {
+    let flow = if guidance { FlowShift::Flux(1.15) } else { FlowShift::Snr(1.0) };
+    Ok(ModelRef {
+        weights,
+        prefix,
+        family: ModelFamily::Flux,
+        prediction: Prediction::Flow,
+        latent_scale: FLUX_LATENT_SCALE,
+        latent_shift: FLUX_LATENT_SHIFT,
+        schedule: flow.schedule().map_err(err)?,
+        flow: Some(flow),
+        ip_adapters: Vec::new(),
+    })
+}
+
+/// Where ComfyUI's all-in-one FLUX checkpoints keep the parts beside
+/// `model.diffusion_model.`.
+const FLUX_CLIP_L: &str = "text_encoders.clip_l.transformer.";
+const FLUX_T5: &str = "text_encoders.t5xxl.transformer.";
+const FLUX_VAE: &str = "vae.";
+
+/// The outputs of CheckpointLoaderSimple for an all-in-one FLUX.1 checkpoint (ComfyUI's
+/// `flux1-dev-fp8.safetensors` layout): each part the file lacks is named with the node
+/// that supplies it instead.
+fn flux_checkpoint(rt: &Runtime, path: &Path, det: &detect::Detection) -> Result<Outputs, NodeError> {
+    let src = io::open(path).map_err(err)?;
+    let names = || src.tensors().iter().map(|t| t.name.as_str());
+    let has = |p: &str| names().any(|n| n.starts_with(p));
+    let prefix = det.diffusion_prefix.clone().unwrap_or_default();
+    let mut missing = Vec::new();
+    if !has(&format!("{FLUX_CLIP_L}text_model.")) {
+        missing.push(format!("CLIP-L (`{FLUX_CLIP_L}*`: load clip_l with DualCLIPLoader type flux, sd-cli's --clip_l)"));
+    }
+    if !t5::is_t5(names().filter(|n| n.starts_with(FLUX_T5))) {
+        missing.push(format!("T5-XXL (`{FLUX_T5}*`: load t5xxl with DualCLIPLoader type flux, sd-cli's --t5xxl)"));
+    }
+    if !has(&format!("{FLUX_VAE}decoder.")) {
+        missing.push(format!("the VAE (`{FLUX_VAE}*`: load ae with VAELoader, sd-cli's --vae)"));
+    }
+    if !missing.is_empty() {
+        return Err(NodeError::msg(format!("{}: a FLUX.1 diffusion model without {}; load the model with UNETLoader (sd-cli's --diffusion-model) and the rest apart", path.display(), missing.join(", "))));
+    }
+    let model = flux_model(weights_handle(rt, path, &prefix)?, prefix, det.flux_guidance)?;
+    let clip_l = ClipEncoder { weights: weights_handle(rt, path, FLUX_CLIP_L)?, prefix: format!("{FLUX_CLIP_L}text_model"), layout: ClipLayout::HuggingFace, dropped_layers: 0 };
+    let clip = ClipRef { encoders: vec![clip_l], t5: Some(t5_handle(rt, path)?), family: ModelFamily::Flux, clip_skip: None };
+    let vae = VaeRef { weights: weights_handle(rt, path, FLUX_VAE)?, prefix: FLUX_VAE.trim_end_matches('.').into(), kind: VaeKind::Kl };
+    Ok(Outputs::new(vec![Value::new(IoType::MODEL, model), Value::new(IoType::CLIP, clip), Value::new(IoType::VAE, vae)]))
 }
 
 /// Where standalone text encoders live (ComfyUI's folder; sd-cli's --clip_l/--clip_g).
@@ -352,7 +397,10 @@ impl Node for ClipLoader {
                 .input(InputSpec::combo("clip_name", files))
                 .input(InputSpec::combo("type", vec!["stable_diffusion".to_string()]))
         };
-        s.category("advanced/loaders").output("CLIP", IoType::CLIP)
+        // Placement is sdflow's residency manager's: text encoders compute on the CPU.
+        s.input(InputSpec::combo("device", ["default", "cpu"]).optional().tooltip("Where the text encoders run: on the CPU either way in this build."))
+            .category("advanced/loaders")
+            .output("CLIP", IoType::CLIP)
     }
 
     fn fingerprint(&self, inputs: &Inputs) -> Result<Option<Vec<u8>>, NodeError> {

@@ -308,7 +308,8 @@ pub fn write_taesd(dir: &Path, single_file: bool) -> Vec<PathBuf> {
 /// FLUX.1's files as people download them, tiny, under `root/models`: the dev and schnell
 /// transformers alone in BFL's names (`diffusion_models/flux1-{dev,schnell}.safetensors`),
 /// T5-XXL's encoder (`text_encoders/t5xxl_fp16.safetensors`), CLIP-L
-/// (`text_encoders/clip_l.safetensors`, unless one is there) and the 16-channel `vae/ae.safetensors`.
+/// (`text_encoders/clip_l.safetensors`, unless one is there), the 16-channel `vae/ae.safetensors`,
+/// and all of them in one file as ComfyUI packs them (`checkpoints/flux1-schnell-fp8.safetensors`).
 pub fn write_flux_models(root: &Path) {
     use sdflow_core::synth::dit::{ae_tensors, clip_l_tensors, tiny_ae_config, FluxSynth, T5Synth};
     use sdflow_core::synth::{write_specs, TensorSpec};
@@ -331,4 +332,14 @@ pub fn write_flux_models(root: &Path) {
     write("text_encoders", "clip_l.safetensors", &clip_l_tensors(&clip), serde_json::to_string(&clip).unwrap(), 24);
     let ae = tiny_ae_config();
     write("vae", "ae.safetensors", &ae_tensors(&ae), serde_json::to_string(&ae).unwrap(), 25);
+    // ComfyUI's all-in-one layout (`flux1-schnell-fp8.safetensors`): every part under its prefix.
+    let prefixed = |p: &str, specs: Vec<TensorSpec>| -> Vec<TensorSpec> { specs.into_iter().map(|t| TensorSpec { name: format!("{p}{}", t.name), ..t }).collect() };
+    let all = [
+        prefixed("model.diffusion_model.", FluxSynth::tiny(false).tensors()),
+        prefixed("text_encoders.clip_l.transformer.", clip_l_tensors(&clip)),
+        prefixed("text_encoders.t5xxl.transformer.", t5.tensors()),
+        prefixed("vae.", ae_tensors(&ae)),
+    ]
+    .concat();
+    write("checkpoints", "flux1-schnell-fp8.safetensors", &all, "all-in-one tiny FLUX.1 schnell".into(), 26);
 }

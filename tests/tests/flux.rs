@@ -170,3 +170,53 @@ fn bad_combinations_are_named_errors() {
     let e = env.run_err(&eps);
     assert!(e.contains("ModelSamplingFlux"), "{e}");
 }
+
+/// A ComfyUI template from tests/fixtures/comfyui, unchanged but for test sizes: `size`²
+/// latents, `steps` steps.
+fn template(env: &TestEnv, name: &str, size: i64, steps: i64) -> Workflow {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/comfyui").join(name);
+    let mut wf = Workflow::parse(&std::fs::read_to_string(path).unwrap(), env.exec.registry()).unwrap_or_else(|e| panic!("{name}: {e}"));
+    if let Err(report) = env.exec.validate(&wf) {
+        panic!("{name} does not validate: {}", serde_json::to_string_pretty(&report.to_json()).unwrap());
+    }
+    for (id, node) in wf.nodes.clone() {
+        let set = |wf: &mut Workflow, input: &str, v: serde_json::Value| wf.set_input(&id, input, sdflow_executor::InputValue::Const(v)).unwrap();
+        match node.class_type.as_str() {
+            "EmptySD3LatentImage" => {
+                set(&mut wf, "width", serde_json::json!(size));
+                set(&mut wf, "height", serde_json::json!(size));
+            }
+            "KSampler" => set(&mut wf, "steps", serde_json::json!(steps)),
+            _ => {}
+        }
+    }
+    wf
+}
+
+#[test]
+fn comfyui_flux_templates_load_unchanged_and_run() {
+    let env = env();
+    for name in ["flux_schnell_full_text_to_image.json", "flux_schnell.json"] {
+        let wf = template(&env, name, 32, 2);
+        let save = sdflow_tests::node_of(&wf, "SaveImage");
+        let (w, h, px) = env.run_saved(&wf, &save);
+        assert_eq!((w, h), (32, 32), "{name}");
+        assert!(px.iter().max().unwrap() > px.iter().min().unwrap(), "{name}");
+    }
+}
+
+#[test]
+fn an_all_in_one_file_without_its_parts_names_them() {
+    let env = env();
+    // The diffusion model alone in the checkpoint loader.
+    let src = env.dir.path().join("models/diffusion_models/flux1-dev.safetensors");
+    std::fs::copy(&src, env.dir.path().join("models/checkpoints/flux1-dev-alone.safetensors")).unwrap();
+    let env = TestEnv::with_dir(env.dir, |rt| rt);
+    let mut wf = template(&env, "flux_schnell.json", 32, 1);
+    let loader = sdflow_tests::node_of(&wf, "CheckpointLoaderSimple");
+    wf = with_input(&wf, &loader, "ckpt_name", serde_json::json!("flux1-dev-alone.safetensors"));
+    let e = env.run_err(&wf);
+    for part in ["CLIP-L", "--clip_l", "T5-XXL", "--t5xxl", "the VAE", "--vae", "UNETLoader"] {
+        assert!(e.contains(part), "{part} in: {e}");
+    }
+}
