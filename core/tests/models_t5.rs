@@ -92,31 +92,28 @@ fn write_renamed(key: &str, dir: &std::path::Path, file: &str, rename: impl Fn(&
     path
 }
 
-/// llama.cpp's names for a Hugging Face T5 encoder name (the inverse of `t5::hf_name`,
-/// written out independently from llama.cpp's tensor map).
+/// llama.cpp's names for a Hugging Face T5 encoder name.
 fn llama_cpp_name(hf: &str) -> String {
-    if hf == "shared.weight" {
-        return "token_embd.weight".into();
+    t5::gguf_name(hf).unwrap_or_else(|| panic!("{hf}"))
+}
+
+#[test]
+fn gguf_names_are_llama_cpps() {
+    // Spot checks from llama.cpp's tensor map (`LLM_ARCH_T5` encoder names).
+    for (gguf, hf) in [
+        ("token_embd.weight", "shared.weight"),
+        ("enc.output_norm.weight", "encoder.final_layer_norm.weight"),
+        ("enc.blk.0.attn_rel_b.weight", "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"),
+        ("enc.blk.3.ffn_gate.weight", "encoder.block.3.layer.1.DenseReluDense.wi_0.weight"),
+        ("enc.blk.23.ffn_up.weight", "encoder.block.23.layer.1.DenseReluDense.wi_1.weight"),
+        ("enc.blk.7.attn_o.weight", "encoder.block.7.layer.0.SelfAttention.o.weight"),
+    ] {
+        assert_eq!(t5::hf_name(gguf).as_deref(), Some(hf));
+        assert_eq!(t5::gguf_name(hf).as_deref(), Some(gguf));
     }
-    if hf == "encoder.final_layer_norm.weight" {
-        return "enc.output_norm.weight".into();
+    for decoder in ["dec.blk.0.attn_q.weight", "enc.blk.x.attn_q.weight", "enc.blk.0.attn_q.bias", "output.weight"] {
+        assert_eq!(t5::hf_name(decoder), None, "{decoder}");
     }
-    let rest = hf.strip_prefix("encoder.block.").unwrap();
-    let (i, part) = rest.split_once(".layer.").unwrap();
-    let part = match part {
-        "0.SelfAttention.q.weight" => "attn_q",
-        "0.SelfAttention.k.weight" => "attn_k",
-        "0.SelfAttention.v.weight" => "attn_v",
-        "0.SelfAttention.o.weight" => "attn_o",
-        "0.SelfAttention.relative_attention_bias.weight" => "attn_rel_b",
-        "0.layer_norm.weight" => "attn_norm",
-        "1.DenseReluDense.wi_0.weight" => "ffn_gate",
-        "1.DenseReluDense.wi_1.weight" => "ffn_up",
-        "1.DenseReluDense.wo.weight" => "ffn_down",
-        "1.layer_norm.weight" => "ffn_norm",
-        other => panic!("{other}"),
-    };
-    format!("enc.blk.{i}.{part}.weight")
 }
 
 #[test]

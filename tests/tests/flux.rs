@@ -92,29 +92,7 @@ fn to_gguf(env: &TestEnv, dir: &str, file: &str, out: &str, dtype: DType, rename
 
 /// llama.cpp's name of a Hugging Face T5 encoder tensor.
 fn llama_cpp_t5(hf: &str) -> String {
-    let map = [
-        ("shared.weight", "token_embd.weight"),
-        ("encoder.final_layer_norm.weight", "enc.output_norm.weight"),
-    ];
-    if let Some((_, g)) = map.iter().find(|(h, _)| *h == hf) {
-        return g.to_string();
-    }
-    let rest = hf.strip_prefix("encoder.block.").unwrap();
-    let (i, part) = rest.split_once(".layer.").unwrap();
-    let part = match part {
-        "0.SelfAttention.q.weight" => "attn_q",
-        "0.SelfAttention.k.weight" => "attn_k",
-        "0.SelfAttention.v.weight" => "attn_v",
-        "0.SelfAttention.o.weight" => "attn_o",
-        "0.SelfAttention.relative_attention_bias.weight" => "attn_rel_b",
-        "0.layer_norm.weight" => "attn_norm",
-        "1.DenseReluDense.wi_0.weight" => "ffn_gate",
-        "1.DenseReluDense.wi_1.weight" => "ffn_up",
-        "1.DenseReluDense.wo.weight" => "ffn_down",
-        "1.layer_norm.weight" => "ffn_norm",
-        other => panic!("{other}"),
-    };
-    format!("enc.blk.{i}.{part}.weight")
+    sdflow_core::models::t5::gguf_name(hf).unwrap_or_else(|| panic!("{hf}"))
 }
 
 #[test]

@@ -216,8 +216,12 @@ await check("a missing input is shown on its node after a delete", async () => {
     return [n.pos[0] + 30, n.pos[1] - 15];
   }, toImage);
   const [x, y] = await toPage(title);
+  // Under load the canvas may take the click a frame late: wait for the selection (and then
+  // for the removal) instead of reading the graph at once.
   await page.mouse.click(x, y);
+  await page.waitForFunction((id) => !!window.sdflow.canvas.selected_nodes?.[id], toImage, { timeout: 5000 }).catch(() => {});
   await page.keyboard.press("Delete");
+  await page.waitForFunction((id) => !window.sdflow.graph.getNodeById(id), toImage, { timeout: 5000 }).catch(() => {});
   assert.deepEqual(await nodeTypes(), ["SaveImage", "SolidMask"], "Delete removed the selected node");
   await page.click("#btn-queue");
   const item = page.locator(`#errors .error[data-node="${save}"]`);

@@ -15,45 +15,31 @@ use crate::ggml::{Context, Tensor};
 /// (channel, row, column) order: einops' `b c (h ph) (w pw) -> b (h w) (c ph pw)`, which
 /// FLUX, Chroma and Qwen-Image use. H and W must be multiples of `p`.
 pub fn patchify(latent: &[f32], shape: [usize; 4], p: usize) -> Result<Vec<f32>> {
-    let [b, c, h, w] = shape;
     check_patches(latent.len(), shape, p)?;
-    let (hp, wp) = (h / p, w / p);
     let mut out = Vec::with_capacity(latent.len());
-    for bi in 0..b {
-        for r in 0..hp {
-            for q in 0..wp {
-                for ci in 0..c {
-                    for pr in 0..p {
-                        let row = ((bi * c + ci) * h + r * p + pr) * w + q * p;
-                        out.extend_from_slice(&latent[row..row + p]);
-                    }
-                }
-            }
-        }
+    for row in patch_rows(shape, p) {
+        out.extend_from_slice(&latent[row..row + p]);
     }
     Ok(out)
 }
 
 /// The inverse of [`patchify`]: tokens back to a latent of `shape` [B, C, H, W].
 pub fn unpatchify(tokens: &[f32], shape: [usize; 4], p: usize) -> Result<Vec<f32>> {
-    let [b, c, h, w] = shape;
     check_patches(tokens.len(), shape, p)?;
-    let (hp, wp) = (h / p, w / p);
     let mut out = vec![0f32; tokens.len()];
-    let mut src = tokens.chunks_exact(p);
-    for bi in 0..b {
-        for r in 0..hp {
-            for q in 0..wp {
-                for ci in 0..c {
-                    for pr in 0..p {
-                        let row = ((bi * c + ci) * h + r * p + pr) * w + q * p;
-                        out[row..row + p].copy_from_slice(src.next().expect("lengths checked"));
-                    }
-                }
-            }
-        }
+    for (row, src) in patch_rows(shape, p).zip(tokens.chunks_exact(p)) {
+        out[row..row + p].copy_from_slice(src);
     }
     Ok(out)
+}
+
+/// Where each run of `p` latent values starts, in token order: per token, per channel, per
+/// patch row (the order of [`patchify`]'s features).
+fn patch_rows([b, c, h, w]: [usize; 4], p: usize) -> impl Iterator<Item = usize> {
+    let (hp, wp) = (h / p, w / p);
+    (0..b).flat_map(move |bi| {
+        (0..hp).flat_map(move |r| (0..wp).flat_map(move |q| (0..c).flat_map(move |ci| (0..p).map(move |pr| ((bi * c + ci) * h + r * p + pr) * w + q * p))))
+    })
 }
 
 fn check_patches(len: usize, [b, c, h, w]: [usize; 4], p: usize) -> Result<()> {

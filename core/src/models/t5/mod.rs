@@ -208,32 +208,46 @@ impl<'w> T5Encoder<'w> {
     }
 }
 
+/// llama.cpp's GGUF names of a T5 encoder's per-layer tensors (what city96's T5 GGUF files and
+/// llama.cpp's converter write) beside the Hugging Face names under `encoder.block.N.layer.`.
+const GGUF_LAYER_NAMES: [(&str, &str); 10] = [
+    ("attn_q", "0.SelfAttention.q"),
+    ("attn_k", "0.SelfAttention.k"),
+    ("attn_v", "0.SelfAttention.v"),
+    ("attn_o", "0.SelfAttention.o"),
+    ("attn_rel_b", "0.SelfAttention.relative_attention_bias"),
+    ("attn_norm", "0.layer_norm"),
+    ("ffn_gate", "1.DenseReluDense.wi_0"),
+    ("ffn_up", "1.DenseReluDense.wi_1"),
+    ("ffn_down", "1.DenseReluDense.wo"),
+    ("ffn_norm", "1.layer_norm"),
+];
+
+/// The same for the tensors outside the layers.
+const GGUF_NAMES: [(&str, &str); 2] = [("token_embd.weight", "shared.weight"), ("enc.output_norm.weight", "encoder.final_layer_norm.weight")];
+
 /// The Hugging Face name of a T5 encoder tensor in llama.cpp's GGUF naming (`token_embd`,
-/// `enc.blk.N.attn_q`, ...; what city96's T5 GGUF files and llama.cpp's converter write),
-/// or `None` for a name outside it (decoder tensors, which an encoder never reads).
+/// `enc.blk.N.attn_q`, ...), or `None` for a name outside it (decoder tensors, which an
+/// encoder never reads).
 pub fn hf_name(gguf: &str) -> Option<String> {
-    match gguf {
-        "token_embd.weight" => return Some("shared.weight".into()),
-        "enc.output_norm.weight" => return Some("encoder.final_layer_norm.weight".into()),
-        _ => {}
+    if let Some((_, hf)) = GGUF_NAMES.iter().find(|(g, _)| *g == gguf) {
+        return Some(hf.to_string());
     }
-    let rest = gguf.strip_prefix("enc.blk.")?;
-    let (i, part) = rest.split_once('.')?;
+    let (i, part) = gguf.strip_prefix("enc.blk.")?.split_once('.')?;
     let i: usize = i.parse().ok()?;
-    let hf = match part {
-        "attn_q.weight" => "0.SelfAttention.q.weight",
-        "attn_k.weight" => "0.SelfAttention.k.weight",
-        "attn_v.weight" => "0.SelfAttention.v.weight",
-        "attn_o.weight" => "0.SelfAttention.o.weight",
-        "attn_rel_b.weight" => "0.SelfAttention.relative_attention_bias.weight",
-        "attn_norm.weight" => "0.layer_norm.weight",
-        "ffn_gate.weight" => "1.DenseReluDense.wi_0.weight",
-        "ffn_up.weight" => "1.DenseReluDense.wi_1.weight",
-        "ffn_down.weight" => "1.DenseReluDense.wo.weight",
-        "ffn_norm.weight" => "1.layer_norm.weight",
-        _ => return None,
-    };
-    Some(format!("encoder.block.{i}.layer.{hf}"))
+    let (_, hf) = GGUF_LAYER_NAMES.iter().find(|(g, _)| part.strip_suffix(".weight") == Some(*g))?;
+    Some(format!("encoder.block.{i}.layer.{hf}.weight"))
+}
+
+/// The inverse of [`hf_name`]: llama.cpp's name of a Hugging Face T5 encoder tensor.
+pub fn gguf_name(hf: &str) -> Option<String> {
+    if let Some((g, _)) = GGUF_NAMES.iter().find(|(_, h)| *h == hf) {
+        return Some(g.to_string());
+    }
+    let (i, part) = hf.strip_prefix("encoder.block.")?.split_once(".layer.")?;
+    let i: usize = i.parse().ok()?;
+    let (g, _) = GGUF_LAYER_NAMES.iter().find(|(_, h)| part.strip_suffix(".weight") == Some(*h))?;
+    Some(format!("enc.blk.{i}.{g}.weight"))
 }
 
 /// `src` in Hugging Face's layout: a GGUF file in llama.cpp's naming renamed by
