@@ -192,15 +192,16 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     // count (`fix_empty_latent_channels`), so EmptyLatentImage also serves FLUX.
     let empty = latent.samples.iter().all(|&v| v == 0.0);
     let want_channels = if model.family == ModelFamily::Flux { 16 } else { channels };
-    let latent = &if empty && channels != want_channels {
-        Latent { samples: vec![0.0; (lw * lh * want_channels * ln) as usize], shape: [lw, lh, want_channels, ln], noise_mask: latent.noise_mask.clone() }
+    let grown;
+    let latent = if empty && channels != want_channels {
+        grown = Latent { samples: vec![0.0; (lw * lh * want_channels * ln) as usize], shape: [lw, lh, want_channels, ln], noise_mask: latent.noise_mask.clone() };
+        &grown
     } else {
-        latent.clone()
+        latent
     };
     let shape = latent.shape;
-    let channels = shape[2];
     let plane = (lw * lh) as usize;
-    let channels = channels as usize;
+    let channels = shape[2] as usize;
     // One generator for the initial noise and every step's, as sd.cpp does.
     let mut rng = noise.1.unwrap_or(rt.rng).seeded(noise.0.unwrap_or(0));
     let noise: Vec<f32> = match noise.0 {

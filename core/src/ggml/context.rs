@@ -617,7 +617,12 @@ impl Context {
     /// GELU, tanh approximation, from f32 ops: `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`,
     /// PyTorch's `gelu(approximate="tanh")` (T5's `gelu_new`, FLUX's MLPs) to f32 accuracy;
     /// [`Context::gelu`] looks x up in an f16 table on the CPU.
+    /// On the CPU it is one fused pass (`ggml::gelu`) where the tensor is contiguous f32.
     pub fn gelu_tanh_exact<'a>(&'a self, a: Tensor<'a>) -> Result<Tensor<'a>> {
+        if super::matmul::enabled() && a.dtype() == GType::F32 && a.is_contiguous() {
+            // SAFETY: a contiguous f32 source of the output's shape, as the op reads it.
+            return unsafe { self.custom("gelu_tanh", GType::F32, a.ne(), &[a], Some(super::gelu::compute), 0) };
+        }
         let x3 = self.mul(self.mul(a, a)?, a)?;
         let inner = self.scale(self.add(a, self.scale(x3, 0.044715)?)?, (2.0 / std::f32::consts::PI).sqrt())?;
         let t = self.tanh(inner)?;

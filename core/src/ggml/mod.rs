@@ -13,6 +13,7 @@ pub mod bf16;
 mod attention;
 mod backend;
 mod context;
+mod gelu;
 pub mod matmul;
 mod run;
 
