@@ -189,3 +189,47 @@ fn weighted_prompts_interpolate_from_the_empty_prompt() {
     assert!(max_abs_err(&got, &plain) > 1e-3, "the weights change the result");
     assert_eq!(got[..48], plain[..48], "weight 1 leaves a token alone");
 }
+
+#[test]
+fn scaled_fp8_files_are_dequantized_by_their_scales() {
+    // ComfyUI's `t5xxl_fp8_e4m3fn_scaled` layout: each matrix as fp8 of `w / s` beside
+    // `{layer}.scale_weight` = s, and an empty `scaled_fp8` marker.
+    let r = fixture();
+    let keys: BTreeMap<String, Vec<usize>> = serde_json::from_value(r["t5"]["keys"].clone()).unwrap();
+    let mut data: Vec<(String, DType, Vec<usize>, Vec<u8>)> = Vec::new();
+    let mut unscaled: Vec<(String, DType, Vec<usize>, Vec<u8>)> = Vec::new();
+    let mut deq: Vec<(String, DType, Vec<usize>, Vec<u8>)> = Vec::new();
+    for (n, shape) in &keys {
+        let v = det_values(n, shape.iter().product(), SCALE);
+        if shape.len() == 2 && !n.contains("relative_attention_bias") {
+            let s = v.iter().fold(0f32, |m, x| m.max(x.abs())) / 448.0 * 4.0;
+            let q: Vec<f32> = v.iter().map(|x| x / s).collect();
+            let fp8 = sdflow_core::dtype::from_f32(&q, shape[1], DType::F8E4M3).unwrap();
+            data.push((n.clone(), DType::F8E4M3, shape.clone(), fp8.clone()));
+            let back = sdflow_core::dtype::to_f32(DType::F8E4M3, &fp8, q.len()).unwrap();
+            deq.push((n.clone(), DType::F32, shape.clone(), back.iter().flat_map(|x| (x * s).to_le_bytes()).collect()));
+            unscaled.push((n.clone(), DType::F8E4M3, shape.clone(), fp8));
+            data.push((format!("{}.scale_weight", n.strip_suffix(".weight").unwrap()), DType::F32, vec![], s.to_le_bytes().to_vec()));
+        } else {
+            let b: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            data.push((n.clone(), DType::F32, shape.clone(), b.clone()));
+            unscaled.push((n.clone(), DType::F32, shape.clone(), b.clone()));
+            deq.push((n.clone(), DType::F32, shape.clone(), b));
+        }
+    }
+    data.push(("scaled_fp8".into(), DType::F8E4M3, vec![0], vec![]));
+    let dir = tempfile::tempdir().unwrap();
+    let backend = Backend::cpu(2).unwrap();
+    // fp8's three mantissa bits move a tiny random model far from its f32 output, so the
+    // reference is the same fp8 values dequantized by hand and stored as f32.
+    let mut outs = Vec::new();
+    for (file, tensors) in [("scaled.safetensors", &data), ("unscaled.safetensors", &unscaled), ("dequantized.safetensors", &deq)] {
+        let path = dir.path().join(file);
+        sdflow_core::io::safetensors::write(&path, tensors.iter().map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.as_slice())), &BTreeMap::new()).unwrap();
+        let src = sdflow_core::io::open(&path).unwrap();
+        let w = load_weights(&backend, src.as_ref(), &[""], &TypeRules::none()).unwrap();
+        outs.push(run(&w, "", None));
+    }
+    let (scaled, unscaled) = (max_abs_err(&outs[0], &outs[2]), max_abs_err(&outs[1], &outs[2]));
+    assert!(scaled <= 1e-5 && unscaled > 1.0, "scaled fp8 off by {scaled}, without the scales by {unscaled}");
+}

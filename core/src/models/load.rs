@@ -62,7 +62,8 @@ pub fn load_weights_prefixed(backend: &Backend, parts: &[(&dyn TensorSource, &st
 fn load_named(backend: &Backend, wanted: Vec<(&dyn TensorSource, &TensorInfo, String)>, rules: &TypeRules) -> Result<Weights> {
     let mut specs = Vec::with_capacity(wanted.len());
     let mut origin = std::collections::HashMap::with_capacity(wanted.len());
-    for (src, t, name) in &wanted {
+    // Empty marker tensors (ComfyUI's `scaled_fp8`) hold no weight.
+    for (src, t, name) in wanted.iter().filter(|(_, t, _)| t.n_elements() > 0 || t.shape.is_empty()) {
         let ty = load_type(t, rules);
         let g = ty.ggml_type().ok_or_else(|| ModelError::Weight { name: t.name.clone(), detail: format!("{ty:?} has no ggml type") })?;
         if t.shape.len() > 4 {
@@ -74,10 +75,51 @@ fn load_named(backend: &Backend, wanted: Vec<(&dyn TensorSource, &TensorInfo, St
     }
     Weights::new(backend, &specs, |spec| {
         let &(src, info) = origin.get(spec.name.as_str()).ok_or_else(|| ModelError::MissingWeight(spec.name.clone()))?;
-        let bytes = src.read(&info.name).map_err(|e| ModelError::Weight { name: spec.name.clone(), detail: e.to_string() })?;
-        let ty = DType::from_ggml(spec.ty.0).ok_or_else(|| ModelError::Weight { name: spec.name.clone(), detail: "unknown ggml type".into() })?;
-        let out = if ty == info.dtype { Ok(bytes.into_owned()) } else { dtype::convert(info.dtype, &bytes, &info.shape, ty).map_err(|e| ModelError::Weight { name: spec.name.clone(), detail: e.to_string() }) };
+        let bad = |e: &dyn std::fmt::Display| ModelError::Weight { name: spec.name.clone(), detail: e.to_string() };
+        let bytes = src.read(&info.name).map_err(|e| bad(&e))?;
+        let ty = DType::from_ggml(spec.ty.0).ok_or_else(|| bad(&"unknown ggml type"))?;
+        let out = match fp8_scale(src, info)? {
+            Some(scale) => {
+                let n = info.n_elements();
+                let mut v = dtype::to_f32(info.dtype, &bytes, n).map_err(|e| bad(&e))?;
+                let rows = info.shape.first().copied().unwrap_or(1).max(1);
+                for (i, x) in v.iter_mut().enumerate() {
+                    *x *= if scale.len() == 1 { scale[0] } else { scale[i / (n / rows)] };
+                }
+                let f32_bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                if ty == DType::F32 { Ok(f32_bytes) } else { dtype::convert(DType::F32, &f32_bytes, &info.shape, ty).map_err(|e| bad(&e)) }
+            }
+            None if ty == info.dtype => Ok(bytes.into_owned()),
+            None => dtype::convert(info.dtype, &bytes, &info.shape, ty).map_err(|e| bad(&e)),
+        };
         src.release(&info.name);
         out
     })
+}
+
+/// The scale of an fp8 weight in ComfyUI's "scaled fp8" files (`t5xxl_fp8_e4m3fn_scaled`,
+/// `flux1-dev-fp8-scaled`): `{layer}.scale_weight` (newer files: `{layer}.weight_scale`) beside
+/// `{layer}.weight`, one value or one per output row; the weight is `fp8 · scale`. `None` for
+/// every other tensor.
+fn fp8_scale(src: &dyn TensorSource, info: &TensorInfo) -> Result<Option<Vec<f32>>> {
+    if !matches!(info.dtype, DType::F8E4M3 | DType::F8E5M2) {
+        return Ok(None);
+    }
+    let Some(stem) = info.name.strip_suffix(".weight") else { return Ok(None) };
+    let Some(scale) = [format!("{stem}.scale_weight"), format!("{stem}.weight_scale")].into_iter().find_map(|n| src.tensors().iter().find(|t| t.name == n).cloned()) else {
+        return Ok(None);
+    };
+    let bad = |detail: String| ModelError::Weight { name: scale.name.clone(), detail };
+    let n = scale.n_elements();
+    let rows = info.shape.first().copied().unwrap_or(1);
+    if n != 1 && n != rows {
+        return Err(bad(format!("{n} scales for a weight of {rows} rows")));
+    }
+    let bytes = src.read(&scale.name).map_err(|e| bad(e.to_string()))?;
+    let v = dtype::to_f32(scale.dtype, &bytes, n).map_err(|e| bad(e.to_string()))?;
+    src.release(&scale.name);
+    if v.iter().any(|x| !x.is_finite()) {
+        return Err(bad(format!("scales {v:?} are not all finite")));
+    }
+    Ok(Some(v))
 }
