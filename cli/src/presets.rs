@@ -212,7 +212,7 @@ fn scheduler_parser() -> clap::builder::PossibleValuesParser {
 }
 
 fn parse_rel_tile_size(s: &str) -> Result<(f32, f32), String> {
-    sdflow_core::models::tiling::VaeTiling::parse_rel_size(s).map_err(|e| e.to_string())
+    sdflow_core::models::vae::tiling::VaeTiling::parse_rel_size(s).map_err(|e| e.to_string())
 }
 
 fn parse_tile_size(s: &str) -> Result<(i64, i64), String> {

@@ -20,7 +20,7 @@ use sdflow_core::ggml::Backend;
 use sdflow_core::io::{self, WeightType};
 use sdflow_core::models::flux::{Flux, FluxConfig, FluxDenoiser, FluxItem};
 use sdflow_core::models::load::load_weights;
-use sdflow_core::models::sd::Conditioning;
+use sdflow_core::models::conditioning::Conditioning;
 use sdflow_core::synth::dit::FluxSynth;
 use sdflow_core::synth::{write_specs, Format};
 use std::path::PathBuf;

@@ -8,9 +8,9 @@ use common::{det_values, det_weights, keys, max_abs_err, reference};
 use sdflow_core::dtype::DType;
 use sdflow_core::ggml::{Backend, Context, GraphRun};
 use sdflow_core::io::{self, TypeRules};
-use sdflow_core::models::controlnet::{self, ControlNet, ControlNetConfig, PREFIX};
+use sdflow_core::models::sd::controlnet::{self, ControlNet, ControlNetConfig, PREFIX};
 use sdflow_core::models::load::load_weights;
-use sdflow_core::models::unet::{Heads, Unet, UnetConfig, UnetExtras};
+use sdflow_core::models::sd::unet::{Heads, Unet, UnetConfig, UnetExtras};
 use sdflow_core::models::Weights;
 use std::collections::BTreeMap;
 
@@ -226,7 +226,8 @@ fn the_synthetic_controlnet_fits_the_tiny_checkpoint() {
 /// controls is the plain prediction.
 #[test]
 fn the_denoiser_runs_stacked_controls_per_item() {
-    use sdflow_core::models::sd::{BatchItem, Conditioning, ControlInput, IpSide, Prediction, SdDenoiser};
+    use sdflow_core::models::sd::{BatchItem, ControlInput, IpSide, SdDenoiser};
+use sdflow_core::models::conditioning::{Conditioning, Prediction};
     use sdflow_core::sampling::schedule::DiscreteSchedule;
     let backend = Backend::cpu(2).unwrap();
     let uw = det_weights(&keys("unet_sd1_tiny_keys.json"), 0.14, &backend);
@@ -268,13 +269,13 @@ fn the_denoiser_runs_stacked_controls_per_item() {
         let xt = g.input_f32(&[w, h, 4, n as i64], x.iter().map(|v| v * c_in).collect()).unwrap();
         let tt = g.input_f32(&[n as i64], vec![t; n]).unwrap();
         let ct = g.input_f32(&[48, 5, n as i64], [cond.data.clone(), cond.data.clone()].concat()).unwrap();
-        let mut sum: Option<sdflow_core::models::unet::ControlResiduals> = None;
+        let mut sum: Option<sdflow_core::models::sd::unet::ControlResiduals> = None;
         for (net, hint, s) in controls {
             let ht = g.input_f32(&[8 * w, 8 * h, 3, n as i64], hint.clone()).unwrap();
             let r = net.forward(&ctx, xt, ht, tt, ct, None, *s).unwrap();
             sum = Some(match sum {
                 None => r,
-                Some(p) => sdflow_core::models::unet::ControlResiduals { skips: p.skips.iter().zip(&r.skips).map(|(a, b)| ctx.add(*a, *b).unwrap()).collect(), middle: ctx.add(p.middle, r.middle).unwrap() },
+                Some(p) => sdflow_core::models::sd::unet::ControlResiduals { skips: p.skips.iter().zip(&r.skips).map(|(a, b)| ctx.add(*a, *b).unwrap()).collect(), middle: ctx.add(p.middle, r.middle).unwrap() },
             });
         }
         let eps = unet.forward_with(&ctx, xt, tt, ct, &UnetExtras { control: sum, ..Default::default() }).unwrap();

@@ -114,7 +114,7 @@ fn bad_configs_and_inputs_are_errors() {
 #[test]
 fn four_euler_steps_match_flux_pipeline() {
     use sdflow_core::models::flux::{FluxDenoiser, FluxItem};
-    use sdflow_core::models::sd::Conditioning;
+    use sdflow_core::models::conditioning::Conditioning;
     use sdflow_core::sampling::flow::{flux_mu, linear_sigmas, FlowShift};
     use sdflow_core::sampling::{sample, CpuRng, Denoised, SampleOpts, Sampler};
 
@@ -151,7 +151,7 @@ fn four_euler_steps_match_flux_pipeline() {
 #[test]
 fn denoiser_batches_items_and_names_bad_inputs() {
     use sdflow_core::models::flux::{FluxDenoiser, FluxItem};
-    use sdflow_core::models::sd::Conditioning;
+    use sdflow_core::models::conditioning::Conditioning;
 
     let (w, cfg) = tiny("dev");
     let backend = Backend::cpu(2).unwrap();

@@ -7,9 +7,10 @@ mod common;
 
 use common::{det_weights, max_abs_err, reference};
 use sdflow_core::ggml::{Backend, Context, GraphRun};
-use sdflow_core::models::ip_adapter::{cross_attention_blocks, ImageProj, IpAdapter, IpAdapterConfig};
-use sdflow_core::models::sd::{BatchItem, Conditioning, IpPatch, IpSide, Prediction, SdDenoiser};
-use sdflow_core::models::unet::{Heads, IpAttention, Unet, UnetConfig, UnetExtras};
+use sdflow_core::models::sd::ip_adapter::{cross_attention_blocks, ImageProj, IpAdapter, IpAdapterConfig};
+use sdflow_core::models::sd::{BatchItem, IpPatch, IpSide, SdDenoiser};
+use sdflow_core::models::conditioning::{Conditioning, Prediction};
+use sdflow_core::models::sd::unet::{Heads, IpAttention, Unet, UnetConfig, UnetExtras};
 use sdflow_core::models::Weights;
 use sdflow_core::sampling::schedule::DiscreteSchedule;
 

@@ -6,8 +6,8 @@ mod common;
 
 use common::{det_weights, max_abs_err, reference};
 use sdflow_core::ggml::Backend;
-use sdflow_core::models::photomaker::{expand_trigger, PhotoMaker, PhotoMakerConfig, TriggerError, Version};
-use sdflow_core::models::sd::Conditioning;
+use sdflow_core::models::sd::photomaker::{expand_trigger, PhotoMaker, PhotoMakerConfig, TriggerError, Version};
+use sdflow_core::models::conditioning::Conditioning;
 use sdflow_core::text::{tokenize_weighted, ChunkOptions, ClipTokenizer, PadToken, CHUNK_LEN};
 
 fn f32s(v: &serde_json::Value) -> Vec<f32> {

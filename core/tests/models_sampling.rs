@@ -6,9 +6,10 @@ mod common;
 
 use common::{det_weights, keys, max_abs_err, reference};
 use sdflow_core::ggml::Backend;
-use sdflow_core::models::sd::{BatchItem, Conditioning, IpSide, Prediction, SdDenoiser};
+use sdflow_core::models::sd::{BatchItem, IpSide, SdDenoiser};
+use sdflow_core::models::conditioning::{Conditioning, Prediction};
 use sdflow_core::models::weights::Weights;
-use sdflow_core::models::unet::{Heads, Unet, UnetConfig};
+use sdflow_core::models::sd::unet::{Heads, Unet, UnetConfig};
 use sdflow_core::sampling::rng::CpuRng;
 use sdflow_core::sampling::samplers::{sample, SampleOpts, Sampler};
 use sdflow_core::sampling::schedule::{DiscreteSchedule, ScheduleOpts, Scheduler};

@@ -8,8 +8,8 @@ mod common;
 use common::{det_weights, keys, max_abs_err, reference};
 use sdflow_core::ggml::{Backend, Context, GraphRun};
 use sdflow_core::models::clip::{ClipLayout, ClipTextConfig, ClipTextModel, EncodeOptions};
-use sdflow_core::models::sd::{Conditioning, SizeCond};
-use sdflow_core::models::unet::{BlockKind, Heads, Unet, UnetConfig, UnetExtras};
+use sdflow_core::models::conditioning::{Conditioning, SizeCond};
+use sdflow_core::models::sd::unet::{BlockKind, Heads, Unet, UnetConfig, UnetExtras};
 
 const PREFIX: &str = "model.diffusion_model";
 
@@ -107,7 +107,8 @@ fn open_clip_g_penultimate_and_pooled_match_transformers() {
 
 #[test]
 fn edm_v_prediction_tells_the_unet_a_quarter_log_sigma() {
-    use sdflow_core::models::sd::{Prediction, SdDenoiser};
+    use sdflow_core::models::sd::SdDenoiser;
+use sdflow_core::models::conditioning::Prediction;
     use sdflow_core::sampling::schedule::DiscreteSchedule;
     let backend = Backend::cpu(2).unwrap();
     let w = det_weights(&keys("unet_sdxl_tiny_keys.json"), 0.14, &backend);

@@ -6,7 +6,7 @@ mod common;
 use common::{det_values, keys, max_abs_err, reference};
 use sdflow_core::dtype::DType;
 use sdflow_core::ggml::{Backend, Context, GraphRun};
-use sdflow_core::models::taesd::{Half, Taesd, TaesdConfig};
+use sdflow_core::models::vae::taesd::{Half, Taesd, TaesdConfig};
 use sdflow_core::models::Weights;
 use std::collections::BTreeMap;
 

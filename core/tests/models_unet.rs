@@ -5,7 +5,7 @@ mod common;
 
 use common::{det_weights, keys, max_abs_err, reference};
 use sdflow_core::ggml::{Backend, Context, GraphRun};
-use sdflow_core::models::unet::{BlockKind, Heads, Unet, UnetConfig};
+use sdflow_core::models::sd::unet::{BlockKind, Heads, Unet, UnetConfig};
 
 const PREFIX: &str = "model.diffusion_model";
 

@@ -7,7 +7,7 @@ mod common;
 use common::{det_values, det_weights, keys, max_abs_err, reference};
 use sdflow_core::dtype::DType;
 use sdflow_core::ggml::{Backend, GgmlError};
-use sdflow_core::models::tiling::VaeTiling;
+use sdflow_core::models::vae::tiling::VaeTiling;
 use sdflow_core::models::vae::{standalone_source, Vae, VaeConfig, VaeLayout, VaeOp, STANDALONE_PREFIX};
 use sdflow_core::models::{ModelError, Weights};
 use std::collections::BTreeMap;

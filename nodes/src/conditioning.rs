@@ -5,7 +5,8 @@ use crate::values::{ClipEncoder, ClipRef, CondArea, CondEntry, CondList, CondMas
 use crate::err;
 use sdflow_core::detect::ModelFamily;
 use sdflow_core::models::clip::{ClipLayout, ClipTextConfig, ClipTextModel};
-use sdflow_core::models::sd::{encode_prompt, encode_prompt_sdxl, Conditioning, SizeCond};
+use sdflow_core::models::sd::{encode_prompt, encode_prompt_sdxl};
+use sdflow_core::models::conditioning::{Conditioning, SizeCond};
 use sdflow_core::text::{tokenize_weighted, ChunkOptions, ClipSkip, ClipTokenizer, EmbeddingLibrary, PadToken, TextFamily, TokenizedPrompt};
 use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Lane, Node, NodeError, NodeSchema, Outputs, Registry, Value};
 use std::sync::Arc;

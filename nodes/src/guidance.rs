@@ -7,7 +7,7 @@
 //! The model is a closure here, so the math is tested on toy denoisers without a UNet.
 
 use crate::values::{CondArea, CondConcat, CondEntry, CondList, Control};
-use sdflow_core::models::sd::Conditioning;
+use sdflow_core::models::conditioning::Conditioning;
 use sdflow_core::sampling::samplers::Denoised;
 use std::sync::Arc;
 

@@ -4,7 +4,7 @@ use crate::runtime::Runtime;
 use crate::resize::{center_crop, resize_plane, Method};
 use crate::values::{Image, Latent, Mask, VaeKind, VaeRef};
 use crate::err;
-use sdflow_core::models::tiling::VaeTiling;
+use sdflow_core::models::vae::tiling::VaeTiling;
 use sdflow_core::models::vae::{Vae, VaeConfig, VaeOp};
 use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Lane, Node, NodeError, NodeSchema, Outputs, Registry, Value};
 use serde_json::json;

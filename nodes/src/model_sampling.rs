@@ -5,7 +5,7 @@
 
 use crate::values::ModelRef;
 use sdflow_core::detect::ModelFamily;
-use sdflow_core::models::sd::Prediction;
+use sdflow_core::models::conditioning::Prediction;
 use sdflow_core::sampling::flow::{flux_mu, FlowShift};
 use sdflow_core::sampling::schedule::DiscreteSchedule;
 use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Node, NodeError, NodeSchema, Outputs, Registry, Value};

@@ -21,7 +21,7 @@ use crate::runtime::Runtime;
 use crate::values::{ClipRef, CondEntry, CondList, Image, ModelRef};
 use sdflow_core::io;
 use sdflow_core::lora::{ApplyMode, LoraError, LoraFile, Side};
-use sdflow_core::models::photomaker::{expand_trigger, read_id_embeds, PhotoMaker, PhotoMakerConfig, TriggerError, Version};
+use sdflow_core::models::sd::photomaker::{expand_trigger, read_id_embeds, PhotoMaker, PhotoMakerConfig, TriggerError, Version};
 use sdflow_core::models::Weights;
 use sdflow_core::residency::WeightHandle;
 use sdflow_core::text::{ClipTokenizer, PadToken};

@@ -6,7 +6,7 @@
 use crate::runtime::Runtime;
 use crate::taesd;
 use sdflow_core::detect::ModelFamily;
-use sdflow_core::models::taesd::Half;
+use sdflow_core::models::vae::taesd::Half;
 use sdflow_executor::{PreviewFormat, PreviewImage};
 use std::str::FromStr;
 

@@ -19,7 +19,7 @@ pub struct Runtime {
     /// [`WeightType::for_cpu`]).
     pub weight_type: WeightType,
     /// When VAEDecode/VAEEncode work in tiles (`--vae-tiling` and its options).
-    pub vae_tiling: sdflow_core::models::tiling::VaeTiling,
+    pub vae_tiling: sdflow_core::models::vae::tiling::VaeTiling,
     /// The generator of sampling noise (`--rng`): ComfyUI's CPU noise by default.
     pub rng: sdflow_core::sampling::RngKind,
     /// How samplers preview their progress (`--preview-method`).
@@ -74,7 +74,7 @@ impl Runtime {
     }
 
     /// Set when VAEDecode/VAEEncode work in tiles.
-    pub fn with_vae_tiling(mut self, tiling: sdflow_core::models::tiling::VaeTiling) -> Self {
+    pub fn with_vae_tiling(mut self, tiling: sdflow_core::models::vae::tiling::VaeTiling) -> Self {
         self.vae_tiling = tiling;
         self
     }

@@ -11,7 +11,7 @@ use crate::runtime::Runtime;
 use sdflow_core::ggml::{Backend, Context, GraphRun};
 use sdflow_core::io::{self, TypeRules};
 use sdflow_core::models::load::load_weights_prefixed;
-use sdflow_core::models::taesd::{Half, Taesd};
+use sdflow_core::models::vae::taesd::{Half, Taesd};
 use sdflow_core::models::Weights;
 use sdflow_core::residency::{Device, WeightHandle, WeightKey};
 use sdflow_executor::NodeError;

@@ -2,7 +2,7 @@
 
 use sdflow_core::detect::ModelFamily;
 use sdflow_core::models::clip::ClipLayout;
-use sdflow_core::models::sd::{Conditioning, Prediction};
+use sdflow_core::models::conditioning::{Conditioning, Prediction};
 use sdflow_core::models::Weights;
 use sdflow_core::residency::WeightHandle;
 use sdflow_core::sampling::flow::FlowShift;

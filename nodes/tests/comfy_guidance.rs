@@ -2,7 +2,7 @@
 //! `fixtures/comfy_guidance.py`): areas in pixels and percentages, masks with and
 //! without "mask bounds", strengths, same-area counterparts on the other side, CFG.
 
-use sdflow_core::models::sd::Conditioning;
+use sdflow_core::models::conditioning::Conditioning;
 use sdflow_nodes::guidance::{calc_cond_batch, prepare, Mix, ModelItem, Prepared};
 use sdflow_nodes::values::{CondArea, CondEntry, CondList, CondMask, Mask};
 use serde_json::Value;

@@ -181,7 +181,7 @@ pub fn write_ip_adapter_models(root: &Path) {
 /// The widths of a checkpoint's UNet cross-attentions in IP-Adapter order, and its
 /// context width.
 pub fn unet_cross_attention(ckpt: &Path) -> (Vec<usize>, usize) {
-    use sdflow_core::models::{ip_adapter::cross_attention_blocks, load::load_weights, unet::UnetConfig};
+    use sdflow_core::models::{load::load_weights, sd::ip_adapter::cross_attention_blocks, sd::unet::UnetConfig};
     let src = sdflow_core::io::open(ckpt).unwrap();
     let backend = sdflow_core::ggml::Backend::cpu(1).unwrap();
     let w = load_weights(&backend, src.as_ref(), &["model.diffusion_model."], &sdflow_core::io::TypeRules::none()).unwrap();

@@ -2,7 +2,7 @@
 //! with standalone VAE files, the automatic fall-back to tiles, and the image/mask nodes
 //! through the executor.
 
-use sdflow_core::models::tiling::VaeTiling;
+use sdflow_core::models::vae::tiling::VaeTiling;
 use sdflow_executor::{CancelToken, InputValue, NullSink, RunOptions, Workflow};
 use sdflow_tests::{read_png, TestEnv};
 use std::collections::BTreeMap;

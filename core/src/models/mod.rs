@@ -7,20 +7,14 @@
 
 pub mod clip;
 pub mod clip_vision;
-pub mod controlnet;
+pub mod conditioning;
 pub mod dit;
 pub mod esrgan;
 pub mod flux;
-pub mod ip_adapter;
 pub mod load;
 pub mod nn;
-pub mod photomaker;
-pub mod pipeline;
 pub mod sd;
 pub mod t5;
-pub mod taesd;
-pub mod tiling;
-pub mod unet;
 pub mod vae;
 pub mod weights;
 pub mod yolo;

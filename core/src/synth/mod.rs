@@ -1094,7 +1094,7 @@ pub enum IpAdapterSynth {
 
 /// Every tensor of an h94 IP-Adapter file (`image_proj.*`, `ip_adapter.N.to_k_ip` /
 /// `to_v_ip`) for a UNet whose cross-attention layers have the widths `layers` (in
-/// diffusers' processor order, `crate::models::ip_adapter::cross_attention_blocks`) and
+/// diffusers' processor order, `crate::models::sd::ip_adapter::cross_attention_blocks`) and
 /// take `cross_dim`-wide context.
 pub fn ip_adapter_tensors(kind: IpAdapterSynth, layers: &[usize], cross_dim: usize) -> Vec<TensorSpec> {
     let mut s = Specs(Vec::new());

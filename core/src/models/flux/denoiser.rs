@@ -4,7 +4,7 @@
 use super::{Flux, FluxInputs};
 use crate::ggml::{Backend, Context, GraphAllocator, GraphRun};
 use crate::models::dit::{image_ids, patchify, unpatchify};
-use crate::models::sd::{Conditioning, LatentShape};
+use crate::models::conditioning::{Conditioning, LatentShape};
 use crate::models::{ModelError, Result};
 
 /// ComfyUI's guidance when no FluxGuidance set one (`model_base.Flux`), as sd-cli's

@@ -12,8 +12,8 @@
 //! converts, as ComfyUI's `vae_scale` and sd.cpp's `use_tiny_autoencoder` paths do.
 //! Images are [W, H, 3, N], latents [W/8, H/8, z, N].
 
-use super::nn::conv2d;
-use super::{ModelError, Result, Weights};
+use crate::models::nn::conv2d;
+use crate::models::{ModelError, Result, Weights};
 use crate::ggml::{Context, Tensor};
 
 /// Width of every hidden layer in the published TAESD models.

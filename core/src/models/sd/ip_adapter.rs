@@ -14,9 +14,9 @@
 //! perceiver resampler over the penultimate hidden states: learned latent queries attend
 //! to the image tokens and themselves, then a feed-forward, `depth` times.
 
-use super::nn::{attention, layer_norm, linear};
+use crate::models::nn::{attention, layer_norm, linear};
 use super::unet::{BlockKind, UnetConfig};
-use super::{ModelError, Result, Weights};
+use crate::models::{ModelError, Result, Weights};
 use crate::ggml::{Context, GraphRun, Tensor};
 
 /// Which image projection the adapter has.

@@ -5,7 +5,7 @@
 //! `.bin`'s two dicts (`id_encoder.*`, `lora_weights.*`, read flat like any nested
 //! pickle) or as sd.cpp's safetensors conversion (the encoder's names at the top level,
 //! the LoRA under `unet.*`). The encoder is a CLIP ViT-L/14 vision tower
-//! ([`super::clip_vision`]) plus:
+//! ([`crate::models::clip_vision`]) plus:
 //! - v1 (`PhotoMakerIDEncoder`): `visual_projection` (→ CLIP-L's 768) and
 //!   `visual_projection_2` (→ OpenCLIP-G's 1280) of the pooled class token, side by side:
 //!   one 2048-wide ID embedding per image;
@@ -21,12 +21,12 @@
 
 use std::path::Path;
 
-use super::clip::Activation;
-use super::clip_vision::{ClipVisionConfig, ClipVisionModel};
+use crate::models::clip::Activation;
+use crate::models::clip_vision::{ClipVisionConfig, ClipVisionModel};
 use super::ip_adapter::{expect_perceiver_layers, norm, perceiver_layers};
-use super::nn::{layer_norm, linear, project};
-use super::sd::Conditioning;
-use super::{ModelError, Result, Weights};
+use crate::models::nn::{layer_norm, linear, project};
+use crate::models::conditioning::Conditioning;
+use crate::models::{ModelError, Result, Weights};
 use crate::ggml::{Backend, Context, GraphRun, Tensor};
 use crate::text::{TokenizedPrompt, EOS_TOKEN};
 

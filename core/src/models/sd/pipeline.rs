@@ -12,9 +12,9 @@
 use std::collections::HashSet;
 use std::path::Path;
 
-use super::sd::Prediction;
-use super::vae::VaeLayout;
-use super::{ModelError, Result};
+use crate::models::conditioning::Prediction;
+use crate::models::vae::VaeLayout;
+use crate::models::{ModelError, Result};
 use crate::io::{Format, Renamed, TensorSource};
 use crate::lora::keys::diffusers_to_ldm_unet;
 

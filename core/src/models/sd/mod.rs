@@ -1,115 +1,27 @@
-//! The Stable Diffusion 1.x/2.x denoiser: the UNet wrapped as a k-diffusion model,
-//! `denoised = D(x, σ)`, with classifier-free guidance computed in one batched graph.
+//! The Stable Diffusion UNet family (SD1.x, SD2.x, SDXL and their variants): the UNet and
+//! what plugs into it (ControlNet, IP-Adapter, PhotoMaker), diffusers pipeline folders, and
+//! the denoiser: the UNet wrapped as a k-diffusion model, `denoised = D(x, σ)`, with
+//! classifier-free guidance computed in one batched graph.
+//!
+//! One folder per model family, as the DiT families have theirs (`flux/`); the text
+//! encoders (`clip`, `t5`) and VAEs (`vae/`) are shared across families and stay outside.
 
-use super::clip::{ClipTextModel, EncodeOptions};
-use super::controlnet::ControlNet;
-use super::ip_adapter::{IpAdapter, IpAdapterConfig};
-use super::unet::{ControlResiduals, IpAttention, Unet, UnetExtras};
-use super::{ModelError, Result, Weights};
+pub mod controlnet;
+pub mod ip_adapter;
+pub mod photomaker;
+pub mod pipeline;
+pub mod unet;
+
+use crate::models::clip::{ClipTextModel, EncodeOptions};
+use self::controlnet::ControlNet;
+use self::ip_adapter::{IpAdapter, IpAdapterConfig};
+use self::unet::{ControlResiduals, IpAttention, Unet, UnetExtras};
+use crate::models::conditioning::{Conditioning, LatentShape, Prediction};
+use crate::models::{ModelError, Result, Weights};
 use crate::ggml::{Backend, Context, GraphAllocator, GraphRun};
 use crate::sampling::samplers::Denoised;
 use crate::sampling::schedule::DiscreteSchedule;
 
-/// What the UNet was trained to predict.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Prediction {
-    /// The added noise (SD1.x, SD2 base 512).
-    Epsilon,
-    /// The velocity v = α·ε − σ·x₀ (SD2 768-v).
-    V,
-    /// EDM's v-prediction with σ_data = 1 (CosXL, CosXL-Edit): the scalings of `V`, but
-    /// the UNet is told `0.25·ln σ` instead of a training timestep, over a continuous
-    /// log-uniform schedule ([`DiscreteSchedule::edm`]).
-    EdmV,
-    /// The velocity ε − x₀ of a rectified-flow model (SD3, FLUX): the latent at σ is
-    /// `(1 − σ)·x₀ + σ·ε`, the denoised estimate `x − σ·v`, the input unscaled
-    /// (ComfyUI's `CONST`). Its noise levels follow a [`crate::sampling::flow::FlowShift`].
-    Flow,
-}
-
-/// Text conditioning for one sample: `tokens` vectors of width `dim`, row-major.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Conditioning {
-    pub data: Vec<f32>,
-    pub dim: i64,
-    pub tokens: i64,
-    /// The pooled text embedding (SDXL: OpenCLIP-G's projected end token).
-    pub pooled: Option<Vec<f32>>,
-    /// SDXL's size and crop conditioning.
-    pub size: SizeCond,
-    /// The distilled guidance scale of guidance-embedding models (FLUX.1 dev: ComfyUI's
-    /// FluxGuidance / CLIPTextEncodeFlux); `None`: the model's default.
-    pub guidance: Option<f32>,
-}
-
-/// SDXL's micro-conditioning, as ComfyUI's CLIPTextEncodeSDXL(Refiner) sets it. Sizes
-/// left unset are the image's (ComfyUI and sd.cpp both default to the latent's size
-/// × 8), targets default to the size.
-#[derive(Clone, Copy, Debug, PartialEq, Default)]
-pub struct SizeCond {
-    pub width: Option<f64>,
-    pub height: Option<f64>,
-    pub crop_w: f64,
-    pub crop_h: f64,
-    pub target_width: Option<f64>,
-    pub target_height: Option<f64>,
-    /// The refiner's aesthetic score (ComfyUI: 6 for the positive prompt by default).
-    pub aesthetic_score: Option<f64>,
-}
-
-/// Width of one scalar's sinusoidal embedding in SDXL's ADM vector.
-const ADM_EMBED: usize = 256;
-
-/// LDM's `timestep_embedding` of one value: cos of every frequency, then sin.
-fn fourier(v: f64, out: &mut Vec<f32>) {
-    let half = ADM_EMBED / 2;
-    let freqs = (0..half).map(|i| (-(10000f64.ln()) * i as f64 / half as f64).exp());
-    let args: Vec<f64> = freqs.map(|f| v * f).collect();
-    out.extend(args.iter().map(|a| a.cos() as f32));
-    out.extend(args.iter().map(|a| a.sin() as f32));
-}
-
-impl Conditioning {
-    pub fn new(data: Vec<f32>, dim: i64, tokens: i64) -> Result<Self> {
-        if dim < 1 || tokens < 1 || data.len() as i64 != dim * tokens {
-            return Err(ModelError::Input(format!("conditioning of {} values is not {tokens} tokens × {dim}", data.len())));
-        }
-        Ok(Conditioning { data, dim, tokens, pooled: None, size: SizeCond::default(), guidance: None })
-    }
-
-    /// The ADM vector `y` of `width` values for an image of `image_w`×`image_h` pixels:
-    /// the pooled embedding, then the embeddings of height, width, crop top, crop
-    /// left and either target height and width (SDXL base, 6 scalars) or the aesthetic
-    /// score (the refiner, 5), as `comfy/model_base.py`'s `encode_adm` lays them out.
-    pub fn adm(&self, width: i64, image_w: i64, image_h: i64) -> Result<Vec<f32>> {
-        let pooled = self.pooled.as_ref().ok_or_else(|| {
-            ModelError::Input("this UNet (SDXL) needs a pooled text embedding, and the conditioning has none: encode the prompt with the SDXL checkpoint's CLIP".into())
-        })?;
-        let s = &self.size;
-        let (w, h) = (s.width.unwrap_or(image_w as f64), s.height.unwrap_or(image_h as f64));
-        let mut scalars = vec![h, w, s.crop_h, s.crop_w];
-        let extra = width - pooled.len() as i64;
-        if extra == 6 * ADM_EMBED as i64 {
-            scalars.extend([s.target_height.unwrap_or(h), s.target_width.unwrap_or(w)]);
-        } else if extra == 5 * ADM_EMBED as i64 {
-            scalars.push(s.aesthetic_score.unwrap_or(6.0));
-        } else {
-            return Err(ModelError::Input(format!(
-                "the UNet takes a {width}-wide ADM vector; a {}-wide pooled embedding leaves {extra} values, not 5 or 6 size embeddings of {ADM_EMBED}",
-                pooled.len()
-            )));
-        }
-        let mut y = Vec::with_capacity(width as usize);
-        y.extend_from_slice(pooled);
-        for v in scalars {
-            fourier(v, &mut y);
-        }
-        Ok(y)
-    }
-}
-
-/// Latent dimensions [W, H, C, N] (ggml order).
-pub type LatentShape = [i64; 4];
 
 /// One item of [`SdDenoiser::denoise_batch`].
 #[derive(Clone, Copy, Debug)]

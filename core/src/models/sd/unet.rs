@@ -6,8 +6,8 @@
 //! down- and upsamplers sit. That covers SD1.x, SD2.x, 9-channel inpainting and
 //! 8-channel instruct-pix2pix UNets with one code path.
 
-use super::nn::{attention_typed, conv2d, group_norm, layer_norm, linear, project};
-use super::{ModelError, Result, Weights};
+use crate::models::nn::{attention_typed, conv2d, group_norm, layer_norm, linear, project};
+use crate::models::{ModelError, Result, Weights};
 use crate::ggml::{Context, ScaleMode, Tensor};
 
 /// Attention heads: SD1 fixes the count (8), SD2 fixes the width of a head (64).

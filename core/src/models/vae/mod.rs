@@ -1,13 +1,18 @@
-//! The KL autoencoder of Stable Diffusion 1.x/2.x/XL (`AutoencoderKL`), in the LDM
-//! single-file key layout (`encoder.down.N.block.M`, `decoder.up.N.block.M`,
-//! `mid.attn_1.{q,k,v,proj_out}`, `quant_conv`, `post_quant_conv`).
+//! The KL autoencoder (`AutoencoderKL`) of Stable Diffusion 1.x/2.x/XL (4 latent channels)
+//! and of FLUX and SD3 (16, no quant convolutions), in the LDM single-file key layout
+//! (`encoder.down.N.block.M`, `decoder.up.N.block.M`, `mid.attn_1.{q,k,v,proj_out}`,
+//! `quant_conv`, `post_quant_conv`); with its tiled runs and TAESD, the folder the image
+//! families share.
 //!
 //! Images are [W, H, 3, N] in [-1, 1]; latents are [w, h, z, N], unscaled (the caller
 //! applies the model family's scale factor).
 
-use super::nn::{attention_typed, conv2d, group_norm};
-use super::tiling::{self, Direction, TiledError, VaeTiling};
-use super::{ModelError, Result, Weights};
+pub mod taesd;
+pub mod tiling;
+
+use crate::models::nn::{attention_typed, conv2d, group_norm};
+use self::tiling::{Direction, TiledError, VaeTiling};
+use crate::models::{ModelError, Result, Weights};
 use crate::ggml::{Backend, Context, GType, GgmlError, GraphAllocator, Tensor};
 
 #[derive(Clone, Debug, PartialEq)]

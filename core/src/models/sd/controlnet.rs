@@ -12,9 +12,9 @@
 //! The encoder is the UNet's own code ([`Unet::encode`]); the structure is inferred from
 //! the weights as the UNet's is.
 
-use super::nn::conv2d;
+use crate::models::nn::conv2d;
 use super::unet::{ControlResiduals, Unet, UnetConfig};
-use super::{ModelError, Result, Weights};
+use crate::models::{ModelError, Result, Weights};
 use crate::ggml::{Context, Tensor};
 use crate::io::{Renamed, TensorSource};
 
