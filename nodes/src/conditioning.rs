@@ -7,7 +7,7 @@ use sdflow_core::detect::ModelFamily;
 use sdflow_core::models::clip::{ClipLayout, ClipTextConfig, ClipTextModel};
 use sdflow_core::models::sd::{encode_prompt, encode_prompt_sdxl};
 use sdflow_core::models::conditioning::{Conditioning, SizeCond};
-use sdflow_core::text::{tokenize_weighted, ChunkOptions, ClipSkip, ClipTokenizer, EmbeddingLibrary, PadToken, TextFamily, TokenizedPrompt};
+use sdflow_core::text::{tokenize_weighted, ChunkOptions, ClipSkip, ClipTokenizer, PadToken, TextFamily, TokenizedPrompt};
 use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Lane, Node, NodeError, NodeSchema, Outputs, Registry, Value};
 use std::sync::Arc;
 
@@ -132,15 +132,6 @@ fn encode_texts(rt: &Runtime, clip: &ClipRef, text_l: &str, text_g: &str) -> Res
     encode_texts_with(rt, clip, text_l, text_g, &mut |p, _| Ok(p))
 }
 
-/// The textual-inversion embeddings of `<models>/embeddings`, if the folder exists.
-pub(crate) fn embedding_library(rt: &Runtime) -> Result<Option<EmbeddingLibrary>, NodeError> {
-    let emb_dir = rt.models_dir.join("embeddings");
-    if emb_dir.is_dir() {
-        Ok(Some(EmbeddingLibrary::scan(&emb_dir, &ClipTokenizer::new(PadToken::EndOfText)).map_err(err)?))
-    } else {
-        Ok(None)
-    }
-}
 
 /// [`encode_texts`] with each encoder's tokenized prompt passed through `edit` (with the
 /// tokenizer's padding token) before encoding: PhotoMaker rewrites the class word.
@@ -158,7 +149,7 @@ pub(crate) fn encode_texts_with(rt: &Runtime, clip: &ClipRef, text_l: &str, text
     }
     // One tokenization per encoder: they share the vocabulary (and so the embedding
     // names' tokens, scanned once) and differ in padding.
-    let library = embedding_library(rt)?;
+    let library = rt.embedding_library()?;
     let tokenize = |enc: &ClipEncoder, text: &str| {
         let tokenizer = ClipTokenizer::new(pad_token(clip, enc));
         let prompt = tokenize_weighted(text, &tokenizer, library.as_ref(), &ChunkOptions::default()).map_err(err)?;

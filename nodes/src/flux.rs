@@ -1,7 +1,6 @@
 //! FLUX.1's conditioning: CLIP-L's pooled vector beside T5-XXL's tokens, ComfyUI's
 //! CLIPTextEncodeFlux and FluxGuidance (its `comfy_extras/nodes_flux.py`).
 
-use crate::conditioning::embedding_library;
 use crate::runtime::Runtime;
 use crate::values::{ClipRef, CondEntry, CondList};
 use crate::err;
@@ -36,7 +35,7 @@ pub(crate) fn encode(rt: &Runtime, clip: &ClipRef, text_l: &str, text_t5: &str) 
     if let Some(enc) = clip.encoders.first() {
         let weights = enc.weights.pin().map_err(err)?;
         let model = ClipTextModel::new(&weights, &enc.prefix, ClipTextConfig::infer(&weights, &enc.prefix, enc.layout).map_err(err)?).map_err(err)?;
-        let prompt = tokenize_weighted(text_l, &ClipTokenizer::new(PadToken::EndOfText), embedding_library(rt)?.as_ref(), &ChunkOptions::default()).map_err(err)?;
+        let prompt = tokenize_weighted(text_l, &ClipTokenizer::new(PadToken::EndOfText), rt.embedding_library()?.as_ref(), &ChunkOptions::default()).map_err(err)?;
         let l = rt.with_backend(|b| encode_prompt_with(b, &model, &prompt, 1, true, Pooled::Raw)).map_err(err)?;
         cond.pooled = l.pooled;
     }

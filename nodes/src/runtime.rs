@@ -126,6 +126,16 @@ impl Runtime {
         Ok(path)
     }
 
+    /// The textual-inversion embeddings of `<models>/embeddings`, if the folder exists.
+    pub(crate) fn embedding_library(&self) -> Result<Option<sdflow_core::text::EmbeddingLibrary>, sdflow_executor::NodeError> {
+        let dir = self.models_dir.join("embeddings");
+        if !dir.is_dir() {
+            return Ok(None);
+        }
+        let tokenizer = sdflow_core::text::ClipTokenizer::new(sdflow_core::text::PadToken::EndOfText);
+        sdflow_core::text::EmbeddingLibrary::scan(&dir, &tokenizer).map(Some).map_err(crate::err)
+    }
+
     /// Model files of one kind (`checkpoints`), by name relative to their folder.
     pub fn list_models(&self, kind: &str) -> Vec<String> {
         let dir = self.kind_dir(kind);
