@@ -74,6 +74,7 @@ const NOT_PRESETS: &[(&str, &str)] = &[
     // rescaling, its own shift); the flags stay refused until a preset gives sd-cli's image.
     ("flux_dev_txt2img.json", "ComfyUI's FLUX graph; sd-cli's --t5xxl / --guidance are not wired yet"),
     ("flux_schnell.json", "ComfyUI's FLUX graph; sd-cli's --t5xxl is not wired yet"),
+    ("flux_kontext_edit.json", "ComfyUI's FLUX Kontext graph; sd-cli's -r / --t5xxl are not wired yet"),
 ];
 
 #[test]

@@ -183,3 +183,49 @@ fn denoiser_batches_items_and_names_bad_inputs() {
     let e = den.denoise_batch(&backend, [wd as i64, h as i64, 16, 1], 0.5, &[FluxItem { x: &x, cond: &a }]).err().expect("channels");
     assert!(e.to_string().contains("input features"), "{e}");
 }
+
+#[test]
+fn kontext_references_match_comfyuis_layout_through_diffusers() {
+    use sdflow_core::models::conditioning::{Conditioning, ReferenceLatent};
+    use sdflow_core::models::flux::{reference_tokens, FluxDenoiser, FluxItem};
+    use std::sync::Arc;
+
+    let r = fixture();
+    let k = &r["kontext"];
+    let [_, c, h, wd] = shape();
+    let refs: Vec<Arc<ReferenceLatent>> = k["refs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(k["ref_shapes"].as_array().unwrap())
+        .map(|(v, s)| {
+            let s: Vec<usize> = serde_json::from_value(s.clone()).unwrap();
+            Arc::new(ReferenceLatent { data: floats(v), channels: s[1], height: s[2], width: s[3] })
+        })
+        .collect();
+    let ids: Vec<Vec<f32>> = serde_json::from_value(k["ids"].clone()).unwrap();
+    assert_eq!(reference_tokens(&refs, 0).unwrap().1, ids, "ComfyUI's offset ids");
+
+    let (w, cfg) = tiny("dev");
+    let backend = Backend::cpu(2).unwrap();
+    let mut den = FluxDenoiser::new(Flux::new(&w, "", cfg).unwrap());
+    let lt = r["txt_len"].as_u64().unwrap() as i64;
+    let (txt, y) = (floats(&r["txt"]), floats(&r["y"]));
+    let mut cond = Conditioning::new(txt[..txt.len() / 2].to_vec(), 32, lt).unwrap();
+    cond.pooled = Some(y[..y.len() / 2].to_vec());
+    cond.guidance = Some(k["guidance"].as_f64().unwrap() as f32);
+    cond.references = refs.clone();
+    let x = floats(&r["latent"])[..c * h * wd].to_vec();
+    let sigma = k["sigma"].as_f64().unwrap() as f32;
+    let d = den.denoise_batch(&backend, [wd as i64, h as i64, c as i64, 1], sigma, &[FluxItem { x: &x, cond: &cond }]).unwrap().remove(0);
+    let v: Vec<f32> = x.iter().zip(&d).map(|(x, d)| (x - d) / sigma).collect();
+    let err = max_abs_err(&patchify(&v, [1, c, h, wd], 2).unwrap(), &floats(&k["velocity"]));
+    assert!(err <= 1e-3, "Kontext: max abs error {err}");
+    // Without the references the prediction differs; a reference of other channels is an error.
+    cond.references.clear();
+    let plain = den.denoise_batch(&backend, [wd as i64, h as i64, c as i64, 1], sigma, &[FluxItem { x: &x, cond: &cond }]).unwrap().remove(0);
+    assert!(max_abs_err(&plain, &d) > 1e-3);
+    cond.references = vec![Arc::new(ReferenceLatent { data: vec![0.0; 2 * 4 * 4], channels: 2, height: 4, width: 4 })];
+    let e = den.denoise_batch(&backend, [wd as i64, h as i64, c as i64, 1], sigma, &[FluxItem { x: &x, cond: &cond }]).err().expect("channels");
+    assert!(e.to_string().contains("reference latent"), "{e}");
+}

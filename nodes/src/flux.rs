@@ -1,12 +1,13 @@
 //! FLUX.1's conditioning: CLIP-L's pooled vector beside T5-XXL's tokens, ComfyUI's
-//! CLIPTextEncodeFlux and FluxGuidance (its `comfy_extras/nodes_flux.py`).
+//! CLIPTextEncodeFlux and FluxGuidance, and Kontext's ReferenceLatent and
+//! FluxKontextImageScale (its `comfy_extras/nodes_flux.py`, `nodes_edit_model.py`).
 
 use crate::runtime::Runtime;
-use crate::values::{ClipRef, CondEntry, CondList};
+use crate::values::{ClipRef, CondEntry, CondList, Image, Latent};
 use crate::err;
 use sdflow_core::models::clip::{ClipTextConfig, ClipTextModel};
 use sdflow_core::models::sd::{encode_prompt_with, Pooled};
-use sdflow_core::models::conditioning::Conditioning;
+use sdflow_core::models::conditioning::{Conditioning, ReferenceLatent};
 use sdflow_core::models::t5::{T5Config, T5Encoder};
 use sdflow_core::text::t5::T5Tokenizer;
 use sdflow_core::text::{tokenize_weighted, ChunkOptions, ClipTokenizer, PadToken};
@@ -16,6 +17,8 @@ use std::sync::Arc;
 pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
     registry.register(Arc::new(ClipTextEncodeFlux { rt: rt.clone() }));
     registry.register(Arc::new(FluxGuidance));
+    registry.register(Arc::new(ReferenceLatentNode));
+    registry.register(Arc::new(FluxKontextImageScale));
 }
 
 /// ComfyUI's T5 `min_length` for FLUX: shorter prompts are padded to 256 tokens.
@@ -106,5 +109,113 @@ impl Node for FluxGuidance {
         let list = inputs.downcast::<CondList>("conditioning")?;
         let out = CondList(list.0.iter().map(|e| e.with_cond(Conditioning { guidance: Some(g), ..(*e.cond).clone() })).collect());
         Ok(Outputs::new(vec![Value::new(IoType::CONDITIONING, out)]))
+    }
+}
+
+/// ComfyUI's "ReferenceLatent": the latent's first sample appended to every entry's
+/// reference latents (FLUX.1 Kontext sees them beside the latent it denoises).
+struct ReferenceLatentNode;
+
+impl Node for ReferenceLatentNode {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("ReferenceLatent")
+            .display_name("ReferenceLatent")
+            .category("advanced/conditioning/edit_models")
+            .description("Adds a reference image's latent to the conditioning, for edit models (FLUX.1 Kontext).")
+            .input(InputSpec::link("conditioning", IoType::CONDITIONING))
+            .input(InputSpec::link("latent", IoType::LATENT).optional())
+            .output("CONDITIONING", IoType::CONDITIONING)
+    }
+
+    fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let list = inputs.downcast::<CondList>("conditioning")?;
+        if !inputs.contains("latent") {
+            return Ok(Outputs::new(vec![Value::new(IoType::CONDITIONING, list.clone())]));
+        }
+        let latent = inputs.downcast::<Latent>("latent")?;
+        let [w, h, c, _] = latent.shape.map(|d| d.max(0) as usize);
+        let first = latent.samples.get(..w * h * c).filter(|_| w * h * c > 0).ok_or_else(|| NodeError::msg(format!("an empty reference latent {:?}", latent.shape)))?;
+        let reference = Arc::new(ReferenceLatent { data: first.to_vec(), channels: c, height: h, width: w });
+        let out = CondList(
+            list.0
+                .iter()
+                .map(|e| {
+                    let mut cond = (*e.cond).clone();
+                    cond.references.push(reference.clone());
+                    e.with_cond(cond)
+                })
+                .collect(),
+        );
+        Ok(Outputs::new(vec![Value::new(IoType::CONDITIONING, out)]))
+    }
+}
+
+/// The resolutions FLUX.1 Kontext was trained at (ComfyUI's `PREFERED_KONTEXT_RESOLUTIONS`).
+const KONTEXT_RESOLUTIONS: [(usize, usize); 17] = [
+    (672, 1568),
+    (688, 1504),
+    (720, 1456),
+    (752, 1392),
+    (800, 1328),
+    (832, 1248),
+    (880, 1184),
+    (944, 1104),
+    (1024, 1024),
+    (1104, 944),
+    (1184, 880),
+    (1248, 832),
+    (1328, 800),
+    (1392, 752),
+    (1456, 720),
+    (1504, 688),
+    (1568, 672),
+];
+
+/// ComfyUI's "FluxKontextImageScale": the image resized (Lanczos, centre crop) to the
+/// Kontext resolution of the nearest aspect ratio.
+struct FluxKontextImageScale;
+
+impl FluxKontextImageScale {
+    /// The (width, height) ComfyUI picks: the smallest aspect-ratio difference, ties to the
+    /// smaller width (Python's `min` over `(difference, w, h)` tuples).
+    fn target(width: usize, height: usize) -> (usize, usize) {
+        let aspect = width as f64 / height as f64;
+        let key = |&(w, h): &(usize, usize)| ((aspect - w as f64 / h as f64).abs(), w, h);
+        let best = KONTEXT_RESOLUTIONS.iter().min_by(|a, b| key(a).partial_cmp(&key(b)).expect("finite ratios")).expect("a list of resolutions");
+        *best
+    }
+}
+
+impl Node for FluxKontextImageScale {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("FluxKontextImageScale")
+            .display_name("FluxKontextImageScale")
+            .category("advanced/conditioning/flux")
+            .description("Resizes the image to the FLUX.1 Kontext training resolution of the nearest aspect ratio.")
+            .input(InputSpec::link("image", IoType::IMAGE))
+            .output("IMAGE", IoType::IMAGE)
+    }
+
+    fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let img = inputs.downcast::<Image>("image")?;
+        if img.width == 0 || img.height == 0 {
+            return Err(NodeError::msg("an empty image"));
+        }
+        let (w, h) = Self::target(img.width, img.height);
+        let scaled = crate::image::scale_image(img, w, h, crate::resize::Method::Lanczos, true);
+        Ok(Outputs::new(vec![Value::new(IoType::IMAGE, scaled)]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FluxKontextImageScale;
+
+    #[test]
+    fn kontext_sizes_follow_comfyui() {
+        assert_eq!(FluxKontextImageScale::target(512, 512), (1024, 1024));
+        assert_eq!(FluxKontextImageScale::target(1920, 1080), (1392, 752));
+        assert_eq!(FluxKontextImageScale::target(1080, 1920), (752, 1392));
+        assert_eq!(FluxKontextImageScale::target(100, 1000), (672, 1568));
     }
 }

@@ -8,7 +8,7 @@ use sdflow_core::ggml::Backend;
 use sdflow_core::io::{self, TypeRules, WeightType};
 use sdflow_core::models::clip::ClipLayout;
 use sdflow_core::models::load::load_weights;
-use sdflow_core::models::t5;
+use sdflow_core::models::{flux, t5};
 use sdflow_core::models::sd::pipeline::{as_checkpoint, scheduler_settings};
 use sdflow_core::models::conditioning::Prediction;
 use sdflow_core::models::vae::{standalone_source, STANDALONE_PREFIX};
@@ -228,10 +228,6 @@ impl Node for CheckpointLoaderSimple {
 /// Where standalone diffusion models live (ComfyUI's folder; sd-cli's --diffusion-model).
 const DIFFUSION_MODELS: &str = "diffusion_models";
 
-/// FLUX's VAE latent format (ComfyUI's `latent_formats.Flux`).
-const FLUX_LATENT_SCALE: f32 = 0.3611;
-const FLUX_LATENT_SHIFT: f32 = 0.1159;
-
 /// ComfyUI's "Load Diffusion Model": a diffusion model alone, without text encoders or
 /// VAE — FLUX.1 dev and schnell (and their variants) in BFL's names, bare or under
 /// `model.diffusion_model.`, as safetensors or GGUF.
@@ -293,8 +289,8 @@ fn flux_model(weights: WeightHandle<Weights>, prefix: String, guidance: bool) ->
         prefix,
         family: ModelFamily::Flux,
         prediction: Prediction::Flow,
-        latent_scale: FLUX_LATENT_SCALE,
-        latent_shift: FLUX_LATENT_SHIFT,
+        latent_scale: flux::LATENT_SCALE,
+        latent_shift: flux::LATENT_SHIFT,
         schedule: flow.schedule().map_err(err)?,
         flow: Some(flow),
         ip_adapters: Vec::new(),

@@ -305,8 +305,8 @@ pub fn write_taesd(dir: &Path, single_file: bool) -> Vec<PathBuf> {
     files.into_iter().map(|(p, _)| p).collect()
 }
 
-/// FLUX.1's files as people download them, tiny, under `root/models`: the dev and schnell
-/// transformers alone in BFL's names (`diffusion_models/flux1-{dev,schnell}.safetensors`),
+/// FLUX.1's files as people download them, tiny, under `root/models`: the dev, schnell and
+/// Kontext transformers alone in BFL's names (`diffusion_models/flux1-{dev,schnell,kontext-dev}.safetensors`),
 /// T5-XXL's encoder (`text_encoders/t5xxl_fp16.safetensors`), CLIP-L
 /// (`text_encoders/clip_l.safetensors`, unless one is there), the 16-channel `vae/ae.safetensors`,
 /// and all of them in one file as ComfyUI packs them (`checkpoints/flux1-schnell-fp8.safetensors`).
@@ -322,7 +322,8 @@ pub fn write_flux_models(root: &Path) {
             write_specs(&path, specs, &config, DType::F32, seed, Format::Safetensors).unwrap();
         }
     };
-    for (file, guidance, seed) in [("flux1-dev.safetensors", true, 21), ("flux1-schnell.safetensors", false, 22)] {
+    // Kontext dev is FLUX.1 dev's architecture.
+    for (file, guidance, seed) in [("flux1-dev.safetensors", true, 21), ("flux1-schnell.safetensors", false, 22), ("flux1-kontext-dev.safetensors", true, 27)] {
         let f = FluxSynth::tiny(guidance);
         write("diffusion_models", file, &f.tensors(), serde_json::to_string(&f).unwrap(), seed);
     }

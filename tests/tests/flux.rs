@@ -8,7 +8,8 @@ use sdflow_tests::{with_input, write_flux_models, TestEnv};
 
 fn env() -> TestEnv {
     let dir = tempfile::tempdir().unwrap();
-    sdflow_tests::tiny_tree(dir.path());
+    let input = sdflow_tests::tiny_tree(dir.path());
+    sdflow_tests::write_test_png(&input.join("input.png"), 72, 56);
     write_flux_models(dir.path());
     TestEnv::with_dir(dir, |rt| rt)
 }
@@ -197,4 +198,18 @@ fn an_all_in_one_file_without_its_parts_names_them() {
     for part in ["CLIP-L", "--clip_l", "T5-XXL", "--t5xxl", "the VAE", "--vae", "UNETLoader"] {
         assert!(e.contains(part), "{part} in: {e}");
     }
+}
+
+#[test]
+fn kontext_edits_at_kontexts_resolution_and_the_reference_matters() {
+    let env = env();
+    let wf = env.workflow("flux_kontext_edit.json", 64, 1);
+    let t = std::time::Instant::now();
+    let (w, h, px) = env.run_saved(&wf, "13");
+    // input.png is 72×56 (1.29): FluxKontextImageScale picks 1184×880 (1.35), the nearest aspect.
+    assert_eq!((w, h), (1184, 880), "{:.1} s", t.elapsed().as_secs_f64());
+    // Without the reference latent (the same graph, ReferenceLatent bypassed) the image differs.
+    let mut plain = wf.clone();
+    plain.set_input("9", "conditioning", link("7", 0)).unwrap();
+    assert_ne!(env.run_saved(&plain, "13").2, px);
 }

@@ -35,6 +35,18 @@ pub struct Conditioning {
     /// The distilled guidance scale of guidance-embedding models (FLUX.1 dev: ComfyUI's
     /// FluxGuidance / CLIPTextEncodeFlux); `None`: the model's default.
     pub guidance: Option<f32>,
+    /// Latents the model sees beside the one it denoises (ComfyUI's `reference_latents`:
+    /// FLUX.1 Kontext's input images), VAE space, in the order given.
+    pub references: Vec<std::sync::Arc<ReferenceLatent>>,
+}
+
+/// One reference latent: the first sample of a VAE-space latent, planar [C][H][W].
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReferenceLatent {
+    pub data: Vec<f32>,
+    pub channels: usize,
+    pub height: usize,
+    pub width: usize,
 }
 
 /// SDXL's micro-conditioning, as ComfyUI's CLIPTextEncodeSDXL(Refiner) sets it. Sizes
@@ -69,7 +81,7 @@ impl Conditioning {
         if dim < 1 || tokens < 1 || data.len() as i64 != dim * tokens {
             return Err(ModelError::Input(format!("conditioning of {} values is not {tokens} tokens × {dim}", data.len())));
         }
-        Ok(Conditioning { data, dim, tokens, pooled: None, size: SizeCond::default(), guidance: None })
+        Ok(Conditioning { data, dim, tokens, pooled: None, size: SizeCond::default(), guidance: None, references: Vec::new() })
     }
 
     /// The ADM vector `y` of `width` values for an image of `image_w`×`image_h` pixels:

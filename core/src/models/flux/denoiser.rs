@@ -4,7 +4,7 @@
 use super::{Flux, FluxInputs};
 use crate::ggml::{Backend, Context, GraphAllocator, GraphRun};
 use crate::models::dit::{image_ids, patchify, unpatchify};
-use crate::models::conditioning::{Conditioning, LatentShape};
+use crate::models::conditioning::{Conditioning, LatentShape, ReferenceLatent};
 use crate::models::{ModelError, Result};
 
 /// ComfyUI's guidance when no FluxGuidance set one (`model_base.Flux`), as sd-cli's
@@ -58,11 +58,18 @@ impl<'w> FluxDenoiser<'w> {
                 }
             }
         }
+        for (k, it) in items.iter().enumerate() {
+            if let Some(r) = it.cond.references.iter().find(|r| r.channels != ch as usize || r.data.len() != r.channels * r.height * r.width || r.height == 0 || r.width == 0) {
+                return Err(ModelError::Input(format!("item {k}: a reference latent of {} values as {}x{}x{}; this model's latents have {ch} channels", r.data.len(), r.channels, r.height, r.width)));
+            }
+        }
         let mut out: Vec<Option<Vec<f32>>> = vec![None; items.len()];
         let mut pending: Vec<usize> = (0..items.len()).collect();
+        // Items share a graph when their texts and reference latents have the same lengths.
+        let key = |it: &FluxItem<'_>| (it.cond.tokens, it.cond.references.iter().map(|r| (r.height, r.width)).collect::<Vec<_>>());
         while let Some(&first) = pending.first() {
-            let tokens = items[first].cond.tokens;
-            let group: Vec<usize> = pending.iter().copied().filter(|&k| items[k].cond.tokens == tokens).collect();
+            let k0 = key(&items[first]);
+            let group: Vec<usize> = pending.iter().copied().filter(|&k| key(&items[k]) == k0).collect();
             pending.retain(|k| !group.contains(k));
             let members: Vec<FluxItem<'_>> = group.iter().map(|&k| items[k]).collect();
             for (k, d) in group.into_iter().zip(self.run(backend, shape, sigma, &members)?) {
@@ -77,14 +84,21 @@ impl<'w> FluxDenoiser<'w> {
         let [w, h, ch, n] = shape.map(|d| d as usize);
         let b = items.len() * n;
         let lt = items[0].cond.tokens as usize;
-        let dims = [n, ch, h, w];
-        let mut img = Vec::with_capacity(b * ch * h * w);
+        let l = (h / 2) * (w / 2);
+        // ComfyUI's Kontext: each reference latent (in model space, padded to even sizes)
+        // appended to the image's tokens, with its own positions; the output keeps the image's.
+        let (_, ref_ids) = reference_tokens(&items[0].cond.references, 0)?;
+        let item_refs: Vec<Vec<f32>> = items.iter().map(|it| reference_tokens(&it.cond.references, ch).map(|r| r.0)).collect::<Result<_>>()?;
+        let lr = ref_ids.len();
+        let mut img = Vec::with_capacity(b * ch * 4 * (l + lr));
         let mut txt = Vec::with_capacity(b * lt * c.context as usize);
         let mut y = Vec::with_capacity(b * c.vector as usize);
         let mut guidance = Vec::with_capacity(b);
-        for it in items {
-            img.extend(patchify(it.x, dims, 2)?);
-            for _ in 0..n {
+        for (it, r) in items.iter().zip(&item_refs) {
+            for j in 0..n {
+                let per = ch * h * w;
+                img.extend(patchify(&it.x[j * per..(j + 1) * per], [1, ch, h, w], 2)?);
+                img.extend_from_slice(r);
                 txt.extend_from_slice(&it.cond.data);
                 match &it.cond.pooled {
                     Some(p) => y.extend_from_slice(p),
@@ -94,14 +108,13 @@ impl<'w> FluxDenoiser<'w> {
                 guidance.push(it.cond.guidance.unwrap_or(DEFAULT_GUIDANCE));
             }
         }
-        let l = (h / 2) * (w / 2);
-        let img_ids: Vec<Vec<f32>> = image_ids(h / 2, w / 2, 0.0).into_iter().map(|a| a.to_vec()).collect();
+        let img_ids: Vec<Vec<f32>> = image_ids(h / 2, w / 2, 0.0).into_iter().map(|a| a.to_vec()).chain(ref_ids).collect();
         let txt_ids = vec![vec![0.0; c.axes.len()]; lt];
         let timesteps = vec![sigma; b];
         let graph_size = 512 * (c.depth + c.depth_single) + 1024;
         let ctx = Context::new(graph_size * 4, graph_size)?;
         let mut run = GraphRun::new(&ctx);
-        let (bi, li) = (b as i64, l as i64);
+        let (bi, li) = (b as i64, (l + lr) as i64);
         let img_t = run.input_f32(&[c.in_channels, li, bi], img)?;
         let txt_t = run.input_f32(&[c.context, lt as i64, bi], txt)?;
         let y_t = run.input_f32(&[c.vector, bi], y)?;
@@ -112,6 +125,9 @@ impl<'w> FluxDenoiser<'w> {
             None => self.alloc.insert(GraphAllocator::new(backend)?),
         };
         let v = run.compute_with(backend, alloc, &[v], graph_size)?.remove(0);
+        // The image's tokens of each sequence, without the references'.
+        let f = ch * 4;
+        let v: Vec<f32> = v.chunks_exact(f * (l + lr)).flat_map(|s| s[..f * l].iter().copied()).collect();
         let v = unpatchify(&v, [b, ch, h, w], 2)?;
         let per = n * ch * h * w;
         Ok(items
@@ -120,4 +136,46 @@ impl<'w> FluxDenoiser<'w> {
             .map(|(k, it)| it.x.iter().zip(&v[k * per..(k + 1) * per]).map(|(x, v)| x - sigma * v).collect())
             .collect())
     }
+}
+
+/// FLUX's VAE latent format (ComfyUI's `latent_formats.Flux`): the model sees
+/// `(latent − LATENT_SHIFT) · LATENT_SCALE`.
+pub const LATENT_SCALE: f32 = 0.3611;
+pub const LATENT_SHIFT: f32 = 0.1159;
+
+/// The tokens of `refs` (model space, 2×2 patches, one reference after another) and their
+/// position ids by ComfyUI's default `offset` method: index 1, each reference placed below
+/// or right of those before it, whichever keeps the covered area squarer. With `channels` 0
+/// only the ids are made (the tokens are empty).
+pub fn reference_tokens(refs: &[std::sync::Arc<ReferenceLatent>], channels: usize) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
+    let (mut tokens, mut ids) = (Vec::new(), Vec::new());
+    let (mut h, mut w) = (0usize, 0usize);
+    for r in refs {
+        let (h_off, w_off) = if r.height + h > r.width + w { (0, w) } else { (h, 0) };
+        h = h.max(r.height + h_off);
+        w = w.max(r.width + w_off);
+        let (rows, cols) = (r.height.div_ceil(2), r.width.div_ceil(2));
+        let (dr, dc) = (h_off.div_ceil(2), w_off.div_ceil(2));
+        ids.extend(image_ids(rows, cols, 1.0).into_iter().map(|[i, y, x]| vec![i, y + dr as f32, x + dc as f32]));
+        if channels > 0 {
+            let padded = pad_even(r);
+            let scaled: Vec<f32> = padded.iter().map(|v| (v - LATENT_SHIFT) * LATENT_SCALE).collect();
+            tokens.extend(patchify(&scaled, [1, r.channels, rows * 2, cols * 2], 2)?);
+        }
+    }
+    Ok((tokens, ids))
+}
+
+/// `r` padded to even sizes by wrapping around (ComfyUI's `pad_to_patch_size`, circular,
+/// at the bottom and right).
+fn pad_even(r: &ReferenceLatent) -> Vec<f32> {
+    let (h2, w2) = (r.height.div_ceil(2) * 2, r.width.div_ceil(2) * 2);
+    let mut out = Vec::with_capacity(r.channels * h2 * w2);
+    for c in 0..r.channels {
+        for y in 0..h2 {
+            let row = (c * r.height + y % r.height) * r.width;
+            out.extend((0..w2).map(|x| r.data[row + x % r.width]));
+        }
+    }
+    out
 }
