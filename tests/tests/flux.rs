@@ -104,6 +104,7 @@ fn gguf_files_load_and_quantized_weights_stay_close() {
     to_gguf(&env, "diffusion_models", "flux1-dev.safetensors", "flux1-dev-f32.gguf", DType::F32, &|n| n.to_string());
     to_gguf(&env, "diffusion_models", "flux1-dev.safetensors", "flux1-dev-Q8_0.gguf", DType::Q8_0, &|n| n.to_string());
     to_gguf(&env, "text_encoders", "t5xxl_fp16.safetensors", "t5-v1_1-xxl-encoder-f32.gguf", DType::F32, &llama_cpp_t5);
+    to_gguf(&env, "text_encoders", "t5xxl_fp16.safetensors", "t5-v1_1-xxl-encoder-Q8_0.gguf", DType::Q8_0, &llama_cpp_t5);
     let env = TestEnv::with_dir(env.dir, |rt| rt);
     let gguf = with_input(&with_input(&wf, "1", "unet_name", serde_json::json!("flux1-dev-f32.gguf")), "2", "clip_name1", serde_json::json!("t5-v1_1-xxl-encoder-f32.gguf"));
     assert_eq!(env.run_saved(&gguf, "10").2, base, "f32 GGUF files in llama.cpp/city96 names give the same image");
@@ -111,6 +112,11 @@ fn gguf_files_load_and_quantized_weights_stay_close() {
     let px = env.run_saved(&q8, "10").2;
     let diff = px.iter().zip(&base).map(|(a, b)| (*a as i32 - *b as i32).abs()).max().unwrap();
     assert!(diff > 0 && diff < 40, "q8_0 weights compute quantized, close to f32: max pixel difference {diff}");
+    // A quantized T5 (city96's Q8_0 layout: matrices and the token table quantized).
+    let t5_q8 = with_input(&wf, "2", "clip_name1", serde_json::json!("t5-v1_1-xxl-encoder-Q8_0.gguf"));
+    let px = env.run_saved(&t5_q8, "10").2;
+    let diff = px.iter().zip(&base).map(|(a, b)| (*a as i32 - *b as i32).abs()).max().unwrap();
+    assert!(diff > 0 && diff < 40, "a Q8_0 T5 stays close to f32: max pixel difference {diff}");
 }
 
 #[test]
