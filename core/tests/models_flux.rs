@@ -7,7 +7,7 @@ mod common;
 use common::{det_weights, max_abs_err, reference};
 use sdflow_core::ggml::{Backend, Context, GraphRun};
 use sdflow_core::models::dit::{image_ids, patchify, unpatchify};
-use sdflow_core::models::flux::{find_prefix, Flux, FluxConfig, FluxInputs};
+use sdflow_core::models::flux::{Flux, FluxConfig, FluxInputs};
 use sdflow_core::models::Weights;
 
 const SCALE: f64 = 0.2;
@@ -28,7 +28,7 @@ fn shape() -> [usize; 4] {
 fn run(w: &Weights, config: FluxConfig, guidance: bool) -> sdflow_core::models::Result<Vec<f32>> {
     let r = fixture();
     let [b, c, h, wd] = shape();
-    let model = Flux::new(w, &find_prefix(w).unwrap(), config)?;
+    let model = Flux::new(w, "", config)?;
     let backend = Backend::cpu(2).unwrap();
     let ctx = Context::new(8192, 8192).unwrap();
     let mut g = GraphRun::new(&ctx);

@@ -29,10 +29,6 @@ impl<'w> FluxDenoiser<'w> {
         FluxDenoiser { model, alloc: None }
     }
 
-    pub fn model(&self) -> &Flux<'w> {
-        &self.model
-    }
-
     /// The denoised estimate of each item at noise level `sigma`; items whose text has
     /// the same token count share one graph.
     pub fn denoise_batch(&mut self, backend: &Backend, shape: LatentShape, sigma: f32, items: &[FluxItem<'_>]) -> Result<Vec<Vec<f32>>> {

@@ -108,12 +108,6 @@ impl FluxConfig {
     }
 }
 
-/// The prefix a FLUX.1 transformer sits under in `w`, if any: bare or one of the
-/// single-file prefixes.
-pub fn find_prefix(w: &Weights) -> Option<String> {
-    ["", "model.diffusion_model."].into_iter().find(|p| w.contains(&format!("{p}{MARKER}"))).map(str::to_string)
-}
-
 impl<'w> Flux<'w> {
     /// Check every weight the config implies, then wrap them.
     pub fn new(w: &'w Weights, prefix: &str, config: FluxConfig) -> Result<Self> {
