@@ -15,7 +15,8 @@
 //!   KSamplerSelectAdvanced, SamplerEulerAncestral(CFGPP), SamplerDPMPP_2S_Ancestral, SamplerLMS,
 //!   BasicScheduler, KarrasScheduler, ExponentialScheduler, ManualSigmas, SplitSigmas, RandomNoise,
 //!   DisableNoise, CFGGuider, BasicGuider
-//! - [`model_sampling`]: ModelSamplingDiscrete, ModelSamplingContinuousEDM, ModelSamplingFlux
+//! - [`model_sampling`]: ModelSamplingDiscrete, ModelSamplingContinuousEDM, ModelSamplingFlux,
+//!   ModelSamplingAuraFlow
 //! - [`flux`]: CLIPTextEncodeFlux, FluxGuidance, ReferenceLatent, FluxKontextImageScale
 //! - [`image`]: LoadImage, LoadImageMask, ImageScale, VAEDecode, VAEEncode, VAEEncodeForInpaint,
 //!   SaveImage, PreviewImage, VAEDecodeTiled, VAEEncodeTiled, ImageCrop, ImageInvert, EmptyImage

@@ -15,6 +15,7 @@ pub fn register(registry: &mut Registry) {
     registry.register(Arc::new(ModelSamplingDiscrete));
     registry.register(Arc::new(ModelSamplingContinuousEdm));
     registry.register(Arc::new(ModelSamplingFlux));
+    registry.register(Arc::new(ModelSamplingAuraFlow));
 }
 
 const CATEGORY: &str = "advanced/model";
@@ -121,6 +122,39 @@ impl Node for ModelSamplingFlux {
         let mut m = model.clone();
         m.schedule = shift.schedule().map_err(crate::err)?;
         m.flow = Some(shift);
+        Ok(Outputs::new(vec![Value::new(IoType::MODEL, m)]))
+    }
+}
+
+/// A flow model over SD3's shifted σ(t) = s·t / (1 + (s − 1)·t), told σ itself as its
+/// timestep (ComfyUI's ModelSamplingAuraFlow: ModelSamplingDiscreteFlow with multiplier 1,
+/// what Chroma's, Z-Image's and Qwen-Image's templates use).
+struct ModelSamplingAuraFlow;
+
+impl Node for ModelSamplingAuraFlow {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("ModelSamplingAuraFlow")
+            .display_name("ModelSamplingAuraFlow")
+            .category(CATEGORY)
+            .description("Samples a flow model (FLUX) over SD3's shifted schedule, sigma = s*t / (1 + (s - 1)*t).")
+            .input(InputSpec::link("model", IoType::MODEL))
+            .input(InputSpec::float("shift", 1.73).float_range(0.0, 100.0).float_step(0.01))
+            .output("MODEL", IoType::MODEL)
+    }
+
+    fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let model = inputs.downcast::<ModelRef>("model")?;
+        if model.flow.is_none() {
+            return Err(NodeError::msg(format!("ModelSamplingAuraFlow needs a flow model (FLUX); this {} model predicts {:?}", model.family, model.prediction)));
+        }
+        let shift = inputs.float("shift")?;
+        if !(shift > 0.0 && shift <= 100.0) {
+            return Err(NodeError::msg(format!("shift {shift} is outside (0, 100]")));
+        }
+        let flow = FlowShift::Snr(shift);
+        let mut m = model.clone();
+        m.schedule = flow.schedule().map_err(crate::err)?;
+        m.flow = Some(flow);
         Ok(Outputs::new(vec![Value::new(IoType::MODEL, m)]))
     }
 }

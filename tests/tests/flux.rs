@@ -219,3 +219,30 @@ fn kontext_edits_at_kontexts_resolution_and_the_reference_matters() {
     plain.set_input("9", "conditioning", link("7", 0)).unwrap();
     assert_ne!(env.run_saved(&plain, "13").2, px);
 }
+
+#[test]
+fn aura_flow_sampling_shifts_a_flow_model() {
+    let env = env();
+    let wf = env.workflow("flux_schnell.json", 48, 2);
+    let base = env.run_saved_hash(&wf, "9");
+    let aura = |shift: f64| {
+        let mut w = wf.clone();
+        let mut ms = sdflow_executor::NodeSpec::new("ModelSamplingAuraFlow");
+        ms.inputs.insert("model".into(), link("1", 0));
+        ms.inputs.insert("shift".into(), sdflow_executor::InputValue::Const(serde_json::json!(shift)));
+        w.nodes.insert("20".into(), ms);
+        w.set_input("7", "model", link("20", 0)).unwrap();
+        w
+    };
+    // schnell samples unshifted: shift 1 is the same image, shift 3 another.
+    assert_eq!(env.run_saved_hash(&aura(1.0), "9"), base);
+    assert_ne!(env.run_saved_hash(&aura(3.0), "9"), base);
+    // An eps UNet is no flow model.
+    let mut sd = aura(3.0);
+    let mut loader = sdflow_executor::NodeSpec::new("CheckpointLoaderSimple");
+    loader.inputs.insert("ckpt_name".into(), sdflow_executor::InputValue::Const(serde_json::json!("model.safetensors")));
+    sd.nodes.insert("21".into(), loader);
+    sd.set_input("20", "model", link("21", 0)).unwrap();
+    let e = env.run_err(&sd);
+    assert!(e.contains("needs a flow model"), "{e}");
+}
