@@ -34,6 +34,14 @@ fn with_sampling(model: &ModelRef, prediction: Prediction, schedule: DiscreteSch
     Ok(Outputs::new(vec![Value::new(IoType::MODEL, m)]))
 }
 
+/// The flow MODEL with another shift: its σ(t) table and percent→σ map.
+fn with_flow(model: &ModelRef, shift: FlowShift) -> Result<Outputs, NodeError> {
+    let mut m = model.clone();
+    m.schedule = shift.schedule().map_err(crate::err)?;
+    m.flow = Some(shift);
+    Ok(Outputs::new(vec![Value::new(IoType::MODEL, m)]))
+}
+
 /// eps or v-prediction over SD's discrete schedule, optionally rescaled to zero terminal
 /// SNR. ComfyUI's `lcm`, `x0` and `img_to_img` samplings are not offered.
 struct ModelSamplingDiscrete;
@@ -118,11 +126,7 @@ impl Node for ModelSamplingFlux {
         if !(0.0..=100.0).contains(&max) || !(0.0..=100.0).contains(&base) || !(16..=16384).contains(&w) || !(16..=16384).contains(&h) {
             return Err(NodeError::msg(format!("max_shift {max}, base_shift {base} (0..=100) or size {w}x{h} (16..=16384) out of range")));
         }
-        let shift = FlowShift::Flux(flux_mu(w as u32, h as u32, base, max));
-        let mut m = model.clone();
-        m.schedule = shift.schedule().map_err(crate::err)?;
-        m.flow = Some(shift);
-        Ok(Outputs::new(vec![Value::new(IoType::MODEL, m)]))
+        with_flow(model, FlowShift::Flux(flux_mu(w as u32, h as u32, base, max)))
     }
 }
 
@@ -151,10 +155,6 @@ impl Node for ModelSamplingAuraFlow {
         if !(shift > 0.0 && shift <= 100.0) {
             return Err(NodeError::msg(format!("shift {shift} is outside (0, 100]")));
         }
-        let flow = FlowShift::Snr(shift);
-        let mut m = model.clone();
-        m.schedule = flow.schedule().map_err(crate::err)?;
-        m.flow = Some(flow);
-        Ok(Outputs::new(vec![Value::new(IoType::MODEL, m)]))
+        with_flow(model, FlowShift::Snr(shift))
     }
 }
