@@ -61,13 +61,17 @@ for (let i = 0; i < 100 && !history?.status?.completed; i++) {
 }
 if (!history || !history.status.completed) fail(`history of ${promptId}: ${JSON.stringify(history)}`);
 
-// A failing node comes back through onFailed with the node's error. (A slow node first:
-// the SDK takes a prompt that is neither queued nor completed when it first looks as
-// "went missing", so the failure must not come before it looks.)
+// A failing node comes back through onFailed with the node's error. The SDK listens for
+// `execution_error` only after it has seen an `executing` event for the prompt and read the
+// history once; events sent before POST /prompt answers are lost to it, and a prompt that is
+// neither queued nor completed when it next looks "went missing". So a slow start (node 5,
+// whose `executing` may come too early) and a slow node 2 (whose `executing` it sees, then
+// has half a second to read the history) come before the failure.
 const failing = new PromptBuilder(
   {
     "1": { class_type: "StubConstant", inputs: { seed: 1, size: 4 } },
-    "2": { class_type: "StubSlow", inputs: { latent: ["1", 0], steps: 10, step_ms: 30 } },
+    "5": { class_type: "StubSlow", inputs: { latent: ["1", 0], steps: 4, step_ms: 100 } },
+    "2": { class_type: "StubSlow", inputs: { latent: ["5", 0], steps: 10, step_ms: 50 } },
     "3": { class_type: "StubFail", inputs: { latent: ["2", 0], fail: true, message: "sdk boom" } },
     "4": { class_type: "StubOutput", inputs: { latent: ["3", 0], label: "never" } },
   },
