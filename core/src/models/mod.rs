@@ -14,6 +14,7 @@ pub mod flux;
 pub mod load;
 pub mod nn;
 pub mod sd;
+pub mod sd3;
 pub mod t5;
 pub mod vae;
 pub mod weights;

@@ -63,11 +63,20 @@ pub fn det_values(name: &str, n: usize, scale: f64) -> Vec<f32> {
 /// A fixture model: every tensor of `keys` (name → PyTorch shape) with its deterministic
 /// values, written as an f32 safetensors file and loaded through the real loader.
 pub fn det_weights(keys: &serde_json::Value, scale: f64, backend: &Backend) -> Weights {
+    det_weights_with(keys, scale, backend, &[])
+}
+
+/// [`det_weights`] with some tensors given outright (a fixed table the file stores).
+pub fn det_weights_with(keys: &serde_json::Value, scale: f64, backend: &Backend, given: &[(&str, Vec<f32>)]) -> Weights {
     let keys: BTreeMap<String, Vec<usize>> = serde_json::from_value(keys.clone()).unwrap();
     let data: Vec<(String, Vec<usize>, Vec<u8>)> = keys
         .iter()
         .map(|(name, shape)| {
-            let v = det_values(name, shape.iter().product(), scale);
+            let v = match given.iter().find(|(n, _)| n == name) {
+                Some((_, v)) => v.clone(),
+                None => det_values(name, shape.iter().product(), scale),
+            };
+            assert_eq!(v.len(), shape.iter().product::<usize>(), "{name}");
             (name.clone(), shape.clone(), v.iter().flat_map(|x| x.to_le_bytes()).collect())
         })
         .collect();

@@ -33,6 +33,29 @@ pub fn unpatchify(tokens: &[f32], shape: [usize; 4], p: usize) -> Result<Vec<f32
     Ok(out)
 }
 
+/// Tokens [B, L, p·p·C] whose features are in (row, column, channel) order (SD3's
+/// `unpatchify`: `n h w p q c -> n c (h p) (w q)`) back to a latent of `shape` [B, C, H, W].
+pub fn unpatchify_hwc(tokens: &[f32], [b, c, h, w]: [usize; 4], p: usize) -> Result<Vec<f32>> {
+    check_patches(tokens.len(), [b, c, h, w], p)?;
+    let (hp, wp) = (h / p, w / p);
+    let mut out = vec![0f32; tokens.len()];
+    let mut src = tokens.iter();
+    for bi in 0..b {
+        for r in 0..hp {
+            for q in 0..wp {
+                for pr in 0..p {
+                    for pc in 0..p {
+                        for ci in 0..c {
+                            out[((bi * c + ci) * h + r * p + pr) * w + q * p + pc] = *src.next().expect("sizes checked");
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Where each run of `p` latent values starts, in token order: per token, per channel, per
 /// patch row (the order of [`patchify`]'s features).
 fn patch_rows([b, c, h, w]: [usize; 4], p: usize) -> impl Iterator<Item = usize> {
