@@ -124,8 +124,12 @@ pub(crate) fn encode_text(rt: &Runtime, clip: &ClipRef, text: &str) -> Result<Co
 
 /// The conditioning of `clip` for a prompt: SD1/SD2 encode `text_l` with their one
 /// encoder; SDXL encodes `text_l` with CLIP-L and `text_g` with OpenCLIP-G.
-/// FLUX encodes `text_l` with CLIP-L (its pooled vector) and `text_g` with T5-XXL.
+/// FLUX encodes `text_l` with CLIP-L (its pooled vector) and `text_g` with T5-XXL; SD3
+/// `text_l` with CLIP-L and `text_g` with OpenCLIP-G and T5-XXL.
 fn encode_texts(rt: &Runtime, clip: &ClipRef, text_l: &str, text_g: &str) -> Result<Conditioning, NodeError> {
+    if clip.family == ModelFamily::Sd3 {
+        return crate::sd3::encode(rt, clip, Some(text_l), Some(text_g), Some(text_g));
+    }
     if clip.t5.is_some() {
         return crate::flux::encode(rt, clip, text_l, text_g);
     }
@@ -190,7 +194,7 @@ fn pad_token(clip: &ClipRef, enc: &ClipEncoder) -> PadToken {
 }
 
 /// `p` grown to `n` chunks with empty ones: BOS, EOS, then `pad`.
-fn pad_chunks(mut p: TokenizedPrompt, n: usize, pad: u32) -> TokenizedPrompt {
+pub(crate) fn pad_chunks(mut p: TokenizedPrompt, n: usize, pad: u32) -> TokenizedPrompt {
     while p.chunks.len() < n {
         let mut empty = p.chunks[0].clone();
         empty.tokens.iter_mut().skip(2).for_each(|t| *t = pad);

@@ -16,8 +16,9 @@
 //!   BasicScheduler, KarrasScheduler, ExponentialScheduler, ManualSigmas, SplitSigmas, RandomNoise,
 //!   DisableNoise, CFGGuider, BasicGuider
 //! - [`model_sampling`]: ModelSamplingDiscrete, ModelSamplingContinuousEDM, ModelSamplingFlux,
-//!   ModelSamplingAuraFlow
+//!   ModelSamplingSD3, ModelSamplingAuraFlow
 //! - [`flux`]: CLIPTextEncodeFlux, FluxGuidance, ReferenceLatent, FluxKontextImageScale
+//! - [`sd3`]: TripleCLIPLoader, CLIPTextEncodeSD3, SkipLayerGuidanceSD3
 //! - [`image`]: LoadImage, LoadImageMask, ImageScale, VAEDecode, VAEEncode, VAEEncodeForInpaint,
 //!   SaveImage, PreviewImage, VAEDecodeTiled, VAEEncodeTiled, ImageCrop, ImageInvert, EmptyImage
 //! - [`mask`]: SolidMask, InvertMask, CropMask, MaskComposite, FeatherMask, GrowMask, ThresholdMask,
@@ -48,6 +49,7 @@ pub mod preview;
 pub mod resize;
 pub mod runtime;
 pub mod sampling;
+pub mod sd3;
 pub mod taesd;
 pub mod upscale;
 pub mod values;
@@ -63,6 +65,7 @@ pub fn register_all(registry: &mut Registry, rt: Arc<Runtime>) {
     lora::register(registry, &rt);
     conditioning::register(registry, &rt);
     flux::register(registry, &rt);
+    sd3::register(registry, &rt);
     latent::register(registry, &rt);
     sampling::register(registry, &rt);
     custom_sampling::register(registry, &rt);

@@ -8,7 +8,7 @@ use sdflow_core::ggml::Backend;
 use sdflow_core::io::{self, TypeRules, WeightType};
 use sdflow_core::models::clip::ClipLayout;
 use sdflow_core::models::load::load_weights;
-use sdflow_core::models::{flux, t5};
+use sdflow_core::models::{flux, sd3, t5};
 use sdflow_core::models::sd::pipeline::{as_checkpoint, scheduler_settings};
 use sdflow_core::models::conditioning::Prediction;
 use sdflow_core::models::vae::{standalone_source, STANDALONE_PREFIX};
@@ -179,7 +179,7 @@ impl Node for CheckpointLoaderSimple {
         NodeSchema::new("CheckpointLoaderSimple")
             .display_name("Load Checkpoint")
             .category("loaders")
-            .description("Loads a diffusion model checkpoint (SD1.x, SD2.x, SDXL, all-in-one FLUX.1); weights load on first use.")
+            .description("Loads a diffusion model checkpoint (SD1.x, SD2.x, SDXL, all-in-one FLUX.1 and SD3/SD3.5); weights load on first use.")
             .input(InputSpec::combo("ckpt_name", self.rt.list_models("checkpoints")).tooltip("The checkpoint to load."))
             .output("MODEL", IoType::MODEL)
             .output("CLIP", IoType::CLIP)
@@ -198,6 +198,9 @@ impl Node for CheckpointLoaderSimple {
             if det.family == ModelFamily::Flux && det.layout == Some(KeyLayout::Ldm) {
                 return flux_checkpoint(&self.rt, &path, &det);
             }
+            if det.family == ModelFamily::Sd3 && det.layout == Some(KeyLayout::Ldm) {
+                return sd3_checkpoint(&self.rt, &path, &det);
+            }
         }
         let parts = sd_parts(&path)?;
         let model = ModelRef {
@@ -210,6 +213,7 @@ impl Node for CheckpointLoaderSimple {
             schedule: parts.schedule,
             flow: None,
             ip_adapters: Vec::new(),
+            slg: None,
         };
         let mut encoders = Vec::with_capacity(parts.clips.len());
         for c in parts.clips {
@@ -246,7 +250,7 @@ impl Node for UnetLoader {
         NodeSchema::new("UNETLoader")
             .display_name("Load Diffusion Model")
             .category("advanced/loaders")
-            .description("Loads a diffusion model alone (FLUX.1 in BFL/ComfyUI names, safetensors or GGUF); weights load on first use.")
+            .description("Loads a diffusion model alone (FLUX.1 in BFL/ComfyUI names, SD3/SD3.5 in Stability's, safetensors or GGUF); weights load on first use.")
             .input(InputSpec::combo("unet_name", self.rt.list_models(DIFFUSION_MODELS)).tooltip("The model in models/diffusion_models."))
             .input(InputSpec::combo("weight_dtype", ["default", "fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2"]).tooltip(
                 "default: the run's --type. The fp8 choices keep one byte per weight: ggml has no fp8 arithmetic, so they load as q8_0, its 8-bit type.",
@@ -269,12 +273,14 @@ impl Node for UnetLoader {
         let det = detect::detect_source(src.as_ref());
         let shown = path.display();
         let prefix = match (det.family, det.layout) {
-            (ModelFamily::Flux, Some(KeyLayout::Ldm)) => det.diffusion_prefix.clone().unwrap_or_default(),
+            (ModelFamily::Flux | ModelFamily::Sd3, Some(KeyLayout::Ldm)) => det.diffusion_prefix.clone().unwrap_or_default(),
+            (ModelFamily::Sd3, _) => return Err(NodeError::msg(format!("{shown}: an SD3 model in diffusers names; only Stability/ComfyUI names (`joint_blocks.*`) are supported yet"))),
             (ModelFamily::Flux, _) => return Err(NodeError::msg(format!("{shown}: a FLUX.1 model in diffusers names; only BFL/ComfyUI names (`double_blocks.*`) are supported yet"))),
             (ModelFamily::Unknown, _) => return Err(NodeError::msg(format!("{shown}: {}", det.message))),
-            (other, _) => return Err(NodeError::msg(format!("{shown}: {other} diffusion models are not supported by this loader yet (FLUX.1 is; SD checkpoints load with CheckpointLoaderSimple)"))),
+            (other, _) => return Err(NodeError::msg(format!("{shown}: {other} diffusion models are not supported by this loader yet (FLUX.1 and SD3 are; SD checkpoints load with CheckpointLoaderSimple)"))),
         };
-        let model = flux_model(weights_handle_as(&self.rt, &path, &prefix, wt)?, prefix, det.flux_guidance)?;
+        let weights = weights_handle_as(&self.rt, &path, &prefix, wt)?;
+        let model = if det.family == ModelFamily::Sd3 { sd3_model(weights, prefix)? } else { flux_model(weights, prefix, det.flux_guidance)? };
         Ok(Outputs::new(vec![Value::new(IoType::MODEL, model)]))
     }
 }
@@ -294,6 +300,7 @@ fn flux_model(weights: WeightHandle<Weights>, prefix: String, guidance: bool) ->
         schedule: flow.schedule().map_err(err)?,
         flow: Some(flow),
         ip_adapters: Vec::new(),
+        slg: None,
     })
 }
 
@@ -331,8 +338,60 @@ fn flux_checkpoint(rt: &Runtime, path: &Path, det: &detect::Detection) -> Result
     Ok(Outputs::new(vec![Value::new(IoType::MODEL, model), Value::new(IoType::CLIP, clip), Value::new(IoType::VAE, vae)]))
 }
 
+/// The MODEL of an SD3 / SD3.5 MMDiT under `prefix` of `weights`: a flow over SD3's
+/// schedule shifted by 3 (ComfyUI's `supported_models.SD3`, sd.cpp's default), the model
+/// told 1000·σ.
+fn sd3_model(weights: WeightHandle<Weights>, prefix: String) -> Result<ModelRef, NodeError> {
+    let flow = FlowShift::Snr(3.0);
+    Ok(ModelRef {
+        weights,
+        prefix,
+        family: ModelFamily::Sd3,
+        prediction: Prediction::Flow,
+        latent_scale: sd3::LATENT_SCALE,
+        latent_shift: sd3::LATENT_SHIFT,
+        schedule: flow.schedule().map_err(err)?,
+        flow: Some(flow),
+        ip_adapters: Vec::new(),
+        slg: None,
+    })
+}
+
+/// Where ComfyUI's all-in-one SD3 / SD3.5 checkpoints keep the text encoders and VAE
+/// beside `model.diffusion_model.`.
+const SD3_CLIP_L: &str = "text_encoders.clip_l.transformer.";
+const SD3_CLIP_G: &str = "text_encoders.clip_g.transformer.";
+const SD3_T5: &str = "text_encoders.t5xxl.transformer.";
+const SD3_VAE: &str = "first_stage_model.";
+
+/// The outputs of CheckpointLoaderSimple for an SD3 / SD3.5 checkpoint: the text encoders
+/// it holds (any of CLIP-L, OpenCLIP-G, T5-XXL, or none; ComfyUI's SD3 CLIP gives zeros
+/// for those missing) and its VAE.
+fn sd3_checkpoint(rt: &Runtime, path: &Path, det: &detect::Detection) -> Result<Outputs, NodeError> {
+    let src = io::open(path).map_err(err)?;
+    let names = || src.tensors().iter().map(|t| t.name.as_str());
+    let has = |p: &str| names().any(|n| n.starts_with(p));
+    if !has(&format!("{SD3_VAE}decoder.")) {
+        return Err(NodeError::msg(format!("{}: an SD3 checkpoint without its VAE (`{SD3_VAE}*`); load the model with UNETLoader (sd-cli's --diffusion-model) and the VAE with VAELoader (--vae)", path.display())));
+    }
+    let prefix = det.diffusion_prefix.clone().unwrap_or_default();
+    let model = sd3_model(weights_handle(rt, path, &prefix)?, prefix)?;
+    let mut encoders = Vec::new();
+    for p in [SD3_CLIP_L, SD3_CLIP_G] {
+        if has(&format!("{p}text_model.")) {
+            encoders.push(ClipEncoder { weights: weights_handle(rt, path, p)?, prefix: format!("{p}text_model"), layout: ClipLayout::HuggingFace, dropped_layers: 0 });
+        }
+    }
+    // Stability's own files hold the MMDiT and VAE only: their CLIP is empty (ComfyUI's
+    // None), and encoding with it names TripleCLIPLoader.
+    let t5 = if t5::is_t5(names().filter(|n| n.starts_with(SD3_T5))) { Some(t5_handle(rt, path)?) } else { None };
+    let clip = ClipRef { encoders, t5, family: ModelFamily::Sd3, clip_skip: None };
+    let vae = VaeRef { weights: weights_handle(rt, path, SD3_VAE)?, prefix: SD3_VAE.trim_end_matches('.').into(), kind: VaeKind::Kl };
+    Ok(Outputs::new(vec![Value::new(IoType::MODEL, model), Value::new(IoType::CLIP, clip), Value::new(IoType::VAE, vae)]))
+}
+
 /// Where standalone text encoders live (ComfyUI's folder; sd-cli's --clip_l/--clip_g).
-const TEXT_ENCODERS: &str = "text_encoders";
+pub(crate) const TEXT_ENCODERS: &str = "text_encoders";
 
 /// ComfyUI's "Load CLIP" (`CLIPLoader`, type `stable_diffusion`: SD1's CLIP-L or SD2's
 /// OpenCLIP-H) and "DualCLIPLoader" (type `sdxl`: CLIP-L and OpenCLIP-G, in either
@@ -360,7 +419,7 @@ impl ClipLoader {
 /// The text encoder of a standalone file: the prefix `ClipTextConfig` takes, its
 /// layout, the prefix of the tensors to load (the projection sits beside a Hugging Face
 /// `text_model`), and its width.
-fn text_encoder_in(path: &Path) -> Result<(String, ClipLayout, String, usize), NodeError> {
+pub(crate) fn text_encoder_in(path: &Path) -> Result<(String, ClipLayout, String, usize), NodeError> {
     let src = io::open(path).map_err(err)?;
     let found = src.tensors().iter().find_map(|t| {
         if let Some(p) = t.name.strip_suffix("embeddings.token_embedding.weight") {
@@ -382,16 +441,16 @@ impl Node for ClipLoader {
         let s = if self.dual {
             NodeSchema::new("DualCLIPLoader")
                 .display_name("DualCLIPLoader")
-                .description("Loads two standalone text encoders, in either order: SDXL's CLIP-L and OpenCLIP-G (type sdxl), FLUX's CLIP-L and T5-XXL (type flux, safetensors or GGUF).")
+                .description("Loads two standalone text encoders, in either order: SDXL's CLIP-L and OpenCLIP-G (type sdxl), two of SD3's three (type sd3), FLUX's CLIP-L and T5-XXL (type flux); T5 as safetensors or GGUF.")
                 .input(InputSpec::combo("clip_name1", files.clone()))
                 .input(InputSpec::combo("clip_name2", files))
-                .input(InputSpec::combo("type", ["sdxl", "flux"]))
+                .input(InputSpec::combo("type", ["sdxl", "sd3", "flux"]))
         } else {
             NodeSchema::new("CLIPLoader")
                 .display_name("Load CLIP")
-                .description("Loads a standalone text encoder: SD1's CLIP-L or SD2's OpenCLIP-H.")
+                .description("Loads a standalone text encoder: SD1's CLIP-L or SD2's OpenCLIP-H (type stable_diffusion), one of SD3's (type sd3).")
                 .input(InputSpec::combo("clip_name", files))
-                .input(InputSpec::combo("type", vec!["stable_diffusion".to_string()]))
+                .input(InputSpec::combo("type", ["stable_diffusion", "sd3"]))
         };
         // Placement is sdflow's residency manager's: text encoders compute on the CPU.
         s.input(InputSpec::combo("device", ["default", "cpu"]).optional().tooltip("Where the text encoders run: on the CPU either way in this build."))
@@ -412,8 +471,12 @@ impl Node for ClipLoader {
         if self.dual && ty == "flux" {
             return self.flux(inputs);
         }
+        if ty == "sd3" {
+            let clip = crate::sd3::sd3_clip(&self.rt, &self.paths(inputs)?)?;
+            return Ok(Outputs::new(vec![Value::new(IoType::CLIP, clip)]));
+        }
         if ty != if self.dual { "sdxl" } else { "stable_diffusion" } {
-            let wanted = if self.dual { "`sdxl` and `flux`" } else { "`stable_diffusion`" };
+            let wanted = if self.dual { "`sdxl`, `sd3` and `flux`" } else { "`stable_diffusion` and `sd3`" };
             return Err(NodeError::msg(format!("type `{ty}`: only {wanted} text encoders are supported yet")));
         }
         let mut found = Vec::new();
@@ -472,7 +535,7 @@ const T5_KEY: &str = "t5:";
 
 /// The T5 encoder of a standalone file (Hugging Face names under any prefix, or llama.cpp's
 /// GGUF names) as a handle; nothing is read until it is pinned.
-fn t5_handle(rt: &Runtime, path: &Path) -> Result<T5Ref, NodeError> {
+pub(crate) fn t5_handle(rt: &Runtime, path: &Path) -> Result<T5Ref, NodeError> {
     let src = t5::hf_layout(io::open(path).map_err(err)?).map_err(err)?;
     let prefix = t5::find_prefix(src.tensors().iter().map(|t| t.name.as_str()))
         .ok_or_else(|| NodeError::msg(format!("{}: no T5 encoder (`{}`)", path.display(), t5::MARKER)))?;

@@ -15,7 +15,8 @@ pub fn register(registry: &mut Registry) {
     registry.register(Arc::new(ModelSamplingDiscrete));
     registry.register(Arc::new(ModelSamplingContinuousEdm));
     registry.register(Arc::new(ModelSamplingFlux));
-    registry.register(Arc::new(ModelSamplingAuraFlow));
+    registry.register(Arc::new(ModelSamplingShift { name: "ModelSamplingSD3", default: 3.0, thousand: true }));
+    registry.register(Arc::new(ModelSamplingShift { name: "ModelSamplingAuraFlow", default: 1.73, thousand: false }));
 }
 
 const CATEGORY: &str = "advanced/model";
@@ -130,26 +131,38 @@ impl Node for ModelSamplingFlux {
     }
 }
 
-/// A flow model over SD3's shifted σ(t) = s·t / (1 + (s − 1)·t), told σ itself as its
-/// timestep (ComfyUI's ModelSamplingAuraFlow: ModelSamplingDiscreteFlow with multiplier 1,
-/// what Chroma's, Z-Image's and Qwen-Image's templates use).
-struct ModelSamplingAuraFlow;
+/// ComfyUI's ModelSamplingSD3 and ModelSamplingAuraFlow: a flow model over SD3's shifted
+/// schedule, σ(t) = s·t / (1 + (s − 1)·t). They differ in what the model is told: 1000·σ
+/// (SD3's MMDiT) or σ itself (AuraFlow's multiplier 1: FLUX, and what Chroma's, Z-Image's and
+/// Qwen-Image's templates use). Here each model reads its own, so each node takes the models
+/// that read what it tells, and names the other node for the rest.
+struct ModelSamplingShift {
+    name: &'static str,
+    default: f64,
+    /// The model is told 1000·σ (ModelSamplingSD3), else σ.
+    thousand: bool,
+}
 
-impl Node for ModelSamplingAuraFlow {
+impl Node for ModelSamplingShift {
     fn schema(&self) -> NodeSchema {
-        NodeSchema::new("ModelSamplingAuraFlow")
-            .display_name("ModelSamplingAuraFlow")
+        let what = if self.thousand { "SD3 / SD3.5" } else { "FLUX" };
+        NodeSchema::new(self.name)
+            .display_name(self.name)
             .category(CATEGORY)
-            .description("Samples a flow model (FLUX) over SD3's shifted schedule, sigma = s*t / (1 + (s - 1)*t).")
+            .description(format!("Samples a flow model ({what}) over SD3's shifted schedule, sigma = s*t / (1 + (s - 1)*t) (sd-cli's --flow-shift)."))
             .input(InputSpec::link("model", IoType::MODEL))
-            .input(InputSpec::float("shift", 1.73).float_range(0.0, 100.0).float_step(0.01))
+            .input(InputSpec::float("shift", self.default).float_range(0.0, 100.0).float_step(0.01))
             .output("MODEL", IoType::MODEL)
     }
 
     fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
         let model = inputs.downcast::<ModelRef>("model")?;
         if model.flow.is_none() {
-            return Err(NodeError::msg(format!("ModelSamplingAuraFlow needs a flow model (FLUX); this {} model predicts {:?}", model.family, model.prediction)));
+            return Err(NodeError::msg(format!("{} needs a flow model; this {} model predicts {:?}", self.name, model.family, model.prediction)));
+        }
+        if (model.family == ModelFamily::Sd3) != self.thousand {
+            let other = if self.thousand { "ModelSamplingAuraFlow or ModelSamplingFlux" } else { "ModelSamplingSD3" };
+            return Err(NodeError::msg(format!("{} tells the model {}; {} models read the other: use {other}", self.name, if self.thousand { "1000·σ" } else { "σ" }, model.family)));
         }
         let shift = inputs.float("shift")?;
         if !(shift > 0.0 && shift <= 100.0) {

@@ -55,6 +55,27 @@ pub const FLUX_LATENT_RGB_FACTORS: [[f32; 3]; 16] = [
 ];
 pub const FLUX_LATENT_RGB_BIAS: [f32; 3] = [-0.0329, -0.0718, -0.0851];
 
+/// ComfyUI's `latent_formats.SD3` latent→RGB factors (per channel: R, G, B) and bias.
+pub const SD3_LATENT_RGB_FACTORS: [[f32; 3]; 16] = [
+    [-0.0922, -0.0175, 0.0749],
+    [0.0311, 0.0633, 0.0954],
+    [0.1994, 0.0927, 0.0458],
+    [0.0856, 0.0339, 0.0902],
+    [0.0587, 0.0272, -0.0496],
+    [-0.0006, 0.1104, 0.0309],
+    [0.0978, 0.0306, 0.0427],
+    [-0.0042, 0.1038, 0.1358],
+    [-0.0194, 0.0020, 0.0669],
+    [-0.0488, 0.0130, -0.0268],
+    [0.0922, 0.0988, 0.0951],
+    [-0.0278, 0.0524, -0.0542],
+    [0.0332, 0.0456, 0.0895],
+    [-0.0069, -0.0030, -0.0810],
+    [-0.0596, -0.0465, -0.0293],
+    [-0.1448, -0.1463, -0.1189],
+];
+pub const SD3_LATENT_RGB_BIAS: [f32; 3] = [0.2394, 0.2135, 0.1925];
+
 /// ComfyUI's `--preview-method`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum PreviewMethod {
@@ -126,6 +147,7 @@ pub fn preview(rt: &Runtime, family: ModelFamily, denoised: &[f32], shape: [i64;
         ModelFamily::Sd1 | ModelFamily::Sd2 { .. } => (&SD15_LATENT_RGB_FACTORS[..], [0.0; 3]),
         ModelFamily::Sdxl | ModelFamily::SdxlRefiner => (&SDXL_LATENT_RGB_FACTORS[..], SDXL_LATENT_RGB_BIAS),
         ModelFamily::Flux => (&FLUX_LATENT_RGB_FACTORS[..], FLUX_LATENT_RGB_BIAS),
+        ModelFamily::Sd3 => (&SD3_LATENT_RGB_FACTORS[..], SD3_LATENT_RGB_BIAS),
         _ => return None,
     };
     if rt.preview == PreviewMethod::None {

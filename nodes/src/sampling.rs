@@ -9,6 +9,7 @@ use crate::err;
 use crate::controlnet::{hint_for, Controls};
 use crate::values::Control;
 use sdflow_core::models::flux::{Flux, FluxConfig, FluxDenoiser, FluxItem};
+use sdflow_core::models::sd3::{Sd3, Sd3Config, Sd3Denoiser, Sd3Item};
 use sdflow_core::models::sd::{BatchItem, ControlInput, IpPatch, IpSide, SdDenoiser};
 use sdflow_core::models::conditioning::Conditioning;
 use std::collections::hash_map::{Entry, HashMap};
@@ -141,6 +142,9 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     let mut den = if model.family == ModelFamily::Flux {
         let config = FluxConfig::infer(&weights, &model.prefix).map_err(err)?;
         Den::Flux(FluxDenoiser::new(Flux::new(&weights, &model.prefix, config).map_err(err)?))
+    } else if model.family == ModelFamily::Sd3 {
+        let config = Sd3Config::infer(&weights, &model.prefix).map_err(err)?;
+        Den::Sd3(Sd3Denoiser::new(Sd3::new(&weights, &model.prefix, config).map_err(err)?))
     } else {
         let config = UnetConfig::infer(&weights, &model.prefix).map_err(err)?;
         let unet = Unet::new(&weights, &model.prefix, config).map_err(err)?;
@@ -181,7 +185,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
             .collect();
         den = match den {
             Den::Sd(d) => Den::Sd(d.with_ip_adapters(patches).map_err(err)?),
-            Den::Flux(_) => return Err(NodeError::msg("IP-Adapters apply to SD UNets; this model is FLUX")),
+            Den::Flux(_) | Den::Sd3(_) => return Err(NodeError::msg(format!("IP-Adapters apply to SD UNets; this model is {}", model.family))),
         };
     }
 
@@ -192,7 +196,11 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     // ComfyUI's empty latents: all zeros, left unshifted and grown to the model's channel
     // count (`fix_empty_latent_channels`), so EmptyLatentImage also serves FLUX.
     let empty = latent.samples.iter().all(|&v| v == 0.0);
-    let want_channels = if model.family == ModelFamily::Flux { 16 } else { channels };
+    let want_channels = match &den {
+        Den::Flux(_) => 16,
+        Den::Sd3(d) => d.config().in_channels,
+        Den::Sd(_) => channels,
+    };
     let grown;
     let latent = if empty && channels != want_channels {
         grown = Latent { samples: vec![0.0; (lw * lh * want_channels * ln) as usize], shape: [lw, lh, want_channels, ln], noise_mask: latent.noise_mask.clone() };
@@ -225,7 +233,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     // latent (5), instruct-pix2pix UNets the source image's latent (4).
     let extra = match &den {
         Den::Sd(d) => d.unet().config.in_channels - shape[2],
-        Den::Flux(_) => 0,
+        Den::Flux(_) | Den::Sd3(_) => 0,
     };
     if !(extra == 0 || (channels == 4 && (extra == 4 || extra == 5))) {
         return Err(NodeError::msg(format!(
@@ -293,8 +301,8 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     let controls = Controls::collect(prepared.iter().flatten().map(|p| &p.control))?;
     let nets = match &den {
         Den::Sd(d) => controls.nets(&d.unet().config)?,
-        Den::Flux(_) if prepared.iter().flatten().any(|p| p.control.is_some()) => return Err(NodeError::msg("ControlNets apply to SD UNets; this model is FLUX")),
-        Den::Flux(_) => Vec::new(),
+        Den::Flux(_) | Den::Sd3(_) if prepared.iter().flatten().any(|p| p.control.is_some()) => return Err(NodeError::msg(format!("ControlNets apply to SD UNets; this model is {}", model.family))),
+        Den::Flux(_) | Den::Sd3(_) => Vec::new(),
     };
     let mut hints: HashMap<(usize, i64, i64), Vec<f32>> = HashMap::new();
     let mut sides: Vec<Option<&[guidance::Prepared]>> = vec![None; prepared.len()];
@@ -306,6 +314,13 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
         sides[i] = Some(&prepared[i]);
     }
     let budget = BATCH_LATENTS * plane * n;
+    // Skip-layer guidance's σ window, and whether the model call now leaves its layers out.
+    let slg = model.slg.as_ref().map(|g| (g, (percent_to_sigma(g.percents.0), percent_to_sigma(g.percents.1))));
+    let slg_layers: &[usize] = model.slg.as_ref().map_or(&[], |g| &g.layers);
+    if slg.is_some() && !matches!(den, Den::Sd3(_)) {
+        return Err(NodeError::msg(format!("skip-layer guidance runs on SD3 MMDiTs; this model is {}", model.family)));
+    }
+    let skipping = std::cell::Cell::new(false);
 
     let total = sigmas.len().saturating_sub(1) as u64;
     // The step being taken (0-based): the count of finished ones, for step ranges.
@@ -355,16 +370,38 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
                     let batch: Vec<FluxItem<'_>> = items.iter().map(|it| FluxItem { x: &it.x, cond: it.cond }).collect();
                     rt.with_backend(|b| den.denoise_batch(b, s, sigma, &batch)).map_err(err)
                 }
+                Den::Sd3(den) => {
+                    let batch: Vec<Sd3Item<'_>> = items.iter().map(|it| Sd3Item { x: &it.x, cond: it.cond }).collect();
+                    let skip = if skipping.get() { slg_layers } else { &[][..] };
+                    rt.with_backend(|b| den.denoise_batch(b, s, sigma, &batch, skip)).map_err(err)
+                }
             }
         };
-        let mut out = guidance::calc_cond_batch(&sides, xin, shape, extra as usize, &active, budget, &mut run_model).map_err(|e| match e {
+        let calc_error = |e| match e {
             guidance::CalcError::Input(m) => NodeError::msg(m),
             guidance::CalcError::Model(e) => e,
-        })?;
+        };
+        let mut out = guidance::calc_cond_batch(&sides, xin, shape, extra as usize, &active, budget, &mut run_model).map_err(calc_error)?;
         let take = |out: &mut Vec<Option<Vec<f32>>>, i: Option<usize>| i.and_then(|i| out[i].take());
         let (mid, neg) = (take(&mut out, middle_at), take(&mut out, negative_at));
         let pos = out[0].take().expect("the positive side is always evaluated");
+        // Skip-layer guidance (ComfyUI's SkipLayerGuidanceDiT post-CFG step): the positive
+        // side again without the layers, the result pushed away from it.
+        let slg_pos = match slg {
+            Some((g, (hi, lo))) if g.scale > 0.0 && sigma <= hi && sigma >= lo => Some((g.scale, pos.clone())),
+            _ => None,
+        };
         let mut d = mix.mix(pos, mid, neg);
+        if let Some((scale, cond)) = slg_pos {
+            skipping.set(true);
+            let only_positive: Vec<Option<&[guidance::Prepared]>> = sides.iter().enumerate().map(|(i, s)| if i == 0 { *s } else { None }).collect();
+            let skipped = guidance::calc_cond_batch(&only_positive, xin, shape, extra as usize, &active, budget, &mut run_model);
+            skipping.set(false);
+            let skipped = skipped.map_err(calc_error)?.swap_remove(0).expect("the positive side is evaluated");
+            for ((v, c), s) in d.denoised.iter_mut().zip(&cond).zip(&skipped) {
+                *v += (c - s) * scale;
+            }
+        }
         if let Some(m) = &mask {
             for (i, v) in d.denoised.iter_mut().enumerate() {
                 let k = mask_at(m, i);
@@ -397,10 +434,11 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     Ok((mk(unscale(&out, keep)), mk(denoised)))
 }
 
-/// The model a sampler runs: an SD UNet or a FLUX transformer.
+/// The model a sampler runs: an SD UNet, a FLUX transformer or an SD3 MMDiT.
 enum Den<'w> {
     Sd(SdDenoiser<'w>),
     Flux(FluxDenoiser<'w>),
+    Sd3(Sd3Denoiser<'w>),
 }
 
 /// ComfyUI's "KSampler".

@@ -29,6 +29,20 @@ pub struct ModelRef {
     pub flow: Option<FlowShift>,
     /// IP-Adapters applied to the model (IPAdapterAdvanced), in the order applied.
     pub ip_adapters: Vec<Arc<IpAdapterPatch>>,
+    /// Skip-layer guidance (SkipLayerGuidanceSD3) on an MMDiT.
+    pub slg: Option<SkipLayerGuidance>,
+}
+
+/// Skip-layer guidance as ComfyUI's SkipLayerGuidanceDiT applies it after CFG: while σ is
+/// within `sigmas` (start, end: high, low), the positive side runs again with the joint
+/// blocks `layers` left out, and the result moves by `scale · (cond − cond_skipped)`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SkipLayerGuidance {
+    pub layers: Vec<usize>,
+    pub scale: f32,
+    /// ComfyUI's start_percent / end_percent: fractions of sampling, mapped through the
+    /// model's own percent→σ when sampling starts.
+    pub percents: (f32, f32),
 }
 
 /// One IP-Adapter on a MODEL: the adapter's weights (shared through the residency

@@ -310,6 +310,42 @@ pub fn write_taesd(dir: &Path, single_file: bool) -> Vec<PathBuf> {
 /// T5-XXL's encoder (`text_encoders/t5xxl_fp16.safetensors`), CLIP-L
 /// (`text_encoders/clip_l.safetensors`, unless one is there), the 16-channel `vae/ae.safetensors`,
 /// and all of them in one file as ComfyUI packs them (`checkpoints/flux1-schnell-fp8.safetensors`).
+/// Tiny random-weight SD3.5 medium files in the layouts people download, beside FLUX's
+/// (whose CLIP-L, T5-XXL and 16-channel VAE they share): `clip_g.safetensors`, the MMDiT
+/// alone (`diffusion_models/sd3.5_medium.safetensors`), Stability's checkpoint of MMDiT and
+/// VAE (`checkpoints/sd3.5_medium.safetensors`), and ComfyUI's all-in-one with the text
+/// encoders too, under the name its template asks for (`sd3.5_large_fp8_scaled.safetensors`).
+pub fn write_sd3_models(root: &Path) {
+    use sdflow_core::synth::dit::{ae_tensors, clip_g_tensors, clip_l_tensors, tiny_ae_config, tiny_clip_g, Sd3Synth, T5Synth};
+    use sdflow_core::synth::{write_specs, TensorSpec};
+    write_flux_models(root);
+    let models = root.join("models");
+    let write = |dir: &str, file: &str, specs: &[TensorSpec], config: String, seed: u64| {
+        let dir = models.join(dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(file);
+        if !path.exists() {
+            write_specs(&path, specs, &config, DType::F32, seed, Format::Safetensors).unwrap();
+        }
+    };
+    let g = tiny_clip_g();
+    write("text_encoders", "clip_g.safetensors", &clip_g_tensors(&g), serde_json::to_string(&g).unwrap(), 31);
+    let mmdit = Sd3Synth::tiny();
+    write("diffusion_models", "sd3.5_medium.safetensors", &mmdit.tensors(), serde_json::to_string(&mmdit).unwrap(), 32);
+    let prefixed = |p: &str, specs: Vec<TensorSpec>| -> Vec<TensorSpec> { specs.into_iter().map(|t| TensorSpec { name: format!("{p}{}", t.name), ..t }).collect() };
+    let ae = tiny_ae_config();
+    let stability = [prefixed("model.diffusion_model.", mmdit.tensors()), prefixed("first_stage_model.", ae_tensors(&ae))].concat();
+    write("checkpoints", "sd3.5_medium.safetensors", &stability, "tiny SD3.5 medium, MMDiT and VAE".into(), 32);
+    let all = [
+        stability,
+        prefixed("text_encoders.clip_l.transformer.", clip_l_tensors(&SdConfig::tiny_sd1().text)),
+        prefixed("text_encoders.clip_g.transformer.", clip_g_tensors(&g)),
+        prefixed("text_encoders.t5xxl.transformer.", T5Synth::tiny().tensors()),
+    ]
+    .concat();
+    write("checkpoints", "sd3.5_large_fp8_scaled.safetensors", &all, "all-in-one tiny SD3.5".into(), 33);
+}
+
 pub fn write_flux_models(root: &Path) {
     use sdflow_core::synth::dit::{ae_tensors, clip_l_tensors, tiny_ae_config, FluxSynth, T5Synth};
     use sdflow_core::synth::{write_specs, TensorSpec};

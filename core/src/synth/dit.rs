@@ -1,7 +1,9 @@
 //! Random-weight models of the DiT families, in the files people download: the FLUX.1
-//! transformer alone in BFL's names (`flux1-dev.safetensors`, city96's GGUF), the T5-XXL
-//! encoder alone in Hugging Face's (`t5xxl_fp16.safetensors`), FLUX's 16-channel `ae`, and
-//! CLIP-L alone (`clip_l.safetensors`). Tiny configs for tests, full ones for benchmarks.
+//! transformer alone in BFL's names (`flux1-dev.safetensors`, city96's GGUF), the SD3 /
+//! SD3.5 MMDiT in Stability's (`sd3.5_medium.safetensors`), the T5-XXL encoder alone in
+//! Hugging Face's (`t5xxl_fp16.safetensors`), the 16-channel `ae`, and CLIP-L and
+//! OpenCLIP-G alone (`clip_l.safetensors`, `clip_g.safetensors`). Tiny configs for tests,
+//! full ones for benchmarks.
 
 use serde::{Deserialize, Serialize};
 
@@ -80,6 +82,87 @@ impl FluxSynth {
     }
 }
 
+/// An SD3 / SD3.5 MMDiT (`mmdit.py`'s `MMDiT`, Stability's names).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sd3Synth {
+    pub in_channels: usize,
+    pub patch: usize,
+    pub hidden: usize,
+    pub heads: usize,
+    pub depth: usize,
+    /// The text tokens' width (T5-XXL's, which CLIP-L|G are padded to).
+    pub context: usize,
+    /// CLIP-L's pooled width plus OpenCLIP-G's projected one.
+    pub pooled: usize,
+    pub mlp_ratio: usize,
+    /// Side of the stored position table, in patches.
+    pub pos_embed_max: usize,
+    /// SD3.5's RMS q/k norms.
+    pub qk_norm: bool,
+    /// MMDiT-X (SD3.5 medium): the blocks with a second image self-attention.
+    pub self_attn_blocks: Vec<usize>,
+}
+
+impl Sd3Synth {
+    /// SD3.5 medium: 24 MMDiT-X blocks (the first 13 with the second attention), 64 heads
+    /// wide as every release.
+    pub fn sd35_medium() -> Self {
+        Sd3Synth { in_channels: 16, patch: 2, hidden: 1536, heads: 24, depth: 24, context: 4096, pooled: 2048, mlp_ratio: 4, pos_embed_max: 384, qk_norm: true, self_attn_blocks: (0..13).collect() }
+    }
+
+    /// SD3.5 medium's structure at two blocks of two 32-wide heads, reading
+    /// [`T5Synth::tiny`] tokens and the tiny CLIP-L's and [`tiny_clip_g`]'s pooled vectors.
+    pub fn tiny() -> Self {
+        let l = super::SdConfig::tiny_sd1().text.hidden;
+        Sd3Synth { hidden: 64, heads: 2, depth: 2, context: T5Synth::tiny().d_model, pooled: l + tiny_clip_g().projection_dim, pos_embed_max: 64, self_attn_blocks: vec![0], ..Self::sd35_medium() }
+    }
+
+    pub fn tensors(&self) -> Vec<TensorSpec> {
+        let mut s = Specs(Vec::new());
+        let (d, m, p) = (self.hidden, self.hidden * self.mlp_ratio, self.patch);
+        let dh = d / self.heads;
+        s.weight("x_embedder.proj.weight".into(), vec![d, self.in_channels, p, p]);
+        s.bias("x_embedder.proj.bias".into(), d);
+        s.push("pos_embed".into(), vec![1, self.pos_embed_max * self.pos_embed_max, d], Init::Normal { mean: 0.0, std: 0.5 });
+        s.linear("context_embedder", self.context, d, true);
+        for (name, n_in) in [("t_embedder", 256), ("y_embedder", self.pooled)] {
+            s.linear(&format!("{name}.mlp.0"), n_in, d, true);
+            s.linear(&format!("{name}.mlp.2"), d, d, true);
+        }
+        let attn = |s: &mut Specs, a: &str, proj: bool| {
+            s.linear(&format!("{a}.qkv"), d, 3 * d, true);
+            if proj {
+                s.linear(&format!("{a}.proj"), d, d, true);
+            }
+            if self.qk_norm {
+                for n in ["ln_q", "ln_k"] {
+                    s.push(format!("{a}.{n}.weight"), vec![dh], Init::Normal { mean: 1.0, std: super::BIAS_STD });
+                }
+            }
+        };
+        for i in 0..self.depth {
+            for st in ["x_block", "context_block"] {
+                let b = format!("joint_blocks.{i}.{st}");
+                let pre_only = st == "context_block" && i + 1 == self.depth;
+                let x2 = st == "x_block" && self.self_attn_blocks.contains(&i);
+                attn(&mut s, &format!("{b}.attn"), !pre_only);
+                if x2 {
+                    attn(&mut s, &format!("{b}.attn2"), true);
+                }
+                if !pre_only {
+                    s.linear(&format!("{b}.mlp.fc1"), d, m, true);
+                    s.linear(&format!("{b}.mlp.fc2"), m, d, true);
+                }
+                let chunks = if pre_only { 2 } else if x2 { 9 } else { 6 };
+                s.linear(&format!("{b}.adaLN_modulation.1"), d, chunks * d, true);
+            }
+        }
+        s.linear("final_layer.linear", d, p * p * self.in_channels, true);
+        s.linear("final_layer.adaLN_modulation.1", d, 2 * d, true);
+        s.0
+    }
+}
+
 /// A T5 v1.1 encoder (`T5EncoderModel`), relative-position bias in layer 0.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct T5Synth {
@@ -97,9 +180,10 @@ impl T5Synth {
         T5Synth { d_model: 4096, d_kv: 64, heads: 64, d_ff: 10240, layers: 24, vocab: 32128 }
     }
 
-    /// Two layers at width 64, with T5's whole vocabulary (the tokenizer's ids).
+    /// Two layers at width 128 (wide enough for SD3's tiny CLIP-L and OpenCLIP-G side by
+    /// side), with T5's whole vocabulary (the tokenizer's ids).
     pub fn tiny() -> Self {
-        T5Synth { d_model: 64, d_kv: 16, heads: 4, d_ff: 128, layers: 2, ..Self::xxl() }
+        T5Synth { d_model: 128, d_kv: 16, heads: 4, d_ff: 128, layers: 2, ..Self::xxl() }
     }
 
     pub fn tensors(&self) -> Vec<TensorSpec> {
@@ -152,4 +236,18 @@ pub fn clip_l_tensors(t: &TextConfig) -> Vec<TensorSpec> {
     let mut s = Specs(Vec::new());
     clip_l(&mut s, "text_model.", t);
     s.0
+}
+
+/// OpenCLIP-G alone in Hugging Face's names (`text_model.*` and the `text_projection`
+/// beside it), as ComfyUI's `clip_g.safetensors`.
+pub fn clip_g_tensors(t: &TextConfig) -> Vec<TensorSpec> {
+    let mut s = Specs(Vec::new());
+    clip_l(&mut s, "text_model.", t);
+    s.linear("text_projection", t.hidden, t.projection_dim, false);
+    s.0
+}
+
+/// The tiny OpenCLIP-G: SDXL's tiny second encoder.
+pub fn tiny_clip_g() -> TextConfig {
+    super::SdConfig::tiny_sdxl().text2.expect("SDXL has a second encoder")
 }

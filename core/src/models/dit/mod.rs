@@ -72,6 +72,25 @@ fn check_patches(len: usize, [b, c, h, w]: [usize; 4], p: usize) -> Result<()> {
     Ok(())
 }
 
+/// A [C, H, W] latent padded at the bottom and right to multiples of `p` by wrapping
+/// around (ComfyUI's `pad_to_patch_size`, circular), with its new height and width.
+pub fn pad_to_patches(x: &[f32], [c, h, w]: [usize; 3], p: usize) -> (Vec<f32>, usize, usize) {
+    let (h2, w2) = (h.div_ceil(p) * p, w.div_ceil(p) * p);
+    let mut out = Vec::with_capacity(c * h2 * w2);
+    for ci in 0..c {
+        for y in 0..h2 {
+            let row = (ci * h + y % h) * w;
+            out.extend((0..w2).map(|x0| x[row + x0 % w]));
+        }
+    }
+    (out, h2, w2)
+}
+
+/// The top-left [C, H, W] of a [C, H2, W2] latent: [`pad_to_patches`] undone.
+pub fn crop(x: &[f32], [c, h2, w2]: [usize; 3], h: usize, w: usize) -> Vec<f32> {
+    (0..c).flat_map(|ci| (0..h).flat_map(move |y| (0..w).map(move |x0| (ci, y, x0)))).map(|(ci, y, x0)| x[(ci * h2 + y) * w2 + x0]).collect()
+}
+
 /// Position ids (index, row, column) of an image's `rows` × `cols` patch grid in reading
 /// order: FLUX's image ids (`index` 0 for the image itself; Kontext gives references
 /// their own).

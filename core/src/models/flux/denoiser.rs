@@ -3,7 +3,7 @@
 
 use super::{Flux, FluxInputs};
 use crate::ggml::{Backend, Context, GraphAllocator, GraphRun};
-use crate::models::dit::{image_ids, patchify, unpatchify};
+use crate::models::dit::{image_ids, pad_to_patches, patchify, unpatchify};
 use crate::models::conditioning::{Conditioning, LatentShape, ReferenceLatent};
 use crate::models::{ModelError, Result};
 
@@ -154,24 +154,10 @@ pub fn reference_tokens(refs: &[std::sync::Arc<ReferenceLatent>], channels: usiz
         let (dr, dc) = (h_off.div_ceil(2), w_off.div_ceil(2));
         ids.extend(image_ids(rows, cols, 1.0).into_iter().map(|[i, y, x]| vec![i, y + dr as f32, x + dc as f32]));
         if channels > 0 {
-            let padded = pad_even(r);
+            let (padded, _, _) = pad_to_patches(&r.data, [r.channels, r.height, r.width], 2);
             let scaled: Vec<f32> = padded.iter().map(|v| (v - LATENT_SHIFT) * LATENT_SCALE).collect();
             tokens.extend(patchify(&scaled, [1, r.channels, rows * 2, cols * 2], 2)?);
         }
     }
     Ok((tokens, ids))
-}
-
-/// `r` padded to even sizes by wrapping around (ComfyUI's `pad_to_patch_size`, circular,
-/// at the bottom and right).
-fn pad_even(r: &ReferenceLatent) -> Vec<f32> {
-    let (h2, w2) = (r.height.div_ceil(2) * 2, r.width.div_ceil(2) * 2);
-    let mut out = Vec::with_capacity(r.channels * h2 * w2);
-    for c in 0..r.channels {
-        for y in 0..h2 {
-            let row = (c * r.height + y % r.height) * r.width;
-            out.extend((0..w2).map(|x| r.data[row + x % r.width]));
-        }
-    }
-    out
 }

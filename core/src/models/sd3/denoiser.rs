@@ -4,7 +4,7 @@
 use super::{Sd3, Sd3Inputs};
 use crate::ggml::{Backend, Context, GraphAllocator, GraphRun};
 use crate::models::conditioning::{Conditioning, LatentShape};
-use crate::models::dit::{patchify, unpatchify_hwc};
+use crate::models::dit::{crop, pad_to_patches, patchify, unpatchify_hwc};
 use crate::models::{ModelError, Result};
 
 /// SD3's VAE latent format (ComfyUI's `latent_formats.SD3`): the model sees
@@ -52,9 +52,6 @@ impl<'w> Sd3Denoiser<'w> {
                 "a {shape:?} latent for an SD3 model of {} latent channels",
                 c.in_channels
             )));
-        }
-        if w % p != 0 || h % p != 0 {
-            return Err(ModelError::Input(format!("a {w}×{h} latent: SD3 needs latent sizes in multiples of {p} (images in multiples of {} pixels)", p * 8)));
         }
         let per = (w * h * ch * n) as usize;
         for (k, it) in items.iter().enumerate() {
@@ -109,17 +106,22 @@ impl<'w> Sd3Denoiser<'w> {
         skip: &[usize],
     ) -> Result<Vec<Vec<f32>>> {
         let c = &self.model.config;
-        let [w, h, ch, n] = shape.map(|d| d as usize);
+        let [w0, h0, ch, n] = shape.map(|d| d as usize);
         let p = c.patch as usize;
         let b = items.len() * n;
         let lt = items[0].cond.tokens as usize;
+        // ComfyUI's MMDiT pads a latent to whole patches by wrapping around and crops the
+        // output back.
+        let (h, w) = (h0.div_ceil(p) * p, w0.div_ceil(p) * p);
+        let per0 = ch * h0 * w0;
         let per = ch * h * w;
         let mut img = Vec::with_capacity(b * per);
         let mut txt = Vec::with_capacity(b * lt * c.context as usize);
         let mut y = Vec::with_capacity(b * c.pooled as usize);
         for it in items {
             for j in 0..n {
-                img.extend(patchify(&it.x[j * per..(j + 1) * per], [1, ch, h, w], p)?);
+                let (padded, _, _) = pad_to_patches(&it.x[j * per0..(j + 1) * per0], [ch, h0, w0], p);
+                img.extend(patchify(&padded, [1, ch, h, w], p)?);
                 txt.extend_from_slice(&it.cond.data);
                 match &it.cond.pooled {
                     Some(v) => y.extend_from_slice(v),
@@ -155,7 +157,8 @@ impl<'w> Sd3Denoiser<'w> {
             .compute_with(backend, alloc, &[v], graph_size)?
             .remove(0);
         let v = unpatchify_hwc(&v, [b, ch, h, w], p)?;
-        let per = n * per;
+        let v: Vec<f32> = if (h, w) == (h0, w0) { v } else { v.chunks_exact(per).flat_map(|s| crop(s, [ch, h, w], h0, w0)).collect() };
+        let per = n * per0;
         Ok(items
             .iter()
             .enumerate()

@@ -57,6 +57,8 @@ pub struct Sd3Inputs<'a, 'b> {
     /// The pooled vector [pooled, B].
     pub y: Tensor<'a>,
     /// Joint blocks left out (skip-layer guidance): both streams pass them unchanged.
+    /// Indices past the last block leave nothing out, as in ComfyUI and sd.cpp (SD3.5's
+    /// advised 7, 8, 9 name blocks every release has).
     pub skip: &'b [usize],
 }
 
@@ -254,12 +256,6 @@ impl<'w> Sd3<'w> {
             return Err(ModelError::Input(format!(
                 "{} timesteps for {b} sequences",
                 x.timesteps.len()
-            )));
-        }
-        if let Some(&i) = x.skip.iter().find(|&&i| i >= c.depth) {
-            return Err(ModelError::Input(format!(
-                "skip layer {i}: this MMDiT has joint blocks 0..{}",
-                c.depth - 1
             )));
         }
         let w = self.w;
