@@ -28,7 +28,7 @@ const TAESD: &str = "taesd";
 /// "unknown"), refused when given.
 const REFUSED: &[(&str, bool, &str)] = &[
     ("clip_vision", true, "the models that take --clip_vision (Wan image-to-video, unCLIP) are not implemented; IP-Adapter's image encoder is a workflow node (CLIPVisionLoader)"),
-    ("t5xxl", true, "FLUX.1 runs through workflows (workflows/flux_*.json: UNETLoader, DualCLIPLoader type flux); sd-cli's FLUX preset is not wired yet; SD3 and Wan are not implemented"),
+    ("t5xxl", true, "FLUX.1 and SD3.5 run through workflows (workflows/flux_*.json, sd35_txt2img.json: DualCLIPLoader type flux, TripleCLIPLoader); sd-cli's FLUX and SD3 presets are not wired yet; Wan is not implemented"),
     ("llm", true, "LLM text encoders (Qwen-Image, FLUX.2, Z-Image) are not implemented"),
     ("llm_vision", true, "LLM vision encoders are not implemented"),
     ("qwen2vl", true, "LLM text encoders (Qwen-Image) are not implemented"),
@@ -70,10 +70,10 @@ const REFUSED: &[(&str, bool, &str)] = &[
     ("flow-shift", true, "FLUX.1 runs through workflows (workflows/flux_*.json: UNETLoader, DualCLIPLoader type flux); sd-cli's FLUX preset is not wired yet (ModelSamplingFlux sets its shift)"),
     ("timestep-shift", true, "NitroFusion timestep shifting is not implemented"),
     ("guidance", true, "FLUX.1 runs through workflows (workflows/flux_*.json: UNETLoader, DualCLIPLoader type flux); sd-cli's FLUX preset is not wired yet (FluxGuidance sets the distilled guidance)"),
-    ("slg-scale", true, "skip-layer guidance (DiT models) is not implemented"),
-    ("skip-layer-start", true, "skip-layer guidance (DiT models) is not implemented"),
-    ("skip-layer-end", true, "skip-layer guidance (DiT models) is not implemented"),
-    ("skip-layers", true, "skip-layer guidance (DiT models) is not implemented"),
+    ("slg-scale", true, "SD3.5 runs through workflows (workflows/sd35_txt2img.json: TripleCLIPLoader, SkipLayerGuidanceSD3); sd-cli's SD3 preset is not wired yet"),
+    ("skip-layer-start", true, "SD3.5 runs through workflows (workflows/sd35_txt2img.json: TripleCLIPLoader, SkipLayerGuidanceSD3); sd-cli's SD3 preset is not wired yet"),
+    ("skip-layer-end", true, "SD3.5 runs through workflows (workflows/sd35_txt2img.json: TripleCLIPLoader, SkipLayerGuidanceSD3); sd-cli's SD3 preset is not wired yet"),
+    ("skip-layers", true, "SD3.5 runs through workflows (workflows/sd35_txt2img.json: TripleCLIPLoader, SkipLayerGuidanceSD3); sd-cli's SD3 preset is not wired yet"),
     ("ref-image", true, "FLUX.1 runs through workflows (workflows/flux_*.json: UNETLoader, DualCLIPLoader type flux); sd-cli's FLUX preset is not wired yet (ReferenceLatent gives Kontext its images)"),
     ("increase-ref-index", false, "FLUX.1 runs through workflows (workflows/flux_*.json: UNETLoader, DualCLIPLoader type flux); sd-cli's FLUX preset is not wired yet"),
     ("disable-auto-resize-ref-image", false, "FLUX.1 runs through workflows (workflows/flux_*.json: UNETLoader, DualCLIPLoader type flux); sd-cli's FLUX preset is not wired yet"),
