@@ -73,7 +73,7 @@ fn main() {
             let time = |depth: usize, single: usize| -> f64 {
                 let cfg = FluxConfig { depth, depth_single: single, ..full.clone() };
                 let mut den = FluxDenoiser::new(Flux::new(&w, "", cfg).unwrap());
-                let item = [FluxItem { x: &x, cond: &cond }];
+                let item = [FluxItem { x: &x, cond: &cond, concat: None }];
                 den.denoise_batch(&backend, shape, 0.5, &item).unwrap();
                 let mut t: Vec<f64> = (0..reps)
                     .map(|_| {

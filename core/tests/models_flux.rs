@@ -138,7 +138,7 @@ fn four_euler_steps_match_flux_pipeline() {
     cond.pooled = Some(y[..y.len() / 2].to_vec());
     let latent_shape = [wd as i64, h as i64, c as i64, 1];
     let mut model = |x: &[f32], sigma: f32| -> Result<Denoised, sdflow_core::models::ModelError> {
-        Ok(den.denoise_batch(&backend, latent_shape, sigma, &[FluxItem { x, cond: &cond }])?.remove(0).into())
+        Ok(den.denoise_batch(&backend, latent_shape, sigma, &[FluxItem { x, cond: &cond, concat: None }])?.remove(0).into())
     };
     let noise = floats(&s["noise"]);
     let mut rng = CpuRng::new(0);
@@ -165,23 +165,28 @@ fn denoiser_batches_items_and_names_bad_inputs() {
         k
     };
     let (a, b, long) = (mk(5, None), mk(5, Some(1.0)), mk(7, Some(3.5)));
-    let alone: Vec<Vec<f32>> = [&a, &b, &long].iter().map(|k| den.denoise_batch(&backend, shape, 0.5, &[FluxItem { x: &x, cond: k }]).unwrap().remove(0)).collect();
-    let together = den.denoise_batch(&backend, shape, 0.5, &[FluxItem { x: &x, cond: &a }, FluxItem { x: &x, cond: &long }, FluxItem { x: &x, cond: &b }]).unwrap();
+    let alone: Vec<Vec<f32>> = [&a, &b, &long].iter().map(|k| den.denoise_batch(&backend, shape, 0.5, &[FluxItem { x: &x, cond: k, concat: None }]).unwrap().remove(0)).collect();
+    let together = den.denoise_batch(&backend, shape, 0.5, &[FluxItem { x: &x, cond: &a, concat: None }, FluxItem { x: &x, cond: &long, concat: None }, FluxItem { x: &x, cond: &b, concat: None }]).unwrap();
     for (got, want) in together.iter().zip([&alone[0], &alone[2], &alone[1]]) {
         assert!(max_abs_err(got, want) < 1e-4);
     }
     // No guidance set is ComfyUI's 3.5; another value changes the prediction.
-    let default = den.denoise_batch(&backend, shape, 0.5, &[FluxItem { x: &x, cond: &mk(5, Some(3.5)) }]).unwrap().remove(0);
+    let default = den.denoise_batch(&backend, shape, 0.5, &[FluxItem { x: &x, cond: &mk(5, Some(3.5)), concat: None }]).unwrap().remove(0);
     assert!(max_abs_err(&default, &alone[0]) < 1e-6);
     assert!(max_abs_err(&alone[0], &alone[1]) > 1e-3);
 
     let wide = Conditioning::new(vec![0.0; 64], 64, 1).unwrap();
-    let e = den.denoise_batch(&backend, shape, 0.5, &[FluxItem { x: &x, cond: &wide }]).err().expect("width");
+    let e = den.denoise_batch(&backend, shape, 0.5, &[FluxItem { x: &x, cond: &wide, concat: None }]).err().expect("width");
     assert!(e.to_string().contains("T5-XXL"), "{e}");
-    let e = den.denoise_batch(&backend, [wd as i64 - 1, h as i64, c as i64, 1], 0.5, &[FluxItem { x: &x[..c * h * (wd - 1)], cond: &a }]).err().expect("odd");
-    assert!(e.to_string().contains("even latent sizes"), "{e}");
-    let e = den.denoise_batch(&backend, [wd as i64, h as i64, 16, 1], 0.5, &[FluxItem { x: &x, cond: &a }]).err().expect("channels");
-    assert!(e.to_string().contains("input features"), "{e}");
+    // An odd size is padded by wrapping around and cropped back, as ComfyUI's FLUX does.
+    let (w1, h1) = (wd - 1, h - 1);
+    let odd: Vec<f32> = (0..c * h1 * w1).map(|i| ((i * 53 % 97) as f32 / 48.0) - 1.0).collect();
+    let got = den.denoise_batch(&backend, [w1 as i64, h1 as i64, c as i64, 1], 0.5, &[FluxItem { x: &odd, cond: &a, concat: None }]).unwrap().remove(0);
+    let (padded, h2, w2) = sdflow_core::models::dit::pad_to_patches(&odd, [c, h1, w1], 2);
+    let full = den.denoise_batch(&backend, [w2 as i64, h2 as i64, c as i64, 1], 0.5, &[FluxItem { x: &padded, cond: &a, concat: None }]).unwrap().remove(0);
+    assert!(max_abs_err(&got, &sdflow_core::models::dit::crop(&full, [c, h2, w2], h1, w1)) < 1e-5);
+    let e = den.denoise_batch(&backend, [wd as i64, h as i64, 16, 1], 0.5, &[FluxItem { x: &x, cond: &a, concat: None }]).err().expect("channels");
+    assert!(e.to_string().contains("output features"), "{e}");
 }
 
 #[test]
@@ -217,15 +222,48 @@ fn kontext_references_match_comfyuis_layout_through_diffusers() {
     cond.references = refs.clone();
     let x = floats(&r["latent"])[..c * h * wd].to_vec();
     let sigma = k["sigma"].as_f64().unwrap() as f32;
-    let d = den.denoise_batch(&backend, [wd as i64, h as i64, c as i64, 1], sigma, &[FluxItem { x: &x, cond: &cond }]).unwrap().remove(0);
+    let d = den.denoise_batch(&backend, [wd as i64, h as i64, c as i64, 1], sigma, &[FluxItem { x: &x, cond: &cond, concat: None }]).unwrap().remove(0);
     let v: Vec<f32> = x.iter().zip(&d).map(|(x, d)| (x - d) / sigma).collect();
     let err = max_abs_err(&patchify(&v, [1, c, h, wd], 2).unwrap(), &floats(&k["velocity"]));
     assert!(err <= 1e-3, "Kontext: max abs error {err}");
     // Without the references the prediction differs; a reference of other channels is an error.
     cond.references.clear();
-    let plain = den.denoise_batch(&backend, [wd as i64, h as i64, c as i64, 1], sigma, &[FluxItem { x: &x, cond: &cond }]).unwrap().remove(0);
+    let plain = den.denoise_batch(&backend, [wd as i64, h as i64, c as i64, 1], sigma, &[FluxItem { x: &x, cond: &cond, concat: None }]).unwrap().remove(0);
     assert!(max_abs_err(&plain, &d) > 1e-3);
     cond.references = vec![Arc::new(ReferenceLatent { data: vec![0.0; 2 * 4 * 4], channels: 2, height: 4, width: 4 })];
-    let e = den.denoise_batch(&backend, [wd as i64, h as i64, c as i64, 1], sigma, &[FluxItem { x: &x, cond: &cond }]).err().expect("channels");
+    let e = den.denoise_batch(&backend, [wd as i64, h as i64, c as i64, 1], sigma, &[FluxItem { x: &x, cond: &cond, concat: None }]).err().expect("channels");
     assert!(e.to_string().contains("reference latent"), "{e}");
+}
+
+#[test]
+fn fill_matches_flux_fill_pipeline() {
+    use sdflow_core::models::conditioning::Conditioning;
+    use sdflow_core::models::flux::{fill_concat, FluxDenoiser, FluxItem, LATENT_SCALE, LATENT_SHIFT};
+
+    let r = reference("flux_fill_ref.json");
+    let backend = Backend::cpu(2).unwrap();
+    let w = det_weights(&r["keys"], SCALE, &backend);
+    let mut cfg = FluxConfig::infer(&w, "").unwrap();
+    cfg.axes = serde_json::from_value(fixture()["axes"].clone()).unwrap();
+    let [_, c, h, wd]: [usize; 4] = serde_json::from_value(r["shape"].clone()).unwrap();
+    assert_eq!((cfg.in_channels, cfg.out_channels), (((c + c + 64) * 4) as i64, (c * 4) as i64));
+    let mut den = FluxDenoiser::new(Flux::new(&w, "", cfg).unwrap());
+    let image: Vec<f32> = floats(&r["image"]).iter().map(|v| (v - LATENT_SHIFT) * LATENT_SCALE).collect();
+    let concat = fill_concat(&image, c, &floats(&r["mask"]), h, wd).unwrap();
+    let lt = r["txt_len"].as_u64().unwrap() as i64;
+    let txt = floats(&r["txt"]);
+    let mut cond = Conditioning::new(txt, (floats(&fixture()["txt"]).len() / (2 * 5)) as i64, lt).unwrap();
+    cond.pooled = Some(floats(&r["y"]));
+    cond.guidance = Some(r["guidance"].as_f64().unwrap() as f32);
+    let x = floats(&r["latent"]);
+    let sigma = r["sigma"].as_f64().unwrap() as f32;
+    let shape = [wd as i64, h as i64, c as i64, 1];
+    let d = den.denoise_batch(&backend, shape, sigma, &[FluxItem { x: &x, cond: &cond, concat: Some(&concat) }]).unwrap().remove(0);
+    let want: Vec<f32> = x.iter().zip(floats(&r["velocity"])).map(|(x, v)| x - sigma * v).collect();
+    let err = max_abs_err(&d, &want);
+    assert!(err <= 1e-3, "max abs error {err}");
+    // Without its extra channels a Fill model names what it lacks; a plain model refuses them.
+    let e = den.denoise_batch(&backend, shape, sigma, &[FluxItem { x: &x, cond: &cond, concat: None }]).err().expect("no concat");
+    assert!(e.to_string().contains("InpaintModelConditioning"), "{e}");
+    assert!(fill_concat(&image, c, &floats(&r["mask"])[1..], h, wd).is_err());
 }

@@ -1,6 +1,6 @@
-//! Image-conditioned UNets (instruct-pix2pix, inpainting) and their three-way guidance:
-//! ComfyUI's InstructPixToPixConditioning and DualCFGGuider, and
-//! ConditioningClearImage for sd.cpp's unconditional image channels.
+//! Image-conditioned models (instruct-pix2pix, inpainting UNets, FLUX Fill) and their
+//! three-way guidance: ComfyUI's InstructPixToPixConditioning, InpaintModelConditioning and
+//! DualCFGGuider, and ConditioningClearImage for sd.cpp's unconditional image channels.
 //!
 //! sd-cli's `--cfg-scale C --img-cfg-scale I` is, per step,
 //! `uncond + I·(img_cond − uncond) + C·(cond − img_cond)`, where `cond` has the prompt
@@ -13,12 +13,13 @@ use crate::image::encode_image;
 use crate::latent::latent_zeros;
 use crate::runtime::Runtime;
 use crate::sampling::{DualCfg, Guider};
-use crate::values::{CondConcat, CondList, Image, ModelRef, VaeRef};
+use crate::values::{CondConcat, CondList, Image, Mask, ModelRef, VaeRef};
 use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Lane, Node, NodeError, NodeSchema, Outputs, Registry, Value};
 use std::sync::Arc;
 
 pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
     registry.register(Arc::new(InstructPixToPixConditioning { rt: rt.clone() }));
+    registry.register(Arc::new(InpaintModelConditioning { rt: rt.clone() }));
     registry.register(Arc::new(DualCfgGuider));
     registry.register(Arc::new(ConditioningClearImage));
 }
@@ -68,6 +69,76 @@ impl Node for InstructPixToPixConditioning {
             e.concat = CondConcat::Image(image.clone());
         }
         let latent = latent_zeros(image.shape)?;
+        Ok(Outputs::new(vec![Value::new(IoType::CONDITIONING, positive), Value::new(IoType::CONDITIONING, negative), Value::new(IoType::LATENT, latent)]))
+    }
+}
+
+/// ComfyUI's InpaintModelConditioning: the image with the masked part greyed out,
+/// VAE-encoded, and the mask become both conditionings' extra input (what inpainting UNets
+/// and FLUX Fill read); the latent to sample is the whole image's, with the mask as its
+/// noise mask unless `noise_mask` is off.
+struct InpaintModelConditioning {
+    rt: Arc<Runtime>,
+}
+
+impl Node for InpaintModelConditioning {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("InpaintModelConditioning")
+            .display_name("InpaintModelConditioning")
+            .category("conditioning/inpaint")
+            .description("Gives both conditionings the masked image and the mask, for inpainting models (SD inpainting UNets, FLUX.1 Fill); outputs the image's latent.")
+            .input(InputSpec::link("positive", IoType::CONDITIONING))
+            .input(InputSpec::link("negative", IoType::CONDITIONING))
+            .input(InputSpec::link("vae", IoType::VAE))
+            .input(InputSpec::link("pixels", IoType::IMAGE))
+            .input(InputSpec::link("mask", IoType::MASK))
+            .input(InputSpec::boolean("noise_mask", true).tooltip("Sample only inside the mask (the latent's noise mask); off, the whole image is resampled and the model alone keeps the rest."))
+            .output("positive", IoType::CONDITIONING)
+            .output("negative", IoType::CONDITIONING)
+            .output("latent", IoType::LATENT)
+    }
+
+    fn lane(&self) -> Lane {
+        crate::runtime::device_lane()
+    }
+
+    fn execute(&self, ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let mut positive = non_empty(inputs, "positive")?;
+        let mut negative = non_empty(inputs, "negative")?;
+        let img = inputs.downcast::<Image>("pixels")?;
+        let vae = inputs.downcast::<VaeRef>("vae")?;
+        let mask = inputs.downcast::<Mask>("mask")?;
+        if mask.data.is_empty() || img.channels < 3 || img.width < 8 || img.height < 8 {
+            return Err(NodeError::msg(format!("inpainting needs an RGB image of at least 8×8 and a non-empty mask; got a {}×{}×{} image", img.width, img.height, img.channels)));
+        }
+        // The image's centred multiple-of-8 part, as the VAE encodes it; the mask cut alike.
+        let (w, h) = (img.width, img.height);
+        let (cw, ch) = (w / 8 * 8, h / 8 * 8);
+        let (ox, oy) = ((w % 8) / 2, (h % 8) / 2);
+        let mut cut = Vec::with_capacity(img.n * cw * ch);
+        let mut greyed = img.clone();
+        for i in 0..img.n {
+            let m = mask.resized(i, w, h);
+            for y in oy..oy + ch {
+                cut.extend_from_slice(&m[y * w + ox..y * w + ox + cw]);
+            }
+            for (p, &mv) in m.iter().enumerate() {
+                let keep = 1.0 - mv.round();
+                for c in 0..3 {
+                    let v = &mut greyed.data[(i * w * h + p) * img.channels + c];
+                    *v = (*v - 0.5) * keep + 0.5;
+                }
+            }
+        }
+        let cut = Arc::new(Mask { data: cut, n: img.n, height: ch, width: cw });
+        let masked = Arc::new(encode_image(&self.rt, ctx, vae, &greyed, &self.rt.vae_tiling)?);
+        let mut latent = encode_image(&self.rt, ctx, vae, img, &self.rt.vae_tiling)?;
+        if inputs.boolean("noise_mask")? {
+            latent.noise_mask = Some(cut.clone());
+        }
+        for e in positive.0.iter_mut().chain(negative.0.iter_mut()) {
+            e.concat = CondConcat::Inpaint { image: masked.clone(), mask: cut.clone() };
+        }
         Ok(Outputs::new(vec![Value::new(IoType::CONDITIONING, positive), Value::new(IoType::CONDITIONING, negative), Value::new(IoType::LATENT, latent)]))
     }
 }

@@ -2,13 +2,13 @@
 
 use crate::runtime::Runtime;
 use crate::guidance::{self, Mix};
-use crate::values::{CondConcat, CondList, Latent, ModelRef};
+use crate::values::{CondConcat, CondList, Latent, Mask, ModelRef};
 use sdflow_core::detect::ModelFamily;
 use crate::handle_size;
 use crate::err;
 use crate::controlnet::{hint_for, Controls};
 use crate::values::Control;
-use sdflow_core::models::flux::{Flux, FluxConfig, FluxDenoiser, FluxItem};
+use sdflow_core::models::flux::{fill_concat, Flux, FluxConfig, FluxDenoiser, FluxItem};
 use sdflow_core::models::sd3::{Sd3, Sd3Config, Sd3Denoiser, Sd3Item};
 use sdflow_core::models::sd::{BatchItem, ControlInput, IpPatch, IpSide, SdDenoiser};
 use sdflow_core::models::conditioning::Conditioning;
@@ -230,12 +230,18 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     let mask_at = |mask: &[f32], idx: usize| mask[(idx / (plane * channels)) * plane + idx % plane];
 
     // The extra input channels: inpainting UNets take a mask and the masked image's
-    // latent (5), instruct-pix2pix UNets the source image's latent (4).
+    // latent (5), instruct-pix2pix UNets the source image's latent (4), FLUX Fill the masked
+    // image's latent and the mask cut into 8×8 cells (channels + 64).
     let extra = match &den {
         Den::Sd(d) => d.unet().config.in_channels - shape[2],
-        Den::Flux(_) | Den::Sd3(_) => 0,
+        Den::Flux(d) => d.config().in_channels / 4 - shape[2],
+        Den::Sd3(_) => 0,
     };
-    if !(extra == 0 || (channels == 4 && (extra == 4 || extra == 5))) {
+    let fill = matches!(den, Den::Flux(_)) && extra > 0;
+    if fill && extra != shape[2] + 64 {
+        return Err(NodeError::msg(format!("this FLUX model reads {} channels; Fill models read the latent's {} twice and 64 mask channels", shape[2] + extra, shape[2])));
+    }
+    if !(extra == 0 || fill || (channels == 4 && (extra == 4 || extra == 5))) {
         return Err(NodeError::msg(format!(
             "this UNet takes {} input channels; only 4, 8 (instruct-pix2pix) and 9 (inpainting) are supported",
             shape[2] + extra
@@ -243,41 +249,68 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     }
     let per = plane * channels;
     let n = ln as usize;
-    // Per sample: [mask plane,] then the image latent's channels.
-    let build = |mask_plane: &dyn Fn(usize) -> Vec<f32>, image: &dyn Fn(usize) -> Vec<f32>| -> Option<Arc<Vec<f32>>> {
+    // Per sample: [mask plane,] then the image latent's channels; FLUX Fill's image then
+    // mask cells.
+    let build = |mask_plane: &dyn Fn(usize) -> Vec<f32>, image: &dyn Fn(usize) -> Vec<f32>| -> Result<Option<Arc<Vec<f32>>>, String> {
         if extra == 0 {
-            return None;
+            return Ok(None);
         }
         let mut v = Vec::with_capacity(plane * extra as usize * n);
         for i in 0..n {
+            if fill {
+                v.extend(fill_concat(&image(i), channels, &mask_plane(i), lh as usize, lw as usize).map_err(|e| e.to_string())?);
+                continue;
+            }
             if extra == 5 {
                 v.extend(mask_plane(i));
             }
             v.extend(image(i));
         }
-        Some(Arc::new(v))
+        Ok(Some(Arc::new(v)))
     };
-    let noise_mask_plane = |i: usize| mask.as_ref().map_or_else(|| vec![1.0; plane], |m| m[i * plane..(i + 1) * plane].to_vec());
+    // FLUX Fill reads masks at pixel resolution (ComfyUI upscales the latent-size noise
+    // mask, bilinear).
+    let (mw, mh) = if fill { (lw as usize * 8, lh as usize * 8) } else { (lw as usize, lh as usize) };
+    let noise_mask_plane = |i: usize| match &mask {
+        None => vec![1.0; mw * mh],
+        Some(m) if fill => Mask { data: m[i * plane..(i + 1) * plane].to_vec(), n: 1, height: lh as usize, width: lw as usize }.resized(0, mw, mh),
+        Some(m) => m[i * plane..(i + 1) * plane].to_vec(),
+    };
+    let process_in = |v: &[f32]| -> Vec<f32> { v.iter().map(|v| (v - model.latent_shift) * model.latent_scale).collect() };
     let model_concat = build(&noise_mask_plane, &|i| match &mask {
+        // ComfyUI's Fill without a masked image: zeros, taken into model space.
+        _ if fill => process_in(&vec![0.0; per]),
         Some(_) => scaled[i * per..(i + 1) * per].to_vec(),
         None if extra == 5 => BLANK_INPAINT_LATENT.iter().flat_map(|&v| std::iter::repeat_n(v, plane)).collect(),
         None => vec![0.0; per],
-    });
-    let empty_concat = build(&|_| vec![1.0; plane], &|_| vec![0.0; per]);
+    })
+    .map_err(NodeError::msg)?;
+    let empty_concat = build(&|_| vec![1.0; mw * mh], &|_| vec![0.0; per]).map_err(NodeError::msg)?;
+    // A conditioning's image latent in model space, one per sample.
+    let image_of = |img: &Latent| -> Result<Vec<Vec<f32>>, String> {
+        let s = img.shape;
+        if s[0] != lw || s[1] != lh || s[2] != channels as i64 || !(s[3] == 1 || s[3] == ln) || img.samples.len() as i64 != s.iter().product::<i64>() {
+            return Err(format!("the conditioning's image latent is {s:?}; sampling a {shape:?} latent needs [{lw}, {lh}, {channels}, 1 or {ln}]"));
+        }
+        Ok((0..n).map(|i| process_in(&img.samples[if s[3] == 1 { 0 } else { i * per }..][..per])).collect())
+    };
     let mut concat_of = |c: &CondConcat| -> Result<Option<Arc<Vec<f32>>>, String> {
         match c {
             CondConcat::Model => Ok(model_concat.clone()),
             CondConcat::Empty => Ok(empty_concat.clone()),
             CondConcat::Image(img) => {
-                let s = img.shape;
-                if s[0] != lw || s[1] != lh || s[2] != 4 || !(s[3] == 1 || s[3] == ln) || img.samples.len() as i64 != s.iter().product::<i64>() {
-                    return Err(format!("the conditioning's image latent is {s:?}; sampling a {shape:?} latent needs [{lw}, {lh}, 4, 1 or {ln}]"));
-                }
-                let src = |i: usize| -> Vec<f32> {
-                    let j = if s[3] == 1 { 0 } else { i };
-                    img.samples[j * per..(j + 1) * per].iter().map(|v| (v - model.latent_shift) * model.latent_scale).collect()
+                let images = image_of(img)?;
+                build(&noise_mask_plane, &|i| images[i].clone())
+            }
+            // InpaintModelConditioning: its mask, bilinear to the size the model reads
+            // (UNets see it rounded, as ComfyUI's `concat_cond`), and its masked image.
+            CondConcat::Inpaint { image, mask } => {
+                let m = |i: usize| {
+                    let r = mask.resized(i, mw, mh);
+                    if fill { r } else { r.into_iter().map(f32::round).collect() }
                 };
-                Ok(build(&noise_mask_plane, &src))
+                let images = image_of(image)?;
+                build(&m, &|i| images[i].clone())
             }
         }
     };
@@ -367,7 +400,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
                     rt.with_backend(|b| den.denoise_batch(b, s, sigma, &batch)).map_err(err)
                 }
                 Den::Flux(den) => {
-                    let batch: Vec<FluxItem<'_>> = items.iter().map(|it| FluxItem { x: &it.x, cond: it.cond }).collect();
+                    let batch: Vec<FluxItem<'_>> = items.iter().map(|it| FluxItem { x: &it.x, cond: it.cond, concat: it.concat.as_deref() }).collect();
                     rt.with_backend(|b| den.denoise_batch(b, s, sigma, &batch)).map_err(err)
                 }
                 Den::Sd3(den) => {

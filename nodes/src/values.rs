@@ -265,6 +265,10 @@ pub enum CondConcat {
     /// sd.cpp's unconditional extra channels: zeros, and a mask of ones for
     /// inpainting UNets. The negative of sd.cpp's image-CFG three-way guidance.
     Empty,
+    /// ComfyUI's `concat_latent_image` and `concat_mask` (InpaintModelConditioning): the
+    /// masked image's VAE latent (not yet scaled) and the mask at pixel resolution, for
+    /// inpainting UNets and FLUX Fill.
+    Inpaint { image: Arc<Latent>, mask: Arc<Mask> },
 }
 
 impl CondEntry {
@@ -286,6 +290,7 @@ impl CacheSize for CondList {
             .map(|e| {
                 let concat = match &e.concat {
                     CondConcat::Image(l) => l.samples.len(),
+                    CondConcat::Inpaint { image, mask } => image.samples.len() + mask.data.len(),
                     _ => 0,
                 };
                 let hints: usize = e.control.iter().flat_map(|c| c.chain()).map(|c| c.image.data.len()).sum();

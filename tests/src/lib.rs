@@ -16,7 +16,7 @@ use sdflow_core::synth::{write_checkpoint, Format, SdConfig};
 use sdflow_executor::{stub, CancelToken, Executor, ExecutorConfig, InputValue, NodeSpec, NullSink, Registry, RunOptions, Workflow};
 use sdflow_nodes::Runtime;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// `models/checkpoints/model.safetensors` (tiny SD1 with a KL-f8 VAE, seed 7) and an
 /// empty `input/` under `root`; returns the input folder.
@@ -30,11 +30,41 @@ pub fn tiny_tree(root: &Path) -> PathBuf {
 }
 
 /// A scratch models/input/output tree with a tiny SD1 checkpoint (KL-f8 VAE) and an
-/// executor over every node, for end-to-end tests.
+/// executor over every node (and [`CaptureLatent`]), for end-to-end tests.
 pub struct TestEnv {
     pub dir: tempfile::TempDir,
     pub out: PathBuf,
     pub exec: Executor,
+    latents: Arc<Mutex<Vec<sdflow_nodes::values::Latent>>>,
+}
+
+/// `TestCaptureLatent`: keeps the latents it is given, so tests can look at what sampling
+/// returned.
+pub struct CaptureLatent {
+    pub seen: Arc<Mutex<Vec<sdflow_nodes::values::Latent>>>,
+    runs: std::sync::atomic::AtomicU64,
+}
+
+impl CaptureLatent {
+    pub fn new(seen: Arc<Mutex<Vec<sdflow_nodes::values::Latent>>>) -> Self {
+        CaptureLatent { seen, runs: std::sync::atomic::AtomicU64::new(0) }
+    }
+}
+
+impl sdflow_executor::Node for CaptureLatent {
+    fn schema(&self) -> sdflow_executor::NodeSchema {
+        sdflow_executor::NodeSchema::new("TestCaptureLatent").category("testing").input(sdflow_executor::InputSpec::link("samples", sdflow_executor::IoType::LATENT)).output_node()
+    }
+
+    // A new fingerprint every run: the capture must run even when its input is cached.
+    fn fingerprint(&self, _inputs: &sdflow_executor::Inputs) -> Result<Option<Vec<u8>>, sdflow_executor::NodeError> {
+        Ok(Some(self.runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed).to_le_bytes().to_vec()))
+    }
+
+    fn execute(&self, _ctx: &mut sdflow_executor::ExecContext<'_>, inputs: &sdflow_executor::Inputs) -> Result<sdflow_executor::Outputs, sdflow_executor::NodeError> {
+        self.seen.lock().unwrap().push(inputs.downcast::<sdflow_nodes::values::Latent>("samples")?.clone());
+        Ok(sdflow_executor::Outputs::none())
+    }
 }
 
 impl TestEnv {
@@ -56,7 +86,21 @@ impl TestEnv {
         let mut reg = Registry::new();
         stub::register(&mut reg);
         sdflow_nodes::register_all(&mut reg, Arc::new(rt));
-        TestEnv { exec: Executor::new(Arc::new(reg), ExecutorConfig::default()), out, dir }
+        let latents = Arc::new(Mutex::new(Vec::new()));
+        reg.register(Arc::new(CaptureLatent::new(latents.clone())));
+        TestEnv { exec: Executor::new(Arc::new(reg), ExecutorConfig::default()), out, dir, latents }
+    }
+
+    /// Run `wf` and return the LATENT that output 0 of `node` gave.
+    pub fn run_latent(&self, wf: &Workflow, node: &str) -> sdflow_nodes::values::Latent {
+        let mut wf = wf.clone();
+        wf.nodes.insert("capture".into(), NodeSpec::new("TestCaptureLatent").with_input("samples", InputValue::link(node, 0)));
+        let opts = RunOptions { output_dir: Some(self.out.clone()), ..Default::default() };
+        let before = self.latents.lock().unwrap().len();
+        self.exec.run(&wf, &NullSink, &CancelToken::new(), &opts).unwrap();
+        let seen = self.latents.lock().unwrap();
+        assert_eq!(seen.len(), before + 1, "the capture ran");
+        seen.last().unwrap().clone()
     }
 
     /// A committed workflow shrunk to test size: `size`² empty latents, `steps` steps,
@@ -363,6 +407,8 @@ pub fn write_flux_models(root: &Path) {
         let f = FluxSynth::tiny(guidance);
         write("diffusion_models", file, &f.tensors(), serde_json::to_string(&f).unwrap(), seed);
     }
+    let fill = FluxSynth::tiny_fill();
+    write("diffusion_models", "flux1-fill-dev.safetensors", &fill.tensors(), serde_json::to_string(&fill).unwrap(), 28);
     let t5 = T5Synth::tiny();
     write("text_encoders", "t5xxl_fp16.safetensors", &t5.tensors(), serde_json::to_string(&t5).unwrap(), 23);
     let clip = SdConfig::tiny_sd1().text;

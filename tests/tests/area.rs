@@ -2,34 +2,11 @@
 //! in one model evaluation (one Euler step to sigma 0 returns the denoised latent) an
 //! area or mask entry changes the latent only where it applies.
 
-use sdflow_executor::{stub, CancelToken, Executor, ExecutorConfig, InputSpec, InputValue, Inputs, IoType, Node, NodeError, NodeSchema, NodeSpec, NullSink, Outputs, Registry, RunOptions, Workflow};
+use sdflow_executor::{stub, CancelToken, Executor, ExecutorConfig, InputValue, NodeSpec, NullSink, Registry, RunOptions, Workflow};
 use sdflow_nodes::values::Latent;
 use sdflow_nodes::Runtime;
 use serde_json::json;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-
-/// Keeps the latents it is given, so tests can look at what sampling returned.
-struct CaptureLatent {
-    seen: Arc<Mutex<Vec<Latent>>>,
-    runs: AtomicU64,
-}
-
-impl Node for CaptureLatent {
-    fn schema(&self) -> NodeSchema {
-        NodeSchema::new("TestCaptureLatent").category("testing").input(InputSpec::link("samples", IoType::LATENT)).output_node()
-    }
-
-    // A new fingerprint every run: the capture must run even when its input is cached.
-    fn fingerprint(&self, _inputs: &Inputs) -> Result<Option<Vec<u8>>, NodeError> {
-        Ok(Some(self.runs.fetch_add(1, Ordering::Relaxed).to_le_bytes().to_vec()))
-    }
-
-    fn execute(&self, _ctx: &mut sdflow_executor::ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
-        self.seen.lock().unwrap().push(inputs.downcast::<Latent>("samples")?.clone());
-        Ok(Outputs::none())
-    }
-}
 
 struct Env {
     dir: tempfile::TempDir,
@@ -47,7 +24,7 @@ fn env() -> Env {
     stub::register(&mut reg);
     sdflow_nodes::register_all(&mut reg, Arc::new(rt));
     let seen = Arc::new(Mutex::new(Vec::new()));
-    reg.register(Arc::new(CaptureLatent { seen: seen.clone(), runs: AtomicU64::new(0) }));
+    reg.register(Arc::new(sdflow_tests::CaptureLatent::new(seen.clone())));
     Env { exec: Executor::new(Arc::new(reg), ExecutorConfig::default()), dir, seen }
 }
 

@@ -10,6 +10,7 @@ fn env() -> TestEnv {
     let dir = tempfile::tempdir().unwrap();
     let input = sdflow_tests::tiny_tree(dir.path());
     sdflow_tests::write_test_png(&input.join("input.png"), 72, 56);
+    sdflow_tests::write_mask_png(&input.join("mask.png"), 72, 56, |x, y| (20..52).contains(&x) && (16..40).contains(&y));
     write_flux_models(dir.path());
     TestEnv::with_dir(dir, |rt| rt)
 }
@@ -245,4 +246,43 @@ fn aura_flow_sampling_shifts_a_flow_model() {
     sd.set_input("20", "model", link("21", 0)).unwrap();
     let e = env.run_err(&sd);
     assert!(e.contains("needs a flow model"), "{e}");
+}
+
+#[test]
+fn fill_repaints_inside_the_mask_only() {
+    let env = env();
+    let wf = env.workflow("flux_fill_inpaint.json", 0, 2);
+    let (w, h, _) = env.run_saved(&wf, "12");
+    // The 72×56 input (its odd 9×7 latent padded to whole patches inside the model).
+    assert_eq!((w, h), (72, 56));
+    // The mask covers pixels x 20..52, y 16..40: latent cells x 2..7, y 2..5 (edges blended).
+    let inside = |x: usize, y: usize| (2..7).contains(&x) && (2..5).contains(&y);
+    let away = |x: usize, y: usize| !(1..8).contains(&x) || !(1..6).contains(&y);
+    let compare = |a: &sdflow_nodes::values::Latent, b: &sdflow_nodes::values::Latent, region: &dyn Fn(usize, usize) -> bool| {
+        let [lw, lh, ..] = a.shape.map(|d| d as usize);
+        a.samples.iter().zip(&b.samples).enumerate().filter(|(i, _)| region(i % lw, (i / lw) % lh)).map(|(_, (p, q))| (p - q).abs()).fold(0f32, f32::max)
+    };
+    let base = env.run_latent(&wf, "10");
+    assert_eq!(base.shape, [9, 7, 16, 1]);
+    // Away from the mask the latent is the image's, whatever the prompt; inside it is not.
+    let other = env.run_latent(&with_input(&wf, "6", "text", serde_json::json!("a blue bird")), "10");
+    assert_eq!(compare(&base, &other, &away), 0.0, "the latent away from the mask stays");
+    assert!(compare(&base, &other, &inside) > 1e-3, "the prompt changes the masked part");
+    // noise_mask off resamples everything.
+    let all = env.run_latent(&with_input(&wf, "9", "noise_mask", serde_json::json!(false)), "10");
+    assert!(compare(&base, &all, &away) > 1e-3);
+    // The Fill model without InpaintModelConditioning (ComfyUI: zeros for the image, the
+    // noise mask for the mask) sees another input; a plain FLUX model ignores the extra one.
+    let mut plain_cond = wf.clone();
+    plain_cond.set_input("10", "positive", link("7", 0)).unwrap();
+    plain_cond.set_input("10", "negative", link("8", 0)).unwrap();
+    assert!(compare(&base, &env.run_latent(&plain_cond, "10"), &inside) > 1e-3);
+    let dev = with_input(&wf, "1", "unet_name", serde_json::json!("flux1-dev.safetensors"));
+    let mut dev_plain = dev.clone();
+    dev_plain.set_input("10", "positive", link("7", 0)).unwrap();
+    dev_plain.set_input("10", "negative", link("8", 0)).unwrap();
+    // (The same noise mask either way: only the conditioning's extra input differs.)
+    let with_concat = env.run_latent(&dev, "10");
+    let inpaint_latent = env.run_latent(&dev_plain, "10");
+    assert_eq!(with_concat.samples, inpaint_latent.samples);
 }

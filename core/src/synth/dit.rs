@@ -12,8 +12,11 @@ use super::{clip_l, vae, Init, Specs, TensorSpec, TextConfig, VaeConfig};
 /// A FLUX.1 transformer (`flux/model.py`'s `FluxParams`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FluxSynth {
-    /// Token width: 16 latent channels × 2×2.
+    /// Token width: 16 latent channels × 2×2; Fill's 384 adds the masked image and the
+    /// 64 mask channels.
     pub in_channels: usize,
+    /// Output token width: 16 latent channels × 2×2.
+    pub out_channels: usize,
     pub hidden: usize,
     pub heads: usize,
     pub depth: usize,
@@ -30,13 +33,18 @@ pub struct FluxSynth {
 impl FluxSynth {
     /// FLUX.1 dev (schnell: `guidance` false).
     pub fn dev() -> Self {
-        FluxSynth { in_channels: 64, hidden: 3072, heads: 24, depth: 19, depth_single: 38, context: 4096, vector: 768, mlp_ratio: 4, guidance: true }
+        FluxSynth { in_channels: 64, out_channels: 64, hidden: 3072, heads: 24, depth: 19, depth_single: 38, context: 4096, vector: 768, mlp_ratio: 4, guidance: true }
     }
 
     /// One block of each kind at one 128-wide head (the width FLUX's fixed rotary axes
     /// 16/56/56 need), reading [`T5Synth::tiny`] tokens and the tiny CLIP's pooled vector.
     pub fn tiny(guidance: bool) -> Self {
         FluxSynth { hidden: 128, heads: 1, depth: 1, depth_single: 1, context: T5Synth::tiny().d_model, vector: super::SdConfig::tiny_sd1().text.hidden, guidance, ..Self::dev() }
+    }
+
+    /// FLUX.1 Fill dev at [`FluxSynth::tiny`]'s size.
+    pub fn tiny_fill() -> Self {
+        FluxSynth { in_channels: 384, ..Self::tiny(true) }
     }
 
     pub fn tensors(&self) -> Vec<TensorSpec> {
@@ -76,7 +84,7 @@ impl FluxSynth {
             qk_norm(&mut s, &format!("{p}.norm"));
             s.linear(&format!("{p}.modulation.lin"), d, 3 * d, true);
         }
-        s.linear("final_layer.linear", d, self.in_channels, true);
+        s.linear("final_layer.linear", d, self.out_channels, true);
         s.linear("final_layer.adaLN_modulation.1", d, 2 * d, true);
         s.0
     }

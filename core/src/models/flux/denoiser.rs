@@ -3,7 +3,7 @@
 
 use super::{Flux, FluxInputs};
 use crate::ggml::{Backend, Context, GraphAllocator, GraphRun};
-use crate::models::dit::{image_ids, pad_to_patches, patchify, unpatchify};
+use crate::models::dit::{crop, image_ids, pad_to_patches, patchify, unpatchify};
 use crate::models::conditioning::{Conditioning, LatentShape, ReferenceLatent};
 use crate::models::{ModelError, Result};
 
@@ -17,6 +17,9 @@ pub const DEFAULT_GUIDANCE: f32 = 3.5;
 pub struct FluxItem<'a> {
     pub x: &'a [f32],
     pub cond: &'a Conditioning,
+    /// Extra input channels beside the latent ([W, H, C′, N], model space): FLUX Fill's
+    /// masked image and mask ([`fill_concat`]).
+    pub concat: Option<&'a [f32]>,
 }
 
 pub struct FluxDenoiser<'w> {
@@ -29,17 +32,26 @@ impl<'w> FluxDenoiser<'w> {
         FluxDenoiser { model, alloc: None }
     }
 
+    pub fn config(&self) -> &super::FluxConfig {
+        &self.model.config
+    }
+
     /// The denoised estimate of each item at noise level `sigma`; items whose text has
     /// the same token count share one graph.
     pub fn denoise_batch(&mut self, backend: &Backend, shape: LatentShape, sigma: f32, items: &[FluxItem<'_>]) -> Result<Vec<Vec<f32>>> {
         let c = &self.model.config;
         let [w, h, ch, n] = shape;
         let per = (w * h * ch) as usize;
-        if shape.iter().any(|&d| d < 1) || ch * 4 != c.in_channels {
-            return Err(ModelError::Input(format!("a {shape:?} latent for a FLUX.1 model of {} input features (latent channels × 4)", c.in_channels)));
+        if shape.iter().any(|&d| d < 1) || ch * 4 != c.out_channels {
+            return Err(ModelError::Input(format!("a {shape:?} latent for a FLUX.1 model of {} output features (latent channels × 4)", c.out_channels)));
         }
-        if w % 2 != 0 || h % 2 != 0 {
-            return Err(ModelError::Input(format!("a {w}×{h} latent: FLUX.1 needs even latent sizes (images in multiples of 16 pixels)")));
+        let extra = c.in_channels / 4 - ch;
+        for (k, it) in items.iter().enumerate() {
+            let given = it.concat.map_or(0, |v| v.len());
+            if given != (extra * w * h * n) as usize {
+                let what = if extra > 0 { format!("this FLUX.1 model (Fill) reads {extra} channels beside the latent (the masked image and mask: InpaintModelConditioning)") } else { "this FLUX.1 model reads the latent alone".to_string() };
+                return Err(ModelError::Input(format!("item {k}: {} extra input values; {what}", given)));
+            }
         }
         for (k, it) in items.iter().enumerate() {
             if it.x.len() != per * n as usize {
@@ -63,6 +75,9 @@ impl<'w> FluxDenoiser<'w> {
         let mut pending: Vec<usize> = (0..items.len()).collect();
         // Items share a graph when their texts and reference latents have the same lengths.
         let key = |it: &FluxItem<'_>| (it.cond.tokens, it.cond.references.iter().map(|r| (r.height, r.width)).collect::<Vec<_>>());
+        if extra > 0 && items.iter().any(|it| !it.cond.references.is_empty()) {
+            return Err(ModelError::Input("reference latents (Kontext) on a FLUX.1 Fill model".into()));
+        }
         while let Some(&first) = pending.first() {
             let k0 = key(&items[first]);
             let group: Vec<usize> = pending.iter().copied().filter(|&k| key(&items[k]) == k0).collect();
@@ -77,7 +92,10 @@ impl<'w> FluxDenoiser<'w> {
 
     fn run(&mut self, backend: &Backend, shape: LatentShape, sigma: f32, items: &[FluxItem<'_>]) -> Result<Vec<Vec<f32>>> {
         let c = &self.model.config;
-        let [w, h, ch, n] = shape.map(|d| d as usize);
+        let [w0, h0, ch, n] = shape.map(|d| d as usize);
+        // ComfyUI's FLUX pads a latent (and its extra channels) to whole patches by wrapping
+        // around and crops the output back.
+        let (h, w) = (h0.div_ceil(2) * 2, w0.div_ceil(2) * 2);
         let b = items.len() * n;
         let lt = items[0].cond.tokens as usize;
         let l = (h / 2) * (w / 2);
@@ -86,14 +104,27 @@ impl<'w> FluxDenoiser<'w> {
         let (_, ref_ids) = reference_tokens(&items[0].cond.references, 0)?;
         let item_refs: Vec<Vec<f32>> = items.iter().map(|it| reference_tokens(&it.cond.references, ch).map(|r| r.0)).collect::<Result<_>>()?;
         let lr = ref_ids.len();
-        let mut img = Vec::with_capacity(b * ch * 4 * (l + lr));
+        let cin = c.in_channels as usize / 4;
+        let mut img = Vec::with_capacity(b * cin * 4 * (l + lr));
         let mut txt = Vec::with_capacity(b * lt * c.context as usize);
         let mut y = Vec::with_capacity(b * c.vector as usize);
         let mut guidance = Vec::with_capacity(b);
         for (it, r) in items.iter().zip(&item_refs) {
             for j in 0..n {
-                let per = ch * h * w;
-                img.extend(patchify(&it.x[j * per..(j + 1) * per], [1, ch, h, w], 2)?);
+                let per = ch * h0 * w0;
+                let sample = &it.x[j * per..(j + 1) * per];
+                // The extra channels follow the latent's, as ComfyUI concatenates before
+                // cutting patches.
+                let joined: Vec<f32> = match it.concat {
+                    Some(extra) => {
+                        let e = extra.len() / n;
+                        sample.iter().chain(&extra[j * e..(j + 1) * e]).copied().collect()
+                    }
+                    None => sample.to_vec(),
+                };
+                let planes = joined.len() / (h0 * w0);
+                let (padded, _, _) = pad_to_patches(&joined, [planes, h0, w0], 2);
+                img.extend(patchify(&padded, [1, planes, h, w], 2)?);
                 img.extend_from_slice(r);
                 txt.extend_from_slice(&it.cond.data);
                 match &it.cond.pooled {
@@ -125,13 +156,32 @@ impl<'w> FluxDenoiser<'w> {
         let f = ch * 4;
         let v: Vec<f32> = v.chunks_exact(f * (l + lr)).flat_map(|s| s[..f * l].iter().copied()).collect();
         let v = unpatchify(&v, [b, ch, h, w], 2)?;
-        let per = n * ch * h * w;
+        let v: Vec<f32> = if (h, w) == (h0, w0) { v } else { v.chunks_exact(ch * h * w).flat_map(|s| crop(s, [ch, h, w], h0, w0)).collect() };
+        let per = n * ch * h0 * w0;
         Ok(items
             .iter()
             .enumerate()
             .map(|(k, it)| it.x.iter().zip(&v[k * per..(k + 1) * per]).map(|(x, v)| x - sigma * v).collect())
             .collect())
     }
+}
+
+/// FLUX Fill's extra input channels for one sample (ComfyUI's `Flux.concat_cond`,
+/// diffusers' `FluxFillPipeline.prepare_mask_latents`): the masked image's latent in model
+/// space (`image`, [C, H, W]), then the mask at pixel resolution (`mask`, [8H, 8W]) cut
+/// into 8×8 cells, one plane per position in the cell (row-major): [C + 64, H, W].
+pub fn fill_concat(image: &[f32], channels: usize, mask: &[f32], h: usize, w: usize) -> Result<Vec<f32>> {
+    if image.len() != channels * h * w || mask.len() != 64 * h * w {
+        return Err(ModelError::Input(format!("a masked image of {} values and a mask of {} for a {channels}×{h}×{w} latent (the mask at 8× its size)", image.len(), mask.len())));
+    }
+    let mut out = Vec::with_capacity((channels + 64) * h * w);
+    out.extend_from_slice(image);
+    for dy in 0..8 {
+        for dx in 0..8 {
+            out.extend((0..h).flat_map(|y| (0..w).map(move |x| (y, x))).map(|(y, x)| mask[(y * 8 + dy) * w * 8 + x * 8 + dx]));
+        }
+    }
+    Ok(out)
 }
 
 /// FLUX's VAE latent format (ComfyUI's `latent_formats.Flux`): the model sees

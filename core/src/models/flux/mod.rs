@@ -11,7 +11,7 @@
 mod blocks;
 pub mod denoiser;
 
-pub use denoiser::{reference_tokens, FluxDenoiser, FluxItem, DEFAULT_GUIDANCE, LATENT_SCALE, LATENT_SHIFT};
+pub use denoiser::{fill_concat, reference_tokens, FluxDenoiser, FluxItem, DEFAULT_GUIDANCE, LATENT_SCALE, LATENT_SHIFT};
 
 use super::dit::{self, mlp_embedder, rope};
 use super::nn::linear;

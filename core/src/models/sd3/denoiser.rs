@@ -46,7 +46,6 @@ impl<'w> Sd3Denoiser<'w> {
     ) -> Result<Vec<Vec<f32>>> {
         let c = &self.model.config;
         let [w, h, ch, n] = shape;
-        let p = c.patch;
         if shape.iter().any(|&d| d < 1) || ch != c.in_channels {
             return Err(ModelError::Input(format!(
                 "a {shape:?} latent for an SD3 model of {} latent channels",
