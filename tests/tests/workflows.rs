@@ -204,6 +204,36 @@ fn inpaint_with_a_9_channel_unet() {
     env.exec.run(&txt, &NullSink, &CancelToken::new(), &RunOptions { output_dir: Some(env.out.clone()), ..Default::default() }).unwrap();
 }
 
+/// ComfyUI's InpaintModelConditioning on a 9-channel UNet: the mask and the greyed image
+/// as the UNet's extra input, the image's latent with the mask as noise mask.
+#[test]
+fn inpaint_model_conditioning_with_a_9_channel_unet() {
+    let env = env();
+    let mut wf = load(&env, "inpaint.json", 64, 3);
+    wf.set_input("1", "ckpt_name", InputValue::Const(serde_json::json!("inpaint.safetensors"))).unwrap();
+    let cond = sdflow_executor::NodeSpec::new("InpaintModelConditioning")
+        .with_input("positive", InputValue::link("2", 0))
+        .with_input("negative", InputValue::link("3", 0))
+        .with_input("vae", InputValue::link("1", 2))
+        .with_input("pixels", InputValue::link("4", 0))
+        .with_input("mask", InputValue::link("5", 0))
+        .with_input("noise_mask", InputValue::Const(serde_json::json!(true)));
+    wf.nodes.insert("20".into(), cond);
+    // A plain encode of the image: what the empty-mask check decodes directly.
+    wf.nodes.insert("6".into(), sdflow_executor::NodeSpec::new("VAEEncode").with_input("pixels", InputValue::link("4", 0)).with_input("vae", InputValue::link("1", 2)));
+    for (input, out) in [("positive", 0), ("negative", 1), ("latent_image", 2)] {
+        wf.set_input("7", input, InputValue::link("20", out)).unwrap();
+    }
+    let (masked, _) = check_inpaint(&env, wf.clone());
+    // The UNet reads the extra input: without it (the latent alone, ComfyUI's own concat of
+    // the noise mask and latent) the masked part comes out otherwise.
+    let mut plain = wf.clone();
+    plain.set_input("7", "positive", InputValue::link("2", 0)).unwrap();
+    plain.set_input("7", "negative", InputValue::link("3", 0)).unwrap();
+    let (_, _, other) = run_saved(&env, &plain, &node_of(&wf, "SaveImage"));
+    assert_ne!(masked, other);
+}
+
 #[test]
 fn inpaint_with_an_sdxl_inpainting_unet() {
     let env = env();
