@@ -234,7 +234,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     // image's latent and the mask cut into 8×8 cells (channels + 64).
     let extra = match &den {
         Den::Sd(d) => d.unet().config.in_channels - shape[2],
-        Den::Flux(d) => d.config().in_channels / 4 - shape[2],
+        Den::Flux(d) => d.in_channels() / 4 - shape[2],
         Den::Sd3(_) => 0,
     };
     let fill = matches!(den, Den::Flux(_)) && extra > 0;

@@ -6,6 +6,7 @@
 //! from tensors known to fit together.
 
 pub mod clip;
+pub mod chroma;
 pub mod clip_vision;
 pub mod conditioning;
 pub mod dit;

@@ -1,4 +1,5 @@
-//! FLUX.1's double-stream and single-stream blocks, by BFL's module names.
+//! FLUX.1's double-stream and single-stream blocks, by BFL's module names; Chroma runs the
+//! same blocks with modulations from its approximator.
 
 use crate::ggml::{Context, GType, Tensor};
 use crate::models::dit::{self, rope};
@@ -6,16 +7,19 @@ use crate::models::nn::{attention_typed, linear};
 use crate::models::{Result, Weights};
 
 /// The rotary tables of the joint sequence (text first, then image).
-pub(super) struct Rope<'a> {
+pub(crate) struct Rope<'a> {
     pub cos: Tensor<'a>,
     pub sin: Tensor<'a>,
 }
 
-pub(super) struct Blocks<'a> {
+pub(crate) struct Blocks<'a> {
     pub ctx: &'a Context,
     pub w: &'a Weights,
     pub heads: i64,
     pub compute: GType,
+    /// Text tokens the attention reads as keys, of how many (Chroma's text mask: the
+    /// T5 padding past these is no key for any token); `None`: all.
+    pub text_keys: Option<(i64, i64)>,
 }
 
 /// q, k, v of one stream, heads split: [dh, H, L, B] (q and k RMS-normed), v [D, L, B].
@@ -56,7 +60,14 @@ impl<'a> Blocks<'a> {
         let v = join(&|p| p.v, 1)?;
         let [dh, h, l, b] = q.ne();
         let flat = |t: Tensor<'a>| ctx.reshape(t, [dh * h, l, b, 1]);
-        Ok(attention_typed(ctx, flat(q)?, flat(k)?, v, self.heads, None, self.compute)?)
+        let (q, mut k, mut v) = (flat(q)?, flat(k)?, v);
+        // Masked text keys left out: the same softmax as masking them, without a mask.
+        if let Some((lt, valid)) = self.text_keys.filter(|&(lt, valid)| valid < lt) {
+            let keep = |t: Tensor<'a>| -> Result<Tensor<'a>> { Ok(ctx.concat(dit::rows(ctx, t, 0, valid)?, dit::rows(ctx, t, lt, l - lt)?, 1)?) };
+            k = keep(k)?;
+            v = keep(v)?;
+        }
+        Ok(attention_typed(ctx, q, k, v, self.heads, None, self.compute)?)
     }
 
     /// `Linear → GELU(tanh) → Linear` at `{name}.0` / `{name}.2`.
@@ -65,14 +76,26 @@ impl<'a> Blocks<'a> {
         linear(self.ctx, self.w, &format!("{name}.2"), h)
     }
 
-    /// BFL's `DoubleStreamBlock` at `p` on img [D, L, B], txt [D, Lt, B], with `vec` the
-    /// SiLU'd conditioning vector [D, B].
-    pub fn double(&self, p: &str, img: Tensor<'a>, txt: Tensor<'a>, vec: Tensor<'a>, pe: &Rope<'a>) -> Result<(Tensor<'a>, Tensor<'a>)> {
+    /// FLUX's modulations of double block `p` from the SiLU'd conditioning vector `vec`
+    /// [D, B]: six [D, 1, B] chunks each for the image and the text.
+    pub fn double_mods(&self, p: &str, vec: Tensor<'a>) -> Result<(Vec<Tensor<'a>>, Vec<Tensor<'a>>)> {
+        let (ctx, w) = (self.ctx, self.w);
+        let im = dit::chunks(ctx, linear(ctx, w, &format!("{p}.img_mod.lin"), vec)?, 6)?;
+        let tm = dit::chunks(ctx, linear(ctx, w, &format!("{p}.txt_mod.lin"), vec)?, 6)?;
+        Ok((im, tm))
+    }
+
+    /// FLUX's three modulation chunks of single block `p`.
+    pub fn single_mods(&self, p: &str, vec: Tensor<'a>) -> Result<Vec<Tensor<'a>>> {
+        dit::chunks(self.ctx, linear(self.ctx, self.w, &format!("{p}.modulation.lin"), vec)?, 3)
+    }
+
+    /// BFL's `DoubleStreamBlock` at `p` on img [D, L, B], txt [D, Lt, B], modulated by `im`
+    /// and `tm` (shift, scale, gate of the attention, then of the MLP; [D, 1, B] each).
+    pub fn double(&self, p: &str, img: Tensor<'a>, txt: Tensor<'a>, im: &[Tensor<'a>], tm: &[Tensor<'a>], pe: &Rope<'a>) -> Result<(Tensor<'a>, Tensor<'a>)> {
         let (ctx, w) = (self.ctx, self.w);
         let d = img.ne()[0];
         let lt = txt.ne()[1];
-        let im = dit::chunks(ctx, linear(ctx, w, &format!("{p}.img_mod.lin"), vec)?, 6)?;
-        let tm = dit::chunks(ctx, linear(ctx, w, &format!("{p}.txt_mod.lin"), vec)?, 6)?;
         let stream = |x: Tensor<'a>, m: &[Tensor<'a>], s: &str| -> Result<Qkv<'a>> {
             let h = dit::modulate(ctx, ctx.norm(x, 1e-6)?, m[0], m[1])?;
             self.qkv(linear(ctx, w, &format!("{p}.{s}_attn.qkv"), h)?, d, &format!("{p}.{s}_attn.norm"))
@@ -90,11 +113,11 @@ impl<'a> Blocks<'a> {
         Ok((img, txt))
     }
 
-    /// BFL's `SingleStreamBlock` at `p` on the joint sequence x [D, L, B].
-    pub fn single(&self, p: &str, x: Tensor<'a>, vec: Tensor<'a>, pe: &Rope<'a>) -> Result<Tensor<'a>> {
+    /// BFL's `SingleStreamBlock` at `p` on the joint sequence x [D, L, B], modulated by `m`
+    /// (shift, scale, gate).
+    pub fn single(&self, p: &str, x: Tensor<'a>, m: &[Tensor<'a>], pe: &Rope<'a>) -> Result<Tensor<'a>> {
         let (ctx, w) = (self.ctx, self.w);
         let d = x.ne()[0];
-        let m = dit::chunks(ctx, linear(ctx, w, &format!("{p}.modulation.lin"), vec)?, 3)?;
         let h = dit::modulate(ctx, ctx.norm(x, 1e-6)?, m[0], m[1])?;
         let fused = linear(ctx, w, &format!("{p}.linear1"), h)?;
         let mlp_hidden = fused.ne()[0] - 3 * d;

@@ -1,7 +1,9 @@
-//! FLUX.1 as a k-diffusion denoiser over flow latents: `denoised = x − σ·v`, the latent
-//! packed into 2×2 patches and every item's text and guidance batched into one graph.
+//! FLUX.1 (and Chroma, its blocks under an approximator's modulation) as a k-diffusion
+//! denoiser over flow latents: `denoised = x − σ·v`, the latent packed into 2×2 patches
+//! and every item's text and guidance batched into one graph.
 
 use super::{Flux, FluxInputs};
+use crate::models::chroma::{Chroma, ChromaInputs};
 use crate::ggml::{Backend, Context, GraphAllocator, GraphRun};
 use crate::models::dit::{crop, image_ids, pad_to_patches, patchify, unpatchify};
 use crate::models::conditioning::{Conditioning, LatentShape, ReferenceLatent};
@@ -23,27 +25,64 @@ pub struct FluxItem<'a> {
 }
 
 pub struct FluxDenoiser<'w> {
-    model: Flux<'w>,
+    model: Net<'w>,
     alloc: Option<GraphAllocator>,
+}
+
+enum Net<'w> {
+    Flux(Flux<'w>),
+    Chroma(Chroma<'w>),
+}
+
+/// What the denoiser needs to know of either network.
+struct Dims {
+    name: &'static str,
+    in_channels: i64,
+    out_channels: i64,
+    context: i64,
+    /// The pooled vector's width (CLIP-L's); 0: the model reads none (Chroma).
+    vector: i64,
+    axes: usize,
+    blocks: usize,
+}
+
+impl Net<'_> {
+    fn dims(&self) -> Dims {
+        match self {
+            Net::Flux(m) => {
+                let c = &m.config;
+                Dims { name: "FLUX.1", in_channels: c.in_channels, out_channels: c.out_channels, context: c.context, vector: c.vector, axes: c.axes.len(), blocks: c.depth + c.depth_single }
+            }
+            Net::Chroma(m) => {
+                let c = &m.config;
+                Dims { name: "Chroma", in_channels: c.in_channels, out_channels: c.out_channels, context: c.context, vector: 0, axes: c.axes.len(), blocks: c.depth + c.depth_single + c.approx_layers }
+            }
+        }
+    }
 }
 
 impl<'w> FluxDenoiser<'w> {
     pub fn new(model: Flux<'w>) -> Self {
-        FluxDenoiser { model, alloc: None }
+        FluxDenoiser { model: Net::Flux(model), alloc: None }
     }
 
-    pub fn config(&self) -> &super::FluxConfig {
-        &self.model.config
+    pub fn chroma(model: Chroma<'w>) -> Self {
+        FluxDenoiser { model: Net::Chroma(model), alloc: None }
+    }
+
+    /// The token width the model reads: latent channels (and Fill's extra ones) × 4.
+    pub fn in_channels(&self) -> i64 {
+        self.model.dims().in_channels
     }
 
     /// The denoised estimate of each item at noise level `sigma`; items whose text has
     /// the same token count share one graph.
     pub fn denoise_batch(&mut self, backend: &Backend, shape: LatentShape, sigma: f32, items: &[FluxItem<'_>]) -> Result<Vec<Vec<f32>>> {
-        let c = &self.model.config;
+        let c = self.model.dims();
         let [w, h, ch, n] = shape;
         let per = (w * h * ch) as usize;
         if shape.iter().any(|&d| d < 1) || ch * 4 != c.out_channels {
-            return Err(ModelError::Input(format!("a {shape:?} latent for a FLUX.1 model of {} output features (latent channels × 4)", c.out_channels)));
+            return Err(ModelError::Input(format!("a {shape:?} latent for a {} model of {} output features (latent channels × 4)", c.name, c.out_channels)));
         }
         let extra = c.in_channels / 4 - ch;
         for (k, it) in items.iter().enumerate() {
@@ -58,9 +97,9 @@ impl<'w> FluxDenoiser<'w> {
                 return Err(ModelError::Input(format!("item {k}: latent of {} values for shape {shape:?}", it.x.len())));
             }
             if it.cond.dim != c.context {
-                return Err(ModelError::Input(format!("item {k}: text tokens {} wide; this FLUX.1 model reads {} (T5-XXL)", it.cond.dim, c.context)));
+                return Err(ModelError::Input(format!("item {k}: text tokens {} wide; this {} model reads {} (T5-XXL)", it.cond.dim, c.name, c.context)));
             }
-            if let Some(p) = &it.cond.pooled {
+            if let Some(p) = it.cond.pooled.as_ref().filter(|_| c.vector > 0) {
                 if p.len() as i64 != c.vector {
                     return Err(ModelError::Input(format!("item {k}: a pooled vector of {}; this FLUX.1 model reads {} (CLIP-L)", p.len(), c.vector)));
                 }
@@ -74,7 +113,9 @@ impl<'w> FluxDenoiser<'w> {
         let mut out: Vec<Option<Vec<f32>>> = vec![None; items.len()];
         let mut pending: Vec<usize> = (0..items.len()).collect();
         // Items share a graph when their texts and reference latents have the same lengths.
-        let key = |it: &FluxItem<'_>| (it.cond.tokens, it.cond.references.iter().map(|r| (r.height, r.width)).collect::<Vec<_>>());
+        // Chroma's guidance feeds the modulation of the whole graph: one value per graph.
+        let chroma = matches!(self.model, Net::Chroma(_));
+        let key = |it: &FluxItem<'_>| (it.cond.tokens, it.cond.references.iter().map(|r| (r.height, r.width)).collect::<Vec<_>>(), if chroma { it.cond.guidance.map(f32::to_bits) } else { None });
         if extra > 0 && items.iter().any(|it| !it.cond.references.is_empty()) {
             return Err(ModelError::Input("reference latents (Kontext) on a FLUX.1 Fill model".into()));
         }
@@ -91,7 +132,7 @@ impl<'w> FluxDenoiser<'w> {
     }
 
     fn run(&mut self, backend: &Backend, shape: LatentShape, sigma: f32, items: &[FluxItem<'_>]) -> Result<Vec<Vec<f32>>> {
-        let c = &self.model.config;
+        let c = self.model.dims();
         let [w0, h0, ch, n] = shape.map(|d| d as usize);
         // ComfyUI's FLUX pads a latent (and its extra channels) to whole patches by wrapping
         // around and crops the output back.
@@ -128,6 +169,7 @@ impl<'w> FluxDenoiser<'w> {
                 img.extend_from_slice(r);
                 txt.extend_from_slice(&it.cond.data);
                 match &it.cond.pooled {
+                    _ if c.vector == 0 => {}
                     Some(p) => y.extend_from_slice(p),
                     // ComfyUI's FLUX without a pooled vector (a T5-only encoder): zeros.
                     None => y.extend(std::iter::repeat_n(0.0, c.vector as usize)),
@@ -136,17 +178,26 @@ impl<'w> FluxDenoiser<'w> {
             }
         }
         let img_ids: Vec<Vec<f32>> = image_ids(h / 2, w / 2, 0.0).into_iter().map(|a| a.to_vec()).chain(ref_ids).collect();
-        let txt_ids = vec![vec![0.0; c.axes.len()]; lt];
+        let txt_ids = vec![vec![0.0; c.axes]; lt];
         let timesteps = vec![sigma; b];
-        let graph_size = 512 * (c.depth + c.depth_single) + 1024;
+        let graph_size = 512 * c.blocks + 1024;
         let ctx = Context::new(graph_size * 4, graph_size)?;
         let mut run = GraphRun::new(&ctx);
         let (bi, li) = (b as i64, (l + lr) as i64);
         let img_t = run.input_f32(&[c.in_channels, li, bi], img)?;
         let txt_t = run.input_f32(&[c.context, lt as i64, bi], txt)?;
-        let y_t = run.input_f32(&[c.vector, bi], y)?;
-        let inputs = FluxInputs { img: img_t, img_ids: &img_ids, txt: txt_t, txt_ids: &txt_ids, timesteps: &timesteps, guidance: Some(&guidance), y: y_t };
-        let v = self.model.forward(&ctx, &mut run, &inputs)?;
+        let v = match &self.model {
+            Net::Flux(m) => {
+                let y_t = run.input_f32(&[c.vector, bi], y)?;
+                let inputs = FluxInputs { img: img_t, img_ids: &img_ids, txt: txt_t, txt_ids: &txt_ids, timesteps: &timesteps, guidance: Some(&guidance), y: y_t };
+                m.forward(&ctx, &mut run, &inputs)?
+            }
+            // ComfyUI's Chroma: guidance 0 unless set, no text mask.
+            Net::Chroma(m) => {
+                let guidance = items[0].cond.guidance.unwrap_or(0.0);
+                m.forward(&ctx, &mut run, &ChromaInputs { img: img_t, img_ids: &img_ids, txt: txt_t, txt_ids: &txt_ids, sigma, guidance, text_keys: None })?
+            }
+        };
         let alloc = match &mut self.alloc {
             Some(a) => a,
             None => self.alloc.insert(GraphAllocator::new(backend)?),

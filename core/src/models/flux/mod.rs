@@ -8,7 +8,7 @@
 //! ([`crate::models::dit::patchify`]), timesteps as σ ∈ [0, 1] and guidance as the
 //! distilled guidance scale; both are embedded at 1000× as BFL's `timestep_embedding` does.
 
-mod blocks;
+pub(crate) mod blocks;
 pub mod denoiser;
 
 pub use denoiser::{fill_concat, reference_tokens, FluxDenoiser, FluxItem, DEFAULT_GUIDANCE, LATENT_SCALE, LATENT_SHIFT};
@@ -201,16 +201,19 @@ impl<'w> Flux<'w> {
         let ids: Vec<Vec<f32>> = x.txt_ids.iter().chain(x.img_ids).cloned().collect();
         let (cos, sin) = rope::tables(run, &ids, &c.axes, c.theta, b as usize)?;
         let pe = blocks::Rope { cos, sin };
-        let blk = blocks::Blocks { ctx, w: self.w, heads: c.heads, compute: self.compute_type() };
+        let blk = blocks::Blocks { ctx, w: self.w, heads: c.heads, compute: self.compute_type(), text_keys: None };
 
         let mut img = linear(ctx, self.w, &self.name("img_in"), x.img)?;
         let mut txt = linear(ctx, self.w, &self.name("txt_in"), x.txt)?;
         for i in 0..c.depth {
-            (img, txt) = blk.double(&self.name(&format!("double_blocks.{i}")), img, txt, vec, &pe)?;
+            let p = self.name(&format!("double_blocks.{i}"));
+            let (im, tm) = blk.double_mods(&p, vec)?;
+            (img, txt) = blk.double(&p, img, txt, &im, &tm, &pe)?;
         }
         let mut joint = ctx.concat(txt, img, 1)?;
         for i in 0..c.depth_single {
-            joint = blk.single(&self.name(&format!("single_blocks.{i}")), joint, vec, &pe)?;
+            let p = self.name(&format!("single_blocks.{i}"));
+            joint = blk.single(&p, joint, &blk.single_mods(&p, vec)?, &pe)?;
         }
         let img = dit::rows(ctx, joint, lt, l)?;
         let m = dit::chunks(ctx, linear(ctx, self.w, &self.name("final_layer.adaLN_modulation.1"), vec)?, 2)?;
