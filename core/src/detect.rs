@@ -32,6 +32,8 @@ pub enum ModelFamily {
     SdxlRefiner,
     Sd3,
     Flux,
+    /// FLUX's blocks under a distilled-guidance approximator (Chroma).
+    Chroma,
     Unknown,
 }
 
@@ -45,6 +47,7 @@ impl fmt::Display for ModelFamily {
             ModelFamily::SdxlRefiner => "SDXL refiner",
             ModelFamily::Sd3 => "SD3",
             ModelFamily::Flux => "FLUX",
+            ModelFamily::Chroma => "Chroma",
             ModelFamily::Unknown => "unknown",
         })
     }
@@ -194,7 +197,8 @@ pub fn detect(tensors: &[TensorInfo]) -> Detection {
         d.flux_guidance = tensors
             .iter()
             .any(|t| t.name.starts_with(&format!("{p}guidance_in.")));
-        return finish_dit(d, ModelFamily::Flux, p, KeyLayout::Ldm);
+        let chroma = tensors.iter().any(|t| t.name == format!("{p}distilled_guidance_layer.in_proj.weight"));
+        return finish_dit(d, if chroma { ModelFamily::Chroma } else { ModelFamily::Flux }, p, KeyLayout::Ldm);
     }
     if let Some(t) = find(tensors, "single_transformer_blocks.0.attn.to_q.weight") {
         let p = prefix_of(t, "single_transformer_blocks.0.attn.to_q.weight");

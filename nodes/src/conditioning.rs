@@ -127,6 +127,9 @@ pub(crate) fn encode_text(rt: &Runtime, clip: &ClipRef, text: &str) -> Result<Co
 /// FLUX encodes `text_l` with CLIP-L (its pooled vector) and `text_g` with T5-XXL; SD3
 /// `text_l` with CLIP-L and `text_g` with OpenCLIP-G and T5-XXL.
 fn encode_texts(rt: &Runtime, clip: &ClipRef, text_l: &str, text_g: &str) -> Result<Conditioning, NodeError> {
+    if clip.family == ModelFamily::Chroma {
+        return crate::chroma::encode(rt, clip, text_g);
+    }
     if clip.family == ModelFamily::Sd3 {
         return crate::sd3::encode(rt, clip, Some(text_l), Some(text_g), Some(text_g));
     }

@@ -9,7 +9,6 @@ use sdflow_core::models::clip::{ClipTextConfig, ClipTextModel};
 use sdflow_core::models::sd::{encode_prompt_with, Pooled};
 use sdflow_core::models::conditioning::{Conditioning, ReferenceLatent};
 use sdflow_core::models::t5::{T5Config, T5Encoder};
-use sdflow_core::text::t5::T5Tokenizer;
 use sdflow_core::text::{tokenize_weighted, ChunkOptions, ClipTokenizer, PadToken};
 use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Lane, Node, NodeError, NodeSchema, Outputs, Registry, Value};
 use std::sync::Arc;
@@ -32,7 +31,7 @@ pub(crate) fn encode(rt: &Runtime, clip: &ClipRef, text_l: &str, text_t5: &str) 
     let t5 = clip.t5.as_ref().ok_or_else(|| NodeError::msg(format!("this CLIP ({}) has no T5 encoder", clip.family)))?;
     let weights = t5.weights.pin().map_err(err)?;
     let model = T5Encoder::new(&weights, &t5.prefix, T5Config::infer(&weights, &t5.prefix).map_err(err)?).map_err(err)?;
-    let tokens = T5Tokenizer::shared().map_err(err)?.tokenize_weighted(text_t5, T5_MIN_TOKENS).map_err(err)?;
+    let tokens = crate::chroma::t5_tokens(t5, text_t5, T5_MIN_TOKENS)?;
     let hidden = rt.with_backend(|b| model.encode_weighted(b, &tokens)).map_err(err)?;
     let mut cond = Conditioning::new(hidden, model.config.d_model, tokens.ids.len() as i64).map_err(err)?;
     if let Some(enc) = clip.encoders.first() {

@@ -19,6 +19,7 @@
 //!   ModelSamplingSD3, ModelSamplingAuraFlow
 //! - [`flux`]: CLIPTextEncodeFlux, FluxGuidance, ReferenceLatent, FluxKontextImageScale
 //! - [`sd3`]: TripleCLIPLoader, CLIPTextEncodeSD3, SkipLayerGuidanceSD3
+//! - [`chroma`]: T5TokenizerOptions (and Chroma's T5-only conditioning)
 //! - [`image`]: LoadImage, LoadImageMask, ImageScale, VAEDecode, VAEEncode, VAEEncodeForInpaint,
 //!   SaveImage, PreviewImage, VAEDecodeTiled, VAEEncodeTiled, ImageCrop, ImageInvert, EmptyImage
 //! - [`mask`]: SolidMask, InvertMask, CropMask, MaskComposite, FeatherMask, GrowMask, ThresholdMask,
@@ -29,6 +30,7 @@
 //! - [`ip_adapter`]: CLIPVisionLoader, CLIPVisionEncode, IPAdapterModelLoader, IPAdapterAdvanced
 //! - [`controlnet`]: ControlNetLoader, ControlNetApplyAdvanced, ControlNetApply, Canny
 
+pub mod chroma;
 pub mod conditioning;
 pub mod controlnet;
 pub mod custom_sampling;
@@ -66,6 +68,7 @@ pub fn register_all(registry: &mut Registry, rt: Arc<Runtime>) {
     conditioning::register(registry, &rt);
     flux::register(registry, &rt);
     sd3::register(registry, &rt);
+    chroma::register(registry);
     latent::register(registry, &rt);
     sampling::register(registry, &rt);
     custom_sampling::register(registry, &rt);

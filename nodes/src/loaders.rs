@@ -250,7 +250,7 @@ impl Node for UnetLoader {
         NodeSchema::new("UNETLoader")
             .display_name("Load Diffusion Model")
             .category("advanced/loaders")
-            .description("Loads a diffusion model alone (FLUX.1 in BFL/ComfyUI names, SD3/SD3.5 in Stability's, safetensors or GGUF); weights load on first use.")
+            .description("Loads a diffusion model alone (FLUX.1 and Chroma in BFL/ComfyUI names, SD3/SD3.5 in Stability's, safetensors or GGUF); weights load on first use.")
             .input(InputSpec::combo("unet_name", self.rt.list_models(DIFFUSION_MODELS)).tooltip("The model in models/diffusion_models."))
             .input(InputSpec::combo("weight_dtype", ["default", "fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2"]).tooltip(
                 "default: the run's --type. The fp8 choices keep one byte per weight: ggml has no fp8 arithmetic, so they load as q8_0, its 8-bit type.",
@@ -273,14 +273,18 @@ impl Node for UnetLoader {
         let det = detect::detect_source(src.as_ref());
         let shown = path.display();
         let prefix = match (det.family, det.layout) {
-            (ModelFamily::Flux | ModelFamily::Sd3, Some(KeyLayout::Ldm)) => det.diffusion_prefix.clone().unwrap_or_default(),
+            (ModelFamily::Flux | ModelFamily::Sd3 | ModelFamily::Chroma, Some(KeyLayout::Ldm)) => det.diffusion_prefix.clone().unwrap_or_default(),
             (ModelFamily::Sd3, _) => return Err(NodeError::msg(format!("{shown}: an SD3 model in diffusers names; only Stability/ComfyUI names (`joint_blocks.*`) are supported yet"))),
             (ModelFamily::Flux, _) => return Err(NodeError::msg(format!("{shown}: a FLUX.1 model in diffusers names; only BFL/ComfyUI names (`double_blocks.*`) are supported yet"))),
             (ModelFamily::Unknown, _) => return Err(NodeError::msg(format!("{shown}: {}", det.message))),
-            (other, _) => return Err(NodeError::msg(format!("{shown}: {other} diffusion models are not supported by this loader yet (FLUX.1 and SD3 are; SD checkpoints load with CheckpointLoaderSimple)"))),
+            (other, _) => return Err(NodeError::msg(format!("{shown}: {other} diffusion models are not supported by this loader yet (FLUX.1, Chroma and SD3 are; SD checkpoints load with CheckpointLoaderSimple)"))),
         };
         let weights = weights_handle_as(&self.rt, &path, &prefix, wt)?;
-        let model = if det.family == ModelFamily::Sd3 { sd3_model(weights, prefix)? } else { flux_model(weights, prefix, det.flux_guidance)? };
+        let model = match det.family {
+            ModelFamily::Sd3 => sd3_model(weights, prefix)?,
+            ModelFamily::Chroma => chroma_model(weights, prefix)?,
+            _ => flux_model(weights, prefix, det.flux_guidance)?,
+        };
         Ok(Outputs::new(vec![Value::new(IoType::MODEL, model)]))
     }
 }
@@ -302,6 +306,14 @@ fn flux_model(weights: WeightHandle<Weights>, prefix: String, guidance: bool) ->
         ip_adapters: Vec::new(),
         slg: None,
     })
+}
+
+/// The MODEL of a Chroma transformer: ComfyUI's default sampling for it is FLUX's
+/// ModelSamplingFlux at μ 1.15 (its template sets ModelSamplingAuraFlow 1.0 instead).
+fn chroma_model(weights: WeightHandle<Weights>, prefix: String) -> Result<ModelRef, NodeError> {
+    let mut m = flux_model(weights, prefix, true)?;
+    m.family = ModelFamily::Chroma;
+    Ok(m)
 }
 
 /// Where ComfyUI's all-in-one FLUX checkpoints keep the parts beside
@@ -448,9 +460,9 @@ impl Node for ClipLoader {
         } else {
             NodeSchema::new("CLIPLoader")
                 .display_name("Load CLIP")
-                .description("Loads a standalone text encoder: SD1's CLIP-L or SD2's OpenCLIP-H (type stable_diffusion), one of SD3's (type sd3).")
+                .description("Loads a standalone text encoder: SD1's CLIP-L or SD2's OpenCLIP-H (type stable_diffusion), one of SD3's (type sd3), Chroma's T5-XXL (type chroma, safetensors or GGUF).")
                 .input(InputSpec::combo("clip_name", files))
-                .input(InputSpec::combo("type", ["stable_diffusion", "sd3"]))
+                .input(InputSpec::combo("type", ["stable_diffusion", "sd3", "chroma"]))
         };
         // Placement is sdflow's residency manager's: text encoders compute on the CPU.
         s.input(InputSpec::combo("device", ["default", "cpu"]).optional().tooltip("Where the text encoders run: on the CPU either way in this build."))
@@ -471,12 +483,21 @@ impl Node for ClipLoader {
         if self.dual && ty == "flux" {
             return self.flux(inputs);
         }
+        if ty == "chroma" && !self.dual {
+            let path = self.paths(inputs)?.remove(0);
+            let src = io::open(&path).map_err(err)?;
+            if !t5::is_t5(src.tensors().iter().map(|t| t.name.as_str())) {
+                return Err(NodeError::msg(format!("{}: no T5 encoder (`{}`); Chroma reads T5-XXL alone", path.display(), t5::MARKER)));
+            }
+            let clip = ClipRef { encoders: Vec::new(), t5: Some(t5_handle(&self.rt, &path)?), family: ModelFamily::Chroma, clip_skip: None };
+            return Ok(Outputs::new(vec![Value::new(IoType::CLIP, clip)]));
+        }
         if ty == "sd3" {
             let clip = crate::sd3::sd3_clip(&self.rt, &self.paths(inputs)?)?;
             return Ok(Outputs::new(vec![Value::new(IoType::CLIP, clip)]));
         }
         if ty != if self.dual { "sdxl" } else { "stable_diffusion" } {
-            let wanted = if self.dual { "`sdxl`, `sd3` and `flux`" } else { "`stable_diffusion` and `sd3`" };
+            let wanted = if self.dual { "`sdxl`, `sd3` and `flux`" } else { "`stable_diffusion`, `sd3` and `chroma`" };
             return Err(NodeError::msg(format!("type `{ty}`: only {wanted} text encoders are supported yet")));
         }
         let mut found = Vec::new();
@@ -551,7 +572,7 @@ pub(crate) fn t5_handle(rt: &Runtime, path: &Path) -> Result<T5Ref, NodeError> {
             Ok(load_weights(&backend, src.as_ref(), &[&parts[0], &parts[1]], &TypeRules::new(wt, "")?)?)
         })
         .map_err(err)?;
-    Ok(T5Ref { weights, prefix })
+    Ok(T5Ref { weights, prefix, options: None })
 }
 
 /// ComfyUI's "Load VAE": a standalone VAE file from `models/vae` — LDM key names with or

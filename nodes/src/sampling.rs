@@ -8,6 +8,7 @@ use crate::handle_size;
 use crate::err;
 use crate::controlnet::{hint_for, Controls};
 use crate::values::Control;
+use sdflow_core::models::chroma::{Chroma, ChromaConfig};
 use sdflow_core::models::flux::{fill_concat, Flux, FluxConfig, FluxDenoiser, FluxItem};
 use sdflow_core::models::sd3::{Sd3, Sd3Config, Sd3Denoiser, Sd3Item};
 use sdflow_core::models::sd::{BatchItem, ControlInput, IpPatch, IpSide, SdDenoiser};
@@ -142,6 +143,9 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     let mut den = if model.family == ModelFamily::Flux {
         let config = FluxConfig::infer(&weights, &model.prefix).map_err(err)?;
         Den::Flux(FluxDenoiser::new(Flux::new(&weights, &model.prefix, config).map_err(err)?))
+    } else if model.family == ModelFamily::Chroma {
+        let config = ChromaConfig::infer(&weights, &model.prefix).map_err(err)?;
+        Den::Flux(FluxDenoiser::chroma(Chroma::new(&weights, &model.prefix, config).map_err(err)?))
     } else if model.family == ModelFamily::Sd3 {
         let config = Sd3Config::infer(&weights, &model.prefix).map_err(err)?;
         Den::Sd3(Sd3Denoiser::new(Sd3::new(&weights, &model.prefix, config).map_err(err)?))
@@ -197,7 +201,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     // count (`fix_empty_latent_channels`), so EmptyLatentImage also serves FLUX.
     let empty = latent.samples.iter().all(|&v| v == 0.0);
     let want_channels = match &den {
-        Den::Flux(_) => 16,
+        Den::Flux(d) => d.out_channels() / 4,
         Den::Sd3(d) => d.config().in_channels,
         Den::Sd(_) => channels,
     };

@@ -147,14 +147,12 @@ pub(crate) fn encode(rt: &Runtime, clip: &ClipRef, l: Option<&str>, g: Option<&s
         p.extend(cg.and_then(|c| c.pooled).unwrap_or_else(|| vec![0.0; G_WIDTH]));
         pooled = Some(p);
     }
-    if let Some(model) = &t5_model {
-        let tokenizer = T5Tokenizer::shared().map_err(err)?;
+    if let (Some(model), Some(t5)) = (&t5_model, &clip.t5) {
         // No tokens is T5's empty sequence: `</s>` alone, unpadded.
         let ids = match t5_text {
-            Some(text) => tokenizer.tokenize_weighted(text, T5_MIN_TOKENS),
-            None => tokenizer.tokenize_weighted("", 1),
-        }
-        .map_err(err)?;
+            Some(text) => crate::chroma::t5_tokens(t5, text, T5_MIN_TOKENS)?,
+            None => T5Tokenizer::shared().map_err(err)?.tokenize_weighted("", 1).map_err(err)?,
+        };
         rows.extend(rt.with_backend(|b| model.encode_weighted(b, &ids)).map_err(err)?);
         tokens += ids.ids.len();
     }

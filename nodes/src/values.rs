@@ -112,6 +112,15 @@ pub struct ClipRef {
 pub struct T5Ref {
     pub weights: WeightHandle<Weights>,
     pub prefix: String,
+    /// ComfyUI's T5TokenizerOptions: `<pad>` tokens after `</s>` and the least length,
+    /// in place of the family's own padding.
+    pub options: Option<T5Options>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct T5Options {
+    pub min_padding: usize,
+    pub min_length: usize,
 }
 
 /// One text encoder of a [`ClipRef`].

@@ -407,6 +407,8 @@ pub fn write_flux_models(root: &Path) {
         let f = FluxSynth::tiny(guidance);
         write("diffusion_models", file, &f.tensors(), serde_json::to_string(&f).unwrap(), seed);
     }
+    let chroma = FluxSynth::tiny_chroma();
+    write("diffusion_models", "Chroma1-HD-fp8mixed.safetensors", &chroma.tensors(), serde_json::to_string(&chroma).unwrap(), 29);
     let fill = FluxSynth::tiny_fill();
     write("diffusion_models", "flux1-fill-dev.safetensors", &fill.tensors(), serde_json::to_string(&fill).unwrap(), 28);
     let t5 = T5Synth::tiny();

@@ -28,12 +28,16 @@ pub struct FluxSynth {
     pub mlp_ratio: usize,
     /// dev's `guidance_in`; schnell has none.
     pub guidance: bool,
+    /// Chroma: the distilled-guidance approximator's (hidden width, layers) in place of the
+    /// embedders and every modulation layer.
+    #[serde(default)]
+    pub approximator: Option<(usize, usize)>,
 }
 
 impl FluxSynth {
     /// FLUX.1 dev (schnell: `guidance` false).
     pub fn dev() -> Self {
-        FluxSynth { in_channels: 64, out_channels: 64, hidden: 3072, heads: 24, depth: 19, depth_single: 38, context: 4096, vector: 768, mlp_ratio: 4, guidance: true }
+        FluxSynth { in_channels: 64, out_channels: 64, hidden: 3072, heads: 24, depth: 19, depth_single: 38, context: 4096, vector: 768, mlp_ratio: 4, guidance: true, approximator: None }
     }
 
     /// One block of each kind at one 128-wide head (the width FLUX's fixed rotary axes
@@ -47,6 +51,16 @@ impl FluxSynth {
         FluxSynth { in_channels: 384, ..Self::tiny(true) }
     }
 
+    /// Chroma (unlocked v50 / HD): FLUX.1 schnell's blocks under a 5-layer approximator.
+    pub fn chroma() -> Self {
+        FluxSynth { guidance: false, approximator: Some((5120, 5)), ..Self::dev() }
+    }
+
+    /// Chroma at [`FluxSynth::tiny`]'s size, reading [`T5Synth::tiny`] tokens alone.
+    pub fn tiny_chroma() -> Self {
+        FluxSynth { approximator: Some((64, 2)), ..Self::tiny(false) }
+    }
+
     pub fn tensors(&self) -> Vec<TensorSpec> {
         let mut s = Specs(Vec::new());
         let (d, m) = (self.hidden, self.hidden * self.mlp_ratio);
@@ -56,20 +70,34 @@ impl FluxSynth {
                 s.push(format!("{p}.{n}.scale"), vec![dh], Init::Normal { mean: 1.0, std: super::BIAS_STD });
             }
         };
+        let modulated = self.approximator.is_none();
         s.linear("img_in", self.in_channels, d, true);
         s.linear("txt_in", self.context, d, true);
-        let mut embedders = vec![("time_in", 256), ("vector_in", self.vector)];
-        if self.guidance {
-            embedders.push(("guidance_in", 256));
-        }
-        for (name, n_in) in embedders {
-            s.linear(&format!("{name}.in_layer"), n_in, d, true);
-            s.linear(&format!("{name}.out_layer"), d, d, true);
+        if let Some((a, layers)) = self.approximator {
+            let p = "distilled_guidance_layer";
+            s.linear(&format!("{p}.in_proj"), 64, a, true);
+            for i in 0..layers {
+                s.linear(&format!("{p}.layers.{i}.in_layer"), a, a, true);
+                s.linear(&format!("{p}.layers.{i}.out_layer"), a, a, true);
+                s.push(format!("{p}.norms.{i}.scale"), vec![a], Init::Normal { mean: 1.0, std: super::BIAS_STD });
+            }
+            s.linear(&format!("{p}.out_proj"), a, d, true);
+        } else {
+            let mut embedders = vec![("time_in", 256), ("vector_in", self.vector)];
+            if self.guidance {
+                embedders.push(("guidance_in", 256));
+            }
+            for (name, n_in) in embedders {
+                s.linear(&format!("{name}.in_layer"), n_in, d, true);
+                s.linear(&format!("{name}.out_layer"), d, d, true);
+            }
         }
         for i in 0..self.depth {
             for st in ["img", "txt"] {
                 let p = format!("double_blocks.{i}.{st}");
-                s.linear(&format!("{p}_mod.lin"), d, 6 * d, true);
+                if modulated {
+                    s.linear(&format!("{p}_mod.lin"), d, 6 * d, true);
+                }
                 s.linear(&format!("{p}_attn.qkv"), d, 3 * d, true);
                 qk_norm(&mut s, &format!("{p}_attn.norm"));
                 s.linear(&format!("{p}_attn.proj"), d, d, true);
@@ -82,10 +110,14 @@ impl FluxSynth {
             s.linear(&format!("{p}.linear1"), d, 3 * d + m, true);
             s.linear(&format!("{p}.linear2"), d + m, d, true);
             qk_norm(&mut s, &format!("{p}.norm"));
-            s.linear(&format!("{p}.modulation.lin"), d, 3 * d, true);
+            if modulated {
+                s.linear(&format!("{p}.modulation.lin"), d, 3 * d, true);
+            }
         }
         s.linear("final_layer.linear", d, self.out_channels, true);
-        s.linear("final_layer.adaLN_modulation.1", d, 2 * d, true);
+        if modulated {
+            s.linear("final_layer.adaLN_modulation.1", d, 2 * d, true);
+        }
         s.0
     }
 }

@@ -75,6 +75,11 @@ impl<'w> FluxDenoiser<'w> {
         self.model.dims().in_channels
     }
 
+    /// The token width it writes: latent channels × 4.
+    pub fn out_channels(&self) -> i64 {
+        self.model.dims().out_channels
+    }
+
     /// The denoised estimate of each item at noise level `sigma`; items whose text has
     /// the same token count share one graph.
     pub fn denoise_batch(&mut self, backend: &Backend, shape: LatentShape, sigma: f32, items: &[FluxItem<'_>]) -> Result<Vec<Vec<f32>>> {

@@ -272,11 +272,20 @@ impl T5Encoder<'_> {
     /// prompt of the same length encoded beside it (one batch) and each token moved away
     /// from it by its weight ([`crate::text::t5::apply_weights`]).
     pub fn encode_weighted(&self, backend: &crate::ggml::Backend, tokens: &crate::text::t5::WeightedTokens) -> Result<Vec<f32>> {
+        self.encode_weighted_from(backend, tokens, &crate::text::t5::T5Tokenizer::empty(tokens.ids.len()))
+    }
+
+    /// [`Self::encode_weighted`] moving weighted tokens away from `empty` (as many ids as
+    /// the prompt's): ComfyUI's PixArt/Chroma T5 takes all padding for its empty prompt.
+    pub fn encode_weighted_from(&self, backend: &crate::ggml::Backend, tokens: &crate::text::t5::WeightedTokens, empty: &[u32]) -> Result<Vec<f32>> {
         let ids: Vec<i32> = tokens.ids.iter().map(|&t| t as i32).collect();
         let t = ids.len();
+        if empty.len() != t {
+            return Err(ModelError::Input(format!("an empty prompt of {} tokens beside a prompt of {t}", empty.len())));
+        }
         let mut batch = vec![ids];
         if tokens.has_weights() {
-            batch.push(crate::text::t5::T5Tokenizer::empty(t).into_iter().map(|i| i as i32).collect());
+            batch.push(empty.iter().map(|&i| i as i32).collect());
         }
         let size = 64 * self.config.layers + 256;
         let ctx = Context::new(size, size)?;
