@@ -171,7 +171,7 @@ fn bad_flags_get_a_message_and_the_usage() {
 fn unsupported_flags_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     for (args, expect) in [
-        (&["img_gen", "-m", "m.safetensors", "--t5xxl", "t5.safetensors"][..], "not supported yet: --t5xxl t5.safetensors (FLUX.1 runs through workflows"),
+        (&["img_gen", "-m", "m.safetensors", "--t5xxl", "t5.safetensors"][..], "not supported yet: --t5xxl t5.safetensors (FLUX.1 and SD3.5 run through workflows"),
         (&["img_gen", "-m", "m.safetensors", "--offload-to-cpu"][..], "not supported yet: --offload-to-cpu ("),
         (&["img_gen", "-m", "m.safetensors", "--rng", "cuda", "--sampler-rng", "cpu"][..], "not supported yet: --sampler-rng cpu with --rng cuda ("),
         (&["adetailer", "-m", "m.safetensors", "-i", "in.png", "--ad-model", "face.pt", "--sigmas", "14.6,7.8,0"][..], "not supported yet: --sigmas in the adetailer mode ("),
