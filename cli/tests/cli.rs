@@ -75,6 +75,7 @@ const NOT_PRESETS: &[(&str, &str)] = &[
     ("flux_dev_txt2img.json", "ComfyUI's FLUX graph; sd-cli's --t5xxl / --guidance are not wired yet"),
     ("flux_schnell.json", "ComfyUI's FLUX graph; sd-cli's --t5xxl is not wired yet"),
     ("flux_kontext_edit.json", "ComfyUI's FLUX Kontext graph; sd-cli's -r / --t5xxl are not wired yet"),
+    ("flux_lora.json", "ComfyUI's FLUX graph with a LoRA; sd-cli's --t5xxl is not wired yet"),
     ("flux_fill_inpaint.json", "ComfyUI's FLUX Fill graph; sd-cli's --t5xxl is not wired yet"),
     ("chroma_txt2img.json", "ComfyUI's Chroma graph; sd-cli's Chroma mask flags and --t5xxl are not wired yet"),
     ("sd35_txt2img.json", "ComfyUI's SD3.5 graph; sd-cli's --clip_g / --t5xxl / --slg-scale are not wired yet"),

@@ -438,3 +438,38 @@ fn sdxl_loras_reach_the_unet_and_both_text_encoders() {
         }
     }
 }
+
+/// Every diffusers module of FLUX.1 and SD3.5 (MMDiT-X) — as diffusers' own single-file
+/// converters place them, fused q/k/v split into thirds and FLUX's `linear1` into q, k, v
+/// and the MLP — reaches the same checkpoint rows under the PEFT, SimpleTuner and bare
+/// spellings, for bare files and under a checkpoint's `model.diffusion_model.`; kohya's
+/// and ComfyUI's names reach whole weights.
+#[test]
+fn dit_module_names_map_to_checkpoint_rows() {
+    let table: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture("dit_diffusers_names.json")).unwrap()).unwrap();
+    for family in ["flux", "sd3"] {
+        let t = &table[family];
+        let keys: std::collections::BTreeMap<String, Vec<usize>> = serde_json::from_value(t["keys"].clone()).unwrap();
+        let map = t["map"].as_object().unwrap();
+        assert!(map.len() > 40, "{family}");
+        for prefix in ["", "model.diffusion_model."] {
+            let names: Vec<String> = keys.keys().map(|k| format!("{prefix}{k}")).collect();
+            let km = lora::KeyMap::new(names.iter().map(|s| s.as_str()), |n| keys[n.strip_prefix(prefix).unwrap()][0]);
+            for (module, target) in map {
+                let want = lora::Target {
+                    weight: format!("{prefix}{}", target[0].as_str().unwrap()),
+                    rows: target[1].as_array().map(|r| (r[0].as_u64().unwrap() as usize, r[1].as_u64().unwrap() as usize)),
+                };
+                for key in [format!("transformer.{module}"), module.clone(), format!("lora_transformer_{}", module.replace('.', "_"))] {
+                    assert_eq!(km.get(&key), Some(&want), "{family} {prefix}: {key}");
+                }
+            }
+            for k in keys.keys().filter_map(|k| k.strip_suffix(".weight")) {
+                let want = lora::Target { weight: format!("{prefix}{k}.weight"), rows: None };
+                for key in [format!("lora_unet_{}", k.replace('.', "_")), format!("diffusion_model.{k}")] {
+                    assert_eq!(km.get(&key), Some(&want), "{family} {prefix}: {key}");
+                }
+            }
+        }
+    }
+}

@@ -524,3 +524,44 @@ fn a_panicking_loader_is_an_error_not_a_hang() {
     assert!(h.pin().is_err());
     assert_eq!(m.stats().load_failures, 2);
 }
+
+/// An entry derived from another (a LoRA overlay): its loader holds the base's handle and its
+/// payload the base's pin. Letting the derived entry go (its last handle dropped, or
+/// evicted) drops those, which re-enter the manager; that must not deadlock.
+#[test]
+fn dropping_a_derived_entry_releases_its_base() {
+    let f = Files::new();
+    let m = ResidencyManager::new();
+    let (base, _) = request(&m, f.key("a.safetensors", ""), "base", 100);
+    struct Derived {
+        base: WeightHandle<Blob>,
+    }
+    struct Overlay {
+        _pin: sdflow_core::residency::PinGuard<Blob>,
+    }
+    impl Resident for Overlay {
+        fn footprint(&self) -> Footprint {
+            Footprint { anonymous: 10, mapped: 0 }
+        }
+    }
+    impl Load for Derived {
+        type Output = Overlay;
+        fn estimate(&self) -> Option<u64> {
+            None
+        }
+        fn load(&self) -> Result<Overlay, sdflow_core::residency::BoxError> {
+            Ok(Overlay { _pin: self.base.pin()? })
+        }
+    }
+    let derived = m.get_or_load(f.key("b.safetensors", ""), Derived { base: base.clone() }).unwrap();
+    drop(derived.pin().unwrap());
+    // Evicting the overlay drops its pin of the base, under the manager's watch.
+    assert!(m.release_unreferenced() == 0, "both are still referenced");
+    drop(derived);
+    m.release_unreferenced();
+    // The base is still usable, and goes too once its handle does.
+    drop(base.pin().unwrap());
+    drop(base);
+    m.release_unreferenced();
+    assert_eq!(m.stats().models.len(), 0);
+}

@@ -53,6 +53,10 @@ pub fn lora_handle_with(rt: &Runtime, base: &WeightHandle<Weights>, path: &Path,
             let pinned = base.pin()?;
             let file = read(&canonical)?;
             let (merged, report) = lora::apply(pinned, &file, side, strength, mode)?;
+            // Not one module landing is a LoRA made for another model (family).
+            if report.applied == 0 && !report.skipped.is_empty() {
+                return Err(format!("{}: none of its {} modules for this side names a weight of this model (a LoRA for another model family?); first: {}", canonical.display(), report.skipped.len(), report.skipped[0]).into());
+            }
             tracing::info!(lora = %canonical.display(), ?side, strength, mode = report.mode.name(), modules = report.applied, at_runtime = report.at_runtime, weights = report.patched_weights, skipped = report.skipped.len(), unknown_tensors = report.unknown.len(), "LoRA applied");
             Ok(merged)
         })
@@ -134,9 +138,6 @@ impl Node for LoraLoader {
         drop(src);
         let mode = apply_mode(inputs)?;
         let mut model = inputs.downcast::<ModelRef>("model")?.clone();
-        if model.flow.is_some() {
-            return Err(NodeError::msg(format!("{}: LoRAs for {} models are not supported yet (SD1.x, SD2.x and SDXL ones are)", path.display(), model.family)));
-        }
         let sm = strength(inputs, "strength_model")?;
         // Strength 0 is the input itself (as in ComfyUI): no entry, no merge.
         if sm != 0.0 {

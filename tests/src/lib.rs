@@ -409,6 +409,11 @@ pub fn write_flux_models(root: &Path) {
     }
     let chroma = FluxSynth::tiny_chroma();
     write("diffusion_models", "Chroma1-HD-fp8mixed.safetensors", &chroma.tensors(), serde_json::to_string(&chroma).unwrap(), 29);
+    let loras = models.join("loras");
+    std::fs::create_dir_all(&loras).unwrap();
+    if !loras.join("flux_kohya.safetensors").exists() {
+        write_flux_lora(&loras.join("flux_kohya.safetensors"), "kohya");
+    }
     let fill = FluxSynth::tiny_fill();
     write("diffusion_models", "flux1-fill-dev.safetensors", &fill.tensors(), serde_json::to_string(&fill).unwrap(), 28);
     let t5 = T5Synth::tiny();
@@ -427,4 +432,45 @@ pub fn write_flux_models(root: &Path) {
     ]
     .concat();
     write("checkpoints", "flux1-schnell-fp8.safetensors", &all, "all-in-one tiny FLUX.1 schnell".into(), 26);
+}
+
+/// A rank-2 LoRA on the tiny FLUX dev's double block's image q/k/v and single block's
+/// `linear1`, written in one of the namings trainers use: kohya (fused, `lora_unet_…`),
+/// diffusers/PEFT (`transformer.…`, one module per q, k, v and the MLP part, as ai-toolkit
+/// writes), or ComfyUI's (`diffusion_model.…`). Every naming carries the same products.
+pub fn write_flux_lora(path: &std::path::Path, naming: &str) {
+    use sdflow_core::synth::dit::FluxSynth;
+    let f = FluxSynth::tiny(true);
+    let (d, r) = (f.hidden, 2usize);
+    let rows1 = 3 * d + f.hidden * f.mlp_ratio;
+    let vals = |n: usize, seed: usize| -> Vec<f32> { (0..n).map(|i| (((i * 7919 + seed * 104729) % 1000) as f32 / 1000.0 - 0.5) * 0.2).collect() };
+    let (down_qkv, up_qkv, down_1, up_1) = (vals(r * d, 1), vals(3 * d * r, 2), vals(r * d, 3), vals(rows1 * r, 4));
+    let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
+    let mut module = |name: String, down: &[f32], up: &[f32], out: usize, peft: bool| {
+        let (dn, un) = if peft { ("lora_A.weight", "lora_B.weight") } else { ("lora_down.weight", "lora_up.weight") };
+        tensors.push((format!("{name}.{dn}"), vec![r, d], down.to_vec()));
+        tensors.push((format!("{name}.{un}"), vec![out, r], up.to_vec()));
+        if !peft {
+            tensors.push((format!("{name}.alpha"), vec![], vec![r as f32]));
+        }
+    };
+    match naming {
+        "kohya" => {
+            module("lora_unet_double_blocks_0_img_attn_qkv".into(), &down_qkv, &up_qkv, 3 * d, false);
+            module("lora_unet_single_blocks_0_linear1".into(), &down_1, &up_1, rows1, false);
+        }
+        "comfyui" => {
+            module("diffusion_model.double_blocks.0.img_attn.qkv".into(), &down_qkv, &up_qkv, 3 * d, true);
+            module("diffusion_model.single_blocks.0.linear1".into(), &down_1, &up_1, rows1, true);
+        }
+        _ => {
+            for (i, n) in ["to_q", "to_k", "to_v"].iter().enumerate() {
+                module(format!("transformer.transformer_blocks.0.attn.{n}"), &down_qkv, &up_qkv[i * d * r..(i + 1) * d * r], d, true);
+                module(format!("transformer.single_transformer_blocks.0.attn.{n}"), &down_1, &up_1[i * d * r..(i + 1) * d * r], d, true);
+            }
+            module("transformer.single_transformer_blocks.0.proj_mlp".into(), &down_1, &up_1[3 * d * r..], rows1 - 3 * d, true);
+        }
+    }
+    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors.into_iter().map(|(n, s, v)| (n, s, v.iter().flat_map(|x| x.to_le_bytes()).collect())).collect();
+    sdflow_core::io::safetensors::write(path, bytes.iter().map(|(n, s, b)| (n.as_str(), DType::F32, s.clone(), b.as_slice())), &Default::default()).unwrap();
 }

@@ -286,3 +286,46 @@ fn fill_repaints_inside_the_mask_only() {
     let inpaint_latent = env.run_latent(&dev_plain, "10");
     assert_eq!(with_concat.samples, inpaint_latent.samples);
 }
+
+#[test]
+fn flux_loras_in_every_naming_patch_the_same_weights() {
+    let env = env();
+    let loras = env.dir.path().join("models/loras");
+    std::fs::create_dir_all(&loras).unwrap();
+    for naming in ["diffusers", "comfyui"] {
+        sdflow_tests::write_flux_lora(&loras.join(format!("flux_{naming}.safetensors")), naming);
+    }
+    // An SD1 LoRA: nothing in it is FLUX's.
+    let ckpt = sdflow_core::io::open(&env.dir.path().join("models/checkpoints/model.safetensors")).unwrap();
+    sdflow_core::lora::synth::write_random_lora(ckpt.as_ref(), &loras.join("sd1.safetensors"), 2, 0.1, 1, sdflow_core::synth::Format::Safetensors).unwrap();
+    let env = TestEnv::with_dir(env.dir, |rt| rt);
+    let wf = env.workflow("flux_lora.json", 48, 2);
+    let plain = {
+        let mut w = wf.clone();
+        let model = sdflow_tests::node_of(&wf, "UNETLoader");
+        let sampler = sdflow_tests::node_of(&wf, "KSampler");
+        w.set_input(&sampler, "model", link(&model, 0)).unwrap();
+        env.run_saved_hash(&w, "10")
+    };
+    let lora = sdflow_tests::node_of(&wf, "LoraLoaderModelOnly");
+    let with = |name: &str, extra: &[(&str, serde_json::Value)]| {
+        let mut w = with_input(&wf, &lora, "lora_name", serde_json::json!(name));
+        for (k, v) in extra {
+            w = with_input(&w, &lora, k, v.clone());
+        }
+        env.run_saved_hash(&w, "10")
+    };
+    let kohya = with("flux_kohya.safetensors", &[]);
+    assert_ne!(kohya, plain, "the LoRA changes the image");
+    assert_eq!(with("flux_diffusers.safetensors", &[]), kohya, "diffusers' split q/k/v patch the same rows");
+    assert_eq!(with("flux_comfyui.safetensors", &[]), kohya);
+    assert_eq!(with("flux_kohya.safetensors", &[("strength_model", serde_json::json!(0.0))]), plain);
+    // Merged into the weights or added at run time: the same image (up to rounding).
+    let merged = with("flux_kohya.safetensors", &[("apply_mode", serde_json::json!("immediately"))]);
+    let runtime = with("flux_kohya.safetensors", &[("apply_mode", serde_json::json!("at_runtime"))]);
+    assert_ne!(merged, plain);
+    assert_ne!(runtime, plain);
+    // A LoRA for another family is a named error.
+    let e = env.run_err(&with_input(&wf, &lora, "lora_name", serde_json::json!("sd1.safetensors")));
+    assert!(e.contains("sd1.safetensors") && e.contains("another model family"), "{e}");
+}

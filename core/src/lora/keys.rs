@@ -4,7 +4,11 @@
 //! from the model's own weight names: each LDM checkpoint key yields every spelling a
 //! trainer may have used for it — kohya's `lora_unet_` / `lora_te_` names over LDM or
 //! diffusers module paths, diffusers/PEFT dotted paths (`unet.…`, `text_encoder.…`), and
-//! the plain checkpoint path.
+//! the plain checkpoint path. The DiT families (FLUX, Chroma, SD3) take ComfyUI's
+//! spellings too: kohya's `lora_unet_double_blocks_0_img_attn_qkv`, diffusers/PEFT
+//! `transformer.transformer_blocks.0.attn.to_q` (one third of a fused q/k/v each; what
+//! ai-toolkit and diffusers write), SimpleTuner's `lora_transformer_…`, and
+//! `diffusion_model.…`, with or without the checkpoint's `model.diffusion_model.`.
 
 use std::collections::{HashMap, HashSet};
 
@@ -34,7 +38,19 @@ impl KeyMap {
         let set: HashSet<&str> = names.iter().copied().collect();
         let mut km = KeyMap::default();
         let nrb = unet_res_blocks(&set);
+        // The DiTs' width, which splits their fused projections.
+        let hidden = names.iter().find(|n| n.strip_prefix(UNET).unwrap_or(n) == "img_in.weight" || n.strip_prefix(UNET).unwrap_or(n) == "x_embedder.proj.weight").map(|n| rows(n));
         for &name in &names {
+            if let (Some(d), Some(base)) = (hidden, name.strip_suffix(".weight")) {
+                let k = base.strip_prefix(UNET).unwrap_or(base);
+                if is_dit_module(k) {
+                    km.add_dit(k, name, d, rows(name));
+                    if base.starts_with(UNET) {
+                        km.add(base, Target { weight: name.to_string(), rows: None });
+                    }
+                    continue;
+                }
+            }
             let Some(base) = name.strip_suffix(".weight") else {
                 if let Some(b) = name.strip_suffix(".in_proj_weight") {
                     km.open_clip_qkv(name, b, rows(name));
@@ -94,6 +110,22 @@ impl KeyMap {
         self.map.entry(key.to_string()).or_insert(t);
     }
 
+    /// A DiT module at checkpoint path `k` (weight `name`, `rows` long, the model `d`
+    /// wide) under every spelling ComfyUI reads.
+    fn add_dit(&mut self, k: &str, name: &str, d: usize, rows: usize) {
+        let whole = Target { weight: name.to_string(), rows: None };
+        for key in [k.to_string(), format!("diffusion_model.{k}"), format!("lora_unet_{}", k.replace('.', "_"))] {
+            self.add(&key, whole.clone());
+        }
+        for (path, part) in dit_diffusers(k, d, rows) {
+            let t = Target { weight: name.to_string(), rows: part };
+            for p in ["transformer.", "", "base_model.model."] {
+                self.add(&format!("{p}{path}"), t.clone());
+            }
+            self.add(&format!("lora_transformer_{}", path.replace('.', "_")), t);
+        }
+    }
+
     /// A text-encoder module at `k` (Hugging Face path below `text_model.`); `second`:
     /// it belongs to SDXL's second encoder (OpenCLIP-G), which trainers call `te2` /
     /// `text_encoder_2`.
@@ -124,6 +156,96 @@ impl KeyMap {
             let t = Target { weight: name.to_string(), rows: Some((i * d, d)) };
             self.add_te(&format!("encoder.layers.{layer}.self_attn.{p}"), t, second_encoder(name));
         }
+    }
+}
+
+/// Whether a checkpoint path (without `model.diffusion_model.`) is a FLUX / Chroma / SD3
+/// module.
+fn is_dit_module(k: &str) -> bool {
+    const ROOTS: [&str; 16] = [
+        "double_blocks.", "single_blocks.", "joint_blocks.", "img_in", "txt_in", "time_in.", "vector_in.", "guidance_in.", "final_layer.",
+        "distilled_guidance_layer.", "x_embedder.", "context_embedder", "t_embedder.", "y_embedder.", "pos_embed", "context_refiner",
+    ];
+    ROOTS.iter().any(|r| k.starts_with(r))
+}
+
+/// The diffusers module paths (below `transformer.`) of a FLUX / Chroma / SD3 checkpoint
+/// module `k`, `rows` long in a model `d` wide, each with the rows it covers of the
+/// checkpoint's (fused q/k/v and FLUX's `linear1` split; diffusers' `norm_out` and SD3's
+/// last `norm1_context`, whose halves swap, have no row range and are left out).
+fn dit_diffusers(k: &str, d: usize, rows: usize) -> Vec<(String, Option<(usize, usize)>)> {
+    let one = |p: String| vec![(p, None)];
+    let qkv = |p: &str, names: [&str; 3]| -> Vec<(String, Option<(usize, usize)>)> {
+        if rows != 3 * d {
+            return Vec::new();
+        }
+        names.iter().enumerate().map(|(i, n)| (format!("{p}{n}"), Some((i * d, d)))).collect()
+    };
+    let (block, rest) = match k.split_once('.').and_then(|(b, r)| r.split_once('.').map(|(i, m)| (b, i, m))) {
+        Some((b, i, m)) if i.parse::<usize>().is_ok() => ((b, i), m),
+        _ => (("", ""), k),
+    };
+    match block {
+        ("double_blocks", i) => {
+            let p = format!("transformer_blocks.{i}.");
+            match rest {
+                "img_attn.qkv" => qkv(&p, ["attn.to_q", "attn.to_k", "attn.to_v"]),
+                "txt_attn.qkv" => qkv(&p, ["attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"]),
+                "img_attn.proj" => one(format!("{p}attn.to_out.0")),
+                "txt_attn.proj" => one(format!("{p}attn.to_add_out")),
+                "img_mlp.0" => one(format!("{p}ff.net.0.proj")),
+                "img_mlp.2" => one(format!("{p}ff.net.2")),
+                "txt_mlp.0" => one(format!("{p}ff_context.net.0.proj")),
+                "txt_mlp.2" => one(format!("{p}ff_context.net.2")),
+                "img_mod.lin" => one(format!("{p}norm1.linear")),
+                "txt_mod.lin" => one(format!("{p}norm1_context.linear")),
+                _ => Vec::new(),
+            }
+        }
+        ("single_blocks", i) => {
+            let p = format!("single_transformer_blocks.{i}.");
+            match rest {
+                "linear1" if rows > 3 * d => {
+                    let mut v: Vec<_> = ["attn.to_q", "attn.to_k", "attn.to_v"].iter().enumerate().map(|(j, n)| (format!("{p}{n}"), Some((j * d, d)))).collect();
+                    v.push((format!("{p}proj_mlp"), Some((3 * d, rows - 3 * d))));
+                    v
+                }
+                "linear2" => one(format!("{p}proj_out")),
+                "modulation.lin" => one(format!("{p}norm.linear")),
+                _ => Vec::new(),
+            }
+        }
+        ("joint_blocks", i) => {
+            let p = format!("transformer_blocks.{i}.");
+            match rest {
+                "x_block.attn.qkv" => qkv(&p, ["attn.to_q", "attn.to_k", "attn.to_v"]),
+                "x_block.attn2.qkv" => qkv(&p, ["attn2.to_q", "attn2.to_k", "attn2.to_v"]),
+                "context_block.attn.qkv" => qkv(&p, ["attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"]),
+                "x_block.attn.proj" => one(format!("{p}attn.to_out.0")),
+                "x_block.attn2.proj" => one(format!("{p}attn2.to_out.0")),
+                "context_block.attn.proj" => one(format!("{p}attn.to_add_out")),
+                "x_block.mlp.fc1" => one(format!("{p}ff.net.0.proj")),
+                "x_block.mlp.fc2" => one(format!("{p}ff.net.2")),
+                "context_block.mlp.fc1" => one(format!("{p}ff_context.net.0.proj")),
+                "context_block.mlp.fc2" => one(format!("{p}ff_context.net.2")),
+                "x_block.adaLN_modulation.1" => one(format!("{p}norm1.linear")),
+                "context_block.adaLN_modulation.1" if rows == 6 * d => one(format!("{p}norm1_context.linear")),
+                _ => Vec::new(),
+            }
+        }
+        _ => match k {
+            "img_in" => one("x_embedder".into()),
+            "txt_in" | "context_embedder" => one("context_embedder".into()),
+            "time_in.in_layer" | "t_embedder.mlp.0" => one("time_text_embed.timestep_embedder.linear_1".into()),
+            "time_in.out_layer" | "t_embedder.mlp.2" => one("time_text_embed.timestep_embedder.linear_2".into()),
+            "guidance_in.in_layer" => one("time_text_embed.guidance_embedder.linear_1".into()),
+            "guidance_in.out_layer" => one("time_text_embed.guidance_embedder.linear_2".into()),
+            "vector_in.in_layer" | "y_embedder.mlp.0" => one("time_text_embed.text_embedder.linear_1".into()),
+            "vector_in.out_layer" | "y_embedder.mlp.2" => one("time_text_embed.text_embedder.linear_2".into()),
+            "x_embedder.proj" => one("pos_embed.proj".into()),
+            "final_layer.linear" => one("proj_out".into()),
+            _ => Vec::new(),
+        },
     }
 }
 

@@ -42,7 +42,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use serde::{Deserialize, Serialize};
 
 use crate::io::WeightType;
@@ -319,6 +319,42 @@ struct State {
     loads: u64,
     evictions: u64,
     load_failures: u64,
+    /// Payloads and entries let go of under the lock, dropped once it is released
+    /// ([`Locked`]): dropping them may drop handles and pins of other entries (a LoRA
+    /// overlay pins its base; its loader holds the base's handle), which lock again.
+    dead: Vec<Box<dyn std::any::Any + Send>>,
+}
+
+/// The state's lock guard; on release, whatever the state let go of is dropped after the
+/// lock is free.
+struct Locked<'a>(Option<MutexGuard<'a, State>>);
+
+impl<'a> Locked<'a> {
+    /// The guard itself, for waiting on the condition variable.
+    fn guard(&mut self) -> &mut MutexGuard<'a, State> {
+        self.0.as_mut().expect("held until dropped")
+    }
+}
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        self.0.as_ref().expect("held until dropped")
+    }
+}
+
+impl std::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        self.0.as_mut().expect("held until dropped")
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        let dead = self.0.as_mut().map(|g| std::mem::take(&mut g.dead));
+        self.0 = None;
+        drop(dead);
+    }
 }
 
 impl State {
@@ -377,11 +413,13 @@ impl State {
             return 0;
         }
         let freed = e.footprint().total();
-        e.slot = Slot::Empty;
+        let payload = std::mem::replace(&mut e.slot, Slot::Empty);
         e.evictions += 1;
         self.evictions += 1;
         tracing::debug!(key = %e.key, bytes = freed, "evicted");
-        if e.handles == 0 {
+        let forget = e.handles == 0;
+        self.dead.push(Box::new(payload));
+        if forget {
             self.forget(id);
         }
         freed
@@ -390,6 +428,7 @@ impl State {
     fn forget(&mut self, id: u64) {
         if let Some(e) = self.entries.remove(&id) {
             self.by_key.remove(&e.key);
+            self.dead.push(Box::new(e));
         }
     }
 }
@@ -418,6 +457,10 @@ impl fmt::Debug for ResidencyManager {
 }
 
 impl ResidencyManager {
+    fn lock(&self) -> Locked<'_> {
+        Locked(Some(self.shared.state.lock()))
+    }
+
     /// A manager with no budgets (every device unlimited).
     pub fn new() -> Self {
         ResidencyManager {
@@ -430,7 +473,7 @@ impl ResidencyManager {
     /// entries are never evicted, so a lowered budget may stay exceeded until they are unpinned
     /// (the next load on that device then fails until room is made).
     pub fn set_budget(&self, device: Device, bytes: Option<u64>) -> bool {
-        let mut st = self.shared.state.lock();
+        let mut st = self.lock();
         match bytes {
             Some(b) => {
                 st.budgets.insert(device, b);
@@ -444,7 +487,7 @@ impl ResidencyManager {
     }
 
     pub fn budget(&self, device: Device) -> Option<u64> {
-        self.shared.state.lock().budgets.get(&device).copied()
+        self.lock().budgets.get(&device).copied()
     }
 
     /// Registers a request for the weights under `key`, with the loader that produces them.
@@ -458,7 +501,7 @@ impl ResidencyManager {
         loader: L,
     ) -> Result<WeightHandle<L::Output>, ResidencyError> {
         let type_name = std::any::type_name::<L::Output>();
-        let mut st = self.shared.state.lock();
+        let mut st = self.lock();
         st.requests += 1;
         let id = if let Some(&id) = st.by_key.get(&key) {
             let e = st.entries.get_mut(&id).expect("by_key and entries agree");
@@ -507,7 +550,7 @@ impl ResidencyManager {
 
     /// Drops cached payloads that no handle refers to any more; returns the bytes freed.
     pub fn release_unreferenced(&self) -> u64 {
-        let mut st = self.shared.state.lock();
+        let mut st = self.lock();
         let ids: Vec<u64> = st
             .entries
             .iter()
@@ -524,7 +567,7 @@ impl ResidencyManager {
 
     /// A snapshot of what is resident and how the cache has behaved.
     pub fn stats(&self) -> ResidencyStats {
-        let st = self.shared.state.lock();
+        let st = self.lock();
         let mut models: Vec<ModelStats> = st
             .entries
             .values()
@@ -587,7 +630,7 @@ impl ResidencyManager {
     }
 
     fn pin(&self, id: u64, key: &WeightKey) -> Result<(Payload, Arc<PinToken>), ResidencyError> {
-        let mut st = self.shared.state.lock();
+        let mut st = self.lock();
         // The waiters' loop: either the payload is there (hit), a load is running (wait for
         // it), or this caller becomes the one loader.
         let mut waited_for: Option<u64> = None;
@@ -619,7 +662,7 @@ impl ResidencyManager {
             match loading {
                 Some(g) => {
                     waited_for = Some(g);
-                    self.shared.loaded.wait(&mut st);
+                    self.shared.loaded.wait(st.guard());
                 }
                 None => break,
             }
@@ -648,7 +691,7 @@ impl ResidencyManager {
         };
         let estimate = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| loader.estimate())).ok().flatten();
         if let Some(estimate) = estimate {
-            let mut st = self.shared.state.lock();
+            let mut st = self.lock();
             if !st.make_room(device, estimate) {
                 let err = self.over_budget(&st, key, estimate);
                 self.fail_load(&mut st, id, generation, &err);
@@ -660,7 +703,7 @@ impl ResidencyManager {
         let result = guarded(&|| loader.load());
         let took = started.elapsed();
 
-        let mut st = self.shared.state.lock();
+        let mut st = self.lock();
         let (payload, footprint) = match result {
             Ok(x) => x,
             Err(source) => {
@@ -717,7 +760,7 @@ impl ResidencyManager {
     }
 
     fn unpin(&self, id: u64) {
-        let mut st = self.shared.state.lock();
+        let mut st = self.lock();
         let now = st.tick();
         if let Some(e) = st.entries.get_mut(&id) {
             e.pins -= 1;
@@ -727,13 +770,13 @@ impl ResidencyManager {
     }
 
     fn add_handle(&self, id: u64) {
-        if let Some(e) = self.shared.state.lock().entries.get_mut(&id) {
+        if let Some(e) = self.lock().entries.get_mut(&id) {
             e.handles += 1;
         }
     }
 
     fn drop_handle(&self, id: u64) {
-        let mut st = self.shared.state.lock();
+        let mut st = self.lock();
         let Some(e) = st.entries.get_mut(&id) else { return };
         e.handles -= 1;
         if e.handles == 0 && e.pins == 0 && matches!(e.slot, Slot::Empty) {
@@ -810,7 +853,7 @@ impl<T: Resident> WeightHandle<T> {
 
     /// Whether the payload is resident right now (without loading or touching LRU order).
     pub fn is_resident(&self) -> bool {
-        let st = self.manager.shared.state.lock();
+        let st = self.manager.lock();
         st.entries.get(&self.id).is_some_and(|e| matches!(e.slot, Slot::Loaded { .. }))
     }
 }
