@@ -209,7 +209,20 @@ fn kontext_references_match_comfyuis_layout_through_diffusers() {
         })
         .collect();
     let ids: Vec<Vec<f32>> = serde_json::from_value(k["ids"].clone()).unwrap();
-    assert_eq!(reference_tokens(&refs, 0).unwrap().1, ids, "ComfyUI's offset ids");
+    assert_eq!(reference_tokens(&refs, Default::default(), (h / 2, wd / 2), 0).unwrap().1, ids, "ComfyUI's offset ids");
+    // ComfyUI's other methods (comfy/ldm/flux/model.py): `index` numbers the references at
+    // the origin; `uxo` puts each at index 0 past the image (4×6 patches here) and the
+    // references before it, diagonally, its offsets in latent pixels halved rounding up.
+    let grid = |index: f32, rows: usize, cols: usize, dr: usize, dc: usize| -> Vec<Vec<f32>> {
+        (0..rows).flat_map(|y| (0..cols).map(move |x| vec![index, (y + dr) as f32, (x + dc) as f32])).collect()
+    };
+    use sdflow_core::models::conditioning::ReferenceMethod;
+    let (r0, r1) = ((refs[0].height / 2, refs[0].width / 2), (refs[1].height / 2, refs[1].width / 2));
+    let index = [grid(1.0, r0.0, r0.1, 0, 0), grid(2.0, r1.0, r1.1, 0, 0)].concat();
+    assert_eq!(reference_tokens(&refs, ReferenceMethod::Index, (h / 2, wd / 2), 0).unwrap().1, index);
+    let (ph, pw) = (h / 2, wd / 2);
+    let uxo = [grid(0.0, r0.0, r0.1, ph, pw), grid(0.0, r1.0, r1.1, (ph * 2 + refs[0].height).div_ceil(2), (pw * 2 + refs[0].width).div_ceil(2))].concat();
+    assert_eq!(reference_tokens(&refs, ReferenceMethod::Uxo, (h / 2, wd / 2), 0).unwrap().1, uxo);
 
     let (w, cfg) = tiny("dev");
     let backend = Backend::cpu(2).unwrap();

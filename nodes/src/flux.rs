@@ -1,13 +1,14 @@
 //! FLUX.1's conditioning: CLIP-L's pooled vector beside T5-XXL's tokens, ComfyUI's
-//! CLIPTextEncodeFlux and FluxGuidance, and Kontext's ReferenceLatent and
-//! FluxKontextImageScale (its `comfy_extras/nodes_flux.py`, `nodes_edit_model.py`).
+//! CLIPTextEncodeFlux and FluxGuidance, and Kontext's ReferenceLatent,
+//! FluxKontextImageScale and FluxKontextMultiReferenceLatentMethod (its
+//! `comfy_extras/nodes_flux.py`, `nodes_edit_model.py`).
 
 use crate::runtime::Runtime;
 use crate::values::{ClipRef, CondEntry, CondList, Image, Latent};
 use crate::err;
 use sdflow_core::models::clip::{ClipTextConfig, ClipTextModel};
 use sdflow_core::models::sd::{encode_prompt_with, Pooled};
-use sdflow_core::models::conditioning::{Conditioning, ReferenceLatent};
+use sdflow_core::models::conditioning::{Conditioning, ReferenceLatent, ReferenceMethod};
 use sdflow_core::models::t5::{T5Config, T5Encoder};
 use sdflow_core::text::{tokenize_weighted, ChunkOptions, ClipTokenizer, PadToken};
 use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Lane, Node, NodeError, NodeSchema, Outputs, Registry, Value};
@@ -18,6 +19,7 @@ pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
     registry.register(Arc::new(FluxGuidance));
     registry.register(Arc::new(ReferenceLatentNode));
     registry.register(Arc::new(FluxKontextImageScale));
+    registry.register(Arc::new(FluxKontextMultiReferenceLatentMethod));
 }
 
 /// ComfyUI's T5 `min_length` for FLUX: shorter prompts are padded to 256 tokens.
@@ -216,5 +218,34 @@ mod tests {
         assert_eq!(FluxKontextImageScale::target(1920, 1080), (1392, 752));
         assert_eq!(FluxKontextImageScale::target(1080, 1920), (752, 1392));
         assert_eq!(FluxKontextImageScale::target(100, 1000), (672, 1568));
+    }
+}
+
+/// ComfyUI's "FluxKontextMultiReferenceLatentMethod": how the entries' reference latents are
+/// placed in the position ids (offset, the default; index; uxo/uno).
+struct FluxKontextMultiReferenceLatentMethod;
+
+impl Node for FluxKontextMultiReferenceLatentMethod {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("FluxKontextMultiReferenceLatentMethod")
+            .display_name("Edit Model Reference Method")
+            .category("advanced/conditioning/flux")
+            .description("Sets where reference latents sit in the model's positions: offset (beside each other, Kontext's default), index (one index each, overlapping), uxo/uno (past the image, diagonally).")
+            .input(InputSpec::link("conditioning", IoType::CONDITIONING))
+            .input(InputSpec::combo("reference_latents_method", ["offset", "index", "uxo/uno"]))
+            .output("CONDITIONING", IoType::CONDITIONING)
+    }
+
+    fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let method = match inputs.string("reference_latents_method")? {
+            "offset" => ReferenceMethod::Offset,
+            "index" => ReferenceMethod::Index,
+            // ComfyUI reads any spelling with uxo or uso as uxo.
+            m if m.contains("uxo") || m.contains("uso") => ReferenceMethod::Uxo,
+            other => return Err(NodeError::msg(format!("reference_latents_method `{other}` is not one of offset, index, uxo/uno"))),
+        };
+        let list = inputs.downcast::<CondList>("conditioning")?;
+        let out = CondList(list.0.iter().map(|e| e.with_cond(Conditioning { reference_method: method, ..(*e.cond).clone() })).collect());
+        Ok(Outputs::new(vec![Value::new(IoType::CONDITIONING, out)]))
     }
 }

@@ -17,7 +17,8 @@
 //!   DisableNoise, CFGGuider, BasicGuider
 //! - [`model_sampling`]: ModelSamplingDiscrete, ModelSamplingContinuousEDM, ModelSamplingFlux,
 //!   ModelSamplingSD3, ModelSamplingAuraFlow
-//! - [`flux`]: CLIPTextEncodeFlux, FluxGuidance, ReferenceLatent, FluxKontextImageScale
+//! - [`flux`]: CLIPTextEncodeFlux, FluxGuidance, ReferenceLatent, FluxKontextImageScale,
+//!   FluxKontextMultiReferenceLatentMethod
 //! - [`sd3`]: TripleCLIPLoader, CLIPTextEncodeSD3, SkipLayerGuidanceSD3
 //! - [`chroma`]: T5TokenizerOptions (and Chroma's T5-only conditioning)
 //! - [`image`]: LoadImage, LoadImageMask, ImageScale, VAEDecode, VAEEncode, VAEEncodeForInpaint,

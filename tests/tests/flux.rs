@@ -219,6 +219,18 @@ fn kontext_edits_at_kontexts_resolution_and_the_reference_matters() {
     let mut plain = wf.clone();
     plain.set_input("9", "conditioning", link("7", 0)).unwrap();
     assert_ne!(env.run_saved(&plain, "13").2, px);
+    // FluxKontextMultiReferenceLatentMethod: `offset` is the default placement, `index`
+    // another (one reference: index 1 either way, but it sits at the origin either way too,
+    // so only `uxo`, which moves it past the image, changes the image).
+    let method = |m: &str| {
+        let mut w = wf.clone();
+        w.nodes.insert("20".into(), sdflow_executor::NodeSpec::new("FluxKontextMultiReferenceLatentMethod").with_input("conditioning", link("9", 0)).with_input("reference_latents_method", sdflow_executor::InputValue::Const(serde_json::json!(m))));
+        w.set_input("11", "positive", link("20", 0)).unwrap();
+        env.run_saved(&w, "13").2
+    };
+    assert_eq!(method("offset"), px);
+    assert_eq!(method("index"), px);
+    assert_ne!(method("uxo/uno"), px);
 }
 
 #[test]

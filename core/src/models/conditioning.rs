@@ -38,6 +38,21 @@ pub struct Conditioning {
     /// Latents the model sees beside the one it denoises (ComfyUI's `reference_latents`:
     /// FLUX.1 Kontext's input images), VAE space, in the order given.
     pub references: Vec<std::sync::Arc<ReferenceLatent>>,
+    /// Where the references sit in the model's position ids (ComfyUI's
+    /// `reference_latents_method`, FluxKontextMultiReferenceLatentMethod).
+    pub reference_method: ReferenceMethod,
+}
+
+/// ComfyUI's placements of reference latents in FLUX's position ids.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ReferenceMethod {
+    /// Index 1, each reference below or right of those before it (Kontext's default).
+    #[default]
+    Offset,
+    /// Index 1, 2, … per reference, no spatial offset.
+    Index,
+    /// Index 0, each reference diagonally past the image and those before it (UXO/UNO).
+    Uxo,
 }
 
 /// One reference latent: the first sample of a VAE-space latent, planar [C][H][W].
@@ -81,7 +96,7 @@ impl Conditioning {
         if dim < 1 || tokens < 1 || data.len() as i64 != dim * tokens {
             return Err(ModelError::Input(format!("conditioning of {} values is not {tokens} tokens × {dim}", data.len())));
         }
-        Ok(Conditioning { data, dim, tokens, pooled: None, size: SizeCond::default(), guidance: None, references: Vec::new() })
+        Ok(Conditioning { data, dim, tokens, pooled: None, size: SizeCond::default(), guidance: None, references: Vec::new(), reference_method: ReferenceMethod::Offset })
     }
 
     /// The ADM vector `y` of `width` values for an image of `image_w`×`image_h` pixels:

@@ -6,7 +6,7 @@ use super::{Flux, FluxInputs};
 use crate::models::chroma::{Chroma, ChromaInputs};
 use crate::ggml::{Backend, Context, GraphAllocator, GraphRun};
 use crate::models::dit::{crop, image_ids, pad_to_patches, patchify, unpatchify};
-use crate::models::conditioning::{Conditioning, LatentShape, ReferenceLatent};
+use crate::models::conditioning::{Conditioning, LatentShape, ReferenceLatent, ReferenceMethod};
 use crate::models::{ModelError, Result};
 
 /// ComfyUI's guidance when no FluxGuidance set one (`model_base.Flux`), as sd-cli's
@@ -120,7 +120,7 @@ impl<'w> FluxDenoiser<'w> {
         // Items share a graph when their texts and reference latents have the same lengths.
         // Chroma's guidance feeds the modulation of the whole graph: one value per graph.
         let chroma = matches!(self.model, Net::Chroma(_));
-        let key = |it: &FluxItem<'_>| (it.cond.tokens, it.cond.references.iter().map(|r| (r.height, r.width)).collect::<Vec<_>>(), if chroma { it.cond.guidance.map(f32::to_bits) } else { None });
+        let key = |it: &FluxItem<'_>| (it.cond.tokens, it.cond.references.iter().map(|r| (r.height, r.width)).collect::<Vec<_>>(), it.cond.reference_method, if chroma { it.cond.guidance.map(f32::to_bits) } else { None });
         if extra > 0 && items.iter().any(|it| !it.cond.references.is_empty()) {
             return Err(ModelError::Input("reference latents (Kontext) on a FLUX.1 Fill model".into()));
         }
@@ -147,8 +147,9 @@ impl<'w> FluxDenoiser<'w> {
         let l = (h / 2) * (w / 2);
         // ComfyUI's Kontext: each reference latent (in model space, padded to even sizes)
         // appended to the image's tokens, with its own positions; the output keeps the image's.
-        let (_, ref_ids) = reference_tokens(&items[0].cond.references, 0)?;
-        let item_refs: Vec<Vec<f32>> = items.iter().map(|it| reference_tokens(&it.cond.references, ch).map(|r| r.0)).collect::<Result<_>>()?;
+        let (grid, method) = ((h / 2, w / 2), items[0].cond.reference_method);
+        let (_, ref_ids) = reference_tokens(&items[0].cond.references, method, grid, 0)?;
+        let item_refs: Vec<Vec<f32>> = items.iter().map(|it| reference_tokens(&it.cond.references, method, grid, ch).map(|r| r.0)).collect::<Result<_>>()?;
         let lr = ref_ids.len();
         let cin = c.in_channels as usize / 4;
         let mut img = Vec::with_capacity(b * cin * 4 * (l + lr));
@@ -246,19 +247,40 @@ pub const LATENT_SCALE: f32 = 0.3611;
 pub const LATENT_SHIFT: f32 = 0.1159;
 
 /// The tokens of `refs` (model space, 2×2 patches, one reference after another) and their
-/// position ids by ComfyUI's default `offset` method: index 1, each reference placed below
-/// or right of those before it, whichever keeps the covered area squarer. With `channels` 0
-/// only the ids are made (the tokens are empty).
-pub fn reference_tokens(refs: &[std::sync::Arc<ReferenceLatent>], channels: usize) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
+/// position ids as ComfyUI places them by `method` beside an image of `grid` (rows,
+/// columns) patches: `Offset` (the default) gives index 1 and puts each reference below or
+/// right of those before it, whichever keeps the covered area squarer; `Index` numbers
+/// them 1, 2, … at the origin; `Uxo` gives index 0 and moves each past the image and the
+/// references before it, diagonally. With `channels` 0 only the ids are made.
+pub fn reference_tokens(refs: &[std::sync::Arc<ReferenceLatent>], method: ReferenceMethod, grid: (usize, usize), channels: usize) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
     let (mut tokens, mut ids) = (Vec::new(), Vec::new());
     let (mut h, mut w) = (0usize, 0usize);
+    let mut index = 0.0f32;
     for r in refs {
-        let (h_off, w_off) = if r.height + h > r.width + w { (0, w) } else { (h, 0) };
-        h = h.max(r.height + h_off);
-        w = w.max(r.width + w_off);
+        // Offsets in latent pixels, then in patches as ComfyUI's `process_img` rounds them.
+        let (h_off, w_off) = match method {
+            ReferenceMethod::Index => {
+                index += 1.0;
+                (0, 0)
+            }
+            ReferenceMethod::Uxo => {
+                index = 0.0;
+                let o = (grid.0 * 2 + h, grid.1 * 2 + w);
+                h += r.height;
+                w += r.width;
+                o
+            }
+            ReferenceMethod::Offset => {
+                index = 1.0;
+                let o = if r.height + h > r.width + w { (0, w) } else { (h, 0) };
+                h = h.max(r.height + o.0);
+                w = w.max(r.width + o.1);
+                o
+            }
+        };
         let (rows, cols) = (r.height.div_ceil(2), r.width.div_ceil(2));
         let (dr, dc) = (h_off.div_ceil(2), w_off.div_ceil(2));
-        ids.extend(image_ids(rows, cols, 1.0).into_iter().map(|[i, y, x]| vec![i, y + dr as f32, x + dc as f32]));
+        ids.extend(image_ids(rows, cols, index).into_iter().map(|[i, y, x]| vec![i, y + dr as f32, x + dc as f32]));
         if channels > 0 {
             let (padded, _, _) = pad_to_patches(&r.data, [r.channels, r.height, r.width], 2);
             let scaled: Vec<f32> = padded.iter().map(|v| (v - LATENT_SHIFT) * LATENT_SCALE).collect();
