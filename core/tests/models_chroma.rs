@@ -50,7 +50,7 @@ fn forward(text_keys: Option<i64>) -> Vec<f32> {
     let img_ids: Vec<Vec<f32>> = image_ids(h / 2, wd / 2, 0.0).into_iter().map(|a| a.to_vec()).collect();
     let txt_ids = vec![vec![0.0; 3]; lt];
     let sigma = r["sigma"].as_f64().unwrap() as f32;
-    let out = model.forward(&ctx, &mut g, &ChromaInputs { img, img_ids: &img_ids, txt, txt_ids: &txt_ids, sigma, guidance: 0.0, text_keys }).unwrap();
+    let out = model.forward(&ctx, &mut g, &ChromaInputs { img, img_ids: &img_ids, txt, txt_ids: &txt_ids, sigma, guidance: 0.0, text_keys, skip: &Default::default() }).unwrap();
     g.compute(&Backend::cpu(2).unwrap(), &[out], 8192).unwrap().remove(0)
 }
 

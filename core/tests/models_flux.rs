@@ -43,7 +43,7 @@ fn run(w: &Weights, config: FluxConfig, guidance: bool) -> sdflow_core::models::
     let txt_ids = vec![vec![0.0; 3]; lt];
     let timesteps = floats(&r["sigma"]);
     let gvals = floats(&r["guidance"]);
-    let inputs = FluxInputs { img, img_ids: &img_ids, txt, txt_ids: &txt_ids, timesteps: &timesteps, guidance: guidance.then_some(gvals.as_slice()), y };
+    let inputs = FluxInputs { img, img_ids: &img_ids, txt, txt_ids: &txt_ids, timesteps: &timesteps, guidance: guidance.then_some(gvals.as_slice()), y, skip: &Default::default() };
     let out = model.forward(&ctx, &mut g, &inputs)?;
     assert_eq!(out.ne(), [(c * 4) as i64, l as i64, b as i64, 1]);
     Ok(g.compute(&backend, &[out], 8192)?.remove(0))

@@ -19,7 +19,7 @@
 //!   ModelSamplingSD3, ModelSamplingAuraFlow
 //! - [`flux`]: CLIPTextEncodeFlux, FluxGuidance, ReferenceLatent, FluxKontextImageScale,
 //!   FluxKontextMultiReferenceLatentMethod
-//! - [`sd3`]: TripleCLIPLoader, CLIPTextEncodeSD3, SkipLayerGuidanceSD3
+//! - [`sd3`]: TripleCLIPLoader, CLIPTextEncodeSD3, SkipLayerGuidanceSD3, SkipLayerGuidanceDiT
 //! - [`chroma`]: T5TokenizerOptions (and Chroma's T5-only conditioning)
 //! - [`image`]: LoadImage, LoadImageMask, ImageScale, VAEDecode, VAEEncode, VAEEncodeForInpaint,
 //!   SaveImage, PreviewImage, VAEDecodeTiled, VAEEncodeTiled, ImageCrop, ImageInvert, EmptyImage

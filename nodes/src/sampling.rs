@@ -10,6 +10,7 @@ use crate::controlnet::{hint_for, Controls};
 use crate::values::Control;
 use sdflow_core::models::chroma::{Chroma, ChromaConfig};
 use sdflow_core::models::flux::{fill_concat, Flux, FluxConfig, FluxDenoiser, FluxItem};
+use sdflow_core::models::dit::SkipLayers;
 use sdflow_core::models::sd3::{Sd3, Sd3Config, Sd3Denoiser, Sd3Item};
 use sdflow_core::models::sd::{BatchItem, ControlInput, IpPatch, IpSide, SdDenoiser};
 use sdflow_core::models::conditioning::Conditioning;
@@ -353,9 +354,10 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     let budget = BATCH_LATENTS * plane * n;
     // Skip-layer guidance's σ window, and whether the model call now leaves its layers out.
     let slg = model.slg.as_ref().map(|g| (g, (percent_to_sigma(g.percents.0), percent_to_sigma(g.percents.1))));
-    let slg_layers: &[usize] = model.slg.as_ref().map_or(&[], |g| &g.layers);
-    if slg.is_some() && !matches!(den, Den::Sd3(_)) {
-        return Err(NodeError::msg(format!("skip-layer guidance runs on SD3 MMDiTs; this model is {}", model.family)));
+    let no_skip = SkipLayers::default();
+    let slg_layers = model.slg.as_ref().map_or(&no_skip, |g| &g.layers);
+    if slg.is_some() && matches!(den, Den::Sd(_)) {
+        return Err(NodeError::msg(format!("skip-layer guidance runs on DiTs (SD3, FLUX, Chroma); this model is {}", model.family)));
     }
     let skipping = std::cell::Cell::new(false);
 
@@ -404,12 +406,13 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
                     rt.with_backend(|b| den.denoise_batch(b, s, sigma, &batch)).map_err(err)
                 }
                 Den::Flux(den) => {
+                    den.skip = if skipping.get() { slg_layers.clone() } else { SkipLayers::default() };
                     let batch: Vec<FluxItem<'_>> = items.iter().map(|it| FluxItem { x: &it.x, cond: it.cond, concat: it.concat.as_deref() }).collect();
                     rt.with_backend(|b| den.denoise_batch(b, s, sigma, &batch)).map_err(err)
                 }
                 Den::Sd3(den) => {
                     let batch: Vec<Sd3Item<'_>> = items.iter().map(|it| Sd3Item { x: &it.x, cond: it.cond }).collect();
-                    let skip = if skipping.get() { slg_layers } else { &[][..] };
+                    let skip = if skipping.get() { &slg_layers.double[..] } else { &[][..] };
                     rt.with_backend(|b| den.denoise_batch(b, s, sigma, &batch, skip)).map_err(err)
                 }
             }
@@ -425,11 +428,11 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
         // Skip-layer guidance (ComfyUI's SkipLayerGuidanceDiT post-CFG step): the positive
         // side again without the layers, the result pushed away from it.
         let slg_pos = match slg {
-            Some((g, (hi, lo))) if g.scale > 0.0 && sigma <= hi && sigma >= lo => Some((g.scale, pos.clone())),
+            Some((g, (hi, lo))) if g.scale > 0.0 && sigma <= hi && sigma >= lo => Some((g.scale, g.rescaling, pos.clone())),
             _ => None,
         };
         let mut d = mix.mix(pos, mid, neg);
-        if let Some((scale, cond)) = slg_pos {
+        if let Some((scale, rescaling, cond)) = slg_pos {
             skipping.set(true);
             let only_positive: Vec<Option<&[guidance::Prepared]>> = sides.iter().enumerate().map(|(i, s)| if i == 0 { *s } else { None }).collect();
             let skipped = guidance::calc_cond_batch(&only_positive, xin, shape, extra as usize, &active, budget, &mut run_model);
@@ -437,6 +440,10 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
             let skipped = skipped.map_err(calc_error)?.swap_remove(0).expect("the positive side is evaluated");
             for ((v, c), s) in d.denoised.iter_mut().zip(&cond).zip(&skipped) {
                 *v += (c - s) * scale;
+            }
+            if rescaling != 0.0 {
+                let factor = rescaling * std_dev(&cond) / std_dev(&d.denoised) + 1.0 - rescaling;
+                d.denoised.iter_mut().for_each(|v| *v *= factor);
             }
         }
         if let Some(m) = &mask {
@@ -537,4 +544,14 @@ pub(crate) fn guider_from(inputs: &Inputs) -> Result<Guider, NodeError> {
         cfg: inputs.float("cfg")? as f32,
         dual: None,
     })
+}
+
+/// torch's `std()`: the unbiased standard deviation of all values, accumulated in f64.
+fn std_dev(v: &[f32]) -> f32 {
+    let n = v.len() as f64;
+    if n < 2.0 {
+        return 0.0;
+    }
+    let mean = v.iter().map(|&x| x as f64).sum::<f64>() / n;
+    (v.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt() as f32
 }

@@ -11,7 +11,8 @@
 use crate::conditioning::pad_chunks;
 use crate::loaders::{t5_handle, text_encoder_in, weights_handle, TEXT_ENCODERS};
 use crate::runtime::Runtime;
-use crate::values::{ClipEncoder, ClipRef, CondEntry, CondList, ModelRef, SkipLayerGuidance};
+use crate::values::{ClipEncoder, ClipRef, CondEntry, CondList, ModelRef};
+use sdflow_core::models::dit::SkipLayers;
 use crate::{err, loaders};
 use sdflow_core::detect::ModelFamily;
 use sdflow_core::models::clip::{ClipTextConfig, ClipTextModel};
@@ -27,7 +28,8 @@ use std::sync::Arc;
 pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
     registry.register(Arc::new(TripleClipLoader { rt: rt.clone() }));
     registry.register(Arc::new(ClipTextEncodeSd3 { rt: rt.clone() }));
-    registry.register(Arc::new(SkipLayerGuidanceSd3));
+    registry.register(Arc::new(SkipLayerGuidance { dit: false }));
+    registry.register(Arc::new(SkipLayerGuidance { dit: true }));
 }
 
 /// ComfyUI's T5 `min_length` for SD3: shorter prompts are padded to 77 tokens.
@@ -247,39 +249,60 @@ impl Node for ClipTextEncodeSd3 {
     }
 }
 
-/// ComfyUI's "SkipLayerGuidanceSD3" (SkipLayerGuidanceDiT on the joint blocks).
-struct SkipLayerGuidanceSd3;
+/// ComfyUI's "SkipLayerGuidanceSD3" (SkipLayerGuidanceDiT on the joint blocks) and
+/// "SkipLayerGuidanceDiT" (double and single blocks: FLUX, Chroma; SD3's joint blocks are its
+/// double ones).
+struct SkipLayerGuidance {
+    dit: bool,
+}
 
-impl Node for SkipLayerGuidanceSd3 {
+impl Node for SkipLayerGuidance {
     fn schema(&self) -> NodeSchema {
-        NodeSchema::new("SkipLayerGuidanceSD3")
-            .display_name("SkipLayerGuidanceSD3")
+        let s = if self.dit {
+            NodeSchema::new("SkipLayerGuidanceDiT")
+                .display_name("SkipLayerGuidanceDiT")
+                .description("Skip-layer guidance for DiTs: while sampling is between start and end, the positive prompt also runs without the given double blocks (FLUX's double-stream, SD3's joint) and single blocks, and the result moves away from that by scale; rescaling_scale pulls its spread back toward the positive's.")
+                .input(InputSpec::link("model", IoType::MODEL))
+                .input(InputSpec::string("double_layers", "7, 8, 9"))
+                .input(InputSpec::string("single_layers", "7, 8, 9"))
+        } else {
+            NodeSchema::new("SkipLayerGuidanceSD3")
+                .display_name("SkipLayerGuidanceSD3")
+                .description("Skip-layer guidance (sd-cli's --slg-scale, --skip-layers): while sampling is between start and end, the positive prompt also runs without the given joint blocks and the result moves away from that by scale.")
+                .input(InputSpec::link("model", IoType::MODEL))
+                .input(InputSpec::string("layers", "7, 8, 9").tooltip("The joint blocks to leave out, counted from 0."))
+        };
+        let s = s
             .category("advanced/guidance")
-            .description("Skip-layer guidance (sd-cli's --slg-scale, --skip-layers): while sampling is between start and end, the positive prompt also runs without the given joint blocks and the result moves away from that by scale.")
-            .input(InputSpec::link("model", IoType::MODEL))
-            .input(InputSpec::string("layers", "7, 8, 9").tooltip("The joint blocks to leave out, counted from 0."))
             .input(InputSpec::float("scale", 3.0).float_range(0.0, 10.0).float_step(0.1))
             .input(InputSpec::float("start_percent", 0.01).float_range(0.0, 1.0).float_step(0.001))
-            .input(InputSpec::float("end_percent", 0.15).float_range(0.0, 1.0).float_step(0.001))
-            .output("MODEL", IoType::MODEL)
+            .input(InputSpec::float("end_percent", 0.15).float_range(0.0, 1.0).float_step(0.001));
+        let s = if self.dit { s.input(InputSpec::float("rescaling_scale", 0.0).float_range(0.0, 10.0).float_step(0.01)) } else { s };
+        s.output("MODEL", IoType::MODEL)
     }
 
     fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
         let model = inputs.downcast::<ModelRef>("model")?;
-        if model.family != ModelFamily::Sd3 {
-            return Err(NodeError::msg(format!("SkipLayerGuidanceSD3 leaves out an MMDiT's joint blocks; this model is {}", model.family)));
+        let dits = [ModelFamily::Sd3, ModelFamily::Flux, ModelFamily::Chroma];
+        if !dits.contains(&model.family) || (!self.dit && model.family != ModelFamily::Sd3) {
+            let what = if self.dit { "a DiT's blocks (SD3, FLUX, Chroma)" } else { "an MMDiT's joint blocks (SD3)" };
+            return Err(NodeError::msg(format!("{} leaves out {what}; this model is {}", if self.dit { "SkipLayerGuidanceDiT" } else { "SkipLayerGuidanceSD3" }, model.family)));
         }
-        let text = inputs.string("layers")?;
-        let layers = parse_layers(text)?;
+        let layers = if self.dit {
+            SkipLayers { double: parse_layers(inputs.string("double_layers")?)?, single: parse_layers(inputs.string("single_layers")?)? }
+        } else {
+            SkipLayers { double: parse_layers(inputs.string("layers")?)?, single: Vec::new() }
+        };
         let scale = inputs.float("scale")? as f32;
         let (start, end) = (inputs.float("start_percent")? as f32, inputs.float("end_percent")? as f32);
-        for (name, v) in [("scale", scale), ("start_percent", start), ("end_percent", end)] {
-            if !v.is_finite() || v < 0.0 || (name != "scale" && v > 1.0) {
+        let rescaling = if self.dit { inputs.float("rescaling_scale")? as f32 } else { 0.0 };
+        for (name, v) in [("scale", scale), ("start_percent", start), ("end_percent", end), ("rescaling_scale", rescaling)] {
+            if !v.is_finite() || v < 0.0 || (name.ends_with("percent") && v > 1.0) {
                 return Err(NodeError::msg(format!("{name} {v} is out of range")));
             }
         }
         let mut m = model.clone();
-        m.slg = Some(SkipLayerGuidance { layers, scale, percents: (start, end) });
+        m.slg = Some(crate::values::SkipLayerGuidance { layers, scale, rescaling, percents: (start, end) });
         Ok(Outputs::new(vec![Value::new(IoType::MODEL, m)]))
     }
 }

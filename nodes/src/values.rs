@@ -34,12 +34,14 @@ pub struct ModelRef {
 }
 
 /// Skip-layer guidance as ComfyUI's SkipLayerGuidanceDiT applies it after CFG: while σ is
-/// within `sigmas` (start, end: high, low), the positive side runs again with the joint
-/// blocks `layers` left out, and the result moves by `scale · (cond − cond_skipped)`.
+/// within `percents`, the positive side runs again with the blocks `layers` left out, and
+/// the result moves by `scale · (cond − cond_skipped)`, then, with `rescaling` r, is
+/// scaled by `r · std(cond)/std(result) + 1 − r`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SkipLayerGuidance {
-    pub layers: Vec<usize>,
+    pub layers: sdflow_core::models::dit::SkipLayers,
     pub scale: f32,
+    pub rescaling: f32,
     /// ComfyUI's start_percent / end_percent: fractions of sampling, mapped through the
     /// model's own percent→σ when sampling starts.
     pub percents: (f32, f32),

@@ -341,3 +341,42 @@ fn flux_loras_in_every_naming_patch_the_same_weights() {
     let e = env.run_err(&with_input(&wf, &lora, "lora_name", serde_json::json!("sd1.safetensors")));
     assert!(e.contains("sd1.safetensors") && e.contains("another model family"), "{e}");
 }
+
+#[test]
+fn skip_layer_guidance_runs_on_flux() {
+    let env = env();
+    let wf = dev(&env);
+    let wf = with_input(&wf, "8", "steps", serde_json::json!(3));
+    let base = env.run_saved_hash(&wf, "10");
+    let slg = |double: &str, single: &str, scale: f64, rescale: f64| {
+        let mut w = wf.clone();
+        let spec = sdflow_executor::NodeSpec::new("SkipLayerGuidanceDiT")
+            .with_input("model", link("1", 0))
+            .with_input("double_layers", sdflow_executor::InputValue::Const(serde_json::json!(double)))
+            .with_input("single_layers", sdflow_executor::InputValue::Const(serde_json::json!(single)))
+            .with_input("scale", sdflow_executor::InputValue::Const(serde_json::json!(scale)))
+            .with_input("start_percent", sdflow_executor::InputValue::Const(serde_json::json!(0.01)))
+            .with_input("end_percent", sdflow_executor::InputValue::Const(serde_json::json!(0.9)))
+            .with_input("rescaling_scale", sdflow_executor::InputValue::Const(serde_json::json!(rescale)));
+        w.nodes.insert("20".into(), spec);
+        w.set_input("8", "model", link("20", 0)).unwrap();
+        env.run_saved_hash(&w, "10")
+    };
+    // The tiny model has double block 0 and single block 0: the defaults 7, 8, 9 leave out
+    // nothing, so the guidance adds nothing; block 0 of either kind does, scale 0 not.
+    assert_eq!(slg("7, 8, 9", "7, 8, 9", 3.0, 0.0), base);
+    let double = slg("0", "", 3.0, 0.0);
+    let single = slg("", "0", 3.0, 0.0);
+    assert_ne!(double, base);
+    assert_ne!(single, base);
+    assert_ne!(double, single);
+    assert_eq!(slg("0", "0", 0.0, 0.0), base);
+    assert_ne!(slg("0", "", 3.0, 0.7), double, "rescaling pulls the result back");
+    // An SD UNet has no blocks to skip.
+    let mut sd = wf.clone();
+    sd.nodes.insert("21".into(), sdflow_executor::NodeSpec::new("CheckpointLoaderSimple").with_input("ckpt_name", sdflow_executor::InputValue::Const(serde_json::json!("model.safetensors"))));
+    sd.nodes.insert("20".into(), sdflow_executor::NodeSpec::new("SkipLayerGuidanceDiT").with_input("model", link("21", 0)).with_input("double_layers", sdflow_executor::InputValue::Const(serde_json::json!("1"))).with_input("single_layers", sdflow_executor::InputValue::Const(serde_json::json!(""))).with_input("scale", sdflow_executor::InputValue::Const(serde_json::json!(3.0))).with_input("start_percent", sdflow_executor::InputValue::Const(serde_json::json!(0.0))).with_input("end_percent", sdflow_executor::InputValue::Const(serde_json::json!(1.0))).with_input("rescaling_scale", sdflow_executor::InputValue::Const(serde_json::json!(0.0))));
+    sd.set_input("8", "model", link("20", 0)).unwrap();
+    let e = env.run_err(&sd);
+    assert!(e.contains("SkipLayerGuidanceDiT") && e.contains("SD1"), "{e}");
+}

@@ -91,6 +91,8 @@ pub struct ChromaInputs<'a, 'b> {
     pub guidance: f32,
     /// Text tokens the attention keeps as keys (the rest is masked padding); `None`: all.
     pub text_keys: Option<i64>,
+    /// Blocks left out (skip-layer guidance).
+    pub skip: &'b dit::SkipLayers,
 }
 
 pub struct Chroma<'w> {
@@ -197,12 +199,12 @@ impl<'w> Chroma<'w> {
         let mut img = linear(ctx, self.w, &self.name("img_in"), x.img)?;
         let mut txt = linear(ctx, self.w, &self.name("txt_in"), x.txt)?;
         let (img_at, txt_at) = (3 * c.depth_single, 3 * c.depth_single + 6 * c.depth);
-        for i in 0..c.depth {
+        for i in (0..c.depth).filter(|i| !x.skip.double.contains(i)) {
             let (im, tm) = (slots(img_at + 6 * i, 6)?, slots(txt_at + 6 * i, 6)?);
             (img, txt) = blk.double(&self.name(&format!("double_blocks.{i}")), img, txt, &im, &tm, &pe)?;
         }
         let mut joint = ctx.concat(txt, img, 1)?;
-        for i in 0..c.depth_single {
+        for i in (0..c.depth_single).filter(|i| !x.skip.single.contains(i)) {
             joint = blk.single(&self.name(&format!("single_blocks.{i}")), joint, &slots(3 * i, 3)?, &pe)?;
         }
         let img = dit::rows(ctx, joint, lt, l)?;

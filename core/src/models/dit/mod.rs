@@ -10,6 +10,15 @@ use super::nn::linear;
 use super::{ModelError, Result, Weights};
 use crate::ggml::{Context, Tensor};
 
+/// Blocks a model call leaves out (ComfyUI's skip-layer guidance patches them to pass
+/// their inputs through): FLUX's and Chroma's double and single blocks, SD3's joint blocks
+/// (double). Indices past the model's last block leave nothing out.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SkipLayers {
+    pub double: Vec<usize>,
+    pub single: Vec<usize>,
+}
+
 /// A latent [B, C, H, W] (row-major; ggml [W, H, C, B]) as tokens [B, (H/p)·(W/p), C·p·p]
 /// (ggml [C·p·p, L, B]), rows of patches in reading order, each patch's features in
 /// (channel, row, column) order: einops' `b c (h ph) (w pw) -> b (h w) (c ph pw)`, which

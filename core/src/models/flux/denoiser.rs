@@ -5,7 +5,7 @@
 use super::{Flux, FluxInputs};
 use crate::models::chroma::{Chroma, ChromaInputs};
 use crate::ggml::{Backend, Context, GraphAllocator, GraphRun};
-use crate::models::dit::{crop, image_ids, pad_to_patches, patchify, unpatchify};
+use crate::models::dit::{crop, image_ids, pad_to_patches, patchify, unpatchify, SkipLayers};
 use crate::models::conditioning::{Conditioning, LatentShape, ReferenceLatent, ReferenceMethod};
 use crate::models::{ModelError, Result};
 
@@ -27,6 +27,8 @@ pub struct FluxItem<'a> {
 pub struct FluxDenoiser<'w> {
     model: Net<'w>,
     alloc: Option<GraphAllocator>,
+    /// Blocks the calls leave out until changed (skip-layer guidance's extra pass).
+    pub skip: SkipLayers,
 }
 
 enum Net<'w> {
@@ -63,11 +65,11 @@ impl Net<'_> {
 
 impl<'w> FluxDenoiser<'w> {
     pub fn new(model: Flux<'w>) -> Self {
-        FluxDenoiser { model: Net::Flux(model), alloc: None }
+        FluxDenoiser { model: Net::Flux(model), alloc: None, skip: SkipLayers::default() }
     }
 
     pub fn chroma(model: Chroma<'w>) -> Self {
-        FluxDenoiser { model: Net::Chroma(model), alloc: None }
+        FluxDenoiser { model: Net::Chroma(model), alloc: None, skip: SkipLayers::default() }
     }
 
     /// The token width the model reads: latent channels (and Fill's extra ones) × 4.
@@ -195,13 +197,13 @@ impl<'w> FluxDenoiser<'w> {
         let v = match &self.model {
             Net::Flux(m) => {
                 let y_t = run.input_f32(&[c.vector, bi], y)?;
-                let inputs = FluxInputs { img: img_t, img_ids: &img_ids, txt: txt_t, txt_ids: &txt_ids, timesteps: &timesteps, guidance: Some(&guidance), y: y_t };
+                let inputs = FluxInputs { img: img_t, img_ids: &img_ids, txt: txt_t, txt_ids: &txt_ids, timesteps: &timesteps, guidance: Some(&guidance), y: y_t, skip: &self.skip };
                 m.forward(&ctx, &mut run, &inputs)?
             }
             // ComfyUI's Chroma: guidance 0 unless set, no text mask.
             Net::Chroma(m) => {
                 let guidance = items[0].cond.guidance.unwrap_or(0.0);
-                m.forward(&ctx, &mut run, &ChromaInputs { img: img_t, img_ids: &img_ids, txt: txt_t, txt_ids: &txt_ids, sigma, guidance, text_keys: None })?
+                m.forward(&ctx, &mut run, &ChromaInputs { img: img_t, img_ids: &img_ids, txt: txt_t, txt_ids: &txt_ids, sigma, guidance, text_keys: None, skip: &self.skip })?
             }
         };
         let alloc = match &mut self.alloc {

@@ -60,6 +60,8 @@ pub struct FluxInputs<'a, 'b> {
     pub guidance: Option<&'b [f32]>,
     /// The pooled text vector [vector, B].
     pub y: Tensor<'a>,
+    /// Blocks left out (skip-layer guidance).
+    pub skip: &'b dit::SkipLayers,
 }
 
 /// A FLUX.1 transformer over [`Weights`] whose shapes have been checked.
@@ -205,13 +207,13 @@ impl<'w> Flux<'w> {
 
         let mut img = linear(ctx, self.w, &self.name("img_in"), x.img)?;
         let mut txt = linear(ctx, self.w, &self.name("txt_in"), x.txt)?;
-        for i in 0..c.depth {
+        for i in (0..c.depth).filter(|i| !x.skip.double.contains(i)) {
             let p = self.name(&format!("double_blocks.{i}"));
             let (im, tm) = blk.double_mods(&p, vec)?;
             (img, txt) = blk.double(&p, img, txt, &im, &tm, &pe)?;
         }
         let mut joint = ctx.concat(txt, img, 1)?;
-        for i in 0..c.depth_single {
+        for i in (0..c.depth_single).filter(|i| !x.skip.single.contains(i)) {
             let p = self.name(&format!("single_blocks.{i}"));
             joint = blk.single(&p, joint, &blk.single_mods(&p, vec)?, &pe)?;
         }
