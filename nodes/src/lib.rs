@@ -29,6 +29,8 @@
 //! - [`detect`]: UltralyticsDetectorProvider (YOLOv8), BboxDetectorMasks (ADetailer's masks)
 //! - [`detailer`]: DetailerForEachMask (ADetailer's crop, inpaint and paste back per mask)
 //! - [`ip_adapter`]: CLIPVisionLoader, CLIPVisionEncode, IPAdapterModelLoader, IPAdapterAdvanced
+//! - [`pix2pix`]: InstructPixToPixConditioning, InpaintModelConditioning, DualCFGGuider,
+//!   ConditioningClearImage
 //! - [`controlnet`]: ControlNetLoader, ControlNetApplyAdvanced, ControlNetApply, Canny
 
 pub mod chroma;
