@@ -354,6 +354,15 @@ pub fn write_taesd(dir: &Path, single_file: bool) -> Vec<PathBuf> {
 /// T5-XXL's encoder (`text_encoders/t5xxl_fp16.safetensors`), CLIP-L
 /// (`text_encoders/clip_l.safetensors`, unless one is there), the 16-channel `vae/ae.safetensors`,
 /// and all of them in one file as ComfyUI packs them (`checkpoints/flux1-schnell-fp8.safetensors`).
+/// `specs` as f32 safetensors at `dir/file` (seeded), unless the file is there already.
+fn write_once(dir: &Path, file: &str, specs: &[sdflow_core::synth::TensorSpec], config: &str, seed: u64) {
+    std::fs::create_dir_all(dir).unwrap();
+    let path = dir.join(file);
+    if !path.exists() {
+        sdflow_core::synth::write_specs(&path, specs, config, DType::F32, seed, Format::Safetensors).unwrap();
+    }
+}
+
 /// Tiny random-weight SD3.5 medium files in the layouts people download, beside FLUX's
 /// (whose CLIP-L, T5-XXL and 16-channel VAE they share): `clip_g.safetensors`, the MMDiT
 /// alone (`diffusion_models/sd3.5_medium.safetensors`), Stability's checkpoint of MMDiT and
@@ -361,17 +370,10 @@ pub fn write_taesd(dir: &Path, single_file: bool) -> Vec<PathBuf> {
 /// encoders too, under the name its template asks for (`sd3.5_large_fp8_scaled.safetensors`).
 pub fn write_sd3_models(root: &Path) {
     use sdflow_core::synth::dit::{ae_tensors, clip_g_tensors, clip_l_tensors, tiny_ae_config, tiny_clip_g, Sd3Synth, T5Synth};
-    use sdflow_core::synth::{write_specs, TensorSpec};
+    use sdflow_core::synth::TensorSpec;
     write_flux_models(root);
     let models = root.join("models");
-    let write = |dir: &str, file: &str, specs: &[TensorSpec], config: String, seed: u64| {
-        let dir = models.join(dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(file);
-        if !path.exists() {
-            write_specs(&path, specs, &config, DType::F32, seed, Format::Safetensors).unwrap();
-        }
-    };
+    let write = |dir: &str, file: &str, specs: &[TensorSpec], config: String, seed: u64| write_once(&models.join(dir), file, specs, &config, seed);
     let g = tiny_clip_g();
     write("text_encoders", "clip_g.safetensors", &clip_g_tensors(&g), serde_json::to_string(&g).unwrap(), 31);
     let mmdit = Sd3Synth::tiny();
@@ -392,16 +394,9 @@ pub fn write_sd3_models(root: &Path) {
 
 pub fn write_flux_models(root: &Path) {
     use sdflow_core::synth::dit::{ae_tensors, clip_l_tensors, tiny_ae_config, FluxSynth, T5Synth};
-    use sdflow_core::synth::{write_specs, TensorSpec};
+    use sdflow_core::synth::TensorSpec;
     let models = root.join("models");
-    let write = |dir: &str, file: &str, specs: &[TensorSpec], config: String, seed: u64| {
-        let dir = models.join(dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(file);
-        if !path.exists() {
-            write_specs(&path, specs, &config, DType::F32, seed, Format::Safetensors).unwrap();
-        }
-    };
+    let write = |dir: &str, file: &str, specs: &[TensorSpec], config: String, seed: u64| write_once(&models.join(dir), file, specs, &config, seed);
     // Kontext dev is FLUX.1 dev's architecture.
     for (file, guidance, seed) in [("flux1-dev.safetensors", true, 21), ("flux1-schnell.safetensors", false, 22), ("flux1-kontext-dev.safetensors", true, 27)] {
         let f = FluxSynth::tiny(guidance);

@@ -18,6 +18,13 @@ pub fn linear<'a>(ctx: &'a Context, w: &'a Weights, name: &str, x: Tensor<'a>) -
     }
 }
 
+/// Check that `{name}.weight` [in, out] and `{name}.bias` [out] are there with these shapes.
+pub fn expect_linear(w: &Weights, name: &str, i: i64, o: i64) -> Result<()> {
+    w.expect(&format!("{name}.weight"), &[i, o])?;
+    w.expect(&format!("{name}.bias"), &[o])?;
+    Ok(())
+}
+
 /// The weight called `weight` [in, out] times x [in, ...], plus the weight's runtime LoRA
 /// branches `scale · up·(down·x)`: two thin products instead of a patched copy of the
 /// weight, which is what keeps a quantized checkpoint's weights untouched.

@@ -7,7 +7,7 @@
 
 use super::dit::{self, rope};
 use super::flux::blocks::{Blocks, Rope};
-use super::nn::linear;
+use super::nn::{expect_linear, linear};
 use super::{ModelError, Result, Weights};
 use crate::ggml::{Context, GType, GraphRun, Tensor};
 
@@ -106,47 +106,23 @@ impl<'w> Chroma<'w> {
     pub fn new(w: &'w Weights, prefix: &str, config: ChromaConfig) -> Result<Self> {
         let c = &config;
         let dh = c.head_dim();
-        if c.axes.iter().sum::<usize>() as i64 != dh || c.axes.iter().any(|a| a % 2 != 0) {
-            return Err(ModelError::Config(format!("rotary axes {:?} must be even and sum to the head width {dh}", c.axes)));
-        }
+        rope::check_axes(&c.axes, dh)?;
         if c.approx_in != 64 {
             return Err(ModelError::Config(format!("an approximator reading {} values; Chroma's reads 64", c.approx_in)));
         }
-        let at = |s: String| format!("{prefix}{s}");
-        let lin = |name: String, i: i64, o: i64| -> Result<()> {
-            w.expect(&at(format!("{name}.weight")), &[i, o])?;
-            w.expect(&at(format!("{name}.bias")), &[o])?;
-            Ok(())
-        };
+        let lin = |name: &str, i: i64, o: i64| expect_linear(w, &format!("{prefix}{name}"), i, o);
         let (d, m, a) = (c.hidden, c.mlp_hidden, c.approx_hidden);
-        lin("img_in".into(), c.in_channels, d)?;
-        lin("txt_in".into(), c.context, d)?;
-        lin("distilled_guidance_layer.in_proj".into(), c.approx_in, a)?;
+        lin("img_in", c.in_channels, d)?;
+        lin("txt_in", c.context, d)?;
+        lin("distilled_guidance_layer.in_proj", c.approx_in, a)?;
         for i in 0..c.approx_layers {
-            lin(format!("distilled_guidance_layer.layers.{i}.in_layer"), a, a)?;
-            lin(format!("distilled_guidance_layer.layers.{i}.out_layer"), a, a)?;
-            w.expect(&at(format!("distilled_guidance_layer.norms.{i}.scale")), &[a])?;
+            lin(&format!("distilled_guidance_layer.layers.{i}.in_layer"), a, a)?;
+            lin(&format!("distilled_guidance_layer.layers.{i}.out_layer"), a, a)?;
+            w.expect(&format!("{prefix}distilled_guidance_layer.norms.{i}.scale"), &[a])?;
         }
-        lin("distilled_guidance_layer.out_proj".into(), a, d)?;
-        for i in 0..c.depth {
-            for s in ["img", "txt"] {
-                let p = format!("double_blocks.{i}.{s}");
-                lin(format!("{p}_attn.qkv"), d, 3 * d)?;
-                w.expect(&at(format!("{p}_attn.norm.query_norm.scale")), &[dh])?;
-                w.expect(&at(format!("{p}_attn.norm.key_norm.scale")), &[dh])?;
-                lin(format!("{p}_attn.proj"), d, d)?;
-                lin(format!("{p}_mlp.0"), d, m)?;
-                lin(format!("{p}_mlp.2"), m, d)?;
-            }
-        }
-        for i in 0..c.depth_single {
-            let p = format!("single_blocks.{i}");
-            lin(format!("{p}.linear1"), d, 3 * d + m)?;
-            lin(format!("{p}.linear2"), d + m, d)?;
-            w.expect(&at(format!("{p}.norm.query_norm.scale")), &[dh])?;
-            w.expect(&at(format!("{p}.norm.key_norm.scale")), &[dh])?;
-        }
-        lin("final_layer.linear".into(), d, c.out_channels)?;
+        lin("distilled_guidance_layer.out_proj", a, d)?;
+        super::flux::blocks::expect_blocks(w, prefix, (d, m, dh), c.depth, c.depth_single, false)?;
+        lin("final_layer.linear", d, c.out_channels)?;
         Ok(Chroma { w, prefix: prefix.to_string(), config })
     }
 

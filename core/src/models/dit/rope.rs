@@ -53,3 +53,11 @@ pub fn apply<'a>(ctx: &'a Context, x: Tensor<'a>, cos: Tensor<'a>, sin: Tensor<'
     let y = ctx.cont(ctx.permute(y, [1, 2, 3, 0])?)?; // [2, dh/2, H, LB]
     Ok(ctx.reshape(y, [dh, h, l, b])?)
 }
+
+/// Check that rotary `axes` sections are even and fill a head of width `dh`.
+pub fn check_axes(axes: &[usize], dh: i64) -> crate::models::Result<()> {
+    if axes.iter().sum::<usize>() as i64 != dh || axes.iter().any(|a| a % 2 != 0) {
+        return Err(crate::models::ModelError::Config(format!("rotary axes {axes:?} must be even and sum to the head width {dh}")));
+    }
+    Ok(())
+}

@@ -3,13 +3,49 @@
 
 use crate::ggml::{Context, GType, Tensor};
 use crate::models::dit::{self, rope};
-use crate::models::nn::{attention_typed, linear};
+use crate::models::nn::{attention_typed, expect_linear, linear};
 use crate::models::{Result, Weights};
 
 /// The rotary tables of the joint sequence (text first, then image).
 pub(crate) struct Rope<'a> {
     pub cos: Tensor<'a>,
     pub sin: Tensor<'a>,
+}
+
+/// Check the weights of `double` double-stream and `single` single-stream blocks under
+/// `prefix`, `d` wide with `m`-wide MLPs and `dh`-wide heads; with `modulated`, their own
+/// modulation layers too (FLUX's; Chroma's come from its approximator).
+pub(crate) fn expect_blocks(w: &Weights, prefix: &str, (d, m, dh): (i64, i64, i64), double: usize, single: usize, modulated: bool) -> Result<()> {
+    let lin = |name: String, i: i64, o: i64| expect_linear(w, &format!("{prefix}{name}"), i, o);
+    let norms = |p: String| -> Result<()> {
+        for n in ["query_norm", "key_norm"] {
+            w.expect(&format!("{prefix}{p}.{n}.scale"), &[dh])?;
+        }
+        Ok(())
+    };
+    for i in 0..double {
+        for s in ["img", "txt"] {
+            let p = format!("double_blocks.{i}.{s}");
+            if modulated {
+                lin(format!("{p}_mod.lin"), d, 6 * d)?;
+            }
+            lin(format!("{p}_attn.qkv"), d, 3 * d)?;
+            norms(format!("{p}_attn.norm"))?;
+            lin(format!("{p}_attn.proj"), d, d)?;
+            lin(format!("{p}_mlp.0"), d, m)?;
+            lin(format!("{p}_mlp.2"), m, d)?;
+        }
+    }
+    for i in 0..single {
+        let p = format!("single_blocks.{i}");
+        lin(format!("{p}.linear1"), d, 3 * d + m)?;
+        lin(format!("{p}.linear2"), d + m, d)?;
+        norms(format!("{p}.norm"))?;
+        if modulated {
+            lin(format!("{p}.modulation.lin"), d, 3 * d)?;
+        }
+    }
+    Ok(())
 }
 
 pub(crate) struct Blocks<'a> {

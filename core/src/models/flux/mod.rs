@@ -14,7 +14,7 @@ pub mod denoiser;
 pub use denoiser::{fill_concat, reference_tokens, FluxDenoiser, FluxItem, DEFAULT_GUIDANCE, LATENT_SCALE, LATENT_SHIFT};
 
 use super::dit::{self, mlp_embedder, rope};
-use super::nn::linear;
+use super::nn::{expect_linear, linear};
 use super::{ModelError, Result, Weights};
 use crate::ggml::{Context, GType, GraphRun, Tensor};
 
@@ -115,48 +115,22 @@ impl<'w> Flux<'w> {
     pub fn new(w: &'w Weights, prefix: &str, config: FluxConfig) -> Result<Self> {
         let c = &config;
         let dh = c.head_dim();
-        if c.axes.iter().sum::<usize>() as i64 != dh || c.axes.iter().any(|a| a % 2 != 0) {
-            return Err(ModelError::Config(format!("rotary axes {:?} must be even and sum to the head width {dh}", c.axes)));
-        }
-        let at = |s: String| format!("{prefix}{s}");
-        let lin = |name: String, i: i64, o: i64| -> Result<()> {
-            w.expect(&at(format!("{name}.weight")), &[i, o])?;
-            w.expect(&at(format!("{name}.bias")), &[o])?;
-            Ok(())
-        };
+        rope::check_axes(&c.axes, dh)?;
+        let lin = |name: &str, i: i64, o: i64| expect_linear(w, &format!("{prefix}{name}"), i, o);
         let (d, m) = (c.hidden, c.mlp_hidden);
-        lin("img_in".into(), c.in_channels, d)?;
-        lin("txt_in".into(), c.context, d)?;
+        lin("img_in", c.in_channels, d)?;
+        lin("txt_in", c.context, d)?;
         let mut embedders = vec![("time_in", 256), ("vector_in", c.vector)];
         if c.guidance_embed {
             embedders.push(("guidance_in", 256));
         }
         for (name, n_in) in embedders {
-            lin(format!("{name}.in_layer"), n_in, d)?;
-            lin(format!("{name}.out_layer"), d, d)?;
+            lin(&format!("{name}.in_layer"), n_in, d)?;
+            lin(&format!("{name}.out_layer"), d, d)?;
         }
-        for i in 0..c.depth {
-            for s in ["img", "txt"] {
-                let p = format!("double_blocks.{i}.{s}");
-                lin(format!("{p}_mod.lin"), d, 6 * d)?;
-                lin(format!("{p}_attn.qkv"), d, 3 * d)?;
-                w.expect(&at(format!("{p}_attn.norm.query_norm.scale")), &[dh])?;
-                w.expect(&at(format!("{p}_attn.norm.key_norm.scale")), &[dh])?;
-                lin(format!("{p}_attn.proj"), d, d)?;
-                lin(format!("{p}_mlp.0"), d, m)?;
-                lin(format!("{p}_mlp.2"), m, d)?;
-            }
-        }
-        for i in 0..c.depth_single {
-            let p = format!("single_blocks.{i}");
-            lin(format!("{p}.linear1"), d, 3 * d + m)?;
-            lin(format!("{p}.linear2"), d + m, d)?;
-            w.expect(&at(format!("{p}.norm.query_norm.scale")), &[dh])?;
-            w.expect(&at(format!("{p}.norm.key_norm.scale")), &[dh])?;
-            lin(format!("{p}.modulation.lin"), d, 3 * d)?;
-        }
-        lin("final_layer.linear".into(), d, c.out_channels)?;
-        lin("final_layer.adaLN_modulation.1".into(), d, 2 * d)?;
+        blocks::expect_blocks(w, prefix, (d, m, dh), c.depth, c.depth_single, true)?;
+        lin("final_layer.linear", d, c.out_channels)?;
+        lin("final_layer.adaLN_modulation.1", d, 2 * d)?;
         Ok(Flux { w, prefix: prefix.to_string(), config })
     }
 

@@ -13,7 +13,7 @@ pub mod denoiser;
 
 pub use denoiser::{Sd3Denoiser, Sd3Item, LATENT_SCALE, LATENT_SHIFT};
 
-use super::nn::linear;
+use super::nn::{expect_linear, linear};
 use super::{ModelError, Result, Weights};
 use crate::ggml::{Context, GType, GraphRun, Tensor};
 
@@ -143,11 +143,7 @@ impl<'w> Sd3<'w> {
             return Err(ModelError::Config("an MMDiT without joint blocks".into()));
         }
         let at = |s: String| format!("{prefix}{s}");
-        let lin = |name: String, i: i64, o: i64| -> Result<()> {
-            w.expect(&at(format!("{name}.weight")), &[i, o])?;
-            w.expect(&at(format!("{name}.bias")), &[o])?;
-            Ok(())
-        };
+        let lin = |name: String, i: i64, o: i64| expect_linear(w, &at(name), i, o);
         w.expect(
             &at("x_embedder.proj.weight".into()),
             &[p, p, c.in_channels, d],
