@@ -118,6 +118,21 @@ fn gguf_files_load_and_quantized_weights_stay_close() {
     let px = env.run_saved(&t5_q8, "10").2;
     let diff = px.iter().zip(&base).map(|(a, b)| (*a as i32 - *b as i32).abs()).max().unwrap();
     assert!(diff > 0 && diff < 40, "a Q8_0 T5 stays close to f32: max pixel difference {diff}");
+    // A LoRA on the Q8_0 model (`auto`: added at run time, the weights stay quantized,
+    // q/k/v rows split as diffusers names them) lands close to the LoRA on f32 weights.
+    let lora = env.dir.path().join("models/loras/flux_diffusers.safetensors");
+    sdflow_tests::write_flux_lora(&lora, "diffusers");
+    let env = TestEnv::with_dir(env.dir, |rt| rt);
+    let with_lora = |w: &Workflow| {
+        let mut w = w.clone();
+        w.nodes.insert("20".into(), sdflow_executor::NodeSpec::new("LoraLoaderModelOnly").with_input("model", link("1", 0)).with_input("lora_name", sdflow_executor::InputValue::Const(serde_json::json!("flux_diffusers.safetensors"))).with_input("strength_model", sdflow_executor::InputValue::Const(serde_json::json!(1.0))));
+        w.set_input("8", "model", link("20", 0)).unwrap();
+        env.run_saved(&w, "10").2
+    };
+    let (f32_lora, q8_lora) = (with_lora(&wf), with_lora(&q8));
+    assert_ne!(f32_lora, base);
+    let diff = q8_lora.iter().zip(&f32_lora).map(|(a, b)| (*a as i32 - *b as i32).abs()).max().unwrap();
+    assert!(diff > 0 && diff < 40, "a LoRA on Q8_0 weights stays close to the LoRA on f32: max pixel difference {diff}");
 }
 
 #[test]
