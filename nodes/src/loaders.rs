@@ -316,10 +316,11 @@ fn chroma_model(weights: WeightHandle<Weights>, prefix: String) -> Result<ModelR
     Ok(m)
 }
 
-/// Where ComfyUI's all-in-one FLUX checkpoints keep the parts beside
-/// `model.diffusion_model.`.
-const FLUX_CLIP_L: &str = "text_encoders.clip_l.transformer.";
-const FLUX_T5: &str = "text_encoders.t5xxl.transformer.";
+/// Where ComfyUI's all-in-one checkpoints (FLUX, SD3) keep their text encoders beside
+/// `model.diffusion_model.`, and where FLUX's keep the VAE.
+const CKPT_CLIP_L: &str = "text_encoders.clip_l.transformer.";
+const CKPT_CLIP_G: &str = "text_encoders.clip_g.transformer.";
+const CKPT_T5: &str = "text_encoders.t5xxl.transformer.";
 const FLUX_VAE: &str = "vae.";
 
 /// The outputs of CheckpointLoaderSimple for an all-in-one FLUX.1 checkpoint (ComfyUI's
@@ -331,11 +332,11 @@ fn flux_checkpoint(rt: &Runtime, path: &Path, det: &detect::Detection) -> Result
     let has = |p: &str| names().any(|n| n.starts_with(p));
     let prefix = det.diffusion_prefix.clone().unwrap_or_default();
     let mut missing = Vec::new();
-    if !has(&format!("{FLUX_CLIP_L}text_model.")) {
-        missing.push(format!("CLIP-L (`{FLUX_CLIP_L}*`: load clip_l with DualCLIPLoader type flux, sd-cli's --clip_l)"));
+    if !has(&format!("{CKPT_CLIP_L}text_model.")) {
+        missing.push(format!("CLIP-L (`{CKPT_CLIP_L}*`: load clip_l with DualCLIPLoader type flux, sd-cli's --clip_l)"));
     }
-    if !t5::is_t5(names().filter(|n| n.starts_with(FLUX_T5))) {
-        missing.push(format!("T5-XXL (`{FLUX_T5}*`: load t5xxl with DualCLIPLoader type flux, sd-cli's --t5xxl)"));
+    if !t5::is_t5(names().filter(|n| n.starts_with(CKPT_T5))) {
+        missing.push(format!("T5-XXL (`{CKPT_T5}*`: load t5xxl with DualCLIPLoader type flux, sd-cli's --t5xxl)"));
     }
     if !has(&format!("{FLUX_VAE}decoder.")) {
         missing.push(format!("the VAE (`{FLUX_VAE}*`: load ae with VAELoader, sd-cli's --vae)"));
@@ -344,7 +345,7 @@ fn flux_checkpoint(rt: &Runtime, path: &Path, det: &detect::Detection) -> Result
         return Err(NodeError::msg(format!("{}: a FLUX.1 diffusion model without {}; load the model with UNETLoader (sd-cli's --diffusion-model) and the rest apart", path.display(), missing.join(", "))));
     }
     let model = flux_model(weights_handle(rt, path, &prefix)?, prefix, det.flux_guidance)?;
-    let clip_l = ClipEncoder { weights: weights_handle(rt, path, FLUX_CLIP_L)?, prefix: format!("{FLUX_CLIP_L}text_model"), layout: ClipLayout::HuggingFace, dropped_layers: 0 };
+    let clip_l = ClipEncoder { weights: weights_handle(rt, path, CKPT_CLIP_L)?, prefix: format!("{CKPT_CLIP_L}text_model"), layout: ClipLayout::HuggingFace, dropped_layers: 0 };
     let clip = ClipRef { encoders: vec![clip_l], t5: Some(t5_handle(rt, path)?), family: ModelFamily::Flux, clip_skip: None };
     let vae = VaeRef { weights: weights_handle(rt, path, FLUX_VAE)?, prefix: FLUX_VAE.trim_end_matches('.').into(), kind: VaeKind::Kl };
     Ok(Outputs::new(vec![Value::new(IoType::MODEL, model), Value::new(IoType::CLIP, clip), Value::new(IoType::VAE, vae)]))
@@ -369,11 +370,7 @@ fn sd3_model(weights: WeightHandle<Weights>, prefix: String) -> Result<ModelRef,
     })
 }
 
-/// Where ComfyUI's all-in-one SD3 / SD3.5 checkpoints keep the text encoders and VAE
-/// beside `model.diffusion_model.`.
-const SD3_CLIP_L: &str = "text_encoders.clip_l.transformer.";
-const SD3_CLIP_G: &str = "text_encoders.clip_g.transformer.";
-const SD3_T5: &str = "text_encoders.t5xxl.transformer.";
+/// Where SD3 / SD3.5 checkpoints keep the VAE.
 const SD3_VAE: &str = "first_stage_model.";
 
 /// The outputs of CheckpointLoaderSimple for an SD3 / SD3.5 checkpoint: the text encoders
@@ -389,14 +386,14 @@ fn sd3_checkpoint(rt: &Runtime, path: &Path, det: &detect::Detection) -> Result<
     let prefix = det.diffusion_prefix.clone().unwrap_or_default();
     let model = sd3_model(weights_handle(rt, path, &prefix)?, prefix)?;
     let mut encoders = Vec::new();
-    for p in [SD3_CLIP_L, SD3_CLIP_G] {
+    for p in [CKPT_CLIP_L, CKPT_CLIP_G] {
         if has(&format!("{p}text_model.")) {
             encoders.push(ClipEncoder { weights: weights_handle(rt, path, p)?, prefix: format!("{p}text_model"), layout: ClipLayout::HuggingFace, dropped_layers: 0 });
         }
     }
     // Stability's own files hold the MMDiT and VAE only: their CLIP is empty (ComfyUI's
     // None), and encoding with it names TripleCLIPLoader.
-    let t5 = if t5::is_t5(names().filter(|n| n.starts_with(SD3_T5))) { Some(t5_handle(rt, path)?) } else { None };
+    let t5 = if t5::is_t5(names().filter(|n| n.starts_with(CKPT_T5))) { Some(t5_handle(rt, path)?) } else { None };
     let clip = ClipRef { encoders, t5, family: ModelFamily::Sd3, clip_skip: None };
     let vae = VaeRef { weights: weights_handle(rt, path, SD3_VAE)?, prefix: SD3_VAE.trim_end_matches('.').into(), kind: VaeKind::Kl };
     Ok(Outputs::new(vec![Value::new(IoType::MODEL, model), Value::new(IoType::CLIP, clip), Value::new(IoType::VAE, vae)]))

@@ -6,7 +6,7 @@
 //! under `model.diffusion_model.`; denoised through [`crate::models::flux::FluxDenoiser`].
 
 use super::dit::{self, rope};
-use super::flux::blocks::{Blocks, Rope};
+use super::flux::blocks::{block_dims, count, Blocks, Rope};
 use super::nn::{expect_linear, linear};
 use super::{ModelError, Result, Weights};
 use crate::ggml::{Context, GType, GraphRun, Tensor};
@@ -41,26 +41,20 @@ impl ChromaConfig {
         if !w.contains(&at(MARKER)) {
             return Err(ModelError::Config(format!("not a Chroma model: no `{}`", at(MARKER))));
         }
-        let img_in = w.get(&at("img_in.weight"))?.ne();
-        let head_dim = w.get(&at("double_blocks.0.img_attn.norm.query_norm.scale"))?.ne()[0];
-        let hidden = img_in[1];
-        if head_dim < 1 || hidden % head_dim != 0 {
-            return Err(ModelError::Config(format!("head width {head_dim} does not divide the width {hidden}")));
-        }
-        let count = |part: &str, leaf: &str| (0..).take_while(|i| w.contains(&at(&format!("{part}.{i}.{leaf}")))).count();
+        let d = block_dims(w, prefix)?;
         let approx = w.get(&at(MARKER))?.ne();
         Ok(ChromaConfig {
-            in_channels: img_in[0],
-            out_channels: w.get(&at("final_layer.linear.weight"))?.ne()[1],
-            hidden,
-            heads: hidden / head_dim,
-            mlp_hidden: w.get(&at("double_blocks.0.img_mlp.0.weight"))?.ne()[1],
-            context: w.get(&at("txt_in.weight"))?.ne()[0],
-            depth: count("double_blocks", "img_attn.qkv.weight"),
-            depth_single: count("single_blocks", "linear1.weight"),
+            in_channels: d.in_channels,
+            out_channels: d.out_channels,
+            hidden: d.hidden,
+            heads: d.heads,
+            mlp_hidden: d.mlp_hidden,
+            context: d.context,
+            depth: d.depth,
+            depth_single: d.depth_single,
             approx_in: approx[0],
             approx_hidden: approx[1],
-            approx_layers: count("distilled_guidance_layer.layers", "in_layer.weight"),
+            approx_layers: count(w, prefix, "distilled_guidance_layer.layers", "in_layer.weight"),
             axes: vec![16, 56, 56],
             theta: 10_000.0,
         })

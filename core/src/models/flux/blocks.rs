@@ -12,6 +12,45 @@ pub(crate) struct Rope<'a> {
     pub sin: Tensor<'a>,
 }
 
+/// What FLUX's and Chroma's files say alike of their shape: the token widths in and out,
+/// the width, heads, MLP width, text width and the count of each kind of block.
+pub(crate) struct BlockDims {
+    pub in_channels: i64,
+    pub out_channels: i64,
+    pub hidden: i64,
+    pub heads: i64,
+    pub mlp_hidden: i64,
+    pub context: i64,
+    pub depth: usize,
+    pub depth_single: usize,
+}
+
+/// How many `{prefix}{part}.{i}.{leaf}` there are, from 0 on.
+pub(crate) fn count(w: &Weights, prefix: &str, part: &str, leaf: &str) -> usize {
+    (0..).take_while(|i| w.contains(&format!("{prefix}{part}.{i}.{leaf}"))).count()
+}
+
+/// Read [`BlockDims`] off the weights under `prefix`.
+pub(crate) fn block_dims(w: &Weights, prefix: &str) -> Result<BlockDims> {
+    let at = |s: &str| format!("{prefix}{s}");
+    let img_in = w.get(&at("img_in.weight"))?.ne();
+    let head_dim = w.get(&at("double_blocks.0.img_attn.norm.query_norm.scale"))?.ne()[0];
+    let hidden = img_in[1];
+    if head_dim < 1 || hidden % head_dim != 0 {
+        return Err(crate::models::ModelError::Config(format!("head width {head_dim} does not divide the width {hidden}")));
+    }
+    Ok(BlockDims {
+        in_channels: img_in[0],
+        out_channels: w.get(&at("final_layer.linear.weight"))?.ne()[1],
+        hidden,
+        heads: hidden / head_dim,
+        mlp_hidden: w.get(&at("double_blocks.0.img_mlp.0.weight"))?.ne()[1],
+        context: w.get(&at("txt_in.weight"))?.ne()[0],
+        depth: count(w, prefix, "double_blocks", "img_attn.qkv.weight"),
+        depth_single: count(w, prefix, "single_blocks", "linear1.weight"),
+    })
+}
+
 /// Check the weights of `double` double-stream and `single` single-stream blocks under
 /// `prefix`, `d` wide with `m`-wide MLPs and `dh`-wide heads; with `modulated`, their own
 /// modulation layers too (FLUX's; Chroma's come from its approximator).

@@ -71,10 +71,6 @@ pub struct Flux<'w> {
     pub config: FluxConfig,
 }
 
-fn count(w: &Weights, prefix: &str, part: &str, leaf: &str) -> usize {
-    (0..).take_while(|i| w.contains(&format!("{prefix}{part}.{i}.{leaf}"))).count()
-}
-
 impl FluxConfig {
     /// Read the dimensions off the weights under `prefix` (`""` or `model.diffusion_model.`).
     pub fn infer(w: &Weights, prefix: &str) -> Result<Self> {
@@ -82,23 +78,17 @@ impl FluxConfig {
         if !w.contains(&at(MARKER)) {
             return Err(ModelError::Config(format!("not a FLUX.1 transformer: no `{}`", at(MARKER))));
         }
-        let img_in = w.get(&at("img_in.weight"))?.ne();
-        let out = w.get(&at("final_layer.linear.weight"))?.ne();
-        let head_dim = w.get(&at("double_blocks.0.img_attn.norm.query_norm.scale"))?.ne()[0];
-        let hidden = img_in[1];
-        if head_dim < 1 || hidden % head_dim != 0 {
-            return Err(ModelError::Config(format!("head width {head_dim} does not divide the width {hidden}")));
-        }
+        let d = blocks::block_dims(w, prefix)?;
         Ok(FluxConfig {
-            in_channels: img_in[0],
-            out_channels: out[1],
-            hidden,
-            heads: hidden / head_dim,
-            mlp_hidden: w.get(&at("double_blocks.0.img_mlp.0.weight"))?.ne()[1],
-            context: w.get(&at("txt_in.weight"))?.ne()[0],
+            in_channels: d.in_channels,
+            out_channels: d.out_channels,
+            hidden: d.hidden,
+            heads: d.heads,
+            mlp_hidden: d.mlp_hidden,
+            context: d.context,
             vector: w.get(&at("vector_in.in_layer.weight"))?.ne()[0],
-            depth: count(w, prefix, "double_blocks", "img_attn.qkv.weight"),
-            depth_single: count(w, prefix, "single_blocks", "linear1.weight"),
+            depth: d.depth,
+            depth_single: d.depth_single,
             guidance_embed: w.contains(&at("guidance_in.in_layer.weight")),
             axes: vec![16, 56, 56],
             theta: 10_000.0,
