@@ -177,7 +177,7 @@ pub(crate) fn encode_texts_with(rt: &Runtime, clip: &ClipRef, text_l: &str, text
             // Different prompts may chunk differently; ComfyUI pads the shorter with
             // empty chunks.
             let (nl, ng) = (pl.chunks.len(), pg.chunks.len());
-            let (pl, pg) = (pad_chunks(pl, ng, pad_l), pad_chunks(pg, nl, pad_g));
+            let (pl, pg) = (pl.padded_to(ng, pad_l), pg.padded_to(nl, pad_g));
             rt.with_backend(|b| encode_prompt_sdxl(b, (l, &pl), (g, &pg), skip.get() as usize)).map_err(err)
         }
         _ => Err(NodeError::msg(format!("a CLIP of {} text encoders", models.len()))),
@@ -194,19 +194,6 @@ fn pad_token(clip: &ClipRef, enc: &ClipEncoder) -> PadToken {
     } else {
         PadToken::EndOfText
     }
-}
-
-/// `p` grown to `n` chunks with empty ones: BOS, EOS, then `pad`.
-pub(crate) fn pad_chunks(mut p: TokenizedPrompt, n: usize, pad: u32) -> TokenizedPrompt {
-    while p.chunks.len() < n {
-        let mut empty = p.chunks[0].clone();
-        empty.tokens.iter_mut().skip(2).for_each(|t| *t = pad);
-        empty.tokens[1] = sdflow_core::text::EOS_TOKEN;
-        empty.weights.iter_mut().for_each(|w| *w = 1.0);
-        empty.embeddings.clear();
-        p.chunks.push(empty);
-    }
-    p
 }
 
 /// ComfyUI's "CLIP Set Last Layer": -1 is the last layer, -2 the penultimate (A1111's

@@ -428,7 +428,7 @@ impl ClipLoader {
 /// The text encoder of a standalone file: the prefix `ClipTextConfig` takes, its
 /// layout, the prefix of the tensors to load (the projection sits beside a Hugging Face
 /// `text_model`), and its width.
-pub(crate) fn text_encoder_in(path: &Path) -> Result<(String, ClipLayout, String, usize), NodeError> {
+fn text_encoder_in(path: &Path) -> Result<(String, ClipLayout, String, usize), NodeError> {
     let src = io::open(path).map_err(err)?;
     let found = src.tensors().iter().find_map(|t| {
         if let Some(p) = t.name.strip_suffix("embeddings.token_embedding.weight") {
@@ -490,7 +490,7 @@ impl Node for ClipLoader {
             return Ok(Outputs::new(vec![Value::new(IoType::CLIP, clip)]));
         }
         if ty == "sd3" {
-            let clip = crate::sd3::sd3_clip(&self.rt, &self.paths(inputs)?)?;
+            let clip = sd3_clip(&self.rt, &self.paths(inputs)?)?;
             return Ok(Outputs::new(vec![Value::new(IoType::CLIP, clip)]));
         }
         if ty != if self.dual { "sdxl" } else { "stable_diffusion" } {
@@ -548,12 +548,38 @@ impl ClipLoader {
     }
 }
 
+/// The SD3 CLIP of standalone files, in any order: CLIP-L and OpenCLIP-G (Hugging Face or
+/// OpenCLIP names; the narrower is CLIP-L) and T5-XXL (safetensors or GGUF), any of them
+/// left out — what CLIPLoader, DualCLIPLoader (type sd3) and TripleCLIPLoader load.
+pub(crate) fn sd3_clip(rt: &Runtime, paths: &[PathBuf]) -> Result<ClipRef, NodeError> {
+    let mut clips = Vec::new();
+    let mut t5 = None;
+    for path in paths {
+        let src = sdflow_core::io::open(path).map_err(err)?;
+        if t5::is_t5(src.tensors().iter().map(|t| t.name.as_str())) {
+            if let Some((other, _)) = t5.replace((path.clone(), t5_handle(rt, path)?)) {
+                return Err(NodeError::msg(format!("{} and {} are both T5 encoders; SD3 takes one T5-XXL beside CLIP-L and OpenCLIP-G", other.display(), path.display())));
+            }
+            continue;
+        }
+        let (prefix, layout, root, width) = text_encoder_in(path)?;
+        clips.push((width, path.clone(), ClipEncoder { weights: weights_handle(rt, path, &root)?, prefix, layout, dropped_layers: 0 }));
+    }
+    clips.sort_by_key(|c| c.0);
+    match clips.as_slice() {
+        [a, b] if a.0 == b.0 => return Err(NodeError::msg(format!("{} and {} are both {}-wide text encoders; SD3 takes CLIP-L and OpenCLIP-G", a.1.display(), b.1.display(), a.0))),
+        [_, _, c, ..] => return Err(NodeError::msg(format!("{}: a third CLIP text encoder; SD3 takes CLIP-L, OpenCLIP-G and T5-XXL", c.1.display()))),
+        _ => {}
+    }
+    Ok(ClipRef { encoders: clips.into_iter().map(|c| c.2).collect(), t5: t5.map(|t| t.1), family: ModelFamily::Sd3, clip_skip: None })
+}
+
 /// The residency key prefix of T5 encoders: their GGUF tensors are renamed on load.
 const T5_KEY: &str = "t5:";
 
 /// The T5 encoder of a standalone file (Hugging Face names under any prefix, or llama.cpp's
 /// GGUF names) as a handle; nothing is read until it is pinned.
-pub(crate) fn t5_handle(rt: &Runtime, path: &Path) -> Result<T5Ref, NodeError> {
+fn t5_handle(rt: &Runtime, path: &Path) -> Result<T5Ref, NodeError> {
     let src = t5::hf_layout(io::open(path).map_err(err)?).map_err(err)?;
     let prefix = t5::find_prefix(src.tensors().iter().map(|t| t.name.as_str()))
         .ok_or_else(|| NodeError::msg(format!("{}: no T5 encoder (`{}`)", path.display(), t5::MARKER)))?;

@@ -8,17 +8,16 @@
 //! is CLIP-L's (raw) then OpenCLIP-G's (projected). Encoders a CLIP lacks give zeros, as
 //! ComfyUI's do.
 
-use crate::conditioning::pad_chunks;
-use crate::loaders::{t5_handle, text_encoder_in, weights_handle, TEXT_ENCODERS};
+use crate::loaders::TEXT_ENCODERS;
 use crate::runtime::Runtime;
-use crate::values::{ClipEncoder, ClipRef, CondEntry, CondList, ModelRef};
+use crate::values::{ClipRef, CondEntry, CondList, ModelRef};
 use sdflow_core::models::dit::SkipLayers;
 use crate::{err, loaders};
 use sdflow_core::detect::ModelFamily;
 use sdflow_core::models::clip::{ClipTextConfig, ClipTextModel};
 use sdflow_core::models::conditioning::Conditioning;
 use sdflow_core::models::sd::{encode_prompt_with, Pooled};
-use sdflow_core::models::t5::{self, T5Config, T5Encoder};
+use sdflow_core::models::t5::{T5Config, T5Encoder};
 use sdflow_core::text::t5::T5Tokenizer;
 use sdflow_core::text::{tokenize_weighted, ChunkOptions, ClipTokenizer, PadToken};
 use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Lane, Node, NodeError, NodeSchema, Outputs, Registry, Value};
@@ -41,32 +40,6 @@ const G_WIDTH: usize = 1280;
 const CONTEXT: usize = 4096;
 /// CLIP-L and OpenCLIP-G read their penultimate layer (ComfyUI's `layer_idx=-2`).
 const CLIP_SKIP: u32 = 2;
-
-/// The SD3 CLIP of standalone files, in any order: CLIP-L and OpenCLIP-G (Hugging Face or
-/// OpenCLIP names; the narrower is CLIP-L) and T5-XXL (safetensors or GGUF), any of them
-/// left out — what CLIPLoader, DualCLIPLoader (type sd3) and TripleCLIPLoader load.
-pub(crate) fn sd3_clip(rt: &Runtime, paths: &[PathBuf]) -> Result<ClipRef, NodeError> {
-    let mut clips = Vec::new();
-    let mut t5 = None;
-    for path in paths {
-        let src = sdflow_core::io::open(path).map_err(err)?;
-        if t5::is_t5(src.tensors().iter().map(|t| t.name.as_str())) {
-            if let Some((other, _)) = t5.replace((path.clone(), t5_handle(rt, path)?)) {
-                return Err(NodeError::msg(format!("{} and {} are both T5 encoders; SD3 takes one T5-XXL beside CLIP-L and OpenCLIP-G", other.display(), path.display())));
-            }
-            continue;
-        }
-        let (prefix, layout, root, width) = text_encoder_in(path)?;
-        clips.push((width, path.clone(), ClipEncoder { weights: weights_handle(rt, path, &root)?, prefix, layout, dropped_layers: 0 }));
-    }
-    clips.sort_by_key(|c| c.0);
-    match clips.as_slice() {
-        [a, b] if a.0 == b.0 => return Err(NodeError::msg(format!("{} and {} are both {}-wide text encoders; SD3 takes CLIP-L and OpenCLIP-G", a.1.display(), b.1.display(), a.0))),
-        [_, _, c, ..] => return Err(NodeError::msg(format!("{}: a third CLIP text encoder; SD3 takes CLIP-L, OpenCLIP-G and T5-XXL", c.1.display()))),
-        _ => {}
-    }
-    Ok(ClipRef { encoders: clips.into_iter().map(|c| c.2).collect(), t5: t5.map(|t| t.1), family: ModelFamily::Sd3, clip_skip: None })
-}
 
 /// An encoder of an SD3 CLIP, ready to run.
 struct Loaded<'w> {
@@ -118,7 +91,7 @@ pub(crate) fn encode(rt: &Runtime, clip: &ClipRef, l: Option<&str>, g: Option<&s
         let chunks = pl.iter().chain(&pg).map(|p| p.0.chunks.len()).max().unwrap_or(0);
         let run = |e: &Option<Loaded<'_>>, p: Option<(sdflow_core::text::TokenizedPrompt, u32)>, pool: Pooled| -> Result<Option<Conditioning>, NodeError> {
             let (Some(e), Some((p, pad))) = (e, p) else { return Ok(None) };
-            let p = pad_chunks(p, chunks, pad);
+            let p = p.padded_to(chunks, pad);
             let skip = skip.clamp(1, e.model.config.layers);
             rt.with_backend(|b| encode_prompt_with(b, &e.model, &p, skip, false, pool)).map(Some).map_err(err)
         };
@@ -202,7 +175,7 @@ impl Node for TripleClipLoader {
     }
 
     fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
-        let clip = sd3_clip(&self.rt, &self.paths(inputs)?)?;
+        let clip = loaders::sd3_clip(&self.rt, &self.paths(inputs)?)?;
         Ok(Outputs::new(vec![Value::new(IoType::CLIP, clip)]))
     }
 }

@@ -278,6 +278,22 @@ pub struct TokenizedPrompt {
     pub missing_embeddings: Vec<String>,
 }
 
+impl TokenizedPrompt {
+    /// Grown to `n` chunks with empty ones (BOS, EOS, then `pad`), as ComfyUI evens the
+    /// chunk counts of two encoders' prompts.
+    pub fn padded_to(mut self, n: usize, pad: u32) -> Self {
+        while self.chunks.len() < n {
+            let mut empty = self.chunks[0].clone();
+            empty.tokens.iter_mut().skip(2).for_each(|t| *t = pad);
+            empty.tokens[1] = super::EOS_TOKEN;
+            empty.weights.iter_mut().for_each(|w| *w = 1.0);
+            empty.embeddings.clear();
+            self.chunks.push(empty);
+        }
+        self
+    }
+}
+
 struct Builder {
     bos: u32,
     eos: u32,
