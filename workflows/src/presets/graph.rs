@@ -1,0 +1,252 @@
+//! The graph-building pieces every preset shares: a builder that numbers nodes (core
+//! nodes first), the sampling pass, and the checks of flag values.
+
+use std::collections::BTreeMap;
+
+use sdflow_executor::{Header, InputValue, NodeSpec, Workflow};
+use serde_json::json;
+
+use super::{invalid, not_supported, workflow_sampler_name, workflow_scheduler_name, Preset, PresetError, TilingParams};
+
+/// Where a link input comes from, by builder key.
+#[derive(Clone)]
+pub(super) struct Out(pub(super) String, pub(super) usize);
+
+pub(super) fn link(o: &Out) -> InputValue {
+    InputValue::link(o.0.clone(), o.1)
+}
+
+pub(super) struct Entry {
+    pub(super) key: String,
+    pub(super) core: bool,
+    pub(super) origin: String,
+    pub(super) spec: NodeSpec,
+}
+
+/// Builds a graph with symbolic keys, numbered at the end (core nodes first).
+#[derive(Default)]
+pub(super) struct Builder {
+    pub(super) entries: Vec<Entry>,
+}
+
+impl Builder {
+    pub(super) fn add(&mut self, key: &str, core: bool, origin: &str, spec: NodeSpec) -> String {
+        let key = if self.entries.iter().any(|e| e.key == key) { format!("{key}#{}", self.entries.len()) } else { key.to_string() };
+        self.entries.push(Entry { key: key.clone(), core, origin: origin.to_string(), spec });
+        key
+    }
+
+    pub(super) fn core(&mut self, key: &str, origin: &str, spec: NodeSpec) -> String {
+        self.add(key, true, origin, spec)
+    }
+
+    pub(super) fn extra(&mut self, key: &str, origin: &str, spec: NodeSpec) -> String {
+        self.add(key, false, origin, spec)
+    }
+
+    pub(super) fn finish(self, title: String, description: String) -> Preset {
+        let mut ids = BTreeMap::new();
+        let order = self.entries.iter().filter(|e| e.core).chain(self.entries.iter().filter(|e| !e.core));
+        for (i, e) in order.enumerate() {
+            ids.insert(e.key.clone(), (i + 1).to_string());
+        }
+        let mut wf = Workflow { header: Some(Header { title: Some(title), description: Some(description), ..Header::default() }), nodes: BTreeMap::new() };
+        let mut origins = BTreeMap::new();
+        let mut save_nodes = Vec::new();
+        for e in self.entries {
+            let id = ids[&e.key].clone();
+            let mut spec = e.spec;
+            for v in spec.inputs.values_mut() {
+                if let InputValue::Link { node, .. } = v {
+                    if let Some(n) = ids.get(node.as_str()) {
+                        *node = n.clone();
+                    }
+                }
+            }
+            if spec.class_type == "SaveImage" {
+                save_nodes.push(id.clone());
+            }
+            origins.insert(id.clone(), e.origin);
+            wf.nodes.insert(id, spec);
+        }
+        save_nodes.sort_by_key(|id| id.parse::<u64>().unwrap_or(u64::MAX));
+        Preset { workflow: wf, origins, save_nodes }
+    }
+}
+
+pub(super) fn text_encode(text: &str, clip: &Out, title: &str) -> NodeSpec {
+    let mut n = NodeSpec::new("CLIPTextEncode").with_const("text", json!(text)).with_input("clip", link(clip));
+    n.title = Some(title.into());
+    n
+}
+
+/// What every sampling pass of a preset shares: `-s`, `--cfg-scale`, the sampler and
+/// scheduler (workflow names), `--rng` and `--eta`.
+pub(super) struct Sampling<'a> {
+    pub(super) seed: i64,
+    pub(super) cfg: f64,
+    pub(super) sampler: &'a str,
+    pub(super) scheduler: &'a str,
+    pub(super) rng: Option<&'a str>,
+    pub(super) eta: Option<f64>,
+}
+
+impl Sampling<'_> {
+    /// The SAMPLER node `--eta` needs (KSampler takes only a sampler's name).
+    pub(super) fn select_node(&self, sampler: &str) -> Option<NodeSpec> {
+        self.eta.map(|eta| NodeSpec::new("KSamplerSelectAdvanced").with_const("sampler_name", json!(sampler)).with_const("eta", json!(eta)).with_const("s_noise", json!(1.0)).with_const("noise", json!("sampler")))
+    }
+
+    /// The SAMPLER node of a SamplerCustom pass and the flag it stands for: with `--eta`
+    /// its KSamplerSelectAdvanced, else KSamplerSelect.
+    pub(super) fn sampler_node(&self, sampler: &str) -> (NodeSpec, &'static str) {
+        match self.select_node(sampler) {
+            Some(n) => (n, "--eta"),
+            None => (NodeSpec::new("KSamplerSelect").with_const("sampler_name", json!(sampler)), "--sampling-method"),
+        }
+    }
+
+    /// `node` with `--rng`, left out unless asked for: the nodes' default is ComfyUI's
+    /// CPU noise.
+    pub(super) fn with_rng(&self, node: NodeSpec) -> NodeSpec {
+        match self.rng {
+            Some(r) => node.with_const("rng", json!(r)),
+            None => node,
+        }
+    }
+}
+
+/// The pass's schedule when it is not `--steps` of `--scheduler`.
+pub(super) enum CustomSigmas<'a> {
+    /// `--sigmas` with `-i`: cut to the strength as sd-cli's img2img cuts its schedule.
+    Strength(&'a [f32], f64),
+    /// `--hires-sigmas`, or `--sigmas` without `-i`: the schedule as given.
+    Whole(&'a [f32]),
+}
+
+/// One sampling pass: KSampler, or SamplerCustom when `--eta` or custom sigmas ask for
+/// more than KSampler's inputs (its SAMPLER a KSamplerSelectAdvanced, its SIGMAS a
+/// ManualSigmas), so that the plain graphs stay ComfyUI's KSampler graphs.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn sample_pass(b: &mut Builder, key: &str, origin: &str, s: &Sampling<'_>, model: &Out, steps: i64, sigmas: Option<CustomSigmas<'_>>, denoise: f64, pos: &Out, neg: &Out, latent: &Out) -> String {
+    if s.eta.is_none() && sigmas.is_none() {
+        let node = NodeSpec::new("KSampler")
+            .with_input("model", link(model))
+            .with_const("seed", json!(s.seed))
+            .with_const("steps", json!(steps))
+            .with_const("cfg", json!(s.cfg))
+            .with_const("sampler_name", json!(s.sampler))
+            .with_const("scheduler", json!(s.scheduler))
+            .with_input("positive", link(pos))
+            .with_input("negative", link(neg))
+            .with_input("latent_image", link(latent))
+            .with_const("denoise", json!(denoise));
+        return b.core(key, origin, s.with_rng(node));
+    }
+    let (select, select_origin) = s.sampler_node(s.sampler);
+    let select = b.extra(&format!("{key}_select"), select_origin, select);
+    let schedule = match sigmas {
+        None => Out(b.extra(&format!("{key}_sigmas"), "--scheduler", NodeSpec::new("BasicScheduler").with_input("model", link(model)).with_const("scheduler", json!(s.scheduler)).with_const("steps", json!(steps)).with_const("denoise", json!(denoise))), 0),
+        Some(CustomSigmas::Whole(list)) => Out(b.extra(&format!("{key}_sigmas"), origin, manual_sigmas(list)), 0),
+        Some(CustomSigmas::Strength(list, strength)) => {
+            let manual = b.extra(&format!("{key}_sigmas"), origin, manual_sigmas(list));
+            match strength_split(list.len(), strength) {
+                0 => Out(manual, 0),
+                step => Out(b.extra(&format!("{key}_split"), "--strength", NodeSpec::new("SplitSigmas").with_input("sigmas", InputValue::link(manual, 0)).with_const("step", json!(step))), 1),
+            }
+        }
+    };
+    let node = NodeSpec::new("SamplerCustom")
+        .with_input("model", link(model))
+        .with_const("add_noise", json!(true))
+        .with_const("noise_seed", json!(s.seed))
+        .with_const("cfg", json!(s.cfg))
+        .with_input("positive", link(pos))
+        .with_input("negative", link(neg))
+        .with_input("sampler", InputValue::link(select, 0))
+        .with_input("sigmas", link(&schedule))
+        .with_input("latent_image", link(latent));
+    b.core(key, origin, s.with_rng(node))
+}
+
+pub(super) fn manual_sigmas(list: &[f32]) -> NodeSpec {
+    let text: Vec<String> = list.iter().map(f32::to_string).collect();
+    NodeSpec::new("ManualSigmas").with_const("sigmas", json!(text.join(", ")))
+}
+
+/// Where sd-cli's img2img starts in a custom schedule of `len` sigmas at `strength`: it
+/// runs the last `t_enc = floor(steps * strength)` steps (at most `steps - 1`), from one
+/// sigma earlier. SplitSigmas' `step`: its low half is what runs.
+pub(super) fn strength_split(len: usize, strength: f64) -> usize {
+    if strength >= 1.0 || len < 2 {
+        return 0;
+    }
+    let steps = len - 1;
+    let t_enc = ((steps as f32 * strength as f32) as usize).min(steps - 1);
+    steps - t_enc - 1
+}
+
+pub(super) fn check_range(flag: &str, v: i64, lo: i64, hi: i64) -> Result<(), PresetError> {
+    if v < lo || v > hi {
+        return Err(invalid(flag, format!("{v} is outside {lo}..={hi}")));
+    }
+    Ok(())
+}
+
+/// sd-cli's tile options beyond ComfyUI's square `tile_size`, as the tiled nodes' optional
+/// inputs; left out when not given, so the plain graphs stay ComfyUI's.
+pub(super) fn sd_cli_tiles(mut node: NodeSpec, t: &TilingParams) -> NodeSpec {
+    let (tx, ty) = t.tile_size;
+    if tx != ty {
+        node = node.with_const("tile_height", json!(ty * 8));
+    }
+    if let Some((rx, ry)) = t.relative {
+        node = node.with_const("relative_tile_size", json!(format!("{rx}x{ry}")));
+    }
+    node
+}
+
+/// `--prediction`: what the model predicts, set over the loader's MODEL (ComfyUI's
+/// model-sampling nodes; sd-cli's names).
+pub(super) fn prediction_node(b: &mut Builder, model: &Out, prediction: Option<&str>) -> Result<Out, PresetError> {
+    let Some(p) = prediction else { return Ok(model.clone()) };
+    let node = match p {
+        "eps" | "v" => NodeSpec::new("ModelSamplingDiscrete").with_input("model", link(model)).with_const("sampling", json!(if p == "eps" { "eps" } else { "v_prediction" })).with_const("zsnr", json!(false)),
+        // sd.cpp's EDMVDenoiser range (CosXL's).
+        "edm_v" => NodeSpec::new("ModelSamplingContinuousEDM").with_input("model", link(model)).with_const("sampling", json!("v_prediction")).with_const("sigma_max", json!(120.0)).with_const("sigma_min", json!(0.002)),
+        "sd3_flow" | "flux_flow" | "flux2_flow" => return Err(not_supported(format!("--prediction {p}"), "flow-matching models (SD3, FLUX) are not implemented")),
+        other => return Err(invalid("--prediction", format!("`{other}` is not one of eps, v, edm_v, sd3_flow, flux_flow, flux2_flow"))),
+    };
+    Ok(Out(b.extra("model_sampling", "--prediction", node), 0))
+}
+
+pub(super) fn check_eta(eta: Option<f64>) -> Result<(), PresetError> {
+    match eta {
+        Some(e) if !(e.is_finite() && (0.0..=100.0).contains(&e)) => Err(invalid("--eta", format!("{e} is outside 0..=100"))),
+        _ => Ok(()),
+    }
+}
+
+pub(super) fn check_sigmas(flag: &str, list: Option<&[f32]>) -> Result<(), PresetError> {
+    let Some(list) = list else { return Ok(()) };
+    if list.len() < 2 {
+        return Err(invalid(flag, format!("needs at least 2 sigmas (a start and an end), got {}", list.len())));
+    }
+    if let Some(v) = list.iter().find(|v| !(v.is_finite() && **v >= 0.0)) {
+        return Err(invalid(flag, format!("{v} is not a finite sigma >= 0")));
+    }
+    Ok(())
+}
+
+pub(super) fn check_unit(flag: &str, v: f64) -> Result<(), PresetError> {
+    if !(0.0..=1.0).contains(&v) {
+        return Err(invalid(flag, format!("{v} is outside 0..=1")));
+    }
+    Ok(())
+}
+
+pub(super) fn sampler_names(method: &Option<String>, scheduler: &Option<String>) -> (String, String) {
+    let sampler = workflow_sampler_name(method.as_deref().unwrap_or("euler_a")).to_string();
+    let scheduler = workflow_scheduler_name(scheduler.as_deref().unwrap_or("discrete")).to_string();
+    (sampler, scheduler)
+}

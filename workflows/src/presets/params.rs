@@ -1,0 +1,241 @@
+//! The typed parameters of sd-cli's modes, with sd-cli's defaults.
+
+use std::collections::BTreeMap;
+
+/// `--hires*`: sd-webui's "Hires. fix", which sd.cpp's flags follow.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HiresParams {
+    /// `--hires`.
+    pub enabled: bool,
+    /// `--hires-upscaler`: `Latent`, `Latent (nearest)`, `Latent (nearest-exact)`,
+    /// `Latent (antialiased)`, `Latent (bicubic)`, `Latent (bicubic antialiased)`,
+    /// `Nearest`, `Lanczos`, or an upscale model's name.
+    pub upscaler: String,
+    /// `--hires-scale`.
+    pub scale: f64,
+    /// `--hires-width`, `--hires-height`: a target size instead of a scale (0: from the
+    /// scale, or from the other side and the aspect ratio).
+    pub width: i64,
+    pub height: i64,
+    /// `--hires-steps` (0: the base pass's steps).
+    pub steps: i64,
+    /// `--hires-denoising-strength`.
+    pub denoising_strength: f64,
+    /// `--hires-upscale-tile-size`, for a model upscaler (128).
+    pub upscale_tile_size: i64,
+    /// `--hires-sigmas`: the hires pass's whole schedule, as given (sd-cli does not cut it
+    /// to the denoising strength; its first sigma is the noise added).
+    pub sigmas: Option<Vec<f32>>,
+}
+
+impl Default for HiresParams {
+    fn default() -> Self {
+        HiresParams { enabled: false, upscaler: "Latent".into(), scale: 2.0, width: 0, height: 0, steps: 0, denoising_strength: 0.7, upscale_tile_size: 128, sigmas: None }
+    }
+}
+
+/// `--vae-tiling` and its options.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TilingParams {
+    pub enabled: bool,
+    /// `--vae-tile-size`, in latent pixels (sd.cpp's unit; default 32x32).
+    pub tile_size: (i64, i64),
+    /// `--vae-tile-overlap`, a fraction of the tile (default 0.5).
+    pub overlap: f64,
+    /// `--vae-relative-tile-size`: per axis a fraction of the latent side (<= 1) or a
+    /// number of tiles (> 1); it overrides `tile_size` where given.
+    pub relative: Option<(f64, f64)>,
+}
+
+impl Default for TilingParams {
+    fn default() -> Self {
+        TilingParams { enabled: false, tile_size: (32, 32), overlap: 0.5, relative: None }
+    }
+}
+
+/// sd-cli's `img_gen` mode: txt2img, img2img (`-i`), inpainting (`--mask`), hires fix,
+/// LoRA tags, ControlNet, ESRGAN upscaling of the result. Defaults are sd-cli's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImgGenParams {
+    /// `-m`: a full checkpoint (UNet, text encoder, VAE).
+    pub model: Option<String>,
+    /// `--diffusion-model`: a standalone diffusion model.
+    pub diffusion_model: Option<String>,
+    /// `--clip_l`, `--clip_g`: standalone text encoders.
+    pub clip_l: Option<String>,
+    pub clip_g: Option<String>,
+    /// `--vae`: a standalone VAE.
+    pub vae: Option<String>,
+    /// `--taesd`: the tiny autoencoder, decoding instead of the VAE.
+    pub taesd: Option<String>,
+    /// `--control-net`, `--control-image`, `--control-strength` (0.9).
+    pub control_net: Option<String>,
+    pub control_image: Option<String>,
+    pub control_strength: f64,
+    /// `--canny`: edge-detect the control image first.
+    pub canny: bool,
+    /// `--photo-maker`, `--pm-id-images-dir` (a folder in the input folder),
+    /// `--pm-id-embed-path` (PhotoMaker v2's face embeddings, a file in the input
+    /// folder), `--pm-style-strength` (20).
+    pub photo_maker: Option<String>,
+    pub pm_id_images_dir: Option<String>,
+    pub pm_id_embed_path: Option<String>,
+    pub pm_style_strength: f64,
+    /// `--upscale-model`, `--upscale-repeats` (1).
+    pub upscale_model: Option<String>,
+    pub upscale_repeats: i64,
+    /// `--upscale-tile-size` (128).
+    pub upscale_tile_size: i64,
+    /// `--ad-model`: a detector whose finds are re-sampled (ADetailer: UltralyticsDetectorProvider, BboxDetectorMasks, DetailerForEachMask);
+    /// `--extra-ad-args`: `input=value,...` overrides for the detailer node.
+    pub ad_model: Option<String>,
+    pub extra_ad_args: Option<String>,
+    /// `--ad-prompt`, `--ad-negative-prompt`: the detail pass's prompts (empty: the main
+    /// ones).
+    pub ad_prompt: String,
+    pub ad_negative_prompt: String,
+    /// `-p`, `-n`. `<lora:name:weight>` tags in the prompt become LoraLoader nodes.
+    pub prompt: String,
+    pub negative_prompt: String,
+    /// sd-cli zeroes an SDXL model's unconditional embeddings when `-n` is empty (not
+    /// for EDM-v models): the caller, which can read the model file, says whether this
+    /// model is one.
+    pub zero_empty_negative: bool,
+    /// LoRA file name per tag name; a tag without an entry loads `NAME.safetensors`.
+    pub lora_files: BTreeMap<String, String>,
+    /// `--lora-apply-mode`: every LoraLoader's `apply_mode`; `None` leaves the input out
+    /// (the node's default, auto, as in sd-cli).
+    pub lora_apply_mode: Option<String>,
+    /// `--rng` (and `--sampler-rng`, which must agree: one generator draws the initial and
+    /// every step's noise): the KSamplers' `rng`; `None` leaves the input out (ComfyUI's
+    /// CPU noise).
+    pub rng: Option<String>,
+    pub width: i64,
+    pub height: i64,
+    /// Whether `-W`/`-H` were given: with `-i` they resize the input image.
+    pub size_given: bool,
+    pub steps: i64,
+    pub cfg_scale: f64,
+    /// `--sampling-method` (sd.cpp or ComfyUI name; `None`: euler_a, sd-cli's default for
+    /// UNet models).
+    pub sampling_method: Option<String>,
+    /// `--scheduler` (`None`: discrete).
+    pub scheduler: Option<String>,
+    /// `--prediction` (eps, v, edm_v; `None`: what the checkpoint says).
+    pub prediction: Option<String>,
+    /// `--eta` (`None`: each sampler's own, as sd-cli without the flag).
+    pub eta: Option<f64>,
+    /// `--sigmas`: the base pass's schedule instead of `--steps` and `--scheduler`; with
+    /// `-i` cut to `--strength` as sd-cli cuts it.
+    pub sigmas: Option<Vec<f32>>,
+    /// `-s`: a negative seed asks for a random one (see [`resolve_seed`]).
+    pub seed: i64,
+    /// `-b`: images per run.
+    pub batch_count: i64,
+    /// `-i`, `--mask`, `--strength` (0.75).
+    pub init_img: Option<String>,
+    pub mask: Option<String>,
+    pub strength: f64,
+    /// `--clip-skip` (≤ 0: the model's default).
+    pub clip_skip: i64,
+    /// `--img-cfg-scale`: instruct-pix2pix with this image guidance (needs `-i`).
+    pub img_cfg_scale: Option<f64>,
+    pub hires: HiresParams,
+    pub tiling: TilingParams,
+    /// `-o` (`./output.png`); its file stem is the SaveImage prefix.
+    pub output: String,
+}
+
+impl Default for ImgGenParams {
+    fn default() -> Self {
+        ImgGenParams {
+            model: None,
+            diffusion_model: None,
+            clip_l: None,
+            clip_g: None,
+            vae: None,
+            taesd: None,
+            photo_maker: None,
+            pm_id_images_dir: None,
+            pm_id_embed_path: None,
+            pm_style_strength: 20.0,
+            control_net: None,
+            control_image: None,
+            control_strength: 0.9,
+            canny: false,
+            upscale_model: None,
+            upscale_repeats: 1,
+            upscale_tile_size: 128,
+            ad_model: None,
+            extra_ad_args: None,
+            ad_prompt: String::new(),
+            ad_negative_prompt: String::new(),
+            prompt: String::new(),
+            negative_prompt: String::new(),
+            zero_empty_negative: false,
+            lora_files: BTreeMap::new(),
+            lora_apply_mode: None,
+            rng: None,
+            width: 512,
+            height: 512,
+            size_given: false,
+            steps: 20,
+            cfg_scale: 7.0,
+            sampling_method: None,
+            scheduler: None,
+            prediction: None,
+            eta: None,
+            sigmas: None,
+            seed: 42,
+            batch_count: 1,
+            init_img: None,
+            mask: None,
+            strength: 0.75,
+            clip_skip: -1,
+            img_cfg_scale: None,
+            hires: HiresParams::default(),
+            tiling: TilingParams::default(),
+            output: "./output.png".into(),
+        }
+    }
+}
+
+/// sd-cli's `upscale` mode: an image through an ESRGAN-style model, `repeats` times.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpscaleParams {
+    pub init_img: String,
+    pub upscale_model: String,
+    pub upscale_repeats: i64,
+    /// `--upscale-tile-size` (128).
+    pub tile_size: i64,
+    pub output: String,
+}
+
+/// `sdflow adetailer`: re-sample what a detector finds in an existing image.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdetailerParams {
+    pub model: String,
+    pub init_img: String,
+    pub ad_model: String,
+    pub extra_ad_args: Option<String>,
+    /// `--ad-prompt`, `--ad-negative-prompt` (empty: `-p`, `-n`).
+    pub ad_prompt: String,
+    pub ad_negative_prompt: String,
+    pub prompt: String,
+    pub negative_prompt: String,
+    /// `-W`, `-H`: resize the input first; the detail pass works at the (resized)
+    /// image's size either way, as sd-cli's adetailer mode.
+    pub width: Option<i64>,
+    pub height: Option<i64>,
+    pub steps: i64,
+    pub cfg_scale: f64,
+    pub sampling_method: Option<String>,
+    pub scheduler: Option<String>,
+    /// `--prediction`, `--eta`, `--rng`: as [`ImgGenParams`]'.
+    pub prediction: Option<String>,
+    pub eta: Option<f64>,
+    pub rng: Option<String>,
+    pub seed: i64,
+    pub strength: f64,
+    pub output: String,
+}

@@ -1,0 +1,382 @@
+//! The UNet families' img_gen graph (SD1.x, SD2.x, SDXL): checkpoint or standalone
+//! parts, LoRA tags, txt2img / img2img / inpainting / instruct-pix2pix, ControlNet,
+//! PhotoMaker, hires fix, then the shared decode-and-save tail.
+
+use sdflow_executor::{InputValue, NodeSpec};
+use serde_json::json;
+
+use super::adetailer::{detailer, DetailSpec};
+use super::graph::*;
+use super::upscale::{upscale_chain, upscale_node};
+use super::{extract_loras, invalid, not_supported, resolve_seed, save_prefix, ImgGenParams, Preset, PresetError};
+
+/// Builds sd-cli's `img_gen` graph.
+pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
+    check_range("-W", p.width, 16, 16384)?;
+    check_range("-H", p.height, 16, 16384)?;
+    check_range("--steps", p.steps, 1, 10000)?;
+    check_range("-b", p.batch_count, 1, 4096)?;
+    check_unit("--strength", p.strength)?;
+    check_range("--upscale-repeats", p.upscale_repeats, 1, 16)?;
+    if !p.cfg_scale.is_finite() || p.cfg_scale < 0.0 {
+        return Err(invalid("--cfg-scale", format!("{} must be a non-negative number", p.cfg_scale)));
+    }
+    if p.mask.is_some() && p.init_img.is_none() {
+        return Err(PresetError::Missing { flag: "-i".into(), msg: "--mask needs an init image".into() });
+    }
+    if p.control_image.is_some() != p.control_net.is_some() {
+        let (flag, msg) = if p.control_net.is_some() { ("--control-image", "--control-net needs a control image") } else { ("--control-net", "--control-image needs a control net") };
+        return Err(PresetError::Missing { flag: flag.into(), msg: msg.into() });
+    }
+    let seed = resolve_seed(p.seed);
+    let (sampler, scheduler) = sampler_names(&p.sampling_method, &p.scheduler);
+    check_eta(p.eta)?;
+    for (flag, list) in [("--sigmas", &p.sigmas), ("--hires-sigmas", &p.hires.sigmas)] {
+        check_sigmas(flag, list.as_deref())?;
+    }
+    if p.hires.sigmas.is_some() && !p.hires.enabled {
+        return Err(PresetError::Missing { flag: "--hires".into(), msg: "--hires-sigmas is the hires pass's schedule".into() });
+    }
+    let sampling = Sampling { seed, cfg: p.cfg_scale, sampler: &sampler, scheduler: &scheduler, rng: p.rng.as_deref(), eta: p.eta };
+    let (prompt, loras) = extract_loras(&p.prompt)?;
+    let mut b = Builder::default();
+
+    // Model, text encoder and VAE sources.
+    let ckpt = p.model.as_ref().map(|m| b.core("ckpt", "-m", NodeSpec::new("CheckpointLoaderSimple").with_const("ckpt_name", json!(m))));
+    let mut model = match (&p.diffusion_model, &ckpt) {
+        (Some(d), _) => {
+            let n = NodeSpec::new("UNETLoader").with_const("unet_name", json!(d)).with_const("weight_dtype", json!("default"));
+            let key = if ckpt.is_some() { b.extra("unet", "--diffusion-model", n) } else { b.core("unet", "--diffusion-model", n) };
+            Out(key, 0)
+        }
+        (None, Some(c)) => Out(c.clone(), 0),
+        (None, None) => return Err(PresetError::Missing { flag: "-m".into(), msg: "the following arguments are required: -m/--model or --diffusion-model".into() }),
+    };
+    model = prediction_node(&mut b, &model, p.prediction.as_deref())?;
+    let mut clip = match (&p.clip_l, &p.clip_g, &ckpt) {
+        (Some(l), Some(g), _) => Out(b.extra("clip", "--clip_g", NodeSpec::new("DualCLIPLoader").with_const("clip_name1", json!(l)).with_const("clip_name2", json!(g)).with_const("type", json!("sdxl"))), 0),
+        (Some(l), None, _) => Out(b.extra("clip", "--clip_l", NodeSpec::new("CLIPLoader").with_const("clip_name", json!(l)).with_const("type", json!("stable_diffusion"))), 0),
+        (None, Some(_), _) => return Err(not_supported("--clip_g", "a clip_g without clip_l (SDXL needs both)")),
+        (None, None, Some(c)) => Out(c.clone(), 1),
+        (None, None, None) => return Err(PresetError::Missing { flag: "--clip_l".into(), msg: "a standalone --diffusion-model needs its text encoder".into() }),
+    };
+    let vae = match (&p.vae, &ckpt) {
+        (Some(v), _) => Out(b.extra("vae", "--vae", NodeSpec::new("VAELoader").with_const("vae_name", json!(v))), 0),
+        (None, Some(c)) => Out(c.clone(), 2),
+        (None, None) => return Err(PresetError::Missing { flag: "--vae".into(), msg: "a standalone --diffusion-model needs a VAE".into() }),
+    };
+    // sd.cpp decodes with TAESD when given, and still encodes with the VAE.
+    let decoder = match &p.taesd {
+        Some(t) => Out(b.extra("taesd", "--taesd", NodeSpec::new("VAELoader").with_const("vae_name", json!(t))), 0),
+        None => vae.clone(),
+    };
+
+    for (i, tag) in loras.iter().enumerate() {
+        let file = p.lora_files.get(&tag.name).cloned().unwrap_or_else(|| format!("{}.safetensors", tag.name));
+        let mut node = NodeSpec::new("LoraLoader")
+            .with_input("model", link(&model))
+            .with_input("clip", link(&clip))
+            .with_const("lora_name", json!(file))
+            .with_const("strength_model", json!(tag.weight))
+            .with_const("strength_clip", json!(tag.weight));
+        if let Some(m) = &p.lora_apply_mode {
+            node = node.with_const("apply_mode", json!(m));
+        }
+        let key = b.extra(&format!("lora{i}"), &format!("<lora:{}:{}>", tag.name, tag.weight), node);
+        model = Out(key.clone(), 0);
+        clip = Out(key, 1);
+    }
+    if p.clip_skip > 0 {
+        check_range("--clip-skip", p.clip_skip, 1, 24)?;
+        let key = b.extra("clip_skip", "--clip-skip", NodeSpec::new("CLIPSetLastLayer").with_input("clip", link(&clip)).with_const("stop_at_clip_layer", json!(-p.clip_skip)));
+        clip = Out(key, 0);
+    }
+
+    let mut pos = match &p.photo_maker {
+        None => Out(b.core("pos", "-p", text_encode(&prompt, &clip, "Prompt")), 0),
+        Some(pm) => {
+            // sd.cpp: the ID images stacked into the class word before `img`, the file's
+            // LoRA on the UNet, the first style-strength percent of steps without the identity.
+            let dir = p.pm_id_images_dir.as_ref().ok_or_else(|| PresetError::Missing { flag: "--pm-id-images-dir".into(), msg: "--photo-maker needs a folder of ID images".into() })?;
+            if !(0.0..=100.0).contains(&p.pm_style_strength) {
+                return Err(invalid("--pm-style-strength", format!("{} is outside 0..=100", p.pm_style_strength)));
+            }
+            let loader = b.extra("pm", "--photo-maker", NodeSpec::new("PhotoMakerLoader").with_const("photomaker_model_name", json!(pm)));
+            let images = b.extra("pm_images", "--pm-id-images-dir", NodeSpec::new("LoadImagesFromDir").with_const("directory", json!(dir)));
+            let lora = b.extra("pm_lora", "--photo-maker", NodeSpec::new("PhotoMakerLoraLoader").with_input("model", link(&model)).with_input("photomaker", InputValue::link(loader.clone(), 0)).with_const("strength", json!(1.0)));
+            model = Out(lora, 0);
+            let mut enc = NodeSpec::new("PhotoMakerEncode")
+                .with_input("photomaker", InputValue::link(loader, 0))
+                .with_input("image", InputValue::link(images, 0))
+                .with_input("clip", link(&clip))
+                .with_const("text", json!(prompt))
+                .with_const("trigger_word", json!("img"))
+                .with_const("style_strength", json!(p.pm_style_strength));
+            if let Some(e) = &p.pm_id_embed_path {
+                enc = enc.with_const("id_embeds", json!(e));
+            }
+            enc.title = Some("Prompt".into());
+            Out(b.core("pos", "-p", enc), 0)
+        }
+    };
+    let mut neg = Out(b.core("neg", "-n", text_encode(&p.negative_prompt, &clip, "Negative prompt")), 0);
+    if p.zero_empty_negative && p.negative_prompt.is_empty() {
+        neg = Out(b.extra("neg_zero", "-n \"\" (SDXL)", NodeSpec::new("ConditioningZeroOut").with_input("conditioning", link(&neg))), 0);
+    }
+
+    if p.tiling.relative.is_some() && !p.tiling.enabled {
+        return Err(PresetError::Missing { flag: "--vae-tiling".into(), msg: "--vae-relative-tile-size sizes the tiles of --vae-tiling".into() });
+    }
+    let (tile_px, overlap_px) = if p.tiling.enabled {
+        let (tx, ty) = p.tiling.tile_size;
+        // The tiled nodes take 64..=4096 pixels.
+        check_range("--vae-tile-size", tx.min(ty), 8, 512)?;
+        check_range("--vae-tile-size", tx.max(ty), 8, 512)?;
+        if let Some((rx, ry)) = p.tiling.relative {
+            if !(rx.is_finite() && ry.is_finite() && rx >= 0.0 && ry >= 0.0) {
+                return Err(invalid("--vae-relative-tile-size", format!("{rx}x{ry} must be non-negative numbers")));
+            }
+        }
+        if !(0.0..1.0).contains(&p.tiling.overlap) {
+            return Err(invalid("--vae-tile-overlap", format!("{} is outside 0..1", p.tiling.overlap)));
+        }
+        // sd.cpp counts tiles in latent pixels; ComfyUI's tiled nodes in image pixels.
+        let px = tx * 8;
+        (px, (px as f64 * p.tiling.overlap).round() as i64)
+    } else {
+        (0, 0)
+    };
+    let encode = |b: &mut Builder, key: &str, origin: &str, pixels: &Out| -> String {
+        if p.tiling.enabled {
+            b.core(key, "--vae-tiling", sd_cli_tiles(NodeSpec::new("VAEEncodeTiled").with_input("pixels", link(pixels)).with_input("vae", link(&vae)).with_const("tile_size", json!(tile_px)).with_const("overlap", json!(overlap_px)).with_const("temporal_size", json!(64)).with_const("temporal_overlap", json!(8)), &p.tiling))
+        } else {
+            b.core(key, origin, NodeSpec::new("VAEEncode").with_input("pixels", link(pixels)).with_input("vae", link(&vae)))
+        }
+    };
+
+    let (samples, mut title, mut description) = if let Some(img_cfg) = p.img_cfg_scale {
+        pix2pix(&mut b, p, img_cfg, &sampling, &model, &vae, &pos, &neg)?
+    } else {
+        // The latent to sample, and the mode's title and description.
+        let (latent, denoise, mut title, mut description) = match &p.init_img {
+            None => {
+                let key = b.core("latent", "-W/-H", NodeSpec::new("EmptyLatentImage").with_const("width", json!(p.width)).with_const("height", json!(p.height)).with_const("batch_size", json!(p.batch_count)));
+                (Out(key, 0), 1.0, "Text to image".to_string(), "sd-cli's default mode: a prompt and a negative prompt, sampled from an empty latent with the checkpoint's UNet and decoded with its VAE.".to_string())
+            }
+            Some(img) => {
+                let load = b.core("image", "-i", NodeSpec::new("LoadImage").with_const("image", json!(img)));
+                let mut pixels = Out(load, 0);
+                if p.size_given {
+                    let key = b.extra("resize", "-W/-H", NodeSpec::new("ImageScale").with_input("image", link(&pixels)).with_const("upscale_method", json!("bicubic")).with_const("width", json!(p.width)).with_const("height", json!(p.height)).with_const("crop", json!("center")));
+                    pixels = Out(key, 0);
+                }
+                let out = match &p.mask {
+                    None => {
+                        let enc = encode(&mut b, "encode", "-i", &pixels);
+                        (Out(enc, 0), p.strength, "Image to image".to_string(), "sd-cli's img2img (-i, --strength): the input image is encoded with the VAE, noised to the denoise strength and sampled back with the prompt.".to_string())
+                    }
+                    Some(mask) => {
+                        let m = b.core("mask", "--mask", NodeSpec::new("LoadImageMask").with_const("image", json!(mask)).with_const("channel", json!("red")));
+                        if p.strength >= 1.0 {
+                            let enc = b.core("encode", "--mask", NodeSpec::new("VAEEncodeForInpaint").with_input("pixels", link(&pixels)).with_input("vae", link(&vae)).with_input("mask", InputValue::link(m, 0)).with_const("grow_mask_by", json!(6)));
+                            (Out(enc, 0), 1.0, "Inpainting".to_string(), "sd-cli's --mask mode: the masked part of the input image (mask.png's red channel, white = repaint) is greyed, encoded and re-sampled with the prompt; outside the mask the latent is held at the image. Works with normal checkpoints (latent blending) and 9-channel inpainting checkpoints (mask and masked image as extra UNet input).".to_string())
+                        } else {
+                            // Below full strength the masked region keeps the image's content
+                            // as a start, so it is encoded as is, not greyed.
+                            let enc = encode(&mut b, "encode", "--mask", &pixels);
+                            let key = b.core("noise_mask", "--mask", NodeSpec::new("SetLatentNoiseMask").with_input("samples", InputValue::link(enc, 0)).with_input("mask", InputValue::link(m, 0)));
+                            (Out(key, 0), p.strength, "Inpainting".to_string(), format!("sd-cli's --mask mode at --strength {}: the input image is encoded, noised to the strength and re-sampled where the mask (red channel, white = repaint) is set; elsewhere the latent is held at the image.", p.strength))
+                        }
+                    }
+                };
+                if p.batch_count > 1 {
+                    let key = b.extra("repeat", "-b", NodeSpec::new("RepeatLatentBatch").with_input("samples", link(&out.0)).with_const("amount", json!(p.batch_count)));
+                    (Out(key, 0), out.1, out.2, out.3)
+                } else {
+                    out
+                }
+            }
+        };
+
+        if let (Some(cn), Some(ci)) = (&p.control_net, &p.control_image) {
+            let loader = b.extra("cn", "--control-net", NodeSpec::new("ControlNetLoader").with_const("control_net_name", json!(cn)));
+            let img = b.extra("cn_image", "--control-image", NodeSpec::new("LoadImage").with_const("image", json!(ci)));
+            let mut hint = Out(img, 0);
+            if p.canny {
+                // sd-cli's preprocess_canny arguments (high 0.08, low 0.08), which the Canny
+                // node reads the same way.
+                let key = b.extra("canny", "--canny", NodeSpec::new("Canny").with_input("image", link(&hint)).with_const("low_threshold", json!(0.08)).with_const("high_threshold", json!(0.08)));
+                hint = Out(key, 0);
+            }
+            let apply = b.extra("cn_apply", "--control-net", NodeSpec::new("ControlNetApplyAdvanced")
+                .with_input("positive", link(&pos))
+                .with_input("negative", link(&neg))
+                .with_input("control_net", InputValue::link(loader, 0))
+                .with_input("image", link(&hint))
+                .with_const("strength", json!(p.control_strength))
+                .with_const("start_percent", json!(0.0))
+                .with_const("end_percent", json!(1.0)));
+            pos = Out(apply.clone(), 0);
+            neg = Out(apply, 1);
+        }
+
+        let custom = p.sigmas.as_deref().map(|list| if p.init_img.is_some() { CustomSigmas::Strength(list, denoise) } else { CustomSigmas::Whole(list) });
+        let first = sample_pass(&mut b, "sampler", if p.sigmas.is_some() { "--sigmas" } else { "img_gen" }, &sampling, &model, p.steps, custom, denoise, &pos, &neg, &latent);
+        let mut samples = Out(first.clone(), 0);
+
+        if p.hires.enabled {
+            let h = &p.hires;
+            check_unit("--hires-denoising-strength", h.denoising_strength)?;
+            check_range("--hires-steps", h.steps, 0, 10000)?;
+            check_range("--hires-width", h.width, 0, 16384)?;
+            check_range("--hires-height", h.height, 0, 16384)?;
+            if !(h.scale.is_finite() && h.scale > 0.0 && h.scale <= 8.0) {
+                return Err(invalid("--hires-scale", format!("{} is outside (0, 8]", h.scale)));
+            }
+            // The base pass's size, for a target given by one side only.
+            let (bw, bh) = (p.width, p.height);
+            let target = match (h.width, h.height) {
+                (0, 0) => None,
+                (w, 0) => Some((w, (w as f64 * bh as f64 / bw as f64).round() as i64)),
+                (0, hh) => Some(((hh as f64 * bw as f64 / bh as f64).round() as i64, hh)),
+                (w, hh) => Some((w, hh)),
+            };
+            let latent_method = match h.upscaler.as_str() {
+                "Latent" => Some("bilinear"),
+                "Latent (bicubic)" => Some("bicubic"),
+                "Latent (nearest-exact)" => Some("nearest-exact"),
+                "Latent (nearest)" => Some("nearest"),
+                "Latent (antialiased)" => Some("bilinear-antialiased"),
+                "Latent (bicubic antialiased)" => Some("bicubic-antialiased"),
+                _ => None,
+            };
+            let upscaled = if let Some(method) = latent_method {
+                let n = match target {
+                    None => NodeSpec::new("LatentUpscaleBy").with_input("samples", link(&samples)).with_const("upscale_method", json!(method)).with_const("scale_by", json!(h.scale)),
+                    Some((w, hh)) => NodeSpec::new("LatentUpscale").with_input("samples", link(&samples)).with_const("upscale_method", json!(method)).with_const("width", json!(w)).with_const("height", json!(hh)).with_const("crop", json!("disabled")),
+                };
+                Out(b.core("hires_upscale", "--hires", n), 0)
+            } else {
+                // An image-space upscaler: decode, resize (through a model or a filter),
+                // encode again.
+                let decoded = b.core("hires_decode", "--hires", NodeSpec::new("VAEDecode").with_input("samples", link(&samples)).with_input("vae", link(&vae)));
+                let mut img = Out(decoded, 0);
+                let method = match h.upscaler.as_str() {
+                    "Nearest" => "nearest-exact",
+                    "Lanczos" => "lanczos",
+                    model_name => {
+                        let loader = b.core("hires_model", "--hires-upscaler", NodeSpec::new("UpscaleModelLoader").with_const("model_name", json!(model_name)));
+                        let up = b.core("hires_model_upscale", "--hires-upscaler", upscale_node(&loader, &img, 1, h.upscale_tile_size));
+                        img = Out(up, 0);
+                        "bicubic"
+                    }
+                };
+                let (w, hh) = target.unwrap_or(((bw as f64 * h.scale).round() as i64, (bh as f64 * h.scale).round() as i64));
+                let scaled = b.core("hires_scale", "--hires-upscaler", NodeSpec::new("ImageScale").with_input("image", link(&img)).with_const("upscale_method", json!(method)).with_const("width", json!(w)).with_const("height", json!(hh)).with_const("crop", json!("disabled")));
+                Out(encode(&mut b, "hires_encode", "--hires", &Out(scaled, 0)), 0)
+            };
+            let steps = if h.steps > 0 { h.steps } else { p.steps };
+            let second = sample_pass(&mut b, "hires_sampler", if h.sigmas.is_some() { "--hires-sigmas" } else { "--hires" }, &sampling, &model, steps, h.sigmas.as_deref().map(CustomSigmas::Whole), h.denoising_strength, &pos, &neg, &upscaled);
+            for (key, title) in [(&second, "Hires pass"), (&first, "Base pass")] {
+                if let Some(e) = b.entries.iter_mut().find(|e| &e.key == key) {
+                    e.spec.title = Some(title.into());
+                }
+            }
+            samples = Out(second, 0);
+            title = "Hires fix".into();
+            description = match (latent_method, target) {
+                (Some(_), None) => format!("txt2img at a base size, the latent upscaled {}× and sampled again at denoise {} — sd-cli's --hires with a latent upscaler.", h.scale, h.denoising_strength),
+                _ => format!("txt2img at a base size, upscaled with {} and sampled again at denoise {} — sd-cli's --hires.", h.upscaler, h.denoising_strength),
+            };
+        }
+        (samples, title, description)
+    };
+    if p.tiling.enabled && p.init_img.is_none() && !p.hires.enabled {
+        title = "Text to image, tiled VAE decode".into();
+        description = format!("txt2img with the latent decoded in overlapping {tile_px}-pixel tiles (VAE Decode (Tiled), sd-cli's --vae-tiling): bounded memory for large images, tiles cross-faded over their {overlap_px}-pixel overlap.");
+    }
+    let decoded = if p.tiling.enabled {
+        b.core("decode", "--vae-tiling", sd_cli_tiles(NodeSpec::new("VAEDecodeTiled").with_input("samples", link(&samples)).with_input("vae", link(&decoder)).with_const("tile_size", json!(tile_px)).with_const("overlap", json!(overlap_px)).with_const("temporal_size", json!(64)).with_const("temporal_overlap", json!(8)), &p.tiling))
+    } else {
+        b.core("decode", if p.taesd.is_some() { "--taesd" } else { "img_gen" }, NodeSpec::new("VAEDecode").with_input("samples", link(&samples)).with_input("vae", link(&decoder)))
+    };
+    let mut image = Out(decoded, 0);
+    if let Some(ad) = &p.ad_model {
+        // sd.cpp's defaults after generation: 512x512 at strength 0.4.
+        let d = DetailSpec { prompt: &prompt, negative: &p.negative_prompt, ad_prompt: &p.ad_prompt, ad_negative: &p.ad_negative_prompt, inpaint: (512, 512) };
+        image = detailer(&mut b, &image, &model, &clip, &vae, &d, ad, p.extra_ad_args.as_deref(), &sampling, p.steps, 0.4)?;
+    } else if p.extra_ad_args.is_some() {
+        return Err(PresetError::Missing { flag: "--ad-model".into(), msg: "--extra-ad-args needs a detector model".into() });
+    }
+    if let Some(um) = &p.upscale_model {
+        image = upscale_chain(&mut b, &image, um, p.upscale_repeats, p.upscale_tile_size);
+    }
+    b.core("save", "-o", NodeSpec::new("SaveImage").with_input("images", link(&image)).with_const("filename_prefix", json!(save_prefix(&p.output))));
+    if p.control_net.is_some() {
+        title.push_str(", ControlNet");
+        description.push_str(if p.canny {
+            " A ControlNet (--control-net) guides the prompt and the negative prompt at --control-strength over the whole schedule, from the Canny edges of the control image (--canny, sd.cpp's preprocessing)."
+        } else {
+            " A ControlNet (--control-net) guides the prompt and the negative prompt at --control-strength over the whole schedule, from the control image as given."
+        });
+    }
+    if p.photo_maker.is_some() {
+        title = format!("PhotoMaker identity ({})", title.to_lowercase());
+        description.push_str(&format!(
+            " PhotoMaker (SDXL), as sd.cpp runs it: every image of the --pm-id-images-dir folder is encoded by the PhotoMaker ID encoder and stacked into the class word before the trigger word `img` (\"a man img\"), the file's LoRA is applied to the UNet, and the first {}% of the steps (--pm-style-strength) are sampled with the prompt without the identity. PhotoMaker v2 also takes the face embeddings of sd.cpp's face_detect.py (--pm-id-embed-path).",
+            p.pm_style_strength
+        ));
+    }
+    if p.ad_model.is_some() {
+        title.push_str(", then ADetailer");
+        description.push_str(" ADetailer then re-samples what the --ad-model detector finds (BboxDetectorMasks → DetailerForEachMask, one crop per mask at 512x512).");
+    }
+    Ok(b.finish(title, description))
+}
+
+/// `--img-cfg-scale`: an instruct-pix2pix checkpoint edits the input image by the prompt;
+/// DualCFGGuider mixes the text and image guidance as sd.cpp does.
+#[allow(clippy::too_many_arguments)]
+fn pix2pix(b: &mut Builder, p: &ImgGenParams, img_cfg: f64, s: &Sampling<'_>, model: &Out, vae: &Out, pos: &Out, neg: &Out) -> Result<(Out, String, String), PresetError> {
+    let Some(img) = &p.init_img else {
+        return Err(PresetError::Missing { flag: "-i".into(), msg: "--img-cfg-scale (instruct-pix2pix) edits an init image".into() });
+    };
+    if !img_cfg.is_finite() || img_cfg < 0.0 {
+        return Err(invalid("--img-cfg-scale", format!("{img_cfg} must be a non-negative number")));
+    }
+    for (given, flag) in [(p.mask.is_some(), "--mask"), (p.hires.enabled, "--hires"), (p.control_net.is_some(), "--control-net"), (p.size_given, "-W/-H"), (p.batch_count > 1, "-b")] {
+        if given {
+            return Err(not_supported(flag, "with --img-cfg-scale (instruct-pix2pix)"));
+        }
+    }
+    if let Some(e) = b.entries.iter_mut().find(|e| e.key == pos.0) {
+        e.spec.title = Some("Instruction".into());
+    }
+    let load = b.core("image", "-i", NodeSpec::new("LoadImage").with_const("image", json!(img)));
+    let cond = b.core("pix2pix", "--img-cfg-scale", NodeSpec::new("InstructPixToPixConditioning").with_input("positive", link(pos)).with_input("negative", link(neg)).with_input("vae", link(vae)).with_input("pixels", InputValue::link(load, 0)));
+    let mut guider = NodeSpec::new("DualCFGGuider")
+        .with_input("model", link(model))
+        .with_input("cond1", InputValue::link(cond.clone(), 0))
+        .with_input("cond2", InputValue::link(cond.clone(), 1))
+        .with_input("negative", link(neg))
+        .with_const("cfg_conds", json!(p.cfg_scale))
+        .with_const("cfg_cond2_negative", json!(img_cfg))
+        .with_const("style", json!("regular"));
+    guider.title = Some("cfg and img-cfg".into());
+    let guider = b.core("guider", "--img-cfg-scale", guider);
+    let (select, select_origin) = s.sampler_node(s.sampler);
+    let select = b.core("sampler_select", select_origin, select);
+    // The whole schedule: instruct-pix2pix samples from pure noise, as at strength 1.
+    let sigmas = match &p.sigmas {
+        Some(list) => b.core("scheduler", "--sigmas", manual_sigmas(list)),
+        None => b.core("scheduler", "--scheduler", NodeSpec::new("BasicScheduler").with_input("model", link(model)).with_const("scheduler", json!(s.scheduler)).with_const("steps", json!(p.steps)).with_const("denoise", json!(1.0))),
+    };
+    let noise = b.core("noise", "-s", s.with_rng(NodeSpec::new("RandomNoise").with_const("noise_seed", json!(s.seed))));
+    let out = b.core("sampler", "--img-cfg-scale", NodeSpec::new("SamplerCustomAdvanced")
+        .with_input("noise", InputValue::link(noise, 0))
+        .with_input("guider", InputValue::link(guider, 0))
+        .with_input("sampler", InputValue::link(select, 0))
+        .with_input("sigmas", InputValue::link(sigmas, 0))
+        .with_input("latent_image", InputValue::link(cond, 2)));
+    Ok((Out(out, 0), "Instruct-pix2pix".into(), "Edits the input image by instruction with an instruct-pix2pix (8-channel) checkpoint. sd-cli's --cfg-scale and --img-cfg-scale: DualCFGGuider mixes uncond + img_cfg·(image-only − uncond) + cfg·(prompt and image − image-only), where the negative prompt without the image is the uncond.".into()))
+}

@@ -1,0 +1,437 @@
+//! Unit tests of the preset graphs.
+
+use super::graph::*;
+use super::*;
+use sdflow_executor::{InputValue, NodeSpec};
+use serde_json::json;
+
+#[test]
+fn lora_tags_are_extracted() {
+    let (p, tags) = extract_loras("a cat <lora:ink:0.8>, sketch<lora:style>").unwrap();
+    assert_eq!(p, "a cat , sketch");
+    assert_eq!(tags, vec![LoraTag { name: "ink".into(), weight: 0.8 }, LoraTag { name: "style".into(), weight: 1.0 }]);
+    assert!(extract_loras("a <lora:x:abc>").is_err());
+    assert!(extract_loras("a <lora:x:1").is_err());
+    assert!(extract_loras("a <lora::1>").is_err());
+}
+
+#[test]
+fn output_names_follow_sd_cli() {
+    assert_eq!(save_prefix("./output.png"), "output");
+    assert_eq!(save_prefix("out/cat_%03d.png"), "cat_");
+    assert_eq!(save_prefix("%d.png"), "output");
+    let p = output_paths("out/cat_%03d.png", 3, None).unwrap();
+    assert_eq!(p, vec![PathBuf::from("out/cat_000.png"), PathBuf::from("out/cat_001.png"), PathBuf::from("out/cat_002.png")]);
+    let p = output_paths("x_%d.png", 2, Some(5)).unwrap();
+    assert_eq!(p, vec![PathBuf::from("x_5.png"), PathBuf::from("x_6.png")]);
+    let p = output_paths("./output.png", 3, None).unwrap();
+    assert_eq!(p, vec![PathBuf::from("./output.png"), PathBuf::from("./output_2.png"), PathBuf::from("./output_3.png")]);
+    assert_eq!(output_paths("a%5d.png", 1, None).unwrap(), vec![PathBuf::from("a    0.png")]);
+    assert!(output_paths("a_%s.png", 1, None).is_err());
+    assert!(output_paths("a_%d_%d.png", 1, None).is_err());
+    assert!(output_paths("a.png", 1, Some(-1)).is_err());
+}
+
+#[test]
+fn negative_seeds_are_drawn() {
+    assert_eq!(resolve_seed(7), 7);
+    let s = resolve_seed(-1);
+    assert!(s >= 0);
+}
+
+fn base() -> ImgGenParams {
+    ImgGenParams { model: Some("m.safetensors".into()), prompt: "a cat".into(), ..Default::default() }
+}
+
+#[test]
+fn extra_ad_args_go_to_the_node_that_takes_them() {
+    let mut p = base();
+    p.ad_model = Some("face.pt".into());
+    p.extra_ad_args = Some("confidence=0.5, merge_masks=true, mask_blur=8, inpaint_width=768, steps=0, cfg_scale=5, sample_method=euler".into());
+    let wf = img_gen(&p).unwrap().workflow;
+    let node = |class: &str| wf.nodes.values().find(|n| n.class_type == class).unwrap();
+    let (masks, detail) = (node("BboxDetectorMasks"), node("DetailerForEachMask"));
+    assert_eq!(masks.inputs["confidence"], InputValue::Const(json!(0.5)));
+    assert_eq!(masks.inputs["mask_mode"], InputValue::Const(json!("merge")));
+    assert_eq!(detail.inputs["mask_blur"], InputValue::Const(json!(8)));
+    assert_eq!(detail.inputs["inpaint_width"], InputValue::Const(json!(768)));
+    assert_eq!(detail.inputs["steps"], InputValue::Const(json!(p.steps)), "steps=0 inherits");
+    assert_eq!(detail.inputs["cfg"], InputValue::Const(json!(5)));
+    assert_eq!(detail.inputs["sampler_name"], InputValue::Const(json!("euler")));
+    assert_eq!(detail.inputs["prompt"], InputValue::Const(json!("a cat")));
+    p.extra_ad_args = Some("feather=5".into());
+    assert!(matches!(img_gen(&p), Err(PresetError::Invalid { .. })), "unknown keys are refused");
+}
+
+fn adetailer_base() -> AdetailerParams {
+    AdetailerParams {
+        model: "m.safetensors".into(),
+        init_img: "in.png".into(),
+        ad_model: "face.pt".into(),
+        extra_ad_args: None,
+        ad_prompt: String::new(),
+        ad_negative_prompt: String::new(),
+        prompt: "a face".into(),
+        negative_prompt: "blur".into(),
+        width: None,
+        height: None,
+        steps: 20,
+        cfg_scale: 7.0,
+        sampling_method: None,
+        scheduler: None,
+        prediction: None,
+        eta: None,
+        rng: None,
+        seed: 1,
+        strength: 0.4,
+        output: "out.png".into(),
+    }
+}
+
+/// sd-cli's adetailer mode inpaints at the image's size, which -W/-H set by resizing
+/// the input first; --ad-prompt/--ad-negative-prompt reach the detailer.
+#[test]
+fn adetailer_mode_works_at_the_image_size() {
+    let node = |wf: &Workflow, class: &str| wf.nodes.values().find(|n| n.class_type == class).cloned();
+    let mut p = adetailer_base();
+    p.ad_prompt = "[PROMPT], sharp eyes".into();
+    p.ad_negative_prompt = "lowres".into();
+    let wf = adetailer(&p).unwrap().workflow;
+    let detail = node(&wf, "DetailerForEachMask").unwrap();
+    assert_eq!((&detail.inputs["inpaint_width"], &detail.inputs["inpaint_height"]), (&InputValue::Const(json!(0)), &InputValue::Const(json!(0))));
+    assert_eq!(detail.inputs["ad_prompt"], InputValue::Const(json!("[PROMPT], sharp eyes")));
+    assert_eq!(detail.inputs["ad_negative_prompt"], InputValue::Const(json!("lowres")));
+    assert!(node(&wf, "ImageScale").is_none(), "no -W/-H: the input as it is");
+
+    p.width = Some(640);
+    let wf = adetailer(&p).unwrap().workflow;
+    let scale = node(&wf, "ImageScale").expect("-W resizes the input");
+    assert_eq!((&scale.inputs["width"], &scale.inputs["height"]), (&InputValue::Const(json!(640)), &InputValue::Const(json!(0))), "one side keeps the aspect ratio");
+    let detail = node(&wf, "DetailerForEachMask").unwrap();
+    let resized = wf.nodes.iter().find(|(_, n)| n.class_type == "ImageScale").map(|(id, _)| id.clone()).unwrap();
+    assert_eq!(detail.inputs["image"], InputValue::link(resized.clone(), 0));
+    assert_eq!(node(&wf, "BboxDetectorMasks").unwrap().inputs["image"], InputValue::link(resized, 0), "detection sees the resized image");
+    assert_eq!(detail.inputs["inpaint_width"], InputValue::Const(json!(0)), "the resized image's size");
+
+    p.extra_ad_args = Some("inpaint_width=512,inpaint_height=512".into());
+    let detail = node(&adetailer(&p).unwrap().workflow, "DetailerForEachMask").unwrap();
+    assert_eq!(detail.inputs["inpaint_width"], InputValue::Const(json!(512)), "--extra-ad-args wins");
+
+    let mut p = base();
+    p.ad_model = Some("face.pt".into());
+    p.ad_prompt = "[PROMPT] [SEP] [SKIP]".into();
+    let wf = img_gen(&p).unwrap().workflow;
+    let detail = node(&wf, "DetailerForEachMask").unwrap();
+    assert_eq!(detail.inputs["ad_prompt"], InputValue::Const(json!("[PROMPT] [SEP] [SKIP]")));
+    assert_eq!(detail.inputs["inpaint_width"], InputValue::Const(json!(512)), "after generation: sd.cpp's 512x512");
+}
+
+#[test]
+fn optional_flags_add_nodes_after_the_core_ones() {
+    let mut p = base();
+    p.prompt = "a cat <lora:ink:0.5>".into();
+    p.clip_skip = 2;
+    p.vae = Some("v.safetensors".into());
+    let preset = img_gen(&p).unwrap();
+    let wf = &preset.workflow;
+    let classes: Vec<&str> = (1..=wf.nodes.len()).map(|i| wf.nodes[&i.to_string()].class_type.as_str()).collect();
+    assert_eq!(classes, ["CheckpointLoaderSimple", "CLIPTextEncode", "CLIPTextEncode", "EmptyLatentImage", "KSampler", "VAEDecode", "SaveImage", "VAELoader", "LoraLoader", "CLIPSetLastLayer"]);
+    assert_eq!(wf.nodes["2"].inputs["text"], InputValue::Const(json!("a cat ")));
+    assert_eq!(wf.nodes["2"].inputs["clip"], InputValue::link("10", 0));
+    assert_eq!(wf.nodes["10"].inputs["stop_at_clip_layer"], InputValue::Const(json!(-2)));
+    assert_eq!(wf.nodes["5"].inputs["model"], InputValue::link("9", 0));
+    assert_eq!(wf.nodes["6"].inputs["vae"], InputValue::link("8", 0));
+    assert_eq!(preset.origins["9"], "<lora:ink:0.5>");
+    assert_eq!(preset.save_nodes, vec!["7".to_string()]);
+}
+
+#[test]
+fn rng_reaches_every_ksampler_only_when_given() {
+    let mut p = base();
+    p.hires.enabled = true;
+    let rngs = |p: &ImgGenParams| -> Vec<Option<InputValue>> {
+        let wf = img_gen(p).unwrap().workflow;
+        wf.nodes.values().filter(|n| n.class_type == "KSampler").map(|n| n.inputs.get("rng").cloned()).collect()
+    };
+    assert_eq!(rngs(&p), vec![None, None]);
+    p.rng = Some("cuda".into());
+    assert_eq!(rngs(&p), vec![Some(InputValue::Const(json!("cuda"))); 2]);
+}
+
+/// The node of `class` in `wf`, and the node a link input of it comes from.
+fn find<'a>(wf: &'a Workflow, class: &str) -> Vec<&'a NodeSpec> {
+    wf.nodes.values().filter(|n| n.class_type == class).collect()
+}
+
+fn source<'a>(wf: &'a Workflow, node: &NodeSpec, input: &str) -> (&'a NodeSpec, usize) {
+    match &node.inputs[input] {
+        InputValue::Link { node, output } => (&wf.nodes[node.as_str()], *output),
+        other => panic!("{input} is not a link: {other:?}"),
+    }
+}
+
+/// `--eta`: every pass (base, hires, pix2pix, detailer) gets a KSamplerSelectAdvanced
+/// with it; without, the graphs keep KSampler.
+#[test]
+fn eta_reaches_every_pass_through_a_sampler_node() {
+    let mut p = base();
+    p.hires.enabled = true;
+    p.rng = Some("cuda".into());
+    assert_eq!(find(&img_gen(&p).unwrap().workflow, "KSampler").len(), 2);
+    p.eta = Some(0.3);
+    let wf = img_gen(&p).unwrap().workflow;
+    assert!(find(&wf, "KSampler").is_empty());
+    let passes = find(&wf, "SamplerCustom");
+    assert_eq!(passes.len(), 2);
+    for pass in passes {
+        let (select, _) = source(&wf, pass, "sampler");
+        assert_eq!((select.class_type.as_str(), &select.inputs["eta"], &select.inputs["sampler_name"]), ("KSamplerSelectAdvanced", &InputValue::Const(json!(0.3)), &InputValue::Const(json!("euler_ancestral"))));
+        let (sched, _) = source(&wf, pass, "sigmas");
+        assert_eq!(sched.class_type, "BasicScheduler");
+        assert_eq!((&pass.inputs["rng"], &pass.inputs["noise_seed"]), (&InputValue::Const(json!("cuda")), &InputValue::Const(json!(42))));
+    }
+    // The hires pass keeps its denoise on its scheduler.
+    assert!(find(&wf, "BasicScheduler").iter().any(|n| n.inputs["denoise"] == InputValue::Const(json!(0.7))));
+
+    let mut q = base();
+    q.init_img = Some("in.png".into());
+    q.img_cfg_scale = Some(1.5);
+    q.eta = Some(0.0);
+    let wf = img_gen(&q).unwrap().workflow;
+    assert_eq!(find(&wf, "KSamplerSelectAdvanced")[0].inputs["eta"], InputValue::Const(json!(0.0)));
+
+    let mut a = adetailer_base();
+    a.eta = Some(0.5);
+    a.rng = Some("cpu_portable".into());
+    a.extra_ad_args = Some("sample_method=dpm++2m".into());
+    let wf = adetailer(&a).unwrap().workflow;
+    let det = find(&wf, "DetailerForEachMask")[0];
+    let (select, _) = source(&wf, det, "sampler");
+    assert_eq!((&select.inputs["sampler_name"], &select.inputs["eta"]), (&InputValue::Const(json!("dpmpp_2m")), &InputValue::Const(json!(0.5))));
+    assert_eq!(det.inputs["rng"], InputValue::Const(json!("cpu_portable")));
+    for bad in [-0.1, f64::NAN, 1000.0] {
+        q.eta = Some(bad);
+        assert!(matches!(img_gen(&q), Err(PresetError::Invalid { ref flag, .. }) if flag == "--eta"), "{bad}");
+    }
+}
+
+/// `--vae-tile-size WxH` and `--vae-relative-tile-size` reach both tiled VAE nodes as
+/// their optional inputs; square tiles leave the graph ComfyUI's.
+#[test]
+fn sd_cli_tile_shapes_reach_the_tiled_nodes() {
+    let mut p = base();
+    p.init_img = Some("in.png".into());
+    p.tiling.enabled = true;
+    let wf = img_gen(&p).unwrap().workflow;
+    for class in ["VAEEncodeTiled", "VAEDecodeTiled"] {
+        let n = find(&wf, class)[0];
+        assert!(!n.inputs.contains_key("tile_height") && !n.inputs.contains_key("relative_tile_size"), "{class}");
+    }
+    p.tiling.tile_size = (32, 48);
+    p.tiling.relative = Some((0.5, 2.0));
+    let wf = img_gen(&p).unwrap().workflow;
+    for class in ["VAEEncodeTiled", "VAEDecodeTiled"] {
+        let n = find(&wf, class)[0];
+        assert_eq!((&n.inputs["tile_size"], &n.inputs["tile_height"]), (&InputValue::Const(json!(256)), &InputValue::Const(json!(384))), "{class}");
+        assert_eq!(n.inputs["relative_tile_size"], InputValue::Const(json!("0.5x2")));
+    }
+    p.tiling.tile_size = (2, 2);
+    assert!(matches!(img_gen(&p), Err(PresetError::Invalid { ref flag, .. }) if flag == "--vae-tile-size"));
+    p.tiling.tile_size = (32, 32);
+    p.tiling.enabled = false;
+    assert!(matches!(img_gen(&p), Err(PresetError::Missing { ref flag, .. }) if flag == "--vae-tiling"));
+}
+
+/// `--prediction`: a model-sampling node between the loader and every user of MODEL.
+#[test]
+fn prediction_sets_the_model_sampling() {
+    let mut p = base();
+    p.hires.enabled = true;
+    for (flag, class, sampling) in [("eps", "ModelSamplingDiscrete", "eps"), ("v", "ModelSamplingDiscrete", "v_prediction"), ("edm_v", "ModelSamplingContinuousEDM", "v_prediction")] {
+        p.prediction = Some(flag.into());
+        let wf = img_gen(&p).unwrap().workflow;
+        let node = find(&wf, class);
+        assert_eq!(node[0].inputs["sampling"], InputValue::Const(json!(sampling)));
+        assert_eq!(source(&wf, node[0], "model").0.class_type, "CheckpointLoaderSimple");
+        for ks in find(&wf, "KSampler") {
+            assert_eq!(source(&wf, ks, "model").0.class_type, class, "{flag}");
+        }
+    }
+    p.prediction = Some("flux_flow".into());
+    assert!(matches!(img_gen(&p), Err(PresetError::NotSupported { ref flag, .. }) if flag == "--prediction flux_flow"));
+    let mut a = adetailer_base();
+    a.prediction = Some("v".into());
+    let wf = adetailer(&a).unwrap().workflow;
+    assert_eq!(source(&wf, find(&wf, "DetailerForEachMask")[0], "model").0.class_type, "ModelSamplingDiscrete");
+}
+
+/// `--sigmas`: ManualSigmas instead of the scheduler, cut to `--strength` with `-i` as
+/// sd-cli cuts it; `--hires-sigmas`: the hires pass's whole schedule.
+#[test]
+fn custom_sigmas_become_manual_sigmas() {
+    let mut p = base();
+    p.sigmas = Some(vec![14.6, 7.0, 3.0, 1.0, 0.0]);
+    let wf = img_gen(&p).unwrap().workflow;
+    let pass = find(&wf, "SamplerCustom")[0];
+    let (select, _) = source(&wf, pass, "sampler");
+    assert_eq!(select.class_type, "KSamplerSelect");
+    let (manual, _) = source(&wf, pass, "sigmas");
+    assert_eq!(manual.inputs["sigmas"], InputValue::Const(json!("14.6, 7, 3, 1, 0")));
+
+    // 4 steps at strength 0.5: sd-cli runs t_enc = 2 steps from one sigma earlier,
+    // sigmas[1..]; at 0.75 (t_enc 3) the whole list.
+    p.init_img = Some("in.png".into());
+    for (strength, split) in [(0.5, Some(1)), (0.75, None), (0.2, Some(3)), (1.0, None)] {
+        p.strength = strength;
+        let wf = img_gen(&p).unwrap().workflow;
+        let pass = find(&wf, "SamplerCustom")[0];
+        let (node, out) = source(&wf, pass, "sigmas");
+        match split {
+            Some(step) => {
+                assert_eq!((node.class_type.as_str(), out, &node.inputs["step"]), ("SplitSigmas", 1, &InputValue::Const(json!(step))), "{strength}");
+                assert_eq!(source(&wf, node, "sigmas").0.class_type, "ManualSigmas");
+            }
+            None => assert_eq!(node.class_type, "ManualSigmas", "{strength}"),
+        }
+    }
+    assert_eq!(strength_split(5, 0.5), 1);
+    assert_eq!(strength_split(21, 0.75), 4, "sd-cli: 20 steps at 0.75 (t_enc 15) start at sigma 4");
+
+    let mut h = base();
+    h.hires.enabled = true;
+    h.hires.sigmas = Some(vec![3.0, 1.0, 0.0]);
+    let wf = img_gen(&h).unwrap().workflow;
+    assert_eq!(find(&wf, "KSampler").len(), 1, "the base pass keeps KSampler");
+    let pass = find(&wf, "SamplerCustom")[0];
+    assert_eq!(pass.title.as_deref(), Some("Hires pass"));
+    assert_eq!(source(&wf, pass, "sigmas").0.inputs["sigmas"], InputValue::Const(json!("3, 1, 0")));
+
+    for (flag, list) in [("--sigmas", vec![1.0]), ("--sigmas", vec![2.0, -1.0]), ("--sigmas", vec![f32::INFINITY, 0.0])] {
+        let mut q = base();
+        q.sigmas = Some(list.clone());
+        assert!(matches!(img_gen(&q), Err(PresetError::Invalid { flag: ref f, .. }) if f == flag), "{list:?}");
+    }
+    let mut q = base();
+    q.hires.sigmas = Some(vec![1.0, 0.0]);
+    assert!(matches!(img_gen(&q), Err(PresetError::Missing { ref flag, .. }) if flag == "--hires"));
+}
+
+#[test]
+fn lora_apply_mode_reaches_every_lora_node_only_when_given() {
+    let mut p = base();
+    p.prompt = "a cat <lora:ink:0.5><lora:pen:1>".into();
+    let loras = |p: &ImgGenParams| -> Vec<Option<InputValue>> {
+        let wf = img_gen(p).unwrap().workflow;
+        wf.nodes.values().filter(|n| n.class_type == "LoraLoader").map(|n| n.inputs.get("apply_mode").cloned()).collect()
+    };
+    assert_eq!(loras(&p), vec![None, None], "the node's default stays out of the graph");
+    p.lora_apply_mode = Some("at_runtime".into());
+    assert_eq!(loras(&p), vec![Some(InputValue::Const(json!("at_runtime"))); 2]);
+}
+
+#[test]
+fn missing_node_classes_name_their_flags() {
+    let mut p = base();
+    p.upscale_model = Some("esrgan.pth".into());
+    p.upscale_repeats = 2;
+    let preset = img_gen(&p).unwrap();
+    let mut reg = Registry::new();
+    sdflow_executor::stub::register(&mut reg);
+    let errs: Vec<String> = unsupported_nodes(&preset, &reg).iter().map(|e| e.to_string()).collect();
+    assert!(errs.contains(&"not supported yet: --upscale-model (needs node UpscaleModelLoader)".to_string()), "{errs:?}");
+    assert!(errs.contains(&"not supported yet: --upscale-model (needs node ImageUpscaleWithModel)".to_string()), "{errs:?}");
+    let ups: Vec<_> = preset.workflow.nodes.values().filter(|n| n.class_type == "ImageUpscaleWithModel").collect();
+    assert_eq!(ups.len(), 1);
+    assert_eq!(ups[0].inputs["repeats"], InputValue::Const(json!(2)), "--upscale-repeats 2");
+}
+
+#[test]
+fn bad_values_are_errors() {
+    let mut p = base();
+    p.width = 0;
+    assert!(matches!(img_gen(&p), Err(PresetError::Invalid { .. })));
+    let mut p = base();
+    p.strength = 1.5;
+    assert!(img_gen(&p).is_err());
+    let mut p = base();
+    p.model = None;
+    assert!(matches!(img_gen(&p), Err(PresetError::Missing { .. })));
+    let mut p = base();
+    p.mask = Some("m.png".into());
+    assert!(img_gen(&p).is_err(), "a mask without an image");
+    let mut p = base();
+    p.tiling.enabled = true;
+    p.tiling.overlap = 1.0;
+    assert!(matches!(img_gen(&p), Err(PresetError::Invalid { ref flag, .. }) if flag == "--vae-tile-overlap"));
+}
+
+#[test]
+fn every_sd_cli_latent_upscaler_has_a_latent_method() {
+    for (name, method) in [
+        ("Latent", "bilinear"),
+        ("Latent (nearest)", "nearest"),
+        ("Latent (nearest-exact)", "nearest-exact"),
+        ("Latent (antialiased)", "bilinear-antialiased"),
+        ("Latent (bicubic)", "bicubic"),
+        ("Latent (bicubic antialiased)", "bicubic-antialiased"),
+    ] {
+        let mut p = base();
+        p.hires.enabled = true;
+        p.hires.upscaler = name.into();
+        let wf = img_gen(&p).unwrap_or_else(|e| panic!("{name}: {e}")).workflow;
+        assert_eq!(wf.nodes["6"].class_type, "LatentUpscaleBy", "{name}");
+        assert_eq!(wf.nodes["6"].inputs["upscale_method"], InputValue::Const(json!(method)), "{name}");
+    }
+}
+
+#[test]
+fn hires_targets_and_image_upscalers() {
+    let mut p = base();
+    p.height = 768;
+    p.hires.enabled = true;
+    p.hires.width = 1024;
+    let wf = img_gen(&p).unwrap().workflow;
+    assert_eq!(wf.nodes["6"].class_type, "LatentUpscale");
+    assert_eq!(wf.nodes["6"].inputs["height"], InputValue::Const(json!(1536)), "the other side keeps the aspect ratio");
+    assert_eq!(wf.nodes["7"].inputs["denoise"], InputValue::Const(json!(0.7)));
+
+    let mut p = base();
+    p.hires.enabled = true;
+    p.hires.upscaler = "4x-UltraSharp.pth".into();
+    p.hires.steps = 8;
+    let wf = img_gen(&p).unwrap().workflow;
+    let classes: Vec<&str> = (1..=wf.nodes.len()).map(|i| wf.nodes[&i.to_string()].class_type.as_str()).collect();
+    assert_eq!(classes, ["CheckpointLoaderSimple", "CLIPTextEncode", "CLIPTextEncode", "EmptyLatentImage", "KSampler", "VAEDecode", "UpscaleModelLoader", "ImageUpscaleWithModel", "ImageScale", "VAEEncode", "KSampler", "VAEDecode", "SaveImage"]);
+    assert_eq!(wf.nodes["9"].inputs["width"], InputValue::Const(json!(1024)), "512 × the default scale 2");
+    assert_eq!(wf.nodes["11"].inputs["steps"], InputValue::Const(json!(8)));
+    assert_eq!(wf.nodes["11"].inputs["latent_image"], InputValue::link("10", 0));
+}
+
+#[test]
+fn control_net_feeds_the_sampler() {
+    let mut p = base();
+    p.control_net = Some("cn.safetensors".into());
+    p.control_image = Some("edges.png".into());
+    p.canny = true;
+    let wf = img_gen(&p).unwrap().workflow;
+    let apply = wf.nodes.iter().find(|(_, n)| n.class_type == "ControlNetApplyAdvanced").map(|(id, _)| id.clone()).unwrap();
+    assert_eq!(wf.nodes["5"].inputs["positive"], InputValue::link(apply.clone(), 0));
+    assert_eq!(wf.nodes["5"].inputs["negative"], InputValue::link(apply.clone(), 1));
+    assert_eq!(wf.nodes[&apply].inputs["strength"], InputValue::Const(json!(0.9)));
+    let canny = wf.nodes.values().find(|n| n.class_type == "Canny").expect("--canny adds Canny");
+    assert_eq!(canny.inputs["high_threshold"], InputValue::Const(json!(0.08)), "sd-cli's threshold");
+    let mut p = base();
+    p.control_net = Some("cn.safetensors".into());
+    assert!(matches!(img_gen(&p), Err(PresetError::Missing { .. })), "a control net without an image");
+}
+
+#[test]
+fn partial_strength_inpainting_keeps_the_image() {
+    let mut p = base();
+    p.init_img = Some("in.png".into());
+    p.mask = Some("mask.png".into());
+    let wf = img_gen(&p).unwrap().workflow;
+    let classes: Vec<&str> = (1..=wf.nodes.len()).map(|i| wf.nodes[&i.to_string()].class_type.as_str()).collect();
+    assert_eq!(classes, ["CheckpointLoaderSimple", "CLIPTextEncode", "CLIPTextEncode", "LoadImage", "LoadImageMask", "VAEEncode", "SetLatentNoiseMask", "KSampler", "VAEDecode", "SaveImage"]);
+    assert_eq!(wf.nodes["8"].inputs["denoise"], InputValue::Const(json!(0.75)));
+}
