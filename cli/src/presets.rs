@@ -17,7 +17,7 @@ use anyhow::{bail, Context};
 use clap::parser::ValueSource;
 use clap::{Arg, ArgAction, ArgMatches, Args, Command, FromArgMatches};
 use sdflow_executor::Workflow;
-use sdflow_workflows::presets::{self, AdetailerParams, HiresParams, ImgGenParams, Preset, TilingParams, UpscaleParams, SD_SAMPLERS, SD_SCHEDULERS};
+use sdflow_workflows::presets::{self, AdetailerParams, ChromaParams, Family, HiresParams, ImgGenParams, ModelInfo, Preset, SlgParams, TilingParams, UpscaleParams, SD_SAMPLERS, SD_SCHEDULERS};
 
 use crate::run;
 
@@ -28,15 +28,11 @@ const TAESD: &str = "taesd";
 /// "unknown"), refused when given.
 const REFUSED: &[(&str, bool, &str)] = &[
     ("clip_vision", true, "the models that take --clip_vision (Wan image-to-video, unCLIP) are not implemented; IP-Adapter's image encoder is a workflow node (CLIPVisionLoader)"),
-    ("t5xxl", true, "FLUX.1 and SD3.5 run through workflows (workflows/flux_*.json, sd35_txt2img.json: DualCLIPLoader type flux, TripleCLIPLoader); sd-cli's FLUX and SD3 presets are not wired yet; Wan is not implemented"),
     ("llm", true, "LLM text encoders (Qwen-Image, FLUX.2, Z-Image) are not implemented"),
     ("llm_vision", true, "LLM vision encoders are not implemented"),
     ("qwen2vl", true, "LLM text encoders (Qwen-Image) are not implemented"),
     ("qwen2vl_vision", true, "LLM vision encoders are not implemented"),
     ("high-noise-diffusion-model", true, "Wan2.2 MoE models are not implemented"),
-    ("chroma-t5-mask-pad", true, "Chroma is not implemented"),
-    ("chroma-disable-dit-mask", false, "Chroma is not implemented"),
-    ("chroma-enable-t5-mask", false, "Chroma is not implemented"),
     ("force-sdxl-vae-conv-scale", false, "sdflow's VAE convolutions run in f32 or bf16 with f32 sums, where the fp16 overflow this works around does not arise"),
     ("offload-to-cpu", false, "weights are placed by sdflow's residency manager; no per-flag placement yet"),
     ("mmap", false, "model files are always memory-mapped when the format allows"),
@@ -67,16 +63,7 @@ const REFUSED: &[(&str, bool, &str)] = &[
     ("high-noise-skip-layers", true, "Wan2.2 MoE models are not implemented"),
     ("moe-boundary", true, "Wan2.2 MoE models are not implemented"),
     ("vace-strength", true, "Wan VACE is not implemented"),
-    ("flow-shift", true, "FLUX.1 runs through workflows (workflows/flux_*.json: UNETLoader, DualCLIPLoader type flux); sd-cli's FLUX preset is not wired yet (ModelSamplingFlux sets its shift)"),
     ("timestep-shift", true, "NitroFusion timestep shifting is not implemented"),
-    ("guidance", true, "FLUX.1 runs through workflows (workflows/flux_*.json: UNETLoader, DualCLIPLoader type flux); sd-cli's FLUX preset is not wired yet (FluxGuidance sets the distilled guidance)"),
-    ("slg-scale", true, "SD3.5 runs through workflows (workflows/sd35_txt2img.json: TripleCLIPLoader, SkipLayerGuidanceSD3); sd-cli's SD3 preset is not wired yet"),
-    ("skip-layer-start", true, "SD3.5 runs through workflows (workflows/sd35_txt2img.json: TripleCLIPLoader, SkipLayerGuidanceSD3); sd-cli's SD3 preset is not wired yet"),
-    ("skip-layer-end", true, "SD3.5 runs through workflows (workflows/sd35_txt2img.json: TripleCLIPLoader, SkipLayerGuidanceSD3); sd-cli's SD3 preset is not wired yet"),
-    ("skip-layers", true, "SD3.5 runs through workflows (workflows/sd35_txt2img.json: TripleCLIPLoader, SkipLayerGuidanceSD3); sd-cli's SD3 preset is not wired yet"),
-    ("ref-image", true, "FLUX.1 runs through workflows (workflows/flux_*.json: UNETLoader, DualCLIPLoader type flux); sd-cli's FLUX preset is not wired yet (ReferenceLatent gives Kontext its images)"),
-    ("increase-ref-index", false, "FLUX.1 runs through workflows (workflows/flux_*.json: UNETLoader, DualCLIPLoader type flux); sd-cli's FLUX preset is not wired yet"),
-    ("disable-auto-resize-ref-image", false, "FLUX.1 runs through workflows (workflows/flux_*.json: UNETLoader, DualCLIPLoader type flux); sd-cli's FLUX preset is not wired yet"),
     ("cache-mode", true, "step caching (easycache, ucache, cache-dit) is not implemented"),
     ("cache-option", true, "step caching is not implemented"),
     ("cache-preset", true, "step caching is not implemented"),
@@ -122,11 +109,8 @@ impl FromArgMatches for Refused {
 impl Args for Refused {
     fn augment_args(mut cmd: Command) -> Command {
         for &(long, takes_value, reason) in REFUSED {
-            let mut a = Arg::new(long).long(long).help(format!("not supported yet: {reason}")).help_heading("Not supported yet (refused when given)");
-            if long == "ref-image" {
-                a = a.short('r');
-            }
-            a = if takes_value { a.action(ArgAction::Set).value_name("VALUE").allow_hyphen_values(true) } else { a.action(ArgAction::SetTrue) };
+            let a = Arg::new(long).long(long).help(format!("not supported yet: {reason}")).help_heading("Not supported yet (refused when given)");
+            let a = if takes_value { a.action(ArgAction::Set).value_name("VALUE").allow_hyphen_values(true) } else { a.action(ArgAction::SetTrue) };
             cmd = cmd.arg(a);
         }
         cmd
@@ -207,7 +191,7 @@ fn sampler_parser() -> clap::builder::PossibleValuesParser {
 
 fn scheduler_parser() -> clap::builder::PossibleValuesParser {
     let mut names: Vec<&'static str> = SD_SCHEDULERS.to_vec();
-    names.extend(["normal", "beta", "ddim_uniform"]);
+    names.extend(["flux", "normal", "beta", "ddim_uniform"]);
     clap::builder::PossibleValuesParser::new(names)
 }
 
@@ -465,6 +449,56 @@ pub struct ImgGenArgs {
     /// ADetailer negative prompt (empty: the main negative prompt).
     #[arg(long, value_name = "string", default_value = "")]
     pub ad_negative_prompt: String,
+    /// Path to the t5xxl text encoder (FLUX, SD3, Chroma).
+    #[arg(long = "t5xxl", value_name = "string")]
+    pub t5xxl: Option<String>,
+    /// Distilled guidance scale for models with guidance input (FLUX.1-dev).
+    #[arg(long, value_name = "float", default_value_t = 3.5, allow_negative_numbers = true)]
+    pub guidance: f64,
+    /// Shift of the flow models' sigmas (SD3: default 3; FLUX takes its shift from the
+    /// image size, as sd-cli).
+    #[arg(long, value_name = "float", allow_negative_numbers = true)]
+    pub flow_shift: Option<f64>,
+    /// Skip layer guidance (SLG) scale, for DiT models (0 = disabled; 2.5 is good for
+    /// SD3.5 medium).
+    #[arg(long, value_name = "float", default_value_t = 0.0)]
+    pub slg_scale: f64,
+    /// Layers to skip for SLG steps (default: [7,8,9]).
+    #[arg(long, value_name = "integer_list", default_value = "[7,8,9]")]
+    pub skip_layers: String,
+    /// SLG enabling point.
+    #[arg(long, value_name = "float", default_value_t = 0.01)]
+    pub skip_layer_start: f64,
+    /// SLG disabling point.
+    #[arg(long, value_name = "float", default_value_t = 0.2)]
+    pub skip_layer_end: f64,
+    /// Reference image for FLUX Kontext models (can be used multiple times).
+    #[arg(short = 'r', long = "ref-image", value_name = "string")]
+    pub ref_image: Vec<String>,
+    /// Automatically increase the index of each reference image.
+    #[arg(long)]
+    pub increase_ref_index: bool,
+    /// Disable the auto resize of reference images.
+    #[arg(long)]
+    pub disable_auto_resize_ref_image: bool,
+    /// Model-specific options, `key=value,...`: chroma_use_dit_mask, chroma_use_t5_mask,
+    /// chroma_t5_mask_pad.
+    #[arg(long, value_name = "string")]
+    pub model_args: Option<String>,
+    /// Reference image options, `key=value,...`: ref_index_mode (fixed, increase),
+    /// resize_before_vae.
+    #[arg(long, value_name = "string")]
+    pub ref_image_args: Option<String>,
+    /// Disable the DiT mask for Chroma (sd-cli's older spelling of --model-args
+    /// chroma_use_dit_mask=false).
+    #[arg(long)]
+    pub chroma_disable_dit_mask: bool,
+    /// Enable the T5 mask for Chroma.
+    #[arg(long)]
+    pub chroma_enable_t5_mask: bool,
+    /// T5 mask pad size of Chroma.
+    #[arg(long, value_name = "int", default_value_t = 1, allow_negative_numbers = true)]
+    pub chroma_t5_mask_pad: i64,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]
@@ -719,6 +753,115 @@ fn zeroes_empty_negative(path: &str) -> bool {
     det.family == sdflow_core::detect::ModelFamily::Sdxl && !src.tensors().iter().any(|t| t.name == sdflow_core::detect::EDM_VPRED_KEYS.1)
 }
 
+/// What the diffusion model file holds (`--diffusion-model`, else `-m`), for the family's
+/// graph builder. A file that cannot be read is left to the loaders to report; without
+/// one, `--t5xxl` with `--clip_g` means SD3, with `--clip_l` FLUX, alone Chroma.
+fn model_info(a: &ImgGenArgs) -> ModelInfo {
+    use sdflow_core::detect::ModelFamily;
+    let read = |path: &str| -> Option<sdflow_core::detect::Detection> {
+        let src = sdflow_core::io::open(Path::new(path)).ok()?;
+        Some(sdflow_core::detect::detect_source(src.as_ref()))
+    };
+    let guess = || match (&a.t5xxl, &a.clip_l, &a.clip_g) {
+        (None, _, _) => Family::Unet,
+        (Some(_), _, Some(_)) => Family::Sd3,
+        (Some(_), Some(_), None) => Family::Flux { fill: false, guidance: true },
+        (Some(_), None, None) => Family::Chroma,
+    };
+    let det = a.diffusion_model.as_deref().or(a.model.as_deref()).and_then(read);
+    let mut info = ModelInfo { family: guess(), ..ModelInfo::default() };
+    if let Some(d) = &det {
+        info.family = match d.family {
+            ModelFamily::Flux => Family::Flux { fill: d.in_channels == Some(384), guidance: d.flux_guidance },
+            ModelFamily::Chroma => Family::Chroma,
+            ModelFamily::Sd3 => Family::Sd3,
+            ModelFamily::Unknown => info.family,
+            _ => Family::Unet,
+        };
+        info.double_blocks = d.double_blocks;
+    }
+    // What -m holds beside the diffusion model (all of it for a UNet checkpoint).
+    match a.model.as_deref().map(|m| (m, if a.diffusion_model.is_some() { read(m) } else { det.clone() })) {
+        Some((_, Some(d))) => {
+            let c = &d.components;
+            info.has_text_encoders = c.clip_l || c.clip_g || c.clip_h || c.t5 || (c.unet && !c.dit);
+            info.has_vae = c.vae || (c.unet && !c.dit);
+        }
+        Some((_, None)) => {
+            info.has_text_encoders = true;
+            info.has_vae = true;
+        }
+        None => {}
+    }
+    info
+}
+
+/// An image file's width and height ((0, 0) when it cannot be read: the loader reports it).
+fn image_size(path: &str) -> (i64, i64) {
+    image::image_dimensions(path).map_or((0, 0), |(w, h)| (w as i64, h as i64))
+}
+
+/// sd-cli's `key=value` lists (`,` or `;` between pairs).
+fn key_values<'a>(flag: &str, s: &'a str) -> anyhow::Result<Vec<(&'a str, &'a str)>> {
+    s.split([',', ';'])
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|p| p.split_once('=').map(|(k, v)| (k.trim(), v.trim())).with_context(|| format!("invalid value for {flag}: `{p}` is not key=value")))
+        .collect()
+}
+
+/// sd-cli's boolean spellings.
+fn parse_bool(flag: &str, key: &str, v: &str) -> anyhow::Result<bool> {
+    match v.to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => bail!("invalid value for {flag}: {key}={v} is not a boolean (1/0, true/false, yes/no, on/off)"),
+    }
+}
+
+/// Chroma's mask options: `--model-args` over sd-cli's older `--chroma-*` flags.
+fn chroma_params(a: &ImgGenArgs) -> anyhow::Result<ChromaParams> {
+    let mut c = ChromaParams { dit_mask: !a.chroma_disable_dit_mask, t5_mask: a.chroma_enable_t5_mask, t5_mask_pad: a.chroma_t5_mask_pad };
+    for (k, v) in key_values("--model-args", a.model_args.as_deref().unwrap_or(""))? {
+        match k {
+            "chroma_use_dit_mask" => c.dit_mask = parse_bool("--model-args", k, v)?,
+            "chroma_use_t5_mask" => c.t5_mask = parse_bool("--model-args", k, v)?,
+            "chroma_t5_mask_pad" => c.t5_mask_pad = v.parse().with_context(|| format!("invalid value for --model-args: chroma_t5_mask_pad={v} is not an integer"))?,
+            "qwen_image_zero_cond_t" => bail!("not supported yet: --model-args {k} (Qwen-Image is not implemented)"),
+            _ => bail!("invalid value for --model-args: unknown key `{k}` (chroma_use_dit_mask, chroma_use_t5_mask, chroma_t5_mask_pad)"),
+        }
+    }
+    Ok(c)
+}
+
+struct RefArgs {
+    increase: bool,
+    resize: bool,
+}
+
+/// `--ref-image-args` over sd-cli's older `--increase-ref-index` and
+/// `--disable-auto-resize-ref-image`.
+fn ref_image_args(a: &ImgGenArgs) -> anyhow::Result<RefArgs> {
+    let mut r = RefArgs { increase: a.increase_ref_index, resize: !a.disable_auto_resize_ref_image };
+    for (k, v) in key_values("--ref-image-args", a.ref_image_args.as_deref().unwrap_or(""))? {
+        match (k, v) {
+            ("ref_index_mode", "fixed") => r.increase = false,
+            ("ref_index_mode", "increase") => r.increase = true,
+            ("ref_index_mode", _) => bail!("not supported yet: --ref-image-args ref_index_mode={v} (fixed and increase are FLUX Kontext's)"),
+            ("resize_before_vae", _) => r.resize = parse_bool("--ref-image-args", k, v)?,
+            ("preset", "flux_kontext") | ("pass_to_dit", "1" | "true" | "on" | "yes") | ("pass_to_vlm", "0" | "false" | "off" | "no") => {}
+            _ => bail!("not supported yet: --ref-image-args {k}={v} (sdflow takes ref_index_mode and resize_before_vae, FLUX Kontext's)"),
+        }
+    }
+    Ok(r)
+}
+
+/// `--skip-layers`: sd-cli's `[7,8,9]` list (brackets and spaces optional).
+fn parse_skip_layers(s: &str) -> anyhow::Result<Vec<i64>> {
+    let inner = s.trim().trim_start_matches('[').trim_end_matches(']');
+    inner.split(',').map(str::trim).filter(|t| !t.is_empty()).map(|t| t.parse::<i64>().with_context(|| format!("invalid value for --skip-layers: `{t}` in {s} is not an integer"))).collect()
+}
+
 fn img_gen_params(a: &ImgGenArgs, seed: i64, names: &mut Names<'_>) -> anyhow::Result<ImgGenParams> {
     let (_, tags) = presets::extract_loras(&a.sampling.prompt)?;
     let mut lora_files = BTreeMap::new();
@@ -745,6 +888,16 @@ fn img_gen_params(a: &ImgGenArgs, seed: i64, names: &mut Names<'_>) -> anyhow::R
     } else {
         a.hires_upscaler.clone()
     };
+    let refs = ref_image_args(a)?;
+    let ref_sizes = a.ref_image.iter().map(|r| image_size(r)).collect::<Vec<_>>();
+    // sd-cli: without -W/-H the output takes the first reference's size (an init image's
+    // first), rounded up to a multiple of 8.
+    let (mut width, mut height) = (a.width.unwrap_or(512), a.height.unwrap_or(512));
+    if a.width.is_none() && a.height.is_none() && a.init_img.is_none() {
+        if let Some(&(w, h)) = ref_sizes.first().filter(|s| s.0 > 0) {
+            (width, height) = ((w + 7) / 8 * 8, (h + 7) / 8 * 8);
+        }
+    }
     Ok(ImgGenParams {
         model: names.model("checkpoints", "-m", &a.model)?,
         diffusion_model: names.model("diffusion_models", "--diffusion-model", &a.diffusion_model)?,
@@ -778,8 +931,8 @@ fn img_gen_params(a: &ImgGenArgs, seed: i64, names: &mut Names<'_>) -> anyhow::R
         lora_files,
         lora_apply_mode: a.lora_apply_mode.clone(),
         rng: a.sampling.node_rng(),
-        width: a.width.unwrap_or(512),
-        height: a.height.unwrap_or(512),
+        width,
+        height,
         size_given: a.width.is_some() || a.height.is_some(),
         steps: a.sampling.steps,
         cfg_scale: a.sampling.cfg_scale,
@@ -808,6 +961,16 @@ fn img_gen_params(a: &ImgGenArgs, seed: i64, names: &mut Names<'_>) -> anyhow::R
         },
         tiling: TilingParams { enabled: a.vae_tiling, tile_size: a.vae_tile_size, overlap: a.vae_tile_overlap, relative: a.vae_relative_tile_size.map(|(x, y)| (x as f64, y as f64)) },
         output: a.sampling.output.clone(),
+        model_info: model_info(a),
+        t5xxl: names.model("text_encoders", "--t5xxl", &a.t5xxl)?,
+        guidance: a.guidance,
+        flow_shift: a.flow_shift,
+        slg: SlgParams { scale: a.slg_scale, layers: parse_skip_layers(&a.skip_layers)?, start: a.skip_layer_start, end: a.skip_layer_end },
+        ref_images: a.ref_image.iter().map(|r| names.image("-r", &Some(r.clone())).map(Option::unwrap_or_default)).collect::<anyhow::Result<_>>()?,
+        ref_sizes,
+        increase_ref_index: refs.increase,
+        auto_resize_ref_image: refs.resize,
+        chroma: chroma_params(a)?,
     })
 }
 

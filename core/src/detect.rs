@@ -112,6 +112,9 @@ pub struct Detection {
     pub zsnr: bool,
     /// FLUX: has `guidance_in` (dev-style distilled guidance) rather than schnell.
     pub flux_guidance: bool,
+    /// FLUX/Chroma: the number of double-stream blocks (sd-cli numbers the single
+    /// blocks after them in `--skip-layers`).
+    pub double_blocks: Option<usize>,
     pub components: Components,
     /// A human-readable summary; for `Unknown`, what was (not) found.
     pub message: String,
@@ -176,6 +179,7 @@ pub fn detect(tensors: &[TensorInfo]) -> Detection {
         prediction_reason: "default: no v-prediction marker".into(),
         zsnr: tensors.iter().any(|t| t.name == "ztsnr"),
         flux_guidance: false,
+        double_blocks: None,
         components: components(tensors),
         message: String::new(),
     };
@@ -197,6 +201,7 @@ pub fn detect(tensors: &[TensorInfo]) -> Detection {
         d.flux_guidance = tensors
             .iter()
             .any(|t| t.name.starts_with(&format!("{p}guidance_in.")));
+        d.double_blocks = Some(block_count(tensors, &format!("{p}double_blocks.")));
         let chroma = tensors.iter().any(|t| t.name == format!("{p}distilled_guidance_layer.in_proj.weight"));
         return finish_dit(d, if chroma { ModelFamily::Chroma } else { ModelFamily::Flux }, p, KeyLayout::Ldm);
     }
@@ -212,6 +217,7 @@ pub fn detect(tensors: &[TensorInfo]) -> Detection {
             t.name
                 .starts_with(&format!("{p}time_text_embed.guidance_embedder."))
         });
+        d.double_blocks = Some(block_count(tensors, &format!("{p}transformer_blocks.")));
         return finish_dit(d, ModelFamily::Flux, p, KeyLayout::Diffusers);
     }
     // SD3: LDM `joint_blocks`, diffusers `transformer_blocks` + `pos_embed` without single blocks.
@@ -331,6 +337,15 @@ pub fn detect(tensors: &[TensorInfo]) -> Detection {
     }
     d.message = summary(&d);
     d
+}
+
+/// How many numbered blocks `{prefix}N.` the tensors hold (the highest index + 1).
+fn block_count(tensors: &[TensorInfo], prefix: &str) -> usize {
+    tensors
+        .iter()
+        .filter_map(|t| t.name.strip_prefix(prefix)?.split('.').next()?.parse::<usize>().ok())
+        .max()
+        .map_or(0, |m| m + 1)
 }
 
 fn finish_dit(

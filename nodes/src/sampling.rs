@@ -428,7 +428,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
         // Skip-layer guidance (ComfyUI's SkipLayerGuidanceDiT post-CFG step): the positive
         // side again without the layers, the result pushed away from it.
         let slg_pos = match slg {
-            Some((g, (hi, lo))) if g.scale > 0.0 && sigma <= hi && sigma >= lo => Some((g.scale, g.rescaling, pos.clone())),
+            Some((g, (hi, lo))) if g.scale > 0.0 && slg_now(g, sigma, (hi, lo), step.get(), total) => Some((g.scale, g.rescaling, pos.clone())),
             _ => None,
         };
         let mut d = mix.mix(pos, mid, neg);
@@ -544,6 +544,20 @@ pub(crate) fn guider_from(inputs: &Inputs) -> Result<Guider, NodeError> {
         cfg: inputs.float("cfg")? as f32,
         dual: None,
     })
+}
+
+/// Whether skip-layer guidance runs at this model call: σ in `(hi, lo)` (ComfyUI), or
+/// the 0-based `step` of `steps` inside sd.cpp's window (its 1-based `k` with
+/// `⌊start·(steps+1)⌋ < k < ⌊end·(steps+1)⌋`, in sd.cpp's f32 arithmetic).
+fn slg_now(g: &crate::values::SkipLayerGuidance, sigma: f32, (hi, lo): (f32, f32), step: usize, steps: u64) -> bool {
+    match g.window {
+        crate::values::SlgWindow::Sigmas => sigma <= hi && sigma >= lo,
+        crate::values::SlgWindow::Steps => {
+            let n = (steps + 1) as f32;
+            let k = step as i64 + 1;
+            k > (g.percents.0 * n) as i64 && k < (g.percents.1 * n) as i64
+        }
+    }
 }
 
 /// torch's `std()`: the unbiased standard deviation of all values, accumulated in f64.

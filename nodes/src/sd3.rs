@@ -10,7 +10,7 @@
 
 use crate::loaders::TEXT_ENCODERS;
 use crate::runtime::Runtime;
-use crate::values::{ClipRef, CondEntry, CondList, ModelRef};
+use crate::values::{ClipRef, CondEntry, CondList, ModelRef, SlgWindow};
 use sdflow_core::models::dit::SkipLayers;
 use crate::{err, loaders};
 use sdflow_core::detect::ModelFamily;
@@ -251,7 +251,8 @@ impl Node for SkipLayerGuidance {
             .input(InputSpec::float("start_percent", 0.01).float_range(0.0, 1.0).float_step(0.001))
             .input(InputSpec::float("end_percent", 0.15).float_range(0.0, 1.0).float_step(0.001));
         let s = if self.dit { s.input(InputSpec::float("rescaling_scale", 0.0).float_range(0.0, 10.0).float_step(0.01)) } else { s };
-        s.output("MODEL", IoType::MODEL)
+        s.input(InputSpec::combo("window", ["sigmas", "steps"]).optional().tooltip("sigmas (ComfyUI): while σ is between the model's σ at start_percent and at end_percent. steps (sd-cli): at the steps k, counted from 1, with floor(start·(steps+1)) < k < floor(end·(steps+1))."))
+            .output("MODEL", IoType::MODEL)
     }
 
     fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
@@ -275,7 +276,12 @@ impl Node for SkipLayerGuidance {
             }
         }
         let mut m = model.clone();
-        m.slg = Some(crate::values::SkipLayerGuidance { layers, scale, rescaling, percents: (start, end) });
+        let window = match inputs.contains("window").then(|| inputs.string("window")).transpose()? {
+            None | Some("sigmas") => SlgWindow::Sigmas,
+            Some("steps") => SlgWindow::Steps,
+            Some(other) => return Err(NodeError::msg(format!("window `{other}` is not one of sigmas, steps"))),
+        };
+        m.slg = Some(crate::values::SkipLayerGuidance { layers, scale, rescaling, percents: (start, end), window });
         Ok(Outputs::new(vec![Value::new(IoType::MODEL, m)]))
     }
 }

@@ -43,8 +43,19 @@ pub struct SkipLayerGuidance {
     pub scale: f32,
     pub rescaling: f32,
     /// ComfyUI's start_percent / end_percent: fractions of sampling, mapped through the
-    /// model's own percent→σ when sampling starts.
+    /// model's own percent→σ when sampling starts, or read as sd.cpp reads them.
     pub percents: (f32, f32),
+    pub window: SlgWindow,
+}
+
+/// How skip-layer guidance's start and end select the steps it runs at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlgWindow {
+    /// ComfyUI: σ between the model's σ at start and at end.
+    Sigmas,
+    /// sd.cpp: the steps k (from 1) with `⌊start·(steps+1)⌋ < k < ⌊end·(steps+1)⌋`,
+    /// whatever the schedule (sd-cli's --skip-layer-start/end).
+    Steps,
 }
 
 /// One IP-Adapter on a MODEL: the adapter's weights (shared through the residency

@@ -18,13 +18,16 @@ use std::path::{Path, PathBuf};
 use sdflow_executor::{Registry, Workflow};
 
 mod adetailer;
+mod dit;
 mod graph;
 mod params;
 mod sd;
+mod stages;
 mod upscale;
 
 pub use adetailer::adetailer;
-pub use params::{AdetailerParams, HiresParams, ImgGenParams, TilingParams, UpscaleParams};
+pub use dit::ref_image_size;
+pub use params::{AdetailerParams, ChromaParams, Family, HiresParams, ImgGenParams, ModelInfo, SlgParams, TilingParams, UpscaleParams};
 pub use upscale::upscale;
 
 /// Why a preset could not be built.
@@ -245,7 +248,10 @@ pub fn output_paths(output: &str, count: usize, begin: Option<i64>) -> Result<Ve
 
 /// Builds sd-cli's `img_gen` graph with the builder of the model's family.
 pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
-    sd::img_gen(p)
+    match p.model_info.family {
+        Family::Unet => sd::img_gen(p),
+        Family::Flux { .. } | Family::Chroma | Family::Sd3 => dit::img_gen(p),
+    }
 }
 
 /// The nodes of `preset` that `registry` lacks, each as the refusal naming the flag that

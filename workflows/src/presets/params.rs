@@ -144,6 +144,86 @@ pub struct ImgGenParams {
     pub tiling: TilingParams,
     /// `-o` (`./output.png`); its file stem is the SaveImage prefix.
     pub output: String,
+    /// What the model files hold, as the caller read them: it picks the family's builder.
+    pub model_info: ModelInfo,
+    /// `--t5xxl`: T5-XXL (FLUX, SD3, Chroma).
+    pub t5xxl: Option<String>,
+    /// `--guidance` (3.5): FLUX's distilled guidance; models without a guidance input
+    /// ignore it, as in sd-cli.
+    pub guidance: f64,
+    /// `--flow-shift`: the flow models' σ shift (SD3's default 3).
+    pub flow_shift: Option<f64>,
+    /// `--slg-scale`, `--skip-layers`, `--skip-layer-start`, `--skip-layer-end`.
+    pub slg: SlgParams,
+    /// `-r`: reference images (FLUX Kontext), `--increase-ref-index`,
+    /// `--disable-auto-resize-ref-image` (false here).
+    pub ref_images: Vec<String>,
+    /// Each reference's width and height (the caller reads the files), for sd.cpp's resize.
+    pub ref_sizes: Vec<(i64, i64)>,
+    pub increase_ref_index: bool,
+    pub auto_resize_ref_image: bool,
+    /// Chroma's masks: `--chroma-disable-dit-mask`, `--chroma-enable-t5-mask`,
+    /// `--chroma-t5-mask-pad`.
+    pub chroma: ChromaParams,
+}
+
+/// The diffusion model's family and what `-m` holds besides it.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ModelInfo {
+    pub family: Family,
+    /// `-m` holds text encoders (ComfyUI's all-in-one FLUX/SD3 files, every UNet checkpoint).
+    pub has_text_encoders: bool,
+    /// `-m` holds a VAE.
+    pub has_vae: bool,
+    /// FLUX/Chroma: the double-stream block count (sd-cli numbers the single blocks after
+    /// them in --skip-layers).
+    pub double_blocks: Option<usize>,
+}
+
+/// Which builder makes the img_gen graph.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Family {
+    /// SD1.x, SD2.x, SDXL (and anything not recognised: the UNet builder's loaders
+    /// report what they cannot load).
+    #[default]
+    Unet,
+    /// FLUX.1; `fill`: the 384-channel inpainting model; `guidance`: dev's guidance
+    /// embedding (schnell has none).
+    Flux { fill: bool, guidance: bool },
+    Chroma,
+    Sd3,
+}
+
+/// sd-cli's skip-layer guidance flags, with its defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlgParams {
+    /// `--slg-scale` (0: off).
+    pub scale: f64,
+    /// `--skip-layers` (`[7,8,9]`).
+    pub layers: Vec<i64>,
+    /// `--skip-layer-start` (0.01), `--skip-layer-end` (0.2).
+    pub start: f64,
+    pub end: f64,
+}
+
+impl Default for SlgParams {
+    fn default() -> Self {
+        SlgParams { scale: 0.0, layers: vec![7, 8, 9], start: 0.01, end: 0.2 }
+    }
+}
+
+/// sd-cli's Chroma flags, with its defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChromaParams {
+    pub dit_mask: bool,
+    pub t5_mask: bool,
+    pub t5_mask_pad: i64,
+}
+
+impl Default for ChromaParams {
+    fn default() -> Self {
+        ChromaParams { dit_mask: true, t5_mask: false, t5_mask_pad: 1 }
+    }
 }
 
 impl Default for ImgGenParams {
@@ -196,6 +276,16 @@ impl Default for ImgGenParams {
             hires: HiresParams::default(),
             tiling: TilingParams::default(),
             output: "./output.png".into(),
+            model_info: ModelInfo::default(),
+            t5xxl: None,
+            guidance: 3.5,
+            flow_shift: None,
+            slg: SlgParams::default(),
+            ref_images: Vec::new(),
+            ref_sizes: Vec::new(),
+            increase_ref_index: false,
+            auto_resize_ref_image: true,
+            chroma: ChromaParams::default(),
         }
     }
 }

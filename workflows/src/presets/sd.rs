@@ -5,24 +5,24 @@
 use sdflow_executor::{InputValue, NodeSpec};
 use serde_json::json;
 
-use super::adetailer::{detailer, DetailSpec};
 use super::graph::*;
-use super::upscale::{upscale_chain, upscale_node};
-use super::{extract_loras, invalid, not_supported, resolve_seed, save_prefix, ImgGenParams, Preset, PresetError};
+use super::stages::*;
+use super::upscale::upscale_node;
+use super::{extract_loras, invalid, not_supported, resolve_seed, ImgGenParams, Preset, PresetError};
 
 /// Builds sd-cli's `img_gen` graph.
 pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
-    check_range("-W", p.width, 16, 16384)?;
-    check_range("-H", p.height, 16, 16384)?;
-    check_range("--steps", p.steps, 1, 10000)?;
-    check_range("-b", p.batch_count, 1, 4096)?;
-    check_unit("--strength", p.strength)?;
-    check_range("--upscale-repeats", p.upscale_repeats, 1, 16)?;
-    if !p.cfg_scale.is_finite() || p.cfg_scale < 0.0 {
-        return Err(invalid("--cfg-scale", format!("{} must be a non-negative number", p.cfg_scale)));
-    }
-    if p.mask.is_some() && p.init_img.is_none() {
-        return Err(PresetError::Missing { flag: "-i".into(), msg: "--mask needs an init image".into() });
+    check_common(p)?;
+    for (given, flag) in [
+        (p.t5xxl.is_some(), "--t5xxl"),
+        (p.slg.scale != 0.0, "--slg-scale"),
+        (!p.ref_images.is_empty(), "-r"),
+        (p.flow_shift.is_some(), "--flow-shift"),
+        (p.chroma != super::ChromaParams::default(), "--chroma-* / --model-args chroma_*"),
+    ] {
+        if given {
+            return Err(not_supported(flag, "with a UNet model (SD1.x/SD2.x/SDXL); it applies to the flow-matching transformers (FLUX, Chroma, SD3)"));
+        }
     }
     if p.control_image.is_some() != p.control_net.is_some() {
         let (flag, msg) = if p.control_net.is_some() { ("--control-image", "--control-net needs a control image") } else { ("--control-net", "--control-image needs a control net") };
@@ -30,13 +30,6 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
     }
     let seed = resolve_seed(p.seed);
     let (sampler, scheduler) = sampler_names(&p.sampling_method, &p.scheduler);
-    check_eta(p.eta)?;
-    for (flag, list) in [("--sigmas", &p.sigmas), ("--hires-sigmas", &p.hires.sigmas)] {
-        check_sigmas(flag, list.as_deref())?;
-    }
-    if p.hires.sigmas.is_some() && !p.hires.enabled {
-        return Err(PresetError::Missing { flag: "--hires".into(), msg: "--hires-sigmas is the hires pass's schedule".into() });
-    }
     let sampling = Sampling { seed, cfg: p.cfg_scale, sampler: &sampler, scheduler: &scheduler, rng: p.rng.as_deref(), eta: p.eta };
     let (prompt, loras) = extract_loras(&p.prompt)?;
     let mut b = Builder::default();
@@ -65,27 +58,7 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
         (None, Some(c)) => Out(c.clone(), 2),
         (None, None) => return Err(PresetError::Missing { flag: "--vae".into(), msg: "a standalone --diffusion-model needs a VAE".into() }),
     };
-    // sd.cpp decodes with TAESD when given, and still encodes with the VAE.
-    let decoder = match &p.taesd {
-        Some(t) => Out(b.extra("taesd", "--taesd", NodeSpec::new("VAELoader").with_const("vae_name", json!(t))), 0),
-        None => vae.clone(),
-    };
-
-    for (i, tag) in loras.iter().enumerate() {
-        let file = p.lora_files.get(&tag.name).cloned().unwrap_or_else(|| format!("{}.safetensors", tag.name));
-        let mut node = NodeSpec::new("LoraLoader")
-            .with_input("model", link(&model))
-            .with_input("clip", link(&clip))
-            .with_const("lora_name", json!(file))
-            .with_const("strength_model", json!(tag.weight))
-            .with_const("strength_clip", json!(tag.weight));
-        if let Some(m) = &p.lora_apply_mode {
-            node = node.with_const("apply_mode", json!(m));
-        }
-        let key = b.extra(&format!("lora{i}"), &format!("<lora:{}:{}>", tag.name, tag.weight), node);
-        model = Out(key.clone(), 0);
-        clip = Out(key, 1);
-    }
+    lora_chain(&mut b, p, &loras, &mut model, &mut clip);
     if p.clip_skip > 0 {
         check_range("--clip-skip", p.clip_skip, 1, 24)?;
         let key = b.extra("clip_skip", "--clip-skip", NodeSpec::new("CLIPSetLastLayer").with_input("clip", link(&clip)).with_const("stop_at_clip_layer", json!(-p.clip_skip)));
@@ -124,79 +97,13 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
         neg = Out(b.extra("neg_zero", "-n \"\" (SDXL)", NodeSpec::new("ConditioningZeroOut").with_input("conditioning", link(&neg))), 0);
     }
 
-    if p.tiling.relative.is_some() && !p.tiling.enabled {
-        return Err(PresetError::Missing { flag: "--vae-tiling".into(), msg: "--vae-relative-tile-size sizes the tiles of --vae-tiling".into() });
-    }
-    let (tile_px, overlap_px) = if p.tiling.enabled {
-        let (tx, ty) = p.tiling.tile_size;
-        // The tiled nodes take 64..=4096 pixels.
-        check_range("--vae-tile-size", tx.min(ty), 8, 512)?;
-        check_range("--vae-tile-size", tx.max(ty), 8, 512)?;
-        if let Some((rx, ry)) = p.tiling.relative {
-            if !(rx.is_finite() && ry.is_finite() && rx >= 0.0 && ry >= 0.0) {
-                return Err(invalid("--vae-relative-tile-size", format!("{rx}x{ry} must be non-negative numbers")));
-            }
-        }
-        if !(0.0..1.0).contains(&p.tiling.overlap) {
-            return Err(invalid("--vae-tile-overlap", format!("{} is outside 0..1", p.tiling.overlap)));
-        }
-        // sd.cpp counts tiles in latent pixels; ComfyUI's tiled nodes in image pixels.
-        let px = tx * 8;
-        (px, (px as f64 * p.tiling.overlap).round() as i64)
-    } else {
-        (0, 0)
-    };
-    let encode = |b: &mut Builder, key: &str, origin: &str, pixels: &Out| -> String {
-        if p.tiling.enabled {
-            b.core(key, "--vae-tiling", sd_cli_tiles(NodeSpec::new("VAEEncodeTiled").with_input("pixels", link(pixels)).with_input("vae", link(&vae)).with_const("tile_size", json!(tile_px)).with_const("overlap", json!(overlap_px)).with_const("temporal_size", json!(64)).with_const("temporal_overlap", json!(8)), &p.tiling))
-        } else {
-            b.core(key, origin, NodeSpec::new("VAEEncode").with_input("pixels", link(pixels)).with_input("vae", link(&vae)))
-        }
-    };
+    let stage = VaeStage::new(&mut b, p, vae.clone())?;
 
     let (samples, mut title, mut description) = if let Some(img_cfg) = p.img_cfg_scale {
         pix2pix(&mut b, p, img_cfg, &sampling, &model, &vae, &pos, &neg)?
     } else {
         // The latent to sample, and the mode's title and description.
-        let (latent, denoise, mut title, mut description) = match &p.init_img {
-            None => {
-                let key = b.core("latent", "-W/-H", NodeSpec::new("EmptyLatentImage").with_const("width", json!(p.width)).with_const("height", json!(p.height)).with_const("batch_size", json!(p.batch_count)));
-                (Out(key, 0), 1.0, "Text to image".to_string(), "sd-cli's default mode: a prompt and a negative prompt, sampled from an empty latent with the checkpoint's UNet and decoded with its VAE.".to_string())
-            }
-            Some(img) => {
-                let load = b.core("image", "-i", NodeSpec::new("LoadImage").with_const("image", json!(img)));
-                let mut pixels = Out(load, 0);
-                if p.size_given {
-                    let key = b.extra("resize", "-W/-H", NodeSpec::new("ImageScale").with_input("image", link(&pixels)).with_const("upscale_method", json!("bicubic")).with_const("width", json!(p.width)).with_const("height", json!(p.height)).with_const("crop", json!("center")));
-                    pixels = Out(key, 0);
-                }
-                let out = match &p.mask {
-                    None => {
-                        let enc = encode(&mut b, "encode", "-i", &pixels);
-                        (Out(enc, 0), p.strength, "Image to image".to_string(), "sd-cli's img2img (-i, --strength): the input image is encoded with the VAE, noised to the denoise strength and sampled back with the prompt.".to_string())
-                    }
-                    Some(mask) => {
-                        let m = b.core("mask", "--mask", NodeSpec::new("LoadImageMask").with_const("image", json!(mask)).with_const("channel", json!("red")));
-                        if p.strength >= 1.0 {
-                            let enc = b.core("encode", "--mask", NodeSpec::new("VAEEncodeForInpaint").with_input("pixels", link(&pixels)).with_input("vae", link(&vae)).with_input("mask", InputValue::link(m, 0)).with_const("grow_mask_by", json!(6)));
-                            (Out(enc, 0), 1.0, "Inpainting".to_string(), "sd-cli's --mask mode: the masked part of the input image (mask.png's red channel, white = repaint) is greyed, encoded and re-sampled with the prompt; outside the mask the latent is held at the image. Works with normal checkpoints (latent blending) and 9-channel inpainting checkpoints (mask and masked image as extra UNet input).".to_string())
-                        } else {
-                            // Below full strength the masked region keeps the image's content
-                            // as a start, so it is encoded as is, not greyed.
-                            let enc = encode(&mut b, "encode", "--mask", &pixels);
-                            let key = b.core("noise_mask", "--mask", NodeSpec::new("SetLatentNoiseMask").with_input("samples", InputValue::link(enc, 0)).with_input("mask", InputValue::link(m, 0)));
-                            (Out(key, 0), p.strength, "Inpainting".to_string(), format!("sd-cli's --mask mode at --strength {}: the input image is encoded, noised to the strength and re-sampled where the mask (red channel, white = repaint) is set; elsewhere the latent is held at the image.", p.strength))
-                        }
-                    }
-                };
-                if p.batch_count > 1 {
-                    let key = b.extra("repeat", "-b", NodeSpec::new("RepeatLatentBatch").with_input("samples", link(&out.0)).with_const("amount", json!(p.batch_count)));
-                    (Out(key, 0), out.1, out.2, out.3)
-                } else {
-                    out
-                }
-            }
-        };
+        let (latent, denoise, mut title, mut description) = latent_source(&mut b, p, &stage, "EmptyLatentImage", "sd-cli's default mode: a prompt and a negative prompt, sampled from an empty latent with the checkpoint's UNet and decoded with its VAE.");
 
         if let (Some(cn), Some(ci)) = (&p.control_net, &p.control_image) {
             let loader = b.extra("cn", "--control-net", NodeSpec::new("ControlNetLoader").with_const("control_net_name", json!(cn)));
@@ -273,7 +180,7 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
                 };
                 let (w, hh) = target.unwrap_or(((bw as f64 * h.scale).round() as i64, (bh as f64 * h.scale).round() as i64));
                 let scaled = b.core("hires_scale", "--hires-upscaler", NodeSpec::new("ImageScale").with_input("image", link(&img)).with_const("upscale_method", json!(method)).with_const("width", json!(w)).with_const("height", json!(hh)).with_const("crop", json!("disabled")));
-                Out(encode(&mut b, "hires_encode", "--hires", &Out(scaled, 0)), 0)
+                stage.encode(&mut b, "hires_encode", "--hires", &Out(scaled, 0))
             };
             let steps = if h.steps > 0 { h.steps } else { p.steps };
             let second = sample_pass(&mut b, "hires_sampler", if h.sigmas.is_some() { "--hires-sigmas" } else { "--hires" }, &sampling, &model, steps, h.sigmas.as_deref().map(CustomSigmas::Whole), h.denoising_strength, &pos, &neg, &upscaled);
@@ -293,25 +200,8 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
     };
     if p.tiling.enabled && p.init_img.is_none() && !p.hires.enabled {
         title = "Text to image, tiled VAE decode".into();
-        description = format!("txt2img with the latent decoded in overlapping {tile_px}-pixel tiles (VAE Decode (Tiled), sd-cli's --vae-tiling): bounded memory for large images, tiles cross-faded over their {overlap_px}-pixel overlap.");
+        description = format!("txt2img with the latent decoded in overlapping {}-pixel tiles (VAE Decode (Tiled), sd-cli's --vae-tiling): bounded memory for large images, tiles cross-faded over their {}-pixel overlap.", stage.tile_px, stage.overlap_px);
     }
-    let decoded = if p.tiling.enabled {
-        b.core("decode", "--vae-tiling", sd_cli_tiles(NodeSpec::new("VAEDecodeTiled").with_input("samples", link(&samples)).with_input("vae", link(&decoder)).with_const("tile_size", json!(tile_px)).with_const("overlap", json!(overlap_px)).with_const("temporal_size", json!(64)).with_const("temporal_overlap", json!(8)), &p.tiling))
-    } else {
-        b.core("decode", if p.taesd.is_some() { "--taesd" } else { "img_gen" }, NodeSpec::new("VAEDecode").with_input("samples", link(&samples)).with_input("vae", link(&decoder)))
-    };
-    let mut image = Out(decoded, 0);
-    if let Some(ad) = &p.ad_model {
-        // sd.cpp's defaults after generation: 512x512 at strength 0.4.
-        let d = DetailSpec { prompt: &prompt, negative: &p.negative_prompt, ad_prompt: &p.ad_prompt, ad_negative: &p.ad_negative_prompt, inpaint: (512, 512) };
-        image = detailer(&mut b, &image, &model, &clip, &vae, &d, ad, p.extra_ad_args.as_deref(), &sampling, p.steps, 0.4)?;
-    } else if p.extra_ad_args.is_some() {
-        return Err(PresetError::Missing { flag: "--ad-model".into(), msg: "--extra-ad-args needs a detector model".into() });
-    }
-    if let Some(um) = &p.upscale_model {
-        image = upscale_chain(&mut b, &image, um, p.upscale_repeats, p.upscale_tile_size);
-    }
-    b.core("save", "-o", NodeSpec::new("SaveImage").with_input("images", link(&image)).with_const("filename_prefix", json!(save_prefix(&p.output))));
     if p.control_net.is_some() {
         title.push_str(", ControlNet");
         description.push_str(if p.canny {
@@ -327,10 +217,8 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
             p.pm_style_strength
         ));
     }
-    if p.ad_model.is_some() {
-        title.push_str(", then ADetailer");
-        description.push_str(" ADetailer then re-samples what the --ad-model detector finds (BboxDetectorMasks → DetailerForEachMask, one crop per mask at 512x512).");
-    }
+    let image = stage.decode(&mut b, &samples);
+    output_tail(&mut b, p, image, TailModels { model: &model, clip: &clip, vae: &vae }, &sampling, &prompt, &mut title, &mut description)?;
     Ok(b.finish(title, description))
 }
 

@@ -1,0 +1,380 @@
+//! The flow-matching transformers' img_gen graph (FLUX.1 dev/schnell/Fill/Kontext,
+//! Chroma, SD3/SD3.5) with sd-cli's semantics, where they differ from ComfyUI's
+//! templates:
+//! - the schedule is sd.cpp's (`flux`: μ from the latent's pixel count, 4× the token count
+//!   ComfyUI uses; SD3 `discrete`: shift 3), written out as ManualSigmas;
+//! - euler by default, `--cfg-scale` 7 (real CFG with the negative prompt, as sd-cli runs
+//!   it), `--guidance` 3.5 on both prompts of a guidance-distilled model;
+//! - prompts encoded as sd.cpp encodes them (SdCppConditioner: T5 chunks, mean-restoring
+//!   weights, Chroma's masks);
+//! - skip-layer guidance over sd.cpp's step window, FLUX's single blocks numbered after
+//!   the double ones;
+//! - `-r` references (Kontext) on both prompts, resized as sd.cpp does (nearest
+//!   neighbour to at most 1024² pixels, sides rounded to 16).
+
+use sdflow_executor::{InputValue, NodeSpec};
+use serde_json::json;
+
+use super::graph::*;
+use super::stages::*;
+use super::{extract_loras, invalid, not_supported, resolve_seed, workflow_sampler_name, workflow_scheduler_name, Family, ImgGenParams, Preset, PresetError};
+
+/// sd.cpp's FLUX scheduler bounds (`base_shift`, `max_shift`) over 256..4096 latent pixels.
+const FLUX_BASE_SHIFT: f32 = 0.5;
+const FLUX_MAX_SHIFT: f32 = 1.15;
+/// SD3's default `--flow-shift`.
+const SD3_SHIFT: f32 = 3.0;
+
+/// sd.cpp's FLUX μ: linear in `(H/8)·(W/8)` latent pixels through (256, 0.5) and
+/// (4096, 1.15), in its f32 arithmetic (1.15 at 512², 3.23 at 1024²).
+pub(super) fn flux_mu(width: i64, height: i64) -> f32 {
+    let seq = ((height / 8) * (width / 8)) as f32;
+    let m = (FLUX_MAX_SHIFT - FLUX_BASE_SHIFT) / (4096.0 - 256.0);
+    let b = FLUX_BASE_SHIFT - m * 256.0;
+    seq * m + b
+}
+
+/// The σ of a flow model at `t` in (0, 1]: FLUX's time shift by μ, or SD3's by `shift`.
+#[derive(Clone, Copy)]
+enum Shift {
+    Flux(f32),
+    Sd3(f32),
+}
+
+impl Shift {
+    fn sigma(self, t: f32) -> f32 {
+        match self {
+            Shift::Flux(mu) => mu.exp() / (mu.exp() + (1.0 / t - 1.0)),
+            Shift::Sd3(s) => s * t / (1.0 + (s - 1.0) * t),
+        }
+    }
+}
+
+/// sd.cpp's `flux` scheduler: `σ(1 − i/n)` for i < n, then 0.
+fn flux_schedule(steps: usize, shift: Shift) -> Vec<f32> {
+    let mut out: Vec<f32> = (0..steps).map(|i| shift.sigma(1.0 - i as f32 / steps as f32)).collect();
+    out.push(0.0);
+    out
+}
+
+/// sd.cpp's `discrete` scheduler on a flow model: `t_i = 999 − i·999/(n−1)`,
+/// `σ((t_i + 1)/1000)`, then 0 (one step: `[σ(1), 0]`).
+fn discrete_schedule(steps: usize, shift: Shift) -> Vec<f32> {
+    let t_to_sigma = |t: f32| shift.sigma((t + 1.0) / 1000.0);
+    let mut out: Vec<f32> = if steps == 1 {
+        vec![t_to_sigma(999.0)]
+    } else {
+        let step = 999.0 / (steps - 1) as f32;
+        (0..steps).map(|i| t_to_sigma(999.0 - i as f32 * step)).collect()
+    };
+    out.push(0.0);
+    out
+}
+
+/// The area sd.cpp resizes a reference to (at most 1024², at most the output's), its
+/// aspect kept and each side rounded to a multiple of 16, in its integer arithmetic.
+pub fn ref_image_size(out: (i64, i64), reference: (i64, i64)) -> (i64, i64) {
+    let (rw, rh) = (reference.0.max(1), reference.1.max(1));
+    let area = (1024 * 1024).min(out.0 * out.1);
+    let w = ((area * rw / rh) as f64).sqrt() as i64;
+    let h = w * rh / rw;
+    let round16 = |v: i64| (((v as f64) / 16.0).round() as i64 * 16).max(16);
+    (round16(w), round16(h))
+}
+
+/// Builds sd-cli's img_gen graph for a flow-matching transformer.
+pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
+    let family = p.model_info.family;
+    check_common(p)?;
+    refuse_unet_flags(p, family)?;
+    let seed = resolve_seed(p.seed);
+    // sd.cpp's defaults for DiTs: euler, and its own flow schedule.
+    let sampler = workflow_sampler_name(p.sampling_method.as_deref().unwrap_or("euler")).to_string();
+    let own_schedule = match p.scheduler.as_deref() {
+        None => true,
+        Some("flux") => matches!(family, Family::Flux { .. } | Family::Chroma),
+        Some("discrete") => true,
+        Some(_) => false,
+    };
+    let scheduler = workflow_scheduler_name(p.scheduler.as_deref().unwrap_or("simple")).to_string();
+    let sampling = Sampling { seed, cfg: p.cfg_scale, sampler: &sampler, scheduler: &scheduler, rng: p.rng.as_deref(), eta: p.eta };
+    let (prompt, loras) = extract_loras(&p.prompt)?;
+    let mut b = Builder::default();
+
+    let (mut model, mut clip, vae) = loaders(&mut b, p, family)?;
+    // The model's own shift, as sd.cpp sets it: FLUX and Chroma from the image size
+    // (ModelSamplingFlux with μ as both bounds), SD3 3 unless --flow-shift.
+    let shift = match family {
+        Family::Sd3 => {
+            let s = p.flow_shift.map_or(SD3_SHIFT, |s| s as f32);
+            if !(s.is_finite() && s > 0.0 && s <= 100.0) {
+                return Err(invalid("--flow-shift", format!("{s} is outside (0, 100]")));
+            }
+            if p.flow_shift.is_some() {
+                model = Out(b.extra("model_sampling", "--flow-shift", NodeSpec::new("ModelSamplingSD3").with_input("model", link(&model)).with_const("shift", json!(s))), 0);
+            }
+            Shift::Sd3(s)
+        }
+        _ => {
+            // sd.cpp's flux scheduler takes no --flow-shift; its other schedulers read it
+            // as μ (default 1.15 with a guidance input, else 1).
+            let mu = match (own_schedule && p.scheduler.as_deref() != Some("discrete"), p.flow_shift) {
+                (true, _) => flux_mu(p.width, p.height),
+                (false, Some(s)) => s as f32,
+                (false, None) => if matches!(family, Family::Flux { guidance: true, .. }) { FLUX_MAX_SHIFT } else { 1.0 },
+            };
+            if !(mu.is_finite() && (0.0..=100.0).contains(&mu)) {
+                return Err(invalid("--flow-shift", format!("{mu} is outside 0..=100")));
+            }
+            let node = NodeSpec::new("ModelSamplingFlux").with_input("model", link(&model)).with_const("max_shift", json!(mu)).with_const("base_shift", json!(mu)).with_const("width", json!(p.width)).with_const("height", json!(p.height));
+            model = Out(b.core("model_sampling", "img_gen", node), 0);
+            Shift::Flux(mu)
+        }
+    };
+    if p.slg.scale != 0.0 {
+        model = skip_layer_guidance(&mut b, p, family, &model)?;
+    }
+    lora_chain(&mut b, p, &loras, &mut model, &mut clip);
+    clip = Out(b.core("conditioner", "img_gen", conditioner(p, family, &clip)?), 0);
+
+    let mut pos = Out(b.core("pos", "-p", text_encode(&prompt, &clip, "Prompt")), 0);
+    let mut neg = Out(b.core("neg", "-n", text_encode(&p.negative_prompt, &clip, "Negative prompt")), 0);
+    if let Family::Flux { guidance: true, .. } = family {
+        if !p.guidance.is_finite() || p.guidance < 0.0 {
+            return Err(invalid("--guidance", format!("{} must be a non-negative number", p.guidance)));
+        }
+        for (side, key) in [(&mut pos, "pos_guidance"), (&mut neg, "neg_guidance")] {
+            *side = Out(b.core(key, "--guidance", NodeSpec::new("FluxGuidance").with_input("conditioning", link(side)).with_const("guidance", json!(p.guidance))), 0);
+        }
+    }
+    let stage = VaeStage::new(&mut b, p, vae.clone())?;
+    references(&mut b, p, family, &stage, &mut pos, &mut neg)?;
+
+    let empty_description = match family {
+        Family::Sd3 => "sd-cli's txt2img with an SD3/SD3.5 MMDiT: CLIP-L, CLIP-G and T5-XXL prompts, euler over sd.cpp's discrete flow schedule (shift 3, --flow-shift), real CFG with the negative prompt at --cfg-scale.",
+        Family::Chroma => "sd-cli's txt2img with Chroma: T5-XXL prompts with Chroma's masks, euler over sd.cpp's FLUX schedule (μ from the image size), real CFG with the negative prompt at --cfg-scale; the approximator gets guidance 0.",
+        _ => "sd-cli's txt2img with FLUX.1: CLIP-L's pooled vector and T5-XXL's tokens, the distilled --guidance (dev), euler over sd.cpp's FLUX schedule (μ from the image size, 4× the token count ComfyUI uses), CFG with the negative prompt at --cfg-scale (1 skips it).",
+    };
+    let (latent, denoise, mut title, mut description) = match (family, &p.init_img, &p.mask) {
+        (Family::Flux { fill: true, .. }, Some(img), Some(mask)) => {
+            // FLUX Fill reads the masked image and the mask beside the latent.
+            let pixels = init_image(&mut b, p, img);
+            let m = b.core("mask", "--mask", NodeSpec::new("LoadImageMask").with_const("image", json!(mask)).with_const("channel", json!("red")));
+            let cond = b.core("inpaint", "--mask", NodeSpec::new("InpaintModelConditioning").with_input("positive", link(&pos)).with_input("negative", link(&neg)).with_input("vae", link(&vae)).with_input("pixels", link(&pixels)).with_input("mask", InputValue::link(m, 0)).with_const("noise_mask", json!(true)));
+            pos = Out(cond.clone(), 0);
+            neg = Out(cond.clone(), 1);
+            (Out(cond, 2), p.strength, "FLUX Fill inpainting".to_string(), "sd-cli's --mask with a FLUX.1 Fill model: the masked image and the mask go beside the latent into the model's 384 input channels (InpaintModelConditioning), and sampling is held at the image outside the mask.".to_string())
+        }
+        (Family::Flux { fill: true, .. }, _, _) => return Err(PresetError::Missing { flag: "--mask".into(), msg: "a FLUX.1 Fill model inpaints: give -i and --mask".into() }),
+        _ => latent_source(&mut b, p, &stage, "EmptySD3LatentImage", empty_description),
+    };
+    if !p.ref_images.is_empty() {
+        title = format!("{title}, with reference images");
+        description.push_str(" The -r images are encoded with the VAE and appended to the image tokens (ReferenceLatent on both prompts), as FLUX.1 Kontext reads them.");
+    }
+
+    let custom = match (&p.sigmas, own_schedule) {
+        (Some(list), _) => Some(list.clone()),
+        (None, true) => {
+            let steps = p.steps as usize;
+            Some(match (family, p.scheduler.as_deref()) {
+                (Family::Sd3, _) | (_, Some("discrete")) => discrete_schedule(steps, shift),
+                _ => flux_schedule(steps, shift),
+            })
+        }
+        (None, false) => None,
+    };
+    let origin = if p.sigmas.is_some() { "--sigmas" } else { "img_gen" };
+    let sigmas = custom.as_deref().map(|list| if p.init_img.is_some() { CustomSigmas::Strength(list, denoise) } else { CustomSigmas::Whole(list) });
+    let sampled = sample_pass(&mut b, "sampler", origin, &sampling, &model, p.steps, sigmas, denoise, &pos, &neg, &latent);
+    let image = stage.decode(&mut b, &Out(sampled, 0));
+    output_tail(&mut b, p, image, TailModels { model: &model, clip: &clip, vae: &vae }, &sampling, &prompt, &mut title, &mut description)?;
+    Ok(b.finish(title, description))
+}
+
+/// sd-cli flags that belong to the UNet families.
+fn refuse_unet_flags(p: &ImgGenParams, family: Family) -> Result<(), PresetError> {
+    let name = family_name(family);
+    for (given, flag) in [
+        (p.control_net.is_some(), "--control-net"),
+        (p.photo_maker.is_some(), "--photo-maker"),
+        (p.img_cfg_scale.is_some(), "--img-cfg-scale"),
+        (p.hires.enabled, "--hires"),
+        (p.clip_skip > 0, "--clip-skip"),
+    ] {
+        if given {
+            return Err(not_supported(flag, format!("with a {name} model (sdflow runs it on the SD UNets)")));
+        }
+    }
+    if p.taesd.is_some() {
+        return Err(not_supported("--taesd", format!("with a {name} model (TAEF1/TAESD3 are not implemented; --preview proj previews these models)")));
+    }
+    let own = match family {
+        Family::Sd3 => "sd3_flow",
+        _ => "flux_flow",
+    };
+    match p.prediction.as_deref() {
+        None => Ok(()),
+        Some(pr) if pr == own => Ok(()),
+        Some(pr) => Err(not_supported(format!("--prediction {pr}"), format!("a {name} model predicts {own}"))),
+    }
+}
+
+fn family_name(family: Family) -> &'static str {
+    match family {
+        Family::Unet => "UNet",
+        Family::Flux { fill: true, .. } => "FLUX.1 Fill",
+        Family::Flux { guidance: false, .. } => "FLUX.1 schnell",
+        Family::Flux { .. } => "FLUX.1",
+        Family::Chroma => "Chroma",
+        Family::Sd3 => "SD3",
+    }
+}
+
+/// The diffusion model, text encoders and VAE: each flag's file, else what `-m` holds.
+fn loaders(b: &mut Builder, p: &ImgGenParams, family: Family) -> Result<(Out, Out, Out), PresetError> {
+    let name = family_name(family);
+    let info = &p.model_info;
+    // -m through CheckpointLoaderSimple where it holds more than the diffusion model.
+    let ckpt = match &p.model {
+        Some(m) if p.diffusion_model.is_none() && (info.has_text_encoders || info.has_vae) => Some(b.core("ckpt", "-m", NodeSpec::new("CheckpointLoaderSimple").with_const("ckpt_name", json!(m)))),
+        Some(m) if p.diffusion_model.is_some() && (info.has_text_encoders || info.has_vae) => Some(b.extra("ckpt", "-m", NodeSpec::new("CheckpointLoaderSimple").with_const("ckpt_name", json!(m)))),
+        _ => None,
+    };
+    let unet = |b: &mut Builder, flag: &str, file: &str| Out(b.core("unet", flag, NodeSpec::new("UNETLoader").with_const("unet_name", json!(file)).with_const("weight_dtype", json!("default"))), 0);
+    let model = match (&p.diffusion_model, &ckpt, &p.model) {
+        (Some(d), _, _) => unet(b, "--diffusion-model", d),
+        (None, Some(c), _) => Out(c.clone(), 0),
+        (None, None, Some(m)) => unet(b, "-m", m),
+        (None, None, None) => return Err(PresetError::Missing { flag: "-m".into(), msg: "the following arguments are required: -m/--model or --diffusion-model".into() }),
+    };
+    let from_ckpt = |what: &str, flags: &str| -> Result<&String, PresetError> {
+        match &ckpt {
+            Some(c) if info.has_text_encoders || what == "VAE" => Ok(c),
+            _ => Err(PresetError::Missing { flag: flags.into(), msg: format!("the {name} model file holds no {what}; give {flags}") }),
+        }
+    };
+    let files = |list: &[&Option<String>]| list.iter().filter_map(|f| (*f).clone()).collect::<Vec<String>>();
+    let clip = match family {
+        Family::Sd3 => {
+            let given = files(&[&p.clip_l, &p.clip_g, &p.t5xxl]);
+            let node = match given.as_slice() {
+                [] => None,
+                [one] => Some(NodeSpec::new("CLIPLoader").with_const("clip_name", json!(one)).with_const("type", json!("sd3"))),
+                [a, c] => Some(NodeSpec::new("DualCLIPLoader").with_const("clip_name1", json!(a)).with_const("clip_name2", json!(c)).with_const("type", json!("sd3"))),
+                all => Some(NodeSpec::new("TripleCLIPLoader").with_const("clip_name1", json!(all[0])).with_const("clip_name2", json!(all[1])).with_const("clip_name3", json!(all[2]))),
+            };
+            match node {
+                Some(n) => Out(b.core("clip", "--clip_l/--clip_g/--t5xxl", n), 0),
+                None => Out(from_ckpt("text encoders", "--clip_l, --clip_g and --t5xxl")?.clone(), 1),
+            }
+        }
+        Family::Chroma => {
+            for (given, flag) in [(p.clip_l.is_some(), "--clip_l"), (p.clip_g.is_some(), "--clip_g")] {
+                if given {
+                    return Err(not_supported(flag, "with a Chroma model (it reads T5-XXL alone: --t5xxl)"));
+                }
+            }
+            match &p.t5xxl {
+                Some(t) => Out(b.core("clip", "--t5xxl", NodeSpec::new("CLIPLoader").with_const("clip_name", json!(t)).with_const("type", json!("chroma"))), 0),
+                None => Out(from_ckpt("T5-XXL", "--t5xxl")?.clone(), 1),
+            }
+        }
+        _ => {
+            if p.clip_g.is_some() {
+                return Err(not_supported("--clip_g", format!("with a {name} model (it reads CLIP-L and T5-XXL)")));
+            }
+            match (&p.clip_l, &p.t5xxl) {
+                (Some(l), Some(t)) => Out(b.core("clip", "--clip_l/--t5xxl", NodeSpec::new("DualCLIPLoader").with_const("clip_name1", json!(l)).with_const("clip_name2", json!(t)).with_const("type", json!("flux"))), 0),
+                (None, None) => Out(from_ckpt("text encoders", "--clip_l and --t5xxl")?.clone(), 1),
+                (Some(_), None) => return Err(PresetError::Missing { flag: "--t5xxl".into(), msg: format!("a {name} model reads CLIP-L and T5-XXL; give both") }),
+                (None, Some(_)) => return Err(PresetError::Missing { flag: "--clip_l".into(), msg: format!("a {name} model reads CLIP-L and T5-XXL; give both") }),
+            }
+        }
+    };
+    let vae = match (&p.vae, &ckpt) {
+        (Some(v), _) => Out(b.core("vae", "--vae", NodeSpec::new("VAELoader").with_const("vae_name", json!(v))), 0),
+        (None, Some(c)) if info.has_vae => Out(c.clone(), 2),
+        _ => return Err(PresetError::Missing { flag: "--vae".into(), msg: format!("the {name} model file holds no VAE; give its 16-channel VAE (ae.safetensors for FLUX and Chroma)") }),
+    };
+    Ok((model, clip, vae))
+}
+
+/// SdCppConditioner: prompts encoded as sd.cpp encodes them, with Chroma's mask flags.
+fn conditioner(p: &ImgGenParams, family: Family, clip: &Out) -> Result<NodeSpec, PresetError> {
+    let c = &p.chroma;
+    if family != Family::Chroma && *c != super::ChromaParams::default() {
+        return Err(not_supported("--chroma-* / --model-args chroma_*", format!("with a {} model (Chroma's masks)", family_name(family))));
+    }
+    if !(0..=512).contains(&c.t5_mask_pad) {
+        return Err(invalid("chroma_t5_mask_pad", format!("{} is outside 0..=512", c.t5_mask_pad)));
+    }
+    let mut n = NodeSpec::new("SdCppConditioner").with_input("clip", link(clip));
+    if family == Family::Chroma {
+        n = n.with_const("chroma_use_dit_mask", json!(c.dit_mask)).with_const("chroma_use_t5_mask", json!(c.t5_mask)).with_const("chroma_t5_mask_pad", json!(c.t5_mask_pad));
+    }
+    Ok(n)
+}
+
+/// `--slg-scale`: SkipLayerGuidanceSD3 (SD3's joint blocks) or SkipLayerGuidanceDiT (FLUX's
+/// double blocks, then its single blocks numbered after them) over sd.cpp's step window.
+fn skip_layer_guidance(b: &mut Builder, p: &ImgGenParams, family: Family, model: &Out) -> Result<Out, PresetError> {
+    let s = &p.slg;
+    if !(s.scale.is_finite() && s.scale > 0.0 && s.scale <= 10.0) {
+        return Err(invalid("--slg-scale", format!("{} is outside (0, 10]", s.scale)));
+    }
+    for (flag, v) in [("--skip-layer-start", s.start), ("--skip-layer-end", s.end)] {
+        if !(0.0..=1.0).contains(&v) {
+            return Err(invalid(flag, format!("{v} is outside 0..=1")));
+        }
+    }
+    if let Some(l) = s.layers.iter().find(|l| **l < 0) {
+        return Err(invalid("--skip-layers", format!("{l} is not a block index")));
+    }
+    let list = |v: &[i64]| v.iter().map(i64::to_string).collect::<Vec<_>>().join(", ");
+    let node = match family {
+        Family::Sd3 => NodeSpec::new("SkipLayerGuidanceSD3").with_input("model", link(model)).with_const("layers", json!(list(&s.layers))),
+        _ => {
+            let depth = p.model_info.double_blocks.unwrap_or(19) as i64;
+            let (double, single): (Vec<i64>, Vec<i64>) = s.layers.iter().partition(|l| **l < depth);
+            let single: Vec<i64> = single.iter().map(|l| l - depth).collect();
+            NodeSpec::new("SkipLayerGuidanceDiT").with_input("model", link(model)).with_const("double_layers", json!(list(&double))).with_const("single_layers", json!(list(&single))).with_const("rescaling_scale", json!(0.0))
+        }
+    };
+    let node = node.with_const("scale", json!(s.scale)).with_const("start_percent", json!(s.start)).with_const("end_percent", json!(s.end)).with_const("window", json!("steps"));
+    Ok(Out(b.extra("slg", "--slg-scale", node), 0))
+}
+
+/// `-r`: each reference loaded, resized as sd.cpp does unless told not to, encoded and
+/// given to both prompts; `--increase-ref-index` numbers them 1, 2, ….
+fn references(b: &mut Builder, p: &ImgGenParams, family: Family, stage: &VaeStage<'_>, pos: &mut Out, neg: &mut Out) -> Result<(), PresetError> {
+    if p.ref_images.is_empty() {
+        return Ok(());
+    }
+    if !matches!(family, Family::Flux { .. } | Family::Chroma) {
+        return Err(not_supported("-r", format!("with a {} model (reference images go to FLUX.1 Kontext)", family_name(family))));
+    }
+    if p.ref_sizes.len() != p.ref_images.len() && p.auto_resize_ref_image {
+        return Err(invalid("-r", "the reference images' sizes are unknown (the caller reads them)"));
+    }
+    for (i, img) in p.ref_images.iter().enumerate() {
+        let load = b.extra(&format!("ref{i}"), "-r", NodeSpec::new("LoadImage").with_const("image", json!(img)));
+        let mut pixels = Out(load, 0);
+        if p.auto_resize_ref_image {
+            let (w, h) = ref_image_size((p.width, p.height), p.ref_sizes[i]);
+            let scale = NodeSpec::new("ImageScale").with_input("image", link(&pixels)).with_const("upscale_method", json!("nearest-exact")).with_const("width", json!(w)).with_const("height", json!(h)).with_const("crop", json!("disabled"));
+            pixels = Out(b.extra(&format!("ref{i}_scale"), "-r", scale), 0);
+        }
+        let enc = NodeSpec::new("VAEEncode").with_input("pixels", link(&pixels)).with_input("vae", link(&stage.vae));
+        let latent = b.extra(&format!("ref{i}_encode"), "-r", enc);
+        for (side, key) in [(&mut *pos, "pos"), (&mut *neg, "neg")] {
+            *side = Out(b.extra(&format!("ref{i}_{key}"), "-r", NodeSpec::new("ReferenceLatent").with_input("conditioning", link(side)).with_input("latent", InputValue::link(latent.clone(), 0))), 0);
+        }
+    }
+    if p.increase_ref_index {
+        for (side, key) in [(pos, "pos"), (neg, "neg")] {
+            *side = Out(b.extra(&format!("ref_index_{key}"), "--increase-ref-index", NodeSpec::new("FluxKontextMultiReferenceLatentMethod").with_input("conditioning", link(side)).with_const("reference_latents_method", json!("index"))), 0);
+        }
+    }
+    Ok(())
+}
