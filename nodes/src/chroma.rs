@@ -30,6 +30,9 @@ pub(crate) fn t5_tokens(t5: &T5Ref, text: &str, family_min_length: usize) -> Res
 /// Chroma's conditioning of `text`: T5-XXL's hidden states (weighted prompts move away from
 /// all-padding, ComfyUI's PixArt empty prompt), no pooled vector.
 pub(crate) fn encode(rt: &Runtime, clip: &ClipRef, text: &str) -> Result<Conditioning, NodeError> {
+    if let Some(s) = clip.sdcpp {
+        return crate::sdcpp::chroma(rt, clip, text, s);
+    }
     let t5 = clip.t5.as_ref().ok_or_else(|| NodeError::msg("Chroma's CLIP has no T5 encoder"))?;
     let weights = t5.weights.pin().map_err(err)?;
     let model = T5Encoder::new(&weights, &t5.prefix, T5Config::infer(&weights, &t5.prefix).map_err(err)?).map_err(err)?;

@@ -55,6 +55,7 @@ pub mod resize;
 pub mod runtime;
 pub mod sampling;
 pub mod sd3;
+pub mod sdcpp;
 pub mod taesd;
 pub mod upscale;
 pub mod values;
@@ -72,6 +73,7 @@ pub fn register_all(registry: &mut Registry, rt: Arc<Runtime>) {
     flux::register(registry, &rt);
     sd3::register(registry, &rt);
     chroma::register(registry);
+    sdcpp::register(registry);
     latent::register(registry, &rt);
     sampling::register(registry, &rt);
     custom_sampling::register(registry, &rt);

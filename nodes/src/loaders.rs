@@ -219,7 +219,7 @@ impl Node for CheckpointLoaderSimple {
         for c in parts.clips {
             encoders.push(ClipEncoder { weights: weights_handle(&self.rt, &path, &c.load)?, prefix: c.prefix, layout: c.layout, dropped_layers: c.dropped_layers });
         }
-        let clip = ClipRef { encoders, t5: None, family: parts.family, clip_skip: None };
+        let clip = ClipRef { encoders, t5: None, family: parts.family, clip_skip: None, sdcpp: None };
         let vae = VaeRef { weights: weights_handle(&self.rt, &path, "first_stage_model.")?, prefix: "first_stage_model".into(), kind: VaeKind::Kl };
         Ok(Outputs::new(vec![
             Value::new(IoType::MODEL, model),
@@ -346,7 +346,7 @@ fn flux_checkpoint(rt: &Runtime, path: &Path, det: &detect::Detection) -> Result
     }
     let model = flux_model(weights_handle(rt, path, &prefix)?, prefix, det.flux_guidance)?;
     let clip_l = ClipEncoder { weights: weights_handle(rt, path, CKPT_CLIP_L)?, prefix: format!("{CKPT_CLIP_L}text_model"), layout: ClipLayout::HuggingFace, dropped_layers: 0 };
-    let clip = ClipRef { encoders: vec![clip_l], t5: Some(t5_handle(rt, path)?), family: ModelFamily::Flux, clip_skip: None };
+    let clip = ClipRef { encoders: vec![clip_l], t5: Some(t5_handle(rt, path)?), family: ModelFamily::Flux, clip_skip: None, sdcpp: None };
     let vae = VaeRef { weights: weights_handle(rt, path, FLUX_VAE)?, prefix: FLUX_VAE.trim_end_matches('.').into(), kind: VaeKind::Kl };
     Ok(Outputs::new(vec![Value::new(IoType::MODEL, model), Value::new(IoType::CLIP, clip), Value::new(IoType::VAE, vae)]))
 }
@@ -394,7 +394,7 @@ fn sd3_checkpoint(rt: &Runtime, path: &Path, det: &detect::Detection) -> Result<
     // Stability's own files hold the MMDiT and VAE only: their CLIP is empty (ComfyUI's
     // None), and encoding with it names TripleCLIPLoader.
     let t5 = if t5::is_t5(names().filter(|n| n.starts_with(CKPT_T5))) { Some(t5_handle(rt, path)?) } else { None };
-    let clip = ClipRef { encoders, t5, family: ModelFamily::Sd3, clip_skip: None };
+    let clip = ClipRef { encoders, t5, family: ModelFamily::Sd3, clip_skip: None, sdcpp: None };
     let vae = VaeRef { weights: weights_handle(rt, path, SD3_VAE)?, prefix: SD3_VAE.trim_end_matches('.').into(), kind: VaeKind::Kl };
     Ok(Outputs::new(vec![Value::new(IoType::MODEL, model), Value::new(IoType::CLIP, clip), Value::new(IoType::VAE, vae)]))
 }
@@ -486,7 +486,7 @@ impl Node for ClipLoader {
             if !t5::is_t5(src.tensors().iter().map(|t| t.name.as_str())) {
                 return Err(NodeError::msg(format!("{}: no T5 encoder (`{}`); Chroma reads T5-XXL alone", path.display(), t5::MARKER)));
             }
-            let clip = ClipRef { encoders: Vec::new(), t5: Some(t5_handle(&self.rt, &path)?), family: ModelFamily::Chroma, clip_skip: None };
+            let clip = ClipRef { encoders: Vec::new(), t5: Some(t5_handle(&self.rt, &path)?), family: ModelFamily::Chroma, clip_skip: None, sdcpp: None };
             return Ok(Outputs::new(vec![Value::new(IoType::CLIP, clip)]));
         }
         if ty == "sd3" {
@@ -521,7 +521,7 @@ impl Node for ClipLoader {
                 widths[0]
             )));
         }
-        let clip = ClipRef { encoders: found.into_iter().map(|f| f.1).collect(), t5: None, family, clip_skip: None };
+        let clip = ClipRef { encoders: found.into_iter().map(|f| f.1).collect(), t5: None, family, clip_skip: None, sdcpp: None };
         Ok(Outputs::new(vec![Value::new(IoType::CLIP, clip)]))
     }
 }
@@ -543,7 +543,7 @@ impl ClipLoader {
         let (clip_path, t5_path) = (clip.expect("two files, neither twice"), t5.expect("two files, neither twice"));
         let (prefix, layout, root, _) = text_encoder_in(&clip_path)?;
         let encoder = ClipEncoder { weights: weights_handle(&self.rt, &clip_path, &root)?, prefix, layout, dropped_layers: 0 };
-        let clip = ClipRef { encoders: vec![encoder], t5: Some(t5_handle(&self.rt, &t5_path)?), family: ModelFamily::Flux, clip_skip: None };
+        let clip = ClipRef { encoders: vec![encoder], t5: Some(t5_handle(&self.rt, &t5_path)?), family: ModelFamily::Flux, clip_skip: None, sdcpp: None };
         Ok(Outputs::new(vec![Value::new(IoType::CLIP, clip)]))
     }
 }
@@ -571,7 +571,7 @@ pub(crate) fn sd3_clip(rt: &Runtime, paths: &[PathBuf]) -> Result<ClipRef, NodeE
         [_, _, c, ..] => return Err(NodeError::msg(format!("{}: a third CLIP text encoder; SD3 takes CLIP-L, OpenCLIP-G and T5-XXL", c.1.display()))),
         _ => {}
     }
-    Ok(ClipRef { encoders: clips.into_iter().map(|c| c.2).collect(), t5: t5.map(|t| t.1), family: ModelFamily::Sd3, clip_skip: None })
+    Ok(ClipRef { encoders: clips.into_iter().map(|c| c.2).collect(), t5: t5.map(|t| t.1), family: ModelFamily::Sd3, clip_skip: None, sdcpp: None })
 }
 
 /// The residency key prefix of T5 encoders: their GGUF tensors are renamed on load.

@@ -122,6 +122,34 @@ pub(crate) fn encode(rt: &Runtime, clip: &ClipRef, l: Option<&str>, g: Option<&s
         p.extend(cg.and_then(|c| c.pooled).unwrap_or_else(|| vec![0.0; G_WIDTH]));
         pooled = Some(p);
     }
+    if clip.sdcpp.is_some() {
+        // sd.cpp: chunk by chunk, CLIP's 77 tokens then T5's 77; zeros where an encoder or
+        // a chunk is missing.
+        let (t5_rows, t5_width) = match &clip.t5 {
+            Some(t5) => {
+                let (h, d, _) = crate::sdcpp::t5_chunks(rt, t5, t5_text.unwrap_or(""), CHUNK, false)?;
+                (h, d)
+            }
+            None => (vec![0.0; CHUNK * width], width),
+        };
+        if t5_width != width {
+            return Err(NodeError::msg(format!("T5 gives {t5_width} features per token; SD3's context is {width} wide")));
+        }
+        let per = CHUNK * width;
+        let n = (rows.len() / per).max(t5_rows.len() / per).max(1);
+        let mut out = Vec::with_capacity(2 * n * per);
+        for i in 0..n {
+            for part in [&rows, &t5_rows] {
+                match part.get(i * per..(i + 1) * per) {
+                    Some(c) => out.extend_from_slice(c),
+                    None => out.resize(out.len() + per, 0.0),
+                }
+            }
+        }
+        let mut cond = Conditioning::new(out, width as i64, (2 * n * CHUNK) as i64).map_err(err)?;
+        cond.pooled = Some(pooled.unwrap_or_else(|| vec![0.0; L_WIDTH + G_WIDTH]));
+        return Ok(cond);
+    }
     if let (Some(model), Some(t5)) = (&t5_model, &clip.t5) {
         // No tokens is T5's empty sequence: `</s>` alone, unpadded.
         let ids = match t5_text {
@@ -139,6 +167,9 @@ pub(crate) fn encode(rt: &Runtime, clip: &ClipRef, l: Option<&str>, g: Option<&s
     cond.pooled = Some(pooled.unwrap_or_else(|| vec![0.0; L_WIDTH + G_WIDTH]));
     Ok(cond)
 }
+
+/// CLIP's and sd.cpp's T5 chunk length for SD3.
+const CHUNK: usize = 77;
 
 /// ComfyUI's "TripleCLIPLoader": SD3's CLIP-L, OpenCLIP-G and T5-XXL, in any order.
 struct TripleClipLoader {

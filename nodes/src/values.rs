@@ -118,6 +118,20 @@ pub struct ClipRef {
     pub t5: Option<T5Ref>,
     pub family: ModelFamily,
     pub clip_skip: Option<u32>,
+    /// SdCppConditioner: encode prompts as stable-diffusion.cpp does; `None`: ComfyUI's way.
+    pub sdcpp: Option<SdCppText>,
+}
+
+/// sd.cpp's text conditioning for the DiT families (the sd-cli presets ask for it): T5 in
+/// chunks encoded alone (FLUX 256 tokens, SD3 77 interleaved with CLIP's chunks, Chroma
+/// 512), A1111 weights rescaled to each chunk's mean, and Chroma's masks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SdCppText {
+    /// Chroma: the DiT attends to the prompt, `</s>` and `t5_mask_pad` pads only.
+    pub chroma_dit_mask: bool,
+    /// Chroma: T5 itself does not attend to the padding.
+    pub chroma_t5_mask: bool,
+    pub chroma_t5_mask_pad: usize,
 }
 
 /// A T5 encoder of a [`ClipRef`], in Hugging Face names under `prefix`.

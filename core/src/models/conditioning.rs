@@ -41,6 +41,10 @@ pub struct Conditioning {
     /// Where the references sit in the model's position ids (ComfyUI's
     /// `reference_latents_method`, FluxKontextMultiReferenceLatentMethod).
     pub reference_method: ReferenceMethod,
+    /// How many leading text tokens a transformer attends to (sd.cpp's Chroma DiT mask:
+    /// the prompt, `</s>` and `mask_pad` pads; the rest of T5's padding is hidden as
+    /// keys); `None`: all of them.
+    pub text_keys: Option<i64>,
 }
 
 /// ComfyUI's placements of reference latents in FLUX's position ids.
@@ -91,12 +95,31 @@ fn fourier(v: f64, out: &mut Vec<f32>) {
     out.extend(args.iter().map(|a| a.sin() as f32));
 }
 
+/// A1111's and sd.cpp's emphasis on one chunk's hidden states (`values`, rows of `d` by
+/// token): each token scaled by its weight, then the whole chunk rescaled to its original
+/// mean. Nothing changes when every weight is 1 or the new mean is zero or not finite.
+pub fn emphasize(values: &mut [f32], weights: &[f32], d: usize) {
+    if weights.iter().all(|&w| w == 1.0) {
+        return;
+    }
+    let mean = |v: &[f32]| v.iter().map(|&x| x as f64).sum::<f64>() / v.len() as f64;
+    let before = mean(values);
+    for (row, &w) in values.chunks_mut(d).zip(weights) {
+        row.iter_mut().for_each(|x| *x *= w);
+    }
+    let after = mean(values);
+    if after != 0.0 && after.is_finite() && before.is_finite() {
+        let k = (before / after) as f32;
+        values.iter_mut().for_each(|x| *x *= k);
+    }
+}
+
 impl Conditioning {
     pub fn new(data: Vec<f32>, dim: i64, tokens: i64) -> Result<Self> {
         if dim < 1 || tokens < 1 || data.len() as i64 != dim * tokens {
             return Err(ModelError::Input(format!("conditioning of {} values is not {tokens} tokens × {dim}", data.len())));
         }
-        Ok(Conditioning { data, dim, tokens, pooled: None, size: SizeCond::default(), guidance: None, references: Vec::new(), reference_method: ReferenceMethod::Offset })
+        Ok(Conditioning { data, dim, tokens, pooled: None, size: SizeCond::default(), guidance: None, references: Vec::new(), reference_method: ReferenceMethod::Offset, text_keys: None })
     }
 
     /// The ADM vector `y` of `width` values for an image of `image_w`×`image_h` pixels:

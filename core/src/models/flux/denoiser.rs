@@ -122,7 +122,8 @@ impl<'w> FluxDenoiser<'w> {
         // Items share a graph when their texts and reference latents have the same lengths.
         // Chroma's guidance feeds the modulation of the whole graph: one value per graph.
         let chroma = matches!(self.model, Net::Chroma(_));
-        let key = |it: &FluxItem<'_>| (it.cond.tokens, it.cond.references.iter().map(|r| (r.height, r.width)).collect::<Vec<_>>(), it.cond.reference_method, if chroma { it.cond.guidance.map(f32::to_bits) } else { None });
+        // So does its text mask.
+        let key = |it: &FluxItem<'_>| (it.cond.tokens, it.cond.references.iter().map(|r| (r.height, r.width)).collect::<Vec<_>>(), it.cond.reference_method, if chroma { (it.cond.guidance.map(f32::to_bits), it.cond.text_keys) } else { (None, None) });
         if extra > 0 && items.iter().any(|it| !it.cond.references.is_empty()) {
             return Err(ModelError::Input("reference latents (Kontext) on a FLUX.1 Fill model".into()));
         }
@@ -200,10 +201,11 @@ impl<'w> FluxDenoiser<'w> {
                 let inputs = FluxInputs { img: img_t, img_ids: &img_ids, txt: txt_t, txt_ids: &txt_ids, timesteps: &timesteps, guidance: Some(&guidance), y: y_t, skip: &self.skip };
                 m.forward(&ctx, &mut run, &inputs)?
             }
-            // ComfyUI's Chroma: guidance 0 unless set, no text mask.
+            // Chroma: guidance 0 unless set; a text mask where the prompt carries one
+            // (sd.cpp's), none in ComfyUI's.
             Net::Chroma(m) => {
                 let guidance = items[0].cond.guidance.unwrap_or(0.0);
-                m.forward(&ctx, &mut run, &ChromaInputs { img: img_t, img_ids: &img_ids, txt: txt_t, txt_ids: &txt_ids, sigma, guidance, text_keys: None, skip: &self.skip })?
+                m.forward(&ctx, &mut run, &ChromaInputs { img: img_t, img_ids: &img_ids, txt: txt_t, txt_ids: &txt_ids, sigma, guidance, text_keys: items[0].cond.text_keys, skip: &self.skip })?
             }
         };
         let alloc = match &mut self.alloc {

@@ -410,19 +410,7 @@ pub fn encode_prompt_with(backend: &Backend, clip: &ClipTextModel<'_>, prompt: &
     });
     let t = tokens[0].len();
     for (chunk, values) in prompt.chunks.iter().zip(hidden.chunks_mut(t * d as usize)) {
-        if chunk.weights.iter().all(|&w| w == 1.0) {
-            continue;
-        }
-        let mean = |v: &[f32]| v.iter().map(|&x| x as f64).sum::<f64>() / v.len() as f64;
-        let before = mean(values);
-        for (row, &w) in values.chunks_mut(d as usize).zip(&chunk.weights) {
-            row.iter_mut().for_each(|x| *x *= w);
-        }
-        let after = mean(values);
-        if after != 0.0 {
-            let k = (before / after) as f32;
-            values.iter_mut().for_each(|x| *x *= k);
-        }
+        crate::models::conditioning::emphasize(values, &chunk.weights, d as usize);
     }
     let mut cond = Conditioning::new(hidden, d, (t * prompt.chunks.len()) as i64)?;
     cond.pooled = pooled;

@@ -275,6 +275,41 @@ impl T5Encoder<'_> {
         self.encode_weighted_from(backend, tokens, &crate::text::t5::T5Tokenizer::empty(tokens.ids.len()))
     }
 
+    /// sd.cpp's T5 conditioning: `tokens` (the prompt's, without `</s>`) cut into chunks
+    /// of `chunk − 1`, each closed by `</s>` and padded to `chunk`, every chunk encoded
+    /// alone (`mask`: its padding hidden from T5's attention, Chroma's T5 mask), weighted
+    /// by [`crate::models::conditioning::emphasize`] chunk by chunk. Returns the hidden
+    /// states [T × d_model] and how many leading tokens are the prompt and `</s>`s (the
+    /// last chunk's padding follows them).
+    pub fn encode_chunked(&self, backend: &crate::ggml::Backend, tokens: &crate::text::t5::WeightedTokens, chunk: usize, mask: bool) -> Result<(Vec<f32>, usize)> {
+        use crate::text::t5::{T5_EOS, T5_PAD};
+        if chunk < 2 {
+            return Err(ModelError::Input(format!("T5 chunks of {chunk} tokens")));
+        }
+        let d = self.config.d_model as usize;
+        let pieces: Vec<(&[u32], &[f32])> = if tokens.ids.is_empty() { vec![(&[][..], &[][..])] } else { tokens.ids.chunks(chunk - 1).zip(tokens.weights.chunks(chunk - 1)).collect() };
+        let mut hidden = Vec::with_capacity(pieces.len() * chunk * d);
+        let mut content = 0;
+        for (ids, weights) in pieces {
+            let mut seq: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
+            seq.push(T5_EOS as i32);
+            content = hidden.len() / d + seq.len();
+            let keep: Vec<bool> = (0..chunk).map(|i| i < seq.len()).collect();
+            seq.resize(chunk, T5_PAD as i32);
+            let mut w = weights.to_vec();
+            w.resize(chunk, 1.0);
+            let size = 64 * self.config.layers + 256;
+            let ctx = Context::new(size, size)?;
+            let mut run = GraphRun::new(&ctx);
+            let keep = [keep];
+            let out = self.forward(&ctx, &mut run, &[seq], mask.then_some(&keep[..]))?;
+            let mut h = run.compute(backend, &[out], size)?.remove(0);
+            crate::models::conditioning::emphasize(&mut h, &w, d);
+            hidden.extend(h);
+        }
+        Ok((hidden, content))
+    }
+
     /// [`Self::encode_weighted`] moving weighted tokens away from `empty` (as many ids as
     /// the prompt's): ComfyUI's PixArt/Chroma T5 takes all padding for its empty prompt.
     pub fn encode_weighted_from(&self, backend: &crate::ggml::Backend, tokens: &crate::text::t5::WeightedTokens, empty: &[u32]) -> Result<Vec<f32>> {
