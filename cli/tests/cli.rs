@@ -70,15 +70,16 @@ const NOT_PRESETS: &[(&str, &str)] = &[
     ("outpaint.json", "sd-cli outpaints only through a padded -i and --mask made by hand"),
     ("sdxl_txt2img.json", "sd-cli gives both SDXL encoders one prompt and the image size; CLIPTextEncodeSDXL's separate texts and sizes are ComfyUI's"),
     ("ip_adapter.json", "sd-cli has no IP-Adapter"),
-    // sd-cli's FLUX conditioning and schedule differ from ComfyUI's (T5 chunks with mean
-    // rescaling, its own shift); the flags stay refused until a preset gives sd-cli's image.
-    ("flux_dev_txt2img.json", "ComfyUI's FLUX graph; sd-cli's --t5xxl / --guidance are not wired yet"),
-    ("flux_schnell.json", "ComfyUI's FLUX graph; sd-cli's --t5xxl is not wired yet"),
-    ("flux_kontext_edit.json", "ComfyUI's FLUX Kontext graph; sd-cli's -r / --t5xxl are not wired yet"),
-    ("flux_lora.json", "ComfyUI's FLUX graph with a LoRA; sd-cli's --t5xxl is not wired yet"),
-    ("flux_fill_inpaint.json", "ComfyUI's FLUX Fill graph; sd-cli's --t5xxl is not wired yet"),
-    ("chroma_txt2img.json", "ComfyUI's Chroma graph; sd-cli's Chroma mask flags and --t5xxl are not wired yet"),
-    ("sd35_txt2img.json", "ComfyUI's SD3.5 graph; sd-cli's --clip_g / --t5xxl / --slg-scale are not wired yet"),
+    // ComfyUI's graphs for the DiTs: its schedule (μ from the token count) and its text
+    // conditioning (one T5 sequence, weights from the empty prompt). sd-cli's flags build
+    // sd.cpp's instead (ManualSigmas of its schedule, SdCppConditioner).
+    ("flux_dev_txt2img.json", "ComfyUI's FLUX graph; `img_gen --diffusion-model … --t5xxl …` builds sd-cli's"),
+    ("flux_schnell.json", "ComfyUI's FLUX schnell graph; sd-cli's differs in schedule and conditioning"),
+    ("flux_kontext_edit.json", "ComfyUI's FLUX Kontext graph (FluxKontextImageScale's resolutions); sd-cli's -r resizes by area"),
+    ("flux_lora.json", "ComfyUI's FLUX graph with a LoRA; sd-cli's differs in schedule and conditioning"),
+    ("flux_fill_inpaint.json", "ComfyUI's FLUX Fill graph; sd-cli's differs in schedule and conditioning"),
+    ("chroma_txt2img.json", "ComfyUI's Chroma graph (no masks, beta schedule); sd-cli's masks the T5 padding"),
+    ("sd35_txt2img.json", "ComfyUI's SD3.5 graph (one T5 sequence after CLIP's); sd-cli interleaves 77-token chunks"),
 ];
 
 #[test]
@@ -172,7 +173,7 @@ fn bad_flags_get_a_message_and_the_usage() {
 fn unsupported_flags_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     for (args, expect) in [
-        (&["img_gen", "-m", "m.safetensors", "--t5xxl", "t5.safetensors"][..], "not supported yet: --t5xxl t5.safetensors (FLUX.1 and SD3.5 run through workflows"),
+        (&["img_gen", "-m", "m.safetensors", "--high-noise-diffusion-model", "w.safetensors"][..], "not supported yet: --high-noise-diffusion-model w.safetensors (Wan2.2"),
         (&["img_gen", "-m", "m.safetensors", "--offload-to-cpu"][..], "not supported yet: --offload-to-cpu ("),
         (&["img_gen", "-m", "m.safetensors", "--rng", "cuda", "--sampler-rng", "cpu"][..], "not supported yet: --sampler-rng cpu with --rng cuda ("),
         (&["adetailer", "-m", "m.safetensors", "-i", "in.png", "--ad-model", "face.pt", "--sigmas", "14.6,7.8,0"][..], "not supported yet: --sigmas in the adetailer mode ("),
@@ -838,4 +839,71 @@ fn photo_maker_flags_run_on_a_tiny_sdxl() {
     assert_ne!(with_id, plain, "the ID images change the image");
     let (_, err) = fails(&["img_gen", "-m", "xl.safetensors", "--photo-maker", "pm.safetensors", "-p", "a man img"], dir.path());
     assert!(err.contains("--pm-id-images-dir"), "{err}");
+}
+
+/// sd-cli's DiT command lines on tiny FLUX.1, Kontext, Fill, Chroma and SD3.5 files in
+/// the layouts people download: each runs and writes its image at the asked size (a
+/// Kontext run without -W/-H takes the reference's size, as sd-cli); the flags that
+/// change the image do.
+#[test]
+fn dit_presets_run_on_tiny_models() {
+    let dir = tempfile::tempdir().unwrap();
+    sdflow_tests::tiny_tree(dir.path());
+    sdflow_tests::write_sd3_models(dir.path());
+    sdflow_tests::write_test_png(&dir.path().join("ref.png"), 72, 56);
+    sdflow_tests::write_mask_png(&dir.path().join("mask.png"), 72, 56, |x, y| (20..52).contains(&x) && (16..40).contains(&y));
+    let m = |p: &str| format!("models/{p}");
+    let (clip_l, clip_g, t5, ae) = (m("text_encoders/clip_l.safetensors"), m("text_encoders/clip_g.safetensors"), m("text_encoders/t5xxl_fp16.safetensors"), m("vae/ae.safetensors"));
+    let flux = |model: &str, extra: &[&str], out: &str| {
+        let mut args = vec!["img_gen", "--diffusion-model", model, "--clip_l", &clip_l, "--t5xxl", &t5, "--vae", &ae, "--steps", "2", "-t", "2", "-o", out];
+        args.extend(extra);
+        ok(&args, dir.path())
+    };
+    let dev = m("diffusion_models/flux1-dev.safetensors");
+    flux(&dev, &["-p", "a cat", "--cfg-scale", "1", "-W", "64", "-H", "48"], "dev.png");
+    assert_eq!(png_size(&dir.path().join("dev.png")), (64, 48));
+    flux(&dev, &["-p", "a cat", "--cfg-scale", "1", "-W", "64", "-H", "48", "--guidance", "6"], "dev_g6.png");
+    assert_ne!(png_pixels(&dir.path().join("dev.png")), png_pixels(&dir.path().join("dev_g6.png")), "--guidance reaches the model");
+    flux(&dev, &["-p", "a (cat:1.4), long prompt BREAK more", "-n", "blurry", "--cfg-scale", "2", "-W", "48", "-H", "48", "--slg-scale", "2", "--skip-layers", "[0,1]", "--sampling-method", "euler_a"], "dev_slg.png");
+    assert_eq!(png_size(&dir.path().join("dev_slg.png")), (48, 48));
+    // Kontext: the reference's size when -W/-H are not given.
+    flux(&m("diffusion_models/flux1-kontext-dev.safetensors"), &["-p", "make it blue", "--cfg-scale", "1", "-r", "ref.png", "--increase-ref-index"], "kontext.png");
+    assert_eq!(png_size(&dir.path().join("kontext.png")), (72, 56));
+    flux(&m("diffusion_models/flux1-fill-dev.safetensors"), &["-p", "a hat", "--cfg-scale", "1", "-i", "ref.png", "--mask", "mask.png", "--strength", "1"], "fill.png");
+    assert_eq!(png_size(&dir.path().join("fill.png")), (72, 56));
+    // ComfyUI's all-in-one schnell file through -m alone.
+    ok(&["img_gen", "-m", &m("checkpoints/flux1-schnell-fp8.safetensors"), "-p", "a cat", "--cfg-scale", "1", "--steps", "2", "-W", "32", "-H", "32", "-t", "2", "-o", "schnell.png"], dir.path());
+    assert_eq!(png_size(&dir.path().join("schnell.png")), (32, 32));
+    // Chroma with sd-cli's older mask flags and its --model-args spelling.
+    let chroma = m("diffusion_models/Chroma1-HD-fp8mixed.safetensors");
+    let run_chroma = |extra: &[&str], out: &str| {
+        let mut args = vec!["img_gen", "--diffusion-model", &chroma, "--t5xxl", &t5, "--vae", &ae, "-p", "a cat", "--cfg-scale", "3", "--steps", "2", "-W", "32", "-H", "32", "-t", "2", "-o", out];
+        args.extend(extra);
+        ok(&args, dir.path());
+        png_pixels(&dir.path().join(out))
+    };
+    let masked = run_chroma(&[], "chroma.png");
+    assert_ne!(masked, run_chroma(&["--chroma-disable-dit-mask"], "chroma_nomask.png"), "the DiT mask changes the image");
+    assert_eq!(run_chroma(&["--model-args", "chroma_use_dit_mask=off"], "chroma_nomask2.png"), png_pixels(&dir.path().join("chroma_nomask.png")), "the two spellings agree");
+    run_chroma(&["--model-args", "chroma_use_t5_mask=true,chroma_t5_mask_pad=3"], "chroma_t5mask.png");
+    // SD3.5: the MMDiT and VAE in -m, the three encoders beside it.
+    let sd3 = |extra: &[&str], out: &str| {
+        let mut args = vec!["img_gen", "-m", "models/checkpoints/sd3.5_medium.safetensors", "--clip_l", &clip_l, "--clip_g", &clip_g, "--t5xxl", &t5, "-p", "a cat", "--cfg-scale", "4", "--steps", "2", "-W", "32", "-H", "32", "-t", "2", "-o", out];
+        args.extend(extra);
+        ok(&args, dir.path());
+        png_pixels(&dir.path().join(out))
+    };
+    let plain = sd3(&[], "sd3.png");
+    assert_ne!(plain, sd3(&["--flow-shift", "6"], "sd3_shift.png"), "--flow-shift changes the schedule");
+    assert_ne!(plain, sd3(&["--slg-scale", "3", "--skip-layer-start", "0", "--skip-layer-end", "1", "--skip-layers", "[0]"], "sd3_slg.png"), "SLG changes the image");
+
+    // Bad combinations are named.
+    let (_, err) = fails(&["img_gen", "--diffusion-model", &dev, "--clip_l", &clip_l, "--vae", &ae, "-p", "x"], dir.path());
+    assert!(err.contains("missing --t5xxl"), "{err}");
+    let (_, err) = fails(&["img_gen", "--diffusion-model", &dev, "--clip_l", &clip_l, "--t5xxl", &t5, "-p", "x"], dir.path());
+    assert!(err.contains("missing --vae"), "{err}");
+    let (_, err) = fails(&["img_gen", "--diffusion-model", &chroma, "--t5xxl", &t5, "--vae", &ae, "--model-args", "chroma_use_dit_mask=maybe"], dir.path());
+    assert!(err.contains("chroma_use_dit_mask=maybe is not a boolean"), "{err}");
+    let (_, err) = fails(&["img_gen", "-m", "models/checkpoints/model.safetensors", "--t5xxl", &t5, "-p", "x"], dir.path());
+    assert!(err.contains("not supported yet: --t5xxl (with a UNet model"), "{err}");
 }

@@ -233,3 +233,46 @@ fn scaled_fp8_files_are_dequantized_by_their_scales() {
     let (scaled, unscaled) = (max_abs_err(&outs[0], &outs[2]), max_abs_err(&outs[1], &outs[2]));
     assert!(scaled <= 1e-5 && unscaled > 1.0, "scaled fp8 off by {scaled}, without the scales by {unscaled}");
 }
+
+/// sd.cpp's T5 conditioning: chunks of `chunk − 1` tokens closed by `</s>` and padded,
+/// each encoded alone (the same rows as that sequence encoded by itself), weights scaling
+/// tokens and restoring each chunk's mean; the T5 mask hides the padding.
+#[test]
+fn sd_cpp_chunks_are_encoded_alone_with_mean_restoring_weights() {
+    use sdflow_core::text::t5::WeightedTokens;
+    let r = fixture();
+    let backend = Backend::cpu(2).unwrap();
+    let w = det_weights(&r["t5"]["keys"], SCALE, &backend);
+    let model = T5Encoder::new(&w, "", T5Config::infer(&w, "").unwrap()).unwrap();
+    let alone = |ids: Vec<i32>, keep: Option<Vec<bool>>| {
+        let ctx = Context::new(4096, 4096).unwrap();
+        let mut g = GraphRun::new(&ctx);
+        let keep = keep.map(|k| vec![k]);
+        let out = model.forward(&ctx, &mut g, &[ids], keep.as_deref()).unwrap();
+        g.compute(&backend, &[out], 4096).unwrap().remove(0)
+    };
+    // 7 tokens in chunks of 4: [a b c </s>] [d e f </s>] [g </s> pad pad].
+    let ids: Vec<u32> = vec![37, 5, 17, 9, 88, 120, 64];
+    let plain = WeightedTokens { ids: ids.clone(), weights: vec![1.0; 7] };
+    let (got, content) = model.encode_chunked(&backend, &plain, 4, false).unwrap();
+    assert_eq!((got.len(), content), (12 * 48, 10));
+    let want: Vec<f32> = [alone(vec![37, 5, 17, 1], None), alone(vec![9, 88, 120, 1], None), alone(vec![64, 1, 0, 0], None)].concat();
+    assert!(max_abs_err(&got, &want) < 1e-5);
+    let (masked, _) = model.encode_chunked(&backend, &plain, 4, true).unwrap();
+    let last = alone(vec![64, 1, 0, 0], Some(vec![true, true, false, false]));
+    assert!(max_abs_err(&masked[8 * 48..], &last) < 1e-5);
+    assert!(max_abs_err(&masked[8 * 48..], &want[8 * 48..]) > 1e-4, "the mask changes the last chunk");
+    // Weights: each token scaled, then the chunk rescaled to its old mean.
+    let weighted = WeightedTokens { ids, weights: vec![1.0, 1.5, 1.0, 1.0, 1.0, 1.0, 1.0] };
+    let (got, _) = model.encode_chunked(&backend, &weighted, 4, false).unwrap();
+    let mean = |v: &[f32]| v.iter().map(|&x| x as f64).sum::<f64>() / v.len() as f64;
+    let chunk0 = &want[..4 * 48];
+    let mut scaled = chunk0.to_vec();
+    scaled[48..96].iter_mut().for_each(|x| *x *= 1.5);
+    let k = (mean(chunk0) / mean(&scaled)) as f32;
+    scaled.iter_mut().for_each(|x| *x *= k);
+    assert!(max_abs_err(&got[..4 * 48], &scaled) < 1e-5);
+    assert!((mean(&got[..4 * 48]) - mean(chunk0)).abs() < 1e-5, "the chunk keeps its mean");
+    assert_eq!(got[4 * 48..], want[4 * 48..], "an unweighted chunk is untouched");
+    assert!(model.encode_chunked(&backend, &weighted, 1, false).is_err());
+}

@@ -569,3 +569,23 @@ fn std_dev(v: &[f32]) -> f32 {
     let mean = v.iter().map(|&x| x as f64).sum::<f64>() / n;
     (v.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt() as f32
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::values::{SkipLayerGuidance, SlgWindow};
+
+    /// sd-cli's defaults (0.01, 0.2) over 20 steps run SLG at k = 1, 2, 3 (from 1): steps
+    /// 0..3; ComfyUI's window reads σ instead.
+    #[test]
+    fn slg_windows() {
+        let g = |window| SkipLayerGuidance { layers: Default::default(), scale: 2.5, rescaling: 0.0, percents: (0.01, 0.2), window };
+        let steps = g(SlgWindow::Steps);
+        let on: Vec<usize> = (0..20).filter(|&s| slg_now(&steps, 0.5, (1.0, 0.0), s, 20)).collect();
+        assert_eq!(on, vec![0, 1, 2]);
+        let late = SkipLayerGuidance { percents: (0.5, 1.0), ..g(SlgWindow::Steps) };
+        assert_eq!((0..10).filter(|&s| slg_now(&late, 0.5, (1.0, 0.0), s, 10)).collect::<Vec<_>>(), vec![5, 6, 7, 8, 9]);
+        let sigmas = g(SlgWindow::Sigmas);
+        assert!(slg_now(&sigmas, 0.8, (0.9, 0.7), 15, 20) && !slg_now(&sigmas, 0.95, (0.9, 0.7), 0, 20));
+    }
+}

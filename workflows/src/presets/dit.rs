@@ -34,6 +34,11 @@ pub(super) fn flux_mu(width: i64, height: i64) -> f32 {
     seq * m + b
 }
 
+/// An f32 as the f64 its shortest decimal spells (1.15, not 1.149999976158142).
+fn short_f64(v: f32) -> f64 {
+    v.to_string().parse().unwrap_or(v as f64)
+}
+
 /// The σ of a flow model at `t` in (0, 1]: FLUX's time shift by μ, or SD3's by `shift`.
 #[derive(Clone, Copy)]
 enum Shift {
@@ -111,7 +116,7 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
                 return Err(invalid("--flow-shift", format!("{s} is outside (0, 100]")));
             }
             if p.flow_shift.is_some() {
-                model = Out(b.extra("model_sampling", "--flow-shift", NodeSpec::new("ModelSamplingSD3").with_input("model", link(&model)).with_const("shift", json!(s))), 0);
+                model = Out(b.extra("model_sampling", "--flow-shift", NodeSpec::new("ModelSamplingSD3").with_input("model", link(&model)).with_const("shift", json!(short_f64(s)))), 0);
             }
             Shift::Sd3(s)
         }
@@ -126,7 +131,8 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
             if !(mu.is_finite() && (0.0..=100.0).contains(&mu)) {
                 return Err(invalid("--flow-shift", format!("{mu} is outside 0..=100")));
             }
-            let node = NodeSpec::new("ModelSamplingFlux").with_input("model", link(&model)).with_const("max_shift", json!(mu)).with_const("base_shift", json!(mu)).with_const("width", json!(p.width)).with_const("height", json!(p.height));
+            let mu_json = short_f64(mu);
+            let node = NodeSpec::new("ModelSamplingFlux").with_input("model", link(&model)).with_const("max_shift", json!(mu_json)).with_const("base_shift", json!(mu_json)).with_const("width", json!(p.width)).with_const("height", json!(p.height));
             model = Out(b.core("model_sampling", "img_gen", node), 0);
             Shift::Flux(mu)
         }
@@ -163,11 +169,12 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
             let cond = b.core("inpaint", "--mask", NodeSpec::new("InpaintModelConditioning").with_input("positive", link(&pos)).with_input("negative", link(&neg)).with_input("vae", link(&vae)).with_input("pixels", link(&pixels)).with_input("mask", InputValue::link(m, 0)).with_const("noise_mask", json!(true)));
             pos = Out(cond.clone(), 0);
             neg = Out(cond.clone(), 1);
-            (Out(cond, 2), p.strength, "FLUX Fill inpainting".to_string(), "sd-cli's --mask with a FLUX.1 Fill model: the masked image and the mask go beside the latent into the model's 384 input channels (InpaintModelConditioning), and sampling is held at the image outside the mask.".to_string())
+            (Out(cond, 2), p.strength, "Inpainting".to_string(), "sd-cli's --mask with a FLUX.1 Fill model: the masked image and the mask go beside the latent into the model's 384 input channels (InpaintModelConditioning), and sampling is held at the image outside the mask.".to_string())
         }
         (Family::Flux { fill: true, .. }, _, _) => return Err(PresetError::Missing { flag: "--mask".into(), msg: "a FLUX.1 Fill model inpaints: give -i and --mask".into() }),
         _ => latent_source(&mut b, p, &stage, "EmptySD3LatentImage", empty_description),
     };
+    title = format!("{} {}", family_name(family), title.to_lowercase());
     if !p.ref_images.is_empty() {
         title = format!("{title}, with reference images");
         description.push_str(" The -r images are encoded with the VAE and appended to the image tokens (ReferenceLatent on both prompts), as FLUX.1 Kontext reads them.");

@@ -435,3 +435,158 @@ fn partial_strength_inpainting_keeps_the_image() {
     assert_eq!(classes, ["CheckpointLoaderSimple", "CLIPTextEncode", "CLIPTextEncode", "LoadImage", "LoadImageMask", "VAEEncode", "SetLatentNoiseMask", "KSampler", "VAEDecode", "SaveImage"]);
     assert_eq!(wf.nodes["8"].inputs["denoise"], InputValue::Const(json!(0.75)));
 }
+
+fn flux() -> ImgGenParams {
+    ImgGenParams {
+        diffusion_model: Some("flux1-dev.safetensors".into()),
+        clip_l: Some("clip_l.safetensors".into()),
+        t5xxl: Some("t5xxl_fp16.safetensors".into()),
+        vae: Some("ae.safetensors".into()),
+        prompt: "a cat".into(),
+        model_info: ModelInfo { family: Family::Flux { fill: false, guidance: true }, double_blocks: Some(19), ..ModelInfo::default() },
+        ..Default::default()
+    }
+}
+
+fn sigmas_of(wf: &Workflow) -> Vec<f64> {
+    let node = find(wf, "ManualSigmas");
+    assert_eq!(node.len(), 1, "one ManualSigmas");
+    let InputValue::Const(v) = &node[0].inputs["sigmas"] else { panic!("sigmas are a constant") };
+    v.as_str().unwrap().split(',').map(|s| s.trim().parse().unwrap()).collect()
+}
+
+fn constant<'a>(node: &'a NodeSpec, input: &str) -> &'a serde_json::Value {
+    match &node.inputs[input] {
+        InputValue::Const(v) => v,
+        other => panic!("{input} is {other:?}"),
+    }
+}
+
+/// sd.cpp's FLUX schedule: μ linear in the latent's pixel count, σ = e^μ/(e^μ + 1/t − 1)
+/// at t = 1 − i/n (computed here in f64 from the formula).
+#[test]
+fn flux_preset_uses_sd_cpps_schedule_and_shift() {
+    for (w, h, steps) in [(512, 512, 4), (1024, 1024, 20), (768, 512, 7)] {
+        let wf = img_gen(&ImgGenParams { width: w, height: h, steps, ..flux() }).unwrap().workflow;
+        let mu = (h / 8 * (w / 8)) as f64 * (0.65 / 3840.0) + (0.5 - 256.0 * 0.65 / 3840.0);
+        let want: Vec<f64> = (0..steps).map(|i| 1.0 - i as f64 / steps as f64).map(|t| mu.exp() / (mu.exp() + 1.0 / t - 1.0)).chain([0.0]).collect();
+        let got = sigmas_of(&wf);
+        assert_eq!(got.len(), want.len());
+        for (g, e) in got.iter().zip(&want) {
+            assert!((g - e).abs() < 2e-6, "{w}x{h}: {got:?} vs {want:?}");
+        }
+        let ms = find(&wf, "ModelSamplingFlux")[0];
+        assert!((constant(ms, "max_shift").as_f64().unwrap() - mu).abs() < 1e-5 && constant(ms, "base_shift") == constant(ms, "max_shift"));
+    }
+    assert!((super::dit::flux_mu(1024, 1024) - 3.23).abs() < 1e-4, "4× ComfyUI's token count at 1024²");
+    let wf = img_gen(&flux()).unwrap().workflow;
+    assert_eq!(constant(find(&wf, "KSamplerSelect")[0], "sampler_name"), &json!("euler"), "sd-cli's default sampler for DiTs");
+    let guidance = find(&wf, "FluxGuidance");
+    assert_eq!(guidance.len(), 2, "guidance on both prompts");
+    assert!(guidance.iter().all(|g| constant(g, "guidance") == &json!(3.5)));
+    assert_eq!(find(&wf, "SdCppConditioner").len(), 1);
+    assert_eq!(find(&wf, "EmptySD3LatentImage").len(), 1);
+    assert_eq!(constant(find(&wf, "SamplerCustom")[0], "cfg"), &json!(7.0), "sd-cli's --cfg-scale default");
+    // schnell: no guidance input, so no FluxGuidance.
+    let schnell = ImgGenParams { model_info: ModelInfo { family: Family::Flux { fill: false, guidance: false }, ..ModelInfo::default() }, ..flux() };
+    assert!(find(&img_gen(&schnell).unwrap().workflow, "FluxGuidance").is_empty());
+    // Another scheduler: KSampler's, over a model shifted by --flow-shift as μ.
+    let wf = img_gen(&ImgGenParams { scheduler: Some("karras".into()), flow_shift: Some(2.0), ..flux() }).unwrap().workflow;
+    assert!(find(&wf, "ManualSigmas").is_empty());
+    assert_eq!(constant(find(&wf, "KSampler")[0], "scheduler"), &json!("karras"));
+    assert_eq!(constant(find(&wf, "ModelSamplingFlux")[0], "max_shift"), &json!(2.0));
+}
+
+/// SD3: sd.cpp's discrete flow schedule (t from 999 to 0, shift 3 or --flow-shift).
+#[test]
+fn sd3_preset_uses_the_discrete_flow_schedule() {
+    let sd3 = ImgGenParams {
+        model: Some("sd3.5_medium.safetensors".into()),
+        clip_l: Some("clip_l.safetensors".into()),
+        clip_g: Some("clip_g.safetensors".into()),
+        t5xxl: Some("t5xxl.safetensors".into()),
+        model_info: ModelInfo { family: Family::Sd3, has_vae: true, ..ModelInfo::default() },
+        steps: 3,
+        ..base()
+    };
+    let wf = img_gen(&sd3).unwrap().workflow;
+    let shifted = |s: f64, x: f64| s * x / (1.0 + (s - 1.0) * x);
+    let want = [shifted(3.0, 1.0), shifted(3.0, 0.5005), shifted(3.0, 0.001), 0.0];
+    for (g, e) in sigmas_of(&wf).iter().zip(want) {
+        assert!((g - e).abs() < 2e-6, "{g} vs {e}");
+    }
+    assert_eq!(find(&wf, "TripleCLIPLoader").len(), 1);
+    assert_eq!(find(&wf, "CheckpointLoaderSimple").len(), 1, "-m holds the MMDiT and the VAE");
+    assert!(find(&wf, "ModelSamplingSD3").is_empty(), "shift 3 is the model's own");
+    let wf = img_gen(&ImgGenParams { flow_shift: Some(6.0), ..sd3.clone() }).unwrap().workflow;
+    assert_eq!(constant(find(&wf, "ModelSamplingSD3")[0], "shift"), &json!(6.0));
+    assert!((sigmas_of(&wf)[1] - shifted(6.0, 0.5005)).abs() < 2e-6);
+    // SLG over sd.cpp's step window on the joint blocks.
+    let wf = img_gen(&ImgGenParams { slg: SlgParams { scale: 2.5, ..SlgParams::default() }, ..sd3.clone() }).unwrap().workflow;
+    let slg = find(&wf, "SkipLayerGuidanceSD3")[0];
+    assert_eq!((constant(slg, "layers"), constant(slg, "window"), constant(slg, "end_percent")), (&json!("7, 8, 9"), &json!("steps"), &json!(0.2)));
+    // Without a VAE in -m or --vae, the flag is named.
+    let no_vae = ImgGenParams { model_info: ModelInfo { family: Family::Sd3, ..ModelInfo::default() }, ..sd3 };
+    assert!(matches!(img_gen(&no_vae), Err(PresetError::Missing { flag, .. }) if flag == "--vae"));
+}
+
+#[test]
+fn flux_skip_layers_past_the_double_blocks_are_single_blocks() {
+    let p = ImgGenParams { slg: SlgParams { scale: 3.0, layers: vec![7, 8, 20, 21], start: 0.01, end: 0.2 }, ..flux() };
+    let wf = img_gen(&p).unwrap().workflow;
+    let slg = find(&wf, "SkipLayerGuidanceDiT")[0];
+    assert_eq!((constant(slg, "double_layers"), constant(slg, "single_layers")), (&json!("7, 8"), &json!("1, 2")));
+}
+
+#[test]
+fn references_are_resized_as_sd_cpp_and_reach_both_prompts() {
+    assert_eq!(super::ref_image_size((1024, 1024), (1536, 1024)), (1248, 832));
+    assert_eq!(super::ref_image_size((512, 512), (640, 480)), (592, 448), "capped at the output's area");
+    let p = ImgGenParams { ref_images: vec!["a.png".into(), "b.png".into()], ref_sizes: vec![(1536, 1024), (300, 200)], width: 1024, height: 1024, ..flux() };
+    let wf = img_gen(&p).unwrap().workflow;
+    let scales = find(&wf, "ImageScale");
+    assert_eq!((constant(scales[0], "width"), constant(scales[0], "height")), (&json!(1248), &json!(832)));
+    assert_eq!(find(&wf, "ReferenceLatent").len(), 4, "two references on each prompt");
+    assert!(find(&wf, "FluxKontextMultiReferenceLatentMethod").is_empty(), "index 1 for every reference by default");
+    let wf = img_gen(&ImgGenParams { increase_ref_index: true, auto_resize_ref_image: false, ..p }).unwrap().workflow;
+    assert!(find(&wf, "ImageScale").is_empty());
+    assert!(find(&wf, "FluxKontextMultiReferenceLatentMethod").iter().all(|n| constant(n, "reference_latents_method") == &json!("index")));
+}
+
+#[test]
+fn dit_presets_refuse_what_does_not_apply() {
+    let cases: Vec<(ImgGenParams, &str)> = vec![
+        (ImgGenParams { control_net: Some("cn.safetensors".into()), control_image: Some("c.png".into()), ..flux() }, "--control-net"),
+        (ImgGenParams { clip_g: Some("g.safetensors".into()), ..flux() }, "--clip_g"),
+        (ImgGenParams { t5xxl: None, ..flux() }, "--t5xxl"),
+        (ImgGenParams { model_info: ModelInfo { family: Family::Flux { fill: true, guidance: true }, ..ModelInfo::default() }, ..flux() }, "--mask"),
+        (ImgGenParams { prediction: Some("eps".into()), ..flux() }, "--prediction eps"),
+        (ImgGenParams { chroma: ChromaParams { dit_mask: false, ..ChromaParams::default() }, ..flux() }, "--chroma-* / --model-args chroma_*"),
+        (ImgGenParams { t5xxl: Some("t5.safetensors".into()), ..base() }, "--t5xxl"),
+        (ImgGenParams { ref_images: vec!["r.png".into()], ..base() }, "-r"),
+    ];
+    for (p, flag) in cases {
+        let e = img_gen(&p).unwrap_err();
+        let named = match &e {
+            PresetError::NotSupported { flag: f, .. } | PresetError::Missing { flag: f, .. } | PresetError::Invalid { flag: f, .. } => f.clone(),
+        };
+        assert_eq!(named, flag, "{e}");
+    }
+}
+
+#[test]
+fn chroma_preset_passes_its_mask_flags() {
+    let p = ImgGenParams {
+        diffusion_model: Some("chroma.safetensors".into()),
+        t5xxl: Some("t5xxl.safetensors".into()),
+        vae: Some("ae.safetensors".into()),
+        model_info: ModelInfo { family: Family::Chroma, ..ModelInfo::default() },
+        chroma: ChromaParams { dit_mask: true, t5_mask: true, t5_mask_pad: 3 },
+        ..base()
+    };
+    let wf = img_gen(&p).unwrap().workflow;
+    let c = find(&wf, "SdCppConditioner")[0];
+    assert_eq!((constant(c, "chroma_use_dit_mask"), constant(c, "chroma_use_t5_mask"), constant(c, "chroma_t5_mask_pad")), (&json!(true), &json!(true), &json!(3)));
+    assert_eq!(constant(find(&wf, "CLIPLoader")[0], "type"), &json!("chroma"));
+    assert!(find(&wf, "FluxGuidance").is_empty(), "sd.cpp gives Chroma guidance 0");
+}
