@@ -757,43 +757,15 @@ fn zeroes_empty_negative(path: &str) -> bool {
 /// graph builder. A file that cannot be read is left to the loaders to report; without
 /// one, `--t5xxl` with `--clip_g` means SD3, with `--clip_l` FLUX, alone Chroma.
 fn model_info(a: &ImgGenArgs) -> ModelInfo {
-    use sdflow_core::detect::ModelFamily;
-    let read = |path: &str| -> Option<sdflow_core::detect::Detection> {
-        let src = sdflow_core::io::open(Path::new(path)).ok()?;
-        Some(sdflow_core::detect::detect_source(src.as_ref()))
-    };
     let guess = || match (&a.t5xxl, &a.clip_l, &a.clip_g) {
         (None, _, _) => Family::Unet,
         (Some(_), _, Some(_)) => Family::Sd3,
         (Some(_), Some(_), None) => Family::Flux { fill: false, guidance: true },
         (Some(_), None, None) => Family::Chroma,
     };
-    let det = a.diffusion_model.as_deref().or(a.model.as_deref()).and_then(read);
-    let mut info = ModelInfo { family: guess(), ..ModelInfo::default() };
-    if let Some(d) = &det {
-        info.family = match d.family {
-            ModelFamily::Flux => Family::Flux { fill: d.in_channels == Some(384), guidance: d.flux_guidance },
-            ModelFamily::Chroma => Family::Chroma,
-            ModelFamily::Sd3 => Family::Sd3,
-            ModelFamily::Unknown => info.family,
-            _ => Family::Unet,
-        };
-        info.double_blocks = d.double_blocks;
-    }
-    // What -m holds beside the diffusion model (all of it for a UNet checkpoint).
-    match a.model.as_deref().map(|m| (m, if a.diffusion_model.is_some() { read(m) } else { det.clone() })) {
-        Some((_, Some(d))) => {
-            let c = &d.components;
-            info.has_text_encoders = c.clip_l || c.clip_g || c.clip_h || c.t5 || (c.unet && !c.dit);
-            info.has_vae = c.vae || (c.unet && !c.dit);
-        }
-        Some((_, None)) => {
-            info.has_text_encoders = true;
-            info.has_vae = true;
-        }
-        None => {}
-    }
-    info
+    let found = |v: &Option<String>, kind: &str| v.as_ref().map(|v| [PathBuf::from(v), a.common.models_dir.join(kind).join(v), a.common.models_dir.join(v)].into_iter().find(|p| p.exists()).unwrap_or_else(|| PathBuf::from(v)));
+    let (model, diffusion) = (found(&a.model, "checkpoints"), found(&a.diffusion_model, "diffusion_models"));
+    ModelInfo::detect(model.as_deref(), diffusion.as_deref()).unwrap_or(ModelInfo { family: guess(), has_text_encoders: true, has_vae: true, double_blocks: None })
 }
 
 /// An image file's width and height ((0, 0) when it cannot be read: the loader reports it).

@@ -83,6 +83,13 @@ fn pick_checkpoint(state: &AppState, wanted: Option<&str>) -> Result<String, Api
         })
 }
 
+/// What a checkpoint holds, so the family's graph is built (FLUX's and SD3's all-in-one
+/// files run as sd-cli runs them); an unreadable file is the loader's to report.
+fn checkpoint_info(state: &AppState, model: &str) -> presets::ModelInfo {
+    let path = state.runtime.resolve_model("checkpoints", model).ok();
+    presets::ModelInfo::detect(path.as_deref(), None).unwrap_or_else(|| presets::ModelInfo { has_text_encoders: true, has_vae: true, ..Default::default() })
+}
+
 fn stem(name: &str) -> &str {
     let file = name.rsplit('/').next().unwrap_or(name);
     file.rsplit_once('.').map_or(file, |(s, _)| s)
@@ -296,6 +303,7 @@ async fn a1111(state: Arc<AppState>, body: Json, img2img: bool) -> Result<Reply<
             .and_then(Json::as_str),
     )?;
     let mut p = ImgGenParams {
+        model_info: checkpoint_info(&state, &model),
         model: Some(model.clone()),
         prompt: req.prompt.clone(),
         negative_prompt: req.negative_prompt.clone(),
@@ -526,6 +534,7 @@ pub async fn generations(
         req.model.as_deref().filter(|m| *m != "sd-cpp-local"),
     )?;
     let mut p = ImgGenParams {
+        model_info: checkpoint_info(&state, &model),
         model: Some(model),
         prompt: req.prompt,
         negative_prompt: req.negative_prompt,
@@ -564,6 +573,7 @@ pub async fn edits(State(state): AppStateRef, form: Form) -> Result<Reply<Json>,
         text_field(&parts, "model")?.filter(|m| *m != "sd-cpp-local"),
     )?;
     let mut p = ImgGenParams {
+        model_info: checkpoint_info(&state, &model),
         model: Some(model),
         prompt,
         negative_prompt: text_field(&parts, "negative_prompt")?

@@ -278,3 +278,25 @@ async fn sd_server_endpoints_generate_on_the_tiny_model() {
     );
     s.shutdown().await;
 }
+
+/// A1111's txt2img and OpenAI's generations on ComfyUI's all-in-one FLUX.1 schnell file:
+/// the family's graph is built from what the checkpoint holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sd_server_endpoints_run_an_all_in_one_flux_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    sdflow_tests::write_flux_models(tmp.path());
+    let mut s = start_in(tmp.path(), |_| {}, true).await;
+    let (code, r) = s
+        .post("/sdapi/v1/txt2img", json!({"prompt": "a cat", "width": 32, "height": 48, "steps": 2, "cfg_scale": 1.0, "seed": 3, "override_settings": {"sd_model_checkpoint": "flux1-schnell-fp8"}}))
+        .await;
+    assert_eq!(code, 200, "{r}");
+    let img = decode_png(r["images"][0].as_str().unwrap());
+    assert_eq!((img.width(), img.height()), (32, 48));
+    let (code, r) = s
+        .post("/v1/images/generations", json!({"prompt": "a cat", "size": "32x32", "model": "flux1-schnell-fp8.safetensors"}))
+        .await;
+    assert_eq!(code, 200, "{r}");
+    let img = decode_png(r["data"][0]["b64_json"].as_str().unwrap());
+    assert_eq!((img.width(), img.height()), (32, 32));
+    s.shutdown().await;
+}

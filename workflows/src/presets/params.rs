@@ -1,6 +1,7 @@
 //! The typed parameters of sd-cli's modes, with sd-cli's defaults.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 /// `--hires*`: sd-webui's "Hires. fix", which sd.cpp's flags follow.
 #[derive(Debug, Clone, PartialEq)]
@@ -178,6 +179,37 @@ pub struct ModelInfo {
     /// FLUX/Chroma: the double-stream block count (sd-cli numbers the single blocks after
     /// them in --skip-layers).
     pub double_blocks: Option<usize>,
+}
+
+impl ModelInfo {
+    /// Reads the diffusion model's file (`diffusion_model`, else `model`) and what `model`
+    /// holds besides; `None` when there is no readable file (the loaders then report it).
+    pub fn detect(model: Option<&Path>, diffusion_model: Option<&Path>) -> Option<ModelInfo> {
+        use sdflow_core::detect::{detect_source, Detection, ModelFamily};
+        let read = |path: &Path| -> Option<Detection> { Some(detect_source(sdflow_core::io::open(path).ok()?.as_ref())) };
+        let d = read(diffusion_model.or(model)?)?;
+        let family = match d.family {
+            ModelFamily::Flux => Family::Flux { fill: d.in_channels == Some(384), guidance: d.flux_guidance },
+            ModelFamily::Chroma => Family::Chroma,
+            ModelFamily::Sd3 => Family::Sd3,
+            ModelFamily::Unknown => return None,
+            _ => Family::Unet,
+        };
+        let mut info = ModelInfo { family, double_blocks: d.double_blocks, ..ModelInfo::default() };
+        // What -m holds beside the diffusion model (all of it for a UNet checkpoint; an
+        // unreadable -m is left to CheckpointLoaderSimple to report).
+        if let Some(m) = model {
+            match if diffusion_model.is_some() { read(m) } else { Some(d) } {
+                Some(d) => {
+                    let c = &d.components;
+                    info.has_text_encoders = c.clip_l || c.clip_g || c.clip_h || c.t5 || (c.unet && !c.dit);
+                    info.has_vae = c.vae || (c.unet && !c.dit);
+                }
+                None => (info.has_text_encoders, info.has_vae) = (true, true),
+            }
+        }
+        Some(info)
+    }
 }
 
 /// Which builder makes the img_gen graph.
