@@ -223,6 +223,14 @@ fn kontext_references_match_comfyuis_layout_through_diffusers() {
     let (ph, pw) = (h / 2, wd / 2);
     let uxo = [grid(0.0, r0.0, r0.1, ph, pw), grid(0.0, r1.0, r1.1, (ph * 2 + refs[0].height).div_ceil(2), (pw * 2 + refs[0].width).div_ceil(2))].concat();
     assert_eq!(reference_tokens(&refs, ReferenceMethod::Uxo, (h / 2, wd / 2), 0).unwrap().1, uxo);
+    // sd.cpp's placement: ComfyUI's rule, the second reference's offset in latent pixels.
+    let offset = reference_tokens(&refs, ReferenceMethod::Offset, (h / 2, wd / 2), 0).unwrap().1;
+    let latent = reference_tokens(&refs, ReferenceMethod::OffsetLatent, (h / 2, wd / 2), 0).unwrap().1;
+    let n0 = r0.0 * r0.1;
+    assert_eq!(latent[..n0], offset[..n0], "the first reference sits at the origin either way");
+    let (first, second) = (&offset[n0], &latent[n0]);
+    assert_eq!(first[0], 1.0);
+    assert_eq!((second[1] + second[2]) as usize, (refs[0].height * (first[1] > 0.0) as usize + refs[0].width * (first[2] > 0.0) as usize), "{first:?} {second:?}");
 
     let (w, cfg) = tiny("dev");
     let backend = Backend::cpu(2).unwrap();

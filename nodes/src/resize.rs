@@ -24,7 +24,9 @@ pub enum Method {
 
 impl Method {
     /// ComfyUI's "Upscale Image" methods.
-    pub const IMAGE_NAMES: [&'static str; 5] = ["nearest-exact", "bilinear", "area", "bicubic", "lanczos"];
+    /// ComfyUI's image methods, and torch's legacy `nearest` (the source pixel at
+    /// ⌊dst·in/out⌋, as sd.cpp resizes reference images).
+    pub const IMAGE_NAMES: [&'static str; 6] = ["nearest-exact", "bilinear", "area", "bicubic", "lanczos", "nearest"];
     /// ComfyUI's "Upscale Latent" methods (bar bislerp) and the torch modes sd-webui's
     /// latent hires upscalers name.
     pub const LATENT_NAMES: [&'static str; 7] = ["nearest-exact", "bilinear", "area", "bicubic", "nearest", "bilinear-antialiased", "bicubic-antialiased"];

@@ -57,6 +57,9 @@ pub enum ReferenceMethod {
     Index,
     /// Index 0, each reference diagonally past the image and those before it (UXO/UNO).
     Uxo,
+    /// `Offset`'s placement with the offsets counted in latent pixels, not patches (about
+    /// twice ComfyUI's from the second reference on): sd.cpp's Kontext default.
+    OffsetLatent,
 }
 
 /// One reference latent: the first sample of a VAE-space latent, planar [C][H][W].

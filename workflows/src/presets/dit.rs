@@ -369,7 +369,7 @@ fn references(b: &mut Builder, p: &ImgGenParams, family: Family, stage: &VaeStag
         let mut pixels = Out(load, 0);
         if p.auto_resize_ref_image {
             let (w, h) = ref_image_size((p.width, p.height), p.ref_sizes[i]);
-            let scale = NodeSpec::new("ImageScale").with_input("image", link(&pixels)).with_const("upscale_method", json!("nearest-exact")).with_const("width", json!(w)).with_const("height", json!(h)).with_const("crop", json!("disabled"));
+            let scale = NodeSpec::new("ImageScale").with_input("image", link(&pixels)).with_const("upscale_method", json!("nearest")).with_const("width", json!(w)).with_const("height", json!(h)).with_const("crop", json!("disabled"));
             pixels = Out(b.extra(&format!("ref{i}_scale"), "-r", scale), 0);
         }
         let enc = NodeSpec::new("VAEEncode").with_input("pixels", link(&pixels)).with_input("vae", link(&stage.vae));
@@ -378,9 +378,16 @@ fn references(b: &mut Builder, p: &ImgGenParams, family: Family, stage: &VaeStag
             *side = Out(b.extra(&format!("ref{i}_{key}"), "-r", NodeSpec::new("ReferenceLatent").with_input("conditioning", link(side)).with_input("latent", InputValue::link(latent.clone(), 0))), 0);
         }
     }
-    if p.increase_ref_index {
+    // sd.cpp's index modes: 1, 2, … (ComfyUI's index), or index 1 placed by offsets in
+    // latent pixels, which differs from ComfyUI's offset from the second image on.
+    let method = match (p.increase_ref_index, p.ref_images.len()) {
+        (true, _) => Some(("index", "--increase-ref-index")),
+        (false, 2..) => Some(("offset_sd.cpp", "-r")),
+        (false, _) => None,
+    };
+    if let Some((method, origin)) = method {
         for (side, key) in [(pos, "pos"), (neg, "neg")] {
-            *side = Out(b.extra(&format!("ref_index_{key}"), "--increase-ref-index", NodeSpec::new("FluxKontextMultiReferenceLatentMethod").with_input("conditioning", link(side)).with_const("reference_latents_method", json!("index"))), 0);
+            *side = Out(b.extra(&format!("ref_index_{key}"), origin, NodeSpec::new("FluxKontextMultiReferenceLatentMethod").with_input("conditioning", link(side)).with_const("reference_latents_method", json!(method))), 0);
         }
     }
     Ok(())

@@ -547,7 +547,8 @@ fn references_are_resized_as_sd_cpp_and_reach_both_prompts() {
     let scales = find(&wf, "ImageScale");
     assert_eq!((constant(scales[0], "width"), constant(scales[0], "height")), (&json!(1248), &json!(832)));
     assert_eq!(find(&wf, "ReferenceLatent").len(), 4, "two references on each prompt");
-    assert!(find(&wf, "FluxKontextMultiReferenceLatentMethod").is_empty(), "index 1 for every reference by default");
+    assert!(find(&wf, "FluxKontextMultiReferenceLatentMethod").iter().all(|n| constant(n, "reference_latents_method") == &json!("offset_sd.cpp")), "index 1, sd.cpp's offsets");
+    assert_eq!(constant(scales[0], "upscale_method"), &json!("nearest"));
     let wf = img_gen(&ImgGenParams { increase_ref_index: true, auto_resize_ref_image: false, ..p }).unwrap().workflow;
     assert!(find(&wf, "ImageScale").is_empty());
     assert!(find(&wf, "FluxKontextMultiReferenceLatentMethod").iter().all(|n| constant(n, "reference_latents_method") == &json!("index")));

@@ -255,7 +255,8 @@ pub const LATENT_SHIFT: f32 = 0.1159;
 /// columns) patches: `Offset` (the default) gives index 1 and puts each reference below or
 /// right of those before it, whichever keeps the covered area squarer; `Index` numbers
 /// them 1, 2, … at the origin; `Uxo` gives index 0 and moves each past the image and the
-/// references before it, diagonally. With `channels` 0 only the ids are made.
+/// references before it, diagonally; `OffsetLatent` is `Offset` without the offsets'
+/// conversion to patches (sd.cpp's). With `channels` 0 only the ids are made.
 pub fn reference_tokens(refs: &[std::sync::Arc<ReferenceLatent>], method: ReferenceMethod, grid: (usize, usize), channels: usize) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
     let (mut tokens, mut ids) = (Vec::new(), Vec::new());
     let (mut h, mut w) = (0usize, 0usize);
@@ -274,7 +275,7 @@ pub fn reference_tokens(refs: &[std::sync::Arc<ReferenceLatent>], method: Refere
                 w += r.width;
                 o
             }
-            ReferenceMethod::Offset => {
+            ReferenceMethod::Offset | ReferenceMethod::OffsetLatent => {
                 index = 1.0;
                 let o = if r.height + h > r.width + w { (0, w) } else { (h, 0) };
                 h = h.max(r.height + o.0);
@@ -283,7 +284,7 @@ pub fn reference_tokens(refs: &[std::sync::Arc<ReferenceLatent>], method: Refere
             }
         };
         let (rows, cols) = (r.height.div_ceil(2), r.width.div_ceil(2));
-        let (dr, dc) = (h_off.div_ceil(2), w_off.div_ceil(2));
+        let (dr, dc) = if method == ReferenceMethod::OffsetLatent { (h_off, w_off) } else { (h_off.div_ceil(2), w_off.div_ceil(2)) };
         ids.extend(image_ids(rows, cols, index).into_iter().map(|[i, y, x]| vec![i, y + dr as f32, x + dc as f32]));
         if channels > 0 {
             let (padded, _, _) = pad_to_patches(&r.data, [r.channels, r.height, r.width], 2);
