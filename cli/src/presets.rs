@@ -21,8 +21,6 @@ use sdflow_workflows::presets::{self, AdetailerParams, ChromaParams, Family, Hir
 
 use crate::run;
 
-/// VAELoader's entry for the SD1.x/2.x tiny autoencoder (ComfyUI's name).
-const TAESD: &str = "taesd";
 
 /// sd-cli flags that map to nothing in sdflow yet: accepted by the parser (so they are not
 /// "unknown"), refused when given.
@@ -636,17 +634,17 @@ impl Stage {
         }
     }
 
-    /// `--taesd FILE`: linked as `vae_approx/taesd.EXT`, where VAELoader's `taesd` entry
-    /// finds it.
-    fn taesd(&mut self, value: &str) -> anyhow::Result<String> {
+    /// `--taesd FILE`: linked as `vae_approx/NAME.EXT`, where VAELoader's entry `name`
+    /// (`taesd`, `taesdxl`, `taesd3`, `taef1`: the model's family's) finds it.
+    fn taesd(&mut self, value: &str, name: &str) -> anyhow::Result<String> {
         let p = PathBuf::from(value);
         let real = if p.is_file() { p } else { self.models_dir.join("vae_approx").join(value) };
         if !real.is_file() {
             bail!("--taesd {value}: no such file (nor in {})", self.models_dir.join("vae_approx").display());
         }
         let ext = real.extension().and_then(|e| e.to_str()).unwrap_or("safetensors").to_string();
-        self.link_named("vae_approx", &real, Some(format!("{TAESD}.{ext}")))?;
-        Ok(TAESD.into())
+        self.link_named("vae_approx", &real, Some(format!("{name}.{ext}")))?;
+        Ok(name.into())
     }
 
     fn image(&mut self, flag: &str, value: &str) -> anyhow::Result<String> {
@@ -768,6 +766,14 @@ fn model_info(a: &ImgGenArgs) -> ModelInfo {
     ModelInfo::detect(model.as_deref(), diffusion.as_deref()).unwrap_or(ModelInfo { family: guess(), has_text_encoders: true, has_vae: true, double_blocks: None })
 }
 
+/// The tiny autoencoder entry for the model's latents (`taesd` when the file cannot be read).
+fn tae_name(a: &ImgGenArgs) -> &'static str {
+    use sdflow_nodes::taesd::TaeKind;
+    let file = a.diffusion_model.as_deref().or(a.model.as_deref());
+    let family = file.and_then(|f| sdflow_core::io::open(Path::new(f)).ok()).map(|src| sdflow_core::detect::detect_source(src.as_ref()).family);
+    family.and_then(TaeKind::for_family).unwrap_or(TaeKind::Sd).name()
+}
+
 /// An image file's width and height ((0, 0) when it cannot be read: the loader reports it).
 fn image_size(path: &str) -> (i64, i64) {
     image::image_dimensions(path).map_or((0, 0), |(w, h)| (w as i64, h as i64))
@@ -879,8 +885,8 @@ fn img_gen_params(a: &ImgGenArgs, seed: i64, names: &mut Names<'_>) -> anyhow::R
         // Staged either way: previews find it in vae_approx/.
         taesd: match (&a.taesd, &mut *names) {
             (None, _) => None,
-            (Some(_), Names::Shown) => (!a.taesd_preview_only).then(|| TAESD.to_string()),
-            (Some(v), Names::Staged(s)) => Some(s.taesd(v)?).filter(|_| !a.taesd_preview_only),
+            (Some(_), Names::Shown) => (!a.taesd_preview_only).then(|| tae_name(a).to_string()),
+            (Some(v), Names::Staged(s)) => Some(s.taesd(v, tae_name(a))?).filter(|_| !a.taesd_preview_only),
         },
         control_net: names.model("controlnet", "--control-net", &a.control_net)?,
         control_image: names.image("--control-image", &a.control_image)?,

@@ -871,6 +871,12 @@ fn dit_presets_run_on_tiny_models() {
     assert_eq!(png_size(&dir.path().join("kontext.png")), (72, 56));
     flux(&m("diffusion_models/flux1-fill-dev.safetensors"), &["-p", "a hat", "--cfg-scale", "1", "-i", "ref.png", "--mask", "mask.png", "--strength", "1"], "fill.png");
     assert_eq!(png_size(&dir.path().join("fill.png")), (72, 56));
+    // TAEF1 (sd-cli's single --taesd file) decodes and previews a FLUX latent.
+    let taef1 = sdflow_tests::write_tae(dir.path(), "taef1", 16, true).remove(0);
+    flux(&dev, &["-p", "a cat", "--cfg-scale", "1", "-W", "64", "-H", "48", "--taesd", taef1.to_str().unwrap(), "--preview", "tae", "--preview-path", "tae_preview.png"], "dev_tae.png");
+    assert_eq!(png_size(&dir.path().join("dev_tae.png")), (64, 48));
+    assert_eq!(png_size(&dir.path().join("tae_preview.png")), (64, 48), "TAEF1 previews are image-sized");
+    assert_ne!(png_pixels(&dir.path().join("dev_tae.png")), png_pixels(&dir.path().join("dev.png")), "TAEF1 decoded, not the VAE");
     // ComfyUI's all-in-one schnell file through -m alone.
     ok(&["img_gen", "-m", &m("checkpoints/flux1-schnell-fp8.safetensors"), "-p", "a cat", "--cfg-scale", "1", "--steps", "2", "-W", "32", "-H", "32", "-t", "2", "-o", "schnell.png"], dir.path());
     assert_eq!(png_size(&dir.path().join("schnell.png")), (32, 32));

@@ -58,7 +58,7 @@ fn with_vae<T>(vae: &VaeRef, f: impl FnOnce(&AnyVae<'_>) -> Result<T, NodeError>
             let model = Vae::new(&weights, &vae.prefix, config).map_err(err)?;
             f(&AnyVae::Kl(model))
         }
-        VaeKind::Taesd => f(&AnyVae::Taesd(crate::taesd::TaesdVae::new(&weights)?)),
+        VaeKind::Taesd(kind) => f(&AnyVae::Taesd(crate::taesd::TaesdVae::new(&weights, kind)?)),
     }
 }
 

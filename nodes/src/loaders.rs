@@ -1,6 +1,7 @@
 //! Model loaders.
 
 use crate::runtime::Runtime;
+use crate::taesd::TaeKind;
 use crate::values::{ClipEncoder, ClipRef, ModelRef, T5Ref, VaeKind, VaeRef};
 use crate::err;
 use sdflow_core::detect::{self, KeyLayout, ModelFamily};
@@ -642,7 +643,7 @@ impl Node for VaeLoader {
     }
 
     fn fingerprint(&self, inputs: &Inputs) -> Result<Option<Vec<u8>>, NodeError> {
-        if let Some(files) = taesd_choice(&self.rt, inputs)? {
+        if let Some((_, files)) = taesd_choice(&self.rt, inputs)? {
             let mut all = Vec::new();
             for (p, _) in &files.parts {
                 all.extend(file_fingerprint(p)?.unwrap_or_default());
@@ -653,8 +654,8 @@ impl Node for VaeLoader {
     }
 
     fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
-        if let Some(files) = taesd_choice(&self.rt, inputs)? {
-            let vae = VaeRef { weights: crate::taesd::weights_handle(&self.rt, &files)?, prefix: String::new(), kind: VaeKind::Taesd };
+        if let Some((kind, files)) = taesd_choice(&self.rt, inputs)? {
+            let vae = VaeRef { weights: crate::taesd::weights_handle(&self.rt, &files)?, prefix: String::new(), kind: VaeKind::Taesd(kind) };
             return Ok(Outputs::new(vec![Value::new(IoType::VAE, vae)]));
         }
         let path = self.path(inputs)?;
@@ -664,24 +665,22 @@ impl Node for VaeLoader {
     }
 }
 
-/// VAELoader's choices: the files in `models/vae`, then `taesd` when `models/vae_approx`
-/// has it (ComfyUI lists it when both halves are there; sd.cpp's single file counts too).
+/// VAELoader's choices: the files in `models/vae`, then `taesd`, `taesdxl`, `taesd3`,
+/// `taef1` for each `models/vae_approx` has (ComfyUI lists one when both halves are
+/// there; sd.cpp's single file counts too).
 fn vae_names(rt: &Runtime) -> Vec<String> {
     let mut names = rt.list_models("vae");
-    if crate::taesd::find_full(rt).is_some() {
-        names.push(crate::taesd::SD_TAESD.to_string());
-    }
+    names.extend(TaeKind::ALL.into_iter().filter(|k| crate::taesd::find_full(rt, *k).is_some()).map(|k| k.name().to_string()));
     names
 }
 
-/// The TAESD files when VAELoader's `vae_name` is `taesd` and no file in `models/vae`
-/// has that name.
-fn taesd_choice(rt: &Runtime, inputs: &Inputs) -> Result<Option<crate::taesd::TaesdFiles>, NodeError> {
+/// The tiny autoencoder's files when VAELoader's `vae_name` names one and no file in
+/// `models/vae` has that name.
+fn taesd_choice(rt: &Runtime, inputs: &Inputs) -> Result<Option<(TaeKind, crate::taesd::TaesdFiles)>, NodeError> {
     let name = inputs.string("vae_name")?;
-    if name != crate::taesd::SD_TAESD || rt.resolve_model("vae", name).is_ok() {
-        return Ok(None);
-    }
-    crate::taesd::find_full(rt).map(Some).ok_or_else(|| NodeError::msg("`taesd` needs taesd_encoder.* and taesd_decoder.* (or one taesd.* file) in models/vae_approx"))
+    let Some(kind) = TaeKind::from_name(name).filter(|_| rt.resolve_model("vae", name).is_err()) else { return Ok(None) };
+    let files = crate::taesd::find_full(rt, kind).ok_or_else(|| NodeError::msg(format!("`{name}` needs {name}_encoder.* and {name}_decoder.* (or one {name}.* file) in models/vae_approx")))?;
+    Ok(Some((kind, files)))
 }
 
 /// A file's path, size and modification time: a changed file must not be served from

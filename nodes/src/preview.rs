@@ -153,11 +153,11 @@ pub fn preview(rt: &Runtime, family: ModelFamily, denoised: &[f32], shape: [i64;
     if rt.preview == PreviewMethod::None {
         return None;
     }
-    // The TAESD in models/vae_approx is SD1/SD2's; SDXL's latents need TAESDXL.
-    if rt.preview == PreviewMethod::Taesd && matches!(family, ModelFamily::Sd1 | ModelFamily::Sd2 { .. }) {
-        match taesd_rgb(rt, denoised, shape) {
+    // Each latent family's own tiny decoder (ComfyUI's `taesd_decoder_name`).
+    if let (PreviewMethod::Taesd, Some(kind)) = (rt.preview, taesd::TaeKind::for_family(family)) {
+        match taesd_rgb(rt, kind, denoised, shape) {
             Ok(Some((rgb, w, h))) => return jpeg(rgb, w, h),
-            Ok(None) => tracing::debug!("TAESD previews asked for, but models/vae_approx has no taesd_decoder; using latent2rgb"),
+            Ok(None) => tracing::debug!("TAESD previews asked for, but models/vae_approx has no {}_decoder; using latent2rgb", kind.name()),
             Err(e) => tracing::warn!("TAESD preview failed, using latent2rgb: {e}"),
         }
     }
@@ -166,8 +166,8 @@ pub fn preview(rt: &Runtime, family: ModelFamily, denoised: &[f32], shape: [i64;
 }
 
 /// The TAESD decoding of the first sample, if a decoder is installed.
-fn taesd_rgb(rt: &Runtime, denoised: &[f32], shape: [i64; 4]) -> Result<Option<(Vec<u8>, u32, u32)>, sdflow_executor::NodeError> {
-    let Some(files) = taesd::find_decoder(rt) else { return Ok(None) };
+fn taesd_rgb(rt: &Runtime, kind: taesd::TaeKind, denoised: &[f32], shape: [i64; 4]) -> Result<Option<(Vec<u8>, u32, u32)>, sdflow_executor::NodeError> {
+    let Some(files) = taesd::find_decoder(rt, kind) else { return Ok(None) };
     let weights = taesd::weights_handle(rt, &files)?.pin().map_err(crate::err)?;
     let model = taesd::model(&weights, Half::Decoder)?;
     let [w, h, c, _] = shape.map(|d| d.max(0) as usize);

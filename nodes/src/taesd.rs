@@ -1,5 +1,7 @@
 //! TAESD files in `models/vae_approx` (ComfyUI's folder), loaded as one set of weights
-//! for VAELoader's `taesd` choice and for sampling previews.
+//! for VAELoader's `taesd`, `taesdxl`, `taesd3` and `taef1` choices and for sampling
+//! previews (each latent family its own: TAESD for SD1.x/2.x, TAESDXL, TAESD3, TAEF1 for
+//! FLUX and Chroma).
 //!
 //! Two ways to ship it are found: ComfyUI's pair `taesd_encoder.*` + `taesd_decoder.*`
 //! (madebyollin's files, bare keys; combined under `taesd_encoder.` / `taesd_decoder.`
@@ -17,12 +19,56 @@ use sdflow_core::residency::{Device, WeightHandle, WeightKey};
 use sdflow_executor::NodeError;
 use std::path::{Path, PathBuf};
 
-/// The VAELoader entry and file stem of the SD1.x/2.x TAESD.
-pub const SD_TAESD: &str = "taesd";
+/// The tiny autoencoders, one per latent family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TaeKind {
+    Sd,
+    Sdxl,
+    Sd3,
+    F1,
+}
 
-/// ComfyUI's `vae_scale` for `taesd`: TAESD works on latents at the diffusion model's
-/// scale, the VAE nodes pass unscaled ones.
-pub const SD_TAESD_SCALE: f32 = 0.18215;
+impl TaeKind {
+    pub const ALL: [TaeKind; 4] = [TaeKind::Sd, TaeKind::Sdxl, TaeKind::Sd3, TaeKind::F1];
+
+    /// VAELoader's entry and the file stem in `models/vae_approx`.
+    pub fn name(self) -> &'static str {
+        match self {
+            TaeKind::Sd => "taesd",
+            TaeKind::Sdxl => "taesdxl",
+            TaeKind::Sd3 => "taesd3",
+            TaeKind::F1 => "taef1",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<TaeKind> {
+        TaeKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// The one whose latents `family`'s diffusion model makes.
+    pub fn for_family(family: sdflow_core::detect::ModelFamily) -> Option<TaeKind> {
+        use sdflow_core::detect::ModelFamily as F;
+        match family {
+            F::Sd1 | F::Sd2 { .. } => Some(TaeKind::Sd),
+            F::Sdxl | F::SdxlRefiner => Some(TaeKind::Sdxl),
+            F::Sd3 => Some(TaeKind::Sd3),
+            F::Flux | F::Chroma => Some(TaeKind::F1),
+            F::Unknown => None,
+        }
+    }
+
+    /// ComfyUI's `vae_scale` and `vae_shift` (VAELoader's `load_taesd`): the tiny
+    /// autoencoder works on latents at the diffusion model's scale, `(z − shift)·scale`;
+    /// the VAE nodes pass the VAE's own.
+    pub fn scale_shift(self) -> (f32, f32) {
+        match self {
+            TaeKind::Sd => (0.18215, 0.0),
+            TaeKind::Sdxl => (0.13025, 0.0),
+            TaeKind::Sd3 => (1.5305, 0.0609),
+            TaeKind::F1 => (0.3611, 0.1159),
+        }
+    }
+}
 
 /// A TAESD graph is ~20 layers of a few ops each.
 const GRAPH: usize = 2048;
@@ -60,22 +106,23 @@ fn find_file(dir: &Path, stem: &str) -> Option<PathBuf> {
     found.into_iter().next()
 }
 
-/// The SD TAESD with both halves (VAELoader's `taesd`), if `vae_approx` has it.
-pub fn find_full(rt: &Runtime) -> Option<TaesdFiles> {
-    let dir = vae_approx_dir(rt);
-    let (enc, dec) = (find_file(&dir, &format!("{SD_TAESD}_encoder")), find_file(&dir, &format!("{SD_TAESD}_decoder")));
+/// `kind` with both halves (VAELoader's entry), if `vae_approx` has it: ComfyUI's pair
+/// `NAME_encoder.*` + `NAME_decoder.*`, or one `NAME.*` file (sd-cli's `--taesd`).
+pub fn find_full(rt: &Runtime, kind: TaeKind) -> Option<TaesdFiles> {
+    let (dir, name) = (vae_approx_dir(rt), kind.name());
+    let (enc, dec) = (find_file(&dir, &format!("{name}_encoder")), find_file(&dir, &format!("{name}_decoder")));
     match (enc, dec) {
         (Some(e), Some(d)) => Some(TaesdFiles { parts: vec![(e, "taesd_encoder."), (d, "taesd_decoder.")] }),
-        _ => find_file(&dir, SD_TAESD).map(|f| TaesdFiles { parts: vec![(f, "")] }),
+        _ => find_file(&dir, name).map(|f| TaesdFiles { parts: vec![(f, "")] }),
     }
 }
 
-/// The SD TAESD decoder alone (what previews need), if `vae_approx` has one.
-pub fn find_decoder(rt: &Runtime) -> Option<TaesdFiles> {
-    let dir = vae_approx_dir(rt);
-    match find_file(&dir, &format!("{SD_TAESD}_decoder")) {
+/// `kind`'s decoder alone (what previews need), if `vae_approx` has one.
+pub fn find_decoder(rt: &Runtime, kind: TaeKind) -> Option<TaesdFiles> {
+    let (dir, name) = (vae_approx_dir(rt), kind.name());
+    match find_file(&dir, &format!("{name}_decoder")) {
         Some(d) => Some(TaesdFiles { parts: vec![(d, "taesd_decoder.")] }),
-        None => find_file(&dir, SD_TAESD).map(|f| TaesdFiles { parts: vec![(f, "")] }),
+        None => find_file(&dir, name).map(|f| TaesdFiles { parts: vec![(f, "")] }),
     }
 }
 
@@ -133,17 +180,18 @@ pub fn run(rt: &Runtime, model: &Taesd<'_>, half: Half, input: &[f32], w: usize,
     })
 }
 
-/// A TAESD standing in for the KL VAE (VAELoader's `taesd`), in the KL VAE's conventions:
-/// unscaled latents and images in [-1, 1], converted around TAESD's as ComfyUI's
-/// `TAESD.decode` / `encode` do with `vae_scale` 0.18215.
+/// A tiny autoencoder standing in for the KL VAE (VAELoader's `taesd`, …), in the KL VAE's
+/// conventions: unscaled latents and images in [-1, 1], converted around TAESD's as
+/// ComfyUI's `TAESD.decode` / `encode` do with the kind's `vae_scale` and `vae_shift`.
 pub struct TaesdVae<'w> {
+    pub kind: TaeKind,
     pub decoder: Taesd<'w>,
     /// sd.cpp's single `--taesd` file may hold the decoder only.
     pub encoder: Option<Taesd<'w>>,
 }
 
 impl<'w> TaesdVae<'w> {
-    pub fn new(w: &'w Weights) -> Result<Self, NodeError> {
+    pub fn new(w: &'w Weights, kind: TaeKind) -> Result<Self, NodeError> {
         let decoder = model(w, Half::Decoder)?;
         let has_encoder = TaesdFiles::prefixes(Half::Encoder).iter().any(|p| w.names().any(|n| n.starts_with(p)));
         let encoder = if has_encoder { Some(model(w, Half::Encoder)?) } else { None };
@@ -152,7 +200,7 @@ impl<'w> TaesdVae<'w> {
                 return Err(NodeError::msg(format!("TAESD: the encoder makes {} latent channels, the decoder takes {}", e.config.latent_channels, decoder.config.latent_channels)));
             }
         }
-        Ok(TaesdVae { decoder, encoder })
+        Ok(TaesdVae { kind, decoder, encoder })
     }
 
     pub fn downscale(&self) -> i64 {
@@ -169,13 +217,15 @@ impl<'w> TaesdVae<'w> {
         use sdflow_core::models::vae::VaeOp;
         match op {
             VaeOp::Decode => {
-                let z: Vec<f32> = input.iter().map(|v| v * SD_TAESD_SCALE).collect();
+                let (scale, shift) = self.kind.scale_shift();
+                let z: Vec<f32> = input.iter().map(|v| (v - shift) * scale).collect();
                 Ok(run(rt, &self.decoder, Half::Decoder, &z, w, h)?.into_iter().map(|v| v * 2.0 - 1.0).collect())
             }
             VaeOp::EncodeMean => {
                 let enc = self.encoder.as_ref().ok_or_else(|| NodeError::msg("this TAESD has no encoder (taesd_encoder.* is missing from models/vae_approx)"))?;
                 let x: Vec<f32> = input.iter().map(|v| (v + 1.0) * 0.5).collect();
-                Ok(run(rt, enc, Half::Encoder, &x, w, h)?.into_iter().map(|v| v / SD_TAESD_SCALE).collect())
+                let (scale, shift) = self.kind.scale_shift();
+                Ok(run(rt, enc, Half::Encoder, &x, w, h)?.into_iter().map(|v| v / scale + shift).collect())
             }
         }
     }

@@ -174,9 +174,9 @@ pub struct VaeRef {
 pub enum VaeKind {
     /// The KL autoencoder (`AutoencoderKL`) in LDM key names under the handle's prefix.
     Kl,
-    /// The SD1.x/2.x TAESD (VAELoader's `taesd`), wherever `crate::taesd` finds its halves
-    /// in the handle's weights.
-    Taesd,
+    /// A tiny autoencoder (VAELoader's `taesd`, `taesdxl`, `taesd3`, `taef1`), wherever
+    /// `crate::taesd` finds its halves in the handle's weights.
+    Taesd(crate::taesd::TaeKind),
 }
 
 // Handles are owned by the residency manager (and small settings cost next to nothing):

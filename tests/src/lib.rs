@@ -312,6 +312,12 @@ pub fn write_pipeline_folder(ckpt: &Path, dir: &Path, model: &str, class: &str, 
 /// `decoder.layers.*`, as sd.cpp's `--taesd` takes it) or madebyollin's two files
 /// (`taesd_encoder.safetensors`, `taesd_decoder.safetensors`). Returns the file(s).
 pub fn write_taesd(dir: &Path, single_file: bool) -> Vec<PathBuf> {
+    write_tae(dir, "taesd", 4, single_file)
+}
+
+/// A tiny autoencoder like [`write_taesd`]'s for `latent_channels` latents (16: TAEF1,
+/// TAESD3), as `{name}_encoder` + `{name}_decoder` or one `{name}.safetensors`.
+pub fn write_tae(dir: &Path, name: &str, latent_channels: usize, single_file: bool) -> Vec<PathBuf> {
     use std::collections::BTreeMap;
     let table = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../core/tests/fixtures/models/taesd_keys.json")).unwrap();
     let keys: BTreeMap<String, Vec<usize>> = serde_json::from_str(&table).unwrap();
@@ -329,6 +335,14 @@ pub fn write_taesd(dir: &Path, single_file: bool) -> Vec<PathBuf> {
             .iter()
             .filter_map(|(name, shape)| {
                 let rest = name.strip_prefix(&format!("{half}.layers."))?;
+                // The latent's side of the encoder's last and the decoder's first convolution.
+                let mut shape = shape.clone();
+                match name.as_str() {
+                    "encoder.layers.14.weight" | "encoder.layers.14.bias" => shape[0] = latent_channels,
+                    "decoder.layers.0.weight" => shape[1] = latent_channels,
+                    _ => {}
+                }
+                let shape = &shape;
                 let n: usize = shape.iter().product();
                 let bytes: Vec<u8> = (0..n).flat_map(|_| next().to_le_bytes()).collect();
                 if single_file {
@@ -340,7 +354,7 @@ pub fn write_taesd(dir: &Path, single_file: bool) -> Vec<PathBuf> {
             .collect();
         match files.last_mut() {
             Some((_, all)) if single_file => all.extend(tensors),
-            _ => files.push((dir.join(if single_file { "taesd.safetensors".to_string() } else { format!("taesd_{half}.safetensors") }), tensors)),
+            _ => files.push((dir.join(if single_file { format!("{name}.safetensors") } else { format!("{name}_{half}.safetensors") }), tensors)),
         }
     }
     for (path, tensors) in &files {

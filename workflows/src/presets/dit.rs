@@ -213,9 +213,6 @@ fn refuse_unet_flags(p: &ImgGenParams, family: Family) -> Result<(), PresetError
             return Err(not_supported(flag, format!("with a {name} model (sdflow runs it on the SD UNets)")));
         }
     }
-    if p.taesd.is_some() {
-        return Err(not_supported("--taesd", format!("with a {name} model (TAEF1/TAESD3 are not implemented; --preview proj previews these models)")));
-    }
     let own = match family {
         Family::Sd3 => "sd3_flow",
         _ => "flux_flow",
