@@ -99,7 +99,7 @@ fn the_denoiser_runs_chroma_with_comfyuis_guidance() {
         let mut cond = Conditioning::new(txt[k * n..(k + 1) * n].to_vec(), 32, lt).unwrap();
         // A pooled vector (a CLIP-L beside the T5) is not Chroma's: ignored.
         cond.pooled = Some(vec![1.0; 768]);
-        cond.guidance = g;
+        cond.guidance = g.map_or(sdflow_core::models::conditioning::Guidance::Default, sdflow_core::models::conditioning::Guidance::Scale);
         cond
     };
     let sigma = r["sigma"].as_f64().unwrap() as f32;

@@ -8,7 +8,7 @@ use crate::values::{ClipRef, CondEntry, CondList, Image, Latent};
 use crate::err;
 use sdflow_core::models::clip::{ClipTextConfig, ClipTextModel};
 use sdflow_core::models::sd::{encode_prompt_with, Pooled};
-use sdflow_core::models::conditioning::{Conditioning, ReferenceLatent, ReferenceMethod};
+use sdflow_core::models::conditioning::{Conditioning, Guidance, ReferenceLatent, ReferenceMethod};
 use sdflow_core::models::t5::{T5Config, T5Encoder};
 use sdflow_core::text::{tokenize_weighted, ChunkOptions, ClipTokenizer, PadToken};
 use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Lane, Node, NodeError, NodeSchema, Outputs, Registry, Value};
@@ -17,6 +17,7 @@ use std::sync::Arc;
 pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
     registry.register(Arc::new(ClipTextEncodeFlux { rt: rt.clone() }));
     registry.register(Arc::new(FluxGuidance));
+    registry.register(Arc::new(FluxDisableGuidance));
     registry.register(Arc::new(ReferenceLatentNode));
     registry.register(Arc::new(FluxKontextImageScale));
     registry.register(Arc::new(FluxKontextMultiReferenceLatentMethod));
@@ -79,7 +80,7 @@ impl Node for ClipTextEncodeFlux {
             return Err(NodeError::msg(format!("CLIPTextEncodeFlux needs FLUX's text encoders (DualCLIPLoader type flux); this CLIP is {}'s", clip.family)));
         }
         let mut cond = encode(&self.rt, clip, inputs.string("clip_l")?, inputs.string("t5xxl")?)?;
-        cond.guidance = Some(guidance(inputs)?);
+        cond.guidance = Guidance::Scale(guidance(inputs)?);
         Ok(Outputs::new(vec![Value::new(IoType::CONDITIONING, CondList(vec![CondEntry::new(cond)]))]))
     }
 }
@@ -112,7 +113,28 @@ impl Node for FluxGuidance {
     fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
         let g = guidance(inputs)?;
         let list = inputs.downcast::<CondList>("conditioning")?;
-        let out = CondList(list.0.iter().map(|e| e.with_cond(Conditioning { guidance: Some(g), ..(*e.cond).clone() })).collect());
+        let out = CondList(list.0.iter().map(|e| e.with_cond(Conditioning { guidance: Guidance::Scale(g), ..(*e.cond).clone() })).collect());
+        Ok(Outputs::new(vec![Value::new(IoType::CONDITIONING, out)]))
+    }
+}
+
+/// ComfyUI's "FluxDisableGuidance": the guidance embedding left out entirely (models
+/// that were not distilled with one, e.g. FLUX dev fine-tunes run with real CFG).
+struct FluxDisableGuidance;
+
+impl Node for FluxDisableGuidance {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("FluxDisableGuidance")
+            .display_name("FluxDisableGuidance")
+            .category("advanced/conditioning/flux")
+            .description("This node completely disables the guidance embed on Flux and Flux like models")
+            .input(InputSpec::link("conditioning", IoType::CONDITIONING))
+            .output("CONDITIONING", IoType::CONDITIONING)
+    }
+
+    fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let list = inputs.downcast::<CondList>("conditioning")?;
+        let out = CondList(list.0.iter().map(|e| e.with_cond(Conditioning { guidance: Guidance::Off, ..(*e.cond).clone() })).collect());
         Ok(Outputs::new(vec![Value::new(IoType::CONDITIONING, out)]))
     }
 }

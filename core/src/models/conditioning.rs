@@ -32,9 +32,9 @@ pub struct Conditioning {
     pub pooled: Option<Vec<f32>>,
     /// SDXL's size and crop conditioning.
     pub size: SizeCond,
-    /// The distilled guidance scale of guidance-embedding models (FLUX.1 dev: ComfyUI's
-    /// FluxGuidance / CLIPTextEncodeFlux); `None`: the model's default.
-    pub guidance: Option<f32>,
+    /// The distilled guidance of guidance-embedding models (FLUX.1 dev: ComfyUI's
+    /// FluxGuidance / CLIPTextEncodeFlux / FluxDisableGuidance).
+    pub guidance: Guidance,
     /// Latents the model sees beside the one it denoises (ComfyUI's `reference_latents`:
     /// FLUX.1 Kontext's input images), VAE space, in the order given.
     pub references: Vec<std::sync::Arc<ReferenceLatent>>,
@@ -45,6 +45,29 @@ pub struct Conditioning {
     /// the prompt, `</s>` and `mask_pad` pads; the rest of T5's padding is hidden as
     /// keys); `None`: all of them.
     pub text_keys: Option<i64>,
+}
+
+/// A conditioning's distilled guidance.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum Guidance {
+    /// The model's default (FLUX.1 dev 3.5, Chroma 0).
+    #[default]
+    Default,
+    Scale(f32),
+    /// Not embedded at all (ComfyUI's FluxDisableGuidance: `guidance` None, so the model
+    /// skips its guidance embedder; Chroma reads 0).
+    Off,
+}
+
+impl Guidance {
+    /// The scale, `default` for [`Guidance::Default`], `None` when off.
+    pub fn scale_or(self, default: f32) -> Option<f32> {
+        match self {
+            Guidance::Default => Some(default),
+            Guidance::Scale(g) => Some(g),
+            Guidance::Off => None,
+        }
+    }
 }
 
 /// ComfyUI's placements of reference latents in FLUX's position ids.
@@ -122,7 +145,7 @@ impl Conditioning {
         if dim < 1 || tokens < 1 || data.len() as i64 != dim * tokens {
             return Err(ModelError::Input(format!("conditioning of {} values is not {tokens} tokens × {dim}", data.len())));
         }
-        Ok(Conditioning { data, dim, tokens, pooled: None, size: SizeCond::default(), guidance: None, references: Vec::new(), reference_method: ReferenceMethod::Offset, text_keys: None })
+        Ok(Conditioning { data, dim, tokens, pooled: None, size: SizeCond::default(), guidance: Guidance::Default, references: Vec::new(), reference_method: ReferenceMethod::Offset, text_keys: None })
     }
 
     /// The ADM vector `y` of `width` values for an image of `image_w`×`image_h` pixels:

@@ -6,7 +6,7 @@ use super::{Flux, FluxInputs};
 use crate::models::chroma::{Chroma, ChromaInputs};
 use crate::ggml::{Backend, Context, GraphAllocator, GraphRun};
 use crate::models::dit::{crop, image_ids, pad_to_patches, patchify, unpatchify, SkipLayers};
-use crate::models::conditioning::{Conditioning, LatentShape, ReferenceLatent, ReferenceMethod};
+use crate::models::conditioning::{Conditioning, Guidance, LatentShape, ReferenceLatent, ReferenceMethod};
 use crate::models::{ModelError, Result};
 
 /// ComfyUI's guidance when no FluxGuidance set one (`model_base.Flux`), as sd-cli's
@@ -123,7 +123,7 @@ impl<'w> FluxDenoiser<'w> {
         // Chroma's guidance feeds the modulation of the whole graph: one value per graph.
         let chroma = matches!(self.model, Net::Chroma(_));
         // So does its text mask.
-        let key = |it: &FluxItem<'_>| (it.cond.tokens, it.cond.references.iter().map(|r| (r.height, r.width)).collect::<Vec<_>>(), it.cond.reference_method, if chroma { (it.cond.guidance.map(f32::to_bits), it.cond.text_keys) } else { (None, None) });
+        let key = |it: &FluxItem<'_>| (it.cond.tokens, it.cond.references.iter().map(|r| (r.height, r.width)).collect::<Vec<_>>(), it.cond.reference_method, if chroma { (it.cond.guidance.scale_or(0.0).map(f32::to_bits), it.cond.text_keys) } else { (Some(u32::from(it.cond.guidance == Guidance::Off)), None) });
         if extra > 0 && items.iter().any(|it| !it.cond.references.is_empty()) {
             return Err(ModelError::Input("reference latents (Kontext) on a FLUX.1 Fill model".into()));
         }
@@ -183,7 +183,7 @@ impl<'w> FluxDenoiser<'w> {
                     // ComfyUI's FLUX without a pooled vector (a T5-only encoder): zeros.
                     None => y.extend(std::iter::repeat_n(0.0, c.vector as usize)),
                 }
-                guidance.push(it.cond.guidance.unwrap_or(DEFAULT_GUIDANCE));
+                guidance.push(it.cond.guidance.scale_or(DEFAULT_GUIDANCE).unwrap_or(0.0));
             }
         }
         let img_ids: Vec<Vec<f32>> = image_ids(h / 2, w / 2, 0.0).into_iter().map(|a| a.to_vec()).chain(ref_ids).collect();
@@ -198,13 +198,15 @@ impl<'w> FluxDenoiser<'w> {
         let v = match &self.model {
             Net::Flux(m) => {
                 let y_t = run.input_f32(&[c.vector, bi], y)?;
-                let inputs = FluxInputs { img: img_t, img_ids: &img_ids, txt: txt_t, txt_ids: &txt_ids, timesteps: &timesteps, guidance: Some(&guidance), y: y_t, skip: &self.skip };
+                // Off for the whole group (a grouping key): no guidance embedding.
+                let guidance = (items[0].cond.guidance != Guidance::Off).then_some(&guidance[..]);
+                let inputs = FluxInputs { img: img_t, img_ids: &img_ids, txt: txt_t, txt_ids: &txt_ids, timesteps: &timesteps, guidance, y: y_t, skip: &self.skip };
                 m.forward(&ctx, &mut run, &inputs)?
             }
             // Chroma: guidance 0 unless set; a text mask where the prompt carries one
             // (sd.cpp's), none in ComfyUI's.
             Net::Chroma(m) => {
-                let guidance = items[0].cond.guidance.unwrap_or(0.0);
+                let guidance = items[0].cond.guidance.scale_or(0.0).unwrap_or(0.0);
                 m.forward(&ctx, &mut run, &ChromaInputs { img: img_t, img_ids: &img_ids, txt: txt_t, txt_ids: &txt_ids, sigma, guidance, text_keys: items[0].cond.text_keys, skip: &self.skip })?
             }
         };

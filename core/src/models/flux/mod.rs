@@ -56,7 +56,7 @@ pub struct FluxInputs<'a, 'b> {
     pub txt_ids: &'b [Vec<f32>],
     /// σ per sequence.
     pub timesteps: &'b [f32],
-    /// The guidance scale per sequence (dev only).
+    /// The guidance scale per sequence (dev only; `None` leaves the embedding out).
     pub guidance: Option<&'b [f32]>,
     /// The pooled text vector [vector, B].
     pub y: Tensor<'a>,
@@ -157,7 +157,9 @@ impl<'w> Flux<'w> {
         let mut vec = embed(run, x.timesteps, "time_in")?;
         match (c.guidance_embed, x.guidance) {
             (true, Some(g)) if g.len() as i64 == b => vec = ctx.add(vec, embed(run, g, "guidance_in")?)?,
-            (true, _) => return Err(ModelError::Input(format!("this FLUX.1 model embeds guidance: give one value per sequence ({b})"))),
+            (true, Some(g)) => return Err(ModelError::Input(format!("{} guidance values for {b} sequences", g.len()))),
+            // No guidance: the embedder is left out (ComfyUI's FluxDisableGuidance).
+            (true, None) => {}
             // schnell ignores a guidance value, as sd.cpp and ComfyUI do.
             (false, _) => {}
         }
