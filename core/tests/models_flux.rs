@@ -310,3 +310,57 @@ fn disabled_guidance_leaves_the_embedder_out() {
     assert!(max_abs_err(&off, &run("schnell", Guidance::Default)) < 1e-6);
     assert!(max_abs_err(&off, &run("dev", Guidance::Scale(3.5))) > 1e-4);
 }
+
+/// A diffusers-named FLUX.1 dev (each tensor made from BFL's rows as diffusers' own
+/// converter places them: make_flux_diffusers_map.py) loads as BFL's names, fused and
+/// reordered back, and computes what diffusers' `FluxTransformer2DModel` computes.
+#[test]
+fn diffusers_names_load_as_bfl() {
+    use common::det_values;
+    use sdflow_core::dtype::DType;
+    use sdflow_core::io::TypeRules;
+    use sdflow_core::models::flux::diffusers::bfl_layout;
+    use sdflow_core::models::load::load_weights;
+    use std::collections::BTreeMap;
+    let r = fixture();
+    let keys: BTreeMap<String, Vec<usize>> = serde_json::from_value(r["dev"]["keys"].clone()).unwrap();
+    let map: BTreeMap<String, Vec<(String, usize, usize)>> = serde_json::from_value(reference("flux_diffusers_map.json")).unwrap();
+    let mut tensors = Vec::new();
+    for (name, parts) in &map {
+        let (mut data, mut rows, mut rest) = (Vec::<f32>::new(), 0, Vec::new());
+        for (src, first, n) in parts {
+            let shape = &keys[src];
+            let per: usize = shape[1..].iter().product();
+            let v = det_values(src, shape.iter().product(), SCALE);
+            data.extend_from_slice(&v[first * per..(first + n) * per]);
+            rows += n;
+            rest = shape[1..].to_vec();
+        }
+        let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
+        tensors.push((format!("transformer.{name}"), [vec![rows], rest].concat(), bytes));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flux1-dev-diffusers.safetensors");
+    sdflow_core::io::safetensors::write(&path, tensors.iter().map(|(n, s, b)| (n.as_str(), DType::F32, s.clone(), b.as_slice())), &BTreeMap::new()).unwrap();
+
+    let src = bfl_layout(sdflow_core::io::open(&path).unwrap()).unwrap();
+    let names: std::collections::BTreeSet<&str> = src.tensors().iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, keys.keys().map(String::as_str).collect(), "every BFL tensor, nothing else");
+    for (name, shape) in &keys {
+        let got = src.read(name).unwrap();
+        let want: Vec<u8> = det_values(name, shape.iter().product(), SCALE).iter().flat_map(|x| x.to_le_bytes()).collect();
+        assert_eq!(&got[..], &want[..], "{name} is BFL's tensor bit for bit");
+        assert_eq!(&src.get(name).unwrap().shape, shape);
+    }
+    let backend = Backend::cpu(2).unwrap();
+    let w = load_weights(&backend, src.as_ref(), &[""], &TypeRules::new(Some(DType::F32), "").unwrap()).unwrap();
+    let mut cfg = FluxConfig::infer(&w, "").unwrap();
+    cfg.axes = serde_json::from_value(r["axes"].clone()).unwrap();
+    let err = max_abs_err(&run(&w, cfg, true).unwrap(), &floats(&r["dev"]["out"]));
+    assert!(err <= 1e-3, "max abs error {err}");
+    // A file missing one of the parts of a fused tensor is named.
+    let short = dir.path().join("short.safetensors");
+    sdflow_core::io::safetensors::write(&short, tensors.iter().filter(|t| t.0 != "transformer.transformer_blocks.0.attn.to_k.weight").map(|(n, s, b)| (n.as_str(), DType::F32, s.clone(), b.as_slice())), &BTreeMap::new()).unwrap();
+    let e = bfl_layout(sdflow_core::io::open(&short).unwrap()).err().expect("a missing part");
+    assert!(e.to_string().contains("transformer.transformer_blocks.0.attn.to_k.weight"), "{e}");
+}

@@ -37,11 +37,25 @@ pub fn weights_handle(rt: &Runtime, path: &Path, prefix: &str) -> Result<WeightH
 
 /// [`weights_handle`] loading as `wt` instead of the run's `--type`.
 fn weights_handle_as(rt: &Runtime, path: &Path, prefix: &str, wt: WeightType) -> Result<WeightHandle<Weights>, NodeError> {
-    let key = WeightKey::new([path], prefix, wt, Device::Cpu).map_err(err)?;
-    let (path, pfx) = (path.to_path_buf(), prefix.to_string());
+    weights_handle_in(rt, path, prefix, wt, None)
+}
+
+/// A source shown in another key layout before loading (diffusers' FLUX as BFL's).
+type Layout = fn(Box<dyn io::TensorSource>) -> Result<Box<dyn io::TensorSource>, sdflow_core::models::ModelError>;
+
+/// [`weights_handle_as`] with the file read through `layout` (its name is part of the
+/// residency key: the same file in two layouts is two sets of weights).
+fn weights_handle_in(rt: &Runtime, path: &Path, prefix: &str, wt: WeightType, layout: Option<(&str, Layout)>) -> Result<WeightHandle<Weights>, NodeError> {
+    let tag = layout.map_or_else(|| prefix.to_string(), |(name, _)| format!("{name}:{prefix}"));
+    let key = WeightKey::new([path], &tag, wt, Device::Cpu).map_err(err)?;
+    let (path, pfx, layout) = (path.to_path_buf(), prefix.to_string(), layout.map(|l| l.1));
     rt.residency
         .get_or_load(key, move || -> Result<Weights, Box<dyn std::error::Error + Send + Sync>> {
             let src = as_checkpoint(io::open(&path)?)?;
+            let src = match layout {
+                Some(f) => f(src)?,
+                None => src,
+            };
             // CPU buffers are plain host memory, usable by every CPU backend.
             let backend = Backend::cpu(1)?;
             Ok(load_weights(&backend, src.as_ref(), &[&pfx], &TypeRules::new(wt, "")?)?)
@@ -273,14 +287,19 @@ impl Node for UnetLoader {
         let src = io::open(&path).map_err(err)?;
         let det = detect::detect_source(src.as_ref());
         let shown = path.display();
+        let mut layout: Option<(&str, Layout)> = None;
         let prefix = match (det.family, det.layout) {
             (ModelFamily::Flux | ModelFamily::Sd3 | ModelFamily::Chroma, Some(KeyLayout::Ldm)) => det.diffusion_prefix.clone().unwrap_or_default(),
             (ModelFamily::Sd3, _) => return Err(NodeError::msg(format!("{shown}: an SD3 model in diffusers names; only Stability/ComfyUI names (`joint_blocks.*`) are supported yet"))),
-            (ModelFamily::Flux, _) => return Err(NodeError::msg(format!("{shown}: a FLUX.1 model in diffusers names; only BFL/ComfyUI names (`double_blocks.*`) are supported yet"))),
+            // diffusers' names, fused and renamed into BFL's on load (no prefix then).
+            (ModelFamily::Flux, _) => {
+                layout = Some(("bfl", flux::diffusers::bfl_layout));
+                String::new()
+            }
             (ModelFamily::Unknown, _) => return Err(NodeError::msg(format!("{shown}: {}", det.message))),
             (other, _) => return Err(NodeError::msg(format!("{shown}: {other} diffusion models are not supported by this loader yet (FLUX.1, Chroma and SD3 are; SD checkpoints load with CheckpointLoaderSimple)"))),
         };
-        let weights = weights_handle_as(&self.rt, &path, &prefix, wt)?;
+        let weights = weights_handle_in(&self.rt, &path, &prefix, wt, layout)?;
         let model = match det.family {
             ModelFamily::Sd3 => sd3_model(weights, prefix)?,
             ModelFamily::Chroma => chroma_model(weights, prefix)?,

@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 
 use crate::dtype::{ConvertError, DType};
 
+pub mod assembled;
 pub mod diffusers;
 pub mod gguf;
 pub mod pickle;
@@ -23,6 +24,7 @@ pub mod renamed;
 pub mod rules;
 pub mod safetensors;
 
+pub use assembled::{Assembled, Rows};
 pub use renamed::Renamed;
 pub use rules::{read_as, TypeRules, WeightType};
 

@@ -10,6 +10,7 @@
 
 pub(crate) mod blocks;
 pub mod denoiser;
+pub mod diffusers;
 
 pub use denoiser::{fill_concat, reference_tokens, FluxDenoiser, FluxItem, DEFAULT_GUIDANCE, LATENT_SCALE, LATENT_SHIFT};
 
