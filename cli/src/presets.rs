@@ -165,8 +165,8 @@ pub struct CommonArgs {
 impl CommonArgs {
     /// The runtime's preview method for `--preview` (none unless asked: nothing shows the
     /// previews of a preset run but the preview file).
-    fn preview_method(&self) -> sdflow_nodes::preview::PreviewMethod {
-        use sdflow_nodes::preview::PreviewMethod;
+    fn preview_method(&self) -> sdflow_nodes::sampling::preview::PreviewMethod {
+        use sdflow_nodes::sampling::preview::PreviewMethod;
         match self.preview.as_deref() {
             Some("proj") => PreviewMethod::Latent2Rgb,
             Some("tae") => PreviewMethod::Taesd,
@@ -175,7 +175,7 @@ impl CommonArgs {
     }
 
     fn preview_file(&self) -> Option<run::PreviewFile> {
-        (self.preview_method() != sdflow_nodes::preview::PreviewMethod::None).then(|| run::PreviewFile { path: self.preview_path.clone(), interval: self.preview_interval })
+        (self.preview_method() != sdflow_nodes::sampling::preview::PreviewMethod::None).then(|| run::PreviewFile { path: self.preview_path.clone(), interval: self.preview_interval })
     }
 }
 
@@ -768,7 +768,7 @@ fn model_info(a: &ImgGenArgs) -> ModelInfo {
 
 /// The tiny autoencoder entry for the model's latents (`taesd` when the file cannot be read).
 fn tae_name(a: &ImgGenArgs) -> &'static str {
-    use sdflow_nodes::taesd::TaeKind;
+    use sdflow_nodes::loaders::taesd::TaeKind;
     let file = a.diffusion_model.as_deref().or(a.model.as_deref());
     let family = file.and_then(|f| sdflow_core::io::open(Path::new(f)).ok()).map(|src| sdflow_core::detect::detect_source(src.as_ref()).family);
     family.and_then(TaeKind::for_family).unwrap_or(TaeKind::Sd).name()
@@ -957,7 +957,7 @@ fn common_refusals(c: &CommonArgs, refused: &Refused) -> anyhow::Result<()> {
     if c.preview.as_deref() == Some("vae") {
         bail!("not supported yet: --preview vae (a full VAE decode per step; --preview tae or proj draw the previews)");
     }
-    if c.preview_method() != sdflow_nodes::preview::PreviewMethod::None && run::preview_format(&c.preview_path).is_none() {
+    if c.preview_method() != sdflow_nodes::sampling::preview::PreviewMethod::None && run::preview_format(&c.preview_path).is_none() {
         bail!("invalid value for --preview-path: {} (previews are written as .png or .jpg)", c.preview_path.display());
     }
     Ok(())

@@ -23,7 +23,7 @@ pub struct Runtime {
     /// The generator of sampling noise (`--rng`): ComfyUI's CPU noise by default.
     pub rng: sdflow_core::sampling::RngKind,
     /// How samplers preview their progress (`--preview-method`).
-    pub preview: crate::preview::PreviewMethod,
+    pub preview: crate::sampling::preview::PreviewMethod,
     /// Preview the noisy latent (the sampler's state after each step) rather than the
     /// denoised estimate (sd-cli's `--preview-noisy`).
     pub preview_noisy: bool,
@@ -49,7 +49,7 @@ impl Runtime {
             weight_type: weight_type.into(),
             vae_tiling: Default::default(),
             rng: sdflow_core::sampling::RngKind::Cpu,
-            preview: crate::preview::PreviewMethod::default(),
+            preview: crate::sampling::preview::PreviewMethod::default(),
             preview_noisy: false,
             backend: Mutex::new(Backend::cpu(threads)?),
         })
@@ -62,7 +62,7 @@ impl Runtime {
     }
 
     /// Set how samplers preview their progress.
-    pub fn with_preview_method(mut self, preview: crate::preview::PreviewMethod) -> Self {
+    pub fn with_preview_method(mut self, preview: crate::sampling::preview::PreviewMethod) -> Self {
         self.preview = preview;
         self
     }

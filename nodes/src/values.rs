@@ -175,8 +175,8 @@ pub enum VaeKind {
     /// The KL autoencoder (`AutoencoderKL`) in LDM key names under the handle's prefix.
     Kl,
     /// A tiny autoencoder (VAELoader's `taesd`, `taesdxl`, `taesd3`, `taef1`), wherever
-    /// `crate::taesd` finds its halves in the handle's weights.
-    Taesd(crate::taesd::TaeKind),
+    /// `crate::loaders::taesd` finds its halves in the handle's weights.
+    Taesd(crate::loaders::taesd::TaeKind),
 }
 
 // Handles are owned by the residency manager (and small settings cost next to nothing):

@@ -3,7 +3,7 @@
 //! without "mask bounds", strengths, same-area counterparts on the other side, CFG.
 
 use sdflow_core::models::conditioning::Conditioning;
-use sdflow_nodes::guidance::{calc_cond_batch, prepare, Mix, ModelItem, Prepared};
+use sdflow_nodes::sampling::guidance::{calc_cond_batch, prepare, Mix, ModelItem, Prepared};
 use sdflow_nodes::values::{CondArea, CondEntry, CondList, CondMask, Mask};
 use serde_json::Value;
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! Latent/image resampling against `torch.nn.functional.interpolate` (fixture from
 //! tests/fixtures/make_resize.py).
 
-use sdflow_nodes::resize::{center_crop, resize_plane, Method};
+use sdflow_nodes::image::resize::{center_crop, resize_plane, Method};
 
 /// Every case of a fixture (`src`, `w`, `h`, `cases` of `mode`, `w`, `h`, `out`) within
 /// 1e-5; `n` cases are expected.

@@ -5,7 +5,7 @@
 
 use sdflow_core::synth::{ip_adapter_tensors, write_tensors, ClipVisionSynth, IpAdapterSynth};
 use sdflow_executor::{InputValue, NodeSpec, Workflow};
-use sdflow_nodes::ip_adapter::clip_preprocess;
+use sdflow_nodes::conditioning::ip_adapter::clip_preprocess;
 use sdflow_nodes::values::Image;
 use sdflow_tests::{node_of, tiny_tree, write_ip_adapter_models, write_test_png, TestEnv};
 use serde_json::json;

@@ -5,7 +5,7 @@ use sdflow_core::dtype::DType;
 use sdflow_core::sampling::RngKind;
 use sdflow_core::synth::{write_checkpoint, Format, SdConfig};
 use sdflow_executor::{stub, CancelToken, Event, Executor, ExecutorConfig, InputValue, NullSink, PreviewFormat, Registry, RunOptions, Workflow};
-use sdflow_nodes::preview::PreviewMethod;
+use sdflow_nodes::sampling::preview::PreviewMethod;
 use sdflow_nodes::Runtime;
 use std::sync::Arc;
 

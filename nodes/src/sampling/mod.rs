@@ -1,12 +1,19 @@
-//! Samplers.
+//! Sampling nodes: KSampler here; the custom-sampling graph nodes ([`custom_sampling`]),
+//! the model-sampling overrides ([`model_sampling`]), the guidance and batching every
+//! sampler shares ([`guidance`]) and the step previews ([`preview`]).
+
+pub mod custom_sampling;
+pub mod guidance;
+pub mod model_sampling;
+pub mod preview;
 
 use crate::runtime::Runtime;
-use crate::guidance::{self, Mix};
+use guidance::Mix;
 use crate::values::{CondConcat, CondList, Latent, Mask, ModelRef};
 use sdflow_core::detect::ModelFamily;
 use crate::handle_size;
 use crate::err;
-use crate::controlnet::{hint_for, Controls};
+use crate::conditioning::controlnet::{hint_for, Controls};
 use crate::values::Control;
 use sdflow_core::models::chroma::{Chroma, ChromaConfig};
 use sdflow_core::models::flux::{fill_concat, Flux, FluxConfig, FluxDenoiser, FluxItem};
@@ -459,7 +466,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
         last_denoised = Some(p.denoised.to_vec());
         step.set(p.step);
         ctx.progress(p.step as u64, total);
-        if let Some(image) = crate::preview::preview(rt, model.family, if rt.preview_noisy { p.x } else { p.denoised }, shape) {
+        if let Some(image) = crate::sampling::preview::preview(rt, model.family, if rt.preview_noisy { p.x } else { p.denoised }, shape) {
             ctx.preview(image);
         }
     };

@@ -6,7 +6,7 @@
 //! against the reference formulas (`tests/fixtures/make_mask_ops.py`).
 
 use crate::image::{MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE};
-use crate::resize::{resize_plane, Method};
+use crate::image::resize::{resize_plane, Method};
 use crate::values::{Image, Mask};
 use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Node, NodeError, NodeSchema, Outputs, Registry, Value};
 use std::sync::Arc;
@@ -511,7 +511,7 @@ mod tests {
     /// against ComfyUI's code run on the same inputs (tests/fixtures/make_mask_ops.py).
     #[test]
     fn match_comfyui_reference() {
-        let fx: serde_json::Value = serde_json::from_str(include_str!("../tests/fixtures/mask_ops.json")).unwrap();
+        let fx: serde_json::Value = serde_json::from_str(include_str!("../../tests/fixtures/mask_ops.json")).unwrap();
         let arr = |v: &serde_json::Value| -> Vec<f32> { v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect() };
         let dims = |v: &serde_json::Value| -> Vec<usize> { v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect() };
         let m = {

@@ -14,9 +14,9 @@
 use crate::conditioning::encode_texts_with;
 use crate::err;
 use crate::image::decode_image;
-use crate::ip_adapter::clip_preprocess;
-use crate::lora::lora_handle_with;
-use crate::resize::{resize_plane, Method};
+use crate::conditioning::ip_adapter::clip_preprocess;
+use crate::loaders::lora::lora_handle_with;
+use crate::image::resize::{resize_plane, Method};
 use crate::runtime::Runtime;
 use crate::values::{ClipRef, CondEntry, CondList, Image, ModelRef};
 use sdflow_core::io;
@@ -84,7 +84,7 @@ impl Node for PhotoMakerLoader {
             return Err(NodeError::msg(format!("{}: not a PhotoMaker file (no `id_encoder.visual_projection_2.weight` / `visual_projection_2.weight`)", path.display())));
         }
         drop(src);
-        let weights = crate::ip_adapter::handle(&self.rt, &path, "photomaker:", &["id_encoder.", "vision_model.", "visual_projection", "fuse_module.", "qformer_perceiver."])?;
+        let weights = crate::conditioning::ip_adapter::handle(&self.rt, &path, "photomaker:", &["id_encoder.", "vision_model.", "visual_projection", "fuse_module.", "qformer_perceiver."])?;
         // Structure errors (missing or misshapen tensors) name the file now, not at encoding.
         {
             let w = weights.pin().map_err(err)?;

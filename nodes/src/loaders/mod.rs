@@ -1,7 +1,13 @@
-//! Model loaders.
+//! Loader nodes: model files become typed handles through the residency manager. One
+//! folder, so every decision about file formats and key layouts sits together:
+//! CheckpointLoaderSimple, UNETLoader, CLIPLoader, DualCLIPLoader, VAELoader here; LoRAs
+//! in [`lora`]; the tiny autoencoders' files in [`taesd`].
+
+pub mod lora;
+pub mod taesd;
 
 use crate::runtime::Runtime;
-use crate::taesd::TaeKind;
+use crate::loaders::taesd::TaeKind;
 use crate::values::{ClipEncoder, ClipRef, ModelRef, T5Ref, VaeKind, VaeRef};
 use crate::err;
 use sdflow_core::detect::{self, KeyLayout, ModelFamily};
@@ -674,7 +680,7 @@ impl Node for VaeLoader {
 
     fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
         if let Some((kind, files)) = taesd_choice(&self.rt, inputs)? {
-            let vae = VaeRef { weights: crate::taesd::weights_handle(&self.rt, &files)?, prefix: String::new(), kind: VaeKind::Taesd(kind) };
+            let vae = VaeRef { weights: crate::loaders::taesd::weights_handle(&self.rt, &files)?, prefix: String::new(), kind: VaeKind::Taesd(kind) };
             return Ok(Outputs::new(vec![Value::new(IoType::VAE, vae)]));
         }
         let path = self.path(inputs)?;
@@ -689,16 +695,16 @@ impl Node for VaeLoader {
 /// there; sd.cpp's single file counts too).
 fn vae_names(rt: &Runtime) -> Vec<String> {
     let mut names = rt.list_models("vae");
-    names.extend(TaeKind::ALL.into_iter().filter(|k| crate::taesd::find_full(rt, *k).is_some()).map(|k| k.name().to_string()));
+    names.extend(TaeKind::ALL.into_iter().filter(|k| crate::loaders::taesd::find_full(rt, *k).is_some()).map(|k| k.name().to_string()));
     names
 }
 
 /// The tiny autoencoder's files when VAELoader's `vae_name` names one and no file in
 /// `models/vae` has that name.
-fn taesd_choice(rt: &Runtime, inputs: &Inputs) -> Result<Option<(TaeKind, crate::taesd::TaesdFiles)>, NodeError> {
+fn taesd_choice(rt: &Runtime, inputs: &Inputs) -> Result<Option<(TaeKind, crate::loaders::taesd::TaesdFiles)>, NodeError> {
     let name = inputs.string("vae_name")?;
     let Some(kind) = TaeKind::from_name(name).filter(|_| rt.resolve_model("vae", name).is_err()) else { return Ok(None) };
-    let files = crate::taesd::find_full(rt, kind).ok_or_else(|| NodeError::msg(format!("`{name}` needs {name}_encoder.* and {name}_decoder.* (or one {name}.* file) in models/vae_approx")))?;
+    let files = crate::loaders::taesd::find_full(rt, kind).ok_or_else(|| NodeError::msg(format!("`{name}` needs {name}_encoder.* and {name}_decoder.* (or one {name}.* file) in models/vae_approx")))?;
     Ok(Some((kind, files)))
 }
 

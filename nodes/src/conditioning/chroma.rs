@@ -31,7 +31,7 @@ pub(crate) fn t5_tokens(t5: &T5Ref, text: &str, family_min_length: usize) -> Res
 /// all-padding, ComfyUI's PixArt empty prompt), no pooled vector.
 pub(crate) fn encode(rt: &Runtime, clip: &ClipRef, text: &str) -> Result<Conditioning, NodeError> {
     if let Some(s) = clip.sdcpp {
-        return crate::sdcpp::chroma(rt, clip, text, s);
+        return crate::conditioning::sdcpp::chroma(rt, clip, text, s);
     }
     let t5 = clip.t5.as_ref().ok_or_else(|| NodeError::msg("Chroma's CLIP has no T5 encoder"))?;
     let weights = t5.weights.pin().map_err(err)?;

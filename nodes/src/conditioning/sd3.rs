@@ -127,7 +127,7 @@ pub(crate) fn encode(rt: &Runtime, clip: &ClipRef, l: Option<&str>, g: Option<&s
         // a chunk is missing.
         let (t5_rows, t5_width) = match &clip.t5 {
             Some(t5) => {
-                let (h, d, _) = crate::sdcpp::t5_chunks(rt, t5, t5_text.unwrap_or(""), CHUNK, false)?;
+                let (h, d, _) = crate::conditioning::sdcpp::t5_chunks(rt, t5, t5_text.unwrap_or(""), CHUNK, false)?;
                 (h, d)
             }
             None => (vec![0.0; CHUNK * width], width),
@@ -153,7 +153,7 @@ pub(crate) fn encode(rt: &Runtime, clip: &ClipRef, l: Option<&str>, g: Option<&s
     if let (Some(model), Some(t5)) = (&t5_model, &clip.t5) {
         // No tokens is T5's empty sequence: `</s>` alone, unpadded.
         let ids = match t5_text {
-            Some(text) => crate::chroma::t5_tokens(t5, text, T5_MIN_TOKENS)?,
+            Some(text) => crate::conditioning::chroma::t5_tokens(t5, text, T5_MIN_TOKENS)?,
             None => T5Tokenizer::shared().map_err(err)?.tokenize_weighted("", 1).map_err(err)?,
         };
         rows.extend(rt.with_backend(|b| model.encode_weighted(b, &ids)).map_err(err)?);

@@ -1,4 +1,17 @@
-//! Text conditioning.
+//! Conditioning nodes: prompts encoded and conditioning edited, per model family where the
+//! families differ. CLIPTextEncode and the generic editors are here; each family's own
+//! encoders and edits sit beside them ([`flux`], [`sd3`], [`chroma`], and sd.cpp's way in
+//! [`sdcpp`]), as do the image-derived conditionings ([`pix2pix`], [`controlnet`],
+//! [`ip_adapter`], [`photomaker`]).
+
+pub mod chroma;
+pub mod controlnet;
+pub mod flux;
+pub mod ip_adapter;
+pub mod photomaker;
+pub mod pix2pix;
+pub mod sd3;
+pub mod sdcpp;
 
 use crate::runtime::Runtime;
 use crate::values::{ClipEncoder, ClipRef, CondArea, CondEntry, CondList, CondMask, Mask};
@@ -128,17 +141,16 @@ pub(crate) fn encode_text(rt: &Runtime, clip: &ClipRef, text: &str) -> Result<Co
 /// `text_l` with CLIP-L and `text_g` with OpenCLIP-G and T5-XXL.
 fn encode_texts(rt: &Runtime, clip: &ClipRef, text_l: &str, text_g: &str) -> Result<Conditioning, NodeError> {
     if clip.family == ModelFamily::Chroma {
-        return crate::chroma::encode(rt, clip, text_g);
+        return crate::conditioning::chroma::encode(rt, clip, text_g);
     }
     if clip.family == ModelFamily::Sd3 {
-        return crate::sd3::encode(rt, clip, Some(text_l), Some(text_g), Some(text_g));
+        return crate::conditioning::sd3::encode(rt, clip, Some(text_l), Some(text_g), Some(text_g));
     }
     if clip.t5.is_some() {
-        return crate::flux::encode(rt, clip, text_l, text_g);
+        return crate::conditioning::flux::encode(rt, clip, text_l, text_g);
     }
     encode_texts_with(rt, clip, text_l, text_g, &mut |p, _| Ok(p))
 }
-
 
 /// [`encode_texts`] with each encoder's tokenized prompt passed through `edit` (with the
 /// tokenizer's padding token) before encoding: PhotoMaker rewrites the class word.

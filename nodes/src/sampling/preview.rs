@@ -4,7 +4,7 @@
 //! side capped at [`MAX_PREVIEW_RESOLUTION`].
 
 use crate::runtime::Runtime;
-use crate::taesd;
+use crate::loaders::taesd;
 use sdflow_core::detect::ModelFamily;
 use sdflow_core::models::vae::taesd::Half;
 use sdflow_executor::{PreviewFormat, PreviewImage};

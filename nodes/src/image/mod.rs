@@ -1,7 +1,14 @@
-//! VAE decode/encode and image output.
+//! Image and latent nodes: loading, saving, VAE encode/decode, scaling here; latents
+//! ([`latent`]), masks ([`mask`]), the resampling kernels ([`resize`]) and model upscalers
+//! ([`upscale`]) beside them.
+
+pub mod latent;
+pub mod mask;
+pub mod resize;
+pub mod upscale;
 
 use crate::runtime::Runtime;
-use crate::resize::{center_crop, resize_plane, Method};
+use crate::image::resize::{center_crop, resize_plane, Method};
 use crate::values::{Image, Latent, Mask, VaeKind, VaeRef};
 use crate::err;
 use sdflow_core::models::vae::tiling::VaeTiling;
@@ -31,7 +38,7 @@ pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
 /// The model a VAE handle holds, by its kind.
 enum AnyVae<'w> {
     Kl(Vae<'w>),
-    Taesd(crate::taesd::TaesdVae<'w>),
+    Taesd(crate::loaders::taesd::TaesdVae<'w>),
 }
 
 impl AnyVae<'_> {
@@ -58,7 +65,7 @@ fn with_vae<T>(vae: &VaeRef, f: impl FnOnce(&AnyVae<'_>) -> Result<T, NodeError>
             let model = Vae::new(&weights, &vae.prefix, config).map_err(err)?;
             f(&AnyVae::Kl(model))
         }
-        VaeKind::Taesd(kind) => f(&AnyVae::Taesd(crate::taesd::TaesdVae::new(&weights, kind)?)),
+        VaeKind::Taesd(kind) => f(&AnyVae::Taesd(crate::loaders::taesd::TaesdVae::new(&weights, kind)?)),
     }
 }
 

@@ -6,7 +6,7 @@
 //! side the unconditional ones (ComfyUI_IPAdapter_plus: a zero `image_embeds` for the
 //! classic adapters, a black image's hidden states for Plus, or `image_negative`'s).
 
-use crate::resize::{resize_plane, Method};
+use crate::image::resize::{resize_plane, Method};
 use crate::runtime::Runtime;
 use crate::values::{ClipVisionOutput, ClipVisionRef, Image, IpAdapterPatch, IpAdapterRef, ModelRef};
 use crate::err;

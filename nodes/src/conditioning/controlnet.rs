@@ -7,7 +7,7 @@
 
 use crate::err;
 use crate::image::scale_image;
-use crate::resize::Method;
+use crate::image::resize::Method;
 use crate::runtime::Runtime;
 use crate::values::{CondEntry, CondList, Control, ControlNetRef, Image};
 use sdflow_core::ggml::Backend;

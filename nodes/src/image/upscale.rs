@@ -2,7 +2,7 @@
 //! Real-ESRGAN RRDBNet and SRVGGNetCompact, tiled like sd.cpp), ImageScaleBy.
 
 use crate::image::{MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE};
-use crate::resize::{resize_plane, Method};
+use crate::image::resize::{resize_plane, Method};
 use crate::runtime::Runtime;
 use crate::values::{Image, UpscaleModelRef};
 use crate::err;

@@ -32,12 +32,12 @@ const T5_MIN_TOKENS: usize = 256;
 /// projected; first chunk) as the pooled vector, or none without a CLIP-L.
 pub(crate) fn encode(rt: &Runtime, clip: &ClipRef, text_l: &str, text_t5: &str) -> Result<Conditioning, NodeError> {
     let mut cond = if clip.sdcpp.is_some() {
-        crate::sdcpp::flux_t5(rt, clip, text_t5)?
+        crate::conditioning::sdcpp::flux_t5(rt, clip, text_t5)?
     } else {
         let t5 = clip.t5.as_ref().ok_or_else(|| NodeError::msg(format!("this CLIP ({}) has no T5 encoder", clip.family)))?;
         let weights = t5.weights.pin().map_err(err)?;
         let model = T5Encoder::new(&weights, &t5.prefix, T5Config::infer(&weights, &t5.prefix).map_err(err)?).map_err(err)?;
-        let tokens = crate::chroma::t5_tokens(t5, text_t5, T5_MIN_TOKENS)?;
+        let tokens = crate::conditioning::chroma::t5_tokens(t5, text_t5, T5_MIN_TOKENS)?;
         let hidden = rt.with_backend(|b| model.encode_weighted(b, &tokens)).map_err(err)?;
         Conditioning::new(hidden, model.config.d_model, tokens.ids.len() as i64).map_err(err)?
     };
@@ -229,7 +229,7 @@ impl Node for FluxKontextImageScale {
             return Err(NodeError::msg("an empty image"));
         }
         let (w, h) = Self::target(img.width, img.height);
-        let scaled = crate::image::scale_image(img, w, h, crate::resize::Method::Lanczos, true);
+        let scaled = crate::image::scale_image(img, w, h, crate::image::resize::Method::Lanczos, true);
         Ok(Outputs::new(vec![Value::new(IoType::IMAGE, scaled)]))
     }
 }

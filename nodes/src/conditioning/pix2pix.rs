@@ -10,7 +10,7 @@
 //! negative = the negative without it, cfg_conds = C and cfg_cond2_negative = I.
 
 use crate::image::encode_image;
-use crate::latent::latent_zeros;
+use crate::image::latent::latent_zeros;
 use crate::runtime::Runtime;
 use crate::sampling::{DualCfg, Guider};
 use crate::values::{CondConcat, CondList, Image, Mask, ModelRef, VaeRef};
@@ -215,7 +215,7 @@ impl Node for ConditioningClearImage {
 mod tests {
     #[test]
     fn img_cfg_is_dual_cfg() {
-        use crate::guidance::Mix;
+        use crate::sampling::guidance::Mix;
         // sd.cpp's formula, written out, against the regular DualCFG mix.
         let (cond, img, uncond) = (0.7f32, -0.2f32, 0.4f32);
         let (c, i) = (7.5f32, 1.5f32);

@@ -1,7 +1,7 @@
 //! Latent images.
 
 use crate::runtime::Runtime;
-use crate::resize::{center_crop, resize_plane, Method};
+use crate::image::resize::{center_crop, resize_plane, Method};
 use crate::values::{Latent, Mask};
 use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Node, NodeError, NodeSchema, Outputs, Registry, Value};
 use std::sync::Arc;

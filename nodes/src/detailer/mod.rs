@@ -1,3 +1,5 @@
+//! ADetailer: the detector nodes ([`detect`]) and the detail pass (here).
+//!
 //! ADetailer's detail step: DetailerForEachMask re-samples an image once per mask of a
 //! MASK batch (BboxDetectorMasks' output), serially, each pass starting from the last
 //! one's result, as sd.cpp's detailer and A1111's ADetailer ("inpaint only masked") do:
@@ -17,11 +19,14 @@
 //! itself, and a part that is `[SKIP]` leaves its mask untouched. `ad_negative_prompt`
 //! works the same against `negative_prompt`.
 
+pub mod detect;
+
+
 use crate::conditioning::encode_text;
-use crate::detect::gaussian_blur;
+use crate::detailer::detect::gaussian_blur;
 use crate::err;
 use crate::image::{decode_latent, encode_image};
-use crate::resize::{resize_plane, Method};
+use crate::image::resize::{resize_plane, Method};
 use crate::runtime::Runtime;
 use crate::sampling::{rng_from, rng_input, sample_latent, sampler_from, sampler_names, scheduler_names, Guider, NoiseSource, SamplerChoice};
 use crate::values::{ClipRef, CondList, Image, Mask, ModelRef, VaeRef};
