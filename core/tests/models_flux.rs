@@ -312,7 +312,7 @@ fn disabled_guidance_leaves_the_embedder_out() {
 }
 
 /// A diffusers-named FLUX.1 dev (each tensor made from BFL's rows as diffusers' own
-/// converter places them: make_flux_diffusers_map.py) loads as BFL's names, fused and
+/// converter places them: make_dit_diffusers_maps.py) loads as BFL's names, fused and
 /// reordered back, and computes what diffusers' `FluxTransformer2DModel` computes.
 #[test]
 fn diffusers_names_load_as_bfl() {

@@ -297,3 +297,48 @@ fn missing_and_misshapen_weights_are_named() {
         .expect("prefix");
     assert!(e.to_string().contains("not an SD3 MMDiT"), "{e}");
 }
+
+/// A diffusers-named SD3.5 medium (each tensor made from Stability's rows as diffusers'
+/// own converter places them: make_dit_diffusers_maps.py) loads as Stability's names,
+/// fused and reordered back, and computes what diffusers' `SD3Transformer2DModel` does.
+#[test]
+fn diffusers_names_load_as_stability() {
+    use common::det_values;
+    use sdflow_core::dtype::DType;
+    use sdflow_core::io::TypeRules;
+    use sdflow_core::models::load::load_weights;
+    use sdflow_core::models::sd3::diffusers::stability_layout;
+    use std::collections::BTreeMap;
+    let r = fixture();
+    let keys: BTreeMap<String, Vec<usize>> = serde_json::from_value(r["sd35m"]["keys"].clone()).unwrap();
+    let map: BTreeMap<String, Vec<(String, usize, usize)>> = serde_json::from_value(reference("sd3_diffusers_map.json")).unwrap();
+    let values = |name: &str| if name == "pos_embed" { floats(&r["sd35m"]["pos_embed"]) } else { det_values(name, keys[name].iter().product(), SCALE) };
+    let mut tensors = Vec::new();
+    for (name, parts) in &map {
+        let (mut data, mut rows, mut rest) = (Vec::<f32>::new(), 0, Vec::new());
+        for (src, first, n) in parts {
+            let shape = &keys[src];
+            let per: usize = shape[1..].iter().product();
+            data.extend_from_slice(&values(src)[first * per..(first + n) * per]);
+            rows += n;
+            rest = shape[1..].to_vec();
+        }
+        let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
+        tensors.push((format!("model.diffusion_model.{name}"), [vec![rows], rest].concat(), bytes));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sd3.5_medium_diffusers.safetensors");
+    sdflow_core::io::safetensors::write(&path, tensors.iter().map(|(n, s, b)| (n.as_str(), DType::F32, s.clone(), b.as_slice())), &BTreeMap::new()).unwrap();
+    let src = stability_layout(sdflow_core::io::open(&path).unwrap()).unwrap();
+    let names: std::collections::BTreeSet<&str> = src.tensors().iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, keys.keys().map(String::as_str).collect(), "every single-file tensor, nothing else");
+    for (name, shape) in &keys {
+        let want: Vec<u8> = values(name).iter().flat_map(|x| x.to_le_bytes()).collect();
+        assert_eq!(&src.read(name).unwrap()[..], &want[..], "{name} is Stability's tensor bit for bit");
+        assert_eq!(&src.get(name).unwrap().shape, shape);
+    }
+    let backend = Backend::cpu(2).unwrap();
+    let w = load_weights(&backend, src.as_ref(), &[""], &TypeRules::new(Some(DType::F32), "").unwrap()).unwrap();
+    let err = max_abs_err(&velocity(&w, &[]).unwrap(), &floats(&r["sd35m"]["velocity"]));
+    assert!(err <= 1e-3, "max abs error {err}");
+}

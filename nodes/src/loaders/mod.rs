@@ -296,8 +296,12 @@ impl Node for UnetLoader {
         let mut layout: Option<(&str, Layout)> = None;
         let prefix = match (det.family, det.layout) {
             (ModelFamily::Flux | ModelFamily::Sd3 | ModelFamily::Chroma, Some(KeyLayout::Ldm)) => det.diffusion_prefix.clone().unwrap_or_default(),
-            (ModelFamily::Sd3, _) => return Err(NodeError::msg(format!("{shown}: an SD3 model in diffusers names; only Stability/ComfyUI names (`joint_blocks.*`) are supported yet"))),
-            // diffusers' names, fused and renamed into BFL's on load (no prefix then).
+            // diffusers' names, fused and renamed into the single files' on load (no
+            // prefix then).
+            (ModelFamily::Sd3, _) => {
+                layout = Some(("stability", sd3::diffusers::stability_layout));
+                String::new()
+            }
             (ModelFamily::Flux, _) => {
                 layout = Some(("bfl", flux::diffusers::bfl_layout));
                 String::new()

@@ -4,6 +4,7 @@
 //! Born with FLUX.1, whose blocks SD3, Chroma, Z-Image, Qwen-Image, FLUX.2 and Wan reuse in
 //! variations; each family's folder keeps only what is its own.
 
+pub mod diffusers;
 pub mod rope;
 
 use super::nn::linear;

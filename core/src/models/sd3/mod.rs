@@ -10,6 +10,7 @@
 
 mod blocks;
 pub mod denoiser;
+pub mod diffusers;
 
 pub use denoiser::{Sd3Denoiser, Sd3Item, LATENT_SCALE, LATENT_SHIFT};
 
