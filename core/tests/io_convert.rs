@@ -238,3 +238,38 @@ fn weight_types_choose_which_tensors_convert() {
     assert_eq!(WeightType::from(None), WeightType::Stored);
     assert_eq!(WeightType::from(Some(DType::F16)), WeightType::All(DType::F16));
 }
+
+/// fp8 weights stay at about a byte: q8_0 under the stored and the CPU's float type
+/// (ggml computes no fp8), an asked-for `--type` as asked; vectors and rows that do not
+/// split into blocks widen as before. q8_0 holds the fp8 values to a 127th of each
+/// 32-value block's largest.
+#[test]
+fn fp8_weights_load_as_q8_0() {
+    use sdflow_core::ggml::Backend;
+    use sdflow_core::io::WeightType;
+    use sdflow_core::models::load::{load_type, load_weights};
+    let v: Vec<f32> = (0..64 * 64).map(|i| ((i * 37 % 101) as f32 / 50.0 - 1.0) * if i % 7 == 0 { 4.0 } else { 0.3 }).collect();
+    let fp8 = dtype::from_f32(&v, 64, DType::F8E4M3).unwrap();
+    let vec8 = dtype::from_f32(&v[..64], 64, DType::F8E4M3).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fp8.safetensors");
+    safetensors::write(&path, [("m.weight", DType::F8E4M3, vec![64, 64], &fp8[..]), ("n.weight", DType::F8E4M3, vec![64], &vec8[..])], &BTreeMap::new()).unwrap();
+    let src = io::open(&path).unwrap();
+    let (m, n) = (src.get("m.weight").unwrap().clone(), src.get("n.weight").unwrap().clone());
+    for wt in [WeightType::Stored, WeightType::Floats(DType::BF16)] {
+        let rules = TypeRules::new(wt, "").unwrap();
+        assert_eq!((load_type(&m, &rules), load_type(&n, &rules)), (DType::Q8_0, DType::F32), "{wt}");
+    }
+    assert_eq!(load_type(&m, &TypeRules::new(WeightType::All(DType::F16), "").unwrap()), DType::F16);
+    let backend = Backend::cpu(1).unwrap();
+    let w = load_weights(&backend, src.as_ref(), &[""], &TypeRules::none()).unwrap();
+    assert!(w.bytes() < 64 * 64 * 9 / 8 + 64 * 4 + 64, "about a byte per weight: {} bytes", w.bytes());
+    let exact = dtype::to_f32(DType::F8E4M3, &fp8, v.len()).unwrap();
+    let q8 = dtype::convert(DType::F8E4M3, &fp8, &[64, 64], DType::Q8_0).unwrap();
+    let back = dtype::to_f32(DType::Q8_0, &q8, v.len()).unwrap();
+    for (block, (a, b)) in exact.chunks(32).zip(back.chunks(32)).enumerate() {
+        let max = a.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let err = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        assert!(err <= max / 127.0 * 0.51 + 1e-6, "block {block}: error {err} for a largest value {max}");
+    }
+}

@@ -37,11 +37,15 @@ impl WeightType {
         }
     }
 
-    /// The type `stored` converts to, if it does.
+    /// The type `stored` converts to, if it does. fp8 weights, which ggml cannot compute
+    /// with, stay at about a byte as q8_0 (8.5 bits; ComfyUI keeps fp8 and upcasts per
+    /// layer, sd.cpp widens to f16) unless a type is asked for.
     fn target(self, stored: DType) -> Option<DType> {
+        let fp8 = matches!(stored, DType::F8E4M3 | DType::F8E5M2);
         match self {
-            WeightType::Stored => None,
             WeightType::All(t) => Some(t),
+            _ if fp8 => Some(DType::Q8_0),
+            WeightType::Stored => None,
             WeightType::Floats(t) => stored.is_float().then_some(t),
         }
     }
