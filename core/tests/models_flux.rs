@@ -324,24 +324,10 @@ fn diffusers_names_load_as_bfl() {
     use std::collections::BTreeMap;
     let r = fixture();
     let keys: BTreeMap<String, Vec<usize>> = serde_json::from_value(r["dev"]["keys"].clone()).unwrap();
-    let map: BTreeMap<String, Vec<(String, usize, usize)>> = serde_json::from_value(reference("flux_diffusers_map.json")).unwrap();
-    let mut tensors = Vec::new();
-    for (name, parts) in &map {
-        let (mut data, mut rows, mut rest) = (Vec::<f32>::new(), 0, Vec::new());
-        for (src, first, n) in parts {
-            let shape = &keys[src];
-            let per: usize = shape[1..].iter().product();
-            let v = det_values(src, shape.iter().product(), SCALE);
-            data.extend_from_slice(&v[first * per..(first + n) * per]);
-            rows += n;
-            rest = shape[1..].to_vec();
-        }
-        let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
-        tensors.push((format!("transformer.{name}"), [vec![rows], rest].concat(), bytes));
-    }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("flux1-dev-diffusers.safetensors");
-    sdflow_core::io::safetensors::write(&path, tensors.iter().map(|(n, s, b)| (n.as_str(), DType::F32, s.clone(), b.as_slice())), &BTreeMap::new()).unwrap();
+    let values = |name: &str| det_values(name, keys[name].iter().product(), SCALE);
+    let tensors = common::write_diffusers_file(&path, "flux_diffusers_map.json", "transformer.", &keys, &values);
 
     let src = bfl_layout(sdflow_core::io::open(&path).unwrap()).unwrap();
     let names: std::collections::BTreeSet<&str> = src.tensors().iter().map(|t| t.name.as_str()).collect();

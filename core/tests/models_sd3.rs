@@ -311,24 +311,10 @@ fn diffusers_names_load_as_stability() {
     use std::collections::BTreeMap;
     let r = fixture();
     let keys: BTreeMap<String, Vec<usize>> = serde_json::from_value(r["sd35m"]["keys"].clone()).unwrap();
-    let map: BTreeMap<String, Vec<(String, usize, usize)>> = serde_json::from_value(reference("sd3_diffusers_map.json")).unwrap();
     let values = |name: &str| if name == "pos_embed" { floats(&r["sd35m"]["pos_embed"]) } else { det_values(name, keys[name].iter().product(), SCALE) };
-    let mut tensors = Vec::new();
-    for (name, parts) in &map {
-        let (mut data, mut rows, mut rest) = (Vec::<f32>::new(), 0, Vec::new());
-        for (src, first, n) in parts {
-            let shape = &keys[src];
-            let per: usize = shape[1..].iter().product();
-            data.extend_from_slice(&values(src)[first * per..(first + n) * per]);
-            rows += n;
-            rest = shape[1..].to_vec();
-        }
-        let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
-        tensors.push((format!("model.diffusion_model.{name}"), [vec![rows], rest].concat(), bytes));
-    }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("sd3.5_medium_diffusers.safetensors");
-    sdflow_core::io::safetensors::write(&path, tensors.iter().map(|(n, s, b)| (n.as_str(), DType::F32, s.clone(), b.as_slice())), &BTreeMap::new()).unwrap();
+    common::write_diffusers_file(&path, "sd3_diffusers_map.json", "model.diffusion_model.", &keys, &values);
     let src = stability_layout(sdflow_core::io::open(&path).unwrap()).unwrap();
     let names: std::collections::BTreeSet<&str> = src.tensors().iter().map(|t| t.name.as_str()).collect();
     assert_eq!(names, keys.keys().map(String::as_str).collect(), "every single-file tensor, nothing else");

@@ -1,7 +1,9 @@
-//! Tensors assembled from row ranges of another source's tensors: how a layout that
-//! splits a matrix (diffusers' q, k, v) is shown to an architecture that reads it fused
-//! (BFL's `qkv`), and halves are swapped (diffusers' `norm_out` scale/shift). Rows are
-//! whole (a quantized row is whole blocks), so any stored type concatenates as bytes.
+//! Another source's tensors shown in another key layout: renamed (diffusers names as LDM
+//! names, [`Assembled::renamed`]), or assembled from row ranges of its tensors — how a
+//! layout that splits a matrix (diffusers' q, k, v) is shown to an architecture that reads
+//! it fused (BFL's `qkv`), and halves are swapped (diffusers' `norm_out` scale/shift).
+//! Rows are whole (a quantized row is whole blocks), so any stored type concatenates as
+//! bytes.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -71,6 +73,29 @@ impl Assembled {
             tensors.push(info);
         }
         Ok(Assembled { inner, tensors, index })
+    }
+
+    /// The tensors of `inner` that `rename` keeps, under their new names and shapes (a new
+    /// shape must hold the same elements: a linear weight shown as a 1×1 convolution).
+    /// Fails with the new name when two tensors would share it.
+    pub fn renamed(inner: Box<dyn TensorSource>, mut rename: impl FnMut(&TensorInfo) -> Option<TensorInfo>) -> Result<Self, String> {
+        let mut plan = Vec::new();
+        let mut shapes = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for t in inner.tensors() {
+            let Some(info) = rename(t) else { continue };
+            debug_assert_eq!(info.n_elements(), t.n_elements(), "a rename keeps the elements");
+            if !seen.insert(info.name.clone()) {
+                return Err(info.name);
+            }
+            plan.push((info.name, vec![Rows::all(t)]));
+            shapes.push(info.shape);
+        }
+        let mut out = Assembled::new(inner, plan)?;
+        for (t, shape) in out.tensors.iter_mut().zip(shapes) {
+            t.shape = shape;
+        }
+        Ok(out)
     }
 }
 

@@ -20,12 +20,10 @@ pub mod assembled;
 pub mod diffusers;
 pub mod gguf;
 pub mod pickle;
-pub mod renamed;
 pub mod rules;
 pub mod safetensors;
 
 pub use assembled::{Assembled, Rows};
-pub use renamed::Renamed;
 pub use rules::{read_as, TypeRules, WeightType};
 
 /// The on-disk format a source was read from.

@@ -99,3 +99,28 @@ pub fn max_abs_err(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "lengths differ");
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max)
 }
+
+/// A diffusers-named file at `path` made from single-file tensors as diffusers' converter
+/// places them (`map_file`: {diffusers name: [[single-file name, first row, rows], ...]},
+/// from make_dit_diffusers_maps.py), under `prefix`: each tensor's values from `values`
+/// by single-file name, `keys` giving the shapes. Returns the (name, shape, f32 bytes)
+/// written.
+#[allow(dead_code)]
+pub fn write_diffusers_file(path: &std::path::Path, map_file: &str, prefix: &str, keys: &BTreeMap<String, Vec<usize>>, values: &dyn Fn(&str) -> Vec<f32>) -> Vec<(String, Vec<usize>, Vec<u8>)> {
+    let map: BTreeMap<String, Vec<(String, usize, usize)>> = serde_json::from_value(reference(map_file)).unwrap();
+    let mut tensors = Vec::new();
+    for (name, parts) in &map {
+        let (mut data, mut rows, mut rest) = (Vec::<f32>::new(), 0, Vec::new());
+        for (src, first, n) in parts {
+            let shape = &keys[src];
+            let per: usize = shape[1..].iter().product();
+            data.extend_from_slice(&values(src)[first * per..(first + n) * per]);
+            rows += n;
+            rest = shape[1..].to_vec();
+        }
+        let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
+        tensors.push((format!("{prefix}{name}"), [vec![rows], rest].concat(), bytes));
+    }
+    sdflow_core::io::safetensors::write(path, tensors.iter().map(|(n, s, b)| (n.as_str(), sdflow_core::dtype::DType::F32, s.clone(), b.as_slice())), &BTreeMap::new()).unwrap();
+    tensors
+}

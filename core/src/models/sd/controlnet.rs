@@ -16,7 +16,7 @@ use crate::models::nn::conv2d;
 use super::unet::{ControlResiduals, Unet, UnetConfig};
 use crate::models::{ModelError, Result, Weights};
 use crate::ggml::{Context, Tensor};
-use crate::io::{Renamed, TensorSource};
+use crate::io::{Assembled, TensorSource};
 
 /// Where [`standalone_source`] puts the ControlNet's tensors (ldm's module name).
 pub const PREFIX: &str = "control_model";
@@ -210,7 +210,7 @@ pub fn standalone_source(src: Box<dyn TensorSource>) -> Result<Box<dyn TensorSou
             "{shown}: not a ControlNet (no `control_model.input_hint_block.*`, `input_hint_block.*` or diffusers `controlnet_cond_embedding.*` tensors)"
         )));
     };
-    let renamed = Renamed::new(src, |t| {
+    let renamed = Assembled::renamed(src, |t| {
         let ldm = match layout {
             Layout::Ldm => t.name.strip_prefix("control_model.")?.to_string(),
             Layout::Bare => t.name.clone(),

@@ -15,7 +15,7 @@ use std::path::Path;
 use crate::models::conditioning::Prediction;
 use crate::models::vae::VaeLayout;
 use crate::models::{ModelError, Result};
-use crate::io::{Format, Renamed, TensorSource};
+use crate::io::{Assembled, Format, TensorSource};
 use crate::lora::keys::diffusers_to_ldm_unet;
 
 const UNET: &str = "unet.";
@@ -59,7 +59,7 @@ pub fn as_checkpoint(src: Box<dyn TensorSource>) -> Result<Box<dyn TensorSource>
         }
     };
     let mut unnamed = None;
-    let renamed = Renamed::new(src, |t| {
+    let renamed = Assembled::renamed(src, |t| {
         let mut info = t.clone();
         match rename(&t.name) {
             Some(Some((ldm, linear))) => {

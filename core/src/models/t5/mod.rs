@@ -257,7 +257,7 @@ pub fn hf_layout(src: Box<dyn crate::io::TensorSource>) -> Result<Box<dyn crate:
         return Ok(src);
     }
     let shown = src.path().display().to_string();
-    let renamed = crate::io::Renamed::new(src, |t| {
+    let renamed = crate::io::Assembled::renamed(src, |t| {
         let mut info = t.clone();
         info.name = hf_name(&t.name)?;
         Some(info)

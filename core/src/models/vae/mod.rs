@@ -499,7 +499,7 @@ pub fn standalone_source(src: Box<dyn crate::io::TensorSource>) -> Result<Box<dy
         .ok_or_else(|| ModelError::Config(format!("{shown}: no KL VAE decoder (neither `decoder.up.*` nor diffusers `decoder.up_blocks.*` tensors)")))?;
     // diffusers' linear attention weights become LDM's 1×1 convolutions (same bytes,
     // two more dimensions).
-    let renamed = crate::io::Renamed::new(src, |t| {
+    let renamed = crate::io::Assembled::renamed(src, |t| {
         let (ldm, linear) = layout.ldm_name(&t.name)?;
         let mut info = t.clone();
         info.name = format!("{STANDALONE_PREFIX}.{ldm}");
