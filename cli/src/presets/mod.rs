@@ -1,0 +1,405 @@
+//! The sd-cli presets: `sdflow img_gen` (alias `txt2img`), `upscale`, `adetailer` and
+//! `vid_gen`, with sd-cli's flag names and defaults. Each builds a workflow with
+//! `sdflow_workflows::presets` and runs it through `run::execute`, then moves the images
+//! to where `-o` says, as sd-cli names them.
+//!
+//! The flags are in [`args`]; the files they name are staged for the graph by [`stage`].
+
+mod args;
+mod stage;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use sdflow_executor::Workflow;
+use sdflow_workflows::presets::{self, AdetailerParams, ChromaParams, Family, HiresParams, ImgGenParams, ModelInfo, Preset, SlgParams, TilingParams, UpscaleParams};
+
+pub use args::{AdetailerArgs, CommonArgs, ImgGenArgs, UpscaleArgs, VidGenArgs};
+use args::Refused;
+use stage::{find_lora, shown_name, Names, Stage};
+
+use crate::run;
+
+/// The refusals and validity checks that need no files: done before anything is staged.
+fn check_output(output: &str) -> anyhow::Result<()> {
+    let ext = Path::new(output).extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+    if ext.as_deref() != Some("png") {
+        bail!("not supported yet: -o {output} (SaveImage writes PNG; give the output a .png name)");
+    }
+    Ok(())
+}
+
+/// Whether sd-cli zeroes the unconditional embeddings of the model at `path` when the
+/// negative prompt is empty: SDXL models, except EDM-v ones (CosXL). A file that cannot
+/// be read is left to the loader to report.
+fn zeroes_empty_negative(path: &str) -> bool {
+    let Ok(src) = sdflow_core::io::open(Path::new(path)) else { return false };
+    let det = sdflow_core::detect::detect_source(src.as_ref());
+    det.family == sdflow_core::detect::ModelFamily::Sdxl && !src.tensors().iter().any(|t| t.name == sdflow_core::detect::EDM_VPRED_KEYS.1)
+}
+
+/// What the diffusion model file holds (`--diffusion-model`, else `-m`), for the family's
+/// graph builder. A file that cannot be read is left to the loaders to report; without
+/// one, `--t5xxl` with `--clip_g` means SD3, with `--clip_l` FLUX, alone Chroma.
+fn model_info(a: &ImgGenArgs) -> ModelInfo {
+    let guess = || match (&a.t5xxl, &a.clip_l, &a.clip_g) {
+        (None, _, _) => Family::Unet,
+        (Some(_), _, Some(_)) => Family::Sd3,
+        (Some(_), Some(_), None) => Family::Flux { fill: false, guidance: true },
+        (Some(_), None, None) => Family::Chroma,
+    };
+    let found = |v: &Option<String>, kind: &str| v.as_ref().map(|v| [PathBuf::from(v), a.common.models_dir.join(kind).join(v), a.common.models_dir.join(v)].into_iter().find(|p| p.exists()).unwrap_or_else(|| PathBuf::from(v)));
+    let (model, diffusion) = (found(&a.model, "checkpoints"), found(&a.diffusion_model, "diffusion_models"));
+    ModelInfo::detect(model.as_deref(), diffusion.as_deref()).unwrap_or(ModelInfo { family: guess(), has_text_encoders: true, has_vae: true, double_blocks: None })
+}
+
+/// The tiny autoencoder entry for the model's latents (`taesd` when the file cannot be read).
+fn tae_name(a: &ImgGenArgs) -> &'static str {
+    use sdflow_nodes::loaders::taesd::TaeKind;
+    let file = a.diffusion_model.as_deref().or(a.model.as_deref());
+    let family = file.and_then(|f| sdflow_core::io::open(Path::new(f)).ok()).map(|src| sdflow_core::detect::detect_source(src.as_ref()).family);
+    family.and_then(TaeKind::for_family).unwrap_or(TaeKind::Sd).name()
+}
+
+/// An image file's width and height ((0, 0) when it cannot be read: the loader reports it).
+fn image_size(path: &str) -> (i64, i64) {
+    image::image_dimensions(path).map_or((0, 0), |(w, h)| (w as i64, h as i64))
+}
+
+/// sd-cli's `key=value` lists (`,` or `;` between pairs).
+fn key_values<'a>(flag: &str, s: &'a str) -> anyhow::Result<Vec<(&'a str, &'a str)>> {
+    s.split([',', ';'])
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|p| p.split_once('=').map(|(k, v)| (k.trim(), v.trim())).with_context(|| format!("invalid value for {flag}: `{p}` is not key=value")))
+        .collect()
+}
+
+/// sd-cli's boolean spellings.
+fn parse_bool(flag: &str, key: &str, v: &str) -> anyhow::Result<bool> {
+    match v.to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => bail!("invalid value for {flag}: {key}={v} is not a boolean (1/0, true/false, yes/no, on/off)"),
+    }
+}
+
+/// Chroma's mask options: `--model-args` over sd-cli's older `--chroma-*` flags.
+fn chroma_params(a: &ImgGenArgs) -> anyhow::Result<ChromaParams> {
+    let mut c = ChromaParams { dit_mask: !a.chroma_disable_dit_mask, t5_mask: a.chroma_enable_t5_mask, t5_mask_pad: a.chroma_t5_mask_pad };
+    for (k, v) in key_values("--model-args", a.model_args.as_deref().unwrap_or(""))? {
+        match k {
+            "chroma_use_dit_mask" => c.dit_mask = parse_bool("--model-args", k, v)?,
+            "chroma_use_t5_mask" => c.t5_mask = parse_bool("--model-args", k, v)?,
+            "chroma_t5_mask_pad" => c.t5_mask_pad = v.parse().with_context(|| format!("invalid value for --model-args: chroma_t5_mask_pad={v} is not an integer"))?,
+            "qwen_image_zero_cond_t" => bail!("not supported yet: --model-args {k} (Qwen-Image is not implemented)"),
+            _ => bail!("invalid value for --model-args: unknown key `{k}` (chroma_use_dit_mask, chroma_use_t5_mask, chroma_t5_mask_pad)"),
+        }
+    }
+    Ok(c)
+}
+
+struct RefArgs {
+    increase: bool,
+    resize: bool,
+}
+
+/// `--ref-image-args` over sd-cli's older `--increase-ref-index` and
+/// `--disable-auto-resize-ref-image`.
+fn ref_image_args(a: &ImgGenArgs) -> anyhow::Result<RefArgs> {
+    let mut r = RefArgs { increase: a.increase_ref_index, resize: !a.disable_auto_resize_ref_image };
+    for (k, v) in key_values("--ref-image-args", a.ref_image_args.as_deref().unwrap_or(""))? {
+        match (k, v) {
+            ("ref_index_mode", "fixed") => r.increase = false,
+            ("ref_index_mode", "increase") => r.increase = true,
+            ("ref_index_mode", _) => bail!("not supported yet: --ref-image-args ref_index_mode={v} (fixed and increase are FLUX Kontext's)"),
+            ("resize_before_vae", _) => r.resize = parse_bool("--ref-image-args", k, v)?,
+            ("preset", "flux_kontext") | ("pass_to_dit", "1" | "true" | "on" | "yes") | ("pass_to_vlm", "0" | "false" | "off" | "no") => {}
+            _ => bail!("not supported yet: --ref-image-args {k}={v} (sdflow takes ref_index_mode and resize_before_vae, FLUX Kontext's)"),
+        }
+    }
+    Ok(r)
+}
+
+/// `--skip-layers`: sd-cli's `[7,8,9]` list (brackets and spaces optional).
+fn parse_skip_layers(s: &str) -> anyhow::Result<Vec<i64>> {
+    let inner = s.trim().trim_start_matches('[').trim_end_matches(']');
+    inner.split(',').map(str::trim).filter(|t| !t.is_empty()).map(|t| t.parse::<i64>().with_context(|| format!("invalid value for --skip-layers: `{t}` in {s} is not an integer"))).collect()
+}
+
+fn img_gen_params(a: &ImgGenArgs, seed: i64, names: &mut Names<'_>) -> anyhow::Result<ImgGenParams> {
+    let (_, tags) = presets::extract_loras(&a.sampling.prompt)?;
+    let mut lora_files = BTreeMap::new();
+    for t in &tags {
+        let file = match names {
+            Names::Shown => find_lora(&a.lora_model_dir, &t.name).map_or_else(|| format!("{}.safetensors", t.name), |p| shown_name(&p.to_string_lossy())),
+            Names::Staged(s) => s.lora(&a.lora_model_dir, &t.name)?,
+        };
+        lora_files.insert(t.name.clone(), file);
+    }
+    let hires_upscaler = if a.hires && !a.hires_upscaler.starts_with("Latent") && !["Nearest", "Lanczos"].contains(&a.hires_upscaler.as_str()) {
+        // A model name under --hires-upscalers-dir, as sd-cli looks it up.
+        match (&mut *names, &a.hires_upscalers_dir) {
+            (Names::Staged(s), Some(dir)) => {
+                let found = ["", ".pth", ".safetensors", ".pt", ".bin", ".gguf"].iter().map(|e| dir.join(format!("{}{e}", a.hires_upscaler))).find(|p| p.is_file());
+                match found {
+                    Some(p) => s.link("upscale_models", &p)?,
+                    None => bail!("--hires-upscaler {}: no such model in {}", a.hires_upscaler, dir.display()),
+                }
+            }
+            (Names::Staged(s), None) => s.model("upscale_models", "--hires-upscaler", &a.hires_upscaler)?,
+            (Names::Shown, _) => a.hires_upscaler.clone(),
+        }
+    } else {
+        a.hires_upscaler.clone()
+    };
+    let refs = ref_image_args(a)?;
+    let ref_sizes = a.ref_image.iter().map(|r| image_size(r)).collect::<Vec<_>>();
+    // sd-cli: without -W/-H the output takes the first reference's size (an init image's
+    // first), rounded up to a multiple of 8.
+    let (mut width, mut height) = (a.width.unwrap_or(512), a.height.unwrap_or(512));
+    if a.width.is_none() && a.height.is_none() && a.init_img.is_none() {
+        if let Some(&(w, h)) = ref_sizes.first().filter(|s| s.0 > 0) {
+            (width, height) = ((w + 7) / 8 * 8, (h + 7) / 8 * 8);
+        }
+    }
+    Ok(ImgGenParams {
+        model: names.model("checkpoints", "-m", &a.model)?,
+        diffusion_model: names.model("diffusion_models", "--diffusion-model", &a.diffusion_model)?,
+        clip_l: names.model("text_encoders", "--clip_l", &a.clip_l)?,
+        clip_g: names.model("text_encoders", "--clip_g", &a.clip_g)?,
+        vae: names.model("vae", "--vae", &a.vae)?,
+        // Staged either way: previews find it in vae_approx/.
+        taesd: match (&a.taesd, &mut *names) {
+            (None, _) => None,
+            (Some(_), Names::Shown) => (!a.taesd_preview_only).then(|| tae_name(a).to_string()),
+            (Some(v), Names::Staged(s)) => Some(s.taesd(v, tae_name(a))?).filter(|_| !a.taesd_preview_only),
+        },
+        control_net: names.model("controlnet", "--control-net", &a.control_net)?,
+        control_image: names.image("--control-image", &a.control_image)?,
+        control_strength: a.control_strength,
+        canny: a.canny,
+        photo_maker: names.model("photomaker", "--photo-maker", &a.photo_maker)?,
+        pm_id_images_dir: names.folder("--pm-id-images-dir", &a.pm_id_images_dir)?,
+        pm_id_embed_path: names.image("--pm-id-embed-path", &a.pm_id_embed_path)?,
+        pm_style_strength: a.pm_style_strength,
+        upscale_model: names.model("upscale_models", "--upscale-model", &a.upscale_model)?,
+        upscale_repeats: a.upscale_repeats,
+        upscale_tile_size: a.upscale_tile_size,
+        ad_model: names.model("ultralytics", "--ad-model", &a.ad_model)?,
+        extra_ad_args: a.extra_ad_args.clone(),
+        ad_prompt: a.ad_prompt.clone(),
+        ad_negative_prompt: a.ad_negative_prompt.clone(),
+        prompt: a.sampling.prompt.clone(),
+        negative_prompt: a.sampling.negative_prompt.clone(),
+        zero_empty_negative: a.model.as_deref().is_some_and(zeroes_empty_negative),
+        lora_files,
+        lora_apply_mode: a.lora_apply_mode.clone(),
+        rng: a.sampling.node_rng(),
+        width,
+        height,
+        size_given: a.width.is_some() || a.height.is_some(),
+        steps: a.sampling.steps,
+        cfg_scale: a.sampling.cfg_scale,
+        sampling_method: a.sampling.sampling_method.clone(),
+        scheduler: a.sampling.scheduler.clone(),
+        prediction: a.sampling.prediction.clone(),
+        eta: a.sampling.eta,
+        sigmas: a.sampling.sigmas.clone().map(|l| l.0),
+        seed,
+        batch_count: a.batch_count,
+        init_img: names.image("-i", &a.init_img)?,
+        mask: names.image("--mask", &a.mask)?,
+        strength: a.strength.unwrap_or(0.75),
+        clip_skip: a.clip_skip,
+        img_cfg_scale: a.img_cfg_scale,
+        hires: HiresParams {
+            enabled: a.hires,
+            upscaler: hires_upscaler,
+            scale: a.hires_scale,
+            width: a.hires_width,
+            height: a.hires_height,
+            steps: a.hires_steps,
+            denoising_strength: a.hires_denoising_strength,
+            upscale_tile_size: a.hires_upscale_tile_size,
+            sigmas: a.hires_sigmas.clone().map(|l| l.0),
+        },
+        tiling: TilingParams { enabled: a.vae_tiling, tile_size: a.vae_tile_size, overlap: a.vae_tile_overlap, relative: a.vae_relative_tile_size.map(|(x, y)| (x as f64, y as f64)) },
+        output: a.sampling.output.clone(),
+        model_info: model_info(a),
+        t5xxl: names.model("text_encoders", "--t5xxl", &a.t5xxl)?,
+        guidance: a.guidance,
+        flow_shift: a.flow_shift,
+        slg: SlgParams { scale: a.slg_scale, layers: parse_skip_layers(&a.skip_layers)?, start: a.skip_layer_start, end: a.skip_layer_end },
+        ref_images: a.ref_image.iter().map(|r| names.image("-r", &Some(r.clone())).map(Option::unwrap_or_default)).collect::<anyhow::Result<_>>()?,
+        ref_sizes,
+        increase_ref_index: refs.increase,
+        auto_resize_ref_image: refs.resize,
+        chroma: chroma_params(a)?,
+    })
+}
+
+fn common_refusals(c: &CommonArgs, refused: &Refused) -> anyhow::Result<()> {
+    refused.check()?;
+    if c.preview.as_deref() == Some("vae") {
+        bail!("not supported yet: --preview vae (a full VAE decode per step; --preview tae or proj draw the previews)");
+    }
+    if c.preview_method() != sdflow_nodes::sampling::preview::PreviewMethod::None && run::preview_format(&c.preview_path).is_none() {
+        bail!("invalid value for --preview-path: {} (previews are written as .png or .jpg)", c.preview_path.display());
+    }
+    Ok(())
+}
+
+pub fn img_gen_command(a: ImgGenArgs) -> anyhow::Result<()> {
+    common_refusals(&a.common, &a.refused)?;
+    a.sampling.refusals()?;
+    if a.taesd.is_none() {
+        if a.taesd_preview_only {
+            bail!("missing --taesd: --taesd-preview-only previews with the --taesd decoder");
+        }
+        if a.common.preview.as_deref() == Some("tae") {
+            bail!("missing --taesd: --preview tae draws the previews with the --taesd decoder");
+        }
+    }
+    if let Some(r) = &a.tensor_type_rules {
+        bail!("not supported yet: --tensor-type-rules {r} (loading applies --type only; `sdflow convert` takes rules)");
+    }
+    check_output(&a.sampling.output)?;
+    if let (Some(_), Some(st)) = (a.img_cfg_scale, a.strength) {
+        bail!("not supported yet: --strength {st} with --img-cfg-scale (instruct-pix2pix samples from noise, strength 1)");
+    }
+    let seed = presets::resolve_seed(a.sampling.seed);
+    let shown = presets::img_gen(&img_gen_params(&a, seed, &mut Names::Shown)?)?;
+    finish(shown, &a.common, &a.sampling.output, a.sampling.output_begin_idx, |stage| {
+        if let Some(d) = &a.embd_dir {
+            stage.embeddings(d)?;
+        } else if a.common.models_dir.join("embeddings").is_dir() {
+            stage.embeddings(&a.common.models_dir.join("embeddings"))?;
+        }
+        Ok(presets::img_gen(&img_gen_params(&a, seed, &mut Names::Staged(stage))?)?)
+    })
+}
+
+pub fn upscale_command(a: UpscaleArgs) -> anyhow::Result<()> {
+    common_refusals(&a.common, &a.refused)?;
+    check_output(&a.output)?;
+    let params = |names: &mut Names<'_>| -> anyhow::Result<UpscaleParams> {
+        Ok(UpscaleParams {
+            init_img: names.image("-i", &Some(a.init_img.clone()))?.unwrap_or_default(),
+            upscale_model: names.model("upscale_models", "--upscale-model", &Some(a.upscale_model.clone()))?.unwrap_or_default(),
+            upscale_repeats: a.upscale_repeats,
+            tile_size: a.upscale_tile_size,
+            output: a.output.clone(),
+        })
+    };
+    let shown = presets::upscale(&params(&mut Names::Shown)?)?;
+    finish(shown, &a.common, &a.output, None, |stage| Ok(presets::upscale(&params(&mut Names::Staged(stage))?)?))
+}
+
+pub fn adetailer_command(a: AdetailerArgs) -> anyhow::Result<()> {
+    common_refusals(&a.common, &a.refused)?;
+    a.sampling.refusals()?;
+    if a.common.preview.as_deref() == Some("tae") {
+        bail!("not supported yet: --preview tae in the adetailer mode (it takes no --taesd; --preview proj works)");
+    }
+    if a.sampling.sigmas.is_some() {
+        bail!("not supported yet: --sigmas in the adetailer mode (the detail pass's schedule is --steps of --scheduler cut to --strength)");
+    }
+    check_output(&a.sampling.output)?;
+    let seed = presets::resolve_seed(a.sampling.seed);
+    let params = |names: &mut Names<'_>| -> anyhow::Result<AdetailerParams> {
+        Ok(AdetailerParams {
+            model: names.model("checkpoints", "-m", &Some(a.model.clone()))?.unwrap_or_default(),
+            init_img: names.image("-i", &Some(a.init_img.clone()))?.unwrap_or_default(),
+            ad_model: names.model("ultralytics", "--ad-model", &Some(a.ad_model.clone()))?.unwrap_or_default(),
+            extra_ad_args: a.extra_ad_args.clone(),
+            ad_prompt: a.ad_prompt.clone(),
+            ad_negative_prompt: a.ad_negative_prompt.clone(),
+            prompt: a.sampling.prompt.clone(),
+            negative_prompt: a.sampling.negative_prompt.clone(),
+            width: a.width,
+            height: a.height,
+            steps: a.sampling.steps,
+            cfg_scale: a.sampling.cfg_scale,
+            sampling_method: a.sampling.sampling_method.clone(),
+            scheduler: a.sampling.scheduler.clone(),
+            prediction: a.sampling.prediction.clone(),
+            eta: a.sampling.eta,
+            rng: a.sampling.node_rng(),
+            seed,
+            strength: a.strength,
+            output: a.sampling.output.clone(),
+        })
+    };
+    let shown = presets::adetailer(&params(&mut Names::Shown)?)?;
+    finish(shown, &a.common, &a.sampling.output, a.sampling.output_begin_idx, |stage| Ok(presets::adetailer(&params(&mut Names::Staged(stage))?)?))
+}
+
+pub fn vid_gen_command(_a: VidGenArgs) -> anyhow::Result<()> {
+    bail!("not supported yet: vid_gen (no video model family — Wan, SVD, LTX — is implemented)")
+}
+
+/// Prints or saves `shown` (the workflow with file names as given), refuses it if this
+/// build lacks a node it needs, else stages the files, builds the runnable workflow with
+/// `build`, runs it and moves the images to `-o`.
+fn finish(shown: Preset, c: &CommonArgs, output: &str, begin: Option<i64>, build: impl FnOnce(&mut Stage) -> anyhow::Result<Preset>) -> anyhow::Result<()> {
+    let threads = (c.threads > 0).then_some(c.threads as usize);
+    let stage_probe = Stage::new(&c.models_dir)?;
+    let (probe, _) = run::registry(stage_probe.path(), stage_probe.path(), &stage_probe.input_dir(), threads, c.weight_type.resolve())?;
+    let missing = presets::unsupported_nodes(&shown, &probe);
+    drop(probe);
+    drop(stage_probe);
+    if let Some(path) = &c.save_workflow {
+        std::fs::write(path, shown.workflow.to_string_pretty() + "\n").with_context(|| format!("writing {}", path.display()))?;
+    }
+    if c.print_workflow {
+        println!("{}", shown.workflow.to_string_pretty());
+        for m in &missing {
+            eprintln!("note: this build cannot run it yet: {m}");
+        }
+        return Ok(());
+    }
+    if !missing.is_empty() {
+        let lines: Vec<String> = missing.iter().map(ToString::to_string).collect();
+        bail!("{}", lines.join("\nerror: "));
+    }
+    let mut stage = Stage::new(&c.models_dir)?;
+    let preset = build(&mut stage)?;
+    let out_dir = stage.path().join("output");
+    let (method, noisy) = (c.preview_method(), c.preview_noisy);
+    let registry = Arc::new(run::registry_with(stage.path(), &out_dir, &stage.input_dir(), threads, c.weight_type.resolve(), |rt| rt.with_preview_method(method).with_preview_noisy(noisy))?.0);
+    let workflows: Vec<(String, Workflow)> = vec![(preset.workflow.header.as_ref().and_then(|h| h.title.clone()).unwrap_or_default(), preset.workflow.clone())];
+    let session = run::Session { output_dir: Some(out_dir.clone()), json_events: c.json_events, workers: None, repeat: 1, preview: c.preview_file() };
+    let reports = run::execute(registry, &workflows, &session)?;
+    let mut files = Vec::new();
+    for report in &reports {
+        for id in &preset.save_nodes {
+            let Some(images) = report.ui_outputs.get(id).and_then(|u| u.get("images")).and_then(|i| i.as_array()) else { continue };
+            for img in images {
+                let name = img.get("filename").and_then(|f| f.as_str()).unwrap_or_default();
+                let sub = img.get("subfolder").and_then(|f| f.as_str()).unwrap_or_default();
+                files.push(out_dir.join(sub).join(name));
+            }
+        }
+    }
+    let targets = presets::output_paths(output, files.len(), begin)?;
+    for (from, to) in files.iter().zip(&targets) {
+        if let Some(parent) = to.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+        }
+        if std::fs::rename(from, to).is_err() {
+            // Across file systems a rename fails; copy instead.
+            std::fs::copy(from, to).with_context(|| format!("writing {}", to.display()))?;
+        }
+        let line = format!("save result image to '{}'", to.display());
+        if c.json_events {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
+    }
+    Ok(())
+}
+
