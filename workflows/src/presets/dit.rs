@@ -259,7 +259,9 @@ fn loaders(b: &mut Builder, p: &ImgGenParams, family: Family) -> Result<(Out, Ou
         }
     };
     let files = |list: &[&Option<String>]| list.iter().filter_map(|f| (*f).clone()).collect::<Vec<String>>();
-    let clip = match family {
+    // Every missing part is named at once.
+    let mut clip = || -> Result<Out, PresetError> {
+        Ok(match family {
         Family::Sd3 => {
             let given = files(&[&p.clip_l, &p.clip_g, &p.t5xxl]);
             let node = match given.as_slice() {
@@ -295,13 +297,19 @@ fn loaders(b: &mut Builder, p: &ImgGenParams, family: Family) -> Result<(Out, Ou
                 (None, Some(_)) => return Err(PresetError::Missing { flag: "--clip_l".into(), msg: format!("a {name} model reads CLIP-L and T5-XXL; give both") }),
             }
         }
+    })
     };
+    let clip = clip();
     let vae = match (&p.vae, &ckpt) {
-        (Some(v), _) => Out(b.core("vae", "--vae", NodeSpec::new("VAELoader").with_const("vae_name", json!(v))), 0),
-        (None, Some(c)) if info.has_vae => Out(c.clone(), 2),
-        _ => return Err(PresetError::Missing { flag: "--vae".into(), msg: format!("the {name} model file holds no VAE; give its 16-channel VAE (ae.safetensors for FLUX and Chroma)") }),
+        (Some(v), _) => Ok(Out(b.core("vae", "--vae", NodeSpec::new("VAELoader").with_const("vae_name", json!(v))), 0)),
+        (None, Some(c)) if info.has_vae => Ok(Out(c.clone(), 2)),
+        _ => Err(PresetError::Missing { flag: "--vae".into(), msg: format!("the {name} model file holds no VAE; give its 16-channel VAE (ae.safetensors for FLUX and Chroma)") }),
     };
-    Ok((model, clip, vae))
+    match (clip, vae) {
+        (Ok(clip), Ok(vae)) => Ok((model, clip, vae)),
+        (Err(PresetError::Missing { flag: f1, msg: m1 }), Err(PresetError::Missing { flag: f2, msg: m2 })) => Err(PresetError::Missing { flag: format!("{f1}, {f2}"), msg: format!("{m1}; {m2}") }),
+        (Err(e), _) | (_, Err(e)) => Err(e),
+    }
 }
 
 /// SdCppConditioner: prompts encoded as sd.cpp encodes them, with Chroma's mask flags.

@@ -591,3 +591,16 @@ fn chroma_preset_passes_its_mask_flags() {
     assert_eq!(constant(find(&wf, "CLIPLoader")[0], "type"), &json!("chroma"));
     assert!(find(&wf, "FluxGuidance").is_empty(), "sd.cpp gives Chroma guidance 0");
 }
+
+/// A diffusion model alone, without the flags that give its other parts: each is named.
+#[test]
+fn every_missing_part_is_named_at_once() {
+    let bare = ImgGenParams { clip_l: None, t5xxl: None, vae: None, ..flux() };
+    match img_gen(&bare) {
+        Err(PresetError::Missing { flag, msg }) => {
+            assert_eq!(flag, "--clip_l and --t5xxl, --vae");
+            assert!(msg.contains("no text encoders") && msg.contains("no VAE"), "{msg}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
