@@ -62,6 +62,14 @@ const FILES: &[(&str, &[&str])] = &[
         &["img_gen", "-m", "sdxl.safetensors", "--photo-maker", "photomaker-v1.safetensors", "--pm-id-images-dir", "photomaker_id", "-p", "a photo of a man img, in a garden, soft light", "-n", "blurry, low quality", "-W", "1024", "-H", "1024", "--cfg-scale", "5", "-o", "photomaker.png"],
     ),
     ("adetailer_txt2img.json", &["img_gen", "-m", "model.safetensors", "-p", "portrait photo", "-n", "blurry, low quality", "--ad-model", "face_yolov8n.pt", "--ad-prompt", "[PROMPT], detailed face", "-o", "adetailer_txt2img.png"]),
+    (
+        "flux_dev_sd_cli.json",
+        &["img_gen", "--diffusion-model", "flux1-dev.safetensors", "--clip_l", "clip_l.safetensors", "--t5xxl", "t5xxl_fp16.safetensors", "--vae", "ae.safetensors", "-p", "a lovely cat holding a sign that says 'sdflow'", "--cfg-scale", "1.0", "-W", "1024", "-H", "1024", "-o", "flux_dev_sd_cli.png"],
+    ),
+    (
+        "sd35_sd_cli.json",
+        &["img_gen", "-m", "sd3.5_medium.safetensors", "--clip_l", "clip_l.safetensors", "--clip_g", "clip_g.safetensors", "--t5xxl", "t5xxl_fp16.safetensors", "-p", "a lovely cat, (watercolor:1.2)", "-n", "blurry", "--cfg-scale", "4.5", "--slg-scale", "2.5", "-W", "1024", "-H", "1024", "-o", "sd35_sd_cli.png"],
+    ),
 ];
 
 /// Committed workflows no sd-cli command line describes (graph-only features).
