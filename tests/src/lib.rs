@@ -483,3 +483,70 @@ pub fn write_flux_lora(path: &std::path::Path, naming: &str) {
     let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors.into_iter().map(|(n, s, v)| (n, s, v.iter().flat_map(|x| x.to_le_bytes()).collect())).collect();
     sdflow_core::io::safetensors::write(path, bytes.iter().map(|(n, s, b)| (n.as_str(), DType::F32, s.clone(), b.as_slice())), &Default::default()).unwrap();
 }
+
+/// The diffusers-named twin of a single-file transformer at `single` (BFL's FLUX.1,
+/// Stability's SD3), written to `out`: `layout`'s table run backwards (renamed, fused
+/// tensors split — `hidden` rows for each part but the last, which takes the rest —, two-
+/// chunk modulations' halves swapped). The forward direction is checked against diffusers'
+/// converter in core's tests; this only feeds the loaders a diffusers-named file.
+pub fn write_diffusers_twin(single: &Path, out: &Path, layout: &sdflow_core::models::dit::diffusers::Layout, hidden: usize) {
+    use sdflow_core::models::dit::diffusers::Part;
+    let src = sdflow_core::io::open(single).unwrap();
+    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    let rows = |name: &str| {
+        let t = src.get(name).unwrap();
+        let bytes = src.read(name).unwrap().to_vec();
+        let r = t.shape.first().copied().unwrap_or(1);
+        (t.shape.clone(), bytes.len() / r, bytes)
+    };
+    let mut emit = |at: &str, from: &str, part: &Part| {
+        let suffixes: &[&str] = if matches!(part, Part::Tensor(..)) { &[""] } else { &[".weight", ".bias"] };
+        for suffix in suffixes {
+            let (b, d) = match part {
+                Part::Rename(b, d) | Part::Tensor(b, d) | Part::Modulation(b, d) => (*b, *d),
+                Part::Fuse(b, _) => (*b, ""),
+            };
+            let name = format!("{at}{b}{suffix}");
+            if src.get(&name).is_none() {
+                continue;
+            }
+            let (shape, row, bytes) = rows(&name);
+            match part {
+                Part::Rename(..) | Part::Tensor(..) => tensors.push((format!("{from}{d}{suffix}"), shape, bytes)),
+                Part::Modulation(..) => {
+                    let weight = src.get(&format!("{at}{b}.weight")).unwrap().shape.clone();
+                    let bytes = if weight.len() == 2 && weight[0] == 2 * weight[1] {
+                        let half = bytes.len() / 2;
+                        [&bytes[half..], &bytes[..half]].concat()
+                    } else {
+                        bytes
+                    };
+                    tensors.push((format!("{from}{d}{suffix}"), shape, bytes));
+                }
+                Part::Fuse(_, parts) => {
+                    let mut first = 0;
+                    for (k, p) in parts.iter().enumerate() {
+                        let n = if k + 1 == parts.len() { shape[0] - first } else { hidden };
+                        let mut s = shape.clone();
+                        s[0] = n;
+                        tensors.push((format!("{from}{p}{suffix}"), s, bytes[first * row..(first + n) * row].to_vec()));
+                        first += n;
+                    }
+                }
+            }
+        }
+    };
+    for part in layout.top {
+        emit("", "", part);
+    }
+    for (diff, single_name, parts) in layout.blocks {
+        let n = (0..).take_while(|i| src.tensors().iter().any(|t| t.name.starts_with(&format!("{single_name}.{i}.")))).count();
+        for i in 0..n {
+            for part in *parts {
+                emit(&format!("{single_name}.{i}."), &format!("{diff}.{i}."), part);
+            }
+        }
+    }
+    let dtype = src.tensors()[0].dtype;
+    sdflow_core::io::safetensors::write(out, tensors.iter().map(|(n, s, b)| (n.as_str(), dtype, s.clone(), b.as_slice())), &std::collections::BTreeMap::new()).unwrap();
+}

@@ -395,3 +395,25 @@ fn skip_layer_guidance_runs_on_flux() {
     let e = env.run_err(&sd);
     assert!(e.contains("SkipLayerGuidanceDiT") && e.contains("SD1"), "{e}");
 }
+
+/// A FLUX.1 dev in diffusers' names (its tensors split and renamed from the BFL file)
+/// loads through UNETLoader and makes the same image as the BFL file.
+#[test]
+fn a_diffusers_named_transformer_runs_as_its_bfl_twin() {
+    let dir = tempfile::tempdir().unwrap();
+    sdflow_tests::tiny_tree(dir.path());
+    write_flux_models(dir.path());
+    let models = dir.path().join("models/diffusion_models");
+    let hidden = sdflow_core::io::open(&models.join("flux1-dev.safetensors")).unwrap().get("img_in.weight").unwrap().shape[0];
+    sdflow_tests::write_diffusers_twin(&models.join("flux1-dev.safetensors"), &models.join("flux1-dev-diffusers.safetensors"), &sdflow_core::models::flux::diffusers::LAYOUT, hidden);
+    let twin_src = sdflow_core::io::open(&models.join("flux1-dev-diffusers.safetensors")).unwrap();
+    assert!(twin_src.get(sdflow_core::models::flux::diffusers::DIFFUSERS_MARKER).is_some() && !twin_src.tensors().iter().any(|t| t.name.starts_with("double_blocks.")));
+    drop(twin_src);
+    let env = TestEnv::with_dir(dir, |rt| rt);
+    let wf = dev(&env);
+    let (_, _, bfl) = env.run_saved(&wf, "10");
+    let mut twin = wf.clone();
+    twin.set_input("1", "unet_name", sdflow_executor::InputValue::Const(serde_json::json!("flux1-dev-diffusers.safetensors"))).unwrap();
+    let (_, _, diffusers) = env.run_saved(&twin, "10");
+    assert_eq!(bfl, diffusers);
+}

@@ -88,6 +88,13 @@ fn loaders_and_encoders_agree_across_layouts() {
     };
     assert_eq!(env.run_saved_hash(&unet("sd3.5_medium_stability.safetensors"), "9"), base);
     let (_, _, px) = env.run_saved(&unet("sd3.5_medium.safetensors"), "9");
+    // The bare MMDiT's diffusers-named twin makes the same image.
+    let dm = models.join("diffusion_models");
+    let hidden = sdflow_core::io::open(&dm.join("sd3.5_medium.safetensors")).unwrap().get("context_embedder.weight").unwrap().shape[0];
+    sdflow_tests::write_diffusers_twin(&dm.join("sd3.5_medium.safetensors"), &dm.join("sd3.5_medium_diffusers.safetensors"), &sdflow_core::models::sd3::diffusers::LAYOUT, hidden);
+    let env = TestEnv::with_dir(env.dir, |rt| rt);
+    let (_, _, twin) = env.run_saved(&unet("sd3.5_medium_diffusers.safetensors"), "9");
+    assert_eq!(twin, px, "diffusers' names load as Stability's");
     assert!(px.iter().max().unwrap() > px.iter().min().unwrap());
     // The encoders in another order, and through DualCLIPLoader + CLIPLoader's `sd3` types.
     let reordered = with_input(&with_input(&wf, "2", "clip_name1", json!("t5xxl_fp16.safetensors")), "2", "clip_name3", json!("clip_l.safetensors"));
