@@ -12,6 +12,7 @@
 //! - `-r` references (Kontext) on both prompts, resized as sd.cpp does (nearest
 //!   neighbour to at most 1024² pixels, sides rounded to 16).
 
+use sdflow_core::sampling::flow::FlowShift;
 use sdflow_executor::{InputValue, NodeSpec};
 use serde_json::json;
 
@@ -39,24 +40,8 @@ fn short_f64(v: f32) -> f64 {
     v.to_string().parse().unwrap_or(v as f64)
 }
 
-/// The σ of a flow model at `t` in (0, 1]: FLUX's time shift by μ, or SD3's by `shift`.
-#[derive(Clone, Copy)]
-enum Shift {
-    Flux(f32),
-    Sd3(f32),
-}
-
-impl Shift {
-    fn sigma(self, t: f32) -> f32 {
-        match self {
-            Shift::Flux(mu) => mu.exp() / (mu.exp() + (1.0 / t - 1.0)),
-            Shift::Sd3(s) => s * t / (1.0 + (s - 1.0) * t),
-        }
-    }
-}
-
 /// sd.cpp's `flux` scheduler: `σ(1 − i/n)` for i < n, then 0.
-fn flux_schedule(steps: usize, shift: Shift) -> Vec<f32> {
+fn flux_schedule(steps: usize, shift: FlowShift) -> Vec<f32> {
     let mut out: Vec<f32> = (0..steps).map(|i| shift.sigma(1.0 - i as f32 / steps as f32)).collect();
     out.push(0.0);
     out
@@ -64,7 +49,7 @@ fn flux_schedule(steps: usize, shift: Shift) -> Vec<f32> {
 
 /// sd.cpp's `discrete` scheduler on a flow model: `t_i = 999 − i·999/(n−1)`,
 /// `σ((t_i + 1)/1000)`, then 0 (one step: `[σ(1), 0]`).
-fn discrete_schedule(steps: usize, shift: Shift) -> Vec<f32> {
+fn discrete_schedule(steps: usize, shift: FlowShift) -> Vec<f32> {
     let t_to_sigma = |t: f32| shift.sigma((t + 1.0) / 1000.0);
     let mut out: Vec<f32> = if steps == 1 {
         vec![t_to_sigma(999.0)]
@@ -118,7 +103,7 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
             if p.flow_shift.is_some() {
                 model = Out(b.extra("model_sampling", "--flow-shift", NodeSpec::new("ModelSamplingSD3").with_input("model", link(&model)).with_const("shift", json!(short_f64(s)))), 0);
             }
-            Shift::Sd3(s)
+            FlowShift::Snr(s as f64)
         }
         _ => {
             // sd.cpp's flux scheduler takes no --flow-shift; its other schedulers read it
@@ -134,7 +119,7 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
             let mu_json = short_f64(mu);
             let node = NodeSpec::new("ModelSamplingFlux").with_input("model", link(&model)).with_const("max_shift", json!(mu_json)).with_const("base_shift", json!(mu_json)).with_const("width", json!(p.width)).with_const("height", json!(p.height));
             model = Out(b.core("model_sampling", "img_gen", node), 0);
-            Shift::Flux(mu)
+            FlowShift::Flux(mu as f64)
         }
     };
     if p.slg.scale != 0.0 {
