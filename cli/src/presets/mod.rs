@@ -31,41 +31,49 @@ fn check_output(output: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Whether sd-cli zeroes the unconditional embeddings of the model at `path` when the
-/// negative prompt is empty: SDXL models, except EDM-v ones (CosXL). A file that cannot
-/// be read is left to the loader to report.
-fn zeroes_empty_negative(path: &str) -> bool {
-    let Ok(src) = sdflow_core::io::open(Path::new(path)) else { return false };
-    let det = sdflow_core::detect::detect_source(src.as_ref());
-    det.family == sdflow_core::detect::ModelFamily::Sdxl && !src.tensors().iter().any(|t| t.name == sdflow_core::detect::EDM_VPRED_KEYS.1)
+/// What the command's model files hold, read once per command (every graph built from
+/// its flags takes it).
+struct Probe {
+    /// The diffusion model file (`--diffusion-model`, else `-m`): the family's graph
+    /// builder and what `-m` holds. Without a readable file, `--t5xxl` with `--clip_g`
+    /// means SD3, with `--clip_l` FLUX, alone Chroma; the loaders report the file.
+    info: ModelInfo,
+    /// The tiny autoencoder entry for the model's latents (`taesd` when the file given as
+    /// a path cannot be read).
+    tae: &'static str,
+    /// sd-cli zeroes the unconditional embeddings when the negative prompt is empty for an
+    /// SDXL `-m` (given as a path), except EDM-v ones (CosXL).
+    zero_empty_negative: bool,
+    /// Each `-r` image's width and height ((0, 0) when it cannot be read: the loader
+    /// reports it).
+    ref_sizes: Vec<(i64, i64)>,
 }
 
-/// What the diffusion model file holds (`--diffusion-model`, else `-m`), for the family's
-/// graph builder. A file that cannot be read is left to the loaders to report; without
-/// one, `--t5xxl` with `--clip_g` means SD3, with `--clip_l` FLUX, alone Chroma.
-fn model_info(a: &ImgGenArgs) -> ModelInfo {
+fn probe(a: &ImgGenArgs) -> Probe {
+    use sdflow_core::detect::{detect_source, ModelFamily, EDM_VPRED_KEYS};
+    use sdflow_nodes::loaders::taesd::TaeKind;
     let guess = || match (&a.t5xxl, &a.clip_l, &a.clip_g) {
         (None, _, _) => Family::Unet,
         (Some(_), _, Some(_)) => Family::Sd3,
         (Some(_), Some(_), None) => Family::Flux { fill: false, guidance: true },
         (Some(_), None, None) => Family::Chroma,
     };
-    let found = |v: &Option<String>, kind: &str| v.as_ref().map(|v| [PathBuf::from(v), a.common.models_dir.join(kind).join(v), a.common.models_dir.join(v)].into_iter().find(|p| p.exists()).unwrap_or_else(|| PathBuf::from(v)));
-    let (model, diffusion) = (found(&a.model, "checkpoints"), found(&a.diffusion_model, "diffusion_models"));
-    ModelInfo::detect(model.as_deref(), diffusion.as_deref()).unwrap_or(ModelInfo { family: guess(), has_text_encoders: true, has_vae: true, double_blocks: None })
-}
-
-/// The tiny autoencoder entry for the model's latents (`taesd` when the file cannot be read).
-fn tae_name(a: &ImgGenArgs) -> &'static str {
-    use sdflow_nodes::loaders::taesd::TaeKind;
-    let file = a.diffusion_model.as_deref().or(a.model.as_deref());
-    let family = file.and_then(|f| sdflow_core::io::open(Path::new(f)).ok()).map(|src| sdflow_core::detect::detect_source(src.as_ref()).family);
-    family.and_then(TaeKind::for_family).unwrap_or(TaeKind::Sd).name()
-}
-
-/// An image file's width and height ((0, 0) when it cannot be read: the loader reports it).
-fn image_size(path: &str) -> (i64, i64) {
-    image::image_dimensions(path).map_or((0, 0), |(w, h)| (w as i64, h as i64))
+    // A path, else a name in --models-dir; whether it was the path as given.
+    let found = |v: &Option<String>, kind: &str| v.as_ref().map(|v| [PathBuf::from(v), a.common.models_dir.join(kind).join(v), a.common.models_dir.join(v)].into_iter().enumerate().find(|(_, p)| p.exists()).map_or((PathBuf::from(v), false), |(i, p)| (p, i == 0)));
+    let open = |f: &Option<(PathBuf, bool)>| f.as_ref().and_then(|(p, as_given)| Some((sdflow_core::io::open(p).ok()?, *as_given)));
+    let (model, diffusion) = (open(&found(&a.model, "checkpoints")), open(&found(&a.diffusion_model, "diffusion_models")));
+    let detect = |s: &Option<(Box<dyn sdflow_core::io::TensorSource>, bool)>| s.as_ref().map(|(src, as_given)| (detect_source(src.as_ref()), *as_given));
+    let (det_m, det_d) = (detect(&model), detect(&diffusion));
+    let main = if a.diffusion_model.is_some() { &det_d } else { &det_m };
+    let held = a.model.as_ref().map(|_| det_m.as_ref().map(|d| &d.0));
+    let info = main.as_ref().and_then(|(d, _)| ModelInfo::from_detections(d, held)).unwrap_or(ModelInfo { family: guess(), has_text_encoders: true, has_vae: true, double_blocks: None });
+    let tae = main.as_ref().filter(|(_, as_given)| *as_given).and_then(|(d, _)| TaeKind::for_family(d.family)).unwrap_or(TaeKind::Sd).name();
+    let zero_empty_negative = match (&model, &det_m) {
+        (Some((src, true)), Some((d, _))) => d.family == ModelFamily::Sdxl && !src.tensors().iter().any(|t| t.name == EDM_VPRED_KEYS.1),
+        _ => false,
+    };
+    let ref_sizes = a.ref_image.iter().map(|r| image::image_dimensions(r).map_or((0, 0), |(w, h)| (w as i64, h as i64))).collect();
+    Probe { info, tae, zero_empty_negative, ref_sizes }
 }
 
 /// sd-cli's `key=value` lists (`,` or `;` between pairs).
@@ -129,7 +137,7 @@ fn parse_skip_layers(s: &str) -> anyhow::Result<Vec<i64>> {
     inner.split(',').map(str::trim).filter(|t| !t.is_empty()).map(|t| t.parse::<i64>().with_context(|| format!("invalid value for --skip-layers: `{t}` in {s} is not an integer"))).collect()
 }
 
-fn img_gen_params(a: &ImgGenArgs, seed: i64, names: &mut Names<'_>) -> anyhow::Result<ImgGenParams> {
+fn img_gen_params(a: &ImgGenArgs, probe: &Probe, seed: i64, names: &mut Names<'_>) -> anyhow::Result<ImgGenParams> {
     let (_, tags) = presets::extract_loras(&a.sampling.prompt)?;
     let mut lora_files = BTreeMap::new();
     for t in &tags {
@@ -156,7 +164,7 @@ fn img_gen_params(a: &ImgGenArgs, seed: i64, names: &mut Names<'_>) -> anyhow::R
         a.hires_upscaler.clone()
     };
     let refs = ref_image_args(a)?;
-    let ref_sizes = a.ref_image.iter().map(|r| image_size(r)).collect::<Vec<_>>();
+    let ref_sizes = probe.ref_sizes.clone();
     // sd-cli: without -W/-H the output takes the first reference's size (an init image's
     // first), rounded up to a multiple of 8.
     let (mut width, mut height) = (a.width.unwrap_or(512), a.height.unwrap_or(512));
@@ -174,8 +182,8 @@ fn img_gen_params(a: &ImgGenArgs, seed: i64, names: &mut Names<'_>) -> anyhow::R
         // Staged either way: previews find it in vae_approx/.
         taesd: match (&a.taesd, &mut *names) {
             (None, _) => None,
-            (Some(_), Names::Shown) => (!a.taesd_preview_only).then(|| tae_name(a).to_string()),
-            (Some(v), Names::Staged(s)) => Some(s.taesd(v, tae_name(a))?).filter(|_| !a.taesd_preview_only),
+            (Some(_), Names::Shown) => (!a.taesd_preview_only).then(|| probe.tae.to_string()),
+            (Some(v), Names::Staged(s)) => Some(s.taesd(v, probe.tae)?).filter(|_| !a.taesd_preview_only),
         },
         control_net: names.model("controlnet", "--control-net", &a.control_net)?,
         control_image: names.image("--control-image", &a.control_image)?,
@@ -194,7 +202,7 @@ fn img_gen_params(a: &ImgGenArgs, seed: i64, names: &mut Names<'_>) -> anyhow::R
         ad_negative_prompt: a.ad_negative_prompt.clone(),
         prompt: a.sampling.prompt.clone(),
         negative_prompt: a.sampling.negative_prompt.clone(),
-        zero_empty_negative: a.model.as_deref().is_some_and(zeroes_empty_negative),
+        zero_empty_negative: probe.zero_empty_negative,
         lora_files,
         lora_apply_mode: a.lora_apply_mode.clone(),
         rng: a.sampling.node_rng(),
@@ -228,7 +236,7 @@ fn img_gen_params(a: &ImgGenArgs, seed: i64, names: &mut Names<'_>) -> anyhow::R
         },
         tiling: TilingParams { enabled: a.vae_tiling, tile_size: a.vae_tile_size, overlap: a.vae_tile_overlap, relative: a.vae_relative_tile_size.map(|(x, y)| (x as f64, y as f64)) },
         output: a.sampling.output.clone(),
-        model_info: model_info(a),
+        model_info: probe.info.clone(),
         t5xxl: names.model("text_encoders", "--t5xxl", &a.t5xxl)?,
         guidance: a.guidance,
         flow_shift: a.flow_shift,
@@ -271,14 +279,15 @@ pub fn img_gen_command(a: ImgGenArgs) -> anyhow::Result<()> {
         bail!("not supported yet: --strength {st} with --img-cfg-scale (instruct-pix2pix samples from noise, strength 1)");
     }
     let seed = presets::resolve_seed(a.sampling.seed);
-    let shown = presets::img_gen(&img_gen_params(&a, seed, &mut Names::Shown)?)?;
+    let probe = probe(&a);
+    let shown = presets::img_gen(&img_gen_params(&a, &probe, seed, &mut Names::Shown)?)?;
     finish(shown, &a.common, &a.sampling.output, a.sampling.output_begin_idx, |stage| {
         if let Some(d) = &a.embd_dir {
             stage.embeddings(d)?;
         } else if a.common.models_dir.join("embeddings").is_dir() {
             stage.embeddings(&a.common.models_dir.join("embeddings"))?;
         }
-        Ok(presets::img_gen(&img_gen_params(&a, seed, &mut Names::Staged(stage))?)?)
+        Ok(presets::img_gen(&img_gen_params(&a, &probe, seed, &mut Names::Staged(stage))?)?)
     })
 }
 

@@ -185,9 +185,23 @@ impl ModelInfo {
     /// Reads the diffusion model's file (`diffusion_model`, else `model`) and what `model`
     /// holds besides; `None` when there is no readable file (the loaders then report it).
     pub fn detect(model: Option<&Path>, diffusion_model: Option<&Path>) -> Option<ModelInfo> {
-        use sdflow_core::detect::{detect_source, Detection, ModelFamily};
+        use sdflow_core::detect::{detect_source, Detection};
         let read = |path: &Path| -> Option<Detection> { Some(detect_source(sdflow_core::io::open(path).ok()?.as_ref())) };
         let d = read(diffusion_model.or(model)?)?;
+        let held = match (model, diffusion_model) {
+            (None, _) => None,
+            (Some(m), Some(_)) => Some(read(m)),
+            (Some(_), None) => Some(Some(d.clone())),
+        };
+        ModelInfo::from_detections(&d, held.as_ref().map(Option::as_ref))
+    }
+
+    /// [`ModelInfo::detect`] from detections already made: `diffusion`, the diffusion
+    /// model file's; `model`, for an `-m` file, its own (`Some(None)` when it cannot be
+    /// read). `None` for an unrecognised diffusion model.
+    pub fn from_detections(diffusion: &sdflow_core::detect::Detection, model: Option<Option<&sdflow_core::detect::Detection>>) -> Option<ModelInfo> {
+        use sdflow_core::detect::ModelFamily;
+        let d = diffusion;
         let family = match d.family {
             ModelFamily::Flux => Family::Flux { fill: d.in_channels == Some(384), guidance: d.flux_guidance },
             ModelFamily::Chroma => Family::Chroma,
@@ -198,15 +212,14 @@ impl ModelInfo {
         let mut info = ModelInfo { family, double_blocks: d.double_blocks, ..ModelInfo::default() };
         // What -m holds beside the diffusion model (all of it for a UNet checkpoint; an
         // unreadable -m is left to CheckpointLoaderSimple to report).
-        if let Some(m) = model {
-            match if diffusion_model.is_some() { read(m) } else { Some(d) } {
-                Some(d) => {
-                    let c = &d.components;
-                    info.has_text_encoders = c.clip_l || c.clip_g || c.clip_h || c.t5 || (c.unet && !c.dit);
-                    info.has_vae = c.vae || (c.unet && !c.dit);
-                }
-                None => (info.has_text_encoders, info.has_vae) = (true, true),
+        match model {
+            Some(Some(m)) => {
+                let c = &m.components;
+                info.has_text_encoders = c.clip_l || c.clip_g || c.clip_h || c.t5 || (c.unet && !c.dit);
+                info.has_vae = c.vae || (c.unet && !c.dit);
             }
+            Some(None) => (info.has_text_encoders, info.has_vae) = (true, true),
+            None => {}
         }
         Some(info)
     }
