@@ -4,6 +4,7 @@
 mod common;
 
 use common::vals;
+use sdflow_core::dtype::DType;
 use sdflow_core::ggml::{Backend, Context, GType, GraphAllocator, ScaleMode, Tensor};
 
 enum Data {
@@ -568,13 +569,7 @@ fn cpu_product_op_matches_plain_products() {
     assert_close(&got, &matmul_ref(&a1, &b, k, m, n, 1, 4), 1e-5, "f16 weights");
 
     let a1 = vals(k * m, 14);
-    // Quantized weights: the same as multiplying by their dequantized values.
-    let (diff, _) = run(vec![(vec![k as i64, m as i64], Data::F32(a1.clone())), (vec![k as i64, n as i64, 4], Data::F32(b.clone()))], |c, t| {
-        let q = c.cast(t[0], GType::Q8_0).unwrap();
-        let deq = c.cast(q, GType::F32).unwrap();
-        c.sub(c.mul_mat(q, t[1]).unwrap(), c.mul_mat(deq, t[1]).unwrap()).unwrap()
-    });
-    assert_close(&diff, &vec![0.0; diff.len()], 1e-5, "q8_0 weights");
+    quantized_products(&a1, &b, k, m, n, GType::Q8_0);
 
     // Transposed output, and a non-contiguous batch layout of b (a permuted view).
     let (got, ne) = run(vec![(vec![k as i64, m as i64], Data::F32(a1.clone())), (vec![k as i64, 4, n as i64], Data::F32(b.clone()))], |c, t| {
@@ -587,6 +582,32 @@ fn cpu_product_op_matches_plain_products() {
     let want = matmul_ref(&a1, &bz, k, m, n, 1, 4);
     let want_t: Vec<f32> = (0..4).flat_map(|z| (0..m).flat_map(move |i| (0..n).map(move |j| (z, i, j)))).map(|(z, i, j)| want[(z * n + j) * m + i]).collect();
     assert_close(&got, &want_t, 1e-5, "transposed output");
+}
+
+/// Quantized weights multiply as their dequantized values: on the CPU's bf16 units where it
+/// has them (both operands rounded to bf16, as bf16 weights are), unless the product has
+/// fewer than 32 columns; exactly in f32 elsewhere.
+fn quantized_products(a: &[f32], b: &[f32], k: usize, m: usize, n: usize, ty: GType) {
+    let (deq, _) = run(vec![(vec![k as i64, m as i64], Data::F32(a.to_vec()))], |c, t| c.cast(c.cast(t[0], ty).unwrap(), GType::F32).unwrap());
+    // Below 2¹⁸ multiply-adds ggml's own products run (activations rounded to 8 bits):
+    // the narrow case only where it stays above that.
+    for cols in [n, 16].into_iter().filter(|&c| c == n || k * m * c >= 1 << 18) {
+        let b = &b[..k * cols];
+        let (got, ne) = run(vec![(vec![k as i64, m as i64], Data::F32(a.to_vec())), (vec![k as i64, cols as i64], Data::F32(b.to_vec()))], |c, t| c.mul_mat(c.cast(t[0], ty).unwrap(), t[1]).unwrap());
+        assert_eq!(ne, [m as i64, cols as i64, 1, 1]);
+        let bf16 = sdflow_core::ggml::bf16::available() && cols >= 32;
+        let (want, tol) = if bf16 { (matmul_ref(&bf16_round(&deq), &bf16_round(b), k, m, cols, 1, 1), 2e-5) } else { (matmul_ref(&deq, b, k, m, cols, 1, 1), 1e-5) };
+        assert_close(&got, &want, tol, &format!("{} weights, {cols} columns", ty.name()));
+    }
+}
+
+#[test]
+fn k_quant_products_match_their_dequantized_weights() {
+    let (k, m, n) = (512, 48, 70);
+    for (i, dtype) in [DType::Q4K, DType::Q6K].into_iter().enumerate() {
+        let ty = GType(dtype.ggml_type().unwrap());
+        quantized_products(&vals(k * m, 15 + i as u64), &vals(k * n, 25 + i as u64), k, m, n, ty);
+    }
 }
 
 // Large enough that each thread of the CPU convolution works through several column

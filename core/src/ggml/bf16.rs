@@ -101,11 +101,35 @@ fn detect() -> bool {
     false
 }
 
-/// Whether a product with this weight type and reduction length runs here.
-/// Only bf16 weights: choosing them (`--type bf16`) is choosing bf16 arithmetic, which
-/// ggml's own bf16 products do too; f16 and f32 weights keep their exact f32 products.
-pub(crate) fn takes(weight: ggml_sys::ggml_type, k: i64) -> bool {
-    weight == ggml_sys::GGML_TYPE_BF16 && k % 32 == 0 && available()
+/// Whether a product of a `weight`-typed matrix with reduction length `k` by `n` columns
+/// runs here. bf16 weights: choosing them (`--type bf16`) is choosing bf16 arithmetic,
+/// which ggml's own bf16 products do too. Quantized weights (GGUF Q8_0, K-quants, …):
+/// each thread expands its band to f32 and rounds it to bf16 while packing, which adds
+/// at most 2⁻⁹ relative error to a weight already quantized to 8 bits or fewer, and the
+/// activations keep 8 significant bits where ggml's own quantized products round them to
+/// Q8 (8 bits per block of 32 with one scale). Measured on FLUX.1 blocks (docs/performance.md),
+/// this runs Q8_0 near the bf16 speed instead of at the f32 kernels'. A product of fewer
+/// than 32 columns (a modulation vector) would spend most of its block on zero rows, so
+/// quantized ones stay where they were. f16 and f32 weights keep their exact f32 products.
+pub(crate) fn takes(weight: ggml_sys::ggml_type, k: i64, n: i64) -> bool {
+    if k % 32 != 0 || !available() {
+        return false;
+    }
+    weight == ggml_sys::GGML_TYPE_BF16 || (n >= 32 && is_quantized(weight) && super::matmul::to_float(weight).is_some())
+}
+
+/// Whether a stride-1 convolution with this kernel type and `c` input channels runs here
+/// (bf16 kernels only: they are reordered as stored).
+pub(crate) fn takes_conv(kernel: ggml_sys::ggml_type, c: i64) -> bool {
+    kernel == ggml_sys::GGML_TYPE_BF16 && c % 32 == 0 && available()
+}
+
+fn is_quantized(ty: ggml_sys::ggml_type) -> bool {
+    // SAFETY: ggml_get_type_traits returns a static table entry for every type.
+    unsafe {
+        let traits = ggml_sys::ggml_get_type_traits(ty);
+        !traits.is_null() && (*traits).is_quantized
+    }
 }
 
 /// Tile palette 1 with all eight tiles 16 rows × 64 bytes.
@@ -286,16 +310,17 @@ unsafe fn rows8(_: *mut f32, _: *const u8, _: usize, _: *const u8, _: usize, _: 
 
 thread_local! {
     // Grown to the largest op and kept, so pages fault in once per thread.
-    static LINEAR: RefCell<LinearScratch> = const { RefCell::new(LinearScratch { packed: Vec::new(), edge: Vec::new() }) };
+    static LINEAR: RefCell<LinearScratch> = const { RefCell::new(LinearScratch { packed: Vec::new(), edge: Vec::new(), row: Vec::new() }) };
     static BLOCK: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     static ATTN: RefCell<AttnScratch> = const { RefCell::new(AttnScratch { head: None, keys: Vec::new(), values: Vec::new(), q: Vec::new(), scores: Vec::new(), probs: Vec::new(), out: Vec::new() }) };
 }
 
-/// One thread's product buffers: its band of packed weights, and a zero-padded copy of a
-/// partial last block of activation rows.
+/// One thread's product buffers: its band of packed weights, a zero-padded copy of a
+/// partial last block of activation rows, and one quantized weight row expanded to f32.
 struct LinearScratch {
     packed: Vec<u32>,
     edge: Vec<u16>,
+    row: Vec<f32>,
 }
 
 /// One thread's attention buffers; `head` says whose keys and values are packed (reset at
@@ -334,7 +359,7 @@ fn grow<T: Clone + Default>(v: &mut Vec<T>, n: usize) {
 }
 
 engine_op!(
-    /// `dst` [M, N, B2, B3] (or [N, M, ...] with `matmul::TRANSPOSED`) = src0 (bf16 weight [K, M])
+    /// `dst` [M, N, B2, B3] (or [N, M, ...] with `matmul::TRANSPOSED`) = src0 (bf16 or quantized weight [K, M])
     /// × src1 (bf16, contiguous [K, N, B2, B3]); each thread a band of M.
     linear_compute => linear
 );
@@ -360,12 +385,17 @@ unsafe fn linear<K: Block>(dst: *mut ggml_sys::ggml_tensor, ith: c_int, nth: c_i
         let mb = m1 - m0;
         let mp = mb.next_multiple_of(32);
         let pairs = k / 2;
+        // Quantized weights are expanded row by row (bf16 ones are read as they are).
+        let expand = if w.type_ == ggml_sys::GGML_TYPE_BF16 { None } else { super::matmul::to_float(w.type_) };
         let mut unit = K::begin();
         LINEAR.with(|sc| {
             BLOCK.with(|blk| {
                 let mut sc = sc.borrow_mut();
-                let LinearScratch { packed: p, edge: e } = &mut *sc;
+                let LinearScratch { packed: p, edge: e, row: f } = &mut *sc;
                 let mut blk = blk.borrow_mut();
+                if expand.is_some() {
+                    grow(f, k);
+                }
                 // Pack this band in blocks of 32 output columns, each block contiguous
                 // (what one tile step reads is 128 consecutive bytes): pair row r of
                 // block jb holds, for each column j, the bf16 pair (W[j][2r],
@@ -375,9 +405,17 @@ unsafe fn linear<K: Block>(dst: *mut ggml_sys::ggml_tensor, ith: c_int, nth: c_i
                 for j in 0..mp {
                     let at = (j / 32) * pairs * 32 + j % 32;
                     if j < mb {
-                        let row = (w.data as *const u8).add((m0 + j) * w.nb[1]) as *const u32;
-                        for r in 0..pairs {
-                            packed[at + r * 32] = row.add(r).read_unaligned();
+                        let src = (w.data as *const u8).add((m0 + j) * w.nb[1]);
+                        if let Some(expand) = expand {
+                            expand(src as *const c_void, f.as_mut_ptr(), k as i64);
+                            for r in 0..pairs {
+                                packed[at + r * 32] = bf16(f[2 * r]) as u32 | (bf16(f[2 * r + 1]) as u32) << 16;
+                            }
+                        } else {
+                            let row = src as *const u32;
+                            for r in 0..pairs {
+                                packed[at + r * 32] = row.add(r).read_unaligned();
+                            }
                         }
                     } else {
                         for r in 0..pairs {

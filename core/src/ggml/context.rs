@@ -327,7 +327,7 @@ impl Context {
         let an = a.ne();
         // SAFETY: reads metadata only.
         let rows_contiguous = unsafe { (*a.raw()).nb[0] } == a.dtype().type_size();
-        if !super::matmul::enabled() || an[2] * an[3] != 1 || !rows_contiguous || b.dtype() != GType::F32 || !super::bf16::takes(a.dtype().0, an[0]) {
+        if !super::matmul::enabled() || an[2] * an[3] != 1 || !rows_contiguous || b.dtype() != GType::F32 || !super::bf16::takes(a.dtype().0, an[0], b.ne()[1]) {
             return Ok(None);
         }
         let b = if b.is_contiguous() { b } else { self.cont(b)? };
@@ -418,7 +418,7 @@ impl Context {
             let kn = kernel.ne();
             // Any C_out: a VAE's conv_out (128 → 3) through im2col instead would need a
             // 1.2 GB column buffer at 512², the largest allocation of the whole decode.
-            if super::bf16::takes(kernel.dtype().0, kn[2]) {
+            if super::bf16::takes_conv(kernel.dtype().0, kn[2]) {
                 return self.conv_2d_bf16(kernel, input, pad);
             }
             if super::matmul::supports(kernel.raw(), input.raw()) {

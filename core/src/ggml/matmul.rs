@@ -76,7 +76,7 @@ unsafe extern "C" fn bf16_rows(x: *const c_void, y: *mut f32, n: i64) {
     unsafe { ggml_sys::ggml_cpu_bf16_to_fp32(x as *const ggml_sys::ggml_bf16_t, y, n) }
 }
 
-fn to_float(ty: ggml_sys::ggml_type) -> Option<unsafe extern "C" fn(*const c_void, *mut f32, i64)> {
+pub(crate) fn to_float(ty: ggml_sys::ggml_type) -> Option<unsafe extern "C" fn(*const c_void, *mut f32, i64)> {
     // ggml-base's row converters for f16 and bf16 are scalar loops; ggml-cpu's use the
     // CPU's conversion instructions (F16C, AVX-512 BF16).
     match ty {

@@ -917,11 +917,8 @@ fn write_gguf(path: &Path, specs: &[TensorSpec], config: &str, dtype: DType, see
         return Err(SynthError::UnsupportedDType(dtype));
     }
     let rules = TypeRules::new(Some(dtype), "")?;
-    let mut data: Vec<(String, DType, Vec<usize>, Vec<u8>)> = Vec::with_capacity(specs.len());
-    let mut elements = 0u64;
-    for s in specs {
+    let one = |s: &TensorSpec| -> Result<(String, DType, Vec<usize>, Vec<u8>), SynthError> {
         let values = s.values(seed);
-        elements += values.len() as u64;
         let target = rules.target(&TensorInfo::detached(s.name.clone(), DType::F32, s.shape.clone()));
         let mut bytes = Vec::new();
         match target {
@@ -932,8 +929,27 @@ fn write_gguf(path: &Path, specs: &[TensorSpec], config: &str, dtype: DType, see
                     .map_err(|source| SynthError::Convert { tensor: s.name.clone(), source })?;
             }
         }
-        data.push((s.name.clone(), target, s.shape.clone(), bytes));
-    }
+        Ok((s.name.clone(), target, s.shape.clone(), bytes))
+    };
+    // Each tensor's values depend only on its spec and the seed, so the tensors are drawn
+    // and quantized on all cores (a full-size FLUX.1 in Q4_K: 12 billion values).
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(specs.len().max(1));
+    let mut slots: Vec<Option<Result<(String, DType, Vec<usize>, Vec<u8>), SynthError>>> = (0..specs.len()).map(|_| None).collect();
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let one = &one;
+                scope.spawn(move || specs.iter().enumerate().skip(t).step_by(threads).map(|(i, s)| (i, one(s))).collect::<Vec<_>>())
+            })
+            .collect();
+        for w in workers {
+            for (i, r) in w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)) {
+                slots[i] = Some(r);
+            }
+        }
+    });
+    let data = slots.into_iter().map(|r| r.expect("every tensor was drawn")).collect::<Result<Vec<_>, _>>()?;
+    let elements = specs.iter().map(|s| s.n_elements() as u64).sum::<u64>();
     let kv = vec![
         ("sdflow.synth.config".to_string(), gguf::Value::String(config.to_string())),
         ("sdflow.synth.seed".to_string(), gguf::Value::String(seed.to_string())),

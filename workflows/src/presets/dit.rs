@@ -128,16 +128,24 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
     lora_chain(&mut b, p, &loras, &mut model, &mut clip);
     clip = Out(b.core("conditioner", "img_gen", conditioner(p, family, &clip)?), 0);
 
+    // At --cfg-scale 1 sd.cpp encodes no negative prompt: its guidance reads the positive
+    // pass alone, as our samplers do at cfg 1 (they skip the negative pass). So the
+    // negative input is the positive conditioning then, not a second T5-XXL encode —
+    // unless skip-layer guidance or a CFG++ sampler reads the unconditional pass.
+    let negative_unused = p.cfg_scale == 1.0 && p.slg.scale == 0.0 && !sampler.contains("cfg_pp");
     let mut pos = Out(b.core("pos", "-p", text_encode(&prompt, &clip, "Prompt")), 0);
-    let mut neg = Out(b.core("neg", "-n", text_encode(&p.negative_prompt, &clip, "Negative prompt")), 0);
+    let mut neg = (!negative_unused).then(|| Out(b.core("neg", "-n", text_encode(&p.negative_prompt, &clip, "Negative prompt")), 0));
     if let Family::Flux { guidance: true, .. } = family {
         if !p.guidance.is_finite() || p.guidance < 0.0 {
             return Err(invalid("--guidance", format!("{} must be a non-negative number", p.guidance)));
         }
-        for (side, key) in [(&mut pos, "pos_guidance"), (&mut neg, "neg_guidance")] {
-            *side = Out(b.core(key, "--guidance", NodeSpec::new("FluxGuidance").with_input("conditioning", link(side)).with_const("guidance", json!(p.guidance))), 0);
+        for (side, key) in [(Some(&mut pos), "pos_guidance"), (neg.as_mut(), "neg_guidance")] {
+            if let Some(side) = side {
+                *side = Out(b.core(key, "--guidance", NodeSpec::new("FluxGuidance").with_input("conditioning", link(side)).with_const("guidance", json!(p.guidance))), 0);
+            }
         }
     }
+    let mut neg = neg.unwrap_or_else(|| pos.clone());
     let stage = VaeStage::new(&mut b, p, vae.clone())?;
     references(&mut b, p, family, &stage, &mut pos, &mut neg)?;
 

@@ -1,0 +1,322 @@
+//! The DiTs end to end on the CPU: `sdflow img_gen` beside stable-diffusion.cpp's `sd-cli`,
+//! the same flags on the same files — full-size random-weight models in the layouts people
+//! download, written once under `~/.cache/sdflow/bench/dit/` by `sdflow_core::synth`:
+//! - `SDFLOW_BENCH_MODEL=flux` (default): the FLUX.1-dev transformer as GGUF in each type
+//!   asked, T5-XXL as a Q8_0 GGUF, ComfyUI's `clip_l.safetensors`, BFL's `ae.safetensors`;
+//!   cfg 1 (guidance 3.5), one pass per step.
+//! - `SDFLOW_BENCH_MODEL=sd35m`: SD3.5 medium (`f16` as safetensors, quantized types as
+//!   GGUF) with CLIP-L, OpenCLIP-G (`clip_g.safetensors`), the same T5 and the 16-channel
+//!   VAE; cfg 4.5, two passes per step. `bench/sd35_diffusers.py` (diffusers in bf16) runs
+//!   after the two engines unless `SDFLOW_BENCH_ENGINES` leaves `diffusers` out.
+//!
+//! Each engine runs as its own process, one at a time, under `/usr/bin/time` for its peak
+//! RSS. Seconds per step leave out the first step (graph set-up, and sdflow's lazy loading):
+//! sdflow's from the times its progress events arrive, sd.cpp's from the s/it its progress
+//! bar shows for the last step. Text encode is sdflow's encoder nodes and sd.cpp's
+//! `get_learned_condition`; VAE decode sdflow's VAEDecode node and sd.cpp's
+//! `decode_first_stage`; "total" is the whole command, loading included.
+//!
+//! Env: `SDFLOW_BENCH_TYPES` (FLUX "q4_K,q8_0", SD3.5 "f16,q8_0"), `SDFLOW_BENCH_SIZE` = 512,
+//! `SDFLOW_BENCH_STEPS` = 3, `SDFLOW_BENCH_THREADS` = all cores, `SDCPP_CLI` = path of an
+//! `sd-cli` binary (sd.cpp is left out without it; bench/README.md says how ours was built),
+//! `SDCPP_ARGS` = extra sd-cli flags (e.g. `--diffusion-fa`), `SDFLOW_BENCH_ENGINES` =
+//! "sdflow,sdcpp,diffusers".
+//!
+//! Run: `cargo bench -p sdflow --bench dit_sdcpp`
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use sdflow_core::dtype::DType;
+use sdflow_core::synth::dit::{ae_config, ae_tensors, clip_g_tensors, clip_l_tensors, FluxSynth, Sd3Synth, T5Synth};
+use sdflow_core::synth::{write_specs, Format, SdConfig, TensorSpec};
+
+const GIB: f64 = (1u64 << 30) as f64;
+const PROMPT: &str = "a lovely cat holding a sign that says flux";
+
+/// Which family runs.
+#[derive(Clone, Copy, PartialEq)]
+enum Model {
+    Flux,
+    Sd35Medium,
+}
+
+impl Model {
+    fn name(self) -> &'static str {
+        match self {
+            Model::Flux => "FLUX.1-dev",
+            Model::Sd35Medium => "SD3.5 medium",
+        }
+    }
+
+    fn cfg(self) -> &'static str {
+        match self {
+            Model::Flux => "1.0",
+            Model::Sd35Medium => "4.5",
+        }
+    }
+
+    fn default_types(self) -> &'static str {
+        match self {
+            Model::Flux => "q4_K,q8_0",
+            Model::Sd35Medium => "f16,q8_0",
+        }
+    }
+}
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name).ok().filter(|v| !v.is_empty()).unwrap_or_else(|| default.to_string())
+}
+
+/// Writes `path` unless it exists (the writer renames a finished file into place, so an
+/// existing one is whole).
+fn ensure(path: &Path, specs: &[TensorSpec], config: &str, dtype: DType, format: Format) {
+    if path.exists() {
+        return;
+    }
+    let t = Instant::now();
+    let w = write_specs(path, specs, config, dtype, 0, format).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+    println!("wrote {} ({:.2} GiB) in {:.0} s", path.display(), w.bytes as f64 / GIB, t.elapsed().as_secs_f64());
+}
+
+struct Files {
+    t5: PathBuf,
+    clip_l: PathBuf,
+    clip_g: Option<PathBuf>,
+    vae: PathBuf,
+}
+
+fn shared_files(dir: &Path, model: Model) -> Files {
+    let t5 = dir.join("t5xxl_q8_0.gguf");
+    let t5s = T5Synth::xxl();
+    ensure(&t5, &t5s.tensors(), &serde_json::to_string(&t5s).unwrap(), DType::Q8_0, Format::Gguf);
+    let clip_l = dir.join("clip_l.safetensors");
+    ensure(&clip_l, &clip_l_tensors(&SdConfig::sd15().text), "", DType::F16, Format::Safetensors);
+    let vae = dir.join("ae.safetensors");
+    ensure(&vae, &ae_tensors(&ae_config()), "", DType::F16, Format::Safetensors);
+    let clip_g = (model == Model::Sd35Medium).then(|| {
+        let path = dir.join("clip_g.safetensors");
+        let text2 = SdConfig::sdxl().text2.expect("SDXL's OpenCLIP-G");
+        ensure(&path, &clip_g_tensors(&text2), "", DType::F16, Format::Safetensors);
+        path
+    });
+    Files { t5, clip_l, clip_g, vae }
+}
+
+/// The diffusion model in `ty`: float types as safetensors, quantized ones as GGUF.
+fn model_file(dir: &Path, model: Model, ty: &str) -> PathBuf {
+    let dtype: DType = ty.parse().unwrap_or_else(|e| panic!("SDFLOW_BENCH_TYPES: {ty}: {e}"));
+    let (format, ext) = if dtype.is_float() { (Format::Safetensors, "safetensors") } else { (Format::Gguf, "gguf") };
+    let (stem, specs, config) = match model {
+        Model::Flux => {
+            let s = FluxSynth::dev();
+            ("flux1-dev", s.tensors(), serde_json::to_string(&s).unwrap())
+        }
+        Model::Sd35Medium => {
+            let s = Sd3Synth::sd35_medium();
+            ("sd3.5_medium", s.tensors(), serde_json::to_string(&s).unwrap())
+        }
+    };
+    let path = dir.join(format!("{stem}-{ty}.{ext}"));
+    ensure(&path, &specs, &config, dtype, format);
+    path
+}
+
+/// One engine's numbers for one model file.
+#[derive(Default)]
+struct Row {
+    step: Option<f64>,
+    text: Option<f64>,
+    vae: Option<f64>,
+    total: f64,
+    rss_gib: Option<f64>,
+}
+
+/// Runs `cmd` under `/usr/bin/time`, handing each stdout line with its arrival time to
+/// `line`; returns the captured stderr, the wall time and the peak RSS.
+fn timed(cmd: Command, mut line: impl FnMut(Instant, &str)) -> (String, f64, Option<f64>) {
+    let rss_file = tempfile::NamedTempFile::new().expect("temp file");
+    let prog = cmd.get_program().to_owned();
+    let args: Vec<_> = cmd.get_args().map(|a| a.to_owned()).collect();
+    let mut wrapped = Command::new("/usr/bin/time");
+    wrapped.arg("-f").arg("%M").arg("-o").arg(rss_file.path()).arg(prog).args(args);
+    for (k, v) in cmd.get_envs() {
+        if let Some(v) = v {
+            wrapped.env(k, v);
+        }
+    }
+    let t0 = Instant::now();
+    let mut child = wrapped.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("starting /usr/bin/time");
+    let mut err = child.stderr.take().unwrap();
+    let err_thread = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    for l in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let Ok(l) = l else { break };
+        line(Instant::now(), &l);
+    }
+    let status = child.wait().expect("waiting");
+    let total = t0.elapsed().as_secs_f64();
+    let stderr = err_thread.join().unwrap_or_default();
+    if !status.success() {
+        eprintln!("{stderr}");
+        panic!("{:?} failed: {status}", cmd.get_program());
+    }
+    let rss = std::fs::read_to_string(rss_file.path()).ok().and_then(|s| s.lines().last()?.trim().parse::<f64>().ok()).map(|kib| kib * 1024.0 / GIB);
+    (stderr, total, rss)
+}
+
+/// What both engines are asked for: the same command line.
+struct Job<'a> {
+    model: Model,
+    file: &'a Path,
+    files: &'a Files,
+    size: u32,
+    steps: u32,
+    threads: usize,
+}
+
+fn common_flags(cmd: &mut Command, j: &Job, out: &Path) {
+    let f = j.files;
+    cmd.arg("--diffusion-model").arg(j.file).arg("--t5xxl").arg(&f.t5).arg("--clip_l").arg(&f.clip_l).arg("--vae").arg(&f.vae);
+    if let Some(g) = &f.clip_g {
+        cmd.arg("--clip_g").arg(g);
+    }
+    let (size, steps, threads) = (j.size, j.steps, j.threads);
+    cmd.args(["-p", PROMPT, "--cfg-scale", j.model.cfg(), "-s", "42"]);
+    cmd.args(["-W", &size.to_string(), "-H", &size.to_string(), "--steps", &steps.to_string(), "-t", &threads.to_string()]);
+    cmd.arg("-o").arg(out);
+}
+
+fn sdflow(j: &Job, out: &Path) -> Row {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sdflow"));
+    cmd.arg("img_gen");
+    common_flags(&mut cmd, j, out);
+    cmd.arg("--json-events");
+    // The sampler's progress events, stamped as they arrive.
+    let mut stamps: Vec<Instant> = Vec::new();
+    let (stderr, total, rss) = timed(cmd, |at, l| {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(l) else { return };
+        if v.get("type").and_then(|t| t.as_str()) == Some("progress") {
+            stamps.push(at);
+        }
+    });
+    // The per-node table on stderr: `<id>  <class>  ran  <time>`.
+    let mut nodes: HashMap<String, f64> = HashMap::new();
+    for l in stderr.lines() {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        if let Some(i) = w.iter().position(|x| *x == "ran") {
+            let secs = match (w.get(i + 1).and_then(|v| v.parse::<f64>().ok()), w.get(i + 2)) {
+                (Some(v), Some(&"ms")) => v / 1e3,
+                (Some(v), Some(&"µs")) => v / 1e6,
+                _ => continue,
+            };
+            if i >= 1 {
+                *nodes.entry(w[i - 1].to_string()).or_default() += secs;
+            }
+        }
+    }
+    let step = (stamps.len() >= 2).then(|| (stamps[stamps.len() - 1] - stamps[0]).as_secs_f64() / (stamps.len() - 1) as f64);
+    print!("{}", stderr.lines().filter(|l| l.contains(" ran ")).map(|l| format!("  {l}\n")).collect::<String>());
+    let encoders: Vec<f64> = ["SdCppConditioner", "CLIPTextEncodeFlux", "CLIPTextEncode"].iter().filter_map(|c| nodes.get(*c).copied()).collect();
+    let text = (!encoders.is_empty()).then(|| encoders.iter().sum());
+    Row { step, text, vae: nodes.get("VAEDecode").copied(), total, rss_gib: rss }
+}
+
+fn sdcpp(bin: &str, j: &Job, out: &Path) -> Row {
+    let mut cmd = Command::new(bin);
+    common_flags(&mut cmd, j, out);
+    cmd.arg("-v");
+    cmd.args(env_or("SDCPP_ARGS", "").split_whitespace());
+    let mut log = String::new();
+    let (stderr, total, rss) = timed(cmd, |_, l| {
+        log.push_str(l);
+        log.push('\n');
+    });
+    log.push_str(&stderr);
+    let taking = |what: &str| -> Option<f64> {
+        let l = log.lines().rev().find(|l| l.contains(what))?;
+        l.split("taking ").nth(1)?.trim_end_matches(|c: char| !c.is_ascii_digit()).parse().ok()
+    };
+    // The progress bar redraws with '\r'; its last "N/N - X s/it" is the last step's time.
+    let step = log
+        .split(['\r', '\n'])
+        .filter_map(|seg| seg.split(" - ").nth(1)?.split("s/it").next()?.trim().parse::<f64>().ok())
+        .last();
+    Row { step, text: taking("get_learned_condition completed"), vae: taking("decode_first_stage completed"), total, rss_gib: rss }
+}
+
+/// `bench/sd35_diffusers.py`: its `RESULT` line, with the script's own wall time as total.
+fn diffusers(size: u32, steps: u32, threads: usize) -> Option<Row> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/sd35_diffusers.py");
+    let mut cmd = Command::new("python3");
+    cmd.arg(script).arg(threads.to_string()).arg(size.to_string()).arg(steps.to_string());
+    let mut result = None;
+    let (_, total, rss) = timed(cmd, |_, l| {
+        println!("  {l}");
+        if l.starts_with("RESULT ") {
+            let kv: HashMap<&str, f64> = l.split_whitespace().filter_map(|w| w.split_once('=')).filter_map(|(k, v)| Some((k, v.parse().ok()?))).collect();
+            result = Some(Row { step: kv.get("step").copied(), text: kv.get("text").copied(), vae: kv.get("vae").copied(), total: 0.0, rss_gib: kv.get("rss").copied() });
+        }
+    });
+    result.map(|r| Row { total, rss_gib: rss.or(r.rss_gib), ..r })
+}
+
+fn cell(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_string(), |v| format!("{v:.2}"))
+}
+
+fn main() {
+    let model = match env_or("SDFLOW_BENCH_MODEL", "flux").as_str() {
+        "flux" => Model::Flux,
+        "sd35m" => Model::Sd35Medium,
+        other => panic!("SDFLOW_BENCH_MODEL: {other} is not flux or sd35m"),
+    };
+    let types: Vec<String> = env_or("SDFLOW_BENCH_TYPES", model.default_types()).split(',').map(|s| s.trim().to_string()).collect();
+    let size: u32 = env_or("SDFLOW_BENCH_SIZE", "512").parse().expect("SDFLOW_BENCH_SIZE");
+    let steps: u32 = env_or("SDFLOW_BENCH_STEPS", "3").parse().expect("SDFLOW_BENCH_STEPS");
+    let threads: usize = env_or("SDFLOW_BENCH_THREADS", &sdflow_core::ggml::default_threads().to_string()).parse().expect("SDFLOW_BENCH_THREADS");
+    let engines = env_or("SDFLOW_BENCH_ENGINES", "sdflow,sdcpp,diffusers");
+    let sdcpp_bin = std::env::var("SDCPP_CLI").ok().filter(|s| !s.is_empty());
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+    let dir = home.join(".cache/sdflow/bench/dit");
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let files = shared_files(&dir, model);
+    let out = tempfile::tempdir().expect("temp dir");
+    let mut rows = Vec::new();
+    for ty in &types {
+        let file = model_file(&dir, model, ty);
+        let job = Job { model, file: &file, files: &files, size, steps, threads };
+        if engines.contains("sdflow") {
+            println!("sdflow img_gen, {ty} ...");
+            rows.push((ty.clone(), "sdflow", sdflow(&job, &out.path().join(format!("sdflow-{ty}.png")))));
+        }
+        match &sdcpp_bin {
+            Some(bin) if engines.contains("sdcpp") => {
+                println!("sd-cli, {ty} ...");
+                rows.push((ty.clone(), "sd.cpp", sdcpp(bin, &job, &out.path().join(format!("sdcpp-{ty}.png")))));
+            }
+            None if engines.contains("sdcpp") => println!("sd.cpp skipped: set SDCPP_CLI to an sd-cli binary"),
+            _ => {}
+        }
+    }
+    if model == Model::Sd35Medium && engines.contains("diffusers") {
+        println!("diffusers (bf16) ...");
+        match diffusers(size, steps, threads) {
+            Some(r) => rows.push(("bf16".to_string(), "diffusers", r)),
+            None => println!("diffusers gave no result (pip install torch diffusers transformers)"),
+        }
+    }
+    println!();
+    let passes = if model == Model::Flux { "cfg 1 (guidance 3.5), one pass per step" } else { "cfg 4.5, two passes per step" };
+    println!("{} at {size}², {steps} steps, {threads} threads, T5-XXL Q8_0, {passes}", model.name());
+    println!("{:>8} {:>9} {:>10} {:>14} {:>14} {:>10} {:>14}", "weights", "engine", "s / step", "text encode s", "VAE decode s", "total s", "peak RSS GiB");
+    for (ty, engine, r) in &rows {
+        println!("{:>8} {:>9} {:>10} {:>14} {:>14} {:>10.1} {:>14}", ty, engine, cell(r.step), cell(r.text), cell(r.vae), r.total, cell(r.rss_gib));
+    }
+}
