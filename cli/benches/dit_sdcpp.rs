@@ -10,7 +10,7 @@
 //!   after the two engines unless `SDFLOW_BENCH_ENGINES` leaves `diffusers` out.
 //!
 //! Each engine runs as its own process, one at a time, under `/usr/bin/time` for its peak
-//! RSS. Seconds per step leave out the first step (graph set-up, and sdflow's lazy loading):
+//! RSS, its files read into the page cache just before. Seconds per step leave out the first step (graph set-up, and sdflow's lazy loading):
 //! sdflow's from the times its progress events arrive, sd.cpp's from the s/it its progress
 //! bar shows for the last step. Text encode is sdflow's encoder nodes and sd.cpp's
 //! `get_learned_condition`; VAE decode sdflow's VAEDecode node and sd.cpp's
@@ -181,6 +181,18 @@ struct Job<'a> {
     threads: usize,
 }
 
+/// Reads every file of the job once, so each engine starts with them in the page cache
+/// (as on a machine that ran them before) rather than the first paying for disk reads the
+/// previous one evicted.
+fn warm(j: &Job) {
+    let f = j.files;
+    let mut buf = vec![0u8; 8 << 20];
+    for path in [j.file, &f.t5, &f.clip_l, &f.vae].into_iter().chain(f.clip_g.as_deref()) {
+        let mut file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        while file.read(&mut buf).map_or(false, |n| n > 0) {}
+    }
+}
+
 fn common_flags(cmd: &mut Command, j: &Job, out: &Path) {
     let f = j.files;
     cmd.arg("--diffusion-model").arg(j.file).arg("--t5xxl").arg(&f.t5).arg("--clip_l").arg(&f.clip_l).arg("--vae").arg(&f.vae);
@@ -294,11 +306,13 @@ fn main() {
         let job = Job { model, file: &file, files: &files, size, steps, threads };
         if engines.contains("sdflow") {
             println!("sdflow img_gen, {ty} ...");
+            warm(&job);
             rows.push((ty.clone(), "sdflow", sdflow(&job, &out.path().join(format!("sdflow-{ty}.png")))));
         }
         match &sdcpp_bin {
             Some(bin) if engines.contains("sdcpp") => {
                 println!("sd-cli, {ty} ...");
+                warm(&job);
                 rows.push((ty.clone(), "sd.cpp", sdcpp(bin, &job, &out.path().join(format!("sdcpp-{ty}.png")))));
             }
             None if engines.contains("sdcpp") => println!("sd.cpp skipped: set SDCPP_CLI to an sd-cli binary"),
