@@ -3,7 +3,6 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context;
 use clap::Args;
 
 #[derive(Args, Debug, Clone)]
@@ -21,7 +20,12 @@ pub struct MetadataArgs {
 
 pub fn metadata_command(a: MetadataArgs) -> anyhow::Result<()> {
     let Some(path) = a.image.or(a.init_img) else { anyhow::bail!("no image given") };
-    let meta = sdflow_workflows::metadata::read_metadata(&path).with_context(|| path.display().to_string())?;
+    let meta = match sdflow_workflows::metadata::read_metadata(&path) {
+        Ok(m) => m,
+        // That error names the file already.
+        Err(e @ sdflow_workflows::metadata::MetadataError::Io { .. }) => return Err(e.into()),
+        Err(e) => return Err(anyhow::Error::new(e).context(path.display().to_string())),
+    };
     if a.metadata_format == "json" {
         let mut j = meta.to_json();
         j["file"] = serde_json::json!(path.display().to_string());

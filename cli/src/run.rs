@@ -5,11 +5,11 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Args;
-use indicatif::{MultiProgress, ProgressBar, ProgressState, ProgressStyle};
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use sdflow_core::io::WeightType;
 use sdflow_executor::{
     CancelToken, Event, EventSink, Executor, ExecutorConfig, InputValue, Registry, RunError,
@@ -457,13 +457,11 @@ impl EventSink for JsonLines {
 }
 
 /// Steps done, speed and time left, as sd-cli and tqdm show them: `s/it` once a step
-/// takes more than a second (a UNet step on the CPU), `it/s` below.
+/// takes more than a second (a UNet step on the CPU), `it/s` below. The speed and time
+/// left are [`Bar::speed`]'s, in the message.
 fn step_style() -> ProgressStyle {
-    ProgressStyle::with_template("{prefix:>12} [{bar:40}] {pos}/{len} {rate} ETA {eta} ({elapsed})")
+    ProgressStyle::with_template("{prefix:>12} [{bar:40}] {pos}/{len} {msg} ({elapsed})")
         .unwrap_or_else(|_| ProgressStyle::default_bar())
-        .with_key("rate", |state: &ProgressState, w: &mut dyn std::fmt::Write| {
-            let _ = w.write_str(&rate(state.per_sec()));
-        })
         .progress_chars("=> ")
 }
 
@@ -479,14 +477,38 @@ fn rate(per_sec: f64) -> String {
 #[derive(Default)]
 struct ProgressSink {
     multi: MultiProgress,
-    bars: Mutex<HashMap<String, ProgressBar>>,
+    bars: Mutex<HashMap<String, Bar>>,
+}
+
+/// One node's bar, and its first report: the bar is born at the first report, so it never
+/// saw that step start — timed from its birth, that step would read as thousands of steps
+/// per second. Speed and time left count from the first report on.
+struct Bar {
+    bar: ProgressBar,
+    first: (u64, Instant),
+}
+
+impl Bar {
+    /// The message after `value` of `max` steps: speed and time left, or `-` for both
+    /// before a second report.
+    fn speed(&self, value: u64, max: u64, now: Instant) -> String {
+        let (v0, t0) = self.first;
+        let secs = now.duration_since(t0).as_secs_f64();
+        if value <= v0 || secs <= 0.0 {
+            return "-s/it ETA -".to_string();
+        }
+        let per_step = secs / (value - v0) as f64;
+        let left = (per_step * max.saturating_sub(value) as f64).round() as u64;
+        let eta = if left < 120 { format!("{left}s") } else { format!("{}m", (left + 30) / 60) };
+        format!("{} ETA {eta}", rate(1.0 / per_step))
+    }
 }
 
 impl ProgressSink {
     fn clear(&self) {
         let mut bars = self.bars.lock().unwrap_or_else(|e| e.into_inner());
-        for (_, bar) in bars.drain() {
-            bar.finish_and_clear();
+        for (_, b) in bars.drain() {
+            b.bar.finish_and_clear();
         }
     }
 }
@@ -498,17 +520,19 @@ impl EventSink for ProgressSink {
             node, value, max, ..
         } = event
         {
-            let bar = bars.entry(node.clone()).or_insert_with(|| {
+            let now = Instant::now();
+            let b = bars.entry(node.clone()).or_insert_with(|| {
                 let bar = self.multi.add(ProgressBar::new(max));
                 bar.set_style(step_style());
                 bar.set_prefix(format!("node {node}"));
-                bar
+                Bar { bar, first: (value, now) }
             });
-            bar.set_length(max);
-            bar.set_position(value);
+            b.bar.set_length(max);
+            b.bar.set_message(b.speed(value, max, now));
+            b.bar.set_position(value);
             if value >= max {
-                if let Some(bar) = bars.remove(&node) {
-                    bar.finish_and_clear();
+                if let Some(b) = bars.remove(&node) {
+                    b.bar.finish_and_clear();
                 }
             }
         }
@@ -567,6 +591,12 @@ mod tests {
         for value in 1..=4 {
             std::thread::sleep(Duration::from_millis(30));
             sink.send(Event::Progress { prompt_id: "p".into(), node: "5".into(), value, max: 20 });
+            if value == 1 {
+                // The first step's start was not seen: no rate yet (not 1 step in ~0 s).
+                let drawn = screen.0.lock().unwrap().clone();
+                let first = drawn.rsplit("node 5").find(|l| l.contains("1/20")).unwrap_or_else(|| panic!("no 1/20 step in {drawn:?}"));
+                assert!(first.contains("-s/it ETA -"), "{first}");
+            }
         }
         let drawn = screen.0.lock().unwrap().clone();
         // Each redraw starts with the bar's prefix; the last one shows step 4.

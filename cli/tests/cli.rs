@@ -290,7 +290,10 @@ fn img_gen_runs_on_a_tiny_model_and_writes_where_o_says() {
     let text_form = ok(&["metadata", "-i", "shots/cat_01.png"], dir.path());
     assert!(text_form.contains("format: PNG, 64x48") && text_form.contains("[tEXt] parameters:\na lovely cat"), "{text_form}");
     let (_, err) = fails(&["metadata", "weights/tiny.safetensors"], dir.path());
-    assert!(err.contains("not a PNG, JPEG or WebP file"), "{err}");
+    assert!(err.contains("not a PNG, JPEG or WebP file") && err.contains("weights/tiny.safetensors"), "{err}");
+    // A missing file: its name and the OS error once each.
+    let (_, err) = fails(&["metadata", "missing.png"], dir.path());
+    assert_eq!((err.matches("missing.png").count(), err.matches("(os error 2)").count()), (1, 1), "{err}");
 
     // The image carries its graph: `sdflow run IMAGE` makes the same pictures again.
     ok(&["run", "shots/cat_00.png", "--models-dir", "weights", "--output-dir", "rerun", "-t", "2"], dir.path());

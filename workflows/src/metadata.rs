@@ -129,8 +129,9 @@ pub struct ImageMetadata {
 
 #[derive(Debug, thiserror::Error)]
 pub enum MetadataError {
-    #[error("{path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    /// The OS error is part of the message, not a `source`: a chain printer would repeat it.
+    #[error("{path}: {error}")]
+    Io { path: String, error: std::io::Error },
     #[error("not a PNG, JPEG or WebP file")]
     Unrecognized,
     #[error("malformed {format} at byte {offset}: {msg}")]
@@ -144,7 +145,7 @@ const MAX_INFLATED: u64 = 64 << 20;
 /// Reads the metadata of the image at `path`.
 pub fn read_metadata(path: &std::path::Path) -> Result<ImageMetadata, MetadataError> {
     use std::io::Read;
-    let io = |source| MetadataError::Io { path: path.display().to_string(), source };
+    let io = |error| MetadataError::Io { path: path.display().to_string(), error };
     let f = std::fs::File::open(path).map_err(io)?;
     let mut bytes = Vec::new();
     f.take(MAX_FILE).read_to_end(&mut bytes).map_err(io)?;
