@@ -17,8 +17,9 @@ mod serve;
 struct Cli {
     /// Log level: error, warn, info, debug, trace.
     // Checked here: tracing would take any other word as a target name and log nothing.
-    #[arg(long, global = true, default_value = "warn", ignore_case = true, value_parser = ["error", "warn", "info", "debug", "trace"])]
-    log_level: String,
+    /// Default: warn, and `serve` also logs each prompt's arrival and outcome (info).
+    #[arg(long, global = true, ignore_case = true, value_parser = ["error", "warn", "info", "debug", "trace"])]
+    log_level: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -115,7 +116,14 @@ fn main() -> std::process::ExitCode {
         // SAFETY: restores the default disposition before any thread is started.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
-    let level = if verbose { "debug".to_string() } else { cli.log_level.to_ascii_lowercase() };
+    let level = match (&cli.log_level, &cli.command) {
+        _ if verbose => "debug".to_string(),
+        (Some(l), _) => l.to_ascii_lowercase(),
+        // An operator watches the server's console: ComfyUI prints "got prompt" and
+        // "Prompt executed in …" there.
+        (None, Command::Serve(_)) => "warn,sdflow_server=info".to_string(),
+        (None, _) => "warn".to_string(),
+    };
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(level))
         .with_ansi(color)

@@ -118,6 +118,8 @@ impl JobQueue {
         }
         let arrival = s.arrivals;
         s.arrivals += 1;
+        // ComfyUI's console line for each accepted prompt.
+        tracing::info!("got prompt {}", job.prompt_id);
         s.pending.push((arrival, job));
         drop(s);
         self.wake.notify_one();

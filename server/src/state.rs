@@ -185,7 +185,18 @@ pub fn worker(state: Arc<AppState>) {
             output_dir: Some(state.config.output_dir.clone()),
             metadata: job.metadata.clone(),
         };
+        let started = std::time::Instant::now();
         let result = state.executor.run_plan(&job.plan, &sink, &cancel, &options);
+        let secs = started.elapsed().as_secs_f64();
+        // One line per prompt, as ComfyUI's console has it.
+        match &result {
+            Ok(_) => tracing::info!("prompt {} executed in {secs:.2} seconds", job.prompt_id),
+            Err(RunError::NodeFailed { node_id, class_type, error, .. }) => {
+                tracing::warn!("prompt {} failed after {secs:.2} seconds at node {node_id} ({class_type}): {error}", job.prompt_id)
+            }
+            Err(RunError::Interrupted { .. }) => tracing::info!("prompt {} interrupted after {secs:.2} seconds", job.prompt_id),
+            Err(RunError::Invalid(_)) => tracing::warn!("prompt {} no longer validates", job.prompt_id),
+        }
         let (outputs, ok) = match &result {
             Ok(report) => (report.ui_outputs.clone(), true),
             Err(RunError::NodeFailed { report, .. })
