@@ -22,6 +22,9 @@
 //! `SDCPP_ARGS` = extra sd-cli flags (e.g. `--diffusion-fa`), `SDFLOW_BENCH_ENGINES` =
 //! "sdflow,sdcpp,diffusers".
 //!
+//! It lives in the `sdflow` crate because it runs the `sdflow` binary as users do (Cargo
+//! builds it for the bench: `CARGO_BIN_EXE_sdflow`).
+//!
 //! Run: `cargo bench -p sdflow --bench dit_sdcpp`
 
 use std::collections::HashMap;
