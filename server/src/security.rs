@@ -45,10 +45,8 @@ pub async fn guard(State(state): State<Arc<AppState>>, mut req: Request, next: N
         if let Some(allowed) = allowed_origin(&state.config.cors_origins, origin) {
             cors = Some(allowed);
         } else if !same_host(origin, req.headers()) {
-            tracing::warn!(
-                "refused a request from origin {origin} to host {:?}",
-                req.headers().get(header::HOST)
-            );
+            let host = req.headers().get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("(none)");
+            tracing::warn!("refused a request from origin {origin} to host {host}");
             return ApiError::Forbidden(format!(
                 "requests from origin {origin} are not allowed (see --cors-origin)"
             ))
