@@ -87,6 +87,10 @@ pub fn serve_command(args: ServeArgs) -> anyhow::Result<()> {
         auth_token: args.auth_token.filter(|t| !t.is_empty()),
         max_body_bytes: args.max_body_mb.saturating_mul(1 << 20),
     };
+    if !config.models_dir.is_dir() {
+        // Every loader's list would be empty with no word why.
+        eprintln!("warning: the models folder {} does not exist: no loader lists any model (give --models-dir)", config.models_dir.display());
+    }
     if !config.listen.is_loopback() && config.auth_token.is_none() {
         eprintln!("warning: listening on {} without --auth-token: anyone who can reach it can run workflows and read outputs", config.listen);
     }

@@ -972,3 +972,25 @@ fn serve_logs_each_prompt() {
     let done = wait_for("executed in");
     assert!(done.contains(" seconds") && !got.contains("Some("), "{got}\n{done}");
 }
+
+/// A `--models-dir` that does not exist is said at start-up, not discovered as empty lists.
+#[test]
+fn serve_says_when_the_models_folder_is_missing() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sdflow"))
+        .args(["serve", "--port", "0", "--threads", "1", "--models-dir", "no-such-models", "--output-dir", "output"])
+        .current_dir(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || BufReader::new(stderr).lines().map_while(Result::ok).for_each(|l| drop(tx.send(l))));
+    let line = rx.recv_timeout(std::time::Duration::from_secs(60));
+    let _ = child.kill();
+    let _ = child.wait();
+    let line = line.expect("a line on the console");
+    assert!(line.contains("models folder no-such-models does not exist"), "{line}");
+}
