@@ -925,72 +925,79 @@ fn dit_presets_run_on_tiny_models() {
     assert!(err.contains("not supported yet: --t5xxl (with a UNet model"), "{err}");
 }
 
+/// A running `sdflow serve` in `dir` (killed when dropped), its address, and its console
+/// (stderr) line by line: read on a thread, since the server does not exit.
+struct Served {
+    child: std::process::Child,
+    host: String,
+    console: std::sync::mpsc::Receiver<String>,
+}
+
+impl Served {
+    fn start(dir: &Path, models_dir: &str) -> Served {
+        use std::io::{BufRead, BufReader};
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sdflow"))
+            .args(["serve", "--port", "0", "--threads", "1", "--models-dir", models_dir, "--input-dir", "input", "--output-dir", "output"])
+            .current_dir(dir)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (stdout, stderr) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+        let (tx, console) = std::sync::mpsc::channel();
+        std::thread::spawn(move || BufReader::new(stderr).lines().map_while(Result::ok).for_each(|l| drop(tx.send(l))));
+        let mut served = Served { child, host: String::new(), console };
+        let url = BufReader::new(stdout).lines().map_while(Result::ok).find_map(|l| l.strip_prefix("sdflow serving on ").map(|u| u.trim().to_string())).expect("the address");
+        served.host = url.trim_start_matches("http://").trim_end_matches('/').to_string();
+        served
+    }
+
+    /// The next console line containing `what`, waiting at most a minute for each line.
+    fn wait_for(&self, what: &str) -> String {
+        loop {
+            match self.console.recv_timeout(std::time::Duration::from_secs(60)) {
+                Ok(l) if l.contains(what) => break l,
+                Ok(_) => {}
+                Err(e) => panic!("no `{what}` line on the server's console: {e}"),
+            }
+        }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// `sdflow serve`'s console says when a prompt arrives and how it ended, in one line each,
 /// as ComfyUI's does (`got prompt`, `Prompt executed in …`), without `--log-level`.
 #[test]
 fn serve_logs_each_prompt() {
-    use std::io::{BufRead, BufReader, Read, Write};
+    use std::io::{Read, Write};
     let dir = tempfile::tempdir().unwrap();
     for sub in ["models", "input", "output"] {
         std::fs::create_dir_all(dir.path().join(sub)).unwrap();
     }
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sdflow"))
-        .args(["serve", "--port", "0", "--threads", "1", "--models-dir", "models", "--input-dir", "input", "--output-dir", "output"])
-        .current_dir(dir.path())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let (stdout, stderr) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
-    let _child = Kill(child);
-    let url = BufReader::new(stdout).lines().map_while(Result::ok).find_map(|l| l.strip_prefix("sdflow serving on ").map(|u| u.trim().to_string())).expect("the address");
-    let host = url.trim_start_matches("http://").trim_end_matches('/').to_string();
+    let served = Served::start(dir.path(), "models");
+    let host = &served.host;
     let body = r#"{"prompt": {"1": {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": 1, "color": 0}}, "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "x"}}}}"#;
-    let mut s = std::net::TcpStream::connect(&host).unwrap();
+    let mut s = std::net::TcpStream::connect(host).unwrap();
     write!(s, "POST /prompt HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
     let mut reply = String::new();
     s.read_to_string(&mut reply).unwrap();
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
-    // The server keeps running: its console is read on a thread, each wait bounded.
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || BufReader::new(stderr).lines().map_while(Result::ok).for_each(|l| drop(tx.send(l))));
-    let wait_for = |what: &str| loop {
-        match rx.recv_timeout(std::time::Duration::from_secs(60)) {
-            Ok(l) if l.contains(what) => break l,
-            Ok(_) => {}
-            Err(e) => panic!("no `{what}` line on the server's console: {e}"),
-        }
-    };
-    let got = wait_for("got prompt");
-    let done = wait_for("executed in");
+    let got = served.wait_for("got prompt");
+    let done = served.wait_for("executed in");
     assert!(done.contains(" seconds") && !got.contains("Some("), "{got}\n{done}");
 }
 
 /// A `--models-dir` that does not exist is said at start-up, not discovered as empty lists.
 #[test]
 fn serve_says_when_the_models_folder_is_missing() {
-    use std::io::{BufRead, BufReader};
     let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sdflow"))
-        .args(["serve", "--port", "0", "--threads", "1", "--models-dir", "no-such-models", "--output-dir", "output"])
-        .current_dir(dir.path())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || BufReader::new(stderr).lines().map_while(Result::ok).for_each(|l| drop(tx.send(l))));
-    let line = rx.recv_timeout(std::time::Duration::from_secs(60));
-    let _ = child.kill();
-    let _ = child.wait();
-    let line = line.expect("a line on the console");
+    let served = Served::start(dir.path(), "no-such-models");
+    let line = served.wait_for("models folder");
     assert!(line.contains("models folder no-such-models does not exist"), "{line}");
 }
