@@ -891,6 +891,12 @@ fn dit_presets_run_on_tiny_models() {
     // ComfyUI's all-in-one schnell file through -m alone.
     ok(&["img_gen", "-m", &m("checkpoints/flux1-schnell-fp8.safetensors"), "-p", "a cat", "--cfg-scale", "1", "--steps", "2", "-W", "32", "-H", "32", "-t", "2", "-o", "schnell.png"], dir.path());
     assert_eq!(png_size(&dir.path().join("schnell.png")), (32, 32));
+    // The same file as a diffusers pipeline folder.
+    let all_in_one = dir.path().join("models/checkpoints/flux1-schnell-fp8.safetensors");
+    let hidden = sdflow_core::io::open(&all_in_one).unwrap().get("model.diffusion_model.img_in.weight").unwrap().shape[0];
+    sdflow_tests::write_dit_pipeline_folder(&all_in_one, &dir.path().join("FLUX.1-schnell"), &sdflow_core::models::flux::diffusers::LAYOUT, hidden, "FluxPipeline");
+    ok(&["img_gen", "-m", "FLUX.1-schnell", "-p", "a cat", "--cfg-scale", "1", "--steps", "2", "-W", "32", "-H", "32", "-t", "2", "-o", "schnell_folder.png"], dir.path());
+    assert_eq!(png_pixels(&dir.path().join("schnell_folder.png")), png_pixels(&dir.path().join("schnell.png")));
     // Chroma with sd-cli's older mask flags and its --model-args spelling.
     let chroma = m("diffusion_models/Chroma1-HD-fp8mixed.safetensors");
     let run_chroma = |extra: &[&str], out: &str| {

@@ -490,8 +490,15 @@ pub fn write_flux_lora(path: &std::path::Path, naming: &str) {
 /// chunk modulations' halves swapped). The forward direction is checked against diffusers'
 /// converter in core's tests; this only feeds the loaders a diffusers-named file.
 pub fn write_diffusers_twin(single: &Path, out: &Path, layout: &sdflow_core::models::dit::diffusers::Layout, hidden: usize) {
-    use sdflow_core::models::dit::diffusers::Part;
     let src = sdflow_core::io::open(single).unwrap();
+    let tensors = diffusers_twin(src.as_ref(), "", layout, hidden);
+    let dtype = src.tensors()[0].dtype;
+    sdflow_core::io::safetensors::write(out, tensors.iter().map(|(n, s, b)| (n.as_str(), dtype, s.clone(), b.as_slice())), &std::collections::BTreeMap::new()).unwrap();
+}
+
+/// [`write_diffusers_twin`]'s tensors for the transformer under `prefix` of `src`.
+fn diffusers_twin(src: &dyn sdflow_core::io::TensorSource, prefix: &str, layout: &sdflow_core::models::dit::diffusers::Layout, hidden: usize) -> Vec<(String, Vec<usize>, Vec<u8>)> {
+    use sdflow_core::models::dit::diffusers::Part;
     let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
     let rows = |name: &str| {
         let t = src.get(name).unwrap();
@@ -506,7 +513,7 @@ pub fn write_diffusers_twin(single: &Path, out: &Path, layout: &sdflow_core::mod
                 Part::Rename(b, d) | Part::Tensor(b, d) | Part::Modulation(b, d) => (*b, *d),
                 Part::Fuse(b, _) => (*b, ""),
             };
-            let name = format!("{at}{b}{suffix}");
+            let name = format!("{prefix}{at}{b}{suffix}");
             if src.get(&name).is_none() {
                 continue;
             }
@@ -514,7 +521,7 @@ pub fn write_diffusers_twin(single: &Path, out: &Path, layout: &sdflow_core::mod
             match part {
                 Part::Rename(..) | Part::Tensor(..) => tensors.push((format!("{from}{d}{suffix}"), shape, bytes)),
                 Part::Modulation(..) => {
-                    let weight = src.get(&format!("{at}{b}.weight")).unwrap().shape.clone();
+                    let weight = src.get(&format!("{prefix}{at}{b}.weight")).unwrap().shape.clone();
                     let bytes = if weight.len() == 2 && weight[0] == 2 * weight[1] {
                         let half = bytes.len() / 2;
                         [&bytes[half..], &bytes[..half]].concat()
@@ -540,13 +547,55 @@ pub fn write_diffusers_twin(single: &Path, out: &Path, layout: &sdflow_core::mod
         emit("", "", part);
     }
     for (diff, single_name, parts) in layout.blocks {
-        let n = (0..).take_while(|i| src.tensors().iter().any(|t| t.name.starts_with(&format!("{single_name}.{i}.")))).count();
+        let n = (0..).take_while(|i| src.tensors().iter().any(|t| t.name.starts_with(&format!("{prefix}{single_name}.{i}.")))).count();
         for i in 0..n {
             for part in *parts {
                 emit(&format!("{single_name}.{i}."), &format!("{diff}.{i}."), part);
             }
         }
     }
-    let dtype = src.tensors()[0].dtype;
-    sdflow_core::io::safetensors::write(out, tensors.iter().map(|(n, s, b)| (n.as_str(), dtype, s.clone(), b.as_slice())), &std::collections::BTreeMap::new()).unwrap();
+    tensors
+}
+
+/// A FLUX.1 or SD3 diffusers pipeline folder at `dir` (`transformer/`, `vae/`,
+/// `text_encoder*/`, `model_index.json` naming `class`) made from ComfyUI's all-in-one
+/// f32 checkpoint `ckpt`: the transformer as [`write_diffusers_twin`] writes it
+/// (`hidden`: its width), the VAE as diffusers' converter cuts it
+/// (core/tests/fixtures/models/ae_pipeline_names.json, from make_ae_pipeline_names.py),
+/// the text encoders' Hugging Face names without the checkpoint's prefixes. FLUX's second
+/// encoder is T5-XXL, SD3's OpenCLIP-G (its third T5-XXL).
+pub fn write_dit_pipeline_folder(ckpt: &Path, dir: &Path, layout: &sdflow_core::models::dit::diffusers::Layout, hidden: usize, class: &str) {
+    use sdflow_core::models::pipeline::{CLIP_G, CLIP_L, T5XXL};
+    let src = sdflow_core::io::open(ckpt).unwrap();
+    let write = |component: &str, tensors: &[(String, Vec<usize>, Vec<u8>)]| {
+        std::fs::create_dir_all(dir.join(component)).unwrap();
+        let file = if component.starts_with("text_encoder") { "model.safetensors" } else { "diffusion_pytorch_model.safetensors" };
+        sdflow_core::io::safetensors::write(&dir.join(component).join(file), tensors.iter().map(|(n, s, b)| (n.as_str(), DType::F32, s.clone(), b.as_slice())), &std::collections::BTreeMap::new()).unwrap();
+    };
+    let under = |prefix: &str| -> Vec<(String, Vec<usize>, Vec<u8>)> {
+        src.tensors().iter().filter_map(|t| Some((t.name.strip_prefix(prefix)?.to_string(), t.shape.clone(), src.read(&t.name).unwrap().to_vec()))).collect()
+    };
+    write("transformer", &diffusers_twin(src.as_ref(), "model.diffusion_model.", layout, hidden));
+    let encoders: &[(&str, &str)] = if class == "FluxPipeline" { &[("text_encoder", CLIP_L), ("text_encoder_2", T5XXL)] } else { &[("text_encoder", CLIP_L), ("text_encoder_2", CLIP_G), ("text_encoder_3", T5XXL)] };
+    for (component, prefix) in encoders {
+        write(component, &under(prefix));
+    }
+    let vae_prefix = if src.get("vae.decoder.conv_in.weight").is_some() { "vae." } else { "first_stage_model." };
+    let table: std::collections::BTreeMap<String, (String, String, usize, usize)> = serde_json::from_str(&std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../core/tests/fixtures/models/ae_pipeline_names.json")).unwrap()).unwrap();
+    let ldm = under(vae_prefix);
+    assert_eq!(table.len(), ldm.len(), "the table names every tensor of the tiny VAE");
+    let vae: Vec<_> = table
+        .iter()
+        .map(|(name, (from, kind, _, _))| {
+            let (_, shape, bytes) = ldm.iter().find(|t| &t.0 == from).unwrap_or_else(|| panic!("{from} not in the checkpoint"));
+            assert_eq!(kind, "whole", "{name}");
+            // diffusers' VAE attention is linear where LDM's is a 1×1 convolution.
+            let shape = if shape.len() == 4 && name.contains("attentions") { shape[..2].to_vec() } else { shape.clone() };
+            (name.clone(), shape, bytes.clone())
+        })
+        .collect();
+    write("vae", &vae);
+    std::fs::create_dir_all(dir.join("scheduler")).unwrap();
+    std::fs::write(dir.join("scheduler/scheduler_config.json"), r#"{"_class_name": "FlowMatchEulerDiscreteScheduler", "shift": 3.0}"#).unwrap();
+    std::fs::write(dir.join("model_index.json"), format!(r#"{{"_class_name": "{class}"}}"#)).unwrap();
 }

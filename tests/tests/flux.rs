@@ -417,3 +417,30 @@ fn a_diffusers_named_transformer_runs_as_its_bfl_twin() {
     let (_, _, diffusers) = env.run_saved(&twin, "10");
     assert_eq!(bfl, diffusers);
 }
+
+/// A FLUX.1 diffusers pipeline folder (`FluxPipeline`: transformer/, vae/, text_encoder/,
+/// text_encoder_2/) made from ComfyUI's all-in-one file loads through
+/// CheckpointLoaderSimple and makes exactly that file's image.
+#[test]
+fn a_pipeline_folder_runs_as_its_all_in_one_twin() {
+    let env = env();
+    let ckpts = env.dir.path().join("models/checkpoints");
+    let ckpt = ckpts.join("flux1-schnell-fp8.safetensors");
+    let hidden = sdflow_core::io::open(&ckpt).unwrap().get("model.diffusion_model.img_in.weight").unwrap().shape[0];
+    sdflow_tests::write_dit_pipeline_folder(&ckpt, &ckpts.join("FLUX.1-schnell"), &sdflow_core::models::flux::diffusers::LAYOUT, hidden, "FluxPipeline");
+    let env = TestEnv::with_dir(env.dir, |rt| rt);
+    let wf = template(&env, "flux_schnell.json", 32, 2);
+    let (loader, save) = (sdflow_tests::node_of(&wf, "CheckpointLoaderSimple"), sdflow_tests::node_of(&wf, "SaveImage"));
+    let (_, _, single) = env.run_saved(&wf, &save);
+    let (_, _, folder) = env.run_saved(&with_input(&wf, &loader, "ckpt_name", serde_json::json!("FLUX.1-schnell")), &save);
+    assert_eq!(single, folder);
+    // Without its T5 the folder names what is missing, as the single file does.
+    std::fs::remove_dir_all(ckpts.join("FLUX.1-schnell/text_encoder_2")).unwrap();
+    let e = env.run_err(&with_input(&wf, &loader, "ckpt_name", serde_json::json!("FLUX.1-schnell")));
+    assert!(e.contains("FLUX.1-schnell") && e.contains("T5-XXL") && e.contains("--t5xxl"), "{e}");
+    // A transformer of another architecture.
+    let transformer = ckpts.join("FLUX.1-schnell/transformer/diffusion_pytorch_model.safetensors");
+    sdflow_core::io::safetensors::write(&transformer, [("mystery.weight", DType::F32, vec![1], &[0u8; 4][..])], &Default::default()).unwrap();
+    let e = env.run_err(&with_input(&wf, &loader, "ckpt_name", serde_json::json!("FLUX.1-schnell")));
+    assert!(e.contains("FLUX.1-schnell") && e.contains("neither a FLUX.1 nor an SD3 transformer"), "{e}");
+}

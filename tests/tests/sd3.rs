@@ -178,3 +178,27 @@ fn bad_combinations_are_named_errors() {
     let e = env.run_err(&flux_clip);
     assert!(e.contains("pooled vector"), "{e}");
 }
+
+/// An SD3.5 diffusers pipeline folder (`StableDiffusion3Pipeline`: transformer/, vae/,
+/// text_encoder/ CLIP-L, text_encoder_2/ OpenCLIP-G with its projection, text_encoder_3/
+/// T5-XXL) made from ComfyUI's all-in-one file loads through CheckpointLoaderSimple and
+/// makes exactly that file's image.
+#[test]
+fn a_pipeline_folder_runs_as_its_all_in_one_twin() {
+    let env = env();
+    let ckpts = env.dir.path().join("models/checkpoints");
+    let ckpt = ckpts.join("sd3.5_large_fp8_scaled.safetensors");
+    let hidden = sdflow_core::io::open(&ckpt).unwrap().get("model.diffusion_model.context_embedder.weight").unwrap().shape[0];
+    sdflow_tests::write_dit_pipeline_folder(&ckpt, &ckpts.join("stable-diffusion-3.5-medium"), &sdflow_core::models::sd3::diffusers::LAYOUT, hidden, "StableDiffusion3Pipeline");
+    let env = TestEnv::with_dir(env.dir, |rt| rt);
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/comfyui/sd3.5_simple_example.json");
+    let mut wf = Workflow::parse(&std::fs::read_to_string(path).unwrap(), env.exec.registry()).unwrap();
+    let latent = sdflow_tests::node_of(&wf, "EmptySD3LatentImage");
+    wf = with_input(&with_input(&wf, &latent, "width", json!(32)), &latent, "height", json!(32));
+    let sampler = sdflow_tests::node_of(&wf, "KSampler");
+    wf = with_input(&wf, &sampler, "steps", json!(2));
+    let (loader, save) = (sdflow_tests::node_of(&wf, "CheckpointLoaderSimple"), sdflow_tests::node_of(&wf, "SaveImage"));
+    let (_, _, single) = env.run_saved(&wf, &save);
+    let (_, _, folder) = env.run_saved(&with_input(&wf, &loader, "ckpt_name", json!("stable-diffusion-3.5-medium")), &save);
+    assert_eq!(single, folder);
+}

@@ -14,6 +14,7 @@ pub mod esrgan;
 pub mod flux;
 pub mod load;
 pub mod nn;
+pub mod pipeline;
 pub mod sd;
 pub mod sd3;
 pub mod t5;

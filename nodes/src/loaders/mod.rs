@@ -16,7 +16,7 @@ use sdflow_core::io::{self, TypeRules, WeightType};
 use sdflow_core::models::clip::ClipLayout;
 use sdflow_core::models::load::load_weights;
 use sdflow_core::models::{flux, sd3, t5};
-use sdflow_core::models::sd::pipeline::{as_checkpoint, scheduler_settings};
+use sdflow_core::models::pipeline::{as_checkpoint, scheduler_settings, CLIP_G as CKPT_CLIP_G, CLIP_L as CKPT_CLIP_L, T5XXL as CKPT_T5};
 use sdflow_core::models::conditioning::Prediction;
 use sdflow_core::models::vae::{standalone_source, STANDALONE_PREFIX};
 use sdflow_core::models::Weights;
@@ -92,8 +92,13 @@ struct ClipPart {
     dropped_layers: usize,
 }
 
+/// A checkpoint file, or a pipeline folder in a checkpoint's names ([`as_checkpoint`]).
+fn open_checkpoint(path: &Path) -> Result<Box<dyn io::TensorSource>, NodeError> {
+    as_checkpoint(io::open(path).map_err(err)?).map_err(err)
+}
+
 fn sd_parts(path: &Path) -> Result<SdParts, NodeError> {
-    let src = as_checkpoint(io::open(path).map_err(err)?).map_err(err)?;
+    let src = open_checkpoint(path)?;
     let folder = src.format() == io::Format::Diffusers;
     let det = detect::detect_source(src.as_ref());
     let shown = path.display();
@@ -214,14 +219,12 @@ impl Node for CheckpointLoaderSimple {
 
     fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
         let path = self.path(inputs)?;
-        if !path.is_dir() {
-            let det = detect::detect_source(io::open(&path).map_err(err)?.as_ref());
-            if det.family == ModelFamily::Flux && det.layout == Some(KeyLayout::Ldm) {
-                return flux_checkpoint(&self.rt, &path, &det);
-            }
-            if det.family == ModelFamily::Sd3 && det.layout == Some(KeyLayout::Ldm) {
-                return sd3_checkpoint(&self.rt, &path, &det);
-            }
+        let det = detect::detect_source(open_checkpoint(&path)?.as_ref());
+        if det.family == ModelFamily::Flux && det.layout == Some(KeyLayout::Ldm) {
+            return flux_checkpoint(&self.rt, &path, &det);
+        }
+        if det.family == ModelFamily::Sd3 && det.layout == Some(KeyLayout::Ldm) {
+            return sd3_checkpoint(&self.rt, &path, &det);
         }
         let parts = sd_parts(&path)?;
         let model = ModelRef {
@@ -346,21 +349,19 @@ fn chroma_model(weights: WeightHandle<Weights>, prefix: String) -> Result<ModelR
     Ok(m)
 }
 
-/// Where ComfyUI's all-in-one checkpoints (FLUX, SD3) keep their text encoders beside
-/// `model.diffusion_model.`, and where FLUX's keep the VAE.
-const CKPT_CLIP_L: &str = "text_encoders.clip_l.transformer.";
-const CKPT_CLIP_G: &str = "text_encoders.clip_g.transformer.";
-const CKPT_T5: &str = "text_encoders.t5xxl.transformer.";
+/// Where ComfyUI's all-in-one FLUX.1 checkpoints keep the VAE (a FLUX pipeline folder
+/// shows it as LDM's `first_stage_model.`).
 const FLUX_VAE: &str = "vae.";
 
 /// The outputs of CheckpointLoaderSimple for an all-in-one FLUX.1 checkpoint (ComfyUI's
 /// `flux1-dev-fp8.safetensors` layout): each part the file lacks is named with the node
 /// that supplies it instead.
 fn flux_checkpoint(rt: &Runtime, path: &Path, det: &detect::Detection) -> Result<Outputs, NodeError> {
-    let src = io::open(path).map_err(err)?;
+    let src = open_checkpoint(path)?;
     let names = || src.tensors().iter().map(|t| t.name.as_str());
     let has = |p: &str| names().any(|n| n.starts_with(p));
     let prefix = det.diffusion_prefix.clone().unwrap_or_default();
+    let vae_prefix = if has(&format!("{LDM_VAE}decoder.")) { LDM_VAE } else { FLUX_VAE };
     let mut missing = Vec::new();
     if !has(&format!("{CKPT_CLIP_L}text_model.")) {
         missing.push(format!("CLIP-L (`{CKPT_CLIP_L}*`: load clip_l with DualCLIPLoader type flux, sd-cli's --clip_l)"));
@@ -368,7 +369,7 @@ fn flux_checkpoint(rt: &Runtime, path: &Path, det: &detect::Detection) -> Result
     if !t5::is_t5(names().filter(|n| n.starts_with(CKPT_T5))) {
         missing.push(format!("T5-XXL (`{CKPT_T5}*`: load t5xxl with DualCLIPLoader type flux, sd-cli's --t5xxl)"));
     }
-    if !has(&format!("{FLUX_VAE}decoder.")) {
+    if !has(&format!("{vae_prefix}decoder.")) {
         missing.push(format!("the VAE (`{FLUX_VAE}*`: load ae with VAELoader, sd-cli's --vae)"));
     }
     if !missing.is_empty() {
@@ -377,7 +378,7 @@ fn flux_checkpoint(rt: &Runtime, path: &Path, det: &detect::Detection) -> Result
     let model = flux_model(weights_handle(rt, path, &prefix)?, prefix, det.flux_guidance)?;
     let clip_l = ClipEncoder { weights: weights_handle(rt, path, CKPT_CLIP_L)?, prefix: format!("{CKPT_CLIP_L}text_model"), layout: ClipLayout::HuggingFace, dropped_layers: 0 };
     let clip = ClipRef { encoders: vec![clip_l], t5: Some(t5_handle(rt, path)?), family: ModelFamily::Flux, clip_skip: None, sdcpp: None };
-    let vae = VaeRef { weights: weights_handle(rt, path, FLUX_VAE)?, prefix: FLUX_VAE.trim_end_matches('.').into(), kind: VaeKind::Kl };
+    let vae = VaeRef { weights: weights_handle(rt, path, vae_prefix)?, prefix: vae_prefix.trim_end_matches('.').into(), kind: VaeKind::Kl };
     Ok(Outputs::new(vec![Value::new(IoType::MODEL, model), Value::new(IoType::CLIP, clip), Value::new(IoType::VAE, vae)]))
 }
 
@@ -400,18 +401,19 @@ fn sd3_model(weights: WeightHandle<Weights>, prefix: String) -> Result<ModelRef,
     })
 }
 
-/// Where SD3 / SD3.5 checkpoints keep the VAE.
-const SD3_VAE: &str = "first_stage_model.";
+/// Where LDM-named checkpoints keep the VAE: SD3 / SD3.5 files, and every pipeline
+/// folder seen through [`as_checkpoint`].
+const LDM_VAE: &str = "first_stage_model.";
 
 /// The outputs of CheckpointLoaderSimple for an SD3 / SD3.5 checkpoint: the text encoders
 /// it holds (any of CLIP-L, OpenCLIP-G, T5-XXL, or none; ComfyUI's SD3 CLIP gives zeros
 /// for those missing) and its VAE.
 fn sd3_checkpoint(rt: &Runtime, path: &Path, det: &detect::Detection) -> Result<Outputs, NodeError> {
-    let src = io::open(path).map_err(err)?;
+    let src = open_checkpoint(path)?;
     let names = || src.tensors().iter().map(|t| t.name.as_str());
     let has = |p: &str| names().any(|n| n.starts_with(p));
-    if !has(&format!("{SD3_VAE}decoder.")) {
-        return Err(NodeError::msg(format!("{}: an SD3 checkpoint without its VAE (`{SD3_VAE}*`); load the model with UNETLoader (sd-cli's --diffusion-model) and the VAE with VAELoader (--vae)", path.display())));
+    if !has(&format!("{LDM_VAE}decoder.")) {
+        return Err(NodeError::msg(format!("{}: an SD3 checkpoint without its VAE (`{LDM_VAE}*`); load the model with UNETLoader (sd-cli's --diffusion-model) and the VAE with VAELoader (--vae)", path.display())));
     }
     let prefix = det.diffusion_prefix.clone().unwrap_or_default();
     let model = sd3_model(weights_handle(rt, path, &prefix)?, prefix)?;
@@ -425,7 +427,7 @@ fn sd3_checkpoint(rt: &Runtime, path: &Path, det: &detect::Detection) -> Result<
     // None), and encoding with it names TripleCLIPLoader.
     let t5 = if t5::is_t5(names().filter(|n| n.starts_with(CKPT_T5))) { Some(t5_handle(rt, path)?) } else { None };
     let clip = ClipRef { encoders, t5, family: ModelFamily::Sd3, clip_skip: None, sdcpp: None };
-    let vae = VaeRef { weights: weights_handle(rt, path, SD3_VAE)?, prefix: SD3_VAE.trim_end_matches('.').into(), kind: VaeKind::Kl };
+    let vae = VaeRef { weights: weights_handle(rt, path, LDM_VAE)?, prefix: LDM_VAE.trim_end_matches('.').into(), kind: VaeKind::Kl };
     Ok(Outputs::new(vec![Value::new(IoType::MODEL, model), Value::new(IoType::CLIP, clip), Value::new(IoType::VAE, vae)]))
 }
 

@@ -39,13 +39,26 @@ pub struct Layout {
 pub fn single_file_layout(src: Box<dyn TensorSource>, layout: &Layout) -> Result<Box<dyn TensorSource>> {
     let Some(marker) = src.tensors().iter().find(|t| t.name.ends_with(layout.marker)) else { return Ok(src) };
     let prefix = marker.name[..marker.name.len() - layout.marker.len()].to_string();
+    assemble(src, layout, &prefix, "", false)
+}
+
+/// `src`'s transformer under `from` (a pipeline folder's `transformer.`) in the single-file
+/// names under `to` (`model.diffusion_model.`), every tensor outside `from` kept as it is.
+pub fn pipeline_layout(src: Box<dyn TensorSource>, layout: &Layout, from: &str, to: &str) -> Result<Box<dyn TensorSource>> {
+    assemble(src, layout, from, to, true)
+}
+
+fn assemble(src: Box<dyn TensorSource>, layout: &Layout, from: &str, to: &str, keep_rest: bool) -> Result<Box<dyn TensorSource>> {
     let shown = src.path().display().to_string();
-    let plan = plan(src.tensors(), &prefix, layout).map_err(|e| ModelError::Weight { name: e, detail: format!("{shown}: a diffusers {} transformer without this part", layout.family) })?;
+    let mut plan = plan(src.tensors(), from, to, layout).map_err(|e| ModelError::Weight { name: e, detail: format!("{shown}: a diffusers {} transformer without this part", layout.family) })?;
+    if keep_rest {
+        plan.extend(src.tensors().iter().filter(|t| !t.name.starts_with(from)).map(|t| (t.name.clone(), vec![Rows::all(t)])));
+    }
     let assembled = Assembled::new(src, plan).map_err(|e| ModelError::Weight { name: e, detail: format!("{shown}: its diffusers tensors do not fuse") })?;
     Ok(Box::new(assembled))
 }
 
-fn plan(tensors: &[TensorInfo], prefix: &str, layout: &Layout) -> std::result::Result<Vec<(String, Vec<Rows>)>, String> {
+fn plan(tensors: &[TensorInfo], prefix: &str, to: &str, layout: &Layout) -> std::result::Result<Vec<(String, Vec<Rows>)>, String> {
     let find = |name: &str| tensors.iter().find(|t| t.name == format!("{prefix}{name}"));
     let mut plan = Vec::new();
     let mut add = |at: &str, from: &str, part: &Part| -> std::result::Result<(), String> {
@@ -85,13 +98,13 @@ fn plan(tensors: &[TensorInfo], prefix: &str, layout: &Layout) -> std::result::R
         Ok(())
     };
     for part in layout.top {
-        add("", "", part)?;
+        add(to, "", part)?;
     }
     for (diff, single, parts) in layout.blocks {
         let n = (0..).take_while(|i| tensors.iter().any(|t| t.name.starts_with(&format!("{prefix}{diff}.{i}.")))).count();
         for i in 0..n {
             for part in *parts {
-                add(&format!("{single}.{i}."), &format!("{diff}.{i}."), part)?;
+                add(&format!("{to}{single}.{i}."), &format!("{diff}.{i}."), part)?;
             }
         }
     }

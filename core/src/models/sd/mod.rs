@@ -9,7 +9,6 @@
 pub mod controlnet;
 pub mod ip_adapter;
 pub mod photomaker;
-pub mod pipeline;
 pub mod unet;
 
 use crate::models::clip::{ClipTextModel, EncodeOptions};
