@@ -18,8 +18,8 @@
 //!
 //! Three shapes of work:
 //! - [`linear_compute`]: `dst` [M, N] = W [K, M] × X [K, N] (X already bf16). A blocks are
-//!   rows of X; each thread packs its band of W rows into the pair-interleaved layout once
-//!   per op.
+//!   rows of X; each thread packs its band of W rows into the pair-interleaved layout (and
+//!   expands quantized rows) once per op, a chunk that stays in L2 at a time.
 //! - [`conv_compute`]: a stride-1 convolution as KW·KH accumulated products over shifted
 //!   views of the padded input, like `matmul::conv_compute`, but with the input already
 //!   pair-interleaved (a shift along the pixel axis stays a pointer offset) and the sums of
@@ -316,7 +316,8 @@ thread_local! {
 }
 
 /// One thread's product buffers: its band of packed weights, a zero-padded copy of a
-/// partial last block of activation rows, and one quantized weight row expanded to f32.
+/// partial last block of activation rows, and 16 pieces of quantized weight rows expanded
+/// to f32.
 struct LinearScratch {
     packed: Vec<u32>,
     edge: Vec<u16>,
@@ -393,51 +394,34 @@ unsafe fn linear<K: Block>(dst: *mut ggml_sys::ggml_tensor, ith: c_int, nth: c_i
                 let mut sc = sc.borrow_mut();
                 let LinearScratch { packed: p, edge: e, row: f } = &mut *sc;
                 let mut blk = blk.borrow_mut();
-                if expand.is_some() {
-                    grow(f, k);
-                }
                 // Pack this band in blocks of 32 output columns, each block contiguous
                 // (what one tile step reads is 128 consecutive bytes): pair row r of
                 // block jb holds, for each column j, the bf16 pair (W[j][2r],
                 // W[j][2r+1]) as one u32; padding columns are zero.
-                grow(p, pairs * mp);
-                let packed = &mut p[..pairs * mp];
-                for j in 0..mp {
-                    let at = (j / 32) * pairs * 32 + j % 32;
-                    if j < mb {
-                        let src = (w.data as *const u8).add((m0 + j) * w.nb[1]);
-                        if let Some(expand) = expand {
-                            expand(src as *const c_void, f.as_mut_ptr(), k as i64);
-                            for r in 0..pairs {
-                                packed[at + r * 32] = bf16(f[2 * r]) as u32 | (bf16(f[2 * r + 1]) as u32) << 16;
-                            }
-                        } else {
-                            let row = src as *const u32;
-                            for r in 0..pairs {
-                                packed[at + r * 32] = row.add(r).read_unaligned();
-                            }
-                        }
-                    } else {
-                        for r in 0..pairs {
-                            packed[at + r * 32] = 0;
-                        }
-                    }
-                }
+                let rows: Vec<*const u8> = (0..mb).map(|j| (w.data as *const u8).add((m0 + j) * w.nb[1])).collect();
+                let source = match expand {
+                    None => Source::Bf16,
+                    Some(_) if w.type_ == ggml_sys::GGML_TYPE_Q8_0 => Source::Q8_0,
+                    Some(f) => Source::Expand(f, w.type_),
+                };
                 grow(e, 32 * k);
                 grow(&mut blk, 32 * 32);
-                let packed = packed.as_ptr() as *const u8;
                 let xrow = k * 2;
-                // Column chunks whose packed weights stay in L2 while every row block
-                // of X passes over them.
+                // Column chunks packed just before use, so their packed weights stay in
+                // L2 while every row block of X passes over them (packing the whole
+                // band first wrote and re-read twice the weight's bytes through memory).
                 let chunk = ((1 << 20) / (k * 2)).max(32).next_multiple_of(32).min(mp);
-                for bi in 0..batches {
-                    let (i2, i3) = (bi % x.ne[2] as usize, bi / x.ne[2] as usize);
-                    let xb = (x.data as *const u8).add(i2 * x.nb[2] + i3 * x.nb[3]);
-                    let db = (d.data as *mut u8).add(i2 * d.nb[2] + i3 * d.nb[3]);
-                    let drow = d.nb[1];
-                    let mut c0 = 0;
-                    while c0 < mp {
-                        let c1 = (c0 + chunk).min(mp);
+                grow(p, pairs * chunk);
+                let mut c0 = 0;
+                while c0 < mp {
+                    let c1 = (c0 + chunk).min(mp);
+                    pack(&rows[c0.min(mb)..c1.min(mb)], c1 - c0, k, source, f, &mut p[..pairs * (c1 - c0)]);
+                    let packed = p.as_ptr() as *const u8;
+                    for bi in 0..batches {
+                        let (i2, i3) = (bi % x.ne[2] as usize, bi / x.ne[2] as usize);
+                        let xb = (x.data as *const u8).add(i2 * x.nb[2] + i3 * x.nb[3]);
+                        let db = (d.data as *mut u8).add(i2 * d.nb[2] + i3 * d.nb[3]);
+                        let drow = d.nb[1];
                         let mut n0 = 0;
                         while n0 < n {
                             let rows = (n - n0).min(32);
@@ -453,7 +437,7 @@ unsafe fn linear<K: Block>(dst: *mut ggml_sys::ggml_tensor, ith: c_int, nth: c_i
                             let mut j0 = c0;
                             while j0 < c1 {
                                 unit.zero();
-                                unit.steps(a, xrow, packed.add(j0 * pairs * 4), 128, k / 32);
+                                unit.steps(a, xrow, packed.add((j0 - c0) * pairs * 4), 128, k / 32);
                                 let cols = (mb - j0.min(mb)).min(32);
                                 if !transposed && rows == 32 && cols == 32 {
                                     unit.store(db.add(n0 * drow + (m0 + j0) * 4), drow);
@@ -472,11 +456,123 @@ unsafe fn linear<K: Block>(dst: *mut ggml_sys::ggml_tensor, ith: c_int, nth: c_i
                             }
                             n0 += 32;
                         }
-                        c0 = c1;
                     }
+                    c0 = c1;
                 }
             })
         });
+    }
+}
+
+/// Where [`pack`] reads weight rows from.
+#[derive(Clone, Copy)]
+enum Source {
+    /// bf16 rows: already pairs.
+    Bf16,
+    /// Q8_0 rows (34-byte blocks: an f16 scale, 32 int8), expanded here.
+    Q8_0,
+    /// Rows of another type, expanded piece by piece with ggml's row converter.
+    Expand(unsafe extern "C" fn(*const c_void, *mut f32, i64), ggml_sys::ggml_type),
+}
+
+/// Packs weight `rows` (each K long, of `source`'s type) into `packed` ([`linear`]'s
+/// layout for `mp` ≥ rows.len() columns, the padding zero): 16 columns at a time, 16
+/// pairs of each rounded to bf16 in registers, transposed, and stored as 16 contiguous
+/// runs. `scratch` holds the f32 pieces of [`Source::Expand`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn pack(rows: &[*const u8], mp: usize, k: usize, source: Source, scratch: &mut Vec<f32>, packed: &mut [u32]) {
+    use std::arch::x86_64::*;
+    let pairs = k / 2;
+    debug_assert!(mp % 32 == 0 && k % 32 == 0 && packed.len() >= pairs * mp && rows.len() <= mp);
+    // Pieces of K expanded at once: whole blocks of every ggml type (K-quants: 256).
+    let piece = if k % 256 == 0 { 256 } else { 32 };
+    if let Source::Expand(..) = source {
+        grow(scratch, 16 * piece);
+    }
+    // SAFETY: each row holds K elements of the source type; the stores stay inside
+    // `packed` (checked above); `scratch` holds 16 pieces.
+    unsafe {
+        let zero = _mm512_setzero_si512();
+        let out = packed.as_mut_ptr();
+        for g in 0..mp / 16 {
+            let j0 = g * 16;
+            let base = out.add((j0 / 32) * pairs * 32 + j0 % 32);
+            let live = rows.len().saturating_sub(j0).min(16);
+            let mut c0 = 0;
+            while c0 < k {
+                if let Source::Expand(f, ty) = source {
+                    let offset = ggml_sys::ggml_row_size(ty, c0 as i64);
+                    for i in 0..live {
+                        f(rows[j0 + i].add(offset) as *const c_void, scratch.as_mut_ptr().add(i * piece), piece as i64);
+                    }
+                }
+                for e0 in (0..piece).step_by(32) {
+                    let at = c0 + e0; // element; its pair is at / 2
+                    let mut v = [zero; 16];
+                    for (i, vi) in v.iter_mut().enumerate().take(live) {
+                        *vi = match source {
+                            Source::Bf16 => _mm512_loadu_si512(rows[j0 + i].add(at * 2) as *const _),
+                            Source::Q8_0 => {
+                                let block = rows[j0 + i].add(at / 32 * 34);
+                                let d = _mm512_set1_ps(f16_to_f32((block as *const u16).read_unaligned()));
+                                let q = _mm256_loadu_si256(block.add(2) as *const _);
+                                let lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))), d);
+                                let hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256::<1>(q))), d);
+                                std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo))
+                            }
+                            Source::Expand(..) => {
+                                let x = scratch.as_ptr().add(i * piece + e0);
+                                std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x.add(16)), _mm512_loadu_ps(x)))
+                            }
+                        };
+                    }
+                    transpose16(&mut v);
+                    for (r, vr) in v.iter().enumerate() {
+                        _mm512_storeu_si512(base.add((at / 2 + r) * 32) as *mut _, *vr);
+                    }
+                }
+                c0 += piece;
+            }
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn pack(_: &[*const u8], _: usize, _: usize, _: Source, _: &mut Vec<f32>, _: &mut [u32]) {
+    unreachable!("the AVX-512 engine is never chosen off x86-64")
+}
+
+/// An IEEE half's value (ggml's Q8_0 scales).
+fn f16_to_f32(h: u16) -> f32 {
+    half::f16::from_bits(h).to_f32()
+}
+
+/// `v[i]` lane `j` ↔ `v[j]` lane `i`: a 16×16 transpose of 32-bit lanes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn transpose16(v: &mut [std::arch::x86_64::__m512i; 16]) {
+    use std::arch::x86_64::*;
+    let mut t = [_mm512_setzero_si512(); 16];
+    for i in 0..8 {
+        t[2 * i] = _mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+    }
+    for i in 0..4 {
+        v[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        v[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        v[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        v[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for h in 0..2 {
+        for i in 0..4 {
+            t[8 * h + i] = _mm512_shuffle_i32x4::<0x88>(v[8 * h + i], v[8 * h + i + 4]);
+            t[8 * h + i + 4] = _mm512_shuffle_i32x4::<0xdd>(v[8 * h + i], v[8 * h + i + 4]);
+        }
+    }
+    for i in 0..8 {
+        v[i] = _mm512_shuffle_i32x4::<0x88>(t[i], t[i + 8]);
+        v[i + 8] = _mm512_shuffle_i32x4::<0xdd>(t[i], t[i + 8]);
     }
 }
 
