@@ -152,10 +152,28 @@ trait Block {
     unsafe fn zero(&mut self);
     /// `ksteps` steps of C[32 × 32] += A[32 rows × 32] × B[16 pair rows × 32 columns]. A
     /// rows are `a_stride` bytes apart and advance 64 bytes a step; B pair rows are
-    /// `b_stride` bytes apart and advance 16 pair rows a step. Only the first `rows` rows
-    /// of C are wanted: an engine may leave the others (A's rows there must still be
-    /// readable).
-    unsafe fn steps(&mut self, a: *const u8, a_stride: usize, b: *const u8, b_stride: usize, ksteps: usize, rows: usize);
+    /// `b_stride` bytes apart and advance 16 pair rows a step.
+    unsafe fn steps(&mut self, a: *const u8, a_stride: usize, b: *const u8, b_stride: usize, ksteps: usize);
+    /// [`Block::steps`] where only the first `rows` rows of C are wanted: an engine may
+    /// leave the others (A's rows there must still be readable). Apart from `steps`, whose
+    /// fixed shape the compiler keeps tight (a row count in it cost the full blocks 15 %).
+    unsafe fn steps_rows(&mut self, a: *const u8, a_stride: usize, b: *const u8, b_stride: usize, ksteps: usize, rows: usize) {
+        let _ = rows;
+        // SAFETY: forwarded.
+        unsafe { self.steps(a, a_stride, b, b_stride, ksteps) }
+    }
+    /// `steps` for a full block, `steps_rows` for a partial one.
+    #[inline(always)]
+    unsafe fn steps_for(&mut self, a: *const u8, a_stride: usize, b: *const u8, b_stride: usize, ksteps: usize, rows: usize) {
+        // SAFETY: forwarded.
+        unsafe {
+            if rows >= 32 {
+                self.steps(a, a_stride, b, b_stride, ksteps)
+            } else {
+                self.steps_rows(a, a_stride, b, b_stride, ksteps, rows)
+            }
+        }
+    }
     /// C row-major at `c`, rows `stride` bytes apart.
     unsafe fn store(&mut self, c: *mut u8, stride: usize);
 }
@@ -179,7 +197,7 @@ impl Block for Tiles {
     }
 
     #[inline(always)]
-    unsafe fn steps(&mut self, a: *const u8, a_stride: usize, b: *const u8, b_stride: usize, ksteps: usize, _rows: usize) {
+    unsafe fn steps(&mut self, a: *const u8, a_stride: usize, b: *const u8, b_stride: usize, ksteps: usize) {
         if ksteps == 0 {
             return;
         }
@@ -258,12 +276,19 @@ impl Block for Regs {
     }
 
     #[inline(always)]
-    unsafe fn steps(&mut self, a: *const u8, a_stride: usize, b: *const u8, b_stride: usize, ksteps: usize, rows: usize) {
-        // Eight rows at a time: a partial block (77 tokens: 32 + 32 + 13) computes 16 rows,
-        // not 32.
-        for g in 0..rows.div_ceil(8).min(4) {
+    unsafe fn steps(&mut self, a: *const u8, a_stride: usize, b: *const u8, b_stride: usize, ksteps: usize) {
+        for g in 0..4 {
             // SAFETY: the engine is `Avx512` only where the CPU has AVX-512 BF16; the
             // caller guarantees the operands' bytes.
+            unsafe { rows8(self.acc.as_mut_ptr().add(g * 8 * 32), a.add(g * 8 * a_stride), a_stride, b, b_stride, 16 * ksteps) }
+        }
+    }
+
+    /// Eight rows at a time: a partial block (77 tokens: 32 + 32 + 13) computes 16 rows,
+    /// not 32.
+    unsafe fn steps_rows(&mut self, a: *const u8, a_stride: usize, b: *const u8, b_stride: usize, ksteps: usize, rows: usize) {
+        for g in 0..rows.div_ceil(8).min(4) {
+            // SAFETY: as in `steps`.
             unsafe { rows8(self.acc.as_mut_ptr().add(g * 8 * 32), a.add(g * 8 * a_stride), a_stride, b, b_stride, 16 * ksteps) }
         }
     }
@@ -441,7 +466,7 @@ unsafe fn linear<K: Block>(dst: *mut ggml_sys::ggml_tensor, ith: c_int, nth: c_i
                             let mut j0 = c0;
                             while j0 < c1 {
                                 unit.zero();
-                                unit.steps(a, xrow, packed.add((j0 - c0) * pairs * 4), 128, k / 32, rows);
+                                unit.steps_for(a, xrow, packed.add((j0 - c0) * pairs * 4), 128, k / 32, rows);
                                 let cols = (mb - j0.min(mb)).min(32);
                                 if !transposed && rows == 32 && cols == 32 {
                                     unit.store(db.add(n0 * drow + (m0 + j0) * 4), drow);
@@ -627,7 +652,7 @@ unsafe fn conv<K: Block>(dst: *mut ggml_sys::ggml_tensor, ith: c_int, nth: c_int
                             for dx in 0..kw {
                                 let a = kern.add(((dy * kw + dx) * coutp + co0) * arow);
                                 let bptr = x.add((j0 + dy * wp + dx) * 4);
-                                unit.steps(a, arow, bptr, brow, c / 32, 32);
+                                unit.steps(a, arow, bptr, brow, c / 32);
                             }
                         }
                         unit.store(blk.as_mut_ptr() as *mut u8, 128);
@@ -725,7 +750,7 @@ unsafe fn attention<K: Block>(dst: *mut ggml_sys::ggml_tensor, ith: c_int, nth: 
                 // scores (32 × Tk') = q block · kᵀ
                 for j0 in (0..kp).step_by(32) {
                     unit.zero();
-                    unit.steps(sc.q.as_ptr() as *const u8, dp * 2, (sc.keys.as_ptr() as *const u8).add(j0 * 4), kp * 4, dp / 32, rows);
+                    unit.steps_for(sc.q.as_ptr() as *const u8, dp * 2, (sc.keys.as_ptr() as *const u8).add(j0 * 4), kp * 4, dp / 32, rows);
                     unit.store((sc.scores.as_mut_ptr() as *mut u8).add(j0 * 4), kp * 4);
                 }
                 let mut inv = [0f32; 32];
@@ -745,7 +770,7 @@ unsafe fn attention<K: Block>(dst: *mut ggml_sys::ggml_tensor, ith: c_int, nth: 
                 // out (32 × dh') = probabilities · v
                 for c0 in (0..dp).step_by(32) {
                     unit.zero();
-                    unit.steps(sc.probs.as_ptr() as *const u8, kp * 2, (sc.values.as_ptr() as *const u8).add(c0 * 4), dp * 4, kp / 32, rows);
+                    unit.steps_for(sc.probs.as_ptr() as *const u8, kp * 2, (sc.values.as_ptr() as *const u8).add(c0 * 4), dp * 4, kp / 32, rows);
                     unit.store((sc.out.as_mut_ptr() as *mut u8).add(c0 * 4), dp * 4);
                 }
                 for (r, iv) in inv.iter().enumerate().take(rows) {
