@@ -16,7 +16,8 @@ pub struct ServeArgs {
     pub listen: IpAddr,
     #[arg(long, default_value_t = 8188)]
     pub port: u16,
-    /// Folder of model files (`checkpoints/`, `loras/`, ... inside it, or the files themselves).
+    /// Folder of model files in ComfyUI's folders (`checkpoints/`, `loras/`, ... inside it;
+    /// checkpoints may also lie in it directly).
     #[arg(long, value_name = "DIR", default_value = "models")]
     pub models_dir: PathBuf,
     /// Folder uploads go to and LoadImage reads from.

@@ -314,6 +314,15 @@ fn img_gen_runs_on_a_tiny_model_and_writes_where_o_says() {
     // A missing file is named.
     let (_, err) = fails(&["img_gen", "-m", "weights/none.safetensors", "-p", "x"], dir.path());
     assert!(err.contains("-m weights/none.safetensors: no such file"), "{err}");
+    // A file that is no model, and a broken model: named as the user gave them, never by
+    // the staging folder they were linked into.
+    std::fs::write(dir.path().join("log.md"), "# notes").unwrap();
+    let (_, err) = fails(&["img_gen", "-m", "log.md", "-p", "x"], dir.path());
+    assert!(err.contains("-m log.md: not a model file") && err.contains(".safetensors"), "{err}");
+    std::fs::write(dir.path().join("weights/broken.safetensors"), b"\x10\0\0\0\0\0\0\0{not json}").unwrap();
+    let (_, err) = fails(&["img_gen", "-m", "weights/broken.safetensors", "-p", "x", "--steps", "1"], dir.path());
+    let real = dir.path().join("weights/broken.safetensors").canonicalize().unwrap();
+    assert!(err.contains(&real.display().to_string()) && !err.contains("sdflow-stage"), "{err}");
 }
 
 /// `--type`: by default (`auto`) float weights load as bf16 where the CPU runs our bf16

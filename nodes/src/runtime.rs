@@ -136,22 +136,37 @@ impl Runtime {
         sdflow_core::text::EmbeddingLibrary::scan(&dir, &tokenizer).map(Some).map_err(crate::err)
     }
 
-    /// Model files of one kind (`checkpoints`), by name relative to their folder.
+    /// Model files of one kind (`checkpoints`), by name relative to their folder: the
+    /// kind's folders only ([`Runtime::kind_dirs`]), never another kind's, so a loader
+    /// never offers a file it cannot load.
     pub fn list_models(&self, kind: &str) -> Vec<String> {
-        let dir = self.kind_dir(kind);
         let mut out = Vec::new();
-        list_files(&dir, &dir, 0, &mut out);
+        for dir in self.kind_dirs(kind) {
+            list_files(&dir, &dir, 0, &mut out);
+        }
         out.sort();
+        out.dedup();
         out
     }
 
-    fn kind_dir(&self, kind: &str) -> PathBuf {
-        let sub = self.models_dir.join(kind);
-        if sub.is_dir() {
-            sub
-        } else {
-            self.models_dir.clone()
+    /// The folders of one kind that exist, in ComfyUI's order: `models/<kind>` and the
+    /// older names ComfyUI still reads for it (`unet/` for diffusion models, `clip/` for
+    /// text encoders, `t2i_adapter/` beside `controlnet/`). Checkpoints alone fall back
+    /// to the models folder itself when it has no `checkpoints/` (a folder of checkpoint
+    /// files: `--models-dir ~/Downloads`).
+    pub fn kind_dirs(&self, kind: &str) -> Vec<PathBuf> {
+        let one = [kind];
+        let names: &[&str] = match kind {
+            "diffusion_models" => &["diffusion_models", "unet"],
+            "text_encoders" => &["text_encoders", "clip"],
+            "controlnet" => &["controlnet", "t2i_adapter"],
+            _ => &one,
+        };
+        let dirs: Vec<PathBuf> = names.iter().map(|n| self.models_dir.join(n)).filter(|d| d.is_dir()).collect();
+        if dirs.is_empty() && kind == "checkpoints" && self.models_dir.is_dir() {
+            return vec![self.models_dir.clone()];
         }
+        dirs
     }
 
     /// The file a model name refers to; names never leave the models folder.
@@ -160,15 +175,35 @@ impl Runtime {
         if rel.is_absolute() || rel.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
             return Err(format!("model name `{name}` must be relative to the models folder"));
         }
-        let path = self.kind_dir(kind).join(rel);
-        if !path.exists() {
-            return Err(format!("model `{name}` not found in {}", self.kind_dir(kind).display()));
+        let dirs = self.kind_dirs(kind);
+        if let Some(path) = dirs.iter().map(|d| d.join(rel)).find(|p| p.exists()) {
+            return Ok(path);
         }
-        Ok(path)
+        Err(match dirs.first() {
+            Some(dir) => format!("model `{name}` not found in {}", dir.display()),
+            None if self.models_dir.is_dir() => format!("model `{name}` not found: the models folder {} has no `{kind}/`", self.models_dir.display()),
+            None => format!("model `{name}` not found: the models folder {} does not exist", self.models_dir.display()),
+        })
     }
 }
 
-const MODEL_EXTENSIONS: [&str; 6] = ["safetensors", "gguf", "ckpt", "pt", "pth", "bin"];
+/// The model file extensions the loaders list (ComfyUI's `supported_pt_extensions` and
+/// GGUF).
+pub const MODEL_EXTENSIONS: [&str; 6] = ["safetensors", "gguf", "ckpt", "pt", "pth", "bin"];
+
+/// Whether `path` is something a model loader reads: a file with a model extension, or a
+/// diffusers pipeline folder.
+pub fn is_model_path(path: &Path) -> bool {
+    if path.is_dir() {
+        return is_pipeline_dir(path);
+    }
+    path.extension().and_then(|x| x.to_str()).is_some_and(|x| MODEL_EXTENSIONS.contains(&x.to_ascii_lowercase().as_str()))
+}
+
+/// A diffusers pipeline folder: listed as one model, not browsed.
+fn is_pipeline_dir(dir: &Path) -> bool {
+    dir.join("model_index.json").exists() || dir.join("unet").is_dir() || dir.join("transformer").is_dir()
+}
 
 fn list_files(root: &Path, dir: &Path, depth: usize, out: &mut Vec<String>) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
@@ -176,14 +211,14 @@ fn list_files(root: &Path, dir: &Path, depth: usize, out: &mut Vec<String>) {
         let p = e.path();
         if p.is_dir() {
             // A diffusers folder is one model; other folders are browsed.
-            if p.join("model_index.json").exists() || p.join("unet").is_dir() {
+            if is_pipeline_dir(&p) {
                 if let Ok(rel) = p.strip_prefix(root) {
                     out.push(rel.to_string_lossy().into_owned());
                 }
             } else if depth < 4 {
                 list_files(root, &p, depth + 1, out);
             }
-        } else if p.extension().and_then(|x| x.to_str()).is_some_and(|x| MODEL_EXTENSIONS.contains(&x.to_ascii_lowercase().as_str())) {
+        } else if is_model_path(&p) {
             if let Ok(rel) = p.strip_prefix(root) {
                 out.push(rel.to_string_lossy().into_owned());
             }

@@ -369,13 +369,8 @@ pub const MODEL_FOLDERS: [&str; 15] = [
     "ultralytics",
 ];
 
-/// Files of one model folder. Checkpoints follow the loader's rule (the models folder
-/// itself when it has no `checkpoints/`), so this lists what CheckpointLoaderSimple offers;
-/// other kinds need their own subfolder.
+/// Files of one model folder: what the loaders of that kind offer.
 pub fn list_models(state: &AppState, folder: &str) -> Vec<String> {
-    if folder != "checkpoints" && !state.config.models_dir.join(folder).is_dir() {
-        return Vec::new();
-    }
     state.runtime.list_models(folder)
 }
 

@@ -381,7 +381,7 @@ fn finish(shown: Preset, c: &CommonArgs, output: &str, begin: Option<i64>, build
     let registry = Arc::new(run::registry_with(stage.path(), &out_dir, &stage.input_dir(), threads, c.weight_type.resolve(), |rt| rt.with_preview_method(method).with_preview_noisy(noisy))?.0);
     let workflows: Vec<(String, Workflow)> = vec![(preset.workflow.header.as_ref().and_then(|h| h.title.clone()).unwrap_or_default(), preset.workflow.clone())];
     let session = run::Session { output_dir: Some(out_dir.clone()), json_events: c.json_events, workers: None, repeat: 1, preview: c.preview_file() };
-    let reports = run::execute(registry, &workflows, &session)?;
+    let reports = run::execute(registry, &workflows, &session).map_err(|e| anyhow::anyhow!("{}", stage.unstage(&format!("{e:#}"))))?;
     let mut files = Vec::new();
     for report in &reports {
         for id in &preset.save_nodes {

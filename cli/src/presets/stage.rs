@@ -64,9 +64,24 @@ impl Stage {
     pub(super) fn model(&mut self, kind: &str, flag: &str, value: &str) -> anyhow::Result<String> {
         let candidates = [PathBuf::from(value), self.models_dir.join(kind).join(value), self.models_dir.join(value)];
         match candidates.iter().find(|p| p.exists()) {
+            Some(p) if !sdflow_nodes::runtime::is_model_path(p) => {
+                bail!("{flag} {value}: not a model file (.{} files or a diffusers folder are)", sdflow_nodes::runtime::MODEL_EXTENSIONS.join(", ."))
+            }
             Some(p) => self.link(kind, &p.clone()),
+            None if !self.models_dir.is_dir() => bail!("{flag} {value}: no such file (and no models folder {})", self.models_dir.display()),
             None => bail!("{flag} {value}: no such file (nor in {})", self.models_dir.join(kind).display()),
         }
+    }
+
+    /// `text` with each staged file's path in the staging folder replaced by the file the
+    /// user named, so no error speaks of a temporary folder.
+    pub(super) fn unstage(&self, text: &str) -> String {
+        let mut out = text.to_string();
+        for ((kind, name), real) in &self.linked {
+            let staged = self.dir.path().join(kind).join(name);
+            out = out.replace(&staged.display().to_string(), &real.display().to_string());
+        }
+        out
     }
 
     /// `--taesd FILE`: linked as `vae_approx/NAME.EXT`, where VAELoader's entry `name`
