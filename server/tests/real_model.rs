@@ -228,6 +228,47 @@ async fn sd_server_endpoints_generate_on_the_tiny_model() {
     let e = decode_png(j["data"][0]["b64_json"].as_str().unwrap());
     assert_eq!((e.width(), e.height()), (64, 64));
 
+    // A1111's n_iter × batch_size images with counting seeds, the hires fix at twice the
+    // size, and send_images.
+    let (code, r) = s.post("/sdapi/v1/txt2img", json!({"prompt": "a cat", "width": 64, "height": 64, "steps": 1, "seed": 20, "batch_size": 1, "n_iter": 3})).await;
+    assert_eq!(code, 200, "{r}");
+    assert_eq!(r["images"].as_array().unwrap().len(), 3);
+    let info: Json = serde_json::from_str(r["info"].as_str().unwrap()).unwrap();
+    assert_eq!(info["all_seeds"], json!([20, 21, 22]));
+    let (code, r) = s.post("/sdapi/v1/txt2img", json!({"prompt": "a cat", "width": 32, "height": 48, "steps": 1, "seed": 1, "enable_hr": true, "hr_scale": 2, "hr_upscaler": "Latent (nearest-exact)", "hr_second_pass_steps": 1, "denoising_strength": 0.5})).await;
+    assert_eq!(code, 200, "{r}");
+    let hires = decode_png(r["images"][0].as_str().unwrap());
+    assert_eq!((hires.width(), hires.height()), (64, 96));
+    let (code, r) = s.post("/sdapi/v1/txt2img", json!({"prompt": "a cat", "width": 32, "height": 32, "steps": 1, "enable_hr": true, "hr_resize_x": 48, "hr_resize_y": 40, "hr_upscaler": "None", "send_images": false})).await;
+    assert_eq!(code, 200, "{r}");
+    assert_eq!(r["images"], json!([]));
+    let h = s.get("/history").await.1;
+    assert!(h.to_string().contains("\"lanczos\""), "A1111's None upscaler resizes with Lanczos");
+
+    // What sdflow cannot do is refused by field, as are fields it does not know; A1111's
+    // defaults for those features pass.
+    for (field, value) in [("tiling", json!(true)), ("restore_faces", json!(true)), ("subseed_strength", json!(0.5)), ("styles", json!(["x"])), ("alwayson_scripts", json!({"ADetailer": {"args": []}})), ("wings", json!(1))] {
+        let mut body = json!({"prompt": "x", "steps": 1, "width": 64, "height": 64});
+        body[field] = value;
+        let (code, r) = s.post("/sdapi/v1/txt2img", body).await;
+        assert_eq!(code, 400, "{field}: {r}");
+        assert!(r["error"]["message"].as_str().unwrap().contains(&format!("`{field}`")), "{r}");
+    }
+    let (code, r) = s.post("/sdapi/v1/txt2img", json!({"prompt": "x", "steps": 1, "width": 64, "height": 64, "tiling": false, "restore_faces": false, "subseed": -1, "subseed_strength": 0, "styles": [], "alwayson_scripts": {}, "script_args": [], "s_noise": 1.0, "do_not_save_grid": true})).await;
+    assert_eq!(code, 200, "{r}");
+    // Errors name the request's fields, not sd-cli's flags.
+    let (code, r) = s.post("/sdapi/v1/txt2img", json!({"prompt": "x", "width": -64, "height": 64})).await;
+    assert_eq!(code, 400, "{r}");
+    let msg = r["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("`width`") && !msg.contains("-W"), "{msg}");
+    let (code, r) = s.post("/sdapi/v1/txt2img", json!({"prompt": "x", "lora": [{"path": "ink", "multiplier": 0.5}]})).await;
+    assert_eq!(code, 400, "{r}");
+    assert!(r["error"]["message"].as_str().unwrap().contains("`lora`"), "{r}");
+    let (code, r) = s.post("/v1/images/generations", json!({"prompt": "x", "n": 0})).await;
+    assert_eq!(code, 400, "{r}");
+    let msg = r["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("`n`") && !msg.contains("-b"), "{msg}");
+
     // Bad requests name the problem.
     let (code, r) = s.post("/sdapi/v1/txt2img", json!({"prompt": ""})).await;
     assert_eq!(code, 400, "{r}");

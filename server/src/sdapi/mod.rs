@@ -3,13 +3,15 @@
 //! same queue as ComfyUI prompts (so it shows in `/queue` and `/history`), and is answered
 //! once it has run, with the images inline as base64 PNGs.
 
+mod fields;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::extract::State;
 use axum::Json as Reply;
 use base64::Engine;
-use sdflow_workflows::presets::{self, ImgGenParams};
+use sdflow_workflows::presets::{self, HiresParams, ImgGenParams, PresetError};
 use serde::Deserialize;
 use serde_json::{json, Value as Json};
 
@@ -121,7 +123,13 @@ impl TempInputs {
             image::load_from_memory(bytes).map_err(|e| ApiError::bad(format!("{what}: {e}")))?;
         let img = match to_mask {
             None => img,
-            Some(rule) => image::DynamicImage::ImageRgb8(mask_image(&img, rule)),
+            Some(rule) => {
+                let mask = mask_image(&img, rule);
+                match rule {
+                    MaskRule::WhiteRepaints { blur, .. } if blur > 0.0 => image::DynamicImage::ImageRgb8(image::imageops::blur(&mask, blur)),
+                    _ => image::DynamicImage::ImageRgb8(mask),
+                }
+            }
         };
         let mut png = Vec::new();
         img.write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png)
@@ -137,7 +145,8 @@ impl TempInputs {
 #[derive(Clone, Copy)]
 enum MaskRule {
     /// A1111 and sd-server: white repaints (black, with `inpainting_mask_invert`).
-    WhiteRepaints { invert: bool },
+    /// The mask then blurred by a Gaussian of this sigma (A1111's `mask_blur`; 0: none).
+    WhiteRepaints { invert: bool, blur: f32 },
     /// OpenAI: transparent pixels repaint; an opaque mask falls back to white-repaints.
     TransparentRepaints,
 }
@@ -154,7 +163,7 @@ fn mask_image(img: &image::DynamicImage, rule: MaskRule) -> image::RgbImage {
         let p = rgba.get_pixel(x, y).0;
         let v = match rule {
             MaskRule::TransparentRepaints if has_alpha => 255 - p[3],
-            MaskRule::WhiteRepaints { invert: true } => 255 - gray(p),
+            MaskRule::WhiteRepaints { invert: true, .. } => 255 - gray(p),
             _ => gray(p),
         };
         image::Rgb([v, v, v])
@@ -172,9 +181,49 @@ fn decode_b64(s: &str, what: &str) -> Result<Vec<u8>, ApiError> {
         .map_err(|e| ApiError::bad(format!("{what} is not valid base64: {e}")))
 }
 
-/// Runs one preset and returns the PNG bytes of its saved images.
-async fn generate(state: &Arc<AppState>, params: &ImgGenParams) -> Result<Vec<Vec<u8>>, ApiError> {
-    let preset = presets::img_gen(params).map_err(|e| ApiError::bad(e.to_string()))?;
+/// A1111's request fields for the sd-cli flags the presets name in their errors.
+const A1111_FIELDS: &[(&str, &str)] = &[
+    ("-W", "width"),
+    ("-H", "height"),
+    ("--steps", "steps"),
+    ("--cfg-scale", "cfg_scale"),
+    ("-s", "seed"),
+    ("-b", "batch_size"),
+    ("--clip-skip", "clip_skip"),
+    ("--sampling-method", "sampler_name"),
+    ("--scheduler", "scheduler"),
+    ("--eta", "eta"),
+    ("-p", "prompt"),
+    ("-n", "negative_prompt"),
+    ("--strength", "denoising_strength"),
+    ("-i", "init_images"),
+    ("--mask", "mask"),
+    ("-m", "sd_model_checkpoint"),
+    ("--hires", "enable_hr"),
+    ("--hires-upscaler", "hr_upscaler"),
+    ("--hires-scale", "hr_scale"),
+    ("--hires-width", "hr_resize_x"),
+    ("--hires-height", "hr_resize_y"),
+    ("--hires-steps", "hr_second_pass_steps"),
+    ("--hires-denoising-strength", "denoising_strength"),
+];
+
+/// OpenAI's request fields for the same flags.
+const OPENAI_FIELDS: &[(&str, &str)] = &[("-W", "size"), ("-H", "size"), ("-b", "n"), ("-s", "seed"), ("-p", "prompt"), ("-n", "negative_prompt"), ("-i", "image"), ("--mask", "mask"), ("-m", "model")];
+
+/// A preset's error in the request's terms: the field a flag came from, not the flag.
+fn in_request_terms(e: PresetError, fields: &[(&str, &str)]) -> ApiError {
+    let field = |flag: &str| fields.iter().find(|(f, _)| *f == flag).map_or_else(|| flag.to_string(), |(_, name)| format!("`{name}`"));
+    ApiError::bad(match e {
+        PresetError::NotSupported { flag, reason } => format!("not supported yet: {} ({reason})", field(&flag)),
+        PresetError::Invalid { flag, msg } => format!("invalid value for {}: {msg}", field(&flag)),
+        PresetError::Missing { flag, msg } => format!("missing {}: {msg}", field(&flag)),
+    })
+}
+
+/// Runs one preset and returns the PNG bytes of its saved images; errors name `fields`.
+async fn generate(state: &Arc<AppState>, params: &ImgGenParams, fields: &[(&str, &str)]) -> Result<Vec<Vec<u8>>, ApiError> {
+    let preset = presets::img_gen(params).map_err(|e| in_request_terms(e, fields))?;
     let missing = presets::unsupported_nodes(&preset, state.executor.registry());
     if !missing.is_empty() {
         let list: Vec<String> = missing.iter().map(ToString::to_string).collect();
@@ -252,18 +301,51 @@ pub struct A1111Request {
     steps: Option<i64>,
     cfg_scale: Option<f64>,
     sampler_name: String,
+    /// A1111's older name for `sampler_name`.
+    sampler_index: String,
     scheduler: String,
     /// A1111's eta: the noise of the ancestral samplers and DDIM's eta (unset: each
     /// sampler's own).
     eta: Option<f64>,
     seed: i64,
     batch_size: i64,
+    /// Batches of `batch_size`: A1111 makes n_iter × batch_size images, seeds counting up.
+    n_iter: i64,
     clip_skip: i64,
     denoising_strength: Option<f64>,
+    enable_hr: bool,
+    hr_scale: Option<f64>,
+    hr_upscaler: String,
+    /// A1111's name; sd-server's is `hr_steps`.
+    hr_second_pass_steps: Option<i64>,
+    hr_steps: Option<i64>,
+    hr_resize_x: i64,
+    hr_resize_y: i64,
+    send_images: bool,
+    /// sd-server's structured LoRAs: a file in `loras/` (with or without its extension)
+    /// and its weight.
+    lora: Vec<LoraItem>,
     init_images: Vec<String>,
     mask: Option<String>,
-    inpainting_mask_invert: i64,
+    inpainting_mask_invert: Json,
+    mask_blur: Option<f64>,
+    mask_blur_x: Option<f64>,
+    mask_blur_y: Option<f64>,
     override_settings: Json,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LoraItem {
+    path: String,
+    #[serde(default = "one")]
+    multiplier: f64,
+    #[serde(default)]
+    is_high_noise: bool,
+}
+
+fn one() -> f64 {
+    1.0
 }
 
 impl Default for A1111Request {
@@ -276,77 +358,169 @@ impl Default for A1111Request {
             steps: None,
             cfg_scale: None,
             sampler_name: String::new(),
+            sampler_index: String::new(),
             scheduler: String::new(),
             eta: None,
             seed: -1,
             batch_size: 1,
+            n_iter: 1,
             clip_skip: -1,
             denoising_strength: None,
+            enable_hr: false,
+            hr_scale: None,
+            hr_upscaler: String::new(),
+            hr_second_pass_steps: None,
+            hr_steps: None,
+            hr_resize_x: 0,
+            hr_resize_y: 0,
+            send_images: true,
+            lora: Vec::new(),
             init_images: Vec::new(),
             mask: None,
-            inpainting_mask_invert: 0,
+            inpainting_mask_invert: Json::Null,
+            mask_blur: None,
+            mask_blur_x: None,
+            mask_blur_y: None,
             override_settings: Json::Null,
         }
     }
 }
 
+/// A1111's `hr_upscaler` as the presets name it: a latent mode, `Nearest`, `Lanczos`
+/// (also for A1111's `None`, which resizes with Lanczos), or a model of `upscale_models/`
+/// by file name or stem.
+fn hr_upscaler(state: &AppState, name: &str) -> Result<String, ApiError> {
+    let name = name.trim();
+    match name {
+        "" => return Ok("Latent".into()),
+        "None" => return Ok("Lanczos".into()),
+        "Nearest" | "Lanczos" => return Ok(name.into()),
+        n if n.starts_with("Latent") => return Ok(n.into()),
+        _ => {}
+    }
+    let models = list_models(state, "upscale_models");
+    models.iter().find(|m| *m == name || stem(m) == name).cloned().ok_or_else(|| {
+        let have: Vec<&str> = models.iter().map(|m| stem(m)).collect();
+        ApiError::bad(format!("`hr_upscaler`: no upscaler `{name}` (have: Latent modes, None, Nearest, Lanczos{}{})", if have.is_empty() { "" } else { ", " }, have.join(", ")))
+    })
+}
+
+/// Every LoRA of `loras/` by the names a prompt tag may use (its path without extension,
+/// and its bare stem), so `<lora:ink:0.8>` finds `style/ink.pt`.
+fn lora_files(state: &AppState) -> std::collections::BTreeMap<String, String> {
+    let mut map = std::collections::BTreeMap::new();
+    for file in list_models(state, "loras") {
+        let no_ext = file.rsplit_once('.').map_or(file.as_str(), |(s, _)| s).to_string();
+        map.entry(stem(&file).to_string()).or_insert_with(|| file.clone());
+        map.entry(no_ext).or_insert(file);
+    }
+    map
+}
+
 async fn a1111(state: Arc<AppState>, body: Json, img2img: bool) -> Result<Reply<Json>, ApiError> {
+    let map = body.as_object().ok_or_else(|| ApiError::bad("the request is not a JSON object"))?;
+    fields::check(map).map_err(ApiError::bad)?;
     let req: A1111Request =
         serde_json::from_value(body.clone()).map_err(|e| ApiError::bad(format!("request: {e}")))?;
+    fields::check_overrides(&req.override_settings).map_err(ApiError::bad)?;
     if req.prompt.is_empty() {
-        return Err(ApiError::bad("prompt required"));
+        return Err(ApiError::bad("`prompt` required"));
     }
-    let model = pick_checkpoint(
-        &state,
-        req.override_settings
-            .get("sd_model_checkpoint")
-            .and_then(Json::as_str),
-    )?;
+    for (name, v) in [("batch_size", req.batch_size), ("n_iter", req.n_iter)] {
+        if !(1..=100).contains(&v) {
+            return Err(ApiError::bad(format!("`{name}`: {v} is outside 1..=100")));
+        }
+    }
+    let overrides = &req.override_settings;
+    let model = pick_checkpoint(&state, overrides.get("sd_model_checkpoint").and_then(Json::as_str))?;
+    let clip_skip = match overrides.get("CLIP_stop_at_last_layers") {
+        Some(v) if req.clip_skip <= 0 => v.as_i64().ok_or_else(|| ApiError::bad(format!("`override_settings.CLIP_stop_at_last_layers`: {v} is not a whole number")))?,
+        _ => req.clip_skip,
+    };
+    let sampler = if req.sampler_name.trim().is_empty() { &req.sampler_index } else { &req.sampler_name };
     let mut p = ImgGenParams {
         model_info: checkpoint_info(&state, &model),
         model: Some(model.clone()),
         prompt: req.prompt.clone(),
         negative_prompt: req.negative_prompt.clone(),
-        sampling_method: comfy_sampler(&req.sampler_name),
+        sampling_method: comfy_sampler(sampler),
         scheduler: comfy_scheduler(&req.scheduler),
         eta: req.eta,
         seed: presets::resolve_seed(req.seed),
-        batch_count: req.batch_size.max(1),
-        clip_skip: req.clip_skip,
+        batch_count: req.batch_size * req.n_iter,
+        clip_skip,
+        lora_files: lora_files(&state),
         output: "sdapi.png".into(),
         ..ImgGenParams::default()
     };
+    for l in &req.lora {
+        if l.is_high_noise {
+            return Err(ApiError::bad(format!("`lora`: {}: high-noise LoRAs are for Wan2.2 video models", l.path)));
+        }
+        let name = l.path.rsplit_once('.').filter(|(_, ext)| !ext.contains('/')).map_or(l.path.as_str(), |(s, _)| s);
+        if !p.lora_files.contains_key(name) {
+            return Err(ApiError::bad(format!("`lora`: no LoRA `{}` in the loras folder", l.path)));
+        }
+        p.prompt.push_str(&format!(" <lora:{name}:{}>", l.multiplier));
+    }
     if let Some(s) = req.steps {
         p.steps = s;
     }
     if let Some(c) = req.cfg_scale {
         p.cfg_scale = c;
     }
-    if let (Some(w), Some(h)) = (req.width, req.height) {
-        p.width = w;
-        p.height = h;
-        p.size_given = true;
+    match (req.width, req.height) {
+        (Some(w), Some(h)) => {
+            (p.width, p.height, p.size_given) = (w, h, true);
+        }
+        (None, None) => {}
+        _ => return Err(ApiError::bad("`width` and `height` go together")),
+    }
+    if req.enable_hr {
+        if img2img {
+            return Err(ApiError::bad("`enable_hr`: the hires fix is a txt2img option"));
+        }
+        p.hires = HiresParams {
+            enabled: true,
+            upscaler: hr_upscaler(&state, &req.hr_upscaler)?,
+            scale: req.hr_scale.unwrap_or(2.0),
+            width: req.hr_resize_x,
+            height: req.hr_resize_y,
+            steps: req.hr_second_pass_steps.or(req.hr_steps).unwrap_or(0),
+            denoising_strength: req.denoising_strength.unwrap_or(0.7),
+            ..HiresParams::default()
+        };
     }
     let mut temp = TempInputs(Vec::new());
     if img2img {
         let first = req
             .init_images
             .first()
-            .ok_or_else(|| ApiError::bad("img2img needs init_images"))?;
+            .ok_or_else(|| ApiError::bad("img2img needs `init_images`"))?;
         let bytes = decode_b64(first, "init_images[0]")?;
         p.init_img = Some(temp.add(&state, &bytes, "init_images[0]", None)?);
         if let Some(mask) = req.mask.as_deref().filter(|m| !m.is_empty()) {
             let bytes = decode_b64(mask, "mask")?;
-            let rule = MaskRule::WhiteRepaints {
-                invert: req.inpainting_mask_invert != 0,
+            let invert = match &req.inpainting_mask_invert {
+                Json::Null => false,
+                Json::Bool(b) => *b,
+                v => v.as_i64().ok_or_else(|| ApiError::bad(format!("`inpainting_mask_invert`: {v} is not 0, 1 or a boolean")))? != 0,
             };
-            p.mask = Some(temp.add(&state, &bytes, "mask", Some(rule))?);
+            // A1111 blurs the mask by 4 pixels unless told otherwise.
+            let blur_x = req.mask_blur_x.or(req.mask_blur).unwrap_or(4.0);
+            let blur_y = req.mask_blur_y.or(req.mask_blur).unwrap_or(4.0);
+            if blur_x != blur_y || !(0.0..=64.0).contains(&blur_x) {
+                return Err(ApiError::bad(format!("`mask_blur_x`, `mask_blur_y`: {blur_x} and {blur_y}: one blur in 0..=64 for both sides is supported")));
+            }
+            p.mask = Some(temp.add(&state, &bytes, "mask", Some(MaskRule::WhiteRepaints { invert, blur: blur_x as f32 }))?);
         }
         if let Some(d) = req.denoising_strength {
             p.strength = d.min(1.0);
         }
+    } else if !req.init_images.is_empty() || req.mask.is_some() {
+        return Err(ApiError::bad("`init_images` and `mask` belong to img2img (/sdapi/v1/img2img)"));
     }
-    let images = generate(&state, &p).await?;
+    let images = generate(&state, &p, A1111_FIELDS).await?;
     drop(temp);
     let info = json!({
         "prompt": p.prompt,
@@ -357,14 +531,17 @@ async fn a1111(state: Arc<AppState>, body: Json, img2img: bool) -> Result<Reply<
         "height": p.height,
         "steps": p.steps,
         "cfg_scale": p.cfg_scale,
+        "batch_size": req.batch_size,
+        "n_iter": req.n_iter,
         "sampler_name": p.sampling_method.clone().unwrap_or_else(|| "euler_ancestral".into()),
         "scheduler": p.scheduler.clone().unwrap_or_else(|| "normal".into()),
-        "denoising_strength": if img2img { json!(p.strength) } else { Json::Null },
+        "denoising_strength": if img2img || req.enable_hr { json!(if img2img { p.strength } else { p.hires.denoising_strength }) } else { Json::Null },
         "sd_model_name": stem(&model),
         "version": concat!("sdflow ", env!("CARGO_PKG_VERSION")),
     });
+    let sent = if req.send_images { images.iter().map(|b| B64.encode(b)).collect::<Vec<_>>() } else { Vec::new() };
     Ok(Reply(json!({
-        "images": images.iter().map(|b| B64.encode(b)).collect::<Vec<_>>(),
+        "images": sent,
         "parameters": body,
         // A1111 sends `info` as a JSON document inside a string.
         "info": info.to_string(),
@@ -546,7 +723,7 @@ pub async fn generations(
     if let Some((w, h)) = parse_size(req.size.as_deref())? {
         (p.width, p.height, p.size_given) = (w, h, true);
     }
-    let images = generate(&state, &p).await?;
+    let images = generate(&state, &p, OPENAI_FIELDS).await?;
     Ok(openai_reply(&images))
 }
 
@@ -597,7 +774,7 @@ pub async fn edits(State(state): AppStateRef, form: Form) -> Result<Reply<Json>,
             Some(MaskRule::TransparentRepaints),
         )?);
     }
-    let images = generate(&state, &p).await?;
+    let images = generate(&state, &p, OPENAI_FIELDS).await?;
     drop(temp);
     Ok(openai_reply(&images))
 }
@@ -625,8 +802,8 @@ mod tests {
             })
         }));
         let red = |rule| -> Vec<u8> { mask_image(&img, rule).pixels().map(|p| p.0[0]).collect() };
-        assert_eq!(red(MaskRule::WhiteRepaints { invert: false }), [255, 0]);
-        assert_eq!(red(MaskRule::WhiteRepaints { invert: true }), [0, 255]);
+        assert_eq!(red(MaskRule::WhiteRepaints { invert: false, blur: 0.0 }), [255, 0]);
+        assert_eq!(red(MaskRule::WhiteRepaints { invert: true, blur: 0.0 }), [0, 255]);
         assert_eq!(red(MaskRule::TransparentRepaints), [0, 255]);
     }
 }

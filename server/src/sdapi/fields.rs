@@ -1,0 +1,150 @@
+//! What each field of an A1111 `txt2img` / `img2img` request means to sdflow, so that
+//! nothing a client sends is dropped unsaid: a field is **honoured** (read by
+//! [`super::a1111`]), **neutral** (an A1111 feature sdflow does not have, accepted at the
+//! value that leaves it off and refused at any other), or **unknown** (refused). A refusal
+//! is a 400 naming the field.
+
+use serde_json::Value as Json;
+
+/// The fields [`super::a1111`] reads.
+const HONOURED: &[&str] = &[
+    "prompt",
+    "negative_prompt",
+    "width",
+    "height",
+    "steps",
+    "cfg_scale",
+    "sampler_name",
+    "sampler_index",
+    "scheduler",
+    "eta",
+    "seed",
+    "batch_size",
+    "n_iter",
+    "clip_skip",
+    "denoising_strength",
+    "override_settings",
+    "enable_hr",
+    "hr_scale",
+    "hr_upscaler",
+    "hr_second_pass_steps",
+    "hr_steps",
+    "hr_resize_x",
+    "hr_resize_y",
+    "send_images",
+    "lora",
+    "init_images",
+    "mask",
+    "inpainting_mask_invert",
+    "mask_blur",
+    "mask_blur_x",
+    "mask_blur_y",
+];
+
+/// Whether `v` is JSON null, or `false`, `0`, `""`, `[]` or `{}`.
+fn off(v: &Json) -> bool {
+    match v {
+        Json::Null => true,
+        Json::Bool(b) => !b,
+        Json::Number(n) => n.as_f64() == Some(0.0),
+        Json::String(s) => s.is_empty(),
+        Json::Array(a) => a.is_empty(),
+        Json::Object(o) => o.is_empty(),
+    }
+}
+
+fn equals(v: &Json, x: f64) -> bool {
+    v.is_null() || v.as_f64() == Some(x)
+}
+
+/// For a neutral field: `Some(None)` when the value leaves its feature off, `Some(Some(why))`
+/// when it asks for it; `None` for a field that is not neutral.
+fn neutral(key: &str, v: &Json) -> Option<Option<&'static str>> {
+    let refuse = |ok: bool, why: &'static str| Some((!ok).then_some(why));
+    match key {
+        // Bookkeeping with no effect on the images (sdflow keeps every result in its
+        // output folder and history, as ComfyUI does).
+        "do_not_save_samples" | "do_not_save_grid" | "save_images" | "comments" | "force_task_id" | "infotext" | "user" | "override_settings_restore_afterwards" | "include_init_images" => Some(None),
+        // Parts of features that are off unless their switch is on.
+        "subseed" | "refiner_switch_at" | "inpaint_full_res_padding" | "mask_round" | "image_cfg_scale" => Some(None),
+        "subseed_strength" => refuse(off(v), "variation seeds are not supported"),
+        "seed_resize_from_h" | "seed_resize_from_w" => refuse(v.is_null() || v.as_f64().is_some_and(|x| x <= 0.0), "resizing the seed is not supported"),
+        "restore_faces" => refuse(off(v), "face restoration is not supported (use the ADetailer nodes)"),
+        "tiling" => refuse(off(v), "seamless tiling is not supported"),
+        "styles" => refuse(off(v), "saved styles are not supported: put the text in the prompt"),
+        "alwayson_scripts" | "script_name" | "script_args" => refuse(off(v), "A1111 scripts and extensions are not supported"),
+        "refiner_checkpoint" => refuse(off(v), "a refiner checkpoint is not supported"),
+        "disable_extra_networks" => refuse(off(v), "<lora:…> tags are always read"),
+        "firstpass_image" | "latent_mask" => refuse(off(v), "not supported"),
+        "hr_checkpoint_name" | "hr_sampler_name" | "hr_scheduler" | "hr_prompt" | "hr_negative_prompt" | "hr_additional_modules" => refuse(off(v), "the hires pass uses the first pass's model, sampler and prompts"),
+        "s_churn" | "s_tmin" | "s_min_uncond" => refuse(off(v), "sampler noise options are not supported"),
+        "s_noise" => refuse(equals(v, 1.0), "sampler noise options are not supported"),
+        "s_tmax" => refuse(off(v) || v.as_f64().is_some_and(f64::is_infinite), "sampler noise options are not supported"),
+        "initial_noise_multiplier" => refuse(equals(v, 1.0), "an initial noise multiplier is not supported"),
+        "resize_mode" => refuse(off(v), "only resize mode 0 (just resize) is supported"),
+        "inpainting_fill" => refuse(equals(v, 1.0), "only masked content 1 (original) is supported"),
+        "inpaint_full_res" => refuse(off(v), "only inpaint area \"whole picture\" is supported"),
+        _ => None,
+    }
+}
+
+/// The first field of `body` sdflow does not honour and cannot leave off, as the message of
+/// a 400.
+pub fn check(body: &serde_json::Map<String, Json>) -> Result<(), String> {
+    for (key, value) in body {
+        if HONOURED.contains(&key.as_str()) {
+            continue;
+        }
+        match neutral(key, value) {
+            Some(None) => {}
+            Some(Some(why)) => return Err(format!("`{key}`: {value} is not supported ({why})")),
+            None => return Err(format!("unknown field `{key}`")),
+        }
+    }
+    Ok(())
+}
+
+/// The `override_settings` sdflow honours: the checkpoint, CLIP skip, and settings at
+/// the values that change nothing.
+pub fn check_overrides(settings: &Json) -> Result<(), String> {
+    let Some(map) = settings.as_object() else {
+        return if settings.is_null() { Ok(()) } else { Err(format!("`override_settings`: {settings} is not an object")) };
+    };
+    for (key, v) in map {
+        let ok = match key.as_str() {
+            "sd_model_checkpoint" | "CLIP_stop_at_last_layers" => true,
+            "samples_format" => v.as_str().is_none_or(|f| f.eq_ignore_ascii_case("png")),
+            "sd_vae" => v.as_str().is_none_or(|s| matches!(s, "Automatic" | "None" | "")),
+            "eta_noise_seed_delta" => off(v),
+            _ => return Err(format!("`override_settings.{key}` is not supported (sd_model_checkpoint and CLIP_stop_at_last_layers are)")),
+        };
+        if !ok {
+            return Err(format!("`override_settings.{key}`: {v} is not supported"));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn body(v: Json) -> serde_json::Map<String, Json> {
+        v.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn defaults_pass_features_are_refused_by_name() {
+        // What A1111's own API page sends by default.
+        assert_eq!(check(&body(json!({"prompt": "x", "styles": [], "subseed": -1, "subseed_strength": 0, "seed_resize_from_h": -1, "restore_faces": false, "tiling": false, "s_noise": 1, "alwayson_scripts": {}, "script_args": [], "refiner_checkpoint": null, "hr_prompt": "", "inpainting_fill": 1, "send_images": true}))), Ok(()));
+        for (field, value) in [("tiling", json!(true)), ("subseed_strength", json!(0.3)), ("restore_faces", json!(true)), ("styles", json!(["anime"])), ("alwayson_scripts", json!({"controlnet": {}})), ("inpainting_fill", json!(0))] {
+            let e = check(&body(json!({"prompt": "x", field: value}))).unwrap_err();
+            assert!(e.contains(&format!("`{field}`")), "{e}");
+        }
+        assert_eq!(check(&body(json!({"prompt": "x", "wings": 2}))), Err("unknown field `wings`".into()));
+        assert!(check_overrides(&json!({"sd_model_checkpoint": "a", "samples_format": "png"})).is_ok());
+        assert!(check_overrides(&json!({"samples_format": "jpg"})).unwrap_err().contains("samples_format"));
+        assert!(check_overrides(&json!({"face_restoration_model": "x"})).unwrap_err().contains("face_restoration_model"));
+    }
+}
