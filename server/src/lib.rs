@@ -68,6 +68,15 @@ fn api_routes() -> Router<Arc<AppState>> {
         .route("/sdapi/v1/sd-models", get(sdapi::sd_models))
         .route("/sdapi/v1/loras", get(sdapi::loras))
         .route("/sdapi/v1/upscalers", get(sdapi::upscalers))
+        .route("/sdapi/v1/latent-upscale-modes", get(sdapi::latent_upscale_modes))
+        .route("/sdapi/v1/embeddings", get(sdapi::embeddings))
+        .route("/sdapi/v1/options", get(sdapi::get_options).post(sdapi::post_options))
+        .route("/sdapi/v1/progress", get(sdapi::progress))
+        .route("/sdapi/v1/interrupt", post(sdapi::interrupt))
+        .route("/sdapi/v1/skip", post(sdapi::interrupt))
+        .route("/sdapi/v1/refresh-checkpoints", post(sdapi::refresh))
+        .route("/sdapi/v1/refresh-loras", post(sdapi::refresh))
+        .route("/sdapi/v1/png-info", post(sdapi::png_info))
         .route("/v1/images/generations", post(sdapi::generations))
         .route("/v1/images/edits", post(sdapi::edits))
         .route("/v1/models", get(sdapi::models))
@@ -202,6 +211,8 @@ pub async fn start(
         runtime,
         config,
         started: std::time::Instant::now(),
+        live: Default::default(),
+        sdapi_options: Default::default(),
     });
     let worker = {
         let state = state.clone();

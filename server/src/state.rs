@@ -92,6 +92,27 @@ pub struct AppState {
     pub hub: Hub,
     pub dirs: Dirs,
     pub started: std::time::Instant,
+    /// The prompt running now, as A1111's `/sdapi/v1/progress` reports it.
+    pub live: Mutex<Live>,
+    /// A1111's `/sdapi/v1/options` that sdflow keeps: the model its requests use when
+    /// they name none, and its CLIP skip.
+    pub sdapi_options: Mutex<SdapiOptions>,
+}
+
+/// The running prompt's progress: its latest sampler step and preview.
+#[derive(Default)]
+pub struct Live {
+    pub prompt_id: Option<String>,
+    pub started: Option<std::time::Instant>,
+    /// The last `Progress` event: (step, steps).
+    pub step: Option<(u64, u64)>,
+    pub preview: Option<sdflow_executor::PreviewImage>,
+}
+
+#[derive(Default, Clone)]
+pub struct SdapiOptions {
+    pub checkpoint: Option<String>,
+    pub clip_skip: Option<i64>,
 }
 
 impl AppState {
@@ -110,6 +131,7 @@ impl AppState {
 /// `/history/{id}` as soon as they see them.
 struct PromptSink<'a> {
     hub: &'a Hub,
+    live: &'a Mutex<Live>,
     target: Option<&'a str>,
     messages: Mutex<Vec<Json>>,
     deferred: Mutex<Vec<(&'static str, Json)>>,
@@ -126,8 +148,12 @@ impl PromptSink<'_> {
 impl EventSink for PromptSink<'_> {
     fn send(&self, event: Event) {
         if let Event::Preview { image, .. } = event {
+            self.live.lock().preview = Some(image.clone());
             self.hub.send_preview(self.target, image);
             return;
+        }
+        if let Event::Progress { value, max, .. } = &event {
+            self.live.lock().step = Some((*value, *max));
         }
         let kind = event.kind();
         let data = match serde_json::to_value(&event) {
@@ -174,8 +200,10 @@ impl EventSink for PromptSink<'_> {
 /// The worker loop: one prompt at a time until the queue closes.
 pub fn worker(state: Arc<AppState>) {
     while let Some((job, cancel)) = state.queue.take() {
+        *state.live.lock() = Live { prompt_id: Some(job.prompt_id.clone()), started: Some(std::time::Instant::now()), step: None, preview: None };
         let sink = PromptSink {
             hub: &state.hub,
+            live: &state.live,
             target: job.client_id.as_deref(),
             messages: Mutex::new(Vec::new()),
             deferred: Mutex::new(Vec::new()),
@@ -243,6 +271,7 @@ pub fn worker(state: Arc<AppState>) {
             tracing::error!("prompt {}: history not saved: {e}", job.prompt_id);
         }
         state.queue.finish();
+        *state.live.lock() = Live::default();
         sink.flush();
         state.hub.status(state.queue.remaining());
         if let Some(done) = job.done {

@@ -245,6 +245,31 @@ async fn sd_server_endpoints_generate_on_the_tiny_model() {
     let h = s.get("/history").await.1;
     assert!(h.to_string().contains("\"lanczos\""), "A1111's None upscaler resizes with Lanczos");
 
+    // A1111's other routes: options (the default model and CLIP skip), progress, PNG info.
+    let (code, o) = s.get("/sdapi/v1/options").await;
+    assert_eq!((code, o["sd_model_checkpoint"].clone(), o["samples_format"].clone()), (200, json!("model"), json!("png")), "{o}");
+    assert_eq!(s.post("/sdapi/v1/options", json!({"sd_model_checkpoint": "model", "CLIP_stop_at_last_layers": 2})).await.0, 200);
+    assert_eq!(s.get("/sdapi/v1/options").await.1["CLIP_stop_at_last_layers"], 2);
+    let (code, r) = s.post("/sdapi/v1/options", json!({"sd_model_checkpoint": "nope"})).await;
+    assert_eq!(code, 400, "{r}");
+    let (code, r) = s.post("/sdapi/v1/options", json!({"show_progressbar": true})).await;
+    assert!(code == 400 && r.to_string().contains("show_progressbar"), "{r}");
+    let (code, p) = s.get("/sdapi/v1/progress").await;
+    assert_eq!((code, p["progress"].clone(), p["state"]["job_count"].clone(), p["current_image"].clone()), (200, json!(0.0), json!(0), Json::Null), "{p}");
+    let (code, r) = s.post("/sdapi/v1/txt2img", json!({"prompt": "a red fox", "negative_prompt": "blurry", "width": 64, "height": 64, "steps": 1, "seed": 77})).await;
+    assert_eq!(code, 200, "{r}");
+    let (code, info) = s.post("/sdapi/v1/png-info", json!({"image": r["images"][0]})).await;
+    assert_eq!(code, 200, "{info}");
+    assert_eq!(info["parameters"]["Prompt"], "a red fox");
+    assert_eq!(info["parameters"]["Negative prompt"], "blurry");
+    assert_eq!(info["parameters"]["Seed"], "77");
+    assert!(info["items"]["prompt"].as_str().is_some_and(|t| t.contains("KSampler")), "ComfyUI's prompt rides along: {info}");
+    assert_eq!(s.post("/sdapi/v1/interrupt", json!({})).await.0, 200);
+    assert_eq!(s.post("/sdapi/v1/refresh-checkpoints", json!({})).await.0, 200);
+    assert_eq!(s.get("/sdapi/v1/latent-upscale-modes").await.1[0]["name"], "Latent");
+    assert_eq!(s.get("/sdapi/v1/embeddings").await.1["loaded"], json!({}));
+    assert_eq!(s.post("/sdapi/v1/options", json!({"CLIP_stop_at_last_layers": 1})).await.0, 200);
+
     // What sdflow cannot do is refused by field, as are fields it does not know; A1111's
     // defaults for those features pass.
     for (field, value) in [("tiling", json!(true)), ("restore_faces", json!(true)), ("subseed_strength", json!(0.5)), ("styles", json!(["x"])), ("alwayson_scripts", json!({"ADetailer": {"args": []}})), ("wings", json!(1))] {

@@ -65,7 +65,9 @@ fn comfy_scheduler(name: &str) -> Option<String> {
 /// `name [hash]`), or the first one there is.
 fn pick_checkpoint(state: &AppState, wanted: Option<&str>) -> Result<String, ApiError> {
     let all = list_models(state, "checkpoints");
-    let Some(wanted) = wanted.map(str::trim).filter(|w| !w.is_empty()) else {
+    // A request that names none takes the model `/sdapi/v1/options` chose.
+    let chosen = state.sdapi_options.lock().checkpoint.clone();
+    let Some(wanted) = wanted.map(str::trim).filter(|w| !w.is_empty()).or(chosen.as_deref()) else {
         return all.into_iter().next().ok_or_else(|| {
             ApiError::bad(format!(
                 "no checkpoint in {}; put a model file there",
@@ -435,6 +437,7 @@ async fn a1111(state: Arc<AppState>, body: Json, img2img: bool) -> Result<Reply<
     let model = pick_checkpoint(&state, overrides.get("sd_model_checkpoint").and_then(Json::as_str))?;
     let clip_skip = match overrides.get("CLIP_stop_at_last_layers") {
         Some(v) if req.clip_skip <= 0 => v.as_i64().ok_or_else(|| ApiError::bad(format!("`override_settings.CLIP_stop_at_last_layers`: {v} is not a whole number")))?,
+        None if req.clip_skip <= 0 => state.sdapi_options.lock().clip_skip.unwrap_or(req.clip_skip),
         _ => req.clip_skip,
     };
     let sampler = if req.sampler_name.trim().is_empty() { &req.sampler_index } else { &req.sampler_name };
@@ -638,6 +641,147 @@ pub async fn upscalers(State(state): AppStateRef) -> Reply<Json> {
     Reply(json!(list))
 }
 
+/// A1111's latent upscale modes, the `hr_upscaler` names the hires fix takes.
+pub async fn latent_upscale_modes() -> Reply<Json> {
+    let modes = ["Latent", "Latent (antialiased)", "Latent (bicubic)", "Latent (bicubic antialiased)", "Latent (nearest)", "Latent (nearest-exact)"];
+    Reply(json!(modes.iter().map(|m| json!({ "name": m })).collect::<Vec<_>>()))
+}
+
+/// The textual-inversion embeddings of `embeddings/`, by the name a prompt uses.
+pub async fn embeddings(State(state): AppStateRef) -> Reply<Json> {
+    let loaded: serde_json::Map<String, Json> = list_models(&state, "embeddings").iter().map(|f| (stem(f).to_string(), json!({ "step": null, "sd_checkpoint": null, "sd_checkpoint_name": null }))).collect();
+    Reply(json!({ "loaded": loaded, "skipped": {} }))
+}
+
+/// The options sdflow keeps (the model, CLIP skip) and the fixed ones clients read.
+pub async fn get_options(State(state): AppStateRef) -> Reply<Json> {
+    let options = state.sdapi_options.lock().clone();
+    let model = pick_checkpoint(&state, None).ok();
+    Reply(json!({
+        "sd_model_checkpoint": model.as_deref().map(stem),
+        "CLIP_stop_at_last_layers": options.clip_skip.unwrap_or(1),
+        "samples_format": "png",
+        "sd_vae": "Automatic",
+    }))
+}
+
+/// Sets the model later requests use when they name none (`sd_model_checkpoint`, checked
+/// against `checkpoints/`) and CLIP skip; other options as `override_settings` takes them.
+pub async fn post_options(State(state): AppStateRef, JsonBody(body): JsonBody<Json>) -> Result<Reply<Json>, ApiError> {
+    fields::check_overrides(&body).map_err(ApiError::bad)?;
+    let model = match body.get("sd_model_checkpoint") {
+        None => None,
+        Some(v) => Some(pick_checkpoint(&state, Some(v.as_str().ok_or_else(|| ApiError::bad(format!("`sd_model_checkpoint`: {v} is not a string")))?))?),
+    };
+    let clip_skip = match body.get("CLIP_stop_at_last_layers") {
+        None => None,
+        Some(v) => Some(v.as_i64().filter(|n| (1..=12).contains(n)).ok_or_else(|| ApiError::bad(format!("`CLIP_stop_at_last_layers`: {v} is not a whole number in 1..=12")))?),
+    };
+    let mut options = state.sdapi_options.lock();
+    if model.is_some() {
+        options.checkpoint = model;
+    }
+    if clip_skip.is_some() {
+        options.clip_skip = clip_skip;
+    }
+    Ok(Reply(Json::Null))
+}
+
+/// The running prompt's progress, A1111's way: the fraction of its current sampler's
+/// steps, the time left at that pace, the queue, and the latest preview.
+pub async fn progress(State(state): AppStateRef) -> Reply<Json> {
+    let (running, pending) = state.queue.snapshot();
+    let live = state.live.lock();
+    let (step, steps) = live.step.unwrap_or((0, 0));
+    let fraction = if steps > 0 { step as f64 / steps as f64 } else { 0.0 };
+    let elapsed = live.started.map_or(0.0, |t| t.elapsed().as_secs_f64());
+    let eta = if fraction > 0.0 { elapsed / fraction - elapsed } else { 0.0 };
+    let current_image = live.preview.as_ref().and_then(|p| crate::ws::encode_preview(p).ok()).map(|frame| B64.encode(&frame[8..]));
+    Reply(json!({
+        "progress": fraction,
+        "eta_relative": eta,
+        "state": {
+            "skipped": false,
+            "interrupted": false,
+            "job": live.prompt_id.clone().unwrap_or_default(),
+            "job_count": running.len() + pending.len(),
+            "job_timestamp": "",
+            "job_no": 0,
+            "sampling_step": step,
+            "sampling_steps": steps,
+        },
+        "current_image": current_image,
+        "textinfo": null,
+    }))
+}
+
+/// A1111's interrupt, and its skip: both stop the running prompt (sdflow runs a request's
+/// whole batch as one prompt, so there is no single image to skip to the next of).
+pub async fn interrupt(State(state): AppStateRef) -> Reply<Json> {
+    state.queue.interrupt(None);
+    Reply(json!({}))
+}
+
+/// Model lists are read from the folders on every request: nothing to refresh.
+pub async fn refresh() -> Reply<Json> {
+    Reply(Json::Null)
+}
+
+/// A1111's PNG info: the image's generation text (`parameters`), that text's fields, and
+/// every other text entry (ComfyUI's `prompt` and `workflow` included).
+pub async fn png_info(JsonBody(body): JsonBody<Json>) -> Result<Reply<Json>, ApiError> {
+    let image = body.get("image").and_then(Json::as_str).ok_or_else(|| ApiError::bad("`image` required (a base64 image)"))?;
+    let bytes = decode_b64(image, "image")?;
+    let meta = sdflow_workflows::metadata::parse_metadata(&bytes).map_err(|e| ApiError::bad(format!("`image`: {e}")))?;
+    let info = meta.entries.iter().find(|e| e.key == "parameters").map(|e| e.text.clone()).unwrap_or_default();
+    let items: serde_json::Map<String, Json> = meta.entries.iter().filter(|e| e.key != "parameters").map(|e| (e.key.clone(), json!(e.text))).collect();
+    Ok(Reply(json!({ "info": info, "items": items, "parameters": infotext_fields(&info) })))
+}
+
+/// A1111's generation text as its fields: `Prompt`, `Negative prompt`, then each
+/// `Key: value` of the last line (values in quotes may hold commas).
+fn infotext_fields(text: &str) -> serde_json::Map<String, Json> {
+    let mut out = serde_json::Map::new();
+    if text.trim().is_empty() {
+        return out;
+    }
+    let mut lines: Vec<&str> = text.trim_end().lines().collect();
+    let last = lines.last().copied().unwrap_or("");
+    let settings = last.contains("Steps: ");
+    if settings {
+        lines.pop();
+    }
+    let (mut prompt, mut negative) = (Vec::new(), Vec::new());
+    let mut in_negative = false;
+    for line in lines {
+        if let Some(rest) = line.strip_prefix("Negative prompt:") {
+            in_negative = true;
+            negative.push(rest.trim_start());
+        } else if in_negative {
+            negative.push(line);
+        } else {
+            prompt.push(line);
+        }
+    }
+    out.insert("Prompt".into(), json!(prompt.join("\n")));
+    out.insert("Negative prompt".into(), json!(negative.join("\n")));
+    if settings {
+        let mut rest = last;
+        while let Some((key, after)) = rest.split_once(": ") {
+            let key = key.trim_start_matches([',', ' ']).to_string();
+            let (value, next) = if let Some(quoted) = after.strip_prefix('"') {
+                let end = quoted.find('"').unwrap_or(quoted.len());
+                (&quoted[..end], quoted.get(end + 1..).unwrap_or(""))
+            } else {
+                after.split_once(", ").map_or((after, ""), |(v, n)| (v, n))
+            };
+            out.insert(key, json!(value.trim()));
+            rest = next;
+        }
+    }
+    out
+}
+
 /// The upscale factor of model `name`, from the tensor shapes in its header.
 fn upscaler_scale(state: &AppState, name: &str) -> Option<i64> {
     let path = state.runtime.resolve_model("upscale_models", name).ok()?;
@@ -790,6 +934,19 @@ pub async fn models(State(state): AppStateRef) -> Reply<Json> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn infotext_splits_into_a1111s_fields() {
+        let f = infotext_fields("a cat, oil\npainting\nNegative prompt: blurry\nSteps: 20, Sampler: DPM++ 2M, Lora hashes: \"ink: 1a2b, pen: 3c\", Seed: 5, Size: 512x768");
+        assert_eq!(f["Prompt"], "a cat, oil\npainting");
+        assert_eq!(f["Negative prompt"], "blurry");
+        assert_eq!(f["Steps"], "20");
+        assert_eq!(f["Sampler"], "DPM++ 2M");
+        assert_eq!(f["Lora hashes"], "ink: 1a2b, pen: 3c");
+        assert_eq!(f["Seed"], "5");
+        assert_eq!(f["Size"], "512x768");
+        assert!(infotext_fields("").is_empty());
+    }
 
     #[test]
     fn masks_are_white_where_to_repaint() {
