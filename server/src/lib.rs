@@ -27,7 +27,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::DefaultBodyLimit;
-use axum::http::{header, HeaderValue, Method, StatusCode, Uri};
+use axum::http::{header, HeaderValue, Method, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -112,7 +112,9 @@ async fn editor(method: Method, uri: Uri) -> Response {
             h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
             response
         }
-        None => (StatusCode::NOT_FOUND, format!("no file /{path}")).into_response(),
+        // JSON like every other API error: clients probing routes (A1111's, sd-server's)
+        // parse the body.
+        None => ApiError::NotFound(format!("no endpoint or file GET /{path}")).into_response(),
     }
 }
 

@@ -378,6 +378,10 @@ async fn catalogue_stats_and_model_lists() {
     );
     assert_eq!(s.get("/models/loras").await.1, json!([]));
     assert_eq!(s.get("/models/nonsense").await.0, 404);
+    // Unknown routes answer JSON errors, as every API error does.
+    let (code, body) = s.get("/sdapi/v1/nonsense").await;
+    assert_eq!(code, 404);
+    assert!(body["error"]["message"].as_str().unwrap().contains("/sdapi/v1/nonsense"), "{body}");
     assert_eq!(s.get("/embeddings").await.1, json!(["neg"]));
     assert_eq!(s.get("/sdapi/v1/sd-models").await.1[0]["model_name"], "a");
     assert_eq!(s.get("/v1/models").await.1["data"][1]["id"], "sub/b.gguf");
