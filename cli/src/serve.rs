@@ -10,12 +10,17 @@ use sdflow_server::ServerConfig;
 
 #[derive(Args)]
 pub struct ServeArgs {
-    /// Address to listen on. Anything but loopback exposes the server to the network:
-    /// use --auth-token then.
-    #[arg(long, default_value = "127.0.0.1", value_name = "ADDR")]
+    /// Address to listen on (sd-server's --listen-ip). Anything but loopback exposes the
+    /// server to the network: use --auth-token then.
+    #[arg(long, visible_alias = "listen-ip", default_value = "127.0.0.1", value_name = "ADDR")]
     pub listen: IpAddr,
-    #[arg(long, default_value_t = 8188)]
+    /// Port (sd-server's --listen-port; ComfyUI's default, not sd-server's 1234).
+    #[arg(long, visible_alias = "listen-port", default_value_t = 8188)]
     pub port: u16,
+    /// The checkpoint A1111 and OpenAI requests use when they name none (sd-server's
+    /// -m): a name in MODELS/checkpoints, or a path to a file there.
+    #[arg(short = 'm', long = "model", value_name = "MODEL")]
+    pub model: Option<String>,
     /// Folder of model files in ComfyUI's folders (`checkpoints/`, `loras/`, ... inside it;
     /// checkpoints may also lie in it directly).
     #[arg(long, value_name = "DIR", default_value = "models")]
@@ -69,6 +74,10 @@ pub fn serve_command(args: ServeArgs) -> anyhow::Result<()> {
         args.threads,
         args.weight_type.resolve(),
     )?;
+    let default_checkpoint = match &args.model {
+        Some(m) => Some(checkpoint_name(&runtime, m)?),
+        None => None,
+    };
     let config = ServerConfig {
         listen: args.listen,
         port: args.port,
@@ -87,6 +96,7 @@ pub fn serve_command(args: ServeArgs) -> anyhow::Result<()> {
         allowed_hosts: args.allow_host,
         auth_token: args.auth_token.filter(|t| !t.is_empty()),
         max_body_bytes: args.max_body_mb.saturating_mul(1 << 20),
+        default_checkpoint,
     };
     if !config.models_dir.is_dir() {
         // Every loader's list would be empty with no word why.
@@ -99,4 +109,21 @@ pub fn serve_command(args: ServeArgs) -> anyhow::Result<()> {
         println!("sdflow serving on http://{addr}")
     })?;
     Ok(())
+}
+
+/// `-m`'s checkpoint as a name in the checkpoints folder: a name there, or a path to a
+/// file in it. The server's requests name models inside its models folder only, so a
+/// file elsewhere is refused with where to put it.
+fn checkpoint_name(runtime: &sdflow_nodes::Runtime, model: &str) -> anyhow::Result<String> {
+    if runtime.resolve_model("checkpoints", model).is_ok() {
+        return Ok(model.to_string());
+    }
+    let path = std::path::Path::new(model);
+    let real = path.canonicalize().map_err(|e| anyhow::anyhow!("-m {model}: {e}"))?;
+    for dir in runtime.kind_dirs("checkpoints") {
+        if let Ok(rel) = real.strip_prefix(dir.canonicalize().unwrap_or(dir.clone())) {
+            return Ok(rel.to_string_lossy().into_owned());
+        }
+    }
+    anyhow::bail!("-m {model}: not in the checkpoints folder of --models-dir {}; put it there or give --models-dir the folder it is in", runtime.models_dir.display())
 }

@@ -949,10 +949,11 @@ struct Served {
 }
 
 impl Served {
-    fn start(dir: &Path, models_dir: &str) -> Served {
+    fn start(dir: &Path, models_dir: &str, extra: &[&str]) -> Served {
         use std::io::{BufRead, BufReader};
         let mut child = Command::new(env!("CARGO_BIN_EXE_sdflow"))
             .args(["serve", "--port", "0", "--threads", "1", "--models-dir", models_dir, "--input-dir", "input", "--output-dir", "output"])
+            .args(extra)
             .current_dir(dir)
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
@@ -995,7 +996,7 @@ fn serve_logs_each_prompt() {
     for sub in ["models", "input", "output"] {
         std::fs::create_dir_all(dir.path().join(sub)).unwrap();
     }
-    let served = Served::start(dir.path(), "models");
+    let served = Served::start(dir.path(), "models", &[]);
     let host = &served.host;
     let body = r#"{"prompt": {"1": {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": 1, "color": 0}}, "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "x"}}}}"#;
     let mut s = std::net::TcpStream::connect(host).unwrap();
@@ -1012,7 +1013,31 @@ fn serve_logs_each_prompt() {
 #[test]
 fn serve_says_when_the_models_folder_is_missing() {
     let dir = tempfile::tempdir().unwrap();
-    let served = Served::start(dir.path(), "no-such-models");
+    let served = Served::start(dir.path(), "no-such-models", &[]);
     let line = served.wait_for("models folder");
     assert!(line.contains("models folder no-such-models does not exist"), "{line}");
+}
+
+/// sd-server's command line: `-m` is the model of requests that name none, and
+/// `--listen-ip` / `--listen-port` are sd-server's names for `--listen` / `--port`.
+#[test]
+fn serve_takes_sd_servers_flags() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let ckpts = dir.path().join("models/checkpoints");
+    std::fs::create_dir_all(&ckpts).unwrap();
+    for f in ["a.safetensors", "b.safetensors"] {
+        std::fs::write(ckpts.join(f), b"x").unwrap();
+    }
+    let served = Served::start(dir.path(), "models", &["-m", "models/checkpoints/b.safetensors", "--listen-ip", "127.0.0.1"]);
+    let host = &served.host;
+    let mut s = std::net::TcpStream::connect(host).unwrap();
+    write!(s, "GET /sdapi/v1/options HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200") && reply.contains(r#""sd_model_checkpoint":"b""#), "{reply}");
+    drop(served);
+    std::fs::write(dir.path().join("elsewhere.safetensors"), b"x").unwrap();
+    let (_, err) = fails(&["serve", "--listen-port", "0", "--models-dir", "models", "-m", "elsewhere.safetensors"], dir.path());
+    assert!(err.contains("-m elsewhere.safetensors: not in the checkpoints folder"), "{err}");
 }

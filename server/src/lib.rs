@@ -204,6 +204,7 @@ pub async fn start(
     let addr = listener
         .local_addr()
         .map_err(|e| ApiError::io("reading the bound address", e))?;
+    let sdapi_options = parking_lot::Mutex::new(state::SdapiOptions { checkpoint: config.default_checkpoint.clone(), clip_skip: None });
     let state = Arc::new(AppState {
         queue: queue::JobQueue::new(config.max_queue),
         history,
@@ -214,7 +215,7 @@ pub async fn start(
         config,
         started: std::time::Instant::now(),
         live: Default::default(),
-        sdapi_options: Default::default(),
+        sdapi_options,
     });
     let worker = {
         let state = state.clone();

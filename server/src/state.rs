@@ -37,6 +37,9 @@ pub struct ServerConfig {
     /// When set, every request needs `Authorization: Bearer TOKEN` (or `?token=TOKEN`).
     pub auth_token: Option<String>,
     pub max_body_bytes: usize,
+    /// The checkpoint (a name in `checkpoints/`) A1111 and OpenAI requests use when they
+    /// name none: sd-server's `-m`.
+    pub default_checkpoint: Option<String>,
 }
 
 impl ServerConfig {
@@ -58,6 +61,7 @@ impl ServerConfig {
             allowed_hosts: Vec::new(),
             auth_token: None,
             max_body_bytes: 100 << 20,
+            default_checkpoint: None,
         }
     }
 }
