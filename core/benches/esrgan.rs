@@ -13,7 +13,7 @@
 
 mod common;
 
-use common::{cpu_seconds, peak_rss, MIB};
+use common::{env_or, cpu_seconds, peak_rss, MIB};
 use sdflow_core::dtype::DType;
 use sdflow_core::ggml::Backend;
 use sdflow_core::io::{self, TypeRules};
@@ -21,10 +21,6 @@ use sdflow_core::models::esrgan::{self, Arch, RrdbConfig, Tiling, Upscaler};
 use sdflow_core::models::ModelError;
 use std::path::PathBuf;
 use std::time::Instant;
-
-fn env_or(name: &str, default: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| default.to_string())
-}
 
 fn weights() -> PathBuf {
     if let Some(dir) = std::env::var_os("SDFLOW_REALESRGAN_DIR") {

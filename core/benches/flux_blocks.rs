@@ -14,7 +14,7 @@
 
 mod common;
 
-use common::{peak_rss, GIB};
+use common::{env_or, peak_rss, GIB};
 use sdflow_core::dtype::DType;
 use sdflow_core::ggml::Backend;
 use sdflow_core::io::{self, WeightType};
@@ -22,28 +22,13 @@ use sdflow_core::models::flux::{Flux, FluxConfig, FluxDenoiser, FluxItem};
 use sdflow_core::models::load::load_weights;
 use sdflow_core::models::conditioning::Conditioning;
 use sdflow_core::synth::dit::FluxSynth;
-use sdflow_core::synth::{write_specs, Format};
 use std::path::PathBuf;
 use std::time::Instant;
-
-fn env_or(name: &str, default: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| default.to_string())
-}
 
 /// The cached file of the 2 + 2-block model in `dtype` (bf16 safetensors, or a GGUF).
 fn model_file(dtype: DType) -> PathBuf {
     let synth = FluxSynth { depth: 2, depth_single: 2, ..FluxSynth::dev() };
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
-    let dir = home.join(".cache/sdflow/bench");
-    std::fs::create_dir_all(&dir).unwrap();
-    let (format, ext) = if dtype == DType::BF16 { (Format::Safetensors, "safetensors") } else { (Format::Gguf, "gguf") };
-    let path = dir.join(format!("flux_2x2_{dtype}.{ext}"));
-    if !path.exists() {
-        let t = Instant::now();
-        write_specs(&path, &synth.tensors(), &serde_json::to_string(&synth).unwrap(), dtype, 0, format).expect("writing the model");
-        println!("wrote {} in {:.0} s", path.display(), t.elapsed().as_secs_f64());
-    }
-    path
+    common::cached_specs(&format!("flux_2x2_{dtype}"), &synth.tensors(), &serde_json::to_string(&synth).unwrap(), dtype)
 }
 
 fn main() {

@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{checkpoint_of, peak_rss, rss, GIB};
+use common::{env_or, checkpoint_of, peak_rss, rss, GIB};
 use sdflow_core::ggml::{Backend, Context, GraphRun};
 use sdflow_core::io::{self, WeightType};
 use sdflow_core::models::clip::{ClipLayout, ClipTextConfig, ClipTextModel};
@@ -25,10 +25,6 @@ use sdflow_core::sampling::schedule::{DiscreteSchedule, ScheduleOpts, Scheduler}
 use sdflow_core::synth::SdConfig;
 use sdflow_core::text::{tokenize_weighted, ChunkOptions, ClipTokenizer, PadToken};
 use std::time::Instant;
-
-fn env_or(name: &str, default: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| default.to_string())
-}
 
 fn main() {
     // What `sdflow` loads by default on this CPU unless the environment names a type.

@@ -13,36 +13,20 @@
 
 mod common;
 
-use common::{peak_rss, GIB};
+use common::{env_or, peak_rss, GIB};
 use sdflow_core::dtype::DType;
 use sdflow_core::ggml::{Backend, Context, GraphRun};
 use sdflow_core::io::{self, WeightType};
 use sdflow_core::models::load::load_weights;
 use sdflow_core::models::t5::{self, T5Config, T5Encoder};
 use sdflow_core::synth::dit::T5Synth;
-use sdflow_core::synth::{write_specs, Format};
 use std::path::PathBuf;
 use std::time::Instant;
 
-fn env_or(name: &str, default: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| default.to_string())
-}
-
-/// The cached full-size T5-XXL encoder in `dtype`: GGUF for quantized types, safetensors
-/// otherwise.
+/// The cached full-size T5-XXL encoder in `dtype`.
 fn model_file(dtype: DType) -> PathBuf {
     let synth = T5Synth::xxl();
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
-    let dir = home.join(".cache/sdflow/bench/dit");
-    std::fs::create_dir_all(&dir).unwrap();
-    let (format, ext) = if dtype.is_quantized() { (Format::Gguf, "gguf") } else { (Format::Safetensors, "safetensors") };
-    let path = dir.join(format!("t5xxl_{}.{ext}", dtype.to_string().to_lowercase()));
-    if !path.exists() {
-        let t = Instant::now();
-        write_specs(&path, &synth.tensors(), &serde_json::to_string(&synth).unwrap(), dtype, 0, format).expect("writing the model");
-        println!("wrote {} in {:.0} s", path.display(), t.elapsed().as_secs_f64());
-    }
-    path
+    common::cached_specs(&format!("dit/t5xxl_{}", dtype.to_string().to_lowercase()), &synth.tensors(), &serde_json::to_string(&synth).unwrap(), dtype)
 }
 
 fn main() {

@@ -77,6 +77,7 @@ fn api_routes() -> Router<Arc<AppState>> {
         .route("/sdapi/v1/refresh-checkpoints", post(sdapi::refresh))
         .route("/sdapi/v1/refresh-loras", post(sdapi::refresh))
         .route("/sdapi/v1/png-info", post(sdapi::png_info))
+        .route("/sdapi/v1/scripts", get(sdapi::scripts))
         .route("/v1/images/generations", post(sdapi::generations))
         .route("/v1/images/edits", post(sdapi::edits))
         .route("/v1/models", get(sdapi::models))

@@ -29,6 +29,28 @@ pub fn checkpoint_of(name: &str, config: &SdConfig) -> PathBuf {
     path
 }
 
+/// `specs` written once (seed 0, `config` as metadata) to `~/.cache/sdflow/bench/<file>`
+/// in `dtype`: a GGUF for quantized types, safetensors otherwise.
+pub fn cached_specs(file_stem: &str, specs: &[sdflow_core::synth::TensorSpec], config: &str, dtype: DType) -> PathBuf {
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+    let (format, ext) = if dtype.is_quantized() { (Format::Gguf, "gguf") } else { (Format::Safetensors, "safetensors") };
+    let path = home.join(".cache/sdflow/bench").join(format!("{file_stem}.{ext}"));
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    }
+    if !path.exists() {
+        let t = Instant::now();
+        sdflow_core::synth::write_specs(&path, specs, config, dtype, 0, format).expect("writing the model");
+        println!("wrote {} in {:.0} s", path.display(), t.elapsed().as_secs_f64());
+    }
+    path
+}
+
+/// An environment variable, or `default`.
+pub fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_string())
+}
+
 pub const GIB: f64 = (1u64 << 30) as f64;
 pub const MIB: f64 = (1u64 << 20) as f64;
 

@@ -65,8 +65,9 @@ fn neutral(key: &str, v: &Json) -> Option<Option<&'static str>> {
         // Bookkeeping with no effect on the images (sdflow keeps every result in its
         // output folder and history, as ComfyUI does).
         "do_not_save_samples" | "do_not_save_grid" | "save_images" | "comments" | "force_task_id" | "infotext" | "user" | "override_settings_restore_afterwards" | "include_init_images" => Some(None),
-        // Parts of features that are off unless their switch is on.
-        "subseed" | "refiner_switch_at" | "inpaint_full_res_padding" | "mask_round" | "image_cfg_scale" => Some(None),
+        // Parts of features that are off unless their switch is on; A1111 1.6+ ignores
+        // the old hires first-pass size.
+        "subseed" | "refiner_switch_at" | "mask_round" | "image_cfg_scale" | "firstphase_width" | "firstphase_height" => Some(None),
         "subseed_strength" => refuse(off(v), "variation seeds are not supported"),
         "seed_resize_from_h" | "seed_resize_from_w" => refuse(v.is_null() || v.as_f64().is_some_and(|x| x <= 0.0), "resizing the seed is not supported"),
         "restore_faces" => refuse(off(v), "face restoration is not supported (use the ADetailer nodes)"),
@@ -82,8 +83,18 @@ fn neutral(key: &str, v: &Json) -> Option<Option<&'static str>> {
         "s_tmax" => refuse(off(v) || v.as_f64().is_some_and(f64::is_infinite), "sampler noise options are not supported"),
         "initial_noise_multiplier" => refuse(equals(v, 1.0), "an initial noise multiplier is not supported"),
         "resize_mode" => refuse(off(v), "only resize mode 0 (just resize) is supported"),
-        "inpainting_fill" => refuse(equals(v, 1.0), "only masked content 1 (original) is supported"),
-        "inpaint_full_res" => refuse(off(v), "only inpaint area \"whole picture\" is supported"),
+        _ => None,
+    }
+}
+
+/// The inpainting options, which A1111 reads only with a `mask` (and whose defaults,
+/// masked content "fill" and area "only masked", sdflow does not have).
+fn inpainting(key: &str, v: &Json, masked: bool) -> Option<Option<&'static str>> {
+    let refuse = |ok: bool, why: &'static str| Some((!(ok || !masked)).then_some(why));
+    match key {
+        "inpainting_fill" => refuse(equals(v, 1.0), "with a mask only masked content 1 (original) is supported"),
+        "inpaint_full_res" => refuse(off(v), "with a mask only inpaint area \"whole picture\" (false) is supported"),
+        "inpaint_full_res_padding" => Some(None),
         _ => None,
     }
 }
@@ -91,11 +102,12 @@ fn neutral(key: &str, v: &Json) -> Option<Option<&'static str>> {
 /// The first field of `body` sdflow does not honour and cannot leave off, as the message of
 /// a 400.
 pub fn check(body: &serde_json::Map<String, Json>) -> Result<(), String> {
+    let masked = body.get("mask").is_some_and(|m| m.as_str().is_some_and(|s| !s.is_empty()));
     for (key, value) in body {
         if HONOURED.contains(&key.as_str()) {
             continue;
         }
-        match neutral(key, value) {
+        match neutral(key, value).or_else(|| inpainting(key, value, masked)) {
             Some(None) => {}
             Some(Some(why)) => return Err(format!("`{key}`: {value} is not supported ({why})")),
             None => return Err(format!("unknown field `{key}`")),
@@ -138,7 +150,10 @@ mod tests {
     fn defaults_pass_features_are_refused_by_name() {
         // What A1111's own API page sends by default.
         assert_eq!(check(&body(json!({"prompt": "x", "styles": [], "subseed": -1, "subseed_strength": 0, "seed_resize_from_h": -1, "restore_faces": false, "tiling": false, "s_noise": 1, "alwayson_scripts": {}, "script_args": [], "refiner_checkpoint": null, "hr_prompt": "", "inpainting_fill": 1, "send_images": true}))), Ok(()));
-        for (field, value) in [("tiling", json!(true)), ("subseed_strength", json!(0.3)), ("restore_faces", json!(true)), ("styles", json!(["anime"])), ("alwayson_scripts", json!({"controlnet": {}})), ("inpainting_fill", json!(0))] {
+        // A1111's img2img defaults for inpainting pass without a mask, not with one.
+        assert_eq!(check(&body(json!({"prompt": "x", "inpainting_fill": 0, "inpaint_full_res": true}))), Ok(()));
+        assert!(check(&body(json!({"prompt": "x", "mask": "AAAA", "inpainting_fill": 0}))).unwrap_err().contains("`inpainting_fill`"));
+        for (field, value) in [("tiling", json!(true)), ("subseed_strength", json!(0.3)), ("restore_faces", json!(true)), ("styles", json!(["anime"])), ("alwayson_scripts", json!({"controlnet": {}}))] {
             let e = check(&body(json!({"prompt": "x", field: value}))).unwrap_err();
             assert!(e.contains(&format!("`{field}`")), "{e}");
         }

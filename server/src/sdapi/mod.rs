@@ -722,6 +722,12 @@ pub async fn interrupt(State(state): AppStateRef) -> Reply<Json> {
     Reply(json!({}))
 }
 
+/// A1111's script lists: sdflow runs none (its `alwayson_scripts` and `script_name` are
+/// refused), which is how clients probing for extensions learn they are absent.
+pub async fn scripts() -> Reply<Json> {
+    Reply(json!({ "txt2img": [], "img2img": [] }))
+}
+
 /// Model lists are read from the folders on every request: nothing to refresh.
 pub async fn refresh() -> Reply<Json> {
     Reply(Json::Null)
