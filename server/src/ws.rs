@@ -97,18 +97,27 @@ pub fn status_data(queue_remaining: usize, sid: Option<&str>) -> Json {
     data
 }
 
-/// The binary frame of one preview; raw pixels are encoded as JPEG, as ComfyUI's previews are.
+/// The binary frame of one preview: ComfyUI's event and format words, then the image.
 pub fn encode_preview(image: &PreviewImage) -> Result<Vec<u8>, String> {
     let mut out = Vec::with_capacity(image.data.len() / 4 + 8);
     out.extend_from_slice(&PREVIEW_IMAGE.to_be_bytes());
+    out.extend_from_slice(&[0; 4]);
+    let format = write_preview_image(image, &mut out)?;
+    out[4..8].copy_from_slice(&format.to_be_bytes());
+    Ok(out)
+}
+
+/// Appends the preview as an image file (raw pixels encoded as JPEG, as ComfyUI's
+/// previews are); returns its format word.
+pub fn write_preview_image(image: &PreviewImage, out: &mut Vec<u8>) -> Result<u32, String> {
     match image.format {
         PreviewFormat::Jpeg => {
-            out.extend_from_slice(&JPEG.to_be_bytes());
             out.extend_from_slice(&image.data);
+            Ok(JPEG)
         }
         PreviewFormat::Png => {
-            out.extend_from_slice(&PNG.to_be_bytes());
             out.extend_from_slice(&image.data);
+            Ok(PNG)
         }
         PreviewFormat::Rgb8 => {
             let expected = image.width as usize * image.height as usize * 3;
@@ -120,8 +129,7 @@ pub fn encode_preview(image: &PreviewImage) -> Result<Vec<u8>, String> {
                     image.data.len()
                 ));
             }
-            out.extend_from_slice(&JPEG.to_be_bytes());
-            let mut enc = image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, 95);
+            let mut enc = image::codecs::jpeg::JpegEncoder::new_with_quality(out, 95);
             enc.encode(
                 &image.data,
                 image.width,
@@ -129,9 +137,9 @@ pub fn encode_preview(image: &PreviewImage) -> Result<Vec<u8>, String> {
                 image::ExtendedColorType::Rgb8,
             )
             .map_err(|e| e.to_string())?;
+            Ok(JPEG)
         }
     }
-    Ok(out)
 }
 
 #[derive(Deserialize)]

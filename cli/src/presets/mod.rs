@@ -60,7 +60,7 @@ fn probe(a: &ImgGenArgs) -> Probe {
     };
     // A path, else a name in --models-dir; whether it was the path as given.
     let found = |v: &Option<String>, kind: &str| v.as_ref().map(|v| [PathBuf::from(v), a.common.models_dir.join(kind).join(v), a.common.models_dir.join(v)].into_iter().enumerate().find(|(_, p)| p.exists()).map_or((PathBuf::from(v), false), |(i, p)| (p, i == 0)));
-    let open = |f: &Option<(PathBuf, bool)>| f.as_ref().and_then(|(p, as_given)| Some((sdflow_core::models::pipeline::as_checkpoint(sdflow_core::io::open(p).ok()?).ok()?, *as_given)));
+    let open = |f: &Option<(PathBuf, bool)>| f.as_ref().and_then(|(p, as_given)| Some((sdflow_core::models::pipeline::open(p).ok()?, *as_given)));
     let (model, diffusion) = (open(&found(&a.model, "checkpoints")), open(&found(&a.diffusion_model, "diffusion_models")));
     let detect = |s: &Option<(Box<dyn sdflow_core::io::TensorSource>, bool)>| s.as_ref().map(|(src, as_given)| (detect_source(src.as_ref()), *as_given));
     let (det_m, det_d) = (detect(&model), detect(&diffusion));

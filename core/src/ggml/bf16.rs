@@ -415,8 +415,16 @@ unsafe fn linear<K: Block>(dst: *mut ggml_sys::ggml_tensor, ith: c_int, nth: c_i
         let mb = m1 - m0;
         let mp = mb.next_multiple_of(32);
         let pairs = k / 2;
-        // Quantized weights are expanded row by row (bf16 ones are read as they are).
-        let expand = if w.type_ == ggml_sys::GGML_TYPE_BF16 { None } else { super::matmul::to_float(w.type_) };
+        // Quantized weights are expanded while they are packed (bf16 ones are read as they
+        // are); `takes` admits only types ggml can expand.
+        let source = match w.type_ {
+            ggml_sys::GGML_TYPE_BF16 => Source::Bf16,
+            ggml_sys::GGML_TYPE_Q8_0 => Source::Q8_0,
+            ty => match super::matmul::to_float(ty) {
+                Some(f) => Source::Expand(f, ty),
+                None => unreachable!("bf16::takes admitted a weight type ggml cannot expand"),
+            },
+        };
         let mut unit = K::begin();
         LINEAR.with(|sc| {
             BLOCK.with(|blk| {
@@ -428,11 +436,6 @@ unsafe fn linear<K: Block>(dst: *mut ggml_sys::ggml_tensor, ith: c_int, nth: c_i
                 // block jb holds, for each column j, the bf16 pair (W[j][2r],
                 // W[j][2r+1]) as one u32; padding columns are zero.
                 let rows: Vec<*const u8> = (0..mb).map(|j| (w.data as *const u8).add((m0 + j) * w.nb[1])).collect();
-                let source = match expand {
-                    None => Source::Bf16,
-                    Some(_) if w.type_ == ggml_sys::GGML_TYPE_Q8_0 => Source::Q8_0,
-                    Some(f) => Source::Expand(f, w.type_),
-                };
                 grow(e, 32 * k);
                 grow(&mut blk, 32 * 32);
                 let xrow = k * 2;

@@ -28,6 +28,9 @@ pub use weights::{Adapter, AdapterSpec, Factor, WeightSpec, Weights};
 pub enum ModelError {
     #[error(transparent)]
     Ggml(#[from] crate::ggml::GgmlError),
+    /// A model file that cannot be read ([`pipeline::open`]).
+    #[error(transparent)]
+    Io(#[from] crate::io::IoError),
     #[error("missing weight `{0}`")]
     MissingWeight(String),
     #[error("weight `{name}` has shape {got:?} (ggml order), the architecture needs {expected:?}")]

@@ -34,6 +34,12 @@ pub const CLIP_L: &str = "text_encoders.clip_l.transformer.";
 pub const CLIP_G: &str = "text_encoders.clip_g.transformer.";
 pub const T5XXL: &str = "text_encoders.t5xxl.transformer.";
 
+/// The model file or pipeline folder at `path` as a checkpoint: [`crate::io::open`] seen
+/// through [`as_checkpoint`], how every reader of a checkpoint path opens it.
+pub fn open(path: &Path) -> Result<Box<dyn TensorSource>> {
+    as_checkpoint(crate::io::open(path)?)
+}
+
 /// `src` in a single file's names if it is a diffusers folder (see the module doc); any
 /// other source as it is. Fails naming the tensor when a model or VAE tensor has no such
 /// name, so that a folder of another architecture is not half loaded.

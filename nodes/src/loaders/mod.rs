@@ -16,7 +16,7 @@ use sdflow_core::io::{self, TypeRules, WeightType};
 use sdflow_core::models::clip::ClipLayout;
 use sdflow_core::models::load::load_weights;
 use sdflow_core::models::{flux, sd3, t5};
-use sdflow_core::models::pipeline::{as_checkpoint, scheduler_settings, CLIP_G as CKPT_CLIP_G, CLIP_L as CKPT_CLIP_L, T5XXL as CKPT_T5};
+use sdflow_core::models::pipeline::{self, scheduler_settings, CLIP_G as CKPT_CLIP_G, CLIP_L as CKPT_CLIP_L, T5XXL as CKPT_T5};
 use sdflow_core::models::conditioning::Prediction;
 use sdflow_core::models::vae::{standalone_source, STANDALONE_PREFIX};
 use sdflow_core::models::Weights;
@@ -57,7 +57,7 @@ fn weights_handle_in(rt: &Runtime, path: &Path, prefix: &str, wt: WeightType, la
     let (path, pfx, layout) = (path.to_path_buf(), prefix.to_string(), layout.map(|l| l.1));
     rt.residency
         .get_or_load(key, move || -> Result<Weights, Box<dyn std::error::Error + Send + Sync>> {
-            let src = as_checkpoint(io::open(&path)?)?;
+            let src = pipeline::open(&path)?;
             let src = match layout {
                 Some(f) => f(src)?,
                 None => src,
@@ -70,7 +70,7 @@ fn weights_handle_in(rt: &Runtime, path: &Path, prefix: &str, wt: WeightType, la
 }
 
 /// The parts of an SD1.x/2.x/XL checkpoint: a single file, or a diffusers pipeline
-/// folder seen through [`as_checkpoint`].
+/// folder seen through [`pipeline::open`].
 struct SdParts {
     family: ModelFamily,
     prediction: Prediction,
@@ -92,15 +92,14 @@ struct ClipPart {
     dropped_layers: usize,
 }
 
-/// A checkpoint file, or a pipeline folder in a checkpoint's names ([`as_checkpoint`]).
+/// A checkpoint file, or a pipeline folder in a checkpoint's names.
 fn open_checkpoint(path: &Path) -> Result<Box<dyn io::TensorSource>, NodeError> {
-    as_checkpoint(io::open(path).map_err(err)?).map_err(err)
+    pipeline::open(path).map_err(err)
 }
 
-fn sd_parts(path: &Path) -> Result<SdParts, NodeError> {
-    let src = open_checkpoint(path)?;
+/// The parts of the SD checkpoint at `path`, opened as `src` (detected as `det`).
+fn sd_parts(path: &Path, src: &dyn io::TensorSource, det: detect::Detection) -> Result<SdParts, NodeError> {
     let folder = src.format() == io::Format::Diffusers;
-    let det = detect::detect_source(src.as_ref());
     let shown = path.display();
     let latent_scale = match det.family {
         ModelFamily::Sd1 | ModelFamily::Sd2 { .. } => 0.18215,
@@ -167,7 +166,7 @@ fn sd_parts(path: &Path) -> Result<SdParts, NodeError> {
     // CosXL and CosXL-Edit mark EDM v-prediction with their sigma range, as ComfyUI reads it.
     let (min_key, max_key) = detect::EDM_VPRED_KEYS;
     if has(max_key) {
-        let (lo, hi) = (scalar(src.as_ref(), min_key)?, scalar(src.as_ref(), max_key)?);
+        let (lo, hi) = (scalar(src, min_key)?, scalar(src, max_key)?);
         schedule = DiscreteSchedule::edm(lo, hi).map_err(|e| NodeError::msg(format!("{shown}: edm_vpred: {e}")))?;
         prediction = Prediction::EdmV;
     }
@@ -219,14 +218,16 @@ impl Node for CheckpointLoaderSimple {
 
     fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
         let path = self.path(inputs)?;
-        let det = detect::detect_source(open_checkpoint(&path)?.as_ref());
+        // Opened once: each family's reading below takes this view of the file or folder.
+        let src = open_checkpoint(&path)?;
+        let det = detect::detect_source(src.as_ref());
         if det.family == ModelFamily::Flux && det.layout == Some(KeyLayout::Ldm) {
-            return flux_checkpoint(&self.rt, &path, &det);
+            return flux_checkpoint(&self.rt, &path, src.as_ref(), &det);
         }
         if det.family == ModelFamily::Sd3 && det.layout == Some(KeyLayout::Ldm) {
-            return sd3_checkpoint(&self.rt, &path, &det);
+            return sd3_checkpoint(&self.rt, &path, src.as_ref(), &det);
         }
-        let parts = sd_parts(&path)?;
+        let parts = sd_parts(&path, src.as_ref(), det)?;
         let model = ModelRef {
             weights: weights_handle(&self.rt, &path, "model.diffusion_model.")?,
             prefix: "model.diffusion_model".into(),
@@ -356,8 +357,7 @@ const FLUX_VAE: &str = "vae.";
 /// The outputs of CheckpointLoaderSimple for an all-in-one FLUX.1 checkpoint (ComfyUI's
 /// `flux1-dev-fp8.safetensors` layout): each part the file lacks is named with the node
 /// that supplies it instead.
-fn flux_checkpoint(rt: &Runtime, path: &Path, det: &detect::Detection) -> Result<Outputs, NodeError> {
-    let src = open_checkpoint(path)?;
+fn flux_checkpoint(rt: &Runtime, path: &Path, src: &dyn io::TensorSource, det: &detect::Detection) -> Result<Outputs, NodeError> {
     let names = || src.tensors().iter().map(|t| t.name.as_str());
     let has = |p: &str| names().any(|n| n.starts_with(p));
     let prefix = det.diffusion_prefix.clone().unwrap_or_default();
@@ -402,14 +402,13 @@ fn sd3_model(weights: WeightHandle<Weights>, prefix: String) -> Result<ModelRef,
 }
 
 /// Where LDM-named checkpoints keep the VAE: SD3 / SD3.5 files, and every pipeline
-/// folder seen through [`as_checkpoint`].
+/// folder seen through [`pipeline::open`].
 const LDM_VAE: &str = "first_stage_model.";
 
 /// The outputs of CheckpointLoaderSimple for an SD3 / SD3.5 checkpoint: the text encoders
 /// it holds (any of CLIP-L, OpenCLIP-G, T5-XXL, or none; ComfyUI's SD3 CLIP gives zeros
 /// for those missing) and its VAE.
-fn sd3_checkpoint(rt: &Runtime, path: &Path, det: &detect::Detection) -> Result<Outputs, NodeError> {
-    let src = open_checkpoint(path)?;
+fn sd3_checkpoint(rt: &Runtime, path: &Path, src: &dyn io::TensorSource, det: &detect::Detection) -> Result<Outputs, NodeError> {
     let names = || src.tensors().iter().map(|t| t.name.as_str());
     let has = |p: &str| names().any(|n| n.starts_with(p));
     if !has(&format!("{LDM_VAE}decoder.")) {

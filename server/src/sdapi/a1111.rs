@@ -477,19 +477,27 @@ pub async fn post_options(State(state): AppStateRef, JsonBody(body): JsonBody<Js
 /// steps, the time left at that pace, the queue, and the latest preview.
 pub async fn progress(State(state): AppStateRef) -> Reply<Json> {
     let (running, pending) = state.queue.snapshot();
-    let live = state.live.lock();
-    let (step, steps) = live.step.unwrap_or((0, 0));
+    // Copied out (the preview's pixels are shared, not copied) so the sampler's events
+    // never wait on the encoding below.
+    let (job, started, step, preview) = {
+        let live = state.live.lock();
+        (live.prompt_id.clone(), live.started, live.step, live.preview.clone())
+    };
+    let (step, steps) = step.unwrap_or((0, 0));
     let fraction = if steps > 0 { step as f64 / steps as f64 } else { 0.0 };
-    let elapsed = live.started.map_or(0.0, |t| t.elapsed().as_secs_f64());
+    let elapsed = started.map_or(0.0, |t| t.elapsed().as_secs_f64());
     let eta = if fraction > 0.0 { elapsed / fraction - elapsed } else { 0.0 };
-    let current_image = live.preview.as_ref().and_then(|p| crate::ws::encode_preview(p).ok()).map(|frame| B64.encode(&frame[8..]));
+    let current_image = preview.and_then(|p| {
+        let mut image = Vec::new();
+        crate::ws::write_preview_image(&p, &mut image).ok().map(|_| B64.encode(&image))
+    });
     Reply(json!({
         "progress": fraction,
         "eta_relative": eta,
         "state": {
             "skipped": false,
             "interrupted": false,
-            "job": live.prompt_id.clone().unwrap_or_default(),
+            "job": job.unwrap_or_default(),
             "job_count": running.len() + pending.len(),
             "job_timestamp": "",
             "job_no": 0,

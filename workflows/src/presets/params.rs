@@ -186,7 +186,7 @@ impl ModelInfo {
     /// holds besides; `None` when there is no readable file (the loaders then report it).
     pub fn detect(model: Option<&Path>, diffusion_model: Option<&Path>) -> Option<ModelInfo> {
         use sdflow_core::detect::{detect_source, Detection};
-        let read = |path: &Path| -> Option<Detection> { Some(detect_source(sdflow_core::models::pipeline::as_checkpoint(sdflow_core::io::open(path).ok()?).ok()?.as_ref())) };
+        let read = |path: &Path| -> Option<Detection> { Some(detect_source(sdflow_core::models::pipeline::open(path).ok()?.as_ref())) };
         let d = read(diffusion_model.or(model)?)?;
         let held = match (model, diffusion_model) {
             (None, _) => None,
