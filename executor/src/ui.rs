@@ -39,6 +39,11 @@ struct UiNode {
     output_types: Vec<String>,
     widgets_values: Json,
     title: Option<String>,
+    /// Not a node of its own in the prompt: a subgraph instance, or a stand-in for one
+    /// side of a subgraph boundary (the frontend's virtual nodes are known by class).
+    virtual_node: bool,
+    /// Widget values a subgraph instance sets on this (inner) node by name, over its own.
+    overrides: HashMap<String, Json>,
 }
 
 struct UiLink {
@@ -66,8 +71,9 @@ fn id_string(v: &Json) -> Option<String> {
     }
 }
 
-fn parse_node(v: &Json, index: usize) -> Result<UiNode, WorkflowError> {
-    let path = format!("nodes[{index}]");
+/// `where_` names the graph the node is in (the workflow, or a subgraph) for errors.
+fn parse_node(v: &Json, index: usize, where_: &str) -> Result<UiNode, WorkflowError> {
+    let path = format!("{where_}nodes[{index}]");
     let obj = v
         .as_object()
         .ok_or_else(|| err(&path, "expected an object"))?;
@@ -75,7 +81,7 @@ fn parse_node(v: &Json, index: usize) -> Result<UiNode, WorkflowError> {
         .get("id")
         .and_then(id_string)
         .ok_or_else(|| err(&path, "missing or invalid id"))?;
-    let path = format!("node {id}");
+    let path = format!("{where_}node {id}");
     let class = obj
         .get("type")
         .and_then(Json::as_str)
@@ -83,7 +89,7 @@ fn parse_node(v: &Json, index: usize) -> Result<UiNode, WorkflowError> {
         .to_string();
     let mode = obj.get("mode").and_then(Json::as_i64).unwrap_or(0);
     let mut inputs = Vec::new();
-    if let Some(list) = obj.get("inputs") {
+    if let Some(list) = obj.get("inputs").filter(|l| !l.is_null()) {
         let list = list
             .as_array()
             .ok_or_else(|| err(&path, "inputs must be an array"))?;
@@ -130,15 +136,19 @@ fn parse_node(v: &Json, index: usize) -> Result<UiNode, WorkflowError> {
         output_types,
         widgets_values: obj
             .get("widgets_values")
+            .filter(|v| !v.is_null())
             .cloned()
             .unwrap_or(Json::Array(Vec::new())),
         title: obj.get("title").and_then(Json::as_str).map(str::to_string),
+        virtual_node: false,
+        overrides: HashMap::new(),
     })
 }
 
-fn parse_link(v: &Json, index: usize) -> Result<(i64, UiLink), WorkflowError> {
-    let path = format!("links[{index}]");
-    // Version 0.4 stores links as arrays, version 1 as objects.
+/// One link: `(id, origin id, origin slot)`.
+fn parse_link(v: &Json, index: usize, where_: &str) -> Result<(i64, String, usize), WorkflowError> {
+    let path = format!("{where_}links[{index}]");
+    // Version 0.4 stores links as arrays, version 1 (and every subgraph) as objects.
     let (id, origin, slot) = match v {
         Json::Array(a) if a.len() >= 5 => {
             (a[0].as_i64(), a.get(1).and_then(id_string), a[2].as_u64())
@@ -156,13 +166,7 @@ fn parse_link(v: &Json, index: usize) -> Result<(i64, UiLink), WorkflowError> {
         }
     };
     match (id, origin, slot.and_then(|s| usize::try_from(s).ok())) {
-        (Some(id), Some(origin), Some(origin_slot)) => Ok((
-            id,
-            UiLink {
-                origin,
-                origin_slot,
-            },
-        )),
+        (Some(id), Some(origin), Some(origin_slot)) => Ok((id, origin, origin_slot)),
         _ => Err(err(
             path,
             "link id, origin id or origin slot is missing or not an integer",
@@ -170,12 +174,331 @@ fn parse_link(v: &Json, index: usize) -> Result<(i64, UiLink), WorkflowError> {
     }
 }
 
+/// The whole workflow with every subgraph instance expanded: inner nodes under ids
+/// `instance:inner` (nested: `a:b:c`, as ComfyUI's frontend numbers them), links
+/// renumbered, and the subgraph boundaries replaced by virtual stand-ins that the link
+/// resolution looks through.
 struct Graph {
     nodes: HashMap<String, UiNode>,
     links: HashMap<i64, UiLink>,
+    order: Vec<String>,
+    next_link: i64,
+}
+
+/// The frontend's ids of a subgraph's boundary nodes.
+const SUBGRAPH_INPUT: &str = "-10";
+/// Deep enough for any real workflow; stops runaway nesting.
+const MAX_SUBGRAPH_DEPTH: usize = 32;
+
+struct Definition<'a> {
+    id: String,
+    name: String,
+    doc: &'a Map<String, Json>,
+}
+
+impl Definition<'_> {
+    fn label(&self) -> String {
+        format!("subgraph '{}' ({})", self.name, self.id)
+    }
+
+    fn slots(&self, side: &str) -> Vec<&Json> {
+        self.doc
+            .get(side)
+            .and_then(Json::as_array)
+            .map(|a| a.iter().collect())
+            .unwrap_or_default()
+    }
+}
+
+/// Every subgraph definition, wherever it is nested, by id.
+fn collect_definitions<'a>(doc: &'a Json, out: &mut HashMap<String, Definition<'a>>) -> Result<(), WorkflowError> {
+    let Some(list) = doc.get("definitions").and_then(|d| d.get("subgraphs")) else {
+        return Ok(());
+    };
+    let list = list
+        .as_array()
+        .ok_or_else(|| err("definitions.subgraphs", "must be an array"))?;
+    for (i, def) in list.iter().enumerate() {
+        let obj = def
+            .as_object()
+            .ok_or_else(|| err(format!("definitions.subgraphs[{i}]"), "expected an object"))?;
+        let id = obj
+            .get("id")
+            .and_then(Json::as_str)
+            .ok_or_else(|| err(format!("definitions.subgraphs[{i}]"), "missing id"))?
+            .to_string();
+        let name = obj.get("name").and_then(Json::as_str).unwrap_or(&id).to_string();
+        out.entry(id.clone()).or_insert(Definition { id, name, doc: obj });
+        collect_definitions(def, out)?;
+    }
+    Ok(())
+}
+
+/// A virtual node standing for one value crossing a subgraph boundary.
+fn stand_in(id: String, source: Option<Result<i64, Json>>) -> UiNode {
+    let (class, mode, inputs, widgets_values) = match source {
+        // Passes the link on, as a Reroute does.
+        Some(Ok(link)) => (
+            "Reroute",
+            0,
+            vec![UiInput { name: String::new(), io_type: "*".into(), link: Some(link), widget: None }],
+            Json::Array(Vec::new()),
+        ),
+        // A value set on the instance, given as a PrimitiveNode gives its value.
+        Some(Err(value)) => ("PrimitiveNode", 0, Vec::new(), Json::Array(vec![value])),
+        // Nothing: consumers keep their own widget value, or go without the input.
+        None => ("Reroute", MODE_NEVER, Vec::new(), Json::Array(Vec::new())),
+    };
+    UiNode {
+        id,
+        class: class.into(),
+        mode,
+        inputs,
+        output_types: Vec::new(),
+        widgets_values,
+        title: None,
+        virtual_node: true,
+        overrides: HashMap::new(),
+    }
+}
+
+/// What the instance node says about a subgraph's inputs: for each input slot, the value
+/// that crosses into the subgraph (a link of the parent scope, a promoted widget value set
+/// on the instance, or nothing), and per inner node the widget values the instance's
+/// `proxyWidgets` set directly.
+type Boundary = (Vec<Option<Result<i64, Json>>>, HashMap<String, HashMap<String, Json>>);
+
+fn boundary_inputs(
+    instance: &UiNode,
+    instance_json: &Json,
+    def: &Definition,
+    inner_nodes: &[UiNode],
+    inner_targets: &HashMap<i64, (String, Option<String>)>,
+    parent_links: &HashMap<i64, i64>,
+) -> Boundary {
+    let slots = def.slots("inputs");
+    let host: Vec<Json> = instance.widgets_values.as_array().cloned().unwrap_or_default();
+    let host_value = |i: usize| host.get(i).filter(|v| !v.is_null()).cloned();
+    // The inner widget behind each input: the first of its links that ends on a widget.
+    let promoted: Vec<Option<(String, String)>> = slots
+        .iter()
+        .map(|slot| {
+            slot.get("linkIds")
+                .and_then(Json::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(Json::as_i64)
+                .find_map(|l| match inner_targets.get(&l) {
+                    Some((node, Some(widget))) => Some((node.clone(), widget.clone())),
+                    _ => None,
+                })
+        })
+        .collect();
+    let mut values: Vec<Option<Json>> = vec![None; slots.len()];
+    // Instance values belong to the promoted inputs, in input order.
+    for (n, k) in (0..slots.len()).filter(|&k| promoted[k].is_some()).enumerate() {
+        values[k] = host_value(n);
+    }
+    // `proxyWidgets` (frontends 1.28-1.4x) index the same values by entry; they win.
+    let mut overrides: HashMap<String, HashMap<String, Json>> = HashMap::new();
+    let proxies = instance_json
+        .get("properties")
+        .and_then(|p| p.get("proxyWidgets"))
+        .and_then(Json::as_array);
+    for (i, entry) in proxies.into_iter().flatten().enumerate() {
+        let (Some(node), Some(widget)) = (entry.get(0).and_then(id_string), entry.get(1).and_then(Json::as_str)) else {
+            continue;
+        };
+        if widget.starts_with("$$") || widget == "control_after_generate" {
+            continue;
+        }
+        let Some(v) = host_value(i) else { continue };
+        let slot_of = |k: usize| {
+            let named = slots[k].get("name").and_then(Json::as_str) == Some(widget);
+            (node == "-1" && named) || promoted[k].as_ref().is_some_and(|(n, w)| *n == node && w == widget)
+        };
+        match (0..slots.len()).find(|&k| slot_of(k)) {
+            Some(k) => values[k] = Some(v),
+            None if inner_nodes.iter().any(|n| n.id == node) => {
+                overrides.entry(node).or_default().insert(widget.to_string(), v);
+            }
+            None => {}
+        }
+    }
+    let sources = slots
+        .iter()
+        .enumerate()
+        .map(|(k, slot)| {
+            let name = slot.get("name").and_then(Json::as_str).unwrap_or("");
+            // Instance inputs are matched by name: the frontend drops unconnected ones.
+            let outer = instance
+                .inputs
+                .iter()
+                .find(|i| i.name == name)
+                .and_then(|i| i.link)
+                .and_then(|l| parent_links.get(&l).copied());
+            match outer {
+                Some(link) => Some(Ok(link)),
+                None => values[k].take().map(Err),
+            }
+        })
+        .collect();
+    (sources, overrides)
 }
 
 impl Graph {
+    /// Adds one graph (the workflow, or a subgraph under `prefix`) and everything nested in
+    /// it. `inputs` are what crosses in through the subgraph's input slots; the returned map
+    /// takes this graph's link ids to the flattened ones.
+    #[allow(clippy::too_many_arguments)]
+    fn add_scope(
+        &mut self,
+        nodes_json: &[Json],
+        links_json: &[Json],
+        prefix: &str,
+        scope: Option<&Definition>,
+        defs: &HashMap<String, Definition>,
+        stack: &mut Vec<String>,
+        inputs: &[Option<Result<i64, Json>>],
+        overrides: HashMap<String, HashMap<String, Json>>,
+    ) -> Result<HashMap<i64, i64>, WorkflowError> {
+        let where_ = match scope {
+            Some(d) => format!("{} ", d.label()),
+            None => String::new(),
+        };
+        let mut nodes = Vec::new();
+        for (i, n) in nodes_json.iter().enumerate() {
+            nodes.push((parse_node(n, i, &where_)?, n));
+        }
+        let mut raw_links = Vec::new();
+        for (i, l) in links_json.iter().enumerate() {
+            // Deleted links are sometimes left as null.
+            if !l.is_null() {
+                raw_links.push(parse_link(l, i, &where_)?);
+            }
+        }
+        let mut map = HashMap::new();
+        for (id, _, _) in &raw_links {
+            self.next_link += 1;
+            map.insert(*id, self.next_link);
+        }
+        // Which input (and widget) each link of this graph ends on.
+        let mut targets: HashMap<i64, (String, Option<String>)> = HashMap::new();
+        for (node, _) in &nodes {
+            for input in &node.inputs {
+                if let Some(l) = input.link {
+                    targets.insert(l, (node.id.clone(), input.widget.clone()));
+                }
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (node, _) in &nodes {
+            if !seen.insert(node.id.clone()) {
+                return Err(err(format!("{where_}node {}", node.id), "duplicate node id"));
+            }
+        }
+
+        // Instances first: their insides are needed to wire what comes out of them.
+        let mut outputs_of: HashMap<String, (bool, Vec<Option<i64>>)> = HashMap::new();
+        for (node, node_json) in &nodes {
+            let Some(def) = defs.get(&node.class) else { continue };
+            let passes = node.mode == MODE_NEVER || node.mode == MODE_BYPASS;
+            // ComfyUI's frontend expands a muted or bypassed instance only when it is nested.
+            if passes && scope.is_none() {
+                continue;
+            }
+            let label = format!("{where_}node {} ({})", node.id, def.label());
+            if stack.contains(&def.id) || stack.len() >= MAX_SUBGRAPH_DEPTH {
+                return Err(err(label, "the subgraph contains itself"));
+            }
+            let inner_nodes_json = def.doc.get("nodes").and_then(Json::as_array).map(Vec::as_slice).unwrap_or(&[]);
+            let inner_links_json = def.doc.get("links").and_then(Json::as_array).map(Vec::as_slice).unwrap_or(&[]);
+            let mut inner_parsed = Vec::new();
+            for (i, n) in inner_nodes_json.iter().enumerate() {
+                inner_parsed.push(parse_node(n, i, &format!("{} ", def.label()))?);
+            }
+            let mut inner_targets = HashMap::new();
+            for n in &inner_parsed {
+                for input in &n.inputs {
+                    if let Some(l) = input.link {
+                        inner_targets.insert(l, (n.id.clone(), input.widget.clone()));
+                    }
+                }
+            }
+            let (sources, inner_overrides) = boundary_inputs(node, node_json, def, &inner_parsed, &inner_targets, &map);
+            // An inner link from an input slot the subgraph does not have is refused.
+            for (i, l) in inner_links_json.iter().enumerate() {
+                if l.is_null() {
+                    continue;
+                }
+                let (id, origin, slot) = parse_link(l, i, &format!("{} ", def.label()))?;
+                if origin == SUBGRAPH_INPUT && slot >= sources.len() {
+                    return Err(err(
+                        format!("{} links[{i}]", def.label()),
+                        format!("link {id} comes from input slot {slot}, but the subgraph has {} inputs", sources.len()),
+                    ));
+                }
+            }
+            let inner_prefix = format!("{prefix}{}:", node.id);
+            stack.push(def.id.clone());
+            let inner_map = self.add_scope(inner_nodes_json, inner_links_json, &inner_prefix, Some(def), defs, stack, &sources, inner_overrides)?;
+            stack.pop();
+            let outs = def
+                .slots("outputs")
+                .iter()
+                .map(|slot| {
+                    // Files carry stale duplicates; the frontend follows the first link.
+                    slot.get("linkIds")
+                        .and_then(Json::as_array)
+                        .and_then(|ids| ids.first())
+                        .and_then(Json::as_i64)
+                        .and_then(|l| inner_map.get(&l).copied())
+                })
+                .collect();
+            outputs_of.insert(node.id.clone(), (passes, outs));
+        }
+
+        // The input side of this subgraph's boundary.
+        for (k, source) in inputs.iter().enumerate() {
+            let id = format!("{prefix}#in{k}");
+            self.nodes.insert(id.clone(), stand_in(id, source.clone()));
+        }
+        for (id, origin, slot) in raw_links {
+            let (origin, origin_slot) = if scope.is_some() && origin == SUBGRAPH_INPUT {
+                (format!("{prefix}#in{slot}"), 0)
+            } else {
+                match outputs_of.get(&origin) {
+                    // Out of an expanded instance: from whatever feeds that output inside.
+                    Some((false, outs)) => {
+                        let stand = format!("{prefix}{origin}#out{slot}");
+                        if !self.nodes.contains_key(&stand) {
+                            let link = outs.get(slot).copied().flatten();
+                            self.nodes.insert(stand.clone(), stand_in(stand.clone(), link.map(Ok)));
+                        }
+                        (stand, 0)
+                    }
+                    _ => (format!("{prefix}{origin}"), slot),
+                }
+            };
+            self.links.insert(map[&id], UiLink { origin, origin_slot });
+        }
+        let mut overrides = overrides;
+        for (mut node, _) in nodes {
+            node.overrides = overrides.remove(&node.id).unwrap_or_default();
+            if defs.contains_key(&node.class) {
+                node.virtual_node = true;
+            }
+            node.id = format!("{prefix}{}", node.id);
+            for input in &mut node.inputs {
+                // A link the graph does not list is treated as no link, as the frontend does.
+                input.link = input.link.and_then(|l| map.get(&l).copied());
+            }
+            self.order.push(node.id.clone());
+            self.nodes.insert(node.id.clone(), node);
+        }
+        Ok(map)
+    }
+
     /// Where a link's value really comes from, looking through virtual and bypassed nodes.
     fn resolve(&self, link: i64) -> Option<Source> {
         let mut link = link;
@@ -223,9 +546,10 @@ fn source_to_input(s: Source) -> InputValue {
     }
 }
 
-/// Converts a UI-format document to a workflow. Nodes of unknown classes keep their links
-/// but not their widget values (which cannot be named without a schema); validation then
-/// reports the unknown class.
+/// Converts a UI-format document to a workflow, subgraphs expanded as ComfyUI's frontend
+/// expands them when it queues. Nodes of unknown classes keep their links but not their
+/// widget values (which cannot be named without a schema); validation then reports the
+/// unknown class.
 pub fn ui_to_workflow(doc: &Json, registry: &Registry) -> Result<Workflow, WorkflowError> {
     let nodes_json = doc
         .get("nodes")
@@ -235,31 +559,26 @@ pub fn ui_to_workflow(doc: &Json, registry: &Registry) -> Result<Workflow, Workf
         .get("links")
         .and_then(Json::as_array)
         .ok_or_else(|| err("workflow", "links must be an array"))?;
+    let mut defs = HashMap::new();
+    collect_definitions(doc, &mut defs)?;
     let mut graph = Graph {
         nodes: HashMap::new(),
         links: HashMap::new(),
+        order: Vec::new(),
+        next_link: 0,
     };
-    let mut order = Vec::new();
-    for (i, n) in nodes_json.iter().enumerate() {
-        let node = parse_node(n, i)?;
-        order.push(node.id.clone());
-        if graph.nodes.insert(node.id.clone(), node).is_some() {
-            return Err(err(format!("nodes[{i}]"), "duplicate node id"));
-        }
-    }
-    for (i, l) in links_json.iter().enumerate() {
-        // Deleted links are sometimes left as null.
-        if l.is_null() {
-            continue;
-        }
-        let (id, link) = parse_link(l, i)?;
-        graph.links.insert(id, link);
+    graph.add_scope(nodes_json, links_json, "", None, &defs, &mut Vec::new(), &[], HashMap::new())?;
+    if let Some(n) = graph.order.iter().map(|id| &graph.nodes[id]).find(|n| n.class.starts_with("workflow>") || n.class.starts_with("workflow/")) {
+        return Err(err(
+            format!("node {}", n.id),
+            format!("'{}' is a legacy group node; open the workflow in a current ComfyUI frontend, which turns group nodes into subgraphs, and save it again", n.class),
+        ));
     }
 
     let mut wf = Workflow::new();
-    for id in order {
-        let node = &graph.nodes[&id];
-        if is_virtual(&node.class) || node.mode == MODE_NEVER || node.mode == MODE_BYPASS {
+    for id in &graph.order {
+        let node = &graph.nodes[id];
+        if node.virtual_node || is_virtual(&node.class) || node.mode == MODE_NEVER || node.mode == MODE_BYPASS {
             continue;
         }
         let mut spec = NodeSpec::new(node.class.clone());
@@ -294,15 +613,19 @@ pub fn ui_to_workflow(doc: &Json, registry: &Registry) -> Result<Workflow, Workf
                             Json::Object(m) => widget_value = m.get(&input.name).cloned(),
                             _ => {}
                         }
+                        if let Some(v) = node.overrides.get(&input.name) {
+                            widget_value = Some(v.clone());
+                        }
                     }
                     match linked(&input.name) {
                         Some(Some(source)) => {
                             spec.inputs
                                 .insert(input.name.clone(), source_to_input(source));
                         }
-                        // Linked to something muted: the input is absent, as in ComfyUI.
-                        Some(None) => {}
-                        None => {
+                        // Not linked, or linked to something muted or to nothing: the
+                        // widget's own value stays (a link input goes without), as the
+                        // frontend writes widgets before links.
+                        _ => {
                             if let Some(v) = widget_value {
                                 spec.inputs.insert(input.name.clone(), InputValue::Const(v));
                             }
@@ -319,7 +642,16 @@ pub fn ui_to_workflow(doc: &Json, registry: &Registry) -> Result<Workflow, Workf
                 }
             }
         }
-        wf.nodes.insert(id, spec);
+        wf.nodes.insert(id.clone(), spec);
+    }
+    // Links to nodes that are not in the prompt (muted inside a subgraph, say) are
+    // dropped, as the frontend drops them.
+    let present: std::collections::HashSet<String> = wf.nodes.keys().cloned().collect();
+    for spec in wf.nodes.values_mut() {
+        spec.inputs.retain(|_, v| match v {
+            InputValue::Link { node, .. } => present.contains(node),
+            InputValue::Const(_) => true,
+        });
     }
     // Written by `workflow_to_ui`, so a round trip keeps our header.
     if let Some(h) = doc.get("extra").and_then(|e| e.get("sdflow")) {

@@ -120,8 +120,18 @@ impl InputValue {
         }
     }
 
-    /// Reads an input as workflow JSON spells it: `[id, index]` is a link.
+    /// Reads an input as workflow JSON spells it: `[id, index]` is a link, and
+    /// `{"__value__": v}` is the value `v` (how ComfyUI's frontend sends a list widget's
+    /// value so it cannot be taken for a link).
     pub fn from_json(v: Json) -> Self {
+        let v = match v {
+            Json::Object(mut m) if m.len() == 1 && m.contains_key("__value__") => m.remove("__value__").unwrap_or(Json::Null),
+            v => return Self::from_json_plain(v),
+        };
+        InputValue::Const(v)
+    }
+
+    fn from_json_plain(v: Json) -> Self {
         if let Json::Array(items) = &v {
             if items.len() == 2 {
                 let id = match &items[0] {
