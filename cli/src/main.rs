@@ -124,11 +124,18 @@ fn main() -> std::process::ExitCode {
         (None, Command::Serve(_)) => "warn,sdflow_server=info".to_string(),
         (None, _) => "warn".to_string(),
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(level))
-        .with_ansi(color)
-        .with_writer(std::io::stderr)
-        .init();
+    {
+        use tracing_subscriber::layer::SubscriberExt;
+        use tracing_subscriber::util::SubscriberInitExt;
+        let console = tracing_subscriber::fmt::layer().with_ansi(color).with_writer(std::io::stderr);
+        // The server's log panel (ComfyUI frontend's) shows what the console shows.
+        let panel = matches!(cli.command, Command::Serve(_)).then(sdflow_server::logs::layer);
+        tracing_subscriber::registry()
+            .with(tracing_subscriber::EnvFilter::new(level))
+            .with(console)
+            .with(panel)
+            .init();
+    }
     let result = match cli.command {
         Command::Run(args) => run::run_command(args),
         Command::Demo(args) => demo::demo_command(args),

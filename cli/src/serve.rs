@@ -61,6 +61,16 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer TOKEN` (or `?token=TOKEN`) on every request.
     #[arg(long, value_name = "TOKEN")]
     pub auth_token: Option<String>,
+    /// Folder of per-user data (ComfyUI frontend settings and saved workflows, under
+    /// `default/`), as ComfyUI's --user-directory.
+    #[arg(long = "user-directory", value_name = "DIR", default_value = "user")]
+    pub user_directory: PathBuf,
+    /// Serve this web frontend instead of the embedded editor: ComfyUI's own, as
+    /// `pip install comfyui-frontend-package` installs it (the package folder, its
+    /// `static/` folder, or the site-packages folder holding it), or `installed` to find
+    /// that package through `python3`. ComfyUI's flag of the same name.
+    #[arg(long = "front-end-root", value_name = "DIR")]
+    pub front_end_root: Option<PathBuf>,
     /// Largest request body (uploads, prompts), in MiB.
     #[arg(long, default_value_t = 100, value_name = "MB")]
     pub max_body_mb: usize,
@@ -97,6 +107,11 @@ pub fn serve_command(args: ServeArgs) -> anyhow::Result<()> {
         auth_token: args.auth_token.filter(|t| !t.is_empty()),
         max_body_bytes: args.max_body_mb.saturating_mul(1 << 20),
         default_checkpoint,
+        user_dir: args.user_directory,
+        front_end_root: match args.front_end_root {
+            Some(p) if p.as_os_str() == "installed" => Some(installed_front_end()?),
+            other => other,
+        },
     };
     if !config.models_dir.is_dir() {
         // Every loader's list would be empty with no word why.
@@ -109,6 +124,18 @@ pub fn serve_command(args: ServeArgs) -> anyhow::Result<()> {
         println!("sdflow serving on http://{addr}")
     })?;
     Ok(())
+}
+
+/// Where pip put `comfyui-frontend-package`, asked of the system's `python3`.
+fn installed_front_end() -> anyhow::Result<PathBuf> {
+    let out = std::process::Command::new("python3")
+        .args(["-c", "import comfyui_frontend_package, os; print(os.path.dirname(comfyui_frontend_package.__file__))"])
+        .output()
+        .map_err(|e| anyhow::anyhow!("--front-end-root installed: running python3: {e}"))?;
+    if !out.status.success() {
+        anyhow::bail!("--front-end-root installed: python3 cannot import comfyui_frontend_package (pip install comfyui-frontend-package, or give its folder)");
+    }
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
 /// `-m`'s checkpoint as a name in the checkpoints folder: a name there, or a path to a

@@ -21,6 +21,9 @@ pub enum ApiError {
     NotFound(String),
     #[error("{0}")]
     Forbidden(String),
+    /// The target exists and the client asked not to overwrite it.
+    #[error("{0}")]
+    Conflict(String),
     #[error("missing or wrong bearer token")]
     Unauthorized,
     #[error("the request body is larger than {limit} bytes")]
@@ -60,6 +63,7 @@ impl ApiError {
             ApiError::BadRequest(_) | ApiError::Invalid(_) => StatusCode::BAD_REQUEST,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -76,6 +80,7 @@ impl ApiError {
             ApiError::Invalid(_) => "invalid_prompt",
             ApiError::NotFound(_) => "not_found",
             ApiError::Forbidden(_) => "forbidden",
+            ApiError::Conflict(_) => "conflict",
             ApiError::Unauthorized => "unauthorized",
             ApiError::PayloadTooLarge { .. } => "payload_too_large",
             ApiError::QueueFull { .. } => "queue_full",

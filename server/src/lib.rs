@@ -11,16 +11,24 @@
 //! - [`ws`] — `/ws`
 //! - [`sdapi`] — `/sdapi/v1/*`, `/v1/*`
 //! - [`security`] — origin check, bearer token, CORS, path confinement
+//! - [`userdata`] — `/users`, `/settings`, `/userdata` (ComfyUI's per-user storage)
+//! - [`jobs`] — `/jobs` (the queue and history as ComfyUI's frontend lists them)
+//! - [`frontend`] — `--front-end-root` and the routes ComfyUI's frontend reads at start-up
+//! - [`logs`] — recent log lines for the frontend's log panel
 
 pub mod comfy;
 pub mod error;
 pub mod extract;
 pub mod files;
+pub mod frontend;
 pub mod history;
+pub mod jobs;
+pub mod logs;
 pub mod queue;
 pub mod sdapi;
 pub mod security;
 pub mod state;
+pub mod userdata;
 pub mod ws;
 
 use std::net::SocketAddr;
@@ -29,7 +37,7 @@ use std::sync::Arc;
 use axum::extract::DefaultBodyLimit;
 use axum::http::{header, HeaderValue, Method, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, patch, post};
 use axum::Router;
 use sdflow_executor::{Executor, ExecutorConfig, Registry};
 
@@ -81,16 +89,53 @@ fn api_routes() -> Router<Arc<AppState>> {
         .route("/v1/images/generations", post(sdapi::generations))
         .route("/v1/images/edits", post(sdapi::edits))
         .route("/v1/models", get(sdapi::models))
+        .route("/users", get(userdata::users).post(userdata::create_user))
+        .route("/settings", get(userdata::get_settings).post(userdata::post_settings))
+        .route("/settings/{id}", get(userdata::get_setting).post(userdata::post_setting))
+        .route("/userdata", get(userdata::list))
+        .route("/v2/userdata", get(userdata::list_v2))
+        .route(
+            "/userdata/{file}",
+            get(userdata::get_file).post(userdata::post_file).delete(userdata::delete_file),
+        )
+        .route("/userdata/{file}/move/{dest}", post(userdata::move_file))
+        .route("/jobs", get(jobs::list))
+        .route("/jobs/cancel", post(jobs::cancel_many))
+        .route("/jobs/{id}", get(jobs::get_one))
+        .route("/jobs/{id}/cancel", post(jobs::cancel_one))
+        .route("/extensions", get(frontend::extensions))
+        .route("/i18n", get(frontend::i18n))
+        .route("/workflow_templates", get(frontend::workflow_templates))
+        .route("/global_subgraphs", get(frontend::global_subgraphs))
+        .route("/global_subgraphs/{id}", get(frontend::global_subgraph))
+        .route("/experiment/models", get(frontend::model_folders))
+        .route("/experiment/models/{folder}", get(frontend::models_in_folder))
+}
+
+/// ComfyUI's `/internal/*` routes, which only its frontend uses.
+fn internal_routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/folder_paths", get(frontend::internal_folder_paths))
+        .route("/files/{directory_type}", get(frontend::internal_files))
+        .route("/logs", get(frontend::internal_logs))
+        .route("/logs/raw", get(frontend::internal_logs_raw))
+        .route("/logs/subscribe", patch(frontend::internal_logs_subscribe))
 }
 
 /// The whole application: the API, the embedded editor for every other GET, and the
 /// guard in front of all of it.
 pub fn router(state: Arc<AppState>) -> Router {
     let limit = state.config.max_body_bytes;
-    Router::new()
+    let app = Router::new()
         .merge(api_routes())
         .nest("/api", api_routes())
-        .fallback(editor)
+        .nest("/internal", internal_routes());
+    // ComfyUI's frontend when one is configured, the embedded editor otherwise.
+    let app = match state.front_end_root.clone() {
+        Some(root) => app.fallback(move |method: Method, uri: Uri| frontend::serve_file(root.clone(), method, uri)),
+        None => app.fallback(editor),
+    };
+    app
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             security::guard,
@@ -195,8 +240,14 @@ pub async fn start(
         input: canonical_dir(&config.input_dir, "input")?,
         output: canonical_dir(&config.output_dir, "output")?,
         temp: canonical_dir(&config.temp_dir, "temp")?,
+        user: std::path::absolute(&config.user_dir)
+            .map_err(|e| ApiError::io(format!("the user folder {}", config.user_dir.display()), e))?,
     };
     let history = history::History::open(&config.history_dir, config.max_history)?;
+    let front_end_root = match &config.front_end_root {
+        Some(dir) => Some(Arc::new(frontend::resolve_front_end_root(dir).map_err(ApiError::Internal)?)),
+        None => None,
+    };
     let executor = Arc::new(Executor::new(registry, ExecutorConfig::default()));
     let addr = SocketAddr::new(config.listen, config.port);
     let listener = tokio::net::TcpListener::bind(addr)
@@ -217,7 +268,10 @@ pub async fn start(
         started: std::time::Instant::now(),
         live: Default::default(),
         sdapi_options,
+        user_lock: Default::default(),
+        front_end_root,
     });
+    logs::forward(state.clone());
     let worker = {
         let state = state.clone();
         std::thread::Builder::new()

@@ -40,6 +40,12 @@ pub struct ServerConfig {
     /// The checkpoint (a name in `checkpoints/`) A1111 and OpenAI requests use when they
     /// name none: sd-server's `-m`.
     pub default_checkpoint: Option<String>,
+    /// Per-user storage (settings, saved workflows) of ComfyUI's frontend:
+    /// `<user_dir>/default/`.
+    pub user_dir: PathBuf,
+    /// A web frontend served instead of the embedded editor: ComfyUI's own
+    /// (`comfyui-frontend-package`'s static folder), as ComfyUI's `--front-end-root`.
+    pub front_end_root: Option<PathBuf>,
 }
 
 impl ServerConfig {
@@ -62,6 +68,8 @@ impl ServerConfig {
             auth_token: None,
             max_body_bytes: 100 << 20,
             default_checkpoint: None,
+            user_dir: base.join("user"),
+            front_end_root: None,
         }
     }
 }
@@ -72,6 +80,8 @@ pub struct Dirs {
     pub input: PathBuf,
     pub output: PathBuf,
     pub temp: PathBuf,
+    /// Not created until something is stored (ComfyUI's `migrated` tells whether it is).
+    pub user: PathBuf,
 }
 
 impl Dirs {
@@ -101,6 +111,10 @@ pub struct AppState {
     /// A1111's `/sdapi/v1/options` that sdflow keeps: the model its requests use when
     /// they name none, and its CLIP skip.
     pub sdapi_options: Mutex<SdapiOptions>,
+    /// Serialises read-modify-write of the user's settings and files.
+    pub user_lock: Mutex<()>,
+    /// The resolved `--front-end-root` (the folder holding `index.html`).
+    pub front_end_root: Option<Arc<PathBuf>>,
 }
 
 /// The running prompt's progress: its latest sampler step and preview.
