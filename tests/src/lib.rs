@@ -107,21 +107,20 @@ impl TestEnv {
     /// `input.png` for every LoadImage.
     pub fn workflow(&self, name: &str, size: i64, steps: i64) -> Workflow {
         let text = std::fs::read_to_string(workflows_dir().join(name)).unwrap();
-        let mut wf = Workflow::parse(&text, self.exec.registry()).unwrap();
+        let wf = Workflow::parse(&text, self.exec.registry()).unwrap();
         assert!(wf.header.as_ref().and_then(|h| h.title.as_ref()).is_some(), "{name} has a title");
-        for (id, node) in wf.nodes.clone() {
-            let set = |wf: &mut Workflow, input: &str, v: serde_json::Value| wf.set_input(&id, input, InputValue::Const(v)).unwrap();
-            match node.class_type.as_str() {
-                "EmptyLatentImage" | "EmptySD3LatentImage" => {
-                    set(&mut wf, "width", serde_json::json!(size));
-                    set(&mut wf, "height", serde_json::json!(size));
-                }
-                "KSampler" => set(&mut wf, "steps", serde_json::json!(steps)),
-                "LoadImage" => set(&mut wf, "image", serde_json::json!("input.png")),
-                _ => {}
-            }
+        shrink(wf, size, steps, Some("input.png"))
+    }
+
+    /// A ComfyUI template from tests/fixtures/comfyui (see SOURCES.md there), unchanged
+    /// but for test sizes (`size`² latents, `steps` steps); it must validate as it is.
+    pub fn comfyui_template(&self, name: &str, size: i64, steps: i64) -> Workflow {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/comfyui").join(name);
+        let wf = Workflow::parse(&std::fs::read_to_string(path).unwrap(), self.exec.registry()).unwrap_or_else(|e| panic!("{name}: {e}"));
+        if let Err(report) = self.exec.validate(&wf) {
+            panic!("{name} does not validate: {}", serde_json::to_string_pretty(&report.to_json()).unwrap());
         }
-        wf
+        shrink(wf, size, steps, None)
     }
 
     /// Run `wf` and read back the first image output node `save_node` wrote.
@@ -145,6 +144,43 @@ impl TestEnv {
         let opts = RunOptions { output_dir: Some(self.out.clone()), ..Default::default() };
         self.exec.run(wf, &NullSink, &CancelToken::new(), &opts).expect_err("the run fails").to_string()
     }
+}
+
+/// `wf` with `size`² empty latents, `steps` sampling steps (KSamplerAdvanced's split
+/// kept in proportion) and, when given, `image` for every LoadImage.
+fn shrink(mut wf: Workflow, size: i64, steps: i64, image: Option<&str>) -> Workflow {
+    for (id, node) in wf.nodes.clone() {
+        let set = |wf: &mut Workflow, input: &str, v: serde_json::Value| wf.set_input(&id, input, InputValue::Const(v)).unwrap();
+        let int = |input: &str| match node.inputs.get(input) {
+            Some(InputValue::Const(v)) => v.as_i64(),
+            _ => None,
+        };
+        match node.class_type.as_str() {
+            "EmptyLatentImage" | "EmptySD3LatentImage" => {
+                set(&mut wf, "width", serde_json::json!(size));
+                set(&mut wf, "height", serde_json::json!(size));
+            }
+            "KSampler" => set(&mut wf, "steps", serde_json::json!(steps)),
+            "KSamplerAdvanced" => {
+                let total = int("steps").unwrap_or(steps).max(1);
+                let scale = |v: i64| if v >= total { 10_000 } else { v * steps / total };
+                set(&mut wf, "steps", serde_json::json!(steps));
+                if let Some(v) = int("start_at_step") {
+                    set(&mut wf, "start_at_step", serde_json::json!(scale(v)));
+                }
+                if let Some(v) = int("end_at_step") {
+                    set(&mut wf, "end_at_step", serde_json::json!(scale(v)));
+                }
+            }
+            "LoadImage" => {
+                if let Some(image) = image {
+                    set(&mut wf, "image", serde_json::json!(image));
+                }
+            }
+            _ => {}
+        }
+    }
+    wf
 }
 
 /// `wf` with one widget input of `node` set to `v`.

@@ -172,26 +172,8 @@ fn bad_combinations_are_named_errors() {
     assert!(e.contains("ModelSamplingFlux"), "{e}");
 }
 
-/// A ComfyUI template from tests/fixtures/comfyui, unchanged but for test sizes: `size`²
-/// latents, `steps` steps.
 fn template(env: &TestEnv, name: &str, size: i64, steps: i64) -> Workflow {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/comfyui").join(name);
-    let mut wf = Workflow::parse(&std::fs::read_to_string(path).unwrap(), env.exec.registry()).unwrap_or_else(|e| panic!("{name}: {e}"));
-    if let Err(report) = env.exec.validate(&wf) {
-        panic!("{name} does not validate: {}", serde_json::to_string_pretty(&report.to_json()).unwrap());
-    }
-    for (id, node) in wf.nodes.clone() {
-        let set = |wf: &mut Workflow, input: &str, v: serde_json::Value| wf.set_input(&id, input, sdflow_executor::InputValue::Const(v)).unwrap();
-        match node.class_type.as_str() {
-            "EmptySD3LatentImage" => {
-                set(&mut wf, "width", serde_json::json!(size));
-                set(&mut wf, "height", serde_json::json!(size));
-            }
-            "KSampler" => set(&mut wf, "steps", serde_json::json!(steps)),
-            _ => {}
-        }
-    }
-    wf
+    env.comfyui_template(name, size, steps)
 }
 
 #[test]
