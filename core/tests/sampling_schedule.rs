@@ -274,6 +274,18 @@ fn scheduler_names_and_bad_input() {
         ..Default::default()
     };
     assert!(Scheduler::Karras.sigmas(10, &model, &bad_rho).is_err());
+    // linear_quadratic: the linear part must leave room for the quadratic one.
+    for (threshold, linear_steps) in [(0.0, None), (1.0, None), (0.025, Some(0)), (0.025, Some(10))] {
+        let opts = ScheduleOpts { lq_threshold_noise: threshold, lq_linear_steps: linear_steps, ..Default::default() };
+        assert!(Scheduler::LinearQuadratic.sigmas(10, &model, &opts).is_err(), "{threshold} {linear_steps:?}");
+    }
+    // Its knobs move the bend: more linear steps keep more noise for longer.
+    let lq = |linear_steps| {
+        let opts = ScheduleOpts { lq_linear_steps: Some(linear_steps), ..Default::default() };
+        Scheduler::LinearQuadratic.sigmas(10, &model, &opts).unwrap()
+    };
+    assert_eq!(lq(5), Scheduler::LinearQuadratic.sigmas(10, &model, &ScheduleOpts::default()).unwrap());
+    assert!(lq(8)[6] > lq(5)[6]);
     assert!(DiscreteSchedule::from_alphas_cumprod(&[0.9, 1.5]).is_err());
     assert!(DiscreteSchedule::from_alphas_cumprod(&[0.5]).is_err());
     assert!(DiscreteSchedule::scaled_linear(0.0, 0.012, 1000).is_err());
@@ -292,4 +304,26 @@ fn custom_sigmas_parse_like_sdcpp() {
     assert!(parse_sigmas("3.0").is_err());
     assert!(parse_sigmas("3.0, -1.0").is_err());
     assert!(parse_sigmas("3.0, inf").is_err());
+}
+
+/// ComfyUI's KSampler.calculate_sigmas for DISCARD_PENULTIMATE_SIGMA_SAMPLERS: the
+/// schedule of steps + 1, next-to-last dropped, then (denoise < 1) the tail of the
+/// schedule of steps / denoise built the same way.
+#[test]
+fn ksampler_discards_the_penultimate_sigma_as_comfyui() {
+    use sdflow_core::sampling::ksampler_sigmas;
+    let model = DiscreteSchedule::sd();
+    let opts = ScheduleOpts::default();
+    for scheduler in [Scheduler::Karras, Scheduler::Discrete, Scheduler::Simple] {
+        let full = scheduler.sigmas(11, &model, &opts).unwrap();
+        let mut want = full[..full.len() - 2].to_vec();
+        want.push(*full.last().unwrap());
+        assert_eq!(ksampler_sigmas(scheduler, 10, 1.0, &model, &opts, true).unwrap(), want);
+        assert_eq!(ksampler_sigmas(scheduler, 10, 1.0, &model, &opts, false).unwrap(), scheduler.sigmas(10, &model, &opts).unwrap());
+        let longer = scheduler.sigmas(21, &model, &opts).unwrap();
+        let mut cut = longer[..longer.len() - 2].to_vec();
+        cut.push(*longer.last().unwrap());
+        let tail = cut[cut.len() - 11..].to_vec();
+        assert_eq!(ksampler_sigmas(scheduler, 10, 0.5, &model, &opts, true).unwrap(), tail);
+    }
 }

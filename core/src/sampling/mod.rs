@@ -6,8 +6,8 @@
 //! - [`rng`]: `cpu` (torch CPU, both of its kernels), `cuda` (Philox, torch CUDA),
 //!   `std_default` (libstdc++), all bit-exact with their references.
 //! - [`schedule`]: the SD discrete model schedule and every sd.cpp / ComfyUI scheduler.
-//! - [`samplers`]: sd.cpp's samplers with ComfyUI aliases, generic over the denoiser, for
-//!   SD-style (eps / v) and rectified-flow models.
+//! - [`samplers`]: ComfyUI's full sampler list and sd.cpp's samplers, generic over the
+//!   denoiser, for SD-style (eps / v) and rectified-flow models.
 //! - [`flow`]: the σ(t) of rectified-flow models under each family's shift.
 //! - [`brownian`]: a seeded Brownian-tree noise source for the SDE samplers.
 
@@ -21,11 +21,11 @@ pub mod schedule;
 pub use brownian::BrownianTreeNoise;
 pub use rng::{CpuKernel, CpuRng, PhiloxRng, Rng, RngKind, StdDefaultRng};
 pub use samplers::{
-    ancestral_step, ancestral_step_flow, sample, Denoised, Model, Progress, SampleError,
+    ancestral_step, ancestral_step_flow, comfy_discards_penultimate_sigma, sample, Denoised, Model, Progress, SampleError,
     SampleOpts, Sampler,
 };
 pub use schedule::{
-    apply_denoise, parse_sigmas, strength_sigmas, validate_sigmas, AysModel, DiscreteSchedule,
+    apply_denoise, ksampler_sigmas, parse_sigmas, strength_sigmas, validate_sigmas, AysModel, DiscreteSchedule,
     ScheduleOpts, Scheduler,
 };
 

@@ -1,17 +1,32 @@
-//! sd.cpp's samplers over a caller-supplied denoiser, in k-diffusion's formulation
-//! (`x = x0 + sigma * eps`, the denoiser returns its estimate of `x0`).
+//! ComfyUI's and sd.cpp's samplers over a caller-supplied denoiser, in k-diffusion's
+//! formulation (`x = x0 + sigma * eps`, or `(1 - sigma) x0 + sigma * eps` for flow models; the
+//! denoiser returns its estimate of `x0`).
 //!
-//! References, per sampler: k-diffusion `sampling.py` for euler, euler_a, heun, dpm2,
-//! dpm++2s_a, dpm++2m, dpm++2m_sde and lms; ComfyUI for lcm, euler_cfg_pp, euler_a_cfg_pp and
-//! euler_ge (its `gradient_estimation`); sd.cpp `denoiser.hpp` for dpm++2mv2, ipndm, ipndm_v,
-//! ddim_trailing, tcd, res_multistep, res_2s and er_sde. Where sd.cpp departs from
-//! k-diffusion (its dpm++2s_a evaluates the second stage at `sigma_next` instead of the
-//! midpoint), we follow k-diffusion.
+//! References, per sampler:
+//! - k-diffusion 0.1.1 `sampling.py`: euler, euler_a, heun, dpm2, dpm++2s_a, dpm++2m,
+//!   dpm++2m_sde and k_lms (A1111's LMS, which keeps the multistep step to sigma 0);
+//! - ComfyUI `comfy/k_diffusion/sampling.py`: lms, heunpp2, dpm_2_ancestral, dpm_fast,
+//!   dpm_adaptive, dpmpp_2s_ancestral_cfg_pp, dpmpp_sde, dpmpp_2m_cfg_pp, dpmpp_2m_sde(_heun),
+//!   dpmpp_3m_sde, ddpm, lcm, ipndm, ipndm_v, deis (with `deis.py`), res_multistep and its
+//!   ancestral / CFG++ forms, gradient_estimation(_cfg_pp), er_sde, seeds_2, seeds_3,
+//!   sa_solver(_pece) (with `sa_solver.py`), euler_cfg_pp, euler_a_cfg_pp, and the
+//!   rectified-flow branches of euler_a, dpm_2_ancestral and dpm++2s_a; ComfyUI
+//!   `comfy/extra_samplers/uni_pc.py`: uni_pc and uni_pc_bh2. The fixtures were made from
+//!   ComfyUI a125cd84 (2025-10-12);
+//! - sd.cpp `denoiser.hpp`: dpm++2mv2, ddim_trailing, tcd, res_2s, res_multistep's flow form
+//!   at eta > 0 and er_sde's eta (ComfyUI's er_sde is eta 1). Where sd.cpp departs from
+//!   k-diffusion (its dpm++2s_a evaluates the second stage at `sigma_next` instead of the
+//!   midpoint), we follow k-diffusion.
 //!
 //! All per-step noise comes from one seeded generator, the one that drew the initial noise,
-//! or from a [`BrownianTreeNoise`] seeded from it.
+//! or from a [`BrownianTreeNoise`] seeded from it. ComfyUI's SDE samplers (dpmpp_sde,
+//! dpmpp_2m_sde, dpmpp_2m_sde_heun, dpmpp_3m_sde) use the tree by default, as ComfyUI does;
+//! its `_gpu` names are the same samplers (ComfyUI only moves the tree to the GPU).
 
 use std::str::FromStr;
+
+mod comfy;
+mod multistep;
 
 use super::brownian::BrownianTreeNoise;
 use super::rng::Rng;
@@ -48,16 +63,29 @@ pub struct SampleOpts {
     /// (ComfyUI seeds its tree with the noise seed itself.)
     pub brownian_seed: Option<u64>,
     /// Draw per-step noise from a Brownian tree instead of the generator's stream, for any
-    /// sampler (always on for `dpm++2m_sde_bt`).
+    /// sampler (the default of the samplers whose [`Sampler::uses_brownian_tree`] is true).
     pub brownian: bool,
+    /// Draw per-step noise from the generator's stream even for the samplers that default to
+    /// a Brownian tree (ComfyUI's SDE samplers handed a plain `noise_sampler`). `brownian`
+    /// wins when both are set.
+    pub stream_noise: bool,
     /// Order of `lms`.
     pub lms_order: usize,
-    /// `gamma` of `euler_ge`.
+    /// `gamma` of `euler_ge` / `gradient_estimation(_cfg_pp)`.
     pub ge_gamma: f32,
     /// The denoiser is a rectified-flow model (SD3, Flux: `x = (1 - sigma) x0 + sigma noise`,
-    /// sigmas in [0, 1]). Switches euler_a, res_multistep, res_2s, er_sde, dpm++2m_sde(_bt)
-    /// and lcm to sd.cpp's / ComfyUI's flow forms; the ODE samplers need no change.
+    /// sigmas in [0, 1]). Switches the samplers that ComfyUI or sd.cpp give a flow form
+    /// (their half-log-SNR is `ln((1 - sigma) / sigma)` and their renoising keeps the
+    /// `(1 - sigma)` scale) to it; the others run unchanged, as in ComfyUI.
     pub flow: bool,
+    /// Flow only: where a first sigma of 1 (infinite log-SNR) is moved for the samplers that
+    /// need a finite one, ComfyUI's `percent_to_sigma(1e-4)` for the model's shift; `None` is
+    /// `1 - 1e-4` (shift 1, and sd.cpp's choice).
+    pub flow_first_sigma: Option<f32>,
+    /// SA-Solver's stochastic interval `(start, end)` in sigma (noise is added while
+    /// `start >= sigma >= end`), ComfyUI's `percent_to_sigma(0.2)` and `(0.8)` for the model;
+    /// `None` takes them from the SD discrete schedule, or from an unshifted flow model.
+    pub sa_tau_interval: Option<(f32, f32)>,
 }
 
 impl Default for SampleOpts {
@@ -67,9 +95,12 @@ impl Default for SampleOpts {
             s_noise: 1.0,
             brownian_seed: None,
             brownian: false,
+            stream_noise: false,
             lms_order: 4,
             ge_gamma: 2.0,
             flow: false,
+            flow_first_sigma: None,
+            sa_tau_interval: None,
         }
     }
 }
@@ -79,6 +110,8 @@ impl Default for SampleOpts {
 pub struct Progress<'a> {
     /// 1-based.
     pub step: usize,
+    /// The steps of the run; for dpm_adaptive, whose count is not known in advance, the
+    /// steps so far.
     pub total: usize,
     pub sigma: f32,
     pub x: &'a [f32],
@@ -101,7 +134,8 @@ pub enum SampleError<E> {
     Invalid(#[from] SamplingError),
 }
 
-/// A sampler, by sd.cpp name (ComfyUI names accepted by [`FromStr`]).
+/// A sampler, by sd.cpp name where sd.cpp has it, else by ComfyUI's (ComfyUI's and A1111's
+/// names are accepted by [`FromStr`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Sampler {
     Euler,
@@ -125,10 +159,39 @@ pub enum Sampler {
     Dpmpp2mSde,
     Dpmpp2mSdeBt,
     Lms,
+    /// k-diffusion 0.1.1's (and so A1111's) LMS: ComfyUI's `lms` returns the denoised
+    /// estimate at a last sigma of 0, this one takes the multistep step there too.
+    KLms,
+    /// sd.cpp's iPNDM: its multistep step also for the last step to sigma 0 (ComfyUI's
+    /// `ipndm` returns the denoised estimate there), so sd-cli's `ipndm` images match.
+    IpndmSdcpp,
+    /// sd.cpp's iPNDM-v, whose variable-step coefficients differ from ComfyUI's.
+    IpndmVSdcpp,
+    Heunpp2,
+    Dpm2A,
+    DpmFast,
+    DpmAdaptive,
+    Dpmpp2sACfgPp,
+    DpmppSde,
+    Dpmpp2mCfgPp,
+    Dpmpp2mSdeHeun,
+    Dpmpp3mSde,
+    Ddpm,
+    Deis,
+    ResMultistepCfgPp,
+    ResMultistepA,
+    ResMultistepACfgPp,
+    EulerGeCfgPp,
+    Seeds2,
+    Seeds3,
+    SaSolver,
+    SaSolverPece,
+    UniPc,
+    UniPcBh2,
 }
 
 impl Sampler {
-    pub const ALL: [Sampler; 21] = [
+    pub const ALL: [Sampler; 45] = [
         Sampler::Euler,
         Sampler::EulerA,
         Sampler::Heun,
@@ -150,6 +213,30 @@ impl Sampler {
         Sampler::Dpmpp2mSde,
         Sampler::Dpmpp2mSdeBt,
         Sampler::Lms,
+        Sampler::KLms,
+        Sampler::IpndmSdcpp,
+        Sampler::IpndmVSdcpp,
+        Sampler::Heunpp2,
+        Sampler::Dpm2A,
+        Sampler::DpmFast,
+        Sampler::DpmAdaptive,
+        Sampler::Dpmpp2sACfgPp,
+        Sampler::DpmppSde,
+        Sampler::Dpmpp2mCfgPp,
+        Sampler::Dpmpp2mSdeHeun,
+        Sampler::Dpmpp3mSde,
+        Sampler::Ddpm,
+        Sampler::Deis,
+        Sampler::ResMultistepCfgPp,
+        Sampler::ResMultistepA,
+        Sampler::ResMultistepACfgPp,
+        Sampler::EulerGeCfgPp,
+        Sampler::Seeds2,
+        Sampler::Seeds3,
+        Sampler::SaSolver,
+        Sampler::SaSolverPece,
+        Sampler::UniPc,
+        Sampler::UniPcBh2,
     ];
 
     pub fn name(self) -> &'static str {
@@ -175,10 +262,35 @@ impl Sampler {
             Sampler::Dpmpp2mSde => "dpm++2m_sde",
             Sampler::Dpmpp2mSdeBt => "dpm++2m_sde_bt",
             Sampler::Lms => "lms",
+            Sampler::KLms => "k_lms",
+            Sampler::IpndmSdcpp => "ipndm_sdcpp",
+            Sampler::IpndmVSdcpp => "ipndm_v_sdcpp",
+            Sampler::Heunpp2 => "heunpp2",
+            Sampler::Dpm2A => "dpm_2_ancestral",
+            Sampler::DpmFast => "dpm_fast",
+            Sampler::DpmAdaptive => "dpm_adaptive",
+            Sampler::Dpmpp2sACfgPp => "dpmpp_2s_ancestral_cfg_pp",
+            Sampler::DpmppSde => "dpmpp_sde",
+            Sampler::Dpmpp2mCfgPp => "dpmpp_2m_cfg_pp",
+            Sampler::Dpmpp2mSdeHeun => "dpmpp_2m_sde_heun",
+            Sampler::Dpmpp3mSde => "dpmpp_3m_sde",
+            Sampler::Ddpm => "ddpm",
+            Sampler::Deis => "deis",
+            Sampler::ResMultistepCfgPp => "res_multistep_cfg_pp",
+            Sampler::ResMultistepA => "res_multistep_ancestral",
+            Sampler::ResMultistepACfgPp => "res_multistep_ancestral_cfg_pp",
+            Sampler::EulerGeCfgPp => "gradient_estimation_cfg_pp",
+            Sampler::Seeds2 => "seeds_2",
+            Sampler::Seeds3 => "seeds_3",
+            Sampler::SaSolver => "sa_solver",
+            Sampler::SaSolverPece => "sa_solver_pece",
+            Sampler::UniPc => "uni_pc",
+            Sampler::UniPcBh2 => "uni_pc_bh2",
         }
     }
 
-    /// sd.cpp's default `eta` (what `--eta` unset resolves to).
+    /// The default `eta` (sd.cpp's where `--eta` unset resolves to it, ComfyUI's otherwise).
+    /// For sa_solver it scales SA-Solver's `tau` inside its interval.
     pub fn default_eta(self) -> f32 {
         match self {
             Sampler::EulerA
@@ -186,7 +298,18 @@ impl Sampler {
             | Sampler::ErSde
             | Sampler::EulerACfgPp
             | Sampler::Dpmpp2mSde
-            | Sampler::Dpmpp2mSdeBt => 1.0,
+            | Sampler::Dpmpp2mSdeBt
+            | Sampler::Dpm2A
+            | Sampler::Dpmpp2sACfgPp
+            | Sampler::DpmppSde
+            | Sampler::Dpmpp2mSdeHeun
+            | Sampler::Dpmpp3mSde
+            | Sampler::ResMultistepA
+            | Sampler::ResMultistepACfgPp
+            | Sampler::Seeds2
+            | Sampler::Seeds3
+            | Sampler::SaSolver
+            | Sampler::SaSolverPece => 1.0,
             _ => 0.0,
         }
     }
@@ -203,30 +326,83 @@ impl Sampler {
 
     /// Whether the denoiser must return [`Denoised::uncond`].
     pub fn needs_uncond(self) -> bool {
-        matches!(self, Sampler::EulerCfgPp | Sampler::EulerACfgPp)
+        matches!(
+            self,
+            Sampler::EulerCfgPp
+                | Sampler::EulerACfgPp
+                | Sampler::Dpmpp2sACfgPp
+                | Sampler::Dpmpp2mCfgPp
+                | Sampler::ResMultistepCfgPp
+                | Sampler::ResMultistepACfgPp
+                | Sampler::EulerGeCfgPp
+        )
     }
 
-    /// Whether the sampler always draws its noise from a Brownian tree.
+    /// Whether the sampler draws its noise from a Brownian tree unless
+    /// [`SampleOpts::stream_noise`] says otherwise (ComfyUI's SDE samplers, and sd.cpp's
+    /// `dpm++2m_sde_bt`).
     pub fn uses_brownian_tree(self) -> bool {
-        matches!(self, Sampler::Dpmpp2mSdeBt)
+        matches!(
+            self,
+            Sampler::Dpmpp2mSdeBt
+                | Sampler::DpmppSde
+                | Sampler::Dpmpp2mSdeHeun
+                | Sampler::Dpmpp3mSde
+        )
     }
 
-    /// Denoiser calls `sample` will make over `sigmas` (for progress bars and budgets).
-    pub fn model_calls(self, sigmas: &[f32], opts: &SampleOpts) -> usize {
+
+    /// Denoiser calls `sample` will make over `sigmas` (for progress bars and budgets);
+    /// `None` for dpm_adaptive, whose step count depends on the model's outputs.
+    pub fn model_calls(self, sigmas: &[f32], opts: &SampleOpts) -> Option<usize> {
         if sigmas.len() < 2 {
-            return 0;
+            return Some(0);
         }
         let eta = opts.eta.unwrap_or_else(|| self.default_eta());
         let steps = sigmas.len() - 1;
-        let second_stage = |i: usize| match self {
-            Sampler::Heun | Sampler::Dpm2 => sigmas[i + 1] != 0.0,
-            Sampler::Dpmpp2sA => ancestral_step(sigmas[i], sigmas[i + 1], eta).0 != 0.0,
-            Sampler::Res2s => {
-                sigmas[i] != 0.0 && ancestral_step(sigmas[i], sigmas[i + 1], eta).0 != 0.0
+        let last = sigmas[steps];
+        let calls_at = |i: usize| -> usize {
+            let next = sigmas[i + 1];
+            match self {
+                Sampler::Heun | Sampler::Dpm2 => 1 + usize::from(next != 0.0),
+                Sampler::Dpmpp2sA if opts.flow => 1 + usize::from(next != 0.0),
+                Sampler::Dpmpp2sA | Sampler::Dpmpp2sACfgPp => {
+                    1 + usize::from(ancestral_step(sigmas[i], next, eta).0 != 0.0)
+                }
+                Sampler::Dpm2A => {
+                    let down = if opts.flow {
+                        comfy::flow_sigma_down(sigmas[i], next, eta)
+                    } else {
+                        ancestral_step(sigmas[i], next, eta).0
+                    };
+                    1 + usize::from(down != 0.0)
+                }
+                Sampler::Res2s => {
+                    1 + usize::from(
+                        sigmas[i] != 0.0 && ancestral_step(sigmas[i], next, eta).0 != 0.0,
+                    )
+                }
+                Sampler::DpmppSde | Sampler::Seeds2 => 1 + usize::from(next != 0.0),
+                Sampler::Seeds3 => 1 + 2 * usize::from(next != 0.0),
+                Sampler::Heunpp2 => {
+                    if next == last {
+                        1
+                    } else if sigmas[i + 2] == last {
+                        2
+                    } else {
+                        3
+                    }
+                }
+                Sampler::SaSolverPece => 1 + usize::from(i > 0),
+                _ => 1,
             }
-            _ => false,
         };
-        steps + (0..steps).filter(|&i| second_stage(i)).count()
+        match self {
+            Sampler::DpmAdaptive => None,
+            // One call per function evaluation of the budget, which is the step count.
+            Sampler::DpmFast | Sampler::UniPc | Sampler::UniPcBh2 => Some(steps),
+            _ => Some((0..steps).map(calls_at).sum()),
+        }
     }
 }
 
@@ -239,9 +415,10 @@ impl std::fmt::Display for Sampler {
 impl FromStr for Sampler {
     type Err = SamplingError;
 
-    /// sd.cpp names, plus ComfyUI's (`euler_ancestral`, `dpmpp_2m`, `gradient_estimation`, …)
-    /// and A1111's `k_*`. ComfyUI's `ddim` is its Euler sampler, so it maps to `euler`;
-    /// ComfyUI's `dpmpp_2m_sde` draws Brownian-tree noise, so it maps to `dpm++2m_sde_bt`.
+    /// Every [`Sampler::name`], plus ComfyUI's names (`euler_ancestral`, `dpmpp_2m`,
+    /// `gradient_estimation`, the `_gpu` SDE variants, …) and A1111's `k_*`. ComfyUI's `ddim`
+    /// is its Euler sampler, so it maps to `euler`; ComfyUI's `dpmpp_2m_sde` draws
+    /// Brownian-tree noise, so it maps to `dpm++2m_sde_bt`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let lower = s.trim().to_ascii_lowercase();
         let found = match lower.as_str() {
@@ -265,7 +442,31 @@ impl FromStr for Sampler {
             "euler_ge" | "gradient_estimation" => Sampler::EulerGe,
             "dpm++2m_sde" => Sampler::Dpmpp2mSde,
             "dpm++2m_sde_bt" | "dpmpp_2m_sde" | "dpmpp_2m_sde_gpu" => Sampler::Dpmpp2mSdeBt,
-            "lms" | "k_lms" => Sampler::Lms,
+            "lms" => Sampler::Lms,
+            "k_lms" => Sampler::KLms,
+            "ipndm_sdcpp" => Sampler::IpndmSdcpp,
+            "ipndm_v_sdcpp" => Sampler::IpndmVSdcpp,
+            "heunpp2" => Sampler::Heunpp2,
+            "dpm_2_ancestral" | "k_dpm_2_a" => Sampler::Dpm2A,
+            "dpm_fast" => Sampler::DpmFast,
+            "dpm_adaptive" => Sampler::DpmAdaptive,
+            "dpmpp_2s_ancestral_cfg_pp" => Sampler::Dpmpp2sACfgPp,
+            "dpmpp_sde" | "dpmpp_sde_gpu" | "k_dpmpp_sde" => Sampler::DpmppSde,
+            "dpmpp_2m_cfg_pp" => Sampler::Dpmpp2mCfgPp,
+            "dpmpp_2m_sde_heun" | "dpmpp_2m_sde_heun_gpu" => Sampler::Dpmpp2mSdeHeun,
+            "dpmpp_3m_sde" | "dpmpp_3m_sde_gpu" => Sampler::Dpmpp3mSde,
+            "ddpm" => Sampler::Ddpm,
+            "deis" => Sampler::Deis,
+            "res_multistep_cfg_pp" => Sampler::ResMultistepCfgPp,
+            "res_multistep_ancestral" => Sampler::ResMultistepA,
+            "res_multistep_ancestral_cfg_pp" => Sampler::ResMultistepACfgPp,
+            "gradient_estimation_cfg_pp" => Sampler::EulerGeCfgPp,
+            "seeds_2" => Sampler::Seeds2,
+            "seeds_3" => Sampler::Seeds3,
+            "sa_solver" => Sampler::SaSolver,
+            "sa_solver_pece" => Sampler::SaSolverPece,
+            "uni_pc" => Sampler::UniPc,
+            "uni_pc_bh2" => Sampler::UniPcBh2,
             _ => {
                 return Err(SamplingError::UnknownName {
                     what: "sampler",
@@ -300,6 +501,8 @@ struct Run<'a, 'b, E> {
     step: usize,
     s_noise: f32,
     flow: bool,
+    /// Flow: where a first sigma of 1 goes for the samplers that need a finite log-SNR.
+    flow_first: f32,
 }
 
 impl<E> Run<'_, '_, E> {
@@ -365,6 +568,8 @@ impl<E> Run<'_, '_, E> {
 
     fn done(&mut self, sigma: f32, x: &[f32], denoised: &[f32]) {
         self.step += 1;
+        // dpm_adaptive learns its step count as it goes.
+        self.total = self.total.max(self.step);
         if let Some(cb) = self.progress.as_mut() {
             cb(Progress {
                 step: self.step,
@@ -405,11 +610,12 @@ fn step_for(flow: bool, sigma_from: f32, sigma_to: f32, eta: f32) -> (f32, f32, 
     }
 }
 
-/// sd.cpp's flow sigmas start just below 1, where log-SNR is finite.
-fn offset_first_sigma(sigmas: &[f32], flow: bool) -> Vec<f32> {
+/// ComfyUI's `offset_first_sigma_for_snr` (and sd.cpp's): flow sigmas start just below 1,
+/// where log-SNR is finite.
+fn offset_first_sigma<E>(run: &Run<E>, sigmas: &[f32]) -> Vec<f32> {
     let mut s = sigmas.to_vec();
-    if flow && s.len() > 1 && s[0] >= 1.0 {
-        s[0] = 1.0 - 1e-4;
+    if run.flow && s.len() > 1 && s[0] >= 1.0 {
+        s[0] = run.flow_first;
     }
     s
 }
@@ -459,8 +665,10 @@ fn axpy(x: &mut [f32], d: &[f32], dt: f32) {
 /// `x0`. `sigmas` may be any finite, non-negative list (custom sigmas included); the usual
 /// last value is 0.
 ///
-/// `rng` supplies all per-step noise (and the Brownian-tree seed when one is needed); pass
-/// the generator that drew the initial noise to reproduce sd.cpp and ComfyUI. `progress` is
+/// `rng` supplies all per-step noise (and the Brownian-tree seed when one is needed). sd.cpp
+/// continues the generator that drew the initial noise; current ComfyUI starts a fresh generator from the seed on the latent's
+/// device (torch CUDA's Philox on a GPU, which [`super::PhiloxRng`] reproduces) and seeds
+/// its Brownian tree with the seed itself ([`SampleOpts::brownian_seed`]). `progress` is
 /// called after each step. An error from the denoiser stops sampling and is returned with
 /// the step it happened at.
 pub fn sample<'a, E>(
@@ -492,12 +700,37 @@ pub fn sample<'a, E>(
         }
         .into());
     }
-    if sampler == Sampler::Lms && !(1..=16).contains(&opts.lms_order) {
+    if matches!(sampler, Sampler::Lms | Sampler::KLms) && !(1..=16).contains(&opts.lms_order) {
         return Err(SamplingError::InvalidOption {
             field: "lms_order",
             reason: format!("{} is outside 1..=16", opts.lms_order),
         }
         .into());
+    }
+    if matches!(sampler, Sampler::DpmFast | Sampler::DpmAdaptive) && sigmas[0] <= 0.0 {
+        return Err(SamplingError::InvalidSigmas(format!(
+            "{sampler} integrates from the first sigma, which must be positive (got {})",
+            sigmas[0]
+        ))
+        .into());
+    }
+    if let Some(first) = opts.flow_first_sigma {
+        if !(first > 0.0 && first < 1.0) {
+            return Err(SamplingError::InvalidOption {
+                field: "flow_first_sigma",
+                reason: format!("{first} is outside (0, 1)"),
+            }
+            .into());
+        }
+    }
+    if let Some((start, end)) = opts.sa_tau_interval {
+        if !(start.is_finite() && end.is_finite()) {
+            return Err(SamplingError::InvalidOption {
+                field: "sa_tau_interval",
+                reason: format!("({start}, {end}) must be finite"),
+            }
+            .into());
+        }
     }
     if !opts.ge_gamma.is_finite() {
         return Err(SamplingError::InvalidOption {
@@ -522,7 +755,7 @@ pub fn sample<'a, E>(
         }
     }
     let len = x.len();
-    let noise = if opts.brownian || sampler.uses_brownian_tree() {
+    let noise = if opts.brownian || (sampler.uses_brownian_tree() && !opts.stream_noise) {
         let seed = opts.brownian_seed.unwrap_or_else(|| rng.random_u64());
         Noise::Tree(BrownianTreeNoise::for_sigmas(len, sigmas, seed))
     } else {
@@ -538,6 +771,7 @@ pub fn sample<'a, E>(
         step: 0,
         s_noise: opts.s_noise,
         flow: opts.flow,
+        flow_first: opts.flow_first_sigma.unwrap_or(1.0 - 1e-4),
     };
     let s = sigmas;
     match sampler {
@@ -545,11 +779,12 @@ pub fn sample<'a, E>(
         Sampler::EulerA => euler_ancestral(&mut run, x, s, eta),
         Sampler::Heun => heun(&mut run, x, s),
         Sampler::Dpm2 => dpm2(&mut run, x, s),
+        Sampler::Dpmpp2sA if opts.flow => comfy::dpmpp_2s_ancestral_rf(&mut run, x, s, eta),
         Sampler::Dpmpp2sA => dpmpp_2s_ancestral(&mut run, x, s, eta),
         Sampler::Dpmpp2m => dpmpp_2m(&mut run, x, s, false),
         Sampler::Dpmpp2mV2 => dpmpp_2m(&mut run, x, s, true),
-        Sampler::Ipndm => ipndm(&mut run, x, s, false),
-        Sampler::IpndmV => ipndm(&mut run, x, s, true),
+        Sampler::Ipndm => comfy::ipndm(&mut run, x, s, false),
+        Sampler::IpndmV => comfy::ipndm(&mut run, x, s, true),
         Sampler::Lcm => lcm(&mut run, x, s),
         Sampler::DdimTrailing => ddim_trailing(&mut run, x, s, eta),
         Sampler::Tcd => tcd(&mut run, x, s, eta),
@@ -558,9 +793,33 @@ pub fn sample<'a, E>(
         Sampler::ErSde => er_sde(&mut run, x, s, eta),
         Sampler::EulerCfgPp => euler_ancestral_cfg_pp(&mut run, x, s, 0.0),
         Sampler::EulerACfgPp => euler_ancestral_cfg_pp(&mut run, x, s, eta),
-        Sampler::EulerGe => euler_ge(&mut run, x, s, opts.ge_gamma),
-        Sampler::Dpmpp2mSde | Sampler::Dpmpp2mSdeBt => dpmpp_2m_sde(&mut run, x, s, eta),
-        Sampler::Lms => lms(&mut run, x, s, opts.lms_order),
+        Sampler::EulerGe => euler_ge(&mut run, x, s, opts.ge_gamma, false),
+        Sampler::EulerGeCfgPp => euler_ge(&mut run, x, s, opts.ge_gamma, true),
+        Sampler::Dpmpp2mSde | Sampler::Dpmpp2mSdeBt => dpmpp_2m_sde(&mut run, x, s, eta, false),
+        Sampler::Dpmpp2mSdeHeun => dpmpp_2m_sde(&mut run, x, s, eta, true),
+        Sampler::Lms => lms(&mut run, x, s, opts.lms_order, true),
+        Sampler::KLms => lms(&mut run, x, s, opts.lms_order, false),
+        Sampler::IpndmSdcpp => ipndm_sdcpp(&mut run, x, s, false),
+        Sampler::IpndmVSdcpp => ipndm_sdcpp(&mut run, x, s, true),
+        Sampler::Heunpp2 => comfy::heunpp2(&mut run, x, s),
+        Sampler::Dpm2A => comfy::dpm_2_ancestral(&mut run, x, s, eta),
+        Sampler::DpmFast => multistep::dpm_fast(&mut run, x, s, eta),
+        Sampler::DpmAdaptive => multistep::dpm_adaptive(&mut run, x, s, eta),
+        Sampler::Dpmpp2sACfgPp => comfy::dpmpp_2s_ancestral_cfg_pp(&mut run, x, s, eta),
+        Sampler::DpmppSde => comfy::dpmpp_sde(&mut run, x, s, eta),
+        Sampler::Dpmpp2mCfgPp => comfy::dpmpp_2m_cfg_pp(&mut run, x, s),
+        Sampler::Dpmpp3mSde => comfy::dpmpp_3m_sde(&mut run, x, s, eta),
+        Sampler::Ddpm => comfy::ddpm(&mut run, x, s),
+        Sampler::Deis => multistep::deis(&mut run, x, s),
+        Sampler::ResMultistepCfgPp => comfy::res_multistep(&mut run, x, s, 0.0, true),
+        Sampler::ResMultistepA => comfy::res_multistep(&mut run, x, s, eta, false),
+        Sampler::ResMultistepACfgPp => comfy::res_multistep(&mut run, x, s, eta, true),
+        Sampler::Seeds2 => comfy::seeds_2(&mut run, x, s, eta),
+        Sampler::Seeds3 => comfy::seeds_3(&mut run, x, s, eta),
+        Sampler::SaSolver => multistep::sa_solver(&mut run, x, s, eta, opts.sa_tau_interval, false),
+        Sampler::SaSolverPece => multistep::sa_solver(&mut run, x, s, eta, opts.sa_tau_interval, true),
+        Sampler::UniPc => multistep::uni_pc(&mut run, x, s, false),
+        Sampler::UniPcBh2 => multistep::uni_pc(&mut run, x, s, true),
     }
 }
 
@@ -722,52 +981,6 @@ fn dpmpp_2m<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32], v2: bool) -> Res<E>
         }
         run.done(s[i], &x, &den);
         old = Some(den);
-    }
-    Ok(x)
-}
-
-/// sd.cpp's iPNDM (fixed Adams–Bashforth coefficients) and iPNDM_v (variable-step second
-/// order, fixed third and fourth).
-fn ipndm<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32], variable: bool) -> Res<E> {
-    let mut hist: Vec<Vec<f32>> = Vec::new();
-    for i in 0..s.len() - 1 {
-        let den = run.denoise(&x, s[i])?;
-        let d = to_d(&x, s[i], &den);
-        let dt = s[i + 1] - s[i];
-        let order = (i + 1).min(4);
-        let n = hist.len();
-        let step: Vec<f32> = match order {
-            1 => d.clone(),
-            2 if variable => {
-                let h_prev = s[i] - s[i - 1];
-                let q = dt / h_prev;
-                d.iter()
-                    .zip(&hist[n - 1])
-                    .map(|(&c, &p)| ((2.0 + q) * c - q * p) / 2.0)
-                    .collect()
-            }
-            2 => d
-                .iter()
-                .zip(&hist[n - 1])
-                .map(|(&c, &p)| (3.0 * c - p) / 2.0)
-                .collect(),
-            3 => (0..x.len())
-                .map(|j| (23.0 * d[j] - 16.0 * hist[n - 1][j] + 5.0 * hist[n - 2][j]) / 12.0)
-                .collect(),
-            _ => (0..x.len())
-                .map(|j| {
-                    (55.0 * d[j] - 59.0 * hist[n - 1][j] + 37.0 * hist[n - 2][j]
-                        - 9.0 * hist[n - 3][j])
-                        / 24.0
-                })
-                .collect(),
-        };
-        axpy(&mut x, &step, dt);
-        if hist.len() == 3 {
-            hist.remove(0);
-        }
-        hist.push(d);
-        run.done(s[i], &x, &den);
     }
     Ok(x)
 }
@@ -1011,7 +1224,7 @@ fn er_sde_noise_scaler(v: f32) -> f32 {
 /// scaled by `eta * s_noise`; sd.cpp's default eta of 1 gives its result, eta 0 the ODE.
 fn er_sde<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32], eta: f32) -> Res<E> {
     const POINTS: usize = 200;
-    let s = &offset_first_sigma(s, run.flow)[..];
+    let s = &offset_first_sigma(run, s)[..];
     let lambdas: Vec<f32> = s
         .iter()
         .map(|&v| (-half_log_snr(v, run.flow)).exp())
@@ -1089,21 +1302,35 @@ fn er_sde<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32], eta: f32) -> Res<E> {
     Ok(x)
 }
 
-/// ComfyUI's Euler ancestral CFG++ for eps models (alpha = 1): step from the guided
-/// estimate along the *unconditional* noise direction. eta 0 is `euler_cfg_pp`.
+/// ComfyUI's Euler ancestral CFG++: step from the guided estimate along the
+/// *unconditional* noise direction, in the model's `alpha`-scaled space (`alpha = 1` for eps
+/// models, `1 - sigma` for flow). eta 0 is `euler_cfg_pp`.
 fn euler_ancestral_cfg_pp<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32], eta: f32) -> Res<E> {
     for i in 0..s.len() - 1 {
         let (den, unc) = run.denoise_pp(&x, s[i])?;
         if s[i + 1] == 0.0 {
             x.copy_from_slice(&den);
         } else {
-            let d = to_d(&x, s[i], &unc);
-            let (down, up) = ancestral_step(s[i], s[i + 1], eta);
+            let (alpha_s, alpha_t) = (comfy::alpha_of(run, s[i]), comfy::alpha_of(run, s[i + 1]));
+            let d: Vec<f32> = x
+                .iter()
+                .zip(&unc)
+                .map(|(&xi, &u)| (xi - alpha_s * u) / s[i])
+                .collect();
+            let (from, to) = (s[i] / alpha_s, s[i + 1] / alpha_t);
+            let (down, up) = if eta > 0.0 && !from.is_finite() {
+                // A flow sigma of 1 has alpha 0: ComfyUI's step then computes sigma_up as
+                // min(sigma_to, nan), which Python's min resolves to sigma_to (all noise).
+                (0.0, to)
+            } else {
+                ancestral_step(from, to, eta)
+            };
+            let down = alpha_t * down;
             for ((xi, &di), &dd) in x.iter_mut().zip(&den).zip(&d) {
-                *xi = di + down * dd;
+                *xi = alpha_t * di + down * dd;
             }
             if eta > 0.0 && run.s_noise > 0.0 {
-                run.add_noise(&mut x, s[i], s[i + 1], up);
+                run.add_noise(&mut x, s[i], s[i + 1], alpha_t * up);
             }
         }
         run.done(s[i], &x, &den);
@@ -1111,17 +1338,32 @@ fn euler_ancestral_cfg_pp<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32], eta: 
     Ok(x)
 }
 
-/// ComfyUI's `gradient_estimation`: Euler plus `(gamma - 1) * (d - d_prev)`.
-fn euler_ge<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32], gamma: f32) -> Res<E> {
+/// ComfyUI's `gradient_estimation`: Euler plus `(gamma - 1) * (d - d_prev)`; with `cfg_pp`
+/// the direction comes from the unconditional estimate and the step restarts from the
+/// guided one.
+fn euler_ge<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32], gamma: f32, cfg_pp: bool) -> Res<E> {
     let mut old_d: Option<Vec<f32>> = None;
     for i in 0..s.len() - 1 {
-        let den = run.denoise(&x, s[i])?;
-        let d = to_d(&x, s[i], &den);
+        let (den, d) = if cfg_pp {
+            let (den, unc) = run.denoise_pp(&x, s[i])?;
+            let d = to_d(&x, s[i], &unc);
+            (den, d)
+        } else {
+            let den = run.denoise(&x, s[i])?;
+            let d = to_d(&x, s[i], &den);
+            (den, d)
+        };
         let dt = s[i + 1] - s[i];
         if s[i + 1] == 0.0 {
             x.copy_from_slice(&den);
         } else {
-            axpy(&mut x, &d, dt);
+            if cfg_pp {
+                for ((xi, &di), &dd) in x.iter_mut().zip(&den).zip(&d) {
+                    *xi = di + dd * s[i + 1];
+                }
+            } else {
+                axpy(&mut x, &d, dt);
+            }
             if let Some(od) = &old_d {
                 for ((xi, &a), &b) in x.iter_mut().zip(&d).zip(od) {
                     *xi += (gamma - 1.0) * (a - b) * dt;
@@ -1134,10 +1376,11 @@ fn euler_ge<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32], gamma: f32) -> Res<
     Ok(x)
 }
 
-/// k-diffusion's DPM-Solver++(2M) SDE, midpoint variant.
-fn dpmpp_2m_sde<E>(run: &mut Run<E>, x: Vec<f32>, s: &[f32], eta: f32) -> Res<E> {
+/// DPM-Solver++(2M) SDE, k-diffusion's for eps models; `heun` is ComfyUI's
+/// `dpmpp_2m_sde_heun` (the Heun-type correction instead of the midpoint one).
+fn dpmpp_2m_sde<E>(run: &mut Run<E>, x: Vec<f32>, s: &[f32], eta: f32, heun: bool) -> Res<E> {
     if run.flow {
-        return dpmpp_2m_sde_flow(run, x, s, eta);
+        return dpmpp_2m_sde_flow(run, x, s, eta, heun);
     }
     let mut x = x;
     let mut old: Option<Vec<f32>> = None;
@@ -1157,7 +1400,11 @@ fn dpmpp_2m_sde<E>(run: &mut Run<E>, x: Vec<f32>, s: &[f32], eta: f32) -> Res<E>
             }
             if let (Some(od), Some(hl)) = (&old, h_last) {
                 let r = hl / h;
-                let k = 0.5 * b * (1.0 / r);
+                let k = if heun {
+                    (b / (-h - eta_h) + 1.0) * (1.0 / r)
+                } else {
+                    0.5 * b * (1.0 / r)
+                };
                 for ((xi, &di), &oi) in x.iter_mut().zip(&den).zip(od) {
                     *xi += k * (di - oi);
                 }
@@ -1174,9 +1421,9 @@ fn dpmpp_2m_sde<E>(run: &mut Run<E>, x: Vec<f32>, s: &[f32], eta: f32) -> Res<E>
     Ok(x)
 }
 
-/// sd.cpp's DPM-Solver++(2M) SDE (midpoint) in half-log-SNR form, for flow models.
-fn dpmpp_2m_sde_flow<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32], eta: f32) -> Res<E> {
-    let s = &offset_first_sigma(s, true)[..];
+/// ComfyUI's (and sd.cpp's) DPM-Solver++(2M) SDE in half-log-SNR form, for flow models.
+fn dpmpp_2m_sde_flow<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32], eta: f32, heun: bool) -> Res<E> {
+    let s = &offset_first_sigma(run, s)[..];
     let mut old: Option<Vec<f32>> = None;
     let mut h_last = 0.0f32;
     for i in 0..s.len() - 1 {
@@ -1189,13 +1436,18 @@ fn dpmpp_2m_sde_flow<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32], eta: f32) 
             let h_eta = h * (eta + 1.0);
             let alpha_t = s[i + 1] * lt.exp();
             let a = (s[i + 1] / s[i]) * (-h * eta).exp();
-            let b = alpha_t * -(-h_eta).exp_m1();
+            let phi = -(-h_eta).exp_m1();
+            let b = alpha_t * phi;
             for (xi, &di) in x.iter_mut().zip(&den) {
                 *xi = a * *xi + b * di;
             }
             if let Some(od) = &old {
                 if h != 0.0 && h_last != 0.0 {
-                    let k = 0.5 * b * (h / h_last);
+                    let k = if heun {
+                        alpha_t * (phi / (-h_eta) + 1.0) * (h / h_last)
+                    } else {
+                        0.5 * b * (h / h_last)
+                    };
                     for ((xi, &di), &oi) in x.iter_mut().zip(&den).zip(od) {
                         *xi += k * (di - oi);
                     }
@@ -1251,13 +1503,66 @@ fn lms_coeff(order: usize, t: &[f32], i: usize, j: usize) -> f64 {
     sum * half
 }
 
-fn lms<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32], order: usize) -> Res<E> {
+/// sd.cpp's `sample_ipndm` / `sample_ipndm_v` (denoiser.hpp).
+fn ipndm_sdcpp<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32], variable: bool) -> Res<E> {
+    let mut hist: Vec<Vec<f32>> = Vec::new();
+    for i in 0..s.len() - 1 {
+        let den = run.denoise(&x, s[i])?;
+        let d = to_d(&x, s[i], &den);
+        let dt = s[i + 1] - s[i];
+        let order = (i + 1).min(4);
+        let n = hist.len();
+        let step: Vec<f32> = match order {
+            1 => d.clone(),
+            2 if variable => {
+                let h_prev = s[i] - s[i - 1];
+                let q = dt / h_prev;
+                d.iter()
+                    .zip(&hist[n - 1])
+                    .map(|(&c, &p)| ((2.0 + q) * c - q * p) / 2.0)
+                    .collect()
+            }
+            2 => d
+                .iter()
+                .zip(&hist[n - 1])
+                .map(|(&c, &p)| (3.0 * c - p) / 2.0)
+                .collect(),
+            3 => (0..x.len())
+                .map(|j| (23.0 * d[j] - 16.0 * hist[n - 1][j] + 5.0 * hist[n - 2][j]) / 12.0)
+                .collect(),
+            _ => (0..x.len())
+                .map(|j| {
+                    (55.0 * d[j] - 59.0 * hist[n - 1][j] + 37.0 * hist[n - 2][j]
+                        - 9.0 * hist[n - 3][j])
+                        / 24.0
+                })
+                .collect(),
+        };
+        axpy(&mut x, &step, dt);
+        if hist.len() == 3 {
+            hist.remove(0);
+        }
+        hist.push(d);
+        run.done(s[i], &x, &den);
+    }
+    Ok(x)
+}
+
+/// Linear multistep over the last `order` derivatives. `denoise_last`: ComfyUI's `lms`,
+/// which returns the denoised estimate when the last sigma is 0 (k-diffusion 0.1.1 takes the
+/// multistep step there too).
+fn lms<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32], order: usize, denoise_last: bool) -> Res<E> {
     let mut ds: Vec<Vec<f32>> = Vec::new();
     for i in 0..s.len() - 1 {
         let den = run.denoise(&x, s[i])?;
         ds.push(to_d(&x, s[i], &den));
         if ds.len() > order {
             ds.remove(0);
+        }
+        if denoise_last && s[i + 1] == 0.0 {
+            x.copy_from_slice(&den);
+            run.done(s[i], &x, &den);
+            continue;
         }
         let cur = (i + 1).min(order);
         let coeffs: Vec<f32> = (0..cur).map(|j| lms_coeff(cur, s, i, j) as f32).collect();
@@ -1273,4 +1578,11 @@ fn lms<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32], order: usize) -> Res<E> 
         run.done(s[i], &x, &den);
     }
     Ok(x)
+}
+
+/// ComfyUI's KSampler builds the schedule for one more step and drops its next-to-last
+/// sigma for the samplers of these names (`DISCARD_PENULTIMATE_SIGMA_SAMPLERS`); sd.cpp
+/// does not, so its spelling of the same sampler (`dpm2`) keeps every sigma.
+pub fn comfy_discards_penultimate_sigma(name: &str) -> bool {
+    matches!(name, "dpm_2" | "dpm_2_ancestral" | "uni_pc" | "uni_pc_bh2")
 }

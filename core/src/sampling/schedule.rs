@@ -202,7 +202,7 @@ impl DiscreteSchedule {
 
 /// `torch.linspace(start, end, n)[i]` for float32 tensors: torch fills the first half from
 /// `start` and the second half back from `end`.
-fn torch_linspace_f32(start: f32, end: f32, n: usize, i: usize) -> f32 {
+pub(crate) fn torch_linspace_f32(start: f32, end: f32, n: usize, i: usize) -> f32 {
     if n == 1 {
         return start;
     }
@@ -336,6 +336,12 @@ pub struct ScheduleOpts {
     /// `alpha` and `beta` of the `beta` scheduler's Beta distribution.
     pub beta_alpha: f64,
     pub beta_beta: f64,
+    /// `linear_quadratic`: the fraction of the noise the linear part removes
+    /// (ComfyUI's `threshold_noise`).
+    pub lq_threshold_noise: f64,
+    /// `linear_quadratic`: steps in the linear part; `None` is half the steps (ComfyUI's
+    /// `linear_steps`).
+    pub lq_linear_steps: Option<usize>,
 }
 
 impl Default for ScheduleOpts {
@@ -345,6 +351,8 @@ impl Default for ScheduleOpts {
             ays_model: AysModel::Sd1,
             beta_alpha: 0.6,
             beta_beta: 0.6,
+            lq_threshold_noise: 0.025,
+            lq_linear_steps: None,
         }
     }
 }
@@ -369,10 +377,13 @@ pub enum Scheduler {
     Beta,
     /// ComfyUI's `ddim_uniform`.
     DdimUniform,
+    /// ComfyUI's `linear_quadratic` (Movie Gen's schedule): linear in the first steps, then
+    /// quadratic, scaled to the model's sigma_max.
+    LinearQuadratic,
 }
 
 impl Scheduler {
-    pub const ALL: [Scheduler; 13] = [
+    pub const ALL: [Scheduler; 14] = [
         Scheduler::Discrete,
         Scheduler::Karras,
         Scheduler::Exponential,
@@ -386,9 +397,10 @@ impl Scheduler {
         Scheduler::BongTangent,
         Scheduler::Beta,
         Scheduler::DdimUniform,
+        Scheduler::LinearQuadratic,
     ];
 
-    /// The sd.cpp name (ComfyUI's for `ddim_uniform`).
+    /// The sd.cpp name (ComfyUI's for `ddim_uniform` and `linear_quadratic`).
     pub fn name(self) -> &'static str {
         match self {
             Scheduler::Discrete => "discrete",
@@ -404,6 +416,7 @@ impl Scheduler {
             Scheduler::BongTangent => "bong_tangent",
             Scheduler::Beta => "beta",
             Scheduler::DdimUniform => "ddim_uniform",
+            Scheduler::LinearQuadratic => "linear_quadratic",
         }
     }
 
@@ -476,6 +489,7 @@ impl Scheduler {
                     .collect()
             }
             Scheduler::DdimUniform => return Ok(ddim_uniform(model, n)),
+            Scheduler::LinearQuadratic => return linear_quadratic(n, smax, opts),
             Scheduler::Smoothstep => {
                 if n == 1 {
                     vec![model.t_to_sigma(t_max)]
@@ -563,6 +577,37 @@ fn ddim_uniform(model: &DiscreteSchedule, steps: usize) -> Vec<f32> {
     }
     sigs.reverse();
     sigs
+}
+
+/// ComfyUI's `linear_quadratic_schedule`: noise fractions built in f64 (Python floats), then
+/// a float32 tensor times the model's sigma_max. Already ends in 0.
+fn linear_quadratic(steps: usize, sigma_max: f32, opts: &ScheduleOpts) -> Result<Vec<f32>, SamplingError> {
+    if steps == 1 {
+        // ComfyUI returns [1, 0] here without its `1 - x` flip, so one step is sigma_max, 0.
+        return Ok(vec![sigma_max, 0.0]);
+    }
+    let threshold = opts.lq_threshold_noise;
+    if !(threshold > 0.0 && threshold < 1.0) {
+        return Err(SamplingError::InvalidOption { field: "lq_threshold_noise", reason: format!("{threshold} is outside (0, 1)") });
+    }
+    let linear_steps = opts.lq_linear_steps.unwrap_or(steps / 2);
+    if !(1..steps).contains(&linear_steps) {
+        return Err(SamplingError::InvalidOption { field: "lq_linear_steps", reason: format!("{linear_steps} is outside 1..{steps}") });
+    }
+    let (ls, n) = (linear_steps as f64, steps as f64);
+    let step_diff = ls - threshold * n;
+    let quadratic_steps = n - ls;
+    let quadratic_coef = step_diff / (ls * quadratic_steps * quadratic_steps);
+    let linear_coef = threshold / ls - 2.0 * step_diff / (quadratic_steps * quadratic_steps);
+    let constant = quadratic_coef * ls * ls;
+    let fractions = (0..linear_steps)
+        .map(|i| i as f64 * threshold / ls)
+        .chain((linear_steps..steps).map(|i| {
+            let i = i as f64;
+            quadratic_coef * (i * i) + linear_coef * i + constant
+        }))
+        .chain(std::iter::once(1.0));
+    Ok(fractions.map(|x| (1.0 - x) as f32 * sigma_max).collect())
 }
 
 /// sd.cpp's `bong_tangent` (two arctan ramps meeting at the middle sigma).
@@ -756,6 +801,7 @@ impl FromStr for Scheduler {
             "bong_tangent" => Scheduler::BongTangent,
             "beta" => Scheduler::Beta,
             "ddim_uniform" => Scheduler::DdimUniform,
+            "linear_quadratic" => Scheduler::LinearQuadratic,
             _ => {
                 return Err(SamplingError::UnknownName {
                     what: "scheduler",
@@ -833,6 +879,30 @@ pub fn apply_denoise(
     model: &DiscreteSchedule,
     opts: &ScheduleOpts,
 ) -> Result<Vec<f32>, SamplingError> {
+    ksampler_sigmas(scheduler, steps, denoise, model, opts, false)
+}
+
+/// ComfyUI's KSampler schedule: [`apply_denoise`], built for one more step with the
+/// next-to-last sigma dropped when `discard_penultimate` (see
+/// [`super::comfy_discards_penultimate_sigma`]).
+pub fn ksampler_sigmas(
+    scheduler: Scheduler,
+    steps: usize,
+    denoise: f32,
+    model: &DiscreteSchedule,
+    opts: &ScheduleOpts,
+    discard_penultimate: bool,
+) -> Result<Vec<f32>, SamplingError> {
+    let sigmas = |n: usize| -> Result<Vec<f32>, SamplingError> {
+        if !discard_penultimate {
+            return scheduler.sigmas(n, model, opts);
+        }
+        let mut s = scheduler.sigmas(n + 1, model, opts)?;
+        if s.len() >= 2 {
+            s.remove(s.len() - 2);
+        }
+        Ok(s)
+    };
     if !denoise.is_finite() {
         return Err(SamplingError::InvalidOption {
             field: "denoise",
@@ -840,7 +910,7 @@ pub fn apply_denoise(
         });
     }
     if denoise > 0.9999 {
-        return scheduler.sigmas(steps, model, opts);
+        return sigmas(steps);
     }
     if denoise <= 0.0 {
         return Ok(Vec::new());
@@ -854,7 +924,7 @@ pub fn apply_denoise(
             ),
         });
     }
-    let all = scheduler.sigmas(total, model, opts)?;
+    let all = sigmas(total)?;
     let keep = (steps + 1).min(all.len());
     Ok(all[all.len() - keep..].to_vec())
 }

@@ -53,13 +53,17 @@ fn comfy_sampler(name: &str) -> Option<String> {
         "euler" | "k_euler" => "euler",
         "heun" | "k_heun" => "heun",
         "dpm2" | "k_dpm_2" => "dpm_2",
-        "lms" | "k_lms" => "lms",
+        // A1111's LMS is k-diffusion's, as sd.cpp's is (ComfyUI's `lms` differs at the
+        // last step).
+        "lms" | "k_lms" => "k_lms",
         "dpm++ 2s a" | "k_dpmpp_2s_a" => "dpmpp_2s_ancestral",
         "dpm++ 2m" | "k_dpmpp_2m" => "dpmpp_2m",
         "dpm++ 2m sde" | "k_dpmpp_2m_sde" => "dpmpp_2m_sde",
         "lcm" => "lcm",
         "ddim" => "ddim",
-        "ipndm" => "ipndm",
+        // sd-server's names, sd.cpp's maths.
+        "ipndm" => "ipndm_sdcpp",
+        "ipndm_v" => "ipndm_v_sdcpp",
         "res multistep" | "k_res_multistep" => "res_multistep",
         _ => return Some(name.trim().to_string()),
     };

@@ -65,9 +65,15 @@ pub const SD_SCHEDULERS: [&str; 11] =
 pub fn workflow_sampler_name(name: &str) -> &str {
     match name {
         "euler_a" => "euler_ancestral",
-        "dpm2" => "dpm_2",
+        // ComfyUI's dpm_2 drops the next-to-last sigma in KSampler; sd.cpp's keeps it.
         "dpm++2s_a" => "dpmpp_2s_ancestral",
         "dpm++2m" => "dpmpp_2m",
+        // ComfyUI's samplers of these names differ from sd.cpp's (ComfyUI's return the
+        // denoised estimate at a last sigma of 0; its ipndm_v coefficients differ), and
+        // a workflow name means ComfyUI's.
+        "ipndm" => "ipndm_sdcpp",
+        "ipndm_v" => "ipndm_v_sdcpp",
+        "lms" => "k_lms",
         other => other,
     }
 }
