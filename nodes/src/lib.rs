@@ -32,6 +32,14 @@
 //! - [`conditioning::pix2pix`]: InstructPixToPixConditioning, InpaintModelConditioning, DualCFGGuider,
 //!   ConditioningClearImage
 //! - [`conditioning::controlnet`]: ControlNetLoader, ControlNetApplyAdvanced, ControlNetApply, Canny
+//! - [`image::transform`]: GetImageSize, ImageScaleToTotalPixels, ImageScaleToMaxDimension, ImageStitch,
+//!   ImageFromBatch, ResizeAndPadImage, JoinImageWithAlpha, MaskPreview
+//! - [`sampling::turbo`]: SDTurboScheduler, SetFirstSigma
+//! - [`utils::primitive`]: PrimitiveInt, PrimitiveFloat, PrimitiveString, PrimitiveStringMultiline,
+//!   PrimitiveBoolean
+//! - [`utils::string`]: StringConcatenate, StringSubstring, StringLength, CaseConverter, StringTrim,
+//!   StringReplace, StringContains, StringCompare, RegexMatch, RegexExtract, RegexReplace
+//! - [`utils::logic`]: ComfySwitchNode, PreviewAny
 
 pub mod conditioning;
 pub mod detailer;
@@ -39,6 +47,7 @@ pub mod image;
 pub mod loaders;
 pub mod runtime;
 pub mod sampling;
+pub mod utils;
 pub mod values;
 
 pub use runtime::Runtime;
@@ -68,6 +77,9 @@ pub fn register_all(registry: &mut Registry, rt: Arc<Runtime>) {
     detailer::register(registry, &rt);
     conditioning::ip_adapter::register(registry, &rt);
     conditioning::photomaker::register(registry, &rt);
+    image::transform::register(registry, &rt);
+    sampling::turbo::register(registry);
+    utils::register(registry);
 }
 
 /// Turns any displayable error into the executor's node error.

@@ -5,6 +5,7 @@
 pub mod latent;
 pub mod mask;
 pub mod resize;
+pub mod transform;
 pub mod upscale;
 
 use crate::runtime::Runtime;
@@ -262,7 +263,7 @@ struct SaveImage {
 }
 
 /// Next free `{prefix}_{NNNNN}_.png` counter in `dir`.
-fn next_counter(dir: &Path, prefix: &str) -> u64 {
+pub(crate) fn next_counter(dir: &Path, prefix: &str) -> u64 {
     let Ok(entries) = std::fs::read_dir(dir) else { return 1 };
     entries
         .flatten()

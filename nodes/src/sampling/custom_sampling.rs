@@ -366,7 +366,8 @@ impl Node for KSamplerAdvanced {
         let guider = guider_from(inputs)?;
         let choice = sampler_from(inputs)?;
         let scheduler = Scheduler::from_str(inputs.string("scheduler")?).map_err(err)?;
-        let full = scheduler.sigmas(steps_from(inputs)?, &guider.model.schedule, &ScheduleOpts::default()).map_err(err)?;
+        let discard = sdflow_core::sampling::comfy_discards_penultimate_sigma(inputs.string("sampler_name")?);
+        let full = sdflow_core::sampling::ksampler_sigmas(scheduler, steps_from(inputs)?, 1.0, &guider.model.schedule, &ScheduleOpts::default(), discard).map_err(err)?;
         let start = usize::try_from(inputs.int("start_at_step")?).map_err(|_| NodeError::msg("start_at_step must be >= 0"))?;
         let end = usize::try_from(inputs.int("end_at_step")?).map_err(|_| NodeError::msg("end_at_step must be >= 0"))?;
         // ComfyUI: sigmas[start:], cut after `end`, and the last forced to 0 unless the

@@ -6,6 +6,7 @@ pub mod custom_sampling;
 pub mod guidance;
 pub mod model_sampling;
 pub mod preview;
+pub mod turbo;
 
 use crate::runtime::Runtime;
 use guidance::Mix;
@@ -24,9 +25,9 @@ use sdflow_core::models::conditioning::Conditioning;
 use std::collections::hash_map::{Entry, HashMap};
 use sdflow_core::models::sd::unet::{Unet, UnetConfig};
 use sdflow_core::sampling::rng::Rng;
-use sdflow_core::sampling::RngKind;
+use sdflow_core::sampling::{comfy_discards_penultimate_sigma, RngKind};
 use sdflow_core::sampling::samplers::{sample, Progress, SampleError, SampleOpts, Sampler};
-use sdflow_core::sampling::schedule::{apply_denoise, ScheduleOpts, Scheduler};
+use sdflow_core::sampling::schedule::{ksampler_sigmas, ScheduleOpts, Scheduler};
 use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Lane, Node, NodeError, NodeSchema, Outputs, Registry, Value};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -35,12 +36,16 @@ pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
     registry.register(Arc::new(KSampler { rt: rt.clone() }));
 }
 
-/// Sampler names offered in combos: ComfyUI's first (so its workflows validate), then
-/// the sd.cpp names it lacks. Every one parses with `Sampler::from_str`.
+/// Sampler names offered in combos: ComfyUI's `SAMPLER_NAMES` in its order (so its
+/// workflows validate and its menus read the same), then the names it lacks (sd.cpp's, and
+/// A1111's `k_lms`). Every one parses with `Sampler::from_str`.
 pub fn sampler_names() -> Vec<String> {
     let comfy = [
-        "euler", "euler_cfg_pp", "euler_ancestral", "euler_ancestral_cfg_pp", "heun", "dpm_2", "lms", "dpmpp_2s_ancestral", "dpmpp_2m",
-        "dpmpp_2m_sde", "ddim", "lcm", "ipndm", "res_multistep", "er_sde", "gradient_estimation",
+        "euler", "euler_cfg_pp", "euler_ancestral", "euler_ancestral_cfg_pp", "heun", "heunpp2", "dpm_2", "dpm_2_ancestral", "lms", "dpm_fast",
+        "dpm_adaptive", "dpmpp_2s_ancestral", "dpmpp_2s_ancestral_cfg_pp", "dpmpp_sde", "dpmpp_sde_gpu", "dpmpp_2m", "dpmpp_2m_cfg_pp", "dpmpp_2m_sde",
+        "dpmpp_2m_sde_gpu", "dpmpp_2m_sde_heun", "dpmpp_2m_sde_heun_gpu", "dpmpp_3m_sde", "dpmpp_3m_sde_gpu", "ddpm", "lcm", "ipndm", "ipndm_v", "deis",
+        "res_multistep", "res_multistep_cfg_pp", "res_multistep_ancestral", "res_multistep_ancestral_cfg_pp", "gradient_estimation",
+        "gradient_estimation_cfg_pp", "er_sde", "seeds_2", "seeds_3", "sa_solver", "sa_solver_pece", "ddim", "uni_pc", "uni_pc_bh2",
     ];
     let mut out: Vec<String> = comfy.iter().map(|s| s.to_string()).collect();
     for s in Sampler::ALL {
@@ -51,9 +56,9 @@ pub fn sampler_names() -> Vec<String> {
     out
 }
 
-/// Scheduler names: ComfyUI's, then sd.cpp's.
+/// Scheduler names: ComfyUI's `SCHEDULER_NAMES` in its order, then sd.cpp's.
 pub fn scheduler_names() -> Vec<String> {
-    let mut out: Vec<String> = ["normal", "karras", "exponential", "sgm_uniform", "simple", "ddim_uniform", "beta", "kl_optimal"].iter().map(|s| s.to_string()).collect();
+    let mut out: Vec<String> = ["simple", "sgm_uniform", "karras", "exponential", "ddim_uniform", "beta", "normal", "linear_quadratic", "kl_optimal"].iter().map(|s| s.to_string()).collect();
     for s in Scheduler::ALL {
         if !out.iter().any(|o| o == s.name()) {
             out.push(s.name().to_string());
@@ -527,7 +532,8 @@ impl Node for KSampler {
         let scheduler = Scheduler::from_str(inputs.string("scheduler")?).map_err(err)?;
         let steps = steps_from(inputs)?;
         let denoise = inputs.float("denoise")? as f32;
-        let sigmas = apply_denoise(scheduler, steps, denoise, &guider.model.schedule, &ScheduleOpts::default()).map_err(err)?;
+        let discard = comfy_discards_penultimate_sigma(inputs.string("sampler_name")?);
+        let sigmas = ksampler_sigmas(scheduler, steps, denoise, &guider.model.schedule, &ScheduleOpts::default(), discard).map_err(err)?;
         let latent = inputs.downcast::<Latent>("latent_image")?;
         let (out, _) = sample_latent(&self.rt, ctx, &guider, &choice, &sigmas, NoiseSource(Some(inputs.uint("seed")?), rng_from(inputs)?), latent)?;
         Ok(Outputs::new(vec![Value::new(IoType::LATENT, out)]))
