@@ -12,8 +12,6 @@ use sdflow_core::dtype::DType;
 use sdflow_core::synth::{ensure_checkpoint, Format, SdConfig};
 use std::path::PathBuf;
 
-/// The committed txt2img workflow, so the demo runs from any directory.
-const TXT2IMG: &str = include_str!("../../workflows/txt2img.json");
 const CHECKPOINT: &str = "demo-sd1-random.safetensors";
 
 #[derive(Args)]
@@ -56,7 +54,9 @@ pub fn demo_command(args: DemoArgs) -> anyhow::Result<()> {
         eprintln!("built a tiny random-weight SD1 checkpoint at {}", ckpt.display());
     }
     let wf = dir.join("txt2img.json");
-    std::fs::write(&wf, TXT2IMG).with_context(|| format!("writing {}", wf.display()))?;
+    // The committed txt2img workflow, built in so the demo runs from any directory.
+    let txt2img = sdflow_workflows::bundled::find("txt2img").context("the txt2img workflow is not built in")?;
+    std::fs::write(&wf, txt2img).with_context(|| format!("writing {}", wf.display()))?;
     let prompt = serde_json::to_string(&args.prompt)?;
     let set = vec![
         format!("1.ckpt_name={}", serde_json::to_string(CHECKPOINT)?),

@@ -2,6 +2,9 @@
 //! files of `--front-end-root`, and the small routes it reads at start-up (extensions,
 //! translations, model folders, templates, global subgraphs, logs, folder paths).
 //!
+//! Its template browser (`/templates/index.json`, `/templates/{name}.json`) lists sdflow's
+//! own committed workflows, in the UI format, with model names the models folder has.
+//!
 //! sdflow has no custom nodes, so the lists that custom nodes would fill (extensions,
 //! their translations, workflow templates, global subgraph blueprints) are empty — which
 //! is what ComfyUI answers without custom nodes too.
@@ -240,4 +243,73 @@ pub struct LogSubscription {
 pub async fn internal_logs_subscribe(crate::extract::JsonBody(s): crate::extract::JsonBody<LogSubscription>) -> axum::http::StatusCode {
     crate::logs::subscribe(&s.client_id, s.enabled);
     axum::http::StatusCode::OK
+}
+
+/// `GET /templates/index.json`: sdflow's committed workflows as one template category,
+/// in the shape of ComfyUI's `workflow_templates` package index.
+pub async fn templates_index(State(state): AppStateRef) -> Reply<Json> {
+    let registry = state.executor.registry();
+    let parsed: Vec<(&str, String, String)> = sdflow_workflows::bundled::BUNDLED
+        .iter()
+        .filter_map(|(name, text)| {
+            let header = sdflow_executor::Workflow::parse(text, registry).ok()?.header.unwrap_or_default();
+            Some((*name, header.title.unwrap_or_else(|| name.to_string()), header.description.unwrap_or_default()))
+        })
+        .collect();
+    let templates: Vec<Json> = parsed
+        .iter()
+        .map(|(name, title, description)| {
+            // Presets share titles ("Hires fix" with and without a model); the browser
+            // lists them side by side, so the file name tells them apart.
+            let shared = parsed.iter().filter(|p| p.1 == *title).count() > 1;
+            let title = if shared { format!("{title} ({name})") } else { title.clone() };
+            json!({ "name": name, "title": title, "description": description, "mediaType": "image", "mediaSubtype": "webp" })
+        })
+        .collect();
+    Reply(json!([{
+        "moduleName": "default",
+        "title": "sdflow",
+        "category": "sdflow",
+        "type": "image",
+        "templates": templates,
+    }]))
+}
+
+/// `GET /templates/{name}.json`: one committed workflow in the UI format. A model or
+/// image it names that is not there is replaced by the first one that is, so the
+/// template runs with what the user has (the frontend still lets them pick another).
+pub async fn template(State(state): AppStateRef, UrlPath(file): UrlPath<String>) -> Result<Reply<Json>, ApiError> {
+    let not_found = || ApiError::NotFound(format!("no template {file}"));
+    let name = file.strip_suffix(".json").ok_or_else(not_found)?;
+    let text = sdflow_workflows::bundled::find(name).ok_or_else(not_found)?;
+    let state2 = state.clone();
+    let text = text.to_string();
+    // Combo lists read folders.
+    let ui = tokio::task::spawn_blocking(move || -> Result<Json, ApiError> {
+        let registry = state2.executor.registry();
+        let mut wf = sdflow_executor::Workflow::parse(&text, registry).map_err(|e| ApiError::Internal(e.to_string()))?;
+        fit_to_present_files(&mut wf, registry);
+        sdflow_executor::ui::workflow_to_ui(&wf, registry).map_err(|e| ApiError::Internal(e.to_string()))
+    })
+    .await
+    .map_err(|e| ApiError::Internal(e.to_string()))??;
+    Ok(Reply(ui))
+}
+
+/// Replaces each list choice that is not among the node's current choices (a model file
+/// or input image that is not there) by the first choice there is.
+pub fn fit_to_present_files(wf: &mut sdflow_executor::Workflow, registry: &sdflow_executor::Registry) {
+    for spec in wf.nodes.values_mut() {
+        let Some(schema) = registry.schema(&spec.class_type) else { continue };
+        for input in &schema.inputs {
+            let sdflow_executor::InputKind::Combo(combo) = &input.kind else { continue };
+            let Some(sdflow_executor::InputValue::Const(Json::String(v))) = spec.inputs.get(&input.name) else { continue };
+            if combo.options.iter().any(|o| o == v) {
+                continue;
+            }
+            if let Some(first) = combo.options.first() {
+                spec.inputs.insert(input.name.clone(), sdflow_executor::InputValue::Const(json!(first)));
+            }
+        }
+    }
 }

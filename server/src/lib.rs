@@ -129,7 +129,9 @@ pub fn router(state: Arc<AppState>) -> Router {
     let app = Router::new()
         .merge(api_routes())
         .nest("/api", api_routes())
-        .nest("/internal", internal_routes());
+        .nest("/internal", internal_routes())
+        .route("/templates/index.json", get(frontend::templates_index))
+        .route("/templates/{file}", get(frontend::template));
     // ComfyUI's frontend when one is configured, the embedded editor otherwise.
     let app = match state.front_end_root.clone() {
         Some(root) => app.fallback(move |method: Method, uri: Uri| frontend::serve_file(root.clone(), method, uri)),

@@ -270,3 +270,34 @@ async fn a_front_end_root_without_index_is_refused_at_start() {
         .expect("refused");
     assert!(err.to_string().contains("holds no index.html"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn templates_are_sdflows_workflows_with_the_models_present() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ckpts = tmp.path().join("models/checkpoints");
+    std::fs::create_dir_all(&ckpts).unwrap();
+    std::fs::write(ckpts.join("mine.safetensors"), b"not read by the listing").unwrap();
+    let s = common::start_in(tmp.path(), |_| {}, true).await;
+    let index = s.get("/templates/index.json").await.1;
+    let templates = index[0]["templates"].as_array().unwrap();
+    assert_eq!(templates.len(), sdflow_workflows::bundled::BUNDLED.len());
+    let titles: Vec<&str> = templates.iter().map(|t| t["title"].as_str().unwrap()).collect();
+    // Shared titles are told apart by file name.
+    assert!(titles.contains(&"Text to image (txt2img)") && titles.contains(&"Text to image (lora)"), "{titles:?}");
+    let mut unique = titles.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), titles.len());
+
+    let (status, ui) = s.get("/templates/txt2img.json").await;
+    assert_eq!(status, 200);
+    let loader = ui["nodes"].as_array().unwrap().iter().find(|n| n["type"] == "CheckpointLoaderSimple").unwrap();
+    // The file names a checkpoint this server lacks; the template offers the one it has.
+    assert_eq!(loader["widgets_values"], json!(["mine.safetensors"]));
+    // It is the UI format, and reads back as the committed workflow but for that name.
+    let back = sdflow_executor::Workflow::from_json(ui, s.server.as_ref().unwrap().state().executor.registry()).unwrap();
+    let committed = sdflow_executor::Workflow::parse(sdflow_workflows::bundled::find("txt2img").unwrap(), s.server.as_ref().unwrap().state().executor.registry()).unwrap();
+    assert_eq!(back.nodes.len(), committed.nodes.len());
+    assert_eq!(s.get("/templates/nope.json").await.0, 404);
+    assert_eq!(s.get("/templates/txt2img").await.0, 404);
+}

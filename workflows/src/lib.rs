@@ -4,5 +4,6 @@
 //! files, one per supported mode, live beside this crate in `workflows/*.json` and are run
 //! by `tests/tests/workflows.rs`.
 
+pub mod bundled;
 pub mod metadata;
 pub mod presets;
