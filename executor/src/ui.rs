@@ -599,7 +599,9 @@ pub fn ui_to_workflow(doc: &Json, registry: &Registry) -> Result<Workflow, Workf
                     if input.kind.is_widget() {
                         match values {
                             Json::Array(a) => {
-                                widget_value = a.get(cursor).cloned();
+                                // A file from a catalogue without this widget: the frontend
+                                // gives the widget its default.
+                                widget_value = a.get(cursor).cloned().or_else(|| input.default_json());
                                 cursor += 1;
                                 if has_control_widget(input) && is_control(a.get(cursor)) {
                                     cursor += 1;

@@ -89,3 +89,83 @@ fn the_sdxl_template_runs_unchanged() {
     assert_eq!((w, h), (64, 64));
     assert!(px.iter().max().unwrap() > px.iter().min().unwrap());
 }
+
+/// A workflow saved by ComfyUI's own frontend (workflows/comfyui: a subgraph whose
+/// instance holds its own prompt, a PrimitiveInt feeding the seed from outside, notes)
+/// runs; its conversion is checked with the templates' below.
+#[test]
+fn a_workflow_saved_by_comfyuis_frontend_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    sdflow_tests::tiny_tree(dir.path());
+    let ckpts = dir.path().join("models/checkpoints");
+    std::fs::copy(ckpts.join("model.safetensors"), ckpts.join("tiny-sd1.safetensors")).unwrap();
+    let env = TestEnv::with_dir(dir, |rt| rt);
+    let text = std::fs::read_to_string(sdflow_tests::workflows_dir().join("comfyui/txt2img_subgraph.json")).unwrap();
+    let wf = Workflow::parse(&text, env.exec.registry()).unwrap();
+    assert_eq!(wf.nodes["11:5"].inputs["seed"], link("8", 0));
+    assert_eq!(wf.nodes["11:2"].inputs["text"], konst(json!("a watercolor fox in the snow")));
+    let save = sdflow_tests::node_of(&wf, "SaveImage");
+    let (w, h, _) = env.run_saved(&test_sized(wf), &save);
+    assert_eq!((w, h), (64, 64));
+}
+
+#[test]
+fn the_kontext_subgraph_template_runs_unchanged() {
+    let env = flux_env();
+    let models = env.dir.path().join("models");
+    std::fs::copy(models.join("diffusion_models/flux1-kontext-dev.safetensors"), models.join("diffusion_models/flux1-dev-kontext_fp8_scaled.safetensors")).unwrap();
+    std::fs::copy(models.join("text_encoders/t5xxl_fp16.safetensors"), models.join("text_encoders/t5xxl_fp8_e4m3fn_scaled.safetensors")).unwrap();
+    sdflow_tests::write_test_png(&env.dir.path().join("input/flux_kontext_dev_basic_input_image.jpg"), 72, 56);
+    let env = TestEnv::with_dir(env.dir, |rt| rt);
+    let wf = env.comfyui_template("flux_kontext_dev_basic.json", 32, 1);
+    // The second LoadImage is bypassed, so ImageStitch gets only the first image.
+    let stitch = sdflow_tests::node_of(&wf, "ImageStitch");
+    assert!(!wf.nodes[&stitch].inputs.contains_key("image2"));
+    let save = sdflow_tests::node_of(&wf, "SaveImage");
+    let (w, h, px) = env.run_saved(&wf, &save);
+    // FluxKontextImageScale takes 72×56 to Kontext's nearest resolution.
+    assert_eq!((w, h), (1184, 880));
+    assert!(px.iter().max().unwrap() > px.iter().min().unwrap());
+}
+
+/// Every template with a reference from ComfyUI's frontend (`NAME.api.json`, written by
+/// tests/fixtures/comfyui/flatten_with_frontend.mjs) converts to exactly that prompt:
+/// the same node ids (subgraph nodes as `instance:inner`), links and widget values.
+#[test]
+fn templates_convert_as_comfyuis_frontend_queues_them() {
+    let env = flux_env();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/comfyui");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(stem) = name.strip_suffix(".api.json") else { continue };
+        let ui = dir.join(format!("{stem}.json"));
+        let ui = if ui.exists() { ui } else { sdflow_tests::workflows_dir().join(format!("comfyui/{stem}.json")) };
+        let wf = Workflow::parse(&std::fs::read_to_string(&ui).unwrap(), env.exec.registry()).unwrap_or_else(|e| panic!("{stem}: {e}"));
+        let mut queued: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(entry.path()).unwrap()).unwrap();
+        let mut ours = wf.to_api_json();
+        for doc in [&mut queued, &mut ours] {
+            for node in doc.as_object_mut().unwrap().values_mut() {
+                node.as_object_mut().unwrap().remove("_meta");
+            }
+        }
+        assert_eq!(ours, queued, "{stem}");
+        checked += 1;
+    }
+    assert!(checked >= 6, "{checked} references");
+}
+
+/// `wf` at test size: 64² latents, 2 steps.
+fn test_sized(mut wf: Workflow) -> Workflow {
+    for (id, node) in wf.nodes.clone() {
+        match node.class_type.as_str() {
+            "EmptyLatentImage" => {
+                wf.set_input(&id, "width", konst(json!(64))).unwrap();
+                wf.set_input(&id, "height", konst(json!(64))).unwrap();
+            }
+            "KSampler" => wf.set_input(&id, "steps", konst(json!(2))).unwrap(),
+            _ => {}
+        }
+    }
+    wf
+}
