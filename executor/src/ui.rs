@@ -10,7 +10,20 @@
 //! - `Reroute` nodes are passed through, `PrimitiveNode`s are folded into the widget
 //!   they feed, `Note`/`MarkdownNote` are dropped;
 //! - muted nodes (`mode` 2) are dropped; bypassed ones (`mode` 4) connect each output to
-//!   their input of the same type, as the frontend does when queueing.
+//!   their input of the same type, as the frontend does when queueing;
+//! - subgraphs (`definitions.subgraphs`, nested or hoisted) are expanded as the frontend's
+//!   `graphToPrompt` expands them: inner nodes become `instance:inner` (`a:b:c` when
+//!   nested), a link from the input boundary (`-10`) takes the instance's input of the same
+//!   name (the frontend drops unconnected ones from the instance, so slots are matched by
+//!   name, never index) or, unconnected, the promoted widget's value (the instance's
+//!   `widgets_values` in promoted-input order, then `proxyWidgets` entries, then the inner
+//!   node's own), an instance output follows the first link into the output boundary
+//!   (`-20`); an instance muted or bypassed at the top is not expanded, one nested inside a
+//!   subgraph is (its consumers still see it muted or bypassed). Legacy group nodes
+//!   (`workflow>Name`) are refused: a current frontend turns them into subgraphs.
+//!
+//! `tests/fixtures/comfyui/*.api.json` hold what the frontend itself queues for the
+//! templates there; `tests/tests/comfyui_templates.rs` holds this conversion to them.
 
 use std::collections::{BTreeMap, HashMap};
 
