@@ -21,6 +21,41 @@ pub struct ServeArgs {
     /// -m): a name in MODELS/checkpoints, or a path to a file there.
     #[arg(short = 'm', long = "model", value_name = "MODEL")]
     pub model: Option<String>,
+    /// sd-server's standalone diffusion model, with its parts below: what A1111 and OpenAI
+    /// requests that name no checkpoint (and no -m is given) run. Each is a name in its
+    /// folder of --models-dir (`diffusion_models/`, `vae/`, `text_encoders/`), or a path to
+    /// a file there.
+    #[arg(long, value_name = "MODEL")]
+    pub diffusion_model: Option<String>,
+    #[arg(long, value_name = "MODEL")]
+    pub vae: Option<String>,
+    #[arg(long = "clip_l", value_name = "MODEL")]
+    pub clip_l: Option<String>,
+    #[arg(long = "clip_g", value_name = "MODEL")]
+    pub clip_g: Option<String>,
+    #[arg(long, value_name = "MODEL")]
+    pub t5xxl: Option<String>,
+    /// sd-server's generation defaults for A1111 and OpenAI requests (a request's own
+    /// field wins): negative prompt, CFG scale, FLUX guidance, steps, sampler (sd.cpp's or
+    /// ComfyUI's name), scheduler, size, CLIP skip.
+    #[arg(short = 'n', long, value_name = "TEXT")]
+    pub negative_prompt: Option<String>,
+    #[arg(long, value_name = "float")]
+    pub cfg_scale: Option<f64>,
+    #[arg(long, value_name = "float")]
+    pub guidance: Option<f64>,
+    #[arg(long, value_name = "int")]
+    pub steps: Option<i64>,
+    #[arg(long, value_name = "NAME")]
+    pub sampling_method: Option<String>,
+    #[arg(long, value_name = "NAME")]
+    pub scheduler: Option<String>,
+    #[arg(short = 'W', long, value_name = "int")]
+    pub width: Option<i64>,
+    #[arg(short = 'H', long, value_name = "int")]
+    pub height: Option<i64>,
+    #[arg(long, value_name = "int", allow_negative_numbers = true)]
+    pub clip_skip: Option<i64>,
     /// Folder of model files in ComfyUI's folders (`checkpoints/`, `loras/`, ... inside it;
     /// checkpoints may also lie in it directly).
     #[arg(long, value_name = "DIR", default_value = "models")]
@@ -85,9 +120,10 @@ pub fn serve_command(args: ServeArgs) -> anyhow::Result<()> {
         args.weight_type.resolve(),
     )?;
     let default_checkpoint = match &args.model {
-        Some(m) => Some(checkpoint_name(&runtime, m)?),
+        Some(m) => Some(model_name(&runtime, "checkpoints", "-m", m)?),
         None => None,
     };
+    let sdapi_defaults = sdapi_defaults(&args, &runtime)?;
     let config = ServerConfig {
         listen: args.listen,
         port: args.port,
@@ -108,6 +144,7 @@ pub fn serve_command(args: ServeArgs) -> anyhow::Result<()> {
         max_body_bytes: args.max_body_mb.saturating_mul(1 << 20),
         default_checkpoint,
         user_dir: args.user_directory,
+        sdapi_defaults,
         front_end_root: match args.front_end_root {
             Some(p) if p.as_os_str() == "installed" => Some(installed_front_end()?),
             other => other,
@@ -138,19 +175,72 @@ fn installed_front_end() -> anyhow::Result<PathBuf> {
     Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
-/// `-m`'s checkpoint as a name in the checkpoints folder: a name there, or a path to a
+/// What A1111 and OpenAI requests start from: sd-server's model and generation flags,
+/// checked now so a mistake shows at start-up rather than at the first request.
+fn sdapi_defaults(args: &ServeArgs, runtime: &sdflow_nodes::Runtime) -> anyhow::Result<sdflow_workflows::presets::ImgGenParams> {
+    use sdflow_workflows::presets::{workflow_sampler_name, workflow_scheduler_name};
+    let mut p = sdflow_workflows::presets::ImgGenParams::default();
+    let name = |kind: &str, flag: &str, v: &Option<String>| v.as_ref().map(|v| model_name(runtime, kind, flag, v)).transpose();
+    p.diffusion_model = name("diffusion_models", "--diffusion-model", &args.diffusion_model)?;
+    p.vae = name("vae", "--vae", &args.vae)?;
+    p.clip_l = name("text_encoders", "--clip_l", &args.clip_l)?;
+    p.clip_g = name("text_encoders", "--clip_g", &args.clip_g)?;
+    p.t5xxl = name("text_encoders", "--t5xxl", &args.t5xxl)?;
+    if p.diffusion_model.is_none() && (p.clip_l.is_some() || p.clip_g.is_some() || p.t5xxl.is_some()) && args.model.is_none() {
+        anyhow::bail!("--clip_l, --clip_g and --t5xxl go with --diffusion-model (or -m)");
+    }
+    if let Some(n) = &args.negative_prompt {
+        p.negative_prompt = n.clone();
+    }
+    if let Some(v) = args.cfg_scale {
+        p.cfg_scale = v;
+    }
+    if let Some(v) = args.guidance {
+        p.guidance = v;
+    }
+    if let Some(v) = args.steps {
+        anyhow::ensure!((1..=10_000).contains(&v), "--steps {v}: outside 1..=10000");
+        p.steps = v;
+    }
+    if let Some(m) = &args.sampling_method {
+        let name = workflow_sampler_name(m).to_string();
+        name.parse::<sdflow_core::sampling::Sampler>().map_err(|e| anyhow::anyhow!("--sampling-method: {e}"))?;
+        p.sampling_method = Some(name);
+    }
+    if let Some(s) = &args.scheduler {
+        let name = workflow_scheduler_name(s).to_string();
+        name.parse::<sdflow_core::sampling::Scheduler>().map_err(|e| anyhow::anyhow!("--scheduler: {e}"))?;
+        p.scheduler = Some(name);
+    }
+    for (flag, v) in [("-W", args.width), ("-H", args.height)] {
+        if let Some(v) = v {
+            anyhow::ensure!(v >= 64 && v % 8 == 0 && v <= 16_384, "{flag} {v}: a multiple of 8 in 64..=16384");
+        }
+    }
+    if let (Some(w), Some(h)) = (args.width, args.height) {
+        (p.width, p.height) = (w, h);
+    } else if let Some(v) = args.width.or(args.height) {
+        (p.width, p.height) = (v, v);
+    }
+    if let Some(v) = args.clip_skip {
+        p.clip_skip = v;
+    }
+    Ok(p)
+}
+
+/// A model flag's file as a name in its folder (`kind`): a name there, or a path to a
 /// file in it. The server's requests name models inside its models folder only, so a
 /// file elsewhere is refused with where to put it.
-fn checkpoint_name(runtime: &sdflow_nodes::Runtime, model: &str) -> anyhow::Result<String> {
-    if runtime.resolve_model("checkpoints", model).is_ok() {
+fn model_name(runtime: &sdflow_nodes::Runtime, kind: &str, flag: &str, model: &str) -> anyhow::Result<String> {
+    if runtime.resolve_model(kind, model).is_ok() {
         return Ok(model.to_string());
     }
     let path = std::path::Path::new(model);
-    let real = path.canonicalize().map_err(|e| anyhow::anyhow!("-m {model}: {e}"))?;
-    for dir in runtime.kind_dirs("checkpoints") {
+    let real = path.canonicalize().map_err(|e| anyhow::anyhow!("{flag} {model}: neither a file in the {kind} folder of --models-dir {} nor a path to one ({e})", runtime.models_dir.display()))?;
+    for dir in runtime.kind_dirs(kind) {
         if let Ok(rel) = real.strip_prefix(dir.canonicalize().unwrap_or(dir.clone())) {
             return Ok(rel.to_string_lossy().into_owned());
         }
     }
-    anyhow::bail!("-m {model}: not in the checkpoints folder of --models-dir {}; put it there or give --models-dir the folder it is in", runtime.models_dir.display())
+    anyhow::bail!("{flag} {model}: not in the {kind} folder of --models-dir {}; put it there or give --models-dir the folder it is in", runtime.models_dir.display())
 }

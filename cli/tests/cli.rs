@@ -640,6 +640,32 @@ fn run_prints_the_whole_validation_report() {
     assert!(!dir.path().join("out").exists() || std::fs::read_dir(dir.path().join("out")).unwrap().next().is_none(), "nothing ran");
 }
 
+/// A workflow naming a checkpoint that is not in --models-dir (the committed ones name
+/// model.safetensors) is refused with the files that are there, at most 20 of them, and
+/// where they are looked up.
+#[test]
+fn a_missing_model_is_refused_with_the_models_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoints = dir.path().join("weights/checkpoints");
+    std::fs::create_dir_all(&checkpoints).unwrap();
+    for name in ["b.safetensors", "a.safetensors"] {
+        std::fs::write(checkpoints.join(name), b"").unwrap();
+    }
+    let wf = workflows_dir().join("txt2img.json");
+    let (code, err) = fails(&["run", wf.to_str().unwrap(), "--models-dir", "weights"], dir.path());
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains(r#"ckpt_name: 'model.safetensors' not in ["a.safetensors", "b.safetensors"]"#), "{err}");
+    assert!(err.contains("hint: model files are looked up in weights (--models-dir)") && err.contains("--set 1.ckpt_name=NAME"), "{err}");
+
+    for i in 0..23 {
+        std::fs::write(checkpoints.join(format!("m{i:02}.safetensors")), b"").unwrap();
+    }
+    let (_, err) = fails(&["run", wf.to_str().unwrap(), "--models-dir", "weights"], dir.path());
+    let line = err.lines().find(|l| l.contains("ckpt_name")).unwrap_or_else(|| panic!("{err}"));
+    assert!(line.contains("m17.safetensors\"]") && line.ends_with("(and 5 more)"), "20 of 25 names: {line}");
+    assert!(!line.contains("m18.safetensors"), "{line}");
+}
+
 /// ComfyUI's API format (what its "Save (API)" writes) runs as it is.
 #[test]
 fn run_takes_comfyui_api_format() {
@@ -1040,4 +1066,22 @@ fn serve_takes_sd_servers_flags() {
     std::fs::write(dir.path().join("elsewhere.safetensors"), b"x").unwrap();
     let (_, err) = fails(&["serve", "--listen-port", "0", "--models-dir", "models", "-m", "elsewhere.safetensors"], dir.path());
     assert!(err.contains("-m elsewhere.safetensors: not in the checkpoints folder"), "{err}");
+    // Its model and generation flags are checked at start-up, by name.
+    let serve = |extra: &[&str]| {
+        let mut args = vec!["serve", "--listen-port", "0", "--models-dir", "models"];
+        args.extend_from_slice(extra);
+        fails(&args, dir.path()).1
+    };
+    let err = serve(&["--diffusion-model", "nope.safetensors"]);
+    assert!(err.contains("--diffusion-model nope.safetensors") && err.contains("diffusion_models"), "{err}");
+    let err = serve(&["--t5xxl", "elsewhere.safetensors"]);
+    assert!(err.contains("--t5xxl elsewhere.safetensors: not in the text_encoders folder"), "{err}");
+    let err = serve(&["--sampling-method", "warp"]);
+    assert!(err.contains("--sampling-method") && err.contains("warp"), "{err}");
+    let err = serve(&["--scheduler", "sometimes"]);
+    assert!(err.contains("--scheduler") && err.contains("sometimes"), "{err}");
+    let err = serve(&["-W", "100"]);
+    assert!(err.contains("-W 100"), "{err}");
+    let err = serve(&["--steps", "0"]);
+    assert!(err.contains("--steps 0"), "{err}");
 }

@@ -43,6 +43,10 @@ pub struct ServerConfig {
     /// Per-user storage (settings, saved workflows) of ComfyUI's frontend:
     /// `<user_dir>/default/`.
     pub user_dir: PathBuf,
+    /// What A1111 and OpenAI requests start from: sd-server's command line (its model
+    /// files as names in their folders, and its generation defaults); a request's own
+    /// fields win.
+    pub sdapi_defaults: sdflow_workflows::presets::ImgGenParams,
     /// A web frontend served instead of the embedded editor: ComfyUI's own
     /// (`comfyui-frontend-package`'s static folder), as ComfyUI's `--front-end-root`.
     pub front_end_root: Option<PathBuf>,
@@ -69,6 +73,7 @@ impl ServerConfig {
             max_body_bytes: 100 << 20,
             default_checkpoint: None,
             user_dir: base.join("user"),
+            sdapi_defaults: Default::default(),
             front_end_root: None,
         }
     }
@@ -165,9 +170,9 @@ impl PromptSink<'_> {
 
 impl EventSink for PromptSink<'_> {
     fn send(&self, event: Event) {
-        if let Event::Preview { image, .. } = event {
+        if let Event::Preview { prompt_id, node, image } = event {
             self.live.lock().preview = Some(image.clone());
-            self.hub.send_preview(self.target, image);
+            self.hub.send_preview(self.target, crate::ws::PreviewSource { prompt_id, node }, image);
             return;
         }
         if let Event::Progress { value, max, .. } = &event {

@@ -366,3 +366,56 @@ async fn sd_server_endpoints_run_an_all_in_one_flux_checkpoint() {
     assert_eq!((img.width(), img.height()), (32, 32));
     s.shutdown().await;
 }
+
+/// sd-server's command line: `--diffusion-model` with its parts is what requests that name
+/// no checkpoint run, and its generation flags are their defaults (a request's own fields
+/// win); a named checkpoint replaces the diffusion model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sd_servers_model_and_generation_flags_are_the_requests_defaults() {
+    let tmp = tempfile::tempdir().unwrap();
+    sdflow_tests::write_flux_models(tmp.path());
+    let ckpts = tmp.path().join("models/checkpoints");
+    ensure_checkpoint(&ckpts.join("model.safetensors"), &SdConfig::tiny_sd1_f8(), DType::F32, 7, Format::Safetensors).unwrap();
+    let s = start_in(
+        tmp.path(),
+        |c| {
+            let d = &mut c.sdapi_defaults;
+            d.diffusion_model = Some("flux1-schnell.safetensors".into());
+            d.clip_l = Some("clip_l.safetensors".into());
+            d.t5xxl = Some("t5xxl_fp16.safetensors".into());
+            d.vae = Some("ae.safetensors".into());
+            (d.width, d.height, d.steps, d.cfg_scale) = (32, 48, 2, 1.0);
+            d.sampling_method = Some("euler".into());
+        },
+        true,
+    )
+    .await;
+    let (code, r) = s.post("/sdapi/v1/txt2img", json!({"prompt": "a cat", "seed": 3})).await;
+    assert_eq!(code, 200, "{r}");
+    let image = decode_png(r["images"][0].as_str().unwrap());
+    assert_eq!((image.width(), image.height()), (32, 48));
+    let info: Json = serde_json::from_str(r["info"].as_str().unwrap()).unwrap();
+    assert_eq!((info["steps"].as_i64(), info["sampler_name"].as_str(), info["sd_model_name"].as_str()), (Some(2), Some("euler"), Some("flux1-schnell")));
+    let prompt = |r: &Json| -> Json {
+        let h = r.as_object().unwrap().values().last().unwrap()["prompt"][2].clone();
+        h
+    };
+    let h = s.get("/history").await.1;
+    let graph = prompt(&h);
+    assert!(graph.as_object().unwrap().values().any(|n| n["class_type"] == "UNETLoader" && n["inputs"]["unet_name"] == "flux1-schnell.safetensors"), "{graph}");
+    // The request's own fields win.
+    let (code, r) = s.post("/sdapi/v1/txt2img", json!({"prompt": "a cat", "seed": 3, "steps": 1, "width": 64, "height": 32})).await;
+    assert_eq!(code, 200, "{r}");
+    let info: Json = serde_json::from_str(r["info"].as_str().unwrap()).unwrap();
+    assert_eq!((info["steps"].as_i64(), info["width"].as_i64()), (Some(1), Some(64)));
+    // A named checkpoint replaces the diffusion model.
+    let (code, r) = s.post("/sdapi/v1/txt2img", json!({"prompt": "a cat", "steps": 1, "override_settings": {"sd_model_checkpoint": "model.safetensors"}})).await;
+    assert_eq!(code, 200, "{r}");
+    let info: Json = serde_json::from_str(r["info"].as_str().unwrap()).unwrap();
+    assert_eq!(info["sd_model_name"], "model");
+    // OpenAI too.
+    let (code, r) = s.post("/v1/images/generations", json!({"prompt": "a cat"})).await;
+    assert_eq!(code, 200, "{r}");
+    let image = decode_png(r["data"][0]["b64_json"].as_str().unwrap());
+    assert_eq!((image.width(), image.height()), (32, 48));
+}

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use sdflow_executor::Workflow;
-use sdflow_workflows::presets::{self, AdetailerParams, ChromaParams, Family, HiresParams, ImgGenParams, ModelInfo, Preset, SlgParams, TilingParams, UpscaleParams};
+use sdflow_workflows::presets::{self, AdetailerParams, ChromaParams, HiresParams, ImgGenParams, ModelInfo, Preset, SlgParams, TilingParams, UpscaleParams};
 
 pub use args::{AdetailerArgs, CommonArgs, ImgGenArgs, UpscaleArgs, VidGenArgs};
 use args::Refused;
@@ -52,12 +52,7 @@ struct Probe {
 fn probe(a: &ImgGenArgs) -> Probe {
     use sdflow_core::detect::{detect_source, ModelFamily, EDM_VPRED_KEYS};
     use sdflow_nodes::loaders::taesd::TaeKind;
-    let guess = || match (&a.t5xxl, &a.clip_l, &a.clip_g) {
-        (None, _, _) => Family::Unet,
-        (Some(_), _, Some(_)) => Family::Sd3,
-        (Some(_), Some(_), None) => Family::Flux { fill: false, guidance: true },
-        (Some(_), None, None) => Family::Chroma,
-    };
+
     // A path, else a name in --models-dir; whether it was the path as given.
     let found = |v: &Option<String>, kind: &str| v.as_ref().map(|v| [PathBuf::from(v), a.common.models_dir.join(kind).join(v), a.common.models_dir.join(v)].into_iter().enumerate().find(|(_, p)| p.exists()).map_or((PathBuf::from(v), false), |(i, p)| (p, i == 0)));
     let open = |f: &Option<(PathBuf, bool)>| f.as_ref().and_then(|(p, as_given)| Some((sdflow_core::models::pipeline::open(p).ok()?, *as_given)));
@@ -66,7 +61,7 @@ fn probe(a: &ImgGenArgs) -> Probe {
     let (det_m, det_d) = (detect(&model), detect(&diffusion));
     let main = if a.diffusion_model.is_some() { &det_d } else { &det_m };
     let held = a.model.as_ref().map(|_| det_m.as_ref().map(|d| &d.0));
-    let info = main.as_ref().and_then(|(d, _)| ModelInfo::from_detections(d, held)).unwrap_or(ModelInfo { family: guess(), has_text_encoders: true, has_vae: true, double_blocks: None });
+    let info = main.as_ref().and_then(|(d, _)| ModelInfo::from_detections(d, held)).unwrap_or_else(|| ModelInfo::guess_from_parts(a.clip_l.is_some(), a.clip_g.is_some(), a.t5xxl.is_some()));
     let tae = main.as_ref().filter(|(_, as_given)| *as_given).and_then(|(d, _)| TaeKind::for_family(d.family)).unwrap_or(TaeKind::Sd).name();
     let zero_empty_negative = match (&model, &det_m) {
         (Some((src, true)), Some((d, _))) => d.family == ModelFamily::Sdxl && !src.tensors().iter().any(|t| t.name == EDM_VPRED_KEYS.1),
@@ -380,7 +375,7 @@ fn finish(shown: Preset, c: &CommonArgs, output: &str, begin: Option<i64>, build
     let (method, noisy) = (c.preview_method(), c.preview_noisy);
     let registry = Arc::new(run::registry_with(stage.path(), &out_dir, &stage.input_dir(), threads, c.weight_type.resolve(), |rt| rt.with_preview_method(method).with_preview_noisy(noisy))?.0);
     let workflows: Vec<(String, Workflow)> = vec![(preset.workflow.header.as_ref().and_then(|h| h.title.clone()).unwrap_or_default(), preset.workflow.clone())];
-    let session = run::Session { output_dir: Some(out_dir.clone()), json_events: c.json_events, workers: None, repeat: 1, preview: c.preview_file() };
+    let session = run::Session { output_dir: Some(out_dir.clone()), json_events: c.json_events, workers: None, repeat: 1, preview: c.preview_file(), models_dir: None };
     let reports = run::execute(registry, &workflows, &session).map_err(|e| anyhow::anyhow!("{}", stage.unstage(&format!("{e:#}"))))?;
     let mut files = Vec::new();
     for report in &reports {

@@ -6,11 +6,11 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::Json as Reply;
 use base64::Engine;
-use sdflow_workflows::presets::{self, HiresParams, ImgGenParams};
+use sdflow_workflows::presets::{self, HiresParams};
 use serde::Deserialize;
 use serde_json::{json, Value as Json};
 
-use super::{checkpoint_info, decode_b64, fields, generate, pick_checkpoint, stem, AppStateRef, MaskRule, TempInputs, B64};
+use super::{base_params, decode_b64, fields, generate, pick_checkpoint, stem, AppStateRef, MaskRule, TempInputs, B64};
 use crate::comfy::list_models;
 use crate::error::ApiError;
 use crate::extract::JsonBody;
@@ -224,28 +224,31 @@ async fn a1111(state: Arc<AppState>, body: Json, img2img: bool) -> Result<Reply<
         }
     }
     let overrides = &req.override_settings;
-    let model = pick_checkpoint(&state, overrides.get("sd_model_checkpoint").and_then(Json::as_str))?;
+    let mut p = base_params(&state, overrides.get("sd_model_checkpoint").and_then(Json::as_str))?;
     let clip_skip = match overrides.get("CLIP_stop_at_last_layers") {
         Some(v) if req.clip_skip <= 0 => v.as_i64().ok_or_else(|| ApiError::bad(format!("`override_settings.CLIP_stop_at_last_layers`: {v} is not a whole number")))?,
         None if req.clip_skip <= 0 => state.sdapi_options.lock().clip_skip.unwrap_or(req.clip_skip),
         _ => req.clip_skip,
     };
     let sampler = if req.sampler_name.trim().is_empty() { &req.sampler_index } else { &req.sampler_name };
-    let mut p = ImgGenParams {
-        model_info: checkpoint_info(&state, &model),
-        model: Some(model.clone()),
-        prompt: req.prompt.clone(),
-        negative_prompt: req.negative_prompt.clone(),
-        sampling_method: comfy_sampler(sampler),
-        scheduler: comfy_scheduler(&req.scheduler),
-        eta: req.eta,
-        seed: presets::resolve_seed(req.seed),
-        batch_count: req.batch_size * req.n_iter,
-        clip_skip,
-        lora_files: lora_files(&state),
-        output: "sdapi.png".into(),
-        ..ImgGenParams::default()
-    };
+    p.prompt = req.prompt.clone();
+    if !req.negative_prompt.is_empty() {
+        p.negative_prompt = req.negative_prompt.clone();
+    }
+    if let Some(s) = comfy_sampler(sampler) {
+        p.sampling_method = Some(s);
+    }
+    if let Some(s) = comfy_scheduler(&req.scheduler) {
+        p.scheduler = Some(s);
+    }
+    p.eta = req.eta.or(p.eta);
+    p.seed = presets::resolve_seed(req.seed);
+    p.batch_count = req.batch_size * req.n_iter;
+    if clip_skip > 0 {
+        p.clip_skip = clip_skip;
+    }
+    p.lora_files = lora_files(&state);
+    p.output = "sdapi.png".into();
     for l in &req.lora {
         if l.is_high_noise {
             return Err(ApiError::bad(format!("`lora`: {}: high-noise LoRAs are for Wan2.2 video models", l.path)));
@@ -329,7 +332,7 @@ async fn a1111(state: Arc<AppState>, body: Json, img2img: bool) -> Result<Reply<
         "sampler_name": p.sampling_method.clone().unwrap_or_else(|| "euler_ancestral".into()),
         "scheduler": p.scheduler.clone().unwrap_or_else(|| "normal".into()),
         "denoising_strength": if img2img || req.enable_hr { json!(if img2img { p.strength } else { p.hires.denoising_strength }) } else { Json::Null },
-        "sd_model_name": stem(&model),
+        "sd_model_name": stem(p.model.as_deref().or(p.diffusion_model.as_deref()).unwrap_or("")),
         "version": concat!("sdflow ", env!("CARGO_PKG_VERSION")),
     });
     let sent = if req.send_images { images.iter().map(|b| B64.encode(b)).collect::<Vec<_>>() } else { Vec::new() };

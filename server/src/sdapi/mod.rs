@@ -53,6 +53,30 @@ fn pick_checkpoint(state: &AppState, wanted: Option<&str>) -> Result<String, Api
         })
 }
 
+/// What a request starts from: the server's defaults (sd-server's command line) and the
+/// model — the checkpoint the request names, else the one `/sdapi/v1/options` (or `-m`)
+/// chose, else sd-server's `--diffusion-model` with its parts, else the first checkpoint.
+/// A checkpoint replaces `--diffusion-model` and the parts that came with it; part flags
+/// given with `-m` instead (`--vae` beside it, say) stay, as they would in sd-server.
+pub(crate) fn base_params(state: &AppState, wanted: Option<&str>) -> Result<ImgGenParams, ApiError> {
+    let mut p = state.config.sdapi_defaults.clone();
+    let wanted = wanted.map(str::trim).filter(|w| !w.is_empty());
+    let chosen = state.sdapi_options.lock().checkpoint.is_some();
+    if let (None, false, Some(diffusion)) = (wanted, chosen, &p.diffusion_model) {
+        let path = state.runtime.resolve_model("diffusion_models", diffusion).ok();
+        p.model_info = presets::ModelInfo::detect(None, path.as_deref())
+            .unwrap_or_else(|| presets::ModelInfo::guess_from_parts(p.clip_l.is_some(), p.clip_g.is_some(), p.t5xxl.is_some()));
+        return Ok(p);
+    }
+    let model = pick_checkpoint(state, wanted)?;
+    p.model_info = checkpoint_info(state, &model);
+    p.model = Some(model);
+    if p.diffusion_model.take().is_some() {
+        (p.vae, p.clip_l, p.clip_g, p.t5xxl) = (None, None, None, None);
+    }
+    Ok(p)
+}
+
 /// What a checkpoint holds, so the family's graph is built (FLUX's and SD3's all-in-one
 /// files run as sd-cli runs them); an unreadable file is the loader's to report.
 fn checkpoint_info(state: &AppState, model: &str) -> presets::ModelInfo {

@@ -3,11 +3,11 @@
 use axum::extract::State;
 use axum::Json as Reply;
 use base64::Engine;
-use sdflow_workflows::presets::{self, ImgGenParams};
+use sdflow_workflows::presets;
 use serde::Deserialize;
 use serde_json::{json, Value as Json};
 
-use super::{checkpoint_info, generate, pick_checkpoint, AppStateRef, MaskRule, TempInputs, B64};
+use super::{base_params, generate, AppStateRef, MaskRule, TempInputs, B64};
 use crate::comfy::list_models;
 use crate::error::ApiError;
 use crate::extract::{text_field, Form, JsonBody};
@@ -72,20 +72,14 @@ pub async fn generations(
         return Err(ApiError::bad("prompt required"));
     }
     check_format(req.response_format.as_deref())?;
-    let model = pick_checkpoint(
-        &state,
-        req.model.as_deref().filter(|m| *m != "sd-cpp-local"),
-    )?;
-    let mut p = ImgGenParams {
-        model_info: checkpoint_info(&state, &model),
-        model: Some(model),
-        prompt: req.prompt,
-        negative_prompt: req.negative_prompt,
-        seed: presets::resolve_seed(req.seed.unwrap_or(-1)),
-        batch_count: req.n.unwrap_or(1),
-        output: "openai.png".into(),
-        ..ImgGenParams::default()
-    };
+    let mut p = base_params(&state, req.model.as_deref().filter(|m| *m != "sd-cpp-local"))?;
+    p.prompt = req.prompt;
+    if !req.negative_prompt.is_empty() {
+        p.negative_prompt = req.negative_prompt;
+    }
+    p.seed = presets::resolve_seed(req.seed.unwrap_or(-1));
+    p.batch_count = req.n.unwrap_or(1);
+    p.output = "openai.png".into();
     if let Some((w, h)) = parse_size(req.size.as_deref())? {
         (p.width, p.height, p.size_given) = (w, h, true);
     }
@@ -111,22 +105,14 @@ pub async fn edits(State(state): AppStateRef, form: Form) -> Result<Reply<Json>,
             .map_err(|_| ApiError::bad(format!("n `{v}` is not a number")))?,
         None => 1,
     };
-    let model = pick_checkpoint(
-        &state,
-        text_field(&parts, "model")?.filter(|m| *m != "sd-cpp-local"),
-    )?;
-    let mut p = ImgGenParams {
-        model_info: checkpoint_info(&state, &model),
-        model: Some(model),
-        prompt,
-        negative_prompt: text_field(&parts, "negative_prompt")?
-            .unwrap_or("")
-            .to_string(),
-        seed: presets::resolve_seed(-1),
-        batch_count: n,
-        output: "openai_edit.png".into(),
-        ..ImgGenParams::default()
-    };
+    let mut p = base_params(&state, text_field(&parts, "model")?.filter(|m| *m != "sd-cpp-local"))?;
+    p.prompt = prompt;
+    if let Some(neg) = text_field(&parts, "negative_prompt")?.filter(|n| !n.is_empty()) {
+        p.negative_prompt = neg.to_string();
+    }
+    p.seed = presets::resolve_seed(-1);
+    p.batch_count = n;
+    p.output = "openai_edit.png".into();
     if let Some((w, h)) = parse_size(text_field(&parts, "size")?)? {
         (p.width, p.height, p.size_given) = (w, h, true);
     }

@@ -182,6 +182,18 @@ pub struct ModelInfo {
 }
 
 impl ModelInfo {
+    /// The family the text-encoder flags point at when the diffusion model cannot be read
+    /// (T5 with CLIP-G: SD3; with CLIP-L: FLUX; alone: Chroma; none: a UNet model).
+    pub fn guess_from_parts(clip_l: bool, clip_g: bool, t5xxl: bool) -> ModelInfo {
+        let family = match (t5xxl, clip_l, clip_g) {
+            (false, _, _) => Family::Unet,
+            (true, _, true) => Family::Sd3,
+            (true, true, false) => Family::Flux { fill: false, guidance: true },
+            (true, false, false) => Family::Chroma,
+        };
+        ModelInfo { family, has_text_encoders: true, has_vae: true, double_blocks: None }
+    }
+
     /// Reads the diffusion model's file (`diffusion_model`, else `model`) and what `model`
     /// holds besides; `None` when there is no readable file (the loaders then report it).
     pub fn detect(model: Option<&Path>, diffusion_model: Option<&Path>) -> Option<ModelInfo> {
