@@ -51,13 +51,82 @@ fn a1111_sampler(name: &str) -> String {
     .to_string()
 }
 
+/// What a sampling node's graph says, wherever the node keeps it: a KSampler holds it all,
+/// the custom-sampling nodes spread it over their SAMPLER, SIGMAS, NOISE and GUIDER inputs.
+struct Sampling<'a> {
+    /// The node whose `positive`/`negative` inputs are the prompts (the sampler, or its
+    /// CFGGuider).
+    prompts: &'a NodeSpec,
+    /// Where `model` is (the sampler, or its CFGGuider) and where `latent_image` is.
+    model_from: &'a NodeSpec,
+    latent_from: &'a NodeSpec,
+    steps: Option<Json>,
+    sampler_name: Option<String>,
+    scheduler: Option<String>,
+    cfg: Option<Json>,
+    seed: Option<Json>,
+    eta: Option<Json>,
+    denoise: Option<f64>,
+}
+
+fn sampling(wf: &Workflow) -> Option<Sampling<'_>> {
+    let s = |v: Option<&Json>| v.and_then(Json::as_str).map(str::to_string);
+    if let Some((_, ks)) = wf.nodes.iter().find(|(_, n)| n.class_type == "KSampler" || n.class_type == "KSamplerAdvanced") {
+        return Some(Sampling {
+            prompts: ks,
+            model_from: ks,
+            latent_from: ks,
+            steps: constant(ks, "steps").cloned(),
+            sampler_name: s(constant(ks, "sampler_name")),
+            scheduler: s(constant(ks, "scheduler")),
+            cfg: constant(ks, "cfg").cloned(),
+            seed: constant(ks, "seed").or_else(|| constant(ks, "noise_seed")).cloned(),
+            eta: None,
+            denoise: constant(ks, "denoise").and_then(Json::as_f64),
+        });
+    }
+    let (_, sc) = wf.nodes.iter().find(|(_, n)| n.class_type == "SamplerCustom" || n.class_type == "SamplerCustomAdvanced")?;
+    let advanced = sc.class_type == "SamplerCustomAdvanced";
+    let guider = if advanced { source(wf, sc, "guider").filter(|g| g.class_type == "CFGGuider")? } else { sc };
+    let sampler = source(wf, sc, "sampler");
+    let sigmas = source(wf, sc, "sigmas");
+    let (mut steps, mut scheduler, mut denoise) = (None, None, None);
+    match sigmas {
+        Some(n) if n.class_type == "BasicScheduler" => {
+            steps = constant(n, "steps").cloned();
+            scheduler = s(constant(n, "scheduler"));
+            denoise = constant(n, "denoise").and_then(Json::as_f64);
+        }
+        // Typed sigmas: one step fewer than sigmas.
+        Some(n) if n.class_type == "ManualSigmas" => {
+            let count = constant(n, "sigmas").and_then(Json::as_str).map(|t| t.split(|c: char| c == ',' || c.is_whitespace() || c == '[' || c == ']').filter(|p| !p.is_empty()).count());
+            steps = count.filter(|c| *c >= 2).map(|c| Json::from(c - 1));
+        }
+        _ => {}
+    }
+    let seed = if advanced { source(wf, sc, "noise").filter(|n| n.class_type == "RandomNoise").and_then(|n| constant(n, "noise_seed")).cloned() } else { constant(sc, "noise_seed").cloned() };
+    Some(Sampling {
+        prompts: guider,
+        model_from: guider,
+        latent_from: sc,
+        steps,
+        sampler_name: sampler.and_then(|n| s(constant(n, "sampler_name"))),
+        scheduler,
+        cfg: constant(guider, "cfg").cloned(),
+        seed,
+        eta: sampler.filter(|n| n.class_type == "KSamplerSelectAdvanced").and_then(|n| constant(n, "eta")).cloned(),
+        denoise,
+    })
+}
+
 /// `prompt\nNegative prompt: …\nSteps: …, Sampler: …, CFG scale: …, Seed: …, Size: WxH,
-/// Model: …` from the first KSampler whose prompts are plain CLIPTextEncode texts; `None`
-/// for graphs without one (A1111's format has no way to say more).
+/// Model: …` from the first KSampler (or custom sampler) whose prompts are plain
+/// CLIPTextEncode texts; `None` for graphs without one (A1111's format has no way to say
+/// more).
 pub fn a1111_parameters(wf: &Workflow) -> Option<String> {
-    let (_, ks) = wf.nodes.iter().find(|(_, n)| n.class_type == "KSampler" || n.class_type == "KSamplerAdvanced")?;
+    let found = sampling(wf)?;
     let text = |input: &str| -> Option<String> {
-        let n = source(wf, ks, input)?;
+        let n = source(wf, found.prompts, input)?;
         (n.class_type == "CLIPTextEncode").then(|| constant(n, "text")?.as_str().map(str::to_string))?
     };
     let positive = text("positive")?;
@@ -66,34 +135,37 @@ pub fn a1111_parameters(wf: &Workflow) -> Option<String> {
         out.push_str(&format!("\nNegative prompt: {neg}"));
     }
     let mut fields: Vec<String> = Vec::new();
-    if let Some(steps) = constant(ks, "steps") {
+    if let Some(steps) = &found.steps {
         fields.push(format!("Steps: {steps}"));
     }
-    if let Some(s) = constant(ks, "sampler_name").and_then(Json::as_str) {
+    if let Some(s) = &found.sampler_name {
         fields.push(format!("Sampler: {}", a1111_sampler(s)));
     }
-    if let Some(s) = constant(ks, "scheduler").and_then(Json::as_str) {
+    if let Some(s) = &found.scheduler {
         fields.push(format!("Schedule type: {s}"));
     }
-    if let Some(cfg) = constant(ks, "cfg") {
+    if let Some(cfg) = &found.cfg {
         fields.push(format!("CFG scale: {cfg}"));
     }
-    if let Some(seed) = constant(ks, "seed").or_else(|| constant(ks, "noise_seed")) {
+    if let Some(seed) = &found.seed {
         fields.push(format!("Seed: {seed}"));
     }
-    if let Some(l) = source(wf, ks, "latent_image").filter(|n| n.class_type == "EmptyLatentImage") {
+    if let Some(l) = source(wf, found.latent_from, "latent_image").filter(|n| n.class_type == "EmptyLatentImage") {
         if let (Some(w), Some(h)) = (constant(l, "width"), constant(l, "height")) {
             fields.push(format!("Size: {w}x{h}"));
         }
     }
-    if let Some(m) = source(wf, ks, "model").filter(|n| n.class_type == "CheckpointLoaderSimple") {
+    if let Some(m) = source(wf, found.model_from, "model").filter(|n| n.class_type == "CheckpointLoaderSimple") {
         if let Some(name) = constant(m, "ckpt_name").and_then(Json::as_str) {
             let stem = std::path::Path::new(name).file_stem().map_or(name.to_string(), |s| s.to_string_lossy().into_owned());
             fields.push(format!("Model: {stem}"));
         }
     }
-    if let Some(d) = constant(ks, "denoise").and_then(Json::as_f64).filter(|d| *d < 1.0) {
+    if let Some(d) = found.denoise.filter(|d| *d < 1.0) {
         fields.push(format!("Denoising strength: {d}"));
+    }
+    if let Some(eta) = &found.eta {
+        fields.push(format!("Eta: {eta}"));
     }
     fields.push("Version: sdflow".to_string());
     out.push('\n');
@@ -435,6 +507,45 @@ impl ImageMetadata {
             out.push_str(&format!("[{}] {}:\n{}\n", e.source, e.key, e.text.trim_end()));
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod parameters_tests {
+    use super::*;
+
+    fn node(class: &str, inputs: Json) -> NodeSpec {
+        let mut n = NodeSpec::new(class);
+        for (k, v) in inputs.as_object().unwrap() {
+            n.inputs.insert(k.clone(), InputValue::from_json(v.clone()));
+        }
+        n
+    }
+
+    /// The graph sd-cli's presets build for `--eta` (SamplerCustom over KSamplerSelectAdvanced
+    /// and BasicScheduler), and ComfyUI's SamplerCustomAdvanced with a guider and typed
+    /// sigmas, give the same A1111 fields a KSampler would.
+    #[test]
+    fn custom_sampling_graphs_have_parameters() {
+        let mut wf = Workflow::new();
+        wf.nodes.insert("1".into(), node("CheckpointLoaderSimple", serde_json::json!({"ckpt_name": "sub/sd15.safetensors"})));
+        wf.nodes.insert("2".into(), node("CLIPTextEncode", serde_json::json!({"text": "a cat", "clip": ["1", 1]})));
+        wf.nodes.insert("3".into(), node("CLIPTextEncode", serde_json::json!({"text": "blurry", "clip": ["1", 1]})));
+        wf.nodes.insert("4".into(), node("EmptyLatentImage", serde_json::json!({"width": 64, "height": 96, "batch_size": 1})));
+        wf.nodes.insert("5".into(), node("KSamplerSelectAdvanced", serde_json::json!({"sampler_name": "euler_ancestral", "eta": 0.5, "s_noise": 1.0, "noise": "gpu"})));
+        wf.nodes.insert("6".into(), node("BasicScheduler", serde_json::json!({"model": ["1", 0], "scheduler": "karras", "steps": 12, "denoise": 0.75})));
+        wf.nodes.insert("7".into(), node("SamplerCustom", serde_json::json!({"model": ["1", 0], "add_noise": true, "noise_seed": 9, "cfg": 6.5, "positive": ["2", 0], "negative": ["3", 0], "sampler": ["5", 0], "sigmas": ["6", 0], "latent_image": ["4", 0]})));
+        let p = a1111_parameters(&wf).unwrap();
+        assert_eq!(p, "a cat\nNegative prompt: blurry\nSteps: 12, Sampler: Euler a, Schedule type: karras, CFG scale: 6.5, Seed: 9, Size: 64x96, Model: sd15, Denoising strength: 0.75, Eta: 0.5, Version: sdflow");
+
+        wf.nodes.remove("7");
+        wf.nodes.insert("8".into(), node("CFGGuider", serde_json::json!({"model": ["1", 0], "positive": ["2", 0], "negative": ["3", 0], "cfg": 4.0})));
+        wf.nodes.insert("9".into(), node("RandomNoise", serde_json::json!({"noise_seed": 77})));
+        wf.nodes.insert("10".into(), node("ManualSigmas", serde_json::json!({"sigmas": "14.6, 7.0, 2.0, 0"})));
+        wf.nodes.insert("11".into(), node("KSamplerSelect", serde_json::json!({"sampler_name": "dpmpp_2m"})));
+        wf.nodes.insert("12".into(), node("SamplerCustomAdvanced", serde_json::json!({"noise": ["9", 0], "guider": ["8", 0], "sampler": ["11", 0], "sigmas": ["10", 0], "latent_image": ["4", 0]})));
+        let p = a1111_parameters(&wf).unwrap();
+        assert_eq!(p, "a cat\nNegative prompt: blurry\nSteps: 3, Sampler: DPM++ 2M, CFG scale: 4.0, Seed: 77, Size: 64x96, Model: sd15, Version: sdflow");
     }
 }
 
