@@ -105,7 +105,7 @@ pub fn run_command(args: RunArgs) -> anyhow::Result<()> {
         }
         workflows.push((path.display().to_string(), wf));
     }
-    let session = Session { output_dir: args.output_dir.clone(), json_events: args.json_events, workers: args.workers, repeat: args.repeat, preview: None };
+    let session = Session { output_dir: args.output_dir.clone(), json_events: args.json_events, workers: args.workers, repeat: args.repeat, preview: None, models_dir: Some(args.models_dir.clone()) };
     execute(registry, &workflows, &session)?;
     Ok(())
 }
@@ -121,6 +121,9 @@ pub struct Session {
     pub repeat: usize,
     /// Write sampler previews to a file (sd-cli's `--preview-path`).
     pub preview: Option<PreviewFile>,
+    /// The `--models-dir` the workflows' model names are looked up in, for the hint after a
+    /// name that is not there; `None` where sdflow chose the files itself (presets).
+    pub models_dir: Option<PathBuf>,
 }
 
 /// sd-cli's `--preview-path` and `--preview-interval`: every `interval`-th preview of a
@@ -212,6 +215,9 @@ pub fn execute(registry: Arc<Registry>, workflows: &[(String, Workflow)], sessio
                     println!("{}", report.to_json());
                 }
                 eprint!("{label}: {}", report.render());
+                if let Some(hint) = session.models_dir.as_deref().and_then(|dir| missing_model_hint(&report, dir)) {
+                    eprintln!("{hint}");
+                }
                 invalid = true;
             }
         }
@@ -257,6 +263,28 @@ pub fn execute(registry: Arc<Registry>, workflows: &[(String, Workflow)], sessio
         }
     }
     Ok(reports)
+}
+
+/// File name endings of model weights (a list choice with one is a file in a model folder).
+const MODEL_EXTENSIONS: [&str; 7] = [".safetensors", ".ckpt", ".gguf", ".pt", ".pth", ".bin", ".sft"];
+
+/// What to do about list values naming model files that are not there: the report says
+/// what the folder holds, not where that folder is or how to pick another file.
+fn missing_model_hint(report: &sdflow_executor::ValidationReport, models_dir: &Path) -> Option<String> {
+    let missing: Vec<(&str, &str, &str)> = report
+        .errors()
+        .filter(|(_, e)| e.kind == sdflow_executor::ErrorKind::ValueNotInList)
+        .filter_map(|(node, e)| {
+            let value = e.extra_info.get("received_value")?.as_str()?;
+            let lower = value.to_lowercase();
+            MODEL_EXTENSIONS.iter().any(|x| lower.ends_with(x)).then_some((node, e.input_name()?, value))
+        })
+        .collect();
+    let (node, input, value) = *missing.first()?;
+    Some(format!(
+        "hint: model files are looked up in {} (--models-dir); put {value} there, or run with one listed above, e.g. --set {node}.{input}=NAME",
+        models_dir.display()
+    ))
 }
 
 fn run_one(

@@ -97,8 +97,14 @@ fn editor_builds_queues_and_shows_results() {
     let dir =
         Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("browser-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    for sub in ["models", "input", "output"] {
+    for sub in ["models/checkpoints", "input", "output"] {
         std::fs::create_dir_all(dir.join(sub)).expect("creating the server's folders");
+    }
+    // The checkpoints the editor test expects in place of a workflow's missing model;
+    // listed, never loaded.
+    for name in ["tiny.safetensors", "tiny_b.safetensors"] {
+        std::fs::write(dir.join("models/checkpoints").join(name), b"")
+            .expect("writing a checkpoint placeholder");
     }
     let (server, url) = start_server(&dir);
     let status = Command::new("node")

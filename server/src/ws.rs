@@ -1,5 +1,8 @@
 //! `/ws?clientId=`: ComfyUI's WebSocket. Text frames are `{"type", "data"}` messages;
-//! previews are binary frames `[u32 BE event type = 1][u32 BE format: 1 JPEG, 2 PNG][bytes]`.
+//! previews are binary frames `[u32 BE event type = 1][u32 BE format: 1 JPEG, 2 PNG][bytes]`,
+//! or, for a client that announced `supports_preview_metadata` in a `feature_flags` message
+//! (ComfyUI's frontend sends one first), `[u32 BE 4][u32 BE length][JSON metadata naming the
+//! node][bytes]`.
 //!
 //! Runs publish into the [`Hub`]; each connection takes what is addressed to its client id
 //! (or to everyone).
@@ -19,12 +22,24 @@ use crate::state::AppState;
 
 /// ComfyUI's binary event type of an encoded preview image.
 pub const PREVIEW_IMAGE: u32 = 1;
+/// ComfyUI's binary event type of a preview image preceded by JSON naming its node.
+pub const PREVIEW_IMAGE_WITH_METADATA: u32 = 4;
 const JPEG: u32 = 1;
 const PNG: u32 = 2;
 
 pub enum Payload {
     Text(String),
-    Binary(Vec<u8>),
+    /// One preview in both framings; each connection sends the one its client reads.
+    Preview { legacy: Vec<u8>, with_metadata: Vec<u8> },
+}
+
+/// Which prompt and node a preview comes from. Previews are encoded off the compute
+/// thread and can reach the client after `executing` has named the next node, so the
+/// client cannot tell their node from the order of messages.
+#[derive(Clone, Debug)]
+pub struct PreviewSource {
+    pub prompt_id: String,
+    pub node: String,
 }
 
 pub struct Frame {
@@ -36,7 +51,7 @@ pub struct Frame {
 /// Fans messages out to the connected WebSocket clients.
 pub struct Hub {
     frames: broadcast::Sender<Arc<Frame>>,
-    previews: mpsc::UnboundedSender<(Option<String>, PreviewImage)>,
+    previews: mpsc::UnboundedSender<(Option<String>, PreviewSource, PreviewImage)>,
 }
 
 impl Hub {
@@ -46,17 +61,20 @@ impl Hub {
         // Deep enough for a burst of progress messages; a client that falls further behind
         // misses some (it is told by `Lagged`, and the history keeps the results).
         let (frames, _) = broadcast::channel(4096);
-        let (previews, mut rx) = mpsc::unbounded_channel::<(Option<String>, PreviewImage)>();
+        let (previews, mut rx) =
+            mpsc::unbounded_channel::<(Option<String>, PreviewSource, PreviewImage)>();
         let out = frames.clone();
         tokio::spawn(async move {
-            while let Some((target, image)) = rx.recv().await {
-                let encoded = tokio::task::spawn_blocking(move || encode_preview(&image)).await;
+            while let Some((target, source, image)) = rx.recv().await {
+                let encoded = tokio::task::spawn_blocking(move || {
+                    let legacy = encode_preview(&image)?;
+                    let with_metadata = preview_with_metadata(&legacy, &source);
+                    Ok::<_, String>(Payload::Preview { legacy, with_metadata })
+                })
+                .await;
                 match encoded {
-                    Ok(Ok(bytes)) => {
-                        let _ = out.send(Arc::new(Frame {
-                            target,
-                            payload: Payload::Binary(bytes),
-                        }));
+                    Ok(Ok(payload)) => {
+                        let _ = out.send(Arc::new(Frame { target, payload }));
                     }
                     Ok(Err(e)) => tracing::debug!("preview dropped: {e}"),
                     Err(e) => tracing::debug!("preview encoder failed: {e}"),
@@ -80,8 +98,8 @@ impl Hub {
         }));
     }
 
-    pub fn send_preview(&self, target: Option<&str>, image: PreviewImage) {
-        let _ = self.previews.send((target.map(str::to_string), image));
+    pub fn send_preview(&self, target: Option<&str>, source: PreviewSource, image: PreviewImage) {
+        let _ = self.previews.send((target.map(str::to_string), source, image));
     }
 
     pub fn status(&self, queue_remaining: usize) {
@@ -105,6 +123,30 @@ pub fn encode_preview(image: &PreviewImage) -> Result<Vec<u8>, String> {
     let format = write_preview_image(image, &mut out)?;
     out[4..8].copy_from_slice(&format.to_be_bytes());
     Ok(out)
+}
+
+/// The type-4 frame of an encoded type-1 frame: ComfyUI's metadata (the node ids as its
+/// frontend reads them, and the image's MIME type, which replaces the format word).
+/// sdflow runs no node expansion, so the display and real node are the node itself.
+pub fn preview_with_metadata(legacy: &[u8], source: &PreviewSource) -> Vec<u8> {
+    let format = u32::from_be_bytes(legacy[4..8].try_into().expect("a preview frame has 8 header bytes"));
+    let mime = if format == PNG { "image/png" } else { "image/jpeg" };
+    let metadata = json!({
+        "node_id": source.node,
+        "display_node_id": source.node,
+        "parent_node_id": null,
+        "real_node_id": source.node,
+        "prompt_id": source.prompt_id,
+        "image_type": mime,
+    })
+    .to_string();
+    let image = &legacy[8..];
+    let mut out = Vec::with_capacity(8 + metadata.len() + image.len());
+    out.extend_from_slice(&PREVIEW_IMAGE_WITH_METADATA.to_be_bytes());
+    out.extend_from_slice(&(metadata.len() as u32).to_be_bytes());
+    out.extend_from_slice(metadata.as_bytes());
+    out.extend_from_slice(image);
+    out
 }
 
 /// Appends the preview as an image file (raw pixels encoded as JPEG, as ComfyUI's
@@ -172,6 +214,8 @@ async fn connection(
     socket: WebSocket,
 ) {
     let (mut tx, mut rx) = socket.split();
+    // Until the client says otherwise it gets ComfyUI's original preview frames.
+    let mut preview_metadata = false;
     let hello =
         json!({ "type": "status", "data": status_data(state.queue.remaining(), Some(&sid)) });
     if tx
@@ -190,7 +234,10 @@ async fn connection(
                     }
                     let msg = match &frame.payload {
                         Payload::Text(t) => Message::Text(t.clone().into()),
-                        Payload::Binary(b) => Message::Binary(b.clone().into()),
+                        Payload::Preview { with_metadata, .. } if preview_metadata => {
+                            Message::Binary(with_metadata.clone().into())
+                        }
+                        Payload::Preview { legacy, .. } => Message::Binary(legacy.clone().into()),
                     };
                     if tx.send(msg).await.is_err() {
                         break;
@@ -202,10 +249,30 @@ async fn connection(
                 Err(broadcast::error::RecvError::Closed) => break,
             },
             incoming = rx.next() => match incoming {
-                // Clients send nothing ComfyUI acts on; only a close matters.
                 Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break,
+                // ComfyUI's frontend announces what it reads and is told what the server
+                // offers in return; nothing else a client sends is acted on.
+                Some(Ok(Message::Text(text))) => {
+                    if let Some(flags) = client_feature_flags(&text) {
+                        preview_metadata = flags.get("supports_preview_metadata").and_then(Json::as_bool) == Some(true);
+                        let reply = json!({ "type": "feature_flags", "data": crate::comfy::server_features() });
+                        if tx.send(Message::Text(reply.to_string().into())).await.is_err() {
+                            break;
+                        }
+                    }
+                }
                 Some(Ok(_)) => {}
             },
         }
     }
+}
+
+/// The `data` of a `{"type": "feature_flags", "data": {...}}` message.
+fn client_feature_flags(text: &str) -> Option<Json> {
+    let mut message: Json = serde_json::from_str(text).ok()?;
+    if message.get("type")?.as_str()? != "feature_flags" {
+        return None;
+    }
+    let data = message.get_mut("data").map(Json::take).unwrap_or(Json::Null);
+    data.is_object().then_some(data)
 }

@@ -497,3 +497,88 @@ async fn a_failing_node_reports_execution_error() {
     assert_eq!(h["status"]["status_str"], "error");
     s.shutdown().await;
 }
+
+/// Runs `prompt` for `client` and returns the binary frames it gets.
+async fn previews_of_run(s: &common::TestServer, ws: &mut Ws, client: &str, prompt: Json) -> Vec<Vec<u8>> {
+    let (code, reply) = s.post("/prompt", json!({"prompt": prompt, "client_id": client})).await;
+    assert_eq!(code, 200, "{reply}");
+    let mut frames = Vec::new();
+    loop {
+        match next_frame(ws).await {
+            Frame::Binary(b) => frames.push(b),
+            Frame::Json(m) if m["type"] == "execution_success" => break,
+            Frame::Json(_) => {}
+        }
+    }
+    // A preview encoded late may follow the end of the run.
+    while let Ok(Some(Ok(msg))) = tokio::time::timeout(Duration::from_millis(300), ws.next()).await {
+        if let Message::Binary(b) = msg {
+            frames.push(b.to_vec());
+        }
+    }
+    frames
+}
+
+/// ComfyUI's PREVIEW_IMAGE_WITH_METADATA: a client that announces
+/// `supports_preview_metadata` gets previews that name their node and prompt (a preview
+/// can arrive after `executing` moved on), one that does not gets the original frame.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn previews_name_their_node_for_clients_that_ask() {
+    let mut s = start(|_| {}).await;
+    let (code, features) = s.get("/features").await;
+    assert_eq!(code, 200);
+    assert_eq!(features["supports_preview_metadata"], true);
+
+    let mut modern = connect(&s.ws_url("modern")).await;
+    use futures_util::SinkExt;
+    modern
+        .send(Message::Text(json!({"type": "feature_flags", "data": {"supports_preview_metadata": true}}).to_string().into()))
+        .await
+        .unwrap();
+    // The server answers the client's flags with its own, after the hello.
+    let reply = loop {
+        let Frame::Json(m) = next_frame(&mut modern).await else { panic!("no binary frame before any prompt") };
+        if m["type"] == "feature_flags" {
+            break m;
+        }
+        assert_eq!(m["type"], "status", "{m}");
+    };
+    assert_eq!(reply["data"]["supports_preview_metadata"], true, "{reply}");
+
+    // Two slow nodes in a row: the first one's preview may land after the second started.
+    let two_slow = |seed: u64| {
+        let mut prompt = slow_prompt(seed, 4, 40, "meta");
+        prompt["4"] = json!({"class_type": "StubSlow", "inputs": {"latent": ["2", 0], "steps": 2, "step_ms": 40}});
+        prompt["3"]["inputs"]["latent"] = json!(["4", 0]);
+        prompt
+    };
+    let frames = previews_of_run(&s, &mut modern, "modern", two_slow(5)).await;
+    let mut nodes = Vec::new();
+    for frame in &frames {
+        assert_eq!(&frame[..4], &4u32.to_be_bytes(), "a PREVIEW_IMAGE_WITH_METADATA frame");
+        let len = u32::from_be_bytes(frame[4..8].try_into().unwrap()) as usize;
+        let meta: Json = serde_json::from_slice(&frame[8..8 + len]).unwrap();
+        let node = meta["node_id"].as_str().unwrap().to_string();
+        assert_eq!(meta["display_node_id"], node.as_str(), "{meta}");
+        assert_eq!(meta["real_node_id"], node.as_str(), "{meta}");
+        assert!(meta["parent_node_id"].is_null(), "{meta}");
+        assert_eq!(meta["image_type"], "image/jpeg", "{meta}");
+        assert!(meta["prompt_id"].as_str().is_some_and(|p| !p.is_empty()), "{meta}");
+        let img = image::load_from_memory(&frame[8 + len..]).unwrap();
+        assert_eq!((img.width(), img.height()), (4, 1));
+        nodes.push(node);
+    }
+    nodes.sort();
+    assert_eq!(nodes, ["2", "4"], "one preview from each slow node, each naming it");
+
+    // A client that says nothing keeps ComfyUI's original frame.
+    let mut plain = connect(&s.ws_url("plain")).await;
+    // Another seed: the same prompt would come from the cache, with no previews.
+    let frames = previews_of_run(&s, &mut plain, "plain", two_slow(6)).await;
+    assert_eq!(frames.len(), 2, "one preview per slow node");
+    for frame in &frames {
+        assert_eq!(&frame[..8], &[0, 0, 0, 1, 0, 0, 0, 1], "PREVIEW_IMAGE, JPEG");
+        assert_eq!(&frame[8..10], &[0xff, 0xd8], "JPEG magic");
+    }
+    s.shutdown().await;
+}

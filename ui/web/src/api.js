@@ -61,12 +61,62 @@ export function viewUrl(image) {
   return `view?${q}`;
 }
 
+/** One of sdflow's committed workflows in the UI format, or null when there is none. */
+export async function template(name) {
+  const response = await fetch(`templates/${encodeURIComponent(name)}.json`);
+  if (response.status === 404) return null;
+  return json(response, `GET /templates/${name}.json`);
+}
+
+/** ComfyUI's jobs API: the queue and the history, newest first. */
+export async function listJobs({ status, limit } = {}) {
+  const q = new URLSearchParams();
+  if (status) q.set("status", status);
+  if (limit) q.set("limit", String(limit));
+  return json(await fetch(`api/jobs?${q}`), "GET /api/jobs");
+}
+
+/** A job with its `outputs` and `workflow` ({prompt, extra_data}). */
+export async function getJob(id) {
+  return json(await fetch(`api/jobs/${encodeURIComponent(id)}`), `GET /api/jobs/${id}`);
+}
+
+/** Takes a pending job off the queue or interrupts the running one. */
+export async function cancelJob(id) {
+  return json(await fetch(`api/jobs/${encodeURIComponent(id)}/cancel`, { method: "POST" }), `POST /api/jobs/${id}/cancel`);
+}
+
 const PREVIEW_IMAGE = 1;
+const PREVIEW_IMAGE_WITH_METADATA = 4;
 const FORMATS = { 1: "image/jpeg", 2: "image/png" };
+
+/** The preview in a binary frame: `{ blob, metadata }` (metadata only in type-4 frames), or null. */
+export function parsePreview(buffer) {
+  if (buffer.byteLength < 8) return null;
+  const view = new DataView(buffer);
+  const type = view.getUint32(0);
+  if (type === PREVIEW_IMAGE) {
+    const mime = FORMATS[view.getUint32(4)];
+    return mime ? { blob: new Blob([buffer.slice(8)], { type: mime }), metadata: null } : null;
+  }
+  if (type === PREVIEW_IMAGE_WITH_METADATA) {
+    const length = view.getUint32(4);
+    if (8 + length > buffer.byteLength) return null;
+    let metadata;
+    try {
+      metadata = JSON.parse(new TextDecoder().decode(new Uint8Array(buffer, 8, length)));
+    } catch {
+      return null;
+    }
+    return { blob: new Blob([buffer.slice(8 + length)], { type: metadata?.image_type || "image/jpeg" }), metadata };
+  }
+  return null;
+}
 
 /**
  * Keeps a WebSocket to /ws open (reconnecting after a drop) and hands each JSON event to
- * `onEvent(type, data)` and each binary preview frame to `onPreview(blob)`.
+ * `onEvent(type, data)` and each binary preview to `onPreview(blob, metadata)`; metadata
+ * names the node that made the preview (null from servers that do not send it).
  */
 export function connect(clientId, { onEvent, onPreview, onOpen, onClose }) {
   let delay = 500;
@@ -77,15 +127,15 @@ export function connect(clientId, { onEvent, onPreview, onOpen, onClose }) {
     ws.binaryType = "arraybuffer";
     ws.onopen = () => {
       delay = 500;
+      // Must be the first message: ComfyUI's server reads the client's flags only then.
+      // With them, previews come with the node that made them.
+      ws.send(JSON.stringify({ type: "feature_flags", data: { supports_preview_metadata: true } }));
       onOpen?.();
     };
     ws.onmessage = (msg) => {
       if (msg.data instanceof ArrayBuffer) {
-        if (msg.data.byteLength < 8) return;
-        const view = new DataView(msg.data);
-        if (view.getUint32(0) !== PREVIEW_IMAGE) return;
-        const mime = FORMATS[view.getUint32(4)];
-        if (mime) onPreview(new Blob([msg.data.slice(8)], { type: mime }));
+        const preview = parsePreview(msg.data);
+        if (preview) onPreview(preview.blob, preview.metadata);
         return;
       }
       let event;

@@ -1,14 +1,20 @@
 // The editor: a litegraph canvas fed by the server's node catalogue, with a toolbar, a
-// searchable node list, the output gallery, and live progress over the WebSocket.
+// searchable node list, the queue and the output gallery, and live progress over the
+// WebSocket.
 import "@comfyorg/litegraph/style.css";
 import "./style.css";
 import { LiteGraph, LGraph, LGraphCanvas, LGraphGroup } from "@comfyorg/litegraph";
 import * as api from "./api.js";
-import { applyControl, registerAll, showImage, view } from "./nodes.js";
+import { installMenus, modeShortcut } from "./menu.js";
+import { applyControl, fitChoices, registerAll, showImage, view } from "./nodes.js";
+import { addToGallery, queuePanel, restoreGallery } from "./queue.js";
+import { mountLayer, placeTextareas } from "./textarea.js";
 import { graphToPrompt, loadFile, loadWorkflow } from "./workflow.js";
 
 const $ = (id) => document.getElementById(id);
 const STORAGE_KEY = "sdflow.workflow";
+// What a first visit opens, as ComfyUI opens its default graph.
+const DEFAULT_TEMPLATE = "txt2img";
 
 function newClientId() {
   if (crypto.randomUUID) return crypto.randomUUID();
@@ -22,12 +28,38 @@ const canvasEl = $("graph-canvas");
 const canvas = new LGraphCanvas(canvasEl, graph);
 canvas.allow_searchbox = true;
 canvas.show_info = false;
+// A graph the size of txt2img fitted beside the side panels lands just under litegraph's
+// 0.6, where it stops drawing text.
+canvas.low_quality_zoom_threshold = 0.45;
+// litegraph outlines the area at the graph's origin, which reads as a stray box.
+canvas.render_canvas_border = false;
+mountLayer($("canvas-wrap"));
+canvas.onDrawForeground = () => placeTextareas(canvas);
+installMenus(canvas, graph);
 
 function setStatus(text, kind = "") {
   const el = $("status");
   el.textContent = text;
   el.dataset.kind = kind;
 }
+
+// The last run's outcome stays beside the queue count until the next run starts: the
+// `status` message that follows every run would otherwise replace it at once.
+let outcome = null;
+let queueLeft = null;
+
+function showOutcome() {
+  const parts = [outcome?.text, queueLeft == null ? null : `queue: ${queueLeft}`].filter(Boolean);
+  setStatus(parts.join(" · "), outcome?.kind ?? "");
+}
+
+/** Notices that must stay until read (status messages are replaced by the next event). */
+function showNotice(lines) {
+  const box = $("notice");
+  $("notice-text").replaceChildren(...lines.map((line) => Object.assign(document.createElement("div"), { textContent: line })));
+  box.hidden = !lines.length;
+}
+$("notice-close").onclick = () => showNotice([]);
 
 function fitCanvas() {
   const wrap = $("canvas-wrap");
@@ -36,9 +68,59 @@ function fitCanvas() {
 }
 new ResizeObserver(fitCanvas).observe($("canvas-wrap"));
 
+/** The canvas's size on the page: the area between the side panels. */
+function viewSize() {
+  const wrap = $("canvas-wrap");
+  return [wrap.clientWidth, wrap.clientHeight];
+}
+
 /** The graph point at the middle of the visible canvas. */
 function viewCentre() {
-  return canvas.ds.convertCanvasToOffset([canvasEl.width / 2 / (window.devicePixelRatio || 1), canvasEl.height / 2 / (window.devicePixelRatio || 1)]);
+  const [w, h] = viewSize();
+  return canvas.ds.convertCanvasToOffset([w / 2, h / 2]);
+}
+
+/** Zooms and pans so every node and group is in view (never zooming in past 100%). */
+function fitView() {
+  fitCanvas();
+  const items = [...graph._nodes, ...(graph._groups ?? [])];
+  if (!items.length) {
+    canvas.ds.reset();
+    canvas.setDirty(true, true);
+    return;
+  }
+  let [x0, y0, x1, y1] = [Infinity, Infinity, -Infinity, -Infinity];
+  for (const item of items) {
+    // litegraph measures nodes at the start of each frame; a graph just opened has not had one
+    item.updateArea?.(canvas.ctx);
+    const [x, y, w, h] = item.boundingRect;
+    x0 = Math.min(x0, x);
+    y0 = Math.min(y0, y);
+    x1 = Math.max(x1, x + w);
+    y1 = Math.max(y1, y + h);
+  }
+  const [vw, vh] = viewSize();
+  const margin = 30;
+  const scale = Math.max(0.1, Math.min(1, (vw - 2 * margin) / (x1 - x0), (vh - 2 * margin) / (y1 - y0)));
+  canvas.ds.scale = scale;
+  canvas.ds.offset[0] = vw / 2 / scale - (x0 + x1) / 2;
+  canvas.ds.offset[1] = vh / 2 / scale - (y0 + y1) / 2;
+  canvas.setDirty(true, true);
+}
+
+/**
+ * After any workflow is opened: nodes as large as their widgets need (saved sizes may be
+ * smaller, and litegraph would grow them only when drawn, after the view was fitted), list
+ * values this server lacks swapped for ones it has (said in the notice), the view fitted.
+ */
+function afterLoad() {
+  for (const node of graph._nodes) {
+    if (!LiteGraph.registered_node_types[node.type]) continue;
+    const [w, h] = node.computeSize();
+    if (node.size[0] < w || node.size[1] < h) node.setSize([Math.max(node.size[0], w), Math.max(node.size[1], h)]);
+  }
+  showNotice(fitChoices(graph));
+  fitView();
 }
 
 // ---- validation and execution errors, shown on their nodes and listed at the side ----
@@ -155,6 +237,7 @@ async function openFile(file) {
   try {
     const note = await loadFile(graph, file);
     clearErrors();
+    afterLoad();
     setStatus(note || `opened ${file.name}`, note ? "warn" : "");
   } catch (e) {
     setStatus(e.message, "error");
@@ -174,7 +257,8 @@ $("btn-save").onclick = saveWorkflow;
 $("btn-clear").onclick = () => {
   graph.clear();
   clearErrors();
-  graph.setDirtyCanvas(true, true);
+  showNotice([]);
+  fitView();
 };
 $("btn-group").onclick = () => {
   const selected = [...canvas.selectedItems];
@@ -234,6 +318,7 @@ async function queue() {
     const reply = await api.queuePrompt(prompt, clientId, graph.serialize());
     if (skipped.length) setStatus(`queued (#${reply.number ?? "?"}), leaving out nodes this server does not have: ${skipped.join(", ")}`, "warn");
     else setStatus(`queued (#${reply.number ?? "?"})`);
+    jobs.refresh();
     for (const node of graph._nodes) applyControl(node);
     graph.setDirtyCanvas(true, false);
   } catch (e) {
@@ -252,28 +337,32 @@ window.addEventListener("keydown", (e) => {
   if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) {
     e.preventDefault();
     queue();
+    return;
   }
+  const typing = e.target instanceof HTMLElement && e.target.matches("input, textarea, [contenteditable]");
+  if (!typing && modeShortcut(canvas, e)) e.preventDefault();
 });
 
 function nodeById(id) {
   return id == null ? null : graph.getNodeById(Number(id)) ?? graph.getNodeById(id);
 }
 
-function addToGallery(image) {
-  const figure = document.createElement("figure");
-  figure.dataset.filename = image.filename;
-  const link = document.createElement("a");
-  link.href = api.viewUrl(image);
-  link.target = "_blank";
-  const img = document.createElement("img");
-  img.src = link.href;
-  img.alt = image.filename;
-  link.append(img);
-  const caption = document.createElement("figcaption");
-  caption.textContent = image.filename;
-  figure.append(link, caption);
-  $("gallery").prepend(figure);
+/** Opens the workflow a job ran: the editor's own graph when it sent one, else its prompt. */
+function openJob(job) {
+  const extra = job.workflow?.extra_data ?? {};
+  const saved = extra.extra_pnginfo?.workflow;
+  const where = `job ${job.id}`;
+  try {
+    const note = loadWorkflow(graph, saved && Array.isArray(saved.nodes) && saved.nodes.length ? saved : job.workflow?.prompt, where);
+    clearErrors();
+    afterLoad();
+    setStatus(note || `opened the workflow of ${where}`, note ? "warn" : "");
+  } catch (e) {
+    setStatus(e.message, "error");
+  }
 }
+
+const jobs = queuePanel($("queue"), { onOpen: openJob, onError: (e) => setStatus(e.message, "error") });
 
 function setRunning(id) {
   view.running = id == null ? null : String(id);
@@ -285,10 +374,16 @@ function setRunning(id) {
 const handlers = {
   status(data) {
     const left = data.status?.exec_info?.queue_remaining;
-    if (left !== undefined) setStatus(`queue: ${left}`);
+    if (left === undefined) return;
+    queueLeft = left;
+    showOutcome();
+    jobs.refresh();
   },
   execution_start() {
     clearErrors();
+    outcome = { text: "running" };
+    showOutcome();
+    jobs.refresh();
   },
   executing(data) {
     setRunning(data.node ?? null);
@@ -302,30 +397,44 @@ const handlers = {
   executed(data) {
     const images = data.output?.images ?? [];
     const node = nodeById(data.node);
-    for (const image of images) addToGallery(image);
+    addToGallery($("gallery"), images);
     if (node && images.length) showImage(node, api.viewUrl(images[images.length - 1]));
   },
   execution_success() {
     setRunning(null);
-    setStatus("done");
+    outcome = { text: "done" };
+    showOutcome();
+    jobs.refresh();
   },
   execution_error(data) {
     setRunning(null);
     showErrors("The prompt failed", { [data.node_id]: [`${data.exception_type ?? "error"}: ${data.exception_message ?? ""}`] });
-    setStatus("the prompt failed: see the errors", "error");
+    outcome = { text: "failed: see the errors", kind: "error" };
+    showOutcome();
+    jobs.refresh();
   },
   execution_interrupted() {
     setRunning(null);
-    setStatus("stopped", "warn");
+    outcome = { text: "stopped", kind: "warn" };
+    showOutcome();
+    jobs.refresh();
   },
 };
 
 api.connect(clientId, {
-  onOpen: () => setStatus("connected"),
+  onOpen: () => {
+    setStatus("connected");
+    jobs.refresh();
+  },
   onClose: () => setStatus("disconnected: reconnecting…", "warn"),
   onEvent: (type, data) => handlers[type]?.(data),
-  onPreview: (blob) => {
-    const node = nodeById(view.running);
+  onPreview: (blob, metadata) => {
+    // A preview can arrive after `executing` has named the next node; the metadata (sent
+    // because connect() announced supports_preview_metadata) says whose it is. Servers
+    // without it leave only the running node to go by.
+    const id = metadata ? metadata.display_node_id ?? metadata.node_id : view.running;
+    const node = nodeById(id);
+    window.sdflow.lastPreview = { node: id == null ? null : String(id), from: metadata ? "metadata" : "running node" };
     if (node) showImage(node, URL.createObjectURL(blob));
   },
 });
@@ -353,12 +462,24 @@ async function start() {
   renderCatalogue();
   $("node-search").oninput = renderCatalogue;
   const saved = localStorage.getItem(STORAGE_KEY);
-  if (saved) {
-    try {
+  try {
+    if (saved) {
       loadWorkflow(graph, JSON.parse(saved), "the last session's workflow");
-    } catch (e) {
-      setStatus(e.message, "warn");
+    } else {
+      const first = await api.template(DEFAULT_TEMPLATE);
+      if (first) {
+        loadWorkflow(graph, first, `the default workflow (${DEFAULT_TEMPLATE})`);
+        setStatus(`opened the default workflow (${DEFAULT_TEMPLATE})`);
+      }
     }
+    afterLoad();
+  } catch (e) {
+    setStatus(e.message, "warn");
+  }
+  try {
+    await restoreGallery($("gallery"));
+  } catch (e) {
+    setStatus(`could not read the finished jobs: ${e.message}`, "warn");
   }
   document.body.dataset.ready = "true";
 }
@@ -368,4 +489,4 @@ fitCanvas();
 start();
 
 // For the browser console and the browser test.
-window.sdflow = { graph, canvas, view, LiteGraph, graphToPrompt: () => graphToPrompt(graph).prompt, addNode, filesHandled: 0 };
+window.sdflow = { graph, canvas, view, LiteGraph, graphToPrompt: () => graphToPrompt(graph).prompt, addNode, fitView, filesHandled: 0, lastPreview: null };

@@ -1,6 +1,8 @@
 // Turns ComfyUI's `/object_info` catalogue into litegraph node types: one input slot per
 // linked input, one widget per widget input, one output slot per output.
-import { LiteGraph, LGraphNode, RenderShape } from "@comfyorg/litegraph";
+import { LiteGraph, LGraphEventMode, LGraphNode, RenderShape } from "@comfyorg/litegraph";
+import { nodeMenu } from "./menu.js";
+import { addTextarea } from "./textarea.js";
 
 export const CONTROL_VALUES = ["fixed", "increment", "decrement", "randomize"];
 const WIDGET_TYPES = new Set(["INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"]);
@@ -35,6 +37,13 @@ function isWidget(parsed) {
 }
 
 function addWidgetFor(node, name, parsed) {
+  const w = makeWidget(node, name, parsed);
+  // The slot type a widget converted to an input takes (ComfyUI's: COMBO for lists).
+  if (w) w.sdflowType = parsed.type;
+  return w;
+}
+
+function makeWidget(node, name, parsed) {
   const o = parsed.options;
   switch (parsed.type) {
     case "INT": {
@@ -56,12 +65,14 @@ function addWidgetFor(node, name, parsed) {
       });
     }
     case "STRING":
-      return node.addWidget("text", name, o.default ?? "", noop, { multiline: !!o.multiline });
+      if (o.multiline) return node.addCustomWidget(addTextarea(node, name, o.default ?? ""));
+      return node.addWidget("text", name, o.default ?? "", noop, { multiline: false });
     case "BOOLEAN":
       return node.addWidget("toggle", name, !!o.default, noop, { on: o.label_on ?? "true", off: o.label_off ?? "false" });
     case "COMBO": {
       const values = parsed.choices;
-      const w = node.addWidget("combo", name, o.default ?? values[0] ?? "", noop, { values });
+      // Picking a value is the answer to a "not on this server" mark.
+      const w = node.addWidget("combo", name, o.default ?? values[0] ?? "", () => clearMissing(w), { values });
       if (o.image_upload) {
         // ComfyUI's upload button carries the value "image": workflows keep it in widgets_values.
         const b = node.addWidget("button", "upload", "image", () => view.onUpload?.(node, w));
@@ -73,6 +84,44 @@ function addWidgetFor(node, name, parsed) {
     }
   }
   return null;
+}
+
+function clearMissing(w) {
+  if (w.sdflowMissing === undefined) return;
+  delete w.sdflowMissing;
+  w.label = undefined;
+}
+
+/**
+ * List values (model files, images, samplers) a loaded workflow names that are not among
+ * the node's choices here: each widget is marked and switched to the first choice there is,
+ * so the graph runs. Returns one line per change, for the notice.
+ */
+export function fitChoices(graph) {
+  const notes = [];
+  for (const node of graph._nodes) {
+    for (const w of node.widgets ?? []) {
+      if (w.type !== "combo" || w.sdflowControl || !Array.isArray(w.options?.values)) continue;
+      const values = w.options.values;
+      // A widget fed by a link: its own value is not what runs.
+      if (values.includes(w.value) || node.getSlotFromWidget?.(w)?.link != null) continue;
+      const missing = w.value;
+      w.sdflowMissing = missing;
+      w.label = `⚠ ${w.name}`;
+      const where = `${node.title} #${node.id}: ${w.name} "${missing}" is not on this server`;
+      if (values.length) {
+        w.value = values[0];
+        notes.push(`${where}; switched to "${values[0]}" (present: ${shortList(values)})`);
+      } else notes.push(`${where}, and none is: add one to the server's folder`);
+    }
+  }
+  if (notes.length) graph.setDirtyCanvas(true, true);
+  return notes;
+}
+
+function shortList(values, max = 5) {
+  const shown = values.slice(0, max).join(", ");
+  return values.length > max ? `${shown} and ${values.length - max} more` : shown;
 }
 
 /** The next value of a seed-like widget after a queue, by its control widget. */
@@ -107,6 +156,22 @@ function wrapText(ctx, text, width) {
 function drawOverlay(ctx) {
   const [w, h] = this.size;
   const title = LiteGraph.NODE_TITLE_HEIGHT;
+  // litegraph draws bypassed and muted nodes like the others; ComfyUI tints them
+  if (this.mode === LGraphEventMode.BYPASS || this.mode === LGraphEventMode.NEVER) {
+    ctx.fillStyle = this.mode === LGraphEventMode.BYPASS ? "rgba(160, 60, 200, 0.35)" : "rgba(20, 20, 20, 0.55)";
+    ctx.fillRect(0, -title, w, h + title);
+  }
+  for (const widget of this.widgets ?? []) {
+    if (widget.sdflowMissing === undefined) continue;
+    // Widgets are laid out after this runs: the first frame has no place for the mark yet.
+    if (widget.last_y == null) {
+      this.setDirtyCanvas(true, false);
+      continue;
+    }
+    ctx.strokeStyle = "#ffb74d";
+    ctx.lineWidth = 2;
+    ctx.strokeRect(12, widget.last_y - 1, w - 24, LiteGraph.NODE_WIDGET_HEIGHT + 2);
+  }
   if (this.sdflowImage?.complete && this.sdflowImage.naturalWidth) {
     const img = this.sdflowImage;
     const top = this.sdflowImageTop ?? 0;
@@ -187,6 +252,10 @@ export function registerAll(info) {
       }
     }
     ComfyNode.prototype.onDrawForeground = drawOverlay;
+    ComfyNode.prototype.getExtraMenuOptions = nodeMenu;
+    ComfyNode.prototype.onRemoved = function () {
+      for (const w of this.widgets ?? []) w.onRemove?.();
+    };
     LiteGraph.registerNodeType(type, ComfyNode);
     ComfyNode.category = def.category ?? "";
     catalogue.push({ type, title: ComfyNode.title, category: ComfyNode.category, description: def.description ?? "" });

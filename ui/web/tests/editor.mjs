@@ -1,6 +1,11 @@
-// Browser test of the editor against a running `sdflow serve`: builds a graph by clicking,
-// queues it and waits for the image in the gallery; a missing input shows on its node;
-// saved, JSON and PNG workflows load back. Run by cli/tests/browser.rs:
+// Browser test of the editor against a running `sdflow serve`: a first visit opens the
+// default txt2img workflow fitted to the view, prompts are inline textareas, a missing
+// model is swapped for a present one with a notice; builds a graph by clicking, queues it
+// and waits for the image in the gallery; previews land on the node their metadata names;
+// the queue panel lists and cancels jobs and comes back with the gallery after a reload; a
+// missing input shows on its node; saved, JSON and PNG workflows load back; the right-click
+// menus hold ComfyUI's entries. Run by cli/tests/browser.rs (whose server has two
+// checkpoints, models/checkpoints/tiny.safetensors and tiny_b.safetensors):
 //   node ui/web/tests/editor.mjs http://127.0.0.1:PORT/
 // Uses Debian's chromium (SDFLOW_CHROMIUM overrides the path); never downloads a browser.
 import { chromium } from "playwright-core";
@@ -42,6 +47,24 @@ const page = await context.newPage();
 page.setDefaultTimeout(TIMEOUT);
 page.on("pageerror", (e) => consoleErrors.push(`page error: ${e.message}`));
 page.on("console", (m) => m.type() === "error" && consoleErrors.push(`console: ${m.text()}`));
+
+// The page's WebSocket passes through here: the test reads what the page announces and
+// can put frames of its own in front of it (a late preview), as the server could send them.
+const socket = { fromPage: [], route: null };
+await page.routeWebSocket(/\/ws\?clientId=/, (ws) => {
+  const server = ws.connectToServer();
+  socket.route = ws;
+  socket.fromPage = [];
+  ws.onMessage((m) => {
+    socket.fromPage.push(m);
+    server.send(m);
+  });
+  server.onMessage((m) => ws.send(m));
+});
+
+const TXT2IMG = JSON.parse(await readFile(new URL("../../../workflows/txt2img.json", import.meta.url), "utf8"));
+// A 1×1 PNG, for previews the test sends itself.
+const PIXEL = Buffer.from("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==", "base64");
 
 /** Page coordinates of a point given in graph coordinates. */
 async function toPage(graphPoint) {
@@ -124,6 +147,69 @@ async function nodeTypes() {
   return page.evaluate(() => window.sdflow.graph._nodes.map((n) => n.type).sort());
 }
 
+/** Nodes (id, type, page rectangle of the node with its title) and the canvas's page rectangle. */
+async function onScreen() {
+  return page.evaluate(() => {
+    const { graph, canvas, LiteGraph } = window.sdflow;
+    const r = canvas.canvas.getBoundingClientRect();
+    const nodes = graph._nodes.map((n) => {
+      const [x0, y0] = canvas.ds.convertOffsetToCanvas([n.pos[0], n.pos[1] - LiteGraph.NODE_TITLE_HEIGHT]);
+      const [x1, y1] = canvas.ds.convertOffsetToCanvas([n.pos[0] + n.size[0], n.pos[1] + n.size[1]]);
+      return { id: n.id, type: n.type, left: r.left + x0, top: r.top + y0, right: r.left + x1, bottom: r.top + y1 };
+    });
+    return { nodes, canvas: { left: r.left, top: r.top, right: r.right, bottom: r.bottom }, scale: canvas.ds.scale };
+  });
+}
+
+/** Fails unless every node lies wholly on the visible canvas. */
+async function assertAllInView(what) {
+  const { nodes, canvas } = await onScreen();
+  assert.ok(nodes.length, `${what}: there are nodes`);
+  for (const n of nodes) {
+    assert.ok(n.left >= canvas.left && n.top >= canvas.top && n.right <= canvas.right && n.bottom <= canvas.bottom,
+      `${what}: ${n.type} #${n.id} (${Math.round(n.left)},${Math.round(n.top)})–(${Math.round(n.right)},${Math.round(n.bottom)}) is inside the canvas (${canvas.left},${canvas.top})–(${canvas.right},${canvas.bottom})`);
+  }
+}
+
+/** Right-clicks at a page point and returns the texts of the menu that opens. */
+async function contextMenuAt(x, y) {
+  await page.keyboard.press("Escape");
+  await page.mouse.click(x, y, { button: "right" });
+  const menu = page.locator(".litecontextmenu").last();
+  await menu.waitFor();
+  return menu.locator(".litemenu-entry").evaluateAll((els) => els.map((e) => e.textContent));
+}
+
+/** Right-clicks a node's title bar; returns the menu's entries. */
+async function nodeMenu(id) {
+  const point = await page.evaluate((id) => {
+    const n = window.sdflow.graph.getNodeById(id);
+    return [n.pos[0] + n.size[0] / 2, n.pos[1] - 10];
+  }, id);
+  const [x, y] = await toPage(point);
+  return contextMenuAt(x, y);
+}
+
+/** Clicks the entry reading exactly `text` in the newest menu (a submenu opens last). */
+async function clickMenuEntry(text) {
+  const exact = new RegExp(`^${text.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}$`);
+  await page.locator(".litecontextmenu").last().locator(".litemenu-entry").filter({ hasText: exact }).click();
+}
+
+async function statusText() {
+  return page.locator("#status").textContent();
+}
+
+/** The texts the queue panel shows, per job id. */
+async function queueRows() {
+  return page.locator("#queue .job").evaluateAll((els) => els.map((e) => ({
+    id: e.dataset.id,
+    status: e.dataset.status,
+    thumb: e.querySelector("img.thumb")?.getAttribute("src") ?? null,
+    button: e.querySelector("button")?.textContent ?? null,
+  })));
+}
+
 let graphIds = null;
 
 await check("the editor loads the node catalogue from /object_info", async () => {
@@ -134,7 +220,109 @@ await check("the editor loads the node catalogue from /object_info", async () =>
   await page.fill("#node-search", "mask to");
   const found = await page.locator("#node-list li.node-type").evaluateAll((els) => els.map((e) => e.dataset.type));
   assert.ok(found.includes("MaskToImage") && !found.includes("KSampler"), `search narrows the list (got ${found.join(", ")})`);
-  await page.waitForFunction(() => document.getElementById("status").textContent === "connected" || /queue/.test(document.getElementById("status").textContent));
+  const connected = Date.now();
+  while (!socket.fromPage.length && Date.now() - connected < 10000) await page.waitForTimeout(50);
+  assert.deepEqual(JSON.parse(socket.fromPage[0] ?? "null"), { type: "feature_flags", data: { supports_preview_metadata: true } },
+    "the page's first WebSocket message asks for previews that name their node");
+});
+
+await check("a first visit opens the default txt2img workflow, with the models there", async () => {
+  assert.deepEqual(await nodeTypes(), Object.values(TXT2IMG.nodes).map((n) => n.class_type).sort());
+  const ckpt = await page.evaluate(() => window.sdflow.graph._nodes.find((n) => n.type === "CheckpointLoaderSimple").widgets.find((w) => w.name === "ckpt_name").value);
+  assert.equal(ckpt, "tiny.safetensors", "the served template names the checkpoint the server has");
+  assert.equal(await page.locator("#notice").isHidden(), true, "nothing to say about models");
+});
+
+await check("an opened graph is fitted to the canvas between the side panels", async () => {
+  await assertAllInView("the default workflow");
+  const save = (await onScreen()).nodes.find((n) => n.type === "SaveImage");
+  const side = await page.locator("#side").boundingBox();
+  assert.ok(save.right < side.x, `Save Image (right edge ${save.right}) is left of the side panel (${side.x})`);
+  // A graph far from the origin, as a saved ComfyUI workflow may be.
+  const far = await page.evaluate(() => {
+    const data = window.sdflow.graph.serialize();
+    for (const n of data.nodes) n.pos = [n.pos[0] + 6000, n.pos[1] + 4000];
+    return data;
+  });
+  await page.evaluate(() => { window.sdflow.canvas.ds.reset(); });
+  await dropFile("far.json", "application/json", Buffer.from(JSON.stringify(far)));
+  await assertAllInView("a graph saved at (6000, 4000)");
+});
+
+await check("multi-line inputs are text boxes on their node", async () => {
+  const info = await page.evaluate(async () => (await fetch("object_info")).json());
+  assert.equal(info.CLIPTextEncode.input.required.text[1].multiline, true, "the schema asks for a multi-line text");
+  assert.ok(!info.SaveImage.input.required.filename_prefix[1]?.multiline, "and a one-line one");
+  const boxes = await page.evaluate(() => {
+    const { graph, canvas } = window.sdflow;
+    return graph._nodes.filter((n) => n.type === "CLIPTextEncode").map((n) => {
+      const w = n.widgets.find((w) => w.name === "text");
+      const el = w.element;
+      const r = el?.getBoundingClientRect();
+      const c = canvas.canvas.getBoundingClientRect();
+      const [x0, y0] = canvas.ds.convertOffsetToCanvas(n.pos);
+      const [x1, y1] = canvas.ds.convertOffsetToCanvas([n.pos[0] + n.size[0], n.pos[1] + n.size[1]]);
+      return { id: n.id, tag: el?.tagName, shown: !!el && !el.hidden && r.width > 50 && r.height > 30, box: r && [r.left, r.top, r.right, r.bottom], node: [c.left + x0, c.top + y0, c.left + x1, c.top + y1], value: w.value };
+    });
+  });
+  assert.equal(boxes.length, 2);
+  for (const b of boxes) {
+    assert.equal(b.tag, "TEXTAREA", `node ${b.id}'s prompt is a textarea`);
+    assert.ok(b.shown, `node ${b.id}'s textarea is shown (${b.box})`);
+    assert.ok(b.box[0] >= b.node[0] - 1 && b.box[1] >= b.node[1] - 1 && b.box[2] <= b.node[2] + 1 && b.box[3] <= b.node[3] + 1,
+      `node ${b.id}'s textarea ${b.box.map(Math.round)} lies on the node ${b.node.map(Math.round)}`);
+  }
+  const prefix = await page.evaluate(() => window.sdflow.graph._nodes.find((n) => n.type === "SaveImage").widgets.find((w) => w.name === "filename_prefix"));
+  assert.ok(!prefix?.element, "a one-line input stays a widget");
+  const positive = boxes.find((b) => b.value.includes("cat"));
+  await page.locator(`textarea.node-textarea[data-node="${positive.id}"]`).click();
+  await page.keyboard.press("ControlOrMeta+a");
+  await page.keyboard.type("a red fox");
+  await page.keyboard.press("Enter");
+  await page.keyboard.type("in the snow");
+  assert.equal(await page.locator(".graphdialog").count(), 0, "no popup to type into");
+  const prompt = await page.evaluate(() => window.sdflow.graphToPrompt());
+  assert.equal(prompt[String(positive.id)].inputs.text, "a red fox\nin the snow", "typed lines, Enter included, are the prompt");
+});
+
+await check("a reload restores the open graph instead of the default one", async () => {
+  await page.reload();
+  await page.waitForSelector("body[data-ready=true]");
+  const texts = await page.evaluate(() => window.sdflow.graph._nodes.filter((n) => n.type === "CLIPTextEncode").map((n) => n.widgets.find((w) => w.name === "text").value).sort());
+  assert.deepEqual(texts, ["a red fox\nin the snow", "blurry, low quality"]);
+  const shown = await page.locator("textarea.node-textarea").evaluateAll((els) => els.filter((e) => !e.hidden).map((e) => e.value).sort());
+  assert.deepEqual(shown, texts, "the textareas show the restored texts");
+});
+
+await check("a workflow naming a model that is not there switches to one that is, and says so", async () => {
+  await page.setInputFiles("#file-load", { name: "txt2img.json", mimeType: "application/json", buffer: Buffer.from(JSON.stringify(TXT2IMG)) });
+  await page.waitForFunction(() => !document.getElementById("notice").hidden);
+  const widget = await page.evaluate(() => {
+    const w = window.sdflow.graph.getNodeById(1).widgets.find((w) => w.name === "ckpt_name");
+    return { value: w.value, missing: w.sdflowMissing, label: w.label };
+  });
+  assert.deepEqual(widget, { value: "tiny.safetensors", missing: "model.safetensors", label: "⚠ ckpt_name" }, "switched and marked");
+  const notice = await page.locator("#notice").textContent();
+  assert.match(notice, /ckpt_name "model\.safetensors" is not on this server; switched to "tiny\.safetensors" \(present: tiny\.safetensors, tiny_b\.safetensors\)/);
+  const prompt = await page.evaluate(() => window.sdflow.graphToPrompt());
+  assert.equal(prompt["1"].inputs.ckpt_name, "tiny.safetensors", "the queued prompt names the present model");
+  // Picking another model from the widget's list clears the mark.
+  const point = await page.evaluate(() => {
+    const n = window.sdflow.graph.getNodeById(1);
+    const w = n.widgets.find((w) => w.name === "ckpt_name");
+    return [n.pos[0] + n.size[0] / 2, n.pos[1] + w.y + 10];
+  });
+  const [x, y] = await toPage(point);
+  await page.mouse.click(x, y);
+  await clickMenuEntry("tiny_b.safetensors");
+  const picked = await page.evaluate(() => {
+    const w = window.sdflow.graph.getNodeById(1).widgets.find((w) => w.name === "ckpt_name");
+    return { value: w.value, missing: w.sdflowMissing ?? null, label: w.label ?? null };
+  });
+  assert.deepEqual(picked, { value: "tiny_b.safetensors", missing: null, label: null });
+  await page.click("#notice-close");
+  await page.click("#btn-clear");
+  assert.deepEqual(await nodeTypes(), []);
 });
 
 await check("a graph built by clicking runs and its image reaches the gallery", async () => {
@@ -154,29 +342,97 @@ await check("a graph built by clicking runs and its image reaches the gallery", 
   const img = await newestImage(before);
   assert.deepEqual([img.width, img.height], [96, 64], "the gallery shows the 96×64 image the graph makes");
   assert.match(img.src, /\/view\?filename=ComfyUI_/);
+  // The outcome stays beside the queue count that follows it.
+  await page.waitForFunction(() => document.getElementById("status").textContent === "done · queue: 0");
+  await page.waitForTimeout(700);
+  assert.equal(await statusText(), "done · queue: 0", "still there a moment later");
+  // The job is in the queue panel, finished, with its image as the thumbnail.
+  const name = new URL(img.src).searchParams.get("filename");
+  await page.waitForFunction((name) => [...document.querySelectorAll("#queue .job[data-status=completed] img.thumb")].some((i) => i.src.includes(name)), name);
+  const row = (await queueRows())[0];
+  assert.equal(row.status, "completed");
+  assert.equal(row.button, "Open", "a finished job opens again");
 });
 
-await check("progress and previews show live on the running node", async () => {
-  const workflow = {
-    "1": { class_type: "StubConstant", inputs: { seed: 7, size: 16 } },
-    "2": { class_type: "StubSlow", inputs: { latent: ["1", 0], steps: 6, step_ms: 250 } },
+/** StubConstant → StubSlow (`steps` of 250 ms) → StubOutput, as an API prompt. */
+function slowWorkflow(seed, steps) {
+  return {
+    "1": { class_type: "StubConstant", inputs: { seed, size: 16 } },
+    "2": { class_type: "StubSlow", inputs: { latent: ["1", 0], steps, step_ms: 250 } },
     "3": { class_type: "StubOutput", inputs: { latent: ["2", 0], label: "slow" } },
   };
-  const saved = await page.evaluate(() => window.sdflow.graph.serialize());
-  await page.setInputFiles("#file-load", { name: "slow.json", mimeType: "application/json", buffer: Buffer.from(JSON.stringify(workflow)) });
+}
+
+let clicked = null;
+
+await check("progress and previews show live on the running node; a queued job can be cancelled", async () => {
+  clicked = await page.evaluate(() => window.sdflow.graph.serialize());
+  await page.setInputFiles("#file-load", { name: "slow.json", mimeType: "application/json", buffer: Buffer.from(JSON.stringify(slowWorkflow(7, 12))) });
   await page.waitForFunction(() => window.sdflow.graph._nodes.length === 3 && window.sdflow.graph._nodes.some((n) => n.type === "StubSlow"));
   await page.click("#btn-queue");
   const seen = await page.waitForFunction(() => {
     const p = window.sdflow.view.progress;
-    return p && p.max === 6 && p.value >= 1 && window.sdflow.view.running === p.node && { node: p.node, text: document.getElementById("progress").textContent };
+    return p && p.max === 12 && p.value >= 1 && window.sdflow.view.running === p.node && { node: p.node, text: document.getElementById("progress").textContent };
   });
   const { node, text } = await seen.jsonValue();
   assert.equal(node, "2", "the running node is StubSlow");
-  assert.match(text, /\d\/6/, `the toolbar shows step n/N (${text})`);
+  assert.match(text, /\d\/12/, `the toolbar shows step n/N (${text})`);
+  // A second run waits in the queue; its Cancel takes it off.
+  await page.click("#btn-queue");
+  const cancel = page.locator("#queue .job[data-status=pending] button.cancel");
+  await cancel.waitFor();
+  assert.equal(await page.locator("#queue .job[data-status=in_progress] button.cancel").count(), 1, "the running job has a Cancel too");
+  const pendingId = await page.locator("#queue .job[data-status=pending]").getAttribute("data-id");
+  await cancel.click();
+  await page.waitForFunction((id) => !document.querySelector(`#queue .job[data-id="${id}"]`), pendingId);
+  const pending = await page.evaluate(async () => (await (await fetch("api/jobs?status=pending")).json()).jobs);
+  assert.deepEqual(pending, [], "the server's queue has no pending job left");
+  // The server's preview names StubSlow, and the page went by that.
   await page.waitForFunction(() => window.sdflow.graph.getNodeById(2).sdflowImage?.src.startsWith("blob:"));
+  assert.deepEqual(await page.evaluate(() => window.sdflow.lastPreview), { node: "2", from: "metadata" });
   await page.waitForFunction(() => window.sdflow.view.running === null);
+  await page.waitForFunction(() => document.getElementById("status").textContent === "done · queue: 0");
+});
+
+await check("previews belong to the node their metadata names, even after executing moved on", async () => {
+  const route = socket.route;
+  const clear = () => page.evaluate(() => { for (const n of window.sdflow.graph._nodes) n.sdflowImage = null; });
+  await clear();
+  route.send(JSON.stringify({ type: "executing", data: { node: "3", display_node: "3", prompt_id: "late" } }));
+  await page.waitForFunction(() => window.sdflow.view.running === "3");
+  const metadata = Buffer.from(JSON.stringify({ node_id: "2", display_node_id: "2", parent_node_id: null, real_node_id: "2", prompt_id: "late", image_type: "image/png" }));
+  const head = Buffer.alloc(8);
+  head.writeUInt32BE(4, 0);
+  head.writeUInt32BE(metadata.length, 4);
+  route.send(Buffer.concat([head, metadata, PIXEL]));
+  await page.waitForFunction(() => window.sdflow.graph.getNodeById(2).sdflowImage?.src.startsWith("blob:"), null, { timeout: 10000 });
+  assert.equal(await page.evaluate(() => window.sdflow.graph.getNodeById(3).sdflowImage ?? null), null, "not on the node executing now");
+  // A server without metadata leaves only the running node to go by.
+  const legacy = Buffer.alloc(8);
+  legacy.writeUInt32BE(1, 0);
+  legacy.writeUInt32BE(2, 4);
+  route.send(Buffer.concat([legacy, PIXEL]));
+  await page.waitForFunction(() => window.sdflow.graph.getNodeById(3).sdflowImage?.src.startsWith("blob:"), null, { timeout: 10000 });
+  assert.deepEqual(await page.evaluate(() => window.sdflow.lastPreview), { node: "3", from: "running node" });
+  route.send(JSON.stringify({ type: "executing", data: { node: null, prompt_id: "late" } }));
+  await page.waitForFunction(() => window.sdflow.view.running === null);
+});
+
+await check("stopping the running job from the queue panel keeps 'stopped' in view", async () => {
+  await page.setInputFiles("#file-load", { name: "slow2.json", mimeType: "application/json", buffer: Buffer.from(JSON.stringify(slowWorkflow(8, 40))) });
+  await page.waitForFunction(() => window.sdflow.graph.getNodeById(1)?.widgets.find((w) => w.name === "seed").value === 8);
+  await page.click("#btn-queue");
+  const cancel = page.locator("#queue .job[data-status=in_progress] button.cancel");
+  await cancel.waitFor();
+  const id = await page.locator("#queue .job[data-status=in_progress]").getAttribute("data-id");
+  await page.waitForFunction(() => window.sdflow.view.progress?.value >= 1);
+  await cancel.click();
+  await page.waitForFunction(() => document.getElementById("status").textContent === "stopped · queue: 0");
+  await page.waitForTimeout(700);
+  assert.equal(await statusText(), "stopped · queue: 0");
+  await page.waitForFunction((id) => document.querySelector(`#queue .job[data-id="${id}"]`)?.dataset.status === "cancelled", id);
   // back to the graph built by clicking, for the checks that follow
-  await dropFile("saved.json", "application/json", Buffer.from(JSON.stringify(saved)));
+  await dropFile("saved.json", "application/json", Buffer.from(JSON.stringify(clicked)));
   assert.deepEqual(await nodeTypes(), ["MaskToImage", "SaveImage", "SolidMask"]);
 });
 
@@ -269,6 +525,111 @@ await check("a file that is not a workflow gives a clear message", async () => {
   const status = await page.locator("#status").textContent();
   assert.match(status, /notes\.json: not valid JSON/);
   assert.equal(await page.evaluate(() => window.sdflow.graph._nodes.length), 3, "the open graph is kept");
+});
+
+await check("the right-click menus hold ComfyUI's entries, and they work", async () => {
+  await page.evaluate(() => window.sdflow.fitView());
+  const solid = await page.evaluate(() => window.sdflow.graph._nodes.find((n) => n.type === "SolidMask").id);
+  // The canvas: add a node, add a group; nothing this editor cannot queue (subgraphs).
+  const box = await page.locator("#graph-canvas").boundingBox();
+  const empty = [box.x + box.width - 30, box.y + box.height - 30];
+  assert.equal(await page.evaluate(([x, y]) => {
+    const { canvas, graph } = window.sdflow;
+    const r = canvas.canvas.getBoundingClientRect();
+    return graph.getNodeOnPos(...canvas.ds.convertCanvasToOffset([x - r.left, y - r.top])) ?? null;
+  }, empty), null, "the corner is empty canvas");
+  let entries = await contextMenuAt(...empty);
+  for (const e of ["Add Node", "Add Group"]) assert.ok(entries.includes(e), `the canvas menu has ${e} (${entries})`);
+  assert.ok(!entries.some((e) => /Subgraph/.test(e)), `no subgraph entries (${entries})`);
+  const groups = await page.evaluate(() => window.sdflow.graph._groups.length);
+  await clickMenuEntry("Add Group");
+  assert.equal(await page.evaluate(() => window.sdflow.graph._groups.length), groups + 1, "Add Group added one");
+  await contextMenuAt(...empty);
+  await clickMenuEntry("Add Node");
+  const categories = await page.locator(".litecontextmenu").last().locator(".litemenu-entry").evaluateAll((els) => els.map((e) => e.textContent));
+  assert.ok(categories.includes("mask"), `Add Node lists the categories (${categories})`);
+  await page.keyboard.press("Escape");
+  await page.mouse.click(empty[0], empty[1]);
+
+  // A node: bypass, pin, colors, converting a widget to an input and back.
+  entries = await nodeMenu(solid);
+  for (const e of ["Bypass", "Pin", "Colors", "Convert Widget to Input", "Mode", "Remove"]) assert.ok(entries.includes(e), `the node menu has ${e} (${entries})`);
+  assert.ok(!entries.some((e) => /Subgraph/.test(e)), `no subgraph entries (${entries})`);
+  await clickMenuEntry("Bypass");
+  assert.equal(await page.evaluate((id) => window.sdflow.graph.getNodeById(id).mode, solid), 4, "bypassed");
+  assert.ok(!(String(solid) in await page.evaluate(() => window.sdflow.graphToPrompt())), "a bypassed node is not queued");
+  entries = await nodeMenu(solid);
+  assert.ok(entries.includes("Remove Bypass"), `${entries}`);
+  await clickMenuEntry("Remove Bypass");
+  assert.equal(await page.evaluate((id) => window.sdflow.graph.getNodeById(id).mode, solid), 0);
+
+  // ComfyUI's key for it: Ctrl+B on the selected node, twice.
+  const [tx, ty] = await toPage(await page.evaluate((id) => {
+    const n = window.sdflow.graph.getNodeById(id);
+    return [n.pos[0] + 30, n.pos[1] - 15];
+  }, solid));
+  await page.mouse.click(tx, ty);
+  await page.waitForFunction((id) => !!window.sdflow.canvas.selected_nodes?.[id], solid);
+  await page.keyboard.press("Control+b");
+  assert.equal(await page.evaluate((id) => window.sdflow.graph.getNodeById(id).mode, solid), 4, "Ctrl+B bypassed it");
+  await page.keyboard.press("Control+b");
+  assert.equal(await page.evaluate((id) => window.sdflow.graph.getNodeById(id).mode, solid), 0, "and a second Ctrl+B undid that");
+
+  await nodeMenu(solid);
+  await clickMenuEntry("Pin");
+  assert.equal(await page.evaluate((id) => window.sdflow.graph.getNodeById(id).pinned, solid), true, "pinned");
+  entries = await nodeMenu(solid);
+  assert.ok(entries.includes("Unpin"), `${entries}`);
+  await clickMenuEntry("Unpin");
+  assert.equal(await page.evaluate((id) => window.sdflow.graph.getNodeById(id).pinned, solid), false);
+
+  await nodeMenu(solid);
+  await clickMenuEntry("Colors");
+  await clickMenuEntry("red");
+  assert.ok(await page.evaluate((id) => !!window.sdflow.graph.getNodeById(id).color, solid), "a color was set");
+
+  await nodeMenu(solid);
+  await clickMenuEntry("Convert Widget to Input");
+  await clickMenuEntry("Convert width to input");
+  const input = await page.evaluate((id) => {
+    const i = window.sdflow.graph.getNodeById(id).inputs.find((i) => i.name === "width");
+    return i && { type: i.type, widget: i.widget };
+  }, solid);
+  assert.deepEqual(input, { type: "INT", widget: { name: "width" } }, "width has an input slot");
+  entries = await nodeMenu(solid);
+  assert.ok(entries.includes("Convert Input to Widget"), `${entries}`);
+  await clickMenuEntry("Convert Input to Widget");
+  await clickMenuEntry("Convert width to widget");
+  assert.equal(await page.evaluate((id) => window.sdflow.graph.getNodeById(id).inputs.some((i) => i.name === "width"), solid), false, "and back");
+});
+
+await check("after a reload the queue panel and the gallery come back from the server's jobs", async () => {
+  const before = await page.locator("#gallery figure").evaluateAll((els) => els.map((e) => e.dataset.filename).sort());
+  assert.ok(before.length >= 2, `images to come back (${before})`);
+  await page.reload();
+  await page.waitForSelector("body[data-ready=true]");
+  const after = await page.locator("#gallery figure").evaluateAll((els) => els.map((e) => e.dataset.filename).sort());
+  assert.deepEqual(after, before, "the same images");
+  const newest = await page.locator("#gallery figure img").first().getAttribute("src");
+  const jobs = await page.evaluate(async () => (await (await fetch("api/jobs?status=completed")).json()).jobs);
+  const latest = jobs.find((j) => j.preview_output?.mediaType === "images");
+  assert.ok(newest.includes(encodeURIComponent(latest.preview_output.filename)), `the newest job's image is on top (${newest})`);
+  await page.waitForFunction(() => document.querySelectorAll("#queue .job").length > 0);
+  const rows = await queueRows();
+  const statuses = new Set(rows.map((r) => r.status));
+  for (const s of ["completed", "cancelled"]) assert.ok(statuses.has(s), `a ${s} job is listed (${[...statuses]})`);
+  for (const r of rows.filter((r) => r.status === "completed" && r.thumb)) assert.match(r.thumb, /^view\?filename=/);
+  assert.ok(rows.some((r) => r.thumb), "finished jobs show a thumbnail");
+  // Open brings back the graph a job ran: here the sdflow workflow saved as browser_*.
+  const job = rows.find((r) => r.thumb?.includes("filename=browser_"));
+  assert.ok(job, "the file picker's run is listed");
+  await page.click("#btn-clear");
+  await page.locator(`#queue .job[data-id="${job.id}"] button.open`).click();
+  await page.waitForFunction(() => window.sdflow.graph._nodes.length === 3);
+  const prompt = await page.evaluate(() => window.sdflow.graphToPrompt());
+  const save = Object.values(prompt).find((n) => n.class_type === "SaveImage");
+  assert.equal(save.inputs.filename_prefix, "browser", "Open loaded the job's workflow");
+  await assertAllInView("a job's workflow");
 });
 
 await check("the page logged no errors", async () => {
