@@ -40,6 +40,16 @@
 //! - [`utils::string`]: StringConcatenate, StringSubstring, StringLength, CaseConverter, StringTrim,
 //!   StringReplace, StringContains, StringCompare, RegexMatch, RegexExtract, RegexReplace
 //! - [`utils::logic`]: ComfySwitchNode, PreviewAny
+//! - [`sampling::differential`]: DifferentialDiffusion
+//! - [`sampling::cfg_hooks`]: RescaleCFG, CFGNorm, CFGZeroStar, LatentApplyOperation, LatentApplyOperationCFG,
+//!   LatentOperationTonemapReinhard, LatentOperationSharpen
+//! - [`sampling::sigmas`]: PolyexponentialScheduler, LaplaceScheduler, VPScheduler, BetaSamplingScheduler,
+//!   FlipSigmas, SplitSigmasDenoise, ExtendIntermediateSigmas, SamplingPercentToSigma, AddNoise
+//! - [`image::latent_ops`]: LatentAdd, LatentSubtract, LatentMultiply, LatentInterpolate, LatentConcat,
+//!   LatentCut, LatentBatch, LatentBatchSeedBehavior, LatentFromBatch, RepeatLatentBatch, LatentComposite,
+//!   LatentBlend, LatentFlip, LatentRotate, LatentCrop, LatentCompositeMasked
+//! - [`image::postprocess`]: ImageBlend, ImageBlur, ImageSharpen, ImageBatch, RepeatImageBatch, ImageFlip,
+//!   ImageRotate, ImageAddNoise, ImageColorToMask, PorterDuffImageComposite, SplitImageWithAlpha
 
 pub mod conditioning;
 pub mod detailer;
@@ -79,6 +89,11 @@ pub fn register_all(registry: &mut Registry, rt: Arc<Runtime>) {
     conditioning::photomaker::register(registry, &rt);
     image::transform::register(registry, &rt);
     sampling::turbo::register(registry);
+    sampling::differential::register(registry);
+    sampling::cfg_hooks::register(registry);
+    sampling::sigmas::register(registry, &rt);
+    image::latent_ops::register(registry);
+    image::postprocess::register(registry);
     utils::register(registry);
 }
 

@@ -31,6 +31,69 @@ pub struct ModelRef {
     pub ip_adapters: Vec<Arc<IpAdapterPatch>>,
     /// Skip-layer guidance (SkipLayerGuidanceSD3) on an MMDiT.
     pub slg: Option<SkipLayerGuidance>,
+    /// Differential Diffusion (ComfyUI's `denoise_mask_function`): how the inpainting
+    /// noise mask is thresholded at each model call.
+    pub differential_diffusion: Option<DifferentialDiffusion>,
+    /// ComfyUI's sampler hooks on the model (RescaleCFG, CFGNorm, CFGZeroStar,
+    /// LatentApplyOperationCFG): how the side predictions become one at each model call.
+    pub cfg_hooks: CfgHooks,
+}
+
+/// The guidance hooks of ComfyUI's `model_options`, applied at every model call as its
+/// `sampling_function` and `cfg_function` do: the pre-CFG functions on the side
+/// predictions, then the CFG function in place of plain CFG, then the post-CFG functions
+/// on the result, each list in the order the nodes were applied.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CfgHooks {
+    /// `sampler_pre_cfg_function`s: LatentApplyOperationCFG's operations.
+    pub pre: Vec<LatentOperation>,
+    /// `sampler_cfg_function` (the last set wins): RescaleCFG's multiplier.
+    pub rescale: Option<f32>,
+    /// `sampler_post_cfg_function`s.
+    pub post: Vec<PostCfgHook>,
+}
+
+impl CfgHooks {
+    pub fn is_empty(&self) -> bool {
+        self.pre.is_empty() && self.rescale.is_none() && self.post.is_empty()
+    }
+}
+
+/// One post-CFG function and where it stands against skip-layer guidance (which sdflow
+/// keeps in [`ModelRef::slg`], itself a post-CFG function in ComfyUI): `after_slg` when
+/// the MODEL already had skip-layer guidance when this hook was added.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PostCfgHook {
+    pub kind: PostCfg,
+    pub after_slg: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum PostCfg {
+    /// CFGNorm: the result scaled per pixel so its channel norm stays within the positive
+    /// prediction's, times `strength`.
+    Norm { strength: f32 },
+    /// CFGZeroStar: the unconditional prediction rescaled by its projection onto the
+    /// conditional one (CFG-Zero*).
+    ZeroStar,
+}
+
+/// LATENT_OPERATION: a function on a latent batch (ComfyUI's LatentOperation nodes).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum LatentOperation {
+    /// LatentOperationTonemapReinhard.
+    TonemapReinhard { multiplier: f32 },
+    /// LatentOperationSharpen.
+    Sharpen { radius: usize, sigma: f64, alpha: f64 },
+}
+
+/// ComfyUI's DifferentialDiffusion patch: at each model call the noise mask becomes
+/// `mask >= threshold`, the threshold falling from 1 at the schedule's first σ to 0 at its
+/// last (or the model's σ_min), measured in the model's timesteps; with `strength` in
+/// (0, 1) that binary mask is mixed with the mask itself.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DifferentialDiffusion {
+    pub strength: f32,
 }
 
 /// Skip-layer guidance as ComfyUI's SkipLayerGuidanceDiT applies it after CFG: while σ is
@@ -192,7 +255,7 @@ macro_rules! handle_size {
         }
     )*};
 }
-handle_size!(ClipRef, VaeRef, ClipVisionRef, IpAdapterRef);
+handle_size!(ClipRef, VaeRef, ClipVisionRef, IpAdapterRef, LatentOperation);
 
 impl CacheSize for ModelRef {
     /// The weights are the residency manager's; IP-Adapter image tokens are the model's own.
@@ -345,6 +408,18 @@ pub struct Latent {
     /// Where sampling may change the latent (1) and where it must keep it (0), at any
     /// resolution (resized to the latent when sampling), as ComfyUI's `noise_mask`.
     pub noise_mask: Option<Arc<Mask>>,
+    /// ComfyUI's `batch_index`: for each sample, the place in a seed's sequence of
+    /// per-sample noises it takes (LatentFromBatch, RepeatLatentBatch, LatentBatch set it),
+    /// so a sample taken out of a batch is noised as it was in the batch. `None`: the
+    /// whole batch's noise is drawn at once.
+    pub batch_index: Option<Vec<usize>>,
+}
+
+impl Latent {
+    /// A latent with no noise mask and no batch indices.
+    pub fn new(samples: Vec<f32>, shape: [i64; 4]) -> Self {
+        Latent { samples, shape, noise_mask: None, batch_index: None }
+    }
 }
 
 impl CacheSize for Latent {

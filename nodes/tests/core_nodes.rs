@@ -274,6 +274,8 @@ fn model(env: &Env, prediction: Prediction, schedule: DiscreteSchedule) -> Model
         flow: None,
         ip_adapters: Vec::new(),
         slg: None,
+        differential_diffusion: None,
+        cfg_hooks: Default::default(),
     }
 }
 

@@ -122,3 +122,44 @@ fn manual_sigmas_are_the_schedule_as_typed() {
         assert!(err.contains("ManualSigmas") && err.contains(expect), "{text:?}: {err}");
     }
 }
+
+/// ComfyUI's noise (the `cpu` generator): every step's noise comes from a generator of
+/// its own seeded with the seed, so sampling an already-noised latent without adding
+/// noise (same seed) continues exactly as sampling with the noise added. sd.cpp's
+/// generators (`cuda` here) continue the initial noise's stream instead, so there the two
+/// differ.
+#[test]
+fn comfyuis_step_noise_restarts_from_the_seed() {
+    let env = TestEnv::new(|rt| rt);
+    let wf = base(&env);
+    let sampler = |name: &str| NodeSpec::new("KSamplerSelect").with_input("sampler_name", c(json!(name)));
+    let manual = |text: &str| NodeSpec::new("ManualSigmas").with_input("sigmas", c(json!(text)));
+    let run = |rng: &str| {
+        let with_rng = |mut n: NodeSpec, add: bool| {
+            n.inputs.insert("rng".into(), c(json!(rng)));
+            n.inputs.insert("add_noise".into(), c(json!(add)));
+            n
+        };
+        // Noise and euler_ancestral down 8 → 2 → 0 in one go.
+        let mut one = custom(&wf, sampler("euler_ancestral"), Some(manual("8.0, 2.0, 0.0")));
+        one.nodes.insert("5".into(), with_rng(one.nodes["5"].clone(), true));
+        let a = env.run_latent(&one, "5");
+        // The same from a latent noised to 8 first (an euler step of length 0), the
+        // sampler adding no noise of its own.
+        let mut two = custom(&wf, sampler("euler"), Some(manual("8.0, 8.0")));
+        two.nodes.insert("5".into(), with_rng(two.nodes["5"].clone(), true));
+        let second = with_rng(one.nodes["5"].clone(), false).with_input("latent_image", InputValue::link("5", 0)).with_input("sampler", InputValue::link("22", 0)).with_input("sigmas", InputValue::link("23", 0));
+        two.nodes.insert("22".into(), sampler("euler_ancestral"));
+        two.nodes.insert("23".into(), manual("8.0, 2.0, 0.0"));
+        two.nodes.insert("24".into(), second);
+        let save = two.nodes["6"].clone().with_input("samples", InputValue::link("24", 0));
+        two.nodes.insert("6".into(), save);
+        let b = env.run_latent(&two, "24");
+        a.samples.iter().zip(&b.samples).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max)
+    };
+    // Equal but for the rounding of the latent's trip out of and back into model space.
+    let comfy = run("cpu");
+    let sdcpp = run("cuda");
+    assert!(comfy < 5e-3, "ComfyUI's noise: {comfy}");
+    assert!(sdcpp > 100.0 * comfy.max(1e-4), "sd.cpp's stream: {sdcpp} against {comfy}");
+}

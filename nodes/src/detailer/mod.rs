@@ -248,7 +248,7 @@ impl Node for DetailerForEachMask {
             let mut latent = encode_image(&self.rt, ctx, vae, &resized, &self.rt.vae_tiling)?;
             latent.noise_mask = Some(Arc::new(Mask { data: crop_mask.clone(), n: 1, height: ch, width: cw }));
             let guider = Guider { model: model.clone(), positive: encode(&positive)?, negative: Some(encode(&negative)?), cfg: s.cfg, dual: None };
-            let (out, _) = sample_latent(&self.rt, ctx, &guider, &s.sampler, &s.sigmas, NoiseSource(Some(s.seed.wrapping_add(i as u64)), s.rng), &latent)?;
+            let (out, _) = sample_latent(&self.rt, ctx, &guider, &s.sampler, &s.sigmas, NoiseSource::new(s.seed.wrapping_add(i as u64), true, s.rng), &latent)?;
             let decoded = decode_latent(&self.rt, ctx, &out, vae, &self.rt.vae_tiling)?;
             let back = resize_hwc(&decoded.data, decoded.width, decoded.height, 3, cw, ch, Method::Bicubic);
             for y in 0..ch {

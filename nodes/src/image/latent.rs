@@ -22,7 +22,7 @@ pub const MAX_LATENT_BYTES: u64 = 4 << 30;
 pub fn latent_zeros(shape: [i64; 4]) -> Result<Latent, NodeError> {
     let n = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(u64::try_from(d).ok()?));
     match n.and_then(|n| n.checked_mul(4)) {
-        Some(bytes) if bytes <= MAX_LATENT_BYTES && bytes > 0 => Ok(Latent { samples: vec![0.0; bytes as usize / 4], shape, noise_mask: None }),
+        Some(bytes) if bytes <= MAX_LATENT_BYTES && bytes > 0 => Ok(Latent::new(vec![0.0; bytes as usize / 4], shape)),
         _ => Err(NodeError::msg(format!("a latent of {shape:?} is larger than the {} GiB limit", MAX_LATENT_BYTES >> 30))),
     }
 }
@@ -99,7 +99,7 @@ fn resize_latent(l: &Latent, ow: usize, oh: usize, method: Method, crop: bool) -
         let src: Vec<f32> = (y0..y0 + ch).flat_map(|y| plane[y * w + x0..y * w + x0 + cw].iter().copied()).collect();
         samples.extend(resize_plane(&src, cw, ch, ow, oh, method));
     }
-    Ok(Latent { samples, shape, noise_mask: l.noise_mask.clone() })
+    Ok(Latent { samples, shape, noise_mask: l.noise_mask.clone(), batch_index: l.batch_index.clone() })
 }
 
 /// ComfyUI's "Upscale Latent" (to a pixel size) and "Upscale Latent By" (a factor).

@@ -1,9 +1,12 @@
 //! Image and latent nodes: loading, saving, VAE encode/decode, scaling here; latents
 //! ([`latent`]), masks ([`mask`]), the resampling kernels ([`resize`]) and model upscalers
-//! ([`upscale`]) beside them.
+//! ([`upscale`]) beside them; latent arithmetic and batching ([`latent_ops`]); pixel filters,
+//! blending and compositing ([`postprocess`]).
 
 pub mod latent;
+pub mod latent_ops;
 pub mod mask;
+pub mod postprocess;
 pub mod resize;
 pub mod transform;
 pub mod upscale;
@@ -251,7 +254,7 @@ pub(crate) fn encode_image(rt: &Runtime, ctx: &ExecContext<'_>, vae: &VaeRef, im
             }
             samples.extend(run_vae(rt, model, VaeOp::EncodeMean, &chw, w, h, tiling)?);
         }
-        Ok(Latent { samples, shape: [(w / f) as i64, (h / f) as i64, z, img.n as i64], noise_mask: None })
+        Ok(Latent::new(samples, [(w / f) as i64, (h / f) as i64, z, img.n as i64]))
     })
 }
 

@@ -239,6 +239,8 @@ impl Node for CheckpointLoaderSimple {
             flow: None,
             ip_adapters: Vec::new(),
             slg: None,
+            differential_diffusion: None,
+            cfg_hooks: Default::default(),
         };
         let mut encoders = Vec::with_capacity(parts.clips.len());
         for c in parts.clips {
@@ -339,6 +341,8 @@ fn flux_model(weights: WeightHandle<Weights>, prefix: String, guidance: bool) ->
         flow: Some(flow),
         ip_adapters: Vec::new(),
         slg: None,
+        differential_diffusion: None,
+        cfg_hooks: Default::default(),
     })
 }
 
@@ -398,6 +402,8 @@ fn sd3_model(weights: WeightHandle<Weights>, prefix: String) -> Result<ModelRef,
         flow: Some(flow),
         ip_adapters: Vec::new(),
         slg: None,
+        differential_diffusion: None,
+        cfg_hooks: Default::default(),
     })
 }
 

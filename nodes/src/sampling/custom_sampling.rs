@@ -222,7 +222,7 @@ impl Node for RandomNoise {
     }
 
     fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
-        Ok(one(IoType::NOISE, NoiseSource(Some(inputs.uint("noise_seed")?), rng_from(inputs)?)))
+        Ok(one(IoType::NOISE, NoiseSource::new(inputs.uint("noise_seed")?, true, rng_from(inputs)?)))
     }
 }
 
@@ -234,7 +234,7 @@ impl Node for DisableNoise {
     }
 
     fn execute(&self, _ctx: &mut ExecContext<'_>, _inputs: &Inputs) -> Result<Outputs, NodeError> {
-        Ok(one(IoType::NOISE, NoiseSource(None, None)))
+        Ok(one(IoType::NOISE, NoiseSource::new(0, false, None)))
     }
 }
 
@@ -320,7 +320,7 @@ impl Node for SamplerCustom {
             (inputs.downcast::<Guider>("guider")?.clone(), *inputs.downcast::<NoiseSource>("noise")?)
         } else {
             let seed = inputs.uint("noise_seed")?;
-            (guider_from(inputs)?, NoiseSource(inputs.boolean("add_noise")?.then_some(seed), rng_from(inputs)?))
+            (guider_from(inputs)?, NoiseSource::new(seed, inputs.boolean("add_noise")?, rng_from(inputs)?))
         };
         let choice = inputs.downcast::<SamplerChoice>("sampler")?;
         let sigmas = &inputs.downcast::<Sigmas>("sigmas")?.0;
@@ -386,7 +386,7 @@ impl Node for KSamplerAdvanced {
             // Nothing to sample: ComfyUI hands the latent back unchanged.
             return Ok(one(IoType::LATENT, latent.clone()));
         }
-        let noise = NoiseSource((inputs.string("add_noise")? == "enable").then_some(inputs.uint("noise_seed")?), rng_from(inputs)?);
+        let noise = NoiseSource::new(inputs.uint("noise_seed")?, inputs.string("add_noise")? == "enable", rng_from(inputs)?);
         let (out, _) = sample_latent(&self.rt, ctx, &guider, &choice, &sigmas, noise, latent)?;
         Ok(one(IoType::LATENT, out))
     }

@@ -1,15 +1,21 @@
 //! Sampling nodes: KSampler here; the custom-sampling graph nodes ([`custom_sampling`]),
 //! the model-sampling overrides ([`model_sampling`]), the guidance and batching every
-//! sampler shares ([`guidance`]) and the step previews ([`preview`]).
+//! sampler shares ([`guidance`]) and the step previews ([`preview`]); the MODEL patches the
+//! sampler honours, ComfyUI's guidance hooks ([`cfg_hooks`]) and Differential Diffusion
+//! ([`differential`]); more schedule and sigma nodes ([`sigmas`]).
 
+pub mod cfg_hooks;
 pub mod custom_sampling;
+pub mod differential;
 pub mod guidance;
 pub mod model_sampling;
 pub mod preview;
+pub mod sigmas;
 pub mod turbo;
 
 use crate::runtime::Runtime;
 use guidance::Mix;
+use differential::DifferentialThreshold;
 use crate::values::{CondConcat, CondList, Latent, Mask, ModelRef};
 use sdflow_core::detect::ModelFamily;
 use crate::handle_size;
@@ -110,10 +116,21 @@ impl sdflow_executor::CacheSize for Sigmas {
     }
 }
 
-/// NOISE: the seed of the initial noise, or none (ComfyUI's DisableNoise), and the
-/// generator it goes through (sd.cpp's `--rng`); none: the runtime's, ComfyUI's CPU noise.
+/// NOISE: the seed, whether initial noise is added (not for ComfyUI's DisableNoise or an
+/// `add_noise` switched off — the seed still seeds the steps' noise, as in ComfyUI), and
+/// the generator (sd.cpp's `--rng`); none: the runtime's, ComfyUI's CPU noise.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct NoiseSource(pub Option<u64>, pub Option<RngKind>);
+pub struct NoiseSource {
+    pub seed: u64,
+    pub add: bool,
+    pub rng: Option<RngKind>,
+}
+
+impl NoiseSource {
+    pub fn new(seed: u64, add: bool, rng: Option<RngKind>) -> Self {
+        NoiseSource { seed, add, rng }
+    }
+}
 
 /// The optional `rng` input of the nodes that draw noise: ComfyUI's workflows have none
 /// and keep its CPU noise; sd.cpp's names choose another generator (`cuda` is sd-cli's
@@ -180,6 +197,15 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     if let Some(n) = &guider.negative {
         first_cond(n, "negative")?;
     }
+    // ComfyUI's hooks see the CFG scale of the call; DualCFGGuider runs them inside each of
+    // its two CFG steps, which this sampler does not reproduce.
+    let hooks = &model.cfg_hooks;
+    let cond_scale = match mix {
+        Mix::Cfg { cfg } => cfg,
+        Mix::Positive => 1.0,
+        Mix::Dual { .. } if !hooks.is_empty() => return Err(NodeError::msg("RescaleCFG, CFGNorm, CFGZeroStar and LatentApplyOperationCFG are not supported with DualCFGGuider")),
+        Mix::Dual { cfg, .. } => cfg,
+    };
     if let Some(d) = &guider.dual {
         first_cond(&d.middle, "middle (cond2)")?;
     }
@@ -220,7 +246,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     };
     let grown;
     let latent = if empty && channels != want_channels {
-        grown = Latent { samples: vec![0.0; (lw * lh * want_channels * ln) as usize], shape: [lw, lh, want_channels, ln], noise_mask: latent.noise_mask.clone() };
+        grown = Latent { samples: vec![0.0; (lw * lh * want_channels * ln) as usize], shape: [lw, lh, want_channels, ln], noise_mask: latent.noise_mask.clone(), batch_index: latent.batch_index.clone() };
         &grown
     } else {
         latent
@@ -228,12 +254,21 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     let shape = latent.shape;
     let plane = (lw * lh) as usize;
     let channels = shape[2] as usize;
-    // One generator for the initial noise and every step's, as sd.cpp does.
-    let mut rng = noise.1.unwrap_or(rt.rng).seeded(noise.0.unwrap_or(0));
-    let noise: Vec<f32> = match noise.0 {
-        Some(_) => rng.randn(latent.samples.len()),
-        None => vec![0.0; latent.samples.len()],
+    let kind = noise.rng.unwrap_or(rt.rng);
+    let seed = noise.seed;
+    let mut rng = kind.seeded(seed);
+    let noise: Vec<f32> = match (noise.add, &latent.batch_index) {
+        (true, None) => rng.randn(latent.samples.len()),
+        (true, Some(inds)) => batch_noise(&mut rng, inds, ln as usize, latent.samples.len() / ln as usize)?,
+        (false, _) => vec![0.0; latent.samples.len()],
     };
+    // ComfyUI (torch's CPU generator, the `cpu` choice) draws each step's noise from a
+    // generator of its own seeded with the seed, and seeds its Brownian tree with the seed;
+    // sd.cpp's generators (the other choices) go on from the initial noise's stream.
+    let comfy = kind == RngKind::Cpu;
+    if comfy {
+        rng = kind.seeded(seed);
+    }
     let sigma0 = sigmas.first().copied().unwrap_or(0.0);
     let shift = if empty { 0.0 } else { model.latent_shift };
     let scaled: Vec<f32> = latent.samples.iter().map(|l| (l - shift) * model.latent_scale).collect();
@@ -245,6 +280,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     // The noise mask at latent resolution, one plane per sample.
     let mask: Option<Vec<f32>> = latent.noise_mask.as_ref().map(|m| (0..ln as usize).flat_map(|i| m.resized(i, lw as usize, lh as usize)).collect());
     let mask_at = |mask: &[f32], idx: usize| mask[(idx / (plane * channels)) * plane + idx % plane];
+    let differential = model.differential_diffusion.map(|dd| (dd, DifferentialThreshold::new(model, sigmas)));
 
     // The extra input channels: inpainting UNets take a mask and the masked image's
     // latent (5), instruct-pix2pix UNets the source image's latent (4), FLUX Fill the masked
@@ -382,6 +418,13 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     };
     let mut denoiser = |x: &[f32], sigma: f32| -> Result<_, NodeError> {
         ctx.check_cancelled()?;
+        // Differential Diffusion's mask for this call; the concat channels keep the plain
+        // mask, as ComfyUI's inpainting models read it from the conditioning.
+        let step_mask: Option<std::borrow::Cow<'_, [f32]>> = mask.as_deref().map(|m| match &differential {
+            Some((dd, t)) => std::borrow::Cow::Owned(dd.apply(m, t.at(sigma))),
+            None => std::borrow::Cow::Borrowed(m),
+        });
+        let mask = &step_mask;
         // ComfyUI's KSamplerX0Inpaint: outside the mask the latent is held at the input
         // image, noised to the current level, and the prediction there is the image itself.
         let blended: Option<Vec<f32>> = mask.as_ref().map(|m| {
@@ -437,13 +480,39 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
         let take = |out: &mut Vec<Option<Vec<f32>>>, i: Option<usize>| i.and_then(|i| out[i].take());
         let (mid, neg) = (take(&mut out, middle_at), take(&mut out, negative_at));
         let pos = out[0].take().expect("the positive side is always evaluated");
+        // ComfyUI's pre-CFG hooks change the positive prediction before anything reads it;
+        // to the hooks a skipped negative pass is a prediction of zeros, as in ComfyUI.
+        let hook_sides: Option<(Vec<f32>, Vec<f32>)> = if hooks.is_empty() {
+            None
+        } else {
+            let mut p = pos.clone();
+            let n = neg.clone().unwrap_or_else(|| vec![0.0; p.len()]);
+            cfg_hooks::pre_cfg(&hooks.pre, &mut p, &n, shape).map_err(NodeError::msg)?;
+            Some((p, n))
+        };
+        let pos = match &hook_sides {
+            Some((p, _)) => p.clone(),
+            None => pos,
+        };
         // Skip-layer guidance (ComfyUI's SkipLayerGuidanceDiT post-CFG step): the positive
         // side again without the layers, the result pushed away from it.
         let slg_pos = match slg {
             Some((g, (hi, lo))) if g.scale > 0.0 && slg_now(g, sigma, (hi, lo), step.get(), total) => Some((g.scale, g.rescaling, pos.clone())),
             _ => None,
         };
-        let mut d = mix.mix(pos, mid, neg);
+        let mut d = match (hooks.rescale, &hook_sides) {
+            (Some(m), Some((p, n))) => sdflow_core::sampling::samplers::Denoised { denoised: cfg_hooks::rescale_cfg(m, cond_scale, p, n, xin, sigma, shape), uncond: neg },
+            _ => mix.mix(pos, mid, neg),
+        };
+        // Post-CFG hooks in the order they were added, skip-layer guidance among them.
+        let post = |d: &mut sdflow_core::sampling::samplers::Denoised, after_slg: bool| {
+            if let Some((p, n)) = &hook_sides {
+                for h in hooks.post.iter().filter(|h| h.after_slg == after_slg) {
+                    d.denoised = cfg_hooks::post_cfg(h.kind, std::mem::take(&mut d.denoised), p, n, cond_scale, xin, shape);
+                }
+            }
+        };
+        post(&mut d, false);
         if let Some((scale, rescaling, cond)) = slg_pos {
             skipping.set(true);
             let only_positive: Vec<Option<&[guidance::Prepared]>> = sides.iter().enumerate().map(|(i, s)| if i == 0 { *s } else { None }).collect();
@@ -458,6 +527,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
                 d.denoised.iter_mut().for_each(|v| *v *= factor);
             }
         }
+        post(&mut d, true);
         if let Some(m) = &mask {
             for (i, v) in d.denoised.iter_mut().enumerate() {
                 let k = mask_at(m, i);
@@ -475,7 +545,16 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
             ctx.preview(image);
         }
     };
-    let opts = SampleOpts { flow, ..choice.opts.clone() };
+    let mut opts = SampleOpts { flow, ..choice.opts.clone() };
+    if comfy {
+        opts.brownian_seed = opts.brownian_seed.or(Some(seed));
+        // ComfyUI's samplers place a flow model's first sigma and SA-Solver's noise
+        // interval by the model's own shift.
+        if let Some(shift) = model.flow {
+            opts.flow_first_sigma = opts.flow_first_sigma.or(Some(shift.percent_to_sigma(1e-4)));
+            opts.sa_tau_interval = opts.sa_tau_interval.or(Some((shift.percent_to_sigma(0.2), shift.percent_to_sigma(0.8))));
+        }
+    }
     let out = sample(choice.sampler, &mut denoiser, x, sigmas, &mut rng, &opts, Some(&mut progress)).map_err(|e| match e {
         SampleError::Model { error, .. } => error,
         other => err(other),
@@ -486,8 +565,32 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     let keep = if flow && last > 0.0 && last < 1.0 { 1.0 / (1.0 - last) } else { 1.0 };
     let unscale = |v: &[f32], k: f32| -> Vec<f32> { v.iter().map(|x| x * k / model.latent_scale + model.latent_shift).collect() };
     let denoised = unscale(last_denoised.as_deref().unwrap_or(&out), 1.0);
-    let mk = |samples| Latent { samples, shape, noise_mask: latent.noise_mask.clone() };
+    let mk = |samples| Latent { samples, shape, noise_mask: latent.noise_mask.clone(), batch_index: latent.batch_index.clone() };
     Ok((mk(unscale(&out, keep)), mk(denoised)))
+}
+
+/// ComfyUI's `prepare_noise` with a latent's `batch_index`: one draw of `per` values for
+/// every index from 0 to the largest, each sample taking its index's, so a sample keeps
+/// its noise when taken out of (or repeated in) a batch.
+pub(crate) fn batch_noise(rng: &mut dyn sdflow_core::sampling::rng::Rng, inds: &[usize], n: usize, per: usize) -> Result<Vec<f32>, NodeError> {
+    if inds.len() != n {
+        return Err(NodeError::InvalidInput { input: "latent_image".into(), message: format!("the latent has {n} samples but {} batch indices", inds.len()) });
+    }
+    // Every draw up to the largest index is made (the stream must advance past it), but
+    // only the ones used are kept; past this many the draws alone would take minutes.
+    const MAX_INDEX: usize = 1 << 16;
+    let max = inds.iter().copied().max().unwrap_or(0);
+    if max >= MAX_INDEX {
+        return Err(NodeError::InvalidInput { input: "latent_image".into(), message: format!("batch index {max} is beyond {}", MAX_INDEX - 1) });
+    }
+    let mut drawn: HashMap<usize, Vec<f32>> = HashMap::new();
+    for i in 0..=max {
+        let v = rng.randn(per);
+        if inds.contains(&i) {
+            drawn.insert(i, v);
+        }
+    }
+    Ok(inds.iter().flat_map(|i| drawn[i].iter().copied()).collect())
 }
 
 /// The model a sampler runs: an SD UNet, a FLUX transformer or an SD3 MMDiT.
@@ -535,7 +638,7 @@ impl Node for KSampler {
         let discard = comfy_discards_penultimate_sigma(inputs.string("sampler_name")?);
         let sigmas = ksampler_sigmas(scheduler, steps, denoise, &guider.model.schedule, &ScheduleOpts::default(), discard).map_err(err)?;
         let latent = inputs.downcast::<Latent>("latent_image")?;
-        let (out, _) = sample_latent(&self.rt, ctx, &guider, &choice, &sigmas, NoiseSource(Some(inputs.uint("seed")?), rng_from(inputs)?), latent)?;
+        let (out, _) = sample_latent(&self.rt, ctx, &guider, &choice, &sigmas, NoiseSource::new(inputs.uint("seed")?, true, rng_from(inputs)?), latent)?;
         Ok(Outputs::new(vec![Value::new(IoType::LATENT, out)]))
     }
 }
