@@ -100,12 +100,24 @@ fn editor_builds_queues_and_shows_results() {
     for sub in ["models/checkpoints", "input", "output"] {
         std::fs::create_dir_all(dir.join(sub)).expect("creating the server's folders");
     }
-    // The checkpoints the editor test expects in place of a workflow's missing model;
-    // listed, never loaded.
+    // Checkpoints to be listed and picked in place of a workflow's missing model; never
+    // loaded.
     for name in ["tiny.safetensors", "tiny_b.safetensors"] {
         std::fs::write(dir.join("models/checkpoints").join(name), b"")
             .expect("writing a checkpoint placeholder");
     }
+    // A real one, random weights at toy widths: workflows/comfyui/txt2img_subgraph.json
+    // names it, and the test runs that workflow. It sorts first, so it is also the model
+    // the editor switches a missing one to.
+    let tiny = sdflow_core::synth::SdConfig::tiny_sd1_f8();
+    sdflow_core::synth::write_checkpoint(
+        &dir.join("models/checkpoints/tiny-sd1.safetensors"),
+        &tiny,
+        sdflow_core::dtype::DType::F32,
+        7,
+        sdflow_core::synth::Format::Safetensors,
+    )
+    .expect("writing the tiny checkpoint");
     let (server, url) = start_server(&dir);
     let status = Command::new("node")
         .arg(web.join("tests/editor.mjs"))

@@ -5,9 +5,10 @@ import "@comfyorg/litegraph/style.css";
 import "./style.css";
 import { LiteGraph, LGraph, LGraphCanvas, LGraphGroup } from "@comfyorg/litegraph";
 import * as api from "./api.js";
-import { installMenus, modeShortcut } from "./menu.js";
-import { applyControl, fitChoices, registerAll, showImage, view } from "./nodes.js";
+import { installMenus, modeShortcut, setOpenInstance } from "./menu.js";
+import { applyControl, decorate, fitChoices, registerAll, showImage, view } from "./nodes.js";
 import { addToGallery, queuePanel, restoreGallery } from "./queue.js";
+import { allNodes, chainTitle, hasInstances, installSubgraphs, nodeChain } from "./subgraph.js";
 import { mountLayer, placeTextareas } from "./textarea.js";
 import { graphToPrompt, loadFile, loadWorkflow } from "./workflow.js";
 
@@ -36,6 +37,19 @@ canvas.render_canvas_border = false;
 mountLayer($("canvas-wrap"));
 canvas.onDrawForeground = () => placeTextareas(canvas);
 installMenus(canvas, graph);
+// Opening an instance fits its definition in view; going back restores the view left.
+const subgraphs = installSubgraphs(graph, canvas, {
+  crumbs: $("breadcrumb"),
+  decorate,
+  onEnter: (_shown, ds) => {
+    if (!ds) return fitView();
+    canvas.ds.scale = ds.scale;
+    canvas.ds.offset[0] = ds.offset[0];
+    canvas.ds.offset[1] = ds.offset[1];
+    canvas.setDirty(true, true);
+  },
+});
+setOpenInstance(subgraphs.open);
 
 function setStatus(text, kind = "") {
   const el = $("status");
@@ -80,10 +94,12 @@ function viewCentre() {
   return canvas.ds.convertCanvasToOffset([w / 2, h / 2]);
 }
 
-/** Zooms and pans so every node and group is in view (never zooming in past 100%). */
+/** Zooms and pans so every node and group of the graph on view is in it (never zooming in past 100%). */
 function fitView() {
   fitCanvas();
-  const items = [...graph._nodes, ...(graph._groups ?? [])];
+  const shown = canvas.graph;
+  // A subgraph's input and output boundary nodes are not among its nodes.
+  const items = [...shown._nodes, ...(shown._groups ?? []), ...[shown.inputNode, shown.outputNode].filter(Boolean)];
   if (!items.length) {
     canvas.ds.reset();
     canvas.setDirty(true, true);
@@ -114,51 +130,61 @@ function fitView() {
  * values this server lacks swapped for ones it has (said in the notice), the view fitted.
  */
 function afterLoad() {
-  for (const node of graph._nodes) {
+  for (const node of allNodes(graph)) {
     if (!LiteGraph.registered_node_types[node.type]) continue;
     const [w, h] = node.computeSize();
     if (node.size[0] < w || node.size[1] < h) node.setSize([Math.max(node.size[0], w), Math.max(node.size[1], h)]);
   }
-  showNotice(fitChoices(graph));
+  showNotice(fitChoices(allNodes(graph)));
   fitView();
 }
 
 // ---- validation and execution errors, shown on their nodes and listed at the side ----
 
-function clearErrors() {
-  for (const node of graph._nodes) {
+function clearNodeErrors() {
+  for (const node of allNodes(graph)) {
     node.sdflowErrors = null;
     node.has_errors = false;
   }
+}
+
+function clearErrors() {
+  clearNodeErrors();
   const box = $("errors");
   box.hidden = true;
   box.replaceChildren();
-  graph.setDirtyCanvas(true, true);
+  canvas.setDirty(true, true);
 }
 
+/**
+ * Lists errors by execution id and draws them on their nodes: an inner node's ("11:5")
+ * on it and on every instance holding it, so they show at whatever level is open.
+ */
 function showErrors(title, perNode) {
+  clearNodeErrors();
   const box = $("errors");
   box.replaceChildren();
   const head = document.createElement("h2");
   head.textContent = title;
   box.append(head);
   for (const [id, messages] of Object.entries(perNode)) {
-    const node = graph.getNodeById(Number(id)) ?? graph.getNodeById(id);
-    if (node) {
-      node.sdflowErrors = messages;
+    const chain = nodeChain(graph, id) ?? [];
+    chain.forEach((node, depth) => {
+      const inner = chain.slice(depth + 1).map((n) => n.title).join(" › ");
+      node.sdflowErrors = [...(node.sdflowErrors ?? []), ...messages.map((m) => (inner ? `${inner}: ${m}` : m))];
       node.has_errors = true;
-    }
+    });
     for (const message of messages) {
       const item = document.createElement("div");
       item.className = "error";
       item.dataset.node = id;
-      item.textContent = `#${id} ${node?.title ?? ""}: ${message}`;
-      if (node) item.onclick = () => canvas.centerOnNode(node);
+      item.textContent = `#${id} ${chainTitle(graph, id) ?? ""}: ${message}`;
+      if (chain.length) item.onclick = () => subgraphs.reveal(id);
       box.append(item);
     }
   }
   box.hidden = false;
-  graph.setDirtyCanvas(true, true);
+  canvas.setDirty(true, true);
 }
 
 function errorText(e) {
@@ -198,12 +224,12 @@ function renderCatalogue() {
 function overlaps(pos, size) {
   const pad = 20;
   const title = LiteGraph.NODE_TITLE_HEIGHT;
-  return graph._nodes.some((n) =>
+  return canvas.graph._nodes.some((n) =>
     pos[0] < n.pos[0] + n.size[0] + pad && n.pos[0] < pos[0] + size[0] + pad &&
     pos[1] - title < n.pos[1] + n.size[1] + pad && n.pos[1] - title < pos[1] + size[1] + pad);
 }
 
-/** Adds a node of `type` in the first free spot right of the view's left third. */
+/** Adds a node of `type` to the graph on view, in the first free spot right of the view's left third. */
 function addNode(type) {
   const node = LiteGraph.createNode(type);
   const [x, y] = canvas.ds.convertCanvasToOffset([60, 80]);
@@ -216,9 +242,9 @@ function addNode(type) {
     }
   }
   node.pos = pos;
-  graph.add(node);
+  canvas.graph.add(node);
   canvas.selectNode(node);
-  graph.setDirtyCanvas(true, true);
+  canvas.setDirty(true, true);
   return node;
 }
 
@@ -234,6 +260,8 @@ function saveWorkflow() {
 }
 
 async function openFile(file) {
+  // A workflow opens at its root (litegraph would otherwise keep a definition of the same id open).
+  subgraphs.goTo(0);
   try {
     const note = await loadFile(graph, file);
     clearErrors();
@@ -255,6 +283,7 @@ $("file-load").onchange = (e) => {
 };
 $("btn-save").onclick = saveWorkflow;
 $("btn-clear").onclick = () => {
+  subgraphs.goTo(0);
   graph.clear();
   clearErrors();
   showNotice([]);
@@ -263,14 +292,14 @@ $("btn-clear").onclick = () => {
 $("btn-group").onclick = () => {
   const selected = [...canvas.selectedItems];
   const group = new LGraphGroup("Group");
-  graph.add(group);
+  canvas.graph.add(group);
   if (selected.length) group.resizeTo(selected);
   else {
     const [x, y] = viewCentre();
     group.pos = [x - 200, y - 150];
     group.size = [400, 300];
   }
-  graph.setDirtyCanvas(true, true);
+  canvas.setDirty(true, true);
 };
 
 // Files dropped anywhere on the page open as workflows (litegraph's own drop handling
@@ -307,20 +336,31 @@ view.onUpload = (node, widget) => {
 
 // ---- queueing and live progress ----
 
+/**
+ * The prompt to POST: the API prompt the graph makes, or, when it holds subgraph
+ * instances, the workflow itself, which the server expands as ComfyUI's frontend does
+ * (inner nodes become "instance:inner", promoted widget values taken from the instance).
+ */
+function promptToQueue() {
+  const workflow = graph.serialize();
+  if (hasInstances(graph)) return { prompt: workflow, workflow, skipped: [] };
+  return { ...graphToPrompt(graph), workflow };
+}
+
 async function queue() {
   clearErrors();
-  const { prompt, skipped } = graphToPrompt(graph);
+  const { prompt, workflow, skipped } = promptToQueue();
   if (!Object.keys(prompt).length) {
     setStatus("nothing to run: add some nodes first", "warn");
     return;
   }
   try {
-    const reply = await api.queuePrompt(prompt, clientId, graph.serialize());
+    const reply = await api.queuePrompt(prompt, clientId, workflow);
     if (skipped.length) setStatus(`queued (#${reply.number ?? "?"}), leaving out nodes this server does not have: ${skipped.join(", ")}`, "warn");
     else setStatus(`queued (#${reply.number ?? "?"})`);
     jobs.refresh();
-    for (const node of graph._nodes) applyControl(node);
-    graph.setDirtyCanvas(true, false);
+    for (const node of allNodes(graph)) applyControl(node);
+    canvas.setDirty(true, false);
   } catch (e) {
     if (e instanceof api.PromptError) {
       const perNode = {};
@@ -343,8 +383,14 @@ window.addEventListener("keydown", (e) => {
   if (!typing && modeShortcut(canvas, e)) e.preventDefault();
 });
 
-function nodeById(id) {
-  return id == null ? null : graph.getNodeById(Number(id)) ?? graph.getNodeById(id);
+/** What the toolbar calls a node by its execution id: its title, inner ones with their instances'. */
+function titleOf(id) {
+  return chainTitle(graph, id) ?? id;
+}
+
+/** Shows an image on the node an execution id names and on the instances holding it. */
+function showOnChain(id, url) {
+  for (const node of nodeChain(graph, id) ?? []) showImage(node, url);
 }
 
 /** Opens the workflow a job ran: the editor's own graph when it sent one, else its prompt. */
@@ -352,6 +398,7 @@ function openJob(job) {
   const extra = job.workflow?.extra_data ?? {};
   const saved = extra.extra_pnginfo?.workflow;
   const where = `job ${job.id}`;
+  subgraphs.goTo(0);
   try {
     const note = loadWorkflow(graph, saved && Array.isArray(saved.nodes) && saved.nodes.length ? saved : job.workflow?.prompt, where);
     clearErrors();
@@ -364,11 +411,13 @@ function openJob(job) {
 
 const jobs = queuePanel($("queue"), { onOpen: openJob, onError: (e) => setStatus(e.message, "error") });
 
+// The canvas is told to redraw, not the root graph: while a subgraph is open, the root
+// graph has no canvas attached.
 function setRunning(id) {
   view.running = id == null ? null : String(id);
   view.progress = null;
-  $("progress").textContent = id == null ? "" : `running ${nodeById(id)?.title ?? id}`;
-  graph.setDirtyCanvas(true, false);
+  $("progress").textContent = id == null ? "" : `running ${titleOf(id)}`;
+  canvas.setDirty(true, false);
 }
 
 const handlers = {
@@ -391,14 +440,13 @@ const handlers = {
   progress(data) {
     view.running = String(data.node);
     view.progress = { node: String(data.node), value: data.value, max: data.max };
-    $("progress").textContent = `${nodeById(data.node)?.title ?? data.node} ${data.value}/${data.max}`;
-    graph.setDirtyCanvas(true, false);
+    $("progress").textContent = `${titleOf(data.node)} ${data.value}/${data.max}`;
+    canvas.setDirty(true, false);
   },
   executed(data) {
     const images = data.output?.images ?? [];
-    const node = nodeById(data.node);
     addToGallery($("gallery"), images);
-    if (node && images.length) showImage(node, api.viewUrl(images[images.length - 1]));
+    if (images.length) showOnChain(data.display_node ?? data.node, api.viewUrl(images[images.length - 1]));
   },
   execution_success() {
     setRunning(null);
@@ -433,9 +481,9 @@ api.connect(clientId, {
     // because connect() announced supports_preview_metadata) says whose it is. Servers
     // without it leave only the running node to go by.
     const id = metadata ? metadata.display_node_id ?? metadata.node_id : view.running;
-    const node = nodeById(id);
     window.sdflow.lastPreview = { node: id == null ? null : String(id), from: metadata ? "metadata" : "running node" };
-    if (node) showImage(node, URL.createObjectURL(blob));
+    // One blob URL per node: showImage revokes the one a node showed before.
+    for (const node of nodeChain(graph, id) ?? []) showImage(node, URL.createObjectURL(blob));
   },
 });
 
@@ -489,4 +537,4 @@ fitCanvas();
 start();
 
 // For the browser console and the browser test.
-window.sdflow = { graph, canvas, view, LiteGraph, graphToPrompt: () => graphToPrompt(graph).prompt, addNode, fitView, filesHandled: 0, lastPreview: null };
+window.sdflow = { graph, canvas, view, LiteGraph, graphToPrompt: () => graphToPrompt(graph).prompt, promptToQueue, subgraphs, addNode, fitView, filesHandled: 0, lastPreview: null };

@@ -3,8 +3,9 @@
 // widget to an input (so a link can feed it) and back, and opening a node's image.
 import { LGraphEventMode, LGraphGroup } from "@comfyorg/litegraph";
 
-// Subgraphs are not expanded when this editor queues a graph (graphToPrompt), so a
-// converted selection would stop running.
+// The editor opens and runs the subgraphs that workflows bring; making one (litegraph's
+// conversion, which clones nodes and promotes their widgets) is left out until the browser
+// test covers it with this editor's widgets (prompt text boxes, seed controls).
 const UNSUPPORTED = new Set(["Convert to Subgraph 🆕"]);
 
 function supported(options) {
@@ -40,15 +41,26 @@ export function convertToWidget(node, input) {
   node.setDirtyCanvas(true, true);
 }
 
+// Opens a subgraph instance for the menu; set by the app, which keeps the breadcrumb.
+let openInstance = null;
+
+export function setOpenInstance(open) {
+  openInstance = open;
+}
+
 /** `getExtraMenuOptions` of every node type: the entries litegraph lacks. */
 export function nodeMenu(canvas) {
   const node = this;
-  const extra = [
+  const extra = [];
+  if (node.isSubgraphNode?.() && openInstance) {
+    extra.push({ content: "Open Subgraph", callback: () => openInstance(node) });
+  }
+  extra.push(
     {
       content: node.mode === LGraphEventMode.BYPASS ? "Remove Bypass" : "Bypass",
       callback: () => toggleBypass(canvas, node),
     },
-  ];
+  );
   const convertible = (node.widgets ?? []).filter((w) => w.sdflowType && !node.getSlotFromWidget(w));
   if (convertible.length) {
     extra.push({
@@ -88,7 +100,7 @@ export function installMenus(canvas, graph) {
         content: "Add Group For Selected Nodes",
         callback: () => {
           const group = new LGraphGroup("Group");
-          graph.add(group);
+          canvas.graph.add(group);
           group.resizeTo(selected);
           canvas.setDirty(true, true);
         },
@@ -99,10 +111,15 @@ export function installMenus(canvas, graph) {
     }
     return options;
   };
-  graph.onGetNodeMenuOptions = (options) => {
+  const filter = (options) => {
     const kept = supported(options);
     options.splice(0, options.length, ...kept);
   };
+  // litegraph asks the graph holding the node, which inside a subgraph is its definition.
+  graph.onGetNodeMenuOptions = filter;
+  graph.events.addEventListener("subgraph-created", (e) => {
+    e.detail.subgraph.onGetNodeMenuOptions = filter;
+  });
 }
 
 /** ComfyUI's keys: Ctrl+B bypasses the selected nodes, Ctrl+M mutes them. */

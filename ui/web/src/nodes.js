@@ -11,10 +11,23 @@ const noop = () => {};
 
 /** Per-node state the editor draws on top of litegraph's own rendering. */
 export const view = {
-  running: null, // id of the node being executed
+  running: null, // execution id of the node being executed ("11:5": node 5 inside subgraph instance 11)
   progress: null, // { node, value, max }
+  path: [], // ids of the subgraph instances opened from the root down to the graph on the canvas
   onUpload: null, // (node, widget) => void, set by the app
 };
+
+/**
+ * The id, in the graph on the canvas, of the node that stands for execution id `id`: the
+ * node itself, or the instance that holds it; null when it lies outside the graph on view.
+ */
+export function shownId(id) {
+  if (id == null) return null;
+  const parts = String(id).split(":");
+  const depth = view.path.length;
+  if (parts.length <= depth || view.path.some((p, i) => parts[i] !== p)) return null;
+  return parts[depth];
+}
 
 /** The decimals a FLOAT widget shows: as many as its step has. */
 function decimals(step) {
@@ -48,8 +61,9 @@ function makeWidget(node, name, parsed) {
   switch (parsed.type) {
     case "INT": {
       const step = o.step ?? 1;
-      const w = node.addWidget("number", name, o.default ?? o.min ?? 0, (v) => {
-        w.value = Math.round(v);
+      // `this`, not the widget made here: a subgraph instance promotes a copy of it.
+      const w = node.addWidget("number", name, o.default ?? o.min ?? 0, function (v) {
+        this.value = Math.round(v);
       }, { min: o.min, max: o.max, step: step * 10, step2: step, precision: 0, round: 1 });
       if (o.control_after_generate) {
         const c = node.addWidget("combo", "control_after_generate", "randomize", noop, { values: CONTROL_VALUES });
@@ -71,8 +85,11 @@ function makeWidget(node, name, parsed) {
       return node.addWidget("toggle", name, !!o.default, noop, { on: o.label_on ?? "true", off: o.label_off ?? "false" });
     case "COMBO": {
       const values = parsed.choices;
-      // Picking a value is the answer to a "not on this server" mark.
-      const w = node.addWidget("combo", name, o.default ?? values[0] ?? "", () => clearMissing(w), { values });
+      // Picking a value is the answer to a "not on this server" mark, on the widget picked
+      // from (`this`: a subgraph instance's promoted copy is another widget than `w`).
+      const w = node.addWidget("combo", name, o.default ?? values[0] ?? "", function () {
+        clearMissing(this);
+      }, { values });
       if (o.image_upload) {
         // ComfyUI's upload button carries the value "image": workflows keep it in widgets_values.
         const b = node.addWidget("button", "upload", "image", () => view.onUpload?.(node, w));
@@ -97,9 +114,9 @@ function clearMissing(w) {
  * the node's choices here: each widget is marked and switched to the first choice there is,
  * so the graph runs. Returns one line per change, for the notice.
  */
-export function fitChoices(graph) {
+export function fitChoices(nodes) {
   const notes = [];
-  for (const node of graph._nodes) {
+  for (const node of nodes) {
     for (const w of node.widgets ?? []) {
       if (w.type !== "combo" || w.sdflowControl || !Array.isArray(w.options?.values)) continue;
       const values = w.options.values;
@@ -107,15 +124,17 @@ export function fitChoices(graph) {
       if (values.includes(w.value) || node.getSlotFromWidget?.(w)?.link != null) continue;
       const missing = w.value;
       w.sdflowMissing = missing;
+      node.setDirtyCanvas(true, true);
       w.label = `⚠ ${w.name}`;
-      const where = `${node.title} #${node.id}: ${w.name} "${missing}" is not on this server`;
+      // Inner nodes of a subgraph are named with it: their ids repeat across definitions.
+      const inner = node.graph?.isRootGraph === false ? `${node.graph.name} › ` : "";
+      const where = `${inner}${node.title} #${node.id}: ${w.name} "${missing}" is not on this server`;
       if (values.length) {
         w.value = values[0];
         notes.push(`${where}; switched to "${values[0]}" (present: ${shortList(values)})`);
       } else notes.push(`${where}, and none is: add one to the server's folder`);
     }
   }
-  if (notes.length) graph.setDirtyCanvas(true, true);
   return notes;
 }
 
@@ -182,12 +201,12 @@ function drawOverlay(ctx) {
       ctx.drawImage(img, (w - iw) / 2, top + (room[1] - ih) / 2, iw, ih);
     }
   }
-  if (view.running === String(this.id)) {
+  if (shownId(view.running) === String(this.id)) {
     ctx.strokeStyle = "#4caf50";
     ctx.lineWidth = 3;
     ctx.strokeRect(-2, -title - 2, w + 4, h + title + 4);
     const p = view.progress;
-    if (p && p.node === String(this.id) && p.max > 0) {
+    if (p && shownId(p.node) === String(this.id) && p.max > 0) {
       ctx.fillStyle = "#4caf50";
       ctx.fillRect(0, -title, (w * p.value) / p.max, 3);
       ctx.font = "12px sans-serif";
@@ -222,6 +241,12 @@ export function showImage(node, url) {
   if (node.size[1] < base[1] + 180) node.setSize([Math.max(node.size[0], 220), base[1] + 200]);
 }
 
+/** What every node type of this editor draws over litegraph's node and adds to its menu. */
+export function decorate(cls) {
+  cls.prototype.onDrawForeground = drawOverlay;
+  cls.prototype.getExtraMenuOptions = nodeMenu;
+}
+
 /** Registers one node type per `/object_info` entry; returns the catalogue, sorted. */
 export function registerAll(info) {
   const catalogue = [];
@@ -251,8 +276,7 @@ export function registerAll(info) {
         if (this.size[0] < 220) this.size[0] = 220;
       }
     }
-    ComfyNode.prototype.onDrawForeground = drawOverlay;
-    ComfyNode.prototype.getExtraMenuOptions = nodeMenu;
+    decorate(ComfyNode);
     ComfyNode.prototype.onRemoved = function () {
       for (const w of this.widgets ?? []) w.onRemove?.();
     };

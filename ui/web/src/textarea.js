@@ -18,8 +18,7 @@ export function mountLayer(parent) {
   parent.append(layer);
 }
 
-/** Adds a textarea widget named `name` holding `value` to `node`. */
-export function addTextarea(node, name, value) {
+function textareaFor(name, value) {
   const el = document.createElement("textarea");
   el.className = "node-textarea";
   el.value = value ?? "";
@@ -27,6 +26,13 @@ export function addTextarea(node, name, value) {
   el.spellcheck = false;
   el.hidden = true;
   el.dataset.widget = name;
+  layer?.append(el);
+  return el;
+}
+
+/** Adds a textarea widget named `name` holding `value` to `node`. */
+export function addTextarea(node, name, value) {
+  const el = textareaFor(name, value);
   const widget = {
     type: "customtext",
     name,
@@ -40,8 +46,9 @@ export function addTextarea(node, name, value) {
     set value(v) {
       el.value = v == null ? "" : String(v);
     },
-    computeLayoutSize() {
-      return { minHeight: MIN_HEIGHT, maxHeight: 1e6, minWidth: 0 };
+    computeLayoutSize(holder) {
+      // A node showing an image (a subgraph instance's preview) keeps its free height for it.
+      return { minHeight: MIN_HEIGHT, maxHeight: holder?.sdflowImage ? MIN_HEIGHT : 1e6, minWidth: 0 };
     },
     draw(ctx, node, width, y) {
       // The frame under the element; all that shows where the element is hidden.
@@ -58,9 +65,38 @@ export function addTextarea(node, name, value) {
       mounted.delete(widget);
     },
   };
-  layer?.append(el);
   mounted.add(widget);
   return widget;
+}
+
+/**
+ * Gives a subgraph instance's copy of a textarea widget (a promoted prompt) a textarea of
+ * its own: litegraph's copy keeps the inner node's element, which is placed over the inner
+ * node, and its value is a snapshot that nothing could edit.
+ */
+export function adoptTextarea(widget) {
+  const el = textareaFor(widget.name, widget.value);
+  Object.defineProperty(widget, "value", {
+    configurable: true,
+    enumerable: true,
+    get: () => el.value,
+    set: (v) => {
+      el.value = v == null ? "" : String(v);
+    },
+  });
+  widget.element = el;
+  widget.onRemove = () => {
+    el.remove();
+    mounted.delete(widget);
+  };
+  mounted.add(widget);
+}
+
+/** Whether `node` still belongs to the open workflow (a definition replaced by a load does not). */
+function attached(node) {
+  const graph = node.graph;
+  if (!graph) return false;
+  return graph.isRootGraph !== false || graph.rootGraph?.subgraphs.get(graph.id) === graph;
 }
 
 /**
@@ -72,9 +108,11 @@ export function placeTextareas(canvas) {
   const order = new Map(canvas.graph?._nodes.map((n, i) => [n, i]) ?? []);
   for (const widget of mounted) {
     const { node, element: el } = widget;
-    if (!node.graph || node.graph !== canvas.graph) {
-      // A node dropped without onRemoved (graph swapped wholesale).
-      if (!node.graph) widget.onRemove();
+    // A node dropped without onRemoved (graph swapped wholesale, a definition replaced),
+    // or a widget its node let go of (an instance promotes its widgets anew on configure).
+    const gone = !attached(node) || !node.widgets?.includes(widget);
+    if (gone || node.graph !== canvas.graph) {
+      if (gone) widget.onRemove();
       else el.hidden = true;
       continue;
     }

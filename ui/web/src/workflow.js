@@ -1,6 +1,6 @@
 // Workflow files in and out: the graph as ComfyUI's API prompt, and loading ComfyUI UI
 // workflows, API prompts, sdflow workflows and PNGs that carry one of them.
-import { LiteGraph, LGraphEventMode } from "@comfyorg/litegraph";
+import { LiteGraph, LGraphEventMode, SubgraphNode } from "@comfyorg/litegraph";
 
 /** A file or value that is not a workflow this editor can open; says where and why. */
 export class WorkflowError extends Error {}
@@ -137,12 +137,28 @@ export function loadWorkflow(graph, data, where) {
     return loadPrompt(graph, data.nodes, where);
   }
   if (Array.isArray(data.nodes)) {
-    data.nodes.forEach((n, i) => {
-      if (!n || typeof n !== "object" || typeof n.type !== "string" || n.id == null) throw new WorkflowError(`${where}: nodes[${i}] has no id or type`);
-      if (n.widgets_values != null && typeof n.widgets_values !== "object") throw new WorkflowError(`${where}: nodes[${i}] (${n.type}): widgets_values is not a list`);
+    const checkNodes = (nodes, at) => nodes.forEach((n, i) => {
+      if (!n || typeof n !== "object" || typeof n.type !== "string" || n.id == null) throw new WorkflowError(`${where}: ${at}[${i}] has no id or type`);
+      if (n.widgets_values != null && typeof n.widgets_values !== "object") throw new WorkflowError(`${where}: ${at}[${i}] (${n.type}): widgets_values is not a list`);
     });
+    checkNodes(data.nodes, "nodes");
     if (data.links != null && !Array.isArray(data.links)) throw new WorkflowError(`${where}: "links" is not a list`);
-    const missing = [...new Set(data.nodes.map((n) => n.type).filter((t) => !LiteGraph.registered_node_types[t]))];
+    // Subgraph definitions: an instance's type is its definition's id.
+    const definitions = data.definitions?.subgraphs ?? [];
+    if (!Array.isArray(definitions)) throw new WorkflowError(`${where}: "definitions.subgraphs" is not a list`);
+    definitions.forEach((d, i) => {
+      const at = `definitions.subgraphs[${i}]`;
+      if (!d || typeof d !== "object" || typeof d.id !== "string" || !Array.isArray(d.nodes)) throw new WorkflowError(`${where}: ${at} has no id or nodes`);
+      for (const side of ["inputs", "outputs", "links"]) {
+        if (d[side] != null && !Array.isArray(d[side])) throw new WorkflowError(`${where}: ${at} (${d.name ?? d.id}): "${side}" is not a list`);
+      }
+      checkNodes(d.nodes, `${at}.nodes`);
+    });
+    const defined = new Set(definitions.map((d) => d.id));
+    const types = [...data.nodes, ...definitions.flatMap((d) => d.nodes)].map((n) => n.type);
+    // A definition of an earlier workflow is not one of this one's (its type goes on configure).
+    const known = (t) => defined.has(t) || (LiteGraph.registered_node_types[t] && !(LiteGraph.registered_node_types[t].prototype instanceof SubgraphNode));
+    const missing = [...new Set(types.filter((t) => !known(t)))];
     const before = graph.serialize();
     try {
       graph.configure(data);

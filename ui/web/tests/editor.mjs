@@ -4,8 +4,10 @@
 // and waits for the image in the gallery; previews land on the node their metadata names;
 // the queue panel lists and cancels jobs and comes back with the gallery after a reload; a
 // missing input shows on its node; saved, JSON and PNG workflows load back; the right-click
-// menus hold ComfyUI's entries. Run by cli/tests/browser.rs (whose server has two
-// checkpoints, models/checkpoints/tiny.safetensors and tiny_b.safetensors):
+// menus hold ComfyUI's entries; a ComfyUI workflow with a subgraph shows its instance as one
+// node, opens it and runs. Run by cli/tests/browser.rs (whose server has three checkpoints
+// in models/checkpoints: tiny-sd1.safetensors, a real one with random weights, and the
+// placeholders tiny.safetensors and tiny_b.safetensors):
 //   node ui/web/tests/editor.mjs http://127.0.0.1:PORT/
 // Uses Debian's chromium (SDFLOW_CHROMIUM overrides the path); never downloads a browser.
 import { chromium } from "playwright-core";
@@ -63,6 +65,8 @@ await page.routeWebSocket(/\/ws\?clientId=/, (ws) => {
 });
 
 const TXT2IMG = JSON.parse(await readFile(new URL("../../../workflows/txt2img.json", import.meta.url), "utf8"));
+// ComfyUI's export of txt2img with the sampling stage as a subgraph (instance #11, "Sample").
+const SUBGRAPH_FILE = await readFile(new URL("../../../workflows/comfyui/txt2img_subgraph.json", import.meta.url));
 // A 1×1 PNG, for previews the test sends itself.
 const PIXEL = Buffer.from("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==", "base64");
 
@@ -103,10 +107,10 @@ async function connectByDragging(from, out, to, inp) {
   assert.ok(linked, `dragging connected node ${from} output ${out} to node ${to} input ${inp}`);
 }
 
-/** Clicks the middle of a widget and types a value into litegraph's prompt dialog. */
+/** Clicks the middle of a widget of the graph on view and types a value into litegraph's prompt dialog. */
 async function setWidgetByTyping(nodeId, name, value) {
   const point = await page.evaluate(([id, name]) => {
-    const node = window.sdflow.graph.getNodeById(id);
+    const node = window.sdflow.canvas.graph.getNodeById(id);
     const w = node.widgets.find((w) => w.name === name);
     return [node.pos[0] + node.size[0] / 2, node.pos[1] + w.y + 10];
   }, [nodeId, name]);
@@ -115,7 +119,7 @@ async function setWidgetByTyping(nodeId, name, value) {
   const input = page.locator(".graphdialog input, .graphdialog textarea").first();
   await input.fill(String(value));
   await input.press("Enter");
-  return page.evaluate(([id, name]) => window.sdflow.graph.getNodeById(id).widgets.find((w) => w.name === name).value, [nodeId, name]);
+  return page.evaluate(([id, name]) => window.sdflow.canvas.graph.getNodeById(id).widgets.find((w) => w.name === name).value, [nodeId, name]);
 }
 
 async function galleryCount() {
@@ -229,7 +233,7 @@ await check("the editor loads the node catalogue from /object_info", async () =>
 await check("a first visit opens the default txt2img workflow, with the models there", async () => {
   assert.deepEqual(await nodeTypes(), Object.values(TXT2IMG.nodes).map((n) => n.class_type).sort());
   const ckpt = await page.evaluate(() => window.sdflow.graph._nodes.find((n) => n.type === "CheckpointLoaderSimple").widgets.find((w) => w.name === "ckpt_name").value);
-  assert.equal(ckpt, "tiny.safetensors", "the served template names the checkpoint the server has");
+  assert.equal(ckpt, "tiny-sd1.safetensors", "the served template names the checkpoint the server has");
   assert.equal(await page.locator("#notice").isHidden(), true, "nothing to say about models");
 });
 
@@ -301,11 +305,11 @@ await check("a workflow naming a model that is not there switches to one that is
     const w = window.sdflow.graph.getNodeById(1).widgets.find((w) => w.name === "ckpt_name");
     return { value: w.value, missing: w.sdflowMissing, label: w.label };
   });
-  assert.deepEqual(widget, { value: "tiny.safetensors", missing: "model.safetensors", label: "⚠ ckpt_name" }, "switched and marked");
+  assert.deepEqual(widget, { value: "tiny-sd1.safetensors", missing: "model.safetensors", label: "⚠ ckpt_name" }, "switched and marked");
   const notice = await page.locator("#notice").textContent();
-  assert.match(notice, /ckpt_name "model\.safetensors" is not on this server; switched to "tiny\.safetensors" \(present: tiny\.safetensors, tiny_b\.safetensors\)/);
+  assert.match(notice, /ckpt_name "model\.safetensors" is not on this server; switched to "tiny-sd1\.safetensors" \(present: tiny-sd1\.safetensors, tiny\.safetensors, tiny_b\.safetensors\)/);
   const prompt = await page.evaluate(() => window.sdflow.graphToPrompt());
-  assert.equal(prompt["1"].inputs.ckpt_name, "tiny.safetensors", "the queued prompt names the present model");
+  assert.equal(prompt["1"].inputs.ckpt_name, "tiny-sd1.safetensors", "the queued prompt names the present model");
   // Picking another model from the widget's list clears the mark.
   const point = await page.evaluate(() => {
     const n = window.sdflow.graph.getNodeById(1);
@@ -630,6 +634,216 @@ await check("after a reload the queue panel and the gallery come back from the s
   const save = Object.values(prompt).find((n) => n.class_type === "SaveImage");
   assert.equal(save.inputs.filename_prefix, "browser", "Open loaded the job's workflow");
   await assertAllInView("a job's workflow");
+});
+
+/** The tEXt and uncompressed iTXt chunks of a PNG, keyword → text. */
+function pngTexts(bytes) {
+  const texts = {};
+  let at = 8;
+  while (at + 8 <= bytes.length) {
+    const length = bytes.readUInt32BE(at);
+    const type = bytes.toString("latin1", at + 4, at + 8);
+    const data = bytes.subarray(at + 8, at + 8 + length);
+    const nul = data.indexOf(0);
+    if (type === "tEXt" && nul > 0) texts[data.toString("latin1", 0, nul)] = data.toString("latin1", nul + 1);
+    else if (type === "iTXt" && nul > 0 && data[nul + 1] === 0) {
+      const translated = data.indexOf(0, data.indexOf(0, nul + 3) + 1);
+      texts[data.toString("latin1", 0, nul)] = data.toString("utf8", translated + 1);
+    }
+    at += 12 + length;
+  }
+  return texts;
+}
+
+/** The graph on the canvas: whether it is the root, its node types, the open instances and the breadcrumb. */
+async function onView() {
+  return page.evaluate(() => {
+    const { graph, canvas, view } = window.sdflow;
+    const crumbs = document.getElementById("breadcrumb");
+    return { root: canvas.graph === graph, id: canvas.graph.id, types: canvas.graph._nodes.map((n) => n.type).sort(), path: [...view.path], crumbs: crumbs.hidden ? null : crumbs.textContent };
+  });
+}
+
+/**
+ * Waits for litegraph to draw the graph on view: it looks for the node under the mouse
+ * only among the nodes it drew, and a graph just switched to has none yet.
+ */
+async function drawn() {
+  await page.waitForFunction(() => {
+    const { canvas } = window.sdflow;
+    return canvas.visible_nodes.length > 0 && canvas.visible_nodes.every((n) => n.graph === canvas.graph);
+  });
+}
+
+async function backToRoot() {
+  await page.click('#breadcrumb button.crumb[data-depth="0"]');
+  await page.waitForFunction(() => window.sdflow.canvas.graph === window.sdflow.graph);
+  await drawn();
+  const view = await onView();
+  assert.deepEqual([view.path, view.crumbs], [[], null], "at the root again, without a breadcrumb");
+}
+
+const SUBGRAPH = JSON.parse(SUBGRAPH_FILE);
+const DEFINITION = SUBGRAPH.definitions.subgraphs[0];
+const INSTANCE = SUBGRAPH.nodes.find((n) => n.type === DEFINITION.id).id;
+const INNER_TYPES = DEFINITION.nodes.map((n) => n.type).sort();
+const innerId = (type) => DEFINITION.nodes.find((n) => n.type === type).id;
+
+await check("a workflow with a subgraph shows its instance as one node, with the promoted widgets", async () => {
+  await page.setInputFiles("#file-load", { name: "txt2img_subgraph.json", mimeType: "application/json", buffer: SUBGRAPH_FILE });
+  await page.waitForFunction(() => window.sdflow.graph._nodes.some((n) => n.isSubgraphNode?.()));
+  assert.doesNotMatch(await statusText(), new RegExp(DEFINITION.id), "the instance's type is not reported as a missing node type");
+  const root = await page.evaluate(() => {
+    const { graph } = window.sdflow;
+    const inst = graph._nodes.find((n) => n.isSubgraphNode());
+    return {
+      types: graph._nodes.map((n) => n.type).sort(),
+      definitions: [...graph.subgraphs.keys()],
+      instance: {
+        id: inst.id, type: inst.type, title: inst.title,
+        inputs: inst.inputs.map((i) => [i.name, i.link != null]),
+        outputs: inst.outputs.map((o) => o.name),
+        widgets: inst.widgets.map((w) => [w.name, w.value]),
+      },
+    };
+  });
+  assert.deepEqual(root.types, SUBGRAPH.nodes.map((n) => n.type).sort(), "the root holds the file's top-level nodes, the instance as one of them");
+  for (const inner of INNER_TYPES) assert.ok(!root.types.includes(inner), `${inner} stays inside the subgraph`);
+  assert.deepEqual(root.definitions, [DEFINITION.id]);
+  assert.deepEqual(root.instance, {
+    id: INSTANCE, type: DEFINITION.id, title: "Sample",
+    inputs: [["clip", true], ["model", true], ["seed", true], ["vae", true], ["text", false], ["text_1", false]],
+    outputs: ["IMAGE"],
+    widgets: [["seed", 42], ["text", "a watercolor fox in the snow"], ["text_1", "blurry, low quality"]],
+  }, "the definition's inputs and outputs, and its promoted widgets with the instance's values");
+  // The promoted prompts are text boxes on the instance; the inner nodes' boxes are out of view.
+  await page.waitForFunction((id) => document.querySelectorAll(`textarea.node-textarea[data-node="${id}"]:not([hidden])`).length === 2, INSTANCE);
+  const boxes = await page.locator("textarea.node-textarea").evaluateAll((els) => els.filter((e) => !e.hidden).map((e) => [e.dataset.node, e.dataset.widget, e.value]));
+  assert.deepEqual(boxes.filter((b) => b[0] === String(INSTANCE)), [[String(INSTANCE), "text", "a watercolor fox in the snow"], [String(INSTANCE), "text_1", "blurry, low quality"]]);
+  assert.ok(!boxes.some((b) => b[2].includes("lovely cat")), `the inner prompt's box is hidden (${JSON.stringify(boxes)})`);
+  assert.deepEqual(await onView(), { root: true, id: await page.evaluate(() => window.sdflow.graph.id), types: root.types, path: [], crumbs: null });
+  await assertAllInView("a workflow with a subgraph");
+});
+
+await check("double-clicking the instance opens its subgraph, edits there are kept, the breadcrumb goes back", async () => {
+  // Between the first input's and the first output's labels: on the node, on no widget.
+  const [x, y] = await toPage(await page.evaluate((id) => {
+    const n = window.sdflow.graph.getNodeById(id);
+    return [n.pos[0] + n.size[0] / 2, n.pos[1] + 8];
+  }, INSTANCE));
+  // litegraph takes two presses as a double-click only within 300 ms of each other, which
+  // a loaded machine can miss; a missed one is two clicks on the node, so it is tried again.
+  let tries = 0;
+  for (let opened = false; !opened && tries < 3; tries++) {
+    await page.mouse.dblclick(x, y);
+    opened = await page.waitForFunction(() => window.sdflow.canvas.graph !== window.sdflow.graph, null, { timeout: 3000 }).then(() => true, () => false);
+  }
+  if (tries > 1) console.log(`# the double-click took ${tries} tries`);
+  await drawn();
+  const inside = await onView();
+  assert.deepEqual(inside, { root: false, id: DEFINITION.id, types: INNER_TYPES, path: [String(INSTANCE)], crumbs: "Root›Sample" }, "the inner nodes, and where they are");
+  const boxes = await page.locator("textarea.node-textarea").evaluateAll((els) => els.filter((e) => !e.hidden).map((e) => [e.dataset.node, e.disabled]));
+  const prompts = DEFINITION.nodes.filter((n) => n.type === "CLIPTextEncode").map((n) => [String(n.id), true]);
+  assert.deepEqual(boxes.sort(), prompts.sort(), "the inner prompts show, disabled: the subgraph's inputs feed them");
+  // A small, short run for the check that queues it: typed into the inner nodes.
+  assert.equal(await setWidgetByTyping(innerId("EmptyLatentImage"), "width", 64), 64);
+  assert.equal(await setWidgetByTyping(innerId("EmptyLatentImage"), "height", 64), 64);
+  assert.equal(await setWidgetByTyping(innerId("KSampler"), "steps", 4), 4);
+  await backToRoot();
+  // The node menu opens it too, and the edits are still there.
+  const entries = await nodeMenu(INSTANCE);
+  assert.ok(entries.includes("Open Subgraph"), `the instance's menu opens it (${entries})`);
+  await clickMenuEntry("Open Subgraph");
+  await page.waitForFunction(() => window.sdflow.canvas.graph !== window.sdflow.graph);
+  await drawn();
+  assert.equal((await onView()).crumbs, "Root›Sample");
+  const latent = await page.evaluate((id) => window.sdflow.canvas.graph.getNodeById(id).widgets.slice(0, 2).map((w) => w.value), innerId("EmptyLatentImage"));
+  assert.deepEqual(latent, [64, 64]);
+  await backToRoot();
+});
+
+await check("a graph with a subgraph runs: the server expands it and the image comes back", async () => {
+  // A prompt typed into the instance's promoted text box is the one that runs.
+  const box = page.locator(`textarea.node-textarea[data-node="${INSTANCE}"][data-widget="text"]`);
+  await box.click();
+  await page.keyboard.press("ControlOrMeta+a");
+  await page.keyboard.type("a fox made of subgraphs");
+  const queued = await page.evaluate(() => window.sdflow.promptToQueue().prompt);
+  assert.ok(Array.isArray(queued.nodes) && queued.definitions?.subgraphs?.length === 1, "the workflow itself is queued, its subgraph with it");
+  assert.equal(queued.nodes.find((n) => n.id === INSTANCE).widgets_values[1], "a fox made of subgraphs");
+  await page.evaluate((id) => { window.sdflow.graph.getNodeById(id).sdflowImage = null; }, INSTANCE);
+  const before = await galleryCount();
+  await page.click("#btn-queue");
+  const img = await newestImage(before);
+  assert.deepEqual([img.width, img.height], [64, 64], "the size typed inside the subgraph");
+  assert.match(img.src, /filename=txt2img_/);
+  await page.waitForFunction(() => document.getElementById("status").textContent === "done · queue: 0");
+  assert.equal(await page.locator("#errors").isHidden(), true, "no errors");
+  // The server's previews name the inner KSampler by its expanded id; they show on the instance.
+  assert.deepEqual(await page.evaluate(() => window.sdflow.lastPreview), { node: `${INSTANCE}:${innerId("KSampler")}`, from: "metadata" });
+  assert.ok(await page.evaluate((id) => window.sdflow.graph.getNodeById(id).sdflowImage?.src.startsWith("blob:"), INSTANCE), "the instance shows the preview");
+  // The image's prompt is the expanded graph, with what was typed at both levels.
+  const bytes = await page.evaluate(async (src) => [...new Uint8Array(await (await fetch(src)).arrayBuffer())], img.src);
+  const ran = JSON.parse(pngTexts(Buffer.from(bytes)).prompt);
+  const inner = (type) => ran[`${INSTANCE}:${innerId(type)}`];
+  assert.equal(inner("CLIPTextEncode")?.inputs.text, "a fox made of subgraphs", `the promoted prompt (${JSON.stringify(ran)})`);
+  assert.deepEqual([inner("EmptyLatentImage").inputs.width, inner("KSampler").inputs.steps], [64, 4]);
+  assert.ok(!Object.values(ran).some((n) => n.class_type === DEFINITION.id), "no node of the subgraph's type is left");
+});
+
+await check("progress, previews and errors of inner nodes show on their instance and inside it", async () => {
+  const route = socket.route;
+  const ksampler = innerId("KSampler");
+  const id = `${INSTANCE}:${ksampler}`;
+  const images = (inner) => page.evaluate(([instance, inner]) => {
+    const { graph } = window.sdflow;
+    const node = graph.getNodeById(instance);
+    return [node.sdflowImage?.src ?? null, node.subgraph.getNodeById(inner).sdflowImage?.src ?? null];
+  }, [INSTANCE, inner]);
+  await page.evaluate((id) => {
+    const node = window.sdflow.graph.getNodeById(id);
+    for (const n of [node, ...node.subgraph._nodes]) n.sdflowImage = null;
+  }, INSTANCE);
+  route.send(JSON.stringify({ type: "executing", data: { node: id, display_node: id, prompt_id: "inner" } }));
+  await page.waitForFunction((id) => window.sdflow.view.running === id, id);
+  route.send(JSON.stringify({ type: "progress", data: { node: id, value: 2, max: 4, prompt_id: "inner" } }));
+  await page.waitForFunction(() => document.getElementById("progress").textContent === "Sample › KSampler 2/4");
+  const metadata = Buffer.from(JSON.stringify({ node_id: id, display_node_id: id, parent_node_id: String(INSTANCE), real_node_id: String(ksampler), prompt_id: "inner", image_type: "image/png" }));
+  const head = Buffer.alloc(8);
+  head.writeUInt32BE(4, 0);
+  head.writeUInt32BE(metadata.length, 4);
+  route.send(Buffer.concat([head, metadata, PIXEL]));
+  await page.waitForFunction(([instance, inner]) => {
+    const node = window.sdflow.graph.getNodeById(instance);
+    return node.sdflowImage?.src.startsWith("blob:") && node.subgraph.getNodeById(inner).sdflowImage?.src.startsWith("blob:");
+  }, [INSTANCE, ksampler], { timeout: 10000 });
+  const [onInstance, onInner] = await images(ksampler);
+  assert.ok(onInstance && onInner, "the preview is on the instance and on the inner KSampler");
+  // An inner node's error: listed with its instance, drawn on both; clicking it opens the subgraph there.
+  route.send(JSON.stringify({ type: "execution_error", data: { prompt_id: "inner", node_id: id, node_type: "KSampler", exception_type: "RuntimeError", exception_message: "inner failure" } }));
+  const item = page.locator(`#errors .error[data-node="${id}"]`);
+  await item.waitFor();
+  assert.equal(await item.textContent(), `#${id} Sample › KSampler: RuntimeError: inner failure`);
+  const drawn = await page.evaluate(([instance, inner]) => {
+    const node = window.sdflow.graph.getNodeById(instance);
+    return [node.sdflowErrors, node.subgraph.getNodeById(inner).sdflowErrors];
+  }, [INSTANCE, ksampler]);
+  assert.deepEqual(drawn, [["KSampler: RuntimeError: inner failure"], ["RuntimeError: inner failure"]]);
+  await item.click();
+  await page.waitForFunction(() => window.sdflow.canvas.graph !== window.sdflow.graph);
+  assert.deepEqual((await onView()).path, [String(INSTANCE)], "the error's subgraph is open");
+  const centred = await page.evaluate((inner) => {
+    const { canvas } = window.sdflow;
+    const n = canvas.graph.getNodeById(inner);
+    const [cx, cy] = canvas.ds.convertOffsetToCanvas([n.pos[0] + n.size[0] / 2, n.pos[1] + n.size[1] / 2]);
+    return [cx / canvas.canvas.clientWidth, cy / canvas.canvas.clientHeight];
+  }, ksampler);
+  assert.ok(centred.every((f) => f > 0.4 && f < 0.6), `the KSampler is centred (${centred})`);
+  // Opening a workflow while inside a subgraph shows the new one from its root.
+  await dropFile("txt2img_subgraph.json", "application/json", SUBGRAPH_FILE);
+  const view = await onView();
+  assert.deepEqual([view.root, view.path, view.crumbs], [true, [], null], "a workflow opens at its root");
+  assert.equal(view.types.length, SUBGRAPH.nodes.length);
 });
 
 await check("the page logged no errors", async () => {
