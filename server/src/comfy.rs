@@ -178,6 +178,19 @@ pub async fn post_prompt(
     if let Some(c) = &req.client_id {
         extra_data["client_id"] = json!(c);
     }
+    // A UI-format workflow runs as the prompt ComfyUI's frontend would have sent for it:
+    // `/queue`, `/history` and `/jobs` show that API prompt (what ComfyUI clients read), and
+    // the workflow itself goes where the frontend puts it, into the PNGs' `workflow`.
+    let prompt = if sdflow_executor::WorkflowFormat::detect(&prompt) == Some(sdflow_executor::WorkflowFormat::Ui) {
+        let info = &mut extra_data["extra_pnginfo"];
+        if !info.is_object() {
+            *info = json!({});
+        }
+        info.as_object_mut().map(|m| m.entry("workflow").or_insert(prompt));
+        workflow.to_api_json()
+    } else {
+        prompt
+    };
     // Validated here rather than on a blocking thread: clients such as the ComfyUI SDK
     // subscribe to the prompt's events only once this reply arrives, so it must not lag
     // behind the worker starting the prompt.

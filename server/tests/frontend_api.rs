@@ -301,3 +301,31 @@ async fn templates_are_sdflows_workflows_with_the_models_present() {
     assert_eq!(s.get("/templates/nope.json").await.0, 404);
     assert_eq!(s.get("/templates/txt2img").await.0, 404);
 }
+
+/// A UI-format workflow posted to /prompt is kept as the API prompt ComfyUI's frontend
+/// would have queued (what clients read in /history and /jobs), and the workflow itself
+/// as the frontend's `extra_pnginfo.workflow`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ui_workflow_is_kept_as_its_api_prompt() {
+    let s = start(|_| {}).await;
+    let ui = json!({
+        "version": 0.4,
+        "nodes": [
+            {"id": 1, "type": "StubConstant", "mode": 0, "outputs": [{"name": "LATENT", "type": "LATENT", "links": [1]}], "widgets_values": [3, "fixed", 4]},
+            {"id": 2, "type": "StubOutput", "mode": 0, "inputs": [{"name": "latent", "type": "LATENT", "link": 1}], "widgets_values": ["ui"]},
+            {"id": 3, "type": "Note", "mode": 0, "widgets_values": ["not a node of the prompt"]}
+        ],
+        "links": [[1, 1, 0, 2, 0, "LATENT"]]
+    });
+    let (code, r) = s.post("/prompt", json!({"prompt": ui})).await;
+    assert_eq!(code, 200, "{r}");
+    let id = r["prompt_id"].as_str().unwrap().to_string();
+    let entry = s.wait_history(&id).await;
+    assert_eq!(entry["prompt"][2], json!({
+        "1": {"class_type": "StubConstant", "inputs": {"seed": 3, "size": 4}},
+        "2": {"class_type": "StubOutput", "inputs": {"latent": ["1", 0], "label": "ui"}}
+    }));
+    assert_eq!(entry["prompt"][3]["extra_pnginfo"]["workflow"], ui);
+    let job = s.get(&format!("/api/jobs/{id}")).await.1;
+    assert_eq!(job["workflow"]["prompt"]["2"]["inputs"]["label"], "ui");
+}
