@@ -1,8 +1,11 @@
-//! The browser editor end to end: starts `sdflow serve` on a free port and runs
-//! ui/web/tests/editor.mjs (Playwright driving Debian's chromium) against it.
+//! The web frontends end to end: starts `sdflow serve` on a free port and runs a
+//! Playwright script (in Debian's chromium) against it — ui/web/tests/editor.mjs for the
+//! embedded editor, ui/web/tests/comfy_frontend.mjs for ComfyUI's own frontend served by
+//! `--front-end-root` (the unchanged `comfyui-frontend-package`, whose folder
+//! SDFLOW_COMFY_FRONTEND names; .ci/run unpacks the pinned wheel there).
 //!
 //! Needs node, ui/web/node_modules (the ui crate's build installs it) and chromium
-//! (`apt-get install chromium`; SDFLOW_CHROMIUM names another binary). Without them the test
+//! (`apt-get install chromium`; SDFLOW_CHROMIUM names another binary). Without them a test
 //! prints a SKIP line, unless SDFLOW_BROWSER_TESTS=1 (as .ci/run sets), when it fails.
 
 use std::io::{BufRead, BufReader, Write};
@@ -49,10 +52,58 @@ fn missing_tools(web: &Path) -> Vec<String> {
     missing
 }
 
+/// Whether the browser test may run; prints the SKIP line (or fails, when SDFLOW_BROWSER_TESTS=1)
+/// when something it needs is `missing`.
+fn may_run(what: &str, missing: &[String]) -> bool {
+    if missing.is_empty() {
+        return true;
+    }
+    let required = std::env::var("SDFLOW_BROWSER_TESTS").is_ok_and(|v| v == "1");
+    assert!(!required, "SDFLOW_BROWSER_TESTS=1 but {what} cannot run; missing: {}", missing.join(", "));
+    // Straight to stderr: the test harness captures eprintln! of passing tests.
+    let _ = writeln!(std::io::stderr(), "\n*** SKIP {what}: missing {} (set SDFLOW_BROWSER_TESTS=1 to make this a failure) ***\n", missing.join(", "));
+    false
+}
+
+/// A fresh folder for the server's models, input and output, with the tiny random-weight
+/// SD1 checkpoint `tiny-sd1.safetensors` (the name workflows/comfyui/txt2img_subgraph.json
+/// asks for).
+fn server_dir(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    for sub in ["models/checkpoints", "input", "output"] {
+        std::fs::create_dir_all(dir.join(sub)).expect("creating the server's folders");
+    }
+    let tiny = sdflow_core::synth::SdConfig::tiny_sd1_f8();
+    sdflow_core::synth::write_checkpoint(
+        &dir.join("models/checkpoints/tiny-sd1.safetensors"),
+        &tiny,
+        sdflow_core::dtype::DType::F32,
+        7,
+        sdflow_core::synth::Format::Safetensors,
+    )
+    .expect("writing the tiny checkpoint");
+    dir
+}
+
+/// Runs `node ui/web/tests/SCRIPT URL` and fails the test when it reports a failure.
+fn run_script(web: &Path, script: &str, url: &str, server: Server, dir: &Path) {
+    let status = Command::new("node")
+        .arg(web.join("tests").join(script))
+        .arg(url)
+        .current_dir(web)
+        .status()
+        .unwrap_or_else(|e| panic!("running node ui/web/tests/{script}: {e}"));
+    drop(server);
+    let _ = std::fs::remove_dir_all(dir);
+    assert!(status.success(), "{script} against {url} failed ({status}); its report is above");
+}
+
 /// Starts the server on a port the OS picks and returns it with its URL.
-fn start_server(dir: &Path) -> (Server, String) {
+fn start_server(dir: &Path, extra: &[&std::ffi::OsStr]) -> (Server, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_sdflow"))
         .args(["serve", "--port", "0", "--threads", "2"])
+        .args(extra)
         .arg("--models-dir")
         .arg(dir.join("models"))
         .arg("--input-dir")
@@ -82,53 +133,38 @@ fn start_server(dir: &Path) -> (Server, String) {
 #[test]
 fn editor_builds_queues_and_shows_results() {
     let web = Path::new(env!("CARGO_MANIFEST_DIR")).join("../ui/web");
-    let required = std::env::var("SDFLOW_BROWSER_TESTS").is_ok_and(|v| v == "1");
-    let missing = missing_tools(&web);
-    if !missing.is_empty() {
-        assert!(
-            !required,
-            "SDFLOW_BROWSER_TESTS=1 but the browser test cannot run; missing: {}",
-            missing.join(", ")
-        );
-        // Straight to stderr: the test harness captures eprintln! of passing tests.
-        let _ = writeln!(std::io::stderr(), "\n*** SKIP browser test: missing {} (set SDFLOW_BROWSER_TESTS=1 to make this a failure) ***\n", missing.join(", "));
+    if !may_run("the browser test", &missing_tools(&web)) {
         return;
     }
-    let dir =
-        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("browser-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    for sub in ["models/checkpoints", "input", "output"] {
-        std::fs::create_dir_all(dir.join(sub)).expect("creating the server's folders");
-    }
+    let dir = server_dir("browser");
     // Checkpoints to be listed and picked in place of a workflow's missing model; never
-    // loaded.
+    // loaded. The real one sorts first, so it is the model the editor switches to.
     for name in ["tiny.safetensors", "tiny_b.safetensors"] {
         std::fs::write(dir.join("models/checkpoints").join(name), b"")
             .expect("writing a checkpoint placeholder");
     }
-    // A real one, random weights at toy widths: workflows/comfyui/txt2img_subgraph.json
-    // names it, and the test runs that workflow. It sorts first, so it is also the model
-    // the editor switches a missing one to.
-    let tiny = sdflow_core::synth::SdConfig::tiny_sd1_f8();
-    sdflow_core::synth::write_checkpoint(
-        &dir.join("models/checkpoints/tiny-sd1.safetensors"),
-        &tiny,
-        sdflow_core::dtype::DType::F32,
-        7,
-        sdflow_core::synth::Format::Safetensors,
-    )
-    .expect("writing the tiny checkpoint");
-    let (server, url) = start_server(&dir);
-    let status = Command::new("node")
-        .arg(web.join("tests/editor.mjs"))
-        .arg(&url)
-        .current_dir(&web)
-        .status()
-        .expect("running node ui/web/tests/editor.mjs");
-    drop(server);
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(
-        status.success(),
-        "the browser test against {url} failed ({status}); its report is above"
-    );
+    let (server, url) = start_server(&dir, &[]);
+    run_script(&web, "editor.mjs", &url, server, &dir);
+}
+
+/// ComfyUI's own frontend against sdflow: boot, open a workflow, Run, the image, the jobs
+/// panel, settings, no outside hosts.
+#[test]
+fn comfyuis_own_frontend_runs_against_sdflow() {
+    let web = Path::new(env!("CARGO_MANIFEST_DIR")).join("../ui/web");
+    let frontend = std::env::var_os("SDFLOW_COMFY_FRONTEND").map(PathBuf::from);
+    let mut missing = missing_tools(&web);
+    match &frontend {
+        Some(f) if f.join("static/index.html").is_file() => {}
+        Some(f) => missing.push(format!("ComfyUI's frontend at {} (SDFLOW_COMFY_FRONTEND)", f.display())),
+        None => missing.push("SDFLOW_COMFY_FRONTEND (the unpacked comfyui-frontend-package folder)".into()),
+    }
+    if !may_run("ComfyUI's frontend test", &missing) {
+        return;
+    }
+    let frontend = frontend.expect("checked above");
+    let dir = server_dir("comfy-frontend");
+    let user = dir.join("user");
+    let (server, url) = start_server(&dir, &["--front-end-root".as_ref(), frontend.as_os_str(), "--user-directory".as_ref(), user.as_os_str()]);
+    run_script(&web, "comfy_frontend.mjs", &url, server, &dir);
 }

@@ -5,59 +5,27 @@
 
 use sdflow_core::dtype::DType;
 use sdflow_core::synth::{write_checkpoint, Format, SdConfig};
-use sdflow_executor::{CancelToken, ExecContext, InputData, Inputs, IoType, NodeError, NullSink, Outputs, Registry, Value};
+use sdflow_executor::{InputData, IoType, NodeError, Value};
 use sdflow_nodes::sampling::cfg_hooks::{guide, LATENT_OPERATION};
 use sdflow_nodes::sampling::Sigmas;
 use sdflow_nodes::values::{CfgHooks, Latent, LatentOperation, ModelRef, PostCfg, PostCfgHook};
 use sdflow_nodes::Runtime;
 use serde_json::{json, Value as Json};
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, OnceLock};
 
 mod common;
+use common::{c, dims, env};
 
-fn fixture() -> &'static Json {
-    static F: OnceLock<Json> = OnceLock::new();
-    F.get_or_init(|| serde_json::from_str(include_str!("fixtures/cfg_hooks/cfg_hooks.json")).unwrap())
-}
+common::fixture!("fixtures/cfg_hooks/cfg_hooks.json");
 
-struct Env {
-    registry: Registry,
-    dir: tempfile::TempDir,
-}
-
-fn env() -> Env {
-    let dir = tempfile::tempdir().unwrap();
-    let rt = Arc::new(Runtime::new(dir.path(), dir.path().join("out"), 2, sdflow_core::io::WeightType::Stored).unwrap());
-    let mut registry = Registry::new();
-    sdflow_nodes::register_all(&mut registry, rt);
-    Env { registry, dir }
-}
-
-impl Env {
-    fn run(&self, node: &str, inputs: Vec<(&str, InputData)>) -> Result<Outputs, NodeError> {
-        let (sink, cancel, abort) = (NullSink, CancelToken::new(), AtomicBool::new(false));
-        let mut ctx = ExecContext::detached("1", &sink, &cancel, &abort);
-        let mut ins = Inputs::new();
-        for (k, v) in inputs {
-            ins.insert(k, v);
-        }
-        self.registry.get(node).unwrap().execute(&mut ctx, &ins)
-    }
-}
-
-fn c(v: Json) -> InputData {
-    InputData::Const(v)
-}
-
-fn floats(v: &Json) -> Vec<f32> {
-    v["data"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
+/// A fixture tensor's values.
+fn data(v: &Json) -> Vec<f32> {
+    common::floats(&v["data"])
 }
 
 /// A torch [N, C, H, W] shape as sdflow's [W, H, C, N].
 fn shape(v: &Json) -> [i64; 4] {
-    let s: Vec<i64> = v["shape"].as_array().unwrap().iter().map(|x| x.as_i64().unwrap()).collect();
-    [s[3], s[2], s[1], s[0]]
+    let s = dims(v);
+    [s[3] as i64, s[2] as i64, s[1] as i64, s[0] as i64]
 }
 
 fn operation(spec: &Json) -> LatentOperation {
@@ -90,7 +58,7 @@ fn worst(a: &[f32], b: &[f32]) -> f32 {
 fn object_info_matches_comfyui_definitions() {
     let schemas = fixture()["schemas"].as_object().unwrap();
     assert_eq!(schemas.len(), 7);
-    common::assert_object_info_matches(&env().registry, schemas);
+    common::assert_object_info_matches(&env(2).registry, schemas);
 }
 
 /// The guided prediction equals ComfyUI's `sampling_function` for every hook set, at CFG
@@ -105,9 +73,9 @@ fn guidance_matches_comfyui_sampling_function() {
         let cfg = case["cfg"].as_f64().unwrap() as f32;
         let s = shape(&case["x"]);
         // ComfyUI's CFG-1 optimisation skips the negative pass: sdflow's sampler then has none.
-        let negative = (case["negative"] == true && cfg != 1.0).then(|| floats(&case["negative_pred"]));
-        let got = guide(&h, cfg, floats(&case["positive"]), negative, &floats(&case["x"]), case["sigma"].as_f64().unwrap() as f32, s).unwrap();
-        let want = floats(&case["out"]);
+        let negative = (case["negative"] == true && cfg != 1.0).then(|| data(&case["negative_pred"]));
+        let got = guide(&h, cfg, data(&case["positive"]), negative, &data(&case["x"]), case["sigma"].as_f64().unwrap() as f32, s).unwrap();
+        let want = data(&case["out"]);
         let spread = want.iter().fold(1f32, |m, v| m.max(v.abs()));
         let w = worst(&got, &want);
         assert!(w <= 1e-5 * spread, "{} cfg {cfg}: worst difference {w}", case["hooks"]);
@@ -118,9 +86,9 @@ fn guidance_matches_comfyui_sampling_function() {
 /// reflect padding does.
 #[test]
 fn latent_operations_match_comfyui() {
-    let env = env();
+    let env = env(2);
     let f = fixture();
-    let latent = Latent::new(floats(&f["latent"]), shape(&f["latent"]));
+    let latent = Latent::new(data(&f["latent"]), shape(&f["latent"]));
     for case in f["operations"].as_array().unwrap() {
         let spec = &case["operation"];
         let op = match spec["op"].as_str().unwrap() {
@@ -139,7 +107,7 @@ fn latent_operations_match_comfyui() {
             continue;
         }
         let got = out.unwrap().values[0].downcast_ref::<Latent>().unwrap().samples.clone();
-        let want = floats(&case["out"]);
+        let want = data(&case["out"]);
         // Sharpening by alpha 2 weighs the centre by about 20: float error grows with it.
         let spread = want.iter().fold(1f32, |m, v| m.max(v.abs()));
         let w = worst(&got, &want);
@@ -151,7 +119,7 @@ fn latent_operations_match_comfyui() {
 /// the post-CFG hooks queue, each noting whether skip-layer guidance came before it.
 #[test]
 fn nodes_set_hooks_in_order() {
-    let env = env();
+    let env = env(2);
     let dir = env.dir.path().join("m.safetensors");
     std::fs::write(&dir, b"x").unwrap();
     let key = sdflow_core::residency::WeightKey::new([&dir], "", sdflow_core::io::WeightType::Stored, sdflow_core::residency::Device::Cpu).unwrap();
@@ -202,7 +170,7 @@ fn nodes_set_hooks_in_order() {
 /// call, with the call's CFG scale, σ and input.
 #[test]
 fn the_sampler_applies_the_hooks() {
-    let env = env();
+    let env = env(2);
     let ckpts = env.dir.path().join("checkpoints");
     std::fs::create_dir_all(&ckpts).unwrap();
     write_checkpoint(&ckpts.join("model.safetensors"), &SdConfig::tiny_sd1_f8(), DType::F32, 7, Format::Safetensors).unwrap();

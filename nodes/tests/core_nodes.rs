@@ -4,72 +4,20 @@
 //! inputs, and their `/object_info` entries built from ComfyUI's schema definitions.
 
 use sdflow_core::models::conditioning::Prediction;
-use sdflow_core::models::Weights;
-use sdflow_core::residency::{Device, WeightKey};
 use sdflow_core::sampling::schedule::DiscreteSchedule;
-use sdflow_executor::{CancelToken, ExecContext, Executor, ExecutorConfig, InputData, Inputs, IoType, NodeError, NullSink, Outputs, Registry, RunOptions, Value, Workflow};
+use sdflow_executor::{CancelToken, Executor, ExecutorConfig, InputData, IoType, NodeError, NullSink, Outputs, RunOptions, Value, Workflow};
 use sdflow_nodes::sampling::Sigmas;
 use sdflow_nodes::values::{Image, Mask, ModelRef};
-use sdflow_nodes::Runtime;
 use serde_json::{json, Value as Json};
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-fn fixture() -> &'static Json {
-    static F: OnceLock<Json> = OnceLock::new();
-    F.get_or_init(|| serde_json::from_str(include_str!("fixtures/core_nodes/core_nodes.json")).unwrap())
-}
+mod common;
+use common::{c, env, floats, image, mask, out};
 
-struct Env {
-    registry: Registry,
-    rt: Arc<Runtime>,
-    dir: tempfile::TempDir,
-}
-
-fn env() -> Env {
-    let dir = tempfile::tempdir().unwrap();
-    let rt = Arc::new(Runtime::new(dir.path(), dir.path().join("out"), 1, sdflow_core::io::WeightType::Stored).unwrap());
-    let mut registry = Registry::new();
-    sdflow_nodes::register_all(&mut registry, rt.clone());
-    Env { registry, rt, dir }
-}
-
-impl Env {
-    fn run(&self, node: &str, inputs: Vec<(&str, InputData)>) -> Result<Outputs, NodeError> {
-        let (sink, cancel, abort) = (NullSink, CancelToken::new(), AtomicBool::new(false));
-        let mut ctx = ExecContext::detached("1", &sink, &cancel, &abort);
-        let mut ins = Inputs::new();
-        for (k, v) in inputs {
-            ins.insert(k, v);
-        }
-        self.registry.get(node).unwrap_or_else(|| panic!("{node} is not registered")).execute(&mut ctx, &ins)
-    }
-}
-
-fn c(v: Json) -> InputData {
-    InputData::Const(v)
-}
+common::fixture!("fixtures/core_nodes/core_nodes.json");
 
 fn link(v: Value) -> InputData {
     InputData::Value(v)
-}
-
-fn floats(v: &Json) -> Vec<f32> {
-    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
-}
-
-fn dims(v: &Json) -> Vec<usize> {
-    v["shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect()
-}
-
-fn image(v: &Json) -> Image {
-    let s = dims(v);
-    Image { data: floats(&v["data"]), n: s[0], height: s[1], width: s[2], channels: s[3] }
-}
-
-fn mask(v: &Json) -> Mask {
-    let s = dims(v);
-    Mask { data: floats(&v["data"]), n: s[0], height: s[1], width: s[2] }
 }
 
 fn image_value(img: Image) -> InputData {
@@ -77,7 +25,7 @@ fn image_value(img: Image) -> InputData {
 }
 
 fn first<T: Clone + 'static>(o: &Outputs) -> T {
-    o.values[0].downcast_ref::<T>().unwrap_or_else(|| panic!("output is {}", o.values[0].payload_type_name())).clone()
+    out(o, 0)
 }
 
 fn invalid_input(r: Result<Outputs, NodeError>) -> (String, String) {
@@ -88,51 +36,12 @@ fn invalid_input(r: Result<Outputs, NodeError>) -> (String, String) {
     }
 }
 
-/// Each node's `/object_info` entry against ComfyUI's: name, display name, category,
-/// description, output node, outputs and their names, inputs in order with their types,
-/// choices and every option ComfyUI states. Ours may state more: sdflow's schema builder
-/// always writes an INT/FLOAT widget's default, limits and step, and a STRING widget's
-/// default, where ComfyUI's V3 inputs leave them to the frontend; ComfyUI's V3 combos are
-/// `["COMBO", {"options": [...]}]`, ours `[[...], {}]`.
+/// Each node's `/object_info` entry against ComfyUI's (`common::assert_object_info_matches`).
 #[test]
 fn object_info_matches_comfyui_definitions() {
-    let env = env();
     let schemas = fixture()["schemas"].as_object().unwrap();
     assert!(schemas.len() >= 27);
-    for (name, theirs) in schemas {
-        let ours = env.registry.schema(name).unwrap_or_else(|| panic!("{name} is not registered")).object_info();
-        for key in ["name", "display_name", "category", "description", "output_node", "output", "output_name", "input_order"] {
-            assert_eq!(ours[key], theirs[key], "{name}: {key}");
-        }
-        for (group, inputs) in theirs["input"].as_object().unwrap() {
-            for (input, entry) in inputs.as_object().unwrap() {
-                let mine = &ours["input"][group][input];
-                let empty = json!({});
-                let (t_type, t_opts) = (&entry[0], entry.get(1).unwrap_or(&empty));
-                let (m_type, m_opts) = (&mine[0], mine.get(1).unwrap_or(&empty));
-                let what = format!("{name}.{input}");
-                if t_type == "COMBO" {
-                    assert_eq!(m_type, &t_opts["options"], "{what}: choices");
-                } else {
-                    assert_eq!(m_type, t_type, "{what}: type");
-                }
-                for (k, v) in t_opts.as_object().unwrap() {
-                    if t_type == "COMBO" && (k == "options" || k == "multiselect") {
-                        continue;
-                    }
-                    let m = &m_opts[k];
-                    let same = match (v.as_f64(), m.as_f64()) {
-                        (Some(a), Some(b)) => a == b,
-                        _ => v == m,
-                    };
-                    assert!(same, "{what}: {k} is {m}, ComfyUI's {v}");
-                }
-                for k in m_opts.as_object().unwrap().keys() {
-                    assert!(t_opts.get(k).is_some() || ["default", "min", "max", "step"].contains(&k.as_str()), "{what}: ComfyUI has no `{k}`");
-                }
-            }
-        }
-    }
+    common::assert_object_info_matches(&env(1).registry, schemas);
 }
 
 /// ComfySwitchNode is newer than the ComfyUI sources the fixture reads; its definition in
@@ -141,7 +50,7 @@ fn object_info_matches_comfyui_definitions() {
 /// display name "Switch", category "logic".
 #[test]
 fn switch_schema_follows_comfyui() {
-    let info = env().registry.schema("ComfySwitchNode").unwrap().object_info();
+    let info = env(1).registry.schema("ComfySwitchNode").unwrap().object_info();
     assert_eq!(info["display_name"], "Switch");
     assert_eq!(info["category"], "logic");
     assert_eq!(info["input_order"], json!({"required": ["switch"], "optional": ["on_false", "on_true"]}));
@@ -152,7 +61,7 @@ fn switch_schema_follows_comfyui() {
 
 #[test]
 fn string_nodes_match_comfyui() {
-    let env = env();
+    let env = env(1);
     let cases = fixture()["strings"].as_array().unwrap();
     assert!(cases.len() > 300);
     let mut errors = 0;
@@ -182,7 +91,7 @@ fn string_nodes_match_comfyui() {
 
 #[test]
 fn primitives_pass_their_value_on() {
-    let env = env();
+    let env = env(1);
     for case in fixture()["primitives"].as_array().unwrap() {
         let node = case["node"].as_str().unwrap();
         let out = env.run(node, vec![("value", c(case["value"].clone()))]).unwrap();
@@ -203,7 +112,7 @@ fn primitives_pass_their_value_on() {
 
 #[test]
 fn preview_any_writes_what_comfyui_writes() {
-    let env = env();
+    let env = env(1);
     for case in fixture()["preview_any"].as_array().unwrap() {
         let v = &case["value"];
         let value = match v {
@@ -226,7 +135,7 @@ fn preview_any_writes_what_comfyui_writes() {
 /// Lanczos included, which ComfyUI runs through 8-bit PIL images (RGB, RGBA and LA).
 #[test]
 fn image_nodes_match_comfyui() {
-    let env = env();
+    let env = env(1);
     let f = fixture();
     let cases = f["image_cases"].as_array().unwrap();
     assert!(cases.len() > 50);
@@ -258,30 +167,13 @@ fn image_nodes_match_comfyui() {
 }
 
 /// A MODEL for schedule nodes: a residency handle that is never loaded.
-fn model(env: &Env, prediction: Prediction, schedule: DiscreteSchedule) -> ModelRef {
-    let file = env.dir.path().join("model.safetensors");
-    std::fs::write(&file, b"x").unwrap();
-    let key = WeightKey::new([&file], "", sdflow_core::io::WeightType::Stored, Device::Cpu).unwrap();
-    let weights = env.rt.residency.get_or_load(key, || -> Result<Weights, Box<dyn std::error::Error + Send + Sync>> { Err("not loaded in this test".into()) }).unwrap();
-    ModelRef {
-        weights,
-        prefix: String::new(),
-        family: sdflow_core::detect::ModelFamily::Sd1,
-        prediction,
-        latent_scale: 0.18215,
-        latent_shift: 0.0,
-        schedule,
-        flow: None,
-        ip_adapters: Vec::new(),
-        slg: None,
-        differential_diffusion: None,
-        cfg_hooks: Default::default(),
-    }
+fn model(env: &common::Env, prediction: Prediction, schedule: DiscreteSchedule) -> ModelRef {
+    env.model(sdflow_core::detect::ModelFamily::Sd1, prediction, schedule, None, 0.18215, 0.0)
 }
 
 #[test]
 fn sd_turbo_scheduler_matches_comfyui() {
-    let env = env();
+    let env = env(1);
     let plain = model(&env, Prediction::Epsilon, DiscreteSchedule::sd());
     let zsnr = model(&env, Prediction::V, DiscreteSchedule::sd().zero_terminal_snr());
     let cases = fixture()["turbo"].as_array().unwrap();
@@ -304,7 +196,7 @@ fn sd_turbo_scheduler_matches_comfyui() {
 
 #[test]
 fn set_first_sigma_matches_comfyui() {
-    let env = env();
+    let env = env(1);
     for case in fixture()["set_first_sigma"].as_array().unwrap() {
         let sigmas = Sigmas(floats(&case["sigmas"]));
         let out = env.run("SetFirstSigma", vec![("sigmas", link(Value::new(IoType::SIGMAS, sigmas))), ("sigma", c(case["sigma"].clone()))]).unwrap();
@@ -316,7 +208,7 @@ fn set_first_sigma_matches_comfyui() {
 
 #[test]
 fn mask_preview_writes_grey_pngs_to_temp() {
-    let env = env();
+    let env = env(1);
     let m = Mask { data: vec![0.0, 0.25, 0.5, 1.0, 0.75, 0.1], n: 2, height: 1, width: 3 };
     let out = env.run("MaskPreview", vec![("mask", link(Value::new(IoType::MASK, m.clone())))]).unwrap();
     assert!(out.values.is_empty());
@@ -341,7 +233,7 @@ fn mask_preview_writes_grey_pngs_to_temp() {
 /// branch is simply absent, and the chosen value flows on with its own type.
 #[test]
 fn switch_and_preview_in_a_workflow() {
-    let env = env();
+    let env = env(1);
     let registry = Arc::new(env.registry);
     let wf = |switch: bool, with_false: bool| {
         let mut w = json!({
@@ -370,7 +262,7 @@ fn switch_and_preview_in_a_workflow() {
 
 #[test]
 fn bad_inputs_are_named_errors() {
-    let env = env();
+    let env = env(1);
     let img = |n, h, w, ch| Image { data: vec![0.5; n * h * w * ch], n, height: h, width: w, channels: ch };
     let empty = img(0, 4, 4, 3);
 
@@ -449,7 +341,7 @@ fn bad_inputs_are_named_errors() {
 /// widget values map onto the inputs in ComfyUI's order.
 #[test]
 fn kontext_template_image_stitch_reads_its_widgets() {
-    let env = env();
+    let env = env(1);
     let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/comfyui/flux_kontext_dev_basic.json")).unwrap();
     let wf = Workflow::parse(&text, &env.registry).unwrap();
     let stitch = wf.nodes.values().find(|n| n.class_type == "ImageStitch").expect("the template has an ImageStitch");

@@ -5,75 +5,30 @@
 
 use sdflow_core::dtype::DType;
 use sdflow_core::models::conditioning::Prediction;
-use sdflow_core::models::Weights;
-use sdflow_core::residency::{Device, WeightKey};
 use sdflow_core::sampling::flow::FlowShift;
 use sdflow_core::sampling::schedule::{ksampler_sigmas, DiscreteSchedule, ScheduleOpts, Scheduler};
 use sdflow_core::sampling::RngKind;
 use sdflow_core::synth::{write_checkpoint, Format, SdConfig};
-use sdflow_executor::{CancelToken, ExecContext, InputData, Inputs, IoType, NodeError, NullSink, Outputs, Registry, Value};
+use sdflow_executor::{InputData, IoType, NodeError, Value};
 use sdflow_nodes::sampling::differential::DifferentialThreshold;
 use sdflow_nodes::sampling::Sigmas;
 use sdflow_nodes::values::{DifferentialDiffusion, Latent, Mask, ModelRef};
-use sdflow_nodes::Runtime;
-use serde_json::{json, Value as Json};
-use std::sync::atomic::AtomicBool;
+use serde_json::json;
 use std::sync::Arc;
 
-fn fixture() -> Json {
-    serde_json::from_str(include_str!("fixtures/differential_diffusion/differential_diffusion.json")).unwrap()
-}
+mod common;
+use common::{c, env, floats, out, Env};
 
-fn floats(v: &Json) -> Vec<f32> {
-    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
-}
-
-struct Env {
-    registry: Registry,
-    rt: Arc<Runtime>,
-    dir: tempfile::TempDir,
-}
-
-fn env() -> Env {
-    let dir = tempfile::tempdir().unwrap();
-    let rt = Arc::new(Runtime::new(dir.path(), dir.path().join("out"), 2, sdflow_core::io::WeightType::Stored).unwrap());
-    let mut registry = Registry::new();
-    sdflow_nodes::register_all(&mut registry, rt.clone());
-    Env { registry, rt, dir }
-}
-
-impl Env {
-    fn run(&self, node: &str, inputs: Vec<(&str, InputData)>) -> Result<Outputs, NodeError> {
-        let (sink, cancel, abort) = (NullSink, CancelToken::new(), AtomicBool::new(false));
-        let mut ctx = ExecContext::detached("1", &sink, &cancel, &abort);
-        let mut ins = Inputs::new();
-        for (k, v) in inputs {
-            ins.insert(k, v);
-        }
-        self.registry.get(node).unwrap().execute(&mut ctx, &ins)
-    }
-}
-
-fn c(v: Json) -> InputData {
-    InputData::Const(v)
-}
+common::fixture!("fixtures/differential_diffusion/differential_diffusion.json");
 
 fn link(t: IoType, v: impl sdflow_executor::CacheSize) -> InputData {
     InputData::Value(Value::new(t, v))
 }
 
-fn out<T: Clone + 'static>(o: &Outputs, i: usize) -> T {
-    o.values[i].downcast_ref::<T>().unwrap().clone()
-}
-
 /// A MODEL whose weights are never loaded: enough for the threshold, which reads only the
 /// model's sampling.
 fn model(env: &Env, family: sdflow_core::detect::ModelFamily, prediction: Prediction, schedule: DiscreteSchedule, flow: Option<FlowShift>) -> ModelRef {
-    let file = env.dir.path().join("unused.safetensors");
-    std::fs::write(&file, b"x").unwrap();
-    let key = WeightKey::new([&file], "", sdflow_core::io::WeightType::Stored, Device::Cpu).unwrap();
-    let weights = env.rt.residency.get_or_load(key, || -> Result<Weights, Box<dyn std::error::Error + Send + Sync>> { Err("not loaded in this test".into()) }).unwrap();
-    ModelRef { weights, prefix: String::new(), family, prediction, latent_scale: 0.18215, latent_shift: 0.0, schedule, flow, ip_adapters: Vec::new(), slg: None, differential_diffusion: None, cfg_hooks: Default::default() }
+    env.model(family, prediction, schedule, flow, 0.18215, 0.0)
 }
 
 /// The model of each ComfyUI model sampling the fixture runs.
@@ -100,7 +55,7 @@ fn sampling(env: &Env, kind: &str) -> ModelRef {
 /// first σ and at its last or the model's σ_min, strength's mixing and its falsy 0.
 #[test]
 fn per_call_masks_match_comfyui() {
-    let env = env();
+    let env = env(2);
     let f = fixture();
     let cases = f["cases"].as_array().unwrap();
     assert!(cases.len() > 30);
@@ -125,7 +80,7 @@ fn per_call_masks_match_comfyui() {
 
 #[test]
 fn node_schema_and_inputs() {
-    let env = env();
+    let env = env(2);
     let info = env.registry.schema("DifferentialDiffusion").unwrap().object_info();
     assert_eq!(info["display_name"], "Differential Diffusion");
     assert_eq!(info["category"], "_for_testing");
@@ -148,7 +103,7 @@ fn node_schema_and_inputs() {
 /// same model without any mask, and the prediction outside the mask is the image.
 #[test]
 fn ksampler_follows_comfyui_step_masks() {
-    let env = env();
+    let env = env(2);
     let ckpts = env.dir.path().join("checkpoints");
     std::fs::create_dir_all(&ckpts).unwrap();
     write_checkpoint(&ckpts.join("model.safetensors"), &SdConfig::tiny_sd1_f8(), DType::F32, 7, Format::Safetensors).unwrap();

@@ -4,73 +4,14 @@
 //! (including the inputs on which ComfyUI fails, where ours must fail too), and their
 //! `/object_info` entries.
 
-use sdflow_executor::{CancelToken, ExecContext, InputData, Inputs, IoType, NodeError, NullSink, Outputs, Registry, Value};
+use sdflow_executor::{InputData, IoType, NodeError, Outputs, Value};
 use sdflow_nodes::values::{Image, Latent, Mask};
-use sdflow_nodes::Runtime;
 use serde_json::{json, Value as Json};
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, OnceLock};
 
 mod common;
+use common::{env, image, latent, mask};
 
-fn fixture() -> &'static Json {
-    static F: OnceLock<Json> = OnceLock::new();
-    F.get_or_init(|| serde_json::from_str(include_str!("fixtures/latent_image_ops/latent_image_ops.json")).unwrap())
-}
-
-struct Env {
-    registry: Registry,
-    _dir: tempfile::TempDir,
-}
-
-fn env() -> Env {
-    let dir = tempfile::tempdir().unwrap();
-    let rt = Arc::new(Runtime::new(dir.path(), dir.path().join("out"), 1, sdflow_core::io::WeightType::Stored).unwrap());
-    let mut registry = Registry::new();
-    sdflow_nodes::register_all(&mut registry, rt);
-    Env { registry, _dir: dir }
-}
-
-impl Env {
-    fn run(&self, node: &str, inputs: Vec<(&str, InputData)>) -> Result<Outputs, NodeError> {
-        let (sink, cancel, abort) = (NullSink, CancelToken::new(), AtomicBool::new(false));
-        let mut ctx = ExecContext::detached("1", &sink, &cancel, &abort);
-        let mut ins = Inputs::new();
-        for (k, v) in inputs {
-            ins.insert(k, v);
-        }
-        self.registry.get(node).unwrap_or_else(|| panic!("{node} is not registered")).execute(&mut ctx, &ins)
-    }
-}
-
-fn floats(v: &Json) -> Vec<f32> {
-    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
-}
-
-fn dims(v: &Json) -> Vec<usize> {
-    v["shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect()
-}
-
-fn image(v: &Json) -> Image {
-    let s = dims(v);
-    Image { data: floats(&v["data"]), n: s[0], height: s[1], width: s[2], channels: s[3] }
-}
-
-/// A MASK from a [N, H, W] tensor or a noise mask's [N, 1, H, W].
-fn mask(v: &Json) -> Mask {
-    let s = dims(v);
-    Mask { data: floats(&v["data"]), n: s[0], height: s[s.len() - 2], width: s[s.len() - 1] }
-}
-
-fn latent(v: &Json) -> Latent {
-    let s = dims(&v["samples"]);
-    Latent {
-        samples: floats(&v["samples"]["data"]),
-        shape: [s[3] as i64, s[2] as i64, s[1] as i64, s[0] as i64],
-        noise_mask: (!v["noise_mask"].is_null()).then(|| Arc::new(mask(&v["noise_mask"]))),
-        batch_index: v["batch_index"].as_array().map(|b| b.iter().map(|x| x.as_u64().unwrap() as usize).collect()),
-    }
-}
+common::fixture!("fixtures/latent_image_ops/latent_image_ops.json");
 
 fn close(got: &[f32], want: &[f32], tol: f32, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: length");
@@ -83,14 +24,14 @@ fn close(got: &[f32], want: &[f32], tol: f32, what: &str) {
 fn object_info_matches_comfyui_definitions() {
     let schemas = fixture()["schemas"].as_object().unwrap();
     assert_eq!(schemas.len(), 27);
-    common::assert_object_info_matches(&env().registry, schemas);
+    common::assert_object_info_matches(&env(1).registry, schemas);
 }
 
 /// Every case's outputs within 1e-5 of ComfyUI's (the latent's noise mask and batch indices
 /// included), and an error wherever ComfyUI fails.
 #[test]
 fn nodes_match_comfyui() {
-    let env = env();
+    let env = env(1);
     let f = fixture();
     let cases = f["cases"].as_array().unwrap();
     assert!(cases.len() > 250);
@@ -162,7 +103,7 @@ fn nodes_match_comfyui() {
 /// name the input.
 #[test]
 fn bad_inputs_are_named() {
-    let env = env();
+    let env = env(1);
     let l = |n: usize, c: usize, h: usize, w: usize| InputData::Value(Value::new(IoType::LATENT, Latent::new(vec![0.5; n * c * h * w], [w as i64, h as i64, c as i64, n as i64])));
     let img = |n: usize, h: usize, w: usize, c: usize| InputData::Value(Value::new(IoType::IMAGE, Image { data: vec![0.5; n * h * w * c], n, height: h, width: w, channels: c }));
     let c = |v: Json| InputData::Const(v);
@@ -204,8 +145,8 @@ fn bad_inputs_are_named() {
 #[test]
 fn batch_indices_keep_each_samples_noise() {
     use sdflow_core::synth::{write_checkpoint, Format, SdConfig};
-    let env = env();
-    let ckpts = env._dir.path().join("checkpoints");
+    let env = env(1);
+    let ckpts = env.dir.path().join("checkpoints");
     std::fs::create_dir_all(&ckpts).unwrap();
     write_checkpoint(&ckpts.join("model.safetensors"), &SdConfig::tiny_sd1_f8(), sdflow_core::dtype::DType::F32, 7, Format::Safetensors).unwrap();
     let loaded = env.run("CheckpointLoaderSimple", vec![("ckpt_name", InputData::Const(json!("model.safetensors")))]).unwrap();

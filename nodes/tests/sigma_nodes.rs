@@ -5,56 +5,21 @@
 
 use sdflow_core::detect::ModelFamily;
 use sdflow_core::models::conditioning::Prediction;
-use sdflow_core::models::Weights;
-use sdflow_core::residency::{Device, WeightKey};
 use sdflow_core::sampling::flow::FlowShift;
 use sdflow_core::sampling::schedule::DiscreteSchedule;
-use sdflow_executor::{CancelToken, ExecContext, InputData, Inputs, IoType, NodeError, NullSink, Outputs, Registry, Value};
+use sdflow_executor::{InputData, IoType, NodeError, Outputs, Value};
 use sdflow_nodes::sampling::{NoiseSource, Sigmas};
 use sdflow_nodes::values::{Latent, ModelRef};
-use sdflow_nodes::Runtime;
-use serde_json::{json, Value as Json};
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, OnceLock};
+use serde_json::json;
 
 mod common;
+use common::{env, floats, latent, Env};
 
-fn fixture() -> &'static Json {
-    static F: OnceLock<Json> = OnceLock::new();
-    F.get_or_init(|| serde_json::from_str(include_str!("fixtures/sigma_nodes/sigma_nodes.json")).unwrap())
-}
-
-struct Env {
-    registry: Registry,
-    rt: Arc<Runtime>,
-    dir: tempfile::TempDir,
-}
-
-fn env() -> Env {
-    let dir = tempfile::tempdir().unwrap();
-    let rt = Arc::new(Runtime::new(dir.path(), dir.path().join("out"), 1, sdflow_core::io::WeightType::Stored).unwrap());
-    let mut registry = Registry::new();
-    sdflow_nodes::register_all(&mut registry, rt.clone());
-    Env { registry, rt, dir }
-}
+common::fixture!("fixtures/sigma_nodes/sigma_nodes.json");
 
 impl Env {
-    fn run(&self, node: &str, inputs: Vec<(&str, InputData)>) -> Result<Outputs, NodeError> {
-        let (sink, cancel, abort) = (NullSink, CancelToken::new(), AtomicBool::new(false));
-        let mut ctx = ExecContext::detached("1", &sink, &cancel, &abort);
-        let mut ins = Inputs::new();
-        for (k, v) in inputs {
-            ins.insert(k, v);
-        }
-        self.registry.get(node).unwrap().execute(&mut ctx, &ins)
-    }
-
     /// The fixture's models: their sampling and latent format; weights never loaded.
-    fn model(&self, kind: &str) -> ModelRef {
-        let file = self.dir.path().join("unused.safetensors");
-        std::fs::write(&file, b"x").unwrap();
-        let key = WeightKey::new([&file], "", sdflow_core::io::WeightType::Stored, Device::Cpu).unwrap();
-        let weights = self.rt.residency.get_or_load(key, || -> Result<Weights, Box<dyn std::error::Error + Send + Sync>> { Err("not loaded in this test".into()) }).unwrap();
+    fn model_of(&self, kind: &str) -> ModelRef {
         let (family, prediction, schedule, flow, scale, shift) = match kind {
             "sd1" => (ModelFamily::Sd1, Prediction::Epsilon, DiscreteSchedule::sd(), None, 0.18215, 0.0),
             "zsnr" => (ModelFamily::Sd1, Prediction::V, DiscreteSchedule::sd().zero_terminal_snr(), None, 0.18215, 0.0),
@@ -63,21 +28,7 @@ impl Env {
             "flux" => (ModelFamily::Flux, Prediction::Flow, FlowShift::Flux(1.15).schedule().unwrap(), Some(FlowShift::Flux(1.15)), 0.3611, 0.1159),
             other => panic!("unknown model {other}"),
         };
-        ModelRef { weights, prefix: String::new(), family, prediction, latent_scale: scale, latent_shift: shift, schedule, flow, ip_adapters: Vec::new(), slg: None, differential_diffusion: None, cfg_hooks: Default::default() }
-    }
-}
-
-fn floats(v: &Json) -> Vec<f32> {
-    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
-}
-
-fn latent(v: &Json) -> Latent {
-    let s: Vec<i64> = v["samples"]["shape"].as_array().unwrap().iter().map(|x| x.as_i64().unwrap()).collect();
-    Latent {
-        samples: floats(&v["samples"]["data"]),
-        shape: [s[3], s[2], s[1], s[0]],
-        noise_mask: None,
-        batch_index: v["batch_index"].as_array().map(|b| b.iter().map(|x| x.as_u64().unwrap() as usize).collect()),
+        self.model(family, prediction, schedule, flow, scale, shift)
     }
 }
 
@@ -92,12 +43,12 @@ fn close(got: &[f32], want: &[f32], rel: f32, what: &str) {
 fn object_info_matches_comfyui_definitions() {
     let schemas = fixture()["schemas"].as_object().unwrap();
     assert_eq!(schemas.len(), 9);
-    common::assert_object_info_matches(&env().registry, schemas);
+    common::assert_object_info_matches(&env(1).registry, schemas);
 }
 
 #[test]
 fn nodes_match_comfyui() {
-    let env = env();
+    let env = env(1);
     let f = fixture();
     let cases = f["cases"].as_array().unwrap();
     assert!(cases.len() > 130);
@@ -108,7 +59,7 @@ fn nodes_match_comfyui() {
         let mut inputs = Vec::new();
         for (k, v) in case["inputs"].as_object().unwrap() {
             let data = match k.as_str() {
-                "model" => InputData::Value(Value::new(IoType::MODEL, env.model(v.as_str().unwrap()))),
+                "model" => InputData::Value(Value::new(IoType::MODEL, env.model_of(v.as_str().unwrap()))),
                 "sigmas" => InputData::Value(Value::new(IoType::SIGMAS, Sigmas(floats(v)))),
                 "noise" => InputData::Value(Value::new(IoType::NOISE, NoiseSource::new(v.as_u64().unwrap_or(0), v.as_u64().is_some(), None))),
                 "latent_image" => InputData::Value(Value::new(IoType::LATENT, latent(&f["latents"][v.as_str().unwrap()]))),
@@ -149,12 +100,12 @@ fn nodes_match_comfyui() {
 
 #[test]
 fn bad_inputs_are_named() {
-    let env = env();
+    let env = env(1);
     let named = |r: Result<Outputs, NodeError>| match r {
         Err(NodeError::InvalidInput { input, .. }) => input,
         other => panic!("expected an invalid-input error, got {:?}", other.map(|_| ())),
     };
-    let model = InputData::Value(Value::new(IoType::MODEL, env.model("sd1")));
+    let model = InputData::Value(Value::new(IoType::MODEL, env.model_of("sd1")));
     let beta = env.run("BetaSamplingScheduler", vec![("model", model), ("steps", InputData::Const(json!(10))), ("alpha", InputData::Const(json!(0.0))), ("beta", InputData::Const(json!(0.6)))]);
     assert_eq!(named(beta), "alpha");
     let vp = env.run("VPScheduler", vec![("steps", InputData::Const(json!(0))), ("beta_d", InputData::Const(json!(19.9))), ("beta_min", InputData::Const(json!(0.1))), ("eps_s", InputData::Const(json!(0.001)))]);
@@ -166,7 +117,7 @@ fn bad_inputs_are_named() {
     let add = env.run(
         "AddNoise",
         vec![
-            ("model", InputData::Value(Value::new(IoType::MODEL, env.model("sd1")))),
+            ("model", InputData::Value(Value::new(IoType::MODEL, env.model_of("sd1")))),
             ("noise", InputData::Value(Value::new(IoType::NOISE, NoiseSource::new(1, true, None)))),
             ("sigmas", InputData::Value(Value::new(IoType::SIGMAS, Sigmas(vec![1.0, 0.0])))),
             ("latent_image", InputData::Value(Value::new(IoType::LATENT, bad))),

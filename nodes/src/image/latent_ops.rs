@@ -214,7 +214,8 @@ const FLIPS: [&str; 2] = ["x-axis: vertically", "y-axis: horizontally"];
 const CONCAT_DIMS: [&str; 6] = ["x", "-x", "y", "-y", "t", "-t"];
 const CUT_DIMS: [&str; 3] = ["x", "y", "t"];
 
-fn choice<'a>(inputs: &'a Inputs, name: &str, options: &[&str]) -> Result<&'a str, NodeError> {
+/// The string input `name`, one of `options`.
+pub(crate) fn choice<'a>(inputs: &'a Inputs, name: &str, options: &[&str]) -> Result<&'a str, NodeError> {
     let v = inputs.string(name)?;
     if options.contains(&v) {
         Ok(v)

@@ -8,7 +8,7 @@
 //! them), resizes are `common_upscale`'s with its centre crop, and the filters convolve over
 //! the reflect-padded image as ComfyUI's `F.pad(..., 'reflect')` then `conv2d` do.
 
-use crate::image::latent_ops::{flip_plane, invalid, quarter_turns, rot90_plane, upscale_nchw, Dims};
+use crate::image::latent_ops::{choice, flip_plane, invalid, quarter_turns, rot90_plane, upscale_nchw, Dims};
 use crate::image::resize::Method;
 use crate::image::{MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE};
 use crate::values::{Image, Mask};
@@ -265,15 +265,6 @@ enum ImageNode {
     ColorToMask,
     PorterDuff,
     SplitAlpha,
-}
-
-fn choice<'a>(inputs: &'a Inputs, name: &str, options: &[&str]) -> Result<&'a str, NodeError> {
-    let v = inputs.string(name)?;
-    if options.contains(&v) {
-        Ok(v)
-    } else {
-        Err(invalid(name, format!("`{v}` is not one of {}", options.join(", "))))
-    }
 }
 
 fn image_out(img: Image) -> Outputs {

@@ -5,41 +5,20 @@
 // Run by cli/tests/browser.rs:
 //   node ui/web/tests/comfy_frontend.mjs http://127.0.0.1:PORT/
 // Uses Debian's chromium (SDFLOW_CHROMIUM overrides the path); never downloads a browser.
-import { chromium } from "playwright-core";
 import assert from "node:assert/strict";
+import { checks, launch, urlArgument } from "./harness.mjs";
 
-const url = process.argv[2];
-if (!url) {
-  console.error("usage: node comfy_frontend.mjs URL");
-  process.exit(2);
-}
+const url = urlArgument("comfy_frontend.mjs");
 const origin = new URL(url).origin;
-const executablePath = process.env.SDFLOW_CHROMIUM || "/usr/bin/chromium";
 const TIMEOUT = 90_000;
 
-const browser = await chromium.launch({ executablePath, args: ["--headless", "--no-sandbox", "--disable-gpu"] });
-let passed = 0;
-let failed = 0;
+const browser = await launch();
 const outside = [];
 const serverErrors = [];
-
-async function check(name, body) {
-  if (failed) {
-    console.log(`not ok - ${name} # not run after the failure above`);
-    return;
-  }
-  const started = Date.now();
-  try {
-    await body();
-    passed++;
-    console.log(`ok - ${name} (${Date.now() - started} ms)`);
-  } catch (e) {
-    failed++;
-    console.log(`not ok - ${name}\n${String(e.stack || e).split("\n").slice(0, 12).join("\n").replace(/^/gm, "    ")}`);
-    // What the page showed, for whoever reads the failure.
-    if (process.env.SDFLOW_SCREENSHOT) await page.screenshot({ path: process.env.SDFLOW_SCREENSHOT }).catch(() => {});
-  }
-}
+// What the page showed, for whoever reads a failure.
+const { check, finish } = checks(async () => {
+  if (process.env.SDFLOW_SCREENSHOT) await page.screenshot({ path: process.env.SDFLOW_SCREENSHOT }).catch(() => {});
+});
 
 const context = await browser.newContext({ viewport: { width: 1600, height: 900 } });
 const page = await context.newPage();
@@ -134,6 +113,4 @@ await check("it never reached another host, and no request failed on the server"
   assert.deepEqual(left, []);
 });
 
-await browser.close();
-console.log(`\n${passed} passed, ${failed} failed`);
-process.exit(failed ? 1 : 0);
+await finish(browser);

@@ -10,39 +10,16 @@
 // placeholders tiny.safetensors and tiny_b.safetensors):
 //   node ui/web/tests/editor.mjs http://127.0.0.1:PORT/
 // Uses Debian's chromium (SDFLOW_CHROMIUM overrides the path); never downloads a browser.
-import { chromium } from "playwright-core";
 import { readFile } from "node:fs/promises";
 import assert from "node:assert/strict";
+import { checks, launch, urlArgument } from "./harness.mjs";
 
-const url = process.argv[2];
-if (!url) {
-  console.error("usage: node editor.mjs URL");
-  process.exit(2);
-}
-const executablePath = process.env.SDFLOW_CHROMIUM || "/usr/bin/chromium";
+const url = urlArgument("editor.mjs");
 const TIMEOUT = 60_000;
 
-const browser = await chromium.launch({ executablePath, args: ["--headless", "--no-sandbox", "--disable-gpu"] });
-let passed = 0;
-let failed = 0;
+const browser = await launch();
 const consoleErrors = [];
-
-// Each check builds on the page the one before left, so the first failure ends the run.
-async function check(name, body) {
-  if (failed) {
-    console.log(`not ok - ${name} # not run after the failure above`);
-    return;
-  }
-  const started = Date.now();
-  try {
-    await body();
-    passed++;
-    console.log(`ok - ${name} (${Date.now() - started} ms)`);
-  } catch (e) {
-    failed++;
-    console.log(`not ok - ${name}\n${String(e.stack || e).replace(/^/gm, "    ")}`);
-  }
-}
+const { check, finish } = checks();
 
 const context = await browser.newContext({ viewport: { width: 1600, height: 900 }, acceptDownloads: true });
 const page = await context.newPage();
@@ -851,6 +828,4 @@ await check("the page logged no errors", async () => {
   assert.deepEqual(real, []);
 });
 
-await browser.close();
-console.log(`${passed} passed, ${failed} failed`);
-process.exit(failed ? 1 : 0);
+await finish(browser);

@@ -63,6 +63,8 @@ fn lin2(a: f32, x: &[f32], b: f32, y: &[f32]) -> Vec<f32> {
 
 /// `sample_heunpp2` (Heun++ from sd-webui-samplers-scheduler): Heun with a third
 /// evaluation two sigmas ahead, weighted by the sigmas over `sigmas[0]`.
+/// Its loop opens as `heun`'s (samplers.rs) but its last step and its correction differ, so
+/// it keeps its own.
 pub(super) fn heunpp2<E>(run: &mut Run<E>, mut x: Vec<f32>, s: &[f32]) -> Res<E> {
     let s_end = s[s.len() - 1];
     for i in 0..s.len() - 1 {
