@@ -423,11 +423,6 @@ pub async fn embeddings(State(state): AppStateRef) -> Reply<Json> {
     Reply(json!(names))
 }
 
-/// What the server offers, as `/features` and the WebSocket's `feature_flags` reply say.
-pub fn server_features() -> Json {
-    json!({ "supports_preview_metadata": true, "max_upload_size": null })
-}
-
 pub async fn features() -> Reply<Json> {
-    Reply(server_features())
+    Reply(crate::ws::server_features())
 }

@@ -255,7 +255,7 @@ async fn connection(
                 Some(Ok(Message::Text(text))) => {
                     if let Some(flags) = client_feature_flags(&text) {
                         preview_metadata = flags.get("supports_preview_metadata").and_then(Json::as_bool) == Some(true);
-                        let reply = json!({ "type": "feature_flags", "data": crate::comfy::server_features() });
+                        let reply = json!({ "type": "feature_flags", "data": server_features() });
                         if tx.send(Message::Text(reply.to_string().into())).await.is_err() {
                             break;
                         }
@@ -275,4 +275,10 @@ fn client_feature_flags(text: &str) -> Option<Json> {
     }
     let data = message.get_mut("data").map(Json::take).unwrap_or(Json::Null);
     data.is_object().then_some(data)
+}
+
+/// What the server offers, as `/features` and the WebSocket's `feature_flags` reply say
+/// (here, beside the protocol it describes).
+pub fn server_features() -> Json {
+    json!({ "supports_preview_metadata": true, "max_upload_size": null })
 }
