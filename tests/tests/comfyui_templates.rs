@@ -169,3 +169,23 @@ fn test_sized(mut wf: Workflow) -> Workflow {
     }
     wf
 }
+
+/// FLUX.1 Fill inpainting from ComfyUI's template: DifferentialDiffusion,
+/// InpaintModelConditioning and the mask from the image's alpha, all inside a subgraph.
+#[test]
+fn the_flux_fill_subgraph_template_runs_unchanged() {
+    let env = flux_env();
+    // A 64×48 picture whose middle is transparent: LoadImage's MASK is 1 − alpha.
+    let rgba = image::RgbaImage::from_fn(64, 48, |x, y| {
+        let hole = (16..48).contains(&x) && (12..36).contains(&y);
+        image::Rgba([(x * 4) as u8, (y * 5) as u8, 128, if hole { 0 } else { 255 }])
+    });
+    rgba.save(env.dir.path().join("input/flux_fill_inpaint_example_input_image.png")).unwrap();
+    let env = TestEnv::with_dir(env.dir, |rt| rt);
+    let wf = env.comfyui_template("flux_fill_inpaint_example.json", 32, 2);
+    assert!(wf.nodes.values().any(|n| n.class_type == "DifferentialDiffusion"));
+    let save = sdflow_tests::node_of(&wf, "SaveImage");
+    let (w, h, px) = env.run_saved(&wf, &save);
+    assert_eq!((w, h), (64, 48));
+    assert!(px.iter().max().unwrap() > px.iter().min().unwrap());
+}
