@@ -217,6 +217,8 @@ pub struct ViewQuery {
     kind: Option<String>,
 }
 
+/// The content type of a file by its extension (the served outputs, the user's files, a
+/// `--front-end-root`'s assets).
 pub fn mime_of(name: &str) -> &'static str {
     let ext = name
         .rsplit_once('.')
@@ -227,8 +229,19 @@ pub fn mime_of(name: &str) -> &'static str {
         "jpg" | "jpeg" => "image/jpeg",
         "webp" => "image/webp",
         "gif" => "image/gif",
-        "json" => "application/json",
-        "txt" => "text/plain; charset=utf-8",
+        "svg" => "image/svg+xml",
+        "ico" => "image/x-icon",
+        "json" | "map" => "application/json",
+        "txt" | "md" | "csv" => "text/plain; charset=utf-8",
+        "html" => "text/html; charset=utf-8",
+        "js" | "mjs" => "text/javascript; charset=utf-8",
+        "css" => "text/css; charset=utf-8",
+        "woff" => "font/woff",
+        "woff2" => "font/woff2",
+        "ttf" => "font/ttf",
+        "wasm" => "application/wasm",
+        "mp3" => "audio/mpeg",
+        "wav" => "audio/wav",
         "mp4" => "video/mp4",
         "webm" => "video/webm",
         _ => "application/octet-stream",

@@ -56,75 +56,23 @@ pub async fn serve_file(root: Arc<PathBuf>, method: Method, uri: Uri) -> Respons
     let rel = uri.path().trim_start_matches('/');
     let rel = if rel.is_empty() { "index.html" } else { rel };
     let not_found = || ApiError::NotFound(format!("no endpoint or file GET /{rel}")).into_response();
-    let Ok(decoded) = percent_decode(rel) else { return not_found() };
-    let mut path = root.to_path_buf();
-    for part in decoded.split('/') {
-        match part {
-            "" | "." => {}
-            ".." => return not_found(),
-            p if p.contains('\\') || p.contains('\0') => return not_found(),
-            p => path.push(p),
-        }
-    }
     // The package ships no links; a link that leads out of the folder is not served.
-    match path.canonicalize() {
-        Ok(real) if real.starts_with(root.as_path()) && real.is_file() => path = real,
+    let path = match crate::security::relative_path("path", &crate::security::percent_decode(rel)).and_then(|p| crate::security::confined(&root, &root.join(p))) {
+        Ok(real) if real.is_file() => real,
         _ => return not_found(),
-    }
+    };
     let bytes = match tokio::fs::read(&path).await {
         Ok(b) => b,
         Err(_) => return not_found(),
     };
     let mut response = bytes.into_response();
     let h = response.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(mime_of(&path)));
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(crate::files::mime_of(rel)));
     h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CONTENT_SECURITY_POLICY));
     // Hashed asset names change with each release; the entry page must not be cached.
     let cache = if rel == "index.html" { "no-cache" } else { "public, max-age=3600" };
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static(cache));
     response
-}
-
-fn percent_decode(s: &str) -> Result<String, ()> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = s.get(i + 1..i + 3).ok_or(())?;
-            out.push(u8::from_str_radix(hex, 16).map_err(|_| ())?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| ())
-}
-
-fn mime_of(path: &Path) -> &'static str {
-    match path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
-        Some("html") => "text/html; charset=utf-8",
-        Some("js" | "mjs") => "text/javascript; charset=utf-8",
-        Some("css") => "text/css; charset=utf-8",
-        Some("json" | "map") => "application/json",
-        Some("svg") => "image/svg+xml",
-        Some("png") => "image/png",
-        Some("webp") => "image/webp",
-        Some("jpg" | "jpeg") => "image/jpeg",
-        Some("gif") => "image/gif",
-        Some("ico") => "image/x-icon",
-        Some("woff") => "font/woff",
-        Some("woff2") => "font/woff2",
-        Some("ttf") => "font/ttf",
-        Some("wasm") => "application/wasm",
-        Some("mp3") => "audio/mpeg",
-        Some("wav") => "audio/wav",
-        Some("mp4") => "video/mp4",
-        Some("webm") => "video/webm",
-        Some("txt") => "text/plain; charset=utf-8",
-        _ => "application/octet-stream",
-    }
 }
 
 /// `GET /extensions`: the JavaScript extensions to load (custom nodes' web folders).

@@ -196,7 +196,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn percent_decode(s: &str) -> String {
+pub fn percent_decode(s: &str) -> String {
     fn hex(b: u8) -> Option<u8> {
         (b as char).to_digit(16).map(|d| d as u8)
     }

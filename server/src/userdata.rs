@@ -6,7 +6,7 @@
 //! absolute paths, no way out through a symbolic link. Writes go through a temporary file
 //! and a rename, and a settings file that no longer parses is kept aside, not overwritten.
 
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::UNIX_EPOCH;
 
@@ -37,19 +37,13 @@ impl AppState {
 }
 
 /// `rel` (as the request spelt it, `/`-separated) under `root`, refused when it would leave
-/// it. Symbolic links inside are followed only as far as they stay within `root`.
+/// it. Symbolic links inside are followed only as far as they stay within `root`; the
+/// path itself may not exist yet (a file about to be written).
 pub fn confined(root: &Path, rel: &str) -> Result<PathBuf, ApiError> {
-    if rel.is_empty() || rel.contains('\0') || rel.contains('\\') {
-        return Err(ApiError::bad(format!("invalid user data path {rel:?}")));
+    if rel.is_empty() {
+        return Err(ApiError::bad("empty user data path"));
     }
-    let mut path = root.to_path_buf();
-    for c in Path::new(rel).components() {
-        match c {
-            Component::Normal(p) => path.push(p),
-            Component::CurDir => {}
-            _ => return Err(ApiError::Forbidden(format!("user data path {rel:?} leaves the user folder"))),
-        }
-    }
+    let path = root.join(crate::security::relative_path("user data path", rel)?);
     // The deepest part that exists decides where a link would really lead; with no user
     // folder yet, nothing inside it exists either.
     let mut existing = path.as_path();
@@ -60,15 +54,8 @@ pub fn confined(root: &Path, rel: &str) -> Result<PathBuf, ApiError> {
         }
     }
     if existing.exists() {
-        let real = existing
-            .canonicalize()
-            .map_err(|e| ApiError::io(format!("resolving user data path {rel:?}"), e))?;
-        let real_root = root
-            .canonicalize()
-            .map_err(|e| ApiError::io("resolving the user folder", e))?;
-        if !real.starts_with(&real_root) {
-            return Err(ApiError::Forbidden(format!("user data path {rel:?} leaves the user folder")));
-        }
+        let real_root = root.canonicalize().map_err(|e| ApiError::io("resolving the user folder", e))?;
+        crate::security::confined(&real_root, existing)?;
     }
     Ok(path)
 }
@@ -282,17 +269,6 @@ pub async fn list_v2(State(state): AppStateRef, QueryArgs(q): QueryArgs<ListV2Qu
     Ok(Reply(Json::Array(out)))
 }
 
-fn content_type(path: &Path) -> &'static str {
-    match path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
-        Some("json") => "application/json",
-        Some("txt" | "md" | "csv") => "text/plain; charset=utf-8",
-        Some("png") => "image/png",
-        Some("webp") => "image/webp",
-        Some("jpg" | "jpeg") => "image/jpeg",
-        _ => "application/octet-stream",
-    }
-}
-
 pub async fn get_file(State(state): AppStateRef, UrlPath(file): UrlPath<String>) -> Result<Response, ApiError> {
     let root = state.user_root();
     let path = confined(&root, &file)?;
@@ -301,7 +277,7 @@ pub async fn get_file(State(state): AppStateRef, UrlPath(file): UrlPath<String>)
     }
     let bytes = std::fs::read(&path).map_err(|e| ApiError::io(format!("reading user data file {file}"), e))?;
     let mut response = bytes.into_response();
-    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type(&path)));
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(crate::files::mime_of(&file)));
     Ok(response)
 }
 
