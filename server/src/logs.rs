@@ -69,22 +69,9 @@ fn record(m: String) {
     let _ = FEED.send(entry);
 }
 
-/// UTC `YYYY-MM-DDTHH:MM:SS.mmm`, as Python's `datetime.isoformat()` writes it.
+/// UTC, RFC 3339 with milliseconds: what the frontend's log panel prints before a line.
 fn iso_now() -> String {
-    let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    let secs = d.as_secs() as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}", rem / 3600, rem / 60 % 60, rem % 60, d.subsec_millis())
+    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
 }
 
 struct Message(String);
