@@ -145,6 +145,12 @@ impl History {
         self.inner.lock().entries.get(id).map(|e| e.1.clone())
     }
 
+    /// Every entry, oldest first, shared rather than copied (the jobs list reads them all).
+    pub fn all(&self) -> Vec<(String, Arc<Json>)> {
+        let inner = self.inner.lock();
+        inner.order.iter().filter_map(|id| inner.entries.get(id).map(|(_, e)| (id.clone(), e.clone()))).collect()
+    }
+
     pub fn len(&self) -> usize {
         self.inner.lock().order.len()
     }

@@ -223,8 +223,8 @@ pub async fn list(State(state): AppStateRef, QueryArgs(q): QueryArgs<JobsQuery>)
         jobs.extend(pending.iter().map(|i| queued_job(i, PENDING)));
     }
     if wants(COMPLETED) || wants(FAILED) || wants(CANCELLED) {
-        for (id, entry) in state.history.list(None, 0).as_object().into_iter().flatten() {
-            let job = finished_job(id, entry, false);
+        for (id, entry) in state.history.all() {
+            let job = finished_job(&id, &entry, false);
             if job["status"].as_str().is_some_and(wants) {
                 jobs.push(job);
             }
