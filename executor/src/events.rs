@@ -142,7 +142,9 @@ impl EventSink for NullSink {
     fn send(&self, _event: Event) {}
 }
 
-pub(crate) fn now_ms() -> u64 {
+/// Milliseconds since the Unix epoch: the events' timestamps, and hosts' own (a prompt's
+/// arrival) in the same clock.
+pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)

@@ -79,7 +79,7 @@ pub fn enqueue(state: &AppState, sub: Submission) -> Result<Json, ApiError> {
     let mut extra_data = extra_data;
     // ComfyUI stamps each prompt on arrival; `/jobs` sorts and reports by it.
     if let Some(m) = extra_data.as_object_mut() {
-        m.entry("create_time").or_insert_with(|| json!(now_ms()));
+        m.entry("create_time").or_insert_with(|| json!(sdflow_executor::events::now_ms()));
     }
     let job = Job {
         prompt_id: prompt_id.clone(),
@@ -94,12 +94,6 @@ pub fn enqueue(state: &AppState, sub: Submission) -> Result<Json, ApiError> {
     };
     state.submit(job)?;
     Ok(json!({ "prompt_id": prompt_id, "number": number_json(number), "node_errors": {} }))
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// [`enqueue`] on a blocking thread: validation asks node schemas for their combo lists,

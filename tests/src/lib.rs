@@ -148,7 +148,7 @@ impl TestEnv {
 
 /// `wf` with `size`² empty latents, `steps` sampling steps (KSamplerAdvanced's split
 /// kept in proportion) and, when given, `image` for every LoadImage.
-fn shrink(mut wf: Workflow, size: i64, steps: i64, image: Option<&str>) -> Workflow {
+pub fn shrink(mut wf: Workflow, size: i64, steps: i64, image: Option<&str>) -> Workflow {
     for (id, node) in wf.nodes.clone() {
         let set = |wf: &mut Workflow, input: &str, v: serde_json::Value| wf.set_input(&id, input, InputValue::Const(v)).unwrap();
         let int = |input: &str| match node.inputs.get(input) {

@@ -105,7 +105,7 @@ fn a_workflow_saved_by_comfyuis_frontend_runs() {
     assert_eq!(wf.nodes["11:5"].inputs["seed"], link("8", 0));
     assert_eq!(wf.nodes["11:2"].inputs["text"], konst(json!("a watercolor fox in the snow")));
     let save = sdflow_tests::node_of(&wf, "SaveImage");
-    let (w, h, _) = env.run_saved(&test_sized(wf), &save);
+    let (w, h, _) = env.run_saved(&sdflow_tests::shrink(wf, 64, 2, None), &save);
     assert_eq!((w, h), (64, 64));
 }
 
@@ -153,21 +153,6 @@ fn templates_convert_as_comfyuis_frontend_queues_them() {
         checked += 1;
     }
     assert!(checked >= 6, "{checked} references");
-}
-
-/// `wf` at test size: 64² latents, 2 steps.
-fn test_sized(mut wf: Workflow) -> Workflow {
-    for (id, node) in wf.nodes.clone() {
-        match node.class_type.as_str() {
-            "EmptyLatentImage" => {
-                wf.set_input(&id, "width", konst(json!(64))).unwrap();
-                wf.set_input(&id, "height", konst(json!(64))).unwrap();
-            }
-            "KSampler" => wf.set_input(&id, "steps", konst(json!(2))).unwrap(),
-            _ => {}
-        }
-    }
-    wf
 }
 
 /// FLUX.1 Fill inpainting from ComfyUI's template: DifferentialDiffusion,
