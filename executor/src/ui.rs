@@ -19,11 +19,14 @@
 //!   `widgets_values` in promoted-input order, then `proxyWidgets` entries, then the inner
 //!   node's own), an instance output follows the first link into the output boundary
 //!   (`-20`); an instance muted or bypassed at the top is not expanded, one nested inside a
-//!   subgraph is (its consumers still see it muted or bypassed). Legacy group nodes
-//!   (`workflow>Name`) are refused: a current frontend turns them into subgraphs.
+//!   subgraph is (its consumers still see it muted or bypassed);
+//! - legacy group nodes (`workflow>Name`, defined in `extra.groupNodes`) are unpacked as
+//!   the frontend unpacks them on load ([`groups`]).
 //!
 //! `tests/fixtures/comfyui/*.api.json` hold what the frontend itself queues for the
 //! templates there; `tests/tests/comfyui_templates.rs` holds this conversion to them.
+
+mod groups;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -196,6 +199,68 @@ struct Graph {
     links: HashMap<i64, UiLink>,
     order: Vec<String>,
     next_link: i64,
+    groups: HashMap<String, Result<groups::GroupType, (String, String)>>,
+}
+
+/// What a node unpacked from a group has in place of its own JSON.
+static NO_JSON: Json = Json::Null;
+
+/// Replaces every group node of one graph by its inner nodes (groups inside groups too),
+/// moving the links that touched it.
+fn unpack_groups<'j>(
+    nodes: Vec<(UiNode, &'j Json)>,
+    raw_links: &mut Vec<(i64, String, usize)>,
+    types: &HashMap<String, Result<groups::GroupType, (String, String)>>,
+    where_: &str,
+) -> Result<Vec<(UiNode, &'j Json)>, WorkflowError> {
+    let is_group = |n: &UiNode| groups::group_name(&n.class).is_some();
+    if !nodes.iter().any(|(n, _)| is_group(n)) {
+        return Ok(nodes);
+    }
+    let mut next_link = raw_links
+        .iter()
+        .map(|l| l.0)
+        .chain(nodes.iter().flat_map(|(n, _)| n.inputs.iter().filter_map(|i| i.link)))
+        .max()
+        .unwrap_or(0);
+    let mut nodes = nodes;
+    for _ in 0..MAX_SUBGRAPH_DEPTH {
+        if !nodes.iter().any(|(n, _)| is_group(n)) {
+            return Ok(nodes);
+        }
+        let mut out = Vec::new();
+        for (node, json) in nodes {
+            let Some(name) = groups::group_name(&node.class) else {
+                out.push((node, json));
+                continue;
+            };
+            let path = format!("{where_}node {}", node.id);
+            let group = match types.get(name) {
+                Some(Ok(g)) => g,
+                Some(Err((p, m))) => return Err(err(format!("{path} ({p})"), m.clone())),
+                None => return Err(err(&path, format!("'{}' is a group node, but extra.groupNodes does not define '{name}'", node.class))),
+            };
+            let unpacked = group.unpack(&node, where_, &mut next_link)?;
+            raw_links.retain_mut(|(_, origin, slot)| {
+                if *origin != node.id {
+                    return true;
+                }
+                // An output the group does not show loses its links, as in the frontend.
+                match unpacked.outputs.get(*slot) {
+                    Some((inner, s)) => {
+                        *origin = inner.clone();
+                        *slot = *s;
+                        true
+                    }
+                    None => false,
+                }
+            });
+            raw_links.extend(unpacked.links);
+            out.extend(unpacked.nodes.into_iter().map(|n| (n, &NO_JSON)));
+        }
+        nodes = out;
+    }
+    Err(err(format!("{where_}extra.groupNodes"), "group nodes are nested too deep (or contain themselves)"))
 }
 
 /// The frontend's ids of a subgraph's boundary nodes.
@@ -390,6 +455,7 @@ impl Graph {
                 raw_links.push(parse_link(l, i, &where_)?);
             }
         }
+        let nodes = unpack_groups(nodes, &mut raw_links, &self.groups, &where_)?;
         let mut map = HashMap::new();
         for (id, _, _) in &raw_links {
             self.next_link += 1;
@@ -497,7 +563,8 @@ impl Graph {
         }
         let mut overrides = overrides;
         for (mut node, _) in nodes {
-            node.overrides = overrides.remove(&node.id).unwrap_or_default();
+            // Over any a group node's instance set (a subgraph's proxies are the outer ones).
+            node.overrides.extend(overrides.remove(&node.id).unwrap_or_default());
             if defs.contains_key(&node.class) {
                 node.virtual_node = true;
             }
@@ -579,14 +646,9 @@ pub fn ui_to_workflow(doc: &Json, registry: &Registry) -> Result<Workflow, Workf
         links: HashMap::new(),
         order: Vec::new(),
         next_link: 0,
+        groups: groups::group_types(doc, registry)?,
     };
     graph.add_scope(nodes_json, links_json, "", None, &defs, &mut Vec::new(), &[], HashMap::new())?;
-    if let Some(n) = graph.order.iter().map(|id| &graph.nodes[id]).find(|n| n.class.starts_with("workflow>") || n.class.starts_with("workflow/")) {
-        return Err(err(
-            format!("node {}", n.id),
-            format!("'{}' is a legacy group node; open the workflow in a current ComfyUI frontend, which turns group nodes into subgraphs, and save it again", n.class),
-        ));
-    }
 
     let mut wf = Workflow::new();
     for id in &graph.order {

@@ -235,11 +235,11 @@ fn broken_subgraphs_are_named_in_errors() {
     let report = ex.validate(&wf).unwrap_err();
     assert!(report.render().contains("4:1"), "{}", report.render());
 
-    // A legacy group node is refused with what to do.
+    // A legacy group node whose group the file does not define.
     let mut doc = two_instances();
     doc["nodes"][4]["type"] = json!("workflow>My group");
     let e = Workflow::from_json(doc, &r).unwrap_err().to_string();
-    assert!(e.contains("legacy group node"), "{e}");
+    assert!(e.contains("node 5") && e.contains("does not define 'My group'"), "{e}");
 
     // Definitions of the wrong shape.
     let mut doc = two_instances();

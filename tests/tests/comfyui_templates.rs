@@ -109,6 +109,68 @@ fn a_workflow_saved_by_comfyuis_frontend_runs() {
     assert_eq!((w, h), (64, 64));
 }
 
+/// A workflow with legacy group nodes (`workflow>Name`, `extra.groupNodes`), in the
+/// format ComfyUI's frontend wrote before subgraphs: its groups unpack with the instance's
+/// widget values (the reference from the current frontend is checked above) and it runs.
+#[test]
+fn a_workflow_with_legacy_group_nodes_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    sdflow_tests::tiny_tree(dir.path());
+    let ckpts = dir.path().join("models/checkpoints");
+    std::fs::copy(ckpts.join("model.safetensors"), ckpts.join("tiny-sd1.safetensors")).unwrap();
+    let env = TestEnv::with_dir(dir, |rt| rt);
+    let text = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/comfyui/group_nodes_txt2img.json")).unwrap();
+    let wf = Workflow::parse(&text, env.exec.registry()).unwrap();
+    // Group "Sample" is instance 11; its third inner node is the KSampler.
+    assert_eq!(wf.nodes["11:2"].inputs["cfg"], konst(json!(7.5)));
+    assert_eq!(wf.nodes["11:2"].inputs["positive"], link("10:2", 0));
+    // "CLIPTextEncode 2 text": the third prompt of group "Prompts".
+    assert_eq!(wf.nodes["10:3"].inputs["text"], konst(json!("blurry")));
+    let save = sdflow_tests::node_of(&wf, "SaveImage");
+    let (w, h, px) = env.run_saved(&wf, &save);
+    assert_eq!((w, h), (64, 48));
+    assert!(px.iter().max().unwrap() > px.iter().min().unwrap());
+}
+
+#[test]
+fn broken_group_nodes_are_named_in_errors() {
+    let env = flux_env();
+    let r = env.exec.registry();
+    let text = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/comfyui/group_nodes_txt2img.json")).unwrap();
+    let base: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let fails = |doc: serde_json::Value| Workflow::from_json(doc, r).unwrap_err().to_string();
+
+    // An inner node of a type this server lacks.
+    let mut doc = base.clone();
+    doc["extra"]["groupNodes"]["Sample"]["nodes"][1]["type"] = json!("NoSuchLatent");
+    let e = fails(doc);
+    assert!(e.contains("node 11") && e.contains("'Sample'") && e.contains("NoSuchLatent"), "{e}");
+
+    // A group that holds an instance of itself.
+    let mut doc = base.clone();
+    doc["extra"]["groupNodes"]["Sample"]["nodes"][3]["type"] = json!("workflow>Sample");
+    let e = fails(doc);
+    assert!(e.contains("nested too deep"), "{e}");
+
+    // A link inside to an input slot the node lacks.
+    let mut doc = base.clone();
+    doc["extra"]["groupNodes"]["Prompts"]["links"][2] = json!([0, 0, 2, 9, 10, "CONDITIONING"]);
+    let e = fails(doc);
+    assert!(e.contains("group node 'Prompts'") && e.contains("input slot 9"), "{e}");
+
+    // A link inside naming a node the group does not have.
+    let mut doc = base.clone();
+    doc["extra"]["groupNodes"]["Prompts"]["links"][2] = json!([0, 0, 12, 0, 10, "CONDITIONING"]);
+    let e = fails(doc);
+    assert!(e.contains("'Prompts'") && e.contains("out of range"), "{e}");
+
+    // Group data of the wrong shape.
+    let mut doc = base;
+    doc["extra"]["groupNodes"]["Prompts"] = json!(["not", "an", "object"]);
+    let e = fails(doc);
+    assert!(e.contains("'Prompts'") && e.contains("expected an object"), "{e}");
+}
+
 #[test]
 fn the_kontext_subgraph_template_runs_unchanged() {
     let env = flux_env();
@@ -141,7 +203,8 @@ fn templates_convert_as_comfyuis_frontend_queues_them() {
         let Some(stem) = name.strip_suffix(".api.json") else { continue };
         let ui = dir.join(format!("{stem}.json"));
         let ui = if ui.exists() { ui } else { sdflow_tests::workflows_dir().join(format!("comfyui/{stem}.json")) };
-        let wf = Workflow::parse(&std::fs::read_to_string(&ui).unwrap(), env.exec.registry()).unwrap_or_else(|e| panic!("{stem}: {e}"));
+        let text = std::fs::read_to_string(&ui).unwrap();
+        let wf = Workflow::parse(&text, env.exec.registry()).unwrap_or_else(|e| panic!("{stem}: {e}"));
         let mut queued: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(entry.path()).unwrap()).unwrap();
         let mut ours = wf.to_api_json();
         for doc in [&mut queued, &mut ours] {
@@ -149,10 +212,53 @@ fn templates_convert_as_comfyuis_frontend_queues_them() {
                 node.as_object_mut().unwrap().remove("_meta");
             }
         }
-        assert_eq!(ours, queued, "{stem}");
+        // The frontend turns legacy group nodes into subgraphs with fresh node ids; the
+        // prompts must be the same graph.
+        let has_groups = serde_json::from_str::<serde_json::Value>(&text).unwrap()["extra"]["groupNodes"].as_object().is_some_and(|g| !g.is_empty());
+        if has_groups {
+            // The frontend's subgraph also promotes LoadImage's upload button, whose value
+            // ("image") it then sends; the node has no such input.
+            for node in queued.as_object_mut().unwrap().values_mut() {
+                if node["class_type"] == "LoadImage" {
+                    node["inputs"].as_object_mut().unwrap().remove("upload");
+                }
+            }
+            assert_eq!(canonical(&ours), canonical(&queued), "{stem}");
+        } else {
+            assert_eq!(ours, queued, "{stem}");
+        }
         checked += 1;
     }
-    assert!(checked >= 6, "{checked} references");
+    assert!(checked >= 7, "{checked} references");
+}
+
+/// An API prompt without its node ids: each node described by its class and inputs, a
+/// link by the description of the node it comes from and the output slot, sorted.
+fn canonical(prompt: &serde_json::Value) -> Vec<String> {
+    fn describe(prompt: &serde_json::Value, id: &str, depth: usize) -> String {
+        assert!(depth < 64, "a cycle through {id}");
+        let node = &prompt[id];
+        let mut inputs: Vec<String> = node["inputs"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| match v.as_array() {
+                Some(l) if l.len() == 2 && l[0].is_string() && l[1].is_u64() => {
+                    format!("{k}=<{}>.{}", describe(prompt, l[0].as_str().unwrap(), depth + 1), l[1])
+                }
+                // JavaScript writes 3.0 as 3.
+                _ => match v.as_f64() {
+                    Some(x) if x.fract() == 0.0 => format!("{k}={}", x as i64),
+                    _ => format!("{k}={v}"),
+                },
+            })
+            .collect();
+        inputs.sort();
+        format!("{}({})", node["class_type"].as_str().unwrap(), inputs.join(", "))
+    }
+    let mut all: Vec<String> = prompt.as_object().unwrap().keys().map(|id| describe(prompt, id, 0)).collect();
+    all.sort();
+    all
 }
 
 /// FLUX.1 Fill inpainting from ComfyUI's template: DifferentialDiffusion,
