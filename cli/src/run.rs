@@ -244,6 +244,7 @@ pub fn execute(registry: Arc<Registry>, workflows: &[(String, Workflow)], sessio
                 run_id: None,
                 output_dir: session.output_dir.clone(),
                 metadata: sdflow_workflows::metadata::png_metadata(wf, executor.registry()),
+                image_metadata: sdflow_workflows::metadata::per_image_metadata(wf),
             };
             if workflows.len() > 1 || session.repeat > 1 {
                 let line = format!("== {label}");

@@ -216,6 +216,7 @@ fn flags_needing_absent_nodes_name_the_node() {
         (&["--vae-tiling"][..], "--vae-tiling", "VAEDecodeTiled"),
         (&["--ad-model", "face_yolov8n.pt"][..], "--ad-model", "DetailerForEachMask"),
         (&["-b", "2", "-i", "in.png"][..], "-b", "RepeatLatentBatch"),
+        (&["--circular"][..], "--circular", "SeamlessTile"),
     ] {
         let mut full = vec!["img_gen", "-m", "m.safetensors"];
         full.extend(args);
@@ -482,6 +483,53 @@ fn upscale_and_tiled_decoding_run() {
     assert_eq!(png_size(&dir.path().join("up.png")), (w * 16, h * 16), "two ×4 passes");
     ok(&["-m", c, "-p", "a cat", "-W", "64", "-H", "64", "--steps", "1", "--upscale-model", model.to_str().unwrap(), "-t", "2", "-o", "gen_up.png"], dir.path());
     assert_eq!(png_size(&dir.path().join("gen_up.png")), (256, 256));
+}
+
+/// sd-cli's `--circular`, `--circularx`, `--circulary` (seamless tiling): SeamlessTile and
+/// MakeCircularVAE in the graph, no longer among the refused flags of `--help`, and runs on
+/// the tiny checkpoint that differ from the plain image (txt2img, img2img, tiled VAE).
+#[test]
+fn circular_flags_make_tileable_images() {
+    let dir = tempfile::tempdir().unwrap();
+    for (flags, tiling) in [(&["--circular"][..], "enable"), (&["--circularx"][..], "x_only"), (&["--circulary"][..], "y_only"), (&["--circularx", "--circulary"][..], "enable")] {
+        let mut args = vec!["img_gen", "-m", "m.safetensors", "-p", "a cat", "--print-workflow"];
+        args.extend(flags);
+        let wf: serde_json::Value = serde_json::from_str(&ok(&args, dir.path())).unwrap();
+        let nodes: Vec<&serde_json::Value> = wf["nodes"].as_object().unwrap().values().collect();
+        for class in ["SeamlessTile", "MakeCircularVAE"] {
+            let n = nodes.iter().find(|n| n["class_type"] == class).unwrap_or_else(|| panic!("{flags:?}: no {class}"));
+            assert_eq!(n["inputs"]["tiling"], tiling, "{flags:?}");
+        }
+    }
+    let help = ok(&["img_gen", "--help"], dir.path());
+    assert!(help.contains("--circular") && !help.contains("circular padding is not implemented"), "{help}");
+
+    let model = dir.path().join("tiny.safetensors");
+    write_checkpoint(&model, &SdConfig::tiny_sd1_f8(), DType::F32, 5, Format::Safetensors).unwrap();
+    let m = model.to_str().unwrap();
+    write_png(&dir.path().join("in.png"), 64, 64);
+    let run = |extra: &[&str], out: &str| {
+        let mut args = vec!["-m", m, "-p", "a cat", "-W", "64", "-H", "64", "--steps", "2", "-s", "3", "-t", "2", "-o", out];
+        args.extend(extra);
+        ok(&args, dir.path());
+        png_pixels(&dir.path().join(out))
+    };
+    let plain = run(&[], "plain.png");
+    let both = run(&["--circular"], "both.png");
+    let x_only = run(&["--circularx"], "x.png");
+    assert!(both != plain && x_only != both && x_only != plain);
+    assert_eq!(run(&["--circularx", "--circulary"], "xy.png"), both);
+    // img2img encodes with the circular VAE.
+    assert_ne!(run(&["--circular", "-i", "in.png", "--strength", "0.5"], "i2i.png"), run(&["-i", "in.png", "--strength", "0.5"], "i2i_plain.png"));
+    // Tiles of 8 latent pixels over a 16×8 latent: they wrap around across the width, one
+    // spans the height (its convolutions wrap).
+    let tiled = |extra: &[&str], out: &str| {
+        let mut args = vec!["-m", m, "-p", "a cat", "-W", "128", "-H", "64", "--steps", "1", "-s", "3", "-t", "2", "--vae-tiling", "--vae-tile-size", "8x8", "-o", out];
+        args.extend(extra);
+        ok(&args, dir.path());
+        png_pixels(&dir.path().join(out))
+    };
+    assert_ne!(tiled(&["--circular"], "tiled.png"), tiled(&[], "tiled_plain.png"));
 }
 
 /// `<lora:NAME:W>` tags run: the LoRA from `--lora-model-dir` changes the image, and a

@@ -270,7 +270,7 @@ fn layer(w: &Weights, name: &str, stride: i32) -> Vec<f32> {
         let x = run.input_f32(&[ne[0], 5, 2], vals((ne[0] * 10) as usize, 4)).unwrap();
         nn::project(&ctx, w, name, x).unwrap()
     };
-    run.compute(&Backend::cpu(1).unwrap(), &[y], 64).unwrap().remove(0)
+    run.compute(&common::backend(1), &[y], 64).unwrap().remove(0)
 }
 
 /// Largest |a - b| relative to the largest |b| (at least 1).

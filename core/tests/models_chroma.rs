@@ -6,7 +6,7 @@
 mod common;
 
 use common::{det_weights, max_abs_err, reference};
-use sdflow_core::ggml::{Backend, Context, GraphRun};
+use sdflow_core::ggml::{Context, GraphRun};
 use sdflow_core::models::chroma::{approximator_input, Chroma, ChromaConfig, ChromaInputs};
 use sdflow_core::models::conditioning::Conditioning;
 use sdflow_core::models::dit::{image_ids, unpatchify};
@@ -25,7 +25,7 @@ fn floats(v: &serde_json::Value) -> Vec<f32> {
 
 fn tiny() -> (Weights, ChromaConfig) {
     let r = fixture();
-    let w = det_weights(&r["keys"], SCALE, &Backend::cpu(2).unwrap());
+    let w = det_weights(&r["keys"], SCALE, &common::backend(2));
     let mut cfg = ChromaConfig::infer(&w, "").unwrap();
     cfg.axes = serde_json::from_value(r["axes"].clone()).unwrap();
     (w, cfg)
@@ -50,8 +50,8 @@ fn forward(text_keys: Option<i64>) -> Vec<f32> {
     let img_ids: Vec<Vec<f32>> = image_ids(h / 2, wd / 2, 0.0).into_iter().map(|a| a.to_vec()).collect();
     let txt_ids = vec![vec![0.0; 3]; lt];
     let sigma = r["sigma"].as_f64().unwrap() as f32;
-    let out = model.forward(&ctx, &mut g, &ChromaInputs { img, img_ids: &img_ids, txt, txt_ids: &txt_ids, sigma, guidance: 0.0, text_keys, skip: &Default::default() }).unwrap();
-    g.compute(&Backend::cpu(2).unwrap(), &[out], 8192).unwrap().remove(0)
+    let out = model.forward(&ctx, &mut g, &ChromaInputs { img, img_ids: &img_ids, img_wrap: &[], txt, txt_ids: &txt_ids, sigma, guidance: 0.0, text_keys, skip: &Default::default() }).unwrap();
+    g.compute(&common::backend(2), &[out], 8192).unwrap().remove(0)
 }
 
 #[test]
@@ -86,7 +86,7 @@ fn masked_text_keys_match_diffusers_attention_mask() {
 fn the_denoiser_runs_chroma_with_comfyuis_guidance() {
     let r = fixture();
     let (w, cfg) = tiny();
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let mut den = FluxDenoiser::chroma(Chroma::new(&w, "", cfg).unwrap());
     assert_eq!(den.in_channels(), 16);
     let [b, c, h, wd] = shape();
@@ -124,7 +124,7 @@ fn the_denoiser_runs_chroma_with_comfyuis_guidance() {
 #[test]
 fn bad_files_are_named() {
     let r = fixture();
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let mut keys: serde_json::Map<String, serde_json::Value> = serde_json::from_value(r["keys"].clone()).unwrap();
     keys.remove("distilled_guidance_layer.norms.1.scale");
     keys.remove("distilled_guidance_layer.layers.1.in_layer.weight");

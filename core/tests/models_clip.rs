@@ -13,7 +13,7 @@ fn weights(key: &str, backend: &Backend) -> sdflow_core::models::Weights {
 }
 
 fn check(prefix: &str, layout: ClipLayout, key: &str, act: Activation) {
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let w = weights(key, &backend);
     let mut cfg = ClipTextConfig::infer(&w, prefix, layout).unwrap();
     assert_eq!((cfg.hidden, cfg.layers, cfg.intermediate, cfg.vocab, cfg.max_positions), (64, 3, 128, 1000, 77));
@@ -46,7 +46,7 @@ fn openclip_layout_matches_transformers() {
 
 #[test]
 fn bad_inputs_and_weights_are_errors() {
-    let backend = Backend::cpu(1).unwrap();
+    let backend = common::backend(1);
     let w = weights("hf", &backend);
     let prefix = "cond_stage_model.transformer.text_model";
     let mut cfg = ClipTextConfig::infer(&w, prefix, ClipLayout::HuggingFace).unwrap();

@@ -4,7 +4,7 @@
 mod common;
 
 use common::{det_weights, max_abs_err, reference};
-use sdflow_core::ggml::{Backend, Context, GraphRun};
+use sdflow_core::ggml::{Context, GraphRun};
 use sdflow_core::models::clip::Activation;
 use sdflow_core::models::clip_vision::{ClipVisionConfig, ClipVisionModel};
 
@@ -15,7 +15,7 @@ fn f32s(v: &serde_json::Value) -> Vec<f32> {
 #[test]
 fn vision_tower_matches_transformers() {
     let r = &reference("ip_adapter_ref.json")["vision"];
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let w = det_weights(&r["keys"], 0.35, &backend);
     let inferred = ClipVisionConfig::infer(&w, "").unwrap();
     assert_eq!((inferred.hidden, inferred.layers, inferred.intermediate, inferred.patch, inferred.image_size, inferred.projection_dim), (64, 3, 128, 8, 32, 48));
@@ -41,7 +41,7 @@ fn vision_tower_matches_transformers() {
 #[test]
 fn bad_vision_weights_and_inputs_are_errors() {
     let r = &reference("ip_adapter_ref.json")["vision"];
-    let backend = Backend::cpu(1).unwrap();
+    let backend = common::backend(1);
     let w = det_weights(&r["keys"], 0.35, &backend);
     let e = ClipVisionConfig::infer(&w, "cond_stage_model.").expect_err("no tower there");
     assert!(e.to_string().contains("patch_embedding"), "{e}");

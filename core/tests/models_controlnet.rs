@@ -79,7 +79,7 @@ fn run(backend: &Backend, name: &str, cw: &Weights, uw: &Weights, case: &serde_j
 }
 
 fn check(name: &str) {
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let cw = det_weights(&keys(&format!("controlnet_{name}_tiny_keys.json")), 0.14, &backend);
     let uw = det_weights(&keys(&unet_keys(name)), 0.14, &backend);
     let r = &reference("controlnet_tiny_ref.json")[name];
@@ -135,7 +135,7 @@ fn ldm_tensors() -> Vec<(String, Vec<usize>, Vec<f32>)> {
 
 #[test]
 fn diffusers_and_bare_key_layouts_load_to_the_same_controlnet() {
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let dir = tempfile::tempdir().unwrap();
     let uw = det_weights(&keys("unet_sd1_tiny_keys.json"), 0.14, &backend);
     let case = &reference("controlnet_tiny_ref.json")["sd1"]["full"];
@@ -161,7 +161,7 @@ fn diffusers_and_bare_key_layouts_load_to_the_same_controlnet() {
 
 #[test]
 fn bad_controlnets_fail_with_clear_errors() {
-    let backend = Backend::cpu(1).unwrap();
+    let backend = common::backend(1);
     let dir = tempfile::tempdir().unwrap();
 
     // Not a ControlNet at all.
@@ -205,7 +205,7 @@ fn bad_controlnets_fail_with_clear_errors() {
 
 #[test]
 fn the_synthetic_controlnet_fits_the_tiny_checkpoint() {
-    let backend = Backend::cpu(1).unwrap();
+    let backend = common::backend(1);
     let dir = tempfile::tempdir().unwrap();
     let cfg = sdflow_core::synth::SdConfig::tiny_sd1_f8();
     let cpath = dir.path().join("cn.safetensors");
@@ -229,7 +229,7 @@ fn the_denoiser_runs_stacked_controls_per_item() {
     use sdflow_core::models::sd::{BatchItem, ControlInput, IpSide, SdDenoiser};
 use sdflow_core::models::conditioning::{Conditioning, Prediction};
     use sdflow_core::sampling::schedule::DiscreteSchedule;
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let uw = det_weights(&keys("unet_sd1_tiny_keys.json"), 0.14, &backend);
     let c1w = det_weights(&keys("controlnet_sd1_tiny_keys.json"), 0.14, &backend);
     // A second ControlNet: the same layout, other values.

@@ -87,7 +87,7 @@ fn upscale(model: &Upscaler, backend: &Backend, input: &[f32], w: usize, h: usiz
 
 #[test]
 fn tiny_models_match_pytorch_in_every_naming() {
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let r = tiny_ref();
     let input = floats(&r["input"]);
     let (w, h) = (10usize, 8usize);
@@ -129,7 +129,7 @@ fn tiny_models_match_pytorch_in_every_naming() {
 /// unpickler, and a GGUF file as sd.cpp converts them.
 #[test]
 fn pth_and_gguf_files_load() {
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let r = tiny_ref();
     let input = floats(&r["input"]);
     let pth = load(Path::new(&format!("{DIR}/esrgan/srvgg_x4_tiny.pth")), &backend).unwrap();
@@ -152,7 +152,7 @@ fn pth_and_gguf_files_load() {
 
 #[test]
 fn random_weight_writer_round_trips_every_arch() {
-    let backend = Backend::cpu(1).unwrap();
+    let backend = common::backend(1);
     let dir = tempfile::tempdir().unwrap();
     let archs = [
         Arch::Rrdb(esrgan::RrdbConfig { in_channels: 3, out_channels: 3, num_feat: 8, num_grow: 4, num_blocks: 1, num_upsample: 2, unshuffle: 2 }),
@@ -170,7 +170,7 @@ fn random_weight_writer_round_trips_every_arch() {
 
 #[test]
 fn tiles_blend_close_to_the_untiled_result() {
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let r = tiny_ref();
     let dir = tempfile::tempdir().unwrap();
     let (w, h) = (40usize, 28usize);
@@ -198,7 +198,7 @@ fn tiles_blend_close_to_the_untiled_result() {
 
 #[test]
 fn bad_files_fail_with_the_tensor_named() {
-    let backend = Backend::cpu(1).unwrap();
+    let backend = common::backend(1);
     let r = tiny_ref();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m.safetensors");
@@ -247,7 +247,7 @@ fn bad_files_fail_with_the_tensor_named() {
 
 #[test]
 fn pixel_shuffle_and_activations_follow_pytorch() {
-    let backend = Backend::cpu(1).unwrap();
+    let backend = common::backend(1);
     let (w, h, c, r) = (3i64, 2i64, 2i64, 2i64);
     let n = (w * h * c * r * r) as usize;
     let x: Vec<f32> = (0..n).map(|i| i as f32 - 20.0).collect();
@@ -294,7 +294,7 @@ fn real_models_match_pytorch() {
         return;
     };
     let dir = Path::new(&dir);
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let rgb = std::fs::read(format!("{DIR}/esrgan/input.rgb")).unwrap();
     let (w, h) = (20usize, 20usize);
     assert_eq!(rgb.len(), w * h * 3);

@@ -5,7 +5,7 @@
 mod common;
 
 use common::{det_weights, max_abs_err, reference};
-use sdflow_core::ggml::{Backend, Context, GraphRun};
+use sdflow_core::ggml::{Context, GraphRun};
 use sdflow_core::models::dit::{image_ids, patchify, unpatchify};
 use sdflow_core::models::flux::{Flux, FluxConfig, FluxInputs};
 use sdflow_core::models::Weights;
@@ -29,7 +29,7 @@ fn run(w: &Weights, config: FluxConfig, guidance: bool) -> sdflow_core::models::
     let r = fixture();
     let [b, c, h, wd] = shape();
     let model = Flux::new(w, "", config)?;
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let ctx = Context::new(8192, 8192).unwrap();
     let mut g = GraphRun::new(&ctx);
     let l = (h / 2) * (wd / 2);
@@ -43,7 +43,7 @@ fn run(w: &Weights, config: FluxConfig, guidance: bool) -> sdflow_core::models::
     let txt_ids = vec![vec![0.0; 3]; lt];
     let timesteps = floats(&r["sigma"]);
     let gvals = floats(&r["guidance"]);
-    let inputs = FluxInputs { img, img_ids: &img_ids, txt, txt_ids: &txt_ids, timesteps: &timesteps, guidance: guidance.then_some(gvals.as_slice()), y, skip: &Default::default() };
+    let inputs = FluxInputs { img, img_ids: &img_ids, img_wrap: &[], txt, txt_ids: &txt_ids, timesteps: &timesteps, guidance: guidance.then_some(gvals.as_slice()), y, skip: &Default::default() };
     let out = model.forward(&ctx, &mut g, &inputs)?;
     assert_eq!(out.ne(), [(c * 4) as i64, l as i64, b as i64, 1]);
     Ok(g.compute(&backend, &[out], 8192)?.remove(0))
@@ -51,7 +51,7 @@ fn run(w: &Weights, config: FluxConfig, guidance: bool) -> sdflow_core::models::
 
 fn tiny(variant: &str) -> (Weights, FluxConfig) {
     let r = fixture();
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let w = det_weights(&r[variant]["keys"], SCALE, &backend);
     let mut cfg = FluxConfig::infer(&w, "").unwrap();
     cfg.axes = serde_json::from_value(r["axes"].clone()).unwrap();
@@ -127,7 +127,7 @@ fn four_euler_steps_match_flux_pipeline() {
     assert!(max_abs_err(&sigmas, &floats(&s["sigmas"])) < 1e-6, "{sigmas:?}");
 
     let (w, cfg) = tiny("dev");
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let mut den = FluxDenoiser::new(Flux::new(&w, "", cfg).unwrap());
     let lt = r["txt_len"].as_u64().unwrap() as i64;
     let txt = floats(&r["txt"]);
@@ -152,7 +152,7 @@ fn denoiser_batches_items_and_names_bad_inputs() {
     use sdflow_core::models::conditioning::{Conditioning, Guidance};
 
     let (w, cfg) = tiny("dev");
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let mut den = FluxDenoiser::new(Flux::new(&w, "", cfg).unwrap());
     let [_, c, h, wd] = shape();
     let x: Vec<f32> = (0..c * h * wd).map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0).collect();
@@ -231,7 +231,7 @@ fn kontext_references_match_comfyuis_layout_through_diffusers() {
     assert_eq!((second[1] + second[2]) as usize, (refs[0].height * (first[1] > 0.0) as usize + refs[0].width * (first[2] > 0.0) as usize), "{first:?} {second:?}");
 
     let (w, cfg) = tiny("dev");
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let mut den = FluxDenoiser::new(Flux::new(&w, "", cfg).unwrap());
     let lt = r["txt_len"].as_u64().unwrap() as i64;
     let (txt, y) = (floats(&r["txt"]), floats(&r["y"]));
@@ -260,7 +260,7 @@ fn fill_matches_flux_fill_pipeline() {
     use sdflow_core::models::flux::{fill_concat, FluxDenoiser, FluxItem, LATENT_SCALE, LATENT_SHIFT};
 
     let r = reference("flux_fill_ref.json");
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let w = det_weights(&r["keys"], SCALE, &backend);
     let mut cfg = FluxConfig::infer(&w, "").unwrap();
     cfg.axes = serde_json::from_value(fixture()["axes"].clone()).unwrap();
@@ -294,7 +294,7 @@ fn fill_matches_flux_fill_pipeline() {
 fn disabled_guidance_leaves_the_embedder_out() {
     use sdflow_core::models::conditioning::{Conditioning, Guidance};
     use sdflow_core::models::flux::{FluxDenoiser, FluxItem};
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let [_, c, h, wd] = shape();
     let x: Vec<f32> = (0..c * h * wd).map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0).collect();
     let shape = [wd as i64, h as i64, c as i64, 1];
@@ -338,7 +338,7 @@ fn diffusers_names_load_as_bfl() {
         assert_eq!(&got[..], &want[..], "{name} is BFL's tensor bit for bit");
         assert_eq!(&src.get(name).unwrap().shape, shape);
     }
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let w = load_weights(&backend, src.as_ref(), &[""], &TypeRules::new(Some(DType::F32), "").unwrap()).unwrap();
     let mut cfg = FluxConfig::infer(&w, "").unwrap();
     cfg.axes = serde_json::from_value(r["axes"].clone()).unwrap();

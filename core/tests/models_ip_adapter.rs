@@ -43,7 +43,7 @@ fn project(w: &Weights, r: &serde_json::Value, backend: &Backend) -> (Vec<f32>, 
 fn check(kind: &str) {
     let all = reference("ip_adapter_ref.json");
     let r = &all["ip"];
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let uw = det_weights(&all["unet_keys"], 0.14, &backend);
     let iw = det_weights(&r[kind]["keys"], 0.2, &backend);
     let (tokens, cfg) = project(&iw, &r[kind], &backend);
@@ -109,7 +109,7 @@ fn plus_ip_adapter_matches_diffusers() {
 #[test]
 fn plus_is_detected_and_the_layout_read() {
     let all = reference("ip_adapter_ref.json");
-    let backend = Backend::cpu(1).unwrap();
+    let backend = common::backend(1);
     let plus = IpAdapterConfig::infer(&det_weights(&all["ip"]["plus"]["keys"], 0.2, &backend)).unwrap();
     assert_eq!(plus.proj, ImageProj::Plus { dim: 128, inner: 128, heads: 2, depth: 4, ff: 512 });
     assert_eq!((plus.embed_dim, plus.cross_dim, plus.tokens), (64, 48, 6));
@@ -133,7 +133,7 @@ fn plus_is_detected_and_the_layout_read() {
 #[test]
 fn adapters_that_do_not_fit_are_errors() {
     let all = reference("ip_adapter_ref.json");
-    let backend = Backend::cpu(1).unwrap();
+    let backend = common::backend(1);
     let iw = det_weights(&all["ip"]["classic"]["keys"], 0.2, &backend);
     let adapter = IpAdapter::new(&iw, IpAdapterConfig::infer(&iw).unwrap()).unwrap();
     let uw = det_weights(&all["unet_keys"], 0.14, &backend);

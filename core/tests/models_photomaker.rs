@@ -5,7 +5,6 @@
 mod common;
 
 use common::{det_weights, max_abs_err, reference};
-use sdflow_core::ggml::Backend;
 use sdflow_core::models::sd::photomaker::{expand_trigger, PhotoMaker, PhotoMakerConfig, TriggerError, Version};
 use sdflow_core::models::conditioning::Conditioning;
 use sdflow_core::text::{tokenize_weighted, ChunkOptions, ClipTokenizer, PadToken, CHUNK_LEN};
@@ -16,7 +15,7 @@ fn f32s(v: &serde_json::Value) -> Vec<f32> {
 
 fn check(version: &str, want: Version) {
     let r = reference("photomaker_ref.json");
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let w = det_weights(&r[version]["keys"], 0.3, &backend);
     let cfg = PhotoMakerConfig::infer(&w).unwrap();
     assert_eq!(cfg.version(), want);
@@ -48,7 +47,7 @@ fn v2_matches_photomaker_id_encoder_v2() {
 #[test]
 fn v2_without_face_embeddings_is_an_error() {
     let r = reference("photomaker_ref.json");
-    let backend = Backend::cpu(1).unwrap();
+    let backend = common::backend(1);
     let w = det_weights(&r["v2"]["keys"], 0.3, &backend);
     let pm = PhotoMaker::new(&w, PhotoMakerConfig::infer(&w).unwrap()).unwrap();
     let cond = Conditioning::new(f32s(&r["prompt"]), 96, 77).unwrap();
@@ -60,7 +59,7 @@ fn v2_without_face_embeddings_is_an_error() {
 #[test]
 fn a_file_without_the_id_encoder_is_refused() {
     let r = reference("photomaker_ref.json");
-    let backend = Backend::cpu(1).unwrap();
+    let backend = common::backend(1);
     let mut keys = r["v1"]["keys"].clone();
     keys.as_object_mut().unwrap().remove("id_encoder.fuse_module.mlp2.fc1.weight");
     let w = det_weights(&keys, 0.3, &backend);

@@ -5,7 +5,6 @@
 mod common;
 
 use common::{det_weights, keys, max_abs_err, reference};
-use sdflow_core::ggml::Backend;
 use sdflow_core::models::sd::{BatchItem, IpSide, SdDenoiser};
 use sdflow_core::models::conditioning::{Conditioning, Prediction};
 use sdflow_core::models::weights::Weights;
@@ -33,7 +32,7 @@ fn euler4() -> (impl Fn(&str) -> Vec<f32>, Conditioning, Conditioning, serde_jso
 
 #[test]
 fn euler_4_steps_with_cfg_matches_k_diffusion() {
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let w = det_weights(&keys("unet_sd1_tiny_keys.json"), 0.14, &backend);
     let (f, cond, uncond, r) = euler4();
     let schedule = DiscreteSchedule::sd();
@@ -61,7 +60,7 @@ fn euler_4_steps_with_cfg_matches_k_diffusion() {
 /// batch (beyond float rounding), and `denoise_concat`'s CFG is built on it.
 #[test]
 fn batch_items_are_independent() {
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let w = det_weights(&keys("unet_sd1_tiny_keys.json"), 0.14, &backend);
     let (f, cond, uncond, _) = euler4();
     let mut den = tiny_denoiser(&w);

@@ -6,7 +6,7 @@
 mod common;
 
 use common::{det_weights_with, max_abs_err, reference};
-use sdflow_core::ggml::{Backend, Context, GraphRun};
+use sdflow_core::ggml::{Context, GraphRun};
 use sdflow_core::models::conditioning::Conditioning;
 use sdflow_core::models::dit::{patchify, unpatchify_hwc};
 use sdflow_core::models::sd3::{Sd3, Sd3Config, Sd3Denoiser, Sd3Inputs, Sd3Item};
@@ -28,7 +28,7 @@ fn shape() -> [usize; 4] {
 
 fn tiny(variant: &str) -> Weights {
     let r = fixture();
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     det_weights_with(
         &r[variant]["keys"],
         SCALE,
@@ -43,7 +43,7 @@ fn velocity(w: &Weights, skip: &[usize]) -> sdflow_core::models::Result<Vec<f32>
     let [b, c, h, wd] = shape();
     let model = Sd3::new(w, "", Sd3Config::infer(w, "")?)?;
     let p = model.config.patch as usize;
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let ctx = Context::new(16384, 16384).unwrap();
     let mut g = GraphRun::new(&ctx);
     let (rows, cols) = (h / p, wd / p);
@@ -144,7 +144,7 @@ fn four_euler_steps_match_diffusers() {
     let s = &r["sampling"];
     let [_, c, h, wd] = shape();
     let w = tiny("sd35m");
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let mut den = Sd3Denoiser::new(Sd3::new(&w, "", Sd3Config::infer(&w, "").unwrap()).unwrap());
     let lt = r["txt_len"].as_u64().unwrap() as i64;
     let txt = floats(&r["txt"]);
@@ -187,7 +187,7 @@ fn four_euler_steps_match_diffusers() {
 #[test]
 fn denoiser_batches_items_and_names_bad_inputs() {
     let w = tiny("sd3");
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let mut den = Sd3Denoiser::new(Sd3::new(&w, "", Sd3Config::infer(&w, "").unwrap()).unwrap());
     let [_, c, h, wd] = shape();
     let x: Vec<f32> = (0..c * h * wd)
@@ -275,7 +275,7 @@ fn denoiser_batches_items_and_names_bad_inputs() {
 #[test]
 fn missing_and_misshapen_weights_are_named() {
     let r = fixture();
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let mut keys: serde_json::Map<String, serde_json::Value> =
         serde_json::from_value(r["sd3"]["keys"].clone()).unwrap();
     keys.remove("joint_blocks.1.context_block.mlp.fc2.bias");
@@ -323,7 +323,7 @@ fn diffusers_names_load_as_stability() {
         assert_eq!(&src.read(name).unwrap()[..], &want[..], "{name} is Stability's tensor bit for bit");
         assert_eq!(&src.get(name).unwrap().shape, shape);
     }
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let w = load_weights(&backend, src.as_ref(), &[""], &TypeRules::new(Some(DType::F32), "").unwrap()).unwrap();
     let err = max_abs_err(&velocity(&w, &[]).unwrap(), &floats(&r["sd35m"]["velocity"]));
     assert!(err <= 1e-3, "max abs error {err}");

@@ -6,7 +6,7 @@
 mod common;
 
 use common::{det_weights, keys, max_abs_err, reference};
-use sdflow_core::ggml::{Backend, Context, GraphRun};
+use sdflow_core::ggml::{Context, GraphRun};
 use sdflow_core::models::clip::{ClipLayout, ClipTextConfig, ClipTextModel, EncodeOptions};
 use sdflow_core::models::conditioning::{Conditioning, SizeCond};
 use sdflow_core::models::sd::unet::{BlockKind, Heads, Unet, UnetConfig, UnetExtras};
@@ -19,7 +19,7 @@ fn floats(v: &serde_json::Value) -> Vec<f32> {
 
 #[test]
 fn sdxl_unet_with_size_conditioning_matches_diffusers() {
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let w = det_weights(&keys("unet_sdxl_tiny_keys.json"), 0.14, &backend);
     let mut cfg = UnetConfig::infer(&w, PREFIX).unwrap();
     assert_eq!(cfg.adm_in_channels, Some(32 + 6 * 256));
@@ -77,7 +77,7 @@ fn adm_vector_needs_a_pooled_embedding_of_the_right_width() {
 
 #[test]
 fn open_clip_g_penultimate_and_pooled_match_transformers() {
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let r = reference("sdxl_tiny_ref.json");
     let w = det_weights(&r["clip_g_keys"], 0.35, &backend);
     let prefix = "conditioner.embedders.1.model";
@@ -110,7 +110,7 @@ fn edm_v_prediction_tells_the_unet_a_quarter_log_sigma() {
     use sdflow_core::models::sd::SdDenoiser;
 use sdflow_core::models::conditioning::Prediction;
     use sdflow_core::sampling::schedule::DiscreteSchedule;
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let w = det_weights(&keys("unet_sdxl_tiny_keys.json"), 0.14, &backend);
     let mut cfg = UnetConfig::infer(&w, PREFIX).unwrap();
     cfg.heads = Heads::Dim(16);
@@ -146,7 +146,7 @@ use sdflow_core::models::conditioning::Prediction;
 /// pruned per block: the structure is read block by block, so they run as they are.
 #[test]
 fn pruned_sdxl_variants_are_read_block_by_block() {
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let mut table: serde_json::Map<String, serde_json::Value> = serde_json::from_value(keys("unet_sdxl_tiny_keys.json")).unwrap();
     // One output block keeps one of its two layers; the middle loses its transformer,
     // and its second res block moves up to index 1, as in Vega.

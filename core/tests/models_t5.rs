@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use common::{det_values, det_weights, max_abs_err, reference};
 use sdflow_core::dtype::DType;
-use sdflow_core::ggml::{Backend, Context, GraphRun};
+use sdflow_core::ggml::{Context, GraphRun};
 use sdflow_core::io::TypeRules;
 use sdflow_core::models::load::load_weights;
 use sdflow_core::models::t5::{self, relative_position_bucket, T5Config, T5Encoder};
@@ -25,7 +25,7 @@ fn run(w: &Weights, prefix: &str, keep: Option<&[Vec<bool>]>) -> Vec<f32> {
     let tokens: Vec<Vec<i32>> = serde_json::from_value(r["tokens"].clone()).unwrap();
     let cfg = T5Config::infer(w, prefix).unwrap();
     let model = T5Encoder::new(w, prefix, cfg).unwrap();
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let ctx = Context::new(4096, 4096).unwrap();
     let mut graph = GraphRun::new(&ctx);
     let out = model.forward(&ctx, &mut graph, &tokens, keep).unwrap();
@@ -40,7 +40,7 @@ fn keep() -> Vec<Vec<bool>> {
 
 fn check(key: &str, bias_per_layer: bool) {
     let r = fixture();
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let w = det_weights(&r[key]["keys"], SCALE, &backend);
     let cfg = T5Config::infer(&w, "").unwrap();
     assert_eq!((cfg.d_model, cfg.layers, cfg.heads, cfg.d_kv, cfg.d_ff, cfg.vocab, cfg.buckets), (48, 3, 5, 12, 80, 1000, 32));
@@ -118,7 +118,7 @@ fn gguf_names_are_llama_cpps() {
 
 #[test]
 fn gguf_names_and_prefixed_files_load_the_same_encoder() {
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let dir = tempfile::tempdir().unwrap();
     let want: Vec<f32> = serde_json::from_value(fixture()["umt5"]["plain"].clone()).unwrap();
 
@@ -149,7 +149,7 @@ fn gguf_names_and_prefixed_files_load_the_same_encoder() {
 #[test]
 fn bad_inputs_and_weights_are_errors() {
     let r = fixture();
-    let backend = Backend::cpu(1).unwrap();
+    let backend = common::backend(1);
     let w = det_weights(&r["t5"]["keys"], SCALE, &backend);
     let cfg = T5Config::infer(&w, "").unwrap();
     let mut wrong = cfg.clone();
@@ -171,7 +171,7 @@ fn bad_inputs_and_weights_are_errors() {
 fn weighted_prompts_interpolate_from_the_empty_prompt() {
     use sdflow_core::text::t5::{apply_weights, T5Tokenizer, WeightedTokens};
     let r = fixture();
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let w = det_weights(&r["t5"]["keys"], SCALE, &backend);
     let model = T5Encoder::new(&w, "", T5Config::infer(&w, "").unwrap()).unwrap();
     let encode = |ids: Vec<u32>| {
@@ -219,7 +219,7 @@ fn scaled_fp8_files_are_dequantized_by_their_scales() {
     }
     data.push(("scaled_fp8".into(), DType::F8E4M3, vec![0], vec![]));
     let dir = tempfile::tempdir().unwrap();
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     // fp8's three mantissa bits move a tiny random model far from its f32 output, so the
     // reference is the same fp8 values dequantized by hand and stored as f32.
     let mut outs = Vec::new();
@@ -241,7 +241,7 @@ fn scaled_fp8_files_are_dequantized_by_their_scales() {
 fn sd_cpp_chunks_are_encoded_alone_with_mean_restoring_weights() {
     use sdflow_core::text::t5::WeightedTokens;
     let r = fixture();
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let w = det_weights(&r["t5"]["keys"], SCALE, &backend);
     let model = T5Encoder::new(&w, "", T5Config::infer(&w, "").unwrap()).unwrap();
     let alone = |ids: Vec<i32>, keep: Option<Vec<bool>>| {

@@ -79,7 +79,7 @@ fn check_decoder(fx: &Fixture, backend: &Backend, dec: &Taesd<'_>) {
 
 #[test]
 fn taesd_decode_and_encode_match_diffusers() {
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let fx = Fixture::new();
     let w = weights(fx.scale, &backend, |n| Some(n.to_string()));
     let dec = Taesd::load(&w, "decoder.layers.", Half::Decoder).unwrap();
@@ -100,7 +100,7 @@ fn taesd_decode_and_encode_match_diffusers() {
 /// (its `nn.Sequential` starts with the clamp).
 #[test]
 fn taesd_original_decoder_file_layout() {
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let fx = Fixture::new();
     let w = weights(fx.scale, &backend, |n| {
         let rest = n.strip_prefix("decoder.layers.")?;
@@ -116,7 +116,7 @@ fn taesd_original_decoder_file_layout() {
 
 #[test]
 fn taesd_rejects_bad_weights_and_inputs() {
-    let backend = Backend::cpu(1).unwrap();
+    let backend = common::backend(1);
     let fx = Fixture::new();
     let w = weights(fx.scale, &backend, |n| Some(n.to_string()));
     assert!(TaesdConfig::infer(&w, "nothing.", Half::Decoder).is_err());

@@ -4,13 +4,13 @@
 mod common;
 
 use common::{det_weights, keys, max_abs_err, reference};
-use sdflow_core::ggml::{Backend, Context, GraphRun};
+use sdflow_core::ggml::{Context, GraphRun};
 use sdflow_core::models::sd::unet::{BlockKind, Heads, Unet, UnetConfig};
 
 const PREFIX: &str = "model.diffusion_model";
 
 fn check(name: &str, heads: Heads, linear: bool) {
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let w = det_weights(&keys(&format!("unet_{name}_tiny_keys.json")), 0.14, &backend);
     let mut cfg = UnetConfig::infer(&w, PREFIX).unwrap();
     assert_eq!(cfg.linear_projection, linear);
@@ -64,7 +64,7 @@ fn sd2_unet_matches_diffusers() {
 
 #[test]
 fn unet_rejects_bad_inputs() {
-    let backend = Backend::cpu(1).unwrap();
+    let backend = common::backend(1);
     let w = det_weights(&keys("unet_sd1_tiny_keys.json"), 0.14, &backend);
     assert!(UnetConfig::infer(&w, "model.nothing").is_err());
     let mut cfg = UnetConfig::infer(&w, PREFIX).unwrap();

@@ -4,12 +4,12 @@
 mod common;
 
 use common::{det_weights, keys, max_abs_err, reference};
-use sdflow_core::ggml::{Backend, Context, GraphRun};
+use sdflow_core::ggml::{Context, GraphRun};
 use sdflow_core::models::vae::{Vae, VaeConfig};
 
 #[test]
 fn vae_decode_and_encode_match_diffusers() {
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let w = det_weights(&keys("vae_tiny_keys.json"), 0.14, &backend);
     let cfg = VaeConfig::infer(&w, "first_stage_model").unwrap();
     assert_eq!(cfg.channels, vec![32, 64, 64]);
@@ -40,7 +40,7 @@ fn vae_decode_and_encode_match_diffusers() {
 
 #[test]
 fn vae_rejects_bad_inputs() {
-    let backend = Backend::cpu(1).unwrap();
+    let backend = common::backend(1);
     let w = det_weights(&keys("vae_tiny_keys.json"), 0.14, &backend);
     let mut cfg = VaeConfig::infer(&w, "first_stage_model").unwrap();
     assert!(VaeConfig::infer(&w, "nothing").is_err());

@@ -32,7 +32,7 @@ fn tiles(t: usize, overlap: f32) -> VaeTiling {
 
 #[test]
 fn a_latent_within_one_tile_decodes_exactly_as_untiled() {
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let w = tiny(&backend);
     let v = vae(&w);
     let z = latent(6, 8);
@@ -65,7 +65,7 @@ fn mean_step(img: &[f32], w: usize, h: usize, cols: &[usize]) -> f32 {
 
 #[test]
 fn tiled_decode_is_close_to_untiled_and_has_no_seams() {
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let w = tiny(&backend);
     let v = vae(&w);
     let (lw, lh) = (48, 12);
@@ -97,7 +97,7 @@ fn tiled_decode_is_close_to_untiled_and_has_no_seams() {
 
 #[test]
 fn tiled_encode_is_close_to_untiled() {
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let w = tiny(&backend);
     let v = vae(&w);
     let (iw, ih) = (180, 40);
@@ -122,7 +122,7 @@ fn tiled_encode_is_close_to_untiled() {
 
 #[test]
 fn a_refused_compute_buffer_falls_back_to_tiles() {
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let w = tiny(&backend);
     let v = vae(&w);
     let z = latent(20, 12);
@@ -165,7 +165,7 @@ fn write(path: &std::path::Path, tensors: &[(String, Vec<usize>, Vec<f32>)]) {
 
 #[test]
 fn standalone_vae_files_in_every_layout_decode_alike() {
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let r = reference("vae_tiny_ref.json");
     let z: Vec<f32> = serde_json::from_value(r["latent"].clone()).unwrap();
     let want: Vec<f32> = serde_json::from_value(r["decoded"].clone()).unwrap();

@@ -101,7 +101,7 @@ fn check_detections(got: &[Detection], want: &Value, px: f32, conf_tol: f32, wha
 #[test]
 fn real_pt_matches_ultralytics() {
     let Some((pt, img)) = real_files("real_pt_matches_ultralytics") else { return };
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let model = open(&pt, &backend).unwrap();
     let c = &model.config;
     assert_eq!((c.num_classes, c.reg_max), (2, 16));
@@ -128,7 +128,7 @@ fn real_pt_matches_ultralytics() {
 #[test]
 fn sdcpp_converted_layout_matches() {
     let Some((pt, _)) = real_files("sdcpp_converted_layout_matches") else { return };
-    let backend = Backend::cpu(2).unwrap();
+    let backend = common::backend(2);
     let model = open(&pt, &backend).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("fall.safetensors");
@@ -255,7 +255,7 @@ fn detect_params_are_validated() {
 
 #[test]
 fn files_that_are_not_yolov8_detectors_are_refused() {
-    let backend = Backend::cpu(1).unwrap();
+    let backend = common::backend(1);
     let dir = tempfile::tempdir().unwrap();
     let write = |name: &str, tensors: &[(&str, Vec<usize>)]| {
         let path = dir.path().join(name);

@@ -198,3 +198,56 @@ fn random_u64_does_not_disturb_philox_noise() {
         })
     );
 }
+
+/// A1111's variation noise, slerp(strength, randn(seed), randn(subseed)) over a CHW image,
+/// against values from its formula in torch (fixtures/sampling/gen_variation_fixture.py),
+/// the near-equal noises' linear fallback included.
+#[test]
+fn variation_slerp_matches_a1111() {
+    use sdflow_core::sampling::variation::slerp;
+    let doc: Value = serde_json::from_str(&fixture("variation.json")).unwrap();
+    let shape: Vec<usize> = doc["shape"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
+    let (c, h, w) = (shape[0], shape[1], shape[2]);
+    let n = c * h * w;
+    let cases = doc["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 4);
+    for case in cases {
+        let seed = case["seed"].as_u64().unwrap();
+        let strength = case["strength"].as_f64().unwrap() as f32;
+        let low = CpuRng::new(seed).randn(n);
+        let high: Vec<f32> = match case.get("subseed") {
+            Some(sub) => CpuRng::new(sub.as_u64().unwrap()).randn(n),
+            None => {
+                let scale = case["near_scale"].as_f64().unwrap() as f32;
+                let other = CpuRng::new(case["near_seed"].as_u64().unwrap()).randn(n);
+                low.iter().zip(&other).map(|(l, o)| l + scale * o).collect()
+            }
+        };
+        let got = slerp(strength, &low, &high, c, h, w);
+        let want: Vec<f32> = case["out"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
+        assert_eq!(got.len(), want.len());
+        let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        assert!(worst < 2e-6, "seed {seed} strength {strength}: max difference {worst}");
+    }
+    // The strengths at the ends are the two noises.
+    let (a, b) = (CpuRng::new(1).randn(n), CpuRng::new(2).randn(n));
+    assert_eq!(slerp(0.0, &a, &b, c, h, w), a);
+}
+
+/// A generator per sample: a batch's noise is each sample's generator's own draw, and
+/// the Brownian trees get a seed per sample.
+#[test]
+fn per_sample_rng_draws_each_sample_from_its_generator() {
+    use sdflow_core::sampling::PerSampleRng;
+    let mut batch = PerSampleRng::new(vec![RngKind::Cpu.seeded(3), RngKind::Cpu.seeded(8)], None);
+    let both = batch.randn(64);
+    assert_eq!(to_bits(&both[..32]), to_bits(&CpuRng::new(3).randn(32)));
+    assert_eq!(to_bits(&both[32..]), to_bits(&CpuRng::new(8).randn(32)));
+    let mut fixed = PerSampleRng::new(vec![RngKind::Cpu.seeded(3), RngKind::Cpu.seeded(8)], Some(vec![3, 8]));
+    assert_eq!(fixed.brownian_seeds(), vec![3, 8]);
+    let mut drawn = PerSampleRng::new(vec![RngKind::Cuda.seeded(3), RngKind::Cuda.seeded(8)], None);
+    assert_eq!(drawn.brownian_seeds(), vec![PhiloxRng::new(3).random_u64(), PhiloxRng::new(8).random_u64()]);
+    // Boxed, it still says one seed per sample.
+    let mut boxed: Box<dyn Rng + Send> = Box::new(PerSampleRng::new(vec![RngKind::Cpu.seeded(1), RngKind::Cpu.seeded(2)], Some(vec![1, 2])));
+    assert_eq!(boxed.brownian_seeds().len(), 2);
+}

@@ -52,6 +52,10 @@ pub struct RunOptions {
     /// and `workflow`, A1111's `parameters`, … — the host decides (ComfyUI's hidden
     /// PROMPT / EXTRA_PNGINFO inputs).
     pub metadata: Vec<(String, String)>,
+    /// Per image of a batch, by batch position: entries that replace those of `metadata`
+    /// with the same key in that image's file (A1111's `parameters`, whose seed differs
+    /// from image to image). Images past its end get `metadata` as it is.
+    pub image_metadata: Vec<Vec<(String, String)>>,
 }
 
 #[derive(Clone, Debug)]
@@ -159,6 +163,7 @@ struct RunShared<'a> {
     abort: &'a AtomicBool,
     output_dir: Option<&'a std::path::Path>,
     metadata: &'a [(String, String)],
+    image_metadata: &'a [Vec<(String, String)>],
 }
 
 impl RunShared<'_> {
@@ -176,6 +181,7 @@ impl RunShared<'_> {
             abort: self.abort,
             output_dir: self.output_dir,
             metadata: self.metadata,
+            image_metadata: self.image_metadata,
         };
         let start = Instant::now();
         let result = match catch_unwind(AssertUnwindSafe(|| pn.node.execute(&mut ctx, &job.inputs)))
@@ -413,6 +419,7 @@ impl Executor {
             abort: &abort,
             output_dir: options.output_dir.as_deref(),
             metadata: &options.metadata,
+            image_metadata: &options.image_metadata,
         };
         let mut state = Coordinator {
             exec: self,

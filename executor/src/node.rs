@@ -273,6 +273,7 @@ pub struct ExecContext<'a> {
     pub(crate) abort: &'a AtomicBool,
     pub(crate) output_dir: Option<&'a Path>,
     pub(crate) metadata: &'a [(String, String)],
+    pub(crate) image_metadata: &'a [Vec<(String, String)>],
 }
 
 impl<'a> ExecContext<'a> {
@@ -291,6 +292,7 @@ impl<'a> ExecContext<'a> {
             abort,
             output_dir: None,
             metadata: &[],
+            image_metadata: &[],
         }
     }
 
@@ -305,6 +307,20 @@ impl<'a> ExecContext<'a> {
     /// Text the host wants embedded in output files (see `RunOptions::metadata`).
     pub fn metadata(&self) -> &[(String, String)] {
         self.metadata
+    }
+
+    /// The text for the file of the image at batch position `index`: `metadata()` with
+    /// that image's own entries in place of the shared ones (see
+    /// `RunOptions::image_metadata`).
+    pub fn metadata_for(&self, index: usize) -> Vec<(String, String)> {
+        let mut out = self.metadata.to_vec();
+        for (key, text) in self.image_metadata.get(index).into_iter().flatten() {
+            match out.iter_mut().find(|(k, _)| k == key) {
+                Some(entry) => entry.1 = text.clone(),
+                None => out.push((key.clone(), text.clone())),
+            }
+        }
+        out
     }
 
     /// Where output nodes write files, when the host configured a place.

@@ -48,6 +48,7 @@
 //! - [`image::latent_ops`]: LatentAdd, LatentSubtract, LatentMultiply, LatentInterpolate, LatentConcat,
 //!   LatentCut, LatentBatch, LatentBatchSeedBehavior, LatentFromBatch, RepeatLatentBatch, LatentComposite,
 //!   LatentBlend, LatentFlip, LatentRotate, LatentCrop, LatentCompositeMasked
+//! - [`image::seamless`]: SeamlessTile, MakeCircularVAE, CircularVAEDecode, OffsetImage (ComfyUI-seamless-tiling)
 //! - [`image::postprocess`]: ImageBlend, ImageBlur, ImageSharpen, ImageBatch, RepeatImageBatch, ImageFlip,
 //!   ImageRotate, ImageAddNoise, ImageColorToMask, PorterDuffImageComposite, SplitImageWithAlpha
 

@@ -4,6 +4,7 @@ use sdflow_core::detect::ModelFamily;
 use sdflow_core::models::clip::ClipLayout;
 use sdflow_core::models::conditioning::{Conditioning, Prediction};
 use sdflow_core::models::Weights;
+pub use sdflow_core::ggml::Circular;
 use sdflow_core::residency::WeightHandle;
 use sdflow_core::sampling::flow::FlowShift;
 use sdflow_core::sampling::schedule::DiscreteSchedule;
@@ -37,6 +38,10 @@ pub struct ModelRef {
     /// ComfyUI's sampler hooks on the model (RescaleCFG, CFGNorm, CFGZeroStar,
     /// LatentApplyOperationCFG): how the side predictions become one at each model call.
     pub cfg_hooks: CfgHooks,
+    /// Seamless tiling (SeamlessTile, sd-cli's `--circular*`): the axes on which the
+    /// UNet's (and its ControlNets') convolutions pad circularly, or FLUX's and Chroma's
+    /// rotary positions wrap around.
+    pub circular: Circular,
 }
 
 /// The guidance hooks of ComfyUI's `model_options`, applied at every model call as its
@@ -230,6 +235,9 @@ pub struct VaeRef {
     pub weights: WeightHandle<Weights>,
     pub prefix: String,
     pub kind: VaeKind,
+    /// Seamless tiling (MakeCircularVAE, CircularVAEDecode, sd-cli's `--circular*`): the
+    /// axes on which its convolutions pad circularly, encoding and decoding.
+    pub circular: Circular,
 }
 
 /// Which autoencoder architecture a [`VaeRef`] holds; VAE nodes dispatch on it.

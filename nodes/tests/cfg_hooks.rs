@@ -141,6 +141,7 @@ fn nodes_set_hooks_in_order() {
         slg: None,
         differential_diffusion: None,
         cfg_hooks: CfgHooks::default(),
+        circular: Default::default(),
     };
     let step = |model: &ModelRef, node: &str, extra: Vec<(&str, InputData)>| -> ModelRef {
         let mut inputs = vec![("model", InputData::Value(Value::new(IoType::MODEL, model.clone())))];

@@ -75,7 +75,7 @@ pub fn enqueue(state: &AppState, sub: Submission) -> Result<Json, ApiError> {
         })
         .map(|(id, _)| id.clone())
         .collect();
-    let metadata = comfy_metadata(&extra_data, &workflow, state);
+    let (metadata, image_metadata) = comfy_metadata(&extra_data, &workflow, state);
     let mut extra_data = extra_data;
     // ComfyUI stamps each prompt on arrival; `/jobs` sorts and reports by it.
     if let Some(m) = extra_data.as_object_mut() {
@@ -90,6 +90,7 @@ pub fn enqueue(state: &AppState, sub: Submission) -> Result<Json, ApiError> {
         client_id,
         plan,
         metadata,
+        image_metadata,
         done,
     };
     state.submit(job)?;
@@ -106,13 +107,17 @@ pub async fn enqueue_off_thread(state: Arc<AppState>, sub: Submission) -> Result
 
 /// The PNG text chunks of a prompt's images: our metadata helper's `prompt`, `workflow`
 /// and `parameters`, with what the client sent in `extra_data.extra_pnginfo` (ComfyUI's
-/// UI sends its own `workflow` there) taking precedence.
+/// UI sends its own `workflow` there) taking precedence; and the chunks that differ per
+/// image of a batch (A1111's `parameters` with each image's seed), less the keys the
+/// client gave.
+#[allow(clippy::type_complexity)]
 fn comfy_metadata(
     extra_data: &Json,
     workflow: &Workflow,
     state: &AppState,
-) -> Vec<(String, String)> {
+) -> (Vec<(String, String)>, Vec<Vec<(String, String)>>) {
     let mut meta = sdflow_workflows::metadata::png_metadata(workflow, state.executor.registry());
+    let mut per_image = sdflow_workflows::metadata::per_image_metadata(workflow);
     if let Some(info) = extra_data.get("extra_pnginfo").and_then(Json::as_object) {
         for (k, v) in info {
             let text = match v {
@@ -121,9 +126,12 @@ fn comfy_metadata(
             };
             meta.retain(|(mk, _)| mk != k);
             meta.push((k.clone(), text));
+            for image in &mut per_image {
+                image.retain(|(mk, _)| mk != k);
+            }
         }
     }
-    meta
+    (meta, per_image)
 }
 
 pub async fn post_prompt(

@@ -26,8 +26,10 @@ pub struct Job {
     /// The WebSocket client that gets this prompt's events; everyone when `None`.
     pub client_id: Option<String>,
     pub plan: Plan,
-    /// Text chunks for the PNGs output nodes write.
+    /// Text chunks for the PNGs output nodes write, and those that differ per image of
+    /// a batch (`RunOptions::image_metadata`).
     pub metadata: Vec<(String, String)>,
+    pub image_metadata: Vec<Vec<(String, String)>>,
     /// Told the history entry once the prompt is done (the synchronous A1111/OpenAI
     /// endpoints wait on it).
     pub done: Option<oneshot::Sender<Arc<Json>>>,

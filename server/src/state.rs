@@ -235,6 +235,7 @@ pub fn worker(state: Arc<AppState>) {
             run_id: Some(job.prompt_id.clone()),
             output_dir: Some(state.config.output_dir.clone()),
             metadata: job.metadata.clone(),
+            image_metadata: job.image_metadata.clone(),
         };
         let started = std::time::Instant::now();
         let result = state.executor.run_plan(&job.plan, &sink, &cancel, &options);

@@ -29,6 +29,9 @@ async fn the_webuiapi_client_drives_the_a1111_routes() {
     let ckpts = tmp.path().join("models/checkpoints");
     std::fs::create_dir_all(&ckpts).unwrap();
     ensure_checkpoint(&ckpts.join("tiny.safetensors"), &SdConfig::tiny_sd1_f8(), DType::F32, 7, Format::Safetensors).unwrap();
+    let controlnets = tmp.path().join("models/controlnet");
+    std::fs::create_dir_all(&controlnets).unwrap();
+    sdflow_core::synth::write_controlnet(&controlnets.join("control_tiny.safetensors"), &SdConfig::tiny_sd1_f8().unet, 3, 11).unwrap();
     let mut s = common::start_in(tmp.path(), |_| {}, true).await;
     let addr = s.base.trim_start_matches("http://").trim_end_matches('/').to_string();
     let (host, port) = addr.rsplit_once(':').unwrap();
@@ -55,8 +58,10 @@ async fn the_webuiapi_client_drives_the_a1111_routes() {
     assert_eq!(r["inpaint_defaults"]["status"], 400, "{r}");
     assert!(r["inpaint_defaults"]["text"].as_str().unwrap().contains("inpainting_fill"), "{r}");
     assert!(r["png_info"].as_str().unwrap().contains("Steps: "), "{r}");
-    assert_eq!(r["tiling"]["status"], 400, "{r}");
-    assert!(r["tiling"]["text"].as_str().unwrap().contains("`tiling`"), "{r}");
+    assert_eq!(r["tiling"], serde_json::json!([64, 48]), "{r}");
+    // The ControlNet extension as the client drives it.
+    assert_eq!((r["controlnet_version"].clone(), r["controlnet_models"].clone(), r["controlnet_modules"].clone()), (serde_json::json!(2), serde_json::json!(["control_tiny"]), serde_json::json!(["none"])), "{r}");
+    assert_eq!(r["controlnet"], serde_json::json!([64, 48]), "{r}");
     assert_eq!(r["progress"], 0.0);
     assert_eq!(r["clip_skip"], 2);
     assert!(r["latent_modes"].as_array().unwrap().iter().any(|m| m == "Latent (nearest-exact)"), "{r}");

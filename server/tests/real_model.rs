@@ -105,17 +105,15 @@ async fn sd_server_endpoints_generate_on_the_tiny_model() {
     assert_eq!(info["seed"], 5);
     assert_eq!(info["sampler_name"], "euler_ancestral");
     assert_eq!(info["scheduler"], "karras");
-    // The request went through the queue like any prompt.
+    // The request went through the queue like any prompt; a batch samples each image
+    // from its own seed (A1111's), through VariationNoise.
     let h = s.get("/history").await.1;
     let entry = h.as_object().unwrap().values().next().unwrap();
-    let sampler = entry["prompt"][2]
-        .as_object()
-        .unwrap()
-        .values()
-        .find(|n| n["class_type"] == "KSampler")
-        .unwrap();
-    assert_eq!(sampler["inputs"]["sampler_name"], "euler_ancestral");
-    assert_eq!(sampler["inputs"]["seed"], 5);
+    let nodes = entry["prompt"][2].as_object().unwrap();
+    let class = |c: &str| nodes.values().find(|n| n["class_type"] == c).unwrap_or_else(|| panic!("no {c}"));
+    assert_eq!(class("KSamplerSelect")["inputs"]["sampler_name"], "euler_ancestral");
+    assert_eq!(class("VariationNoise")["inputs"]["noise_seed"], 5);
+    assert_eq!(info["all_seeds"], json!([5, 6]));
     // The seed is honoured: another seed, another image.
     let (_, other) = s.post("/sdapi/v1/txt2img", json!({"prompt": "a cat", "negative_prompt": "blurry", "width": 64, "height": 64, "steps": 2, "cfg_scale": 5.0, "sampler_name": "Euler a", "scheduler": "Karras", "seed": 6, "batch_size": 1})).await;
     assert_eq!(
@@ -272,7 +270,7 @@ async fn sd_server_endpoints_generate_on_the_tiny_model() {
 
     // What sdflow cannot do is refused by field, as are fields it does not know; A1111's
     // defaults for those features pass.
-    for (field, value) in [("tiling", json!(true)), ("restore_faces", json!(true)), ("subseed_strength", json!(0.5)), ("styles", json!(["x"])), ("alwayson_scripts", json!({"ADetailer": {"args": []}})), ("wings", json!(1))] {
+    for (field, value) in [("tiling", json!("yes")), ("restore_faces", json!(true)), ("seed_resize_from_w", json!(64)), ("styles", json!(["x"])), ("alwayson_scripts", json!({"ADetailer": {"args": []}})), ("wings", json!(1))] {
         let mut body = json!({"prompt": "x", "steps": 1, "width": 64, "height": 64});
         body[field] = value;
         let (code, r) = s.post("/sdapi/v1/txt2img", body).await;

@@ -18,6 +18,40 @@ pub fn png_metadata(wf: &Workflow, registry: &Registry) -> Vec<(String, String)>
     out
 }
 
+/// The text chunks that differ per image of a batch, by batch position: A1111's
+/// `parameters` of a graph whose noise is a VariationNoise, each with its image's own seed
+/// (and variation seed). Empty when every image carries the same text, or when the batch
+/// size cannot be read from the graph.
+pub fn per_image_metadata(wf: &Workflow) -> Vec<Vec<(String, String)>> {
+    let Some(found) = sampling(wf) else { return Vec::new() };
+    if found.variation.is_none() {
+        return Vec::new();
+    }
+    let Some(n) = source(wf, found.latent_from, "latent_image").and_then(|l| batch_len(wf, l, 0)) else { return Vec::new() };
+    (0..n).filter_map(|i| Some(vec![("parameters".to_string(), parameters_of(wf, i)?)])).collect()
+}
+
+/// How many images a node's output holds, where the graph says it plainly (an empty
+/// latent's batch size, a repeat, a loaded image, through the nodes that keep the count).
+fn batch_len(wf: &Workflow, node: &NodeSpec, depth: usize) -> Option<usize> {
+    const MAX: u64 = 4096;
+    if depth > 64 {
+        return None;
+    }
+    let count = |input: &str| constant(node, input).and_then(Json::as_u64).filter(|n| (1..=MAX).contains(n)).map(|n| n as usize);
+    let from = |input: &str| source(wf, node, input).and_then(|n| batch_len(wf, n, depth + 1));
+    match node.class_type.as_str() {
+        "EmptyLatentImage" | "EmptySD3LatentImage" => count("batch_size"),
+        "RepeatLatentBatch" => Some(count("amount")? * from("samples")?),
+        "LoadImage" => Some(1),
+        "VAEEncode" | "VAEEncodeTiled" | "VAEEncodeForInpaint" => from("pixels"),
+        "SetLatentNoiseMask" | "LatentUpscale" | "LatentUpscaleBy" | "VAEDecode" | "VAEDecodeTiled" => from("samples"),
+        "ImageScale" | "ImageScaleBy" | "ImageUpscaleWithModel" => from("image"),
+        "KSampler" | "KSamplerAdvanced" | "SamplerCustom" | "SamplerCustomAdvanced" => from("latent_image"),
+        _ => None,
+    }
+}
+
 fn constant<'a>(node: &'a NodeSpec, input: &str) -> Option<&'a Json> {
     match node.inputs.get(input)? {
         InputValue::Const(v) => Some(v),
@@ -65,13 +99,27 @@ struct Sampling<'a> {
     scheduler: Option<String>,
     cfg: Option<Json>,
     seed: Option<Json>,
+    /// A VariationNoise's variation seed and strength: the seeds count per image.
+    variation: Option<(u64, f64)>,
     eta: Option<Json>,
     denoise: Option<f64>,
 }
 
+/// Whether a sampler node goes on from another's leftover noise (a refiner's or a split
+/// schedule's second part): it adds no noise of its own, so it is not the one whose seed
+/// and prompts the image is described by.
+fn continues(wf: &Workflow, n: &NodeSpec) -> bool {
+    match n.class_type.as_str() {
+        "KSamplerAdvanced" => constant(n, "add_noise").and_then(Json::as_str) == Some("disable"),
+        "SamplerCustom" => constant(n, "add_noise").and_then(Json::as_bool) == Some(false),
+        "SamplerCustomAdvanced" => source(wf, n, "noise").is_some_and(|noise| noise.class_type == "DisableNoise" || constant(noise, "add_noise").and_then(Json::as_bool) == Some(false)),
+        _ => false,
+    }
+}
+
 fn sampling(wf: &Workflow) -> Option<Sampling<'_>> {
     let s = |v: Option<&Json>| v.and_then(Json::as_str).map(str::to_string);
-    if let Some((_, ks)) = wf.nodes.iter().find(|(_, n)| n.class_type == "KSampler" || n.class_type == "KSamplerAdvanced") {
+    if let Some((_, ks)) = wf.nodes.iter().find(|(_, n)| (n.class_type == "KSampler" || n.class_type == "KSamplerAdvanced") && !continues(wf, n)) {
         return Some(Sampling {
             prompts: ks,
             model_from: ks,
@@ -81,11 +129,12 @@ fn sampling(wf: &Workflow) -> Option<Sampling<'_>> {
             scheduler: s(constant(ks, "scheduler")),
             cfg: constant(ks, "cfg").cloned(),
             seed: constant(ks, "seed").or_else(|| constant(ks, "noise_seed")).cloned(),
+            variation: None,
             eta: None,
             denoise: constant(ks, "denoise").and_then(Json::as_f64),
         });
     }
-    let (_, sc) = wf.nodes.iter().find(|(_, n)| n.class_type == "SamplerCustom" || n.class_type == "SamplerCustomAdvanced")?;
+    let (_, sc) = wf.nodes.iter().find(|(_, n)| (n.class_type == "SamplerCustom" || n.class_type == "SamplerCustomAdvanced") && !continues(wf, n))?;
     let advanced = sc.class_type == "SamplerCustomAdvanced";
     let guider = if advanced { source(wf, sc, "guider").filter(|g| g.class_type == "CFGGuider")? } else { sc };
     let sampler = source(wf, sc, "sampler");
@@ -104,7 +153,9 @@ fn sampling(wf: &Workflow) -> Option<Sampling<'_>> {
         }
         _ => {}
     }
-    let seed = if advanced { source(wf, sc, "noise").filter(|n| n.class_type == "RandomNoise").and_then(|n| constant(n, "noise_seed")).cloned() } else { constant(sc, "noise_seed").cloned() };
+    let noise = if advanced { source(wf, sc, "noise").filter(|n| n.class_type == "RandomNoise" || n.class_type == "VariationNoise") } else { None };
+    let seed = if advanced { noise.and_then(|n| constant(n, "noise_seed")).cloned() } else { constant(sc, "noise_seed").cloned() };
+    let variation = noise.filter(|n| n.class_type == "VariationNoise").and_then(|n| Some((constant(n, "variation_seed")?.as_u64()?, constant(n, "variation_strength")?.as_f64()?)));
     Some(Sampling {
         prompts: guider,
         model_from: guider,
@@ -114,6 +165,7 @@ fn sampling(wf: &Workflow) -> Option<Sampling<'_>> {
         scheduler,
         cfg: constant(guider, "cfg").cloned(),
         seed,
+        variation,
         eta: sampler.filter(|n| n.class_type == "KSamplerSelectAdvanced").and_then(|n| constant(n, "eta")).cloned(),
         denoise,
     })
@@ -124,6 +176,12 @@ fn sampling(wf: &Workflow) -> Option<Sampling<'_>> {
 /// CLIPTextEncode texts; `None` for graphs without one (A1111's format has no way to say
 /// more).
 pub fn a1111_parameters(wf: &Workflow) -> Option<String> {
+    parameters_of(wf, 0)
+}
+
+/// [`a1111_parameters`] for the image at batch position `index`: with a VariationNoise
+/// its own seed and variation seed, as A1111 writes them.
+fn parameters_of(wf: &Workflow, index: usize) -> Option<String> {
     let found = sampling(wf)?;
     let text = |input: &str| -> Option<String> {
         let n = source(wf, found.prompts, input)?;
@@ -147,8 +205,17 @@ pub fn a1111_parameters(wf: &Workflow) -> Option<String> {
     if let Some(cfg) = &found.cfg {
         fields.push(format!("CFG scale: {cfg}"));
     }
-    if let Some(seed) = &found.seed {
-        fields.push(format!("Seed: {seed}"));
+    // A1111's seeds over a batch: each image's own, the seed fixed and the variation
+    // seed counting when there is a variation strength.
+    let seeds = found.variation.and_then(|(sub, strength)| {
+        let seed = found.seed.as_ref()?.as_u64()?;
+        let i = index as u64;
+        Some(if strength == 0.0 { (seed.wrapping_add(i), None) } else { (seed, Some((sub.wrapping_add(i), strength))) })
+    });
+    match (&seeds, &found.seed) {
+        (Some((seed, _)), _) => fields.push(format!("Seed: {seed}")),
+        (None, Some(seed)) => fields.push(format!("Seed: {seed}")),
+        (None, None) => {}
     }
     if let Some(l) = source(wf, found.latent_from, "latent_image").filter(|n| n.class_type == "EmptyLatentImage") {
         if let (Some(w), Some(h)) = (constant(l, "width"), constant(l, "height")) {
@@ -160,6 +227,9 @@ pub fn a1111_parameters(wf: &Workflow) -> Option<String> {
             let stem = std::path::Path::new(name).file_stem().map_or(name.to_string(), |s| s.to_string_lossy().into_owned());
             fields.push(format!("Model: {stem}"));
         }
+    }
+    if let Some((_, Some((sub, strength)))) = seeds {
+        fields.push(format!("Variation seed: {sub}, Variation seed strength: {strength}"));
     }
     if let Some(d) = found.denoise.filter(|d| *d < 1.0) {
         fields.push(format!("Denoising strength: {d}"));
@@ -546,6 +616,18 @@ mod parameters_tests {
         wf.nodes.insert("12".into(), node("SamplerCustomAdvanced", serde_json::json!({"noise": ["9", 0], "guider": ["8", 0], "sampler": ["11", 0], "sigmas": ["10", 0], "latent_image": ["4", 0]})));
         let p = a1111_parameters(&wf).unwrap();
         assert_eq!(p, "a cat\nNegative prompt: blurry\nSteps: 3, Sampler: DPM++ 2M, CFG scale: 4.0, Seed: 77, Size: 64x96, Model: sd15, Version: sdflow");
+        assert!(per_image_metadata(&wf).is_empty(), "RandomNoise: one text for the batch");
+
+        // A1111's seeds: each image of the batch its own, as A1111's infotext has them.
+        wf.nodes.insert("4".into(), node("EmptyLatentImage", serde_json::json!({"width": 64, "height": 96, "batch_size": 3})));
+        wf.nodes.insert("9".into(), node("VariationNoise", serde_json::json!({"noise_seed": 77, "variation_seed": 5, "variation_strength": 0.0})));
+        let seeds: Vec<String> = per_image_metadata(&wf).into_iter().map(|m| m[0].1.split(", ").find(|f| f.starts_with("Seed")).unwrap().to_string()).collect();
+        assert_eq!(seeds, ["Seed: 77", "Seed: 78", "Seed: 79"]);
+        wf.nodes.insert("9".into(), node("VariationNoise", serde_json::json!({"noise_seed": 77, "variation_seed": 5, "variation_strength": 0.25})));
+        let texts = per_image_metadata(&wf);
+        assert_eq!(texts.len(), 3);
+        assert!(texts[2][0].1.ends_with("Seed: 77, Size: 64x96, Model: sd15, Variation seed: 7, Variation seed strength: 0.25, Version: sdflow"), "{}", texts[2][0].1);
+        assert_eq!(a1111_parameters(&wf), Some(texts[0][0].1.clone()));
     }
 }
 

@@ -30,9 +30,6 @@ const REFUSED: &[(&str, bool, &str)] = &[
     ("diffusion-fa", false, "the attention kernel is not selectable yet"),
     ("diffusion-conv-direct", false, "the convolution kernel is not selectable yet"),
     ("vae-conv-direct", false, "the convolution kernel is not selectable yet"),
-    ("circular", false, "circular padding is not implemented"),
-    ("circularx", false, "circular padding is not implemented"),
-    ("circulary", false, "circular padding is not implemented"),
     ("end-img", true, "video generation is not implemented"),
     ("control-video", true, "video generation is not implemented"),
     ("video-frames", true, "video generation is not implemented"),
@@ -381,6 +378,15 @@ pub struct ImgGenArgs {
     /// Process vae in tiles to reduce memory usage.
     #[arg(long)]
     pub vae_tiling: bool,
+    /// Enable circular padding on both axes for tileable output.
+    #[arg(long)]
+    pub circular: bool,
+    /// Enable circular padding on x-axis (width) only.
+    #[arg(long)]
+    pub circularx: bool,
+    /// Enable circular padding on y-axis (height) only.
+    #[arg(long)]
+    pub circulary: bool,
     /// Tile size for vae tiling, format [X]x[Y].
     #[arg(long, value_name = "XxY", value_parser = parse_tile_size, default_value = "32x32")]
     pub vae_tile_size: (i64, i64),

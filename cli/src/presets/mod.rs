@@ -229,6 +229,12 @@ fn img_gen_params(a: &ImgGenArgs, probe: &Probe, seed: i64, names: &mut Names<'_
             upscale_tile_size: a.hires_upscale_tile_size,
             sigmas: a.hires_sigmas.clone().map(|l| l.0),
         },
+        circular_x: a.circular || a.circularx,
+        circular_y: a.circular || a.circulary,
+        // A1111's units, seeds and refiner come only through the server's sdapi.
+        controls: Vec::new(),
+        variation: None,
+        refiner: None,
         tiling: TilingParams { enabled: a.vae_tiling, tile_size: a.vae_tile_size, overlap: a.vae_tile_overlap, relative: a.vae_relative_tile_size.map(|(x, y)| (x as f64, y as f64)) },
         output: a.sampling.output.clone(),
         model_info: probe.info.clone(),

@@ -13,6 +13,32 @@ use std::ptr::NonNull;
 pub struct Context {
     ptr: NonNull<ggml_sys::ggml_context>,
     max_tensors: usize,
+    /// The axes on which the model layers built here pad their convolutions circularly
+    /// (see [`Context::set_circular`]).
+    circular: std::cell::Cell<Circular>,
+}
+
+/// The spatial axes whose padding wraps around (seamless tiling: sd-cli's `--circular`,
+/// `--circularx`, `--circulary`): `x` is the width (ggml's ne[0]), `y` the height (ne[1]).
+/// A convolution padded circularly on an axis sees the opposite edge beyond each border,
+/// as PyTorch's `padding_mode="circular"` does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Circular {
+    pub x: bool,
+    pub y: bool,
+}
+
+impl Circular {
+    pub const NONE: Circular = Circular { x: false, y: false };
+    pub const BOTH: Circular = Circular { x: true, y: true };
+
+    pub fn new(x: bool, y: bool) -> Self {
+        Circular { x, y }
+    }
+
+    pub fn any(self) -> bool {
+        self.x || self.y
+    }
 }
 
 // SAFETY: a context is plain memory owned by this value; moving it to another thread is
@@ -36,11 +62,26 @@ impl Context {
         let ptr = unsafe { ggml_sys::ggml_init(params) };
         let ptr = NonNull::new(ptr)
             .ok_or_else(|| GgmlError::Context(format!("cannot allocate a {mem}-byte context")))?;
-        Ok(Context { ptr, max_tensors })
+        Ok(Context { ptr, max_tensors, circular: std::cell::Cell::new(Circular::NONE) })
     }
 
     pub(crate) fn raw(&self) -> *mut ggml_sys::ggml_context {
         self.ptr.as_ptr()
+    }
+
+    /// The padding mode of the model layers built in this context from now on: the
+    /// convolutions of [`crate::models::nn::conv2d`] (and the layers that pad their inputs
+    /// themselves) wrap around on the axes `c` names instead of padding with zeros, as
+    /// stable-diffusion.cpp's runner context carries `circular_x/y_enabled` to every
+    /// `Conv2d` it builds. The raw ops ([`Context::conv_2d`], [`Context::pad`]) are not
+    /// affected.
+    pub fn set_circular(&self, c: Circular) {
+        self.circular.set(c);
+    }
+
+    /// What [`Context::set_circular`] last set ([`Circular::NONE`] by default).
+    pub fn circular(&self) -> Circular {
+        self.circular.get()
     }
 
     /// ggml aborts when a context's pool is exhausted; checking the remaining room first
@@ -728,6 +769,44 @@ impl Context {
         self.op("pad", || unsafe {
             ggml_sys::ggml_pad_ext(self.raw(), a.raw(), p[0].0, p[0].1, p[1].0, p[1].1, p[2].0, p[2].1, p[3].0, p[3].1)
         })
+    }
+
+    /// Circular padding (ggml's `ggml_pad_ext_circular`, PyTorch's `F.pad(mode="circular")`):
+    /// `pads[i] = (before, after)` for dimension i, each filled with the values from the
+    /// opposite end of that dimension, as if the tensor were tiled. f32 only; each padding
+    /// at most the dimension's size. A native op on the CPU, CUDA, Vulkan and Metal backends.
+    pub fn pad_circular<'a>(&'a self, a: Tensor<'a>, pads: [(i32, i32); 4]) -> Result<Tensor<'a>> {
+        let ne = a.ne();
+        if pads.iter().zip(ne).any(|(&(l, r), n)| l < 0 || r < 0 || l as i64 > n || r as i64 > n) {
+            return Err(shape("pad_circular", format!("padding {pads:?} of {ne:?}: each must be between 0 and its dimension")));
+        }
+        if a.dtype() != GType::F32 {
+            return Err(shape("pad_circular", format!("{:?} input (f32 only)", a.dtype())));
+        }
+        let p = pads;
+        // SAFETY: paddings checked (ggml wraps indices once, so none may exceed its side).
+        self.op("pad_circular", || unsafe {
+            ggml_sys::ggml_pad_ext_circular(self.raw(), a.raw(), p[0].0, p[0].1, p[1].0, p[1].1, p[2].0, p[2].1, p[3].0, p[3].1)
+        })
+    }
+
+    /// Spatial padding of x [W, H, ...] by `pads` ((left, right), (top, bottom)) in the
+    /// mode [`Context::circular`] says per axis: wrapping around on its circular axes, zeros
+    /// on the others.
+    pub fn pad_spatial<'a>(&'a self, x: Tensor<'a>, pads: [(i32, i32); 2]) -> Result<Tensor<'a>> {
+        let c = self.circular();
+        let (cx, cy) = (c.x && pads[0] != (0, 0), c.y && pads[1] != (0, 0));
+        let mut x = x;
+        if cx || cy {
+            let keep = |on: bool, p: (i32, i32)| if on { p } else { (0, 0) };
+            x = self.pad_circular(x, [keep(cx, pads[0]), keep(cy, pads[1]), (0, 0), (0, 0)])?;
+        }
+        let zero = |on: bool, p: (i32, i32)| if on { (0, 0) } else { p };
+        let rest = [zero(cx, pads[0]), zero(cy, pads[1])];
+        if rest != [(0, 0); 2] {
+            x = self.pad(x, [rest[0], rest[1], (0, 0), (0, 0)])?;
+        }
+        Ok(x)
     }
 
     pub fn concat<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>, dim: usize) -> Result<Tensor<'a>> {

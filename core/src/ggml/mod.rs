@@ -18,7 +18,7 @@ pub mod matmul;
 mod run;
 
 pub use backend::{Backend, BackendKind, Buffer, GraphAllocator};
-pub use context::{Context, Graph, ScaleMode, Tensor};
+pub use context::{Circular, Context, Graph, ScaleMode, Tensor};
 pub use run::GraphRun;
 
 use std::sync::Once;

@@ -120,15 +120,26 @@ fn per_channel<'a>(ctx: &'a Context, v: Tensor<'a>) -> Result<Tensor<'a>> {
 }
 
 /// `nn.Conv2d` at `{name}.weight` [k, k, in, out] / `{name}.bias` on x [W, H, in, N].
+/// On the axes the context makes circular ([`Context::set_circular`]) the padding wraps
+/// around (PyTorch's `padding_mode="circular"`, sd.cpp's `ggml_ext_conv_2d` with
+/// `circular_x/y`): the input is padded first and the convolution pads only the other axes.
 pub fn conv2d<'a>(ctx: &'a Context, w: &'a Weights, name: &str, x: Tensor<'a>, stride: i32, pad: i32) -> Result<Tensor<'a>> {
     let weight = format!("{name}.weight");
-    let y = ctx.conv_2d(w.get(&weight)?, x, (stride, stride), (pad, pad), (1, 1))?;
+    let c = ctx.circular();
+    let (x, pad) = if pad > 0 && c.any() {
+        let (px, py) = (if c.x { 0 } else { pad }, if c.y { 0 } else { pad });
+        let wrap = |on: bool| if on { (pad, pad) } else { (0, 0) };
+        (ctx.pad_circular(x, [wrap(c.x), wrap(c.y), (0, 0), (0, 0)])?, (px, py))
+    } else {
+        (x, (pad, pad))
+    };
+    let y = ctx.conv_2d(w.get(&weight)?, x, (stride, stride), pad, (1, 1))?;
     // LoCon at runtime: `down` takes the layer's stride and padding (or, with a Tucker
     // `mid` kernel, is 1×1 and `mid` takes them), `up` is 1×1.
     let y = add_adapters(ctx, w, &weight, y, 2, |a| {
         let h = match a.mid {
-            None => ctx.conv_2d(a.down, x, (stride, stride), (pad, pad), (1, 1))?,
-            Some(mid) => ctx.conv_2d(mid, ctx.conv_2d(a.down, x, (1, 1), (0, 0), (1, 1))?, (stride, stride), (pad, pad), (1, 1))?,
+            None => ctx.conv_2d(a.down, x, (stride, stride), pad, (1, 1))?,
+            Some(mid) => ctx.conv_2d(mid, ctx.conv_2d(a.down, x, (1, 1), (0, 0), (1, 1))?, (stride, stride), pad, (1, 1))?,
         };
         Ok(ctx.conv_2d(a.up, ctx.scale(h, a.scale)?, (1, 1), (0, 0), (1, 1))?)
     })?;

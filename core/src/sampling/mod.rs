@@ -10,6 +10,7 @@
 //!   denoiser, for SD-style (eps / v) and rectified-flow models.
 //! - [`flow`]: the σ(t) of rectified-flow models under each family's shift.
 //! - [`brownian`]: a seeded Brownian-tree noise source for the SDE samplers.
+//! - [`variation`]: A1111's variation seeds (the slerp of two seeds' noise).
 
 pub mod brownian;
 pub mod flow;
@@ -17,9 +18,10 @@ mod gits_table;
 pub mod rng;
 pub mod samplers;
 pub mod schedule;
+pub mod variation;
 
 pub use brownian::BrownianTreeNoise;
-pub use rng::{CpuKernel, CpuRng, PhiloxRng, Rng, RngKind, StdDefaultRng};
+pub use rng::{CpuKernel, CpuRng, PerSampleRng, PhiloxRng, Rng, RngKind, StdDefaultRng};
 pub use samplers::{
     ancestral_step, ancestral_step_flow, comfy_discards_penultimate_sigma, sample, Denoised, Model, Progress, SampleError,
     SampleOpts, Sampler,

@@ -22,6 +22,11 @@ pub trait Rng {
     fn randn(&mut self, n: usize) -> Vec<f32>;
     /// 64 random bits from the same stream, for seeding derived generators (Brownian trees).
     fn random_u64(&mut self) -> u64;
+    /// The seeds of the Brownian trees a sampler draws its steps' noise from: one for the
+    /// whole latent, or one per sample for a generator per sample ([`PerSampleRng`]).
+    fn brownian_seeds(&mut self) -> Vec<u64> {
+        vec![self.random_u64()]
+    }
 }
 
 /// A boxed generator (what [`RngKind::seeded`] gives) is one too, so callers that pick the
@@ -33,6 +38,62 @@ impl<R: Rng + ?Sized> Rng for Box<R> {
 
     fn random_u64(&mut self) -> u64 {
         (**self).random_u64()
+    }
+
+    fn brownian_seeds(&mut self) -> Vec<u64> {
+        (**self).brownian_seeds()
+    }
+}
+
+/// A generator per sample of a batch, as A1111 draws a batch's noise (each image from its
+/// own seed's generator): `randn(n)` takes `n / samples` values from each generator in
+/// turn, so every sample's part of the batch is what its generator alone would give.
+/// Samplers draw whole latents, so `n` is a multiple of the sample count.
+pub struct PerSampleRng {
+    gens: Vec<Box<dyn Rng + Send>>,
+    /// The Brownian trees' seeds when the caller fixes them (ComfyUI seeds a tree with the
+    /// noise seed itself); otherwise each generator draws its own.
+    tree_seeds: Option<Vec<u64>>,
+}
+
+impl PerSampleRng {
+    /// One generator per sample, in batch order; `tree_seeds`, when given, has one seed
+    /// per generator.
+    pub fn new(gens: Vec<Box<dyn Rng + Send>>, tree_seeds: Option<Vec<u64>>) -> Self {
+        assert!(!gens.is_empty(), "a batch has at least one sample");
+        assert!(tree_seeds.as_ref().is_none_or(|s| s.len() == gens.len()), "one tree seed per sample");
+        PerSampleRng { gens, tree_seeds }
+    }
+
+    pub fn samples(&self) -> usize {
+        self.gens.len()
+    }
+}
+
+impl Rng for PerSampleRng {
+    fn randn(&mut self, n: usize) -> Vec<f32> {
+        let k = self.gens.len();
+        // A length that does not split evenly (no sampler draws one) still gets n values:
+        // the last generator's share is cut.
+        let per = n.div_ceil(k);
+        let mut out = Vec::with_capacity(per * k);
+        for g in &mut self.gens {
+            out.extend(g.randn(per));
+        }
+        out.truncate(n);
+        out
+    }
+
+    /// The first generator's bits: a single derived generator for the whole batch.
+    fn random_u64(&mut self) -> u64 {
+        self.gens[0].random_u64()
+    }
+
+    fn brownian_seeds(&mut self) -> Vec<u64> {
+        match &self.tree_seeds {
+            Some(s) => s.clone(),
+            None => self.gens.iter_mut().map(|g| g.random_u64()).collect(),
+        }
     }
 }
 

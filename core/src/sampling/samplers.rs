@@ -489,6 +489,8 @@ pub type Model<'a, E> = dyn FnMut(&[f32], f32) -> Result<Denoised, E> + 'a;
 enum Noise<'a> {
     Stream(&'a mut dyn Rng),
     Tree(BrownianTreeNoise),
+    /// A tree per sample, for a generator per sample ([`Rng::brownian_seeds`]).
+    Trees(Vec<BrownianTreeNoise>),
 }
 
 struct Run<'a, 'b, E> {
@@ -554,6 +556,7 @@ impl<E> Run<'_, '_, E> {
         match &mut self.noise {
             Noise::Stream(rng) => rng.randn(n),
             Noise::Tree(tree) => tree.noise(sigma, sigma_next),
+            Noise::Trees(trees) => trees.iter_mut().flat_map(|t| t.noise(sigma, sigma_next)).collect(),
         }
     }
 
@@ -756,8 +759,19 @@ pub fn sample<'a, E>(
     }
     let len = x.len();
     let noise = if opts.brownian || (sampler.uses_brownian_tree() && !opts.stream_noise) {
-        let seed = opts.brownian_seed.unwrap_or_else(|| rng.random_u64());
-        Noise::Tree(BrownianTreeNoise::for_sigmas(len, sigmas, seed))
+        match opts.brownian_seed {
+            Some(seed) => Noise::Tree(BrownianTreeNoise::for_sigmas(len, sigmas, seed)),
+            None => {
+                let seeds = rng.brownian_seeds();
+                match seeds[..] {
+                    [seed] => Noise::Tree(BrownianTreeNoise::for_sigmas(len, sigmas, seed)),
+                    _ if !seeds.is_empty() && len % seeds.len() == 0 => Noise::Trees(seeds.iter().map(|&s| BrownianTreeNoise::for_sigmas(len / seeds.len(), sigmas, s)).collect()),
+                    _ => {
+                        return Err(SamplingError::InvalidOption { field: "rng", reason: format!("{} Brownian trees do not split a latent of {len} values", seeds.len()) }.into());
+                    }
+                }
+            }
+        }
     } else {
         Noise::Stream(rng)
     };

@@ -48,6 +48,18 @@ pub fn vals(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
+/// The backend a parity test computes on: the CPU with `threads` threads, or with
+/// `SDFLOW_TEST_BACKEND=gpu` the first GPU device of a `cuda` or `vulkan` build (CI runs
+/// the parity tests on Mesa's software Vulkan device this way), so every model graph is
+/// shown to run on a non-CPU ggml backend with the same tolerances.
+pub fn backend(threads: usize) -> Backend {
+    match std::env::var("SDFLOW_TEST_BACKEND").as_deref() {
+        Ok("gpu") => Backend::gpu(0).unwrap_or_else(|e| panic!("SDFLOW_TEST_BACKEND=gpu: {e}")),
+        Ok("cpu") | Err(_) => Backend::cpu(threads).unwrap(),
+        Ok(other) => panic!("SDFLOW_TEST_BACKEND={other}: expected cpu or gpu"),
+    }
+}
+
 /// The deterministic weights of tests/fixtures/models/detweights.py, bit for bit.
 pub fn det_values(name: &str, n: usize, scale: f64) -> Vec<f32> {
     let h = fnv1a64(name);

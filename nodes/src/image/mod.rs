@@ -8,6 +8,7 @@ pub mod latent_ops;
 pub mod mask;
 pub mod postprocess;
 pub mod resize;
+pub mod seamless;
 pub mod transform;
 pub mod upscale;
 
@@ -37,6 +38,7 @@ pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
     registry.register(Arc::new(ImageCrop));
     registry.register(Arc::new(ImageInvert));
     registry.register(Arc::new(EmptyImage));
+    seamless::register(registry, rt);
 }
 
 /// The model a VAE handle holds, by its kind.
@@ -66,10 +68,15 @@ fn with_vae<T>(vae: &VaeRef, f: impl FnOnce(&AnyVae<'_>) -> Result<T, NodeError>
     match vae.kind {
         VaeKind::Kl => {
             let config = VaeConfig::infer(&weights, &vae.prefix).map_err(err)?;
-            let model = Vae::new(&weights, &vae.prefix, config).map_err(err)?;
+            let mut model = Vae::new(&weights, &vae.prefix, config).map_err(err)?;
+            model.circular = vae.circular;
             f(&AnyVae::Kl(model))
         }
-        VaeKind::Taesd(kind) => f(&AnyVae::Taesd(crate::loaders::taesd::TaesdVae::new(&weights, kind)?)),
+        VaeKind::Taesd(kind) => {
+            let mut model = crate::loaders::taesd::TaesdVae::new(&weights, kind)?;
+            model.circular = vae.circular;
+            f(&AnyVae::Taesd(model))
+        }
     }
 }
 
@@ -339,7 +346,7 @@ impl Node for SaveImage {
         let mut files = Vec::new();
         for i in 0..img.n {
             let name = format!("{stem}_{counter:05}_.png");
-            let mut text = ctx.metadata().to_vec();
+            let mut text = ctx.metadata_for(i);
             text.push(("software".into(), "sdflow".into()));
             write_png(&dir.join(&name), img, i, &text)?;
             files.push(json!({"filename": name, "subfolder": sub, "type": if self.preview { "temp" } else { "output" }}));

@@ -8,7 +8,7 @@ pub mod taesd;
 
 use crate::runtime::Runtime;
 use crate::loaders::taesd::TaeKind;
-use crate::values::{ClipEncoder, ClipRef, ModelRef, T5Ref, VaeKind, VaeRef};
+use crate::values::{Circular, ClipEncoder, ClipRef, ModelRef, T5Ref, VaeKind, VaeRef};
 use crate::err;
 use sdflow_core::detect::{self, KeyLayout, ModelFamily};
 use sdflow_core::ggml::Backend;
@@ -241,13 +241,14 @@ impl Node for CheckpointLoaderSimple {
             slg: None,
             differential_diffusion: None,
             cfg_hooks: Default::default(),
+            circular: Circular::NONE,
         };
         let mut encoders = Vec::with_capacity(parts.clips.len());
         for c in parts.clips {
             encoders.push(ClipEncoder { weights: weights_handle(&self.rt, &path, &c.load)?, prefix: c.prefix, layout: c.layout, dropped_layers: c.dropped_layers });
         }
         let clip = ClipRef { encoders, t5: None, family: parts.family, clip_skip: None, sdcpp: None };
-        let vae = VaeRef { weights: weights_handle(&self.rt, &path, "first_stage_model.")?, prefix: "first_stage_model".into(), kind: VaeKind::Kl };
+        let vae = VaeRef { weights: weights_handle(&self.rt, &path, "first_stage_model.")?, prefix: "first_stage_model".into(), kind: VaeKind::Kl, circular: Circular::NONE };
         Ok(Outputs::new(vec![
             Value::new(IoType::MODEL, model),
             Value::new(IoType::CLIP, clip),
@@ -343,6 +344,7 @@ fn flux_model(weights: WeightHandle<Weights>, prefix: String, guidance: bool) ->
         slg: None,
         differential_diffusion: None,
         cfg_hooks: Default::default(),
+        circular: Circular::NONE,
     })
 }
 
@@ -382,7 +384,7 @@ fn flux_checkpoint(rt: &Runtime, path: &Path, src: &dyn io::TensorSource, det: &
     let model = flux_model(weights_handle(rt, path, &prefix)?, prefix, det.flux_guidance)?;
     let clip_l = ClipEncoder { weights: weights_handle(rt, path, CKPT_CLIP_L)?, prefix: format!("{CKPT_CLIP_L}text_model"), layout: ClipLayout::HuggingFace, dropped_layers: 0 };
     let clip = ClipRef { encoders: vec![clip_l], t5: Some(t5_handle(rt, path)?), family: ModelFamily::Flux, clip_skip: None, sdcpp: None };
-    let vae = VaeRef { weights: weights_handle(rt, path, vae_prefix)?, prefix: vae_prefix.trim_end_matches('.').into(), kind: VaeKind::Kl };
+    let vae = VaeRef { weights: weights_handle(rt, path, vae_prefix)?, prefix: vae_prefix.trim_end_matches('.').into(), kind: VaeKind::Kl, circular: Circular::NONE };
     Ok(Outputs::new(vec![Value::new(IoType::MODEL, model), Value::new(IoType::CLIP, clip), Value::new(IoType::VAE, vae)]))
 }
 
@@ -404,6 +406,7 @@ fn sd3_model(weights: WeightHandle<Weights>, prefix: String) -> Result<ModelRef,
         slg: None,
         differential_diffusion: None,
         cfg_hooks: Default::default(),
+        circular: Circular::NONE,
     })
 }
 
@@ -432,7 +435,7 @@ fn sd3_checkpoint(rt: &Runtime, path: &Path, src: &dyn io::TensorSource, det: &d
     // None), and encoding with it names TripleCLIPLoader.
     let t5 = if t5::is_t5(names().filter(|n| n.starts_with(CKPT_T5))) { Some(t5_handle(rt, path)?) } else { None };
     let clip = ClipRef { encoders, t5, family: ModelFamily::Sd3, clip_skip: None, sdcpp: None };
-    let vae = VaeRef { weights: weights_handle(rt, path, LDM_VAE)?, prefix: LDM_VAE.trim_end_matches('.').into(), kind: VaeKind::Kl };
+    let vae = VaeRef { weights: weights_handle(rt, path, LDM_VAE)?, prefix: LDM_VAE.trim_end_matches('.').into(), kind: VaeKind::Kl, circular: Circular::NONE };
     Ok(Outputs::new(vec![Value::new(IoType::MODEL, model), Value::new(IoType::CLIP, clip), Value::new(IoType::VAE, vae)]))
 }
 
@@ -691,12 +694,12 @@ impl Node for VaeLoader {
 
     fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
         if let Some((kind, files)) = taesd_choice(&self.rt, inputs)? {
-            let vae = VaeRef { weights: crate::loaders::taesd::weights_handle(&self.rt, &files)?, prefix: String::new(), kind: VaeKind::Taesd(kind) };
+            let vae = VaeRef { weights: crate::loaders::taesd::weights_handle(&self.rt, &files)?, prefix: String::new(), kind: VaeKind::Taesd(kind), circular: Circular::NONE };
             return Ok(Outputs::new(vec![Value::new(IoType::VAE, vae)]));
         }
         let path = self.path(inputs)?;
         // A pipeline folder holds its VAE in `vae/`; io::open reads the folder's components.
-        let vae = VaeRef { weights: standalone_vae_handle(&self.rt, &path)?, prefix: STANDALONE_PREFIX.into(), kind: VaeKind::Kl };
+        let vae = VaeRef { weights: standalone_vae_handle(&self.rt, &path)?, prefix: STANDALONE_PREFIX.into(), kind: VaeKind::Kl, circular: Circular::NONE };
         Ok(Outputs::new(vec![Value::new(IoType::VAE, vae)]))
     }
 }

@@ -10,7 +10,7 @@
 
 use crate::err;
 use crate::runtime::Runtime;
-use sdflow_core::ggml::{Backend, Context, GraphRun};
+use sdflow_core::ggml::{Backend, Circular, Context, GraphRun};
 use sdflow_core::io::{self, TypeRules};
 use sdflow_core::models::load::load_weights_prefixed;
 use sdflow_core::models::vae::taesd::{Half, Taesd};
@@ -160,6 +160,11 @@ pub fn model(w: &Weights, half: Half) -> Result<Taesd<'_>, NodeError> {
 /// sides `w`×`h` (latents at the diffusion model's scale to decode, images in [0, 1] to
 /// encode). Returns the planar output.
 pub fn run(rt: &Runtime, model: &Taesd<'_>, half: Half, input: &[f32], w: usize, h: usize) -> Result<Vec<f32>, NodeError> {
+    run_circular(rt, model, half, input, w, h, Circular::NONE)
+}
+
+/// [`run`] with the convolutions padding circularly on the axes of `circular`.
+pub fn run_circular(rt: &Runtime, model: &Taesd<'_>, half: Half, input: &[f32], w: usize, h: usize, circular: Circular) -> Result<Vec<f32>, NodeError> {
     let c = match half {
         Half::Decoder => model.config.latent_channels,
         Half::Encoder => model.config.image_channels,
@@ -169,6 +174,7 @@ pub fn run(rt: &Runtime, model: &Taesd<'_>, half: Half, input: &[f32], w: usize,
     }
     rt.with_backend(|b| {
         let g = Context::new(GRAPH, GRAPH).map_err(err)?;
+        g.set_circular(circular);
         let mut run = GraphRun::new(&g);
         let x = run.input_f32(&[w as i64, h as i64, c, 1], input.to_vec()).map_err(err)?;
         let out = match half {
@@ -188,6 +194,8 @@ pub struct TaesdVae<'w> {
     pub decoder: Taesd<'w>,
     /// sd.cpp's single `--taesd` file may hold the decoder only.
     pub encoder: Option<Taesd<'w>>,
+    /// Seamless tiling: the axes its convolutions pad circularly on.
+    pub circular: Circular,
 }
 
 impl<'w> TaesdVae<'w> {
@@ -200,7 +208,7 @@ impl<'w> TaesdVae<'w> {
                 return Err(NodeError::msg(format!("TAESD: the encoder makes {} latent channels, the decoder takes {}", e.config.latent_channels, decoder.config.latent_channels)));
             }
         }
-        Ok(TaesdVae { kind, decoder, encoder })
+        Ok(TaesdVae { kind, decoder, encoder, circular: Circular::NONE })
     }
 
     pub fn downscale(&self) -> i64 {
@@ -219,13 +227,13 @@ impl<'w> TaesdVae<'w> {
             VaeOp::Decode => {
                 let (scale, shift) = self.kind.scale_shift();
                 let z: Vec<f32> = input.iter().map(|v| (v - shift) * scale).collect();
-                Ok(run(rt, &self.decoder, Half::Decoder, &z, w, h)?.into_iter().map(|v| v * 2.0 - 1.0).collect())
+                Ok(run_circular(rt, &self.decoder, Half::Decoder, &z, w, h, self.circular)?.into_iter().map(|v| v * 2.0 - 1.0).collect())
             }
             VaeOp::EncodeMean => {
                 let enc = self.encoder.as_ref().ok_or_else(|| NodeError::msg("this TAESD has no encoder (taesd_encoder.* is missing from models/vae_approx)"))?;
                 let x: Vec<f32> = input.iter().map(|v| (v + 1.0) * 0.5).collect();
                 let (scale, shift) = self.kind.scale_shift();
-                Ok(run(rt, enc, Half::Encoder, &x, w, h)?.into_iter().map(|v| v / scale + shift).collect())
+                Ok(run_circular(rt, enc, Half::Encoder, &x, w, h, self.circular)?.into_iter().map(|v| v / scale + shift).collect())
             }
         }
     }

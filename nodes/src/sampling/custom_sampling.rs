@@ -3,7 +3,7 @@
 
 use crate::err;
 use crate::runtime::Runtime;
-use crate::sampling::{guider_from, rng_from, rng_input, sample_latent, sampler_from, sampler_names, scheduler_names, steps_from, Guider, NoiseSource, SamplerChoice, Sigmas};
+use crate::sampling::{guider_from, rng_from, rng_input, sample_latent, sampler_from, sampler_names, scheduler_names, steps_from, Guider, NoiseSource, SamplerChoice, Sigmas, Variation};
 use crate::values::{CondList, Latent, ModelRef};
 use sdflow_core::sampling::samplers::{SampleOpts, Sampler};
 use sdflow_core::sampling::schedule::{apply_denoise, exponential_sigmas, karras_sigmas, parse_sigmas, ScheduleOpts, Scheduler};
@@ -23,6 +23,7 @@ pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
     registry.register(Arc::new(SplitSigmas));
     registry.register(Arc::new(RandomNoise));
     registry.register(Arc::new(DisableNoise));
+    registry.register(Arc::new(VariationNoise));
     registry.register(Arc::new(CfgGuider { basic: false }));
     registry.register(Arc::new(CfgGuider { basic: true }));
     registry.register(Arc::new(SamplerCustom { rt: rt.clone(), advanced: false }));
@@ -235,6 +236,40 @@ impl Node for DisableNoise {
 
     fn execute(&self, _ctx: &mut ExecContext<'_>, _inputs: &Inputs) -> Result<Outputs, NodeError> {
         Ok(one(IoType::NOISE, NoiseSource::new(0, false, None)))
+    }
+}
+
+/// A1111's seeds as NOISE: every image of the batch draws from a generator of its own, the
+/// image at batch position k from `noise_seed + k`'s (initial and steps' noise, as A1111's
+/// batches and its `n_iter` count seeds up), and with a variation strength its initial noise
+/// is A1111's slerp towards `variation_seed + k`'s noise (the seed then stays `noise_seed`
+/// for every image, as A1111 keeps it). ComfyUI has no such node: its RandomNoise draws a
+/// batch as one stream.
+struct VariationNoise;
+
+impl Node for VariationNoise {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("VariationNoise")
+            .display_name("Variation Noise (A1111 seeds)")
+            .category(format!("{CATEGORY}/noise"))
+            .description("A1111's seeds: each image of a batch has its own seed (noise_seed + its position, as A1111 counts them), and a variation seed (variation_seed + its position) whose noise its own is turned towards by variation_strength (A1111's slerp). Strength 0 is each image's own seed's noise; 1 is the variation seed's.")
+            .input(InputSpec::seed("noise_seed"))
+            .input(InputSpec::seed("variation_seed"))
+            .input(InputSpec::float("variation_strength", 0.0).float_range(0.0, 1.0).float_step(0.01))
+            .input(InputSpec::boolean("add_noise", true).optional().tooltip("Off: no initial noise (a pass that goes on from leftover noise, as KSamplerAdvanced's add_noise disable); the steps' noise still comes from each image's seed."))
+            .input(rng_input())
+            .output("NOISE", IoType::NOISE)
+    }
+
+    fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let strength = inputs.float("variation_strength")?;
+        if !(0.0..=1.0).contains(&strength) {
+            return Err(NodeError::InvalidInput { input: "variation_strength".into(), message: format!("{strength} is outside 0..=1") });
+        }
+        let add = !inputs.contains("add_noise") || inputs.boolean("add_noise")?;
+        let mut noise = NoiseSource::new(inputs.uint("noise_seed")?, add, rng_from(inputs)?);
+        noise.per_sample = Some(Variation { subseed: inputs.uint("variation_seed")?, strength: strength as f32 });
+        Ok(one(IoType::NOISE, noise))
     }
 }
 

@@ -124,11 +124,92 @@ pub struct NoiseSource {
     pub seed: u64,
     pub add: bool,
     pub rng: Option<RngKind>,
+    /// A1111's seeds (VariationNoise): a generator per sample instead of one for the
+    /// batch; `None` is ComfyUI's one stream for the whole batch.
+    pub per_sample: Option<Variation>,
+}
+
+/// A1111's seeds over a batch: the sample at batch position `k` draws its initial and
+/// steps' noise from the generator of `seed + k` (of `seed` itself when `strength` is not 0:
+/// A1111 then keeps the seed and counts the variation seed up), and its initial noise is
+/// turned towards `subseed + k`'s by `strength` ([`sdflow_core::sampling::variation::slerp`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Variation {
+    pub subseed: u64,
+    pub strength: f32,
+}
+
+impl Variation {
+    /// The seed and variation seed of the sample at batch position `k` for noise `seed`.
+    pub fn seeds(&self, seed: u64, k: usize) -> (u64, u64) {
+        let main = if self.strength == 0.0 { seed.wrapping_add(k as u64) } else { seed };
+        (main, self.subseed.wrapping_add(k as u64))
+    }
 }
 
 impl NoiseSource {
     pub fn new(seed: u64, add: bool, rng: Option<RngKind>) -> Self {
-        NoiseSource { seed, add, rng }
+        NoiseSource { seed, add, rng, per_sample: None }
+    }
+
+    /// The initial noise of `latent` (zeros without `add`) and the generator the steps'
+    /// noise comes from, with `default` as the generator kind when the source names none.
+    /// ComfyUI's CPU noise (`cpu`) starts the steps from a fresh generator of the seed;
+    /// sd.cpp's kinds go on from the initial noise's stream. With a generator per sample
+    /// each sample gets what a batch of one with its own seed would.
+    pub(crate) fn draw(&self, default: RngKind, latent: &Latent) -> Result<(Vec<f32>, Box<dyn Rng + Send>, bool), NodeError> {
+        let kind = self.rng.unwrap_or(default);
+        let comfy = kind == RngKind::Cpu;
+        let len = latent.samples.len();
+        let n = latent.shape[3].max(1) as usize;
+        let Some(v) = self.per_sample else {
+            let mut rng = kind.seeded(self.seed);
+            let noise = match (self.add, &latent.batch_index) {
+                (true, None) => rng.randn(len),
+                (true, Some(inds)) => batch_noise(&mut rng, inds, n, len / n)?,
+                (false, _) => vec![0.0; len],
+            };
+            if comfy {
+                rng = kind.seeded(self.seed);
+            }
+            return Ok((noise, rng, comfy));
+        };
+        if !(v.strength.is_finite() && (0.0..=1.0).contains(&v.strength)) {
+            return Err(NodeError::msg(format!("variation strength {} is outside 0..=1", v.strength)));
+        }
+        let positions: Vec<usize> = match &latent.batch_index {
+            Some(inds) if inds.len() != n => return Err(NodeError::InvalidInput { input: "latent_image".into(), message: format!("the latent has {n} samples but {} batch indices", inds.len()) }),
+            Some(inds) => inds.clone(),
+            None => (0..n).collect(),
+        };
+        let per = len / n;
+        let [w, h, c, _] = latent.shape;
+        let mut noise = Vec::with_capacity(len);
+        let mut gens = Vec::with_capacity(n);
+        let mut seeds = Vec::with_capacity(n);
+        for &k in &positions {
+            let (seed, subseed) = v.seeds(self.seed, k);
+            let mut g = kind.seeded(seed);
+            if self.add {
+                let own = g.randn(per);
+                if v.strength == 0.0 {
+                    noise.extend(own);
+                } else {
+                    let sub = kind.seeded(subseed).randn(per);
+                    noise.extend(sdflow_core::sampling::variation::slerp(v.strength, &own, &sub, c as usize, h as usize, w as usize));
+                }
+            } else {
+                noise.extend(std::iter::repeat_n(0.0, per));
+            }
+            if comfy {
+                g = kind.seeded(seed);
+            }
+            gens.push(g);
+            seeds.push(seed);
+        }
+        // ComfyUI seeds a Brownian tree with the noise seed itself: here each sample's.
+        let rng = sdflow_core::sampling::PerSampleRng::new(gens, comfy.then_some(seeds));
+        Ok((noise, Box::new(rng), comfy))
     }
 }
 
@@ -172,11 +253,18 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     let ip_weights = model.ip_adapters.iter().map(|p| p.weights.pin()).collect::<Result<Vec<_>, _>>().map_err(err)?;
     let mut den = if model.family == ModelFamily::Flux {
         let config = FluxConfig::infer(&weights, &model.prefix).map_err(err)?;
-        Den::Flux(FluxDenoiser::new(Flux::new(&weights, &model.prefix, config).map_err(err)?))
+        let mut den = FluxDenoiser::new(Flux::new(&weights, &model.prefix, config).map_err(err)?);
+        den.circular = model.circular;
+        Den::Flux(den)
     } else if model.family == ModelFamily::Chroma {
         let config = ChromaConfig::infer(&weights, &model.prefix).map_err(err)?;
-        Den::Flux(FluxDenoiser::chroma(Chroma::new(&weights, &model.prefix, config).map_err(err)?))
+        let mut den = FluxDenoiser::chroma(Chroma::new(&weights, &model.prefix, config).map_err(err)?);
+        den.circular = model.circular;
+        Den::Flux(den)
     } else if model.family == ModelFamily::Sd3 {
+        // sd.cpp's MMDiT has no circular layer (its patch embedding pads nothing; it pads
+        // odd sides with zeros where sdflow already wraps around, as ComfyUI): seamless
+        // tiling reaches an SD3 image through its VAE only.
         let config = Sd3Config::infer(&weights, &model.prefix).map_err(err)?;
         Den::Sd3(Sd3Denoiser::new(Sd3::new(&weights, &model.prefix, config).map_err(err)?))
     } else {
@@ -184,6 +272,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
         let unet = Unet::new(&weights, &model.prefix, config).map_err(err)?;
         let mut den = SdDenoiser::new(unet, model.schedule.clone(), model.prediction);
         den.image_size = Some((latent.shape[0] * 8, latent.shape[1] * 8));
+        den.circular = model.circular;
         Den::Sd(den)
     };
     first_cond(&guider.positive, "positive")?;
@@ -254,21 +343,12 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     let shape = latent.shape;
     let plane = (lw * lh) as usize;
     let channels = shape[2] as usize;
-    let kind = noise.rng.unwrap_or(rt.rng);
     let seed = noise.seed;
-    let mut rng = kind.seeded(seed);
-    let noise: Vec<f32> = match (noise.add, &latent.batch_index) {
-        (true, None) => rng.randn(latent.samples.len()),
-        (true, Some(inds)) => batch_noise(&mut rng, inds, ln as usize, latent.samples.len() / ln as usize)?,
-        (false, _) => vec![0.0; latent.samples.len()],
-    };
+    let per_sample = noise.per_sample.is_some();
     // ComfyUI (torch's CPU generator, the `cpu` choice) draws each step's noise from a
     // generator of its own seeded with the seed, and seeds its Brownian tree with the seed;
     // sd.cpp's generators (the other choices) go on from the initial noise's stream.
-    let comfy = kind == RngKind::Cpu;
-    if comfy {
-        rng = kind.seeded(seed);
-    }
+    let (noise, mut rng, comfy) = noise.draw(rt.rng, latent)?;
     let sigma0 = sigmas.first().copied().unwrap_or(0.0);
     let shift = if empty { 0.0 } else { model.latent_shift };
     let scaled: Vec<f32> = latent.samples.iter().map(|l| (l - shift) * model.latent_scale).collect();
@@ -547,7 +627,11 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     };
     let mut opts = SampleOpts { flow, ..choice.opts.clone() };
     if comfy {
-        opts.brownian_seed = opts.brownian_seed.or(Some(seed));
+        // A generator per sample seeds a tree per sample (its own seed, see
+        // `NoiseSource::draw`) unless the sampler fixes one.
+        if !per_sample {
+            opts.brownian_seed = opts.brownian_seed.or(Some(seed));
+        }
         // ComfyUI's samplers place a flow model's first sigma and SA-Solver's noise
         // interval by the model's own shift.
         if let Some(shift) = model.flow {
@@ -690,6 +774,51 @@ fn std_dev(v: &[f32]) -> f32 {
 mod tests {
     use super::*;
     use crate::values::{SkipLayerGuidance, SlgWindow};
+
+    /// VariationNoise's draw: each sample from its own seed's generator (seed + its batch
+    /// position), slerped towards its variation seed's noise by the strength (the seed then
+    /// fixed), and the steps' noise from fresh generators of the same seeds (ComfyUI's
+    /// `cpu`) or going on from them (sd.cpp's kinds).
+    #[test]
+    fn variation_noise_draws_a1111s_seeds() {
+        use sdflow_core::sampling::variation::slerp;
+        let latent = |n: i64, inds: Option<Vec<usize>>| Latent { samples: vec![0.0; (4 * 3 * 2 * n) as usize], shape: [4, 3, 2, n], noise_mask: None, batch_index: inds };
+        let per = 4 * 3 * 2;
+        let source = |strength: f32, kind: RngKind| NoiseSource { per_sample: Some(Variation { subseed: 50, strength }), ..NoiseSource::new(10, true, Some(kind)) };
+        let randn = |kind: RngKind, seed: u64, n: usize| kind.seeded(seed).randn(n);
+
+        let (noise, mut steps, comfy) = source(0.0, RngKind::Cpu).draw(RngKind::Cpu, &latent(3, None)).unwrap();
+        assert!(comfy);
+        for k in 0..3 {
+            assert_eq!(noise[k * per..(k + 1) * per], randn(RngKind::Cpu, 10 + k as u64, per)[..], "sample {k}: seed 10 + {k}");
+        }
+        let drawn = steps.randn(3 * per);
+        assert_eq!(drawn[per..2 * per], randn(RngKind::Cpu, 11, per)[..], "steps from a fresh generator of the sample's seed");
+        assert_eq!(steps.brownian_seeds(), vec![10, 11, 12]);
+
+        let (noise, _, _) = source(0.4, RngKind::Cpu).draw(RngKind::Cpu, &latent(2, None)).unwrap();
+        for k in 0..2 {
+            let want = slerp(0.4, &randn(RngKind::Cpu, 10, per), &randn(RngKind::Cpu, 50 + k as u64, per), 2, 3, 4);
+            assert_eq!(noise[k * per..(k + 1) * per], want[..], "sample {k}: seed 10 towards 50 + {k}");
+        }
+
+        // Batch positions follow the latent's batch_index; sd.cpp's generators go on.
+        let (noise, mut steps, comfy) = source(0.0, RngKind::Cuda).draw(RngKind::Cpu, &latent(2, Some(vec![4, 1]))).unwrap();
+        assert!(!comfy);
+        let mut g4 = RngKind::Cuda.seeded(14);
+        assert_eq!(noise[..per], g4.randn(per)[..]);
+        assert_eq!(noise[per..], randn(RngKind::Cuda, 11, per)[..]);
+        assert_eq!(steps.randn(2 * per)[..per], g4.randn(per)[..]);
+
+        // Without add_noise: no initial noise, the steps' noise still the seeds'.
+        let quiet = NoiseSource { add: false, ..source(0.5, RngKind::Cpu) };
+        let (noise, _, _) = quiet.draw(RngKind::Cpu, &latent(2, None)).unwrap();
+        assert!(noise.iter().all(|&v| v == 0.0));
+        assert!(source(1.5, RngKind::Cpu).draw(RngKind::Cpu, &latent(1, None)).is_err());
+        // ComfyUI's RandomNoise is one stream over the batch.
+        let (noise, _, _) = NoiseSource::new(10, true, None).draw(RngKind::Cpu, &latent(2, None)).unwrap();
+        assert_eq!(noise, randn(RngKind::Cpu, 10, 2 * per));
+    }
 
     /// sd-cli's defaults (0.01, 0.2) over 20 steps run SLG at k = 1, 2, 3 (from 1): steps
     /// 0..3; ComfyUI's window reads σ instead.

@@ -8,7 +8,7 @@
 
 use crate::image::latent_ops::{invalid, py_slice};
 use crate::runtime::Runtime;
-use crate::sampling::{batch_noise, NoiseSource, Sigmas};
+use crate::sampling::{NoiseSource, Sigmas};
 use crate::values::{Latent, ModelRef};
 use sdflow_core::models::conditioning::Prediction;
 use sdflow_core::sampling::flow::FlowShift;
@@ -313,17 +313,7 @@ impl Node for AddNoise {
         if latent.shape.iter().any(|&d| d < 1) || latent.samples.len() as i64 != w * h * c * n {
             return Err(invalid("latent_image", format!("a latent of {} values is not {:?}", latent.samples.len(), latent.shape)));
         }
-        let len = latent.samples.len();
-        let eps: Vec<f32> = match noise.add {
-            false => vec![0.0; len],
-            true => {
-                let mut rng = noise.rng.unwrap_or(self.rt.rng).seeded(noise.seed);
-                match &latent.batch_index {
-                    None => rng.randn(len),
-                    Some(inds) => batch_noise(&mut rng, inds, n as usize, len / n as usize)?,
-                }
-            }
-        };
+        let (eps, _, _) = noise.draw(self.rt.rng, latent)?;
         let scale = if sigmas.len() > 1 { (sigmas[0] - sigmas[sigmas.len() - 1]).abs() } else { sigmas[0] };
         // An empty (all-zero) latent is not shifted into model space, as in ComfyUI.
         let empty = latent.samples.iter().all(|&v| v == 0.0);

@@ -6,14 +6,15 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::Json as Reply;
 use base64::Engine;
-use sdflow_workflows::presets::{self, HiresParams};
+use sdflow_workflows::presets::{self, HiresParams, RefinerParams, VariationParams};
 use serde::Deserialize;
 use serde_json::{json, Value as Json};
 
-use super::{base_params, decode_b64, fields, generate, pick_checkpoint, stem, AppStateRef, MaskRule, TempInputs, B64};
+use super::{base_params, controlnet, decode_b64, fields, generate, pick_checkpoint, stem, AppStateRef, MaskRule, TempInputs, B64};
 use crate::comfy::list_models;
 use crate::error::ApiError;
 use crate::extract::JsonBody;
+use crate::files::check_image;
 use crate::state::AppState;
 
 /// A1111's request fields for the sd-cli flags the presets name in their errors.
@@ -23,6 +24,10 @@ const A1111_FIELDS: &[(&str, &str)] = &[
     ("--steps", "steps"),
     ("--cfg-scale", "cfg_scale"),
     ("-s", "seed"),
+    ("--subseed", "subseed"),
+    ("--subseed-strength", "subseed_strength"),
+    ("--refiner", "refiner_checkpoint"),
+    ("--refiner-switch-at", "refiner_switch_at"),
     ("-b", "batch_size"),
     ("--clip-skip", "clip_skip"),
     ("--sampling-method", "sampler_name"),
@@ -41,6 +46,7 @@ const A1111_FIELDS: &[(&str, &str)] = &[
     ("--hires-height", "hr_resize_y"),
     ("--hires-steps", "hr_second_pass_steps"),
     ("--hires-denoising-strength", "denoising_strength"),
+    ("--circular", "tiling"),
 ];
 
 /// A1111's sampler names (and sd-server's `k_` spellings) in ComfyUI's words; names it
@@ -100,6 +106,16 @@ pub struct A1111Request {
     /// sampler's own).
     eta: Option<f64>,
     seed: i64,
+    /// A1111's variation seed (-1: random) and how far each image's noise turns towards
+    /// its noise.
+    subseed: i64,
+    subseed_strength: f64,
+    /// A1111's refiner: a checkpoint (as `sd_model_checkpoint` names one; empty or
+    /// `None`: none) that takes over after `refiner_switch_at` of the steps.
+    refiner_checkpoint: Option<String>,
+    refiner_switch_at: Option<f64>,
+    /// A1111's extensions' arguments: ControlNet's units (the rest are refused).
+    alwayson_scripts: Json,
     batch_size: i64,
     /// Batches of `batch_size`: A1111 makes n_iter × batch_size images, seeds counting up.
     n_iter: i64,
@@ -154,6 +170,11 @@ impl Default for A1111Request {
             scheduler: String::new(),
             eta: None,
             seed: -1,
+            subseed: -1,
+            subseed_strength: 0.0,
+            refiner_checkpoint: None,
+            refiner_switch_at: None,
+            alwayson_scripts: Json::Null,
             batch_size: 1,
             n_iter: 1,
             clip_skip: -1,
@@ -244,6 +265,29 @@ async fn a1111(state: Arc<AppState>, body: Json, img2img: bool) -> Result<Reply<
     p.eta = req.eta.or(p.eta);
     p.seed = presets::resolve_seed(req.seed);
     p.batch_count = req.batch_size * req.n_iter;
+    // A1111's seeds: image i of the n_iter × batch_size images has seed + i (the seed
+    // itself for all when there is a variation strength) and variation seed subseed + i;
+    // each image's noise comes from its own seed (VariationNoise).
+    if !(req.subseed_strength.is_finite() && (0.0..=1.0).contains(&req.subseed_strength)) {
+        return Err(ApiError::bad(format!("`subseed_strength`: {} is outside 0..=1", req.subseed_strength)));
+    }
+    let subseed = presets::resolve_seed(req.subseed);
+    if p.batch_count > 1 || req.subseed_strength != 0.0 {
+        p.variation = Some(VariationParams { subseed, strength: req.subseed_strength });
+    }
+    // A1111's refiner; without `refiner_switch_at` A1111 switches at once.
+    let refiner = req.refiner_checkpoint.as_deref().map(str::trim).filter(|n| !matches!(*n, "" | "None" | "none"));
+    if let Some(name) = refiner {
+        let model = pick_checkpoint(&state, Some(name)).map_err(|e| ApiError::bad(format!("`refiner_checkpoint`: {e}")))?;
+        let switch_at = req.refiner_switch_at.unwrap_or(0.0);
+        if !(switch_at.is_finite() && (0.0..=1.0).contains(&switch_at)) {
+            return Err(ApiError::bad(format!("`refiner_switch_at`: {switch_at} is outside 0..=1")));
+        }
+        p.refiner = Some(RefinerParams { model, switch_at });
+    }
+    let count = p.batch_count;
+    let all_seeds: Vec<i64> = (0..count).map(|i| if req.subseed_strength == 0.0 { p.seed + i } else { p.seed }).collect();
+    let all_subseeds: Vec<i64> = (0..count).map(|i| subseed + i).collect();
     if clip_skip > 0 {
         p.clip_skip = clip_skip;
     }
@@ -288,6 +332,9 @@ async fn a1111(state: Arc<AppState>, body: Json, img2img: bool) -> Result<Reply<
         };
     }
     let mut temp = TempInputs(Vec::new());
+    // The output's size, which ControlNet's control images are fitted to.
+    let mut size = (p.width, p.height);
+    let mut init_bytes = None;
     if img2img {
         let first = req
             .init_images
@@ -295,6 +342,11 @@ async fn a1111(state: Arc<AppState>, body: Json, img2img: bool) -> Result<Reply<
             .ok_or_else(|| ApiError::bad("img2img needs `init_images`"))?;
         let bytes = decode_b64(first, "init_images[0]")?;
         p.init_img = Some(temp.add(&state, &bytes, "init_images[0]", None)?);
+        if !p.size_given {
+            let (w, h) = check_image(&bytes, "init_images[0]")?;
+            size = (i64::from(w), i64::from(h));
+        }
+        init_bytes = Some(bytes);
         if let Some(mask) = req.mask.as_deref().filter(|m| !m.is_empty()) {
             let bytes = decode_b64(mask, "mask")?;
             let invert = match &req.inpainting_mask_invert {
@@ -316,13 +368,38 @@ async fn a1111(state: Arc<AppState>, body: Json, img2img: bool) -> Result<Reply<
     } else if !req.init_images.is_empty() || req.mask.is_some() {
         return Err(ApiError::bad("`init_images` and `mask` belong to img2img (/sdapi/v1/img2img)"));
     }
+    // A1111's `tiling` (checked a boolean by `fields`): seamless tiling on both axes.
+    if body.get("tiling") == Some(&Json::Bool(true)) {
+        (p.circular_x, p.circular_y) = (true, true);
+    }
+    match &req.alwayson_scripts {
+        Json::Null => {}
+        Json::Object(scripts) => {
+            for (name, args) in scripts {
+                if name.eq_ignore_ascii_case("controlnet") {
+                    let (w, h) = (u32::try_from(size.0).unwrap_or(0), u32::try_from(size.1).unwrap_or(0));
+                    if !(16..=16384).contains(&w) || !(16..=16384).contains(&h) {
+                        return Err(ApiError::bad(format!("`width`, `height`: {}x{} is outside 16..=16384", size.0, size.1)));
+                    }
+                    let cx = controlnet::UnitContext { size: (w, h), init_image: init_bytes.as_deref(), hires: req.enable_hr };
+                    p.controls = controlnet::units(&state, args, &cx, &mut temp)?;
+                } else if !(args.is_null() || args.as_object().is_some_and(|o| o.is_empty())) {
+                    return Err(ApiError::bad(format!("`alwayson_scripts.{name}`: A1111 scripts and extensions other than ControlNet are not supported")));
+                }
+            }
+        }
+        other => return Err(ApiError::bad(format!("`alwayson_scripts`: {other} is not an object of scripts"))),
+    }
     let images = generate(&state, &p, A1111_FIELDS).await?;
     drop(temp);
     let info = json!({
         "prompt": p.prompt,
         "negative_prompt": p.negative_prompt,
         "seed": p.seed,
-        "all_seeds": (0..images.len()).map(|i| p.seed + i as i64).collect::<Vec<_>>(),
+        "all_seeds": all_seeds,
+        "subseed": subseed,
+        "all_subseeds": all_subseeds,
+        "subseed_strength": req.subseed_strength,
         "width": p.width,
         "height": p.height,
         "steps": p.steps,
@@ -333,6 +410,10 @@ async fn a1111(state: Arc<AppState>, body: Json, img2img: bool) -> Result<Reply<
         "scheduler": p.scheduler.clone().unwrap_or_else(|| "normal".into()),
         "denoising_strength": if img2img || req.enable_hr { json!(if img2img { p.strength } else { p.hires.denoising_strength }) } else { Json::Null },
         "sd_model_name": stem(p.model.as_deref().or(p.diffusion_model.as_deref()).unwrap_or("")),
+        "extra_generation_params": match &p.refiner {
+            Some(r) => json!({ "Refiner": stem(&r.model), "Refiner switch at": r.switch_at, "Refiner switch by sampling steps": true }),
+            None => json!({}),
+        },
         "version": concat!("sdflow ", env!("CARGO_PKG_VERSION")),
     });
     let sent = if req.send_images { images.iter().map(|b| B64.encode(b)).collect::<Vec<_>>() } else { Vec::new() };
@@ -523,10 +604,11 @@ pub async fn interrupt(State(state): AppStateRef) -> Reply<Json> {
     Reply(json!({}))
 }
 
-/// A1111's script lists: sdflow runs none (its `alwayson_scripts` and `script_name` are
-/// refused), which is how clients probing for extensions learn they are absent.
+/// A1111's script lists: of the extensions sdflow has ControlNet (its `alwayson_scripts`
+/// units); no other script runs, which is how clients probing for extensions learn they
+/// are absent.
 pub async fn scripts() -> Reply<Json> {
-    Reply(json!({ "txt2img": [], "img2img": [] }))
+    Reply(json!({ "txt2img": ["controlnet"], "img2img": ["controlnet"] }))
 }
 
 /// Model lists are read from the folders on every request: nothing to refresh.

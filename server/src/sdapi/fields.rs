@@ -19,6 +19,11 @@ const HONOURED: &[&str] = &[
     "scheduler",
     "eta",
     "seed",
+    "subseed",
+    "subseed_strength",
+    "refiner_checkpoint",
+    "refiner_switch_at",
+    "alwayson_scripts",
     "batch_size",
     "n_iter",
     "clip_skip",
@@ -67,14 +72,12 @@ fn neutral(key: &str, v: &Json) -> Option<Option<&'static str>> {
         "do_not_save_samples" | "do_not_save_grid" | "save_images" | "comments" | "force_task_id" | "infotext" | "user" | "override_settings_restore_afterwards" | "include_init_images" => Some(None),
         // Parts of features that are off unless their switch is on; A1111 1.6+ ignores
         // the old hires first-pass size.
-        "subseed" | "refiner_switch_at" | "mask_round" | "image_cfg_scale" | "firstphase_width" | "firstphase_height" => Some(None),
-        "subseed_strength" => refuse(off(v), "variation seeds are not supported"),
+        "mask_round" | "image_cfg_scale" | "firstphase_width" | "firstphase_height" => Some(None),
         "seed_resize_from_h" | "seed_resize_from_w" => refuse(v.is_null() || v.as_f64().is_some_and(|x| x <= 0.0), "resizing the seed is not supported"),
         "restore_faces" => refuse(off(v), "face restoration is not supported (use the ADetailer nodes)"),
-        "tiling" => refuse(off(v), "seamless tiling is not supported"),
+        "tiling" => refuse(v.is_null() || v.is_boolean(), "seamless tiling is true or false"), // honoured: a1111 maps true to circular padding on both axes
         "styles" => refuse(off(v), "saved styles are not supported: put the text in the prompt"),
-        "alwayson_scripts" | "script_name" | "script_args" => refuse(off(v), "A1111 scripts and extensions are not supported"),
-        "refiner_checkpoint" => refuse(off(v), "a refiner checkpoint is not supported"),
+        "script_name" | "script_args" => refuse(off(v), "A1111 scripts are not supported (of the extensions, ControlNet is, through `alwayson_scripts`)"),
         "disable_extra_networks" => refuse(off(v), "<lora:…> tags are always read"),
         "firstpass_image" | "latent_mask" => refuse(off(v), "not supported"),
         "hr_checkpoint_name" | "hr_sampler_name" | "hr_scheduler" | "hr_prompt" | "hr_negative_prompt" | "hr_additional_modules" => refuse(off(v), "the hires pass uses the first pass's model, sampler and prompts"),
@@ -153,7 +156,7 @@ mod tests {
         // A1111's img2img defaults for inpainting pass without a mask, not with one.
         assert_eq!(check(&body(json!({"prompt": "x", "inpainting_fill": 0, "inpaint_full_res": true}))), Ok(()));
         assert!(check(&body(json!({"prompt": "x", "mask": "AAAA", "inpainting_fill": 0}))).unwrap_err().contains("`inpainting_fill`"));
-        for (field, value) in [("tiling", json!(true)), ("subseed_strength", json!(0.3)), ("restore_faces", json!(true)), ("styles", json!(["anime"])), ("alwayson_scripts", json!({"controlnet": {}}))] {
+        for (field, value) in [("tiling", json!("yes")), ("seed_resize_from_w", json!(64)), ("restore_faces", json!(true)), ("styles", json!(["anime"])), ("script_name", json!("x/y/z plot"))] {
             let e = check(&body(json!({"prompt": "x", field: value}))).unwrap_err();
             assert!(e.contains(&format!("`{field}`")), "{e}");
         }

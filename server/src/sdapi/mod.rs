@@ -4,10 +4,12 @@
 //! once it has run, with the images inline as base64 PNGs.
 
 mod a1111;
+mod controlnet;
 mod fields;
 mod openai;
 
 pub use a1111::{embeddings, get_options, img2img, interrupt, latent_upscale_modes, loras, png_info, post_options, progress, refresh, samplers, schedulers, scripts, sd_models, txt2img, upscalers};
+pub use controlnet::{model_list as controlnet_model_list, module_list as controlnet_module_list, version as controlnet_version};
 pub use openai::{edits, generations, models};
 
 use std::path::PathBuf;
@@ -123,6 +125,11 @@ impl TempInputs {
                 }
             }
         };
+        self.store(state, &img, what)
+    }
+
+    /// Stores an image as a PNG in the input folder; returns the name to give LoadImage.
+    fn store(&mut self, state: &AppState, img: &image::DynamicImage, what: &str) -> Result<String, ApiError> {
         let mut png = Vec::new();
         img.write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png)
             .map_err(|e| ApiError::Internal(format!("encoding {what}: {e}")))?;

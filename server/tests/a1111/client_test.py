@@ -46,11 +46,17 @@ except RuntimeError as e:
 plain = api.txt2img(prompt="a red fox", seed=9, width=64, height=64, eta=None).image
 info = api.png_info(plain)
 out["png_info"] = info.info
-try:
-    api.txt2img(prompt="x", width=64, height=64, tiling=True)
-    out["tiling"] = "accepted"
-except RuntimeError as e:
-    out["tiling"] = {"status": e.args[0], "text": e.args[1]}
+# Seamless tiling (circular padding).
+out["tiling"] = list(api.txt2img(prompt="x", width=64, height=48, tiling=True).image.size)
+
+# The ControlNet extension's routes, and a unit with the client's own defaults (module
+# none, "Resize and Fill") in alwayson_scripts.
+out["controlnet_version"] = api.controlnet_version()
+out["controlnet_models"] = api.controlnet_model_list()
+out["controlnet_modules"] = api.controlnet_module_list()
+unit = webuiapi.ControlNetUnit(image=first, model=out["controlnet_models"][0])
+r = api.txt2img(prompt="a cat", seed=5, width=64, height=48, controlnet_units=[unit])
+out["controlnet"] = list(r.image.size)
 
 out["progress"] = api.get_progress()["progress"]
 api.set_options({"CLIP_stop_at_last_layers": 2})

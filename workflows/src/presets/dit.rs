@@ -87,7 +87,8 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
         Some(_) => false,
     };
     let scheduler = workflow_scheduler_name(p.scheduler.as_deref().unwrap_or("simple")).to_string();
-    let sampling = Sampling { seed, cfg: p.cfg_scale, sampler: &sampler, scheduler: &scheduler, rng: p.rng.as_deref(), eta: p.eta };
+    let variation = variation(p)?;
+    let sampling = Sampling { seed, cfg: p.cfg_scale, sampler: &sampler, scheduler: &scheduler, rng: p.rng.as_deref(), eta: p.eta, variation };
     let (prompt, loras) = extract_loras(&p.prompt)?;
     let mut b = Builder::default();
 
@@ -126,6 +127,7 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
         model = skip_layer_guidance(&mut b, p, family, &model)?;
     }
     lora_chain(&mut b, p, &loras, &mut model, &mut clip);
+    let vae = circular_chain(&mut b, p, &mut model, vae);
     clip = Out(b.core("conditioner", "img_gen", conditioner(p, family, &clip)?), 0);
 
     // At --cfg-scale 1 sd.cpp encodes no negative prompt: its guidance reads the positive
@@ -201,6 +203,8 @@ fn refuse_unet_flags(p: &ImgGenParams, family: Family) -> Result<(), PresetError
         (p.img_cfg_scale.is_some(), "--img-cfg-scale"),
         (p.hires.enabled, "--hires"),
         (p.clip_skip > 0, "--clip-skip"),
+        (p.refiner.is_some(), "--refiner"),
+        (!p.controls.is_empty(), "alwayson_scripts.controlnet"),
     ] {
         if given {
             return Err(not_supported(flag, format!("with a {name} model (sdflow runs it on the SD UNets)")));

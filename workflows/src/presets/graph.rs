@@ -89,6 +89,9 @@ pub(super) struct Sampling<'a> {
     pub(super) scheduler: &'a str,
     pub(super) rng: Option<&'a str>,
     pub(super) eta: Option<f64>,
+    /// A1111's seeds: the variation seed and its strength; every pass then samples
+    /// through SamplerCustomAdvanced with a VariationNoise (a generator per image).
+    pub(super) variation: Option<(i64, f64)>,
 }
 
 impl Sampling<'_> {
@@ -104,6 +107,16 @@ impl Sampling<'_> {
             Some(n) => (n, "--eta"),
             None => (NodeSpec::new("KSamplerSelect").with_const("sampler_name", json!(sampler)), "--sampling-method"),
         }
+    }
+
+    /// A VariationNoise of this pass's seed; `add` false for a pass that goes on from
+    /// leftover noise.
+    pub(super) fn variation_noise(&self, subseed: i64, strength: f64, add: bool) -> NodeSpec {
+        let mut node = NodeSpec::new("VariationNoise").with_const("noise_seed", json!(self.seed)).with_const("variation_seed", json!(subseed)).with_const("variation_strength", json!(strength));
+        if !add {
+            node = node.with_const("add_noise", json!(false));
+        }
+        self.with_rng(node)
     }
 
     /// `node` with `--rng`, left out unless asked for: the nodes' default is ComfyUI's
@@ -126,10 +139,11 @@ pub(super) enum CustomSigmas<'a> {
 
 /// One sampling pass: KSampler, or SamplerCustom when `--eta` or custom sigmas ask for
 /// more than KSampler's inputs (its SAMPLER a KSamplerSelectAdvanced, its SIGMAS a
-/// ManualSigmas), so that the plain graphs stay ComfyUI's KSampler graphs.
+/// ManualSigmas), so that the plain graphs stay ComfyUI's KSampler graphs; with A1111's
+/// seeds ([`Sampling::variation`]) SamplerCustomAdvanced with a VariationNoise.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn sample_pass(b: &mut Builder, key: &str, origin: &str, s: &Sampling<'_>, model: &Out, steps: i64, sigmas: Option<CustomSigmas<'_>>, denoise: f64, pos: &Out, neg: &Out, latent: &Out) -> String {
-    if s.eta.is_none() && sigmas.is_none() {
+    if s.eta.is_none() && sigmas.is_none() && s.variation.is_none() {
         let node = NodeSpec::new("KSampler")
             .with_input("model", link(model))
             .with_const("seed", json!(s.seed))
@@ -145,17 +159,18 @@ pub(super) fn sample_pass(b: &mut Builder, key: &str, origin: &str, s: &Sampling
     }
     let (select, select_origin) = s.sampler_node(s.sampler);
     let select = b.extra(&format!("{key}_select"), select_origin, select);
-    let schedule = match sigmas {
-        None => Out(b.extra(&format!("{key}_sigmas"), "--scheduler", NodeSpec::new("BasicScheduler").with_input("model", link(model)).with_const("scheduler", json!(s.scheduler)).with_const("steps", json!(steps)).with_const("denoise", json!(denoise))), 0),
-        Some(CustomSigmas::Whole(list)) => Out(b.extra(&format!("{key}_sigmas"), origin, manual_sigmas(list)), 0),
-        Some(CustomSigmas::Strength(list, strength)) => {
-            let manual = b.extra(&format!("{key}_sigmas"), origin, manual_sigmas(list));
-            match strength_split(list.len(), strength) {
-                0 => Out(manual, 0),
-                step => Out(b.extra(&format!("{key}_split"), "--strength", NodeSpec::new("SplitSigmas").with_input("sigmas", InputValue::link(manual, 0)).with_const("step", json!(step))), 1),
-            }
-        }
-    };
+    let schedule = schedule_node(b, key, origin, s, model, steps, sigmas, denoise);
+    if let Some((subseed, strength)) = s.variation {
+        let noise = b.extra(&format!("{key}_noise"), "-s", s.variation_noise(subseed, strength, true));
+        let guider = b.extra(&format!("{key}_guider"), origin, cfg_guider(model, s.cfg, pos, neg));
+        let node = NodeSpec::new("SamplerCustomAdvanced")
+            .with_input("noise", InputValue::link(noise, 0))
+            .with_input("guider", InputValue::link(guider, 0))
+            .with_input("sampler", InputValue::link(select, 0))
+            .with_input("sigmas", link(&schedule))
+            .with_input("latent_image", link(latent));
+        return b.core(key, origin, node);
+    }
     let node = NodeSpec::new("SamplerCustom")
         .with_input("model", link(model))
         .with_const("add_noise", json!(true))
@@ -167,6 +182,115 @@ pub(super) fn sample_pass(b: &mut Builder, key: &str, origin: &str, s: &Sampling
         .with_input("sigmas", link(&schedule))
         .with_input("latent_image", link(latent));
     b.core(key, origin, s.with_rng(node))
+}
+
+/// A1111's refiner over one pass: the model and prompts that take the pass over after
+/// `switch_at` of its steps.
+pub(super) struct Refine {
+    pub(super) model: Out,
+    pub(super) pos: Out,
+    pub(super) neg: Out,
+    pub(super) switch_at: f64,
+    /// The checkpoint's name, for the graph's description.
+    pub(super) model_name: String,
+}
+
+/// The step A1111 switches to the refiner at (by sampling steps): the first `k` of `steps`
+/// whose fraction `k / steps` is not below `switch_at`.
+pub(super) fn switch_step(steps: usize, switch_at: f64) -> usize {
+    (0..=steps).find(|&k| k as f64 / steps.max(1) as f64 >= switch_at).unwrap_or(steps)
+}
+
+/// [`sample_pass`] with a refiner taking over after its switch step: KSamplerAdvanced for
+/// the steps before it (returning its leftover noise) and KSamplerAdvanced for the rest on
+/// the refiner (adding none), as ComfyUI splits a schedule; SplitSigmas between two
+/// SamplerCustom (or, with A1111's seeds, SamplerCustomAdvanced) passes when the pass needs
+/// those. A switch at the first step runs the refiner alone, one at the end the model
+/// alone. Returns the last pass's node and whether the refiner sampled.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn refined_pass(b: &mut Builder, key: &str, origin: &str, s: &Sampling<'_>, model: &Out, steps: i64, sigmas: Option<CustomSigmas<'_>>, denoise: f64, pos: &Out, neg: &Out, latent: &Out, r: &Refine) -> (String, bool) {
+    let run = match &sigmas {
+        None => steps as usize,
+        Some(CustomSigmas::Whole(list)) => list.len().saturating_sub(1),
+        Some(CustomSigmas::Strength(list, strength)) => list.len().saturating_sub(1) - strength_split(list.len(), *strength),
+    };
+    let k = switch_step(run, r.switch_at);
+    if k >= run || denoise <= 0.0 {
+        return (sample_pass(b, key, origin, s, model, steps, sigmas, denoise, pos, neg, latent), false);
+    }
+    if k == 0 {
+        return (sample_pass(b, key, "--refiner", s, &r.model, steps, sigmas, denoise, &r.pos, &r.neg, latent), true);
+    }
+    if s.eta.is_none() && sigmas.is_none() && s.variation.is_none() {
+        // KSampler's schedule at a denoise below 1 is the tail of one for steps / denoise
+        // steps: the same steps, addressed by KSamplerAdvanced's start and end.
+        let d = denoise as f32;
+        let total = if d > 0.9999 { steps } else { (steps as f64 / d as f64) as i64 };
+        let start = total - steps;
+        let advanced = |m: &Out, p: &Out, n: &Out, from: &Out, add: &str, range: (i64, i64), leftover: &str| {
+            let node = NodeSpec::new("KSamplerAdvanced")
+                .with_input("model", link(m))
+                .with_const("add_noise", json!(add))
+                .with_const("noise_seed", json!(s.seed))
+                .with_const("steps", json!(total))
+                .with_const("cfg", json!(s.cfg))
+                .with_const("sampler_name", json!(s.sampler))
+                .with_const("scheduler", json!(s.scheduler))
+                .with_input("positive", link(p))
+                .with_input("negative", link(n))
+                .with_input("latent_image", link(from))
+                .with_const("start_at_step", json!(range.0))
+                .with_const("end_at_step", json!(range.1))
+                .with_const("return_with_leftover_noise", json!(leftover));
+            s.with_rng(node)
+        };
+        let first = b.core(key, origin, advanced(model, pos, neg, latent, "enable", (start, start + k as i64), "enable"));
+        return (b.extra(&format!("{key}_refiner"), "--refiner", advanced(&r.model, &r.pos, &r.neg, &Out(first, 0), "disable", (start + k as i64, 10000), "disable")), true);
+    }
+    let (select, select_origin) = s.sampler_node(s.sampler);
+    let select = b.extra(&format!("{key}_select"), select_origin, select);
+    let schedule = schedule_node(b, key, origin, s, model, steps, sigmas, denoise);
+    let split = b.extra(&format!("{key}_switch"), "--refiner-switch-at", NodeSpec::new("SplitSigmas").with_input("sigmas", link(&schedule)).with_const("step", json!(k)));
+    let (high, low) = (Out(split.clone(), 0), Out(split, 1));
+    let pass = |b: &mut Builder, m: &Out, p: &Out, n: &Out, sig: &Out, from: &Out, add: bool, key: &str, core: bool, origin: &str| -> String {
+        let node = match s.variation {
+            Some((subseed, strength)) => {
+                let noise = b.extra(&format!("{key}_noise"), "-s", s.variation_noise(subseed, strength, add));
+                let guider = b.extra(&format!("{key}_guider"), origin, cfg_guider(m, s.cfg, p, n));
+                NodeSpec::new("SamplerCustomAdvanced").with_input("noise", InputValue::link(noise, 0)).with_input("guider", InputValue::link(guider, 0))
+            }
+            None => s.with_rng(NodeSpec::new("SamplerCustom").with_input("model", link(m)).with_const("add_noise", json!(add)).with_const("noise_seed", json!(s.seed)).with_const("cfg", json!(s.cfg)).with_input("positive", link(p)).with_input("negative", link(n))),
+        };
+        let node = node.with_input("sampler", InputValue::link(select.clone(), 0)).with_input("sigmas", link(sig)).with_input("latent_image", link(from));
+        if core {
+            b.core(key, origin, node)
+        } else {
+            b.extra(key, origin, node)
+        }
+    };
+    let first = pass(b, model, pos, neg, &high, latent, true, key, true, origin);
+    (pass(b, &r.model, &r.pos, &r.neg, &low, &Out(first, 0), false, &format!("{key}_refiner"), false, "--refiner"), true)
+}
+
+/// The SIGMAS of a custom-sampling pass: BasicScheduler, or the given list (cut to the
+/// strength for img2img).
+#[allow(clippy::too_many_arguments)]
+fn schedule_node(b: &mut Builder, key: &str, origin: &str, s: &Sampling<'_>, model: &Out, steps: i64, sigmas: Option<CustomSigmas<'_>>, denoise: f64) -> Out {
+    match sigmas {
+        None => Out(b.extra(&format!("{key}_sigmas"), "--scheduler", NodeSpec::new("BasicScheduler").with_input("model", link(model)).with_const("scheduler", json!(s.scheduler)).with_const("steps", json!(steps)).with_const("denoise", json!(denoise))), 0),
+        Some(CustomSigmas::Whole(list)) => Out(b.extra(&format!("{key}_sigmas"), origin, manual_sigmas(list)), 0),
+        Some(CustomSigmas::Strength(list, strength)) => {
+            let manual = b.extra(&format!("{key}_sigmas"), origin, manual_sigmas(list));
+            match strength_split(list.len(), strength) {
+                0 => Out(manual, 0),
+                step => Out(b.extra(&format!("{key}_split"), "--strength", NodeSpec::new("SplitSigmas").with_input("sigmas", InputValue::link(manual, 0)).with_const("step", json!(step))), 1),
+            }
+        }
+    }
+}
+
+pub(super) fn cfg_guider(model: &Out, cfg: f64, pos: &Out, neg: &Out) -> NodeSpec {
+    NodeSpec::new("CFGGuider").with_input("model", link(model)).with_input("positive", link(pos)).with_input("negative", link(neg)).with_const("cfg", json!(cfg))
 }
 
 pub(super) fn manual_sigmas(list: &[f32]) -> NodeSpec {

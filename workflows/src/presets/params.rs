@@ -35,6 +35,47 @@ impl Default for HiresParams {
     }
 }
 
+/// A1111's seeds (sd-server's `subseed`, `subseed_strength`; no sd-cli flag, errors name
+/// them `--subseed` and `--subseed-strength`): every image of the batch is sampled from
+/// its own seed through VariationNoise, `-s` + its position (A1111's seed progression),
+/// or with a strength above 0 `-s` itself with its noise turned towards `subseed` + its
+/// position.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VariationParams {
+    pub subseed: i64,
+    pub strength: f64,
+}
+
+/// One ControlNet unit of A1111's ControlNet extension (sd-server's
+/// `alwayson_scripts.controlnet.args[i]`; no sd-cli flag): a ControlNet of `controlnet/`
+/// over both prompts with a control image already made at the generation size, applied
+/// after `--control-net`'s. Errors name it by `origin`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ControlUnit {
+    pub model: String,
+    /// An image in the input folder.
+    pub image: String,
+    pub strength: f64,
+    /// The fraction of sampling it starts and ends at (ControlNetApplyAdvanced's
+    /// `start_percent`, `end_percent`).
+    pub start: f64,
+    pub end: f64,
+    pub origin: String,
+}
+
+/// A1111's refiner (sd-server's `refiner_checkpoint`, `refiner_switch_at`; no sd-cli
+/// flag, errors name them `--refiner` and `--refiner-switch-at`): a second checkpoint
+/// takes over the sampling after `switch_at` of its steps (KSamplerAdvanced's split: the
+/// first part returns its leftover noise, the refiner goes on without adding noise), with
+/// the prompts encoded by its own text encoder, the same LoRA tags and its VAE decoding.
+/// With the hires fix it refines the hires pass (A1111's default, "second pass").
+#[derive(Debug, Clone, PartialEq)]
+pub struct RefinerParams {
+    /// A checkpoint in `checkpoints/`.
+    pub model: String,
+    pub switch_at: f64,
+}
+
 /// `--vae-tiling` and its options.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TilingParams {
@@ -73,6 +114,8 @@ pub struct ImgGenParams {
     pub control_net: Option<String>,
     pub control_image: Option<String>,
     pub control_strength: f64,
+    /// More ControlNets, each with its own image, strength and range (A1111's units).
+    pub controls: Vec<ControlUnit>,
     /// `--canny`: edge-detect the control image first.
     pub canny: bool,
     /// `--photo-maker`, `--pm-id-images-dir` (a folder in the input folder),
@@ -133,6 +176,11 @@ pub struct ImgGenParams {
     pub seed: i64,
     /// `-b`: images per run.
     pub batch_count: i64,
+    /// A1111's seeds ([`VariationParams`]); `None`: one noise stream for the whole batch
+    /// (RandomNoise, the KSampler's seed), as sd-cli's graphs have it.
+    pub variation: Option<VariationParams>,
+    /// A1111's refiner ([`RefinerParams`]).
+    pub refiner: Option<RefinerParams>,
     /// `-i`, `--mask`, `--strength` (0.75).
     pub init_img: Option<String>,
     pub mask: Option<String>,
@@ -143,6 +191,12 @@ pub struct ImgGenParams {
     pub img_cfg_scale: Option<f64>,
     pub hires: HiresParams,
     pub tiling: TilingParams,
+    /// `--circularx` / `--circulary` (`--circular`: both; A1111's `tiling`): seamless
+    /// tiling across the width / height. SeamlessTile on the diffusion model and
+    /// MakeCircularVAE on the VAE (and `--taesd`), as sd.cpp makes the diffusion model, the
+    /// ControlNet and the VAE circular.
+    pub circular_x: bool,
+    pub circular_y: bool,
     /// `-o` (`./output.png`); its file stem is the SaveImage prefix.
     pub output: String,
     /// What the model files hold, as the caller read them: it picks the family's builder.
@@ -299,6 +353,7 @@ impl Default for ImgGenParams {
             control_net: None,
             control_image: None,
             control_strength: 0.9,
+            controls: Vec::new(),
             canny: false,
             upscale_model: None,
             upscale_repeats: 1,
@@ -325,6 +380,8 @@ impl Default for ImgGenParams {
             sigmas: None,
             seed: 42,
             batch_count: 1,
+            variation: None,
+            refiner: None,
             init_img: None,
             mask: None,
             strength: 0.75,
@@ -332,6 +389,8 @@ impl Default for ImgGenParams {
             img_cfg_scale: None,
             hires: HiresParams::default(),
             tiling: TilingParams::default(),
+            circular_x: false,
+            circular_y: false,
             output: "./output.png".into(),
             model_info: ModelInfo::default(),
             t5xxl: None,

@@ -30,7 +30,8 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
     }
     let seed = resolve_seed(p.seed);
     let (sampler, scheduler) = sampler_names(&p.sampling_method, &p.scheduler);
-    let sampling = Sampling { seed, cfg: p.cfg_scale, sampler: &sampler, scheduler: &scheduler, rng: p.rng.as_deref(), eta: p.eta };
+    let variation = variation(p)?;
+    let sampling = Sampling { seed, cfg: p.cfg_scale, sampler: &sampler, scheduler: &scheduler, rng: p.rng.as_deref(), eta: p.eta, variation };
     let (prompt, loras) = extract_loras(&p.prompt)?;
     let mut b = Builder::default();
 
@@ -59,6 +60,7 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
         (None, None) => return Err(PresetError::Missing { flag: "--vae".into(), msg: "a standalone --diffusion-model needs a VAE".into() }),
     };
     lora_chain(&mut b, p, &loras, &mut model, &mut clip);
+    let vae = circular_chain(&mut b, p, &mut model, vae);
     if p.clip_skip > 0 {
         check_range("--clip-skip", p.clip_skip, 1, 24)?;
         let key = b.extra("clip_skip", "--clip-skip", NodeSpec::new("CLIPSetLastLayer").with_input("clip", link(&clip)).with_const("stop_at_clip_layer", json!(-p.clip_skip)));
@@ -97,7 +99,9 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
         neg = Out(b.extra("neg_zero", "-n \"\" (SDXL)", NodeSpec::new("ConditioningZeroOut").with_input("conditioning", link(&neg))), 0);
     }
 
-    let stage = VaeStage::new(&mut b, p, vae.clone())?;
+    let refiner = refiner_stage(&mut b, p, &prompt, &loras)?;
+    let mut refined = false;
+    let mut stage = VaeStage::new(&mut b, p, vae.clone())?;
 
     let (samples, mut title, mut description) = if let Some(img_cfg) = p.img_cfg_scale {
         pix2pix(&mut b, p, img_cfg, &sampling, &model, &vae, &pos, &neg)?
@@ -126,9 +130,39 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
             pos = Out(apply.clone(), 0);
             neg = Out(apply, 1);
         }
+        for (i, c) in p.controls.iter().enumerate() {
+            if !(c.strength.is_finite() && (0.0..=10.0).contains(&c.strength)) {
+                return Err(invalid(c.origin.clone(), format!("strength {} is outside 0..=10", c.strength)));
+            }
+            if !(0.0..=1.0).contains(&c.start) || !(0.0..=1.0).contains(&c.end) || c.start > c.end {
+                return Err(invalid(c.origin.clone(), format!("the range {}..{} is not within 0..=1, start before end", c.start, c.end)));
+            }
+            let loader = b.extra(&format!("cn_unit{i}"), &c.origin, NodeSpec::new("ControlNetLoader").with_const("control_net_name", json!(c.model)));
+            let img = b.extra(&format!("cn_unit{i}_image"), &c.origin, NodeSpec::new("LoadImage").with_const("image", json!(c.image)));
+            let apply = b.extra(&format!("cn_unit{i}_apply"), &c.origin, NodeSpec::new("ControlNetApplyAdvanced")
+                .with_input("positive", link(&pos))
+                .with_input("negative", link(&neg))
+                .with_input("control_net", InputValue::link(loader, 0))
+                .with_input("image", InputValue::link(img, 0))
+                .with_const("strength", json!(c.strength))
+                .with_const("start_percent", json!(c.start))
+                .with_const("end_percent", json!(c.end)));
+            pos = Out(apply.clone(), 0);
+            neg = Out(apply, 1);
+        }
 
         let custom = p.sigmas.as_deref().map(|list| if p.init_img.is_some() { CustomSigmas::Strength(list, denoise) } else { CustomSigmas::Whole(list) });
-        let first = sample_pass(&mut b, "sampler", if p.sigmas.is_some() { "--sigmas" } else { "img_gen" }, &sampling, &model, p.steps, custom, denoise, &pos, &neg, &latent);
+        let origin = if p.sigmas.is_some() { "--sigmas" } else { "img_gen" };
+        // The refiner takes the hires pass over when there is one (A1111's default,
+        // "second pass"), else the base pass.
+        let first = match (&refiner, p.hires.enabled) {
+            (Some((r, _)), false) => {
+                let (last, used) = refined_pass(&mut b, "sampler", origin, &sampling, &model, p.steps, custom, denoise, &pos, &neg, &latent, r);
+                refined = used;
+                last
+            }
+            _ => sample_pass(&mut b, "sampler", origin, &sampling, &model, p.steps, custom, denoise, &pos, &neg, &latent),
+        };
         let mut samples = Out(first.clone(), 0);
 
         if p.hires.enabled {
@@ -183,7 +217,16 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
                 stage.encode(&mut b, "hires_encode", "--hires", &Out(scaled, 0))
             };
             let steps = if h.steps > 0 { h.steps } else { p.steps };
-            let second = sample_pass(&mut b, "hires_sampler", if h.sigmas.is_some() { "--hires-sigmas" } else { "--hires" }, &sampling, &model, steps, h.sigmas.as_deref().map(CustomSigmas::Whole), h.denoising_strength, &pos, &neg, &upscaled);
+            let hires_origin = if h.sigmas.is_some() { "--hires-sigmas" } else { "--hires" };
+            let hires_sigmas = h.sigmas.as_deref().map(CustomSigmas::Whole);
+            let second = match &refiner {
+                Some((r, _)) => {
+                    let (last, used) = refined_pass(&mut b, "hires_sampler", hires_origin, &sampling, &model, steps, hires_sigmas, h.denoising_strength, &pos, &neg, &upscaled, r);
+                    refined = used;
+                    last
+                }
+                None => sample_pass(&mut b, "hires_sampler", hires_origin, &sampling, &model, steps, hires_sigmas, h.denoising_strength, &pos, &neg, &upscaled),
+            };
             for (key, title) in [(&second, "Hires pass"), (&first, "Base pass")] {
                 if let Some(e) = b.entries.iter_mut().find(|e| &e.key == key) {
                     e.spec.title = Some(title.into());
@@ -202,6 +245,10 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
         title = "Text to image, tiled VAE decode".into();
         description = format!("txt2img with the latent decoded in overlapping {}-pixel tiles (VAE Decode (Tiled), sd-cli's --vae-tiling): bounded memory for large images, tiles cross-faded over their {}-pixel overlap.", stage.tile_px, stage.overlap_px);
     }
+    if !p.controls.is_empty() {
+        title.push_str(if p.control_net.is_some() { ", ControlNets" } else { ", ControlNet" });
+        description.push_str(&format!(" {} ControlNet unit(s) (A1111's ControlNet extension) guide both prompts, each from its control image at the generation size, over its part of the schedule.", p.controls.len()));
+    }
     if p.control_net.is_some() {
         title.push_str(", ControlNet");
         description.push_str(if p.canny {
@@ -217,9 +264,44 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
             p.pm_style_strength
         ));
     }
+    if let (Some((r, decoder)), true) = (&refiner, refined) {
+        // A1111 decodes with the model sampling ended on: the refiner's VAE, unless a VAE
+        // file was given for every model.
+        if p.vae.is_none() && p.taesd.is_none() {
+            stage.decoder = decoder.clone();
+        }
+        title.push_str(", refiner");
+        description.push_str(&format!(" The refiner checkpoint ({}) takes the sampling over after {} of its steps (KSamplerAdvanced: the first part returns its leftover noise, the refiner goes on without adding noise), with the prompts encoded by its own text encoder; its VAE decodes.", r.model_name, r.switch_at));
+    }
     let image = stage.decode(&mut b, &samples);
     output_tail(&mut b, p, image, TailModels { model: &model, clip: &clip, vae: &vae }, &sampling, &prompt, &mut title, &mut description)?;
     Ok(b.finish(title, description))
+}
+
+/// A1111's refiner: its checkpoint, the prompt's LoRA tags over it, CLIP skip, and the
+/// prompts encoded by its text encoder; with its VAE, for decoding.
+fn refiner_stage(b: &mut Builder, p: &ImgGenParams, prompt: &str, loras: &[super::LoraTag]) -> Result<Option<(Refine, Out)>, PresetError> {
+    let Some(r) = &p.refiner else { return Ok(None) };
+    if !(r.switch_at.is_finite() && (0.0..=1.0).contains(&r.switch_at)) {
+        return Err(invalid("--refiner-switch-at", format!("{} is outside 0..=1", r.switch_at)));
+    }
+    for (given, flag) in [(p.img_cfg_scale.is_some(), "--img-cfg-scale"), (p.photo_maker.is_some(), "--photo-maker"), (p.control_net.is_some() || !p.controls.is_empty(), "ControlNet")] {
+        if given {
+            return Err(not_supported("--refiner", format!("with {flag}")));
+        }
+    }
+    let loader = b.extra("refiner", "--refiner", NodeSpec::new("CheckpointLoaderSimple").with_const("ckpt_name", json!(r.model)));
+    let (mut model, mut clip) = (Out(loader.clone(), 0), Out(loader.clone(), 1));
+    lora_chain(b, p, loras, &mut model, &mut clip);
+    if p.clip_skip > 0 {
+        clip = Out(b.extra("refiner_clip_skip", "--clip-skip", NodeSpec::new("CLIPSetLastLayer").with_input("clip", link(&clip)).with_const("stop_at_clip_layer", json!(-p.clip_skip))), 0);
+    }
+    let pos = Out(b.extra("refiner_pos", "-p", text_encode(prompt, &clip, "Refiner prompt")), 0);
+    let mut neg = Out(b.extra("refiner_neg", "-n", text_encode(&p.negative_prompt, &clip, "Refiner negative prompt")), 0);
+    if p.zero_empty_negative && p.negative_prompt.is_empty() {
+        neg = Out(b.extra("refiner_neg_zero", "-n \"\" (SDXL)", NodeSpec::new("ConditioningZeroOut").with_input("conditioning", link(&neg))), 0);
+    }
+    Ok(Some((Refine { model, pos, neg, switch_at: r.switch_at, model_name: r.model.clone() }, Out(loader, 2))))
 }
 
 /// `--img-cfg-scale`: an instruct-pix2pix checkpoint edits the input image by the prompt;
@@ -232,7 +314,7 @@ fn pix2pix(b: &mut Builder, p: &ImgGenParams, img_cfg: f64, s: &Sampling<'_>, mo
     if !img_cfg.is_finite() || img_cfg < 0.0 {
         return Err(invalid("--img-cfg-scale", format!("{img_cfg} must be a non-negative number")));
     }
-    for (given, flag) in [(p.mask.is_some(), "--mask"), (p.hires.enabled, "--hires"), (p.control_net.is_some(), "--control-net"), (p.size_given, "-W/-H"), (p.batch_count > 1, "-b")] {
+    for (given, flag) in [(p.mask.is_some(), "--mask"), (p.hires.enabled, "--hires"), (p.control_net.is_some(), "--control-net"), (!p.controls.is_empty(), "alwayson_scripts.controlnet"), (p.size_given, "-W/-H"), (p.batch_count > 1, "-b")] {
         if given {
             return Err(not_supported(flag, "with --img-cfg-scale (instruct-pix2pix)"));
         }

@@ -29,6 +29,34 @@ pub(super) fn lora_chain(b: &mut Builder, p: &ImgGenParams, loras: &[LoraTag], m
     }
 }
 
+/// `--circular` / `--circularx` / `--circulary`: the pack's `tiling` choice and the flag
+/// that asks for it; `None` when neither axis is circular.
+pub(super) fn circular_choice(p: &ImgGenParams) -> Option<(&'static str, &'static str)> {
+    match (p.circular_x, p.circular_y) {
+        (true, true) => Some(("enable", "--circular")),
+        (true, false) => Some(("x_only", "--circularx")),
+        (false, true) => Some(("y_only", "--circulary")),
+        (false, false) => None,
+    }
+}
+
+/// `vae` made circular (MakeCircularVAE) when `--circular*` asks for it.
+pub(super) fn circular_vae(b: &mut Builder, p: &ImgGenParams, key: &str, vae: Out) -> Out {
+    let Some((tiling, flag)) = circular_choice(p) else { return vae };
+    let node = NodeSpec::new("MakeCircularVAE").with_input("vae", link(&vae)).with_const("tiling", json!(tiling)).with_const("copy_vae", json!("Make a copy"));
+    Out(b.extra(key, flag, node), 0)
+}
+
+/// sd-cli's `--circular*` (seamless tiling): SeamlessTile on `model` (after the LoRAs and
+/// sampling overrides) and MakeCircularVAE on the returned VAE, so every encode and decode
+/// of the run pads circularly as sd.cpp's do.
+pub(super) fn circular_chain(b: &mut Builder, p: &ImgGenParams, model: &mut Out, vae: Out) -> Out {
+    let Some((tiling, flag)) = circular_choice(p) else { return vae };
+    let node = NodeSpec::new("SeamlessTile").with_input("model", link(model)).with_const("tiling", json!(tiling)).with_const("copy_model", json!("Make a copy"));
+    *model = Out(b.extra("seamless", flag, node), 0);
+    circular_vae(b, p, "circular_vae", vae)
+}
+
 /// The VAE that encodes inputs and the decoder of the result (`--taesd` when given: sd.cpp
 /// decodes with TAESD and still encodes with the VAE), both tiled under `--vae-tiling`.
 pub(super) struct VaeStage<'a> {
@@ -44,7 +72,10 @@ pub(super) struct VaeStage<'a> {
 impl<'a> VaeStage<'a> {
     pub(super) fn new(b: &mut Builder, p: &'a ImgGenParams, vae: Out) -> Result<Self, PresetError> {
         let decoder = match &p.taesd {
-            Some(t) => Out(b.extra("taesd", "--taesd", NodeSpec::new("VAELoader").with_const("vae_name", json!(t))), 0),
+            Some(t) => {
+                let taesd = Out(b.extra("taesd", "--taesd", NodeSpec::new("VAELoader").with_const("vae_name", json!(t))), 0);
+                circular_vae(b, p, "circular_taesd", taesd)
+            }
             None => vae.clone(),
         };
         if p.tiling.relative.is_some() && !p.tiling.enabled {
@@ -138,6 +169,16 @@ pub(super) fn output_tail(b: &mut Builder, p: &ImgGenParams, mut image: Out, m: 
     }
     b.core("save", "-o", NodeSpec::new("SaveImage").with_input("images", link(&image)).with_const("filename_prefix", json!(save_prefix(&p.output))));
     Ok(())
+}
+
+/// A1111's seeds for [`Sampling::variation`](super::graph::Sampling): the variation seed
+/// (a negative one drawn at random, as `-s`) and its strength, checked.
+pub(super) fn variation(p: &ImgGenParams) -> Result<Option<(i64, f64)>, PresetError> {
+    let Some(v) = &p.variation else { return Ok(None) };
+    if !(v.strength.is_finite() && (0.0..=1.0).contains(&v.strength)) {
+        return Err(invalid("--subseed-strength", format!("{} is outside 0..=1", v.strength)));
+    }
+    Ok(Some((super::resolve_seed(v.subseed), v.strength)))
 }
 
 /// The checks of flag values every family's img_gen makes first.

@@ -604,3 +604,78 @@ fn every_missing_part_is_named_at_once() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn a1111_seeds_sample_through_variation_noise_on_every_pass() {
+    let mut p = base();
+    p.batch_count = 3;
+    p.seed = 5;
+    p.variation = Some(VariationParams { subseed: 9, strength: 0.25 });
+    p.hires.enabled = true;
+    let wf = img_gen(&p).unwrap().workflow;
+    assert!(find(&wf, "KSampler").is_empty());
+    let passes = find(&wf, "SamplerCustomAdvanced");
+    assert_eq!(passes.len(), 2, "base and hires passes");
+    for pass in passes {
+        let (noise, _) = source(&wf, pass, "noise");
+        assert_eq!(noise.class_type, "VariationNoise");
+        assert_eq!((constant(noise, "noise_seed"), constant(noise, "variation_seed"), constant(noise, "variation_strength")), (&json!(5), &json!(9), &json!(0.25)));
+        assert_eq!(source(&wf, pass, "guider").0.class_type, "CFGGuider");
+    }
+    p.variation = Some(VariationParams { subseed: 9, strength: 1.5 });
+    assert!(matches!(img_gen(&p), Err(PresetError::Invalid { flag, .. }) if flag == "--subseed-strength"));
+}
+
+#[test]
+fn a_refiner_takes_the_last_pass_over_at_its_switch_step() {
+    assert_eq!((switch_step(20, 0.8), switch_step(10, 0.7), switch_step(3, 0.5), switch_step(4, 0.0), switch_step(4, 1.0)), (16, 7, 2, 0, 4));
+    let mut p = base();
+    p.steps = 10;
+    p.prompt = "a cat <lora:ink:0.5>".into();
+    p.refiner = Some(RefinerParams { model: "r.safetensors".into(), switch_at: 0.8 });
+    let wf = img_gen(&p).unwrap().workflow;
+    let passes = find(&wf, "KSamplerAdvanced");
+    assert_eq!(passes.len(), 2);
+    let (first, second) = if constant(passes[0], "add_noise") == "enable" { (passes[0], passes[1]) } else { (passes[1], passes[0]) };
+    assert_eq!((constant(first, "start_at_step"), constant(first, "end_at_step"), constant(first, "return_with_leftover_noise")), (&json!(0), &json!(8), &json!("enable")));
+    assert_eq!((constant(second, "add_noise"), constant(second, "start_at_step")), (&json!("disable"), &json!(8)));
+    assert_eq!(source(&wf, second, "latent_image").0, first);
+    // The refiner's own model under the same LoRA, its own prompts, its VAE decoding.
+    let (lora, _) = source(&wf, second, "model");
+    assert_eq!(lora.class_type, "LoraLoader");
+    let (loader, _) = source(&wf, lora, "model");
+    assert_eq!(constant(loader, "ckpt_name"), &json!("r.safetensors"));
+    let (pos, _) = source(&wf, second, "positive");
+    assert_eq!(source(&wf, source(&wf, pos, "clip").0, "clip").0, loader);
+    let decode = find(&wf, "VAEDecode")[0];
+    assert_eq!(source(&wf, decode, "vae"), (loader, 2));
+
+    // img2img: KSampler's denoise schedule, addressed by steps.
+    p.init_img = Some("in.png".into());
+    p.strength = 0.5;
+    let wf = img_gen(&p).unwrap().workflow;
+    let steps: Vec<(i64, i64, i64)> = find(&wf, "KSamplerAdvanced").iter().map(|n| (constant(n, "steps").as_i64().unwrap(), constant(n, "start_at_step").as_i64().unwrap(), constant(n, "end_at_step").as_i64().unwrap())).collect();
+    assert!(steps.contains(&(20, 10, 18)) && steps.contains(&(20, 18, 10000)), "{steps:?}");
+
+    // With A1111's seeds or --eta: the schedule split between custom samplers.
+    p.init_img = None;
+    p.variation = Some(VariationParams { subseed: 3, strength: 0.0 });
+    let wf = img_gen(&p).unwrap().workflow;
+    let split = find(&wf, "SplitSigmas")[0];
+    assert_eq!(constant(split, "step"), &json!(8));
+    let passes = find(&wf, "SamplerCustomAdvanced");
+    let adds: Vec<_> = passes.iter().map(|n| source(&wf, n, "noise").0.inputs.get("add_noise").cloned()).collect();
+    assert!(adds.contains(&None) && adds.contains(&Some(InputValue::Const(json!(false)))), "{adds:?}");
+    // A switch at 0 is the refiner alone, at 1 the model alone.
+    p.variation = None;
+    p.refiner = Some(RefinerParams { model: "r.safetensors".into(), switch_at: 0.0 });
+    let wf = img_gen(&p).unwrap().workflow;
+    let ks = find(&wf, "KSampler");
+    assert_eq!(constant(source(&wf, source(&wf, ks[0], "model").0, "model").0, "ckpt_name"), &json!("r.safetensors"));
+    p.refiner = Some(RefinerParams { model: "r.safetensors".into(), switch_at: 1.0 });
+    let wf = img_gen(&p).unwrap().workflow;
+    assert_eq!(find(&wf, "KSampler").len(), 1);
+    assert_eq!(source(&wf, find(&wf, "VAEDecode")[0], "vae").0.inputs["ckpt_name"], InputValue::Const(json!("m.safetensors")));
+    p.refiner = Some(RefinerParams { model: "r.safetensors".into(), switch_at: 2.0 });
+    assert!(matches!(img_gen(&p), Err(PresetError::Invalid { flag, .. }) if flag == "--refiner-switch-at"));
+}

@@ -76,6 +76,10 @@ pub struct ChromaInputs<'a, 'b> {
     /// Image tokens [in_channels, L, B].
     pub img: Tensor<'a>,
     pub img_ids: &'b [Vec<f32>],
+    /// Seamless tiling: per image token, per position axis, the period its position
+    /// wraps at (0: none), which rounds the rotary frequencies ([`rope::tables_wrapped`]);
+    /// empty: no axis wraps.
+    pub img_wrap: &'b [Vec<usize>],
     /// T5 tokens [context, Lt, B].
     pub txt: Tensor<'a>,
     pub txt_ids: &'b [Vec<f32>],
@@ -161,7 +165,9 @@ impl<'w> Chroma<'w> {
         let slot = |j: usize| dit::rows(ctx, mods, j as i64, 1);
         let slots = |from: usize, n: usize| (from..from + n).map(slot).collect::<Result<Vec<_>>>();
         let ids: Vec<Vec<f32>> = x.txt_ids.iter().chain(x.img_ids).cloned().collect();
-        let (cos, sin) = rope::tables(run, &ids, &c.axes, c.theta, b as usize)?;
+        // Text positions never wrap.
+        let wraps: Vec<Vec<usize>> = if x.img_wrap.is_empty() { Vec::new() } else { std::iter::repeat_n(vec![0; c.axes.len()], x.txt_ids.len()).chain(x.img_wrap.iter().cloned()).collect() };
+        let (cos, sin) = rope::tables_wrapped(run, &ids, &wraps, &c.axes, c.theta, b as usize)?;
         let pe = Rope { cos, sin };
         let compute = self.w.get(&self.name("img_in.weight")).map_or(GType::F32, |t| t.dtype());
         let blk = Blocks { ctx, w: self.w, heads: c.heads, compute, text_keys: x.text_keys.map(|k| (lt, k)) };

@@ -10,6 +10,29 @@ use crate::models::{ModelError, Result};
 /// an axis of width `dim` turns by `pos · theta^(−2j/dim)`, computed in f64 and rounded
 /// once, as BFL's `rope` does.
 pub fn tables<'a>(run: &mut GraphRun<'a>, ids: &[Vec<f32>], axes: &[usize], theta: f64, batch: usize) -> Result<(Tensor<'a>, Tensor<'a>)> {
+    tables_wrapped(run, ids, &[], axes, theta, batch)
+}
+
+/// [`tables`] with positions that wrap around (seamless tiling, sd.cpp's `Rope::rope` with
+/// `axis_wrap_dims`): `wraps[i][a]`, when not 0, is the period of token i's position on
+/// axis a (the image's patch rows or columns), and each frequency of that axis is rounded
+/// to the nearest whole number of turns per period, `2π·round(ω·period/2π)/period`, so the
+/// first and last row (or column) are neighbours to attention as any two adjacent ones are.
+/// An empty `wraps` wraps nothing.
+pub fn tables_wrapped<'a>(run: &mut GraphRun<'a>, ids: &[Vec<f32>], wraps: &[Vec<usize>], axes: &[usize], theta: f64, batch: usize) -> Result<(Tensor<'a>, Tensor<'a>)> {
+    let (cos, sin) = cos_sin(ids, wraps, axes, theta)?;
+    let half = cos.len() / ids.len().max(1);
+    let (cos, sin) = (cos.repeat(batch), sin.repeat(batch));
+    let ne = [half as i64, 1, (ids.len() * batch) as i64];
+    Ok((run.input_f32(&ne, cos)?, run.input_f32(&ne, sin)?))
+}
+
+/// The values of [`tables_wrapped`] for one sequence: per token, per axis, per pair, the
+/// cosine and the sine of its angle.
+pub fn cos_sin(ids: &[Vec<f32>], wraps: &[Vec<usize>], axes: &[usize], theta: f64) -> Result<(Vec<f32>, Vec<f32>)> {
+    if !wraps.is_empty() && (wraps.len() != ids.len() || wraps.iter().any(|w| w.len() != axes.len())) {
+        return Err(ModelError::Input(format!("{} rotary wrap rows for {} position ids of {} axes", wraps.len(), ids.len(), axes.len())));
+    }
     if axes.iter().any(|&a| a == 0 || a % 2 != 0) {
         return Err(ModelError::Config(format!("rotary axes {axes:?} must be even widths")));
     }
@@ -19,19 +42,22 @@ pub fn tables<'a>(run: &mut GraphRun<'a>, ids: &[Vec<f32>], axes: &[usize], thet
     let half: usize = axes.iter().sum::<usize>() / 2;
     let mut cos = Vec::with_capacity(half * ids.len());
     let mut sin = Vec::with_capacity(half * ids.len());
-    for row in ids {
-        for (&pos, &dim) in row.iter().zip(axes) {
+    for (i, row) in ids.iter().enumerate() {
+        for (k, (&pos, &dim)) in row.iter().zip(axes).enumerate() {
+            let period = wraps.get(i).map_or(0, |w| w[k]);
             for j in 0..dim / 2 {
-                let omega = 1.0 / theta.powf((2 * j) as f64 / dim as f64);
+                let mut omega = 1.0 / theta.powf((2 * j) as f64 / dim as f64);
+                if period > 0 {
+                    let tau = std::f64::consts::TAU;
+                    omega = tau * (omega * period as f64 / tau).round() / period as f64;
+                }
                 let a = pos as f64 * omega;
                 cos.push(a.cos() as f32);
                 sin.push(a.sin() as f32);
             }
         }
     }
-    let (cos, sin) = (cos.repeat(batch), sin.repeat(batch));
-    let ne = [half as i64, 1, (ids.len() * batch) as i64];
-    Ok((run.input_f32(&ne, cos)?, run.input_f32(&ne, sin)?))
+    Ok((cos, sin))
 }
 
 /// x [dh, H, L, B] with each adjacent pair (x₂ⱼ, x₂ⱼ₊₁) rotated by the tables of [`tables`]:

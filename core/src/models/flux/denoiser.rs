@@ -4,7 +4,7 @@
 
 use super::{Flux, FluxInputs};
 use crate::models::chroma::{Chroma, ChromaInputs};
-use crate::ggml::{Backend, Context, GraphAllocator, GraphRun};
+use crate::ggml::{Backend, Circular, Context, GraphAllocator, GraphRun};
 use crate::models::dit::{crop, image_ids, pad_to_patches, patchify, unpatchify, SkipLayers};
 use crate::models::conditioning::{Conditioning, Guidance, LatentShape, ReferenceLatent, ReferenceMethod};
 use crate::models::{ModelError, Result};
@@ -29,6 +29,11 @@ pub struct FluxDenoiser<'w> {
     alloc: Option<GraphAllocator>,
     /// Blocks the calls leave out until changed (skip-layer guidance's extra pass).
     pub skip: SkipLayers,
+    /// Seamless tiling (sd.cpp's `--circular*` on FLUX and Chroma): the image's (and each
+    /// reference's) patch rows and columns wrap around in the rotary embedding on these
+    /// axes. (The latent is already padded to whole patches by wrapping around, as
+    /// ComfyUI and sd.cpp's circular mode do.)
+    pub circular: Circular,
 }
 
 enum Net<'w> {
@@ -65,11 +70,11 @@ impl Net<'_> {
 
 impl<'w> FluxDenoiser<'w> {
     pub fn new(model: Flux<'w>) -> Self {
-        FluxDenoiser { model: Net::Flux(model), alloc: None, skip: SkipLayers::default() }
+        FluxDenoiser { model: Net::Flux(model), alloc: None, skip: SkipLayers::default(), circular: Circular::NONE }
     }
 
     pub fn chroma(model: Chroma<'w>) -> Self {
-        FluxDenoiser { model: Net::Chroma(model), alloc: None, skip: SkipLayers::default() }
+        FluxDenoiser { model: Net::Chroma(model), alloc: None, skip: SkipLayers::default(), circular: Circular::NONE }
     }
 
     /// The token width the model reads: latent channels (and Fill's extra ones) × 4.
@@ -188,6 +193,7 @@ impl<'w> FluxDenoiser<'w> {
         }
         let img_ids: Vec<Vec<f32>> = image_ids(h / 2, w / 2, 0.0).into_iter().map(|a| a.to_vec()).chain(ref_ids).collect();
         let txt_ids = vec![vec![0.0; c.axes]; lt];
+        let img_wrap = wrap_periods(self.circular, c.axes, (h / 2, w / 2), &items[0].cond.references);
         let timesteps = vec![sigma; b];
         let graph_size = 512 * c.blocks + 1024;
         let ctx = Context::new(graph_size * 4, graph_size)?;
@@ -200,14 +206,14 @@ impl<'w> FluxDenoiser<'w> {
                 let y_t = run.input_f32(&[c.vector, bi], y)?;
                 // Off for the whole group (a grouping key): no guidance embedding.
                 let guidance = (items[0].cond.guidance != Guidance::Off).then_some(&guidance[..]);
-                let inputs = FluxInputs { img: img_t, img_ids: &img_ids, txt: txt_t, txt_ids: &txt_ids, timesteps: &timesteps, guidance, y: y_t, skip: &self.skip };
+                let inputs = FluxInputs { img: img_t, img_ids: &img_ids, img_wrap: &img_wrap, txt: txt_t, txt_ids: &txt_ids, timesteps: &timesteps, guidance, y: y_t, skip: &self.skip };
                 m.forward(&ctx, &mut run, &inputs)?
             }
             // Chroma: guidance 0 unless set; a text mask where the prompt carries one
             // (sd.cpp's), none in ComfyUI's.
             Net::Chroma(m) => {
                 let guidance = items[0].cond.guidance.scale_or(0.0).unwrap_or(0.0);
-                m.forward(&ctx, &mut run, &ChromaInputs { img: img_t, img_ids: &img_ids, txt: txt_t, txt_ids: &txt_ids, sigma, guidance, text_keys: items[0].cond.text_keys, skip: &self.skip })?
+                m.forward(&ctx, &mut run, &ChromaInputs { img: img_t, img_ids: &img_ids, img_wrap: &img_wrap, txt: txt_t, txt_ids: &txt_ids, sigma, guidance, text_keys: items[0].cond.text_keys, skip: &self.skip })?
             }
         };
         let alloc = match &mut self.alloc {
@@ -227,6 +233,25 @@ impl<'w> FluxDenoiser<'w> {
             .map(|(k, it)| it.x.iter().zip(&v[k * per..(k + 1) * per]).map(|(x, v)| x - sigma * v).collect())
             .collect())
     }
+}
+
+/// The rotary wrap periods of the image's tokens (a `grid` of patch rows × columns) and
+/// then of each reference's, as sd.cpp's `gen_flux_pe` sets them for circular axes: each
+/// image's own rows on the row axis (1) and columns on the column axis (2), nothing on the
+/// index axis; empty when no axis is circular (or the model has fewer than 3 axes).
+pub fn wrap_periods(circular: Circular, axes: usize, grid: (usize, usize), refs: &[std::sync::Arc<ReferenceLatent>]) -> Vec<Vec<usize>> {
+    if !circular.any() || axes < 3 {
+        return Vec::new();
+    }
+    let grids = std::iter::once(grid).chain(refs.iter().map(|r| (r.height.div_ceil(2), r.width.div_ceil(2))));
+    let mut out = Vec::new();
+    for (rows, cols) in grids {
+        let mut period = vec![0; axes];
+        period[1] = if circular.y { rows } else { 0 };
+        period[2] = if circular.x { cols } else { 0 };
+        out.extend(std::iter::repeat_n(period, rows * cols));
+    }
+    out
 }
 
 /// FLUX Fill's extra input channels for one sample (ComfyUI's `Flux.concat_cond`,

@@ -51,6 +51,10 @@ pub struct FluxInputs<'a, 'b> {
     pub img: Tensor<'a>,
     /// One position (index, row, column) per image token.
     pub img_ids: &'b [Vec<f32>],
+    /// Seamless tiling: per image token, per position axis, the period its position
+    /// wraps at (0: none), which rounds the rotary frequencies ([`rope::tables_wrapped`]);
+    /// empty: no axis wraps.
+    pub img_wrap: &'b [Vec<usize>],
     /// Text tokens [context, Lt, B].
     pub txt: Tensor<'a>,
     /// One position per text token (zeros for FLUX.1).
@@ -168,7 +172,9 @@ impl<'w> Flux<'w> {
         let vec = ctx.silu(vec)?;
 
         let ids: Vec<Vec<f32>> = x.txt_ids.iter().chain(x.img_ids).cloned().collect();
-        let (cos, sin) = rope::tables(run, &ids, &c.axes, c.theta, b as usize)?;
+        // Text positions never wrap.
+        let wraps: Vec<Vec<usize>> = if x.img_wrap.is_empty() { Vec::new() } else { std::iter::repeat_n(vec![0; c.axes.len()], x.txt_ids.len()).chain(x.img_wrap.iter().cloned()).collect() };
+        let (cos, sin) = rope::tables_wrapped(run, &ids, &wraps, &c.axes, c.theta, b as usize)?;
         let pe = blocks::Rope { cos, sin };
         let blk = blocks::Blocks { ctx, w: self.w, heads: c.heads, compute: self.compute_type(), text_keys: None };
 

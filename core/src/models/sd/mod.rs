@@ -17,7 +17,7 @@ use self::ip_adapter::{IpAdapter, IpAdapterConfig};
 use self::unet::{ControlResiduals, IpAttention, Unet, UnetExtras};
 use crate::models::conditioning::{Conditioning, LatentShape, Prediction};
 use crate::models::{ModelError, Result, Weights};
-use crate::ggml::{Backend, Context, GraphAllocator, GraphRun};
+use crate::ggml::{Backend, Circular, Context, GraphAllocator, GraphRun};
 use crate::sampling::samplers::Denoised;
 use crate::sampling::schedule::DiscreteSchedule;
 
@@ -98,11 +98,15 @@ pub struct SdDenoiser<'w> {
     /// when an area conditioning runs the UNet on part of the latent (ComfyUI passes the
     /// noise's size); `None`: the size of the latent each call gets.
     pub image_size: Option<(i64, i64)>,
+    /// Seamless tiling: the axes on which every convolution of the UNet (and of the
+    /// ControlNets it runs with) pads circularly, as sd.cpp's `set_circular_axes` on the
+    /// diffusion model and control net.
+    pub circular: Circular,
 }
 
 impl<'w> SdDenoiser<'w> {
     pub fn new(unet: Unet<'w>, schedule: DiscreteSchedule, prediction: Prediction) -> Self {
-        SdDenoiser { unet, schedule, prediction, alloc: None, ip: Vec::new(), image_size: None }
+        SdDenoiser { unet, schedule, prediction, alloc: None, ip: Vec::new(), image_size: None, circular: Circular::NONE }
     }
 
     /// Denoise with IP-Adapters, each checked against the UNet (its layers, their widths,
@@ -301,6 +305,7 @@ impl<'w> SdDenoiser<'w> {
         // SD1/SD2 at any size.
         let graph = 32768 + 16384 * controls.len();
         let ctx = Context::new(graph, graph)?;
+        ctx.set_circular(self.circular);
         let mut run = GraphRun::new(&ctx);
         let xt = run.input_f32(&shape, x)?;
         let tt = run.input_f32(&[shape[3]], t)?;

@@ -13,7 +13,7 @@ pub mod tiling;
 use crate::models::nn::{attention_typed, conv2d, group_norm};
 use self::tiling::{Direction, TiledError, VaeTiling};
 use crate::models::{ModelError, Result, Weights};
-use crate::ggml::{Backend, Context, GType, GgmlError, GraphAllocator, Tensor};
+use crate::ggml::{Backend, Circular, Context, GType, GgmlError, GraphAllocator, Tensor};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct VaeConfig {
@@ -73,11 +73,16 @@ pub struct Vae<'w> {
     w: &'w Weights,
     prefix: String,
     pub config: VaeConfig,
+    /// Seamless tiling (sd-cli's `--circular*`): the axes on which [`Vae::run`] pads the
+    /// convolutions circularly, or, in tiled runs whose tiles do not span the axis, lays
+    /// the tiles around it ([`tiling::layout_wrapped`]), as sd.cpp's
+    /// `configure_image_vae_axes` splits the two.
+    pub circular: Circular,
 }
 
 impl<'w> Vae<'w> {
     pub fn new(w: &'w Weights, prefix: &str, config: VaeConfig) -> Result<Self> {
-        let vae = Vae { w, prefix: prefix.to_string(), config };
+        let vae = Vae { w, prefix: prefix.to_string(), config, circular: Circular::NONE };
         vae.validate()?;
         Ok(vae)
     }
@@ -271,8 +276,9 @@ impl<'w> Vae<'w> {
                 x = self.res_block(ctx, &format!("encoder.down.{i}.block.{j}"), x)?;
             }
             if i + 1 != levels {
-                // LDM pads right and bottom only, then convolves with stride 2.
-                x = ctx.pad(x, [(0, 1), (0, 1), (0, 0), (0, 0)])?;
+                // LDM pads right and bottom only, then convolves with stride 2 (wrapping
+                // around on circular axes, as sd.cpp's DownSampleBlock does).
+                x = ctx.pad_spatial(x, [(0, 1), (0, 1)])?;
                 x = self.conv(ctx, &format!("encoder.down.{i}.downsample.conv"), x, 2, 0)?;
             }
         }
@@ -328,8 +334,10 @@ impl<'w> Vae<'w> {
     /// allocator. With `max_compute_bytes`, a compute buffer larger than that fails as an
     /// allocation failure before anything is computed — the same error a backend that
     /// cannot provide the buffer gives, so both lead to the tiled retry.
-    fn run_graph(&self, backend: &Backend, alloc: &mut GraphAllocator, op: VaeOp, ne: [i64; 4], input: &[f32], max_compute_bytes: Option<usize>) -> Result<Vec<f32>> {
+    #[allow(clippy::too_many_arguments)]
+    fn run_graph(&self, backend: &Backend, alloc: &mut GraphAllocator, op: VaeOp, ne: [i64; 4], input: &[f32], max_compute_bytes: Option<usize>, circular: Circular) -> Result<Vec<f32>> {
         let ctx = Context::new(GRAPH_SIZE, GRAPH_SIZE)?;
+        ctx.set_circular(circular);
         let x = ctx.new_tensor(GType::F32, &ne)?.set_input();
         let out = match op {
             VaeOp::Decode => self.decode(&ctx, x)?,
@@ -373,7 +381,7 @@ impl<'w> Vae<'w> {
         let mut info = RunInfo { tiles: None, fallback: None };
         if !tiling.enabled {
             let mut alloc = GraphAllocator::new(backend)?;
-            match self.run_graph(backend, &mut alloc, op, [w as i64, h as i64, in_c as i64, 1], input, tiling.max_compute_bytes) {
+            match self.run_graph(backend, &mut alloc, op, [w as i64, h as i64, in_c as i64, 1], input, tiling.max_compute_bytes, self.circular) {
                 Err(e) if is_alloc_failure(&e) && (tiling.retry_on_alloc_failure || tiling.max_compute_bytes.is_some()) => info.fallback = Some(e.to_string()),
                 other => return other.map(|v| (v, info)),
             }
@@ -395,10 +403,15 @@ impl<'w> Vae<'w> {
             }
         };
         let (tw, th, overlap) = tiling.tile_sizes(lw, lh, factor);
-        let layout = tiling::layout(lw, lh, tw, th, overlap);
+        // A circular axis that one tile spans pads its convolutions circularly; across
+        // several tiles the tiles wrap around it instead (sd.cpp's configure_image_vae_axes).
+        let c = self.circular;
+        let (wrap_x, wrap_y) = (c.x && tw < lw, c.y && th < lh);
+        let conv = Circular::new(c.x && !wrap_x, c.y && !wrap_y);
+        let layout = tiling::layout_wrapped(lw, lh, tw, th, overlap, (wrap_x, wrap_y));
         // Every tile has the same size: one allocator (and compute buffer) serves them all.
         let mut alloc = GraphAllocator::new(backend)?;
-        let out = tiling::run_tiled(input, w, h, in_c, out_c, f, dir, &layout, |tile, tw, th| self.run_graph(backend, &mut alloc, op, [tw as i64, th as i64, in_c as i64, 1], &tile, None));
+        let out = tiling::run_tiled(input, w, h, in_c, out_c, f, dir, &layout, |tile, tw, th| self.run_graph(backend, &mut alloc, op, [tw as i64, th as i64, in_c as i64, 1], &tile, None, conv));
         info.tiles = Some(layout);
         out.map_err(|e| match e {
             TiledError::Tile(e) => e,

@@ -144,6 +144,11 @@ pub struct TileLayout {
     pub overlap_x: usize,
     pub overlap_y: usize,
     pub tiles: Vec<TilePos>,
+    /// Per axis, whether the tiles wrap around the map (circular padding, seamless
+    /// tiling): the last tile runs past the far edge into the first cells, and every
+    /// tile is cross-faded on both sides ([`layout_wrapped`]).
+    pub wrap_x: bool,
+    pub wrap_y: bool,
 }
 
 impl fmt::Display for TileLayout {
@@ -156,16 +161,39 @@ impl fmt::Display for TileLayout {
 /// `small_w`×`small_h` map, as sd.cpp's `sd_tiling_non_square` does. Skips are on the
 /// small side here; [`run_tiled`] scales them for a decode.
 pub fn layout(small_w: usize, small_h: usize, tile_w: usize, tile_h: usize, target_overlap: f32) -> TileLayout {
+    layout_wrapped(small_w, small_h, tile_w, tile_h, target_overlap, (false, false))
+}
+
+/// [`layout`] with the axes of `wrap` (x, y) wrapping around, as sd.cpp tiles a circular
+/// axis (`sd_tiling_calc_tiles` with `circular`, `process_tiles_2d`): ⌊side/step⌋ tiles
+/// (at least 2 when they overlap), the overlap recomputed so they meet evenly, starts `step`
+/// apart from 0, none moved back; the last tiles run past the edge into the first cells.
+pub fn layout_wrapped(small_w: usize, small_h: usize, tile_w: usize, tile_h: usize, target_overlap: f32, wrap: (bool, bool)) -> TileLayout {
     let (sw, sh) = (small_w as i64, small_h as i64);
     let (pw, ph) = (tile_w.max(1) as i64, tile_h.max(1) as i64);
-    let (_, fx) = calc_tiles(sw, pw, target_overlap);
-    let (_, fy) = calc_tiles(sh, ph, target_overlap);
+    let factor = |small: i64, tile: i64, wrap: bool| if wrap { calc_tiles_wrapped(small, tile, target_overlap).1 } else { calc_tiles(small, tile, target_overlap).1 };
+    let (fx, fy) = (factor(sw, pw, wrap.0), factor(sh, ph, wrap.1));
     let (ox, oy) = ((pw as f32 * fx) as i64, (ph as f32 * fy) as i64);
     let (step_x, step_y) = ((pw - ox).max(1), (ph - oy).max(1));
     let (tw, th) = (pw.min(sw), ph.min(sh));
-    let xs = axis_starts(sw, tw, step_x);
-    let tiles = axis_starts(sh, th, step_y).into_iter().flat_map(|(y, skip_y)| xs.iter().map(move |&(x, skip_x)| TilePos { x, y, skip_x, skip_y })).collect();
-    TileLayout { tile_w: tw as usize, tile_h: th as usize, overlap_x: ox.max(0) as usize, overlap_y: oy.max(0) as usize, tiles }
+    let starts = |size: i64, tile: i64, step: i64, wrap: bool| if wrap { (0..size).step_by(step as usize).map(|p| (p as usize, 0)).collect() } else { axis_starts(size, tile, step) };
+    let xs = starts(sw, tw, step_x, wrap.0);
+    let tiles = starts(sh, th, step_y, wrap.1).into_iter().flat_map(|(y, skip_y)| xs.iter().map(move |&(x, skip_x)| TilePos { x, y, skip_x, skip_y })).collect();
+    TileLayout { tile_w: tw as usize, tile_h: th as usize, overlap_x: ox.max(0) as usize, overlap_y: oy.max(0) as usize, tiles, wrap_x: wrap.0, wrap_y: wrap.1 }
+}
+
+/// sd.cpp's `sd_tiling_calc_tiles` for a circular axis: the tile count and overlap factor.
+fn calc_tiles_wrapped(small: i64, tile: i64, target: f32) -> (i64, f32) {
+    let overlap = (tile as f32 * target) as i64;
+    let step = (tile - overlap).max(1);
+    let mut n = (small / step).max(1);
+    let mut factor = (tile - small / n) as f32 / tile as f32;
+    // A single overlapping tile would overlap itself: two, half overlapping.
+    if n == 1 && factor > 0.0 {
+        n = 2;
+        factor = 0.5;
+    }
+    (n, factor)
 }
 
 /// Tile starts along one axis of `size` cells, `step` apart; the last tile is moved back
@@ -229,15 +257,27 @@ pub fn run_tiled<E>(
     let (ovx, ovy) = (layout.overlap_x * up, layout.overlap_y * up);
     let mut out = vec![0f32; out_w * out_h * out_c];
     let mut tile = vec![0f32; tiw * tih * in_c];
+    let (wrap_x, wrap_y) = (layout.wrap_x, layout.wrap_y);
+    if (wrap_x && (tiw > in_w || tow > out_w)) || (wrap_y && (tih > in_h || toh > out_h)) {
+        return Err(TiledError::Shape(format!("wrapped tiles of {tiw}x{tih} larger than the {in_w}x{in_h} input")));
+    }
     for t in &layout.tiles {
         let (xi, yi) = (t.x * down, t.y * down);
-        if xi + tiw > in_w || yi + tih > in_h {
+        if (!wrap_x && xi + tiw > in_w) || (!wrap_y && yi + tih > in_h) || xi >= in_w || yi >= in_h {
             return Err(TiledError::Shape(format!("tile at {xi},{yi} leaves the {in_w}x{in_h} input")));
         }
         for c in 0..in_c {
             for y in 0..tih {
-                let src = (c * in_h + yi + y) * in_w + xi;
-                tile[(c * tih + y) * tiw..][..tiw].copy_from_slice(&input[src..src + tiw]);
+                let row = &input[(c * in_h + (yi + y) % in_h) * in_w..][..in_w];
+                let dst = &mut tile[(c * tih + y) * tiw..][..tiw];
+                if xi + tiw <= in_w {
+                    dst.copy_from_slice(&row[xi..xi + tiw]);
+                } else {
+                    // Past the right edge (a wrapped axis): the row's first cells follow.
+                    let first = in_w - xi;
+                    dst[..first].copy_from_slice(&row[xi..]);
+                    dst[first..].copy_from_slice(&row[..tiw - first]);
+                }
             }
         }
         let got = f(tile.clone(), tiw, tih).map_err(TiledError::Tile)?;
@@ -247,9 +287,10 @@ pub fn run_tiled<E>(
         let (xo, yo) = (t.x * up, t.y * up);
         let (sx, sy) = (t.skip_x * up, t.skip_y * up);
         let blend = ovx > 0 || ovy > 0;
-        // Ramps only face neighbours: none at the map's own borders.
-        let (has_left, has_right) = (xo > 0, xo < out_w - tow);
-        let (has_top, has_bottom) = (yo > 0, yo < out_h - toh);
+        // Ramps only face neighbours: none at the map's own borders (a wrapped axis has
+        // none: there every tile has neighbours on both sides).
+        let (has_left, has_right) = (wrap_x || xo > 0, wrap_x || xo < out_w - tow);
+        let (has_top, has_bottom) = (wrap_y || yo > 0, wrap_y || yo < out_h - toh);
         let ramp = |i: usize, skip: usize, side: usize, ov: usize, lo: bool, hi: bool| -> f32 {
             let a = if ov > 0 && lo { (i - skip) as f32 / ov as f32 } else { 1.0 };
             let b = if ov > 0 && hi { (side - i) as f32 / ov as f32 } else { 1.0 };
@@ -260,13 +301,22 @@ pub fn run_tiled<E>(
             for y in sy..toh {
                 let wy = ramp(y, sy, toh, ovy, has_top, has_bottom);
                 let row = &got[(c * toh + y) * tow..][..tow];
-                let dst = &mut out[(c * out_h + yo + y) * out_w + xo..][..tow];
-                if blend {
-                    for (k, x) in (sx..tow).enumerate() {
-                        dst[x] += row[x] * wy * wx[k];
+                let dst_row = &mut out[(c * out_h + (yo + y) % out_h) * out_w..][..out_w];
+                if xo + tow <= out_w {
+                    let dst = &mut dst_row[xo..xo + tow];
+                    if blend {
+                        for (k, x) in (sx..tow).enumerate() {
+                            dst[x] += row[x] * wy * wx[k];
+                        }
+                    } else {
+                        dst[sx..].copy_from_slice(&row[sx..]);
                     }
                 } else {
-                    dst[sx..].copy_from_slice(&row[sx..]);
+                    // Past the right edge (only a wrapped axis gets there, checked above).
+                    for (k, x) in (sx..tow).enumerate() {
+                        let d = &mut dst_row[(xo + x) % out_w];
+                        *d = if blend { *d + row[x] * wy * wx[k] } else { row[x] };
+                    }
                 }
             }
         }
