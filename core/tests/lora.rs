@@ -10,7 +10,7 @@ use common::vals;
 use std::path::{Path, PathBuf};
 
 use sdflow_core::dtype::{self, DType};
-use sdflow_core::ggml::{Backend, Context, GraphRun};
+use sdflow_core::ggml::{Context, GraphRun};
 use sdflow_core::io::{self, gguf, TypeRules};
 use sdflow_core::lora::{self, ApplyMode, LoraFile, Side};
 use sdflow_core::models::load::load_weights;
@@ -27,7 +27,7 @@ fn pinned_base(rm: &ResidencyManager, file: &str) -> PinGuard<Weights> {
     let h = rm
         .get_or_load(key, move || -> Result<Weights, Box<dyn std::error::Error + Send + Sync>> {
             let src = io::open(&path)?;
-            Ok(load_weights(&Backend::cpu(1)?, src.as_ref(), &[""], &TypeRules::new(None, "")?)?)
+            Ok(load_weights(&common::backend(1), src.as_ref(), &[""], &TypeRules::new(None, "")?)?)
         })
         .unwrap();
     h.pin().unwrap()
@@ -354,7 +354,7 @@ fn auto_keeps_quantized_weights_and_branches_beside_them() {
         let key = WeightKey::new([&path], prefix, ty, Device::Cpu).unwrap();
         rm.get_or_load(key, move || -> Result<Weights, Box<dyn std::error::Error + Send + Sync>> {
             let src = io::open(&path)?;
-            Ok(load_weights(&Backend::cpu(1)?, src.as_ref(), &[""], &TypeRules::new(ty, "")?)?)
+            Ok(load_weights(&common::backend(1), src.as_ref(), &[""], &TypeRules::new(ty, "")?)?)
         })
         .unwrap()
         .pin()
@@ -373,7 +373,7 @@ fn auto_keeps_quantized_weights_and_branches_beside_them() {
     let deq = rm
         .get_or_load(key, move || -> Result<Weights, Box<dyn std::error::Error + Send + Sync>> {
             let specs: Vec<WeightSpec> = q.names().map(|n| WeightSpec { name: n.to_string(), ty: sdflow_core::ggml::GType::F32, ne: q.get(n).unwrap().ne().to_vec() }).collect();
-            Ok(Weights::new(&Backend::cpu(1)?, &specs, |s| Ok(values(&q, &s.name).1.iter().flat_map(|x| x.to_le_bytes()).collect()))?)
+            Ok(Weights::new(&common::backend(1), &specs, |s| Ok(values(&q, &s.name).1.iter().flat_map(|x| x.to_le_bytes()).collect()))?)
         })
         .unwrap()
         .pin()
@@ -424,7 +424,7 @@ fn sdxl_loras_reach_the_unet_and_both_text_encoders() {
         let handle = rm
             .get_or_load(key, move || -> Result<Weights, Box<dyn std::error::Error + Send + Sync>> {
                 let src = io::open(&c)?;
-                Ok(load_weights(&Backend::cpu(1)?, src.as_ref(), &[&p], &TypeRules::new(None, "")?)?)
+                Ok(load_weights(&common::backend(1), src.as_ref(), &[&p], &TypeRules::new(None, "")?)?)
             })
             .unwrap();
         let (merged, report) = lora::merge(handle.pin().unwrap(), &file, side, 1.0).unwrap();
