@@ -80,6 +80,7 @@ pub fn register_all(registry: &mut Registry, rt: Arc<Runtime>) {
     sampling::custom_sampling::register(registry, &rt);
     image::register(registry, &rt);
     image::mask::register(registry);
+    image::a1111::register(registry, &rt);
     sampling::model_sampling::register(registry);
     conditioning::pix2pix::register(registry, &rt);
     conditioning::controlnet::register(registry, &rt);

@@ -54,9 +54,8 @@ async fn the_webuiapi_client_drives_the_a1111_routes() {
     assert_eq!(r["img2img"], serde_json::json!([64, 64]));
     assert_eq!(r["inpaint"], serde_json::json!([64, 64]));
     // The client's own inpainting defaults (masked content "fill", area "only masked")
-    // are features sdflow lacks: refused by name.
-    assert_eq!(r["inpaint_defaults"]["status"], 400, "{r}");
-    assert!(r["inpaint_defaults"]["text"].as_str().unwrap().contains("inpainting_fill"), "{r}");
+    // run as A1111 runs them: the region pasted back into the 64x64 input.
+    assert_eq!(r["inpaint_defaults"], serde_json::json!([64, 64]), "{r}");
     assert!(r["png_info"].as_str().unwrap().contains("Steps: "), "{r}");
     assert_eq!(r["tiling"], serde_json::json!([64, 48]), "{r}");
     // The ControlNet extension as the client drives it.

@@ -235,6 +235,7 @@ fn img_gen_params(a: &ImgGenArgs, probe: &Probe, seed: i64, names: &mut Names<'_
         controls: Vec::new(),
         variation: None,
         refiner: None,
+        a1111: None,
         tiling: TilingParams { enabled: a.vae_tiling, tile_size: a.vae_tile_size, overlap: a.vae_tile_overlap, relative: a.vae_relative_tile_size.map(|(x, y)| (x as f64, y as f64)) },
         output: a.sampling.output.clone(),
         model_info: probe.info.clone(),

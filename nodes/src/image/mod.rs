@@ -1,8 +1,9 @@
 //! Image and latent nodes: loading, saving, VAE encode/decode, scaling here; latents
 //! ([`latent`]), masks ([`mask`]), the resampling kernels ([`resize`]) and model upscalers
-//! ([`upscale`]) beside them; latent arithmetic and batching ([`latent_ops`]); pixel filters,
+//! ([`upscale`]) and A1111's img2img preparation ([`a1111`]) beside them; latent arithmetic and batching ([`latent_ops`]); pixel filters,
 //! blending and compositing ([`postprocess`]).
 
+pub mod a1111;
 pub mod latent;
 pub mod latent_ops;
 pub mod mask;

@@ -258,6 +258,7 @@ impl Node for VariationNoise {
             .input(InputSpec::float("variation_strength", 0.0).float_range(0.0, 1.0).float_step(0.01))
             .input(InputSpec::boolean("add_noise", true).optional().tooltip("Off: no initial noise (a pass that goes on from leftover noise, as KSamplerAdvanced's add_noise disable); the steps' noise still comes from each image's seed."))
             .input(rng_input())
+            .input(InputSpec::float("initial_noise_multiplier", 1.0).float_range(0.0, 100.0).float_step(0.01).optional().tooltip("A1111's noise multiplier for img2img: the initial noise is scaled by it (the steps' noise is not)."))
             .output("NOISE", IoType::NOISE)
     }
 
@@ -269,6 +270,13 @@ impl Node for VariationNoise {
         let add = !inputs.contains("add_noise") || inputs.boolean("add_noise")?;
         let mut noise = NoiseSource::new(inputs.uint("noise_seed")?, add, rng_from(inputs)?);
         noise.per_sample = Some(Variation { subseed: inputs.uint("variation_seed")?, strength: strength as f32 });
+        if inputs.contains("initial_noise_multiplier") {
+            let m = inputs.float("initial_noise_multiplier")?;
+            if !(m.is_finite() && m >= 0.0) {
+                return Err(NodeError::InvalidInput { input: "initial_noise_multiplier".into(), message: format!("{m} must be a non-negative number") });
+            }
+            noise.scale = m as f32;
+        }
         Ok(one(IoType::NOISE, noise))
     }
 }

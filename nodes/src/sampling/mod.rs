@@ -127,6 +127,9 @@ pub struct NoiseSource {
     /// A1111's seeds (VariationNoise): a generator per sample instead of one for the
     /// batch; `None` is ComfyUI's one stream for the whole batch.
     pub per_sample: Option<Variation>,
+    /// A1111's `initial_noise_multiplier`: the initial noise the sampler adds is scaled by
+    /// it (not the steps' noise); 1 for every node but VariationNoise given one.
+    pub scale: f32,
 }
 
 /// A1111's seeds over a batch: the sample at batch position `k` draws its initial and
@@ -149,7 +152,7 @@ impl Variation {
 
 impl NoiseSource {
     pub fn new(seed: u64, add: bool, rng: Option<RngKind>) -> Self {
-        NoiseSource { seed, add, rng, per_sample: None }
+        NoiseSource { seed, add, rng, per_sample: None, scale: 1.0 }
     }
 
     /// The initial noise of `latent` (zeros without `add`) and the generator the steps'
@@ -345,10 +348,14 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     let channels = shape[2] as usize;
     let seed = noise.seed;
     let per_sample = noise.per_sample.is_some();
+    let noise_scale = noise.scale;
     // ComfyUI (torch's CPU generator, the `cpu` choice) draws each step's noise from a
     // generator of its own seeded with the seed, and seeds its Brownian tree with the seed;
     // sd.cpp's generators (the other choices) go on from the initial noise's stream.
-    let (noise, mut rng, comfy) = noise.draw(rt.rng, latent)?;
+    let (mut noise, mut rng, comfy) = noise.draw(rt.rng, latent)?;
+    if noise_scale != 1.0 {
+        noise.iter_mut().for_each(|v| *v *= noise_scale);
+    }
     let sigma0 = sigmas.first().copied().unwrap_or(0.0);
     let shift = if empty { 0.0 } else { model.latent_shift };
     let scaled: Vec<f32> = latent.samples.iter().map(|l| (l - shift) * model.latent_scale).collect();

@@ -6,11 +6,11 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::Json as Reply;
 use base64::Engine;
-use sdflow_workflows::presets::{self, HiresParams, RefinerParams, VariationParams};
+use sdflow_workflows::presets::{self, A1111Img2Img, HiresParams, RefinerParams, VariationParams};
 use serde::Deserialize;
 use serde_json::{json, Value as Json};
 
-use super::{base_params, controlnet, decode_b64, fields, generate, pick_checkpoint, stem, AppStateRef, MaskRule, TempInputs, B64};
+use super::{base_params, controlnet, decode_b64, fields, generate, inpaint, pick_checkpoint, stem, AppStateRef, TempInputs, B64};
 use crate::comfy::list_models;
 use crate::error::ApiError;
 use crate::extract::JsonBody;
@@ -47,6 +47,10 @@ const A1111_FIELDS: &[(&str, &str)] = &[
     ("--hires-steps", "hr_second_pass_steps"),
     ("--hires-denoising-strength", "denoising_strength"),
     ("--circular", "tiling"),
+    ("resize_mode", "resize_mode"),
+    ("inpainting_fill", "inpainting_fill"),
+    ("inpaint_full_res", "inpaint_full_res"),
+    ("initial_noise_multiplier", "initial_noise_multiplier"),
 ];
 
 /// A1111's sampler names (and sd-server's `k_` spellings) in ComfyUI's words; names it
@@ -139,6 +143,13 @@ pub struct A1111Request {
     mask_blur: Option<f64>,
     mask_blur_x: Option<f64>,
     mask_blur_y: Option<f64>,
+    /// A1111's img2img options (its API's defaults when absent: resize mode 0, masked
+    /// content 0 "fill", inpaint area "only masked" with padding 0, multiplier 1).
+    resize_mode: Json,
+    inpainting_fill: Json,
+    inpaint_full_res: Json,
+    inpaint_full_res_padding: Json,
+    initial_noise_multiplier: Json,
     override_settings: Json,
 }
 
@@ -194,8 +205,21 @@ impl Default for A1111Request {
             mask_blur: None,
             mask_blur_x: None,
             mask_blur_y: None,
+            resize_mode: Json::Null,
+            inpainting_fill: Json::Null,
+            inpaint_full_res: Json::Null,
+            inpaint_full_res_padding: Json::Null,
+            initial_noise_multiplier: Json::Null,
             override_settings: Json::Null,
         }
+    }
+}
+
+/// A whole-number field in `lo..=hi`, `default` when absent.
+fn int_field(v: &Json, name: &str, default: i64, hi: i64) -> Result<i64, ApiError> {
+    match v {
+        Json::Null => Ok(default),
+        v => v.as_i64().filter(|n| (0..=hi).contains(n)).ok_or_else(|| ApiError::bad(format!("`{name}`: {v} is not a whole number in 0..={hi}"))),
     }
 }
 
@@ -335,18 +359,29 @@ async fn a1111(state: Arc<AppState>, body: Json, img2img: bool) -> Result<Reply<
     // The output's size, which ControlNet's control images are fitted to.
     let mut size = (p.width, p.height);
     let mut init_bytes = None;
+    let mut extra = serde_json::Map::new();
     if img2img {
         let first = req
             .init_images
             .first()
             .ok_or_else(|| ApiError::bad("img2img needs `init_images`"))?;
         let bytes = decode_b64(first, "init_images[0]")?;
+        let (iw, ih) = check_image(&bytes, "init_images[0]")?;
         p.init_img = Some(temp.add(&state, &bytes, "init_images[0]", None)?);
         if !p.size_given {
-            let (w, h) = check_image(&bytes, "init_images[0]")?;
-            size = (i64::from(w), i64::from(h));
+            // Without a size the image keeps its own (A1111 would take 512x512).
+            (p.width, p.height) = (i64::from(iw), i64::from(ih));
+            size = (p.width, p.height);
         }
         init_bytes = Some(bytes);
+        let mut a = A1111Img2Img { resize_mode: int_field(&req.resize_mode, "resize_mode", 0, 3)? as u8, ..A1111Img2Img::default() };
+        a.noise_multiplier = match &req.initial_noise_multiplier {
+            Json::Null => 1.0,
+            v => v.as_f64().filter(|m| m.is_finite() && *m >= 0.0).ok_or_else(|| ApiError::bad(format!("`initial_noise_multiplier`: {v} is not a non-negative number")))?,
+        };
+        if a.noise_multiplier != 1.0 {
+            extra.insert("Noise multiplier".into(), json!(a.noise_multiplier));
+        }
         if let Some(mask) = req.mask.as_deref().filter(|m| !m.is_empty()) {
             let bytes = decode_b64(mask, "mask")?;
             let invert = match &req.inpainting_mask_invert {
@@ -354,19 +389,77 @@ async fn a1111(state: Arc<AppState>, body: Json, img2img: bool) -> Result<Reply<
                 Json::Bool(b) => *b,
                 v => v.as_i64().ok_or_else(|| ApiError::bad(format!("`inpainting_mask_invert`: {v} is not 0, 1 or a boolean")))? != 0,
             };
-            // A1111 blurs the mask by 4 pixels unless told otherwise.
-            let blur_x = req.mask_blur_x.or(req.mask_blur).unwrap_or(4.0);
-            let blur_y = req.mask_blur_y.or(req.mask_blur).unwrap_or(4.0);
-            if blur_x != blur_y || !(0.0..=64.0).contains(&blur_x) {
-                return Err(ApiError::bad(format!("`mask_blur_x`, `mask_blur_y`: {blur_x} and {blur_y}: one blur in 0..=64 for both sides is supported")));
+            // A1111's `mask_blur` sets both sides; else `mask_blur_x`/`_y`, 4 by default.
+            let blur_x = req.mask_blur.or(req.mask_blur_x).unwrap_or(4.0);
+            let blur_y = req.mask_blur.or(req.mask_blur_y).unwrap_or(4.0);
+            for (name, v) in [("mask_blur_x", blur_x), ("mask_blur_y", blur_y)] {
+                if !(0.0..=64.0).contains(&v) {
+                    return Err(ApiError::bad(format!("`{}`: {v} is outside 0..=64", if req.mask_blur.is_some() { "mask_blur" } else { name })));
+                }
             }
-            p.mask = Some(temp.add(&state, &bytes, "mask", Some(MaskRule::WhiteRepaints { invert, blur: blur_x as f32 }))?);
+            let masked_content = int_field(&req.inpainting_fill, "inpainting_fill", 0, 3)?;
+            let full_res = match &req.inpaint_full_res {
+                Json::Null => true,
+                Json::Bool(b) => *b,
+                v => v.as_i64().filter(|n| (0..=1).contains(n)).ok_or_else(|| ApiError::bad(format!("`inpaint_full_res`: {v} is not a boolean, 0 or 1")))? != 0,
+            };
+            let padding = int_field(&req.inpaint_full_res_padding, "inpaint_full_res_padding", 0, 16384)?;
+            check_image(&bytes, "mask")?;
+            let img = image::load_from_memory(&bytes).map_err(|e| ApiError::bad(format!("mask: {e}")))?;
+            let m = inpaint::blur(&inpaint::binary_mask(&img, invert), blur_x, blur_y);
+            let mut masked = true;
+            if full_res {
+                if m.dimensions() != (iw, ih) {
+                    return Err(ApiError::bad(format!("`mask`: {}x{} is not the size of init_images[0] ({iw}x{ih}), which inpaint area \"only masked\" (`inpaint_full_res`) cuts both at", m.width(), m.height())));
+                }
+                match inpaint::crop_region(&m, padding) {
+                    Some(r) => {
+                        let (x1, y1, x2, y2) = inpaint::expand_crop_region(r, p.width, p.height, i64::from(iw), i64::from(ih));
+                        a.region = Some([x1, y1, x2 - x1, y2 - y1]);
+                        extra.insert("Inpaint area".into(), json!("Only masked"));
+                        extra.insert("Masked area padding".into(), json!(padding));
+                    }
+                    // A1111 runs a blank mask as plain img2img.
+                    None => masked = false,
+                }
+            } else if m.dimensions() != (iw, ih) && !p.size_given {
+                // A1111 fits the mask to the output size, which is the input's here.
+                p.size_given = true;
+            }
+            if masked {
+                if a.resize_mode == 3 && p.size_given && a.region.is_none() {
+                    return Err(ApiError::bad("`resize_mode`: 3 (just resize, latent upscale) with a mask over the whole picture fails in A1111 (it lays the input back at its own size over a result of the new size); use 0, 1 or 2, or inpaint area only masked"));
+                }
+                a.masked_content = masked_content as u8;
+                if masked_content != 1 {
+                    extra.insert("Masked content".into(), json!(["fill", "original", "latent noise", "latent nothing"][masked_content as usize]));
+                }
+                if invert {
+                    extra.insert("Mask mode".into(), json!("Inpaint not masked"));
+                }
+                if blur_x > 0.0 || blur_y > 0.0 {
+                    // A1111's `mask_blur`: the blur when both sides have the same.
+                    extra.insert("Mask blur".into(), if blur_x == blur_y { json!(blur_x) } else { Json::Null });
+                }
+                p.mask = Some(temp.store(&state, &image::DynamicImage::ImageLuma8(m), "mask")?);
+            }
         }
+        if a.resize_mode != 0 {
+            extra.insert("Resize mode".into(), json!(["Just resize", "Crop and resize", "Resize and fill", "Just resize (latent upscale)"][usize::from(a.resize_mode)]));
+        }
+        p.a1111 = Some(a);
         if let Some(d) = req.denoising_strength {
             p.strength = d.min(1.0);
         }
     } else if !req.init_images.is_empty() || req.mask.is_some() {
         return Err(ApiError::bad("`init_images` and `mask` belong to img2img (/sdapi/v1/img2img)"));
+    } else {
+        // img2img's options, which change nothing in txt2img but at their defaults.
+        for (name, v, default) in [("resize_mode", &req.resize_mode, 0.0), ("initial_noise_multiplier", &req.initial_noise_multiplier, 1.0)] {
+            if !(v.is_null() || v.as_f64() == Some(default)) {
+                return Err(ApiError::bad(format!("`{name}`: {v} is an img2img option (/sdapi/v1/img2img)")));
+            }
+        }
     }
     // A1111's `tiling` (checked a boolean by `fields`): seamless tiling on both axes.
     if body.get("tiling") == Some(&Json::Bool(true)) {
@@ -377,6 +470,9 @@ async fn a1111(state: Arc<AppState>, body: Json, img2img: bool) -> Result<Reply<
         Json::Object(scripts) => {
             for (name, args) in scripts {
                 if name.eq_ignore_ascii_case("controlnet") {
+                    if p.a1111.as_ref().is_some_and(|a| a.region.is_some()) && !args.is_null() && args.get("args").and_then(Json::as_array).is_some_and(|a| !a.is_empty()) {
+                        return Err(ApiError::bad("`alwayson_scripts.controlnet`: ControlNet units with inpaint area \"only masked\" (`inpaint_full_res`) are not supported (the extension crops the control image to the masked region); use inpaint_full_res: false"));
+                    }
                     let (w, h) = (u32::try_from(size.0).unwrap_or(0), u32::try_from(size.1).unwrap_or(0));
                     if !(16..=16384).contains(&w) || !(16..=16384).contains(&h) {
                         return Err(ApiError::bad(format!("`width`, `height`: {}x{} is outside 16..=16384", size.0, size.1)));
@@ -392,6 +488,11 @@ async fn a1111(state: Arc<AppState>, body: Json, img2img: bool) -> Result<Reply<
     }
     let images = generate(&state, &p, A1111_FIELDS).await?;
     drop(temp);
+    if let Some(r) = &p.refiner {
+        extra.insert("Refiner".into(), json!(stem(&r.model)));
+        extra.insert("Refiner switch at".into(), json!(r.switch_at));
+        extra.insert("Refiner switch by sampling steps".into(), json!(true));
+    }
     let info = json!({
         "prompt": p.prompt,
         "negative_prompt": p.negative_prompt,
@@ -410,10 +511,7 @@ async fn a1111(state: Arc<AppState>, body: Json, img2img: bool) -> Result<Reply<
         "scheduler": p.scheduler.clone().unwrap_or_else(|| "normal".into()),
         "denoising_strength": if img2img || req.enable_hr { json!(if img2img { p.strength } else { p.hires.denoising_strength }) } else { Json::Null },
         "sd_model_name": stem(p.model.as_deref().or(p.diffusion_model.as_deref()).unwrap_or("")),
-        "extra_generation_params": match &p.refiner {
-            Some(r) => json!({ "Refiner": stem(&r.model), "Refiner switch at": r.switch_at, "Refiner switch by sampling steps": true }),
-            None => json!({}),
-        },
+        "extra_generation_params": Json::Object(extra),
         "version": concat!("sdflow ", env!("CARGO_PKG_VERSION")),
     });
     let sent = if req.send_images { images.iter().map(|b| B64.encode(b)).collect::<Vec<_>>() } else { Vec::new() };

@@ -44,6 +44,11 @@ const HONOURED: &[&str] = &[
     "mask_blur",
     "mask_blur_x",
     "mask_blur_y",
+    "resize_mode",
+    "inpainting_fill",
+    "inpaint_full_res",
+    "inpaint_full_res_padding",
+    "initial_noise_multiplier",
 ];
 
 /// Whether `v` is JSON null, or `false`, `0`, `""`, `[]` or `{}`.
@@ -72,7 +77,9 @@ fn neutral(key: &str, v: &Json) -> Option<Option<&'static str>> {
         "do_not_save_samples" | "do_not_save_grid" | "save_images" | "comments" | "force_task_id" | "infotext" | "user" | "override_settings_restore_afterwards" | "include_init_images" => Some(None),
         // Parts of features that are off unless their switch is on; A1111 1.6+ ignores
         // the old hires first-pass size.
-        "mask_round" | "image_cfg_scale" | "firstphase_width" | "firstphase_height" => Some(None),
+        "image_cfg_scale" | "firstphase_width" | "firstphase_height" => Some(None),
+        // A1111 rounds the mask (an alpha mask's alpha, the latent mask) unless told not to.
+        "mask_round" => refuse(v.is_null() || v == &Json::Bool(true), "only rounded masks (true) are supported"),
         "seed_resize_from_h" | "seed_resize_from_w" => refuse(v.is_null() || v.as_f64().is_some_and(|x| x <= 0.0), "resizing the seed is not supported"),
         "restore_faces" => refuse(off(v), "face restoration is not supported (use the ADetailer nodes)"),
         "tiling" => refuse(v.is_null() || v.is_boolean(), "seamless tiling is true or false"), // honoured: a1111 maps true to circular padding on both axes
@@ -84,20 +91,6 @@ fn neutral(key: &str, v: &Json) -> Option<Option<&'static str>> {
         "s_churn" | "s_tmin" | "s_min_uncond" => refuse(off(v), "sampler noise options are not supported"),
         "s_noise" => refuse(equals(v, 1.0), "sampler noise options are not supported"),
         "s_tmax" => refuse(off(v) || v.as_f64().is_some_and(f64::is_infinite), "sampler noise options are not supported"),
-        "initial_noise_multiplier" => refuse(equals(v, 1.0), "an initial noise multiplier is not supported"),
-        "resize_mode" => refuse(off(v), "only resize mode 0 (just resize) is supported"),
-        _ => None,
-    }
-}
-
-/// The inpainting options, which A1111 reads only with a `mask` (and whose defaults,
-/// masked content "fill" and area "only masked", sdflow does not have).
-fn inpainting(key: &str, v: &Json, masked: bool) -> Option<Option<&'static str>> {
-    let refuse = |ok: bool, why: &'static str| Some((!(ok || !masked)).then_some(why));
-    match key {
-        "inpainting_fill" => refuse(equals(v, 1.0), "with a mask only masked content 1 (original) is supported"),
-        "inpaint_full_res" => refuse(off(v), "with a mask only inpaint area \"whole picture\" (false) is supported"),
-        "inpaint_full_res_padding" => Some(None),
         _ => None,
     }
 }
@@ -105,12 +98,11 @@ fn inpainting(key: &str, v: &Json, masked: bool) -> Option<Option<&'static str>>
 /// The first field of `body` sdflow does not honour and cannot leave off, as the message of
 /// a 400.
 pub fn check(body: &serde_json::Map<String, Json>) -> Result<(), String> {
-    let masked = body.get("mask").is_some_and(|m| m.as_str().is_some_and(|s| !s.is_empty()));
     for (key, value) in body {
         if HONOURED.contains(&key.as_str()) {
             continue;
         }
-        match neutral(key, value).or_else(|| inpainting(key, value, masked)) {
+        match neutral(key, value) {
             Some(None) => {}
             Some(Some(why)) => return Err(format!("`{key}`: {value} is not supported ({why})")),
             None => return Err(format!("unknown field `{key}`")),
@@ -153,10 +145,9 @@ mod tests {
     fn defaults_pass_features_are_refused_by_name() {
         // What A1111's own API page sends by default.
         assert_eq!(check(&body(json!({"prompt": "x", "styles": [], "subseed": -1, "subseed_strength": 0, "seed_resize_from_h": -1, "restore_faces": false, "tiling": false, "s_noise": 1, "alwayson_scripts": {}, "script_args": [], "refiner_checkpoint": null, "hr_prompt": "", "inpainting_fill": 1, "send_images": true}))), Ok(()));
-        // A1111's img2img defaults for inpainting pass without a mask, not with one.
-        assert_eq!(check(&body(json!({"prompt": "x", "inpainting_fill": 0, "inpaint_full_res": true}))), Ok(()));
-        assert!(check(&body(json!({"prompt": "x", "mask": "AAAA", "inpainting_fill": 0}))).unwrap_err().contains("`inpainting_fill`"));
-        for (field, value) in [("tiling", json!("yes")), ("seed_resize_from_w", json!(64)), ("restore_faces", json!(true)), ("styles", json!(["anime"])), ("script_name", json!("x/y/z plot"))] {
+        // A1111's img2img options are read by the request (their values checked there).
+        assert_eq!(check(&body(json!({"prompt": "x", "mask": "AAAA", "inpainting_fill": 0, "inpaint_full_res": true, "inpaint_full_res_padding": 32, "resize_mode": 2, "initial_noise_multiplier": 1.5, "mask_round": true}))), Ok(()));
+        for (field, value) in [("tiling", json!("yes")), ("seed_resize_from_w", json!(64)), ("restore_faces", json!(true)), ("styles", json!(["anime"])), ("script_name", json!("x/y/z plot")), ("mask_round", json!(false))] {
             let e = check(&body(json!({"prompt": "x", field: value}))).unwrap_err();
             assert!(e.contains(&format!("`{field}`")), "{e}");
         }

@@ -6,6 +6,7 @@
 mod a1111;
 mod controlnet;
 mod fields;
+mod inpaint;
 mod openai;
 
 pub use a1111::{embeddings, get_options, img2img, interrupt, latent_upscale_modes, loras, png_info, post_options, progress, refresh, samplers, schedulers, scripts, sd_models, txt2img, upscalers};
@@ -117,13 +118,7 @@ impl TempInputs {
             image::load_from_memory(bytes).map_err(|e| ApiError::bad(format!("{what}: {e}")))?;
         let img = match to_mask {
             None => img,
-            Some(rule) => {
-                let mask = mask_image(&img, rule);
-                match rule {
-                    MaskRule::WhiteRepaints { blur, .. } if blur > 0.0 => image::DynamicImage::ImageRgb8(image::imageops::blur(&mask, blur)),
-                    _ => image::DynamicImage::ImageRgb8(mask),
-                }
-            }
+            Some(rule) => image::DynamicImage::ImageRgb8(mask_image(&img, rule)),
         };
         self.store(state, &img, what)
     }
@@ -143,10 +138,8 @@ impl TempInputs {
 
 #[derive(Clone, Copy)]
 enum MaskRule {
-    /// A1111 and sd-server: white repaints (black, with `inpainting_mask_invert`).
-    /// The mask then blurred by a Gaussian of this sigma (A1111's `mask_blur`; 0: none).
-    WhiteRepaints { invert: bool, blur: f32 },
     /// OpenAI: transparent pixels repaint; an opaque mask falls back to white-repaints.
+    /// (A1111's masks are made by [`inpaint`].)
     TransparentRepaints,
 }
 
@@ -162,8 +155,7 @@ fn mask_image(img: &image::DynamicImage, rule: MaskRule) -> image::RgbImage {
         let p = rgba.get_pixel(x, y).0;
         let v = match rule {
             MaskRule::TransparentRepaints if has_alpha => 255 - p[3],
-            MaskRule::WhiteRepaints { invert: true, .. } => 255 - gray(p),
-            _ => gray(p),
+            MaskRule::TransparentRepaints => gray(p),
         };
         image::Rgb([v, v, v])
     })
@@ -275,8 +267,8 @@ mod tests {
             })
         }));
         let red = |rule| -> Vec<u8> { mask_image(&img, rule).pixels().map(|p| p.0[0]).collect() };
-        assert_eq!(red(MaskRule::WhiteRepaints { invert: false, blur: 0.0 }), [255, 0]);
-        assert_eq!(red(MaskRule::WhiteRepaints { invert: true, blur: 0.0 }), [0, 255]);
         assert_eq!(red(MaskRule::TransparentRepaints), [0, 255]);
+        let opaque = image::DynamicImage::ImageRgb8(image::RgbImage::from_fn(2, 1, |x, _| image::Rgb(if x == 0 { [255; 3] } else { [0; 3] })));
+        assert_eq!(mask_image(&opaque, MaskRule::TransparentRepaints).pixels().map(|p| p.0[0]).collect::<Vec<_>>(), [255, 0]);
     }
 }

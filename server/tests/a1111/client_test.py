@@ -36,9 +36,10 @@ mask = Image.new("L", first.size, 0)
 mask.paste(255, (first.size[0] // 2, 0, first.size[0], first.size[1]))
 r = api.img2img(images=[first], mask_image=mask, prompt="a dog", seed=3, width=64, height=64, inpainting_fill=1, inpaint_full_res=False)
 out["inpaint"] = list(r.image.size)
+# The client's own inpainting defaults: masked content "fill", inpaint area "only masked".
 try:
-    api.img2img(images=[first], mask_image=mask, prompt="a dog", width=64, height=64)
-    out["inpaint_defaults"] = "accepted"
+    r = api.img2img(images=[first], mask_image=mask, prompt="a dog", seed=3, width=64, height=64)
+    out["inpaint_defaults"] = list(r.image.size)
 except RuntimeError as e:
     out["inpaint_defaults"] = {"status": e.args[0], "text": e.args[1]}
 

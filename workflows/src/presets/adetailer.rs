@@ -87,7 +87,7 @@ pub fn adetailer(p: &AdetailerParams) -> Result<Preset, PresetError> {
     let seed = resolve_seed(p.seed);
     let (sampler, scheduler) = sampler_names(&p.sampling_method, &p.scheduler);
     check_eta(p.eta)?;
-    let sampling = Sampling { seed, cfg: p.cfg_scale, sampler: &sampler, scheduler: &scheduler, rng: p.rng.as_deref(), eta: p.eta, variation: None };
+    let sampling = Sampling { seed, cfg: p.cfg_scale, sampler: &sampler, scheduler: &scheduler, rng: p.rng.as_deref(), eta: p.eta, variation: None, noise_multiplier: 1.0 };
     let (prompt, loras) = extract_loras(&p.prompt)?;
     if !loras.is_empty() {
         return Err(not_supported("<lora:...>", "LoRA tags in adetailer prompts"));

@@ -87,8 +87,10 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
         Some(_) => false,
     };
     let scheduler = workflow_scheduler_name(p.scheduler.as_deref().unwrap_or("simple")).to_string();
-    let variation = variation(p)?;
-    let sampling = Sampling { seed, cfg: p.cfg_scale, sampler: &sampler, scheduler: &scheduler, rng: p.rng.as_deref(), eta: p.eta, variation };
+    let noise_multiplier = p.a1111.as_ref().map_or(1.0, |a| a.noise_multiplier);
+    // A noise multiplier is VariationNoise's: the graph samples through it.
+    let variation = variation(p)?.or((noise_multiplier != 1.0).then_some((0, 0.0)));
+    let sampling = Sampling { seed, cfg: p.cfg_scale, sampler: &sampler, scheduler: &scheduler, rng: p.rng.as_deref(), eta: p.eta, variation, noise_multiplier };
     let (prompt, loras) = extract_loras(&p.prompt)?;
     let mut b = Builder::default();
 
@@ -167,7 +169,7 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
             (Out(cond, 2), p.strength, "Inpainting".to_string(), "sd-cli's --mask with a FLUX.1 Fill model: the masked image and the mask go beside the latent into the model's 384 input channels (InpaintModelConditioning), and sampling is held at the image outside the mask.".to_string())
         }
         (Family::Flux { fill: true, .. }, _, _) => return Err(PresetError::Missing { flag: "--mask".into(), msg: "a FLUX.1 Fill model inpaints: give -i and --mask".into() }),
-        _ => latent_source(&mut b, p, &stage, "EmptySD3LatentImage", empty_description),
+        _ => latent_source(&mut b, p, &stage, &sampling, &model, "EmptySD3LatentImage", empty_description),
     };
     title = format!("{} {}", family_name(family), title.to_lowercase());
     if !p.ref_images.is_empty() {

@@ -27,6 +27,18 @@ pub(super) struct Entry {
 #[derive(Default)]
 pub(super) struct Builder {
     pub(super) entries: Vec<Entry>,
+    /// What the decoded result is laid over before it is saved (A1111's inpainting
+    /// overlay), set by the input stage for the tail.
+    pub(super) paste: Option<PasteBack>,
+}
+
+/// A1111's overlay of an inpainting run: the result shows through `mask` over
+/// `destination` (the input as sampled, or the whole input with "only masked", where the
+/// result is first scaled back to `region` and put there).
+pub(super) struct PasteBack {
+    pub(super) destination: Out,
+    pub(super) mask: Out,
+    pub(super) region: Option<[i64; 4]>,
 }
 
 impl Builder {
@@ -92,6 +104,9 @@ pub(super) struct Sampling<'a> {
     /// A1111's seeds: the variation seed and its strength; every pass then samples
     /// through SamplerCustomAdvanced with a VariationNoise (a generator per image).
     pub(super) variation: Option<(i64, f64)>,
+    /// A1111's `initial_noise_multiplier` (1: none), given to the VariationNoise of the
+    /// passes that add noise ([`Sampling::variation`] is set whenever it is not 1).
+    pub(super) noise_multiplier: f64,
 }
 
 impl Sampling<'_> {
@@ -115,6 +130,8 @@ impl Sampling<'_> {
         let mut node = NodeSpec::new("VariationNoise").with_const("noise_seed", json!(self.seed)).with_const("variation_seed", json!(subseed)).with_const("variation_strength", json!(strength));
         if !add {
             node = node.with_const("add_noise", json!(false));
+        } else if self.noise_multiplier != 1.0 {
+            node = node.with_const("initial_noise_multiplier", json!(self.noise_multiplier));
         }
         self.with_rng(node)
     }

@@ -35,6 +35,32 @@ impl Default for HiresParams {
     }
 }
 
+/// A1111's img2img, as its `StableDiffusionProcessingImg2Img.init` prepares the input:
+/// the image fitted to -W×-H by `resize_mode`; with `--mask` (which the caller gives
+/// blurred, A1111's `mask_blur`, at the input's size) the masked content and the inpaint
+/// area; the unmasked part of the input laid back over the result through the mask.
+#[derive(Clone, Debug, PartialEq)]
+pub struct A1111Img2Img {
+    /// 0 just resize, 1 crop and resize, 2 resize and fill (A1111ResizeImage), 3 just
+    /// resize the latent (LatentUpscale, bilinear; not with a mask).
+    pub resize_mode: u8,
+    /// With a mask: 0 fill (A1111MaskedFill), 1 original, 2 latent noise, 3 latent
+    /// nothing (A1111InpaintLatent).
+    pub masked_content: u8,
+    /// Inpaint area "only masked": the region `[x, y, width, height]` of the input (A1111's
+    /// crop region: the mask's box, padded, widened to -W:-H) that is cut out, inpainted at
+    /// -W×-H and pasted back; the input keeps its size. `None`: the whole picture.
+    pub region: Option<[i64; 4]>,
+    /// A1111's `initial_noise_multiplier`: the initial noise scaled by it.
+    pub noise_multiplier: f64,
+}
+
+impl Default for A1111Img2Img {
+    fn default() -> Self {
+        A1111Img2Img { resize_mode: 0, masked_content: 1, region: None, noise_multiplier: 1.0 }
+    }
+}
+
 /// A1111's seeds (sd-server's `subseed`, `subseed_strength`; no sd-cli flag, errors name
 /// them `--subseed` and `--subseed-strength`): every image of the batch is sampled from
 /// its own seed through VariationNoise, `-s` + its position (A1111's seed progression),
@@ -181,6 +207,9 @@ pub struct ImgGenParams {
     pub variation: Option<VariationParams>,
     /// A1111's refiner ([`RefinerParams`]).
     pub refiner: Option<RefinerParams>,
+    /// A1111's img2img preparation of `-i` and `--mask` (the A1111 API's resize mode,
+    /// masked content and inpaint area, [`A1111Img2Img`]); `None`: sd-cli's.
+    pub a1111: Option<A1111Img2Img>,
     /// `-i`, `--mask`, `--strength` (0.75).
     pub init_img: Option<String>,
     pub mask: Option<String>,
@@ -382,6 +411,7 @@ impl Default for ImgGenParams {
             batch_count: 1,
             variation: None,
             refiner: None,
+            a1111: None,
             init_img: None,
             mask: None,
             strength: 0.75,

@@ -30,8 +30,10 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
     }
     let seed = resolve_seed(p.seed);
     let (sampler, scheduler) = sampler_names(&p.sampling_method, &p.scheduler);
-    let variation = variation(p)?;
-    let sampling = Sampling { seed, cfg: p.cfg_scale, sampler: &sampler, scheduler: &scheduler, rng: p.rng.as_deref(), eta: p.eta, variation };
+    let noise_multiplier = p.a1111.as_ref().map_or(1.0, |a| a.noise_multiplier);
+    // A noise multiplier is VariationNoise's: the graph samples through it.
+    let variation = variation(p)?.or((noise_multiplier != 1.0).then_some((0, 0.0)));
+    let sampling = Sampling { seed, cfg: p.cfg_scale, sampler: &sampler, scheduler: &scheduler, rng: p.rng.as_deref(), eta: p.eta, variation, noise_multiplier };
     let (prompt, loras) = extract_loras(&p.prompt)?;
     let mut b = Builder::default();
 
@@ -107,7 +109,7 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
         pix2pix(&mut b, p, img_cfg, &sampling, &model, &vae, &pos, &neg)?
     } else {
         // The latent to sample, and the mode's title and description.
-        let (latent, denoise, mut title, mut description) = latent_source(&mut b, p, &stage, "EmptyLatentImage", "sd-cli's default mode: a prompt and a negative prompt, sampled from an empty latent with the checkpoint's UNet and decoded with its VAE.");
+        let (latent, denoise, mut title, mut description) = latent_source(&mut b, p, &stage, &sampling, &model, "EmptyLatentImage", "sd-cli's default mode: a prompt and a negative prompt, sampled from an empty latent with the checkpoint's UNet and decoded with its VAE.");
 
         if let (Some(cn), Some(ci)) = (&p.control_net, &p.control_image) {
             let loader = b.extra("cn", "--control-net", NodeSpec::new("ControlNetLoader").with_const("control_net_name", json!(cn)));

@@ -155,6 +155,16 @@ pub(super) struct TailModels<'a> {
 /// After decoding: ADetailer (`--ad-model`), the upscaler (`--upscale-model`) and
 /// SaveImage; `title` and `description` grow by what was added.
 pub(super) fn output_tail(b: &mut Builder, p: &ImgGenParams, mut image: Out, m: TailModels<'_>, sampling: &Sampling<'_>, prompt: &str, title: &mut String, description: &mut String) -> Result<(), PresetError> {
+    if let Some(paste) = b.paste.take() {
+        // A1111's overlay: the result scaled back to its region ("only masked"), and the
+        // input laid over it where the mask does not reach.
+        let (x, y, source) = match paste.region {
+            Some([x, y, w, h]) => (x, y, a1111_resize(b, "uncrop", "inpaint_full_res", &image, w, h, "crop and resize")),
+            None => (0, 0, image),
+        };
+        let node = NodeSpec::new("ImageCompositeMasked").with_input("destination", link(&paste.destination)).with_input("source", link(&source)).with_const("x", json!(x)).with_const("y", json!(y)).with_const("resize_source", json!(false)).with_input("mask", link(&paste.mask));
+        image = Out(b.core("overlay", "--mask", node), 0);
+    }
     if let Some(ad) = &p.ad_model {
         // sd.cpp's defaults after generation: 512x512 at strength 0.4.
         let d = DetailSpec { prompt, negative: &p.negative_prompt, ad_prompt: &p.ad_prompt, ad_negative: &p.ad_negative_prompt, inpaint: (512, 512) };
@@ -196,6 +206,28 @@ pub(super) fn check_common(p: &ImgGenParams) -> Result<(), PresetError> {
         return Err(PresetError::Missing { flag: "-i".into(), msg: "--mask needs an init image".into() });
     }
     check_eta(p.eta)?;
+    if let Some(a) = &p.a1111 {
+        if p.init_img.is_none() {
+            return Err(PresetError::Missing { flag: "-i".into(), msg: "A1111's img2img options need an init image".into() });
+        }
+        if a.resize_mode > 3 {
+            return Err(invalid("resize_mode", format!("{} is not 0, 1, 2 or 3", a.resize_mode)));
+        }
+        if a.masked_content > 3 {
+            return Err(invalid("inpainting_fill", format!("{} is not 0, 1, 2 or 3", a.masked_content)));
+        }
+        if a.resize_mode == 3 && p.size_given && p.mask.is_some() && a.region.is_none() {
+            return Err(super::not_supported("resize_mode", "3 (latent upscale) with a mask over the whole picture: A1111 lays the input back at its own size over a result of the new size, which fails there"));
+        }
+        if let Some([x, y, w, h]) = a.region {
+            if p.mask.is_none() || x < 0 || y < 0 || w < 1 || h < 1 {
+                return Err(invalid("inpaint_full_res", format!("the region {w}x{h} at {x},{y} needs a mask and a positive size")));
+            }
+        }
+        if !(a.noise_multiplier.is_finite() && a.noise_multiplier >= 0.0) {
+            return Err(invalid("initial_noise_multiplier", format!("{} must be a non-negative number", a.noise_multiplier)));
+        }
+    }
     for (flag, list) in [("--sigmas", &p.sigmas), ("--hires-sigmas", &p.hires.sigmas)] {
         check_sigmas(flag, list.as_deref())?;
     }
@@ -208,7 +240,10 @@ pub(super) fn check_common(p: &ImgGenParams) -> Result<(), PresetError> {
 /// The latent to sample, with the mode's denoise, title and description: `empty`'s latent
 /// (txt2img), `-i` encoded (img2img), or with `--mask` inpainting (greyed and encoded at
 /// strength 1, else held outside the mask by SetLatentNoiseMask); `-b` repeats an input.
-pub(super) fn latent_source(b: &mut Builder, p: &ImgGenParams, stage: &VaeStage<'_>, empty: &str, txt2img: &str) -> (Out, f64, String, String) {
+pub(super) fn latent_source(b: &mut Builder, p: &ImgGenParams, stage: &VaeStage<'_>, s: &Sampling<'_>, model: &Out, empty: &str, txt2img: &str) -> (Out, f64, String, String) {
+    if let (Some(a), Some(img)) = (&p.a1111, &p.init_img) {
+        return a1111_source(b, p, stage, s, model, img, a);
+    }
     match &p.init_img {
         None => {
             let key = b.core("latent", "-W/-H", NodeSpec::new(empty).with_const("width", json!(p.width)).with_const("height", json!(p.height)).with_const("batch_size", json!(p.batch_count)));
@@ -243,4 +278,91 @@ pub(super) fn latent_source(b: &mut Builder, p: &ImgGenParams, stage: &VaeStage<
             }
         }
     }
+}
+
+/// A1111's resize modes by A1111ResizeImage's names.
+const RESIZE_MODES: [&str; 3] = ["just resize", "crop and resize", "resize and fill"];
+/// A1111's masked contents by A1111InpaintLatent's names (0, fill, acts on the image and
+/// keeps the latent as encoded).
+const MASKED_CONTENTS: [&str; 4] = ["original", "original", "latent noise", "latent nothing"];
+
+fn a1111_resize(b: &mut Builder, key: &str, origin: &str, from: &Out, w: i64, h: i64, mode: &str) -> Out {
+    Out(b.core(key, origin, NodeSpec::new("A1111ResizeImage").with_input("image", link(from)).with_const("width", json!(w)).with_const("height", json!(h)).with_const("resize_mode", json!(mode))), 0)
+}
+
+/// The A1111 API's img2img input ([`super::A1111Img2Img`]), as A1111's
+/// `StableDiffusionProcessingImg2Img.init` prepares it: the image fitted by the resize
+/// mode (A1111ResizeImage; mode 3 resizes the encoded latent); with a mask (given blurred,
+/// at the input's size) the masked content (A1111MaskedFill before encoding, or
+/// A1111InpaintLatent, which also sets A1111's rounded latent mask as the noise mask) and
+/// the inpaint area ("only masked": the region cropped and fitted to -W×-H); and for the
+/// tail, the overlay ([`PasteBack`]): the input through the mask over the result.
+fn a1111_source(b: &mut Builder, p: &ImgGenParams, stage: &VaeStage<'_>, s: &Sampling<'_>, model: &Out, img: &str, a: &super::A1111Img2Img) -> (Out, f64, String, String) {
+    let load = Out(b.core("image", "-i", NodeSpec::new("LoadImage").with_const("image", json!(img))), 0);
+    let (w, h) = (p.width, p.height);
+    let mode = RESIZE_MODES[usize::from(a.resize_mode.min(2))];
+    let repeat = |b: &mut Builder, latent: Out| -> Out {
+        if p.batch_count > 1 {
+            Out(b.extra("repeat", "-b", NodeSpec::new("RepeatLatentBatch").with_input("samples", link(&latent)).with_const("amount", json!(p.batch_count))), 0)
+        } else {
+            latent
+        }
+    };
+    let Some(mask) = &p.mask else {
+        let pixels = if p.size_given && a.resize_mode != 3 { a1111_resize(b, "resize", "resize_mode", &load, w, h, mode) } else { load };
+        let mut latent = stage.encode(b, "encode", "-i", &pixels);
+        if p.size_given && a.resize_mode == 3 {
+            latent = Out(b.core("latent_resize", "resize_mode", NodeSpec::new("LatentUpscale").with_input("samples", link(&latent)).with_const("upscale_method", json!("bilinear")).with_const("width", json!(w)).with_const("height", json!(h)).with_const("crop", json!("disabled"))), 0);
+        }
+        let how = match (p.size_given, a.resize_mode) {
+            (false, _) => "at its own size",
+            (true, 0) => "stretched to -W×-H (A1111's just resize, Lanczos)",
+            (true, 1) => "scaled to cover -W×-H and cut around the centre (A1111's crop and resize)",
+            (true, 2) => "scaled to fit -W×-H with the bands beside it filled from its edges (A1111's resize and fill)",
+            _ => "encoded at its own size and the latent resized to -W×-H (A1111's just resize, latent upscale)",
+        };
+        return (repeat(b, latent), p.strength, "Image to image".to_string(), format!("A1111's img2img: the input image {how}, encoded with the VAE, noised to the denoising strength and sampled back with the prompt."));
+    };
+    let mask_img = Out(b.core("mask", "--mask", NodeSpec::new("LoadImage").with_const("image", json!(mask))), 0);
+    let to_mask = |b: &mut Builder, key: &str, from: &Out| Out(b.core(key, "--mask", NodeSpec::new("ImageToMask").with_input("image", link(from)).with_const("channel", json!("red"))), 0);
+    let (pixels, m, destination, paste_mask, area) = match a.region {
+        None => {
+            let (pixels, fitted) = if p.size_given { (a1111_resize(b, "resize", "resize_mode", &load, w, h, mode), a1111_resize(b, "mask_resize", "resize_mode", &mask_img, w, h, mode)) } else { (load, mask_img) };
+            let m = to_mask(b, "mask_channel", &fitted);
+            // The overlay's mask is the mask doubled (A1111's `mask_for_overlay`): the
+            // input shows only where the mask is under one half.
+            let doubled = Out(b.core("overlay_mask", "--mask", NodeSpec::new("MaskComposite").with_input("destination", link(&m)).with_input("source", link(&m)).with_const("x", json!(0)).with_const("y", json!(0)).with_const("operation", json!("add"))), 0);
+            (pixels.clone(), m, pixels, doubled, "the whole picture".to_string())
+        }
+        Some([x, y, rw, rh]) => {
+            let crop = |b: &mut Builder, key: &str, from: &Out| Out(b.core(key, "inpaint_full_res", NodeSpec::new("ImageCrop").with_input("image", link(from)).with_const("width", json!(rw)).with_const("height", json!(rh)).with_const("x", json!(x)).with_const("y", json!(y))), 0);
+            let cut = crop(b, "crop", &load);
+            let pixels = a1111_resize(b, "crop_resize", "inpaint_full_res", &cut, w, h, "resize and fill");
+            let mcut = crop(b, "mask_crop", &mask_img);
+            let mfit = a1111_resize(b, "mask_crop_resize", "inpaint_full_res", &mcut, w, h, "resize and fill");
+            let m = to_mask(b, "mask_channel", &mfit);
+            let whole = to_mask(b, "overlay_channel", &mask_img);
+            let paste_mask = Out(b.core("overlay_mask", "inpaint_full_res", NodeSpec::new("CropMask").with_input("mask", link(&whole)).with_const("x", json!(x)).with_const("y", json!(y)).with_const("width", json!(rw)).with_const("height", json!(rh))), 0);
+            (pixels, m, load, paste_mask, format!("only the masked region ({rw}x{rh} at {x},{y}: the mask's box padded and widened to -W:-H, cropped and fitted to -W×-H, and pasted back)"))
+        }
+    };
+    let content = usize::from(a.masked_content.min(3));
+    let filled = if content == 0 { Out(b.core("fill", "inpainting_fill", NodeSpec::new("A1111MaskedFill").with_input("image", link(&pixels)).with_input("mask", link(&m))), 0) } else { pixels };
+    let enc = stage.encode(b, "encode", "--mask", &filled);
+    let latent = repeat(b, enc);
+    let mut node = NodeSpec::new("A1111InpaintLatent").with_input("samples", link(&latent)).with_input("mask", link(&m)).with_const("masked_content", json!(MASKED_CONTENTS[content]));
+    if content == 2 {
+        // The sampler's own initial noise, as A1111 fills with its seeds' noise.
+        let noise = match s.variation {
+            Some((subseed, strength)) => s.variation_noise(subseed, strength, true),
+            None => s.with_rng(NodeSpec::new("RandomNoise").with_const("noise_seed", json!(s.seed))),
+        };
+        let noise = b.core("fill_noise", "inpainting_fill", noise);
+        node = node.with_input("noise", InputValue::link(noise, 0)).with_input("model", link(model));
+    }
+    let latent = Out(b.core("inpaint", "--mask", node), 0);
+    let destination = if p.batch_count > 1 { Out(b.extra("overlay_repeat", "-b", NodeSpec::new("RepeatImageBatch").with_input("image", link(&destination)).with_const("amount", json!(p.batch_count))), 0) } else { destination };
+    b.paste = Some(PasteBack { destination, mask: paste_mask, region: a.region });
+    let content_words = ["fill (painted from the colours around it, A1111MaskedFill)", "original", "latent noise (the masked latent replaced by the sampler's initial noise)", "latent nothing (the masked latent zeroed)"][content];
+    (latent, p.strength, "Inpainting".to_string(), format!("A1111's inpainting of {area}: masked content {content_words}, the mask (white repaints, blurred) rounded at the latent's size holds sampling to the masked part, and the input is laid back over the result through the mask."))
 }

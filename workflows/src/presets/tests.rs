@@ -679,3 +679,60 @@ fn a_refiner_takes_the_last_pass_over_at_its_switch_step() {
     p.refiner = Some(RefinerParams { model: "r.safetensors".into(), switch_at: 2.0 });
     assert!(matches!(img_gen(&p), Err(PresetError::Invalid { flag, .. }) if flag == "--refiner-switch-at"));
 }
+
+#[test]
+fn a1111_img2img_builds_its_preparation_and_overlay() {
+    let mut p = base();
+    p.init_img = Some("in.png".into());
+    p.mask = Some("mask.png".into());
+    (p.width, p.height, p.size_given) = (64, 48, true);
+    p.a1111 = Some(A1111Img2Img { resize_mode: 2, masked_content: 3, region: None, noise_multiplier: 1.0 });
+    let wf = img_gen(&p).unwrap().workflow;
+    let find = |class: &str| wf.nodes.iter().filter(|(_, n)| n.class_type == class).map(|(id, _)| id.clone()).collect::<Vec<_>>();
+    // Image and mask fitted by the resize mode, the latent zeroed under the mask, and the
+    // input laid back through the doubled mask.
+    assert_eq!(find("A1111ResizeImage").len(), 2);
+    assert!(find("A1111ResizeImage").iter().all(|id| wf.nodes[id].inputs["resize_mode"] == InputValue::Const(json!("resize and fill"))));
+    let inpaint = &wf.nodes[&find("A1111InpaintLatent")[0]];
+    assert_eq!(inpaint.inputs["masked_content"], InputValue::Const(json!("latent nothing")));
+    assert!(find("A1111MaskedFill").is_empty() && find("RandomNoise").is_empty());
+    let overlay = &wf.nodes[&find("ImageCompositeMasked")[0]];
+    let InputValue::Link { node, .. } = &overlay.inputs["mask"] else { panic!() };
+    assert_eq!(wf.nodes[node].class_type, "MaskComposite");
+    assert_eq!(wf.nodes[&find("SaveImage")[0]].inputs["images"], InputValue::link(find("ImageCompositeMasked")[0].clone(), 0));
+
+    // Only masked: the region cut out and pasted back at its place; latent noise reads the
+    // sampler's noise and the model.
+    p.a1111 = Some(A1111Img2Img { resize_mode: 0, masked_content: 2, region: Some([8, 4, 40, 30]), noise_multiplier: 1.0 });
+    let wf = img_gen(&p).unwrap().workflow;
+    let find = |class: &str| wf.nodes.iter().filter(|(_, n)| n.class_type == class).map(|(_, n)| n.clone()).collect::<Vec<_>>();
+    assert!(find("ImageCrop").iter().all(|n| n.inputs["x"] == InputValue::Const(json!(8)) && n.inputs["width"] == InputValue::Const(json!(40))));
+    let overlay = &find("ImageCompositeMasked")[0];
+    assert_eq!((&overlay.inputs["x"], &overlay.inputs["y"]), (&InputValue::Const(json!(8)), &InputValue::Const(json!(4))));
+    assert!(find("A1111InpaintLatent")[0].inputs.contains_key("noise") && find("RandomNoise").len() == 1);
+
+    // Without a mask, mode 3 resizes the latent; a noise multiplier samples through
+    // VariationNoise.
+    p.mask = None;
+    p.a1111 = Some(A1111Img2Img { resize_mode: 3, noise_multiplier: 0.5, ..A1111Img2Img::default() });
+    let wf = img_gen(&p).unwrap().workflow;
+    assert!(wf.nodes.values().any(|n| n.class_type == "LatentUpscale"));
+    let noise = wf.nodes.values().find(|n| n.class_type == "VariationNoise").unwrap();
+    assert_eq!(noise.inputs["initial_noise_multiplier"], InputValue::Const(json!(0.5)));
+
+    // Out-of-range values are refused by the A1111 field.
+    for (a, mask, flag) in [
+        (A1111Img2Img { resize_mode: 4, ..A1111Img2Img::default() }, false, "resize_mode"),
+        (A1111Img2Img { masked_content: 7, ..A1111Img2Img::default() }, true, "inpainting_fill"),
+        (A1111Img2Img { resize_mode: 3, ..A1111Img2Img::default() }, true, "resize_mode"),
+        (A1111Img2Img { region: Some([0, 0, 0, 9]), ..A1111Img2Img::default() }, true, "inpaint_full_res"),
+        (A1111Img2Img { noise_multiplier: f64::NAN, ..A1111Img2Img::default() }, false, "initial_noise_multiplier"),
+    ] {
+        p.mask = mask.then(|| "mask.png".to_string());
+        p.a1111 = Some(a);
+        match img_gen(&p) {
+            Err(PresetError::Invalid { flag: f, .. } | PresetError::NotSupported { flag: f, .. }) => assert_eq!(f, flag),
+            other => panic!("{flag}: {:?}", other.map(|_| ())),
+        }
+    }
+}
