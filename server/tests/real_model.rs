@@ -275,7 +275,8 @@ async fn sd_server_endpoints_generate_on_the_tiny_model() {
         body[field] = value;
         let (code, r) = s.post("/sdapi/v1/txt2img", body).await;
         assert_eq!(code, 400, "{field}: {r}");
-        assert!(r["error"]["message"].as_str().unwrap().contains(&format!("`{field}`")), "{r}");
+        // (A script is named by its own key: `alwayson_scripts.ADetailer`.)
+        assert!(r["error"]["message"].as_str().unwrap().contains(&format!("`{field}")), "{r}");
     }
     let (code, r) = s.post("/sdapi/v1/txt2img", json!({"prompt": "x", "steps": 1, "width": 64, "height": 64, "tiling": false, "restore_faces": false, "subseed": -1, "subseed_strength": 0, "styles": [], "alwayson_scripts": {}, "script_args": [], "s_noise": 1.0, "do_not_save_grid": true})).await;
     assert_eq!(code, 200, "{r}");

@@ -9,6 +9,7 @@ use image::{DynamicImage, Rgb, RgbImage};
 use sdflow_workflows::presets::ControlUnit;
 use serde_json::{json, Map, Value as Json};
 
+use super::fields::off;
 use super::{decode_b64, stem, AppStateRef, TempInputs};
 use crate::comfy::list_models;
 use crate::error::ApiError;
@@ -99,18 +100,6 @@ fn short(v: &Json) -> String {
         format!("{}…", &s[..s.char_indices().take_while(|(i, _)| *i < 80).last().map_or(0, |(i, c)| i + c.len_utf8())])
     } else {
         s
-    }
-}
-
-/// Whether `v` leaves its feature off: null, false, 0, "" or an empty list.
-fn off(v: &Json) -> bool {
-    match v {
-        Json::Null => true,
-        Json::Bool(b) => !b,
-        Json::Number(n) => n.as_f64() == Some(0.0),
-        Json::String(s) => s.is_empty(),
-        Json::Array(a) => a.is_empty(),
-        Json::Object(_) => false,
     }
 }
 

@@ -52,7 +52,7 @@ const HONOURED: &[&str] = &[
 ];
 
 /// Whether `v` is JSON null, or `false`, `0`, `""`, `[]` or `{}`.
-fn off(v: &Json) -> bool {
+pub(super) fn off(v: &Json) -> bool {
     match v {
         Json::Null => true,
         Json::Bool(b) => !b,

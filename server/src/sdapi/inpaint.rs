@@ -97,41 +97,28 @@ pub(super) fn expand_crop_region((mut x1, mut y1, mut x2, mut y2): (i64, i64, i6
     let ratio_crop = (x2 - x1) as f64 / (y2 - y1) as f64;
     let ratio_processing = pw as f64 / ph as f64;
     if ratio_crop > ratio_processing {
-        let desired_height = (x2 - x1) as f64 / ratio_processing;
-        let diff = (desired_height - (y2 - y1) as f64) as i64;
-        y1 -= diff.div_euclid(2);
-        y2 += diff - diff.div_euclid(2);
-        if y2 >= ih {
-            let d = y2 - ih;
-            y2 -= d;
-            y1 -= d;
-        }
-        if y1 < 0 {
-            y2 -= y1;
-            y1 = 0;
-        }
-        if y2 >= ih {
-            y2 = ih;
-        }
+        (y1, y2) = grow_axis(y1, y2, (x2 - x1) as f64 / ratio_processing, ih);
     } else {
-        let desired_width = (y2 - y1) as f64 * ratio_processing;
-        let diff = (desired_width - (x2 - x1) as f64) as i64;
-        x1 -= diff.div_euclid(2);
-        x2 += diff - diff.div_euclid(2);
-        if x2 >= iw {
-            let d = x2 - iw;
-            x2 -= d;
-            x1 -= d;
-        }
-        if x1 < 0 {
-            x2 -= x1;
-            x1 = 0;
-        }
-        if x2 >= iw {
-            x2 = iw;
-        }
+        (x1, x2) = grow_axis(x1, x2, (y2 - y1) as f64 * ratio_processing, iw);
     }
     (x1, y1, x2, y2)
+}
+
+/// One axis of [`expand_crop_region`]: `[lo, hi)` grown to `desired` (truncated, as A1111's
+/// `int()`), half on each side, then moved back inside `[0, limit)` and cut there.
+fn grow_axis(lo: i64, hi: i64, desired: f64, limit: i64) -> (i64, i64) {
+    let diff = (desired - (hi - lo) as f64) as i64;
+    let (mut lo, mut hi) = (lo - diff.div_euclid(2), hi + diff - diff.div_euclid(2));
+    if hi >= limit {
+        let d = hi - limit;
+        hi -= d;
+        lo -= d;
+    }
+    if lo < 0 {
+        hi -= lo;
+        lo = 0;
+    }
+    (lo, hi.min(limit))
 }
 
 #[cfg(test)]
