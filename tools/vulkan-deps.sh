@@ -6,32 +6,54 @@
 # VK_EXT_layer_settings, headers >= 1.3.261), so the headers come from Debian 13's
 # libvulkan-dev, downloaded through a private apt configuration (the system's sources stay
 # as they are) and unpacked into a cache folder; nothing from Debian 13 is installed. The
-# shader compiler, SPIR-V headers, the loader and Mesa's software Vulkan device (lavapipe)
-# are Debian 12's own packages.
+# shader compiler, SPIR-V headers and the loader are Debian 12's own packages; Mesa's
+# software Vulkan device (lavapipe) comes from bookworm-backports (25.0), through the same
+# kind of private configuration, because Debian 12's own (22.3) crashes at random inside
+# its worker threads under ggml (a third of the runs of some parity tests).
 set -euo pipefail
 
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/sdflow/vulkan-headers"
 version=1.4.309.0-1
+keyring=/usr/share/keyrings/debian-archive-keyring.gpg
+
+# apt with only the given sources, its lists in a temporary folder.
+private_apt() {
+    local work="$1"; shift
+    mkdir -p "$work/lists/partial" "$work/cache/archives/partial"
+    local suite
+    for suite in "$@"; do
+        echo "deb [signed-by=$keyring] http://deb.debian.org/debian $suite main"
+    done > "$work/sources.list"
+}
+apt_opts() {
+    echo -o "Dir::Etc::SourceList=$1/sources.list" -o "Dir::Etc::SourceParts=/dev/null" -o "Dir::State::Lists=$1/lists" -o "Dir::Cache=$1/cache"
+}
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
 
 need=()
-for pkg in glslc spirv-headers glslang-tools libvulkan-dev mesa-vulkan-drivers; do
+for pkg in glslc spirv-headers glslang-tools libvulkan-dev; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >&2 \
         || { apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >&2; }
 fi
+if ! dpkg-query -W -f '${Version}' mesa-vulkan-drivers 2>/dev/null | grep -q '^2[5-9]\.'; then
+    private_apt "$work/bpo" bookworm bookworm-backports
+    # shellcheck disable=SC2046
+    apt-get $(apt_opts "$work/bpo") update -qq >&2
+    # shellcheck disable=SC2046
+    DEBIAN_FRONTEND=noninteractive apt-get $(apt_opts "$work/bpo") install -y -qq --no-install-recommends -t bookworm-backports mesa-vulkan-drivers >&2
+fi
 
 if [ ! -f "$cache/usr/include/vulkan/vulkan_core.h" ]; then
-    work="$(mktemp -d)"
-    trap 'rm -rf "$work"' EXIT
-    mkdir -p "$work/lists/partial" "$work/cache/archives/partial"
-    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main" > "$work/sources.list"
-    opts=(-o "Dir::Etc::SourceList=$work/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
-          -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache")
-    apt-get "${opts[@]}" update -qq >&2
-    (cd "$work" && apt-get "${opts[@]}" download "libvulkan-dev=$version" >&2)
+    private_apt "$work/trixie" trixie
+    # shellcheck disable=SC2046
+    apt-get $(apt_opts "$work/trixie") update -qq >&2
+    # shellcheck disable=SC2046
+    (cd "$work/trixie" && apt-get $(apt_opts "$work/trixie") download "libvulkan-dev=$version" >&2)
     mkdir -p "$cache"
-    dpkg -x "$work"/libvulkan-dev_*.deb "$cache"
+    dpkg -x "$work"/trixie/libvulkan-dev_*.deb "$cache"
 fi
 echo "$cache/usr/include"
