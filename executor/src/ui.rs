@@ -678,14 +678,8 @@ pub fn ui_to_workflow(doc: &Json, registry: &Registry) -> Result<Workflow, Workf
                                 // gives the widget its default.
                                 widget_value = a.get(cursor).cloned().or_else(|| input.default_json());
                                 cursor += 1;
-                                if has_control_widget(input) && is_control(a.get(cursor)) {
-                                    cursor += 1;
-                                }
-                                if input.extra.get("image_upload") == Some(&Json::Bool(true))
-                                    && a.get(cursor).and_then(Json::as_str) == Some("image")
-                                {
-                                    cursor += 1;
-                                }
+                                let upload = input.extra.get("image_upload") == Some(&Json::Bool(true));
+                                skip_companions(a, &mut cursor, has_control_widget(input), upload);
                             }
                             Json::Object(m) => widget_value = m.get(&input.name).cloned(),
                             _ => {}
@@ -751,6 +745,17 @@ fn has_control_widget(input: &crate::schema::InputSpec) -> bool {
             w.control_after_generate || input.name == "seed" || input.name == "noise_seed"
         }
         _ => false,
+    }
+}
+
+/// Steps `cursor` past the values the frontend stores after a widget's own in
+/// `widgets_values`: a seed's control value, an upload button's `"image"`.
+fn skip_companions(values: &[Json], cursor: &mut usize, control: bool, upload: bool) {
+    if control && is_control(values.get(*cursor)) {
+        *cursor += 1;
+    }
+    if upload && values.get(*cursor).and_then(Json::as_str) == Some("image") {
+        *cursor += 1;
     }
 }
 

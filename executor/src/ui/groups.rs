@@ -16,7 +16,7 @@ use std::collections::HashMap;
 
 use serde_json::{Map, Value as Json};
 
-use super::{err, is_control, parse_node, UiInput, UiNode};
+use super::{err, parse_node, skip_companions, UiInput, UiNode};
 use crate::registry::Registry;
 use crate::schema::{InputKind, InputSpec};
 use crate::workflow::WorkflowError;
@@ -335,12 +335,7 @@ impl GroupType {
             let Some(v) = values.get(cursor) else { break };
             out.push((w.name.clone(), v.clone()));
             cursor += 1;
-            if w.control && is_control(values.get(cursor)) {
-                cursor += 1;
-            }
-            if w.upload && values.get(cursor).and_then(Json::as_str) == Some("image") {
-                cursor += 1;
-            }
+            skip_companions(&values, &mut cursor, w.control, w.upload);
         }
         out
     }
