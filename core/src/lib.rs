@@ -20,6 +20,7 @@ pub mod ggml;
 pub mod io;
 pub mod lora;
 pub mod models;
+pub mod placement;
 pub mod residency;
 pub mod sampling;
 pub mod synth;

@@ -565,3 +565,24 @@ fn dropping_a_derived_entry_releases_its_base() {
     m.release_unreferenced();
     assert_eq!(m.stats().models.len(), 0);
 }
+
+#[test]
+fn a_transient_entry_is_dropped_when_its_last_pin_goes() {
+    let f = Files::new();
+    let m = ResidencyManager::new();
+    let (l, runs) = Counting::new("copy", 100);
+    let h = m.get_or_load_transient(f.key("a.safetensors", "gpu-copy."), l).unwrap();
+    let g1 = h.pin().unwrap();
+    let g2 = h.pin().unwrap();
+    drop(g1);
+    assert!(h.is_resident(), "still pinned once");
+    drop(g2);
+    assert!(!h.is_resident(), "no pin left: gone, not cached");
+    assert_eq!(m.stats().device(Device::Cpu).map_or(0, |d| d.bytes), 0);
+    drop(h.pin().unwrap());
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "each use loads again");
+    // A cached entry beside it keeps its payload.
+    let (c, _) = request(&m, f.key("a.safetensors", "cached."), "cached", 10);
+    drop(c.pin().unwrap());
+    assert!(c.is_resident());
+}

@@ -10,7 +10,7 @@ use std::ffi::CStr;
 use std::ptr::NonNull;
 
 /// Which kind of device a backend computes on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum BackendKind {
     Cpu,
     /// The n-th GPU device ggml knows about (CUDA or Vulkan, whichever was built).
@@ -56,20 +56,14 @@ impl Backend {
 
     /// The `index`-th GPU device.
     pub fn gpu(index: usize) -> Result<Self> {
-        init();
-        let devs = gpu_devs();
-        let dev = *devs.get(index).ok_or_else(|| {
-            GgmlError::Backend(format!(
-                "no GPU device {index}: this build has {} (build with --features cuda or vulkan)",
-                devs.len()
-            ))
-        })?;
+        let dev = gpu_dev(index)?;
         // SAFETY: dev comes from ggml's registry.
         let ptr = NonNull::new(unsafe { ggml_sys::ggml_backend_dev_init(dev, std::ptr::null()) })
             .ok_or_else(|| GgmlError::Backend(format!("cannot initialise GPU device {index}")))?;
         let name = cstr(unsafe { ggml_sys::ggml_backend_name(ptr.as_ptr()) });
-        // Graphs for this device must not hold the CPU-only product op.
-        super::matmul::disable();
+        // Graphs built outside a scope that names their target no longer take the
+        // CPU-only ops (see `options`).
+        super::options::note_gpu_backend();
         Ok(Backend { ptr, kind: BackendKind::Gpu(index), name })
     }
 
@@ -102,25 +96,160 @@ impl Backend {
 
     /// Allocate one buffer holding every tensor of `ctx` (typically a model's weights).
     pub fn alloc_tensors(&self, ctx: &Context, what: &str) -> Result<Buffer> {
-        // SAFETY: ctx is a valid no_alloc context; null means allocation failed (or the
-        // context has no tensors).
-        let p = unsafe { ggml_sys::ggml_backend_alloc_ctx_tensors(ctx.raw(), self.raw()) };
-        let ptr = NonNull::new(p).ok_or_else(|| GgmlError::Alloc {
-            what: what.to_string(),
-            bytes: 0,
-            backend: self.name.clone(),
-        })?;
-        Ok(Buffer { ptr })
+        self.buffer_type().alloc_tensors(ctx, what)
+    }
+
+    /// Where this backend's tensors live by default.
+    pub fn buffer_type(&self) -> BufferType {
+        // SAFETY: the default buffer type of a live backend: a static object of its device.
+        let p = unsafe { ggml_sys::ggml_backend_get_default_buffer_type(self.raw()) };
+        BufferType { ptr: NonNull::new(p).expect("every ggml backend has a default buffer type"), kind: self.kind }
     }
 
     /// Run a graph whose tensors are all allocated.
     pub fn compute(&self, graph: &Graph<'_>) -> Result<()> {
+        if self.kind != BackendKind::Cpu {
+            // A CPU custom op on a GPU backend makes ggml abort: refuse the graph instead,
+            // naming the op, so a placement mistake is an error message.
+            if let Some(op) = graph.custom_op() {
+                return Err(GgmlError::Backend(format!(
+                    "the graph holds the CPU-only op `{op}` and cannot run on {}: it was built outside a GPU graph scope",
+                    self.name
+                )));
+            }
+        }
         // SAFETY: the graph's tensors have been placed by a GraphAllocator or alloc_tensors.
         let status = unsafe { ggml_sys::ggml_backend_graph_compute(self.raw(), graph.raw()) };
         if status != ggml_sys::GGML_STATUS_SUCCESS {
             return Err(GgmlError::Compute { backend: self.name.clone(), status: status as i32 });
         }
         Ok(())
+    }
+}
+
+fn gpu_dev(index: usize) -> Result<ggml_sys::ggml_backend_dev_t> {
+    init();
+    let devs = gpu_devs();
+    devs.get(index).copied().ok_or_else(|| {
+        GgmlError::Backend(format!("no GPU device {index}: this build has {} (build with --features cuda or vulkan)", devs.len()))
+    })
+}
+
+/// One device ggml can compute on, as `--list-devices` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// ggml's device name (`CPU`, `CUDA0`, `Vulkan0`): what `--backend` takes.
+    pub name: String,
+    pub description: String,
+    /// The backend that registered it (`CPU`, `CUDA`, `Vulkan`).
+    pub registry: String,
+    pub kind: BackendKind,
+    /// Free and total memory in bytes, as the driver reports them (the CPU: system RAM).
+    pub free: u64,
+    pub total: u64,
+}
+
+/// The CPU, then every GPU in the order [`BackendKind::Gpu`] counts them.
+pub fn devices() -> Vec<DeviceInfo> {
+    init();
+    let info = |d: ggml_sys::ggml_backend_dev_t, kind| {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: d comes from ggml's registry; the out-pointers are live locals.
+        unsafe { ggml_sys::ggml_backend_dev_memory(d, &mut free, &mut total) };
+        DeviceInfo {
+            name: cstr(unsafe { ggml_sys::ggml_backend_dev_name(d) }),
+            description: cstr(unsafe { ggml_sys::ggml_backend_dev_description(d) }),
+            registry: cstr(unsafe { ggml_sys::ggml_backend_reg_name(ggml_sys::ggml_backend_dev_backend_reg(d)) }),
+            kind,
+            free: free as u64,
+            total: total as u64,
+        }
+    };
+    // SAFETY: lookup in ggml's static registry; the CPU device is always registered.
+    let cpu = unsafe { ggml_sys::ggml_backend_dev_by_type(ggml_sys::GGML_BACKEND_DEVICE_TYPE_CPU) };
+    let mut out = Vec::new();
+    if !cpu.is_null() {
+        out.push(info(cpu, BackendKind::Cpu));
+    }
+    out.extend(gpu_devs().into_iter().enumerate().map(|(i, d)| info(d, BackendKind::Gpu(i))));
+    out
+}
+
+/// Where tensors are allocated: one device's memory. Unlike a [`Backend`] it holds no
+/// compute state, so loaders on any thread can place weights on a device while another
+/// thread computes there.
+#[derive(Clone, Copy, Debug)]
+pub struct BufferType {
+    ptr: NonNull<ggml_sys::ggml_backend_buffer_type>,
+    kind: BackendKind,
+}
+
+// SAFETY: buffer types are static objects of ggml's device registry; allocating from one
+// is thread-safe in ggml.
+unsafe impl Send for BufferType {}
+unsafe impl Sync for BufferType {}
+
+impl BufferType {
+    /// Host memory.
+    pub fn cpu() -> Self {
+        init();
+        // SAFETY: a static object.
+        let p = unsafe { ggml_sys::ggml_backend_cpu_buffer_type() };
+        BufferType { ptr: NonNull::new(p).expect("ggml has a CPU buffer type"), kind: BackendKind::Cpu }
+    }
+
+    /// The memory of the device `kind` names.
+    pub fn of(kind: BackendKind) -> Result<Self> {
+        match kind {
+            BackendKind::Cpu => Ok(Self::cpu()),
+            BackendKind::Gpu(i) => {
+                let dev = gpu_dev(i)?;
+                // SAFETY: dev comes from ggml's registry.
+                let p = unsafe { ggml_sys::ggml_backend_dev_buffer_type(dev) };
+                let ptr = NonNull::new(p).ok_or_else(|| GgmlError::Backend(format!("GPU device {i} has no buffer type")))?;
+                Ok(BufferType { ptr, kind })
+            }
+        }
+    }
+
+    pub fn kind(&self) -> BackendKind {
+        self.kind
+    }
+
+    pub fn name(&self) -> String {
+        // SAFETY: a static object's name.
+        cstr(unsafe { ggml_sys::ggml_backend_buft_name(self.ptr.as_ptr()) })
+    }
+
+    /// One buffer holding every tensor of `ctx`. Fails (never aborts) when the device
+    /// cannot provide it, naming `what`, the bytes asked for and the device.
+    pub fn alloc_tensors(&self, ctx: &Context, what: &str) -> Result<Buffer> {
+        // SAFETY: ctx is a valid no_alloc context; both calls only read its tensors'
+        // metadata; null means the allocation failed (or the context has no tensors).
+        let p = unsafe { ggml_sys::ggml_backend_alloc_ctx_tensors_from_buft(ctx.raw(), self.ptr.as_ptr()) };
+        let ptr = NonNull::new(p).ok_or_else(|| GgmlError::Alloc {
+            what: what.to_string(),
+            bytes: unsafe { ggml_sys::ggml_backend_alloc_ctx_tensors_from_buft_size(ctx.raw(), self.ptr.as_ptr()) },
+            backend: self.name(),
+        })?;
+        Ok(Buffer { ptr })
+    }
+}
+
+/// Anything tensors can be placed by: a backend (its device's memory) or a buffer type.
+pub trait AllocTarget {
+    fn buffer_type(&self) -> BufferType;
+}
+
+impl AllocTarget for Backend {
+    fn buffer_type(&self) -> BufferType {
+        Backend::buffer_type(self)
+    }
+}
+
+impl AllocTarget for BufferType {
+    fn buffer_type(&self) -> BufferType {
+        *self
     }
 }
 

@@ -16,6 +16,8 @@ pub struct Context {
     /// The axes on which the model layers built here pad their convolutions circularly
     /// (see [`Context::set_circular`]).
     circular: std::cell::Cell<Circular>,
+    /// The options in force where the context was made (see `super::options`).
+    options: super::GraphOptions,
 }
 
 /// The spatial axes whose padding wraps around (seamless tiling: sd-cli's `--circular`,
@@ -62,7 +64,17 @@ impl Context {
         let ptr = unsafe { ggml_sys::ggml_init(params) };
         let ptr = NonNull::new(ptr)
             .ok_or_else(|| GgmlError::Context(format!("cannot allocate a {mem}-byte context")))?;
-        Ok(Context { ptr, max_tensors, circular: std::cell::Cell::new(Circular::NONE) })
+        Ok(Context { ptr, max_tensors, circular: std::cell::Cell::new(Circular::NONE), options: super::options::current() })
+    }
+
+    /// How graphs of this context are built: the device they are for, the kernels chosen.
+    pub fn options(&self) -> super::GraphOptions {
+        self.options
+    }
+
+    /// Whether ops may be our CPU custom ops: the graph is not for a GPU, and they are on.
+    fn cpu_ops(&self) -> bool {
+        !self.options.gpu && super::matmul::enabled()
     }
 
     pub(crate) fn raw(&self) -> *mut ggml_sys::ggml_context {
@@ -336,7 +348,7 @@ impl Context {
             if let Some(t) = self.bf16_linear("mul_mat", a, b, [an[1], bn[1], bn[2], bn[3]], 0)? {
                 return Ok(t);
             }
-            if super::matmul::enabled() && super::matmul::supports(a.raw(), b.raw()) {
+            if self.cpu_ops() && super::matmul::supports(a.raw(), b.raw()) {
                 return self.matmul_op("mul_mat", a, b, [an[1], bn[1], bn[2], bn[3]], 0);
             }
         }
@@ -355,7 +367,7 @@ impl Context {
         if let Some(t) = self.bf16_linear("mul_mat_t", a, b, [bn[1], an[1], bn[2], bn[3]], super::matmul::TRANSPOSED)? {
             return Ok(t);
         }
-        if super::matmul::enabled() && super::matmul::supports(a.raw(), b.raw()) {
+        if self.cpu_ops() && super::matmul::supports(a.raw(), b.raw()) {
             return self.matmul_op("mul_mat_t", a, b, [bn[1], an[1], bn[2], bn[3]], super::matmul::TRANSPOSED);
         }
         self.cont(self.permute(self.mul_mat(a, b)?, [1, 0, 2, 3])?)
@@ -368,7 +380,7 @@ impl Context {
         let an = a.ne();
         // SAFETY: reads metadata only.
         let rows_contiguous = unsafe { (*a.raw()).nb[0] } == a.dtype().type_size();
-        if !super::matmul::enabled() || an[2] * an[3] != 1 || !rows_contiguous || b.dtype() != GType::F32 || !super::bf16::takes(a.dtype().0, an[0], b.ne()[1]) {
+        if !self.cpu_ops() || an[2] * an[3] != 1 || !rows_contiguous || b.dtype() != GType::F32 || !super::bf16::takes(a.dtype().0, an[0], b.ne()[1]) {
             return Ok(None);
         }
         let b = if b.is_contiguous() { b } else { self.cont(b)? };
@@ -455,7 +467,11 @@ impl Context {
         if !kernel.is_contiguous() {
             return Err(shape("conv_2d", "kernel must be contiguous".into()));
         }
-        if stride == (1, 1) && dilation == (1, 1) && input.dtype() == GType::F32 && super::matmul::enabled() {
+        // sd-cli's conv-direct switches; ggml's direct kernels take f32 and f16 kernels.
+        if self.options.conv_direct && matches!(kernel.dtype(), GType::F32 | GType::F16) && input.dtype() == GType::F32 {
+            return self.conv_2d_direct(kernel, input, stride, pad, dilation);
+        }
+        if stride == (1, 1) && dilation == (1, 1) && input.dtype() == GType::F32 && self.cpu_ops() {
             let kn = kernel.ne();
             // Any C_out: a VAE's conv_out (128 → 3) through im2col instead would need a
             // 1.2 GB column buffer at 512², the largest allocation of the whole decode.
@@ -474,7 +490,7 @@ impl Context {
         let kn = kernel.ne();
         let cols2 = self.reshape(cols, [k, ow * oh * n, 1, 1])?;
         let kernel2 = self.reshape(kernel, [kn[0] * kn[1] * kn[2], kn[3], 1, 1])?;
-        if super::matmul::enabled() && super::matmul::supports(kernel2.raw(), cols.raw()) {
+        if self.cpu_ops() && super::matmul::supports(kernel2.raw(), cols.raw()) {
             let cols3 = self.reshape(cols, [k, ow * oh, n, 1])?;
             let out = self.mul_mat_t(kernel2, cols3)?; // [OW·OH, Cout, N]
             return self.reshape(out, [ow, oh, kn[3], n]);
@@ -624,7 +640,7 @@ impl Context {
     /// `bf16`: the model computes in bf16 (its weights are bf16), so where the CPU has
     /// bf16 units both products run on them ([`super::bf16`]), the softmax staying f32.
     pub fn attention_cpu<'a>(&'a self, q: Tensor<'a>, k: Tensor<'a>, v: Tensor<'a>, scale: f32, bf16: bool) -> Result<Option<Tensor<'a>>> {
-        if !super::matmul::enabled() {
+        if !self.cpu_ops() {
             return Ok(None);
         }
         let (qn, kn, vn) = (q.ne(), k.ne(), v.ne());
@@ -660,7 +676,7 @@ impl Context {
     /// [`Context::gelu`] looks x up in an f16 table on the CPU.
     /// On the CPU it is one fused pass (`ggml::gelu`) where the tensor is contiguous f32.
     pub fn gelu_tanh_exact<'a>(&'a self, a: Tensor<'a>) -> Result<Tensor<'a>> {
-        if super::matmul::enabled() && a.dtype() == GType::F32 && a.is_contiguous() {
+        if self.cpu_ops() && a.dtype() == GType::F32 && a.is_contiguous() {
             // SAFETY: a contiguous f32 source of the output's shape, as the op reads it.
             return unsafe { self.custom("gelu_tanh", GType::F32, a.ne(), &[a], Some(super::gelu::compute), 0) };
         }
@@ -911,6 +927,18 @@ pub struct Graph<'c> {
 impl<'c> Graph<'c> {
     pub fn raw(&self) -> *mut ggml_sys::ggml_cgraph {
         self.ptr.as_ptr()
+    }
+
+    /// The name of the first custom (CPU-only) op in the graph, if any.
+    pub(crate) fn custom_op(&self) -> Option<String> {
+        (0..self.n_nodes()).find_map(|i| {
+            // SAFETY: i < n_nodes; the node is a live tensor of the graph's context.
+            let t = unsafe { &*ggml_sys::ggml_graph_node(self.raw(), i as i32) };
+            matches!(t.op, ggml_sys::GGML_OP_CUSTOM | ggml_sys::GGML_OP_MAP_CUSTOM1 | ggml_sys::GGML_OP_MAP_CUSTOM2 | ggml_sys::GGML_OP_MAP_CUSTOM3).then(|| {
+                // SAFETY: ggml tensor names are NUL-terminated arrays.
+                unsafe { std::ffi::CStr::from_ptr(t.name.as_ptr()) }.to_string_lossy().into_owned()
+            })
+        })
     }
 
     /// Add `t` and everything it depends on.

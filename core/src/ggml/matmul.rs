@@ -11,8 +11,9 @@
 //! op can also write its output transposed, which lets convolutions land in [W, H, C, N]
 //! without a permute copy.
 //!
-//! GPU backends have no custom ops, so the first GPU backend a process creates turns this
-//! off ([`disable`]); `SDFLOW_GGML_MATMUL=1` turns it off too, for comparisons.
+//! GPU backends have no custom ops, so graphs built for a GPU never take it (see
+//! `super::options`); `SDFLOW_GGML_MATMUL=1` (or [`disable`]) turns it off everywhere, for
+//! comparisons.
 
 use std::cell::RefCell;
 use std::os::raw::{c_int, c_void};
@@ -37,8 +38,7 @@ pub fn enabled() -> bool {
     }
 }
 
-/// Use ggml's own products from now on (a GPU backend exists: its graphs cannot hold a
-/// CPU custom op).
+/// Use ggml's own products from now on, in every graph.
 pub fn disable() {
     STATE.store(OFF, Ordering::Relaxed);
 }

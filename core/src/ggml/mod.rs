@@ -15,9 +15,11 @@ mod backend;
 mod context;
 mod gelu;
 pub mod matmul;
+mod options;
 mod run;
 
-pub use backend::{Backend, BackendKind, Buffer, GraphAllocator};
+pub use backend::{devices, AllocTarget, Backend, BackendKind, Buffer, BufferType, DeviceInfo, GraphAllocator};
+pub use options::{scope, GraphOptions};
 pub use context::{Circular, Context, Graph, ScaleMode, Tensor};
 pub use run::GraphRun;
 

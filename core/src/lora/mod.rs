@@ -26,7 +26,6 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::dtype::{self, ConvertError, DType};
-use crate::ggml::Backend;
 use crate::io::{IoError, TensorSource};
 use crate::models::{AdapterSpec, Factor, ModelError, Weights};
 use crate::residency::PinGuard;
@@ -472,8 +471,7 @@ pub fn apply(base: PinGuard<Weights>, lora: &LoraFile, side: Side, strength: f32
             report.applied - report.at_runtime
         );
     }
-    let backend = Backend::cpu(1).map_err(ModelError::from)?;
-    Ok((Weights::patched(&backend, base, patched, adapters)?, report))
+    Ok((Weights::patched(base, patched, adapters)?, report))
 }
 
 // ---- The formulas (ComfyUI's weight adapters). ----

@@ -7,7 +7,7 @@
 
 use super::{ModelError, Result, WeightSpec, Weights};
 use crate::dtype::{self, DType};
-use crate::ggml::{Backend, GType};
+use crate::ggml::{AllocTarget, GType};
 use crate::io::{TensorInfo, TensorSource, TypeRules};
 
 /// The type `info` is loaded as under `rules`.
@@ -35,8 +35,9 @@ pub fn load_type(info: &TensorInfo, rules: &TypeRules) -> DType {
     }
 }
 
-/// Every tensor of `src` whose name starts with one of `prefixes`, on `backend`.
-pub fn load_weights(backend: &Backend, src: &dyn TensorSource, prefixes: &[&str], rules: &TypeRules) -> Result<Weights> {
+/// Every tensor of `src` whose name starts with one of `prefixes`, in `backend`'s memory
+/// (a [`crate::ggml::Backend`] or a [`crate::ggml::BufferType`]).
+pub fn load_weights(backend: &(impl AllocTarget + ?Sized), src: &dyn TensorSource, prefixes: &[&str], rules: &TypeRules) -> Result<Weights> {
     let wanted: Vec<_> = src.tensors().iter().filter(|t| prefixes.iter().any(|p| t.name.starts_with(p))).map(|t| (src, t, t.name.clone())).collect();
     if wanted.is_empty() {
         return Err(ModelError::Config(format!("{}: no tensors under {prefixes:?}", src.path().display())));
@@ -47,7 +48,7 @@ pub fn load_weights(backend: &Backend, src: &dyn TensorSource, prefixes: &[&str]
 /// Every tensor of several sources in one [`Weights`], each named `prefix` + its name in
 /// its file: models split over files whose names collide (TAESD's encoder and decoder
 /// files, combined as ComfyUI does under `taesd_encoder.` / `taesd_decoder.`).
-pub fn load_weights_prefixed(backend: &Backend, parts: &[(&dyn TensorSource, &str)], rules: &TypeRules) -> Result<Weights> {
+pub fn load_weights_prefixed(backend: &(impl AllocTarget + ?Sized), parts: &[(&dyn TensorSource, &str)], rules: &TypeRules) -> Result<Weights> {
     let mut wanted = Vec::new();
     for &(src, prefix) in parts {
         if src.tensors().is_empty() {
@@ -59,7 +60,7 @@ pub fn load_weights_prefixed(backend: &Backend, parts: &[(&dyn TensorSource, &st
 }
 
 /// Load `(source, tensor, name to give it)` triples, converting as `rules` say.
-fn load_named(backend: &Backend, wanted: Vec<(&dyn TensorSource, &TensorInfo, String)>, rules: &TypeRules) -> Result<Weights> {
+fn load_named(backend: &(impl AllocTarget + ?Sized), wanted: Vec<(&dyn TensorSource, &TensorInfo, String)>, rules: &TypeRules) -> Result<Weights> {
     let mut specs = Vec::with_capacity(wanted.len());
     let mut origin = std::collections::HashMap::with_capacity(wanted.len());
     // Empty marker tensors (ComfyUI's `scaled_fp8`) hold no weight.

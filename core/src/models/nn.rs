@@ -90,7 +90,8 @@ pub fn attention_typed<'a>(ctx: &'a Context, q: Tensor<'a>, k: Tensor<'a>, v: Te
             return Ok(ctx.reshape(out, [d, tq, b, 1])?);
         }
     }
-    if tk >= FLASH_MIN_KEYS {
+    // `--fa` asks for the fused kernel at every length (where it takes no mask).
+    if tk >= FLASH_MIN_KEYS || (ctx.options().flash_attn && mask.is_none()) {
         // Fused attention never materialises the Tq×Tk score matrix (1 GiB per layer
         // for SD at 512²). ggml's CPU kernel wants f16 keys and values.
         let qh = ctx.permute(split(q, tq)?, [0, 2, 1, 3])?; // [dh, Tq, H, B]

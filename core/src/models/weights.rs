@@ -6,7 +6,7 @@
 //! any graph is built — which is what makes the unchecked-by-ggml graph code safe.
 
 use super::ModelError;
-use crate::ggml::{Backend, Buffer, Context, GType, Tensor};
+use crate::ggml::{AllocTarget, Buffer, BufferType, Context, GType, Tensor};
 use std::collections::HashMap;
 use std::ptr::NonNull;
 
@@ -68,6 +68,8 @@ pub struct Weights {
     /// ones inherited from `base` (in its context, kept alive by the pin).
     adapters: HashMap<String, Vec<AdapterPtrs>>,
     buffer: Option<Buffer>,
+    /// The memory the tensors were placed in (an overlay's own tensors go there too).
+    home: BufferType,
     ctx: Context,
     /// For an overlay ([`Weights::overlay`]): the weights it shares its other tensors
     /// with, pinned so they stay resident while the overlay is. Dropped last.
@@ -81,9 +83,10 @@ unsafe impl Send for Weights {}
 unsafe impl Sync for Weights {}
 
 impl Weights {
-    /// Create every tensor in `specs` on `backend` and fill it with the bytes `fill`
-    /// returns (exactly the tensor's byte length, in its type).
-    pub fn new<F>(backend: &Backend, specs: &[WeightSpec], mut fill: F) -> Result<Self, ModelError>
+    /// Create every tensor in `specs` in `target`'s memory (a backend's device, or a
+    /// buffer type) and fill it with the bytes `fill` returns (exactly the tensor's byte
+    /// length, in its type).
+    pub fn new<F>(target: &(impl AllocTarget + ?Sized), specs: &[WeightSpec], mut fill: F) -> Result<Self, ModelError>
     where
         F: FnMut(&WeightSpec) -> Result<Vec<u8>, ModelError>,
     {
@@ -98,11 +101,12 @@ impl Weights {
             }
             order.push(t.raw());
         }
-        let buffer = if specs.is_empty() { None } else { Some(backend.alloc_tensors(&ctx, "model weights")?) };
+        let home = target.buffer_type();
+        let buffer = if specs.is_empty() { None } else { Some(home.alloc_tensors(&ctx, "model weights")?) };
         if let Some(b) = &buffer {
             b.mark_weights();
         }
-        let w = Weights { map, adapters: HashMap::new(), buffer, ctx, base: None };
+        let w = Weights { map, adapters: HashMap::new(), buffer, home, ctx, base: None };
         for s in specs {
             let bytes = fill(s)?;
             let t = w.get(&s.name)?;
@@ -147,14 +151,15 @@ impl Weights {
     /// for new ones of the same type and shape; every other tensor is `base`'s own, shared.
     /// The overlay owns (and [`Weights::bytes`] counts) only the replaced tensors, and keeps
     /// `base` pinned while it lives: a LoRA-merged view of a checkpoint.
-    pub fn overlay(backend: &Backend, base: crate::residency::PinGuard<Weights>, replaced: Vec<(String, Vec<u8>)>) -> Result<Self, ModelError> {
-        Self::patched(backend, base, replaced, Vec::new())
+    pub fn overlay(base: crate::residency::PinGuard<Weights>, replaced: Vec<(String, Vec<u8>)>) -> Result<Self, ModelError> {
+        Self::patched(base, replaced, Vec::new())
     }
 
     /// [`Weights::overlay`] that also carries runtime `adapters`: their factors live in the
     /// overlay's own buffer, the weights they target stay `base`'s, and `base`'s own
-    /// adapters are kept (a chain of LoRAs at runtime adds every branch).
-    pub fn patched(backend: &Backend, base: crate::residency::PinGuard<Weights>, replaced: Vec<(String, Vec<u8>)>, adapters: Vec<AdapterSpec>) -> Result<Self, ModelError> {
+    /// adapters are kept (a chain of LoRAs at runtime adds every branch). The overlay's
+    /// own tensors live where `base`'s do: one graph reads both.
+    pub fn patched(base: crate::residency::PinGuard<Weights>, replaced: Vec<(String, Vec<u8>)>, adapters: Vec<AdapterSpec>) -> Result<Self, ModelError> {
         let mut specs = Vec::with_capacity(replaced.len() + 3 * adapters.len());
         for (name, _) in &replaced {
             let t = base.get(name)?;
@@ -176,7 +181,7 @@ impl Weights {
                 specs.push(WeightSpec { name, ty: GType::F32, ne: f.ne.clone() });
             }
         }
-        let mut own = Weights::new(backend, &specs, |s| Ok(bytes.remove(&s.name).unwrap_or_default()))?;
+        let mut own = Weights::new(&base.home, &specs, |s| Ok(bytes.remove(&s.name).unwrap_or_default()))?;
         own.adapters = base.adapters.clone();
         for (i, a) in adapters.into_iter().enumerate() {
             let mut take = |part: &str| own.map.remove(&factor_name(i, part)).ok_or_else(|| ModelError::MissingWeight(factor_name(i, part)));
@@ -227,6 +232,59 @@ impl Weights {
     /// Bytes of weight data held on the backend.
     pub fn bytes(&self) -> usize {
         self.buffer.as_ref().map_or(0, |b| b.size())
+    }
+
+    /// The memory the weights live in.
+    pub fn home(&self) -> BufferType {
+        self.home
+    }
+
+    /// Every tensor (an overlay's shared ones included) and runtime adapter copied into
+    /// `target`'s memory: the weights a graph on another device reads (offloading).
+    pub fn copy_to(&self, target: &(impl AllocTarget + ?Sized)) -> Result<Weights, ModelError> {
+        let mut specs: Vec<WeightSpec> = Vec::with_capacity(self.map.len());
+        let mut sources: HashMap<String, NonNull<ggml_sys::ggml_tensor>> = HashMap::with_capacity(self.map.len());
+        for (name, &p) in &self.map {
+            // SAFETY: as in `get`.
+            let t = unsafe { Tensor::from_raw(p) };
+            specs.push(WeightSpec { name: name.clone(), ty: t.dtype(), ne: t.ne().to_vec() });
+            sources.insert(name.clone(), p);
+        }
+        let mut factors = Vec::new();
+        for (target_name, list) in &self.adapters {
+            for (j, a) in list.iter().enumerate() {
+                for (part, p) in [("down", Some(a.down)), ("mid", a.mid), ("up", Some(a.up))] {
+                    let Some(p) = p else { continue };
+                    let name = format!("#copy{}.{j}.{part}#{target_name}", factors.len());
+                    // SAFETY: as in `adapters`.
+                    let t = unsafe { Tensor::from_raw(p) };
+                    specs.push(WeightSpec { name: name.clone(), ty: t.dtype(), ne: t.ne().to_vec() });
+                    sources.insert(name.clone(), p);
+                    factors.push((target_name.clone(), j, part, name));
+                }
+            }
+        }
+        // Sorted: the same weights give the same buffer layout on every copy.
+        specs.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut out = Weights::new(target, &specs, |s| {
+            // SAFETY: the source tensors live in self (or its pinned base) for this call.
+            let t = unsafe { Tensor::from_raw(sources[&s.name]) };
+            t.get_bytes().map_err(|e| ModelError::Weight { name: s.name.clone(), detail: e.to_string() })
+        })?;
+        for (target_name, list) in &self.adapters {
+            let mut copied = Vec::with_capacity(list.len());
+            for (j, a) in list.iter().enumerate() {
+                let mut take = |part: &str| {
+                    let name = &factors.iter().find(|f| &f.0 == target_name && f.1 == j && f.2 == part).expect("every factor was listed").3;
+                    out.map.remove(name).ok_or_else(|| ModelError::MissingWeight(name.clone()))
+                };
+                let down = take("down")?;
+                let mid = if a.mid.is_some() { Some(take("mid")?) } else { None };
+                copied.push(AdapterPtrs { down, mid, up: take("up")?, scale: a.scale, rows: a.rows });
+            }
+            out.adapters.insert(target_name.clone(), copied);
+        }
+        Ok(out)
     }
 }
 

@@ -289,6 +289,8 @@ struct Entry {
     slot: Slot,
     handles: usize,
     pins: usize,
+    /// Dropped as soon as the last pin goes ([`ResidencyManager::get_or_load_transient`]).
+    transient: bool,
     last_use: u64,
     generation: u64,
     last_error: Option<(u64, Arc<dyn StdError + Send + Sync>)>,
@@ -500,6 +502,21 @@ impl ResidencyManager {
         key: WeightKey,
         loader: L,
     ) -> Result<WeightHandle<L::Output>, ResidencyError> {
+        self.register(key, loader, false)
+    }
+
+    /// [`ResidencyManager::get_or_load`] for a payload that is not cached: evicted as soon as
+    /// nothing pins it (weights copied to a GPU for one use while they are kept in RAM,
+    /// `--offload-to-cpu`; or read from disk for each use, `--params-backend disk`).
+    pub fn get_or_load_transient<L: Load>(
+        &self,
+        key: WeightKey,
+        loader: L,
+    ) -> Result<WeightHandle<L::Output>, ResidencyError> {
+        self.register(key, loader, true)
+    }
+
+    fn register<L: Load>(&self, key: WeightKey, loader: L, transient: bool) -> Result<WeightHandle<L::Output>, ResidencyError> {
         let type_name = std::any::type_name::<L::Output>();
         let mut st = self.lock();
         st.requests += 1;
@@ -528,6 +545,7 @@ impl ResidencyManager {
                     slot: Slot::Empty,
                     handles: 1,
                     pins: 0,
+                    transient,
                     last_use,
                     generation: 0,
                     last_error: None,
@@ -766,6 +784,9 @@ impl ResidencyManager {
             e.pins -= 1;
             // Unpinning counts as a use: the weights were just read.
             e.last_use = now;
+            if e.pins == 0 && e.transient {
+                st.evict(id);
+            }
         }
     }
 
