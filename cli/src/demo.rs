@@ -78,6 +78,7 @@ pub fn demo_command(args: DemoArgs) -> anyhow::Result<()> {
         threads: args.threads,
         input_dir: dir.join("input"),
         weight_type: Default::default(),
+        placement: Default::default(),
     })?;
     let newest = std::fs::read_dir(&args.output_dir)?
         .flatten()

@@ -50,6 +50,94 @@ pub struct RunArgs {
     pub input_dir: PathBuf,
     #[command(flatten)]
     pub weight_type: WeightTypeArg,
+    #[command(flatten)]
+    pub placement: PlacementArgs,
+}
+
+/// sd-cli's device placement flags (`sdflow run`, `serve` and the presets take them alike).
+#[derive(Args, Clone, Debug, Default)]
+pub struct PlacementArgs {
+    /// Runtime backend per module, e.g. `cpu` or `clip=cpu,vae=cuda0,diffusion=vulkan0`
+    /// (modules: diffusion, te, clip_vision, vae, controlnet, photomaker, upscaler,
+    /// detector; devices as --list-devices names them). Default: the first GPU, else the CPU.
+    #[arg(long, value_name = "SPEC")]
+    pub backend: Option<String>,
+    /// Where weights are kept between uses, e.g. `cpu`, `disk` or `diffusion=disk,clip=cpu`:
+    /// kept off the computing device, they are copied there for each use and dropped after.
+    #[arg(long, value_name = "SPEC")]
+    pub params_backend: Option<String>,
+    /// Keep the weights in RAM and copy them to VRAM when needed (`--params-backend cpu`).
+    #[arg(long)]
+    pub offload_to_cpu: bool,
+    /// Deprecated; use --backend te=cpu.
+    #[arg(long)]
+    pub clip_on_cpu: bool,
+    /// Deprecated; use --backend vae=cpu.
+    #[arg(long)]
+    pub vae_on_cpu: bool,
+    /// Deprecated; use --backend controlnet=cpu.
+    #[arg(long)]
+    pub control_net_cpu: bool,
+    /// Weight budget in GiB per GPU, e.g. `6` or `cuda0=6,vulkan0=4`; `0` for none; a
+    /// negative value is the device's free memory less that much. Least recently used
+    /// weights are dropped to stay within it.
+    #[arg(long, value_name = "GIB", allow_hyphen_values = true)]
+    pub max_vram: Option<String>,
+    /// Use flash attention (ggml's fused kernel at every sequence length).
+    #[arg(long)]
+    pub fa: bool,
+    /// Use flash attention in the diffusion model only.
+    #[arg(long)]
+    pub diffusion_fa: bool,
+    /// Use ggml_conv_2d_direct in the diffusion model.
+    #[arg(long)]
+    pub diffusion_conv_direct: bool,
+    /// Use ggml_conv_2d_direct in the VAE.
+    #[arg(long)]
+    pub vae_conv_direct: bool,
+    /// List the devices ggml can use (`name<TAB>description` per line) and exit; the names
+    /// are what --backend and --params-backend take.
+    #[arg(long)]
+    pub list_devices: bool,
+}
+
+impl PlacementArgs {
+    pub fn spec(&self) -> sdflow_core::placement::PlacementSpec {
+        sdflow_core::placement::PlacementSpec {
+            backend: self.backend.clone(),
+            params_backend: self.params_backend.clone(),
+            offload_to_cpu: self.offload_to_cpu,
+            clip_on_cpu: self.clip_on_cpu,
+            vae_on_cpu: self.vae_on_cpu,
+            control_net_cpu: self.control_net_cpu,
+            max_vram: self.max_vram.clone(),
+            flash_attn: self.fa,
+            diffusion_flash_attn: self.diffusion_fa,
+            diffusion_conv_direct: self.diffusion_conv_direct,
+            vae_conv_direct: self.vae_conv_direct,
+        }
+    }
+
+    /// The placement these flags ask for on this machine's devices.
+    pub fn resolve(&self) -> anyhow::Result<sdflow_core::placement::Placement> {
+        let devices = sdflow_core::ggml::devices();
+        let p = sdflow_core::placement::Placement::resolve(&self.spec(), &devices)?;
+        tracing::info!(placement = %p.describe(&devices), "modules placed");
+        Ok(p)
+    }
+
+    /// With `--list-devices`: print the devices and say so (the caller exits).
+    pub fn list_devices(&self) -> bool {
+        if self.list_devices {
+            print!("{}", device_list());
+        }
+        self.list_devices
+    }
+}
+
+/// sd-cli's `--list-devices` output: `name<TAB>description` per device.
+pub fn device_list() -> String {
+    sdflow_core::ggml::devices().iter().map(|d| format!("{}\t{}\n", d.name, d.description)).collect()
 }
 
 /// `--type`: what model weights are converted to at load.
@@ -78,25 +166,30 @@ fn parse_weight_type(s: &str) -> Result<WeightType, String> {
 /// The node types `sdflow run` and `sdflow serve` offer (every real node, plus the
 /// executor's stub pack, handy for trying the engine without a model), with the runtime
 /// their nodes share (the server reports its residency manager and lists its model
-/// folders). Weights load as `weight_type`.
-pub fn registry(models_dir: &Path, output_dir: &Path, input_dir: &Path, threads: Option<usize>, weight_type: WeightType) -> anyhow::Result<(Registry, Arc<sdflow_nodes::Runtime>)> {
-    registry_with(models_dir, output_dir, input_dir, threads, weight_type, |rt| rt)
+/// folders). Weights load as `weight_type`, modules compute where `placement` says.
+pub fn registry(models_dir: &Path, output_dir: &Path, input_dir: &Path, threads: Option<usize>, weight_type: WeightType, placement: sdflow_core::placement::Placement) -> anyhow::Result<(Registry, Arc<sdflow_nodes::Runtime>)> {
+    registry_with(models_dir, output_dir, input_dir, threads, weight_type, placement, |rt| rt)
 }
 
 /// [`registry`], with `configure` setting the runtime's other options (previews).
-pub fn registry_with(models_dir: &Path, output_dir: &Path, input_dir: &Path, threads: Option<usize>, weight_type: WeightType, configure: impl FnOnce(sdflow_nodes::Runtime) -> sdflow_nodes::Runtime) -> anyhow::Result<(Registry, Arc<sdflow_nodes::Runtime>)> {
+pub fn registry_with(models_dir: &Path, output_dir: &Path, input_dir: &Path, threads: Option<usize>, weight_type: WeightType, placement: sdflow_core::placement::Placement, configure: impl FnOnce(sdflow_nodes::Runtime) -> sdflow_nodes::Runtime) -> anyhow::Result<(Registry, Arc<sdflow_nodes::Runtime>)> {
     let mut registry = Registry::new();
     sdflow_executor::stub::register(&mut registry);
     let threads = threads.unwrap_or_else(sdflow_core::ggml::default_threads);
-    let rt = Arc::new(configure(sdflow_nodes::Runtime::new(models_dir, output_dir, threads, weight_type).context("starting the compute backend")?.with_input_dir(input_dir)));
+    let rt = sdflow_nodes::Runtime::new(models_dir, output_dir, threads, weight_type).context("starting the compute backend")?;
+    let rt = rt.with_placement(placement).context("starting the devices the placement uses")?;
+    let rt = Arc::new(configure(rt.with_input_dir(input_dir)));
     tracing::info!(%weight_type, "weights load as");
     sdflow_nodes::register_all(&mut registry, rt.clone());
     Ok((registry, rt))
 }
 
 pub fn run_command(args: RunArgs) -> anyhow::Result<()> {
+    if args.placement.list_devices() {
+        return Ok(());
+    }
     let out_dir = args.output_dir.clone().unwrap_or_else(|| PathBuf::from("output"));
-    let registry = Arc::new(registry(&args.models_dir, &out_dir, &args.input_dir, args.threads, args.weight_type.resolve())?.0);
+    let registry = Arc::new(registry(&args.models_dir, &out_dir, &args.input_dir, args.threads, args.weight_type.resolve(), args.placement.resolve()?)?.0);
     let mut workflows = Vec::with_capacity(args.workflows.len());
     for path in &args.workflows {
         let mut wf = load(path, &registry)?;

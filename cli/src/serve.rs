@@ -77,6 +77,8 @@ pub struct ServeArgs {
     pub threads: Option<usize>,
     #[command(flatten)]
     pub weight_type: crate::run::WeightTypeArg,
+    #[command(flatten)]
+    pub placement: crate::run::PlacementArgs,
     /// Most prompts waiting to run; more are refused with HTTP 429.
     #[arg(long, default_value_t = 1000, value_name = "N")]
     pub max_queue: usize,
@@ -112,12 +114,16 @@ pub struct ServeArgs {
 }
 
 pub fn serve_command(args: ServeArgs) -> anyhow::Result<()> {
+    if args.placement.list_devices() {
+        return Ok(());
+    }
     let (registry, runtime) = crate::run::registry(
         &args.models_dir,
         &args.output_dir,
         &args.input_dir,
         args.threads,
         args.weight_type.resolve(),
+        args.placement.resolve()?,
     )?;
     let default_checkpoint = match &args.model {
         Some(m) => Some(model_name(&runtime, "checkpoints", "-m", m)?),

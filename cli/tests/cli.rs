@@ -182,7 +182,10 @@ fn unsupported_flags_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     for (args, expect) in [
         (&["img_gen", "-m", "m.safetensors", "--high-noise-diffusion-model", "w.safetensors"][..], "not supported yet: --high-noise-diffusion-model w.safetensors (Wan2.2"),
-        (&["img_gen", "-m", "m.safetensors", "--offload-to-cpu"][..], "not supported yet: --offload-to-cpu ("),
+        (&["img_gen", "-m", "m.safetensors", "--mmap"][..], "not supported yet: --mmap ("),
+        (&["img_gen", "-m", "m.safetensors", "--backend", "vae=cpu,diffusion=tpu0"][..], "--backend: no device `tpu0` in this build (devices: CPU"),
+        (&["img_gen", "-m", "m.safetensors", "--backend", "refiner=cpu"][..], "--backend: unknown module `refiner`"),
+        (&["img_gen", "-m", "m.safetensors", "--max-vram", "lots"][..], "--max-vram: `lots` is not a number of GiB"),
         (&["img_gen", "-m", "m.safetensors", "--rng", "cuda", "--sampler-rng", "cpu"][..], "not supported yet: --sampler-rng cpu with --rng cuda ("),
         (&["adetailer", "-m", "m.safetensors", "-i", "in.png", "--ad-model", "face.pt", "--sigmas", "14.6,7.8,0"][..], "not supported yet: --sigmas in the adetailer mode ("),
         (&["img_gen", "-m", "m.safetensors", "--tensor-type-rules", "vae=f16"][..], "not supported yet: --tensor-type-rules vae=f16"),
@@ -596,6 +599,36 @@ fn img_gen_runs_a_controlnet() {
     assert_eq!(run(&["--control-net", c, "--control-image", "edges.png", "--control-strength", "0"], "zero.png"), plain);
     let (_, e) = fails(&["-m", m, "-p", "a cat", "-W", "64", "-H", "64", "--steps", "1", "--control-net", "missing_cn.safetensors", "--control-image", "edges.png", "-o", "x.png"], dir.path());
     assert!(e.contains("missing_cn.safetensors"), "{e}");
+}
+
+/// sd-cli's placement flags on a CPU-only build: every module lands on the CPU, weights
+/// kept in RAM, read from disk per use, or under a budget give the very same image; the
+/// kernel switches (flash attention, direct convolutions) the same image within rounding.
+#[test]
+fn placement_flags_run_on_the_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let listed = ok(&["img_gen", "--list-devices"], dir.path());
+    assert!(listed.lines().next().is_some_and(|l| l.starts_with("CPU\t")), "{listed}");
+    let model = dir.path().join("tiny.safetensors");
+    let cfg = SdConfig::tiny_sd1_f8();
+    write_checkpoint(&model, &cfg, DType::F32, 11, Format::Safetensors).unwrap();
+    let cn = dir.path().join("control.safetensors");
+    sdflow_core::synth::write_controlnet(&cn, &cfg.unet, 3, 4).unwrap();
+    write_png(&dir.path().join("edges.png"), 64, 64);
+    let (m, c) = (model.to_str().unwrap(), cn.to_str().unwrap());
+    let run = |extra: &[&str], out: &str| {
+        let mut args = vec!["-m", m, "-p", "a lovely cat", "-W", "64", "-H", "64", "--steps", "2", "-s", "3", "--type", "f32", "--control-net", c, "--control-image", "edges.png", "-o", out];
+        args.extend(extra);
+        ok(&args, dir.path());
+        png_pixels(&dir.path().join(out))
+    };
+    let plain = run(&[], "plain.png");
+    let placed = run(&["--offload-to-cpu", "--clip-on-cpu", "--vae-on-cpu", "--control-net-cpu", "--backend", "cpu", "--max-vram", "4"], "placed.png");
+    assert_eq!(placed, plain);
+    assert_eq!(run(&["--params-backend", "disk,vae=cpu"], "disk.png"), plain);
+    let kernels = run(&["--fa", "--diffusion-conv-direct", "--vae-conv-direct"], "kernels.png");
+    let worst = kernels.iter().zip(&plain).map(|(a, b)| a.abs_diff(*b)).max().unwrap();
+    assert!(worst <= 2, "direct convolutions and fused attention move a pixel by {worst}/255");
 }
 
 /// The sdflow-format file of `workflows/` as ComfyUI's API format: its `nodes` object

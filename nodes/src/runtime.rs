@@ -1,9 +1,12 @@
 //! What every node of one registry shares.
 
 use parking_lot::Mutex;
+use sdflow_core::ggml::{Backend, BackendKind, BufferType, DeviceInfo};
 use sdflow_core::io::WeightType;
-use sdflow_core::ggml::Backend;
-use sdflow_core::residency::ResidencyManager;
+use sdflow_core::models::Placeable;
+use sdflow_core::placement::{Module, ModulePlacement, Params, Placement};
+use sdflow_core::residency::{PinGuard, ResidencyManager, WeightHandle, WeightKey};
+use sdflow_executor::NodeError;
 use std::path::{Path, PathBuf};
 
 pub struct Runtime {
@@ -27,8 +30,15 @@ pub struct Runtime {
     /// Preview the noisy latent (the sampler's state after each step) rather than the
     /// denoised estimate (sd-cli's `--preview-noisy`).
     pub preview_noisy: bool,
-    /// The compute lane: one graph at a time, as the executor's device lane guarantees.
-    backend: Mutex<Backend>,
+    /// Where each module computes and keeps its weights (`--backend` and friends).
+    placement: Placement,
+    /// The devices ggml saw when the placement was made, for names and status.
+    devices: Vec<DeviceInfo>,
+    /// One backend per device the placement uses, created up front and kept for the
+    /// process's life (ggml's Vulkan device cannot be set up twice in one process). Each
+    /// runs one graph at a time, as the executor's device lane guarantees anyway.
+    backends: Vec<(BackendKind, Mutex<Backend>)>,
+    threads: usize,
 }
 
 /// The executor lane name of the compute backend.
@@ -51,8 +61,98 @@ impl Runtime {
             rng: sdflow_core::sampling::RngKind::Cpu,
             preview: crate::sampling::preview::PreviewMethod::default(),
             preview_noisy: false,
-            backend: Mutex::new(Backend::cpu(threads)?),
+            placement: Placement::cpu(),
+            devices: sdflow_core::ggml::devices(),
+            backends: vec![(BackendKind::Cpu, Mutex::new(Backend::cpu(threads)?))],
+            threads,
         })
+    }
+
+    /// Place the modules as `placement` says: its devices' backends are started now (an
+    /// error names the device that failed) and `--max-vram` budgets go to the residency
+    /// manager.
+    pub fn with_placement(mut self, placement: Placement) -> Result<Self, sdflow_core::ggml::GgmlError> {
+        for kind in placement.devices() {
+            if !self.backends.iter().any(|(k, _)| *k == kind) {
+                self.backends.push((kind, Mutex::new(Backend::new(kind, self.threads)?)));
+            }
+        }
+        for (&kind, &bytes) in placement.budgets() {
+            self.residency.set_budget(kind.into(), Some(bytes));
+        }
+        self.placement = placement;
+        Ok(self)
+    }
+
+    pub fn placement(&self) -> &Placement {
+        &self.placement
+    }
+
+    /// The devices ggml reported at start.
+    pub fn devices(&self) -> &[DeviceInfo] {
+        &self.devices
+    }
+
+    /// Where `module`'s graphs run and its weights are kept. A ControlNet runs inside the
+    /// UNet's graph, so it computes where the diffusion model does; placed elsewhere, its
+    /// weights are kept there and copied over for each use.
+    pub fn place(&self, module: Module) -> ModulePlacement {
+        let own = self.placement.module(module);
+        if module != Module::ControlNet {
+            return own;
+        }
+        let host = self.placement.module(Module::Diffusion);
+        let params = match own.params {
+            Params::WithRuntime if own.runtime != host.runtime => Params::On(own.runtime),
+            Params::On(d) if d == host.runtime => Params::WithRuntime,
+            p => p,
+        };
+        ModulePlacement { runtime: host.runtime, params, options: host.options }
+    }
+
+    /// The memory `module`'s weights are loaded into: its params device, else its runtime
+    /// device.
+    fn home(&self, module: Module) -> BackendKind {
+        let p = self.place(module);
+        match p.params {
+            Params::On(d) => d,
+            Params::WithRuntime | Params::Disk => p.runtime,
+        }
+    }
+
+    /// Register `module`'s weights under `key` (its device is set here), loaded by `load`
+    /// into the memory the placement keeps them in. Nothing is read until a pin.
+    pub fn weights<T, F>(&self, module: Module, mut key: WeightKey, load: F) -> Result<WeightHandle<T>, NodeError>
+    where
+        T: Placeable,
+        F: Fn(&BufferType) -> Result<T, Box<dyn std::error::Error + Send + Sync>> + Send + Sync + 'static,
+    {
+        let home = self.home(module);
+        key.device = home.into();
+        let loader = move || -> Result<T, Box<dyn std::error::Error + Send + Sync>> { load(&BufferType::of(home)?) };
+        match self.place(module).params {
+            Params::Disk => self.residency.get_or_load_transient(key, loader),
+            _ => self.residency.get_or_load(key, loader),
+        }
+        .map_err(crate::err)
+    }
+
+    /// `handle`'s weights on the device `module` computes on, held there until the guard
+    /// is dropped: the weights themselves, or (kept on another device: offloading) a copy
+    /// made for this use and dropped after it.
+    pub fn pin<T: Placeable>(&self, module: Module, handle: &WeightHandle<T>) -> Result<PinGuard<T>, NodeError> {
+        let runtime = self.place(module).runtime;
+        if handle.key().device == runtime.into() {
+            return handle.pin().map_err(crate::err);
+        }
+        let mut key = handle.key().clone();
+        key.device = runtime.into();
+        let home = handle.clone();
+        let copy = self
+            .residency
+            .get_or_load_transient(key, move || -> Result<T, Box<dyn std::error::Error + Send + Sync>> { Ok(home.pin()?.copy_to(&BufferType::of(runtime)?)?) })
+            .map_err(crate::err)?;
+        copy.pin().map_err(crate::err)
     }
 
     /// Set the generator of sampling noise.
@@ -79,10 +179,13 @@ impl Runtime {
         self
     }
 
-    /// Run `f` with exclusive use of the compute backend.
-    pub fn with_backend<T>(&self, f: impl FnOnce(&Backend) -> T) -> T {
-        let b = self.backend.lock();
-        f(&b)
+    /// Run `f` with exclusive use of the backend `module` computes on, graphs built for
+    /// that device with the module's kernel choices.
+    pub fn with_backend<T>(&self, module: Module, f: impl FnOnce(&Backend) -> T) -> T {
+        let p = self.place(module);
+        let (_, backend) = self.backends.iter().find(|(k, _)| *k == p.runtime).expect("with_placement starts a backend for every device the placement uses");
+        let b = backend.lock();
+        sdflow_core::ggml::scope(p.options, || f(&b))
     }
 
     /// Set the folder LoadImage reads from.

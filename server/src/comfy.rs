@@ -331,6 +331,45 @@ fn memory() -> (u64, u64) {
     (field("MemTotal:"), field("MemAvailable:"))
 }
 
+/// `/system_stats`' devices as ComfyUI reports its torch device (`cuda:0 NAME`, type,
+/// index, memory): each GPU the placement computes on, with the driver's live free memory,
+/// then the CPU. `torch_vram_*` (what torch holds) are the bytes of weights sdflow keeps
+/// on the device and its budget's room left.
+fn devices(runtime: &sdflow_nodes::Runtime, ram_total: u64, ram_free: u64) -> Json {
+    use sdflow_core::ggml::BackendKind;
+    let stats = runtime.residency.stats();
+    let held = |k: BackendKind| stats.device(k.into()).map_or(0, |d| d.bytes);
+    let budget_left = |k: BackendKind| runtime.residency.budget(k.into()).map(|b| b.saturating_sub(held(k)));
+    let used = runtime.placement().devices();
+    let mut out: Vec<Json> = sdflow_core::ggml::devices()
+        .into_iter()
+        .filter(|d| d.kind != BackendKind::Cpu && used.contains(&d.kind))
+        .map(|d| {
+            let index: u64 = d.name.trim_start_matches(|c: char| !c.is_ascii_digit()).parse().unwrap_or(0);
+            let ty = d.registry.to_ascii_lowercase();
+            json!({
+                "name": format!("{ty}:{index} {}", d.description),
+                "type": ty,
+                "index": index,
+                "vram_total": d.total,
+                "vram_free": d.free,
+                "torch_vram_total": held(d.kind),
+                "torch_vram_free": budget_left(d.kind).unwrap_or(d.free),
+            })
+        })
+        .collect();
+    out.push(json!({
+        "name": "cpu",
+        "type": "cpu",
+        "index": null,
+        "vram_total": ram_total,
+        "vram_free": ram_free,
+        "torch_vram_total": held(BackendKind::Cpu),
+        "torch_vram_free": budget_left(BackendKind::Cpu).unwrap_or(ram_free),
+    }));
+    Json::Array(out)
+}
+
 pub async fn system_stats(State(state): AppStateRef) -> Reply<Json> {
     let (ram_total, ram_free) = memory();
     let cache = state.executor.cache_stats();
@@ -348,15 +387,7 @@ pub async fn system_stats(State(state): AppStateRef) -> Reply<Json> {
             "embedded_python": false,
             "argv": std::env::args().collect::<Vec<_>>(),
         },
-        "devices": [{
-            "name": "cpu",
-            "type": "cpu",
-            "index": null,
-            "vram_total": ram_total,
-            "vram_free": ram_free,
-            "torch_vram_total": 0,
-            "torch_vram_free": 0,
-        }],
+        "devices": devices(&state.runtime, ram_total, ram_free),
         "sdflow": {
             "version": env!("CARGO_PKG_VERSION"),
             "uptime_s": state.started.elapsed().as_secs(),

@@ -20,16 +20,7 @@ const REFUSED: &[(&str, bool, &str)] = &[
     ("qwen2vl_vision", true, "LLM vision encoders are not implemented"),
     ("high-noise-diffusion-model", true, "Wan2.2 MoE models are not implemented"),
     ("force-sdxl-vae-conv-scale", false, "sdflow's VAE convolutions run in f32 or bf16 with f32 sums, where the fp16 overflow this works around does not arise"),
-    ("offload-to-cpu", false, "weights are placed by sdflow's residency manager; no per-flag placement yet"),
     ("mmap", false, "model files are always memory-mapped when the format allows"),
-    ("control-net-cpu", false, "no per-model device placement yet"),
-    ("clip-on-cpu", false, "no per-model device placement yet"),
-    ("vae-on-cpu", false, "no per-model device placement yet"),
-    ("max-vram", true, "no VRAM budget yet"),
-    ("fa", false, "the attention kernel is not selectable yet"),
-    ("diffusion-fa", false, "the attention kernel is not selectable yet"),
-    ("diffusion-conv-direct", false, "the convolution kernel is not selectable yet"),
-    ("vae-conv-direct", false, "the convolution kernel is not selectable yet"),
     ("end-img", true, "video generation is not implemented"),
     ("control-video", true, "video generation is not implemented"),
     ("video-frames", true, "video generation is not implemented"),
@@ -129,6 +120,8 @@ pub struct CommonArgs {
     pub color: bool,
     #[command(flatten)]
     pub weight_type: run::WeightTypeArg,
+    #[command(flatten)]
+    pub placement: run::PlacementArgs,
     /// Print every event as one JSON line on stdout.
     #[arg(long)]
     pub json_events: bool,

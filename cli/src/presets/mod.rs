@@ -259,10 +259,15 @@ fn common_refusals(c: &CommonArgs, refused: &Refused) -> anyhow::Result<()> {
     if c.preview_method() != sdflow_nodes::sampling::preview::PreviewMethod::None && run::preview_format(&c.preview_path).is_none() {
         bail!("invalid value for --preview-path: {} (previews are written as .png or .jpg)", c.preview_path.display());
     }
+    // A placement this machine cannot honour fails before anything is staged.
+    sdflow_core::placement::Placement::resolve(&c.placement.spec(), &sdflow_core::ggml::devices())?;
     Ok(())
 }
 
 pub fn img_gen_command(a: ImgGenArgs) -> anyhow::Result<()> {
+    if a.common.placement.list_devices() {
+        return Ok(());
+    }
     common_refusals(&a.common, &a.refused)?;
     a.sampling.refusals()?;
     if a.taesd.is_none() {
@@ -294,6 +299,9 @@ pub fn img_gen_command(a: ImgGenArgs) -> anyhow::Result<()> {
 }
 
 pub fn upscale_command(a: UpscaleArgs) -> anyhow::Result<()> {
+    if a.common.placement.list_devices() {
+        return Ok(());
+    }
     common_refusals(&a.common, &a.refused)?;
     check_output(&a.output)?;
     let params = |names: &mut Names<'_>| -> anyhow::Result<UpscaleParams> {
@@ -310,6 +318,9 @@ pub fn upscale_command(a: UpscaleArgs) -> anyhow::Result<()> {
 }
 
 pub fn adetailer_command(a: AdetailerArgs) -> anyhow::Result<()> {
+    if a.common.placement.list_devices() {
+        return Ok(());
+    }
     common_refusals(&a.common, &a.refused)?;
     a.sampling.refusals()?;
     if a.common.preview.as_deref() == Some("tae") {
@@ -358,7 +369,8 @@ pub fn vid_gen_command(_a: VidGenArgs) -> anyhow::Result<()> {
 fn finish(shown: Preset, c: &CommonArgs, output: &str, begin: Option<i64>, build: impl FnOnce(&mut Stage) -> anyhow::Result<Preset>) -> anyhow::Result<()> {
     let threads = (c.threads > 0).then_some(c.threads as usize);
     let stage_probe = Stage::new(&c.models_dir)?;
-    let (probe, _) = run::registry(stage_probe.path(), stage_probe.path(), &stage_probe.input_dir(), threads, c.weight_type.resolve())?;
+    // The probe only lists node types: on the CPU, so no GPU device is set up twice.
+    let (probe, _) = run::registry(stage_probe.path(), stage_probe.path(), &stage_probe.input_dir(), threads, c.weight_type.resolve(), sdflow_core::placement::Placement::cpu())?;
     let missing = presets::unsupported_nodes(&shown, &probe);
     drop(probe);
     drop(stage_probe);
@@ -380,7 +392,8 @@ fn finish(shown: Preset, c: &CommonArgs, output: &str, begin: Option<i64>, build
     let preset = build(&mut stage)?;
     let out_dir = stage.path().join("output");
     let (method, noisy) = (c.preview_method(), c.preview_noisy);
-    let registry = Arc::new(run::registry_with(stage.path(), &out_dir, &stage.input_dir(), threads, c.weight_type.resolve(), |rt| rt.with_preview_method(method).with_preview_noisy(noisy))?.0);
+    let placement = c.placement.resolve()?;
+    let registry = Arc::new(run::registry_with(stage.path(), &out_dir, &stage.input_dir(), threads, c.weight_type.resolve(), placement, |rt| rt.with_preview_method(method).with_preview_noisy(noisy))?.0);
     let workflows: Vec<(String, Workflow)> = vec![(preset.workflow.header.as_ref().and_then(|h| h.title.clone()).unwrap_or_default(), preset.workflow.clone())];
     let session = run::Session { output_dir: Some(out_dir.clone()), json_events: c.json_events, workers: None, repeat: 1, preview: c.preview_file(), models_dir: None };
     let reports = run::execute(registry, &workflows, &session).map_err(|e| anyhow::anyhow!("{}", stage.unstage(&format!("{e:#}"))))?;

@@ -248,6 +248,12 @@ pub struct Upscaler {
     pub arch: Arch,
 }
 
+impl super::Placeable for Upscaler {
+    fn copy_to(&self, target: &crate::ggml::BufferType) -> Result<Self> {
+        Ok(Upscaler { weights: self.weights.copy_to(target)?, arch: self.arch.clone() })
+    }
+}
+
 impl crate::residency::Resident for Upscaler {
     fn footprint(&self) -> crate::residency::Footprint {
         self.weights.footprint()
@@ -265,7 +271,7 @@ fn conv_shape(w: &Weights, name: &str) -> Result<(i64, i64, i64)> {
 
 impl Upscaler {
     /// Load every tensor of `src` (any layout [`canonical_names`] knows) onto `backend`.
-    pub fn load(backend: &Backend, src: &dyn TensorSource, rules: &TypeRules) -> Result<Self> {
+    pub fn load(backend: &(impl crate::ggml::AllocTarget + ?Sized), src: &dyn TensorSource, rules: &TypeRules) -> Result<Self> {
         let names = canonical_names(src.tensors().iter().map(|t| t.name.as_str()))?;
         let mut specs = Vec::with_capacity(names.len());
         for (name, orig) in &names {

@@ -22,7 +22,7 @@ pub mod vae;
 pub mod weights;
 pub mod yolo;
 
-pub use weights::{Adapter, AdapterSpec, Factor, WeightSpec, Weights};
+pub use weights::{Adapter, AdapterSpec, Factor, Placeable, WeightSpec, Weights};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {

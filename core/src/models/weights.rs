@@ -288,6 +288,18 @@ impl Weights {
     }
 }
 
+/// A resident model that can be copied into another device's memory: what the runtime
+/// copies to the computing device for each use when the weights are kept elsewhere.
+pub trait Placeable: crate::residency::Resident + Sized {
+    fn copy_to(&self, target: &BufferType) -> Result<Self, ModelError>;
+}
+
+impl Placeable for Weights {
+    fn copy_to(&self, target: &BufferType) -> Result<Self, ModelError> {
+        Weights::copy_to(self, target)
+    }
+}
+
 impl crate::residency::Resident for Weights {
     fn footprint(&self) -> crate::residency::Footprint {
         // Copied into a ggml backend buffer: anonymous memory, freed on eviction.

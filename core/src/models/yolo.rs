@@ -153,6 +153,12 @@ pub struct Yolo {
     pub config: YoloConfig,
 }
 
+impl super::Placeable for Yolo {
+    fn copy_to(&self, target: &crate::ggml::BufferType) -> Result<Self> {
+        Ok(Yolo { weights: self.weights.copy_to(target)?, config: self.config.clone() })
+    }
+}
+
 impl crate::residency::Resident for Yolo {
     fn footprint(&self) -> crate::residency::Footprint {
         self.weights.footprint()
@@ -182,7 +188,7 @@ fn read_f32(src: &dyn TensorSource, name: &str) -> Result<(Vec<usize>, Vec<f32>)
 
 impl Yolo {
     /// Load an Ultralytics `.pt` or an sd.cpp-converted safetensors detector onto `backend`.
-    pub fn load(backend: &Backend, src: &dyn TensorSource) -> Result<Self> {
+    pub fn load(backend: &(impl crate::ggml::AllocTarget + ?Sized), src: &dyn TensorSource) -> Result<Self> {
         let in_file = |e: ModelError| match e {
             ModelError::Config(m) => ModelError::Config(format!("{}: {m}", src.path().display())),
             other => other,

@@ -105,6 +105,15 @@ impl fmt::Display for Device {
     }
 }
 
+impl From<crate::ggml::BackendKind> for Device {
+    fn from(k: crate::ggml::BackendKind) -> Self {
+        match k {
+            crate::ggml::BackendKind::Cpu => Device::Cpu,
+            crate::ggml::BackendKind::Gpu(i) => Device::Gpu(i as u32),
+        }
+    }
+}
+
 /// What makes two weight requests identical.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct WeightKey {

@@ -5,12 +5,12 @@
 //! sampler runs the ControlNet next to the UNet each step the control is active
 //! ([`crate::sampling`]).
 
+use sdflow_core::placement::Module;
 use crate::err;
 use crate::image::scale_image;
 use crate::image::resize::Method;
 use crate::runtime::Runtime;
 use crate::values::{CondEntry, CondList, Control, ControlNetRef, Image};
-use sdflow_core::ggml::Backend;
 use sdflow_core::io::{self, TypeRules};
 use sdflow_core::models::sd::controlnet::{self as cn, ControlNet, ControlNetConfig};
 use sdflow_core::models::load::load_weights;
@@ -72,11 +72,9 @@ impl Node for ControlNetLoader {
         let (p, wt) = (path.clone(), self.rt.weight_type);
         let weights = self
             .rt
-            .residency
-            .get_or_load(key, move || -> Result<Weights, Box<dyn std::error::Error + Send + Sync>> {
+            .weights(Module::ControlNet, key, move |memory| {
                 let src = cn::standalone_source(io::open(&p)?)?;
-                let backend = Backend::cpu(1)?;
-                Ok(load_weights(&backend, src.as_ref(), &[&format!("{}.", cn::PREFIX)], &TypeRules::new(wt, "")?)?)
+                Ok(load_weights(memory, src.as_ref(), &[&format!("{}.", cn::PREFIX)], &TypeRules::new(wt, "")?)?)
             })
             .map_err(|e| NodeError::msg(format!("{shown}: {e}")))?;
         let name = inputs.string("control_net_name")?.to_string();
@@ -204,12 +202,12 @@ pub(crate) struct Controls {
 
 impl Controls {
     /// Every control of `entries` and the ones stacked under them.
-    pub(crate) fn collect<'a>(entries: impl Iterator<Item = &'a Option<Arc<Control>>>) -> Result<Self, NodeError> {
+    pub(crate) fn collect<'a>(rt: &Runtime, entries: impl Iterator<Item = &'a Option<Arc<Control>>>) -> Result<Self, NodeError> {
         let mut controls: Vec<(Arc<Control>, PinGuard<Weights>)> = Vec::new();
         for top in entries.flatten() {
             for c in top.chain() {
                 if !controls.iter().any(|(k, _)| Arc::ptr_eq(k, c)) {
-                    let pin = c.net.weights.pin().map_err(|e| NodeError::msg(format!("ControlNet `{}`: {e}", c.net.name)))?;
+                    let pin = rt.pin(Module::ControlNet, &c.net.weights).map_err(|e| NodeError::msg(format!("ControlNet `{}`: {e}", c.net.name)))?;
                     controls.push((c.clone(), pin));
                 }
             }

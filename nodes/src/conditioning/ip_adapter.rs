@@ -6,11 +6,12 @@
 //! side the unconditional ones (ComfyUI_IPAdapter_plus: a zero `image_embeds` for the
 //! classic adapters, a black image's hidden states for Plus, or `image_negative`'s).
 
+use sdflow_core::placement::Module;
 use crate::image::resize::{resize_plane, Method};
 use crate::runtime::Runtime;
 use crate::values::{ClipVisionOutput, ClipVisionRef, Image, IpAdapterPatch, IpAdapterRef, ModelRef};
 use crate::err;
-use sdflow_core::ggml::{Backend, Context, GraphRun};
+use sdflow_core::ggml::{Context, GraphRun};
 use sdflow_core::io::{self, TypeRules};
 use sdflow_core::models::clip_vision::{ClipVisionConfig, ClipVisionModel, MEAN, STD};
 use sdflow_core::models::sd::ip_adapter::{IpAdapter, IpAdapterConfig};
@@ -71,7 +72,7 @@ pub fn clip_preprocess(img: &Image, size: usize, crop: bool) -> Result<Vec<f32>,
 
 /// Encode preprocessed images ([N, 3, S, S]) with the vision tower.
 fn encode(rt: &Runtime, cv: &ClipVisionRef, pixels: Vec<f32>, n: usize) -> Result<ClipVisionOutput, NodeError> {
-    let weights = cv.weights.pin().map_err(err)?;
+    let weights = rt.pin(Module::ClipVision, &cv.weights)?;
     let model = vision_model(&weights, &cv.name)?;
     let c = &model.config;
     let s = c.image_size;
@@ -80,7 +81,7 @@ fn encode(rt: &Runtime, cv: &ClipVisionRef, pixels: Vec<f32>, n: usize) -> Resul
     let mut run = GraphRun::new(&ctx);
     let px = run.input_f32(&[s, s, 3, n as i64], pixels).map_err(err)?;
     let out = model.forward(&ctx, &mut run, px).map_err(err)?;
-    let mut r = rt.with_backend(|b| run.compute(b, &[out.image_embeds, out.penultimate], GRAPH)).map_err(err)?;
+    let mut r = rt.with_backend(Module::ClipVision, |b| run.compute(b, &[out.image_embeds, out.penultimate], GRAPH)).map_err(err)?;
     let penultimate = r.pop().expect("two outputs");
     let image_embeds = r.pop().expect("two outputs");
     Ok(ClipVisionOutput { image_embeds, penultimate, n, projection_dim: c.projection_dim as usize, hidden: c.hidden as usize, tokens: c.tokens() as usize })
@@ -98,17 +99,13 @@ fn image_size(cv: &ClipVisionRef) -> Result<usize, NodeError> {
 }
 
 /// A residency handle on the tensors of `path` under `prefixes`.
-pub(crate) fn handle(rt: &Runtime, path: &Path, key: &str, prefixes: &'static [&'static str]) -> Result<WeightHandle<Weights>, NodeError> {
+pub(crate) fn handle(rt: &Runtime, module: Module, path: &Path, key: &str, prefixes: &'static [&'static str]) -> Result<WeightHandle<Weights>, NodeError> {
     let key = WeightKey::new([path], key, rt.weight_type, Device::Cpu).map_err(err)?;
     let (path, wt) = (path.to_path_buf(), rt.weight_type);
-    rt.residency
-        .get_or_load(key, move || -> Result<Weights, Box<dyn std::error::Error + Send + Sync>> {
-            let src = io::open(&path)?;
-            // CPU buffers are plain host memory, usable by every CPU backend.
-            let backend = Backend::cpu(1)?;
-            Ok(load_weights(&backend, src.as_ref(), prefixes, &TypeRules::new(wt, "")?)?)
-        })
-        .map_err(err)
+    rt.weights(module, key, move |memory| {
+        let src = io::open(&path)?;
+        Ok(load_weights(memory, src.as_ref(), prefixes, &TypeRules::new(wt, "")?)?)
+    })
 }
 
 /// Fail in the loader, naming the file, when it lacks `required` (or has none of the
@@ -151,7 +148,7 @@ impl Node for ClipVisionLoader {
     fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
         let path = self.path(inputs)?;
         check_file(&path, "a CLIP vision model", "visual_projection.weight", "vision_model.encoder.layers.")?;
-        let weights = handle(&self.rt, &path, "clip-vision:", &["vision_model.", "visual_projection."])?;
+        let weights = handle(&self.rt, Module::ClipVision, &path, "clip-vision:", &["vision_model.", "visual_projection."])?;
         let cv = ClipVisionRef { weights, name: inputs.string("clip_name")?.to_string() };
         Ok(Outputs::new(vec![Value::new(IoType::CLIP_VISION, cv)]))
     }
@@ -216,7 +213,7 @@ impl Node for IpAdapterModelLoader {
     fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
         let path = self.path(inputs)?;
         check_file(&path, "an IP-Adapter", "ip_adapter.1.to_k_ip.weight", "image_proj.")?;
-        let weights = handle(&self.rt, &path, "ipadapter:", &["image_proj.", "ip_adapter."])?;
+        let weights = handle(&self.rt, Module::Diffusion, &path, "ipadapter:", &["image_proj.", "ip_adapter."])?;
         let ipa = IpAdapterRef { weights, name: inputs.string("ipadapter_file")?.to_string() };
         Ok(Outputs::new(vec![Value::new(IPADAPTER, ipa)]))
     }
@@ -266,7 +263,7 @@ impl Node for IpAdapterAdvanced {
         let (start_at, end_at) = (inputs.float("start_at")? as f32, inputs.float("end_at")? as f32);
         let weight = inputs.float("weight")? as f32;
 
-        let weights = ipa.weights.pin().map_err(err)?;
+        let weights = self.rt.pin(Module::Diffusion, &ipa.weights)?;
         let named = |e: sdflow_core::models::ModelError| NodeError::msg(format!("{}: {e}", ipa.name));
         let adapter = IpAdapter::new(&weights, IpAdapterConfig::infer(&weights).map_err(named)?).map_err(named)?;
         {
@@ -312,7 +309,7 @@ impl Node for IpAdapterAdvanced {
             let ne: Vec<i64> = if plus { vec![width as i64, rows as i64, images as i64] } else { vec![width as i64, images as i64] };
             let e = run.input_f32(&ne, embeds).map_err(err)?;
             let t = adapter.project(&ctx, &mut run, e).map_err(named)?;
-            self.rt.with_backend(|b| run.compute(b, &[t], GRAPH)).map_err(err).map(|mut v| v.remove(0))
+            self.rt.with_backend(Module::Diffusion, |b| run.compute(b, &[t], GRAPH)).map_err(err).map(|mut v| v.remove(0))
         };
         // Several images (concat) give their tokens one after another.
         let (cond_tokens, uncond_tokens) = (project(cond_embeds)?, project(uncond_embeds)?);

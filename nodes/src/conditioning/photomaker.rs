@@ -11,6 +11,7 @@
 //! the first `floor(s/100 · steps)` steps and the identity prompt the rest. A prompt
 //! without the trigger word gets a warning and is encoded as it is: no identity.
 
+use sdflow_core::placement::Module;
 use crate::conditioning::encode_texts_with;
 use crate::err;
 use crate::image::decode_image;
@@ -84,7 +85,7 @@ impl Node for PhotoMakerLoader {
             return Err(NodeError::msg(format!("{}: not a PhotoMaker file (no `id_encoder.visual_projection_2.weight` / `visual_projection_2.weight`)", path.display())));
         }
         drop(src);
-        let weights = crate::conditioning::ip_adapter::handle(&self.rt, &path, "photomaker:", &["id_encoder.", "vision_model.", "visual_projection", "fuse_module.", "qformer_perceiver."])?;
+        let weights = crate::conditioning::ip_adapter::handle(&self.rt, Module::PhotoMaker, &path, "photomaker:", &["id_encoder.", "vision_model.", "visual_projection", "fuse_module.", "qformer_perceiver."])?;
         // Structure errors (missing or misshapen tensors) name the file now, not at encoding.
         {
             let w = weights.pin().map_err(err)?;
@@ -147,7 +148,7 @@ impl Node for PhotoMakerEncode {
             [t] => *t,
             other => return Err(NodeError::msg(format!("the trigger word `{trigger_word}` is {} CLIP tokens; it must be one", other.len()))),
         };
-        let w = pm_ref.weights.pin().map_err(err)?;
+        let w = self.rt.pin(Module::PhotoMaker, &pm_ref.weights)?;
         let cfg = PhotoMakerConfig::infer(&w).map_err(|e| NodeError::msg(format!("{}: {e}", pm_ref.name)))?;
         let pm = PhotoMaker::new(&w, cfg).map_err(|e| NodeError::msg(format!("{}: {e}", pm_ref.name)))?;
         let n = img.n;
@@ -197,7 +198,7 @@ impl Node for PhotoMakerEncode {
             }
         };
         let pixels = clip_preprocess(img, pm.config.vision.image_size as usize, true)?;
-        let id_cond = self.rt.with_backend(|b| pm.stack(b, &id_cond, &positions, pixels, n, faces)).map_err(err)?;
+        let id_cond = self.rt.with_backend(Module::PhotoMaker, |b| pm.stack(b, &id_cond, &positions, pixels, n, faces)).map_err(err)?;
         let entries = if style > 0.0 {
             let plain = encode_texts_with(&self.rt, clip, text, text, &mut |p, pad| expand_trigger(&p, trigger, 1, pad).map(|(p, _)| p).map_err(err))?;
             // sd.cpp's start_merge_step = int(style_strength / 100.f * steps).

@@ -14,6 +14,7 @@
 //! `BREAK` is dropped as in every sdflow T5 prompt (sd.cpp tokenizes the word "BREAK" with
 //! weight −1 here).
 
+use sdflow_core::placement::Module;
 use crate::runtime::Runtime;
 use crate::values::{ClipRef, SdCppText, T5Ref};
 use crate::err;
@@ -48,10 +49,10 @@ fn t5_prompt(text: &str) -> Result<WeightedTokens, NodeError> {
 /// `text` through `t5` in sd.cpp's chunks of `chunk` tokens: hidden states, their width,
 /// and how many leading tokens are the prompt and `</s>`s.
 pub(crate) fn t5_chunks(rt: &Runtime, t5: &T5Ref, text: &str, chunk: usize, mask: bool) -> Result<(Vec<f32>, usize, usize), NodeError> {
-    let weights = t5.weights.pin().map_err(err)?;
+    let weights = rt.pin(Module::TextEncoder, &t5.weights)?;
     let model = T5Encoder::new(&weights, &t5.prefix, T5Config::infer(&weights, &t5.prefix).map_err(err)?).map_err(err)?;
     let tokens = t5_prompt(text)?;
-    let (hidden, content) = rt.with_backend(|b| model.encode_chunked(b, &tokens, chunk, mask)).map_err(err)?;
+    let (hidden, content) = rt.with_backend(Module::TextEncoder, |b| model.encode_chunked(b, &tokens, chunk, mask)).map_err(err)?;
     Ok((hidden, model.config.d_model as usize, content))
 }
 

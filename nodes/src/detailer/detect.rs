@@ -9,10 +9,10 @@
 //! `offset_mask`, `morphology_mask`, merge and invert), in that order; `gaussian_blur` is
 //! its composite feather.
 
+use sdflow_core::placement::Module;
 use crate::err;
 use crate::runtime::Runtime;
 use crate::values::{Image, Mask};
-use sdflow_core::ggml::Backend;
 use sdflow_core::io;
 use sdflow_core::models::yolo::{DetectParams, Detection, Yolo};
 use sdflow_core::residency::{Device, WeightHandle, WeightKey};
@@ -279,16 +279,10 @@ impl Node for UltralyticsDetectorProvider {
         // The detector is small: loading it here names a bad file at its loader.
         let key = WeightKey::new([&path], "yolov8-detector", None, Device::Cpu).map_err(err)?;
         let p = path.clone();
-        let weights = self
-            .rt
-            .residency
-            .get_or_load(key, move || -> Result<Yolo, Box<dyn std::error::Error + Send + Sync>> {
-                let src = io::open(&p)?;
-                // CPU buffers are plain host memory, usable by every CPU backend.
-                let backend = Backend::cpu(1)?;
-                Ok(Yolo::load(&backend, src.as_ref()).map_err(|e| format!("{}: {e}", p.display()))?)
-            })
-            .map_err(err)?;
+        let weights = self.rt.weights(Module::Detector, key, move |memory| {
+            let src = io::open(&p)?;
+            Ok(Yolo::load(memory, src.as_ref()).map_err(|e| format!("{}: {e}", p.display()))?)
+        })?;
         let name = inputs.string("model_name")?.to_string();
         Ok(Outputs::new(vec![Value::new(BBOX_DETECTOR, DetectorRef { weights, name })]))
     }
@@ -380,8 +374,8 @@ impl Node for BboxDetectorMasks {
             return Err(NodeError::msg(format!("BboxDetectorMasks takes one RGB image, got {} of {} channels", img.n, img.channels)));
         }
         let (w, h) = (img.width, img.height);
-        let model = det.weights.pin().map_err(err)?;
-        let found = self.rt.with_backend(|b| model.detect(b, &img.data, w, h, &params)).map_err(|e| NodeError::msg(format!("{}: {e}", det.name)))?;
+        let model = self.rt.pin(Module::Detector, &det.weights)?;
+        let found = self.rt.with_backend(Module::Detector, |b| model.detect(b, &img.data, w, h, &params)).map_err(|e| NodeError::msg(format!("{}: {e}", det.name)))?;
         let kept = filter_and_sort(found, w, h, &opts);
         let masks = make_masks(&kept, w, h, &opts);
         let count = masks.len();

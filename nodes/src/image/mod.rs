@@ -13,6 +13,7 @@ pub mod seamless;
 pub mod transform;
 pub mod upscale;
 
+use sdflow_core::placement::Module;
 use crate::runtime::Runtime;
 use crate::image::resize::{center_crop, resize_plane, Method};
 use crate::values::{Image, Latent, Mask, VaeKind, VaeRef};
@@ -64,8 +65,8 @@ impl AnyVae<'_> {
     }
 }
 
-fn with_vae<T>(vae: &VaeRef, f: impl FnOnce(&AnyVae<'_>) -> Result<T, NodeError>) -> Result<T, NodeError> {
-    let weights = vae.weights.pin().map_err(err)?;
+fn with_vae<T>(rt: &Runtime, vae: &VaeRef, f: impl FnOnce(&AnyVae<'_>) -> Result<T, NodeError>) -> Result<T, NodeError> {
+    let weights = rt.pin(Module::Vae, &vae.weights)?;
     match vae.kind {
         VaeKind::Kl => {
             let config = VaeConfig::infer(&weights, &vae.prefix).map_err(err)?;
@@ -88,7 +89,7 @@ fn run_vae(rt: &Runtime, model: &AnyVae<'_>, op: VaeOp, input: &[f32], w: usize,
         AnyVae::Kl(m) => m,
         AnyVae::Taesd(m) => return m.run(rt, op, input, w, h),
     };
-    let (out, info) = rt.with_backend(|b| model.run(b, op, input, w, h, tiling)).map_err(err)?;
+    let (out, info) = rt.with_backend(Module::Vae, |b| model.run(b, op, input, w, h, tiling)).map_err(err)?;
     if let (Some(reason), Some(tiles)) = (&info.fallback, &info.tiles) {
         eprintln!("VAE: {reason}; retried in {tiles}");
     }
@@ -99,7 +100,7 @@ fn run_vae(rt: &Runtime, model: &AnyVae<'_>, op: VaeOp, input: &[f32], w: usize,
 pub(crate) fn decode_latent(rt: &Runtime, ctx: &ExecContext<'_>, latent: &Latent, vae: &VaeRef, tiling: &VaeTiling) -> Result<Image, NodeError> {
     let [w, h, c, n] = latent.shape;
     let per = (w * h * c) as usize;
-    with_vae(vae, |model| {
+    with_vae(rt, vae, |model| {
         let f = model.downscale();
         let (iw, ih) = ((w * f) as usize, (h * f) as usize);
         let mut data = Vec::with_capacity(n as usize * iw * ih * 3);
@@ -164,8 +165,8 @@ fn temporal_inputs(s: NodeSchema) -> NodeSchema {
 }
 
 /// The downscale factor of a VAE handle, without building the model twice.
-fn vae_factor(vae: &VaeRef) -> Result<usize, NodeError> {
-    with_vae(vae, |m| Ok(m.downscale() as usize))
+fn vae_factor(rt: &Runtime, vae: &VaeRef) -> Result<usize, NodeError> {
+    with_vae(rt, vae, |m| Ok(m.downscale() as usize))
 }
 
 impl Node for VaeDecode {
@@ -193,7 +194,7 @@ impl Node for VaeDecode {
     fn execute(&self, ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
         let latent = inputs.downcast::<Latent>("samples")?;
         let vae = inputs.downcast::<VaeRef>("vae")?;
-        let tiling = if self.tiled { node_tiling(inputs, vae_factor(vae)?, true)? } else { self.rt.vae_tiling.clone() };
+        let tiling = if self.tiled { node_tiling(inputs, vae_factor(&self.rt, vae)?, true)? } else { self.rt.vae_tiling.clone() };
         let image = decode_latent(&self.rt, ctx, latent, vae, &tiling)?;
         Ok(Outputs::new(vec![Value::new(IoType::IMAGE, image)]))
     }
@@ -232,7 +233,7 @@ impl Node for VaeEncode {
     fn execute(&self, ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
         let img = inputs.downcast::<Image>("pixels")?;
         let vae = inputs.downcast::<VaeRef>("vae")?;
-        let tiling = if self.tiled { node_tiling(inputs, vae_factor(vae)?, false)? } else { self.rt.vae_tiling.clone() };
+        let tiling = if self.tiled { node_tiling(inputs, vae_factor(&self.rt, vae)?, false)? } else { self.rt.vae_tiling.clone() };
         let latent = encode_image(&self.rt, ctx, vae, img, &tiling)?;
         Ok(Outputs::new(vec![Value::new(IoType::LATENT, latent)]))
     }
@@ -240,7 +241,7 @@ impl Node for VaeEncode {
 
 /// Encode `img` to latent means, cropped (centred) to a multiple of the VAE's factor.
 pub(crate) fn encode_image(rt: &Runtime, ctx: &ExecContext<'_>, vae: &VaeRef, img: &Image, tiling: &VaeTiling) -> Result<Latent, NodeError> {
-    with_vae(vae, |model| {
+    with_vae(rt, vae, |model| {
         let f = model.downscale() as usize;
         let (w, h) = (img.width / f * f, img.height / f * f);
         if w == 0 || h == 0 || img.channels < 3 {

@@ -1,12 +1,12 @@
 //! Model and plain image upscaling: UpscaleModelLoader, ImageUpscaleWithModel (ESRGAN /
 //! Real-ESRGAN RRDBNet and SRVGGNetCompact, tiled like sd.cpp), ImageScaleBy.
 
+use sdflow_core::placement::Module;
 use crate::image::{MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE};
 use crate::image::resize::{resize_plane, Method};
 use crate::runtime::Runtime;
 use crate::values::{Image, UpscaleModelRef};
 use crate::err;
-use sdflow_core::ggml::Backend;
 use sdflow_core::io::{self, TypeRules};
 use sdflow_core::models::esrgan::{self, Tiling, Upscaler};
 use sdflow_core::residency::{Device, WeightKey};
@@ -65,16 +65,10 @@ impl Node for UpscaleModelLoader {
         drop(src);
         let key = WeightKey::new([&path], "esrgan-upscaler", self.rt.weight_type, Device::Cpu).map_err(err)?;
         let (p, wt) = (path.clone(), self.rt.weight_type);
-        let weights = self
-            .rt
-            .residency
-            .get_or_load(key, move || -> Result<Upscaler, Box<dyn std::error::Error + Send + Sync>> {
-                let src = io::open(&p)?;
-                // CPU buffers are plain host memory, usable by every CPU backend.
-                let backend = Backend::cpu(1)?;
-                Ok(Upscaler::load(&backend, src.as_ref(), &TypeRules::new(wt, "")?)?)
-            })
-            .map_err(err)?;
+        let weights = self.rt.weights(Module::Upscaler, key, move |memory| {
+            let src = io::open(&p)?;
+            Ok(Upscaler::load(memory, src.as_ref(), &TypeRules::new(wt, "")?)?)
+        })?;
         let name = inputs.string("model_name")?.to_string();
         Ok(Outputs::new(vec![Value::new(IoType::UPSCALE_MODEL, UpscaleModelRef { weights, name })]))
     }
@@ -124,7 +118,7 @@ impl Node for ImageUpscaleWithModel {
             return Err(NodeError::msg(format!("repeats {repeats} is outside 1..={MAX_REPEATS}")));
         }
         let tiling = Tiling { tile: tile as usize };
-        let up = model.weights.pin().map_err(err)?;
+        let up = self.rt.pin(Module::Upscaler, &model.weights)?;
         let (cin, cout, s) = (up.arch.in_channels() as usize, up.arch.out_channels() as usize, up.scale() as usize);
         if img.channels != cin {
             return Err(NodeError::msg(format!("{} takes {cin}-channel images, this one has {}", model.name, img.channels)));
@@ -160,7 +154,7 @@ impl Node for ImageUpscaleWithModel {
             for _ in 0..repeats {
                 let (out, ow, oh) = self
                     .rt
-                    .with_backend(|b| esrgan::upscale_planar::<TileError>(&up, b, &chw, w, h, tiling, |_, _| ctx.check_cancelled().map_err(TileError::Node)))
+                    .with_backend(Module::Upscaler, |b| esrgan::upscale_planar::<TileError>(&up, b, &chw, w, h, tiling, |_, _| ctx.check_cancelled().map_err(TileError::Node)))
                     .map_err(|e| match e {
                         TileError::Model(e) => NodeError::msg(format!("{}: {e}", model.name)),
                         TileError::Node(e) => e,

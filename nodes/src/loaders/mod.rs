@@ -11,7 +11,7 @@ use crate::loaders::taesd::TaeKind;
 use crate::values::{Circular, ClipEncoder, ClipRef, ModelRef, T5Ref, VaeKind, VaeRef};
 use crate::err;
 use sdflow_core::detect::{self, KeyLayout, ModelFamily};
-use sdflow_core::ggml::Backend;
+use sdflow_core::placement::Module;
 use sdflow_core::io::{self, TypeRules, WeightType};
 use sdflow_core::models::clip::ClipLayout;
 use sdflow_core::models::load::load_weights;
@@ -37,36 +37,27 @@ pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
 
 /// Ask the residency manager for the tensors under `prefix` of `path`; nothing is read
 /// until a consumer pins the handle.
-pub fn weights_handle(rt: &Runtime, path: &Path, prefix: &str) -> Result<WeightHandle<Weights>, NodeError> {
-    weights_handle_as(rt, path, prefix, rt.weight_type)
-}
-
-/// [`weights_handle`] loading as `wt` instead of the run's `--type`.
-fn weights_handle_as(rt: &Runtime, path: &Path, prefix: &str, wt: WeightType) -> Result<WeightHandle<Weights>, NodeError> {
-    weights_handle_in(rt, path, prefix, wt, None)
+pub fn weights_handle(rt: &Runtime, module: Module, path: &Path, prefix: &str) -> Result<WeightHandle<Weights>, NodeError> {
+    weights_handle_in(rt, module, path, prefix, rt.weight_type, None)
 }
 
 /// A source shown in another key layout before loading (diffusers' FLUX as BFL's).
 type Layout = fn(Box<dyn io::TensorSource>) -> Result<Box<dyn io::TensorSource>, sdflow_core::models::ModelError>;
 
-/// [`weights_handle_as`] with the file read through `layout` (its name is part of the
+/// [`weights_handle`] loading as `wt` (not the run's `--type`), the file read through `layout` (its name is part of the
 /// residency key: the same file in two layouts is two sets of weights).
-fn weights_handle_in(rt: &Runtime, path: &Path, prefix: &str, wt: WeightType, layout: Option<(&str, Layout)>) -> Result<WeightHandle<Weights>, NodeError> {
+fn weights_handle_in(rt: &Runtime, module: Module, path: &Path, prefix: &str, wt: WeightType, layout: Option<(&str, Layout)>) -> Result<WeightHandle<Weights>, NodeError> {
     let tag = layout.map_or_else(|| prefix.to_string(), |(name, _)| format!("{name}:{prefix}"));
     let key = WeightKey::new([path], &tag, wt, Device::Cpu).map_err(err)?;
     let (path, pfx, layout) = (path.to_path_buf(), prefix.to_string(), layout.map(|l| l.1));
-    rt.residency
-        .get_or_load(key, move || -> Result<Weights, Box<dyn std::error::Error + Send + Sync>> {
-            let src = pipeline::open(&path)?;
-            let src = match layout {
-                Some(f) => f(src)?,
-                None => src,
-            };
-            // CPU buffers are plain host memory, usable by every CPU backend.
-            let backend = Backend::cpu(1)?;
-            Ok(load_weights(&backend, src.as_ref(), &[&pfx], &TypeRules::new(wt, "")?)?)
-        })
-        .map_err(err)
+    rt.weights(module, key, move |memory| {
+        let src = pipeline::open(&path)?;
+        let src = match layout {
+            Some(f) => f(src)?,
+            None => src,
+        };
+        Ok(load_weights(memory, src.as_ref(), &[&pfx], &TypeRules::new(wt, "")?)?)
+    })
 }
 
 /// The parts of an SD1.x/2.x/XL checkpoint: a single file, or a diffusers pipeline
@@ -229,7 +220,7 @@ impl Node for CheckpointLoaderSimple {
         }
         let parts = sd_parts(&path, src.as_ref(), det)?;
         let model = ModelRef {
-            weights: weights_handle(&self.rt, &path, "model.diffusion_model.")?,
+            weights: weights_handle(&self.rt, Module::Diffusion, &path, "model.diffusion_model.")?,
             prefix: "model.diffusion_model".into(),
             family: parts.family,
             prediction: parts.prediction,
@@ -245,10 +236,10 @@ impl Node for CheckpointLoaderSimple {
         };
         let mut encoders = Vec::with_capacity(parts.clips.len());
         for c in parts.clips {
-            encoders.push(ClipEncoder { weights: weights_handle(&self.rt, &path, &c.load)?, prefix: c.prefix, layout: c.layout, dropped_layers: c.dropped_layers });
+            encoders.push(ClipEncoder { weights: weights_handle(&self.rt, Module::TextEncoder, &path, &c.load)?, prefix: c.prefix, layout: c.layout, dropped_layers: c.dropped_layers });
         }
         let clip = ClipRef { encoders, t5: None, family: parts.family, clip_skip: None, sdcpp: None };
-        let vae = VaeRef { weights: weights_handle(&self.rt, &path, "first_stage_model.")?, prefix: "first_stage_model".into(), kind: VaeKind::Kl, circular: Circular::NONE };
+        let vae = VaeRef { weights: weights_handle(&self.rt, Module::Vae, &path, "first_stage_model.")?, prefix: "first_stage_model".into(), kind: VaeKind::Kl, circular: Circular::NONE };
         Ok(Outputs::new(vec![
             Value::new(IoType::MODEL, model),
             Value::new(IoType::CLIP, clip),
@@ -316,7 +307,7 @@ impl Node for UnetLoader {
             (ModelFamily::Unknown, _) => return Err(NodeError::msg(format!("{shown}: {}", det.message))),
             (other, _) => return Err(NodeError::msg(format!("{shown}: {other} diffusion models are not supported by this loader yet (FLUX.1, Chroma and SD3 are; SD checkpoints load with CheckpointLoaderSimple)"))),
         };
-        let weights = weights_handle_in(&self.rt, &path, &prefix, wt, layout)?;
+        let weights = weights_handle_in(&self.rt, Module::Diffusion, &path, &prefix, wt, layout)?;
         let model = match det.family {
             ModelFamily::Sd3 => sd3_model(weights, prefix)?,
             ModelFamily::Chroma => chroma_model(weights, prefix)?,
@@ -381,10 +372,10 @@ fn flux_checkpoint(rt: &Runtime, path: &Path, src: &dyn io::TensorSource, det: &
     if !missing.is_empty() {
         return Err(NodeError::msg(format!("{}: a FLUX.1 diffusion model without {}; load the model with UNETLoader (sd-cli's --diffusion-model) and the rest apart", path.display(), missing.join(", "))));
     }
-    let model = flux_model(weights_handle(rt, path, &prefix)?, prefix, det.flux_guidance)?;
-    let clip_l = ClipEncoder { weights: weights_handle(rt, path, CKPT_CLIP_L)?, prefix: format!("{CKPT_CLIP_L}text_model"), layout: ClipLayout::HuggingFace, dropped_layers: 0 };
+    let model = flux_model(weights_handle(rt, Module::Diffusion, path, &prefix)?, prefix, det.flux_guidance)?;
+    let clip_l = ClipEncoder { weights: weights_handle(rt, Module::TextEncoder, path, CKPT_CLIP_L)?, prefix: format!("{CKPT_CLIP_L}text_model"), layout: ClipLayout::HuggingFace, dropped_layers: 0 };
     let clip = ClipRef { encoders: vec![clip_l], t5: Some(t5_handle(rt, path)?), family: ModelFamily::Flux, clip_skip: None, sdcpp: None };
-    let vae = VaeRef { weights: weights_handle(rt, path, vae_prefix)?, prefix: vae_prefix.trim_end_matches('.').into(), kind: VaeKind::Kl, circular: Circular::NONE };
+    let vae = VaeRef { weights: weights_handle(rt, Module::Vae, path, vae_prefix)?, prefix: vae_prefix.trim_end_matches('.').into(), kind: VaeKind::Kl, circular: Circular::NONE };
     Ok(Outputs::new(vec![Value::new(IoType::MODEL, model), Value::new(IoType::CLIP, clip), Value::new(IoType::VAE, vae)]))
 }
 
@@ -424,18 +415,18 @@ fn sd3_checkpoint(rt: &Runtime, path: &Path, src: &dyn io::TensorSource, det: &d
         return Err(NodeError::msg(format!("{}: an SD3 checkpoint without its VAE (`{LDM_VAE}*`); load the model with UNETLoader (sd-cli's --diffusion-model) and the VAE with VAELoader (--vae)", path.display())));
     }
     let prefix = det.diffusion_prefix.clone().unwrap_or_default();
-    let model = sd3_model(weights_handle(rt, path, &prefix)?, prefix)?;
+    let model = sd3_model(weights_handle(rt, Module::Diffusion, path, &prefix)?, prefix)?;
     let mut encoders = Vec::new();
     for p in [CKPT_CLIP_L, CKPT_CLIP_G] {
         if has(&format!("{p}text_model.")) {
-            encoders.push(ClipEncoder { weights: weights_handle(rt, path, p)?, prefix: format!("{p}text_model"), layout: ClipLayout::HuggingFace, dropped_layers: 0 });
+            encoders.push(ClipEncoder { weights: weights_handle(rt, Module::TextEncoder, path, p)?, prefix: format!("{p}text_model"), layout: ClipLayout::HuggingFace, dropped_layers: 0 });
         }
     }
     // Stability's own files hold the MMDiT and VAE only: their CLIP is empty (ComfyUI's
     // None), and encoding with it names TripleCLIPLoader.
     let t5 = if t5::is_t5(names().filter(|n| n.starts_with(CKPT_T5))) { Some(t5_handle(rt, path)?) } else { None };
     let clip = ClipRef { encoders, t5, family: ModelFamily::Sd3, clip_skip: None, sdcpp: None };
-    let vae = VaeRef { weights: weights_handle(rt, path, LDM_VAE)?, prefix: LDM_VAE.trim_end_matches('.').into(), kind: VaeKind::Kl, circular: Circular::NONE };
+    let vae = VaeRef { weights: weights_handle(rt, Module::Vae, path, LDM_VAE)?, prefix: LDM_VAE.trim_end_matches('.').into(), kind: VaeKind::Kl, circular: Circular::NONE };
     Ok(Outputs::new(vec![Value::new(IoType::MODEL, model), Value::new(IoType::CLIP, clip), Value::new(IoType::VAE, vae)]))
 }
 
@@ -540,7 +531,7 @@ impl Node for ClipLoader {
         let mut found = Vec::new();
         for path in self.paths(inputs)? {
             let (prefix, layout, root, width) = text_encoder_in(&path)?;
-            found.push((width, ClipEncoder { weights: weights_handle(&self.rt, &path, &root)?, prefix, layout, dropped_layers: 0 }, path));
+            found.push((width, ClipEncoder { weights: weights_handle(&self.rt, Module::TextEncoder, &path, &root)?, prefix, layout, dropped_layers: 0 }, path));
         }
         // SDXL concatenates CLIP-L (768) before OpenCLIP-G (1280), whichever file came first.
         found.sort_by_key(|f| f.0);
@@ -582,7 +573,7 @@ impl ClipLoader {
         }
         let (clip_path, t5_path) = (clip.expect("two files, neither twice"), t5.expect("two files, neither twice"));
         let (prefix, layout, root, _) = text_encoder_in(&clip_path)?;
-        let encoder = ClipEncoder { weights: weights_handle(&self.rt, &clip_path, &root)?, prefix, layout, dropped_layers: 0 };
+        let encoder = ClipEncoder { weights: weights_handle(&self.rt, Module::TextEncoder, &clip_path, &root)?, prefix, layout, dropped_layers: 0 };
         let clip = ClipRef { encoders: vec![encoder], t5: Some(t5_handle(&self.rt, &t5_path)?), family: ModelFamily::Flux, clip_skip: None, sdcpp: None };
         Ok(Outputs::new(vec![Value::new(IoType::CLIP, clip)]))
     }
@@ -603,7 +594,7 @@ pub(crate) fn sd3_clip(rt: &Runtime, paths: &[PathBuf]) -> Result<ClipRef, NodeE
             continue;
         }
         let (prefix, layout, root, width) = text_encoder_in(path)?;
-        clips.push((width, path.clone(), ClipEncoder { weights: weights_handle(rt, path, &root)?, prefix, layout, dropped_layers: 0 }));
+        clips.push((width, path.clone(), ClipEncoder { weights: weights_handle(rt, Module::TextEncoder, path, &root)?, prefix, layout, dropped_layers: 0 }));
     }
     clips.sort_by_key(|c| c.0);
     match clips.as_slice() {
@@ -625,16 +616,12 @@ fn t5_handle(rt: &Runtime, path: &Path) -> Result<T5Ref, NodeError> {
         .ok_or_else(|| NodeError::msg(format!("{}: no T5 encoder (`{}`)", path.display(), t5::MARKER)))?;
     let key = WeightKey::new([path], &format!("{T5_KEY}{prefix}"), rt.weight_type, Device::Cpu).map_err(err)?;
     let (p, pfx, wt) = (path.to_path_buf(), prefix.clone(), rt.weight_type);
-    let weights = rt
-        .residency
-        .get_or_load(key, move || -> Result<Weights, Box<dyn std::error::Error + Send + Sync>> {
-            let src = t5::hf_layout(io::open(&p)?)?;
-            let backend = Backend::cpu(1)?;
-            // The encoder only: full T5 files carry a decoder no text encoder reads.
-            let parts = [format!("{pfx}encoder."), format!("{pfx}shared.")];
-            Ok(load_weights(&backend, src.as_ref(), &[&parts[0], &parts[1]], &TypeRules::new(wt, "")?)?)
-        })
-        .map_err(err)?;
+    let weights = rt.weights(Module::TextEncoder, key, move |memory| {
+        let src = t5::hf_layout(io::open(&p)?)?;
+        // The encoder only: full T5 files carry a decoder no text encoder reads.
+        let parts = [format!("{pfx}encoder."), format!("{pfx}shared.")];
+        Ok(load_weights(memory, src.as_ref(), &[&parts[0], &parts[1]], &TypeRules::new(wt, "")?)?)
+    })?;
     Ok(T5Ref { weights, prefix, options: None })
 }
 
@@ -662,13 +649,10 @@ fn standalone_vae_handle(rt: &Runtime, path: &Path) -> Result<WeightHandle<Weigh
     standalone_source(src).map_err(err)?;
     let key = WeightKey::new([path], STANDALONE_KEY, rt.weight_type, Device::Cpu).map_err(err)?;
     let (path, wt) = (path.to_path_buf(), rt.weight_type);
-    rt.residency
-        .get_or_load(key, move || -> Result<Weights, Box<dyn std::error::Error + Send + Sync>> {
-            let src = standalone_source(io::open(&path)?)?;
-            let backend = Backend::cpu(1)?;
-            Ok(load_weights(&backend, src.as_ref(), &[&format!("{STANDALONE_PREFIX}.")], &TypeRules::new(wt, "")?)?)
-        })
-        .map_err(err)
+    rt.weights(Module::Vae, key, move |memory| {
+        let src = standalone_source(io::open(&path)?)?;
+        Ok(load_weights(memory, src.as_ref(), &[&format!("{STANDALONE_PREFIX}.")], &TypeRules::new(wt, "")?)?)
+    })
 }
 
 impl Node for VaeLoader {

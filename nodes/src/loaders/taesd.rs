@@ -10,7 +10,8 @@
 
 use crate::err;
 use crate::runtime::Runtime;
-use sdflow_core::ggml::{Backend, Circular, Context, GraphRun};
+use sdflow_core::ggml::{Circular, Context, GraphRun};
+use sdflow_core::placement::Module;
 use sdflow_core::io::{self, TypeRules};
 use sdflow_core::models::load::load_weights_prefixed;
 use sdflow_core::models::vae::taesd::{Half, Taesd};
@@ -132,14 +133,11 @@ pub fn weights_handle(rt: &Runtime, files: &TaesdFiles) -> Result<WeightHandle<W
     let tag: String = files.parts.iter().map(|(_, p)| *p).collect::<Vec<_>>().join("+");
     let key = WeightKey::new(files.parts.iter().map(|(p, _)| p), format!("taesd:{tag}"), rt.weight_type, Device::Cpu).map_err(err)?;
     let (parts, wt) = (files.parts.clone(), rt.weight_type);
-    rt.residency
-        .get_or_load(key, move || -> Result<Weights, Box<dyn std::error::Error + Send + Sync>> {
-            let sources = parts.iter().map(|(p, _)| io::open(p)).collect::<Result<Vec<_>, _>>()?;
-            let named: Vec<_> = sources.iter().zip(&parts).map(|(s, (_, prefix))| (s.as_ref(), *prefix)).collect();
-            let backend = Backend::cpu(1)?;
-            Ok(load_weights_prefixed(&backend, &named, &TypeRules::new(wt, "")?)?)
-        })
-        .map_err(err)
+    rt.weights(Module::Vae, key, move |memory| {
+        let sources = parts.iter().map(|(p, _)| io::open(p)).collect::<Result<Vec<_>, _>>()?;
+        let named: Vec<_> = sources.iter().zip(&parts).map(|(s, (_, prefix))| (s.as_ref(), *prefix)).collect();
+        Ok(load_weights_prefixed(memory, &named, &TypeRules::new(wt, "")?)?)
+    })
 }
 
 /// The `half` of a TAESD in `w`, wherever its layout put it.
@@ -172,7 +170,7 @@ pub fn run_circular(rt: &Runtime, model: &Taesd<'_>, half: Half, input: &[f32], 
     if input.len() != w * h * c as usize {
         return Err(NodeError::msg(format!("TAESD: {} values for a {w}x{h}x{c} input", input.len())));
     }
-    rt.with_backend(|b| {
+    rt.with_backend(Module::Vae, |b| {
         let g = Context::new(GRAPH, GRAPH).map_err(err)?;
         g.set_circular(circular);
         let mut run = GraphRun::new(&g);

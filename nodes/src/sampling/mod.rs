@@ -13,6 +13,7 @@ pub mod preview;
 pub mod sigmas;
 pub mod turbo;
 
+use sdflow_core::placement::Module;
 use crate::runtime::Runtime;
 use guidance::Mix;
 use differential::DifferentialThreshold;
@@ -252,8 +253,8 @@ const BLANK_INPAINT_LATENT: [f32; 4] = [0.8223, -0.6876, 0.6364, 0.1380];
 /// Returns the result and the last denoised estimate (SamplerCustom's second output).
 pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choice: &SamplerChoice, sigmas: &[f32], noise: NoiseSource, latent: &Latent) -> Result<(Latent, Latent), NodeError> {
     let model = &guider.model;
-    let weights = model.weights.pin().map_err(err)?;
-    let ip_weights = model.ip_adapters.iter().map(|p| p.weights.pin()).collect::<Result<Vec<_>, _>>().map_err(err)?;
+    let weights = rt.pin(Module::Diffusion, &model.weights)?;
+    let ip_weights = model.ip_adapters.iter().map(|p| rt.pin(Module::Diffusion, &p.weights)).collect::<Result<Vec<_>, _>>()?;
     let mut den = if model.family == ModelFamily::Flux {
         let config = FluxConfig::infer(&weights, &model.prefix).map_err(err)?;
         let mut den = FluxDenoiser::new(Flux::new(&weights, &model.prefix, config).map_err(err)?);
@@ -471,7 +472,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     }
     // The ControlNets of every entry, pinned and checked against the UNet once; their
     // hints are made per region size on first use (ComfyUI's `cond_hints`).
-    let controls = Controls::collect(prepared.iter().flatten().map(|p| &p.control))?;
+    let controls = Controls::collect(rt, prepared.iter().flatten().map(|p| &p.control))?;
     let nets = match &den {
         Den::Sd(d) => controls.nets(&d.unet().config)?,
         Den::Flux(_) | Den::Sd3(_) if prepared.iter().flatten().any(|p| p.control.is_some()) => return Err(NodeError::msg(format!("ControlNets apply to SD UNets; this model is {}", model.family))),
@@ -545,17 +546,17 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
             match &mut den {
                 Den::Sd(den) => {
                     let batch: Vec<BatchItem<'_>> = items.iter().zip(&inputs).map(|(it, control)| BatchItem { x: &it.x, cond: it.cond, concat: it.concat.as_deref(), ip: if Some(it.side) == negative_at { IpSide::Uncond } else { IpSide::Cond }, control }).collect();
-                    rt.with_backend(|b| den.denoise_batch(b, s, sigma, &batch)).map_err(err)
+                    rt.with_backend(Module::Diffusion, |b| den.denoise_batch(b, s, sigma, &batch)).map_err(err)
                 }
                 Den::Flux(den) => {
                     den.skip = if skipping.get() { slg_layers.clone() } else { SkipLayers::default() };
                     let batch: Vec<FluxItem<'_>> = items.iter().map(|it| FluxItem { x: &it.x, cond: it.cond, concat: it.concat.as_deref() }).collect();
-                    rt.with_backend(|b| den.denoise_batch(b, s, sigma, &batch)).map_err(err)
+                    rt.with_backend(Module::Diffusion, |b| den.denoise_batch(b, s, sigma, &batch)).map_err(err)
                 }
                 Den::Sd3(den) => {
                     let batch: Vec<Sd3Item<'_>> = items.iter().map(|it| Sd3Item { x: &it.x, cond: it.cond }).collect();
                     let skip = if skipping.get() { &slg_layers.double[..] } else { &[][..] };
-                    rt.with_backend(|b| den.denoise_batch(b, s, sigma, &batch, skip)).map_err(err)
+                    rt.with_backend(Module::Diffusion, |b| den.denoise_batch(b, s, sigma, &batch, skip)).map_err(err)
                 }
             }
         };

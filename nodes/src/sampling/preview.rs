@@ -3,6 +3,7 @@
 //! decoder (full-sized) when `models/vae_approx` has one. JPEG at quality 95, the long
 //! side capped at [`MAX_PREVIEW_RESOLUTION`].
 
+use sdflow_core::placement::Module;
 use crate::runtime::Runtime;
 use crate::loaders::taesd;
 use sdflow_core::detect::ModelFamily;
@@ -168,7 +169,7 @@ pub fn preview(rt: &Runtime, family: ModelFamily, denoised: &[f32], shape: [i64;
 /// The TAESD decoding of the first sample, if a decoder is installed.
 fn taesd_rgb(rt: &Runtime, kind: taesd::TaeKind, denoised: &[f32], shape: [i64; 4]) -> Result<Option<(Vec<u8>, u32, u32)>, sdflow_executor::NodeError> {
     let Some(files) = taesd::find_decoder(rt, kind) else { return Ok(None) };
-    let weights = taesd::weights_handle(rt, &files)?.pin().map_err(crate::err)?;
+    let weights = rt.pin(Module::Vae, &taesd::weights_handle(rt, &files)?)?;
     let model = taesd::model(&weights, Half::Decoder)?;
     let [w, h, c, _] = shape.map(|d| d.max(0) as usize);
     let first = denoised.get(..w * h * c).ok_or_else(|| sdflow_executor::NodeError::msg("preview: short latent"))?;
