@@ -5,9 +5,7 @@
 //! tolerances. Without the variable it does nothing (a machine without the packages).
 //! Debian 12's own lavapipe (Mesa 22.3) crashes at random inside its worker threads
 //! (SIGSEGV in libvulkan_lvp.so, a third of the runs of ESRGAN's tests); the script installs
-//! bookworm-backports' Mesa 25, where every listed test passes. .ci/run does not set the
-//! variable yet (the Vulkan build and the eight-minute run are still to be fitted into its
-//! time limit).
+//! bookworm-backports' Mesa 25, where every listed test passes. .ci/run sets the variable.
 //!
 //! ggml's Vulkan backend computes in f16 where the device allows; `GGML_VK_DISABLE_F16`
 //! keeps it in f32 so the 1e-3 tolerances of the references hold (what is checked is that
@@ -40,11 +38,6 @@ const ON_VULKAN: &[&str] = &[
 const NOT_YET: &[(&str, &str)] = &[
     // Off by more than the test allows on Vulkan: to be looked into.
     ("weighted_prompts_interpolate_from_the_empty_prompt", "T5 prompt weighting: assertion fails"),
-    // The runtime branch is built with weights that the LoRA code loads on the CPU
-    // (`Backend::cpu` inside core::lora), which a GPU graph cannot read.
-    ("a_chain_at_runtime_adds_every_branch", "runtime LoRA branches: SIGSEGV"),
-    ("at_runtime_gives_the_layers_of_the_merge", "runtime LoRA branches: SIGSEGV"),
-    ("auto_keeps_quantized_weights_and_branches_beside_them", "runtime LoRA branches: SIGSEGV"),
 ];
 
 fn run(cmd: &mut Command) -> (bool, String) {

@@ -232,6 +232,14 @@ pub fn read_png(path: &Path) -> (u32, u32, Vec<u8>) {
     (info.width, info.height, buf)
 }
 
+/// Mean and worst absolute difference of two images' samples, in 0..=255 steps.
+pub fn pixel_difference(a: &[u8], b: &[u8]) -> (f64, u8) {
+    assert_eq!(a.len(), b.len(), "images of different sizes");
+    let worst = a.iter().zip(b).map(|(x, y)| x.abs_diff(*y)).max().unwrap_or(0);
+    let mean = a.iter().zip(b).map(|(x, y)| x.abs_diff(*y) as f64).sum::<f64>() / a.len().max(1) as f64;
+    (mean, worst)
+}
+
 /// The id of the one node of `class` in `wf` (committed presets number their nodes by
 /// build order, which tests should not depend on).
 pub fn node_of(wf: &Workflow, class: &str) -> String {

@@ -46,13 +46,6 @@ fn txt2img(weight_type: Option<DType>, seed: u64) -> Vec<u8> {
     buf
 }
 
-/// Mean and worst absolute difference, in 0..=255 pixel steps.
-fn diff(a: &[u8], b: &[u8]) -> (f64, u8) {
-    assert_eq!(a.len(), b.len());
-    let worst = a.iter().zip(b).map(|(x, y)| x.abs_diff(*y)).max().unwrap_or(0);
-    let mean = a.iter().zip(b).map(|(x, y)| x.abs_diff(*y) as f64).sum::<f64>() / a.len() as f64;
-    (mean, worst)
-}
 
 fn distinct(px: &[u8]) -> usize {
     px.iter().collect::<std::collections::HashSet<_>>().len()
@@ -65,14 +58,14 @@ fn converted_weights_stay_close_to_f32() {
     // image; random weights otherwise give a busy one.
     assert!(distinct(&reference) > 16, "the f32 image is flat");
     // The scale of "different": another seed's image.
-    let (unrelated, _) = diff(&txt2img(None, 43), &reference);
+    let (unrelated, _) = sdflow_tests::pixel_difference(&txt2img(None, 43), &reference);
     // Each type's mean pixel difference from f32 as a fraction of that. Measured here
     // (other seed: 71.2 steps): f16 0.145 (0.002), bf16 0.947 (0.013), q8_0 2.16 (0.030),
     // q4_0 18.6 (0.26, worst pixel 120: 32-value rows of random weights are q4_0's worst case).
     for (ty, max_frac) in [(DType::F16, 0.01), (DType::BF16, 0.04), (DType::Q8_0, 0.08), (DType::Q4_0, 0.45)] {
         let px = txt2img(Some(ty), 42);
         assert!(distinct(&px) > 16, "{ty}: flat image (non-finite values?)");
-        let (mean, worst) = diff(&px, &reference);
+        let (mean, worst) = sdflow_tests::pixel_difference(&px, &reference);
         assert!(mean <= max_frac * unrelated, "{ty}: mean pixel difference {mean:.3} is over {max_frac} of another seed's {unrelated:.3} (worst {worst})");
         if ty != DType::F16 {
             assert!(mean > 0.0, "{ty}: identical to f32, so the conversion did not happen");
