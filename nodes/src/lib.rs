@@ -61,7 +61,7 @@ pub mod sampling;
 pub mod utils;
 pub mod values;
 
-pub use runtime::Runtime;
+pub use runtime::{Place, Runtime};
 
 use sdflow_executor::Registry;
 use std::sync::Arc;

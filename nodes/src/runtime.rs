@@ -41,6 +41,20 @@ pub struct Runtime {
     threads: usize,
 }
 
+/// Whose placement a call follows: a module's, or a module's put on the CPU by the node
+/// that loaded it (ComfyUI's CLIPLoader `device: cpu`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Place {
+    Module(Module),
+    Cpu(Module),
+}
+
+impl From<Module> for Place {
+    fn from(m: Module) -> Self {
+        Place::Module(m)
+    }
+}
+
 /// The executor lane name of the compute backend.
 pub const DEVICE_LANE: &str = "cpu0";
 
@@ -96,7 +110,14 @@ impl Runtime {
     /// Where `module`'s graphs run and its weights are kept. A ControlNet runs inside the
     /// UNet's graph, so it computes where the diffusion model does; placed elsewhere, its
     /// weights are kept there and copied over for each use.
-    pub fn place(&self, module: Module) -> ModulePlacement {
+    pub fn place(&self, place: impl Into<Place>) -> ModulePlacement {
+        let module = match place.into() {
+            Place::Module(m) => m,
+            Place::Cpu(m) => {
+                let options = self.placement.module(m).options;
+                return ModulePlacement { runtime: BackendKind::Cpu, params: Params::WithRuntime, options: sdflow_core::ggml::GraphOptions { gpu: false, ..options } };
+            }
+        };
         let own = self.placement.module(module);
         if module != Module::ControlNet {
             return own;
@@ -112,8 +133,8 @@ impl Runtime {
 
     /// The memory `module`'s weights are loaded into: its params device, else its runtime
     /// device.
-    fn home(&self, module: Module) -> BackendKind {
-        let p = self.place(module);
+    fn home(&self, place: Place) -> BackendKind {
+        let p = self.place(place);
         match p.params {
             Params::On(d) => d,
             Params::WithRuntime | Params::Disk => p.runtime,
@@ -122,15 +143,16 @@ impl Runtime {
 
     /// Register `module`'s weights under `key` (its device is set here), loaded by `load`
     /// into the memory the placement keeps them in. Nothing is read until a pin.
-    pub fn weights<T, F>(&self, module: Module, mut key: WeightKey, load: F) -> Result<WeightHandle<T>, NodeError>
+    pub fn weights<T, F>(&self, place: impl Into<Place>, mut key: WeightKey, load: F) -> Result<WeightHandle<T>, NodeError>
     where
         T: Placeable,
         F: Fn(&BufferType) -> Result<T, Box<dyn std::error::Error + Send + Sync>> + Send + Sync + 'static,
     {
-        let home = self.home(module);
+        let place = place.into();
+        let home = self.home(place);
         key.device = home.into();
         let loader = move || -> Result<T, Box<dyn std::error::Error + Send + Sync>> { load(&BufferType::of(home)?) };
-        match self.place(module).params {
+        match self.place(place).params {
             Params::Disk => self.residency.get_or_load_transient(key, loader),
             _ => self.residency.get_or_load(key, loader),
         }
@@ -140,8 +162,8 @@ impl Runtime {
     /// `handle`'s weights on the device `module` computes on, held there until the guard
     /// is dropped: the weights themselves, or (kept on another device: offloading) a copy
     /// made for this use and dropped after it.
-    pub fn pin<T: Placeable>(&self, module: Module, handle: &WeightHandle<T>) -> Result<PinGuard<T>, NodeError> {
-        let runtime = self.place(module).runtime;
+    pub fn pin<T: Placeable>(&self, place: impl Into<Place>, handle: &WeightHandle<T>) -> Result<PinGuard<T>, NodeError> {
+        let runtime = self.place(place).runtime;
         if handle.key().device == runtime.into() {
             return handle.pin().map_err(crate::err);
         }
@@ -181,8 +203,8 @@ impl Runtime {
 
     /// Run `f` with exclusive use of the backend `module` computes on, graphs built for
     /// that device with the module's kernel choices.
-    pub fn with_backend<T>(&self, module: Module, f: impl FnOnce(&Backend) -> T) -> T {
-        let p = self.place(module);
+    pub fn with_backend<T>(&self, place: impl Into<Place>, f: impl FnOnce(&Backend) -> T) -> T {
+        let p = self.place(place);
         let (_, backend) = self.backends.iter().find(|(k, _)| *k == p.runtime).expect("with_placement starts a backend for every device the placement uses");
         let b = backend.lock();
         sdflow_core::ggml::scope(p.options, || f(&b))

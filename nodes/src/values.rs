@@ -188,6 +188,9 @@ pub struct ClipRef {
     pub clip_skip: Option<u32>,
     /// SdCppConditioner: encode prompts as stable-diffusion.cpp does; `None`: ComfyUI's way.
     pub sdcpp: Option<SdCppText>,
+    /// Where the encoders compute: the text encoder module's placement, or the CPU when the
+    /// loader's `device` input says so.
+    pub place: crate::runtime::Place,
 }
 
 /// sd.cpp's text conditioning for the DiT families (the sd-cli presets ask for it): T5 in

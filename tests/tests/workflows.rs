@@ -883,6 +883,15 @@ fn standalone_text_encoders_load_as_the_checkpoints_own() {
         single.set_input(n, "clip", InputValue::Link { node: "20".into(), output: 0 }).unwrap();
     }
     assert_eq!(run_saved(&env, &single, "7").2, own, "CLIPLoader gives the checkpoint's conditioning");
+    // ComfyUI's `device: cpu` (here, where everything is on the CPU, the same image); an
+    // unknown device is named.
+    let mut on_cpu = single.clone();
+    on_cpu.set_input("20", "device", InputValue::Const(serde_json::json!("cpu"))).unwrap();
+    assert_eq!(run_saved(&env, &on_cpu, "7").2, own, "device cpu");
+    let mut gpu = single.clone();
+    gpu.set_input("20", "device", InputValue::Const(serde_json::json!("gpu"))).unwrap();
+    let e = env.exec.run(&gpu, &NullSink, &CancelToken::new(), &RunOptions::default()).err().expect("an unknown device");
+    assert!(format!("{e:?}").contains("device") && format!("{e:?}").contains("gpu"), "{e:?}");
     // Two CLIP-L files are no SDXL pair.
     let mut twice = dual.clone();
     twice.set_input("20", "clip_name1", InputValue::Const(serde_json::json!("clip_l.safetensors"))).unwrap();

@@ -2,7 +2,6 @@
 //! (CLIPLoader type `chroma`), its prompt unpadded — the tokens and `</s>` (ComfyUI's PixArt
 //! T5 tokenizer, `min_length` 1) — and no pooled vector.
 
-use sdflow_core::placement::Module;
 use crate::runtime::Runtime;
 use crate::values::{ClipRef, T5Options, T5Ref};
 use crate::err;
@@ -35,11 +34,11 @@ pub(crate) fn encode(rt: &Runtime, clip: &ClipRef, text: &str) -> Result<Conditi
         return crate::conditioning::sdcpp::chroma(rt, clip, text, s);
     }
     let t5 = clip.t5.as_ref().ok_or_else(|| NodeError::msg("Chroma's CLIP has no T5 encoder"))?;
-    let weights = rt.pin(Module::TextEncoder, &t5.weights)?;
+    let weights = rt.pin(clip.place, &t5.weights)?;
     let model = T5Encoder::new(&weights, &t5.prefix, T5Config::infer(&weights, &t5.prefix).map_err(err)?).map_err(err)?;
     let tokens = t5_tokens(t5, text, 1)?;
     let empty = vec![T5_PAD; tokens.ids.len()];
-    let hidden = rt.with_backend(Module::TextEncoder, |b| model.encode_weighted_from(b, &tokens, &empty)).map_err(err)?;
+    let hidden = rt.with_backend(clip.place, |b| model.encode_weighted_from(b, &tokens, &empty)).map_err(err)?;
     Conditioning::new(hidden, model.config.d_model, tokens.ids.len() as i64).map_err(err)
 }
 

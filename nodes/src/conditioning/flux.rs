@@ -3,7 +3,6 @@
 //! FluxKontextImageScale and FluxKontextMultiReferenceLatentMethod (its
 //! `comfy_extras/nodes_flux.py`, `nodes_edit_model.py`).
 
-use sdflow_core::placement::Module;
 use crate::runtime::Runtime;
 use crate::values::{ClipRef, CondEntry, CondList, Image, Latent};
 use crate::err;
@@ -36,17 +35,17 @@ pub(crate) fn encode(rt: &Runtime, clip: &ClipRef, text_l: &str, text_t5: &str) 
         crate::conditioning::sdcpp::flux_t5(rt, clip, text_t5)?
     } else {
         let t5 = clip.t5.as_ref().ok_or_else(|| NodeError::msg(format!("this CLIP ({}) has no T5 encoder", clip.family)))?;
-        let weights = rt.pin(Module::TextEncoder, &t5.weights)?;
+        let weights = rt.pin(clip.place, &t5.weights)?;
         let model = T5Encoder::new(&weights, &t5.prefix, T5Config::infer(&weights, &t5.prefix).map_err(err)?).map_err(err)?;
         let tokens = crate::conditioning::chroma::t5_tokens(t5, text_t5, T5_MIN_TOKENS)?;
-        let hidden = rt.with_backend(Module::TextEncoder, |b| model.encode_weighted(b, &tokens)).map_err(err)?;
+        let hidden = rt.with_backend(clip.place, |b| model.encode_weighted(b, &tokens)).map_err(err)?;
         Conditioning::new(hidden, model.config.d_model, tokens.ids.len() as i64).map_err(err)?
     };
     if let Some(enc) = clip.encoders.first() {
-        let weights = rt.pin(Module::TextEncoder, &enc.weights)?;
+        let weights = rt.pin(clip.place, &enc.weights)?;
         let model = ClipTextModel::new(&weights, &enc.prefix, ClipTextConfig::infer(&weights, &enc.prefix, enc.layout).map_err(err)?).map_err(err)?;
         let prompt = tokenize_weighted(text_l, &ClipTokenizer::new(PadToken::EndOfText), rt.embedding_library()?.as_ref(), &ChunkOptions::default()).map_err(err)?;
-        let l = rt.with_backend(Module::TextEncoder, |b| encode_prompt_with(b, &model, &prompt, 1, true, Pooled::Raw)).map_err(err)?;
+        let l = rt.with_backend(clip.place, |b| encode_prompt_with(b, &model, &prompt, 1, true, Pooled::Raw)).map_err(err)?;
         cond.pooled = l.pooled;
     }
     Ok(cond)

@@ -13,7 +13,6 @@ pub mod pix2pix;
 pub mod sd3;
 pub mod sdcpp;
 
-use sdflow_core::placement::Module;
 use crate::runtime::Runtime;
 use crate::values::{ClipEncoder, ClipRef, CondArea, CondEntry, CondList, CondMask, Mask};
 use crate::err;
@@ -161,7 +160,7 @@ pub(crate) fn encode_texts_with(rt: &Runtime, clip: &ClipRef, text_l: &str, text
     if clip.t5.is_some() {
         return Err(NodeError::msg(format!("this prompt rewriting (PhotoMaker) needs an SD text encoder, not {}'s", clip.family)));
     }
-    let pinned = clip.encoders.iter().map(|e| rt.pin(Module::TextEncoder, &e.weights)).collect::<Result<Vec<_>, _>>()?;
+    let pinned = clip.encoders.iter().map(|e| rt.pin(clip.place, &e.weights)).collect::<Result<Vec<_>, _>>()?;
     let mut models = Vec::with_capacity(pinned.len());
     for (enc, weights) in clip.encoders.iter().zip(&pinned) {
         let config = ClipTextConfig::infer(weights, &enc.prefix, enc.layout).map_err(err)?;
@@ -183,7 +182,7 @@ pub(crate) fn encode_texts_with(rt: &Runtime, clip: &ClipRef, text_l: &str, text
         [model] => {
             let (prompt, _) = tokenize(&clip.encoders[0], text_l)?;
             let skip = (skip.get() as usize).saturating_sub(clip.encoders[0].dropped_layers).clamp(1, model.config.layers);
-            rt.with_backend(Module::TextEncoder, |b| encode_prompt(b, model, &prompt, skip)).map_err(err)
+            rt.with_backend(clip.place, |b| encode_prompt(b, model, &prompt, skip)).map_err(err)
         }
         [l, g] => {
             let ((pl, pad_l), (pg, pad_g)) = (tokenize(&clip.encoders[0], text_l)?, tokenize(&clip.encoders[1], text_g)?);
@@ -191,7 +190,7 @@ pub(crate) fn encode_texts_with(rt: &Runtime, clip: &ClipRef, text_l: &str, text
             // empty chunks.
             let (nl, ng) = (pl.chunks.len(), pg.chunks.len());
             let (pl, pg) = (pl.padded_to(ng, pad_l), pg.padded_to(nl, pad_g));
-            rt.with_backend(Module::TextEncoder, |b| encode_prompt_sdxl(b, (l, &pl), (g, &pg), skip.get() as usize)).map_err(err)
+            rt.with_backend(clip.place, |b| encode_prompt_sdxl(b, (l, &pl), (g, &pg), skip.get() as usize)).map_err(err)
         }
         _ => Err(NodeError::msg(format!("a CLIP of {} text encoders", models.len()))),
     }

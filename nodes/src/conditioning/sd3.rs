@@ -55,7 +55,7 @@ pub(crate) fn encode(rt: &Runtime, clip: &ClipRef, l: Option<&str>, g: Option<&s
     if clip.encoders.is_empty() && clip.t5.is_none() {
         return Err(NodeError::msg("this SD3 CLIP has no text encoders (the checkpoint holds none): load clip_l, clip_g and t5xxl with TripleCLIPLoader (sd-cli's --clip_l, --clip_g, --t5xxl)"));
     }
-    let pinned = clip.encoders.iter().map(|e| rt.pin(Module::TextEncoder, &e.weights)).collect::<Result<Vec<_>, _>>()?;
+    let pinned = clip.encoders.iter().map(|e| rt.pin(clip.place, &e.weights)).collect::<Result<Vec<_>, _>>()?;
     let mut loaded = Vec::with_capacity(pinned.len());
     for (enc, weights) in clip.encoders.iter().zip(&pinned) {
         let config = ClipTextConfig::infer(weights, &enc.prefix, enc.layout).map_err(err)?;
@@ -68,7 +68,7 @@ pub(crate) fn encode(rt: &Runtime, clip: &ClipRef, l: Option<&str>, g: Option<&s
         let slot = if is_g { &mut enc_g } else { &mut enc_l };
         *slot = Some(Loaded { model, pad: if is_g { PadToken::Zero } else { PadToken::EndOfText } });
     }
-    let t5_weights = clip.t5.as_ref().map(|t| rt.pin(Module::TextEncoder, &t.weights)).transpose()?;
+    let t5_weights = clip.t5.as_ref().map(|t| rt.pin(clip.place, &t.weights)).transpose()?;
     let t5_model = match (&clip.t5, &t5_weights) {
         (Some(t), Some(w)) => Some(T5Encoder::new(w, &t.prefix, T5Config::infer(w, &t.prefix).map_err(err)?).map_err(err)?),
         _ => None,
@@ -94,7 +94,7 @@ pub(crate) fn encode(rt: &Runtime, clip: &ClipRef, l: Option<&str>, g: Option<&s
             let (Some(e), Some((p, pad))) = (e, p) else { return Ok(None) };
             let p = p.padded_to(chunks, pad);
             let skip = skip.clamp(1, e.model.config.layers);
-            rt.with_backend(Module::TextEncoder, |b| encode_prompt_with(b, &e.model, &p, skip, false, pool)).map(Some).map_err(err)
+            rt.with_backend(clip.place, |b| encode_prompt_with(b, &e.model, &p, skip, false, pool)).map(Some).map_err(err)
         };
         let cl = run(&enc_l, pl, Pooled::Raw)?;
         let cg = run(&enc_g, pg, Pooled::Projected)?;
@@ -128,7 +128,7 @@ pub(crate) fn encode(rt: &Runtime, clip: &ClipRef, l: Option<&str>, g: Option<&s
         // a chunk is missing.
         let (t5_rows, t5_width) = match &clip.t5 {
             Some(t5) => {
-                let (h, d, _) = crate::conditioning::sdcpp::t5_chunks(rt, t5, t5_text.unwrap_or(""), CHUNK, false)?;
+                let (h, d, _) = crate::conditioning::sdcpp::t5_chunks(rt, clip.place, t5, t5_text.unwrap_or(""), CHUNK, false)?;
                 (h, d)
             }
             None => (vec![0.0; CHUNK * width], width),
@@ -157,7 +157,7 @@ pub(crate) fn encode(rt: &Runtime, clip: &ClipRef, l: Option<&str>, g: Option<&s
             Some(text) => crate::conditioning::chroma::t5_tokens(t5, text, T5_MIN_TOKENS)?,
             None => T5Tokenizer::shared().map_err(err)?.tokenize_weighted("", 1).map_err(err)?,
         };
-        rows.extend(rt.with_backend(Module::TextEncoder, |b| model.encode_weighted(b, &ids)).map_err(err)?);
+        rows.extend(rt.with_backend(clip.place, |b| model.encode_weighted(b, &ids)).map_err(err)?);
         tokens += ids.ids.len();
     }
     if tokens == 0 {
@@ -207,7 +207,7 @@ impl Node for TripleClipLoader {
     }
 
     fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
-        let clip = loaders::sd3_clip(&self.rt, &self.paths(inputs)?)?;
+        let clip = loaders::sd3_clip(&self.rt, Module::TextEncoder.into(), &self.paths(inputs)?)?;
         Ok(Outputs::new(vec![Value::new(IoType::CLIP, clip)]))
     }
 }

@@ -14,7 +14,6 @@
 //! `BREAK` is dropped as in every sdflow T5 prompt (sd.cpp tokenizes the word "BREAK" with
 //! weight −1 here).
 
-use sdflow_core::placement::Module;
 use crate::runtime::Runtime;
 use crate::values::{ClipRef, SdCppText, T5Ref};
 use crate::err;
@@ -48,11 +47,11 @@ fn t5_prompt(text: &str) -> Result<WeightedTokens, NodeError> {
 
 /// `text` through `t5` in sd.cpp's chunks of `chunk` tokens: hidden states, their width,
 /// and how many leading tokens are the prompt and `</s>`s.
-pub(crate) fn t5_chunks(rt: &Runtime, t5: &T5Ref, text: &str, chunk: usize, mask: bool) -> Result<(Vec<f32>, usize, usize), NodeError> {
-    let weights = rt.pin(Module::TextEncoder, &t5.weights)?;
+pub(crate) fn t5_chunks(rt: &Runtime, place: crate::runtime::Place, t5: &T5Ref, text: &str, chunk: usize, mask: bool) -> Result<(Vec<f32>, usize, usize), NodeError> {
+    let weights = rt.pin(place, &t5.weights)?;
     let model = T5Encoder::new(&weights, &t5.prefix, T5Config::infer(&weights, &t5.prefix).map_err(err)?).map_err(err)?;
     let tokens = t5_prompt(text)?;
-    let (hidden, content) = rt.with_backend(Module::TextEncoder, |b| model.encode_chunked(b, &tokens, chunk, mask)).map_err(err)?;
+    let (hidden, content) = rt.with_backend(place, |b| model.encode_chunked(b, &tokens, chunk, mask)).map_err(err)?;
     Ok((hidden, model.config.d_model as usize, content))
 }
 
@@ -60,7 +59,7 @@ pub(crate) fn t5_chunks(rt: &Runtime, t5: &T5Ref, text: &str, chunk: usize, mask
 pub(crate) fn flux_t5(rt: &Runtime, clip: &ClipRef, text: &str) -> Result<Conditioning, NodeError> {
     let (hidden, d) = match &clip.t5 {
         Some(t5) => {
-            let (h, d, _) = t5_chunks(rt, t5, text, 256, false)?;
+            let (h, d, _) = t5_chunks(rt, clip.place, t5, text, 256, false)?;
             (h, d)
         }
         None => (vec![0.0; 256 * T5_WIDTH], T5_WIDTH),
@@ -72,7 +71,7 @@ pub(crate) fn flux_t5(rt: &Runtime, clip: &ClipRef, text: &str) -> Result<Condit
 /// Chroma's conditioning as sd.cpp makes it.
 pub(crate) fn chroma(rt: &Runtime, clip: &ClipRef, text: &str, s: SdCppText) -> Result<Conditioning, NodeError> {
     let t5 = clip.t5.as_ref().ok_or_else(|| NodeError::msg("Chroma's CLIP has no T5 encoder"))?;
-    let (hidden, d, content) = t5_chunks(rt, t5, text, 512, s.chroma_t5_mask)?;
+    let (hidden, d, content) = t5_chunks(rt, clip.place, t5, text, 512, s.chroma_t5_mask)?;
     let tokens = hidden.len() / d;
     let mut cond = Conditioning::new(hidden, d as i64, tokens as i64).map_err(err)?;
     if s.chroma_dit_mask {

@@ -6,7 +6,7 @@
 pub mod lora;
 pub mod taesd;
 
-use crate::runtime::Runtime;
+use crate::runtime::{Place, Runtime};
 use crate::loaders::taesd::TaeKind;
 use crate::values::{Circular, ClipEncoder, ClipRef, ModelRef, T5Ref, VaeKind, VaeRef};
 use crate::err;
@@ -37,8 +37,8 @@ pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
 
 /// Ask the residency manager for the tensors under `prefix` of `path`; nothing is read
 /// until a consumer pins the handle.
-pub fn weights_handle(rt: &Runtime, module: Module, path: &Path, prefix: &str) -> Result<WeightHandle<Weights>, NodeError> {
-    weights_handle_in(rt, module, path, prefix, rt.weight_type, None)
+pub fn weights_handle(rt: &Runtime, place: impl Into<Place>, path: &Path, prefix: &str) -> Result<WeightHandle<Weights>, NodeError> {
+    weights_handle_in(rt, place.into(), path, prefix, rt.weight_type, None)
 }
 
 /// A source shown in another key layout before loading (diffusers' FLUX as BFL's).
@@ -46,11 +46,11 @@ type Layout = fn(Box<dyn io::TensorSource>) -> Result<Box<dyn io::TensorSource>,
 
 /// [`weights_handle`] loading as `wt` (not the run's `--type`), the file read through `layout` (its name is part of the
 /// residency key: the same file in two layouts is two sets of weights).
-fn weights_handle_in(rt: &Runtime, module: Module, path: &Path, prefix: &str, wt: WeightType, layout: Option<(&str, Layout)>) -> Result<WeightHandle<Weights>, NodeError> {
+fn weights_handle_in(rt: &Runtime, place: Place, path: &Path, prefix: &str, wt: WeightType, layout: Option<(&str, Layout)>) -> Result<WeightHandle<Weights>, NodeError> {
     let tag = layout.map_or_else(|| prefix.to_string(), |(name, _)| format!("{name}:{prefix}"));
     let key = WeightKey::new([path], &tag, wt, Device::Cpu).map_err(err)?;
     let (path, pfx, layout) = (path.to_path_buf(), prefix.to_string(), layout.map(|l| l.1));
-    rt.weights(module, key, move |memory| {
+    rt.weights(place, key, move |memory| {
         let src = pipeline::open(&path)?;
         let src = match layout {
             Some(f) => f(src)?,
@@ -238,7 +238,7 @@ impl Node for CheckpointLoaderSimple {
         for c in parts.clips {
             encoders.push(ClipEncoder { weights: weights_handle(&self.rt, Module::TextEncoder, &path, &c.load)?, prefix: c.prefix, layout: c.layout, dropped_layers: c.dropped_layers });
         }
-        let clip = ClipRef { encoders, t5: None, family: parts.family, clip_skip: None, sdcpp: None };
+        let clip = ClipRef { encoders, t5: None, family: parts.family, clip_skip: None, sdcpp: None, place: Module::TextEncoder.into() };
         let vae = VaeRef { weights: weights_handle(&self.rt, Module::Vae, &path, "first_stage_model.")?, prefix: "first_stage_model".into(), kind: VaeKind::Kl, circular: Circular::NONE };
         Ok(Outputs::new(vec![
             Value::new(IoType::MODEL, model),
@@ -307,7 +307,7 @@ impl Node for UnetLoader {
             (ModelFamily::Unknown, _) => return Err(NodeError::msg(format!("{shown}: {}", det.message))),
             (other, _) => return Err(NodeError::msg(format!("{shown}: {other} diffusion models are not supported by this loader yet (FLUX.1, Chroma and SD3 are; SD checkpoints load with CheckpointLoaderSimple)"))),
         };
-        let weights = weights_handle_in(&self.rt, Module::Diffusion, &path, &prefix, wt, layout)?;
+        let weights = weights_handle_in(&self.rt, Module::Diffusion.into(), &path, &prefix, wt, layout)?;
         let model = match det.family {
             ModelFamily::Sd3 => sd3_model(weights, prefix)?,
             ModelFamily::Chroma => chroma_model(weights, prefix)?,
@@ -374,7 +374,7 @@ fn flux_checkpoint(rt: &Runtime, path: &Path, src: &dyn io::TensorSource, det: &
     }
     let model = flux_model(weights_handle(rt, Module::Diffusion, path, &prefix)?, prefix, det.flux_guidance)?;
     let clip_l = ClipEncoder { weights: weights_handle(rt, Module::TextEncoder, path, CKPT_CLIP_L)?, prefix: format!("{CKPT_CLIP_L}text_model"), layout: ClipLayout::HuggingFace, dropped_layers: 0 };
-    let clip = ClipRef { encoders: vec![clip_l], t5: Some(t5_handle(rt, path)?), family: ModelFamily::Flux, clip_skip: None, sdcpp: None };
+    let clip = ClipRef { encoders: vec![clip_l], t5: Some(t5_handle(rt, Module::TextEncoder, path)?), family: ModelFamily::Flux, clip_skip: None, sdcpp: None, place: Module::TextEncoder.into() };
     let vae = VaeRef { weights: weights_handle(rt, Module::Vae, path, vae_prefix)?, prefix: vae_prefix.trim_end_matches('.').into(), kind: VaeKind::Kl, circular: Circular::NONE };
     Ok(Outputs::new(vec![Value::new(IoType::MODEL, model), Value::new(IoType::CLIP, clip), Value::new(IoType::VAE, vae)]))
 }
@@ -424,8 +424,8 @@ fn sd3_checkpoint(rt: &Runtime, path: &Path, src: &dyn io::TensorSource, det: &d
     }
     // Stability's own files hold the MMDiT and VAE only: their CLIP is empty (ComfyUI's
     // None), and encoding with it names TripleCLIPLoader.
-    let t5 = if t5::is_t5(names().filter(|n| n.starts_with(CKPT_T5))) { Some(t5_handle(rt, path)?) } else { None };
-    let clip = ClipRef { encoders, t5, family: ModelFamily::Sd3, clip_skip: None, sdcpp: None };
+    let t5 = if t5::is_t5(names().filter(|n| n.starts_with(CKPT_T5))) { Some(t5_handle(rt, Module::TextEncoder, path)?) } else { None };
+    let clip = ClipRef { encoders, t5, family: ModelFamily::Sd3, clip_skip: None, sdcpp: None, place: Module::TextEncoder.into() };
     let vae = VaeRef { weights: weights_handle(rt, Module::Vae, path, LDM_VAE)?, prefix: LDM_VAE.trim_end_matches('.').into(), kind: VaeKind::Kl, circular: Circular::NONE };
     Ok(Outputs::new(vec![Value::new(IoType::MODEL, model), Value::new(IoType::CLIP, clip), Value::new(IoType::VAE, vae)]))
 }
@@ -492,8 +492,7 @@ impl Node for ClipLoader {
                 .input(InputSpec::combo("clip_name", files))
                 .input(InputSpec::combo("type", ["stable_diffusion", "sd3", "chroma"]))
         };
-        // Placement is sdflow's residency manager's: text encoders compute on the CPU.
-        s.input(InputSpec::combo("device", ["default", "cpu"]).optional().tooltip("Where the text encoders run: on the CPU either way in this build."))
+        s.input(InputSpec::combo("device", ["default", "cpu"]).optional().tooltip("Where the text encoders load and run: `default` follows the text encoder placement (--backend te=...), `cpu` keeps them on the CPU."))
             .category("advanced/loaders")
             .output("CLIP", IoType::CLIP)
     }
@@ -508,8 +507,14 @@ impl Node for ClipLoader {
 
     fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
         let ty = inputs.string("type")?;
+        // ComfyUI's `device: cpu`: load and run on the CPU whatever the placement says.
+        let place = match inputs.contains("device").then(|| inputs.string("device")).transpose()? {
+            None | Some("default") => Place::from(Module::TextEncoder),
+            Some("cpu") => Place::Cpu(Module::TextEncoder),
+            Some(other) => return Err(NodeError::msg(format!("device `{other}`: `default` or `cpu`"))),
+        };
         if self.dual && ty == "flux" {
-            return self.flux(inputs);
+            return self.flux(inputs, place);
         }
         if ty == "chroma" && !self.dual {
             let path = self.paths(inputs)?.remove(0);
@@ -517,11 +522,11 @@ impl Node for ClipLoader {
             if !t5::is_t5(src.tensors().iter().map(|t| t.name.as_str())) {
                 return Err(NodeError::msg(format!("{}: no T5 encoder (`{}`); Chroma reads T5-XXL alone", path.display(), t5::MARKER)));
             }
-            let clip = ClipRef { encoders: Vec::new(), t5: Some(t5_handle(&self.rt, &path)?), family: ModelFamily::Chroma, clip_skip: None, sdcpp: None };
+            let clip = ClipRef { encoders: Vec::new(), t5: Some(t5_handle(&self.rt, place, &path)?), family: ModelFamily::Chroma, clip_skip: None, sdcpp: None, place };
             return Ok(Outputs::new(vec![Value::new(IoType::CLIP, clip)]));
         }
         if ty == "sd3" {
-            let clip = sd3_clip(&self.rt, &self.paths(inputs)?)?;
+            let clip = sd3_clip(&self.rt, place, &self.paths(inputs)?)?;
             return Ok(Outputs::new(vec![Value::new(IoType::CLIP, clip)]));
         }
         if ty != if self.dual { "sdxl" } else { "stable_diffusion" } {
@@ -531,7 +536,7 @@ impl Node for ClipLoader {
         let mut found = Vec::new();
         for path in self.paths(inputs)? {
             let (prefix, layout, root, width) = text_encoder_in(&path)?;
-            found.push((width, ClipEncoder { weights: weights_handle(&self.rt, Module::TextEncoder, &path, &root)?, prefix, layout, dropped_layers: 0 }, path));
+            found.push((width, ClipEncoder { weights: weights_handle(&self.rt, place, &path, &root)?, prefix, layout, dropped_layers: 0 }, path));
         }
         // SDXL concatenates CLIP-L (768) before OpenCLIP-G (1280), whichever file came first.
         found.sort_by_key(|f| f.0);
@@ -552,14 +557,14 @@ impl Node for ClipLoader {
                 widths[0]
             )));
         }
-        let clip = ClipRef { encoders: found.into_iter().map(|f| f.1).collect(), t5: None, family, clip_skip: None, sdcpp: None };
+        let clip = ClipRef { encoders: found.into_iter().map(|f| f.1).collect(), t5: None, family, clip_skip: None, sdcpp: None, place };
         Ok(Outputs::new(vec![Value::new(IoType::CLIP, clip)]))
     }
 }
 
 impl ClipLoader {
     /// DualCLIPLoader's `flux`: CLIP-L (for its pooled vector) and T5-XXL, either order.
-    fn flux(&self, inputs: &Inputs) -> Result<Outputs, NodeError> {
+    fn flux(&self, inputs: &Inputs, place: Place) -> Result<Outputs, NodeError> {
         let mut clip = None;
         let mut t5 = None;
         for path in self.paths(inputs)? {
@@ -573,8 +578,8 @@ impl ClipLoader {
         }
         let (clip_path, t5_path) = (clip.expect("two files, neither twice"), t5.expect("two files, neither twice"));
         let (prefix, layout, root, _) = text_encoder_in(&clip_path)?;
-        let encoder = ClipEncoder { weights: weights_handle(&self.rt, Module::TextEncoder, &clip_path, &root)?, prefix, layout, dropped_layers: 0 };
-        let clip = ClipRef { encoders: vec![encoder], t5: Some(t5_handle(&self.rt, &t5_path)?), family: ModelFamily::Flux, clip_skip: None, sdcpp: None };
+        let encoder = ClipEncoder { weights: weights_handle(&self.rt, place, &clip_path, &root)?, prefix, layout, dropped_layers: 0 };
+        let clip = ClipRef { encoders: vec![encoder], t5: Some(t5_handle(&self.rt, place, &t5_path)?), family: ModelFamily::Flux, clip_skip: None, sdcpp: None, place };
         Ok(Outputs::new(vec![Value::new(IoType::CLIP, clip)]))
     }
 }
@@ -582,19 +587,19 @@ impl ClipLoader {
 /// The SD3 CLIP of standalone files, in any order: CLIP-L and OpenCLIP-G (Hugging Face or
 /// OpenCLIP names; the narrower is CLIP-L) and T5-XXL (safetensors or GGUF), any of them
 /// left out — what CLIPLoader, DualCLIPLoader (type sd3) and TripleCLIPLoader load.
-pub(crate) fn sd3_clip(rt: &Runtime, paths: &[PathBuf]) -> Result<ClipRef, NodeError> {
+pub(crate) fn sd3_clip(rt: &Runtime, place: Place, paths: &[PathBuf]) -> Result<ClipRef, NodeError> {
     let mut clips = Vec::new();
     let mut t5 = None;
     for path in paths {
         let src = sdflow_core::io::open(path).map_err(err)?;
         if t5::is_t5(src.tensors().iter().map(|t| t.name.as_str())) {
-            if let Some((other, _)) = t5.replace((path.clone(), t5_handle(rt, path)?)) {
+            if let Some((other, _)) = t5.replace((path.clone(), t5_handle(rt, place, path)?)) {
                 return Err(NodeError::msg(format!("{} and {} are both T5 encoders; SD3 takes one T5-XXL beside CLIP-L and OpenCLIP-G", other.display(), path.display())));
             }
             continue;
         }
         let (prefix, layout, root, width) = text_encoder_in(path)?;
-        clips.push((width, path.clone(), ClipEncoder { weights: weights_handle(rt, Module::TextEncoder, path, &root)?, prefix, layout, dropped_layers: 0 }));
+        clips.push((width, path.clone(), ClipEncoder { weights: weights_handle(rt, place, path, &root)?, prefix, layout, dropped_layers: 0 }));
     }
     clips.sort_by_key(|c| c.0);
     match clips.as_slice() {
@@ -602,7 +607,7 @@ pub(crate) fn sd3_clip(rt: &Runtime, paths: &[PathBuf]) -> Result<ClipRef, NodeE
         [_, _, c, ..] => return Err(NodeError::msg(format!("{}: a third CLIP text encoder; SD3 takes CLIP-L, OpenCLIP-G and T5-XXL", c.1.display()))),
         _ => {}
     }
-    Ok(ClipRef { encoders: clips.into_iter().map(|c| c.2).collect(), t5: t5.map(|t| t.1), family: ModelFamily::Sd3, clip_skip: None, sdcpp: None })
+    Ok(ClipRef { encoders: clips.into_iter().map(|c| c.2).collect(), t5: t5.map(|t| t.1), family: ModelFamily::Sd3, clip_skip: None, sdcpp: None, place })
 }
 
 /// The residency key prefix of T5 encoders: their GGUF tensors are renamed on load.
@@ -610,13 +615,13 @@ const T5_KEY: &str = "t5:";
 
 /// The T5 encoder of a standalone file (Hugging Face names under any prefix, or llama.cpp's
 /// GGUF names) as a handle; nothing is read until it is pinned.
-fn t5_handle(rt: &Runtime, path: &Path) -> Result<T5Ref, NodeError> {
+fn t5_handle(rt: &Runtime, place: impl Into<Place>, path: &Path) -> Result<T5Ref, NodeError> {
     let src = t5::hf_layout(io::open(path).map_err(err)?).map_err(err)?;
     let prefix = t5::find_prefix(src.tensors().iter().map(|t| t.name.as_str()))
         .ok_or_else(|| NodeError::msg(format!("{}: no T5 encoder (`{}`)", path.display(), t5::MARKER)))?;
     let key = WeightKey::new([path], &format!("{T5_KEY}{prefix}"), rt.weight_type, Device::Cpu).map_err(err)?;
     let (p, pfx, wt) = (path.to_path_buf(), prefix.clone(), rt.weight_type);
-    let weights = rt.weights(Module::TextEncoder, key, move |memory| {
+    let weights = rt.weights(place, key, move |memory| {
         let src = t5::hf_layout(io::open(&p)?)?;
         // The encoder only: full T5 files carry a decoder no text encoder reads.
         let parts = [format!("{pfx}encoder."), format!("{pfx}shared.")];
