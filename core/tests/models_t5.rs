@@ -187,7 +187,13 @@ fn weighted_prompts_interpolate_from_the_empty_prompt() {
     apply_weights(&mut want, &empty, &weights, 48);
     assert!(max_abs_err(&got, &want) < 1e-5);
     assert!(max_abs_err(&got, &plain) > 1e-3, "the weights change the result");
-    assert_eq!(got[..48], plain[..48], "weight 1 leaves a token alone");
+    if backend.kind() == sdflow_core::ggml::BackendKind::Cpu {
+        assert_eq!(got[..48], plain[..48], "weight 1 leaves a token alone");
+    } else {
+        // A GPU's kernels are not batch-invariant: the weighted prompt is encoded beside
+        // the empty one, so its unweighted token is equal only to rounding.
+        assert!(max_abs_err(&got[..48], &plain[..48]) < 1e-5, "weight 1 leaves a token alone");
+    }
 }
 
 #[test]

@@ -34,11 +34,7 @@ const ON_VULKAN: &[&str] = &[
     "lora",
 ];
 
-/// Tests left out, and why.
-const NOT_YET: &[(&str, &str)] = &[
-    // Off by more than the test allows on Vulkan: to be looked into.
-    ("weighted_prompts_interpolate_from_the_empty_prompt", "T5 prompt weighting: assertion fails"),
-];
+
 
 fn run(cmd: &mut Command) -> (bool, String) {
     let out = cmd.output().unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
@@ -79,9 +75,6 @@ fn parity_tests_pass_on_vulkan() {
     for (name, exe) in &binaries {
         let (_, list) = run(Command::new(exe).arg("--list"));
         for test in list.lines().filter_map(|l| l.strip_suffix(": test")) {
-            if NOT_YET.iter().any(|(t, _)| *t == test) {
-                continue;
-            }
             let (ok, out) = run(Command::new(exe)
                 .args(["--exact", test, "--test-threads=1"])
                 // ggml lists CPU-type Vulkan devices (lavapipe) only when told to.
