@@ -86,4 +86,15 @@ fn a_preset_split_between_the_cpu_and_vulkan_matches_the_cpu() {
     assert_eq!(offloaded, split, "offloading moves weights, not results");
     let (from_disk, _) = run(&["--backend", "te=cpu,diffusion=vulkan0,vae=vulkan0", "--params-backend", "disk", "--max-vram", "1"], "disk.png");
     assert_eq!(from_disk, split);
+    // A budget the UNet does not fit: refused from the file's header, before anything is
+    // allocated on the device, naming the model, its size and the budget.
+    let out = Command::new(&exe)
+        .args(["-m", m, "-p", "a cat", "-W", "64", "-H", "64", "--steps", "1", "--type", "f32", "--max-vram", "0.0001", "-o", "none.png"])
+        .current_dir(dir.path())
+        .env("GGML_VK_VISIBLE_DEVICES", "0")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("tiny.safetensors") && err.contains("bytes on gpu:0, but its budget is 107374 bytes"), "{err}");
+    assert!(!dir.path().join("none.png").exists());
 }

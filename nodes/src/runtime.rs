@@ -55,6 +55,22 @@ impl From<Module> for Place {
     }
 }
 
+/// A loader with the size its payload will have.
+struct SizedLoad<F> {
+    bytes: Option<u64>,
+    load: F,
+}
+
+impl<T: Placeable, F: Fn() -> Result<T, Box<dyn std::error::Error + Send + Sync>> + Send + Sync + 'static> sdflow_core::residency::Load for SizedLoad<F> {
+    type Output = T;
+    fn estimate(&self) -> Option<u64> {
+        self.bytes
+    }
+    fn load(&self) -> Result<T, sdflow_core::residency::BoxError> {
+        (self.load)()
+    }
+}
+
 /// The executor lane name of the compute backend.
 pub const DEVICE_LANE: &str = "cpu0";
 
@@ -143,7 +159,17 @@ impl Runtime {
 
     /// Register `module`'s weights under `key` (its device is set here), loaded by `load`
     /// into the memory the placement keeps them in. Nothing is read until a pin.
-    pub fn weights<T, F>(&self, place: impl Into<Place>, mut key: WeightKey, load: F) -> Result<WeightHandle<T>, NodeError>
+    pub fn weights<T, F>(&self, place: impl Into<Place>, key: WeightKey, load: F) -> Result<WeightHandle<T>, NodeError>
+    where
+        T: Placeable,
+        F: Fn(&BufferType) -> Result<T, Box<dyn std::error::Error + Send + Sync>> + Send + Sync + 'static,
+    {
+        self.weights_sized(place, key, None, load)
+    }
+
+    /// [`Runtime::weights`] for weights of a known size (`bytes`, from the file's header): a
+    /// load that cannot fit its device's budget is refused before anything is allocated.
+    pub fn weights_sized<T, F>(&self, place: impl Into<Place>, mut key: WeightKey, bytes: Option<u64>, load: F) -> Result<WeightHandle<T>, NodeError>
     where
         T: Placeable,
         F: Fn(&BufferType) -> Result<T, Box<dyn std::error::Error + Send + Sync>> + Send + Sync + 'static,
@@ -151,7 +177,7 @@ impl Runtime {
         let place = place.into();
         let home = self.home(place);
         key.device = home.into();
-        let loader = move || -> Result<T, Box<dyn std::error::Error + Send + Sync>> { load(&BufferType::of(home)?) };
+        let loader = SizedLoad { bytes, load: move || -> Result<T, Box<dyn std::error::Error + Send + Sync>> { load(&BufferType::of(home)?) } };
         match self.place(place).params {
             Params::Disk => self.residency.get_or_load_transient(key, loader),
             _ => self.residency.get_or_load(key, loader),

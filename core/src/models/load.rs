@@ -35,6 +35,18 @@ pub fn load_type(info: &TensorInfo, rules: &TypeRules) -> DType {
     }
 }
 
+/// The bytes [`load_weights`] would place for `src`'s tensors under `prefixes` (each in the
+/// type `rules` give it, before the buffer's alignment padding): what the residency manager
+/// checks against a device's budget before loading anything.
+pub fn planned_bytes(src: &dyn TensorSource, prefixes: &[&str], rules: &TypeRules) -> u64 {
+    src.tensors()
+        .iter()
+        .filter(|t| prefixes.iter().any(|p| t.name.starts_with(p)))
+        .filter_map(|t| load_type(t, rules).byte_len(t.n_elements()))
+        .map(|b| b as u64)
+        .sum()
+}
+
 /// Every tensor of `src` whose name starts with one of `prefixes`, in `backend`'s memory
 /// (a [`crate::ggml::Backend`] or a [`crate::ggml::BufferType`]).
 pub fn load_weights(backend: &(impl AllocTarget + ?Sized), src: &dyn TensorSource, prefixes: &[&str], rules: &TypeRules) -> Result<Weights> {

@@ -14,7 +14,7 @@ use sdflow_core::detect::{self, KeyLayout, ModelFamily};
 use sdflow_core::placement::Module;
 use sdflow_core::io::{self, TypeRules, WeightType};
 use sdflow_core::models::clip::ClipLayout;
-use sdflow_core::models::load::load_weights;
+use sdflow_core::models::load::{self, load_weights};
 use sdflow_core::models::{flux, sd3, t5};
 use sdflow_core::models::pipeline::{self, scheduler_settings, CLIP_G as CKPT_CLIP_G, CLIP_L as CKPT_CLIP_L, T5XXL as CKPT_T5};
 use sdflow_core::models::conditioning::Prediction;
@@ -49,8 +49,17 @@ type Layout = fn(Box<dyn io::TensorSource>) -> Result<Box<dyn io::TensorSource>,
 fn weights_handle_in(rt: &Runtime, place: Place, path: &Path, prefix: &str, wt: WeightType, layout: Option<(&str, Layout)>) -> Result<WeightHandle<Weights>, NodeError> {
     let tag = layout.map_or_else(|| prefix.to_string(), |(name, _)| format!("{name}:{prefix}"));
     let key = WeightKey::new([path], &tag, wt, Device::Cpu).map_err(err)?;
+    // The size from the file's header (through the layout, whose names the prefix is in),
+    // so a model its device's budget cannot hold is refused before it is allocated.
+    let opened = pipeline::open(path).map_err(err)?;
+    let src = match layout {
+        Some((_, f)) => f(opened).map_err(err)?,
+        None => opened,
+    };
+    let bytes = load::planned_bytes(src.as_ref(), &[prefix], &TypeRules::new(wt, "").map_err(err)?);
+    drop(src);
     let (path, pfx, layout) = (path.to_path_buf(), prefix.to_string(), layout.map(|l| l.1));
-    rt.weights(place, key, move |memory| {
+    rt.weights_sized(place, key, Some(bytes), move |memory| {
         let src = pipeline::open(&path)?;
         let src = match layout {
             Some(f) => f(src)?,
