@@ -77,11 +77,14 @@ fn encode(rt: &Runtime, cv: &ClipVisionRef, pixels: Vec<f32>, n: usize) -> Resul
     let c = &model.config;
     let s = c.image_size;
     const GRAPH: usize = 8192;
-    let ctx = Context::new(GRAPH, GRAPH).map_err(err)?;
-    let mut run = GraphRun::new(&ctx);
-    let px = run.input_f32(&[s, s, 3, n as i64], pixels).map_err(err)?;
-    let out = model.forward(&ctx, &mut run, px).map_err(err)?;
-    let mut r = rt.with_backend(Module::ClipVision, |b| run.compute(b, &[out.image_embeds, out.penultimate], GRAPH)).map_err(err)?;
+    // Built inside the scope, so the graph is made for the device it runs on.
+    let mut r = rt.with_backend(Module::ClipVision, |b| -> Result<Vec<Vec<f32>>, NodeError> {
+        let ctx = Context::new(GRAPH, GRAPH).map_err(err)?;
+        let mut run = GraphRun::new(&ctx);
+        let px = run.input_f32(&[s, s, 3, n as i64], pixels).map_err(err)?;
+        let out = model.forward(&ctx, &mut run, px).map_err(err)?;
+        run.compute(b, &[out.image_embeds, out.penultimate], GRAPH).map_err(err)
+    })?;
     let penultimate = r.pop().expect("two outputs");
     let image_embeds = r.pop().expect("two outputs");
     Ok(ClipVisionOutput { image_embeds, penultimate, n, projection_dim: c.projection_dim as usize, hidden: c.hidden as usize, tokens: c.tokens() as usize })
@@ -304,12 +307,14 @@ impl Node for IpAdapterAdvanced {
         };
         let project = |embeds: Vec<f32>| -> Result<Vec<f32>, NodeError> {
             const GRAPH: usize = 4096;
-            let ctx = Context::new(GRAPH, GRAPH).map_err(err)?;
-            let mut run = GraphRun::new(&ctx);
-            let ne: Vec<i64> = if plus { vec![width as i64, rows as i64, images as i64] } else { vec![width as i64, images as i64] };
-            let e = run.input_f32(&ne, embeds).map_err(err)?;
-            let t = adapter.project(&ctx, &mut run, e).map_err(named)?;
-            self.rt.with_backend(Module::Diffusion, |b| run.compute(b, &[t], GRAPH)).map_err(err).map(|mut v| v.remove(0))
+            self.rt.with_backend(Module::Diffusion, |b| {
+                let ctx = Context::new(GRAPH, GRAPH).map_err(err)?;
+                let mut run = GraphRun::new(&ctx);
+                let ne: Vec<i64> = if plus { vec![width as i64, rows as i64, images as i64] } else { vec![width as i64, images as i64] };
+                let e = run.input_f32(&ne, embeds).map_err(err)?;
+                let t = adapter.project(&ctx, &mut run, e).map_err(named)?;
+                run.compute(b, &[t], GRAPH).map_err(err).map(|mut v| v.remove(0))
+            })
         };
         // Several images (concat) give their tokens one after another.
         let (cond_tokens, uncond_tokens) = (project(cond_embeds)?, project(uncond_embeds)?);
