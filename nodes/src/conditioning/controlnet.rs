@@ -13,7 +13,7 @@ use crate::runtime::Runtime;
 use crate::values::{CondEntry, CondList, Control, ControlNetRef, Image};
 use sdflow_core::io::{self, TypeRules};
 use sdflow_core::models::sd::controlnet::{self as cn, ControlNet, ControlNetConfig};
-use sdflow_core::models::load::load_weights;
+use sdflow_core::models::load::{self, load_weights};
 use sdflow_core::models::sd::unet::UnetConfig;
 use sdflow_core::models::Weights;
 use sdflow_core::residency::{Device, PinGuard, WeightKey};
@@ -67,12 +67,13 @@ impl Node for ControlNetLoader {
         let path = self.path(inputs)?;
         // Fail here, naming the file, when it is no ControlNet.
         let shown = path.display().to_string();
-        cn::standalone_source(io::open(&path).map_err(err)?).map_err(err)?;
+        let src = cn::standalone_source(io::open(&path).map_err(err)?).map_err(err)?;
+        let bytes = load::planned_bytes(src.as_ref(), &[&format!("{}.", cn::PREFIX)], &TypeRules::new(self.rt.weight_type, "").map_err(err)?);
         let key = WeightKey::new([&path], KEY, self.rt.weight_type, Device::Cpu).map_err(err)?;
         let (p, wt) = (path.clone(), self.rt.weight_type);
         let weights = self
             .rt
-            .weights(Module::ControlNet, key, move |memory| {
+            .weights_sized(Module::ControlNet, key, Some(bytes), move |memory| {
                 let src = cn::standalone_source(io::open(&p)?)?;
                 Ok(load_weights(memory, src.as_ref(), &[&format!("{}.", cn::PREFIX)], &TypeRules::new(wt, "")?)?)
             })

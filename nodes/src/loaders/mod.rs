@@ -629,11 +629,12 @@ fn t5_handle(rt: &Runtime, place: impl Into<Place>, path: &Path) -> Result<T5Ref
     let prefix = t5::find_prefix(src.tensors().iter().map(|t| t.name.as_str()))
         .ok_or_else(|| NodeError::msg(format!("{}: no T5 encoder (`{}`)", path.display(), t5::MARKER)))?;
     let key = WeightKey::new([path], &format!("{T5_KEY}{prefix}"), rt.weight_type, Device::Cpu).map_err(err)?;
-    let (p, pfx, wt) = (path.to_path_buf(), prefix.clone(), rt.weight_type);
-    let weights = rt.weights(place, key, move |memory| {
+    // The encoder only: full T5 files carry a decoder no text encoder reads.
+    let parts = [format!("{prefix}encoder."), format!("{prefix}shared.")];
+    let bytes = load::planned_bytes(src.as_ref(), &[&parts[0], &parts[1]], &TypeRules::new(rt.weight_type, "").map_err(err)?);
+    let (p, wt) = (path.to_path_buf(), rt.weight_type);
+    let weights = rt.weights_sized(place, key, Some(bytes), move |memory| {
         let src = t5::hf_layout(io::open(&p)?)?;
-        // The encoder only: full T5 files carry a decoder no text encoder reads.
-        let parts = [format!("{pfx}encoder."), format!("{pfx}shared.")];
         Ok(load_weights(memory, src.as_ref(), &[&parts[0], &parts[1]], &TypeRules::new(wt, "")?)?)
     })?;
     Ok(T5Ref { weights, prefix, options: None })
@@ -659,11 +660,11 @@ const STANDALONE_KEY: &str = "vae-loader:";
 /// The KL VAE of a standalone file as a handle; nothing is read until it is pinned.
 fn standalone_vae_handle(rt: &Runtime, path: &Path) -> Result<WeightHandle<Weights>, NodeError> {
     // Validate the layout now, so a wrong file fails in the loader naming the file.
-    let src = io::open(path).map_err(err)?;
-    standalone_source(src).map_err(err)?;
+    let src = standalone_source(io::open(path).map_err(err)?).map_err(err)?;
+    let bytes = load::planned_bytes(src.as_ref(), &[&format!("{STANDALONE_PREFIX}.")], &TypeRules::new(rt.weight_type, "").map_err(err)?);
     let key = WeightKey::new([path], STANDALONE_KEY, rt.weight_type, Device::Cpu).map_err(err)?;
     let (path, wt) = (path.to_path_buf(), rt.weight_type);
-    rt.weights(Module::Vae, key, move |memory| {
+    rt.weights_sized(Module::Vae, key, Some(bytes), move |memory| {
         let src = standalone_source(io::open(&path)?)?;
         Ok(load_weights(memory, src.as_ref(), &[&format!("{STANDALONE_PREFIX}.")], &TypeRules::new(wt, "")?)?)
     })
