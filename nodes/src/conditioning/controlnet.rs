@@ -11,9 +11,8 @@ use crate::image::scale_image;
 use crate::image::resize::Method;
 use crate::runtime::Runtime;
 use crate::values::{CondEntry, CondList, Control, ControlNetRef, Image};
-use sdflow_core::io::{self, TypeRules};
+use sdflow_core::io;
 use sdflow_core::models::sd::controlnet::{self as cn, ControlNet, ControlNetConfig};
-use sdflow_core::models::load::{self, load_weights};
 use sdflow_core::models::sd::unet::UnetConfig;
 use sdflow_core::models::Weights;
 use sdflow_core::residency::{Device, PinGuard, WeightKey};
@@ -67,16 +66,9 @@ impl Node for ControlNetLoader {
         let path = self.path(inputs)?;
         // Fail here, naming the file, when it is no ControlNet.
         let shown = path.display().to_string();
-        let src = cn::standalone_source(io::open(&path).map_err(err)?).map_err(err)?;
-        let bytes = load::planned_bytes(src.as_ref(), &[&format!("{}.", cn::PREFIX)], &TypeRules::new(self.rt.weight_type, "").map_err(err)?);
         let key = WeightKey::new([&path], KEY, self.rt.weight_type, Device::Cpu).map_err(err)?;
-        let (p, wt) = (path.clone(), self.rt.weight_type);
-        let weights = self
-            .rt
-            .weights_sized(Module::ControlNet, key, Some(bytes), move |memory| {
-                let src = cn::standalone_source(io::open(&p)?)?;
-                Ok(load_weights(memory, src.as_ref(), &[&format!("{}.", cn::PREFIX)], &TypeRules::new(wt, "")?)?)
-            })
+        let p = path.clone();
+        let weights = crate::loaders::sized_weights(&self.rt, Module::ControlNet, key, vec![format!("{}.", cn::PREFIX)], move || Ok(cn::standalone_source(io::open(&p)?)?))
             .map_err(|e| NodeError::msg(format!("{shown}: {e}")))?;
         let name = inputs.string("control_net_name")?.to_string();
         Ok(Outputs::new(vec![Value::new(IoType::CONTROL_NET, ControlNetRef { weights, name })]))

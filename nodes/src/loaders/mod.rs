@@ -49,23 +49,32 @@ type Layout = fn(Box<dyn io::TensorSource>) -> Result<Box<dyn io::TensorSource>,
 fn weights_handle_in(rt: &Runtime, place: Place, path: &Path, prefix: &str, wt: WeightType, layout: Option<(&str, Layout)>) -> Result<WeightHandle<Weights>, NodeError> {
     let tag = layout.map_or_else(|| prefix.to_string(), |(name, _)| format!("{name}:{prefix}"));
     let key = WeightKey::new([path], &tag, wt, Device::Cpu).map_err(err)?;
-    // The size from the file's header (through the layout, whose names the prefix is in),
-    // so a model its device's budget cannot hold is refused before it is allocated.
-    let opened = pipeline::open(path).map_err(err)?;
-    let src = match layout {
-        Some((_, f)) => f(opened).map_err(err)?,
-        None => opened,
-    };
-    let bytes = load::planned_bytes(src.as_ref(), &[prefix], &TypeRules::new(wt, "").map_err(err)?);
-    drop(src);
-    let (path, pfx, layout) = (path.to_path_buf(), prefix.to_string(), layout.map(|l| l.1));
-    rt.weights_sized(place, key, Some(bytes), move |memory| {
+    let (path, layout) = (path.to_path_buf(), layout.map(|l| l.1));
+    // Through the layout, whose names the prefix is in.
+    sized_weights(rt, place, key, vec![prefix.to_string()], move || {
         let src = pipeline::open(&path)?;
-        let src = match layout {
+        Ok(match layout {
             Some(f) => f(src)?,
             None => src,
-        };
-        Ok(load_weights(memory, src.as_ref(), &[&pfx], &TypeRules::new(wt, "")?)?)
+        })
+    })
+}
+
+/// The tensors under `prefixes` of the source `open` gives, as `place`'s weights in the
+/// key's type: sized now from the file's header, so a model its device's budget cannot
+/// hold is refused before anything is allocated; read on the first pin.
+pub(crate) fn sized_weights<O>(rt: &Runtime, place: impl Into<Place>, key: WeightKey, prefixes: Vec<String>, open: O) -> Result<WeightHandle<Weights>, NodeError>
+where
+    O: Fn() -> Result<Box<dyn io::TensorSource>, Box<dyn std::error::Error + Send + Sync>> + Send + Sync + 'static,
+{
+    let wt = key.dtype;
+    let bytes = {
+        let refs: Vec<&str> = prefixes.iter().map(String::as_str).collect();
+        load::planned_bytes(open().map_err(err)?.as_ref(), &refs, &TypeRules::new(wt, "").map_err(err)?)
+    };
+    rt.weights_sized(place, key, Some(bytes), move |memory| {
+        let refs: Vec<&str> = prefixes.iter().map(String::as_str).collect();
+        Ok(load_weights(memory, open()?.as_ref(), &refs, &TypeRules::new(wt, "")?)?)
     })
 }
 
@@ -629,14 +638,11 @@ fn t5_handle(rt: &Runtime, place: impl Into<Place>, path: &Path) -> Result<T5Ref
     let prefix = t5::find_prefix(src.tensors().iter().map(|t| t.name.as_str()))
         .ok_or_else(|| NodeError::msg(format!("{}: no T5 encoder (`{}`)", path.display(), t5::MARKER)))?;
     let key = WeightKey::new([path], &format!("{T5_KEY}{prefix}"), rt.weight_type, Device::Cpu).map_err(err)?;
+    drop(src);
     // The encoder only: full T5 files carry a decoder no text encoder reads.
-    let parts = [format!("{prefix}encoder."), format!("{prefix}shared.")];
-    let bytes = load::planned_bytes(src.as_ref(), &[&parts[0], &parts[1]], &TypeRules::new(rt.weight_type, "").map_err(err)?);
-    let (p, wt) = (path.to_path_buf(), rt.weight_type);
-    let weights = rt.weights_sized(place, key, Some(bytes), move |memory| {
-        let src = t5::hf_layout(io::open(&p)?)?;
-        Ok(load_weights(memory, src.as_ref(), &[&parts[0], &parts[1]], &TypeRules::new(wt, "")?)?)
-    })?;
+    let parts = vec![format!("{prefix}encoder."), format!("{prefix}shared.")];
+    let p = path.to_path_buf();
+    let weights = sized_weights(rt, place, key, parts, move || Ok(t5::hf_layout(io::open(&p)?)?))?;
     Ok(T5Ref { weights, prefix, options: None })
 }
 
@@ -660,14 +666,9 @@ const STANDALONE_KEY: &str = "vae-loader:";
 /// The KL VAE of a standalone file as a handle; nothing is read until it is pinned.
 fn standalone_vae_handle(rt: &Runtime, path: &Path) -> Result<WeightHandle<Weights>, NodeError> {
     // Validate the layout now, so a wrong file fails in the loader naming the file.
-    let src = standalone_source(io::open(path).map_err(err)?).map_err(err)?;
-    let bytes = load::planned_bytes(src.as_ref(), &[&format!("{STANDALONE_PREFIX}.")], &TypeRules::new(rt.weight_type, "").map_err(err)?);
     let key = WeightKey::new([path], STANDALONE_KEY, rt.weight_type, Device::Cpu).map_err(err)?;
-    let (path, wt) = (path.to_path_buf(), rt.weight_type);
-    rt.weights_sized(Module::Vae, key, Some(bytes), move |memory| {
-        let src = standalone_source(io::open(&path)?)?;
-        Ok(load_weights(memory, src.as_ref(), &[&format!("{STANDALONE_PREFIX}.")], &TypeRules::new(wt, "")?)?)
-    })
+    let path = path.to_path_buf();
+    sized_weights(rt, Module::Vae, key, vec![format!("{STANDALONE_PREFIX}.")], move || Ok(standalone_source(io::open(&path)?)?))
 }
 
 impl Node for VaeLoader {
