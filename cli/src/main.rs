@@ -11,6 +11,7 @@ mod metadata;
 mod presets;
 mod run;
 mod serve;
+mod worker;
 
 #[derive(Parser)]
 #[command(name = "sdflow", version, about = "A node-graph engine for diffusion models")]
@@ -48,6 +49,9 @@ enum Command {
     Metadata(metadata::MetadataArgs),
     /// Serve ComfyUI's, A1111's and OpenAI's HTTP APIs and the browser editor (docs/server.md).
     Serve(serve::ServeArgs),
+    /// Run the prompts that `serve --queue redis://…` front ends accept: one of many
+    /// workers behind one API (docs/scale-out.md).
+    Worker(worker::WorkerArgs),
 }
 
 /// sd-cli's spellings of a mode: `sdflow -M convert ...` is `sdflow convert ...`, and a
@@ -112,7 +116,7 @@ fn main() -> std::process::ExitCode {
     // println!; like other command-line tools, end quietly instead. The server keeps
     // ignoring it: a client closing its socket must not end the process.
     #[cfg(unix)]
-    if !matches!(cli.command, Command::Serve(_)) {
+    if !matches!(cli.command, Command::Serve(_) | Command::Worker(_)) {
         // SAFETY: restores the default disposition before any thread is started.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
@@ -121,7 +125,7 @@ fn main() -> std::process::ExitCode {
         (Some(l), _) => l.to_ascii_lowercase(),
         // An operator watches the server's console: ComfyUI prints "got prompt" and
         // "Prompt executed in …" there.
-        (None, Command::Serve(_)) => "warn,sdflow_server=info".to_string(),
+        (None, Command::Serve(_) | Command::Worker(_)) => "warn,sdflow_server=info".to_string(),
         (None, _) => "warn".to_string(),
     };
     {
@@ -146,6 +150,7 @@ fn main() -> std::process::ExitCode {
         Command::Convert(args) => convert::convert_command(args),
         Command::Metadata(args) => metadata::metadata_command(args),
         Command::Serve(args) => serve::serve_command(args),
+        Command::Worker(args) => worker::worker_command(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

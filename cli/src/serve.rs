@@ -79,6 +79,11 @@ pub struct ServeArgs {
     pub weight_type: crate::run::WeightTypeArg,
     #[command(flatten)]
     pub placement: crate::run::PlacementArgs,
+    /// Scale-out: queue prompts in this Redis (`redis://[[user]:password@]host[:port][/db]`,
+    /// `rediss://` for TLS) for `sdflow worker`s to run, and keep the history there; any
+    /// number of front ends may share it. Without it prompts run in this process.
+    #[arg(long, value_name = "URL")]
+    pub queue: Option<String>,
     /// Most prompts waiting to run; more are refused with HTTP 429.
     #[arg(long, default_value_t = 1000, value_name = "N")]
     pub max_queue: usize,
@@ -142,6 +147,7 @@ pub fn serve_command(args: ServeArgs) -> anyhow::Result<()> {
         models_dir: args.models_dir,
         input_dir: args.input_dir,
         output_dir: args.output_dir,
+        queue_url: args.queue,
         max_queue: args.max_queue,
         max_history: args.max_history,
         cors_origins: args.cors_origin,

@@ -82,15 +82,17 @@ pub fn enqueue(state: &AppState, sub: Submission) -> Result<Json, ApiError> {
         m.entry("create_time").or_insert_with(|| json!(sdflow_executor::events::now_ms()));
     }
     let job = Job {
-        prompt_id: prompt_id.clone(),
-        number,
-        prompt,
-        extra_data,
-        outputs,
-        client_id,
+        spec: crate::queue::Spec {
+            prompt_id: prompt_id.clone(),
+            number,
+            prompt,
+            extra_data,
+            outputs,
+            client_id,
+            metadata,
+            image_metadata,
+        },
         plan,
-        metadata,
-        image_metadata,
         done,
     };
     state.submit(job)?;
@@ -150,7 +152,7 @@ pub async fn post_prompt(
         Some(n) if n.is_finite() => n,
         Some(_) => return Err(ApiError::bad("`number` must be a finite number")),
         None => {
-            let n = state.queue.next_number() as f64;
+            let n = state.queue.next_number()? as f64;
             if req.front == Some(true) {
                 -n
             } else {
@@ -160,7 +162,7 @@ pub async fn post_prompt(
     };
     let prompt_id = match req.prompt_id {
         Some(id) if valid_prompt_id(&id) => {
-            if state.history.get(&id).is_some() || state.queue.is_known(&id) {
+            if state.history.get(&id)?.is_some() || state.queue.is_known(&id)? {
                 return Err(ApiError::bad(format!("prompt_id {id} is already in use")));
             }
             id
@@ -211,13 +213,13 @@ pub async fn post_prompt(
     Ok(Reply(reply))
 }
 
-pub async fn get_prompt(State(state): AppStateRef) -> Reply<Json> {
-    Reply(json!({ "exec_info": { "queue_remaining": state.queue.remaining() } }))
+pub async fn get_prompt(State(state): AppStateRef) -> Result<Reply<Json>, ApiError> {
+    Ok(Reply(json!({ "exec_info": { "queue_remaining": state.queue.remaining()? } })))
 }
 
-pub async fn get_queue(State(state): AppStateRef) -> Reply<Json> {
-    let (running, pending) = state.queue.snapshot();
-    Reply(json!({ "queue_running": running, "queue_pending": pending }))
+pub async fn get_queue(State(state): AppStateRef) -> Result<Reply<Json>, ApiError> {
+    let (running, pending) = state.queue.snapshot()?;
+    Ok(Reply(json!({ "queue_running": running, "queue_pending": pending })))
 }
 
 #[derive(Deserialize)]
@@ -231,15 +233,15 @@ pub struct ClearOrDelete {
 pub async fn post_queue(
     State(state): AppStateRef,
     JsonBody(req): JsonBody<ClearOrDelete>,
-) -> Response {
+) -> Result<Response, ApiError> {
     if req.clear {
-        state.queue.clear();
+        state.queue.clear()?;
     }
     if !req.delete.is_empty() {
-        state.queue.delete(&req.delete);
+        state.queue.delete(&req.delete)?;
     }
-    state.hub.status(state.queue.remaining());
-    axum::http::StatusCode::OK.into_response()
+    state.broadcast_status();
+    Ok(axum::http::StatusCode::OK.into_response())
 }
 
 #[derive(Deserialize)]
@@ -252,30 +254,30 @@ pub struct HistoryQuery {
 pub async fn get_history(
     State(state): AppStateRef,
     QueryArgs(q): QueryArgs<HistoryQuery>,
-) -> Reply<Json> {
-    Reply(state.history.list(q.max_items, q.offset.unwrap_or(0)))
+) -> Result<Reply<Json>, ApiError> {
+    Ok(Reply(state.history.list(q.max_items, q.offset.unwrap_or(0))?))
 }
 
-pub async fn get_history_one(State(state): AppStateRef, Path(id): Path<String>) -> Reply<Json> {
+pub async fn get_history_one(State(state): AppStateRef, Path(id): Path<String>) -> Result<Reply<Json>, ApiError> {
     // ComfyUI answers an unknown id with an empty object, and clients poll on that.
     let mut out = serde_json::Map::new();
-    if let Some(e) = state.history.get(&id) {
+    if let Some(e) = state.history.get(&id)? {
         out.insert(id, (*e).clone());
     }
-    Reply(Json::Object(out))
+    Ok(Reply(Json::Object(out)))
 }
 
 pub async fn post_history(
     State(state): AppStateRef,
     JsonBody(req): JsonBody<ClearOrDelete>,
-) -> Response {
+) -> Result<Response, ApiError> {
     if req.clear {
-        state.history.clear();
+        state.history.clear()?;
     }
     for id in &req.delete {
-        state.history.delete(id);
+        state.history.delete(id)?;
     }
-    axum::http::StatusCode::OK.into_response()
+    Ok(axum::http::StatusCode::OK.into_response())
 }
 
 #[derive(Deserialize, Default)]
@@ -295,7 +297,7 @@ pub async fn post_interrupt(
         serde_json::from_slice(&body)
             .map_err(|e| ApiError::bad(format!("malformed JSON body: {e}")))?
     };
-    state.queue.interrupt(req.prompt_id.as_deref());
+    state.queue.interrupt(req.prompt_id.as_deref())?;
     Ok(axum::http::StatusCode::OK.into_response())
 }
 
@@ -370,11 +372,11 @@ fn devices(runtime: &sdflow_nodes::Runtime, ram_total: u64, ram_free: u64) -> Js
     Json::Array(out)
 }
 
-pub async fn system_stats(State(state): AppStateRef) -> Reply<Json> {
+pub async fn system_stats(State(state): AppStateRef) -> Result<Reply<Json>, ApiError> {
     let (ram_total, ram_free) = memory();
     let cache = state.executor.cache_stats();
     let residency = serde_json::to_value(state.runtime.residency.stats()).unwrap_or(Json::Null);
-    Reply(json!({
+    Ok(Reply(json!({
         "system": {
             // ComfyUI reports Python's os.name; clients use it to pick path separators.
             "os": if cfg!(windows) { "nt" } else { "posix" },
@@ -391,8 +393,9 @@ pub async fn system_stats(State(state): AppStateRef) -> Reply<Json> {
         "sdflow": {
             "version": env!("CARGO_PKG_VERSION"),
             "uptime_s": state.started.elapsed().as_secs(),
-            "queue_remaining": state.queue.remaining(),
-            "history_entries": state.history.len(),
+            "queue_remaining": state.queue.remaining()?,
+            "history_entries": state.history.len()?,
+            "queue": state.queue.stats()?,
             "residency": residency,
             "output_cache": {
                 "entries": cache.entries,
@@ -403,7 +406,7 @@ pub async fn system_stats(State(state): AppStateRef) -> Reply<Json> {
                 "evictions": cache.evictions,
             },
         },
-    }))
+    })))
 }
 
 /// ComfyUI's model folder names, and Impact Pack's `ultralytics` (the detectors

@@ -30,6 +30,9 @@ pub enum ApiError {
     PayloadTooLarge { limit: usize },
     #[error("the queue is full ({max} prompts waiting); try again later")]
     QueueFull { max: usize },
+    /// Scale-out mode: the queue's Redis does not answer.
+    #[error("{0}")]
+    QueueUnavailable(String),
     /// The server is stopping and takes no new work.
     #[error("the server is shutting down")]
     ShuttingDown,
@@ -67,7 +70,7 @@ impl ApiError {
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::ShuttingDown | ApiError::QueueUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::RunFailed(_) | ApiError::Io { .. } | ApiError::Internal(_) => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
@@ -85,6 +88,7 @@ impl ApiError {
             ApiError::PayloadTooLarge { .. } => "payload_too_large",
             ApiError::QueueFull { .. } => "queue_full",
             ApiError::ShuttingDown => "shutting_down",
+            ApiError::QueueUnavailable(_) => "queue_unavailable",
             ApiError::RunFailed(_) => "execution_error",
             ApiError::Io { .. } => "io_error",
             ApiError::Internal(_) => "internal_error",

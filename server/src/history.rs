@@ -163,15 +163,7 @@ impl History {
     /// newest ones, `offset` skips that many from the oldest end of what is kept.
     pub fn list(&self, max_items: Option<usize>, offset: usize) -> Json {
         let inner = self.inner.lock();
-        let n = inner.order.len();
-        let start = match max_items {
-            Some(m) => n.saturating_sub(m + offset),
-            None => offset.min(n),
-        };
-        let end = match max_items {
-            Some(_) => n.saturating_sub(offset),
-            None => n,
-        };
+        let (start, end) = list_range(inner.order.len(), max_items, offset);
         let mut out = Map::new();
         for id in inner.order.iter().take(end).skip(start) {
             if let Some((_, e)) = inner.entries.get(id) {
@@ -203,6 +195,76 @@ impl History {
         };
         for id in ids {
             self.remove_file(&id);
+        }
+    }
+}
+
+/// Which of `n` entries (oldest first) ComfyUI's `GET /history?max_items=&offset=` returns:
+/// `max_items` keeps the newest ones, `offset` skips that many from the newest end.
+pub fn list_range(n: usize, max_items: Option<usize>, offset: usize) -> (usize, usize) {
+    let start = match max_items {
+        Some(m) => n.saturating_sub(m + offset),
+        None => offset.min(n),
+    };
+    let end = match max_items {
+        Some(_) => n.saturating_sub(offset),
+        None => n,
+    };
+    (start, end)
+}
+
+/// Where finished prompts are kept: this process's history folder, or Redis in scale-out
+/// mode (where every front end reads what any worker stored).
+pub enum HistoryStore {
+    Local(History),
+    Redis(Arc<crate::scale_out::Frontend>),
+}
+
+impl HistoryStore {
+    pub fn get(&self, id: &str) -> Result<Option<Arc<Json>>, ApiError> {
+        match self {
+            HistoryStore::Local(h) => Ok(h.get(id)),
+            HistoryStore::Redis(r) => r.history_get(id),
+        }
+    }
+
+    /// Every entry, oldest first.
+    pub fn all(&self) -> Result<Vec<(String, Arc<Json>)>, ApiError> {
+        match self {
+            HistoryStore::Local(h) => Ok(h.all()),
+            HistoryStore::Redis(r) => r.history_all(),
+        }
+    }
+
+    pub fn list(&self, max_items: Option<usize>, offset: usize) -> Result<Json, ApiError> {
+        match self {
+            HistoryStore::Local(h) => Ok(h.list(max_items, offset)),
+            HistoryStore::Redis(r) => {
+                let all = r.history_all()?;
+                let (start, end) = list_range(all.len(), max_items, offset);
+                Ok(Json::Object(all.into_iter().take(end).skip(start).map(|(id, e)| (id, (*e).clone())).collect()))
+            }
+        }
+    }
+
+    pub fn len(&self) -> Result<usize, ApiError> {
+        match self {
+            HistoryStore::Local(h) => Ok(h.len()),
+            HistoryStore::Redis(r) => r.history_len(),
+        }
+    }
+
+    pub fn delete(&self, id: &str) -> Result<(), ApiError> {
+        match self {
+            HistoryStore::Local(h) => Ok(h.delete(id)),
+            HistoryStore::Redis(r) => r.history_delete(Some(id)),
+        }
+    }
+
+    pub fn clear(&self) -> Result<(), ApiError> {
+        match self {
+            HistoryStore::Local(h) => Ok(h.clear()),
+            HistoryStore::Redis(r) => r.history_delete(None),
         }
     }
 }

@@ -214,7 +214,7 @@ pub async fn list(State(state): AppStateRef, QueryArgs(q): QueryArgs<JobsQuery>)
         Some(o) => o.parse::<i64>().map_err(|_| ApiError::bad("offset must be an integer"))?.max(0) as usize,
     };
 
-    let (running, pending) = state.queue.snapshot();
+    let (running, pending) = state.queue.snapshot()?;
     let mut jobs = Vec::new();
     if wants(IN_PROGRESS) {
         jobs.extend(running.iter().map(|i| queued_job(i, IN_PROGRESS)));
@@ -223,7 +223,7 @@ pub async fn list(State(state): AppStateRef, QueryArgs(q): QueryArgs<JobsQuery>)
         jobs.extend(pending.iter().map(|i| queued_job(i, PENDING)));
     }
     if wants(COMPLETED) || wants(FAILED) || wants(CANCELLED) {
-        for (id, entry) in state.history.all() {
+        for (id, entry) in state.history.all()? {
             let job = finished_job(&id, &entry, false);
             if job["status"].as_str().is_some_and(wants) {
                 jobs.push(job);
@@ -265,33 +265,33 @@ pub async fn list(State(state): AppStateRef, QueryArgs(q): QueryArgs<JobsQuery>)
 }
 
 /// The job with every detail: for a finished one its outputs and the prompt it ran.
-fn find(state: &AppState, id: &str) -> Option<Json> {
-    if let Some(entry) = state.history.get(id) {
-        return Some(finished_job(id, &entry, true));
+fn find(state: &AppState, id: &str) -> Result<Option<Json>, ApiError> {
+    if let Some(entry) = state.history.get(id)? {
+        return Ok(Some(finished_job(id, &entry, true)));
     }
-    let (running, pending) = state.queue.snapshot();
-    running
+    let (running, pending) = state.queue.snapshot()?;
+    Ok(running
         .iter()
         .find(|i| i[1].as_str() == Some(id))
         .map(|i| queued_job(i, IN_PROGRESS))
-        .or_else(|| pending.iter().find(|i| i[1].as_str() == Some(id)).map(|i| queued_job(i, PENDING)))
+        .or_else(|| pending.iter().find(|i| i[1].as_str() == Some(id)).map(|i| queued_job(i, PENDING))))
 }
 
 pub async fn get_one(State(state): AppStateRef, Path(id): Path<String>) -> Result<Reply<Json>, ApiError> {
-    find(&state, &id).map(Reply).ok_or_else(|| ApiError::NotFound(format!("no job {id}")))
+    find(&state, &id)?.map(Reply).ok_or_else(|| ApiError::NotFound(format!("no job {id}")))
 }
 
 /// Cancels one job whatever its state: a pending one leaves the queue, the running one is
 /// interrupted, a finished one is left as it is. Returns whether something was cancelled.
 fn cancel(state: &AppState, id: &str) -> Result<bool, ApiError> {
-    if state.queue.delete(&[id.to_string()]) > 0 {
+    if state.queue.delete(&[id.to_string()])? > 0 {
         return Ok(true);
     }
     // Not pending (any more): running, finished, or unknown.
-    if state.queue.interrupt(Some(id)) {
+    if state.queue.interrupt(Some(id))? {
         return Ok(true);
     }
-    if state.history.get(id).is_some() {
+    if state.history.get(id)?.is_some() {
         return Ok(false);
     }
     Err(ApiError::NotFound(format!("no job {id}")))
@@ -300,7 +300,7 @@ fn cancel(state: &AppState, id: &str) -> Result<bool, ApiError> {
 pub async fn cancel_one(State(state): AppStateRef, Path(id): Path<String>) -> Result<Reply<Json>, ApiError> {
     let cancelled = cancel(&state, &id)?;
     if cancelled {
-        state.hub.status(state.queue.remaining());
+        state.broadcast_status();
     }
     Ok(Reply(json!({ "cancelled": cancelled })))
 }
@@ -315,12 +315,12 @@ pub async fn cancel_many(State(state): AppStateRef, JsonBody(body): JsonBody<Can
     if body.job_ids.is_empty() || body.job_ids.len() > 100 {
         return Err(ApiError::bad("job_ids must hold 1 to 100 ids"));
     }
-    let unknown: Vec<&str> = body
-        .job_ids
-        .iter()
-        .map(String::as_str)
-        .filter(|id| !state.queue.is_known(id) && state.history.get(id).is_none())
-        .collect();
+    let mut unknown: Vec<&str> = Vec::new();
+    for id in &body.job_ids {
+        if !state.queue.is_known(id)? && state.history.get(id)?.is_none() {
+            unknown.push(id);
+        }
+    }
     if !unknown.is_empty() {
         return Err(ApiError::NotFound(format!("no jobs {}", unknown.join(", "))));
     }
@@ -330,7 +330,7 @@ pub async fn cancel_many(State(state): AppStateRef, JsonBody(body): JsonBody<Can
         cancelled |= cancel(&state, id).unwrap_or(false);
     }
     if cancelled {
-        state.hub.status(state.queue.remaining());
+        state.broadcast_status();
     }
     Ok(Reply(json!({ "cancelled": cancelled })))
 }

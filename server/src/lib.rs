@@ -25,6 +25,7 @@ pub mod history;
 pub mod jobs;
 pub mod logs;
 pub mod queue;
+pub mod scale_out;
 pub mod sdapi;
 pub mod security;
 pub mod state;
@@ -248,7 +249,22 @@ pub async fn start(
         user: std::path::absolute(&config.user_dir)
             .map_err(|e| ApiError::io(format!("the user folder {}", config.user_dir.display()), e))?,
     };
-    let history = history::History::open(&config.history_dir, config.max_history)?;
+    let (queue, history, frontend) = match &config.queue_url {
+        Some(url) => {
+            let url = url.clone();
+            let (max_queue, max_history) = (config.max_queue, config.max_history);
+            let frontend = tokio::task::spawn_blocking(move || scale_out::Frontend::open(&url, max_queue, max_history))
+                .await
+                .map_err(|e| ApiError::Internal(e.to_string()))??;
+            let frontend = Arc::new(frontend);
+            (queue::Queue::Redis(frontend.clone()), history::HistoryStore::Redis(frontend.clone()), Some(frontend))
+        }
+        None => (
+            queue::Queue::Local(queue::JobQueue::new(config.max_queue)),
+            history::HistoryStore::Local(history::History::open(&config.history_dir, config.max_history)?),
+            None,
+        ),
+    };
     let front_end_root = match &config.front_end_root {
         Some(dir) => Some(Arc::new(frontend::resolve_front_end_root(dir).map_err(ApiError::Internal)?)),
         None => None,
@@ -263,7 +279,7 @@ pub async fn start(
         .map_err(|e| ApiError::io("reading the bound address", e))?;
     let sdapi_options = parking_lot::Mutex::new(state::SdapiOptions { checkpoint: config.default_checkpoint.clone(), clip_skip: None });
     let state = Arc::new(AppState {
-        queue: queue::JobQueue::new(config.max_queue),
+        queue,
         history,
         hub: ws::Hub::start(),
         dirs,
@@ -277,12 +293,20 @@ pub async fn start(
         front_end_root,
     });
     logs::forward(state.clone());
-    let worker = {
-        let state = state.clone();
-        std::thread::Builder::new()
-            .name("sdflow-worker".into())
-            .spawn(move || state::worker(state))
-            .map_err(|e| ApiError::io("starting the worker thread", e))?
+    // Prompts run here, or (scale-out) on workers whose events a listener forwards.
+    let worker = match frontend {
+        Some(frontend) => scale_out::listen(state.clone(), frontend).map_err(|e| ApiError::io("starting the Redis listener", e))?,
+        None => {
+            let state = state.clone();
+            std::thread::Builder::new()
+                .name("sdflow-worker".into())
+                .spawn(move || {
+                    if let (queue::Queue::Local(q), history::HistoryStore::Local(h)) = (&state.queue, &state.history) {
+                        state::worker(state.clone(), q, h)
+                    }
+                })
+                .map_err(|e| ApiError::io("starting the worker thread", e))?
+        }
     };
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let app = router(state.clone());

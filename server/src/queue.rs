@@ -8,34 +8,34 @@ use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
 use sdflow_executor::{CancelToken, Plan};
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value as Json};
 use tokio::sync::oneshot;
 
 use crate::error::ApiError;
 
-/// One accepted prompt.
-pub struct Job {
+/// What a prompt is, apart from its compiled plan: what `/queue` and `/history` echo and
+/// what the worker needs to run it. Serializable, because in scale-out mode it travels
+/// through Redis to a worker that compiles the plan again with its own registry.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Spec {
     pub prompt_id: String,
     pub number: f64,
-    /// The prompt as the client sent it (ComfyUI's API format), echoed by `/queue` and
-    /// `/history`.
+    /// The prompt in ComfyUI's API format (a UI workflow is converted on arrival), echoed
+    /// by `/queue` and `/history`.
     pub prompt: Json,
     pub extra_data: Json,
     /// Output nodes the plan runs (ComfyUI's `outputs_to_execute`).
     pub outputs: Vec<String>,
     /// The WebSocket client that gets this prompt's events; everyone when `None`.
     pub client_id: Option<String>,
-    pub plan: Plan,
     /// Text chunks for the PNGs output nodes write, and those that differ per image of
     /// a batch (`RunOptions::image_metadata`).
     pub metadata: Vec<(String, String)>,
     pub image_metadata: Vec<Vec<(String, String)>>,
-    /// Told the history entry once the prompt is done (the synchronous A1111/OpenAI
-    /// endpoints wait on it).
-    pub done: Option<oneshot::Sender<Arc<Json>>>,
 }
 
-impl Job {
+impl Spec {
     /// ComfyUI's queue item: `[number, prompt_id, prompt, extra_data, outputs_to_execute]`.
     pub fn queue_item(&self) -> Json {
         json!([
@@ -46,6 +46,15 @@ impl Job {
             self.outputs
         ])
     }
+}
+
+/// One accepted prompt, compiled.
+pub struct Job {
+    pub spec: Spec,
+    pub plan: Plan,
+    /// Told the history entry once the prompt is done (the synchronous A1111/OpenAI
+    /// endpoints wait on it).
+    pub done: Option<oneshot::Sender<Arc<Json>>>,
 }
 
 /// ComfyUI numbers are integers unless a client sent a fractional one.
@@ -108,20 +117,20 @@ impl JobQueue {
         if s.pending.len() >= self.max {
             return Err(ApiError::QueueFull { max: self.max });
         }
-        if s.pending.iter().any(|(_, j)| j.prompt_id == job.prompt_id)
+        if s.pending.iter().any(|(_, j)| j.spec.prompt_id == job.spec.prompt_id)
             || s.running
                 .as_ref()
-                .is_some_and(|r| r.prompt_id == job.prompt_id)
+                .is_some_and(|r| r.prompt_id == job.spec.prompt_id)
         {
             return Err(ApiError::bad(format!(
                 "prompt_id {} is already queued",
-                job.prompt_id
+                job.spec.prompt_id
             )));
         }
         let arrival = s.arrivals;
         s.arrivals += 1;
         // ComfyUI's console line for each accepted prompt.
-        tracing::info!("got prompt {}", job.prompt_id);
+        tracing::info!("got prompt {}", job.spec.prompt_id);
         s.pending.push((arrival, job));
         drop(s);
         self.wake.notify_one();
@@ -140,14 +149,14 @@ impl JobQueue {
                 .pending
                 .iter()
                 .enumerate()
-                .min_by(|(_, a), (_, b)| a.1.number.total_cmp(&b.1.number).then(a.0.cmp(&b.0)))
+                .min_by(|(_, a), (_, b)| a.1.spec.number.total_cmp(&b.1.spec.number).then(a.0.cmp(&b.0)))
                 .map(|(i, _)| i);
             if let Some(i) = best {
                 let (_, job) = s.pending.remove(i);
                 let cancel = CancelToken::new();
                 s.running = Some(Running {
-                    prompt_id: job.prompt_id.clone(),
-                    item: job.queue_item(),
+                    prompt_id: job.spec.prompt_id.clone(),
+                    item: job.spec.queue_item(),
                     cancel: cancel.clone(),
                 });
                 return Some((job, cancel));
@@ -172,17 +181,17 @@ impl JobQueue {
         let s = self.state.lock();
         let running = s.running.iter().map(|r| r.item.clone()).collect();
         let mut pending: Vec<&(u64, Job)> = s.pending.iter().collect();
-        pending.sort_by(|a, b| a.1.number.total_cmp(&b.1.number).then(a.0.cmp(&b.0)));
+        pending.sort_by(|a, b| a.1.spec.number.total_cmp(&b.1.spec.number).then(a.0.cmp(&b.0)));
         (
             running,
-            pending.iter().map(|(_, j)| j.queue_item()).collect(),
+            pending.iter().map(|(_, j)| j.spec.queue_item()).collect(),
         )
     }
 
     pub fn is_known(&self, prompt_id: &str) -> bool {
         let s = self.state.lock();
         s.running.as_ref().is_some_and(|r| r.prompt_id == prompt_id)
-            || s.pending.iter().any(|(_, j)| j.prompt_id == prompt_id)
+            || s.pending.iter().any(|(_, j)| j.spec.prompt_id == prompt_id)
     }
 
     /// Drops every pending prompt; returns how many.
@@ -197,7 +206,7 @@ impl JobQueue {
     pub fn delete(&self, ids: &[String]) -> usize {
         let mut s = self.state.lock();
         let before = s.pending.len();
-        s.pending.retain(|(_, j)| !ids.contains(&j.prompt_id));
+        s.pending.retain(|(_, j)| !ids.contains(&j.spec.prompt_id));
         before - s.pending.len()
     }
 
@@ -224,5 +233,102 @@ impl JobQueue {
         }
         drop(s);
         self.wake.notify_all();
+    }
+}
+
+/// Where accepted prompts wait: this process's own queue (one worker thread here), or
+/// Redis in scale-out mode (`--queue redis://`, workers elsewhere). Handlers talk to this
+/// and do not care which.
+pub enum Queue {
+    Local(JobQueue),
+    Redis(Arc<crate::scale_out::Frontend>),
+}
+
+impl Queue {
+    pub fn max(&self) -> usize {
+        match self {
+            Queue::Local(q) => q.max(),
+            Queue::Redis(r) => r.max_queue(),
+        }
+    }
+
+    /// The number a prompt gets when the client gives none (negated for `front`).
+    pub fn next_number(&self) -> Result<u64, ApiError> {
+        match self {
+            Queue::Local(q) => Ok(q.next_number()),
+            Queue::Redis(r) => r.next_number(),
+        }
+    }
+
+    pub fn push(&self, job: Job) -> Result<(), ApiError> {
+        match self {
+            Queue::Local(q) => q.push(job),
+            Queue::Redis(r) => r.submit(job.spec, job.done),
+        }
+    }
+
+    /// Prompts waiting or running (ComfyUI's `queue_remaining`).
+    pub fn remaining(&self) -> Result<usize, ApiError> {
+        match self {
+            Queue::Local(q) => Ok(q.remaining()),
+            Queue::Redis(r) => r.remaining(),
+        }
+    }
+
+    /// `(running, pending)` as ComfyUI's `GET /queue` lists them, pending in run order.
+    pub fn snapshot(&self) -> Result<(Vec<Json>, Vec<Json>), ApiError> {
+        match self {
+            Queue::Local(q) => Ok(q.snapshot()),
+            Queue::Redis(r) => r.snapshot(),
+        }
+    }
+
+    pub fn is_known(&self, prompt_id: &str) -> Result<bool, ApiError> {
+        match self {
+            Queue::Local(q) => Ok(q.is_known(prompt_id)),
+            Queue::Redis(r) => r.is_known(prompt_id),
+        }
+    }
+
+    /// Drops every pending prompt; returns how many.
+    pub fn clear(&self) -> Result<usize, ApiError> {
+        match self {
+            Queue::Local(q) => Ok(q.clear()),
+            Queue::Redis(r) => r.drop_pending(None),
+        }
+    }
+
+    /// Drops the pending prompts with these ids; returns how many were found.
+    pub fn delete(&self, ids: &[String]) -> Result<usize, ApiError> {
+        match self {
+            Queue::Local(q) => Ok(q.delete(ids)),
+            Queue::Redis(r) => r.drop_pending(Some(ids)),
+        }
+    }
+
+    /// Cancels the running prompt (in scale-out mode: every running one, on whichever
+    /// worker runs it) — only `prompt_id` when one is given. Returns whether one was found.
+    pub fn interrupt(&self, prompt_id: Option<&str>) -> Result<bool, ApiError> {
+        match self {
+            Queue::Local(q) => Ok(q.interrupt(prompt_id)),
+            Queue::Redis(r) => r.interrupt(prompt_id),
+        }
+    }
+
+    /// Stops taking prompts. The local queue also cancels its running prompt and drops
+    /// pending ones; in scale-out mode the prompts belong to Redis and stay there.
+    pub fn close(&self) {
+        match self {
+            Queue::Local(q) => q.close(),
+            Queue::Redis(r) => r.close(),
+        }
+    }
+
+    /// What `/system_stats` says of the queue.
+    pub fn stats(&self) -> Result<Json, ApiError> {
+        match self {
+            Queue::Local(q) => Ok(json!({ "backend": "local", "pending": q.state.lock().pending.len(), "running": usize::from(q.state.lock().running.is_some()), "max": q.max })),
+            Queue::Redis(r) => r.stats(),
+        }
     }
 }

@@ -5,12 +5,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use sdflow_executor::{Event, EventSink, Executor, RunError, RunOptions};
+use sdflow_executor::{CancelToken, Event, EventSink, Executor, Plan, RunError, RunOptions};
 use serde_json::{json, Map, Value as Json};
 
 use crate::error::ApiError;
-use crate::history::History;
-use crate::queue::{Job, JobQueue};
+use crate::history::{History, HistoryStore};
+use crate::queue::{Job, JobQueue, Queue, Spec};
 use crate::ws::Hub;
 
 /// Everything `sdflow serve` can be told.
@@ -25,6 +25,9 @@ pub struct ServerConfig {
     /// Where `type=temp` files live (PreviewImage writes to `<output>/temp`).
     pub temp_dir: PathBuf,
     pub history_dir: PathBuf,
+    /// Scale-out mode: prompts go to this Redis (`redis://` or `rediss://` URL) for
+    /// `sdflow worker`s to run, and the history lives there; `None` runs them here.
+    pub queue_url: Option<String>,
     pub max_queue: usize,
     pub max_history: usize,
     /// Browser origins allowed besides the server's own (`*` for any); CORS headers are
@@ -65,6 +68,7 @@ impl ServerConfig {
             temp_dir: output.join("temp"),
             history_dir: output.join("history"),
             output_dir: output,
+            queue_url: None,
             max_queue: 1000,
             max_history: 10_000,
             cors_origins: Vec::new(),
@@ -106,8 +110,8 @@ pub struct AppState {
     pub config: ServerConfig,
     pub executor: Arc<Executor>,
     pub runtime: Arc<sdflow_nodes::Runtime>,
-    pub queue: JobQueue,
-    pub history: History,
+    pub queue: Queue,
+    pub history: HistoryStore,
     pub hub: Hub,
     pub dirs: Dirs,
     pub started: std::time::Instant,
@@ -141,8 +145,34 @@ pub struct SdapiOptions {
 impl AppState {
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
         self.queue.push(job)?;
-        self.hub.status(self.queue.remaining());
+        self.broadcast_status();
         Ok(())
+    }
+
+    /// Tells every WebSocket client how many prompts remain (after the queue changed).
+    pub fn broadcast_status(&self) {
+        match self.queue.remaining() {
+            Ok(n) => self.hub.status(n),
+            Err(e) => tracing::warn!("queue status not sent: {e}"),
+        }
+    }
+}
+
+/// Where a running prompt's events go: this process's WebSocket [`Hub`], or Redis in
+/// scale-out mode (every front end forwards them to its clients).
+pub trait EventOut: Sync {
+    /// A ComfyUI message `{"type": kind, "data": data}` for `target` (everyone when `None`).
+    fn json(&self, target: Option<&str>, kind: &str, data: Json);
+    fn preview(&self, target: Option<&str>, source: crate::ws::PreviewSource, image: sdflow_executor::PreviewImage);
+}
+
+impl EventOut for Hub {
+    fn json(&self, target: Option<&str>, kind: &str, data: Json) {
+        self.send_json(target, kind, data);
+    }
+
+    fn preview(&self, target: Option<&str>, source: crate::ws::PreviewSource, image: sdflow_executor::PreviewImage) {
+        self.send_preview(target, source, image);
     }
 }
 
@@ -153,26 +183,18 @@ impl AppState {
 /// `_interrupted`) are held back until the history entry is stored: clients fetch
 /// `/history/{id}` as soon as they see them.
 struct PromptSink<'a> {
-    hub: &'a Hub,
+    out: &'a dyn EventOut,
     live: &'a Mutex<Live>,
     target: Option<&'a str>,
     messages: Mutex<Vec<Json>>,
     deferred: Mutex<Vec<(&'static str, Json)>>,
 }
 
-impl PromptSink<'_> {
-    fn flush(&self) {
-        for (kind, data) in self.deferred.lock().drain(..) {
-            self.hub.send_json(self.target, kind, data);
-        }
-    }
-}
-
 impl EventSink for PromptSink<'_> {
     fn send(&self, event: Event) {
         if let Event::Preview { prompt_id, node, image } = event {
             self.live.lock().preview = Some(image.clone());
-            self.hub.send_preview(self.target, crate::ws::PreviewSource { prompt_id, node }, image);
+            self.out.preview(self.target, crate::ws::PreviewSource { prompt_id, node }, image);
             return;
         }
         if let Event::Progress { value, max, .. } = &event {
@@ -215,91 +237,134 @@ impl EventSink for PromptSink<'_> {
         if last {
             self.deferred.lock().push((kind, data));
         } else {
-            self.hub.send_json(self.target, kind, data);
+            self.out.json(self.target, kind, data);
         }
     }
 }
 
-/// The worker loop: one prompt at a time until the queue closes.
-pub fn worker(state: Arc<AppState>) {
-    while let Some((job, cancel)) = state.queue.take() {
-        *state.live.lock() = Live { prompt_id: Some(job.prompt_id.clone()), started: Some(std::time::Instant::now()), step: None, preview: None };
-        let sink = PromptSink {
-            hub: &state.hub,
-            live: &state.live,
-            target: job.client_id.as_deref(),
-            messages: Mutex::new(Vec::new()),
-            deferred: Mutex::new(Vec::new()),
-        };
-        let options = RunOptions {
-            run_id: Some(job.prompt_id.clone()),
-            output_dir: Some(state.config.output_dir.clone()),
-            metadata: job.metadata.clone(),
-            image_metadata: job.image_metadata.clone(),
-        };
-        let started = std::time::Instant::now();
-        let result = state.executor.run_plan(&job.plan, &sink, &cancel, &options);
-        let secs = started.elapsed().as_secs_f64();
-        // One line per prompt, as ComfyUI's console has it.
-        match &result {
-            Ok(_) => tracing::info!("prompt {} executed in {secs:.2} seconds", job.prompt_id),
-            Err(RunError::NodeFailed { node_id, class_type, error, .. }) => {
-                tracing::warn!("prompt {} failed after {secs:.2} seconds at node {node_id} ({class_type}): {error}", job.prompt_id)
-            }
-            Err(RunError::Interrupted { .. }) => tracing::info!("prompt {} interrupted after {secs:.2} seconds", job.prompt_id),
-            Err(RunError::Invalid(_)) => tracing::warn!("prompt {} no longer validates", job.prompt_id),
+/// A prompt that ran: its history entry, and the events that end it, to be sent once the
+/// entry is stored.
+pub struct Ran {
+    pub entry: Json,
+    pub deferred: Vec<(&'static str, Json)>,
+    /// Stopped by its cancel token before it finished.
+    pub interrupted: bool,
+}
+
+impl Ran {
+    /// Sends the held-back events that end the run (after its history entry is stored).
+    pub fn flush(&mut self, out: &dyn EventOut, target: Option<&str>) {
+        for (kind, data) in self.deferred.drain(..) {
+            out.json(target, kind, data);
         }
-        let (outputs, ok) = match &result {
-            Ok(report) => (report.ui_outputs.clone(), true),
-            Err(RunError::NodeFailed { report, .. })
-            | Err(RunError::Interrupted { report, .. }) => (report.ui_outputs.clone(), false),
-            Err(RunError::Invalid(_)) => (Default::default(), false),
-        };
-        if let Err(RunError::Invalid(report)) = &result {
-            // Validated when queued; a registry whose schemas changed since could still
-            // reject it.
-            sink.messages.lock().push(json!(["execution_error", {
-                "prompt_id": job.prompt_id,
-                "exception_type": "ValidationError",
-                "exception_message": report.to_string(),
-            }]));
+    }
+}
+
+/// Runs one prompt and builds its history entry, as ComfyUI records it; the same for the
+/// local worker thread and for scale-out workers. `plan` is `Err` with the reason when the
+/// prompt no longer validates (a scale-out worker compiles it again with its own models).
+pub fn run_job(
+    executor: &Executor,
+    out: &dyn EventOut,
+    live: &Mutex<Live>,
+    spec: &Spec,
+    plan: Result<&Plan, String>,
+    cancel: &CancelToken,
+    output_dir: &Path,
+) -> Ran {
+    *live.lock() = Live { prompt_id: Some(spec.prompt_id.clone()), started: Some(std::time::Instant::now()), step: None, preview: None };
+    let sink = PromptSink {
+        out,
+        live,
+        target: spec.client_id.as_deref(),
+        messages: Mutex::new(Vec::new()),
+        deferred: Mutex::new(Vec::new()),
+    };
+    let options = RunOptions {
+        run_id: Some(spec.prompt_id.clone()),
+        output_dir: Some(output_dir.to_path_buf()),
+        metadata: spec.metadata.clone(),
+        image_metadata: spec.image_metadata.clone(),
+    };
+    let started = std::time::Instant::now();
+    let result = plan.map(|plan| executor.run_plan(plan, &sink, cancel, &options));
+    let secs = started.elapsed().as_secs_f64();
+    // One line per prompt, as ComfyUI's console has it.
+    let invalid = match &result {
+        Ok(Ok(_)) => {
+            tracing::info!("prompt {} executed in {secs:.2} seconds", spec.prompt_id);
+            None
         }
-        if !ok {
-            // ComfyUI ends every run with `executing: null`; the executor sends it only
-            // after a success.
-            sink.send(Event::Executing {
-                prompt_id: job.prompt_id.clone(),
-                node: None,
-            });
+        Ok(Err(RunError::NodeFailed { node_id, class_type, error, .. })) => {
+            tracing::warn!("prompt {} failed after {secs:.2} seconds at node {node_id} ({class_type}): {error}", spec.prompt_id);
+            None
         }
-        let mut outputs_json = Map::new();
-        let mut meta = Map::new();
-        for (node, ui) in outputs {
-            meta.insert(
-                node.clone(),
-                json!({ "node_id": node, "display_node": node, "parent_node": null, "real_node_id": node }),
-            );
-            outputs_json.insert(node, ui);
+        Ok(Err(RunError::Interrupted { .. })) => {
+            tracing::info!("prompt {} interrupted after {secs:.2} seconds", spec.prompt_id);
+            None
         }
-        let entry = json!({
-            "prompt": job.queue_item(),
-            "outputs": outputs_json,
-            "status": {
-                "status_str": if ok { "success" } else { "error" },
-                "completed": ok,
-                "messages": std::mem::take(&mut *sink.messages.lock()),
-            },
-            "meta": meta,
+        Ok(Err(RunError::Invalid(report))) => Some(report.to_string()),
+        Err(reason) => Some(reason.clone()),
+    };
+    let (outputs, ok) = match &result {
+        Ok(Ok(report)) => (report.ui_outputs.clone(), true),
+        Ok(Err(RunError::NodeFailed { report, .. })) | Ok(Err(RunError::Interrupted { report, .. })) => (report.ui_outputs.clone(), false),
+        _ => (Default::default(), false),
+    };
+    if let Some(reason) = invalid {
+        // Validated when queued; a registry whose schemas changed since (or a scale-out
+        // worker without the prompt's models) can still reject it.
+        tracing::warn!("prompt {} no longer validates: {reason}", spec.prompt_id);
+        sink.messages.lock().push(json!(["execution_error", {
+            "prompt_id": spec.prompt_id,
+            "exception_type": "ValidationError",
+            "exception_message": reason,
+        }]));
+    }
+    if !ok {
+        // ComfyUI ends every run with `executing: null`; the executor sends it only
+        // after a success.
+        sink.send(Event::Executing {
+            prompt_id: spec.prompt_id.clone(),
+            node: None,
         });
-        if let Err(e) = state.history.insert(&job.prompt_id, entry.clone()) {
-            tracing::error!("prompt {}: history not saved: {e}", job.prompt_id);
+    }
+    let mut outputs_json = Map::new();
+    let mut meta = Map::new();
+    for (node, ui) in outputs {
+        meta.insert(
+            node.clone(),
+            json!({ "node_id": node, "display_node": node, "parent_node": null, "real_node_id": node }),
+        );
+        outputs_json.insert(node, ui);
+    }
+    let entry = json!({
+        "prompt": spec.queue_item(),
+        "outputs": outputs_json,
+        "status": {
+            "status_str": if ok { "success" } else { "error" },
+            "completed": ok,
+            "messages": std::mem::take(&mut *sink.messages.lock()),
+        },
+        "meta": meta,
+    });
+    let deferred = std::mem::take(&mut *sink.deferred.lock());
+    Ran { entry, deferred, interrupted: matches!(result, Ok(Err(RunError::Interrupted { .. }))) }
+}
+
+/// The worker loop of the single-machine mode: one prompt at a time until the queue closes.
+pub fn worker(state: Arc<AppState>, queue: &JobQueue, history: &History) {
+    while let Some((job, cancel)) = queue.take() {
+        let mut ran = run_job(&state.executor, &state.hub, &state.live, &job.spec, Ok(&job.plan), &cancel, &state.config.output_dir);
+        if let Err(e) = history.insert(&job.spec.prompt_id, ran.entry.clone()) {
+            tracing::error!("prompt {}: history not saved: {e}", job.spec.prompt_id);
         }
-        state.queue.finish();
+        queue.finish();
         *state.live.lock() = Live::default();
-        sink.flush();
-        state.hub.status(state.queue.remaining());
+        ran.flush(&state.hub, job.spec.client_id.as_deref());
+        state.hub.status(queue.remaining());
         if let Some(done) = job.done {
-            let _ = done.send(Arc::new(entry));
+            let _ = done.send(Arc::new(ran.entry));
         }
     }
 }

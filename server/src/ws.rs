@@ -102,6 +102,15 @@ impl Hub {
         let _ = self.previews.send((target.map(str::to_string), source, image));
     }
 
+    /// A preview another process encoded (a scale-out worker's type-1 frame).
+    pub fn send_encoded_preview(&self, target: Option<&str>, source: PreviewSource, legacy: Vec<u8>) {
+        let with_metadata = preview_with_metadata(&legacy, &source);
+        let _ = self.frames.send(Arc::new(Frame {
+            target: target.map(str::to_string),
+            payload: Payload::Preview { legacy, with_metadata },
+        }));
+    }
+
     pub fn status(&self, queue_remaining: usize) {
         self.send_json(None, "status", status_data(queue_remaining, None));
     }
@@ -217,7 +226,7 @@ async fn connection(
     // Until the client says otherwise it gets ComfyUI's original preview frames.
     let mut preview_metadata = false;
     let hello =
-        json!({ "type": "status", "data": status_data(state.queue.remaining(), Some(&sid)) });
+        json!({ "type": "status", "data": status_data(state.queue.remaining().unwrap_or(0), Some(&sid)) });
     if tx
         .send(Message::Text(hello.to_string().into()))
         .await

@@ -661,8 +661,8 @@ pub async fn post_options(State(state): AppStateRef, JsonBody(body): JsonBody<Js
 
 /// The running prompt's progress, A1111's way: the fraction of its current sampler's
 /// steps, the time left at that pace, the queue, and the latest preview.
-pub async fn progress(State(state): AppStateRef) -> Reply<Json> {
-    let (running, pending) = state.queue.snapshot();
+pub async fn progress(State(state): AppStateRef) -> Result<Reply<Json>, ApiError> {
+    let (running, pending) = state.queue.snapshot()?;
     // Copied out (the preview's pixels are shared, not copied) so the sampler's events
     // never wait on the encoding below.
     let (job, started, step, preview) = {
@@ -677,7 +677,7 @@ pub async fn progress(State(state): AppStateRef) -> Reply<Json> {
         let mut image = Vec::new();
         crate::ws::write_preview_image(&p, &mut image).ok().map(|_| B64.encode(&image))
     });
-    Reply(json!({
+    Ok(Reply(json!({
         "progress": fraction,
         "eta_relative": eta,
         "state": {
@@ -692,14 +692,14 @@ pub async fn progress(State(state): AppStateRef) -> Reply<Json> {
         },
         "current_image": current_image,
         "textinfo": null,
-    }))
+    })))
 }
 
 /// A1111's interrupt, and its skip: both stop the running prompt (sdflow runs a request's
 /// whole batch as one prompt, so there is no single image to skip to the next of).
-pub async fn interrupt(State(state): AppStateRef) -> Reply<Json> {
-    state.queue.interrupt(None);
-    Reply(json!({}))
+pub async fn interrupt(State(state): AppStateRef) -> Result<Reply<Json>, ApiError> {
+    state.queue.interrupt(None)?;
+    Ok(Reply(json!({})))
 }
 
 /// A1111's script lists: of the extensions sdflow has ControlNet (its `alwayson_scripts`

@@ -192,7 +192,7 @@ async fn generate(state: &Arc<AppState>, params: &ImgGenParams, fields: &[(&str,
     }
     let prompt = preset.workflow.to_api_json();
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let number = state.queue.next_number() as f64;
+    let number = state.queue.next_number()? as f64;
     enqueue_off_thread(
         state.clone(),
         Submission {

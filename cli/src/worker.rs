@@ -1,0 +1,70 @@
+//! `sdflow worker`: runs prompts that `sdflow serve --queue redis://…` front ends accept
+//! (docs/scale-out.md).
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+
+#[derive(Args)]
+pub struct WorkerArgs {
+    /// The Redis the front ends queue prompts in: `redis://[[user]:password@]host[:port][/db]`,
+    /// or `rediss://…` for TLS.
+    #[arg(long, value_name = "URL")]
+    pub queue: String,
+    /// This worker's name in the consumer group [default: HOST-PID]. Two running workers
+    /// must not share one.
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+    /// Folder of model files in ComfyUI's folders: the same model names as the front
+    /// ends' (the files may be copies).
+    #[arg(long, value_name = "DIR", default_value = "models")]
+    pub models_dir: PathBuf,
+    /// Folder LoadImage reads from: the front ends' input folder (shared), so uploads are
+    /// found.
+    #[arg(long, value_name = "DIR", default_value = "input")]
+    pub input_dir: PathBuf,
+    /// Folder output nodes write to: the front ends' output folder (shared), which
+    /// `/view` serves.
+    #[arg(long, value_name = "DIR", default_value = "output")]
+    pub output_dir: PathBuf,
+    /// Compute threads; all cores by default.
+    #[arg(short = 't', long, value_name = "N")]
+    pub threads: Option<usize>,
+    #[command(flatten)]
+    pub weight_type: crate::run::WeightTypeArg,
+    #[command(flatten)]
+    pub placement: crate::run::PlacementArgs,
+    /// Seconds a prompt's worker may go silent before another worker takes it for dead
+    /// and runs the prompt again.
+    #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
+    pub claim_timeout: f64,
+    /// Address and port of this worker's `/health` (port 0 picks a free one; the address
+    /// is printed at start).
+    #[arg(long, default_value = "127.0.0.1", value_name = "ADDR")]
+    pub health_listen: IpAddr,
+    #[arg(long, default_value_t = 0)]
+    pub health_port: u16,
+}
+
+pub fn worker_command(args: WorkerArgs) -> anyhow::Result<()> {
+    if args.placement.list_devices() {
+        return Ok(());
+    }
+    anyhow::ensure!(args.claim_timeout.is_finite() && (1.0..=86_400.0).contains(&args.claim_timeout), "--claim-timeout {}: outside 1..=86400 seconds", args.claim_timeout);
+    let (registry, runtime) = crate::run::registry(&args.models_dir, &args.output_dir, &args.input_dir, args.threads, args.weight_type.resolve(), args.placement.resolve()?)?;
+    std::fs::create_dir_all(&args.output_dir).map_err(|e| anyhow::anyhow!("creating the output folder {}: {e}", args.output_dir.display()))?;
+    let config = sdflow_server::scale_out::worker::WorkerConfig {
+        queue_url: args.queue,
+        name: args.name,
+        output_dir: args.output_dir,
+        claim_timeout: Duration::from_secs_f64(args.claim_timeout),
+        health: SocketAddr::new(args.health_listen, args.health_port),
+    };
+    sdflow_server::scale_out::worker::run(config, Arc::new(registry), runtime, |name, addr| {
+        println!("sdflow worker {name} taking prompts; health on http://{addr}/health")
+    })?;
+    Ok(())
+}
