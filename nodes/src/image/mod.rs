@@ -291,6 +291,39 @@ pub(crate) fn next_counter(dir: &Path, prefix: &str) -> u64 {
 /// Write one image as PNG, atomically: a temporary file renamed into place.
 pub fn write_png(path: &Path, img: &Image, index: usize, text: &[(String, String)]) -> Result<(), NodeError> {
     let io = |e: std::io::Error| NodeError::msg(format!("{}: {e}", path.display()));
+    let tmp = encode_png_file(path, img, index, text)?;
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        io(e)
+    })
+}
+
+/// Write one image as `{stem}_{counter:05}_.png` in `dir` without ever replacing a file:
+/// when the name is taken (another process saving into the same folder, as scale-out
+/// workers sharing an output folder do) the counter moves on. Returns the name used.
+pub fn write_png_numbered(dir: &Path, stem: &str, counter: &mut u64, img: &Image, index: usize, text: &[(String, String)]) -> Result<String, NodeError> {
+    let first = dir.join(format!("{stem}_{:05}_.png", *counter));
+    let tmp = encode_png_file(&first, img, index, text)?;
+    let result = loop {
+        let name = format!("{stem}_{:05}_.png", *counter);
+        let path = dir.join(&name);
+        // A hard link fails if the name exists, which a rename would overwrite.
+        match std::fs::hard_link(&tmp, &path) {
+            Ok(()) => break Ok(name),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => *counter += 1,
+            // Filesystems without hard links: the scan-then-rename of a single process.
+            Err(_) if !path.exists() => break std::fs::rename(&tmp, &path).map(|_| name).map_err(|e| NodeError::msg(format!("{}: {e}", path.display()))),
+            Err(_) => *counter += 1,
+        }
+    };
+    let _ = std::fs::remove_file(&tmp);
+    result
+}
+
+/// Encodes one image of a batch as PNG into a temporary file next to `path` (a name of
+/// its own, so concurrent writers never share one), synced; returns its path.
+fn encode_png_file(path: &Path, img: &Image, index: usize, text: &[(String, String)]) -> Result<PathBuf, NodeError> {
+    let io = |e: std::io::Error| NodeError::msg(format!("{}: {e}", path.display()));
     let per = img.height * img.width * img.channels;
     let bytes: Vec<u8> = img.data[index * per..(index + 1) * per].iter().map(|v| (v.clamp(0.0, 1.0) * 255.0).round() as u8).collect();
     let color = match img.channels {
@@ -299,8 +332,10 @@ pub fn write_png(path: &Path, img: &Image, index: usize, text: &[(String, String
         4 => png::ColorType::Rgba,
         c => return Err(NodeError::msg(format!("cannot save a {c}-channel image as PNG"))),
     };
-    let tmp = path.with_extension("png.tmp");
-    {
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.{}.{}.tmp", std::process::id(), SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)));
+    let written = (|| {
         let file = std::fs::File::create(&tmp).map_err(io)?;
         let mut enc = png::Encoder::new(std::io::BufWriter::new(file), img.width as u32, img.height as u32);
         enc.set_color(color);
@@ -314,9 +349,15 @@ pub fn write_png(path: &Path, img: &Image, index: usize, text: &[(String, String
         let mut w = enc.write_header().map_err(|e| NodeError::msg(format!("{}: {e}", path.display())))?;
         w.write_image_data(&bytes).map_err(|e| NodeError::msg(format!("{}: {e}", path.display())))?;
         w.finish().map_err(|e| NodeError::msg(format!("{}: {e}", path.display())))?;
+        std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(io)
+    })();
+    match written {
+        Ok(()) => Ok(tmp),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
     }
-    std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)
 }
 
 impl Node for SaveImage {
@@ -347,10 +388,9 @@ impl Node for SaveImage {
         let mut counter = next_counter(&dir, &stem);
         let mut files = Vec::new();
         for i in 0..img.n {
-            let name = format!("{stem}_{counter:05}_.png");
             let mut text = ctx.metadata_for(i);
             text.push(("software".into(), "sdflow".into()));
-            write_png(&dir.join(&name), img, i, &text)?;
+            let name = write_png_numbered(&dir, &stem, &mut counter, img, i, &text)?;
             files.push(json!({"filename": name, "subfolder": sub, "type": if self.preview { "temp" } else { "output" }}));
             counter += 1;
         }
