@@ -32,8 +32,13 @@ impl Redis {
     }
 
     fn start_on(dir: &Path, port: u16) -> Redis {
+        Redis::start_with(dir, port, &["--port", &port.to_string()])
+    }
+
+    fn start_with(dir: &Path, port: u16, listen: &[&str]) -> Redis {
         let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes", "--appendfsync", "always", "--dir"])
+            .args(listen)
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "yes", "--appendfsync", "always", "--dir"])
             .arg(dir)
             .stdout(Stdio::null())
             .spawn()
@@ -52,7 +57,13 @@ impl Redis {
     }
 
     fn cli(&self, args: &[&str]) -> String {
-        let out = Command::new("redis-cli").args(["-p", &self.port.to_string()]).args(args).output().unwrap();
+        let tls = self.dir.join("cert.pem");
+        let mut cmd = Command::new("redis-cli");
+        cmd.args(["-p", &self.port.to_string()]);
+        if tls.exists() {
+            cmd.args(["--tls", "--cacert"]).arg(&tls).args(["--user", "sdflow", "--pass", "s3cret", "--no-auth-warning"]);
+        }
+        let out = cmd.args(args).output().unwrap();
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
@@ -84,8 +95,11 @@ struct Proc {
 
 impl Proc {
     fn spawn(dir: &Path, args: &[&str], ready: &str) -> Proc {
+        let cert = dir.join("redis/cert.pem");
         let mut child = Command::new(env!("CARGO_BIN_EXE_sdflow"))
             .args(args)
+            // OpenSSL's default trust store, extended by the test's own CA.
+            .envs(cert.exists().then(|| ("SSL_CERT_FILE", cert.clone())))
             .current_dir(dir)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -528,6 +542,43 @@ fn a_prompt_goes_to_the_worker_that_holds_its_models() {
     other["1"]["inputs"]["ckpt_name"] = json!("other.safetensors");
     let id = submit(&front.addr, &other, "c");
     assert_eq!(wait_done(&front.addr, &id, Duration::from_secs(300))["status"]["completed"], true);
+}
+
+/// `rediss://` with an ACL user and password: a TLS Redis whose certificate the system
+/// trusts (here through OpenSSL's `SSL_CERT_FILE`) serves front end and worker; a wrong
+/// password fails at start without showing the password.
+#[test]
+fn tls_and_acl_authentication() {
+    let dir = tree();
+    let rdir = dir.path().join("redis");
+    std::fs::create_dir_all(&rdir).unwrap();
+    let ok = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost", "-keyout"])
+        .arg(rdir.join("key.pem"))
+        .arg("-out")
+        .arg(rdir.join("cert.pem"))
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let port = free_port();
+    let (cert, key) = (rdir.join("cert.pem"), rdir.join("key.pem"));
+    let redis = Redis::start_with(&rdir, port, &[
+        "--port", "0", "--tls-port", &port.to_string(), "--tls-cert-file", cert.to_str().unwrap(), "--tls-key-file", key.to_str().unwrap(),
+        "--tls-ca-cert-file", cert.to_str().unwrap(), "--tls-auth-clients", "no",
+        "--user", "default", "off", "--user", "sdflow", "on", ">s3cret", "~sdflow:*", "&*", "+@all",
+    ]);
+    let url = format!("rediss://sdflow:s3cret@localhost:{port}");
+    let front = Proc::spawn(dir.path(), &["serve", "--port", "0", "--queue", &url, "--models-dir", "models", "--input-dir", "input", "--output-dir", "output"], "sdflow serving on");
+    let _w = Proc::spawn(dir.path(), &["worker", "--queue", &url, "--threads", "1", "--models-dir", "models", "--input-dir", "input", "--output-dir", "output"], "taking prompts");
+    let id = submit(&front.addr, &txt2img(1, 2, 64), "c");
+    assert_eq!(wait_done(&front.addr, &id, Duration::from_secs(300))["status"]["completed"], true);
+    assert_eq!(redis.cli(&["HLEN", "sdflow:history"]).trim(), "1");
+
+    let wrong = format!("rediss://sdflow:hunter2@localhost:{port}");
+    let out = Command::new(env!("CARGO_BIN_EXE_sdflow")).args(["serve", "--port", "0", "--queue", &wrong]).env("SSL_CERT_FILE", &cert).current_dir(dir.path()).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("unreachable") && !err.contains("hunter2"), "{err}");
 }
 
 /// A minimal WebSocket client (RFC 6455): the handshake, then unmasked server frames.
