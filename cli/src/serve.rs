@@ -84,6 +84,10 @@ pub struct ServeArgs {
     /// number of front ends may share it. Without it prompts run in this process.
     #[arg(long, value_name = "URL")]
     pub queue: Option<String>,
+    /// With --queue: serve outputs from the S3-compatible store the workers put them in
+    /// (`s3://BUCKET[/PREFIX]`; see `sdflow worker --help`).
+    #[arg(long, value_name = "URL", requires = "queue")]
+    pub output_store: Option<String>,
     /// Most prompts waiting to run; more are refused with HTTP 429.
     #[arg(long, default_value_t = 1000, value_name = "N")]
     pub max_queue: usize,
@@ -148,6 +152,7 @@ pub fn serve_command(args: ServeArgs) -> anyhow::Result<()> {
         input_dir: args.input_dir,
         output_dir: args.output_dir,
         queue_url: args.queue,
+        output_store: args.output_store,
         max_queue: args.max_queue,
         max_history: args.max_history,
         cors_origins: args.cors_origin,

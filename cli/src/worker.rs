@@ -30,6 +30,12 @@ pub struct WorkerArgs {
     /// `/view` serves.
     #[arg(long, value_name = "DIR", default_value = "output")]
     pub output_dir: PathBuf,
+    /// Put outputs in this S3-compatible object store (`s3://BUCKET[/PREFIX]`) rather than
+    /// the output folder, for front ends that share no folder with this worker (they take
+    /// the same flag). Credentials, region and endpoint from AWS_ACCESS_KEY_ID,
+    /// AWS_SECRET_ACCESS_KEY, AWS_REGION and AWS_ENDPOINT_URL.
+    #[arg(long, value_name = "URL")]
+    pub output_store: Option<String>,
     /// Compute threads; all cores by default.
     #[arg(short = 't', long, value_name = "N")]
     pub threads: Option<usize>,
@@ -62,6 +68,7 @@ pub fn worker_command(args: WorkerArgs) -> anyhow::Result<()> {
         output_dir: args.output_dir,
         claim_timeout: Duration::from_secs_f64(args.claim_timeout),
         health: SocketAddr::new(args.health_listen, args.health_port),
+        output_store: args.output_store,
     };
     sdflow_server::scale_out::worker::run(config, Arc::new(registry), runtime, |name, addr| {
         println!("sdflow worker {name} taking prompts; health on http://{addr}/health")

@@ -95,9 +95,14 @@ struct Proc {
 
 impl Proc {
     fn spawn(dir: &Path, args: &[&str], ready: &str) -> Proc {
+        Proc::spawn_env(dir, args, ready, &[])
+    }
+
+    fn spawn_env(dir: &Path, args: &[&str], ready: &str, env: &[(&str, String)]) -> Proc {
         let cert = dir.join("redis/cert.pem");
         let mut child = Command::new(env!("CARGO_BIN_EXE_sdflow"))
             .args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             // OpenSSL's default trust store, extended by the test's own CA.
             .envs(cert.exists().then(|| ("SSL_CERT_FILE", cert.clone())))
             .current_dir(dir)
@@ -579,6 +584,90 @@ fn tls_and_acl_authentication() {
     let out = Command::new(env!("CARGO_BIN_EXE_sdflow")).args(["serve", "--port", "0", "--queue", &wrong]).env("SSL_CERT_FILE", &cert).current_dir(dir.path()).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("unreachable") && !err.contains("hunter2"), "{err}");
+}
+
+/// `--output-store s3://…`: front end and workers share no folder; outputs go to an
+/// S3-compatible store (moto's server here), under names claimed cluster-wide, so two
+/// workers counting the same prefix from 1 never overwrite each other; `/view`, the
+/// `executed` events and A1111's replies all reach the stored files, and workers keep
+/// no local copies.
+#[test]
+fn outputs_in_an_s3_compatible_store() {
+    let dir = tree();
+    let s3_port = free_port();
+    let mut moto = Command::new("moto_server")
+        .args(["-H", "127.0.0.1", "-p", &s3_port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("moto_server (pip install 'moto[server]'; .ci/run installs it)");
+    struct Kill<'a>(&'a mut Child);
+    impl Drop for Kill<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _moto = Kill(&mut moto);
+    let s3 = format!("127.0.0.1:{s3_port}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while TcpStream::connect(&s3).is_err() {
+        assert!(Instant::now() < deadline, "moto_server did not start");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (status, body) = http(&s3, "PUT", "/outputs", None);
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let env = [("AWS_ACCESS_KEY_ID", "test".to_string()), ("AWS_SECRET_ACCESS_KEY", "test".to_string()), ("AWS_ENDPOINT_URL", format!("http://{s3}"))];
+    let redis = Redis::start(dir.path());
+    let url = redis.url();
+    let common = ["--queue", &url, "--output-store", "s3://outputs/run1", "--models-dir", "models", "--input-dir", "input"];
+    let front = Proc::spawn_env(dir.path(), &[&["serve", "--port", "0", "-m", "model.safetensors", "--output-dir", "front-out"][..], &common].concat(), "sdflow serving on", &env);
+    let workers: Vec<Proc> = ["w1", "w2"]
+        .iter()
+        .map(|w| Proc::spawn_env(dir.path(), &[&["worker", "--threads", "1", "--name", w, "--output-dir", &format!("{w}-out")][..], &common].concat(), "taking prompts", &env))
+        .collect();
+    wait_workers(&front.addr, "two workers", |w| w.len() == 2);
+    let mut ws = WebSocket::connect(&front.addr, "c");
+    let ids: Vec<String> = (0..6)
+        .map(|seed| {
+            let mut p = txt2img(seed, 2, 64);
+            p["7"]["inputs"]["filename_prefix"] = json!("same");
+            submit(&front.addr, &p, "c")
+        })
+        .collect();
+    let mut executed = std::collections::BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while executed.len() < ids.len() {
+        assert!(Instant::now() < deadline, "executed events: {executed:?}");
+        if let Some(m) = ws.next_text() {
+            if m["type"] == "executed" {
+                executed.insert(m["data"]["output"]["images"][0]["filename"].as_str().unwrap().to_string());
+            }
+        }
+    }
+    let mut names = std::collections::BTreeSet::new();
+    for id in &ids {
+        let entry = wait_done(&front.addr, id, Duration::from_secs(300));
+        let img = &entry["outputs"]["7"]["images"][0];
+        let name = img["filename"].as_str().unwrap().to_string();
+        let (status, png) = http(&front.addr, "GET", &format!("/view?filename={name}&type=output"), None);
+        assert_eq!(status, 200, "{name}");
+        assert!(png.starts_with(b"\x89PNG"), "{name}");
+        names.insert(name);
+    }
+    assert_eq!(names.len(), 6, "names collided: {names:?}");
+    assert_eq!(names, executed, "the executed events name the stored files");
+    assert!(names.iter().all(|n| n.starts_with("same_")), "{names:?}");
+    for w in ["w1-out", "w2-out", "front-out"] {
+        let left: Vec<_> = std::fs::read_dir(dir.path().join(w)).map(|d| d.flatten().filter(|e| e.path().extension().is_some_and(|x| x == "png")).collect()).unwrap_or_default();
+        assert!(left.is_empty(), "{w} kept {left:?}");
+    }
+    let (status, _) = http(&front.addr, "GET", "/view?filename=same_99999_.png&type=output", None);
+    assert_eq!(status, 404);
+    let (status, reply) = post(&front.addr, "/sdapi/v1/txt2img", &json!({ "prompt": "a cat", "steps": 2, "width": 64, "height": 64, "seed": 4 }));
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["images"].as_array().unwrap().len(), 1);
+    drop(workers);
 }
 
 /// A minimal WebSocket client (RFC 6455): the handshake, then unmasked server frames.

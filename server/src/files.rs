@@ -266,6 +266,23 @@ pub fn resolve(
     Ok(real)
 }
 
+/// An output, temp or input file's bytes: from the folder, or (scale-out with
+/// `--output-store`) from the object store the workers put outputs in.
+pub async fn read_file(state: &Arc<AppState>, filename: &str, subfolder: &str, kind: &str) -> Result<Vec<u8>, ApiError> {
+    if let (Some(objects), "output" | "temp") = (&state.objects, kind) {
+        let sub = relative_path("subfolder", subfolder)?.to_string_lossy().replace('\\', "/");
+        let key = objects.key(kind, &sub, file_name(filename)?);
+        let objects = objects.clone();
+        let got = tokio::task::spawn_blocking(move || objects.get(&key))
+            .await
+            .map_err(|e| ApiError::Internal(e.to_string()))?
+            .map_err(|e| ApiError::QueueUnavailable(e.to_string()))?;
+        return got.ok_or_else(|| ApiError::NotFound(format!("{filename} is not a file")));
+    }
+    let path = resolve(state, filename, subfolder, kind)?;
+    tokio::fs::read(&path).await.map_err(|e| ApiError::io(filename.to_string(), e))
+}
+
 pub async fn view(
     State(state): State<Arc<AppState>>,
     QueryArgs(q): QueryArgs<ViewQuery>,
@@ -275,10 +292,7 @@ pub async fn view(
         .as_deref()
         .filter(|k| !k.is_empty())
         .unwrap_or("output");
-    let path = resolve(&state, &q.filename, &q.subfolder, kind)?;
-    let bytes = tokio::fs::read(&path)
-        .await
-        .map_err(|e| ApiError::io(q.filename.clone(), e))?;
+    let bytes = read_file(&state, &q.filename, &q.subfolder, kind).await?;
     let mut response = bytes.into_response();
     let h = response.headers_mut();
     h.insert(

@@ -269,6 +269,18 @@ pub async fn start(
         Some(dir) => Some(Arc::new(frontend::resolve_front_end_root(dir).map_err(ApiError::Internal)?)),
         None => None,
     };
+    let objects = match &config.output_store {
+        Some(url) if config.queue_url.is_none() => return Err(ApiError::bad(format!("--output-store {url} goes with --queue (outputs of scale-out workers)"))),
+        Some(url) => {
+            let url = url.clone();
+            let store = tokio::task::spawn_blocking(move || scale_out::objects::ObjectStore::open(&url))
+                .await
+                .map_err(|e| ApiError::Internal(e.to_string()))?
+                .map_err(|e| ApiError::QueueUnavailable(e.to_string()))?;
+            Some(Arc::new(store))
+        }
+        None => None,
+    };
     let executor = Arc::new(Executor::new(registry, ExecutorConfig::default()));
     let addr = SocketAddr::new(config.listen, config.port);
     let listener = tokio::net::TcpListener::bind(addr)
@@ -291,6 +303,7 @@ pub async fn start(
         sdapi_options,
         user_lock: Default::default(),
         front_end_root,
+        objects,
     });
     logs::forward(state.clone());
     // Prompts run here, or (scale-out) on workers whose events a listener forwards.

@@ -28,6 +28,9 @@ pub struct ServerConfig {
     /// Scale-out mode: prompts go to this Redis (`redis://` or `rediss://` URL) for
     /// `sdflow worker`s to run, and the history lives there; `None` runs them here.
     pub queue_url: Option<String>,
+    /// Scale-out: outputs are in this S3-compatible store (`s3://bucket/prefix`), where
+    /// the workers put them, rather than in `output_dir`.
+    pub output_store: Option<String>,
     pub max_queue: usize,
     pub max_history: usize,
     /// Browser origins allowed besides the server's own (`*` for any); CORS headers are
@@ -69,6 +72,7 @@ impl ServerConfig {
             history_dir: output.join("history"),
             output_dir: output,
             queue_url: None,
+            output_store: None,
             max_queue: 1000,
             max_history: 10_000,
             cors_origins: Vec::new(),
@@ -122,6 +126,8 @@ pub struct AppState {
     pub sdapi_options: Mutex<SdapiOptions>,
     /// Serialises read-modify-write of the user's settings and files.
     pub user_lock: Mutex<()>,
+    /// Scale-out's `--output-store`: where `/view` reads outputs from.
+    pub objects: Option<Arc<crate::scale_out::objects::ObjectStore>>,
     /// The resolved `--front-end-root` (the folder holding `index.html`).
     pub front_end_root: Option<Arc<PathBuf>>,
 }
@@ -184,6 +190,9 @@ impl EventOut for Hub {
 /// `/history/{id}` as soon as they see them.
 struct PromptSink<'a> {
     out: &'a dyn EventOut,
+    /// Hold `executed` back too (its file names change when outputs move to an object
+    /// store).
+    defer_executed: bool,
     live: &'a Mutex<Live>,
     target: Option<&'a str>,
     messages: Mutex<Vec<Json>>,
@@ -233,7 +242,7 @@ impl EventSink for PromptSink<'_> {
                 | Event::ExecutionSuccess { .. }
                 | Event::ExecutionError { .. }
                 | Event::ExecutionInterrupted { .. }
-        );
+        ) || (self.defer_executed && matches!(event, Event::Executed { .. }));
         if last {
             self.deferred.lock().push((kind, data));
         } else {
@@ -271,10 +280,12 @@ pub fn run_job(
     plan: Result<&Plan, String>,
     cancel: &CancelToken,
     output_dir: &Path,
+    defer_executed: bool,
 ) -> Ran {
     *live.lock() = Live { prompt_id: Some(spec.prompt_id.clone()), started: Some(std::time::Instant::now()), step: None, preview: None };
     let sink = PromptSink {
         out,
+        defer_executed,
         live,
         target: spec.client_id.as_deref(),
         messages: Mutex::new(Vec::new()),
@@ -355,7 +366,7 @@ pub fn run_job(
 /// The worker loop of the single-machine mode: one prompt at a time until the queue closes.
 pub fn worker(state: Arc<AppState>, queue: &JobQueue, history: &History) {
     while let Some((job, cancel)) = queue.take() {
-        let mut ran = run_job(&state.executor, &state.hub, &state.live, &job.spec, Ok(&job.plan), &cancel, &state.config.output_dir);
+        let mut ran = run_job(&state.executor, &state.hub, &state.live, &job.spec, Ok(&job.plan), &cancel, &state.config.output_dir, false);
         if let Err(e) = history.insert(&job.spec.prompt_id, ran.entry.clone()) {
             tracing::error!("prompt {}: history not saved: {e}", job.spec.prompt_id);
         }

@@ -21,6 +21,7 @@
 //! - `number` — counter of ComfyUI's prompt numbers; `config` — `max_history`.
 //! - channels `events` (run events, previews) and `control` (interrupt, wake, finished).
 
+pub mod objects;
 pub mod worker;
 
 use std::collections::HashMap;
@@ -116,6 +117,14 @@ impl Keys {
     }
     pub fn handoff(&self) -> String {
         self.key("handoff")
+    }
+    /// Output names claimed cluster-wide (`TYPE/SUBFOLDER/NAME` → prompt id), and the
+    /// highest number claimed per series, for `--output-store`.
+    pub fn files(&self) -> String {
+        self.key("files")
+    }
+    pub fn file_series(&self) -> String {
+        self.key("files:series")
     }
     pub fn dead(&self) -> String {
         self.key("dead")

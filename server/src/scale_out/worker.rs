@@ -35,11 +35,15 @@ pub struct WorkerConfig {
     pub claim_timeout: Duration,
     /// Where `/health` is served (port 0 picks one).
     pub health: SocketAddr,
+    /// Put outputs in this S3-compatible store (`s3://bucket/prefix`) instead of leaving
+    /// them in `output_dir`.
+    pub output_store: Option<String>,
 }
 
 /// Stores the result and acknowledges, in one step: the entry goes into the history only
 /// if none is there yet, the prompt leaves the queue, the stream entry is acknowledged and
-/// deleted, and the history is trimmed to `config.max_history`.
+/// deleted (and a client lane left empty removed), and the history is trimmed to
+/// `config.max_history`.
 const FINISH: &str = r#"
 local stored = 0
 if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 0 then
@@ -53,6 +57,11 @@ redis.call('HDEL', KEYS[6], ARGV[1])
 redis.call('HDEL', KEYS[8], ARGV[1])
 redis.call('XACK', KEYS[7], 'workers', ARGV[3])
 redis.call('XDEL', KEYS[7], ARGV[3])
+-- A client lane left empty goes (a later prompt of that client makes it again).
+if KEYS[7] ~= ARGV[5] and redis.call('XLEN', KEYS[7]) == 0 then
+  redis.call('DEL', KEYS[7])
+  redis.call('ZREM', KEYS[10], KEYS[7])
+end
 local max = tonumber(redis.call('HGET', KEYS[9], 'max_history') or ARGV[4])
 local n = redis.call('ZCARD', KEYS[4])
 if n > max then
@@ -105,6 +114,7 @@ struct Current {
 
 pub struct Worker {
     store: Store,
+    objects: Option<super::objects::ObjectStore>,
     name: String,
     executor: Executor,
     runtime: Arc<sdflow_nodes::Runtime>,
@@ -117,6 +127,7 @@ pub struct Worker {
     wake: (Mutex<bool>, Condvar),
     /// Look at this worker's pending entries (something was handed to it).
     check_own: AtomicBool,
+    last_claim_scan: Mutex<Option<Instant>>,
     live: Mutex<Live>,
     completed: AtomicU64,
     failed: AtomicU64,
@@ -167,6 +178,10 @@ fn base_name(path: &str) -> String {
 impl Worker {
     pub fn new(config: WorkerConfig, registry: Arc<Registry>, runtime: Arc<sdflow_nodes::Runtime>) -> Result<Arc<Worker>, QueueError> {
         let store = Store::open(&config.queue_url)?;
+        let objects = match &config.output_store {
+            Some(url) => Some(super::objects::ObjectStore::open(url).map_err(|e| QueueError::Url { url: url.clone(), reason: e.to_string() })?),
+            None => None,
+        };
         let name = config.name.clone().unwrap_or_else(|| {
             let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "worker".into());
             format!("{host}-{}", std::process::id())
@@ -180,6 +195,7 @@ impl Worker {
         })?;
         Ok(Arc::new(Worker {
             store,
+            objects,
             name,
             executor: Executor::new(registry, ExecutorConfig::default()),
             runtime,
@@ -189,6 +205,7 @@ impl Worker {
             handing_back: AtomicBool::new(false),
             wake: (Mutex::new(false), Condvar::new()),
             check_own: AtomicBool::new(true),
+            last_claim_scan: Mutex::new(None),
             live: Mutex::new(Live::default()),
             completed: AtomicU64::new(0),
             failed: AtomicU64::new(0),
@@ -360,10 +377,12 @@ impl Worker {
     }
 
     /// The next entry to work on: one already held (handed over, or left from a previous
-    /// life under this name), a new one (front lane first, then client lanes in turn), or
-    /// one a dead worker held.
+    /// life under this name), one a dead worker held (looked for at most once a second,
+    /// before new ones, so a backlog does not keep it waiting), or a new one (front lane
+    /// first, then client lanes in turn).
     fn next(&self) -> Result<Option<Delivery>, QueueError> {
         let lanes = self.lanes()?;
+        let claim_due = self.last_claim_scan.lock().is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
         if self.check_own.swap(false, Ordering::Relaxed) {
             for lane in &lanes {
                 if let Some(d) = self.read(lane, "0")? {
@@ -371,6 +390,12 @@ impl Worker {
                     self.check_own.store(true, Ordering::Relaxed);
                     return Ok(Some(d));
                 }
+            }
+        }
+        if claim_due {
+            *self.last_claim_scan.lock() = Some(Instant::now());
+            if let Some(d) = self.claim_abandoned(&lanes)? {
+                return Ok(Some(d));
             }
         }
         for lane in &lanes {
@@ -382,8 +407,13 @@ impl Worker {
                 return Ok(Some(d));
             }
         }
+        Ok(None)
+    }
+
+    /// An entry whose worker has not touched it for the claim timeout (it died).
+    fn claim_abandoned(&self, lanes: &[String]) -> Result<Option<Delivery>, QueueError> {
         let idle_ms = self.config.claim_timeout.as_millis() as u64;
-        for lane in &lanes {
+        for lane in lanes {
             let v: Value = self.store.with("XAUTOCLAIM", PATIENCE_REQUEST, |c| {
                 match redis::cmd("XAUTOCLAIM").arg(lane).arg(GROUP).arg(&self.name).arg(idle_ms).arg("0-0").arg("COUNT").arg(1).query::<Value>(c) {
                     Err(e) if e.code() == Some("NOGROUP") => Ok(Value::Nil),
@@ -524,7 +554,7 @@ impl Worker {
             .map_err(|e| format!("prompt: {e}"))
             .and_then(|wf| self.executor.validate(&wf).map_err(|r| r.to_string()));
         let publisher = Publisher(&self.store);
-        let mut ran = run_job(&self.executor, &publisher, &self.live, &spec, plan.as_ref().map_err(Clone::clone), &cancel, &self.config.output_dir);
+        let mut ran = run_job(&self.executor, &publisher, &self.live, &spec, plan.as_ref().map_err(Clone::clone), &cancel, &self.config.output_dir, self.objects.is_some());
         *self.live.lock() = Live::default();
         if ran.interrupted && self.handing_back.load(Ordering::SeqCst) {
             let hand_back = redis::Script::new(HAND_BACK);
@@ -539,12 +569,20 @@ impl Worker {
             self.store.control(&json!({ "wake": null }));
             return;
         }
+        if let Some(objects) = &self.objects {
+            if let Err(e) = self.upload_outputs(objects, &spec, &mut ran) {
+                // Not acknowledged: claimed and run again after the timeout.
+                tracing::error!("prompt {}: outputs not stored: {e}", spec.prompt_id);
+                *self.current.lock() = None;
+                return;
+            }
+        }
         let entry = ran.entry.to_string();
         let finish = redis::Script::new(FINISH);
         let stored = self.store.with("storing a result", PATIENCE_RESULT, |c| {
             finish
-                .key(k.jobs()).key(k.running()).key(k.history()).key(k.order()).key(k.seq()).key(k.where_()).key(&d.lane).key(k.handoff()).key(k.config())
-                .arg(&spec.prompt_id).arg(&entry).arg(&d.entry).arg(10_000)
+                .key(k.jobs()).key(k.running()).key(k.history()).key(k.order()).key(k.seq()).key(k.where_()).key(&d.lane).key(k.handoff()).key(k.config()).key(k.lanes())
+                .arg(&spec.prompt_id).arg(&entry).arg(&d.entry).arg(10_000).arg(k.front_lane())
                 .invoke::<i64>(c)
         });
         *self.current.lock() = None;
@@ -564,6 +602,66 @@ impl Worker {
         }
         ran.flush(&publisher, spec.client_id.as_deref());
         self.store.control(&json!({ "finished": spec.prompt_id }));
+    }
+
+    /// Moves a finished prompt's output files into the object store under names claimed
+    /// cluster-wide, and rewrites its history entry and held-back `executed` events to
+    /// those names.
+    fn upload_outputs(&self, objects: &super::objects::ObjectStore, spec: &Spec, ran: &mut crate::state::Ran) -> Result<(), String> {
+        let k = &self.store.keys;
+        let claim = redis::Script::new(super::objects::CLAIM);
+        let mut renamed: HashMap<(String, String, String), String> = HashMap::new();
+        let mut uploaded = Vec::new();
+        let mut each_file = |item: &mut Json| -> Result<(), String> {
+            let (Some(name), Some(kind)) = (item["filename"].as_str().map(str::to_string), item["type"].as_str().map(str::to_string)) else { return Ok(()) };
+            if kind != "output" && kind != "temp" {
+                return Ok(());
+            }
+            let sub = item["subfolder"].as_str().unwrap_or("").to_string();
+            let base = if kind == "temp" { self.config.output_dir.join("temp") } else { self.config.output_dir.clone() };
+            let local = base.join(&sub).join(&name);
+            let bytes = std::fs::read(&local).map_err(|e| format!("{}: {e}", local.display()))?;
+            let (stem, number, suffix) = match super::objects::numbered(&name) {
+                Some((s, n, x)) => (s.to_string(), n.to_string(), x.to_string()),
+                None => (String::new(), String::new(), String::new()),
+            };
+            let dir = format!("{kind}/{sub}");
+            let final_name: String = self
+                .store
+                .with("claiming an output name", PATIENCE_RESULT, |c| {
+                    claim.key(k.files()).key(k.file_series()).arg(&dir).arg(&stem).arg(&number).arg(&suffix).arg(&name).arg(&spec.prompt_id).invoke(c)
+                })
+                .map_err(|e| e.to_string())?;
+            objects.put(&objects.key(&kind, &sub, &final_name), &bytes, crate::files::mime_of(&final_name)).map_err(|e| e.to_string())?;
+            uploaded.push(local);
+            item["filename"] = json!(final_name);
+            renamed.insert((kind, sub, name), final_name);
+            Ok(())
+        };
+        for ui in ran.entry["outputs"].as_object_mut().into_iter().flat_map(|o| o.values_mut()) {
+            for list in ui.as_object_mut().into_iter().flat_map(|o| o.values_mut()) {
+                for item in list.as_array_mut().into_iter().flatten() {
+                    each_file(item)?;
+                }
+            }
+        }
+        for (kind, data) in &mut ran.deferred {
+            if *kind != "executed" {
+                continue;
+            }
+            for list in data["output"].as_object_mut().into_iter().flat_map(|o| o.values_mut()) {
+                for item in list.as_array_mut().into_iter().flatten() {
+                    let key = (item["type"].as_str().unwrap_or("").to_string(), item["subfolder"].as_str().unwrap_or("").to_string(), item["filename"].as_str().unwrap_or("").to_string());
+                    if let Some(name) = renamed.get(&key) {
+                        item["filename"] = json!(name);
+                    }
+                }
+            }
+        }
+        for local in uploaded {
+            let _ = std::fs::remove_file(local);
+        }
+        Ok(())
     }
 
     /// Takes and runs prompts until a signal drains it.

@@ -23,7 +23,7 @@ use serde_json::json;
 
 use crate::comfy::{enqueue_off_thread, list_models, Submission};
 use crate::error::ApiError;
-use crate::files::{check_image, resolve};
+use crate::files::check_image;
 use crate::state::AppState;
 
 type AppStateRef = State<Arc<AppState>>;
@@ -236,16 +236,14 @@ async fn generate(state: &Arc<AppState>, params: &ImgGenParams, fields: &[(&str,
             .into_iter()
             .flatten()
         {
-            let path = resolve(
-                state,
-                img["filename"].as_str().unwrap_or(""),
-                img["subfolder"].as_str().unwrap_or(""),
-                img["type"].as_str().unwrap_or("output"),
-            )?;
             images.push(
-                tokio::fs::read(&path)
-                    .await
-                    .map_err(|e| ApiError::io(img["filename"].to_string(), e))?,
+                crate::files::read_file(
+                    state,
+                    img["filename"].as_str().unwrap_or(""),
+                    img["subfolder"].as_str().unwrap_or(""),
+                    img["type"].as_str().unwrap_or("output"),
+                )
+                .await?,
             );
         }
     }
