@@ -275,22 +275,23 @@ fn wait_workers(addr: &str, what: &str, check: impl Fn(&[Json]) -> bool) -> Vec<
     }
 }
 
-/// The acceptance run: a front end and three workers; 200 prompts from 20 concurrent
-/// clients all complete, each once in the history, with the very pixels the
-/// single-machine server makes of the same prompts; each client's WebSocket sees its own
-/// prompts' events and no one else's.
+/// The acceptance run: two front ends and three workers; 200 prompts from 20 concurrent
+/// clients (half on each front end) all complete, each once in the history, with the very
+/// pixels the single-machine server makes of the same prompts; each client's WebSocket
+/// sees its own prompts' events and no one else's, whichever worker runs them.
 #[test]
 fn three_workers_serve_200_prompts_from_20_clients_as_one_machine_would() {
     let dir = tree();
     let redis = Redis::start(dir.path());
     let front = Proc::front(dir.path(), &redis, &[]);
+    let front2 = Proc::front(dir.path(), &redis, &[]);
     let _workers: Vec<Proc> = (1..=3).map(|i| Proc::worker(dir.path(), &redis, &format!("w{i}"), &[])).collect();
     let addr = front.addr.clone();
     wait_workers(&addr, "three workers advertise", |w| w.len() == 3);
 
     let clients: Vec<_> = (0..20u64)
         .map(|c| {
-            let addr = addr.clone();
+            let addr = if c % 2 == 0 { addr.clone() } else { front2.addr.clone() };
             std::thread::spawn(move || {
                 let client = format!("client{c}");
                 let mut ws = WebSocket::connect(&addr, &client);
@@ -331,12 +332,15 @@ fn three_workers_serve_200_prompts_from_20_clients_as_one_machine_would() {
     let queue = get(&addr, "/queue");
     assert_eq!(queue["queue_running"].as_array().unwrap().len() + queue["queue_pending"].as_array().unwrap().len(), 0);
 
+    assert_eq!(get(&front2.addr, "/history").as_object().unwrap().len(), 200, "both front ends read one history");
+
     // The same prompts on one machine, without Redis: the same pixels.
     drop(front);
+    drop(front2);
     let single_dir = tree();
     let single = Proc::single(single_dir.path());
     let mut ids_single = Vec::new();
-    for seed in (0..200u64).step_by(7) {
+    for seed in 0..200u64 {
         ids_single.push((seed, submit(&single.addr, &txt2img(seed, 2, 64), "solo")));
     }
     for (seed, id) in ids_single {
