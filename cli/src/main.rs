@@ -18,7 +18,7 @@ mod worker;
 struct Cli {
     /// Log level: error, warn, info, debug, trace.
     // Checked here: tracing would take any other word as a target name and log nothing.
-    /// Default: warn, and `serve` also logs each prompt's arrival and outcome (info).
+    /// Default: warn, and `serve` and `worker` also log each prompt's arrival and outcome (info).
     #[arg(long, global = true, ignore_case = true, value_parser = ["error", "warn", "info", "debug", "trace"])]
     log_level: Option<String>,
     #[command(subcommand)]

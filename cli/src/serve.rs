@@ -56,29 +56,14 @@ pub struct ServeArgs {
     pub height: Option<i64>,
     #[arg(long, value_name = "int", allow_negative_numbers = true)]
     pub clip_skip: Option<i64>,
-    /// Folder of model files in ComfyUI's folders (`checkpoints/`, `loras/`, ... inside it;
-    /// checkpoints may also lie in it directly).
-    #[arg(long, value_name = "DIR", default_value = "models")]
-    pub models_dir: PathBuf,
-    /// Folder uploads go to and LoadImage reads from.
-    #[arg(long, value_name = "DIR", default_value = "input")]
-    pub input_dir: PathBuf,
-    /// Folder output nodes write to.
-    #[arg(long, value_name = "DIR", default_value = "output")]
-    pub output_dir: PathBuf,
+    #[command(flatten)]
+    pub engine: EngineArgs,
     /// Folder of `type=temp` files (PreviewImage writes to OUTPUT/temp) [default: OUTPUT/temp].
     #[arg(long, value_name = "DIR")]
     pub temp_dir: Option<PathBuf>,
     /// Folder the history is kept in, one JSON file per prompt [default: OUTPUT/history].
     #[arg(long, value_name = "DIR")]
     pub history_dir: Option<PathBuf>,
-    /// Compute threads; all cores by default.
-    #[arg(short = 't', long, value_name = "N")]
-    pub threads: Option<usize>,
-    #[command(flatten)]
-    pub weight_type: crate::run::WeightTypeArg,
-    #[command(flatten)]
-    pub placement: crate::run::PlacementArgs,
     /// Scale-out: queue prompts in this Redis (`redis://[[user]:password@]host[:port][/db]`,
     /// `rediss://` for TLS) for `sdflow worker`s to run, and keep the history there; any
     /// number of front ends may share it. Without it prompts run in this process.
@@ -122,18 +107,42 @@ pub struct ServeArgs {
     pub max_body_mb: usize,
 }
 
+/// What a process that runs prompts is told, `sdflow serve` and `sdflow worker` alike: its
+/// folders (in scale-out mode the same names everywhere, input and output shared) and its
+/// compute options.
+#[derive(Args)]
+pub struct EngineArgs {
+    /// Folder of model files in ComfyUI's folders (`checkpoints/`, `loras/`, ... inside it;
+    /// checkpoints may also lie in it directly).
+    #[arg(long, value_name = "DIR", default_value = "models")]
+    pub models_dir: PathBuf,
+    /// Folder uploads go to and LoadImage reads from.
+    #[arg(long, value_name = "DIR", default_value = "input")]
+    pub input_dir: PathBuf,
+    /// Folder output nodes write to, which `/view` serves.
+    #[arg(long, value_name = "DIR", default_value = "output")]
+    pub output_dir: PathBuf,
+    /// Compute threads; all cores by default.
+    #[arg(short = 't', long, value_name = "N")]
+    pub threads: Option<usize>,
+    #[command(flatten)]
+    pub weight_type: crate::run::WeightTypeArg,
+    #[command(flatten)]
+    pub placement: crate::run::PlacementArgs,
+}
+
+impl EngineArgs {
+    /// Every node over a runtime on these folders and devices.
+    pub fn registry(&self) -> anyhow::Result<(sdflow_executor::Registry, Arc<sdflow_nodes::Runtime>)> {
+        crate::run::registry(&self.models_dir, &self.output_dir, &self.input_dir, self.threads, self.weight_type.resolve(), self.placement.resolve()?)
+    }
+}
+
 pub fn serve_command(args: ServeArgs) -> anyhow::Result<()> {
-    if args.placement.list_devices() {
+    if args.engine.placement.list_devices() {
         return Ok(());
     }
-    let (registry, runtime) = crate::run::registry(
-        &args.models_dir,
-        &args.output_dir,
-        &args.input_dir,
-        args.threads,
-        args.weight_type.resolve(),
-        args.placement.resolve()?,
-    )?;
+    let (registry, runtime) = args.engine.registry()?;
     let default_checkpoint = match &args.model {
         Some(m) => Some(model_name(&runtime, "checkpoints", "-m", m)?),
         None => None,
@@ -144,13 +153,13 @@ pub fn serve_command(args: ServeArgs) -> anyhow::Result<()> {
         port: args.port,
         temp_dir: args
             .temp_dir
-            .unwrap_or_else(|| args.output_dir.join("temp")),
+            .unwrap_or_else(|| args.engine.output_dir.join("temp")),
         history_dir: args
             .history_dir
-            .unwrap_or_else(|| args.output_dir.join("history")),
-        models_dir: args.models_dir,
-        input_dir: args.input_dir,
-        output_dir: args.output_dir,
+            .unwrap_or_else(|| args.engine.output_dir.join("history")),
+        models_dir: args.engine.models_dir,
+        input_dir: args.engine.input_dir,
+        output_dir: args.engine.output_dir,
         queue_url: args.queue,
         output_store: args.output_store,
         max_queue: args.max_queue,

@@ -2,7 +2,6 @@
 //! (docs/scale-out.md).
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,31 +17,16 @@ pub struct WorkerArgs {
     /// must not share one.
     #[arg(long, value_name = "NAME")]
     pub name: Option<String>,
-    /// Folder of model files in ComfyUI's folders: the same model names as the front
-    /// ends' (the files may be copies).
-    #[arg(long, value_name = "DIR", default_value = "models")]
-    pub models_dir: PathBuf,
-    /// Folder LoadImage reads from: the front ends' input folder (shared), so uploads are
-    /// found.
-    #[arg(long, value_name = "DIR", default_value = "input")]
-    pub input_dir: PathBuf,
-    /// Folder output nodes write to: the front ends' output folder (shared), which
-    /// `/view` serves.
-    #[arg(long, value_name = "DIR", default_value = "output")]
-    pub output_dir: PathBuf,
+    /// Folders and compute options: the front ends' folders (models by the same names,
+    /// input and output shared, or output in --output-store).
+    #[command(flatten)]
+    pub engine: crate::serve::EngineArgs,
     /// Put outputs in this S3-compatible object store (`s3://BUCKET[/PREFIX]`) rather than
     /// the output folder, for front ends that share no folder with this worker (they take
     /// the same flag). Credentials, region and endpoint from AWS_ACCESS_KEY_ID,
     /// AWS_SECRET_ACCESS_KEY, AWS_REGION and AWS_ENDPOINT_URL.
     #[arg(long, value_name = "URL")]
     pub output_store: Option<String>,
-    /// Compute threads; all cores by default.
-    #[arg(short = 't', long, value_name = "N")]
-    pub threads: Option<usize>,
-    #[command(flatten)]
-    pub weight_type: crate::run::WeightTypeArg,
-    #[command(flatten)]
-    pub placement: crate::run::PlacementArgs,
     /// Seconds a prompt's worker may go silent before another worker takes it for dead
     /// and runs the prompt again.
     #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
@@ -56,16 +40,16 @@ pub struct WorkerArgs {
 }
 
 pub fn worker_command(args: WorkerArgs) -> anyhow::Result<()> {
-    if args.placement.list_devices() {
+    if args.engine.placement.list_devices() {
         return Ok(());
     }
     anyhow::ensure!(args.claim_timeout.is_finite() && (1.0..=86_400.0).contains(&args.claim_timeout), "--claim-timeout {}: outside 1..=86400 seconds", args.claim_timeout);
-    let (registry, runtime) = crate::run::registry(&args.models_dir, &args.output_dir, &args.input_dir, args.threads, args.weight_type.resolve(), args.placement.resolve()?)?;
-    std::fs::create_dir_all(&args.output_dir).map_err(|e| anyhow::anyhow!("creating the output folder {}: {e}", args.output_dir.display()))?;
+    let (registry, runtime) = args.engine.registry()?;
+    std::fs::create_dir_all(&args.engine.output_dir).map_err(|e| anyhow::anyhow!("creating the output folder {}: {e}", args.engine.output_dir.display()))?;
     let config = sdflow_server::scale_out::worker::WorkerConfig {
         queue_url: args.queue,
         name: args.name,
-        output_dir: args.output_dir,
+        output_dir: args.engine.output_dir,
         claim_timeout: Duration::from_secs_f64(args.claim_timeout),
         health: SocketAddr::new(args.health_listen, args.health_port),
         output_store: args.output_store,
