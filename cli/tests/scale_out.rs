@@ -298,16 +298,20 @@ fn three_workers_serve_200_prompts_from_20_clients_as_one_machine_would() {
                 let ids: Vec<(u64, String)> = (0..10u64).map(|i| { let seed = c * 10 + i; (seed, submit(&addr, &txt2img(seed, 2, 64), &client)) }).collect();
                 // Every prompt of this client ends with `execution_success` on its socket.
                 let mut succeeded = std::collections::HashSet::new();
+                let mut progress = 0;
                 let deadline = Instant::now() + Duration::from_secs(600);
                 while succeeded.len() < ids.len() {
                     assert!(Instant::now() < deadline, "client {client}: {} of {} prompts succeeded", succeeded.len(), ids.len());
                     let Some(msg) = ws.next_text() else { continue };
+                    progress += usize::from(msg["type"] == "progress");
                     if msg["type"] == "execution_success" {
                         let id = msg["data"]["prompt_id"].as_str().unwrap().to_string();
                         assert!(ids.iter().any(|(_, i)| *i == id), "client {client} got another client's prompt {id}");
                         succeeded.insert(id);
                     }
                 }
+                // Sampler progress and previews travel from the workers too.
+                assert!(progress >= ids.len() && ws.previews > 0, "client {client}: {progress} progress messages, {} previews", ws.previews);
                 ids
             })
         })
@@ -677,6 +681,8 @@ fn outputs_in_an_s3_compatible_store() {
 /// A minimal WebSocket client (RFC 6455): the handshake, then unmasked server frames.
 struct WebSocket {
     s: TcpStream,
+    /// Binary frames seen (previews).
+    previews: usize,
 }
 
 impl WebSocket {
@@ -691,7 +697,7 @@ impl WebSocket {
         }
         assert!(head.starts_with(b"HTTP/1.1 101"), "{}", String::from_utf8_lossy(&head));
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        WebSocket { s }
+        WebSocket { s, previews: 0 }
     }
 
     /// The next text message as JSON; `None` for binary frames or a quiet spell.
@@ -713,6 +719,9 @@ impl WebSocket {
         }
         let mut payload = vec![0u8; len as usize];
         self.s.read_exact(&mut payload).unwrap();
+        if h[0] & 0x0f == 2 {
+            self.previews += 1;
+        }
         (h[0] & 0x0f == 1).then(|| serde_json::from_slice(&payload).unwrap())
     }
 }
