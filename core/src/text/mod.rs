@@ -14,6 +14,7 @@ mod clean;
 mod clean_tables;
 pub mod embeddings;
 pub mod prompt;
+pub mod qwen;
 pub mod t5;
 pub mod tokenizer;
 
