@@ -1,0 +1,298 @@
+//! Decoder-only language models run as text encoders: Qwen3 (Z-Image, FLUX.2 klein) and
+//! Qwen2/Qwen2.5-VL's language model on text (Qwen-Image), in the key layout of Hugging
+//! Face's `Qwen3Model` / `Qwen2Model` (what ComfyUI's `qwen_3_4b.safetensors` and
+//! `qwen_2.5_vl_7b.safetensors` hold, under `model.` or bare). GGUF files in llama.cpp's
+//! naming are shown in this layout by [`hf_name`].
+//!
+//! Born as its own folder because several DiT families share these encoders and read
+//! hidden states from inside them (sd.cpp's `out_layers`), not the final output a
+//! language model exists for. The two architectures differ only where the weights say so:
+//! Qwen3 has RMS norms on q and k per head and no biases, Qwen2 has q/k/v biases. On text,
+//! Qwen2.5-VL's multimodal RoPE gives every axis the same position, which is plain RoPE.
+
+use super::nn::{linear, rms_norm};
+use super::{ModelError, Result, Weights};
+use crate::ggml::{Context, GraphRun, Tensor};
+
+/// ggml's NEOX rotary layout: the two halves of a head rotate together (Hugging Face's
+/// `rotate_half`), as Qwen's checkpoints expect.
+const ROPE_NEOX: i32 = 2;
+
+/// The encoder's dimensions, read off the weights; `rope_theta` and `eps` are the
+/// families' (every Qwen2/Qwen3 text encoder in use has these).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LlmConfig {
+    pub hidden: i64,
+    pub layers: usize,
+    pub heads: i64,
+    pub kv_heads: i64,
+    pub head_dim: i64,
+    pub intermediate: i64,
+    pub vocab: i64,
+    pub rope_theta: f32,
+    pub eps: f32,
+    /// Qwen3's per-head RMS norms on q and k.
+    pub qk_norm: bool,
+}
+
+/// The weight that marks such an encoder in Hugging Face names, relative to its prefix.
+pub const MARKER: &str = "layers.0.self_attn.q_proj.weight";
+
+/// The prefix under which tensors called `names` hold an LLM encoder (`model.`, ``,
+/// `text_encoders.llm.model.`, ...): the part before [`MARKER`].
+pub fn find_prefix<'a>(names: impl Iterator<Item = &'a str>) -> Option<String> {
+    let mut found: Vec<&str> = names.filter_map(|n| n.strip_suffix(MARKER)).collect();
+    found.sort();
+    found.first().map(|p| p.to_string())
+}
+
+#[derive(Clone, Debug)]
+struct Names {
+    prefix: String,
+}
+
+impl Names {
+    fn at(&self, s: &str) -> String {
+        format!("{}{s}", self.prefix)
+    }
+    fn layer(&self, i: usize, part: &str) -> String {
+        self.at(&format!("layers.{i}.{part}"))
+    }
+    fn attn(&self, i: usize, proj: &str) -> String {
+        self.layer(i, &format!("self_attn.{proj}"))
+    }
+    fn mlp(&self, i: usize, proj: &str) -> String {
+        self.layer(i, &format!("mlp.{proj}"))
+    }
+}
+
+impl LlmConfig {
+    /// Read the dimensions off the weights under `prefix`. `head_dim` gives the head
+    /// width where the weights do not show it (a Qwen2 whose heads are not 128 wide).
+    pub fn infer(w: &Weights, prefix: &str, head_dim: Option<i64>) -> Result<Self> {
+        let n = Names { prefix: prefix.to_string() };
+        let layers = (0..).take_while(|&i| w.contains(&format!("{}.weight", n.attn(i, "q_proj")))).count();
+        if layers == 0 {
+            return Err(ModelError::Config(format!("no LLM layers under `{prefix}` (`{}.weight`)", n.attn(0, "q_proj"))));
+        }
+        let emb = w.get(&n.at("embed_tokens.weight"))?.ne();
+        let q = w.get(&format!("{}.weight", n.attn(0, "q_proj")))?.ne();
+        let k = w.get(&format!("{}.weight", n.attn(0, "k_proj")))?.ne();
+        let gate = w.get(&format!("{}.weight", n.mlp(0, "gate_proj")))?.ne();
+        let qk_norm = w.contains(&format!("{}.weight", n.attn(0, "q_norm")));
+        // The head width: Qwen3 stores it in its q/k norms (it need not be hidden/heads).
+        // Qwen2's weights do not show it; it is 128 in every Qwen2/2.5(-VL) model used as
+        // a text encoder (7B: 28 heads of 128).
+        let head_dim = match (qk_norm, head_dim) {
+            (true, _) => w.get(&format!("{}.weight", n.attn(0, "q_norm")))?.ne()[0],
+            (false, Some(h)) => h,
+            (false, None) => 128,
+        };
+        if head_dim < 2 || q[1] % head_dim != 0 || k[1] % head_dim != 0 || (q[1] / head_dim) % (k[1] / head_dim) != 0 {
+            return Err(ModelError::Config(format!("heads of {head_dim} do not divide the q width {} and k width {} into groups", q[1], k[1])));
+        }
+        Ok(LlmConfig {
+            hidden: emb[0],
+            layers,
+            heads: q[1] / head_dim,
+            kv_heads: k[1] / head_dim,
+            head_dim,
+            intermediate: gate[1],
+            vocab: emb[1],
+            rope_theta: 1_000_000.0,
+            eps: 1e-6,
+            qk_norm,
+        })
+    }
+}
+
+/// An LLM text encoder over [`Weights`] whose shapes have been checked.
+pub struct LlmEncoder<'w> {
+    w: &'w Weights,
+    names: Names,
+    pub config: LlmConfig,
+}
+
+impl<'w> LlmEncoder<'w> {
+    /// Check every weight the config implies, then wrap them.
+    pub fn new(w: &'w Weights, prefix: &str, config: LlmConfig) -> Result<Self> {
+        let c = &config;
+        let names = Names { prefix: prefix.to_string() };
+        let (d, q, kv, f) = (c.hidden, c.heads * c.head_dim, c.kv_heads * c.head_dim, c.intermediate);
+        w.expect(&names.at("embed_tokens.weight"), &[d, c.vocab])?;
+        for i in 0..c.layers {
+            for (p, o) in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)] {
+                w.expect(&format!("{}.weight", names.attn(i, p)), &[d, o])?;
+                let bias = format!("{}.bias", names.attn(i, p));
+                if w.contains(&bias) {
+                    w.expect(&bias, &[o])?;
+                }
+            }
+            w.expect(&format!("{}.weight", names.attn(i, "o_proj")), &[q, d])?;
+            if c.qk_norm {
+                w.expect(&format!("{}.weight", names.attn(i, "q_norm")), &[c.head_dim])?;
+                w.expect(&format!("{}.weight", names.attn(i, "k_norm")), &[c.head_dim])?;
+            }
+            w.expect(&format!("{}.weight", names.mlp(i, "gate_proj")), &[d, f])?;
+            w.expect(&format!("{}.weight", names.mlp(i, "up_proj")), &[d, f])?;
+            w.expect(&format!("{}.weight", names.mlp(i, "down_proj")), &[f, d])?;
+            w.expect(&names.layer(i, "input_layernorm.weight"), &[d])?;
+            w.expect(&names.layer(i, "post_attention_layernorm.weight"), &[d])?;
+        }
+        w.expect(&names.at("norm.weight"), &[d])?;
+        Ok(LlmEncoder { w, names, config })
+    }
+
+    /// Hidden states for `tokens` (B sequences of one length T), causal attention, with
+    /// `keep` (if given) hiding the keys it marks false (padding); each of `out_layers` is a
+    /// hidden state as sd.cpp numbers them (Hugging Face's `hidden_states[k]`: the output
+    /// of the first k layers; `layers + 1` is the final normed output), concatenated along
+    /// the features in the order given: [hidden·len(out_layers), T, B].
+    pub fn forward<'a>(&'a self, ctx: &'a Context, run: &mut GraphRun<'a>, tokens: &[Vec<i32>], keep: Option<&[Vec<bool>]>, out_layers: &[usize]) -> Result<Tensor<'a>>
+    where
+        'w: 'a,
+    {
+        let c = &self.config;
+        let b = tokens.len();
+        let t = tokens.first().map_or(0, Vec::len);
+        if b == 0 || t == 0 || tokens.iter().any(|s| s.len() != t) {
+            return Err(ModelError::Input(format!("{b} token sequences of length {t}; need one or more of one non-zero length")));
+        }
+        if let Some(bad) = tokens.iter().flatten().find(|&&id| id < 0 || id as i64 >= c.vocab) {
+            return Err(ModelError::Input(format!("token id {bad} outside the vocabulary of {}", c.vocab)));
+        }
+        if out_layers.is_empty() || out_layers.iter().any(|&l| l == 0 || l > c.layers + 1) {
+            return Err(ModelError::Input(format!("hidden states {out_layers:?} of an encoder with {} layers (1..={})", c.layers, c.layers + 1)));
+        }
+        if let Some(k) = keep {
+            if k.len() != b || k.iter().any(|s| s.len() != t) {
+                return Err(ModelError::Input(format!("an attention mask for {} sequences does not fit {b} of {t} tokens", k.len())));
+            }
+        }
+        // Causal, and padding hidden where `keep` says: [Tk, Tq, 1, B], added to scores.
+        let mut mask = Vec::with_capacity(t * t * b);
+        for s in 0..b {
+            for q in 0..t {
+                for k in 0..t {
+                    let hidden = k > q || keep.is_some_and(|m| !m[s][k]);
+                    // sd.cpp's value: exp() makes it 0, and a row with every key hidden
+                    // stays finite.
+                    mask.push(if hidden { -f32::MAX / 4.0 } else { 0.0 });
+                }
+            }
+        }
+        let (d, tl, bl) = (c.hidden, t as i64, b as i64);
+        let mask = run.input_f32(&[tl, tl, 1, bl], mask)?;
+        let pos = run.input_i32(&[tl], (0..t as i32).collect())?;
+        let ids = run.input_i32(&[tl * bl], tokens.iter().flatten().copied().collect())?;
+        let mut x = ctx.reshape(ctx.get_rows(self.w.get(&self.names.at("embed_tokens.weight"))?, ids)?, [d, tl, bl, 1])?;
+        let last = *out_layers.iter().max().expect("checked non-empty");
+        let mut taken: Vec<(usize, Tensor<'a>)> = Vec::new();
+        for i in 0..c.layers.min(last) {
+            let h = rms_norm(ctx, self.w, &self.names.layer(i, "input_layernorm.weight"), x, c.eps)?;
+            x = ctx.add(x, self.attention(ctx, i, h, pos, mask)?)?;
+            let h = rms_norm(ctx, self.w, &self.names.layer(i, "post_attention_layernorm.weight"), x, c.eps)?;
+            let gate = ctx.silu(linear(ctx, self.w, &self.names.mlp(i, "gate_proj"), h)?)?;
+            let up = linear(ctx, self.w, &self.names.mlp(i, "up_proj"), h)?;
+            x = ctx.add(x, linear(ctx, self.w, &self.names.mlp(i, "down_proj"), ctx.mul(gate, up)?)?)?;
+            if out_layers.contains(&(i + 1)) {
+                taken.push((i + 1, x));
+            }
+        }
+        if last == c.layers + 1 {
+            taken.push((last, rms_norm(ctx, self.w, &self.names.at("norm.weight"), x, c.eps)?));
+        }
+        let mut out: Option<Tensor<'a>> = None;
+        for l in out_layers {
+            let (_, h) = *taken.iter().find(|(n, _)| n == l).expect("every requested layer was computed");
+            out = Some(match out {
+                None => h,
+                Some(o) => ctx.concat(o, h, 0)?,
+            });
+        }
+        Ok(out.expect("at least one layer"))
+    }
+
+    /// Grouped-query self-attention of x [D, T, B]: q/k (RMS-normed per head for Qwen3)
+    /// rotated by position, each group of q heads reading one k/v head (ggml's product
+    /// broadcasts the k/v heads over their group, as `repeat_kv` does).
+    fn attention<'a>(&'a self, ctx: &'a Context, i: usize, x: Tensor<'a>, pos: Tensor<'a>, mask: Tensor<'a>) -> Result<Tensor<'a>>
+    where
+        'w: 'a,
+    {
+        let c = &self.config;
+        let [_, t, b, _] = x.ne();
+        let dh = c.head_dim;
+        let q = ctx.reshape(linear(ctx, self.w, &self.names.attn(i, "q_proj"), x)?, [dh, c.heads, t, b])?;
+        let k = ctx.reshape(linear(ctx, self.w, &self.names.attn(i, "k_proj"), x)?, [dh, c.kv_heads, t, b])?;
+        let v = ctx.reshape(linear(ctx, self.w, &self.names.attn(i, "v_proj"), x)?, [dh, c.kv_heads, t, b])?;
+        let (q, k) = if c.qk_norm {
+            (
+                rms_norm(ctx, self.w, &format!("{}.weight", self.names.attn(i, "q_norm")), q, c.eps)?,
+                rms_norm(ctx, self.w, &format!("{}.weight", self.names.attn(i, "k_norm")), k, c.eps)?,
+            )
+        } else {
+            (q, k)
+        };
+        let q = ctx.rope(q, pos, dh as i32, ROPE_NEOX, c.rope_theta)?;
+        let k = ctx.rope(k, pos, dh as i32, ROPE_NEOX, c.rope_theta)?;
+        let qh = ctx.cont(ctx.permute(q, [0, 2, 1, 3])?)?; // [dh, T, H, B]
+        let kh = ctx.cont(ctx.permute(k, [0, 2, 1, 3])?)?; // [dh, T, Hkv, B]
+        let vt = ctx.cont(ctx.permute(v, [1, 2, 0, 3])?)?; // [T, dh, Hkv, B]
+        let scores = ctx.mul_mat(kh, qh)?; // [Tk, Tq, H, B]
+        let probs = ctx.soft_max_ext(scores, Some(mask), 1.0 / (dh as f32).sqrt())?;
+        let out = ctx.mul_mat(vt, probs)?; // [dh, Tq, H, B]
+        let out = ctx.cont(ctx.permute(out, [0, 2, 1, 3])?)?; // [dh, H, Tq, B]
+        let out = ctx.reshape(out, [dh * c.heads, t, b, 1])?;
+        linear(ctx, self.w, &self.names.attn(i, "o_proj"), out)
+    }
+}
+
+/// llama.cpp's GGUF names of an LLM's per-layer tensors beside the Hugging Face names
+/// under `layers.N.` (llama.cpp converts Qwen2/Qwen3 without permuting q and k).
+const GGUF_LAYER_NAMES: [(&str, &str); 11] = [
+    ("attn_q", "self_attn.q_proj"),
+    ("attn_k", "self_attn.k_proj"),
+    ("attn_v", "self_attn.v_proj"),
+    ("attn_output", "self_attn.o_proj"),
+    ("attn_q_norm", "self_attn.q_norm"),
+    ("attn_k_norm", "self_attn.k_norm"),
+    ("attn_norm", "input_layernorm"),
+    ("ffn_norm", "post_attention_layernorm"),
+    ("ffn_gate", "mlp.gate_proj"),
+    ("ffn_up", "mlp.up_proj"),
+    ("ffn_down", "mlp.down_proj"),
+];
+
+/// The same for the tensors outside the layers.
+const GGUF_NAMES: [(&str, &str); 2] = [("token_embd", "embed_tokens"), ("output_norm", "norm")];
+
+/// The Hugging Face name (without `model.`) of an LLM tensor in llama.cpp's GGUF naming
+/// (`token_embd.weight`, `blk.N.attn_q.bias`, ...), or `None` for a name outside it
+/// (`output.weight`, the language-model head an encoder never reads).
+pub fn hf_name(gguf: &str) -> Option<String> {
+    let (stem, kind) = gguf.rsplit_once('.')?;
+    if let Some((_, hf)) = GGUF_NAMES.iter().find(|(g, _)| *g == stem) {
+        return Some(format!("{hf}.{kind}"));
+    }
+    let (i, part) = stem.strip_prefix("blk.")?.split_once('.')?;
+    let i: usize = i.parse().ok()?;
+    let (_, hf) = GGUF_LAYER_NAMES.iter().find(|(g, _)| *g == part)?;
+    Some(format!("layers.{i}.{hf}.{kind}"))
+}
+
+/// `src` in Hugging Face's layout: a GGUF file in llama.cpp's naming renamed by
+/// [`hf_name`] (tensors an encoder never reads left out), any other source as it is.
+pub fn hf_layout(src: Box<dyn crate::io::TensorSource>) -> Result<Box<dyn crate::io::TensorSource>> {
+    if !src.tensors().iter().any(|t| t.name.starts_with("blk.")) {
+        return Ok(src);
+    }
+    let shown = src.path().display().to_string();
+    let renamed = crate::io::Assembled::renamed(src, |t| {
+        let mut info = t.clone();
+        info.name = hf_name(&t.name)?;
+        Some(info)
+    })
+    .map_err(|name| ModelError::Weight { name, detail: format!("{shown}: two tensors map to this name") })?;
+    Ok(Box::new(renamed))
+}
