@@ -145,3 +145,34 @@ fn a_gguf_in_llama_cpp_names_loads_the_same_encoder() {
     assert_eq!(llm::hf_name("output.weight"), None);
     assert_eq!(llm::hf_name("blk.x.attn_q.weight"), None);
 }
+
+/// Whole prompts as sd.cpp conditions Z-Image (Qwen3, `hidden_states[-2]`) and Qwen-Image
+/// (Qwen2, the final state, 34 template tokens dropped) on them: the template, the real
+/// Qwen vocabulary, A1111 weights inside the user's text only, emphasis with the mean
+/// kept — against transformers on the same tokens (fixture from make_llm.py).
+#[test]
+fn prompts_encode_as_sd_cpp_does() {
+    use sdflow_core::models::llm::Family;
+    use sdflow_core::text::qwen::QwenTokenizer;
+    let r = reference("llm_prompt_ref.json");
+    let user = r["user"].as_str().unwrap();
+    let backend = common::backend(2);
+    let tokenizer = QwenTokenizer::shared().unwrap();
+    for (key, family, head_dim) in [("z_image", Family::ZImage, None), ("qwen_image", Family::QwenImage, Some(16))] {
+        let w = det_weights(&r[key]["keys"], SCALE, &backend);
+        let model = LlmEncoder::new(&w, "model.", LlmConfig::infer(&w, "model.", head_dim).unwrap()).unwrap();
+        let prompt = family.layout(user, model.config.layers);
+        let ids: Vec<u32> = serde_json::from_value(r[key]["ids"].clone()).unwrap();
+        assert_eq!(tokenizer.tokenize_weighted(&prompt.text, prompt.attn.clone(), 0, None).unwrap().ids, ids, "{key}");
+        let (hidden, width) = model.encode_prompt(&backend, &tokenizer, &prompt).unwrap();
+        assert_eq!(width, 64);
+        let want: Vec<f32> = serde_json::from_value(r[key]["hidden"].clone()).unwrap();
+        assert_eq!(hidden.len(), want.len(), "{key}: {} tokens after the drop", want.len() / 64);
+        let err = max_abs_err(&hidden, &want);
+        assert!(err <= 1e-3, "{key}: max abs error {err}");
+    }
+    // FLUX.2 klein pads to 512 tokens (masked) and reads three hidden states.
+    let klein = Family::Flux2Klein.layout(user, 36);
+    assert_eq!((klein.min_length, klein.out_layers.clone(), klein.drop), (512, vec![9, 18, 27], 0));
+    assert!(klein.text.ends_with("<think>\n\n</think>\n\n") && &klein.text[klein.attn.clone()] == user);
+}

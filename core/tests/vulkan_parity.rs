@@ -25,6 +25,7 @@ const ON_VULKAN: &[&str] = &[
     "models_clip",
     "models_clip_vision",
     "models_t5",
+    "models_llm",
     "models_controlnet",
     "models_taesd",
     "models_vae_tiling",

@@ -10,6 +10,10 @@
 //! Qwen3 has RMS norms on q and k per head and no biases, Qwen2 has q/k/v biases. On text,
 //! Qwen2.5-VL's multimodal RoPE gives every axis the same position, which is plain RoPE.
 
+pub mod prompt;
+
+pub use prompt::{Family, LlmPrompt};
+
 use super::nn::{linear, rms_norm};
 use super::{ModelError, Result, Weights};
 use crate::ggml::{Context, GraphRun, Tensor};
@@ -245,6 +249,31 @@ impl<'w> LlmEncoder<'w> {
         let out = ctx.cont(ctx.permute(out, [0, 2, 1, 3])?)?; // [dh, H, Tq, B]
         let out = ctx.reshape(out, [dh * c.heads, t, b, 1])?;
         linear(ctx, self.w, &self.names.attn(i, "o_proj"), out)
+    }
+}
+
+impl LlmEncoder<'_> {
+    /// A laid-out prompt's conditioning, as sd.cpp computes it: the templated text
+    /// tokenized with A1111 weights inside the user's part and padded (padding masked),
+    /// the hidden states `prompt.out_layers` taken, each token scaled by its weight with
+    /// the mean kept ([`crate::models::conditioning::emphasize`]), the first
+    /// `prompt.drop` tokens dropped. Returns the rows [T × width] and the width.
+    pub fn encode_prompt(&self, backend: &crate::ggml::Backend, tokenizer: &crate::text::qwen::QwenTokenizer, prompt: &LlmPrompt) -> Result<(Vec<f32>, usize)> {
+        let tokens = tokenizer.tokenize_weighted(&prompt.text, prompt.attn.clone(), prompt.min_length, None).map_err(|e| ModelError::Input(e.to_string()))?;
+        if tokens.ids.len() <= prompt.drop {
+            return Err(ModelError::Input(format!("the templated prompt has {} tokens, not more than the {} the template drops", tokens.ids.len(), prompt.drop)));
+        }
+        let ids: Vec<i32> = tokens.ids.iter().map(|&i| i as i32).collect();
+        let padded = tokens.mask.iter().any(|&m| m == 0.0);
+        let keep = [tokens.mask.iter().map(|&m| m != 0.0).collect::<Vec<bool>>()];
+        let size = 64 * self.config.layers + 256;
+        let ctx = Context::new(size, size)?;
+        let mut run = GraphRun::new(&ctx);
+        let out = self.forward(&ctx, &mut run, &[ids], padded.then_some(&keep[..]), &prompt.out_layers)?;
+        let width = out.ne()[0] as usize;
+        let mut hidden = run.compute(backend, &[out], size)?.remove(0);
+        crate::models::conditioning::emphasize(&mut hidden, &tokens.weights, width);
+        Ok((hidden.split_off(prompt.drop * width), width))
     }
 }
 
