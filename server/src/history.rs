@@ -213,62 +213,6 @@ pub fn list_range(n: usize, max_items: Option<usize>, offset: usize) -> (usize, 
     (start, end)
 }
 
-/// Where finished prompts are kept: this process's history folder, or Redis in scale-out
-/// mode (where every front end reads what any worker stored).
-pub enum HistoryStore {
-    Local(History),
-    Redis(Arc<crate::scale_out::Frontend>),
-}
-
-impl HistoryStore {
-    pub fn get(&self, id: &str) -> Result<Option<Arc<Json>>, ApiError> {
-        match self {
-            HistoryStore::Local(h) => Ok(h.get(id)),
-            HistoryStore::Redis(r) => r.history_get(id),
-        }
-    }
-
-    /// Every entry, oldest first.
-    pub fn all(&self) -> Result<Vec<(String, Arc<Json>)>, ApiError> {
-        match self {
-            HistoryStore::Local(h) => Ok(h.all()),
-            HistoryStore::Redis(r) => r.history_all(),
-        }
-    }
-
-    pub fn list(&self, max_items: Option<usize>, offset: usize) -> Result<Json, ApiError> {
-        match self {
-            HistoryStore::Local(h) => Ok(h.list(max_items, offset)),
-            HistoryStore::Redis(r) => {
-                let all = r.history_all()?;
-                let (start, end) = list_range(all.len(), max_items, offset);
-                Ok(Json::Object(all.into_iter().take(end).skip(start).map(|(id, e)| (id, (*e).clone())).collect()))
-            }
-        }
-    }
-
-    pub fn len(&self) -> Result<usize, ApiError> {
-        match self {
-            HistoryStore::Local(h) => Ok(h.len()),
-            HistoryStore::Redis(r) => r.history_len(),
-        }
-    }
-
-    pub fn delete(&self, id: &str) -> Result<(), ApiError> {
-        match self {
-            HistoryStore::Local(h) => Ok(h.delete(id)),
-            HistoryStore::Redis(r) => r.history_delete(Some(id)),
-        }
-    }
-
-    pub fn clear(&self) -> Result<(), ApiError> {
-        match self {
-            HistoryStore::Local(h) => Ok(h.clear()),
-            HistoryStore::Redis(r) => r.history_delete(None),
-        }
-    }
-}
-
 /// Writes `bytes` to `path` through a temporary file in the same directory, synced before
 /// the rename, so readers see the old content or the new, never a partial file.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ApiError> {

@@ -15,6 +15,8 @@
 //! - [`jobs`] — `/jobs` (the queue and history as ComfyUI's frontend lists them)
 //! - [`frontend`] — `--front-end-root` and the routes ComfyUI's frontend reads at start-up
 //! - [`logs`] — recent log lines for the frontend's log panel
+//! - [`store`] — the queue and history both modes share an interface for
+//! - [`scale_out`] — `--queue redis://`: front ends, `sdflow worker`, the S3 output store
 
 pub mod comfy;
 pub mod error;
@@ -29,6 +31,7 @@ pub mod scale_out;
 pub mod sdapi;
 pub mod security;
 pub mod state;
+pub mod store;
 pub mod userdata;
 pub mod ws;
 
@@ -257,11 +260,11 @@ pub async fn start(
                 .await
                 .map_err(|e| ApiError::Internal(e.to_string()))??;
             let frontend = Arc::new(frontend);
-            (queue::Queue::Redis(frontend.clone()), history::HistoryStore::Redis(frontend.clone()), Some(frontend))
+            (store::Queue::Redis(frontend.clone()), store::HistoryStore::Redis(frontend.clone()), Some(frontend))
         }
         None => (
-            queue::Queue::Local(queue::JobQueue::new(config.max_queue)),
-            history::HistoryStore::Local(history::History::open(&config.history_dir, config.max_history)?),
+            store::Queue::Local(queue::JobQueue::new(config.max_queue)),
+            store::HistoryStore::Local(history::History::open(&config.history_dir, config.max_history)?),
             None,
         ),
     };
@@ -314,7 +317,7 @@ pub async fn start(
             std::thread::Builder::new()
                 .name("sdflow-worker".into())
                 .spawn(move || {
-                    if let (queue::Queue::Local(q), history::HistoryStore::Local(h)) = (&state.queue, &state.history) {
+                    if let (store::Queue::Local(q), store::HistoryStore::Local(h)) = (&state.queue, &state.history) {
                         state::worker(state.clone(), q, h)
                     }
                 })

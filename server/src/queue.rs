@@ -170,6 +170,12 @@ impl JobQueue {
         self.state.lock().running = None;
     }
 
+    /// `(pending, running)`.
+    pub fn counts(&self) -> (usize, usize) {
+        let s = self.state.lock();
+        (s.pending.len(), usize::from(s.running.is_some()))
+    }
+
     /// Prompts waiting or running (ComfyUI's `queue_remaining`).
     pub fn remaining(&self) -> usize {
         let s = self.state.lock();
@@ -233,102 +239,5 @@ impl JobQueue {
         }
         drop(s);
         self.wake.notify_all();
-    }
-}
-
-/// Where accepted prompts wait: this process's own queue (one worker thread here), or
-/// Redis in scale-out mode (`--queue redis://`, workers elsewhere). Handlers talk to this
-/// and do not care which.
-pub enum Queue {
-    Local(JobQueue),
-    Redis(Arc<crate::scale_out::Frontend>),
-}
-
-impl Queue {
-    pub fn max(&self) -> usize {
-        match self {
-            Queue::Local(q) => q.max(),
-            Queue::Redis(r) => r.max_queue(),
-        }
-    }
-
-    /// The number a prompt gets when the client gives none (negated for `front`).
-    pub fn next_number(&self) -> Result<u64, ApiError> {
-        match self {
-            Queue::Local(q) => Ok(q.next_number()),
-            Queue::Redis(r) => r.next_number(),
-        }
-    }
-
-    pub fn push(&self, job: Job) -> Result<(), ApiError> {
-        match self {
-            Queue::Local(q) => q.push(job),
-            Queue::Redis(r) => r.submit(job.spec, job.done),
-        }
-    }
-
-    /// Prompts waiting or running (ComfyUI's `queue_remaining`).
-    pub fn remaining(&self) -> Result<usize, ApiError> {
-        match self {
-            Queue::Local(q) => Ok(q.remaining()),
-            Queue::Redis(r) => r.remaining(),
-        }
-    }
-
-    /// `(running, pending)` as ComfyUI's `GET /queue` lists them, pending in run order.
-    pub fn snapshot(&self) -> Result<(Vec<Json>, Vec<Json>), ApiError> {
-        match self {
-            Queue::Local(q) => Ok(q.snapshot()),
-            Queue::Redis(r) => r.snapshot(),
-        }
-    }
-
-    pub fn is_known(&self, prompt_id: &str) -> Result<bool, ApiError> {
-        match self {
-            Queue::Local(q) => Ok(q.is_known(prompt_id)),
-            Queue::Redis(r) => r.is_known(prompt_id),
-        }
-    }
-
-    /// Drops every pending prompt; returns how many.
-    pub fn clear(&self) -> Result<usize, ApiError> {
-        match self {
-            Queue::Local(q) => Ok(q.clear()),
-            Queue::Redis(r) => r.drop_pending(None),
-        }
-    }
-
-    /// Drops the pending prompts with these ids; returns how many were found.
-    pub fn delete(&self, ids: &[String]) -> Result<usize, ApiError> {
-        match self {
-            Queue::Local(q) => Ok(q.delete(ids)),
-            Queue::Redis(r) => r.drop_pending(Some(ids)),
-        }
-    }
-
-    /// Cancels the running prompt (in scale-out mode: every running one, on whichever
-    /// worker runs it) — only `prompt_id` when one is given. Returns whether one was found.
-    pub fn interrupt(&self, prompt_id: Option<&str>) -> Result<bool, ApiError> {
-        match self {
-            Queue::Local(q) => Ok(q.interrupt(prompt_id)),
-            Queue::Redis(r) => r.interrupt(prompt_id),
-        }
-    }
-
-    /// Stops taking prompts. The local queue also cancels its running prompt and drops
-    /// pending ones; in scale-out mode the prompts belong to Redis and stay there.
-    pub fn close(&self) {
-        match self {
-            Queue::Local(q) => q.close(),
-            Queue::Redis(r) => r.close(),
-        }
-    }
-
-    /// What `/system_stats` says of the queue.
-    pub fn stats(&self) -> Result<Json, ApiError> {
-        match self {
-            Queue::Local(q) => Ok(json!({ "backend": "local", "pending": q.state.lock().pending.len(), "running": usize::from(q.state.lock().running.is_some()), "max": q.max })),
-            Queue::Redis(r) => r.stats(),
-        }
     }
 }

@@ -9,8 +9,9 @@ use sdflow_executor::{CancelToken, Event, EventSink, Executor, Plan, RunError, R
 use serde_json::{json, Map, Value as Json};
 
 use crate::error::ApiError;
-use crate::history::{History, HistoryStore};
-use crate::queue::{Job, JobQueue, Queue, Spec};
+use crate::history::History;
+use crate::queue::{Job, JobQueue, Spec};
+use crate::store::{HistoryStore, Queue};
 use crate::ws::Hub;
 
 /// Everything `sdflow serve` can be told.

@@ -13,12 +13,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use base64::Engine as _;
 use parking_lot::{Condvar, Mutex};
 use redis::Value;
 use sdflow_executor::{CancelToken, Executor, ExecutorConfig, Registry, Workflow};
 use serde_json::{json, Value as Json};
 
-use super::{entry_list, event_message, preview_message, stream_entries, QueueError, Store, GROUP, PATIENCE_REQUEST, PATIENCE_RESULT};
+use super::{entry_list, stream_entries, QueueError, Store, GROUP, PATIENCE_REQUEST, PATIENCE_RESULT};
 use crate::queue::Spec;
 use crate::state::{run_job, EventOut, Live};
 
@@ -133,6 +134,24 @@ pub struct Worker {
     failed: AtomicU64,
     started_ms: u64,
     health_url: Mutex<Option<String>>,
+}
+
+/// One pub/sub event as front ends read it.
+fn event_message(target: Option<&str>, kind: &str, data: &Json) -> Vec<u8> {
+    json!({ "target": target, "type": kind, "data": data }).to_string().into_bytes()
+}
+
+/// A preview as front ends read it: its node and ComfyUI's type-1 frame, base64.
+fn preview_message(target: Option<&str>, source: &crate::ws::PreviewSource, frame: &[u8]) -> Vec<u8> {
+    json!({
+        "target": target,
+        "type": "preview",
+        "prompt_id": source.prompt_id,
+        "node": source.node,
+        "frame": base64::engine::general_purpose::STANDARD.encode(frame),
+    })
+    .to_string()
+    .into_bytes()
 }
 
 /// A worker's events, published for the front ends.
