@@ -136,3 +136,20 @@ fn fp8_scale(src: &dyn TensorSource, info: &TensorInfo) -> Result<Option<Vec<f32
     }
     Ok(Some(v))
 }
+
+/// `src` renamed by `rename` (tensors it maps to `None` left out) when it is a GGUF file in
+/// llama.cpp's naming (a tensor name starts with `marker`, e.g. `blk.`), any other source
+/// as it is: how the encoders read llama.cpp's files in Hugging Face's layout.
+pub fn gguf_renamed(src: Box<dyn crate::io::TensorSource>, marker: &str, rename: fn(&str) -> Option<String>) -> Result<Box<dyn crate::io::TensorSource>> {
+    if !src.tensors().iter().any(|t| t.name.starts_with(marker)) {
+        return Ok(src);
+    }
+    let shown = src.path().display().to_string();
+    let renamed = crate::io::Assembled::renamed(src, |t| {
+        let mut info = t.clone();
+        info.name = rename(&t.name)?;
+        Some(info)
+    })
+    .map_err(|name| super::ModelError::Weight { name, detail: format!("{shown}: two tensors map to this name") })?;
+    Ok(Box::new(renamed))
+}

@@ -18,7 +18,9 @@ pub mod qwen;
 pub mod t5;
 pub mod tokenizer;
 
+use std::io::Read;
 use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
 
 pub use clean::{clip_clean, fix_text, html_unescape};
 pub use embeddings::{
@@ -110,4 +112,15 @@ pub enum TextError {
         vectors: usize,
         max: usize,
     },
+}
+
+/// A Hugging Face `tokenizer.json` shipped gzip'd in the binary (`gz`), unpacked and built
+/// once per process into `cell`; `what` names it in errors.
+pub(crate) fn bundled_tokenizer(cell: &'static OnceLock<Result<Arc<tokenizers::Tokenizer>, String>>, gz: &[u8], what: &str) -> Result<Arc<tokenizers::Tokenizer>, TextError> {
+    let t = cell.get_or_init(|| {
+        let mut json = Vec::new();
+        flate2::read::GzDecoder::new(gz).read_to_end(&mut json).map_err(|e| format!("unpacking the {what} vocabulary: {e}"))?;
+        tokenizers::Tokenizer::from_bytes(&json).map(Arc::new).map_err(|e| format!("reading the {what} vocabulary: {e}"))
+    });
+    t.clone().map_err(TextError::Tokenizer)
 }

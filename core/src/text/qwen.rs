@@ -9,7 +9,6 @@
 //! the implementation behind transformers' `Qwen2TokenizerFast`. Added tokens written in
 //! the text (the chat template's `<|im_start|>`) become their ids, as in the reference.
 
-use std::io::Read;
 use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 
@@ -45,15 +44,7 @@ pub struct LlmTokens {
 impl QwenTokenizer {
     pub fn shared() -> Result<Self, TextError> {
         static CELL: OnceLock<Result<Arc<tokenizers::Tokenizer>, String>> = OnceLock::new();
-        let t = CELL.get_or_init(|| {
-            let mut json = Vec::new();
-            flate2::read::GzDecoder::new(VOCAB_GZ).read_to_end(&mut json).map_err(|e| format!("unpacking the Qwen vocabulary: {e}"))?;
-            tokenizers::Tokenizer::from_bytes(&json).map(Arc::new).map_err(|e| format!("reading the Qwen vocabulary: {e}"))
-        });
-        match t {
-            Ok(inner) => Ok(QwenTokenizer { inner: inner.clone() }),
-            Err(e) => Err(TextError::Tokenizer(e.clone())),
-        }
+        Ok(QwenTokenizer { inner: super::bundled_tokenizer(&CELL, VOCAB_GZ, "Qwen")? })
     }
 
     /// The ids of `text` (no BOS or EOS: Qwen's tokenizer adds none).

@@ -6,7 +6,6 @@
 //! gzip'd inside the binary (provenance in `vocab/SOURCES.md`) and run by the `tokenizers`
 //! crate, the implementation behind transformers' `T5TokenizerFast`, which ComfyUI uses.
 
-use std::io::Read;
 use std::sync::{Arc, OnceLock};
 
 use super::prompt::parse_prompt_attention;
@@ -49,15 +48,7 @@ impl WeightedTokens {
 impl T5Tokenizer {
     pub fn shared() -> Result<Self, TextError> {
         static CELL: OnceLock<Result<Arc<tokenizers::Tokenizer>, String>> = OnceLock::new();
-        let t = CELL.get_or_init(|| {
-            let mut json = Vec::new();
-            flate2::read::GzDecoder::new(VOCAB_GZ).read_to_end(&mut json).map_err(|e| format!("unpacking the T5 vocabulary: {e}"))?;
-            tokenizers::Tokenizer::from_bytes(&json).map(Arc::new).map_err(|e| format!("reading the T5 vocabulary: {e}"))
-        });
-        match t {
-            Ok(inner) => Ok(T5Tokenizer { inner: inner.clone() }),
-            Err(e) => Err(TextError::Tokenizer(e.clone())),
-        }
+        Ok(T5Tokenizer { inner: super::bundled_tokenizer(&CELL, VOCAB_GZ, "T5")? })
     }
 
     /// The ids of `text`, without `</s>`.

@@ -313,15 +313,5 @@ pub fn hf_name(gguf: &str) -> Option<String> {
 /// `src` in Hugging Face's layout: a GGUF file in llama.cpp's naming renamed by
 /// [`hf_name`] (tensors an encoder never reads left out), any other source as it is.
 pub fn hf_layout(src: Box<dyn crate::io::TensorSource>) -> Result<Box<dyn crate::io::TensorSource>> {
-    if !src.tensors().iter().any(|t| t.name.starts_with("blk.")) {
-        return Ok(src);
-    }
-    let shown = src.path().display().to_string();
-    let renamed = crate::io::Assembled::renamed(src, |t| {
-        let mut info = t.clone();
-        info.name = hf_name(&t.name)?;
-        Some(info)
-    })
-    .map_err(|name| ModelError::Weight { name, detail: format!("{shown}: two tensors map to this name") })?;
-    Ok(Box::new(renamed))
+    super::load::gguf_renamed(src, "blk.", hf_name)
 }

@@ -253,17 +253,7 @@ pub fn gguf_name(hf: &str) -> Option<String> {
 /// `src` in Hugging Face's layout: a GGUF file in llama.cpp's naming renamed by
 /// [`hf_name`] (decoder tensors left out), any other source as it is.
 pub fn hf_layout(src: Box<dyn crate::io::TensorSource>) -> Result<Box<dyn crate::io::TensorSource>> {
-    if !src.tensors().iter().any(|t| t.name.starts_with("enc.blk.")) {
-        return Ok(src);
-    }
-    let shown = src.path().display().to_string();
-    let renamed = crate::io::Assembled::renamed(src, |t| {
-        let mut info = t.clone();
-        info.name = hf_name(&t.name)?;
-        Some(info)
-    })
-    .map_err(|name| ModelError::Weight { name, detail: format!("{shown}: two tensors map to this name") })?;
-    Ok(Box::new(renamed))
+    super::load::gguf_renamed(src, "enc.blk.", hf_name)
 }
 
 impl T5Encoder<'_> {
