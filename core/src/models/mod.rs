@@ -45,3 +45,23 @@ pub enum ModelError {
 }
 
 pub type Result<T> = std::result::Result<T, ModelError>;
+
+/// Checks a text encoder's input: B token sequences of one non-zero length T, every id
+/// inside `model`'s vocabulary of `vocab`, and a padding mask (if any) of the same shape.
+/// Returns (B, T).
+pub fn check_token_batch(tokens: &[Vec<i32>], keep: Option<&[Vec<bool>]>, vocab: i64, model: &str) -> Result<(usize, usize)> {
+    let b = tokens.len();
+    let t = tokens.first().map_or(0, Vec::len);
+    if b == 0 || t == 0 || tokens.iter().any(|s| s.len() != t) {
+        return Err(ModelError::Input(format!("{b} token sequences of length {t}; need one or more of one non-zero length")));
+    }
+    if let Some(bad) = tokens.iter().flatten().find(|&&id| id < 0 || id as i64 >= vocab) {
+        return Err(ModelError::Input(format!("token id {bad} outside {model}'s vocabulary of {vocab}")));
+    }
+    if let Some(k) = keep {
+        if k.len() != b || k.iter().any(|s| s.len() != t) {
+            return Err(ModelError::Input(format!("an attention mask for {} sequences does not fit {b} of {t} tokens", k.len())));
+        }
+    }
+    Ok((b, t))
+}

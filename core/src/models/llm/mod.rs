@@ -157,21 +157,9 @@ impl<'w> LlmEncoder<'w> {
         'w: 'a,
     {
         let c = &self.config;
-        let b = tokens.len();
-        let t = tokens.first().map_or(0, Vec::len);
-        if b == 0 || t == 0 || tokens.iter().any(|s| s.len() != t) {
-            return Err(ModelError::Input(format!("{b} token sequences of length {t}; need one or more of one non-zero length")));
-        }
-        if let Some(bad) = tokens.iter().flatten().find(|&&id| id < 0 || id as i64 >= c.vocab) {
-            return Err(ModelError::Input(format!("token id {bad} outside the vocabulary of {}", c.vocab)));
-        }
+        let (b, t) = super::check_token_batch(tokens, keep, c.vocab, "the LLM")?;
         if out_layers.is_empty() || out_layers.iter().any(|&l| l == 0 || l > c.layers + 1) {
             return Err(ModelError::Input(format!("hidden states {out_layers:?} of an encoder with {} layers (1..={})", c.layers, c.layers + 1)));
-        }
-        if let Some(k) = keep {
-            if k.len() != b || k.iter().any(|s| s.len() != t) {
-                return Err(ModelError::Input(format!("an attention mask for {} sequences does not fit {b} of {t} tokens", k.len())));
-            }
         }
         // Causal, and padding hidden where `keep` says: [Tk, Tq, 1, B], added to scores.
         let mut mask = Vec::with_capacity(t * t * b);

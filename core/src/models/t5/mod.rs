@@ -164,20 +164,10 @@ impl<'w> T5Encoder<'w> {
         'w: 'a,
     {
         let c = &self.config;
-        let b = tokens.len();
-        let t = tokens.first().map_or(0, Vec::len);
-        if b == 0 || t == 0 || tokens.iter().any(|s| s.len() != t) {
-            return Err(ModelError::Input(format!("{b} token sequences of length {t}; need one or more of one non-zero length")));
-        }
-        if let Some(bad) = tokens.iter().flatten().find(|&&id| id < 0 || id as i64 >= c.vocab) {
-            return Err(ModelError::Input(format!("token id {bad} outside T5's vocabulary of {}", c.vocab)));
-        }
+        let (b, t) = super::check_token_batch(tokens, keep, c.vocab, "T5")?;
         let key_mask = match keep {
             None => None,
             Some(k) => {
-                if k.len() != b || k.iter().any(|s| s.len() != t) {
-                    return Err(ModelError::Input(format!("an attention mask for {} sequences does not fit {b} of {t} tokens", k.len())));
-                }
                 // Added to the scores of every query: [Tk, 1, 1, B]. Hugging Face adds
                 // the type's lowest value; any value that makes exp() zero is the same.
                 let v = k.iter().flatten().map(|&on| if on { 0.0 } else { f32::MIN }).collect();
