@@ -46,6 +46,15 @@ pub enum ModelError {
 
 pub type Result<T> = std::result::Result<T, ModelError>;
 
+/// The prefix under which a model whose `marker` tensor (relative to its prefix) is among
+/// `names` lies: the shortest-sorting part before the marker (`""`, `model.`,
+/// `text_encoders.t5xxl.transformer.`, ...).
+pub fn prefix_before<'a>(names: impl Iterator<Item = &'a str>, marker: &str) -> Option<String> {
+    let mut found: Vec<&str> = names.filter_map(|n| n.strip_suffix(marker)).collect();
+    found.sort();
+    found.first().map(|p| p.to_string())
+}
+
 /// Checks a text encoder's input: B token sequences of one non-zero length T, every id
 /// inside `model`'s vocabulary of `vocab`, and a padding mask (if any) of the same shape.
 /// Returns (B, T).

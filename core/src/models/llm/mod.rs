@@ -45,9 +45,7 @@ pub const MARKER: &str = "layers.0.self_attn.q_proj.weight";
 /// The prefix under which tensors called `names` hold an LLM encoder (`model.`, ``,
 /// `text_encoders.llm.model.`, ...): the part before [`MARKER`].
 pub fn find_prefix<'a>(names: impl Iterator<Item = &'a str>) -> Option<String> {
-    let mut found: Vec<&str> = names.filter_map(|n| n.strip_suffix(MARKER)).collect();
-    found.sort();
-    found.first().map(|p| p.to_string())
+    super::prefix_before(names, MARKER)
 }
 
 #[derive(Clone, Debug)]

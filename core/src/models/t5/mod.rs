@@ -78,9 +78,7 @@ pub const MARKER: &str = "encoder.block.0.layer.0.SelfAttention.q.weight";
 /// The prefix under which tensors called `names` hold a T5 encoder (`""`,
 /// `text_encoders.t5xxl.transformer.`, ...): the part before [`MARKER`].
 pub fn find_prefix<'a>(names: impl Iterator<Item = &'a str>) -> Option<String> {
-    let mut found: Vec<&str> = names.filter_map(|n| n.strip_suffix(MARKER)).collect();
-    found.sort();
-    found.first().map(|p| p.to_string())
+    super::prefix_before(names, MARKER)
 }
 
 /// Whether tensors called `names` hold a T5 encoder, in Hugging Face or llama.cpp names.
