@@ -442,6 +442,10 @@ impl Frontend {
     }
 
     pub fn drop_pending(&self, ids: Option<&[String]>) -> Result<usize, ApiError> {
+        // The script reads no ids as "every pending prompt": an empty list deletes nothing.
+        if ids.is_some_and(|i| i.is_empty()) {
+            return Ok(0);
+        }
         let k = &self.store.keys;
         let script = redis::Script::new(DROP);
         let n = self.store.with("dropping prompts", PATIENCE_REQUEST, |c| {
@@ -452,8 +456,6 @@ impl Frontend {
             }
             inv.invoke::<usize>(c)
         })?;
-        // `ids: Some(&[])` deletes nothing (the script reads no ids as "all").
-        let n = if ids.is_some_and(|i| i.is_empty()) { 0 } else { n };
         if n > 0 {
             self.store.control(&json!({ "queue": true }));
         }
