@@ -397,8 +397,8 @@ impl Frontend {
             return Err(e.into());
         }
         tracing::info!("got prompt {}", spec.prompt_id);
-        self.store.control(&json!({ "wake": null }));
-        self.store.control(&json!({ "queue": true }));
+        // One message: workers wake on `wake`, front ends re-send the queue size on `queue`.
+        self.store.control(&json!({ "wake": null, "queue": true }));
         Ok(())
     }
 
