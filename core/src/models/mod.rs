@@ -22,6 +22,7 @@ pub mod t5;
 pub mod vae;
 pub mod weights;
 pub mod yolo;
+pub mod z_image;
 
 pub use weights::{Adapter, AdapterSpec, Factor, Placeable, WeightSpec, Weights};
 

@@ -43,6 +43,26 @@ pub fn unpatchify(tokens: &[f32], shape: [usize; 4], p: usize) -> Result<Vec<f32
     Ok(out)
 }
 
+/// A latent [B, C, H, W] as tokens [B, (H/p)·(W/p), p·p·C] whose features are in (row,
+/// column, channel) order: the inverse of [`unpatchify_hwc`] (Z-Image's `_patchify_image`).
+pub fn patchify_hwc(latent: &[f32], [b, c, h, w]: [usize; 4], p: usize) -> Result<Vec<f32>> {
+    check_patches(latent.len(), [b, c, h, w], p)?;
+    let (hp, wp) = (h / p, w / p);
+    let mut out = Vec::with_capacity(latent.len());
+    for bi in 0..b {
+        for r in 0..hp {
+            for q in 0..wp {
+                for pr in 0..p {
+                    for pc in 0..p {
+                        out.extend((0..c).map(|ci| latent[((bi * c + ci) * h + r * p + pr) * w + q * p + pc]));
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Tokens [B, L, p·p·C] whose features are in (row, column, channel) order (SD3's
 /// `unpatchify`: `n h w p q c -> n c (h p) (w q)`) back to a latent of `shape` [B, C, H, W].
 pub fn unpatchify_hwc(tokens: &[f32], [b, c, h, w]: [usize; 4], p: usize) -> Result<Vec<f32>> {
