@@ -88,6 +88,8 @@ const NOT_PRESETS: &[(&str, &str)] = &[
     ("flux_fill_inpaint.json", "ComfyUI's FLUX Fill graph; sd-cli's differs in schedule and conditioning"),
     ("chroma_txt2img.json", "ComfyUI's Chroma graph (no masks, beta schedule); sd-cli's masks the T5 padding"),
     ("sd35_txt2img.json", "ComfyUI's SD3.5 graph (one T5 sequence after CLIP's); sd-cli interleaves 77-token chunks"),
+    ("z_image_turbo.json", "ComfyUI's Z-Image Turbo graph (res_multistep on the simple schedule); `img_gen --diffusion-model … --llm …` builds sd-cli's (euler, discrete)"),
+    ("z_image_base.json", "ComfyUI's Z-Image graph (res_multistep on the simple schedule); sd-cli's runs euler on its discrete schedule"),
 ];
 
 #[test]
@@ -966,6 +968,51 @@ fn photo_maker_flags_run_on_a_tiny_sdxl() {
     assert_ne!(with_id, plain, "the ID images change the image");
     let (_, err) = fails(&["img_gen", "-m", "xl.safetensors", "--photo-maker", "pm.safetensors", "-p", "a man img"], dir.path());
     assert!(err.contains("--pm-id-images-dir"), "{err}");
+}
+
+/// sd-cli's Z-Image command line (`--diffusion-model`, `--llm`, `--vae`) on tiny files in
+/// the layouts people download: the graph is sd.cpp's (no SdCppConditioner for the LLM,
+/// euler over its discrete schedule at shift 3), it runs, and its flags matter.
+#[test]
+fn z_image_preset_runs_on_tiny_models() {
+    let dir = tempfile::tempdir().unwrap();
+    sdflow_tests::tiny_tree(dir.path());
+    sdflow_tests::write_z_image_models(dir.path());
+    let m = |p: &str| format!("models/{p}");
+    let (z, llm, ae, t5) = (m("diffusion_models/z_image_turbo_bf16.safetensors"), m("text_encoders/qwen_3_4b.safetensors"), m("vae/ae.safetensors"), m("text_encoders/t5xxl_fp16.safetensors"));
+    let run = |extra: &[&str], out: &str| {
+        let mut args = vec!["img_gen", "--diffusion-model", &z, "--llm", &llm, "--vae", &ae, "-p", "a (red:1.2) fox", "--steps", "2", "-W", "48", "-H", "32", "-t", "2", "-o", out];
+        args.extend(extra);
+        ok(&args, dir.path());
+        png_pixels(&dir.path().join(out))
+    };
+    let printed = ok(&["img_gen", "--diffusion-model", &z, "--llm", &llm, "--vae", &ae, "-p", "a fox", "--print-workflow"], dir.path());
+    assert!(printed.contains("\"lumina2\"") && printed.contains("ManualSigmas") && !printed.contains("SdCppConditioner"), "{printed}");
+    let plain = run(&["--cfg-scale", "1"], "z.png");
+    assert_eq!(png_size(&dir.path().join("z.png")), (48, 32));
+    assert_ne!(plain, run(&["--cfg-scale", "1", "--flow-shift", "6"], "z_shift.png"), "--flow-shift changes the schedule");
+    assert_ne!(plain, run(&["--cfg-scale", "3", "-n", "blurry"], "z_cfg.png"), "real CFG reads the negative prompt");
+    // sd-cli's older name of --llm.
+    let alias = ["img_gen", "--diffusion-model", &z, "--qwen2vl", &llm, "--vae", &ae, "-p", "a (red:1.2) fox", "--cfg-scale", "1", "--steps", "2", "-W", "48", "-H", "32", "-t", "2", "-o", "z_alias.png"];
+    ok(&alias, dir.path());
+    assert_eq!(png_pixels(&dir.path().join("z_alias.png")), plain);
+    // The diffusers-named transformer gives the same image.
+    let args = ["img_gen", "--diffusion-model", "models/diffusion_models/z_image_turbo_diffusers.safetensors", "--llm", &llm, "--vae", &ae, "-p", "a (red:1.2) fox", "--cfg-scale", "1", "--steps", "2", "-W", "48", "-H", "32", "-t", "2", "-o", "z_diffusers.png"];
+    ok(&args, dir.path());
+    assert_eq!(png_pixels(&dir.path().join("z_diffusers.png")), plain);
+    // Seamless tiling reaches the transformer's rotary embedding.
+    assert_ne!(plain, run(&["--cfg-scale", "1", "--circular"], "z_circular.png"));
+    // Bad combinations are named.
+    let (_, err) = fails(&["img_gen", "--diffusion-model", &z, "--vae", &ae, "-p", "x"], dir.path());
+    assert!(err.contains("--llm"), "{err}");
+    let (_, err) = fails(&["img_gen", "--diffusion-model", &z, "--llm", &llm, "--t5xxl", &t5, "--vae", &ae, "-p", "x"], dir.path());
+    assert!(err.contains("not supported yet: --t5xxl (with a Z-Image model"), "{err}");
+    let (_, err) = fails(&["img_gen", "--diffusion-model", &z, "--llm", &llm, "--vae", &ae, "-p", "x", "--slg-scale", "2"], dir.path());
+    assert!(err.contains("--slg-scale"), "{err}");
+    let (_, err) = fails(&["img_gen", "--diffusion-model", &z, "--llm", &llm, "--vae", &ae, "--llm_vision", "v.safetensors", "-p", "x"], dir.path());
+    assert!(err.contains("not supported yet: --llm_vision"), "{err}");
+    let (_, err) = fails(&["img_gen", "-m", "models/checkpoints/model.safetensors", "--llm", &llm, "-p", "x"], dir.path());
+    assert!(err.contains("--llm"), "{err}");
 }
 
 /// sd-cli's DiT command lines on tiny FLUX.1, Kontext, Fill, Chroma and SD3.5 files in

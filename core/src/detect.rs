@@ -34,6 +34,8 @@ pub enum ModelFamily {
     Flux,
     /// FLUX's blocks under a distilled-guidance approximator (Chroma).
     Chroma,
+    /// Z-Image Turbo/Base (S3-DiT, Qwen3-4B captions).
+    ZImage,
     Unknown,
 }
 
@@ -48,6 +50,7 @@ impl fmt::Display for ModelFamily {
             ModelFamily::Sd3 => "SD3",
             ModelFamily::Flux => "FLUX",
             ModelFamily::Chroma => "Chroma",
+            ModelFamily::ZImage => "Z-Image",
             ModelFamily::Unknown => "unknown",
         })
     }
@@ -244,6 +247,19 @@ pub fn detect(tensors: &[TensorInfo]) -> Detection {
                 1,
             );
             return finish_dit(d, ModelFamily::Sd3, p, KeyLayout::Diffusers);
+        }
+    }
+
+    // Z-Image: `cap_embedder` beside `layers` with q/k norms; diffusers' names key the
+    // patch embedder by patch size (`all_x_embedder.2-1`), the release's do not.
+    if let Some(t) = find(tensors, "cap_embedder.0.weight") {
+        let p = prefix_of(t, "cap_embedder.0.weight");
+        let has = |n: &str| tensors.iter().find(|t| t.name == format!("{p}{n}"));
+        for (embedder, norm, layout) in [("x_embedder.weight", "q_norm", KeyLayout::Ldm), ("all_x_embedder.2-1.weight", "norm_q", KeyLayout::Diffusers)] {
+            if has(embedder).is_some() && has(&format!("layers.0.attention.{norm}.weight")).is_some() {
+                d.in_channels = dim(has(embedder), 1);
+                return finish_dit(d, ModelFamily::ZImage, p, layout);
+            }
         }
     }
 

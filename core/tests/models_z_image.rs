@@ -47,7 +47,7 @@ fn run(w: &Weights, cfg: ZImageConfig) -> sdflow_core::models::Result<Vec<f32>> 
     let width = cap1.len() / lc;
     let cap = g.input_f32(&[width as i64, lc as i64, b as i64], cap1.repeat(b))?;
     let timesteps: Vec<f32> = floats(&r["t"]).iter().map(|t| t * 1000.0).collect();
-    let out = model.forward(&ctx, &mut g, &ZImageInputs { img, rows: rows as i64, cols: cols as i64, cap, timesteps: &timesteps })?;
+    let out = model.forward(&ctx, &mut g, &ZImageInputs { img, rows: rows as i64, cols: cols as i64, cap, timesteps: &timesteps, circular: Default::default() })?;
     assert_eq!(out.ne(), [(c * 4) as i64, (rows * cols) as i64, b as i64, 1]);
     let tokens = g.compute(&backend, &[out], 16384)?.remove(0);
     unpatchify_hwc(&tokens, [b, c, h, wd], 2)

@@ -184,6 +184,8 @@ pub struct ClipRef {
     pub encoders: Vec<ClipEncoder>,
     /// The T5 encoder of the DiT families.
     pub t5: Option<T5Ref>,
+    /// The LLM encoder of the families that read one (Z-Image's Qwen3-4B).
+    pub llm: Option<LlmRef>,
     pub family: ModelFamily,
     pub clip_skip: Option<u32>,
     /// SdCppConditioner: encode prompts as stable-diffusion.cpp does; `None`: ComfyUI's way.
@@ -203,6 +205,15 @@ pub struct SdCppText {
     /// Chroma: T5 itself does not attend to the padding.
     pub chroma_t5_mask: bool,
     pub chroma_t5_mask_pad: usize,
+}
+
+/// An LLM encoder of a [`ClipRef`], in Hugging Face names under `prefix` (without the
+/// `layers.`), and the family whose prompt template and hidden states it gives.
+#[derive(Clone, Debug)]
+pub struct LlmRef {
+    pub weights: WeightHandle<Weights>,
+    pub prefix: String,
+    pub family: sdflow_core::models::llm::prompt::Family,
 }
 
 /// A T5 encoder of a [`ClipRef`], in Hugging Face names under `prefix`.

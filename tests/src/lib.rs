@@ -487,6 +487,28 @@ pub fn write_flux_models(root: &Path) {
     write("checkpoints", "flux1-schnell-fp8.safetensors", &all, "all-in-one tiny FLUX.1 schnell".into(), 26);
 }
 
+/// Tiny random-weight Z-Image files in the layouts people download, beside FLUX's (whose
+/// 16-channel `ae` Z-Image decodes with): the transformer alone in the release's names
+/// (`diffusion_models/z_image_turbo_bf16.safetensors`; the base model's
+/// `z_image_bf16.safetensors` beside it), the Turbo file in diffusers' names
+/// (`diffusion_models/z_image_turbo_diffusers.safetensors`), and Qwen3 in Hugging Face's
+/// (`text_encoders/qwen_3_4b.safetensors`).
+pub fn write_z_image_models(root: &Path) {
+    use sdflow_core::synth::dit::{LlmSynth, ZImageSynth};
+    write_flux_models(root);
+    let models = root.join("models");
+    let z = ZImageSynth::tiny();
+    write_once(&models.join("diffusion_models"), "z_image_turbo_bf16.safetensors", &z.tensors(), &serde_json::to_string(&z).unwrap(), 41);
+    // The base model: the same architecture, other weights.
+    write_once(&models.join("diffusion_models"), "z_image_bf16.safetensors", &z.tensors(), &serde_json::to_string(&z).unwrap(), 43);
+    let twin = models.join("diffusion_models/z_image_turbo_diffusers.safetensors");
+    if !twin.exists() {
+        write_diffusers_twin(&models.join("diffusion_models/z_image_turbo_bf16.safetensors"), &twin, &sdflow_core::models::z_image::diffusers::LAYOUT, z.hidden);
+    }
+    let q = LlmSynth::tiny_qwen3();
+    write_once(&models.join("text_encoders"), "qwen_3_4b.safetensors", &q.tensors(), &serde_json::to_string(&q).unwrap(), 42);
+}
+
 /// A rank-2 LoRA on the tiny FLUX dev's double block's image q/k/v and single block's
 /// `linear1`, written in one of the namings trainers use: kohya (fused, `lora_unet_…`),
 /// diffusers/PEFT (`transformer.…`, one module per q, k, v and the MLP part, as ai-toolkit

@@ -77,8 +77,10 @@ fn env() -> Env {
     extract(&ckpts.join("sdxl.safetensors"), "conditioner.embedders.0.transformer.", "", &encoders.join("clip_l.safetensors"));
     extract(&ckpts.join("sdxl.safetensors"), "conditioner.embedders.1.model.", "", &encoders.join("clip_g.safetensors"));
     extract(&ckpts.join("model.safetensors"), "cond_stage_model.transformer.", "", &encoders.join("sd1_clip.safetensors"));
-    // The FLUX and SD3 workflows' files (tests/tests/flux.rs and sd3.rs run them).
+    // The FLUX, SD3 and Z-Image workflows' files (tests/tests/flux.rs, sd3.rs and z_image.rs
+    // run them).
     sdflow_tests::write_sd3_models(dir.path());
+    sdflow_tests::write_z_image_models(dir.path());
     let rt = Arc::new(Runtime::new(dir.path().join("models"), &out, 2, None).unwrap().with_input_dir(&input));
     let mut reg = Registry::new();
     stub::register(&mut reg);

@@ -14,9 +14,7 @@ use crate::run;
 /// "unknown"), refused when given.
 const REFUSED: &[(&str, bool, &str)] = &[
     ("clip_vision", true, "the models that take --clip_vision (Wan image-to-video, unCLIP) are not implemented; IP-Adapter's image encoder is a workflow node (CLIPVisionLoader)"),
-    ("llm", true, "LLM text encoders (Qwen-Image, FLUX.2, Z-Image) are not implemented"),
     ("llm_vision", true, "LLM vision encoders are not implemented"),
-    ("qwen2vl", true, "LLM text encoders (Qwen-Image) are not implemented"),
     ("qwen2vl_vision", true, "LLM vision encoders are not implemented"),
     ("high-noise-diffusion-model", true, "Wan2.2 MoE models are not implemented"),
     ("force-sdxl-vae-conv-scale", false, "sdflow's VAE convolutions run in f32 or bf16 with f32 sums, where the fp16 overflow this works around does not arise"),
@@ -442,6 +440,9 @@ pub struct ImgGenArgs {
     /// Path to the t5xxl text encoder (FLUX, SD3, Chroma).
     #[arg(long = "t5xxl", value_name = "string")]
     pub t5xxl: Option<String>,
+    /// Path to the LLM text encoder (Z-Image's Qwen3-4B); --qwen2vl is sd-cli's older name.
+    #[arg(long = "llm", visible_alias = "qwen2vl", value_name = "string")]
+    pub llm: Option<String>,
     /// Distilled guidance scale for models with guidance input (FLUX.1-dev).
     #[arg(long, value_name = "float", default_value_t = 3.5, allow_negative_numbers = true)]
     pub guidance: f64,

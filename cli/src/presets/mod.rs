@@ -61,7 +61,7 @@ fn probe(a: &ImgGenArgs) -> Probe {
     let (det_m, det_d) = (detect(&model), detect(&diffusion));
     let main = if a.diffusion_model.is_some() { &det_d } else { &det_m };
     let held = a.model.as_ref().map(|_| det_m.as_ref().map(|d| &d.0));
-    let info = main.as_ref().and_then(|(d, _)| ModelInfo::from_detections(d, held)).unwrap_or_else(|| ModelInfo::guess_from_parts(a.clip_l.is_some(), a.clip_g.is_some(), a.t5xxl.is_some()));
+    let info = main.as_ref().and_then(|(d, _)| ModelInfo::from_detections(d, held)).unwrap_or_else(|| ModelInfo::guess_from_parts(a.clip_l.is_some(), a.clip_g.is_some(), a.t5xxl.is_some(), a.llm.is_some()));
     let tae = main.as_ref().filter(|(_, as_given)| *as_given).and_then(|(d, _)| TaeKind::for_family(d.family)).unwrap_or(TaeKind::Sd).name();
     let zero_empty_negative = match (&model, &det_m) {
         (Some((src, true)), Some((d, _))) => d.family == ModelFamily::Sdxl && !src.tensors().iter().any(|t| t.name == EDM_VPRED_KEYS.1),
@@ -240,6 +240,7 @@ fn img_gen_params(a: &ImgGenArgs, probe: &Probe, seed: i64, names: &mut Names<'_
         output: a.sampling.output.clone(),
         model_info: probe.info.clone(),
         t5xxl: names.model("text_encoders", "--t5xxl", &a.t5xxl)?,
+        llm: names.model("text_encoders", "--llm", &a.llm)?,
         guidance: a.guidance,
         flow_shift: a.flow_shift,
         slg: SlgParams { scale: a.slg_scale, layers: parse_skip_layers(&a.skip_layers)?, start: a.skip_layer_start, end: a.skip_layer_end },

@@ -2,8 +2,9 @@
 //! transformer alone in BFL's names (`flux1-dev.safetensors`, city96's GGUF), the SD3 /
 //! SD3.5 MMDiT in Stability's (`sd3.5_medium.safetensors`), the T5-XXL encoder alone in
 //! Hugging Face's (`t5xxl_fp16.safetensors`), the 16-channel `ae`, and CLIP-L and
-//! OpenCLIP-G alone (`clip_l.safetensors`, `clip_g.safetensors`). Tiny configs for tests,
-//! full ones for benchmarks.
+//! OpenCLIP-G alone (`clip_l.safetensors`, `clip_g.safetensors`), Z-Image's transformer
+//! (`z_image_turbo_bf16.safetensors`) and its Qwen3 encoder (`qwen_3_4b.safetensors`).
+//! Tiny configs for tests, full ones for benchmarks.
 
 use serde::{Deserialize, Serialize};
 
@@ -290,4 +291,122 @@ pub fn clip_g_tensors(t: &TextConfig) -> Vec<TensorSpec> {
 /// The tiny OpenCLIP-G: SDXL's tiny second encoder.
 pub fn tiny_clip_g() -> TextConfig {
     super::SdConfig::tiny_sdxl().text2.expect("SDXL has a second encoder")
+}
+
+/// A Z-Image transformer (Tongyi-MAI's S3-DiT) in the single-file release's names
+/// (`z_image_turbo_bf16.safetensors`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ZImageSynth {
+    pub in_channels: usize,
+    pub hidden: usize,
+    pub heads: usize,
+    pub ffn: usize,
+    pub layers: usize,
+    pub refiners: usize,
+    /// The caption width (the LLM's hidden size).
+    pub caption: usize,
+    /// The timestep MLP's hidden width (1024 in the release).
+    pub t_mid: usize,
+}
+
+impl ZImageSynth {
+    /// Z-Image Turbo / Base (6B).
+    pub fn turbo() -> Self {
+        ZImageSynth { in_channels: 16, hidden: 3840, heads: 30, ffn: 10240, layers: 30, refiners: 2, caption: 2560, t_mid: 1024 }
+    }
+
+    /// One block of each kind at one 128-wide head (the width the fixed rotary axes
+    /// 32/48/48 need), reading [`LlmSynth::tiny_qwen3`] states.
+    pub fn tiny() -> Self {
+        ZImageSynth { hidden: 128, heads: 1, ffn: 128 * 8 / 3, layers: 1, refiners: 1, caption: LlmSynth::tiny_qwen3().hidden, t_mid: 256, ..Self::turbo() }
+    }
+
+    pub fn tensors(&self) -> Vec<TensorSpec> {
+        let mut s = Specs(Vec::new());
+        let (d, dh, t) = (self.hidden, self.hidden / self.heads, self.hidden.min(256));
+        let rms = |s: &mut Specs, name: String, n: usize| s.push(name, vec![n], Init::Normal { mean: 1.0, std: super::BIAS_STD });
+        s.linear("x_embedder", 4 * self.in_channels, d, true);
+        s.linear("t_embedder.mlp.0", 256, self.t_mid, true);
+        s.linear("t_embedder.mlp.2", self.t_mid, t, true);
+        rms(&mut s, "cap_embedder.0.weight".into(), self.caption);
+        s.linear("cap_embedder.1", self.caption, d, true);
+        for pad in ["x_pad_token", "cap_pad_token"] {
+            s.push(pad.into(), vec![1, d], Init::Normal { mean: 0.0, std: 1.0 });
+        }
+        for (list, n, modulated) in [("noise_refiner", self.refiners, true), ("context_refiner", self.refiners, false), ("layers", self.layers, true)] {
+            for i in 0..n {
+                let p = format!("{list}.{i}");
+                s.linear(&format!("{p}.attention.qkv"), d, 3 * d, false);
+                s.linear(&format!("{p}.attention.out"), d, d, false);
+                rms(&mut s, format!("{p}.attention.q_norm.weight"), dh);
+                rms(&mut s, format!("{p}.attention.k_norm.weight"), dh);
+                s.linear(&format!("{p}.feed_forward.w1"), d, self.ffn, false);
+                s.linear(&format!("{p}.feed_forward.w2"), self.ffn, d, false);
+                s.linear(&format!("{p}.feed_forward.w3"), d, self.ffn, false);
+                for norm in ["attention_norm1", "attention_norm2", "ffn_norm1", "ffn_norm2"] {
+                    rms(&mut s, format!("{p}.{norm}.weight"), d);
+                }
+                if modulated {
+                    s.linear(&format!("{p}.adaLN_modulation.0"), t, 4 * d, true);
+                }
+            }
+        }
+        s.linear("final_layer.linear", d, 4 * self.in_channels, true);
+        s.linear("final_layer.adaLN_modulation.1", t, d, true);
+        s.0
+    }
+}
+
+/// A Qwen2/Qwen3 language model as a text encoder, in Hugging Face's names under `model.`
+/// (ComfyUI's `qwen_3_4b.safetensors`): Qwen3 has q/k RMS norms, Qwen2 q/k/v biases.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LlmSynth {
+    pub hidden: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub intermediate: usize,
+    pub layers: usize,
+    pub vocab: usize,
+    /// Qwen3's q/k norms (else Qwen2's biases).
+    pub qk_norm: bool,
+}
+
+impl LlmSynth {
+    /// Qwen3-4B (Z-Image, FLUX.2 klein 4B).
+    pub fn qwen3_4b() -> Self {
+        LlmSynth { hidden: 2560, heads: 32, kv_heads: 8, head_dim: 128, intermediate: 9728, layers: 36, vocab: 151936, qk_norm: true }
+    }
+
+    /// Two layers 32 wide with grouped key/value heads, and the whole vocabulary (the
+    /// tokenizer's ids).
+    pub fn tiny_qwen3() -> Self {
+        LlmSynth { hidden: 32, heads: 2, kv_heads: 1, head_dim: 16, intermediate: 64, layers: 2, ..Self::qwen3_4b() }
+    }
+
+    pub fn tensors(&self) -> Vec<TensorSpec> {
+        let mut s = Specs(Vec::new());
+        let (d, q, kv) = (self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim);
+        let rms = |s: &mut Specs, name: String, n: usize| s.push(name, vec![n], Init::Normal { mean: 1.0, std: super::BIAS_STD });
+        s.push("model.embed_tokens.weight".into(), vec![self.vocab, d], Init::Normal { mean: 0.0, std: 1.0 });
+        for i in 0..self.layers {
+            let p = format!("model.layers.{i}");
+            let bias = !self.qk_norm;
+            s.linear(&format!("{p}.self_attn.q_proj"), d, q, bias);
+            s.linear(&format!("{p}.self_attn.k_proj"), d, kv, bias);
+            s.linear(&format!("{p}.self_attn.v_proj"), d, kv, bias);
+            s.linear(&format!("{p}.self_attn.o_proj"), q, d, false);
+            if self.qk_norm {
+                rms(&mut s, format!("{p}.self_attn.q_norm.weight"), self.head_dim);
+                rms(&mut s, format!("{p}.self_attn.k_norm.weight"), self.head_dim);
+            }
+            rms(&mut s, format!("{p}.input_layernorm.weight"), d);
+            rms(&mut s, format!("{p}.post_attention_layernorm.weight"), d);
+            s.linear(&format!("{p}.mlp.gate_proj"), d, self.intermediate, false);
+            s.linear(&format!("{p}.mlp.up_proj"), d, self.intermediate, false);
+            s.linear(&format!("{p}.mlp.down_proj"), self.intermediate, d, false);
+        }
+        rms(&mut s, "model.norm.weight".into(), d);
+        s.0
+    }
 }

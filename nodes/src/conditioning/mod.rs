@@ -8,6 +8,7 @@ pub mod chroma;
 pub mod controlnet;
 pub mod flux;
 pub mod ip_adapter;
+pub mod llm;
 pub mod photomaker;
 pub mod pix2pix;
 pub mod sd3;
@@ -140,6 +141,9 @@ pub(crate) fn encode_text(rt: &Runtime, clip: &ClipRef, text: &str) -> Result<Co
 /// FLUX encodes `text_l` with CLIP-L (its pooled vector) and `text_g` with T5-XXL; SD3
 /// `text_l` with CLIP-L and `text_g` with OpenCLIP-G and T5-XXL.
 fn encode_texts(rt: &Runtime, clip: &ClipRef, text_l: &str, text_g: &str) -> Result<Conditioning, NodeError> {
+    if clip.llm.is_some() {
+        return crate::conditioning::llm::encode(rt, clip, text_l);
+    }
     if clip.family == ModelFamily::Chroma {
         return crate::conditioning::chroma::encode(rt, clip, text_g);
     }
@@ -157,7 +161,7 @@ fn encode_texts(rt: &Runtime, clip: &ClipRef, text_l: &str, text_g: &str) -> Res
 pub(crate) fn encode_texts_with(rt: &Runtime, clip: &ClipRef, text_l: &str, text_g: &str, edit: &mut dyn FnMut(TokenizedPrompt, u32) -> Result<TokenizedPrompt, NodeError>) -> Result<Conditioning, NodeError> {
     let family = text_family(clip.family);
     let skip = clip.clip_skip.map_or_else(|| ClipSkip::default_for(family), |s| ClipSkip::new(s).unwrap_or(ClipSkip::default_for(family)));
-    if clip.t5.is_some() {
+    if clip.t5.is_some() || clip.llm.is_some() {
         return Err(NodeError::msg(format!("this prompt rewriting (PhotoMaker) needs an SD text encoder, not {}'s", clip.family)));
     }
     let pinned = clip.encoders.iter().map(|e| rt.pin(clip.place, &e.weights)).collect::<Result<Vec<_>, _>>()?;

@@ -8,14 +8,15 @@ pub mod taesd;
 
 use crate::runtime::{Place, Runtime};
 use crate::loaders::taesd::TaeKind;
-use crate::values::{Circular, ClipEncoder, ClipRef, ModelRef, T5Ref, VaeKind, VaeRef};
+use crate::values::{Circular, ClipEncoder, ClipRef, LlmRef, ModelRef, T5Ref, VaeKind, VaeRef};
 use crate::err;
 use sdflow_core::detect::{self, KeyLayout, ModelFamily};
 use sdflow_core::placement::Module;
 use sdflow_core::io::{self, TypeRules, WeightType};
 use sdflow_core::models::clip::ClipLayout;
 use sdflow_core::models::load::{self, load_weights};
-use sdflow_core::models::{flux, sd3, t5};
+use sdflow_core::models::llm::{self, prompt::Family as LlmFamily};
+use sdflow_core::models::{flux, sd3, t5, z_image};
 use sdflow_core::models::pipeline::{self, scheduler_settings, CLIP_G as CKPT_CLIP_G, CLIP_L as CKPT_CLIP_L, T5XXL as CKPT_T5};
 use sdflow_core::models::conditioning::Prediction;
 use sdflow_core::models::vae::{standalone_source, STANDALONE_PREFIX};
@@ -256,7 +257,7 @@ impl Node for CheckpointLoaderSimple {
         for c in parts.clips {
             encoders.push(ClipEncoder { weights: weights_handle(&self.rt, Module::TextEncoder, &path, &c.load)?, prefix: c.prefix, layout: c.layout, dropped_layers: c.dropped_layers });
         }
-        let clip = ClipRef { encoders, t5: None, family: parts.family, clip_skip: None, sdcpp: None, place: Module::TextEncoder.into() };
+        let clip = ClipRef { encoders, t5: None, family: parts.family, llm: None, clip_skip: None, sdcpp: None, place: Module::TextEncoder.into() };
         let vae = VaeRef { weights: weights_handle(&self.rt, Module::Vae, &path, "first_stage_model.")?, prefix: "first_stage_model".into(), kind: VaeKind::Kl, circular: Circular::NONE };
         Ok(Outputs::new(vec![
             Value::new(IoType::MODEL, model),
@@ -287,7 +288,7 @@ impl Node for UnetLoader {
         NodeSchema::new("UNETLoader")
             .display_name("Load Diffusion Model")
             .category("advanced/loaders")
-            .description("Loads a diffusion model alone (FLUX.1 and Chroma in BFL/ComfyUI names, SD3/SD3.5 in Stability's, safetensors or GGUF); weights load on first use.")
+            .description("Loads a diffusion model alone (FLUX.1 and Chroma in BFL/ComfyUI names, SD3/SD3.5 in Stability's, Z-Image in the release's, each also in diffusers' names; safetensors or GGUF); weights load on first use.")
             .input(InputSpec::combo("unet_name", self.rt.list_models(DIFFUSION_MODELS)).tooltip("The model in models/diffusion_models."))
             .input(InputSpec::combo("weight_dtype", ["default", "fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2"]).tooltip(
                 "default: the run's --type. The fp8 choices keep one byte per weight: ggml has no fp8 arithmetic, so they load as q8_0, its 8-bit type.",
@@ -311,7 +312,7 @@ impl Node for UnetLoader {
         let shown = path.display();
         let mut layout: Option<(&str, Layout)> = None;
         let prefix = match (det.family, det.layout) {
-            (ModelFamily::Flux | ModelFamily::Sd3 | ModelFamily::Chroma, Some(KeyLayout::Ldm)) => det.diffusion_prefix.clone().unwrap_or_default(),
+            (ModelFamily::Flux | ModelFamily::Sd3 | ModelFamily::Chroma | ModelFamily::ZImage, Some(KeyLayout::Ldm)) => det.diffusion_prefix.clone().unwrap_or_default(),
             // diffusers' names, fused and renamed into the single files' on load (no
             // prefix then).
             (ModelFamily::Sd3, _) => {
@@ -322,13 +323,18 @@ impl Node for UnetLoader {
                 layout = Some(("bfl", flux::diffusers::bfl_layout));
                 String::new()
             }
+            (ModelFamily::ZImage, _) => {
+                layout = Some(("z-image", z_image::diffusers::single_file));
+                String::new()
+            }
             (ModelFamily::Unknown, _) => return Err(NodeError::msg(format!("{shown}: {}", det.message))),
-            (other, _) => return Err(NodeError::msg(format!("{shown}: {other} diffusion models are not supported by this loader yet (FLUX.1, Chroma and SD3 are; SD checkpoints load with CheckpointLoaderSimple)"))),
+            (other, _) => return Err(NodeError::msg(format!("{shown}: {other} diffusion models are not supported by this loader yet (FLUX.1, Chroma, SD3 and Z-Image are; SD checkpoints load with CheckpointLoaderSimple)"))),
         };
         let weights = weights_handle_in(&self.rt, Module::Diffusion.into(), &path, &prefix, wt, layout)?;
         let model = match det.family {
             ModelFamily::Sd3 => sd3_model(weights, prefix)?,
             ModelFamily::Chroma => chroma_model(weights, prefix)?,
+            ModelFamily::ZImage => z_image_model(weights, prefix)?,
             _ => flux_model(weights, prefix, det.flux_guidance)?,
         };
         Ok(Outputs::new(vec![Value::new(IoType::MODEL, model)]))
@@ -392,7 +398,7 @@ fn flux_checkpoint(rt: &Runtime, path: &Path, src: &dyn io::TensorSource, det: &
     }
     let model = flux_model(weights_handle(rt, Module::Diffusion, path, &prefix)?, prefix, det.flux_guidance)?;
     let clip_l = ClipEncoder { weights: weights_handle(rt, Module::TextEncoder, path, CKPT_CLIP_L)?, prefix: format!("{CKPT_CLIP_L}text_model"), layout: ClipLayout::HuggingFace, dropped_layers: 0 };
-    let clip = ClipRef { encoders: vec![clip_l], t5: Some(t5_handle(rt, Module::TextEncoder, path)?), family: ModelFamily::Flux, clip_skip: None, sdcpp: None, place: Module::TextEncoder.into() };
+    let clip = ClipRef { encoders: vec![clip_l], t5: Some(t5_handle(rt, Module::TextEncoder, path)?), family: ModelFamily::Flux, llm: None, clip_skip: None, sdcpp: None, place: Module::TextEncoder.into() };
     let vae = VaeRef { weights: weights_handle(rt, Module::Vae, path, vae_prefix)?, prefix: vae_prefix.trim_end_matches('.').into(), kind: VaeKind::Kl, circular: Circular::NONE };
     Ok(Outputs::new(vec![Value::new(IoType::MODEL, model), Value::new(IoType::CLIP, clip), Value::new(IoType::VAE, vae)]))
 }
@@ -419,6 +425,17 @@ fn sd3_model(weights: WeightHandle<Weights>, prefix: String) -> Result<ModelRef,
     })
 }
 
+/// The MODEL of a Z-Image transformer: a flow over SD3's schedule shifted by 3
+/// (ComfyUI's `supported_models.ZImage`, its templates' ModelSamplingAuraFlow 3, sd.cpp's
+/// default), in FLUX's VAE latent space.
+fn z_image_model(weights: WeightHandle<Weights>, prefix: String) -> Result<ModelRef, NodeError> {
+    let mut m = sd3_model(weights, prefix)?;
+    m.family = ModelFamily::ZImage;
+    m.latent_scale = flux::LATENT_SCALE;
+    m.latent_shift = flux::LATENT_SHIFT;
+    Ok(m)
+}
+
 /// Where LDM-named checkpoints keep the VAE: SD3 / SD3.5 files, and every pipeline
 /// folder seen through [`pipeline::open`].
 const LDM_VAE: &str = "first_stage_model.";
@@ -443,7 +460,7 @@ fn sd3_checkpoint(rt: &Runtime, path: &Path, src: &dyn io::TensorSource, det: &d
     // Stability's own files hold the MMDiT and VAE only: their CLIP is empty (ComfyUI's
     // None), and encoding with it names TripleCLIPLoader.
     let t5 = if t5::is_t5(names().filter(|n| n.starts_with(CKPT_T5))) { Some(t5_handle(rt, Module::TextEncoder, path)?) } else { None };
-    let clip = ClipRef { encoders, t5, family: ModelFamily::Sd3, clip_skip: None, sdcpp: None, place: Module::TextEncoder.into() };
+    let clip = ClipRef { encoders, t5, family: ModelFamily::Sd3, llm: None, clip_skip: None, sdcpp: None, place: Module::TextEncoder.into() };
     let vae = VaeRef { weights: weights_handle(rt, Module::Vae, path, LDM_VAE)?, prefix: LDM_VAE.trim_end_matches('.').into(), kind: VaeKind::Kl, circular: Circular::NONE };
     Ok(Outputs::new(vec![Value::new(IoType::MODEL, model), Value::new(IoType::CLIP, clip), Value::new(IoType::VAE, vae)]))
 }
@@ -506,9 +523,9 @@ impl Node for ClipLoader {
         } else {
             NodeSchema::new("CLIPLoader")
                 .display_name("Load CLIP")
-                .description("Loads a standalone text encoder: SD1's CLIP-L or SD2's OpenCLIP-H (type stable_diffusion), one of SD3's (type sd3), Chroma's T5-XXL (type chroma, safetensors or GGUF).")
+                .description("Loads a standalone text encoder: SD1's CLIP-L or SD2's OpenCLIP-H (type stable_diffusion), one of SD3's (type sd3), Chroma's T5-XXL (type chroma), Z-Image's Qwen3-4B (type lumina2); T5 and the LLMs as safetensors or GGUF.")
                 .input(InputSpec::combo("clip_name", files))
-                .input(InputSpec::combo("type", ["stable_diffusion", "sd3", "chroma"]))
+                .input(InputSpec::combo("type", ["stable_diffusion", "sd3", "chroma", "lumina2"]))
         };
         s.input(InputSpec::combo("device", ["default", "cpu"]).optional().tooltip("Where the text encoders load and run: `default` follows the text encoder placement (--backend te=...), `cpu` keeps them on the CPU."))
             .category("advanced/loaders")
@@ -540,7 +557,13 @@ impl Node for ClipLoader {
             if !t5::is_t5(src.tensors().iter().map(|t| t.name.as_str())) {
                 return Err(NodeError::msg(format!("{}: no T5 encoder (`{}`); Chroma reads T5-XXL alone", path.display(), t5::MARKER)));
             }
-            let clip = ClipRef { encoders: Vec::new(), t5: Some(t5_handle(&self.rt, place, &path)?), family: ModelFamily::Chroma, clip_skip: None, sdcpp: None, place };
+            let clip = ClipRef { encoders: Vec::new(), t5: Some(t5_handle(&self.rt, place, &path)?), family: ModelFamily::Chroma, llm: None, clip_skip: None, sdcpp: None, place };
+            return Ok(Outputs::new(vec![Value::new(IoType::CLIP, clip)]));
+        }
+        if ty == "lumina2" && !self.dual {
+            let path = self.paths(inputs)?.remove(0);
+            let llm = llm_handle(&self.rt, place, &path, LlmFamily::ZImage)?;
+            let clip = ClipRef { encoders: Vec::new(), t5: None, llm: Some(llm), family: ModelFamily::ZImage, clip_skip: None, sdcpp: None, place };
             return Ok(Outputs::new(vec![Value::new(IoType::CLIP, clip)]));
         }
         if ty == "sd3" {
@@ -548,7 +571,7 @@ impl Node for ClipLoader {
             return Ok(Outputs::new(vec![Value::new(IoType::CLIP, clip)]));
         }
         if ty != if self.dual { "sdxl" } else { "stable_diffusion" } {
-            let wanted = if self.dual { "`sdxl`, `sd3` and `flux`" } else { "`stable_diffusion`, `sd3` and `chroma`" };
+            let wanted = if self.dual { "`sdxl`, `sd3` and `flux`" } else { "`stable_diffusion`, `sd3`, `chroma` and `lumina2` (Z-Image's Qwen3-4B)" };
             return Err(NodeError::msg(format!("type `{ty}`: only {wanted} text encoders are supported yet")));
         }
         let mut found = Vec::new();
@@ -575,7 +598,7 @@ impl Node for ClipLoader {
                 widths[0]
             )));
         }
-        let clip = ClipRef { encoders: found.into_iter().map(|f| f.1).collect(), t5: None, family, clip_skip: None, sdcpp: None, place };
+        let clip = ClipRef { encoders: found.into_iter().map(|f| f.1).collect(), t5: None, family, llm: None, clip_skip: None, sdcpp: None, place };
         Ok(Outputs::new(vec![Value::new(IoType::CLIP, clip)]))
     }
 }
@@ -597,7 +620,7 @@ impl ClipLoader {
         let (clip_path, t5_path) = (clip.expect("two files, neither twice"), t5.expect("two files, neither twice"));
         let (prefix, layout, root, _) = text_encoder_in(&clip_path)?;
         let encoder = ClipEncoder { weights: weights_handle(&self.rt, place, &clip_path, &root)?, prefix, layout, dropped_layers: 0 };
-        let clip = ClipRef { encoders: vec![encoder], t5: Some(t5_handle(&self.rt, place, &t5_path)?), family: ModelFamily::Flux, clip_skip: None, sdcpp: None, place };
+        let clip = ClipRef { encoders: vec![encoder], t5: Some(t5_handle(&self.rt, place, &t5_path)?), family: ModelFamily::Flux, llm: None, clip_skip: None, sdcpp: None, place };
         Ok(Outputs::new(vec![Value::new(IoType::CLIP, clip)]))
     }
 }
@@ -625,7 +648,7 @@ pub(crate) fn sd3_clip(rt: &Runtime, place: Place, paths: &[PathBuf]) -> Result<
         [_, _, c, ..] => return Err(NodeError::msg(format!("{}: a third CLIP text encoder; SD3 takes CLIP-L, OpenCLIP-G and T5-XXL", c.1.display()))),
         _ => {}
     }
-    Ok(ClipRef { encoders: clips.into_iter().map(|c| c.2).collect(), t5: t5.map(|t| t.1), family: ModelFamily::Sd3, clip_skip: None, sdcpp: None, place })
+    Ok(ClipRef { encoders: clips.into_iter().map(|c| c.2).collect(), t5: t5.map(|t| t.1), family: ModelFamily::Sd3, llm: None, clip_skip: None, sdcpp: None, place })
 }
 
 /// The residency key prefix of T5 encoders: their GGUF tensors are renamed on load.
@@ -645,6 +668,26 @@ fn t5_handle(rt: &Runtime, place: impl Into<Place>, path: &Path) -> Result<T5Ref
     let weights = sized_weights(rt, place, key, parts, move || Ok(t5::hf_layout(io::open(&p)?)?))?;
     Ok(T5Ref { weights, prefix, options: None })
 }
+
+/// An LLM text encoder of a standalone file for `family`: Hugging Face names (ComfyUI's
+/// `qwen_3_4b.safetensors`: `model.layers.N.*`, with or without a prefix) or llama.cpp's
+/// GGUF names, the transformer layers, embedding and final norm only (a language-model
+/// head or a vision tower beside them is never read).
+pub(crate) fn llm_handle(rt: &Runtime, place: impl Into<Place>, path: &Path, family: LlmFamily) -> Result<LlmRef, NodeError> {
+    let src = llm::hf_layout(io::open(path).map_err(err)?).map_err(err)?;
+    let prefix = llm::find_prefix(src.tensors().iter().map(|t| t.name.as_str()))
+        .ok_or_else(|| NodeError::msg(format!("{}: no LLM text encoder (`…{}`, or GGUF `blk.0.attn_q.weight`)", path.display(), llm::MARKER)))?;
+    drop(src);
+    let key = WeightKey::new([path], &format!("{LLM_KEY}{prefix}"), rt.weight_type, Device::Cpu).map_err(err)?;
+    let parts = ["layers.", "embed_tokens.", "norm."].iter().map(|p| format!("{prefix}{p}")).collect();
+    let p = path.to_path_buf();
+    let weights = sized_weights(rt, place, key, parts, move || Ok(llm::hf_layout(io::open(&p)?)?))?;
+    Ok(LlmRef { weights, prefix, family })
+}
+
+/// Tags an LLM's residency key, as [`T5_KEY`] does T5's: the file read through its
+/// GGUF renaming.
+const LLM_KEY: &str = "llm:";
 
 /// ComfyUI's "Load VAE": a standalone VAE file from `models/vae` — LDM key names with or
 /// without `first_stage_model.`, or diffusers `AutoencoderKL` names (also a diffusers

@@ -53,7 +53,7 @@ impl TaeKind {
             F::Sd1 | F::Sd2 { .. } => Some(TaeKind::Sd),
             F::Sdxl | F::SdxlRefiner => Some(TaeKind::Sdxl),
             F::Sd3 => Some(TaeKind::Sd3),
-            F::Flux | F::Chroma => Some(TaeKind::F1),
+            F::Flux | F::Chroma | F::ZImage => Some(TaeKind::F1),
             F::Unknown => None,
         }
     }

@@ -147,7 +147,7 @@ pub fn preview(rt: &Runtime, family: ModelFamily, denoised: &[f32], shape: [i64;
     let (factors, bias) = match family {
         ModelFamily::Sd1 | ModelFamily::Sd2 { .. } => (&SD15_LATENT_RGB_FACTORS[..], [0.0; 3]),
         ModelFamily::Sdxl | ModelFamily::SdxlRefiner => (&SDXL_LATENT_RGB_FACTORS[..], SDXL_LATENT_RGB_BIAS),
-        ModelFamily::Flux | ModelFamily::Chroma => (&FLUX_LATENT_RGB_FACTORS[..], FLUX_LATENT_RGB_BIAS),
+        ModelFamily::Flux | ModelFamily::Chroma | ModelFamily::ZImage => (&FLUX_LATENT_RGB_FACTORS[..], FLUX_LATENT_RGB_BIAS),
         ModelFamily::Sd3 => (&SD3_LATENT_RGB_FACTORS[..], SD3_LATENT_RGB_BIAS),
         _ => return None,
     };

@@ -68,14 +68,14 @@ pub(crate) fn base_params(state: &AppState, wanted: Option<&str>) -> Result<ImgG
     if let (None, false, Some(diffusion)) = (wanted, chosen, &p.diffusion_model) {
         let path = state.runtime.resolve_model("diffusion_models", diffusion).ok();
         p.model_info = presets::ModelInfo::detect(None, path.as_deref())
-            .unwrap_or_else(|| presets::ModelInfo::guess_from_parts(p.clip_l.is_some(), p.clip_g.is_some(), p.t5xxl.is_some()));
+            .unwrap_or_else(|| presets::ModelInfo::guess_from_parts(p.clip_l.is_some(), p.clip_g.is_some(), p.t5xxl.is_some(), p.llm.is_some()));
         return Ok(p);
     }
     let model = pick_checkpoint(state, wanted)?;
     p.model_info = checkpoint_info(state, &model);
     p.model = Some(model);
     if p.diffusion_model.take().is_some() {
-        (p.vae, p.clip_l, p.clip_g, p.t5xxl) = (None, None, None, None);
+        (p.vae, p.clip_l, p.clip_g, p.t5xxl, p.llm) = (None, None, None, None, None);
     }
     Ok(p)
 }

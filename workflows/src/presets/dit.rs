@@ -1,12 +1,12 @@
 //! The flow-matching transformers' img_gen graph (FLUX.1 dev/schnell/Fill/Kontext,
-//! Chroma, SD3/SD3.5) with sd-cli's semantics, where they differ from ComfyUI's
+//! Chroma, SD3/SD3.5, Z-Image) with sd-cli's semantics, where they differ from ComfyUI's
 //! templates:
 //! - the schedule is sd.cpp's (`flux`: μ from the latent's pixel count, 4× the token count
-//!   ComfyUI uses; SD3 `discrete`: shift 3), written out as ManualSigmas;
+//!   ComfyUI uses; SD3 and Z-Image `discrete`: shift 3), written out as ManualSigmas;
 //! - euler by default, `--cfg-scale` 7 (real CFG with the negative prompt, as sd-cli runs
 //!   it), `--guidance` 3.5 on both prompts of a guidance-distilled model;
 //! - prompts encoded as sd.cpp encodes them (SdCppConditioner: T5 chunks, mean-restoring
-//!   weights, Chroma's masks);
+//!   weights, Chroma's masks; Z-Image's LLM encoder always encodes as sd.cpp does);
 //! - skip-layer guidance over sd.cpp's step window, FLUX's single blocks numbered after
 //!   the double ones;
 //! - `-r` references (Kontext) on both prompts, resized as sd.cpp does (nearest
@@ -23,7 +23,7 @@ use super::{extract_loras, invalid, not_supported, resolve_seed, workflow_sample
 /// sd.cpp's FLUX scheduler bounds (`base_shift`, `max_shift`) over 256..4096 latent pixels.
 const FLUX_BASE_SHIFT: f32 = 0.5;
 const FLUX_MAX_SHIFT: f32 = 1.15;
-/// SD3's default `--flow-shift`.
+/// SD3's (and Z-Image's) default `--flow-shift`.
 const SD3_SHIFT: f32 = 3.0;
 
 /// sd.cpp's FLUX μ: linear in `(H/8)·(W/8)` latent pixels through (256, 0.5) and
@@ -98,13 +98,15 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
     // The model's own shift, as sd.cpp sets it: FLUX and Chroma from the image size
     // (ModelSamplingFlux with μ as both bounds), SD3 3 unless --flow-shift.
     let shift = match family {
-        Family::Sd3 => {
+        Family::Sd3 | Family::ZImage => {
             let s = p.flow_shift.map_or(SD3_SHIFT, |s| s as f32);
             if !(s.is_finite() && s > 0.0 && s <= 100.0) {
                 return Err(invalid("--flow-shift", format!("{s} is outside (0, 100]")));
             }
             if p.flow_shift.is_some() {
-                model = Out(b.extra("model_sampling", "--flow-shift", NodeSpec::new("ModelSamplingSD3").with_input("model", link(&model)).with_const("shift", json!(short_f64(s)))), 0);
+                // The same shifted schedule; Z-Image is told σ (AuraFlow's node), SD3 1000·σ.
+                let node = if family == Family::ZImage { "ModelSamplingAuraFlow" } else { "ModelSamplingSD3" };
+                model = Out(b.extra("model_sampling", "--flow-shift", NodeSpec::new(node).with_input("model", link(&model)).with_const("shift", json!(short_f64(s)))), 0);
             }
             FlowShift::Snr(s as f64)
         }
@@ -130,7 +132,9 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
     }
     lora_chain(&mut b, p, &loras, &mut model, &mut clip);
     let vae = circular_chain(&mut b, p, &mut model, vae);
-    clip = Out(b.core("conditioner", "img_gen", conditioner(p, family, &clip)?), 0);
+    if let Some(node) = conditioner(p, family, &clip)? {
+        clip = Out(b.core("conditioner", "img_gen", node), 0);
+    }
 
     // At --cfg-scale 1 sd.cpp encodes no negative prompt: its guidance reads the positive
     // pass alone, as our samplers do at cfg 1 (they skip the negative pass). So the
@@ -156,6 +160,7 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
     let empty_description = match family {
         Family::Sd3 => "sd-cli's txt2img with an SD3/SD3.5 MMDiT: CLIP-L, CLIP-G and T5-XXL prompts, euler over sd.cpp's discrete flow schedule (shift 3, --flow-shift), real CFG with the negative prompt at --cfg-scale.",
         Family::Chroma => "sd-cli's txt2img with Chroma: T5-XXL prompts with Chroma's masks, euler over sd.cpp's FLUX schedule (μ from the image size), real CFG with the negative prompt at --cfg-scale; the approximator gets guidance 0.",
+        Family::ZImage => "sd-cli's txt2img with Z-Image: Qwen3-4B's states of the prompt in its chat template, euler over sd.cpp's discrete flow schedule (shift 3, --flow-shift), real CFG with the negative prompt at --cfg-scale (1, as Turbo runs, skips it).",
         _ => "sd-cli's txt2img with FLUX.1: CLIP-L's pooled vector and T5-XXL's tokens, the distilled --guidance (dev), euler over sd.cpp's FLUX schedule (μ from the image size, 4× the token count ComfyUI uses), CFG with the negative prompt at --cfg-scale (1 skips it).",
     };
     let (latent, denoise, mut title, mut description) = match (family, &p.init_img, &p.mask) {
@@ -182,7 +187,7 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
         (None, true) => {
             let steps = p.steps as usize;
             Some(match (family, p.scheduler.as_deref()) {
-                (Family::Sd3, _) | (_, Some("discrete")) => discrete_schedule(steps, shift),
+                (Family::Sd3 | Family::ZImage, _) | (_, Some("discrete")) => discrete_schedule(steps, shift),
                 _ => flux_schedule(steps, shift),
             })
         }
@@ -213,7 +218,7 @@ fn refuse_unet_flags(p: &ImgGenParams, family: Family) -> Result<(), PresetError
         }
     }
     let own = match family {
-        Family::Sd3 => "sd3_flow",
+        Family::Sd3 | Family::ZImage => "sd3_flow",
         _ => "flux_flow",
     };
     match p.prediction.as_deref() {
@@ -231,6 +236,7 @@ fn family_name(family: Family) -> &'static str {
         Family::Flux { .. } => "FLUX.1",
         Family::Chroma => "Chroma",
         Family::Sd3 => "SD3",
+        Family::ZImage => "Z-Image",
     }
 }
 
@@ -274,6 +280,17 @@ fn loaders(b: &mut Builder, p: &ImgGenParams, family: Family) -> Result<(Out, Ou
                 None => Out(from_ckpt("text encoders", "--clip_l, --clip_g and --t5xxl")?.clone(), 1),
             }
         }
+        Family::ZImage => {
+            for (given, flag) in [(p.clip_l.is_some(), "--clip_l"), (p.clip_g.is_some(), "--clip_g"), (p.t5xxl.is_some(), "--t5xxl")] {
+                if given {
+                    return Err(not_supported(flag, "with a Z-Image model (it reads Qwen3-4B alone: --llm)"));
+                }
+            }
+            match &p.llm {
+                Some(l) => Out(b.core("clip", "--llm", NodeSpec::new("CLIPLoader").with_const("clip_name", json!(l)).with_const("type", json!("lumina2"))), 0),
+                None => Out(from_ckpt("LLM text encoder", "--llm")?.clone(), 1),
+            }
+        }
         Family::Chroma => {
             for (given, flag) in [(p.clip_l.is_some(), "--clip_l"), (p.clip_g.is_some(), "--clip_g")] {
                 if given {
@@ -302,7 +319,7 @@ fn loaders(b: &mut Builder, p: &ImgGenParams, family: Family) -> Result<(Out, Ou
     let vae = match (&p.vae, &ckpt) {
         (Some(v), _) => Ok(Out(b.core("vae", "--vae", NodeSpec::new("VAELoader").with_const("vae_name", json!(v))), 0)),
         (None, Some(c)) if info.has_vae => Ok(Out(c.clone(), 2)),
-        _ => Err(PresetError::Missing { flag: "--vae".into(), msg: format!("the {name} model file holds no VAE; give its 16-channel VAE (ae.safetensors for FLUX and Chroma)") }),
+        _ => Err(PresetError::Missing { flag: "--vae".into(), msg: format!("the {name} model file holds no VAE; give its 16-channel VAE (ae.safetensors for FLUX, Chroma and Z-Image)") }),
     };
     match (clip, vae) {
         (Ok(clip), Ok(vae)) => Ok((model, clip, vae)),
@@ -311,11 +328,18 @@ fn loaders(b: &mut Builder, p: &ImgGenParams, family: Family) -> Result<(Out, Ou
     }
 }
 
-/// SdCppConditioner: prompts encoded as sd.cpp encodes them, with Chroma's mask flags.
-fn conditioner(p: &ImgGenParams, family: Family, clip: &Out) -> Result<NodeSpec, PresetError> {
+/// SdCppConditioner: prompts encoded as sd.cpp encodes them, with Chroma's mask flags;
+/// none for an LLM encoder, which has one way to encode.
+fn conditioner(p: &ImgGenParams, family: Family, clip: &Out) -> Result<Option<NodeSpec>, PresetError> {
     let c = &p.chroma;
     if family != Family::Chroma && *c != super::ChromaParams::default() {
         return Err(not_supported("--chroma-* / --model-args chroma_*", format!("with a {} model (Chroma's masks)", family_name(family))));
+    }
+    if p.llm.is_some() && family != Family::ZImage {
+        return Err(not_supported("--llm", format!("with a {} model (the LLM text encoders go to Z-Image)", family_name(family))));
+    }
+    if family == Family::ZImage {
+        return Ok(None);
     }
     if !(0..=512).contains(&c.t5_mask_pad) {
         return Err(invalid("chroma_t5_mask_pad", format!("{} is outside 0..=512", c.t5_mask_pad)));
@@ -324,7 +348,7 @@ fn conditioner(p: &ImgGenParams, family: Family, clip: &Out) -> Result<NodeSpec,
     if family == Family::Chroma {
         n = n.with_const("chroma_use_dit_mask", json!(c.dit_mask)).with_const("chroma_use_t5_mask", json!(c.t5_mask)).with_const("chroma_t5_mask_pad", json!(c.t5_mask_pad));
     }
-    Ok(n)
+    Ok(Some(n))
 }
 
 /// `--slg-scale`: SkipLayerGuidanceSD3 (SD3's joint blocks) or SkipLayerGuidanceDiT (FLUX's
@@ -344,6 +368,7 @@ fn skip_layer_guidance(b: &mut Builder, p: &ImgGenParams, family: Family, model:
     }
     let list = |v: &[i64]| v.iter().map(i64::to_string).collect::<Vec<_>>().join(", ");
     let node = match family {
+        Family::ZImage => return Err(not_supported("--slg-scale", "with a Z-Image model (skip-layer guidance runs on SD3, FLUX and Chroma)")),
         Family::Sd3 => NodeSpec::new("SkipLayerGuidanceSD3").with_input("model", link(model)).with_const("layers", json!(list(&s.layers))),
         _ => {
             let depth = p.model_info.double_blocks.unwrap_or(19) as i64;

@@ -232,6 +232,8 @@ pub struct ImgGenParams {
     pub model_info: ModelInfo,
     /// `--t5xxl`: T5-XXL (FLUX, SD3, Chroma).
     pub t5xxl: Option<String>,
+    /// `--llm` (`--qwen2vl`): the LLM text encoder (Z-Image's Qwen3-4B).
+    pub llm: Option<String>,
     /// `--guidance` (3.5): FLUX's distilled guidance; models without a guidance input
     /// ignore it, as in sd-cli.
     pub guidance: f64,
@@ -266,9 +268,11 @@ pub struct ModelInfo {
 
 impl ModelInfo {
     /// The family the text-encoder flags point at when the diffusion model cannot be read
-    /// (T5 with CLIP-G: SD3; with CLIP-L: FLUX; alone: Chroma; none: a UNet model).
-    pub fn guess_from_parts(clip_l: bool, clip_g: bool, t5xxl: bool) -> ModelInfo {
+    /// (T5 with CLIP-G: SD3; with CLIP-L: FLUX; alone: Chroma; an LLM without T5: Z-Image;
+    /// none: a UNet model).
+    pub fn guess_from_parts(clip_l: bool, clip_g: bool, t5xxl: bool, llm: bool) -> ModelInfo {
         let family = match (t5xxl, clip_l, clip_g) {
+            (false, _, _) if llm => Family::ZImage,
             (false, _, _) => Family::Unet,
             (true, _, true) => Family::Sd3,
             (true, true, false) => Family::Flux { fill: false, guidance: true },
@@ -301,6 +305,7 @@ impl ModelInfo {
             ModelFamily::Flux => Family::Flux { fill: d.in_channels == Some(384), guidance: d.flux_guidance },
             ModelFamily::Chroma => Family::Chroma,
             ModelFamily::Sd3 => Family::Sd3,
+            ModelFamily::ZImage => Family::ZImage,
             ModelFamily::Unknown => return None,
             _ => Family::Unet,
         };
@@ -332,6 +337,7 @@ pub enum Family {
     Flux { fill: bool, guidance: bool },
     Chroma,
     Sd3,
+    ZImage,
 }
 
 /// sd-cli's skip-layer guidance flags, with its defaults.
@@ -424,6 +430,7 @@ impl Default for ImgGenParams {
             output: "./output.png".into(),
             model_info: ModelInfo::default(),
             t5xxl: None,
+            llm: None,
             guidance: 3.5,
             flow_shift: None,
             slg: SlgParams::default(),

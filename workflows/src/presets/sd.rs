@@ -15,13 +15,14 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
     check_common(p)?;
     for (given, flag) in [
         (p.t5xxl.is_some(), "--t5xxl"),
+        (p.llm.is_some(), "--llm"),
         (p.slg.scale != 0.0, "--slg-scale"),
         (!p.ref_images.is_empty(), "-r"),
         (p.flow_shift.is_some(), "--flow-shift"),
         (p.chroma != super::ChromaParams::default(), "--chroma-* / --model-args chroma_*"),
     ] {
         if given {
-            return Err(not_supported(flag, "with a UNet model (SD1.x/SD2.x/SDXL); it applies to the flow-matching transformers (FLUX, Chroma, SD3)"));
+            return Err(not_supported(flag, "with a UNet model (SD1.x/SD2.x/SDXL); it applies to the flow-matching transformers (FLUX, Chroma, SD3, Z-Image)"));
         }
     }
     if p.control_image.is_some() != p.control_net.is_some() {

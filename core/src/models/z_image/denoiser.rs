@@ -3,7 +3,7 @@
 //! `1 − t` and `-img`, sd.cpp's `1000 − t` and `scale(−1)`), so `denoised = x + σ·out`.
 
 use super::{ZImage, ZImageInputs};
-use crate::ggml::{Backend, Context, GraphAllocator, GraphRun};
+use crate::ggml::{Backend, Circular, Context, GraphAllocator, GraphRun};
 use crate::models::conditioning::{Conditioning, LatentShape};
 use crate::models::dit::{crop, pad_to_patches, patchify_hwc, unpatchify_hwc};
 use crate::models::{ModelError, Result};
@@ -19,11 +19,15 @@ pub struct ZImageItem<'a> {
 pub struct ZImageDenoiser<'w> {
     model: ZImage<'w>,
     alloc: Option<GraphAllocator>,
+    /// Seamless tiling on these axes (sd.cpp's `--circular*`): the rotary embedding wraps
+    /// the image's rows and columns (the latent is already padded to whole patches by
+    /// wrapping around).
+    pub circular: Circular,
 }
 
 impl<'w> ZImageDenoiser<'w> {
     pub fn new(model: ZImage<'w>) -> Self {
-        ZImageDenoiser { model, alloc: None }
+        ZImageDenoiser { model, alloc: None, circular: Circular::NONE }
     }
 
     pub fn config(&self) -> &super::ZImageConfig {
@@ -95,7 +99,7 @@ impl<'w> ZImageDenoiser<'w> {
         let img_t = run.input_f32(&[c.in_channels * c.patch * c.patch, rows * cols, bi], img)?;
         let cap_t = run.input_f32(&[c.caption, lc as i64, bi], cap)?;
         let timesteps = vec![1000.0 * (1.0 - sigma); b];
-        let out = self.model.forward(&ctx, &mut run, &ZImageInputs { img: img_t, rows, cols, cap: cap_t, timesteps: &timesteps })?;
+        let out = self.model.forward(&ctx, &mut run, &ZImageInputs { img: img_t, rows, cols, cap: cap_t, timesteps: &timesteps, circular: self.circular })?;
         let alloc = match &mut self.alloc {
             Some(a) => a,
             None => self.alloc.insert(GraphAllocator::new(backend)?),

@@ -21,7 +21,7 @@ pub use denoiser::{ZImageDenoiser, ZImageItem};
 use super::dit::{self, rope};
 use super::nn::{attention_typed, linear, rms_norm};
 use super::{ModelError, Result, Weights};
-use crate::ggml::{Context, GType, GraphRun, Tensor};
+use crate::ggml::{Circular, Context, GType, GraphRun, Tensor};
 
 /// The weight that tells a file holds a Z-Image transformer, relative to its prefix
 /// (sd.cpp's signature key).
@@ -69,6 +69,9 @@ pub struct ZImageInputs<'a, 'b> {
     pub cap: Tensor<'a>,
     /// The model's timestep per sequence (`1000·(1 − σ)`).
     pub timesteps: &'b [f32],
+    /// Seamless tiling (sd.cpp's `--circular*`): the image's rows and columns wrap around
+    /// in the rotary embedding on these axes, as `gen_z_image_pe` wraps them.
+    pub circular: Circular,
 }
 
 /// A Z-Image transformer over [`Weights`] whose shapes have been checked.
@@ -212,12 +215,21 @@ impl<'w> ZImage<'w> {
             .chain(std::iter::repeat_n(vec![0.0; 3], l_pad - l as usize))
             .collect();
         let joint_ids: Vec<Vec<f32>> = cap_ids.iter().chain(&img_ids).cloned().collect();
+        // The image's own tokens wrap at its rows and columns; caption and pads never.
+        let (img_wrap, joint_wrap): (Vec<Vec<usize>>, Vec<Vec<usize>>) = if x.circular.any() {
+            let period = vec![0, if x.circular.y { x.rows as usize } else { 0 }, if x.circular.x { x.cols as usize } else { 0 }];
+            let img: Vec<Vec<usize>> = (0..l_pad).map(|i| if i < l as usize { period.clone() } else { vec![0; 3] }).collect();
+            let joint = std::iter::repeat_n(vec![0; 3], lc_pad).chain(img.iter().cloned()).collect();
+            (img, joint)
+        } else {
+            (Vec::new(), Vec::new())
+        };
         let bu = b as usize;
-        let rope_of = |run: &mut GraphRun<'a>, ids: &[Vec<f32>]| -> Result<Rope<'a>> {
-            let (cos, sin) = rope::tables(run, ids, &c.axes, c.theta, bu)?;
+        let rope_of = |run: &mut GraphRun<'a>, ids: &[Vec<f32>], wraps: &[Vec<usize>]| -> Result<Rope<'a>> {
+            let (cos, sin) = rope::tables_wrapped(run, ids, wraps, &c.axes, c.theta, bu)?;
             Ok(Rope { cos, sin })
         };
-        let (cap_pe, img_pe, joint_pe) = (rope_of(run, &cap_ids)?, rope_of(run, &img_ids)?, rope_of(run, &joint_ids)?);
+        let (cap_pe, img_pe, joint_pe) = (rope_of(run, &cap_ids, &[])?, rope_of(run, &img_ids, &img_wrap)?, rope_of(run, &joint_ids, &joint_wrap)?);
 
         let t = run.input_f32(&[b], x.timesteps.to_vec())?;
         let t_freq = ctx.timestep_embedding(t, 256, 10_000)?;
