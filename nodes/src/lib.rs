@@ -21,6 +21,7 @@
 //!   FluxKontextMultiReferenceLatentMethod
 //! - [`conditioning::sd3`]: TripleCLIPLoader, CLIPTextEncodeSD3, SkipLayerGuidanceSD3, SkipLayerGuidanceDiT
 //! - [`conditioning::chroma`]: T5TokenizerOptions (and Chroma's T5-only conditioning)
+//! - [`conditioning::llm`]: the LLM text encoders' conditioning (Z-Image's Qwen3-4B, CLIPLoader type `lumina2`)
 //! - [`image`]: LoadImage, LoadImageMask, ImageScale, VAEDecode, VAEEncode, VAEEncodeForInpaint,
 //!   SaveImage, PreviewImage, VAEDecodeTiled, VAEEncodeTiled, ImageCrop, ImageInvert, EmptyImage
 //! - [`image::mask`]: SolidMask, InvertMask, CropMask, MaskComposite, FeatherMask, GrowMask, ThresholdMask,
