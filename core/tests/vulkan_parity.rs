@@ -26,6 +26,7 @@ const ON_VULKAN: &[&str] = &[
     "models_clip_vision",
     "models_t5",
     "models_llm",
+    "models_z_image",
     "models_controlnet",
     "models_taesd",
     "models_vae_tiling",
