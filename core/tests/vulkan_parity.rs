@@ -20,6 +20,7 @@ const ON_VULKAN: &[&str] = &[
     "models_sdxl",
     "models_sd3",
     "models_flux",
+    "models_flux2",
     "models_chroma",
     "models_circular",
     "models_clip",

@@ -12,6 +12,7 @@ pub mod conditioning;
 pub mod dit;
 pub mod esrgan;
 pub mod flux;
+pub mod flux2;
 pub mod llm;
 pub mod load;
 pub mod nn;

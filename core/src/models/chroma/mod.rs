@@ -119,7 +119,7 @@ impl<'w> Chroma<'w> {
             w.expect(&format!("{prefix}distilled_guidance_layer.norms.{i}.scale"), &[a])?;
         }
         lin("distilled_guidance_layer.out_proj", a, d)?;
-        super::flux::blocks::expect_blocks(w, prefix, (d, m, dh), c.depth, c.depth_single, false)?;
+        super::flux::blocks::expect_blocks(w, prefix, (d, m, dh), c.depth, c.depth_single, super::flux::blocks::Style::CHROMA)?;
         lin("final_layer.linear", d, c.out_channels)?;
         Ok(Chroma { w, prefix: prefix.to_string(), config })
     }
@@ -170,7 +170,7 @@ impl<'w> Chroma<'w> {
         let (cos, sin) = rope::tables_wrapped(run, &ids, &wraps, &c.axes, c.theta, b as usize)?;
         let pe = Rope { cos, sin };
         let compute = self.w.get(&self.name("img_in.weight")).map_or(GType::F32, |t| t.dtype());
-        let blk = Blocks { ctx, w: self.w, heads: c.heads, compute, text_keys: x.text_keys.map(|k| (lt, k)) };
+        let blk = Blocks { ctx, w: self.w, heads: c.heads, compute, text_keys: x.text_keys.map(|k| (lt, k)), mlp: super::flux::blocks::Mlp::GeluTanh };
 
         let mut img = linear(ctx, self.w, &self.name("img_in"), x.img)?;
         let mut txt = linear(ctx, self.w, &self.name("txt_in"), x.txt)?;

@@ -1,5 +1,6 @@
 //! FLUX.1's double-stream and single-stream blocks, by BFL's module names; Chroma runs the
-//! same blocks with modulations from its approximator.
+//! same blocks with modulations from its approximator, FLUX.2 with modulations shared by
+//! all blocks, no biases and SwiGLU MLPs.
 
 use crate::ggml::{Context, GType, Tensor};
 use crate::models::dit::{self, rope};
@@ -51,11 +52,54 @@ pub(crate) fn block_dims(w: &Weights, prefix: &str) -> Result<BlockDims> {
     })
 }
 
+/// How a family's blocks differ from FLUX.1's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Style {
+    /// Each block has its own modulation layers (FLUX.1's; Chroma's come from its
+    /// approximator, FLUX.2's are shared).
+    pub modulated: bool,
+    /// Linear layers have biases (not FLUX.2's).
+    pub bias: bool,
+    pub mlp: Mlp,
+}
+
+/// The MLP's activation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mlp {
+    /// FLUX.1: `Linear(d, m) → GELU(tanh) → Linear(m, d)`.
+    GeluTanh,
+    /// FLUX.2: `Linear(d, 2m)`, SiLU of the first half times the second, `Linear(m, d)`.
+    SwiGlu,
+}
+
+impl Style {
+    pub const FLUX: Style = Style { modulated: true, bias: true, mlp: Mlp::GeluTanh };
+    pub const CHROMA: Style = Style { modulated: false, ..Style::FLUX };
+    pub const FLUX2: Style = Style { modulated: false, bias: false, mlp: Mlp::SwiGlu };
+
+    /// The width of the MLP's first layer for `m` hidden features.
+    pub fn mlp_in(self, m: i64) -> i64 {
+        match self.mlp {
+            Mlp::GeluTanh => m,
+            Mlp::SwiGlu => 2 * m,
+        }
+    }
+}
+
+/// Check `{name}.weight` [in, out] (and `{name}.bias` [out] where the style has biases).
+pub(crate) fn expect_projection(w: &Weights, name: &str, i: i64, o: i64, bias: bool) -> Result<()> {
+    if bias {
+        return expect_linear(w, name, i, o);
+    }
+    w.expect(&format!("{name}.weight"), &[i, o])?;
+    Ok(())
+}
+
 /// Check the weights of `double` double-stream and `single` single-stream blocks under
-/// `prefix`, `d` wide with `m`-wide MLPs and `dh`-wide heads; with `modulated`, their own
-/// modulation layers too (FLUX's; Chroma's come from its approximator).
-pub(crate) fn expect_blocks(w: &Weights, prefix: &str, (d, m, dh): (i64, i64, i64), double: usize, single: usize, modulated: bool) -> Result<()> {
-    let lin = |name: String, i: i64, o: i64| expect_linear(w, &format!("{prefix}{name}"), i, o);
+/// `prefix`, `d` wide with `m`-wide MLPs and `dh`-wide heads, as `style` has them.
+pub(crate) fn expect_blocks(w: &Weights, prefix: &str, (d, m, dh): (i64, i64, i64), double: usize, single: usize, style: Style) -> Result<()> {
+    let modulated = style.modulated;
+    let lin = |name: String, i: i64, o: i64| expect_projection(w, &format!("{prefix}{name}"), i, o, style.bias);
     let norms = |p: String| -> Result<()> {
         for n in ["query_norm", "key_norm"] {
             w.expect(&format!("{prefix}{p}.{n}.scale"), &[dh])?;
@@ -71,13 +115,13 @@ pub(crate) fn expect_blocks(w: &Weights, prefix: &str, (d, m, dh): (i64, i64, i6
             lin(format!("{p}_attn.qkv"), d, 3 * d)?;
             norms(format!("{p}_attn.norm"))?;
             lin(format!("{p}_attn.proj"), d, d)?;
-            lin(format!("{p}_mlp.0"), d, m)?;
+            lin(format!("{p}_mlp.0"), d, style.mlp_in(m))?;
             lin(format!("{p}_mlp.2"), m, d)?;
         }
     }
     for i in 0..single {
         let p = format!("single_blocks.{i}");
-        lin(format!("{p}.linear1"), d, 3 * d + m)?;
+        lin(format!("{p}.linear1"), d, 3 * d + style.mlp_in(m))?;
         lin(format!("{p}.linear2"), d + m, d)?;
         norms(format!("{p}.norm"))?;
         if modulated {
@@ -95,6 +139,7 @@ pub(crate) struct Blocks<'a> {
     /// Text tokens the attention reads as keys, of how many (Chroma's text mask: the
     /// T5 padding past these is no key for any token); `None`: all.
     pub text_keys: Option<(i64, i64)>,
+    pub mlp: Mlp,
 }
 
 /// q, k, v of one stream, heads split: [dh, H, L, B] (q and k RMS-normed), v [D, L, B].
@@ -145,10 +190,22 @@ impl<'a> Blocks<'a> {
         Ok(attention_typed(ctx, q, k, v, self.heads, None, self.compute)?)
     }
 
-    /// `Linear → GELU(tanh) → Linear` at `{name}.0` / `{name}.2`.
+    /// `Linear → activation → Linear` at `{name}.0` / `{name}.2`.
     fn mlp(&self, name: &str, x: Tensor<'a>) -> Result<Tensor<'a>> {
-        let h = self.ctx.gelu_tanh_exact(linear(self.ctx, self.w, &format!("{name}.0"), x)?)?;
+        let h = self.activate(linear(self.ctx, self.w, &format!("{name}.0"), x)?)?;
         linear(self.ctx, self.w, &format!("{name}.2"), h)
+    }
+
+    /// The MLP's activation of its first layer's output h [F, L, B].
+    fn activate(&self, h: Tensor<'a>) -> Result<Tensor<'a>> {
+        let ctx = self.ctx;
+        match self.mlp {
+            Mlp::GeluTanh => Ok(ctx.gelu_tanh_exact(h)?),
+            Mlp::SwiGlu => {
+                let m = h.ne()[0] / 2;
+                Ok(ctx.mul(ctx.silu(dit::features(ctx, h, 0, m)?)?, dit::features(ctx, h, m, m)?)?)
+            }
+        }
     }
 
     /// FLUX's modulations of double block `p` from the SiLU'd conditioning vector `vec`
@@ -195,10 +252,10 @@ impl<'a> Blocks<'a> {
         let d = x.ne()[0];
         let h = dit::modulate(ctx, ctx.norm(x, 1e-6)?, m[0], m[1])?;
         let fused = linear(ctx, w, &format!("{p}.linear1"), h)?;
-        let mlp_hidden = fused.ne()[0] - 3 * d;
+        let mlp_in = fused.ne()[0] - 3 * d;
         let qkv = self.qkv(fused, d, &format!("{p}.norm"))?;
         let a = self.attend(&[&qkv], pe)?;
-        let mlp = ctx.gelu_tanh_exact(dit::features(ctx, fused, 3 * d, mlp_hidden)?)?;
+        let mlp = self.activate(dit::features(ctx, fused, 3 * d, mlp_in)?)?;
         let out = linear(ctx, w, &format!("{p}.linear2"), ctx.concat(a, mlp, 0)?)?;
         dit::gated(ctx, x, m[2], out)
     }

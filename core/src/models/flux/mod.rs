@@ -123,7 +123,7 @@ impl<'w> Flux<'w> {
             lin(&format!("{name}.in_layer"), n_in, d)?;
             lin(&format!("{name}.out_layer"), d, d)?;
         }
-        blocks::expect_blocks(w, prefix, (d, m, dh), c.depth, c.depth_single, true)?;
+        blocks::expect_blocks(w, prefix, (d, m, dh), c.depth, c.depth_single, blocks::Style::FLUX)?;
         lin("final_layer.linear", d, c.out_channels)?;
         lin("final_layer.adaLN_modulation.1", d, 2 * d)?;
         Ok(Flux { w, prefix: prefix.to_string(), config })
@@ -176,7 +176,7 @@ impl<'w> Flux<'w> {
         let wraps: Vec<Vec<usize>> = if x.img_wrap.is_empty() { Vec::new() } else { std::iter::repeat_n(vec![0; c.axes.len()], x.txt_ids.len()).chain(x.img_wrap.iter().cloned()).collect() };
         let (cos, sin) = rope::tables_wrapped(run, &ids, &wraps, &c.axes, c.theta, b as usize)?;
         let pe = blocks::Rope { cos, sin };
-        let blk = blocks::Blocks { ctx, w: self.w, heads: c.heads, compute: self.compute_type(), text_keys: None };
+        let blk = blocks::Blocks { ctx, w: self.w, heads: c.heads, compute: self.compute_type(), text_keys: None, mlp: blocks::Mlp::GeluTanh };
 
         let mut img = linear(ctx, self.w, &self.name("img_in"), x.img)?;
         let mut txt = linear(ctx, self.w, &self.name("txt_in"), x.txt)?;

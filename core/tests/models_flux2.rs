@@ -1,0 +1,85 @@
+//! FLUX.2 transformer against diffusers' `Flux2Transformer2DModel` on tiny random weights in
+//! BFL's names (fixtures from tests/fixtures/models/make_flux2.py; the weights are
+//! regenerated here): klein (no guidance embedding) and dev (guidance).
+
+mod common;
+
+use common::{det_weights, max_abs_err, reference};
+use sdflow_core::ggml::{Context, GraphRun};
+use sdflow_core::models::flux2::{Flux2, Flux2Config, Flux2Inputs};
+use sdflow_core::models::Weights;
+
+const SCALE: f64 = 0.2;
+
+fn fixture() -> serde_json::Value {
+    reference("flux2_tiny_ref.json")
+}
+
+fn floats(v: &serde_json::Value) -> Vec<f32> {
+    serde_json::from_value(v.clone()).unwrap()
+}
+
+fn tiny(variant: &str) -> (Weights, Flux2Config) {
+    let r = fixture();
+    let backend = common::backend(2);
+    let w = det_weights(&r[variant]["keys"], SCALE, &backend);
+    let mut cfg = Flux2Config::infer(&w, "").unwrap();
+    cfg.axes = serde_json::from_value(r["axes"].clone()).unwrap();
+    (w, cfg)
+}
+
+fn run(w: &Weights, cfg: Flux2Config, guidance: bool) -> sdflow_core::models::Result<Vec<f32>> {
+    let r = fixture();
+    let [b, l, f]: [usize; 3] = serde_json::from_value(r["token_shape"].clone()).unwrap();
+    let model = Flux2::new(w, "", cfg)?;
+    let backend = common::backend(2);
+    let ctx = Context::new(8192, 8192).unwrap();
+    let mut g = GraphRun::new(&ctx);
+    let img = g.input_f32(&[f as i64, l as i64, b as i64], floats(&r["tokens"]))?;
+    let lt = r["txt_len"].as_u64().unwrap() as usize;
+    let txt_vals = floats(&r["txt"]);
+    let txt = g.input_f32(&[(txt_vals.len() / (b * lt)) as i64, lt as i64, b as i64], txt_vals)?;
+    let ids = |k: &str| -> Vec<Vec<f32>> { serde_json::from_value(r[k].clone()).unwrap() };
+    let (img_ids, txt_ids) = (ids("img_ids"), ids("txt_ids"));
+    let timesteps = floats(&r["sigma"]);
+    let gvals = floats(&r["guidance"]);
+    let inputs = Flux2Inputs { img, img_ids: &img_ids, txt, txt_ids: &txt_ids, timesteps: &timesteps, guidance: guidance.then_some(gvals.as_slice()) };
+    let out = model.forward(&ctx, &mut g, &inputs)?;
+    assert_eq!(out.ne(), [f as i64, l as i64, b as i64, 1]);
+    Ok(g.compute(&backend, &[out], 8192)?.remove(0))
+}
+
+#[test]
+fn klein_matches_diffusers() {
+    let (w, cfg) = tiny("klein");
+    assert_eq!((cfg.in_channels, cfg.out_channels, cfg.hidden, cfg.heads, cfg.mlp_hidden, cfg.context, cfg.depth, cfg.depth_single), (16, 16, 32, 2, 96, 24, 1, 2));
+    assert!(!cfg.guidance_embed);
+    let got = run(&w, cfg.clone(), false).unwrap();
+    let err = max_abs_err(&got, &floats(&fixture()["klein"]["out"]));
+    assert!(err <= 1e-3, "klein: max abs error {err}");
+    // klein ignores a guidance value, as sd.cpp does.
+    assert_eq!(run(&w, cfg, true).unwrap(), got);
+}
+
+#[test]
+fn dev_matches_diffusers() {
+    let (w, cfg) = tiny("dev");
+    assert!(cfg.guidance_embed);
+    let err = max_abs_err(&run(&w, cfg, true).unwrap(), &floats(&fixture()["dev"]["out"]));
+    assert!(err <= 1e-3, "dev: max abs error {err}");
+}
+
+#[test]
+fn bad_configs_are_errors() {
+    let (w, cfg) = tiny("klein");
+    let mut axes = cfg.clone();
+    axes.axes = vec![32, 32, 32, 32];
+    let e = Flux2::new(&w, "", axes).err().expect("axes");
+    assert!(e.to_string().contains("rotary axes"), "{e}");
+    let mut wrong = cfg;
+    wrong.mlp_hidden = 64;
+    let e = Flux2::new(&w, "", wrong).err().expect("shape");
+    assert!(e.to_string().contains("img_mlp.0.weight"), "{e}");
+    let e = Flux2Config::infer(&w, "model.diffusion_model.").err().expect("prefix");
+    assert!(e.to_string().contains("not a FLUX.2 transformer"), "{e}");
+}
