@@ -83,3 +83,40 @@ fn bad_configs_are_errors() {
     let e = Flux2Config::infer(&w, "model.diffusion_model.").err().expect("prefix");
     assert!(e.to_string().contains("not a FLUX.2 transformer"), "{e}");
 }
+
+/// The denoiser makes the pipeline's positions and tokens from a [W, H, 128, N] latent:
+/// `denoised = x − σ·v` with the fixture's velocity.
+#[test]
+fn denoiser_matches_the_pipeline_layout() {
+    use sdflow_core::models::conditioning::Conditioning;
+    use sdflow_core::models::dit::unpatchify;
+    use sdflow_core::models::flux2::{position_ids, Flux2Denoiser, Flux2Item};
+    let r = fixture();
+    let [b, l, f]: [usize; 3] = serde_json::from_value(r["token_shape"].clone()).unwrap();
+    let [h, w]: [usize; 2] = serde_json::from_value(r["latent_hw"].clone()).unwrap();
+    let lt = r["txt_len"].as_u64().unwrap() as usize;
+    let (img_ids, txt_ids) = position_ids(h, w, lt);
+    assert_eq!(img_ids, serde_json::from_value::<Vec<Vec<f32>>>(r["img_ids"].clone()).unwrap());
+    assert_eq!(txt_ids, serde_json::from_value::<Vec<Vec<f32>>>(r["txt_ids"].clone()).unwrap());
+    let latent = unpatchify(&floats(&r["tokens"]), [b, f, h, w], 1).unwrap();
+    let velocity = unpatchify(&floats(&r["klein"]["out"]), [b, f, h, w], 1).unwrap();
+    let txt = floats(&r["txt"]);
+    let (w8, cfg) = tiny("klein");
+    let mut den = Flux2Denoiser::new(Flux2::new(&w8, "", cfg).unwrap());
+    let backend = common::backend(2);
+    let per = f * h * w;
+    let sigma = floats(&r["sigma"]);
+    assert_eq!(l, h * w);
+    for k in 0..b {
+        let cond = Conditioning::new(txt[k * lt * 24..(k + 1) * lt * 24].to_vec(), 24, lt as i64).unwrap();
+        let x = &latent[k * per..(k + 1) * per];
+        let got = den.denoise_batch(&backend, [w as i64, h as i64, f as i64, 1], sigma[k], &[Flux2Item { x, cond: &cond }]).unwrap().remove(0);
+        let want: Vec<f32> = x.iter().zip(&velocity[k * per..(k + 1) * per]).map(|(x, v)| x - sigma[k] * v).collect();
+        let err = max_abs_err(&got, &want);
+        assert!(err <= 1e-3, "sample {k}: max abs error {err}");
+    }
+    let cond = Conditioning::new(vec![0.1; 3 * 16], 16, 3).unwrap();
+    let x = vec![0.0; per];
+    let e = den.denoise_batch(&backend, [w as i64, h as i64, f as i64, 1], 0.5, &[Flux2Item { x: &x, cond: &cond }]).err().expect("text width");
+    assert!(e.to_string().contains("three LLM layers"), "{e}");
+}

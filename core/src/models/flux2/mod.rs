@@ -9,6 +9,10 @@
 //! are an LLM's hidden states of three layers side by side (Qwen3's for klein, Mistral's
 //! for dev). Timesteps are σ, embedded at 1000× as FLUX.1's.
 
+pub mod denoiser;
+
+pub use denoiser::{position_ids, Flux2Denoiser, Flux2Item};
+
 use super::dit::{self, mlp_embedder, rope};
 use super::flux::blocks::{self, expect_projection, Mlp, Style};
 use super::nn::linear;
