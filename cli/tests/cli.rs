@@ -88,6 +88,7 @@ const NOT_PRESETS: &[(&str, &str)] = &[
     ("flux_fill_inpaint.json", "ComfyUI's FLUX Fill graph; sd-cli's differs in schedule and conditioning"),
     ("chroma_txt2img.json", "ComfyUI's Chroma graph (no masks, beta schedule); sd-cli's masks the T5 padding"),
     ("sd35_txt2img.json", "ComfyUI's SD3.5 graph (one T5 sequence after CLIP's); sd-cli interleaves 77-token chunks"),
+    ("flux2_klein.json", "ComfyUI's FLUX.2 klein graph; sd-cli's FLUX.2 preset is not built yet"),
     ("z_image_turbo.json", "ComfyUI's Z-Image Turbo graph (res_multistep on the simple schedule); `img_gen --diffusion-model … --llm …` builds sd-cli's (euler, discrete)"),
     ("z_image_base.json", "ComfyUI's Z-Image graph (res_multistep on the simple schedule); sd-cli's runs euler on its discrete schedule"),
 ];

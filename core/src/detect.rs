@@ -36,6 +36,8 @@ pub enum ModelFamily {
     Chroma,
     /// Z-Image Turbo/Base (S3-DiT, Qwen3-4B captions).
     ZImage,
+    /// FLUX.2 (klein, dev): FLUX's blocks with shared modulations.
+    Flux2,
     Unknown,
 }
 
@@ -51,6 +53,7 @@ impl fmt::Display for ModelFamily {
             ModelFamily::Flux => "FLUX",
             ModelFamily::Chroma => "Chroma",
             ModelFamily::ZImage => "Z-Image",
+            ModelFamily::Flux2 => "FLUX.2",
             ModelFamily::Unknown => "unknown",
         })
     }
@@ -192,6 +195,14 @@ pub fn detect(tensors: &[TensorInfo]) -> Detection {
         d.prediction_reason = "the checkpoint has a v_pred key".into();
     }
 
+    // FLUX.2: FLUX's blocks with the shared modulations (BFL's names only).
+    if let Some(t) = find(tensors, "double_stream_modulation_img.lin.weight") {
+        let p = prefix_of(t, "double_stream_modulation_img.lin.weight");
+        d.in_channels = dim(tensors.iter().find(|t| t.name == format!("{p}img_in.weight")), 1);
+        d.flux_guidance = tensors.iter().any(|t| t.name.starts_with(&format!("{p}guidance_in.")));
+        d.double_blocks = Some(block_count(tensors, &format!("{p}double_blocks.")));
+        return finish_dit(d, ModelFamily::Flux2, p, KeyLayout::Ldm);
+    }
     // FLUX: LDM `double_blocks`/`single_blocks`, diffusers `single_transformer_blocks`.
     if let Some(t) = find(tensors, "double_blocks.0.img_attn.qkv.weight") {
         let p = prefix_of(t, "double_blocks.0.img_attn.qkv.weight");

@@ -156,9 +156,12 @@ pub fn shrink(mut wf: Workflow, size: i64, steps: i64, image: Option<&str>) -> W
             _ => None,
         };
         match node.class_type.as_str() {
-            "EmptyLatentImage" | "EmptySD3LatentImage" => {
+            "EmptyLatentImage" | "EmptySD3LatentImage" | "EmptyFlux2LatentImage" | "Flux2Scheduler" => {
                 set(&mut wf, "width", serde_json::json!(size));
                 set(&mut wf, "height", serde_json::json!(size));
+                if node.class_type == "Flux2Scheduler" {
+                    set(&mut wf, "steps", serde_json::json!(steps));
+                }
             }
             "KSampler" => set(&mut wf, "steps", serde_json::json!(steps)),
             "KSamplerAdvanced" => {
@@ -507,6 +510,21 @@ pub fn write_z_image_models(root: &Path) {
     }
     let q = LlmSynth::tiny_qwen3();
     write_once(&models.join("text_encoders"), "qwen_3_4b.safetensors", &q.tensors(), &serde_json::to_string(&q).unwrap(), 42);
+}
+
+/// Tiny random-weight FLUX.2 klein files in the layouts people download: the transformer
+/// in BFL's names (`diffusion_models/flux-2-klein-4b.safetensors`), its 28-layer Qwen3
+/// (`text_encoders/qwen_3_4b_klein.safetensors`) and the 32-channel VAE
+/// (`vae/flux2-vae.safetensors`).
+pub fn write_flux2_models(root: &Path) {
+    use sdflow_core::synth::dit::{flux2_vae_tensors, tiny_flux2_vae_config, Flux2Synth, LlmSynth};
+    let models = root.join("models");
+    let f = Flux2Synth::tiny_klein();
+    write_once(&models.join("diffusion_models"), "flux-2-klein-4b.safetensors", &f.tensors(), &serde_json::to_string(&f).unwrap(), 51);
+    let q = LlmSynth::tiny_qwen3_klein();
+    write_once(&models.join("text_encoders"), "qwen_3_4b_klein.safetensors", &q.tensors(), &serde_json::to_string(&q).unwrap(), 52);
+    let v = tiny_flux2_vae_config();
+    write_once(&models.join("vae"), "flux2-vae.safetensors", &flux2_vae_tensors(&v), &serde_json::to_string(&v).unwrap(), 53);
 }
 
 /// A rank-2 LoRA on the tiny FLUX dev's double block's image q/k/v and single block's

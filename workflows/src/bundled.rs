@@ -14,6 +14,7 @@ pub const BUNDLED: &[(&str, &str)] = &[
     ("flux_kontext_edit", include_str!("../flux_kontext_edit.json")),
     ("flux_lora", include_str!("../flux_lora.json")),
     ("flux_schnell", include_str!("../flux_schnell.json")),
+    ("flux2_klein", include_str!("../flux2_klein.json")),
     ("hires_fix", include_str!("../hires_fix.json")),
     ("hires_fix_model", include_str!("../hires_fix_model.json")),
     ("img2img", include_str!("../img2img.json")),

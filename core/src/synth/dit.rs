@@ -3,7 +3,8 @@
 //! SD3.5 MMDiT in Stability's (`sd3.5_medium.safetensors`), the T5-XXL encoder alone in
 //! Hugging Face's (`t5xxl_fp16.safetensors`), the 16-channel `ae`, and CLIP-L and
 //! OpenCLIP-G alone (`clip_l.safetensors`, `clip_g.safetensors`), Z-Image's transformer
-//! (`z_image_turbo_bf16.safetensors`) and its Qwen3 encoder (`qwen_3_4b.safetensors`).
+//! (`z_image_turbo_bf16.safetensors`) and its Qwen3 encoder (`qwen_3_4b.safetensors`), FLUX.2's
+//! transformer (`flux-2-klein-4b.safetensors`) and 32-channel VAE (`flux2-vae.safetensors`).
 //! Tiny configs for tests, full ones for benchmarks.
 
 use serde::{Deserialize, Serialize};
@@ -357,6 +358,88 @@ impl ZImageSynth {
     }
 }
 
+/// A FLUX.2 transformer in BFL's names (`flux-2-klein-4b.safetensors`): FLUX.1's blocks
+/// without biases, SwiGLU MLPs and shared modulations.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Flux2Synth {
+    /// Token width: the 32-channel latent's 2×2 patches.
+    pub in_channels: usize,
+    pub hidden: usize,
+    pub heads: usize,
+    pub depth: usize,
+    pub depth_single: usize,
+    /// Three LLM layers' width.
+    pub context: usize,
+    pub mlp_ratio: usize,
+    /// dev's `guidance_in`; klein has none.
+    pub guidance: bool,
+}
+
+impl Flux2Synth {
+    /// FLUX.2 klein 4B.
+    pub fn klein_4b() -> Self {
+        Flux2Synth { in_channels: 128, hidden: 3072, heads: 24, depth: 5, depth_single: 20, context: 7680, mlp_ratio: 3, guidance: false }
+    }
+
+    /// One block of each kind at one 128-wide head (the width the fixed rotary axes
+    /// 32/32/32/32 need), reading three layers of [`LlmSynth::tiny_qwen3_klein`].
+    pub fn tiny_klein() -> Self {
+        Flux2Synth { hidden: 128, heads: 1, depth: 1, depth_single: 1, context: 3 * LlmSynth::tiny_qwen3_klein().hidden, ..Self::klein_4b() }
+    }
+
+    pub fn tensors(&self) -> Vec<TensorSpec> {
+        let mut s = Specs(Vec::new());
+        let (d, m) = (self.hidden, self.hidden * self.mlp_ratio);
+        let dh = d / self.heads;
+        let qk_norm = |s: &mut Specs, p: &str| {
+            for n in ["query_norm", "key_norm"] {
+                s.push(format!("{p}.{n}.scale"), vec![dh], Init::Normal { mean: 1.0, std: super::BIAS_STD });
+            }
+        };
+        s.linear("img_in", self.in_channels, d, false);
+        s.linear("txt_in", self.context, d, false);
+        for name in ["time_in"].into_iter().chain(self.guidance.then_some("guidance_in")) {
+            s.linear(&format!("{name}.in_layer"), 256, d, false);
+            s.linear(&format!("{name}.out_layer"), d, d, false);
+        }
+        s.linear("double_stream_modulation_img.lin", d, 6 * d, false);
+        s.linear("double_stream_modulation_txt.lin", d, 6 * d, false);
+        s.linear("single_stream_modulation.lin", d, 3 * d, false);
+        for i in 0..self.depth {
+            for st in ["img", "txt"] {
+                let p = format!("double_blocks.{i}.{st}");
+                s.linear(&format!("{p}_attn.qkv"), d, 3 * d, false);
+                qk_norm(&mut s, &format!("{p}_attn.norm"));
+                s.linear(&format!("{p}_attn.proj"), d, d, false);
+                s.linear(&format!("{p}_mlp.0"), d, 2 * m, false);
+                s.linear(&format!("{p}_mlp.2"), m, d, false);
+            }
+        }
+        for i in 0..self.depth_single {
+            let p = format!("single_blocks.{i}");
+            s.linear(&format!("{p}.linear1"), d, 3 * d + 2 * m, false);
+            s.linear(&format!("{p}.linear2"), d + m, d, false);
+            qk_norm(&mut s, &format!("{p}.norm"));
+        }
+        s.linear("final_layer.linear", d, self.in_channels, false);
+        s.linear("final_layer.adaLN_modulation.1", d, 2 * d, false);
+        s.0
+    }
+}
+
+/// FLUX.2's 32-channel autoencoder as BFL's file holds it: the KL autoencoder with its
+/// quant convolutions, bare names.
+pub fn flux2_vae_tensors(v: &VaeConfig) -> Vec<TensorSpec> {
+    let mut s = Specs(Vec::new());
+    vae(&mut s, "", v);
+    s.0
+}
+
+/// FLUX.2's VAE at [`tiny_ae_config`]'s size.
+pub fn tiny_flux2_vae_config() -> VaeConfig {
+    VaeConfig { z_channels: 32, embed_dim: 32, ..tiny_ae_config() }
+}
+
 /// A Qwen2/Qwen3 language model as a text encoder, in Hugging Face's names under `model.`
 /// (ComfyUI's `qwen_3_4b.safetensors`): Qwen3 has q/k RMS norms, Qwen2 q/k/v biases.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -382,6 +465,12 @@ impl LlmSynth {
     /// tokenizer's ids).
     pub fn tiny_qwen3() -> Self {
         LlmSynth { hidden: 32, heads: 2, kv_heads: 1, head_dim: 16, intermediate: 64, layers: 2, ..Self::qwen3_4b() }
+    }
+
+    /// [`LlmSynth::tiny_qwen3`] with the 28 layers FLUX.2 klein reads states from (sd.cpp's
+    /// layers 9, 18 and 27).
+    pub fn tiny_qwen3_klein() -> Self {
+        LlmSynth { layers: 28, ..Self::tiny_qwen3() }
     }
 
     pub fn tensors(&self) -> Vec<TensorSpec> {

@@ -9,6 +9,7 @@ use std::sync::Arc;
 pub fn register(registry: &mut Registry, _rt: &Arc<Runtime>) {
     registry.register(Arc::new(EMPTY_LATENT_IMAGE));
     registry.register(Arc::new(EMPTY_SD3_LATENT_IMAGE));
+    registry.register(Arc::new(EMPTY_FLUX2_LATENT_IMAGE));
     registry.register(Arc::new(SetLatentNoiseMask));
     registry.register(Arc::new(LatentUpscale { by: false }));
     registry.register(Arc::new(LatentUpscale { by: true }));
@@ -36,16 +37,24 @@ struct EmptyLatent {
     /// Default width and height, and their step.
     size: i64,
     step: i64,
+    /// Image pixels per latent pixel.
+    downscale: i64,
 }
 
-const EMPTY_LATENT_IMAGE: EmptyLatent = EmptyLatent { name: "EmptyLatentImage", display: "Empty Latent Image", channels: 4, size: 512, step: 8 };
-const EMPTY_SD3_LATENT_IMAGE: EmptyLatent = EmptyLatent { name: "EmptySD3LatentImage", display: "EmptySD3LatentImage", channels: 16, size: 1024, step: 16 };
+const EMPTY_LATENT_IMAGE: EmptyLatent = EmptyLatent { name: "EmptyLatentImage", display: "Empty Latent Image", channels: 4, size: 512, step: 8, downscale: 8 };
+const EMPTY_SD3_LATENT_IMAGE: EmptyLatent = EmptyLatent { name: "EmptySD3LatentImage", display: "EmptySD3LatentImage", channels: 16, size: 1024, step: 16, downscale: 8 };
+/// FLUX.2's: the 32-channel VAE latent's 2×2 patches, 128 channels at 1/16.
+const EMPTY_FLUX2_LATENT_IMAGE: EmptyLatent = EmptyLatent { name: "EmptyFlux2LatentImage", display: "Empty Flux 2 Latent", channels: 128, size: 1024, step: 16, downscale: 16 };
 
 impl Node for EmptyLatent {
     fn schema(&self) -> NodeSchema {
         NodeSchema::new(self.name)
             .display_name(self.display)
-            .category(if self.channels == 4 { "latent" } else { "latent/sd3" })
+            .category(match self.channels {
+                4 => "latent",
+                128 => "latent",
+                _ => "latent/sd3",
+            })
             .input(InputSpec::int("width", self.size).int_range(16, 16384).int_step(self.step.into()))
             .input(InputSpec::int("height", self.size).int_range(16, 16384).int_step(self.step.into()))
             .input(InputSpec::int("batch_size", 1).int_range(1, 4096))
@@ -57,7 +66,11 @@ impl Node for EmptyLatent {
         if w < 16 || h < 16 || n < 1 {
             return Err(NodeError::msg(format!("{w}x{h} × {n} is not a valid latent size")));
         }
-        let latent = latent_zeros([w / 8, h / 8, self.channels, n])?;
+        let f = self.downscale;
+        if w < f || h < f {
+            return Err(NodeError::msg(format!("{w}x{h} is smaller than one latent pixel ({f}x{f} image pixels)")));
+        }
+        let latent = latent_zeros([w / f, h / f, self.channels, n])?;
         Ok(Outputs::new(vec![Value::new(IoType::LATENT, latent)]))
     }
 }

@@ -18,6 +18,7 @@ use crate::runtime::Runtime;
 use crate::image::resize::{center_crop, resize_plane, Method};
 use crate::values::{Image, Latent, Mask, VaeKind, VaeRef};
 use crate::err;
+use sdflow_core::models::flux2::latent as flux2_latent;
 use sdflow_core::models::vae::tiling::VaeTiling;
 use sdflow_core::models::vae::{Vae, VaeConfig, VaeOp};
 use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Lane, Node, NodeError, NodeSchema, Outputs, Registry, Value};
@@ -46,6 +47,9 @@ pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
 /// The model a VAE handle holds, by its kind.
 enum AnyVae<'w> {
     Kl(Vae<'w>),
+    /// FLUX.2's 32-channel KL VAE, whose LATENT is the model's: 2×2 patches, normalised
+    /// ([`sdflow_core::models::flux2::latent`]).
+    Flux2(Vae<'w>),
     Taesd(crate::loaders::taesd::TaesdVae<'w>),
 }
 
@@ -53,6 +57,7 @@ impl AnyVae<'_> {
     fn downscale(&self) -> i64 {
         match self {
             AnyVae::Kl(m) => m.config.downscale(),
+            AnyVae::Flux2(m) => 2 * m.config.downscale(),
             AnyVae::Taesd(m) => m.downscale(),
         }
     }
@@ -60,6 +65,7 @@ impl AnyVae<'_> {
     fn z_channels(&self) -> i64 {
         match self {
             AnyVae::Kl(m) => m.config.z_channels,
+            AnyVae::Flux2(_) => flux2_latent::CHANNELS as i64,
             AnyVae::Taesd(m) => m.z_channels(),
         }
     }
@@ -70,9 +76,10 @@ fn with_vae<T>(rt: &Runtime, vae: &VaeRef, f: impl FnOnce(&AnyVae<'_>) -> Result
     match vae.kind {
         VaeKind::Kl => {
             let config = VaeConfig::infer(&weights, &vae.prefix).map_err(err)?;
+            let flux2 = config.z_channels == flux2_latent::VAE_CHANNELS as i64;
             let mut model = Vae::new(&weights, &vae.prefix, config).map_err(err)?;
             model.circular = vae.circular;
-            f(&AnyVae::Kl(model))
+            f(&if flux2 { AnyVae::Flux2(model) } else { AnyVae::Kl(model) })
         }
         VaeKind::Taesd(kind) => {
             let mut model = crate::loaders::taesd::TaesdVae::new(&weights, kind)?;
@@ -85,10 +92,22 @@ fn with_vae<T>(rt: &Runtime, vae: &VaeRef, f: impl FnOnce(&AnyVae<'_>) -> Result
 /// One sample through the VAE on the compute backend, whole or in tiles as `tiling` says
 /// (TAESD, a few convolutions, always runs whole).
 fn run_vae(rt: &Runtime, model: &AnyVae<'_>, op: VaeOp, input: &[f32], w: usize, h: usize, tiling: &VaeTiling) -> Result<Vec<f32>, NodeError> {
-    let model = match model {
-        AnyVae::Kl(m) => m,
-        AnyVae::Taesd(m) => return m.run(rt, op, input, w, h),
-    };
+    match model {
+        AnyVae::Kl(m) => run_kl(rt, m, op, input, w, h, tiling),
+        AnyVae::Taesd(m) => m.run(rt, op, input, w, h),
+        // The KL VAE runs on its own 32-channel latent at twice the model latent's size.
+        AnyVae::Flux2(m) => match op {
+            VaeOp::Decode => run_kl(rt, m, op, &flux2_latent::from_model(input, h, w).map_err(err)?, 2 * w, 2 * h, tiling),
+            VaeOp::EncodeMean => {
+                let z = run_kl(rt, m, op, input, w, h, tiling)?;
+                let f = 2 * m.config.downscale() as usize;
+                flux2_latent::to_model(&z, h / f, w / f).map_err(err)
+            }
+        },
+    }
+}
+
+fn run_kl(rt: &Runtime, model: &Vae<'_>, op: VaeOp, input: &[f32], w: usize, h: usize, tiling: &VaeTiling) -> Result<Vec<f32>, NodeError> {
     let (out, info) = rt.with_backend(Module::Vae, |b| model.run(b, op, input, w, h, tiling)).map_err(err)?;
     if let (Some(reason), Some(tiles)) = (&info.fallback, &info.tiles) {
         eprintln!("VAE: {reason}; retried in {tiles}");

@@ -312,7 +312,7 @@ impl Node for UnetLoader {
         let shown = path.display();
         let mut layout: Option<(&str, Layout)> = None;
         let prefix = match (det.family, det.layout) {
-            (ModelFamily::Flux | ModelFamily::Sd3 | ModelFamily::Chroma | ModelFamily::ZImage, Some(KeyLayout::Ldm)) => det.diffusion_prefix.clone().unwrap_or_default(),
+            (ModelFamily::Flux | ModelFamily::Sd3 | ModelFamily::Chroma | ModelFamily::ZImage | ModelFamily::Flux2, Some(KeyLayout::Ldm)) => det.diffusion_prefix.clone().unwrap_or_default(),
             // diffusers' names, fused and renamed into the single files' on load (no
             // prefix then).
             (ModelFamily::Sd3, _) => {
@@ -335,6 +335,7 @@ impl Node for UnetLoader {
             ModelFamily::Sd3 => sd3_model(weights, prefix)?,
             ModelFamily::Chroma => chroma_model(weights, prefix)?,
             ModelFamily::ZImage => z_image_model(weights, prefix)?,
+            ModelFamily::Flux2 => flux2_model(weights, prefix, det.flux_guidance)?,
             _ => flux_model(weights, prefix, det.flux_guidance)?,
         };
         Ok(Outputs::new(vec![Value::new(IoType::MODEL, model)]))
@@ -436,6 +437,19 @@ fn z_image_model(weights: WeightHandle<Weights>, prefix: String) -> Result<Model
     Ok(m)
 }
 
+/// The MODEL of a FLUX.2 transformer: its latent is the VAE nodes' already (patched and
+/// normalised, so no scale here), sampled as sd.cpp's FLUX flow with its default shift
+/// (μ 1.15 with a guidance embedding, else 1; the Flux2Scheduler node computes its own).
+fn flux2_model(weights: WeightHandle<Weights>, prefix: String, guidance: bool) -> Result<ModelRef, NodeError> {
+    let mut m = flux_model(weights, prefix, true)?;
+    let flow = FlowShift::Flux(if guidance { 1.15 } else { 1.0 });
+    m.family = ModelFamily::Flux2;
+    (m.latent_scale, m.latent_shift) = (1.0, 0.0);
+    m.schedule = flow.schedule().map_err(err)?;
+    m.flow = Some(flow);
+    Ok(m)
+}
+
 /// Where LDM-named checkpoints keep the VAE: SD3 / SD3.5 files, and every pipeline
 /// folder seen through [`pipeline::open`].
 const LDM_VAE: &str = "first_stage_model.";
@@ -523,9 +537,9 @@ impl Node for ClipLoader {
         } else {
             NodeSchema::new("CLIPLoader")
                 .display_name("Load CLIP")
-                .description("Loads a standalone text encoder: SD1's CLIP-L or SD2's OpenCLIP-H (type stable_diffusion), one of SD3's (type sd3), Chroma's T5-XXL (type chroma), Z-Image's Qwen3-4B (type lumina2); T5 and the LLMs as safetensors or GGUF.")
+                .description("Loads a standalone text encoder: SD1's CLIP-L or SD2's OpenCLIP-H (type stable_diffusion), one of SD3's (type sd3), Chroma's T5-XXL (type chroma), Z-Image's Qwen3-4B (type lumina2), FLUX.2 klein's Qwen3 (type flux2); T5 and the LLMs as safetensors or GGUF.")
                 .input(InputSpec::combo("clip_name", files))
-                .input(InputSpec::combo("type", ["stable_diffusion", "sd3", "chroma", "lumina2"]))
+                .input(InputSpec::combo("type", ["stable_diffusion", "sd3", "chroma", "lumina2", "flux2"]))
         };
         s.input(InputSpec::combo("device", ["default", "cpu"]).optional().tooltip("Where the text encoders load and run: `default` follows the text encoder placement (--backend te=...), `cpu` keeps them on the CPU."))
             .category("advanced/loaders")
@@ -560,10 +574,15 @@ impl Node for ClipLoader {
             let clip = ClipRef { encoders: Vec::new(), t5: Some(t5_handle(&self.rt, place, &path)?), family: ModelFamily::Chroma, llm: None, clip_skip: None, sdcpp: None, place };
             return Ok(Outputs::new(vec![Value::new(IoType::CLIP, clip)]));
         }
-        if ty == "lumina2" && !self.dual {
+        let llm_family = match ty {
+            "lumina2" => Some((LlmFamily::ZImage, ModelFamily::ZImage)),
+            "flux2" => Some((LlmFamily::Flux2Klein, ModelFamily::Flux2)),
+            _ => None,
+        };
+        if let (Some((llm_family, family)), false) = (llm_family, self.dual) {
             let path = self.paths(inputs)?.remove(0);
-            let llm = llm_handle(&self.rt, place, &path, LlmFamily::ZImage)?;
-            let clip = ClipRef { encoders: Vec::new(), t5: None, llm: Some(llm), family: ModelFamily::ZImage, clip_skip: None, sdcpp: None, place };
+            let llm = llm_handle(&self.rt, place, &path, llm_family)?;
+            let clip = ClipRef { encoders: Vec::new(), t5: None, llm: Some(llm), family, clip_skip: None, sdcpp: None, place };
             return Ok(Outputs::new(vec![Value::new(IoType::CLIP, clip)]));
         }
         if ty == "sd3" {
@@ -571,7 +590,7 @@ impl Node for ClipLoader {
             return Ok(Outputs::new(vec![Value::new(IoType::CLIP, clip)]));
         }
         if ty != if self.dual { "sdxl" } else { "stable_diffusion" } {
-            let wanted = if self.dual { "`sdxl`, `sd3` and `flux`" } else { "`stable_diffusion`, `sd3`, `chroma` and `lumina2` (Z-Image's Qwen3-4B)" };
+            let wanted = if self.dual { "`sdxl`, `sd3` and `flux`" } else { "`stable_diffusion`, `sd3`, `chroma`, `lumina2` (Z-Image's Qwen3-4B) and `flux2` (FLUX.2 klein's Qwen3)" };
             return Err(NodeError::msg(format!("type `{ty}`: only {wanted} text encoders are supported yet")));
         }
         let mut found = Vec::new();

@@ -28,6 +28,7 @@ use sdflow_core::models::flux::{fill_concat, Flux, FluxConfig, FluxDenoiser, Flu
 use sdflow_core::models::dit::SkipLayers;
 use sdflow_core::models::sd3::{Sd3, Sd3Config, Sd3Denoiser, Sd3Item};
 use sdflow_core::models::z_image::{ZImage, ZImageConfig, ZImageDenoiser, ZImageItem};
+use sdflow_core::models::flux2::{Flux2, Flux2Config, Flux2Denoiser, Flux2Item};
 use sdflow_core::models::sd::{BatchItem, ControlInput, IpPatch, IpSide, SdDenoiser};
 use sdflow_core::models::conditioning::Conditioning;
 use std::collections::hash_map::{Entry, HashMap};
@@ -272,6 +273,9 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
         // tiling reaches an SD3 image through its VAE only.
         let config = Sd3Config::infer(&weights, &model.prefix).map_err(err)?;
         Den::Sd3(Sd3Denoiser::new(Sd3::new(&weights, &model.prefix, config).map_err(err)?))
+    } else if model.family == ModelFamily::Flux2 {
+        let config = Flux2Config::infer(&weights, &model.prefix).map_err(err)?;
+        Den::Flux2(Flux2Denoiser::new(Flux2::new(&weights, &model.prefix, config).map_err(err)?))
     } else if model.family == ModelFamily::ZImage {
         let config = ZImageConfig::infer(&weights, &model.prefix).map_err(err)?;
         let mut den = ZImageDenoiser::new(ZImage::new(&weights, &model.prefix, config).map_err(err)?);
@@ -327,7 +331,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
             .collect();
         den = match den {
             Den::Sd(d) => Den::Sd(d.with_ip_adapters(patches).map_err(err)?),
-            Den::Flux(_) | Den::Sd3(_) | Den::ZImage(_) => return Err(NodeError::msg(format!("IP-Adapters apply to SD UNets; this model is {}", model.family))),
+            Den::Flux(_) | Den::Sd3(_) | Den::ZImage(_) | Den::Flux2(_) => return Err(NodeError::msg(format!("IP-Adapters apply to SD UNets; this model is {}", model.family))),
         };
     }
 
@@ -342,6 +346,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
         Den::Flux(d) => d.out_channels() / 4,
         Den::Sd3(d) => d.config().in_channels,
         Den::ZImage(d) => d.config().in_channels,
+        Den::Flux2(d) => d.config().in_channels,
         Den::Sd(_) => channels,
     };
     let grown;
@@ -383,7 +388,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     let extra = match &den {
         Den::Sd(d) => d.unet().config.in_channels - shape[2],
         Den::Flux(d) => d.in_channels() / 4 - shape[2],
-        Den::Sd3(_) | Den::ZImage(_) => 0,
+        Den::Sd3(_) | Den::ZImage(_) | Den::Flux2(_) => 0,
     };
     let fill = matches!(den, Den::Flux(_)) && extra > 0;
     if fill && extra != shape[2] + 64 {
@@ -482,8 +487,8 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     let controls = Controls::collect(rt, prepared.iter().flatten().map(|p| &p.control))?;
     let nets = match &den {
         Den::Sd(d) => controls.nets(&d.unet().config)?,
-        Den::Flux(_) | Den::Sd3(_) | Den::ZImage(_) if prepared.iter().flatten().any(|p| p.control.is_some()) => return Err(NodeError::msg(format!("ControlNets apply to SD UNets; this model is {}", model.family))),
-        Den::Flux(_) | Den::Sd3(_) | Den::ZImage(_) => Vec::new(),
+        Den::Flux(_) | Den::Sd3(_) | Den::ZImage(_) | Den::Flux2(_) if prepared.iter().flatten().any(|p| p.control.is_some()) => return Err(NodeError::msg(format!("ControlNets apply to SD UNets; this model is {}", model.family))),
+        Den::Flux(_) | Den::Sd3(_) | Den::ZImage(_) | Den::Flux2(_) => Vec::new(),
     };
     let mut hints: HashMap<(usize, i64, i64), Vec<f32>> = HashMap::new();
     let mut sides: Vec<Option<&[guidance::Prepared]>> = vec![None; prepared.len()];
@@ -499,7 +504,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     let slg = model.slg.as_ref().map(|g| (g, (percent_to_sigma(g.percents.0), percent_to_sigma(g.percents.1))));
     let no_skip = SkipLayers::default();
     let slg_layers = model.slg.as_ref().map_or(&no_skip, |g| &g.layers);
-    if slg.is_some() && matches!(den, Den::Sd(_) | Den::ZImage(_)) {
+    if slg.is_some() && matches!(den, Den::Sd(_) | Den::ZImage(_) | Den::Flux2(_)) {
         return Err(NodeError::msg(format!("skip-layer guidance runs on DiTs (SD3, FLUX, Chroma); this model is {}", model.family)));
     }
     let skipping = std::cell::Cell::new(false);
@@ -564,6 +569,10 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
                     let batch: Vec<Sd3Item<'_>> = items.iter().map(|it| Sd3Item { x: &it.x, cond: it.cond }).collect();
                     let skip = if skipping.get() { &slg_layers.double[..] } else { &[][..] };
                     rt.with_backend(Module::Diffusion, |b| den.denoise_batch(b, s, sigma, &batch, skip)).map_err(err)
+                }
+                Den::Flux2(den) => {
+                    let batch: Vec<Flux2Item<'_>> = items.iter().map(|it| Flux2Item { x: &it.x, cond: it.cond }).collect();
+                    rt.with_backend(Module::Diffusion, |b| den.denoise_batch(b, s, sigma, &batch)).map_err(err)
                 }
                 Den::ZImage(den) => {
                     let batch: Vec<ZImageItem<'_>> = items.iter().map(|it| ZImageItem { x: &it.x, cond: it.cond }).collect();
@@ -703,6 +712,7 @@ enum Den<'w> {
     Flux(FluxDenoiser<'w>),
     Sd3(Sd3Denoiser<'w>),
     ZImage(ZImageDenoiser<'w>),
+    Flux2(Flux2Denoiser<'w>),
 }
 
 /// ComfyUI's "KSampler".

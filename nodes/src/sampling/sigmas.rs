@@ -1,7 +1,7 @@
 //! More of ComfyUI's custom-sampling schedule and sigma nodes (`nodes_custom_sampler.py`):
 //! PolyexponentialScheduler, LaplaceScheduler and VPScheduler (k-diffusion's schedules),
 //! BetaSamplingScheduler, FlipSigmas, SplitSigmasDenoise, ExtendIntermediateSigmas,
-//! SamplingPercentToSigma and AddNoise.
+//! SamplingPercentToSigma and AddNoise; FLUX.2's Flux2Scheduler (`nodes_flux.py`).
 //!
 //! Schedules are float32 tensors in ComfyUI, built from torch's float32 `linspace`; they
 //! are computed here the same way, so a schedule fed to a sampler is the same list.
@@ -22,6 +22,53 @@ pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
         registry.register(Arc::new(n));
     }
     registry.register(Arc::new(AddNoise { rt: rt.clone() }));
+    registry.register(Arc::new(Flux2Scheduler));
+}
+
+/// FLUX.2's empirical shift μ for `seq` image tokens and `steps` steps (BFL's
+/// `compute_empirical_mu`, diffusers' and sd.cpp's `flux2` scheduler): linear in the token
+/// count past 4300 tokens, below it interpolated between its 10- and 200-step fits.
+pub fn flux2_mu(seq: f64, steps: usize) -> f64 {
+    let (a1, b1) = (8.73809524e-05, 1.89833333);
+    let (a2, b2) = (0.00016927, 0.45666666);
+    if seq > 4300.0 {
+        return a2 * seq + b2;
+    }
+    let (m200, m10) = (a2 * seq + b2, a1 * seq + b1);
+    let a = (m200 - m10) / 190.0;
+    a * steps as f64 + (m200 - 200.0 * a)
+}
+
+/// FLUX.2's schedule: `steps` evenly spaced times from 1 to 0, shifted by [`flux2_mu`] of
+/// the image's 16×16-pixel tokens (ComfyUI's `get_schedule`).
+pub fn flux2_sigmas(steps: usize, width: i64, height: i64) -> Vec<f32> {
+    let seq = ((width * height) as f64 / 256.0).round();
+    let shift = FlowShift::Flux(flux2_mu(seq, steps));
+    linspace(1.0, 0.0, steps + 1).into_iter().map(|t| if t <= 0.0 { 0.0 } else { shift.sigma(t) }).collect()
+}
+
+/// ComfyUI's "Flux2Scheduler".
+struct Flux2Scheduler;
+
+impl Node for Flux2Scheduler {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("Flux2Scheduler")
+            .display_name("Flux2Scheduler")
+            .category(SCHEDULERS)
+            .description("FLUX.2's schedule: steps from 1 to 0, shifted by its empirical mu for the image's token count and the step count.")
+            .input(InputSpec::int("steps", 20).int_range(1, 4096))
+            .input(InputSpec::int("width", 1024).int_range(1, 16384))
+            .input(InputSpec::int("height", 1024).int_range(1, 16384))
+            .output("SIGMAS", IoType::SIGMAS)
+    }
+
+    fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let (steps, w, h) = (inputs.int("steps")?, inputs.int("width")?, inputs.int("height")?);
+        if !(1..=4096).contains(&steps) || !(1..=16384).contains(&w) || !(1..=16384).contains(&h) {
+            return Err(NodeError::msg(format!("steps {steps} (1..=4096) or size {w}x{h} (1..=16384) out of range")));
+        }
+        Ok(Outputs::new(vec![Value::new(IoType::SIGMAS, Sigmas(flux2_sigmas(steps as usize, w, h)))]))
+    }
 }
 
 const SCHEDULERS: &str = "sampling/custom_sampling/schedulers";
@@ -335,5 +382,31 @@ impl Node for AddNoise {
             })
             .collect();
         Ok(Outputs::new(vec![Value::new(IoType::LATENT, Latent { samples, ..latent.clone() })]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// diffusers' `Flux2KleinPipeline` schedule (FlowMatchEulerDiscreteScheduler with the
+    /// empirical μ) at three sizes: below and above the 4300-token knee.
+    #[test]
+    fn flux2_schedule_matches_diffusers() {
+        let cases: [(usize, i64, i64, &[f32]); 3] = [
+            (4, 1024, 1024, &[1.0, 0.967384, 0.908144, 0.7672, 0.0]),
+            (
+                20,
+                512,
+                768,
+                &[1.0, 0.992665, 0.98464, 0.975823, 0.966091, 0.955294, 0.943245, 0.929716, 0.914414, 0.896966, 0.876889, 0.853538, 0.826042, 0.793189, 0.753245, 0.703638, 0.640377, 0.556925, 0.441782, 0.272665, 0.0],
+            ),
+            (4, 2048, 2048, &[1.0, 0.986986, 0.961947, 0.893915, 0.0]),
+        ];
+        for (steps, w, h, want) in cases {
+            let got = super::flux2_sigmas(steps, w, h);
+            assert_eq!(got.len(), want.len());
+            for (g, e) in got.iter().zip(want) {
+                assert!((g - e).abs() < 2e-5, "{steps} steps at {w}x{h}: {got:?}");
+            }
+        }
     }
 }

@@ -237,6 +237,7 @@ fn family_name(family: Family) -> &'static str {
         Family::Chroma => "Chroma",
         Family::Sd3 => "SD3",
         Family::ZImage => "Z-Image",
+        Family::Flux2 => "FLUX.2",
     }
 }
 

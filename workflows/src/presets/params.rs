@@ -306,6 +306,7 @@ impl ModelInfo {
             ModelFamily::Chroma => Family::Chroma,
             ModelFamily::Sd3 => Family::Sd3,
             ModelFamily::ZImage => Family::ZImage,
+            ModelFamily::Flux2 => Family::Flux2,
             ModelFamily::Unknown => return None,
             _ => Family::Unet,
         };
@@ -338,6 +339,7 @@ pub enum Family {
     Chroma,
     Sd3,
     ZImage,
+    Flux2,
 }
 
 /// sd-cli's skip-layer guidance flags, with its defaults.

@@ -1,0 +1,80 @@
+//! FLUX.2 klein end to end on tiny random-weight files (the transformer in BFL's names,
+//! Qwen3 in Hugging Face's, the 32-channel VAE): the committed workflow, its VAE round
+//! trip, and bad combinations.
+
+use sdflow_executor::{InputValue, NodeSpec};
+use sdflow_tests::{with_input, write_flux2_models, TestEnv};
+use serde_json::json;
+
+fn env() -> TestEnv {
+    let dir = tempfile::tempdir().unwrap();
+    let input = sdflow_tests::tiny_tree(dir.path());
+    sdflow_tests::write_test_png(&input.join("input.png"), 72, 56);
+    write_flux2_models(dir.path());
+    sdflow_tests::write_z_image_models(dir.path());
+    TestEnv::with_dir(dir, |rt| rt)
+}
+
+fn link(node: &str, output: usize) -> InputValue {
+    InputValue::Link { node: node.into(), output }
+}
+
+#[test]
+fn the_klein_workflow_runs_and_its_inputs_matter() {
+    let env = env();
+    let wf = env.workflow("flux2_klein.json", 48, 2);
+    let (w, h, px) = env.run_saved(&wf, "12");
+    assert_eq!((w, h), (48, 48));
+    assert!(px.iter().max().unwrap() - px.iter().min().unwrap() > 10, "the image is not flat");
+    let base = env.run_saved_hash(&wf, "12");
+    assert_eq!(env.run_saved_hash(&wf, "12"), base, "deterministic");
+    for (node, input, v) in [("4", "text", json!("a (red:1.3) fox")), ("9", "noise_seed", json!(7)), ("8", "steps", json!(3))] {
+        assert_ne!(env.run_saved_hash(&with_input(&wf, node, input, v.clone()), "12"), base, "{node}.{input} = {v}");
+    }
+}
+
+/// VAEEncode gives the model's latent (128 channels at 1/16) and VAEDecode takes it back:
+/// img2img through KSampler at denoise 0.5 runs on an encoded image.
+#[test]
+fn the_flux2_vae_works_in_the_models_latent_space() {
+    let env = env();
+    let mut wf = env.workflow("flux2_klein.json", 32, 2);
+    wf.nodes.insert("20".into(), NodeSpec::new("LoadImage").with_input("image", InputValue::Const(json!("input.png"))));
+    wf.nodes.insert("21".into(), NodeSpec::new("VAEEncode").with_input("pixels", link("20", 0)).with_input("vae", link("3", 0)));
+    wf.nodes.insert(
+        "22".into(),
+        NodeSpec::new("KSampler")
+            .with_input("model", link("1", 0))
+            .with_input("seed", InputValue::Const(json!(1)))
+            .with_input("steps", InputValue::Const(json!(2)))
+            .with_input("cfg", InputValue::Const(json!(1.0)))
+            .with_input("sampler_name", InputValue::Const(json!("euler")))
+            .with_input("scheduler", InputValue::Const(json!("simple")))
+            .with_input("positive", link("4", 0))
+            .with_input("negative", link("4", 0))
+            .with_input("latent_image", link("21", 0))
+            .with_input("denoise", InputValue::Const(json!(0.5))),
+    );
+    wf.set_input("11", "samples", link("22", 0)).unwrap();
+    // The 72×56 input cropped to whole 16-pixel latent pixels.
+    let (w, h, _) = env.run_saved(&wf, "12");
+    assert_eq!((w, h), (64, 48));
+}
+
+#[test]
+fn bad_combinations_are_named_errors() {
+    let env = env();
+    let wf = env.workflow("flux2_klein.json", 32, 2);
+    // Z-Image's text encoder type gives one layer's states, not three.
+    let e = env.run_err(&with_input(&wf, "2", "type", json!("lumina2")));
+    assert!(e.contains("three LLM layers"), "{e}");
+    // FLUX.1's 16-channel ae cannot decode FLUX.2's latent.
+    let e = env.run_err(&with_input(&wf, "3", "vae_name", json!("ae.safetensors")));
+    assert!(e.contains("128 channels"), "{e}");
+    // FLUX.2's text on Z-Image: three layers' states are not its one.
+    let mut z = wf.clone();
+    z.set_input("6", "model", link("30", 0)).unwrap();
+    z.nodes.insert("30".into(), NodeSpec::new("UNETLoader").with_input("unet_name", InputValue::Const(json!("z_image_turbo_bf16.safetensors"))).with_input("weight_dtype", InputValue::Const(json!("default"))));
+    let e = env.run_err(&z);
+    assert!(e.contains("caption tokens 96 wide"), "{e}");
+}
