@@ -2,7 +2,7 @@
 //! same blocks with modulations from its approximator, FLUX.2 with modulations shared by
 //! all blocks, no biases and SwiGLU MLPs.
 
-use crate::ggml::{Context, GType, Tensor};
+use crate::ggml::{Context, GType, GraphRun, Tensor};
 use crate::models::dit::{self, rope};
 use crate::models::nn::{attention_typed, expect_linear, linear};
 use crate::models::{Result, Weights};
@@ -127,6 +127,42 @@ pub(crate) fn expect_blocks(w: &Weights, prefix: &str, (d, m, dh): (i64, i64, i6
         if modulated {
             lin(format!("{p}.modulation.lin"), d, 3 * d)?;
         }
+    }
+    Ok(())
+}
+
+/// BFL's timestep (and distilled guidance) embedding under `prefix`: `time_in` of σ and,
+/// when the model embeds guidance and the call gives it, `guidance_in` of the scale, each
+/// at 1000× through `timestep_embedding` → MLPEmbedder; summed, [D, B].
+pub(crate) fn time_guidance<'a>(ctx: &'a Context, run: &mut GraphRun<'a>, w: &'a Weights, prefix: &str, timesteps: &[f32], guidance: Option<&[f32]>, guidance_embed: bool) -> Result<Tensor<'a>> {
+    let b = timesteps.len() as i64;
+    let embed = |run: &mut GraphRun<'a>, v: &[f32], name: &str| -> Result<Tensor<'a>> {
+        let t = run.input_f32(&[b], v.iter().map(|s| s * 1000.0).collect())?;
+        dit::mlp_embedder(ctx, w, &format!("{prefix}{name}"), ctx.timestep_embedding(t, 256, 10_000)?)
+    };
+    let vec = embed(run, timesteps, "time_in")?;
+    match (guidance_embed, guidance) {
+        (true, Some(g)) if g.len() as i64 == b => Ok(ctx.add(vec, embed(run, g, "guidance_in")?)?),
+        (true, Some(g)) => Err(crate::models::ModelError::Input(format!("{} guidance values for {b} sequences", g.len()))),
+        // No guidance: the embedder is left out (ComfyUI's FluxDisableGuidance); a model
+        // without one (schnell, klein) ignores a value, as sd.cpp and ComfyUI do.
+        _ => Ok(vec),
+    }
+}
+
+/// BFL's `LastLayer` under `prefix` on image tokens [D, L, B]: LayerNorm without affine,
+/// shifted and scaled by `final_layer.adaLN_modulation.1` of `vec` (already SiLU'd), then
+/// `final_layer.linear`.
+pub(crate) fn last_layer<'a>(ctx: &'a Context, w: &'a Weights, prefix: &str, img: Tensor<'a>, vec: Tensor<'a>) -> Result<Tensor<'a>> {
+    let m = dit::chunks(ctx, linear(ctx, w, &format!("{prefix}final_layer.adaLN_modulation.1"), vec)?, 2)?;
+    let img = dit::modulate(ctx, ctx.norm(img, 1e-6)?, m[0], m[1])?;
+    linear(ctx, w, &format!("{prefix}final_layer.linear"), img)
+}
+
+/// The count check every FLUX-style forward makes of its position ids and timesteps.
+pub(crate) fn check_ids(img_ids: usize, txt_ids: usize, timesteps: usize, (l, lt, b): (i64, i64, i64)) -> Result<()> {
+    if img_ids as i64 != l || txt_ids as i64 != lt || timesteps as i64 != b {
+        return Err(crate::models::ModelError::Input(format!("{img_ids} image ids, {txt_ids} text ids and {timesteps} timesteps for {l} image and {lt} text tokens in {b} sequences")));
     }
     Ok(())
 }

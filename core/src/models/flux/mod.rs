@@ -152,23 +152,9 @@ impl<'w> Flux<'w> {
                 c.vector
             )));
         }
-        if x.img_ids.len() as i64 != l || x.txt_ids.len() as i64 != lt || x.timesteps.len() as i64 != b {
-            return Err(ModelError::Input(format!("{} image ids, {} text ids and {} timesteps for {l} image and {lt} text tokens in {b} sequences", x.img_ids.len(), x.txt_ids.len(), x.timesteps.len())));
-        }
-        let embed = |run: &mut GraphRun<'a>, v: &[f32], name: &str| -> Result<Tensor<'a>> {
-            let t = run.input_f32(&[b], v.iter().map(|s| s * 1000.0).collect())?;
-            mlp_embedder(ctx, self.w, &self.name(name), ctx.timestep_embedding(t, 256, 10_000)?)
-        };
-        let mut vec = embed(run, x.timesteps, "time_in")?;
-        match (c.guidance_embed, x.guidance) {
-            (true, Some(g)) if g.len() as i64 == b => vec = ctx.add(vec, embed(run, g, "guidance_in")?)?,
-            (true, Some(g)) => return Err(ModelError::Input(format!("{} guidance values for {b} sequences", g.len()))),
-            // No guidance: the embedder is left out (ComfyUI's FluxDisableGuidance).
-            (true, None) => {}
-            // schnell ignores a guidance value, as sd.cpp and ComfyUI do.
-            (false, _) => {}
-        }
-        vec = ctx.add(vec, mlp_embedder(ctx, self.w, &self.name("vector_in"), x.y)?)?;
+        blocks::check_ids(x.img_ids.len(), x.txt_ids.len(), x.timesteps.len(), (l, lt, b))?;
+        let vec = blocks::time_guidance(ctx, run, self.w, &self.prefix, x.timesteps, x.guidance, c.guidance_embed)?;
+        let vec = ctx.add(vec, mlp_embedder(ctx, self.w, &self.name("vector_in"), x.y)?)?;
         let vec = ctx.silu(vec)?;
 
         let ids: Vec<Vec<f32>> = x.txt_ids.iter().chain(x.img_ids).cloned().collect();
@@ -190,10 +176,7 @@ impl<'w> Flux<'w> {
             let p = self.name(&format!("single_blocks.{i}"));
             joint = blk.single(&p, joint, &blk.single_mods(&p, vec)?, &pe)?;
         }
-        let img = dit::rows(ctx, joint, lt, l)?;
-        let m = dit::chunks(ctx, linear(ctx, self.w, &self.name("final_layer.adaLN_modulation.1"), vec)?, 2)?;
-        let img = dit::modulate(ctx, ctx.norm(img, 1e-6)?, m[0], m[1])?;
-        linear(ctx, self.w, &self.name("final_layer.linear"), img)
+        blocks::last_layer(ctx, self.w, &self.prefix, dit::rows(ctx, joint, lt, l)?, vec)
     }
 
     /// The type the projections compute in: bf16 models may take the CPU's bf16 attention.

@@ -14,7 +14,7 @@ pub mod latent;
 
 pub use denoiser::{position_ids, Flux2Denoiser, Flux2Item};
 
-use super::dit::{self, mlp_embedder, rope};
+use super::dit::{self, rope};
 use super::flux::blocks::{self, expect_projection, Mlp, Style};
 use super::nn::linear;
 use super::{ModelError, Result, Weights};
@@ -139,21 +139,8 @@ impl<'w> Flux2<'w> {
         if fin != c.in_channels || ctx_w != c.context || bt != b {
             return Err(ModelError::Input(format!("image tokens {:?} and text {:?} for a FLUX.2 model of {} / {} features", x.img.ne(), x.txt.ne(), c.in_channels, c.context)));
         }
-        if x.img_ids.len() as i64 != l || x.txt_ids.len() as i64 != lt || x.timesteps.len() as i64 != b {
-            return Err(ModelError::Input(format!("{} image ids, {} text ids and {} timesteps for {l} image and {lt} text tokens in {b} sequences", x.img_ids.len(), x.txt_ids.len(), x.timesteps.len())));
-        }
-        let embed = |run: &mut GraphRun<'a>, v: &[f32], name: &str| -> Result<Tensor<'a>> {
-            let t = run.input_f32(&[b], v.iter().map(|s| s * 1000.0).collect())?;
-            mlp_embedder(ctx, self.w, &self.name(name), ctx.timestep_embedding(t, 256, 10_000)?)
-        };
-        let mut vec = embed(run, x.timesteps, "time_in")?;
-        match (c.guidance_embed, x.guidance) {
-            (true, Some(g)) if g.len() as i64 == b => vec = ctx.add(vec, embed(run, g, "guidance_in")?)?,
-            (true, Some(g)) => return Err(ModelError::Input(format!("{} guidance values for {b} sequences", g.len()))),
-            // klein ignores a guidance value, as sd.cpp does.
-            _ => {}
-        }
-        let vec = ctx.silu(vec)?;
+        blocks::check_ids(x.img_ids.len(), x.txt_ids.len(), x.timesteps.len(), (l, lt, b))?;
+        let vec = ctx.silu(blocks::time_guidance(ctx, run, self.w, &self.prefix, x.timesteps, x.guidance, c.guidance_embed)?)?;
         let mods = |name: &str, n: usize| dit::chunks(ctx, linear(ctx, self.w, &self.name(name), vec)?, n);
         let (im, tm, sm) = (mods("double_stream_modulation_img.lin", 6)?, mods("double_stream_modulation_txt.lin", 6)?, mods("single_stream_modulation.lin", 3)?);
 
@@ -171,10 +158,7 @@ impl<'w> Flux2<'w> {
         for i in 0..c.depth_single {
             joint = blk.single(&self.name(&format!("single_blocks.{i}")), joint, &sm, &pe)?;
         }
-        let img = dit::rows(ctx, joint, lt, l)?;
-        let m = dit::chunks(ctx, linear(ctx, self.w, &self.name("final_layer.adaLN_modulation.1"), vec)?, 2)?;
-        let img = dit::modulate(ctx, ctx.norm(img, 1e-6)?, m[0], m[1])?;
-        linear(ctx, self.w, &self.name("final_layer.linear"), img)
+        blocks::last_layer(ctx, self.w, &self.prefix, dit::rows(ctx, joint, lt, l)?, vec)
     }
 
     /// The type the projections compute in: bf16 models may take the CPU's bf16 attention.
