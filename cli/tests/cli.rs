@@ -88,7 +88,7 @@ const NOT_PRESETS: &[(&str, &str)] = &[
     ("flux_fill_inpaint.json", "ComfyUI's FLUX Fill graph; sd-cli's differs in schedule and conditioning"),
     ("chroma_txt2img.json", "ComfyUI's Chroma graph (no masks, beta schedule); sd-cli's masks the T5 padding"),
     ("sd35_txt2img.json", "ComfyUI's SD3.5 graph (one T5 sequence after CLIP's); sd-cli interleaves 77-token chunks"),
-    ("flux2_klein.json", "ComfyUI's FLUX.2 klein graph; sd-cli's FLUX.2 preset is not built yet"),
+    ("flux2_klein.json", "ComfyUI's FLUX.2 klein graph (Flux2Scheduler's float32 linspace, CFGGuider); `img_gen --diffusion-model … --llm …` builds sd-cli's"),
     ("z_image_turbo.json", "ComfyUI's Z-Image Turbo graph (res_multistep on the simple schedule); `img_gen --diffusion-model … --llm …` builds sd-cli's (euler, discrete)"),
     ("z_image_base.json", "ComfyUI's Z-Image graph (res_multistep on the simple schedule); sd-cli's runs euler on its discrete schedule"),
 ];
@@ -1013,6 +1013,28 @@ fn z_image_preset_runs_on_tiny_models() {
     let (_, err) = fails(&["img_gen", "--diffusion-model", &z, "--llm", &llm, "--vae", &ae, "--llm_vision", "v.safetensors", "-p", "x"], dir.path());
     assert!(err.contains("not supported yet: --llm_vision"), "{err}");
     let (_, err) = fails(&["img_gen", "-m", "models/checkpoints/model.safetensors", "--llm", &llm, "-p", "x"], dir.path());
+    assert!(err.contains("--llm"), "{err}");
+}
+
+/// sd-cli's FLUX.2 klein command line on tiny files: sd.cpp's graph (the LLM's three
+/// layers through CLIPLoader type flux2, EmptyFlux2LatentImage, its flux2 schedule as
+/// ManualSigmas), which runs; `-r` edits are refused by name for now.
+#[test]
+fn flux2_preset_runs_on_tiny_models() {
+    let dir = tempfile::tempdir().unwrap();
+    sdflow_tests::tiny_tree(dir.path());
+    sdflow_tests::write_flux2_models(dir.path());
+    sdflow_tests::write_test_png(&dir.path().join("ref.png"), 64, 48);
+    let m = |p: &str| format!("models/{p}");
+    let (f, llm, vae) = (m("diffusion_models/flux-2-klein-4b.safetensors"), m("text_encoders/qwen_3_4b_klein.safetensors"), m("vae/flux2-vae.safetensors"));
+    let base = ["img_gen", "--diffusion-model", &f, "--llm", &llm, "--vae", &vae, "-p", "a fox", "--cfg-scale", "1"];
+    let printed = ok(&[&base[..], &["--print-workflow"]].concat(), dir.path());
+    assert!(printed.contains("EmptyFlux2LatentImage") && printed.contains("\"flux2\"") && printed.contains("ManualSigmas") && !printed.contains("SdCppConditioner"), "{printed}");
+    ok(&[&base[..], &["--steps", "2", "-W", "64", "-H", "48", "-t", "2", "-o", "klein.png"]].concat(), dir.path());
+    assert_eq!(png_size(&dir.path().join("klein.png")), (64, 48));
+    let (_, err) = fails(&[&base[..], &["-r", "ref.png"]].concat(), dir.path());
+    assert!(err.contains("not supported yet: -r"), "{err}");
+    let (_, err) = fails(&["img_gen", "--diffusion-model", &f, "--vae", &vae, "-p", "x"], dir.path());
     assert!(err.contains("--llm"), "{err}");
 }
 

@@ -29,6 +29,21 @@ fn table_len(shift: FlowShift) -> usize {
     }
 }
 
+/// FLUX.2's empirical shift μ for `seq` image tokens and `steps` steps (BFL's
+/// `compute_empirical_mu`, diffusers' and sd.cpp's `flux2` scheduler, ComfyUI's
+/// Flux2Scheduler): linear in the token count past 4300 tokens, below it interpolated
+/// between its 10- and 200-step fits.
+pub fn flux2_mu(seq: f64, steps: usize) -> f64 {
+    let (a1, b1) = (8.73809524e-05, 1.89833333);
+    let (a2, b2) = (0.00016927, 0.45666666);
+    if seq > 4300.0 {
+        return a2 * seq + b2;
+    }
+    let (m200, m10) = (a2 * seq + b2, a1 * seq + b1);
+    let a = (m200 - m10) / 190.0;
+    a * steps as f64 + (m200 - 200.0 * a)
+}
+
 impl FlowShift {
     /// σ at t, in f32 as ComfyUI computes it on its float32 timestep tensor (the shift a
     /// Python float rounded into the product).

@@ -25,25 +25,11 @@ pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
     registry.register(Arc::new(Flux2Scheduler));
 }
 
-/// FLUX.2's empirical shift μ for `seq` image tokens and `steps` steps (BFL's
-/// `compute_empirical_mu`, diffusers' and sd.cpp's `flux2` scheduler): linear in the token
-/// count past 4300 tokens, below it interpolated between its 10- and 200-step fits.
-pub fn flux2_mu(seq: f64, steps: usize) -> f64 {
-    let (a1, b1) = (8.73809524e-05, 1.89833333);
-    let (a2, b2) = (0.00016927, 0.45666666);
-    if seq > 4300.0 {
-        return a2 * seq + b2;
-    }
-    let (m200, m10) = (a2 * seq + b2, a1 * seq + b1);
-    let a = (m200 - m10) / 190.0;
-    a * steps as f64 + (m200 - 200.0 * a)
-}
-
-/// FLUX.2's schedule: `steps` evenly spaced times from 1 to 0, shifted by [`flux2_mu`] of
-/// the image's 16×16-pixel tokens (ComfyUI's `get_schedule`).
+/// FLUX.2's schedule: `steps` evenly spaced times from 1 to 0 (torch's float32 linspace),
+/// shifted by the empirical μ of the image's 16×16-pixel tokens (ComfyUI's `get_schedule`).
 pub fn flux2_sigmas(steps: usize, width: i64, height: i64) -> Vec<f32> {
     let seq = ((width * height) as f64 / 256.0).round();
-    let shift = FlowShift::Flux(flux2_mu(seq, steps));
+    let shift = FlowShift::Flux(sdflow_core::sampling::flow::flux2_mu(seq, steps));
     linspace(1.0, 0.0, steps + 1).into_iter().map(|t| if t <= 0.0 { 0.0 } else { shift.sigma(t) }).collect()
 }
 

@@ -12,7 +12,7 @@
 //! - `-r` references (Kontext) on both prompts, resized as sd.cpp does (nearest
 //!   neighbour to at most 1024² pixels, sides rounded to 16).
 
-use sdflow_core::sampling::flow::FlowShift;
+use sdflow_core::sampling::flow::{flux2_mu, FlowShift};
 use sdflow_executor::{InputValue, NodeSpec};
 use serde_json::json;
 
@@ -61,6 +61,21 @@ fn discrete_schedule(steps: usize, shift: FlowShift) -> Vec<f32> {
     out
 }
 
+/// FLUX.2's image tokens for a `width`×`height` image (16×16 pixels each), as sd.cpp
+/// counts them.
+fn flux2_tokens(width: i64, height: i64) -> f64 {
+    ((width / 16) * (height / 16)) as f64
+}
+
+/// sd.cpp's `flux2` scheduler: `σ(1 − i/n)` under the empirical μ for i < n (1 at i = 0),
+/// then 0.
+fn flux2_schedule(steps: usize, width: i64, height: i64) -> Vec<f32> {
+    let shift = FlowShift::Flux(flux2_mu(flux2_tokens(width, height), steps));
+    let mut out: Vec<f32> = (0..steps).map(|i| if i == 0 { 1.0 } else { shift.sigma(1.0 - i as f32 / steps as f32) }).collect();
+    out.push(0.0);
+    out
+}
+
 /// The area sd.cpp resizes a reference to (at most 1024², at most the output's), its
 /// aspect kept and each side rounded to a multiple of 16, in its integer arithmetic.
 pub fn ref_image_size(out: (i64, i64), reference: (i64, i64)) -> (i64, i64) {
@@ -83,6 +98,7 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
     let own_schedule = match p.scheduler.as_deref() {
         None => true,
         Some("flux") => matches!(family, Family::Flux { .. } | Family::Chroma),
+        Some("flux2") => family == Family::Flux2,
         Some("discrete") => true,
         Some(_) => false,
     };
@@ -114,6 +130,7 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
             // sd.cpp's flux scheduler takes no --flow-shift; its other schedulers read it
             // as μ (default 1.15 with a guidance input, else 1).
             let mu = match (own_schedule && p.scheduler.as_deref() != Some("discrete"), p.flow_shift) {
+                (true, _) if family == Family::Flux2 => flux2_mu(flux2_tokens(p.width, p.height), p.steps as usize) as f32,
                 (true, _) => flux_mu(p.width, p.height),
                 (false, Some(s)) => s as f32,
                 (false, None) => if matches!(family, Family::Flux { guidance: true, .. }) { FLUX_MAX_SHIFT } else { 1.0 },
@@ -160,6 +177,7 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
     let empty_description = match family {
         Family::Sd3 => "sd-cli's txt2img with an SD3/SD3.5 MMDiT: CLIP-L, CLIP-G and T5-XXL prompts, euler over sd.cpp's discrete flow schedule (shift 3, --flow-shift), real CFG with the negative prompt at --cfg-scale.",
         Family::Chroma => "sd-cli's txt2img with Chroma: T5-XXL prompts with Chroma's masks, euler over sd.cpp's FLUX schedule (μ from the image size), real CFG with the negative prompt at --cfg-scale; the approximator gets guidance 0.",
+        Family::Flux2 => "sd-cli's txt2img with FLUX.2 klein: Qwen3's states of three layers (9, 18, 27) of the prompt in its chat template, padded to 512 tokens, euler over sd.cpp's flux2 schedule (the empirical shift from the token and step counts), CFG with the negative prompt at --cfg-scale (1, as the distilled models run, skips it).",
         Family::ZImage => "sd-cli's txt2img with Z-Image: Qwen3-4B's states of the prompt in its chat template, euler over sd.cpp's discrete flow schedule (shift 3, --flow-shift), real CFG with the negative prompt at --cfg-scale (1, as Turbo runs, skips it).",
         _ => "sd-cli's txt2img with FLUX.1: CLIP-L's pooled vector and T5-XXL's tokens, the distilled --guidance (dev), euler over sd.cpp's FLUX schedule (μ from the image size, 4× the token count ComfyUI uses), CFG with the negative prompt at --cfg-scale (1 skips it).",
     };
@@ -174,7 +192,7 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
             (Out(cond, 2), p.strength, "Inpainting".to_string(), "sd-cli's --mask with a FLUX.1 Fill model: the masked image and the mask go beside the latent into the model's 384 input channels (InpaintModelConditioning), and sampling is held at the image outside the mask.".to_string())
         }
         (Family::Flux { fill: true, .. }, _, _) => return Err(PresetError::Missing { flag: "--mask".into(), msg: "a FLUX.1 Fill model inpaints: give -i and --mask".into() }),
-        _ => latent_source(&mut b, p, &stage, &sampling, &model, "EmptySD3LatentImage", empty_description),
+        _ => latent_source(&mut b, p, &stage, &sampling, &model, if family == Family::Flux2 { "EmptyFlux2LatentImage" } else { "EmptySD3LatentImage" }, empty_description),
     };
     title = format!("{} {}", family_name(family), title.to_lowercase());
     if !p.ref_images.is_empty() {
@@ -187,6 +205,7 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
         (None, true) => {
             let steps = p.steps as usize;
             Some(match (family, p.scheduler.as_deref()) {
+                (Family::Flux2, None | Some("flux2")) => flux2_schedule(steps, p.width, p.height),
                 (Family::Sd3 | Family::ZImage, _) | (_, Some("discrete")) => discrete_schedule(steps, shift),
                 _ => flux_schedule(steps, shift),
             })
@@ -219,6 +238,7 @@ fn refuse_unet_flags(p: &ImgGenParams, family: Family) -> Result<(), PresetError
     }
     let own = match family {
         Family::Sd3 | Family::ZImage => "sd3_flow",
+        Family::Flux2 => "flux2_flow",
         _ => "flux_flow",
     };
     match p.prediction.as_deref() {
@@ -281,14 +301,16 @@ fn loaders(b: &mut Builder, p: &ImgGenParams, family: Family) -> Result<(Out, Ou
                 None => Out(from_ckpt("text encoders", "--clip_l, --clip_g and --t5xxl")?.clone(), 1),
             }
         }
-        Family::ZImage => {
+        Family::ZImage | Family::Flux2 => {
             for (given, flag) in [(p.clip_l.is_some(), "--clip_l"), (p.clip_g.is_some(), "--clip_g"), (p.t5xxl.is_some(), "--t5xxl")] {
                 if given {
-                    return Err(not_supported(flag, "with a Z-Image model (it reads Qwen3-4B alone: --llm)"));
+                    return Err(not_supported(flag, format!("with a {name} model (it reads an LLM alone: --llm)")));
                 }
             }
+            // ComfyUI's CLIPLoader types: Z-Image's template, FLUX.2's three layers.
+            let ty = if family == Family::ZImage { "lumina2" } else { "flux2" };
             match &p.llm {
-                Some(l) => Out(b.core("clip", "--llm", NodeSpec::new("CLIPLoader").with_const("clip_name", json!(l)).with_const("type", json!("lumina2"))), 0),
+                Some(l) => Out(b.core("clip", "--llm", NodeSpec::new("CLIPLoader").with_const("clip_name", json!(l)).with_const("type", json!(ty))), 0),
                 None => Out(from_ckpt("LLM text encoder", "--llm")?.clone(), 1),
             }
         }
@@ -336,10 +358,11 @@ fn conditioner(p: &ImgGenParams, family: Family, clip: &Out) -> Result<Option<No
     if family != Family::Chroma && *c != super::ChromaParams::default() {
         return Err(not_supported("--chroma-* / --model-args chroma_*", format!("with a {} model (Chroma's masks)", family_name(family))));
     }
-    if p.llm.is_some() && family != Family::ZImage {
-        return Err(not_supported("--llm", format!("with a {} model (the LLM text encoders go to Z-Image)", family_name(family))));
+    let llm = matches!(family, Family::ZImage | Family::Flux2);
+    if p.llm.is_some() && !llm {
+        return Err(not_supported("--llm", format!("with a {} model (the LLM text encoders go to Z-Image and FLUX.2)", family_name(family))));
     }
-    if family == Family::ZImage {
+    if llm {
         return Ok(None);
     }
     if !(0..=512).contains(&c.t5_mask_pad) {
@@ -369,7 +392,7 @@ fn skip_layer_guidance(b: &mut Builder, p: &ImgGenParams, family: Family, model:
     }
     let list = |v: &[i64]| v.iter().map(i64::to_string).collect::<Vec<_>>().join(", ");
     let node = match family {
-        Family::ZImage => return Err(not_supported("--slg-scale", "with a Z-Image model (skip-layer guidance runs on SD3, FLUX and Chroma)")),
+        Family::ZImage | Family::Flux2 => return Err(not_supported("--slg-scale", format!("with a {} model (skip-layer guidance runs on SD3, FLUX.1 and Chroma)", family_name(family)))),
         Family::Sd3 => NodeSpec::new("SkipLayerGuidanceSD3").with_input("model", link(model)).with_const("layers", json!(list(&s.layers))),
         _ => {
             let depth = p.model_info.double_blocks.unwrap_or(19) as i64;
