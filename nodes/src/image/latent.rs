@@ -51,8 +51,7 @@ impl Node for EmptyLatent {
         NodeSchema::new(self.name)
             .display_name(self.display)
             .category(match self.channels {
-                4 => "latent",
-                128 => "latent",
+                4 | 128 => "latent",
                 _ => "latent/sd3",
             })
             .input(InputSpec::int("width", self.size).int_range(16, 16384).int_step(self.step.into()))

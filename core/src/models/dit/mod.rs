@@ -20,6 +20,23 @@ pub struct SkipLayers {
     pub single: Vec<usize>,
 }
 
+/// The results of `run` over `items`, called once per group of items with equal `key`
+/// (those that can share one graph: same text length, ...), in the items' order.
+pub fn in_groups<T: Copy, K: PartialEq>(items: &[T], key: impl Fn(&T) -> K, mut run: impl FnMut(&[T]) -> Result<Vec<Vec<f32>>>) -> Result<Vec<Vec<f32>>> {
+    let mut out: Vec<Option<Vec<f32>>> = vec![None; items.len()];
+    let mut pending: Vec<usize> = (0..items.len()).collect();
+    while let Some(&first) = pending.first() {
+        let k0 = key(&items[first]);
+        let group: Vec<usize> = pending.iter().copied().filter(|&k| key(&items[k]) == k0).collect();
+        pending.retain(|k| !group.contains(k));
+        let members: Vec<T> = group.iter().map(|&k| items[k]).collect();
+        for (k, d) in group.into_iter().zip(run(&members)?) {
+            out[k] = Some(d);
+        }
+    }
+    Ok(out.into_iter().map(|d| d.expect("every item is in a group")).collect())
+}
+
 /// A latent [B, C, H, W] (row-major; ggml [W, H, C, B]) as tokens [B, (H/p)·(W/p), C·p·p]
 /// (ggml [C·p·p, L, B]), rows of patches in reading order, each patch's features in
 /// (channel, row, column) order: einops' `b c (h ph) (w pw) -> b (h w) (c ph pw)`, which

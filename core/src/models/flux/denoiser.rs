@@ -5,7 +5,7 @@
 use super::{Flux, FluxInputs};
 use crate::models::chroma::{Chroma, ChromaInputs};
 use crate::ggml::{Backend, Circular, Context, GraphAllocator, GraphRun};
-use crate::models::dit::{crop, image_ids, pad_to_patches, patchify, unpatchify, SkipLayers};
+use crate::models::dit::{crop, image_ids, in_groups, pad_to_patches, patchify, unpatchify, SkipLayers};
 use crate::models::conditioning::{Conditioning, Guidance, LatentShape, ReferenceLatent, ReferenceMethod};
 use crate::models::{ModelError, Result};
 
@@ -122,8 +122,6 @@ impl<'w> FluxDenoiser<'w> {
                 return Err(ModelError::Input(format!("item {k}: a reference latent of {} values as {}x{}x{}; this model's latents have {ch} channels", r.data.len(), r.channels, r.height, r.width)));
             }
         }
-        let mut out: Vec<Option<Vec<f32>>> = vec![None; items.len()];
-        let mut pending: Vec<usize> = (0..items.len()).collect();
         // Items share a graph when their texts and reference latents have the same lengths.
         // Chroma's guidance feeds the modulation of the whole graph: one value per graph.
         let chroma = matches!(self.model, Net::Chroma(_));
@@ -132,16 +130,7 @@ impl<'w> FluxDenoiser<'w> {
         if extra > 0 && items.iter().any(|it| !it.cond.references.is_empty()) {
             return Err(ModelError::Input("reference latents (Kontext) on a FLUX.1 Fill model".into()));
         }
-        while let Some(&first) = pending.first() {
-            let k0 = key(&items[first]);
-            let group: Vec<usize> = pending.iter().copied().filter(|&k| key(&items[k]) == k0).collect();
-            pending.retain(|k| !group.contains(k));
-            let members: Vec<FluxItem<'_>> = group.iter().map(|&k| items[k]).collect();
-            for (k, d) in group.into_iter().zip(self.run(backend, shape, sigma, &members)?) {
-                out[k] = Some(d);
-            }
-        }
-        Ok(out.into_iter().map(|d| d.expect("every item is in a group")).collect())
+        in_groups(items, key, |members| self.run(backend, shape, sigma, members))
     }
 
     fn run(&mut self, backend: &Backend, shape: LatentShape, sigma: f32, items: &[FluxItem<'_>]) -> Result<Vec<Vec<f32>>> {

@@ -5,7 +5,7 @@
 use super::{Flux2, Flux2Inputs};
 use crate::ggml::{Backend, Context, GraphAllocator, GraphRun};
 use crate::models::conditioning::{Conditioning, Guidance, LatentShape};
-use crate::models::dit::{patchify, unpatchify};
+use crate::models::dit::{in_groups, patchify, unpatchify};
 use crate::models::{ModelError, Result};
 
 /// FLUX.2 dev's guidance when none is set (sd-cli's `--guidance` default).
@@ -61,19 +61,7 @@ impl<'w> Flux2Denoiser<'w> {
                 return Err(ModelError::Input(format!("item {k}: reference latents on FLUX.2 are not supported yet")));
             }
         }
-        let key = |it: &Flux2Item<'_>| (it.cond.tokens, it.cond.guidance == Guidance::Off);
-        let mut out: Vec<Option<Vec<f32>>> = vec![None; items.len()];
-        let mut pending: Vec<usize> = (0..items.len()).collect();
-        while let Some(&first) = pending.first() {
-            let k0 = key(&items[first]);
-            let group: Vec<usize> = pending.iter().copied().filter(|&k| key(&items[k]) == k0).collect();
-            pending.retain(|k| !group.contains(k));
-            let members: Vec<Flux2Item<'_>> = group.iter().map(|&k| items[k]).collect();
-            for (k, d) in group.into_iter().zip(self.run(backend, shape, sigma, &members)?) {
-                out[k] = Some(d);
-            }
-        }
-        Ok(out.into_iter().map(|d| d.expect("every item is in a group")).collect())
+        in_groups(items, |it| (it.cond.tokens, it.cond.guidance == Guidance::Off), |members| self.run(backend, shape, sigma, members))
     }
 
     fn run(&mut self, backend: &Backend, shape: LatentShape, sigma: f32, items: &[Flux2Item<'_>]) -> Result<Vec<Vec<f32>>> {

@@ -4,7 +4,7 @@
 use super::{Sd3, Sd3Inputs};
 use crate::ggml::{Backend, Context, GraphAllocator, GraphRun};
 use crate::models::conditioning::{Conditioning, LatentShape};
-use crate::models::dit::{crop, pad_to_patches, patchify, unpatchify_hwc};
+use crate::models::dit::{crop, in_groups, pad_to_patches, patchify, unpatchify_hwc};
 use crate::models::{ModelError, Result};
 
 /// SD3's VAE latent format (ComfyUI's `latent_formats.SD3`): the model sees
@@ -72,28 +72,7 @@ impl<'w> Sd3Denoiser<'w> {
                 }
             }
         }
-        let mut out: Vec<Option<Vec<f32>>> = vec![None; items.len()];
-        let mut pending: Vec<usize> = (0..items.len()).collect();
-        while let Some(&first) = pending.first() {
-            let tokens = items[first].cond.tokens;
-            let group: Vec<usize> = pending
-                .iter()
-                .copied()
-                .filter(|&k| items[k].cond.tokens == tokens)
-                .collect();
-            pending.retain(|k| !group.contains(k));
-            let members: Vec<Sd3Item<'_>> = group.iter().map(|&k| items[k]).collect();
-            for (k, d) in group
-                .into_iter()
-                .zip(self.run(backend, shape, sigma, &members, skip)?)
-            {
-                out[k] = Some(d);
-            }
-        }
-        Ok(out
-            .into_iter()
-            .map(|d| d.expect("every item is in a group"))
-            .collect())
+        in_groups(items, |it| it.cond.tokens, |members| self.run(backend, shape, sigma, members, skip))
     }
 
     fn run(

@@ -5,7 +5,7 @@
 use super::{ZImage, ZImageInputs};
 use crate::ggml::{Backend, Circular, Context, GraphAllocator, GraphRun};
 use crate::models::conditioning::{Conditioning, LatentShape};
-use crate::models::dit::{crop, pad_to_patches, patchify_hwc, unpatchify_hwc};
+use crate::models::dit::{crop, in_groups, pad_to_patches, patchify_hwc, unpatchify_hwc};
 use crate::models::{ModelError, Result};
 
 /// One item of [`ZImageDenoiser::denoise_batch`]: a latent (model space, [W, H, C, N]) and
@@ -57,18 +57,7 @@ impl<'w> ZImageDenoiser<'w> {
                 return Err(ModelError::Input(format!("item {k}: reference latents on a Z-Image Turbo/Base model (only Omni reads references)")));
             }
         }
-        let mut out: Vec<Option<Vec<f32>>> = vec![None; items.len()];
-        let mut pending: Vec<usize> = (0..items.len()).collect();
-        while let Some(&first) = pending.first() {
-            let tokens = items[first].cond.tokens;
-            let group: Vec<usize> = pending.iter().copied().filter(|&k| items[k].cond.tokens == tokens).collect();
-            pending.retain(|k| !group.contains(k));
-            let members: Vec<ZImageItem<'_>> = group.iter().map(|&k| items[k]).collect();
-            for (k, d) in group.into_iter().zip(self.run(backend, shape, sigma, &members)?) {
-                out[k] = Some(d);
-            }
-        }
-        Ok(out.into_iter().map(|d| d.expect("every item is in a group")).collect())
+        in_groups(items, |it| it.cond.tokens, |members| self.run(backend, shape, sigma, members))
     }
 
     fn run(&mut self, backend: &Backend, shape: LatentShape, sigma: f32, items: &[ZImageItem<'_>]) -> Result<Vec<Vec<f32>>> {
