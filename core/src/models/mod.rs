@@ -17,6 +17,7 @@ pub mod llm;
 pub mod load;
 pub mod nn;
 pub mod pipeline;
+pub mod qwen_image;
 pub mod sd;
 pub mod sd3;
 pub mod t5;

@@ -1,0 +1,127 @@
+//! Qwen-Image transformer against diffusers' `QwenImageTransformer2DModel` on tiny random
+//! weights in the release's names (fixtures from tests/fixtures/models/make_qwen_image.py;
+//! the weights are regenerated here), its centred rotary positions, and the denoiser's
+//! velocity convention.
+
+mod common;
+
+use common::{det_weights, max_abs_err, reference};
+use sdflow_core::ggml::{Context, GraphRun};
+use sdflow_core::models::conditioning::Conditioning;
+use sdflow_core::models::dit::{patchify, unpatchify};
+use sdflow_core::models::qwen_image::{position_ids, ImageGrid, QwenImage, QwenImageConfig, QwenImageDenoiser, QwenImageInputs, QwenImageItem};
+use sdflow_core::models::Weights;
+
+const SCALE: f64 = 0.2;
+
+fn fixture() -> serde_json::Value {
+    reference("qwen_image_tiny_ref.json")
+}
+
+fn floats(v: &serde_json::Value) -> Vec<f32> {
+    serde_json::from_value(v.clone()).unwrap()
+}
+
+fn shape() -> [usize; 4] {
+    serde_json::from_value(fixture()["latent_shape"].clone()).unwrap()
+}
+
+fn config(w: &Weights) -> QwenImageConfig {
+    let mut cfg = QwenImageConfig::infer(w, "").unwrap();
+    cfg.axes = serde_json::from_value(fixture()["axes"].clone()).unwrap();
+    cfg
+}
+
+fn text() -> Conditioning {
+    let r = fixture();
+    let lt = r["txt_len"].as_u64().unwrap() as i64;
+    let txt = floats(&r["txt"]);
+    Conditioning::new(txt.clone(), txt.len() as i64 / lt, lt).unwrap()
+}
+
+#[test]
+fn matches_diffusers() {
+    let r = fixture();
+    let backend = common::backend(2);
+    let w = det_weights(&r["keys"], SCALE, &backend);
+    let cfg = config(&w);
+    assert_eq!((cfg.latent_channels, cfg.hidden, cfg.heads, cfg.head_dim, cfg.context, cfg.layers), (4, 64, 2, 32, 24, 2));
+    let [b, c, h, wd] = shape();
+    let model = QwenImage::new(&w, "", cfg).unwrap();
+    let ctx = Context::new(16384, 16384).unwrap();
+    let mut g = GraphRun::new(&ctx);
+    let grids = [ImageGrid { rows: h / 2, cols: wd / 2 }];
+    let img = g.input_f32(&[(c * 4) as i64, (h / 2 * wd / 2) as i64, b as i64], patchify(&floats(&r["latent"]), [b, c, h, wd], 2).unwrap()).unwrap();
+    let t = text();
+    let txt = g.input_f32(&[t.dim, t.tokens, b as i64], t.data.repeat(b)).unwrap();
+    let out = model.forward(&ctx, &mut g, &QwenImageInputs { img, grids: &grids, txt, timesteps: &floats(&r["t"]) }).unwrap();
+    let tokens = g.compute(&backend, &[out], 16384).unwrap().remove(0);
+    let got = unpatchify(&tokens, [b, c, h, wd], 2).unwrap();
+    let err = max_abs_err(&got, &floats(&r["out"]));
+    assert!(err <= 1e-3, "max abs error {err}");
+}
+
+#[test]
+fn positions_are_centred_and_text_follows_the_largest_grid() {
+    let (img, txt) = position_ids(&[ImageGrid { rows: 3, cols: 4 }, ImageGrid { rows: 2, cols: 6 }], 2);
+    assert_eq!(img.len(), 12 + 12);
+    // Rows −2, −1, 0 (⌈3/2⌉ above the centre), columns −2 … 1.
+    assert_eq!(img[0], vec![0.0, -2.0, -2.0]);
+    assert_eq!(img[11], vec![0.0, 0.0, 1.0]);
+    // The reference is frame 1.
+    assert_eq!(img[12], vec![1.0, -1.0, -3.0]);
+    // Past the largest half-extent (6 / 2 = 3), on every axis.
+    assert_eq!(txt, vec![vec![3.0; 3], vec![4.0; 3]]);
+}
+
+/// `denoised = x − σ·v` with the model reading σ, whatever the batch grouping.
+#[test]
+fn denoiser_takes_velocity() {
+    let r = fixture();
+    let backend = common::backend(2);
+    let w = det_weights(&r["keys"], SCALE, &backend);
+    let [b, c, h, wd] = shape();
+    let latent = floats(&r["latent"]);
+    let want = floats(&r["out"]);
+    let cond = text();
+    let per = c * h * wd;
+    let mut den = QwenImageDenoiser::new(QwenImage::new(&w, "", config(&w)).unwrap());
+    let t = floats(&r["t"]);
+    for k in 0..b {
+        let x = &latent[k * per..(k + 1) * per];
+        let got = den.denoise_batch(&backend, [wd as i64, h as i64, c as i64, 1], t[k], &[QwenImageItem { x, cond: &cond }]).unwrap().remove(0);
+        let expect: Vec<f32> = x.iter().zip(&want[k * per..(k + 1) * per]).map(|(x, v)| x - t[k] * v).collect();
+        let err = max_abs_err(&got, &expect);
+        assert!(err <= 1e-3, "sample {k}: max abs error {err}");
+    }
+    // An odd-sized latent is padded to whole patches and cropped back.
+    let odd: Vec<f32> = latent[..c * 5 * 9].to_vec();
+    let d = den.denoise_batch(&backend, [9, 5, c as i64, 1], 0.5, &[QwenImageItem { x: &odd, cond: &cond }]).unwrap().remove(0);
+    assert_eq!(d.len(), odd.len());
+    assert!(d.iter().all(|v| v.is_finite()));
+}
+
+#[test]
+fn bad_configs_and_inputs_are_errors() {
+    let backend = common::backend(2);
+    let w = det_weights(&fixture()["keys"], SCALE, &backend);
+    let cfg = config(&w);
+    let mut axes = cfg.clone();
+    axes.axes = vec![16, 56, 56];
+    let e = QwenImage::new(&w, "", axes).err().expect("axes");
+    assert!(e.to_string().contains("rotary axes"), "{e}");
+    let mut wrong = cfg.clone();
+    wrong.context = 32;
+    let e = QwenImage::new(&w, "", wrong).err().expect("shape");
+    assert!(e.to_string().contains("txt_norm.weight"), "{e}");
+    let e = QwenImageConfig::infer(&w, "model.diffusion_model.").err().expect("prefix");
+    assert!(e.to_string().contains("not a Qwen-Image transformer"), "{e}");
+    let mut den = QwenImageDenoiser::new(QwenImage::new(&w, "", cfg).unwrap());
+    let narrow = Conditioning::new(vec![0.5; 3 * 16], 16, 3).unwrap();
+    let x = vec![0.0; 4 * 4 * 4];
+    let e = den.denoise_batch(&backend, [4, 4, 4, 1], 0.5, &[QwenImageItem { x: &x, cond: &narrow }]).err().expect("text width");
+    assert!(e.to_string().contains("text tokens 16 wide"), "{e}");
+    let cond = text();
+    let e = den.denoise_batch(&backend, [4, 4, 16, 1], 0.5, &[QwenImageItem { x: &vec![0.0; 256], cond: &cond }]).err().expect("channels");
+    assert!(e.to_string().contains("4 latent channels"), "{e}");
+}
