@@ -583,6 +583,12 @@ impl Context {
         self.op("norm", || unsafe { ggml_sys::ggml_norm(self.raw(), a.raw(), eps) })
     }
 
+    /// Every element limited to [min, max].
+    pub fn clamp<'a>(&'a self, a: Tensor<'a>, min: f32, max: f32) -> Result<Tensor<'a>> {
+        // SAFETY: no preconditions.
+        self.op("clamp", || unsafe { ggml_sys::ggml_clamp(self.raw(), a.raw(), min, max) })
+    }
+
     /// RMS norm over ne[0] (no affine part).
     pub fn rms_norm<'a>(&'a self, a: Tensor<'a>, eps: f32) -> Result<Tensor<'a>> {
         // SAFETY: no preconditions.

@@ -9,6 +9,7 @@
 
 pub mod taesd;
 pub mod tiling;
+pub mod wan;
 
 use crate::models::nn::{attention_typed, conv2d, group_norm};
 use self::tiling::{Direction, TiledError, VaeTiling};
@@ -329,95 +330,126 @@ fn is_alloc_failure(e: &ModelError) -> bool {
     matches!(e, ModelError::Ggml(GgmlError::Alloc { .. }))
 }
 
-impl<'w> Vae<'w> {
-    /// One graph over one sample `input` (dimensions `ne` = [W, H, C, 1]) with a kept
-    /// allocator. With `max_compute_bytes`, a compute buffer larger than that fails as an
-    /// allocation failure before anything is computed — the same error a backend that
-    /// cannot provide the buffer gives, so both lead to the tiled retry.
-    #[allow(clippy::too_many_arguments)]
-    fn run_graph(&self, backend: &Backend, alloc: &mut GraphAllocator, op: VaeOp, ne: [i64; 4], input: &[f32], max_compute_bytes: Option<usize>, circular: Circular) -> Result<Vec<f32>> {
-        let ctx = Context::new(GRAPH_SIZE, GRAPH_SIZE)?;
-        ctx.set_circular(circular);
-        let x = ctx.new_tensor(GType::F32, &ne)?.set_input();
-        let out = match op {
-            VaeOp::Decode => self.decode(&ctx, x)?,
-            VaeOp::EncodeMean => self.encode_mean(&ctx, x)?,
-        };
-        let out = if out.is_contiguous() { out } else { ctx.cont(out)? }.set_output();
-        let mut graph = ctx.graph(GRAPH_SIZE)?;
-        graph.build_forward(out)?;
-        // GraphRun allocates and computes in one call; the threshold has to be checked
-        // between the two, so this runs the steps itself.
-        alloc.alloc(&graph)?;
-        if let Some(limit) = max_compute_bytes {
-            let bytes = alloc.buffer_size();
-            if bytes > limit {
-                return Err(GgmlError::Alloc { what: format!("VAE compute buffer (over the {limit}-byte threshold)"), bytes, backend: backend.name().to_string() }.into());
-            }
-        }
-        x.set_f32(input)?;
-        backend.compute(&graph)?;
-        Ok(out.get_f32()?)
-    }
+/// What the tiled runner needs of an image VAE: its graph for an op, its channel counts
+/// and scale, and the axes it tiles seamlessly.
+pub trait VaeGraph {
+    /// One op's output on x ([W, H, C, N]).
+    fn graph<'a>(&'a self, ctx: &'a Context, op: VaeOp, x: Tensor<'a>) -> Result<Tensor<'a>>;
+    /// (image channels, latent channels).
+    fn channels(&self) -> (i64, i64);
+    /// Pixels per latent pixel on each side.
+    fn downscale(&self) -> i64;
+    fn circular(&self) -> Circular;
+}
 
-    /// Decode or encode one sample: `input` is planar [C][H][W] with sides `w`×`h`
-    /// (latent pixels for a decode, image pixels for an encode). Whole when `tiling`
-    /// allows and the compute buffer fits, in sd.cpp's tiles otherwise.
+impl VaeGraph for Vae<'_> {
+    fn graph<'a>(&'a self, ctx: &'a Context, op: VaeOp, x: Tensor<'a>) -> Result<Tensor<'a>> {
+        match op {
+            VaeOp::Decode => self.decode(ctx, x),
+            VaeOp::EncodeMean => self.encode_mean(ctx, x),
+        }
+    }
+    fn channels(&self) -> (i64, i64) {
+        (self.config.image_channels, self.config.z_channels)
+    }
+    fn downscale(&self) -> i64 {
+        self.config.downscale()
+    }
+    fn circular(&self) -> Circular {
+        self.circular
+    }
+}
+
+impl Vae<'_> {
+    /// [`run`] on this VAE.
     pub fn run(&self, backend: &Backend, op: VaeOp, input: &[f32], w: usize, h: usize, tiling: &VaeTiling) -> Result<(Vec<f32>, RunInfo)> {
-        let c = &self.config;
-        let (in_c, out_c) = match op {
-            VaeOp::Decode => (c.z_channels as usize, c.image_channels as usize),
-            VaeOp::EncodeMean => (c.image_channels as usize, c.z_channels as usize),
-        };
-        if input.len() != w * h * in_c {
-            if op == VaeOp::Decode && w * h > 0 && input.len() % (w * h) == 0 {
-                return Err(ModelError::Input(format!(
-                    "a latent of {} channels for a VAE of {in_c}: decode it with its model's VAE (SD1/SD2/SDXL: 4 channels; FLUX's ae and SD3's: 16)",
-                    input.len() / (w * h)
-                )));
-            }
-            return Err(ModelError::Input(format!("{} values for a {w}x{h}x{in_c} input", input.len())));
-        }
-        let mut info = RunInfo { tiles: None, fallback: None };
-        if !tiling.enabled {
-            let mut alloc = GraphAllocator::new(backend)?;
-            match self.run_graph(backend, &mut alloc, op, [w as i64, h as i64, in_c as i64, 1], input, tiling.max_compute_bytes, self.circular) {
-                Err(e) if is_alloc_failure(&e) && (tiling.retry_on_alloc_failure || tiling.max_compute_bytes.is_some()) => info.fallback = Some(e.to_string()),
-                other => return other.map(|v| (v, info)),
-            }
-        }
-        let out = self.run_tiles(backend, op, input, w, h, in_c, out_c, tiling, &mut info)?;
-        Ok((out, info))
+        run(self, backend, op, input, w, h, tiling)
     }
+}
 
-    #[allow(clippy::too_many_arguments)]
-    fn run_tiles(&self, backend: &Backend, op: VaeOp, input: &[f32], w: usize, h: usize, in_c: usize, out_c: usize, tiling: &VaeTiling, info: &mut RunInfo) -> Result<Vec<f32>> {
-        let f = self.config.downscale() as usize;
-        let (dir, lw, lh, factor) = match op {
-            VaeOp::Decode => (Direction::Upscale, w, h, 1.0),
-            VaeOp::EncodeMean => {
-                if w % f != 0 || h % f != 0 {
-                    return Err(ModelError::Input(format!("image {w}x{h}: sides must be divisible by {f}")));
-                }
-                (Direction::Downscale, w / f, h / f, 1.30539)
-            }
-        };
-        let (tw, th, overlap) = tiling.tile_sizes(lw, lh, factor);
-        // A circular axis that one tile spans pads its convolutions circularly; across
-        // several tiles the tiles wrap around it instead (sd.cpp's configure_image_vae_axes).
-        let c = self.circular;
-        let (wrap_x, wrap_y) = (c.x && tw < lw, c.y && th < lh);
-        let conv = Circular::new(c.x && !wrap_x, c.y && !wrap_y);
-        let layout = tiling::layout_wrapped(lw, lh, tw, th, overlap, (wrap_x, wrap_y));
-        // Every tile has the same size: one allocator (and compute buffer) serves them all.
-        let mut alloc = GraphAllocator::new(backend)?;
-        let out = tiling::run_tiled(input, w, h, in_c, out_c, f, dir, &layout, |tile, tw, th| self.run_graph(backend, &mut alloc, op, [tw as i64, th as i64, in_c as i64, 1], &tile, None, conv));
-        info.tiles = Some(layout);
-        out.map_err(|e| match e {
-            TiledError::Tile(e) => e,
-            TiledError::Shape(s) => ModelError::Input(s),
-        })
+/// One graph over one sample `input` (dimensions `ne` = [W, H, C, 1]) with a kept
+/// allocator. With `max_compute_bytes`, a compute buffer larger than that fails as an
+/// allocation failure before anything is computed — the same error a backend that
+/// cannot provide the buffer gives, so both lead to the tiled retry.
+#[allow(clippy::too_many_arguments)]
+fn run_graph(model: &(impl VaeGraph + ?Sized), backend: &Backend, alloc: &mut GraphAllocator, op: VaeOp, ne: [i64; 4], input: &[f32], max_compute_bytes: Option<usize>, circular: Circular) -> Result<Vec<f32>> {
+    let ctx = Context::new(GRAPH_SIZE, GRAPH_SIZE)?;
+    ctx.set_circular(circular);
+    let x = ctx.new_tensor(GType::F32, &ne)?.set_input();
+    let out = model.graph(&ctx, op, x)?;
+    let out = if out.is_contiguous() { out } else { ctx.cont(out)? }.set_output();
+    let mut graph = ctx.graph(GRAPH_SIZE)?;
+    graph.build_forward(out)?;
+    // GraphRun allocates and computes in one call; the threshold has to be checked
+    // between the two, so this runs the steps itself.
+    alloc.alloc(&graph)?;
+    if let Some(limit) = max_compute_bytes {
+        let bytes = alloc.buffer_size();
+        if bytes > limit {
+            return Err(GgmlError::Alloc { what: format!("VAE compute buffer (over the {limit}-byte threshold)"), bytes, backend: backend.name().to_string() }.into());
+        }
     }
+    x.set_f32(input)?;
+    backend.compute(&graph)?;
+    Ok(out.get_f32()?)
+}
+
+/// Decode or encode one sample: `input` is planar [C][H][W] with sides `w`×`h`
+/// (latent pixels for a decode, image pixels for an encode). Whole when `tiling`
+/// allows and the compute buffer fits, in sd.cpp's tiles otherwise.
+pub fn run(model: &(impl VaeGraph + ?Sized), backend: &Backend, op: VaeOp, input: &[f32], w: usize, h: usize, tiling: &VaeTiling) -> Result<(Vec<f32>, RunInfo)> {
+    let (image_c, z_c) = model.channels();
+    let (in_c, out_c) = match op {
+        VaeOp::Decode => (z_c as usize, image_c as usize),
+        VaeOp::EncodeMean => (image_c as usize, z_c as usize),
+    };
+    if input.len() != w * h * in_c {
+        if op == VaeOp::Decode && w * h > 0 && input.len() % (w * h) == 0 {
+            return Err(ModelError::Input(format!(
+                "a latent of {} channels for a VAE of {in_c}: decode it with its model's VAE (SD1/SD2/SDXL: 4 channels; FLUX's ae, SD3's and Qwen-Image's: 16)",
+                input.len() / (w * h)
+            )));
+        }
+        return Err(ModelError::Input(format!("{} values for a {w}x{h}x{in_c} input", input.len())));
+    }
+    let mut info = RunInfo { tiles: None, fallback: None };
+    if !tiling.enabled {
+        let mut alloc = GraphAllocator::new(backend)?;
+        match run_graph(model, backend, &mut alloc, op, [w as i64, h as i64, in_c as i64, 1], input, tiling.max_compute_bytes, model.circular()) {
+            Err(e) if is_alloc_failure(&e) && (tiling.retry_on_alloc_failure || tiling.max_compute_bytes.is_some()) => info.fallback = Some(e.to_string()),
+            other => return other.map(|v| (v, info)),
+        }
+    }
+    let out = run_tiles(model, backend, op, input, [w, h, in_c, out_c], tiling, &mut info)?;
+    Ok((out, info))
+}
+
+fn run_tiles(model: &(impl VaeGraph + ?Sized), backend: &Backend, op: VaeOp, input: &[f32], [w, h, in_c, out_c]: [usize; 4], tiling: &VaeTiling, info: &mut RunInfo) -> Result<Vec<f32>> {
+    let f = model.downscale() as usize;
+    let (dir, lw, lh, factor) = match op {
+        VaeOp::Decode => (Direction::Upscale, w, h, 1.0),
+        VaeOp::EncodeMean => {
+            if w % f != 0 || h % f != 0 {
+                return Err(ModelError::Input(format!("image {w}x{h}: sides must be divisible by {f}")));
+            }
+            (Direction::Downscale, w / f, h / f, 1.30539)
+        }
+    };
+    let (tw, th, overlap) = tiling.tile_sizes(lw, lh, factor);
+    // A circular axis that one tile spans pads its convolutions circularly; across
+    // several tiles the tiles wrap around it instead (sd.cpp's configure_image_vae_axes).
+    let c = model.circular();
+    let (wrap_x, wrap_y) = (c.x && tw < lw, c.y && th < lh);
+    let conv = Circular::new(c.x && !wrap_x, c.y && !wrap_y);
+    let layout = tiling::layout_wrapped(lw, lh, tw, th, overlap, (wrap_x, wrap_y));
+    // Every tile has the same size: one allocator (and compute buffer) serves them all.
+    let mut alloc = GraphAllocator::new(backend)?;
+    let out = tiling::run_tiled(input, w, h, in_c, out_c, f, dir, &layout, |tile, tw, th| run_graph(model, backend, &mut alloc, op, [tw as i64, th as i64, in_c as i64, 1], &tile, None, conv));
+    info.tiles = Some(layout);
+    out.map_err(|e| match e {
+        TiledError::Tile(e) => e,
+        TiledError::Shape(s) => ModelError::Input(s),
+    })
 }
 
 /// How a standalone VAE file names its tensors.

@@ -1,0 +1,111 @@
+//! The Wan-2.1 VAE (Qwen-Image's) on single images against diffusers'
+//! `AutoencoderKLQwenImage` on tiny random weights in the Wan release's names, read from a
+//! safetensors file with its 5-D causal kernels (fixtures from
+//! tests/fixtures/models/make_wan_vae.py; the weights are regenerated here).
+
+mod common;
+
+use common::{det_values, max_abs_err, reference};
+use sdflow_core::dtype::DType;
+use sdflow_core::io::TypeRules;
+use sdflow_core::models::load::load_weights;
+use sdflow_core::models::vae::tiling::VaeTiling;
+use sdflow_core::models::vae::wan::{single_frame, Layer, WanVae, WanVaeConfig};
+use sdflow_core::models::vae::{run, VaeOp};
+use sdflow_core::models::Weights;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+const SCALE: f64 = 0.3;
+
+fn floats(v: &serde_json::Value) -> Vec<f32> {
+    serde_json::from_value(v.clone()).unwrap()
+}
+
+/// The fixture's weights written as a Wan release file (bf16 when asked: what ComfyUI's
+/// file holds) under `prefix`.
+fn write(path: &Path, prefix: &str, dtype: DType, skip: &[&str]) {
+    let keys: BTreeMap<String, Vec<usize>> = serde_json::from_value(reference("wan_vae_tiny_ref.json")["keys"].clone()).unwrap();
+    let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = keys
+        .iter()
+        .filter(|(k, _)| !skip.iter().any(|s| k.starts_with(s)))
+        .map(|(k, s)| {
+            let v = det_values(k, s.iter().product(), SCALE);
+            let f32_bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            let bytes = if dtype == DType::F32 { f32_bytes } else { sdflow_core::dtype::convert(DType::F32, &f32_bytes, s, dtype).unwrap() };
+            (format!("{prefix}{k}"), s.clone(), bytes)
+        })
+        .collect();
+    sdflow_core::io::safetensors::write(path, tensors.iter().map(|(n, s, b)| (n.as_str(), dtype, s.clone(), b.as_slice())), &BTreeMap::new()).unwrap();
+}
+
+fn load(path: &Path, backend: &sdflow_core::ggml::Backend) -> Weights {
+    let src = single_frame(sdflow_core::io::open(path).unwrap()).unwrap();
+    load_weights(backend, src.as_ref(), &[""], &TypeRules::new(Some(DType::F32), "").unwrap()).unwrap()
+}
+
+#[test]
+fn matches_diffusers_on_one_frame() {
+    let r = reference("wan_vae_tiny_ref.json");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("qwen_image_vae.safetensors");
+    write(&path, "vae.", DType::F32, &[]);
+    let backend = common::backend(2);
+    let w = load(&path, &backend);
+    let cfg = WanVaeConfig::infer(&w, "vae.").unwrap();
+    assert_eq!((cfg.z_channels, cfg.image_channels, cfg.downscale()), (16, 3, 8));
+    use Layer::{Resample as S, Residual as R};
+    assert_eq!(cfg.down, vec![R, R, S, R, R, S, R, R, S, R, R]);
+    assert_eq!(cfg.up, vec![R, R, R, S, R, R, R, S, R, R, R, S, R, R, R]);
+    let vae = WanVae::new(&w, "vae.", cfg).unwrap();
+    let [h, wd]: [usize; 2] = serde_json::from_value(r["image_hw"].clone()).unwrap();
+    let off = VaeTiling { enabled: false, ..VaeTiling::default() };
+    let (mean, _) = run(&vae, &backend, VaeOp::EncodeMean, &floats(&r["image"]), wd, h, &off).unwrap();
+    let err = max_abs_err(&mean, &floats(&r["mean"]));
+    assert!(err <= 1e-3, "encode: max abs error {err}");
+    let (image, _) = run(&vae, &backend, VaeOp::Decode, &floats(&r["latent"]), wd / 8, h / 8, &off).unwrap();
+    let err = max_abs_err(&image, &floats(&r["decoded"]));
+    assert!(err <= 1e-3, "decode: max abs error {err}");
+    // Tiles cover the image: a tiled decode has the whole one's size and stays close.
+    let tiled = VaeTiling { enabled: true, tile_size: (4, 4), target_overlap: 0.5, ..VaeTiling::default() };
+    let (t, info) = run(&vae, &backend, VaeOp::Decode, &floats(&r["latent"]), wd / 8, h / 8, &tiled).unwrap();
+    assert!(info.tiles.is_some());
+    assert_eq!(t.len(), image.len());
+    assert!(t.iter().all(|v| v.is_finite() && v.abs() <= 1.0));
+}
+
+#[test]
+fn bf16_kernels_slice_like_f32() {
+    let r = reference("wan_vae_tiny_ref.json");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vae.safetensors");
+    write(&path, "", DType::BF16, &[]);
+    let backend = common::backend(2);
+    let w = load(&path, &backend);
+    let vae = WanVae::new(&w, "", WanVaeConfig::infer(&w, "").unwrap()).unwrap();
+    let [h, wd]: [usize; 2] = serde_json::from_value(r["image_hw"].clone()).unwrap();
+    let off = VaeTiling { enabled: false, ..VaeTiling::default() };
+    let (image, _) = run(&vae, &backend, VaeOp::Decode, &floats(&r["latent"]), wd / 8, h / 8, &off).unwrap();
+    // bf16 weights: the same network within bf16's rounding.
+    let err = max_abs_err(&image, &floats(&r["decoded"]));
+    assert!(err <= 0.05, "decode from bf16: max abs error {err}");
+}
+
+#[test]
+fn decoder_only_files_and_bad_inputs_are_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("decoder.safetensors");
+    write(&path, "", DType::F32, &["encoder.", "conv1."]);
+    let backend = common::backend(2);
+    let w = load(&path, &backend);
+    let cfg = WanVaeConfig::infer(&w, "").unwrap();
+    assert!(cfg.down.is_empty());
+    let vae = WanVae::new(&w, "", cfg).unwrap();
+    let off = VaeTiling { enabled: false, ..VaeTiling::default() };
+    let e = run(&vae, &backend, VaeOp::EncodeMean, &vec![0.0; 3 * 16 * 16], 16, 16, &off).err().expect("no encoder");
+    assert!(e.to_string().contains("no encoder"), "{e}");
+    let e = run(&vae, &backend, VaeOp::Decode, &vec![0.0; 4 * 2 * 2], 2, 2, &off).err().expect("channels");
+    assert!(e.to_string().contains("4 channels"), "{e}");
+    let e = WanVaeConfig::infer(&w, "first_stage_model.").err().expect("prefix");
+    assert!(e.to_string().contains("not a Wan VAE"), "{e}");
+}
