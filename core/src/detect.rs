@@ -38,6 +38,8 @@ pub enum ModelFamily {
     ZImage,
     /// FLUX.2 (klein, dev): FLUX's blocks with shared modulations.
     Flux2,
+    /// Qwen-Image and its Edit models (dual-stream MMDiT, Qwen2.5-VL text).
+    QwenImage,
     Unknown,
 }
 
@@ -54,6 +56,7 @@ impl fmt::Display for ModelFamily {
             ModelFamily::Chroma => "Chroma",
             ModelFamily::ZImage => "Z-Image",
             ModelFamily::Flux2 => "FLUX.2",
+            ModelFamily::QwenImage => "Qwen-Image",
             ModelFamily::Unknown => "unknown",
         })
     }
@@ -195,6 +198,14 @@ pub fn detect(tensors: &[TensorInfo]) -> Detection {
         d.prediction_reason = "the checkpoint has a v_pred key".into();
     }
 
+    // Qwen-Image: image and text modulations per block; its release keeps diffusers'
+    // names, so there is one layout.
+    if let Some(t) = find(tensors, "transformer_blocks.0.img_mod.1.weight") {
+        let p = prefix_of(t, "transformer_blocks.0.img_mod.1.weight");
+        d.in_channels = dim(tensors.iter().find(|t| t.name == format!("{p}img_in.weight")), 1);
+        d.double_blocks = Some(block_count(tensors, &format!("{p}transformer_blocks.")));
+        return finish_dit(d, ModelFamily::QwenImage, p, KeyLayout::Ldm);
+    }
     // FLUX.2: FLUX's blocks with the shared modulations (BFL's names only).
     if let Some(t) = find(tensors, "double_stream_modulation_img.lin.weight") {
         let p = prefix_of(t, "double_stream_modulation_img.lin.weight");

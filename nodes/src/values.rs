@@ -18,11 +18,8 @@ pub struct ModelRef {
     pub prefix: String,
     pub family: ModelFamily,
     pub prediction: Prediction,
-    /// Latent scale of the family's VAE (0.18215 for SD1.x/2.x): the model sees
-    /// `(latent − latent_shift) · latent_scale`.
-    pub latent_scale: f32,
-    /// Latent shift of the family's VAE (FLUX's 0.1159; 0 for the SD families).
-    pub latent_shift: f32,
+    /// How the family's VAE latent maps into the space the model samples in.
+    pub latent: LatentFormat,
     /// The model's noise levels: SD's discrete table, EDM's log-uniform range, or a flow
     /// model's σ(t) table.
     pub schedule: DiscreteSchedule,
@@ -42,6 +39,75 @@ pub struct ModelRef {
     /// UNet's (and its ControlNets') convolutions pad circularly, or FLUX's and Chroma's
     /// rotary positions wrap around.
     pub circular: Circular,
+}
+
+/// ComfyUI's `latent_format` scaling: the model sees `(latent − shift) · scale`, with one
+/// scale and shift for every channel (SD's 0.18215; FLUX's 0.3611 and 0.1159) or one per
+/// channel (Qwen-Image's and Wan's `latents_mean` / `1 / latents_std`). Latents are
+/// [W, H, C, N] (ggml order), so element `i` of a latent with `plane = W·H` is in channel
+/// `(i / plane) % C`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LatentFormat {
+    scale: Vec<f32>,
+    shift: Vec<f32>,
+}
+
+impl LatentFormat {
+    pub fn uniform(scale: f32, shift: f32) -> Self {
+        LatentFormat { scale: vec![scale], shift: vec![shift] }
+    }
+
+    /// Per-channel statistics: the model sees `(latent − mean) / std`.
+    pub fn per_channel(mean: &[f32], std: &[f32]) -> Self {
+        debug_assert_eq!(mean.len(), std.len());
+        LatentFormat { scale: std.iter().map(|s| 1.0 / s).collect(), shift: mean.to_vec() }
+    }
+
+    /// Channels this format is made for (`None`: any).
+    pub fn channels(&self) -> Option<usize> {
+        (self.scale.len() > 1).then_some(self.scale.len())
+    }
+
+    fn at(&self, idx: usize, plane: usize) -> (f32, f32) {
+        if self.scale.len() == 1 {
+            return (self.scale[0], self.shift[0]);
+        }
+        let c = (idx / plane.max(1)) % self.scale.len();
+        (self.scale[c], self.shift[c])
+    }
+
+    /// A latent (planes of `plane` values, channel after channel) in model space.
+    pub fn to_model(&self, v: &[f32], plane: usize) -> Vec<f32> {
+        v.iter().enumerate().map(|(i, &x)| {
+            let (k, s) = self.at(i, plane);
+            (x - s) * k
+        }).collect()
+    }
+
+    /// A model-space latent back in the VAE's space, first multiplied by `keep`.
+    pub fn from_model(&self, v: &[f32], plane: usize, keep: f32) -> Vec<f32> {
+        v.iter().enumerate().map(|(i, &x)| {
+            let (k, s) = self.at(i, plane);
+            x * keep / k + s
+        }).collect()
+    }
+
+    /// One model-space value of element `idx` back in the VAE's space.
+    pub fn value_from_model(&self, x: f32, idx: usize, plane: usize) -> f32 {
+        let (k, s) = self.at(idx, plane);
+        x / k + s
+    }
+
+    /// One VAE-space value of element `idx` in model space.
+    pub fn value_to_model(&self, x: f32, idx: usize, plane: usize) -> f32 {
+        let (k, s) = self.at(idx, plane);
+        (x - s) * k
+    }
+
+    /// The multiplier alone (per channel where the format has channels).
+    pub fn scale_at(&self, idx: usize, plane: usize) -> f32 {
+        self.at(idx, plane).0
+    }
 }
 
 /// The guidance hooks of ComfyUI's `model_options`, applied at every model call as its
@@ -259,6 +325,9 @@ pub struct VaeRef {
 pub enum VaeKind {
     /// The KL autoencoder (`AutoencoderKL`) in LDM key names under the handle's prefix.
     Kl,
+    /// The Wan-2.1 VAE (Qwen-Image's) in the Wan release's names under the handle's prefix,
+    /// its causal 3-D kernels read for single images.
+    Wan,
     /// A tiny autoencoder (VAELoader's `taesd`, `taesdxl`, `taesd3`, `taef1`), wherever
     /// `crate::loaders::taesd` finds its halves in the handle's weights.
     Taesd(crate::loaders::taesd::TaeKind),

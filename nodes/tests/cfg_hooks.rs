@@ -133,8 +133,7 @@ fn nodes_set_hooks_in_order() {
         prefix: String::new(),
         family: sdflow_core::detect::ModelFamily::Sd1,
         prediction: sdflow_core::models::conditioning::Prediction::Epsilon,
-        latent_scale: 0.18215,
-        latent_shift: 0.0,
+        latent: sdflow_nodes::values::LatentFormat::uniform(0.18215, 0.0),
         schedule: sdflow_core::sampling::schedule::DiscreteSchedule::sd(),
         flow: None,
         ip_adapters: Vec::new(),
@@ -181,7 +180,7 @@ fn the_sampler_applies_the_hooks() {
     let (p, n) = (text("a castle at dusk"), text("flat, grey"));
     let euler = env.run("KSamplerSelect", vec![("sampler_name", c(json!("euler")))]).unwrap().values[0].clone();
     let shape = [8i64, 8, 4, 2];
-    let scale = model.latent_scale;
+    let scale = model.latent.scale_at(0, 1);
     let x: Vec<f32> = (0..512).map(|i| ((i * 53 % 89) as f32 / 44.0 - 1.0) * 4.0).collect();
     let sigma = 2.5f32;
     let denoised = |m: &ModelRef, cfg: f64, pos: &Value, neg: &Value| -> Vec<f32> {

@@ -148,7 +148,7 @@ fn ksampler_follows_comfyui_step_masks() {
     // The guided prediction at (x, σ) in model space: one euler step to 0 without noise,
     // whose denoised output is the prediction.
     let euler = env.run("KSamplerSelect", vec![("sampler_name", c(json!("euler")))]).unwrap().values[0].clone();
-    let scale = model.latent_scale;
+    let scale = model.latent.scale_at(0, 1);
     let predict = |x: &[f32], sigma: f32| -> Vec<f32> {
         let inputs = vec![
             ("model", link(IoType::MODEL, model.clone())),

@@ -527,6 +527,26 @@ pub fn write_flux2_models(root: &Path) {
     write_once(&models.join("vae"), "flux2-vae.safetensors", &flux2_vae_tensors(&v), &serde_json::to_string(&v).unwrap(), 53);
 }
 
+/// Tiny random-weight Qwen-Image files in the layouts people download: the MMDiT in the
+/// release's names (`diffusion_models/qwen_image_bf16.safetensors`), Qwen2.5-VL's language
+/// model in Hugging Face's (`text_encoders/qwen_2.5_vl_7b.safetensors`, bf16: it carries
+/// the whole vocabulary at a 128-wide head) and the Wan-2.1 VAE in Wan's names with its 5-D
+/// kernels (`vae/qwen_image_vae.safetensors`).
+pub fn write_qwen_image_models(root: &Path) {
+    use sdflow_core::synth::dit::{wan_vae_tensors, LlmSynth, QwenImageSynth};
+    let models = root.join("models");
+    let q = QwenImageSynth::tiny();
+    write_once(&models.join("diffusion_models"), "qwen_image_bf16.safetensors", &q.tensors(), &serde_json::to_string(&q).unwrap(), 61);
+    let l = LlmSynth::tiny_qwen25_vl();
+    let dir = models.join("text_encoders");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("qwen_2.5_vl_7b.safetensors");
+    if !path.exists() {
+        sdflow_core::synth::write_specs(&path, &l.tensors(), &serde_json::to_string(&l).unwrap(), DType::BF16, 62, Format::Safetensors).unwrap();
+    }
+    write_once(&models.join("vae"), "qwen_image_vae.safetensors", &wan_vae_tensors(8, 16), "tiny Wan-2.1 VAE, base 8, z 16", 63);
+}
+
 /// A rank-2 LoRA on the tiny FLUX dev's double block's image q/k/v and single block's
 /// `linear1`, written in one of the namings trainers use: kohya (fused, `lora_unet_…`),
 /// diffusers/PEFT (`transformer.…`, one module per q, k, v and the MLP part, as ai-toolkit

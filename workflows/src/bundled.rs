@@ -25,6 +25,7 @@ pub const BUNDLED: &[(&str, &str)] = &[
     ("lora", include_str!("../lora.json")),
     ("outpaint", include_str!("../outpaint.json")),
     ("photomaker", include_str!("../photomaker.json")),
+    ("qwen_image", include_str!("../qwen_image.json")),
     ("sd35_sd_cli", include_str!("../sd35_sd_cli.json")),
     ("sd35_txt2img", include_str!("../sd35_txt2img.json")),
     ("sdxl_txt2img", include_str!("../sdxl_txt2img.json")),

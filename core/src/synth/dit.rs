@@ -440,6 +440,138 @@ pub fn tiny_flux2_vae_config() -> VaeConfig {
     VaeConfig { z_channels: 32, embed_dim: 32, ..tiny_ae_config() }
 }
 
+/// A Qwen-Image MMDiT in the release's names (`qwen_image_bf16.safetensors`, diffusers'
+/// names throughout).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QwenImageSynth {
+    pub latent_channels: usize,
+    pub hidden: usize,
+    pub heads: usize,
+    pub layers: usize,
+    /// The text width (the LLM's hidden size).
+    pub context: usize,
+}
+
+impl QwenImageSynth {
+    /// Qwen-Image (20B).
+    pub fn full() -> Self {
+        QwenImageSynth { latent_channels: 16, hidden: 3072, heads: 24, layers: 60, context: 3584 }
+    }
+
+    /// One block at one 128-wide head (the width the fixed rotary axes 16/56/56 need),
+    /// reading [`LlmSynth::tiny_qwen25_vl`] states.
+    pub fn tiny() -> Self {
+        QwenImageSynth { hidden: 128, heads: 1, layers: 1, context: LlmSynth::tiny_qwen25_vl().hidden, ..Self::full() }
+    }
+
+    pub fn tensors(&self) -> Vec<TensorSpec> {
+        let mut s = Specs(Vec::new());
+        let (d, dh, tok) = (self.hidden, self.hidden / self.heads, 4 * self.latent_channels);
+        let rms = |s: &mut Specs, name: String, n: usize| s.push(name, vec![n], Init::Normal { mean: 1.0, std: super::BIAS_STD });
+        s.linear("img_in", tok, d, true);
+        rms(&mut s, "txt_norm.weight".into(), self.context);
+        s.linear("txt_in", self.context, d, true);
+        s.linear("time_text_embed.timestep_embedder.linear_1", 256, d, true);
+        s.linear("time_text_embed.timestep_embedder.linear_2", d, d, true);
+        for i in 0..self.layers {
+            let p = format!("transformer_blocks.{i}");
+            for st in ["img", "txt"] {
+                s.linear(&format!("{p}.{st}_mod.1"), d, 6 * d, true);
+                s.linear(&format!("{p}.{st}_mlp.net.0.proj"), d, 4 * d, true);
+                s.linear(&format!("{p}.{st}_mlp.net.2"), 4 * d, d, true);
+            }
+            for proj in ["to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj", "to_out.0", "to_add_out"] {
+                s.linear(&format!("{p}.attn.{proj}"), d, d, true);
+            }
+            for norm in ["norm_q", "norm_k", "norm_added_q", "norm_added_k"] {
+                rms(&mut s, format!("{p}.attn.{norm}.weight"), dh);
+            }
+        }
+        s.linear("norm_out.linear", d, 2 * d, true);
+        s.linear("proj_out", d, tok, true);
+        s.0
+    }
+}
+
+/// The Wan-2.1 VAE (Qwen-Image's `qwen_image_vae.safetensors`) in Wan's names with its
+/// 5-D causal kernels: channel multipliers 1, 2, 4, 4 over `base`, two residual blocks
+/// per encoder stage and three per decoder stage, `z` latent channels.
+pub fn wan_vae_tensors(base: usize, z: usize) -> Vec<TensorSpec> {
+    let mut s = Specs(Vec::new());
+    let gamma = |s: &mut Specs, name: String, c: usize, dims: usize| s.push(name, [vec![c], vec![1; dims]].concat(), Init::Normal { mean: 1.0, std: super::BIAS_STD });
+    let conv3 = |s: &mut Specs, p: String, i: usize, o: usize, k: usize| {
+        s.weight(format!("{p}.weight"), vec![o, i, k, k, k]);
+        s.bias(format!("{p}.bias"), o);
+    };
+    let res = |s: &mut Specs, p: &str, i: usize, o: usize| {
+        gamma(s, format!("{p}.residual.0.gamma"), i, 3);
+        conv3(s, format!("{p}.residual.2"), i, o, 3);
+        gamma(s, format!("{p}.residual.3.gamma"), o, 3);
+        conv3(s, format!("{p}.residual.6"), o, o, 3);
+        if i != o {
+            conv3(s, format!("{p}.shortcut"), i, o, 1);
+        }
+    };
+    let middle = |s: &mut Specs, side: &str, c: usize| {
+        res(s, &format!("{side}.middle.0"), c, c);
+        gamma(s, format!("{side}.middle.1.norm.gamma"), c, 2);
+        s.weight(format!("{side}.middle.1.to_qkv.weight"), vec![3 * c, c, 1, 1]);
+        s.bias(format!("{side}.middle.1.to_qkv.bias"), 3 * c);
+        s.weight(format!("{side}.middle.1.proj.weight"), vec![c, c, 1, 1]);
+        s.bias(format!("{side}.middle.1.proj.bias"), c);
+        res(s, &format!("{side}.middle.2"), c, c);
+    };
+    let time_conv = |s: &mut Specs, p: String, i: usize, o: usize| {
+        s.weight(format!("{p}.weight"), vec![o, i, 3, 1, 1]);
+        s.bias(format!("{p}.bias"), o);
+    };
+    conv3(&mut s, "encoder.conv1".into(), 3, base, 3);
+    let dims: Vec<usize> = [1, 1, 2, 4, 4].iter().map(|u| u * base).collect();
+    let mut n = 0;
+    for i in 0..4 {
+        let (mut cin, cout) = (dims[i], dims[i + 1]);
+        for _ in 0..2 {
+            res(&mut s, &format!("encoder.downsamples.{n}"), cin, cout);
+            (cin, n) = (cout, n + 1);
+        }
+        if i != 3 {
+            s.weight(format!("encoder.downsamples.{n}.resample.1.weight"), vec![cout, cout, 3, 3]);
+            s.bias(format!("encoder.downsamples.{n}.resample.1.bias"), cout);
+            if i > 0 {
+                time_conv(&mut s, format!("encoder.downsamples.{n}.time_conv"), cout, cout);
+            }
+            n += 1;
+        }
+    }
+    middle(&mut s, "encoder", 4 * base);
+    gamma(&mut s, "encoder.head.0.gamma".into(), 4 * base, 3);
+    conv3(&mut s, "encoder.head.2".into(), 4 * base, 2 * z, 3);
+    conv3(&mut s, "conv1".into(), 2 * z, 2 * z, 1);
+    conv3(&mut s, "conv2".into(), z, z, 1);
+    conv3(&mut s, "decoder.conv1".into(), z, 4 * base, 3);
+    middle(&mut s, "decoder", 4 * base);
+    let dims: Vec<usize> = [4, 4, 4, 2, 1].iter().map(|u| u * base).collect();
+    let mut n = 0;
+    for i in 0..4 {
+        let (mut cin, cout) = (if i > 0 { dims[i] / 2 } else { dims[i] }, dims[i + 1]);
+        for _ in 0..3 {
+            res(&mut s, &format!("decoder.upsamples.{n}"), cin, cout);
+            (cin, n) = (cout, n + 1);
+        }
+        if i != 3 {
+            s.weight(format!("decoder.upsamples.{n}.resample.1.weight"), vec![cout / 2, cout, 3, 3]);
+            s.bias(format!("decoder.upsamples.{n}.resample.1.bias"), cout / 2);
+            if i < 2 {
+                time_conv(&mut s, format!("decoder.upsamples.{n}.time_conv"), cout, 2 * cout);
+            }
+            n += 1;
+        }
+    }
+    gamma(&mut s, "decoder.head.0.gamma".into(), base, 3);
+    conv3(&mut s, "decoder.head.2".into(), base, 3, 3);
+    s.0
+}
+
 /// A Qwen2/Qwen3 language model as a text encoder, in Hugging Face's names under `model.`
 /// (ComfyUI's `qwen_3_4b.safetensors`): Qwen3 has q/k RMS norms, Qwen2 q/k/v biases.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -465,6 +597,17 @@ impl LlmSynth {
     /// tokenizer's ids).
     pub fn tiny_qwen3() -> Self {
         LlmSynth { hidden: 32, heads: 2, kv_heads: 1, head_dim: 16, intermediate: 64, layers: 2, ..Self::qwen3_4b() }
+    }
+
+    /// Qwen2.5-VL-7B's language model (Qwen-Image's text encoder).
+    pub fn qwen25_vl_7b() -> Self {
+        LlmSynth { hidden: 3584, heads: 28, kv_heads: 4, head_dim: 128, intermediate: 18944, layers: 28, vocab: 152064, qk_norm: false }
+    }
+
+    /// Two layers of one 128-wide head (Qwen2's weights do not show the head width; every
+    /// released Qwen2.5 has 128) and the whole vocabulary.
+    pub fn tiny_qwen25_vl() -> Self {
+        LlmSynth { hidden: 128, heads: 1, kv_heads: 1, head_dim: 128, intermediate: 64, layers: 2, ..Self::qwen25_vl_7b() }
     }
 
     /// [`LlmSynth::tiny_qwen3`] with the 28 layers FLUX.2 klein reads states from (sd.cpp's

@@ -426,7 +426,7 @@ impl Node for A1111InpaintLatent {
                 for (idx, v) in out.samples.iter_mut().enumerate() {
                     let m = m_at(idx / (plane * c), idx % plane);
                     // Unit noise in the model's space is ε / scale + shift in the latent's.
-                    let raw = drawn[idx] / model.latent_scale + model.latent_shift;
+                    let raw = model.latent.value_from_model(drawn[idx], idx, plane);
                     *v = *v * (1.0 - m) + raw * m;
                 }
             }

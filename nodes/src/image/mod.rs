@@ -20,7 +20,8 @@ use crate::values::{Image, Latent, Mask, VaeKind, VaeRef};
 use crate::err;
 use sdflow_core::models::flux2::latent as flux2_latent;
 use sdflow_core::models::vae::tiling::VaeTiling;
-use sdflow_core::models::vae::{Vae, VaeConfig, VaeOp};
+use sdflow_core::models::vae::wan::{WanVae, WanVaeConfig};
+use sdflow_core::models::vae::{Vae, VaeConfig, VaeGraph, VaeOp};
 use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Lane, Node, NodeError, NodeSchema, Outputs, Registry, Value};
 use serde_json::json;
 use std::io::Write;
@@ -51,6 +52,7 @@ enum AnyVae<'w> {
     /// ([`sdflow_core::models::flux2::latent`]).
     Flux2(Vae<'w>),
     Taesd(crate::loaders::taesd::TaesdVae<'w>),
+    Wan(WanVae<'w>),
 }
 
 impl AnyVae<'_> {
@@ -59,6 +61,7 @@ impl AnyVae<'_> {
             AnyVae::Kl(m) => m.config.downscale(),
             AnyVae::Flux2(m) => 2 * m.config.downscale(),
             AnyVae::Taesd(m) => m.downscale(),
+            AnyVae::Wan(m) => m.config.downscale(),
         }
     }
 
@@ -67,6 +70,7 @@ impl AnyVae<'_> {
             AnyVae::Kl(m) => m.config.z_channels,
             AnyVae::Flux2(_) => flux2_latent::CHANNELS as i64,
             AnyVae::Taesd(m) => m.z_channels(),
+            AnyVae::Wan(m) => m.config.z_channels,
         }
     }
 }
@@ -81,6 +85,12 @@ fn with_vae<T>(rt: &Runtime, vae: &VaeRef, f: impl FnOnce(&AnyVae<'_>) -> Result
             model.circular = vae.circular;
             f(&if flux2 { AnyVae::Flux2(model) } else { AnyVae::Kl(model) })
         }
+        VaeKind::Wan => {
+            let config = WanVaeConfig::infer(&weights, &vae.prefix).map_err(err)?;
+            let mut model = WanVae::new(&weights, &vae.prefix, config).map_err(err)?;
+            model.circular = vae.circular;
+            f(&AnyVae::Wan(model))
+        }
         VaeKind::Taesd(kind) => {
             let mut model = crate::loaders::taesd::TaesdVae::new(&weights, kind)?;
             model.circular = vae.circular;
@@ -94,6 +104,7 @@ fn with_vae<T>(rt: &Runtime, vae: &VaeRef, f: impl FnOnce(&AnyVae<'_>) -> Result
 fn run_vae(rt: &Runtime, model: &AnyVae<'_>, op: VaeOp, input: &[f32], w: usize, h: usize, tiling: &VaeTiling) -> Result<Vec<f32>, NodeError> {
     match model {
         AnyVae::Kl(m) => run_kl(rt, m, op, input, w, h, tiling),
+        AnyVae::Wan(m) => run_kl(rt, m, op, input, w, h, tiling),
         AnyVae::Taesd(m) => m.run(rt, op, input, w, h),
         // The KL VAE runs on its own 32-channel latent at twice the model latent's size.
         AnyVae::Flux2(m) => match op {
@@ -107,8 +118,9 @@ fn run_vae(rt: &Runtime, model: &AnyVae<'_>, op: VaeOp, input: &[f32], w: usize,
     }
 }
 
-fn run_kl(rt: &Runtime, model: &Vae<'_>, op: VaeOp, input: &[f32], w: usize, h: usize, tiling: &VaeTiling) -> Result<Vec<f32>, NodeError> {
-    let (out, info) = rt.with_backend(Module::Vae, |b| model.run(b, op, input, w, h, tiling)).map_err(err)?;
+/// A KL-style VAE (LDM's, Wan's) through the tiled runner.
+fn run_kl(rt: &Runtime, model: &impl VaeGraph, op: VaeOp, input: &[f32], w: usize, h: usize, tiling: &VaeTiling) -> Result<Vec<f32>, NodeError> {
+    let (out, info) = rt.with_backend(Module::Vae, |b| sdflow_core::models::vae::run(model, b, op, input, w, h, tiling)).map_err(err)?;
     if let (Some(reason), Some(tiles)) = (&info.fallback, &info.tiles) {
         eprintln!("VAE: {reason}; retried in {tiles}");
     }

@@ -8,7 +8,7 @@ pub mod taesd;
 
 use crate::runtime::{Place, Runtime};
 use crate::loaders::taesd::TaeKind;
-use crate::values::{Circular, ClipEncoder, ClipRef, LlmRef, ModelRef, T5Ref, VaeKind, VaeRef};
+use crate::values::{Circular, ClipEncoder, ClipRef, LatentFormat, LlmRef, ModelRef, T5Ref, VaeKind, VaeRef};
 use crate::err;
 use sdflow_core::detect::{self, KeyLayout, ModelFamily};
 use sdflow_core::placement::Module;
@@ -16,6 +16,7 @@ use sdflow_core::io::{self, TypeRules, WeightType};
 use sdflow_core::models::clip::ClipLayout;
 use sdflow_core::models::load::{self, load_weights};
 use sdflow_core::models::llm::{self, prompt::Family as LlmFamily};
+use sdflow_core::models::vae::wan;
 use sdflow_core::models::{flux, sd3, t5, z_image};
 use sdflow_core::models::pipeline::{self, scheduler_settings, CLIP_G as CKPT_CLIP_G, CLIP_L as CKPT_CLIP_L, T5XXL as CKPT_T5};
 use sdflow_core::models::conditioning::Prediction;
@@ -243,8 +244,7 @@ impl Node for CheckpointLoaderSimple {
             prefix: "model.diffusion_model".into(),
             family: parts.family,
             prediction: parts.prediction,
-            latent_scale: parts.latent_scale,
-            latent_shift: 0.0,
+            latent: LatentFormat::uniform(parts.latent_scale, 0.0),
             schedule: parts.schedule,
             flow: None,
             ip_adapters: Vec::new(),
@@ -288,7 +288,7 @@ impl Node for UnetLoader {
         NodeSchema::new("UNETLoader")
             .display_name("Load Diffusion Model")
             .category("advanced/loaders")
-            .description("Loads a diffusion model alone (FLUX.1 and Chroma in BFL/ComfyUI names, SD3/SD3.5 in Stability's, Z-Image in the release's, each also in diffusers' names; safetensors or GGUF); weights load on first use.")
+            .description("Loads a diffusion model alone (FLUX.1 and Chroma in BFL/ComfyUI names, SD3/SD3.5 in Stability's, Z-Image in the release's, each also in diffusers' names; FLUX.2 in BFL's; Qwen-Image; safetensors or GGUF); weights load on first use.")
             .input(InputSpec::combo("unet_name", self.rt.list_models(DIFFUSION_MODELS)).tooltip("The model in models/diffusion_models."))
             .input(InputSpec::combo("weight_dtype", ["default", "fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2"]).tooltip(
                 "default: the run's --type. The fp8 choices keep one byte per weight: ggml has no fp8 arithmetic, so they load as q8_0, its 8-bit type.",
@@ -312,7 +312,7 @@ impl Node for UnetLoader {
         let shown = path.display();
         let mut layout: Option<(&str, Layout)> = None;
         let prefix = match (det.family, det.layout) {
-            (ModelFamily::Flux | ModelFamily::Sd3 | ModelFamily::Chroma | ModelFamily::ZImage | ModelFamily::Flux2, Some(KeyLayout::Ldm)) => det.diffusion_prefix.clone().unwrap_or_default(),
+            (ModelFamily::Flux | ModelFamily::Sd3 | ModelFamily::Chroma | ModelFamily::ZImage | ModelFamily::Flux2 | ModelFamily::QwenImage, Some(KeyLayout::Ldm)) => det.diffusion_prefix.clone().unwrap_or_default(),
             // diffusers' names, fused and renamed into the single files' on load (no
             // prefix then).
             (ModelFamily::Sd3, _) => {
@@ -328,7 +328,7 @@ impl Node for UnetLoader {
                 String::new()
             }
             (ModelFamily::Unknown, _) => return Err(NodeError::msg(format!("{shown}: {}", det.message))),
-            (other, _) => return Err(NodeError::msg(format!("{shown}: {other} diffusion models are not supported by this loader yet (FLUX.1, Chroma, SD3 and Z-Image are; SD checkpoints load with CheckpointLoaderSimple)"))),
+            (other, _) => return Err(NodeError::msg(format!("{shown}: {other} diffusion models are not supported by this loader yet (FLUX.1, Chroma, SD3, Z-Image, FLUX.2 and Qwen-Image are; SD checkpoints load with CheckpointLoaderSimple)"))),
         };
         let weights = weights_handle_in(&self.rt, Module::Diffusion.into(), &path, &prefix, wt, layout)?;
         let model = match det.family {
@@ -336,6 +336,7 @@ impl Node for UnetLoader {
             ModelFamily::Chroma => chroma_model(weights, prefix)?,
             ModelFamily::ZImage => z_image_model(weights, prefix)?,
             ModelFamily::Flux2 => flux2_model(weights, prefix, det.flux_guidance)?,
+            ModelFamily::QwenImage => qwen_image_model(weights, prefix)?,
             _ => flux_model(weights, prefix, det.flux_guidance)?,
         };
         Ok(Outputs::new(vec![Value::new(IoType::MODEL, model)]))
@@ -352,8 +353,7 @@ fn flux_model(weights: WeightHandle<Weights>, prefix: String, guidance: bool) ->
         prefix,
         family: ModelFamily::Flux,
         prediction: Prediction::Flow,
-        latent_scale: flux::LATENT_SCALE,
-        latent_shift: flux::LATENT_SHIFT,
+        latent: LatentFormat::uniform(flux::LATENT_SCALE, flux::LATENT_SHIFT),
         schedule: flow.schedule().map_err(err)?,
         flow: Some(flow),
         ip_adapters: Vec::new(),
@@ -414,8 +414,7 @@ fn sd3_model(weights: WeightHandle<Weights>, prefix: String) -> Result<ModelRef,
         prefix,
         family: ModelFamily::Sd3,
         prediction: Prediction::Flow,
-        latent_scale: sd3::LATENT_SCALE,
-        latent_shift: sd3::LATENT_SHIFT,
+        latent: LatentFormat::uniform(sd3::LATENT_SCALE, sd3::LATENT_SHIFT),
         schedule: flow.schedule().map_err(err)?,
         flow: Some(flow),
         ip_adapters: Vec::new(),
@@ -432,8 +431,7 @@ fn sd3_model(weights: WeightHandle<Weights>, prefix: String) -> Result<ModelRef,
 fn z_image_model(weights: WeightHandle<Weights>, prefix: String) -> Result<ModelRef, NodeError> {
     let mut m = sd3_model(weights, prefix)?;
     m.family = ModelFamily::ZImage;
-    m.latent_scale = flux::LATENT_SCALE;
-    m.latent_shift = flux::LATENT_SHIFT;
+    m.latent = LatentFormat::uniform(flux::LATENT_SCALE, flux::LATENT_SHIFT);
     Ok(m)
 }
 
@@ -444,9 +442,19 @@ fn flux2_model(weights: WeightHandle<Weights>, prefix: String, guidance: bool) -
     let mut m = flux_model(weights, prefix, true)?;
     let flow = FlowShift::Flux(if guidance { 1.15 } else { 1.0 });
     m.family = ModelFamily::Flux2;
-    (m.latent_scale, m.latent_shift) = (1.0, 0.0);
+    m.latent = LatentFormat::uniform(1.0, 0.0);
     m.schedule = flow.schedule().map_err(err)?;
     m.flow = Some(flow);
+    Ok(m)
+}
+
+/// The MODEL of a Qwen-Image transformer: ComfyUI's (`model_base.QwenImage` is a FLUX
+/// model type, so ModelSamplingFlux at μ 1.15; its templates set ModelSamplingAuraFlow
+/// 3.1), in the Wan-2.1 VAE's latent space (per-channel mean and std).
+fn qwen_image_model(weights: WeightHandle<Weights>, prefix: String) -> Result<ModelRef, NodeError> {
+    let mut m = flux_model(weights, prefix, true)?;
+    m.family = ModelFamily::QwenImage;
+    m.latent = LatentFormat::per_channel(&wan::LATENTS_MEAN, &wan::LATENTS_STD);
     Ok(m)
 }
 
@@ -539,7 +547,7 @@ impl Node for ClipLoader {
                 .display_name("Load CLIP")
                 .description("Loads a standalone text encoder: SD1's CLIP-L or SD2's OpenCLIP-H (type stable_diffusion), one of SD3's (type sd3), Chroma's T5-XXL (type chroma), Z-Image's Qwen3-4B (type lumina2), FLUX.2 klein's Qwen3 (type flux2); T5 and the LLMs as safetensors or GGUF.")
                 .input(InputSpec::combo("clip_name", files))
-                .input(InputSpec::combo("type", ["stable_diffusion", "sd3", "chroma", "lumina2", "flux2"]))
+                .input(InputSpec::combo("type", ["stable_diffusion", "sd3", "chroma", "lumina2", "flux2", "qwen_image"]))
         };
         s.input(InputSpec::combo("device", ["default", "cpu"]).optional().tooltip("Where the text encoders load and run: `default` follows the text encoder placement (--backend te=...), `cpu` keeps them on the CPU."))
             .category("advanced/loaders")
@@ -577,6 +585,7 @@ impl Node for ClipLoader {
         let llm_family = match ty {
             "lumina2" => Some((LlmFamily::ZImage, ModelFamily::ZImage)),
             "flux2" => Some((LlmFamily::Flux2Klein, ModelFamily::Flux2)),
+            "qwen_image" => Some((LlmFamily::QwenImage, ModelFamily::QwenImage)),
             _ => None,
         };
         if let (Some((llm_family, family)), false) = (llm_family, self.dual) {
@@ -590,7 +599,7 @@ impl Node for ClipLoader {
             return Ok(Outputs::new(vec![Value::new(IoType::CLIP, clip)]));
         }
         if ty != if self.dual { "sdxl" } else { "stable_diffusion" } {
-            let wanted = if self.dual { "`sdxl`, `sd3` and `flux`" } else { "`stable_diffusion`, `sd3`, `chroma`, `lumina2` (Z-Image's Qwen3-4B) and `flux2` (FLUX.2 klein's Qwen3)" };
+            let wanted = if self.dual { "`sdxl`, `sd3` and `flux`" } else { "`stable_diffusion`, `sd3`, `chroma`, `lumina2` (Z-Image's Qwen3-4B), `flux2` (FLUX.2 klein's Qwen3) and `qwen_image` (Qwen2.5-VL-7B)" };
             return Err(NodeError::msg(format!("type `{ty}`: only {wanted} text encoders are supported yet")));
         }
         let mut found = Vec::new();
@@ -738,7 +747,7 @@ impl Node for VaeLoader {
         NodeSchema::new("VAELoader")
             .display_name("Load VAE")
             .category("loaders")
-            .description("Loads a standalone VAE (LDM or diffusers key names); weights load on first use.")
+            .description("Loads a standalone VAE (LDM or diffusers key names; the Wan-2.1 VAE Qwen-Image uses in Wan's names); weights load on first use.")
             .input(InputSpec::combo("vae_name", vae_names(&self.rt)).tooltip("The VAE file in models/vae, or `taesd` (from models/vae_approx)."))
             .output("VAE", IoType::VAE)
     }
@@ -760,10 +769,24 @@ impl Node for VaeLoader {
             return Ok(Outputs::new(vec![Value::new(IoType::VAE, vae)]));
         }
         let path = self.path(inputs)?;
+        if let Some(prefix) = wan_vae_prefix(&path)? {
+            let weights = weights_handle_in(&self.rt, Module::Vae.into(), &path, &prefix, self.rt.weight_type, Some(("wan-frame", wan::single_frame)))?;
+            let vae = VaeRef { weights, prefix, kind: VaeKind::Wan, circular: Circular::NONE };
+            return Ok(Outputs::new(vec![Value::new(IoType::VAE, vae)]));
+        }
         // A pipeline folder holds its VAE in `vae/`; io::open reads the folder's components.
         let vae = VaeRef { weights: standalone_vae_handle(&self.rt, &path)?, prefix: STANDALONE_PREFIX.into(), kind: VaeKind::Kl, circular: Circular::NONE };
         Ok(Outputs::new(vec![Value::new(IoType::VAE, vae)]))
     }
+}
+
+/// The prefix under which a file holds a Wan-2.1 VAE (Qwen-Image's), if it does.
+fn wan_vae_prefix(path: &Path) -> Result<Option<String>, NodeError> {
+    if path.is_dir() {
+        return Ok(None);
+    }
+    let src = io::open(path).map_err(|e| NodeError::msg(format!("{}: {e}", path.display())))?;
+    Ok(sdflow_core::models::prefix_before(src.tensors().iter().map(|t| t.name.as_str()), wan::MARKER))
 }
 
 /// VAELoader's choices: the files in `models/vae`, then `taesd`, `taesdxl`, `taesd3`,

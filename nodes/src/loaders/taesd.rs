@@ -54,8 +54,8 @@ impl TaeKind {
             F::Sdxl | F::SdxlRefiner => Some(TaeKind::Sdxl),
             F::Sd3 => Some(TaeKind::Sd3),
             F::Flux | F::Chroma | F::ZImage => Some(TaeKind::F1),
-            // FLUX.2's TAEF2 is not supported yet.
-            F::Flux2 | F::Unknown => None,
+            // FLUX.2's TAEF2 is not supported yet; Qwen-Image has no TAESD.
+            F::Flux2 | F::QwenImage | F::Unknown => None,
         }
     }
 

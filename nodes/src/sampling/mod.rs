@@ -27,6 +27,7 @@ use sdflow_core::models::chroma::{Chroma, ChromaConfig};
 use sdflow_core::models::flux::{fill_concat, Flux, FluxConfig, FluxDenoiser, FluxItem};
 use sdflow_core::models::dit::SkipLayers;
 use sdflow_core::models::sd3::{Sd3, Sd3Config, Sd3Denoiser, Sd3Item};
+use sdflow_core::models::qwen_image::{QwenImage, QwenImageConfig, QwenImageDenoiser, QwenImageItem};
 use sdflow_core::models::z_image::{ZImage, ZImageConfig, ZImageDenoiser, ZImageItem};
 use sdflow_core::models::flux2::{Flux2, Flux2Config, Flux2Denoiser, Flux2Item};
 use sdflow_core::models::sd::{BatchItem, ControlInput, IpPatch, IpSide, SdDenoiser};
@@ -281,6 +282,9 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
         let mut den = ZImageDenoiser::new(ZImage::new(&weights, &model.prefix, config).map_err(err)?);
         den.circular = model.circular;
         Den::ZImage(den)
+    } else if model.family == ModelFamily::QwenImage {
+        let config = QwenImageConfig::infer(&weights, &model.prefix).map_err(err)?;
+        Den::QwenImage(QwenImageDenoiser::new(QwenImage::new(&weights, &model.prefix, config).map_err(err)?))
     } else {
         let config = UnetConfig::infer(&weights, &model.prefix).map_err(err)?;
         let unet = Unet::new(&weights, &model.prefix, config).map_err(err)?;
@@ -331,7 +335,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
             .collect();
         den = match den {
             Den::Sd(d) => Den::Sd(d.with_ip_adapters(patches).map_err(err)?),
-            Den::Flux(_) | Den::Sd3(_) | Den::ZImage(_) | Den::Flux2(_) => return Err(NodeError::msg(format!("IP-Adapters apply to SD UNets; this model is {}", model.family))),
+            Den::Flux(_) | Den::Sd3(_) | Den::ZImage(_) | Den::Flux2(_) | Den::QwenImage(_) => return Err(NodeError::msg(format!("IP-Adapters apply to SD UNets; this model is {}", model.family))),
         };
     }
 
@@ -347,6 +351,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
         Den::Sd3(d) => d.config().in_channels,
         Den::ZImage(d) => d.config().in_channels,
         Den::Flux2(d) => d.config().in_channels,
+        Den::QwenImage(d) => d.config().latent_channels,
         Den::Sd(_) => channels,
     };
     let grown;
@@ -370,8 +375,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
         noise.iter_mut().for_each(|v| *v *= noise_scale);
     }
     let sigma0 = sigmas.first().copied().unwrap_or(0.0);
-    let shift = if empty { 0.0 } else { model.latent_shift };
-    let scaled: Vec<f32> = latent.samples.iter().map(|l| (l - shift) * model.latent_scale).collect();
+    let scaled: Vec<f32> = if empty { latent.samples.clone() } else { model.latent.to_model(&latent.samples, plane) };
     // The latent noised to σ: x₀ + σ·ε, or for a flow model (1 − σ)·x₀ + σ·ε (ComfyUI's
     // CONST noise scaling).
     let flow = model.flow.is_some();
@@ -388,7 +392,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     let extra = match &den {
         Den::Sd(d) => d.unet().config.in_channels - shape[2],
         Den::Flux(d) => d.in_channels() / 4 - shape[2],
-        Den::Sd3(_) | Den::ZImage(_) | Den::Flux2(_) => 0,
+        Den::Sd3(_) | Den::ZImage(_) | Den::Flux2(_) | Den::QwenImage(_) => 0,
     };
     let fill = matches!(den, Den::Flux(_)) && extra > 0;
     if fill && extra != shape[2] + 64 {
@@ -429,7 +433,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
         Some(m) if fill => Mask { data: m[i * plane..(i + 1) * plane].to_vec(), n: 1, height: lh as usize, width: lw as usize }.resized(0, mw, mh),
         Some(m) => m[i * plane..(i + 1) * plane].to_vec(),
     };
-    let process_in = |v: &[f32]| -> Vec<f32> { v.iter().map(|v| (v - model.latent_shift) * model.latent_scale).collect() };
+    let process_in = |v: &[f32]| -> Vec<f32> { model.latent.to_model(v, plane) };
     let model_concat = build(&noise_mask_plane, &|i| match &mask {
         // ComfyUI's Fill without a masked image: zeros, taken into model space.
         _ if fill => process_in(&vec![0.0; per]),
@@ -487,8 +491,8 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     let controls = Controls::collect(rt, prepared.iter().flatten().map(|p| &p.control))?;
     let nets = match &den {
         Den::Sd(d) => controls.nets(&d.unet().config)?,
-        Den::Flux(_) | Den::Sd3(_) | Den::ZImage(_) | Den::Flux2(_) if prepared.iter().flatten().any(|p| p.control.is_some()) => return Err(NodeError::msg(format!("ControlNets apply to SD UNets; this model is {}", model.family))),
-        Den::Flux(_) | Den::Sd3(_) | Den::ZImage(_) | Den::Flux2(_) => Vec::new(),
+        Den::Flux(_) | Den::Sd3(_) | Den::ZImage(_) | Den::Flux2(_) | Den::QwenImage(_) if prepared.iter().flatten().any(|p| p.control.is_some()) => return Err(NodeError::msg(format!("ControlNets apply to SD UNets; this model is {}", model.family))),
+        Den::Flux(_) | Den::Sd3(_) | Den::ZImage(_) | Den::Flux2(_) | Den::QwenImage(_) => Vec::new(),
     };
     let mut hints: HashMap<(usize, i64, i64), Vec<f32>> = HashMap::new();
     let mut sides: Vec<Option<&[guidance::Prepared]>> = vec![None; prepared.len()];
@@ -504,7 +508,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     let slg = model.slg.as_ref().map(|g| (g, (percent_to_sigma(g.percents.0), percent_to_sigma(g.percents.1))));
     let no_skip = SkipLayers::default();
     let slg_layers = model.slg.as_ref().map_or(&no_skip, |g| &g.layers);
-    if slg.is_some() && matches!(den, Den::Sd(_) | Den::ZImage(_) | Den::Flux2(_)) {
+    if slg.is_some() && matches!(den, Den::Sd(_) | Den::ZImage(_) | Den::Flux2(_) | Den::QwenImage(_)) {
         return Err(NodeError::msg(format!("skip-layer guidance runs on DiTs (SD3, FLUX, Chroma); this model is {}", model.family)));
     }
     let skipping = std::cell::Cell::new(false);
@@ -576,6 +580,10 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
                 }
                 Den::ZImage(den) => {
                     let batch: Vec<ZImageItem<'_>> = items.iter().map(|it| ZImageItem { x: &it.x, cond: it.cond }).collect();
+                    rt.with_backend(Module::Diffusion, |b| den.denoise_batch(b, s, sigma, &batch)).map_err(err)
+                }
+                Den::QwenImage(den) => {
+                    let batch: Vec<QwenImageItem<'_>> = items.iter().map(|it| QwenImageItem { x: &it.x, cond: it.cond }).collect();
                     rt.with_backend(Module::Diffusion, |b| den.denoise_batch(b, s, sigma, &batch)).map_err(err)
                 }
             }
@@ -675,7 +683,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     // ComfyUI's CONST `inverse_noise_scaling` does.
     let last = sigmas.last().copied().unwrap_or(0.0);
     let keep = if flow && last > 0.0 && last < 1.0 { 1.0 / (1.0 - last) } else { 1.0 };
-    let unscale = |v: &[f32], k: f32| -> Vec<f32> { v.iter().map(|x| x * k / model.latent_scale + model.latent_shift).collect() };
+    let unscale = |v: &[f32], k: f32| -> Vec<f32> { model.latent.from_model(v, plane, k) };
     let denoised = unscale(last_denoised.as_deref().unwrap_or(&out), 1.0);
     let mk = |samples| Latent { samples, shape, noise_mask: latent.noise_mask.clone(), batch_index: latent.batch_index.clone() };
     Ok((mk(unscale(&out, keep)), mk(denoised)))
@@ -705,14 +713,15 @@ pub(crate) fn batch_noise(rng: &mut dyn sdflow_core::sampling::rng::Rng, inds: &
     Ok(inds.iter().flat_map(|i| drawn[i].iter().copied()).collect())
 }
 
-/// The model a sampler runs: an SD UNet, a FLUX transformer, an SD3 MMDiT or a Z-Image
-/// S3-DiT.
+/// The model a sampler runs: an SD UNet, a FLUX.1/Chroma or FLUX.2 transformer, an SD3
+/// or Qwen-Image MMDiT, or a Z-Image S3-DiT.
 enum Den<'w> {
     Sd(SdDenoiser<'w>),
     Flux(FluxDenoiser<'w>),
     Sd3(Sd3Denoiser<'w>),
     ZImage(ZImageDenoiser<'w>),
     Flux2(Flux2Denoiser<'w>),
+    QwenImage(QwenImageDenoiser<'w>),
 }
 
 /// ComfyUI's "KSampler".

@@ -119,8 +119,8 @@ impl Node for ModelSamplingFlux {
 
     fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
         let model = inputs.downcast::<ModelRef>("model")?;
-        if !matches!(model.family, ModelFamily::Flux | ModelFamily::Chroma | ModelFamily::Flux2) {
-            return Err(NodeError::msg(format!("ModelSamplingFlux needs a FLUX.1, Chroma or FLUX.2 model, not {}", model.family)));
+        if !matches!(model.family, ModelFamily::Flux | ModelFamily::Chroma | ModelFamily::Flux2 | ModelFamily::QwenImage) {
+            return Err(NodeError::msg(format!("ModelSamplingFlux needs a FLUX.1, Chroma, FLUX.2 or Qwen-Image model, not {}", model.family)));
         }
         let (max, base) = (inputs.float("max_shift")?, inputs.float("base_shift")?);
         let (w, h) = (inputs.int("width")?, inputs.int("height")?);

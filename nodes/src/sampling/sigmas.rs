@@ -350,16 +350,17 @@ impl Node for AddNoise {
         let scale = if sigmas.len() > 1 { (sigmas[0] - sigmas[sigmas.len() - 1]).abs() } else { sigmas[0] };
         // An empty (all-zero) latent is not shifted into model space, as in ComfyUI.
         let empty = latent.samples.iter().all(|&v| v == 0.0);
-        let (k, shift) = (model.latent_scale, model.latent_shift);
+        let plane = (w * h) as usize;
         let flow = model.flow.is_some();
         let samples = latent
             .samples
             .iter()
             .zip(&eps)
-            .map(|(&l, &e)| {
-                let x0 = if empty { l } else { (l - shift) * k };
+            .enumerate()
+            .map(|(i, (&l, &e))| {
+                let x0 = if empty { l } else { model.latent.value_to_model(l, i, plane) };
                 let noisy = if flow { scale * e + (1.0 - scale) * x0 } else { e * scale + x0 };
-                let v = noisy / k + shift;
+                let v = model.latent.value_from_model(noisy, i, plane);
                 if v.is_finite() {
                     v
                 } else {

@@ -24,6 +24,12 @@ use std::path::Path;
 /// The weight that tells a file holds a Wan-2.1 VAE, relative to its prefix.
 pub const MARKER: &str = "decoder.middle.0.residual.0.gamma";
 
+/// The released VAE's latent statistics per channel (Wan 2.1's, which Qwen-Image reuses):
+/// the diffusion models see `(latent − mean) / std` (diffusers' `latents_mean` /
+/// `latents_std`, ComfyUI's `latent_formats.Wan21`).
+pub const LATENTS_MEAN: [f32; 16] = [-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508, 0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921];
+pub const LATENTS_STD: [f32; 16] = [2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743, 3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160];
+
 /// What one stage of the encoder or decoder list holds (`downsamples.N` / `upsamples.N`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Layer {

@@ -1,0 +1,106 @@
+//! Qwen-Image end to end on tiny random-weight files (the MMDiT in the release's names,
+//! Qwen2.5-VL's language model in Hugging Face's, the Wan-2.1 VAE in Wan's with its 5-D
+//! kernels): the committed workflow, image to image through the VAE, and bad combinations.
+
+use sdflow_executor::{InputValue, NodeSpec};
+use sdflow_tests::{with_input, write_flux_models, write_qwen_image_models, TestEnv};
+use sdflow_core::dtype::DType;
+use sdflow_core::synth::Format;
+use sdflow_core::synth::dit::QwenImageSynth;
+use sdflow_core::synth::write_specs;
+use serde_json::json;
+
+fn env() -> TestEnv {
+    let dir = tempfile::tempdir().unwrap();
+    sdflow_tests::tiny_tree(dir.path());
+    write_qwen_image_models(dir.path());
+    write_flux_models(dir.path());
+    // The transformer without one of its weights.
+    let q = QwenImageSynth::tiny();
+    let specs: Vec<_> = q.tensors().into_iter().filter(|t| t.name != "transformer_blocks.0.attn.to_k.weight").collect();
+    let broken = dir.path().join("models/diffusion_models/qwen_image_broken.safetensors");
+    write_specs(&broken, &specs, "broken", DType::F32, 61, Format::Safetensors).unwrap();
+    TestEnv::with_dir(dir, |rt| rt)
+}
+
+fn link(node: &str, output: usize) -> InputValue {
+    InputValue::Link { node: node.into(), output }
+}
+
+#[test]
+fn the_workflow_runs_and_its_inputs_matter() {
+    let env = env();
+    let wf = env.workflow("qwen_image.json", 48, 3);
+    let (w, h, px) = env.run_saved(&wf, "10");
+    assert_eq!((w, h), (48, 48));
+    assert!(px.iter().max().unwrap() - px.iter().min().unwrap() > 10, "the image is not flat");
+    let base = env.run_saved_hash(&wf, "10");
+    assert_eq!(env.run_saved_hash(&wf, "10"), base, "deterministic");
+    for (node, input, v) in [("5", "text", json!("a (red:1.3) fox")), ("6", "text", json!("blurry")), ("4", "shift", json!(1.0)), ("8", "seed", json!(7)), ("8", "cfg", json!(1.0))] {
+        assert_ne!(env.run_saved_hash(&with_input(&wf, node, input, v.clone()), "10"), base, "{node}.{input} = {v}");
+    }
+    // Without the shift node the model samples as ComfyUI's QwenImage does (ModelSamplingFlux).
+    let mut unshifted = wf.clone();
+    unshifted.set_input("8", "model", link("1", 0)).unwrap();
+    assert_ne!(env.run_saved_hash(&unshifted, "10"), base);
+    // An odd latent size (40×24 pixels: 5×3 latent pixels) is padded to whole patches.
+    let odd = with_input(&with_input(&wf, "7", "width", json!(40)), "7", "height", json!(24));
+    assert_eq!(env.run_saved(&odd, "10").0, 40);
+}
+
+#[test]
+fn image_to_image_goes_through_the_wan_vae() {
+    let env = env();
+    let mut wf = env.workflow("qwen_image.json", 32, 2);
+    // A decoded image encoded again and sampled at half strength.
+    wf.nodes.insert("20".into(), NodeSpec::new("VAEEncode").with_input("pixels", link("9", 0)).with_input("vae", link("3", 0)));
+    wf.nodes.insert(
+        "21".into(),
+        NodeSpec::new("KSampler")
+            .with_input("model", link("4", 0))
+            .with_input("seed", InputValue::Const(json!(3)))
+            .with_input("steps", InputValue::Const(json!(2)))
+            .with_input("cfg", InputValue::Const(json!(2.5)))
+            .with_input("sampler_name", InputValue::Const(json!("euler")))
+            .with_input("scheduler", InputValue::Const(json!("simple")))
+            .with_input("positive", link("5", 0))
+            .with_input("negative", link("6", 0))
+            .with_input("latent_image", link("20", 0))
+            .with_input("denoise", InputValue::Const(json!(0.5))),
+    );
+    wf.nodes.insert("22".into(), NodeSpec::new("VAEDecode").with_input("samples", link("21", 0)).with_input("vae", link("3", 0)));
+    wf.nodes.insert("23".into(), NodeSpec::new("SaveImage").with_input("images", link("22", 0)).with_input("filename_prefix", InputValue::Const(json!("i2i"))));
+    let (w, h, _) = env.run_saved(&wf, "23");
+    assert_eq!((w, h), (32, 32));
+    let at_half = env.run_saved_hash(&wf, "23");
+    assert_ne!(env.run_saved_hash(&with_input(&wf, "21", "denoise", json!(0.8)), "23"), at_half);
+}
+
+#[test]
+fn bad_combinations_are_named_errors() {
+    let env = env();
+    let wf = env.workflow("qwen_image.json", 32, 2);
+    // T5 is no LLM.
+    let e = env.run_err(&with_input(&wf, "2", "clip_name", json!("t5xxl_fp16.safetensors")));
+    assert!(e.contains("no LLM text encoder"), "{e}");
+    // SD3's sampling node names the one Qwen-Image takes.
+    let e = env.run_err(&{
+        let mut w = wf.clone();
+        w.nodes.get_mut("4").unwrap().class_type = "ModelSamplingSD3".into();
+        w
+    });
+    assert!(e.contains("ModelSamplingAuraFlow"), "{e}");
+    // ModelSamplingFlux takes Qwen-Image (ComfyUI's QwenImage is a FLUX model type);
+    // SD3's discrete sampling does not.
+    let e = env.run_err(&{
+        let mut w = wf.clone();
+        w.nodes.get_mut("4").unwrap().class_type = "ModelSamplingDiscrete".into();
+        w.set_input("4", "sampling", InputValue::Const(json!("eps"))).unwrap();
+        w.set_input("4", "zsnr", InputValue::Const(json!(false))).unwrap();
+        w
+    });
+    assert!(e.contains("rectified flow"), "{e}");
+    // A Qwen-Image transformer file that lost one weight names it.
+    let e = env.run_err(&with_input(&wf, "1", "unet_name", json!("qwen_image_broken.safetensors")));
+    assert!(e.contains("transformer_blocks.0.attn.to_k.weight"), "{e}");
+}
