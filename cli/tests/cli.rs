@@ -976,6 +976,31 @@ fn photo_maker_flags_run_on_a_tiny_sdxl() {
 /// the layouts people download: the graph is sd.cpp's (no SdCppConditioner for the LLM,
 /// euler over its discrete schedule at shift 3), it runs, and its flags matter.
 #[test]
+fn qwen_image_preset_runs_on_tiny_models() {
+    let dir = tempfile::tempdir().unwrap();
+    sdflow_tests::tiny_tree(dir.path());
+    sdflow_tests::write_qwen_image_models(dir.path());
+    let m = |p: &str| format!("models/{p}");
+    let (q, llm, vae) = (m("diffusion_models/qwen_image_bf16.safetensors"), m("text_encoders/qwen_2.5_vl_7b.safetensors"), m("vae/qwen_image_vae.safetensors"));
+    let run = |extra: &[&str], out: &str| {
+        let mut args = vec!["img_gen", "--diffusion-model", &q, "--llm", &llm, "--vae", &vae, "-p", "a (red:1.2) fox", "--steps", "2", "-W", "48", "-H", "32", "-t", "2", "-o", out];
+        args.extend(extra);
+        ok(&args, dir.path());
+        png_pixels(&dir.path().join(out))
+    };
+    let printed = ok(&["img_gen", "--diffusion-model", &q, "--llm", &llm, "--vae", &vae, "-p", "a fox", "--print-workflow"], dir.path());
+    assert!(printed.contains("\"qwen_image\"") && printed.contains("ManualSigmas") && printed.contains("ModelSamplingAuraFlow") && !printed.contains("SdCppConditioner"), "{printed}");
+    let plain = run(&["--cfg-scale", "2.5"], "q.png");
+    assert_eq!(png_size(&dir.path().join("q.png")), (48, 32));
+    assert_ne!(plain, run(&["--cfg-scale", "2.5", "--flow-shift", "6"], "q_shift.png"), "--flow-shift changes the schedule");
+    assert_ne!(plain, run(&["--cfg-scale", "2.5", "-n", "blurry"], "q_neg.png"), "real CFG reads the negative prompt");
+    let (_, err) = fails(&["img_gen", "--diffusion-model", &q, "--vae", &vae, "-p", "x"], dir.path());
+    assert!(err.contains("--llm"), "{err}");
+    let (_, err) = fails(&["img_gen", "--diffusion-model", &q, "--llm", &llm, "--vae", &vae, "-p", "x", "-r", "ref.png"], dir.path());
+    assert!(err.contains("not supported yet: -r (with a Qwen-Image model"), "{err}");
+}
+
+#[test]
 fn z_image_preset_runs_on_tiny_models() {
     let dir = tempfile::tempdir().unwrap();
     sdflow_tests::tiny_tree(dir.path());

@@ -440,7 +440,7 @@ pub struct ImgGenArgs {
     /// Path to the t5xxl text encoder (FLUX, SD3, Chroma).
     #[arg(long = "t5xxl", value_name = "string")]
     pub t5xxl: Option<String>,
-    /// Path to the LLM text encoder (Z-Image's Qwen3-4B, FLUX.2 klein's Qwen3); --qwen2vl is sd-cli's older name.
+    /// Path to the LLM text encoder (Z-Image's Qwen3-4B, FLUX.2 klein's Qwen3, Qwen-Image's Qwen2.5-VL-7B); --qwen2vl is sd-cli's older name.
     #[arg(long = "llm", visible_alias = "qwen2vl", value_name = "string")]
     pub llm: Option<String>,
     /// Distilled guidance scale for models with guidance input (FLUX.1-dev).

@@ -1,8 +1,9 @@
 //! The flow-matching transformers' img_gen graph (FLUX.1 dev/schnell/Fill/Kontext,
-//! Chroma, SD3/SD3.5, Z-Image) with sd-cli's semantics, where they differ from ComfyUI's
-//! templates:
+//! Chroma, SD3/SD3.5, Z-Image, FLUX.2 klein, Qwen-Image) with sd-cli's semantics, where
+//! they differ from ComfyUI's templates:
 //! - the schedule is sd.cpp's (`flux`: μ from the latent's pixel count, 4× the token count
-//!   ComfyUI uses; SD3 and Z-Image `discrete`: shift 3), written out as ManualSigmas;
+//!   ComfyUI uses; SD3, Z-Image and Qwen-Image `discrete`: shift 3), written out as
+//!   ManualSigmas;
 //! - euler by default, `--cfg-scale` 7 (real CFG with the negative prompt, as sd-cli runs
 //!   it), `--guidance` 3.5 on both prompts of a guidance-distilled model;
 //! - prompts encoded as sd.cpp encodes them (SdCppConditioner: T5 chunks, mean-restoring
@@ -114,15 +115,19 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
     // The model's own shift, as sd.cpp sets it: FLUX and Chroma from the image size
     // (ModelSamplingFlux with μ as both bounds), SD3 3 unless --flow-shift.
     let shift = match family {
-        Family::Sd3 | Family::ZImage => {
+        Family::Sd3 | Family::ZImage | Family::QwenImage => {
             let s = p.flow_shift.map_or(SD3_SHIFT, |s| s as f32);
             if !(s.is_finite() && s > 0.0 && s <= 100.0) {
                 return Err(invalid("--flow-shift", format!("{s} is outside (0, 100]")));
             }
-            if p.flow_shift.is_some() {
-                // The same shifted schedule; Z-Image is told σ (AuraFlow's node), SD3 1000·σ.
-                let node = if family == Family::ZImage { "ModelSamplingAuraFlow" } else { "ModelSamplingSD3" };
-                model = Out(b.extra("model_sampling", "--flow-shift", NodeSpec::new(node).with_input("model", link(&model)).with_const("shift", json!(short_f64(s)))), 0);
+            // Qwen-Image's MODEL samples as ComfyUI's FLUX type (μ 1.15); sd.cpp's is this
+            // discrete flow.
+            if p.flow_shift.is_some() || family == Family::QwenImage {
+                // The same shifted schedule; Z-Image and Qwen-Image are told σ (AuraFlow's
+                // node), SD3 1000·σ.
+                let node = if family == Family::Sd3 { "ModelSamplingSD3" } else { "ModelSamplingAuraFlow" };
+                let origin = if p.flow_shift.is_some() { "--flow-shift" } else { "img_gen" };
+                model = Out(b.extra("model_sampling", origin, NodeSpec::new(node).with_input("model", link(&model)).with_const("shift", json!(short_f64(s)))), 0);
             }
             FlowShift::Snr(s as f64)
         }
@@ -179,6 +184,7 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
         Family::Chroma => "sd-cli's txt2img with Chroma: T5-XXL prompts with Chroma's masks, euler over sd.cpp's FLUX schedule (μ from the image size), real CFG with the negative prompt at --cfg-scale; the approximator gets guidance 0.",
         Family::Flux2 => "sd-cli's txt2img with FLUX.2 klein: Qwen3's states of three layers (9, 18, 27) of the prompt in its chat template, padded to 512 tokens, euler over sd.cpp's flux2 schedule (the empirical shift from the token and step counts), CFG with the negative prompt at --cfg-scale (1, as the distilled models run, skips it).",
         Family::ZImage => "sd-cli's txt2img with Z-Image: Qwen3-4B's states of the prompt in its chat template, euler over sd.cpp's discrete flow schedule (shift 3, --flow-shift), real CFG with the negative prompt at --cfg-scale (1, as Turbo runs, skips it).",
+        Family::QwenImage => "sd-cli's txt2img with Qwen-Image: Qwen2.5-VL's final states of the prompt in its chat template (the system part dropped), euler over sd.cpp's discrete flow schedule (shift 3, --flow-shift), real CFG with the negative prompt at --cfg-scale.",
         _ => "sd-cli's txt2img with FLUX.1: CLIP-L's pooled vector and T5-XXL's tokens, the distilled --guidance (dev), euler over sd.cpp's FLUX schedule (μ from the image size, 4× the token count ComfyUI uses), CFG with the negative prompt at --cfg-scale (1 skips it).",
     };
     let (latent, denoise, mut title, mut description) = match (family, &p.init_img, &p.mask) {
@@ -206,7 +212,7 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
             let steps = p.steps as usize;
             Some(match (family, p.scheduler.as_deref()) {
                 (Family::Flux2, None | Some("flux2")) => flux2_schedule(steps, p.width, p.height),
-                (Family::Sd3 | Family::ZImage, _) | (_, Some("discrete")) => discrete_schedule(steps, shift),
+                (Family::Sd3 | Family::ZImage | Family::QwenImage, _) | (_, Some("discrete")) => discrete_schedule(steps, shift),
                 _ => flux_schedule(steps, shift),
             })
         }
@@ -237,7 +243,7 @@ fn refuse_unet_flags(p: &ImgGenParams, family: Family) -> Result<(), PresetError
         }
     }
     let own = match family {
-        Family::Sd3 | Family::ZImage => "sd3_flow",
+        Family::Sd3 | Family::ZImage | Family::QwenImage => "sd3_flow",
         Family::Flux2 => "flux2_flow",
         _ => "flux_flow",
     };
@@ -258,6 +264,7 @@ fn family_name(family: Family) -> &'static str {
         Family::Sd3 => "SD3",
         Family::ZImage => "Z-Image",
         Family::Flux2 => "FLUX.2",
+        Family::QwenImage => "Qwen-Image",
     }
 }
 
@@ -301,14 +308,19 @@ fn loaders(b: &mut Builder, p: &ImgGenParams, family: Family) -> Result<(Out, Ou
                 None => Out(from_ckpt("text encoders", "--clip_l, --clip_g and --t5xxl")?.clone(), 1),
             }
         }
-        Family::ZImage | Family::Flux2 => {
+        Family::ZImage | Family::Flux2 | Family::QwenImage => {
             for (given, flag) in [(p.clip_l.is_some(), "--clip_l"), (p.clip_g.is_some(), "--clip_g"), (p.t5xxl.is_some(), "--t5xxl")] {
                 if given {
                     return Err(not_supported(flag, format!("with a {name} model (it reads an LLM alone: --llm)")));
                 }
             }
-            // ComfyUI's CLIPLoader types: Z-Image's template, FLUX.2's three layers.
-            let ty = if family == Family::ZImage { "lumina2" } else { "flux2" };
+            // ComfyUI's CLIPLoader types: Z-Image's template, FLUX.2's three layers,
+            // Qwen-Image's system prompt.
+            let ty = match family {
+                Family::ZImage => "lumina2",
+                Family::QwenImage => "qwen_image",
+                _ => "flux2",
+            };
             match &p.llm {
                 Some(l) => Out(b.core("clip", "--llm", NodeSpec::new("CLIPLoader").with_const("clip_name", json!(l)).with_const("type", json!(ty))), 0),
                 None => Out(from_ckpt("LLM text encoder", "--llm")?.clone(), 1),
@@ -342,7 +354,7 @@ fn loaders(b: &mut Builder, p: &ImgGenParams, family: Family) -> Result<(Out, Ou
     let vae = match (&p.vae, &ckpt) {
         (Some(v), _) => Ok(Out(b.core("vae", "--vae", NodeSpec::new("VAELoader").with_const("vae_name", json!(v))), 0)),
         (None, Some(c)) if info.has_vae => Ok(Out(c.clone(), 2)),
-        _ => Err(PresetError::Missing { flag: "--vae".into(), msg: format!("the {name} model file holds no VAE; give its 16-channel VAE (ae.safetensors for FLUX, Chroma and Z-Image)") }),
+        _ => Err(PresetError::Missing { flag: "--vae".into(), msg: format!("the {name} model file holds no VAE; give its VAE (ae.safetensors for FLUX, Chroma and Z-Image; qwen_image_vae.safetensors for Qwen-Image)") }),
     };
     match (clip, vae) {
         (Ok(clip), Ok(vae)) => Ok((model, clip, vae)),
@@ -358,9 +370,9 @@ fn conditioner(p: &ImgGenParams, family: Family, clip: &Out) -> Result<Option<No
     if family != Family::Chroma && *c != super::ChromaParams::default() {
         return Err(not_supported("--chroma-* / --model-args chroma_*", format!("with a {} model (Chroma's masks)", family_name(family))));
     }
-    let llm = matches!(family, Family::ZImage | Family::Flux2);
+    let llm = matches!(family, Family::ZImage | Family::Flux2 | Family::QwenImage);
     if p.llm.is_some() && !llm {
-        return Err(not_supported("--llm", format!("with a {} model (the LLM text encoders go to Z-Image and FLUX.2)", family_name(family))));
+        return Err(not_supported("--llm", format!("with a {} model (the LLM text encoders go to Z-Image, FLUX.2 and Qwen-Image)", family_name(family))));
     }
     if llm {
         return Ok(None);
@@ -392,7 +404,7 @@ fn skip_layer_guidance(b: &mut Builder, p: &ImgGenParams, family: Family, model:
     }
     let list = |v: &[i64]| v.iter().map(i64::to_string).collect::<Vec<_>>().join(", ");
     let node = match family {
-        Family::ZImage | Family::Flux2 => return Err(not_supported("--slg-scale", format!("with a {} model (skip-layer guidance runs on SD3, FLUX.1 and Chroma)", family_name(family)))),
+        Family::ZImage | Family::Flux2 | Family::QwenImage => return Err(not_supported("--slg-scale", format!("with a {} model (skip-layer guidance runs on SD3, FLUX.1 and Chroma)", family_name(family)))),
         Family::Sd3 => NodeSpec::new("SkipLayerGuidanceSD3").with_input("model", link(model)).with_const("layers", json!(list(&s.layers))),
         _ => {
             let depth = p.model_info.double_blocks.unwrap_or(19) as i64;

@@ -256,7 +256,7 @@ pub fn output_paths(output: &str, count: usize, begin: Option<i64>) -> Result<Ve
 pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
     match p.model_info.family {
         Family::Unet => sd::img_gen(p),
-        Family::Flux { .. } | Family::Chroma | Family::Sd3 | Family::ZImage | Family::Flux2 => dit::img_gen(p),
+        Family::Flux { .. } | Family::Chroma | Family::Sd3 | Family::ZImage | Family::Flux2 | Family::QwenImage => dit::img_gen(p),
     }
 }
 

@@ -232,7 +232,7 @@ pub struct ImgGenParams {
     pub model_info: ModelInfo,
     /// `--t5xxl`: T5-XXL (FLUX, SD3, Chroma).
     pub t5xxl: Option<String>,
-    /// `--llm` (`--qwen2vl`): the LLM text encoder (Z-Image's Qwen3-4B).
+    /// `--llm` (`--qwen2vl`): the LLM text encoder (Z-Image's Qwen3-4B, FLUX.2 klein's Qwen3, Qwen-Image's Qwen2.5-VL-7B).
     pub llm: Option<String>,
     /// `--guidance` (3.5): FLUX's distilled guidance; models without a guidance input
     /// ignore it, as in sd-cli.
@@ -307,6 +307,7 @@ impl ModelInfo {
             ModelFamily::Sd3 => Family::Sd3,
             ModelFamily::ZImage => Family::ZImage,
             ModelFamily::Flux2 => Family::Flux2,
+            ModelFamily::QwenImage => Family::QwenImage,
             ModelFamily::Unknown => return None,
             _ => Family::Unet,
         };
@@ -340,6 +341,7 @@ pub enum Family {
     Sd3,
     ZImage,
     Flux2,
+    QwenImage,
 }
 
 /// sd-cli's skip-layer guidance flags, with its defaults.
