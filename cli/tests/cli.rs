@@ -89,6 +89,7 @@ const NOT_PRESETS: &[(&str, &str)] = &[
     ("chroma_txt2img.json", "ComfyUI's Chroma graph (no masks, beta schedule); sd-cli's masks the T5 padding"),
     ("sd35_txt2img.json", "ComfyUI's SD3.5 graph (one T5 sequence after CLIP's); sd-cli interleaves 77-token chunks"),
     ("flux2_klein.json", "ComfyUI's FLUX.2 klein graph (Flux2Scheduler's float32 linspace, CFGGuider); `img_gen --diffusion-model … --llm …` builds sd-cli's"),
+    ("flux2_klein_edit.json", "ComfyUI's FLUX.2 klein edit graph (ImageScaleToTotalPixels, the output at the input's size); `img_gen --diffusion-model … --llm … -r …` builds sd-cli's (nearest-neighbour resize, its flux2 schedule)"),
     ("z_image_turbo.json", "ComfyUI's Z-Image Turbo graph (res_multistep on the simple schedule); `img_gen --diffusion-model … --llm …` builds sd-cli's (euler, discrete)"),
     ("qwen_image.json", "ComfyUI's Qwen-Image graph (ModelSamplingAuraFlow 3.1, the simple schedule); `img_gen --diffusion-model … --llm …` builds sd-cli's (its discrete schedule)"),
     ("z_image_base.json", "ComfyUI's Z-Image graph (res_multistep on the simple schedule); sd-cli's runs euler on its discrete schedule"),
@@ -1044,7 +1045,7 @@ fn z_image_preset_runs_on_tiny_models() {
 
 /// sd-cli's FLUX.2 klein command line on tiny files: sd.cpp's graph (the LLM's three
 /// layers through CLIPLoader type flux2, EmptyFlux2LatentImage, its flux2 schedule as
-/// ManualSigmas), which runs; `-r` edits are refused by name for now.
+/// ManualSigmas), which runs, with `-r` edits.
 #[test]
 fn flux2_preset_runs_on_tiny_models() {
     let dir = tempfile::tempdir().unwrap();
@@ -1058,8 +1059,12 @@ fn flux2_preset_runs_on_tiny_models() {
     assert!(printed.contains("EmptyFlux2LatentImage") && printed.contains("\"flux2\"") && printed.contains("ManualSigmas") && !printed.contains("SdCppConditioner"), "{printed}");
     ok(&[&base[..], &["--steps", "2", "-W", "64", "-H", "48", "-t", "2", "-o", "klein.png"]].concat(), dir.path());
     assert_eq!(png_size(&dir.path().join("klein.png")), (64, 48));
-    let (_, err) = fails(&[&base[..], &["-r", "ref.png"]].concat(), dir.path());
-    assert!(err.contains("not supported yet: -r"), "{err}");
+    // -r: the reference encoded and appended (ReferenceLatent, no index method: FLUX.2
+    // numbers its references); it changes the image.
+    let printed = ok(&[&base[..], &["-r", "ref.png", "--print-workflow"]].concat(), dir.path());
+    assert!(printed.contains("ReferenceLatent") && !printed.contains("FluxKontextMultiReferenceLatentMethod"), "{printed}");
+    ok(&[&base[..], &["-r", "ref.png", "--steps", "2", "-W", "64", "-H", "48", "-t", "2", "-o", "klein_edit.png"]].concat(), dir.path());
+    assert_ne!(png_pixels(&dir.path().join("klein_edit.png")), png_pixels(&dir.path().join("klein.png")));
     let (_, err) = fails(&["img_gen", "--diffusion-model", &f, "--vae", &vae, "-p", "x"], dir.path());
     assert!(err.contains("--llm"), "{err}");
 }

@@ -120,3 +120,54 @@ fn denoiser_matches_the_pipeline_layout() {
     let e = den.denoise_batch(&backend, [w as i64, h as i64, f as i64, 1], 0.5, &[Flux2Item { x: &x, cond: &cond }]).err().expect("text width");
     assert!(e.to_string().contains("three LLM layers"), "{e}");
 }
+
+/// Reference latents (an edit) follow the image's tokens at times 10 and 20, as
+/// `Flux2KleinPipeline` lays them out; the denoised image is the image's tokens alone.
+#[test]
+fn denoiser_reads_references_as_the_pipeline_does() {
+    use sdflow_core::models::conditioning::{Conditioning, ReferenceLatent, ReferenceMethod};
+    use sdflow_core::models::dit::unpatchify;
+    use sdflow_core::models::flux2::denoiser::reference_ids;
+    use sdflow_core::models::flux2::{Flux2Denoiser, Flux2Item};
+    use std::sync::Arc;
+    let r = fixture();
+    let e = &r["klein_refs"];
+    let [b, _, f]: [usize; 3] = serde_json::from_value(r["token_shape"].clone()).unwrap();
+    let [h, w]: [usize; 2] = serde_json::from_value(r["latent_hw"].clone()).unwrap();
+    let lt = r["txt_len"].as_u64().unwrap() as usize;
+    let hw: Vec<[usize; 2]> = serde_json::from_value(e["ref_hw"].clone()).unwrap();
+    let refs: Vec<Arc<ReferenceLatent>> = hw.iter().enumerate().map(|(i, &[rh, rw])| Arc::new(ReferenceLatent { data: floats(&e["refs"][i]), channels: f, height: rh, width: rw })).collect();
+    assert_eq!(reference_ids(&refs), serde_json::from_value::<Vec<Vec<f32>>>(e["ref_ids"].clone()).unwrap());
+    let latent = unpatchify(&floats(&r["tokens"]), [b, f, h, w], 1).unwrap();
+    let velocity = unpatchify(&floats(&e["out"]), [b, f, h, w], 1).unwrap();
+    let txt = floats(&r["txt"]);
+    let (w8, cfg) = tiny("klein");
+    let mut den = Flux2Denoiser::new(Flux2::new(&w8, "", cfg).unwrap());
+    let backend = common::backend(2);
+    let per = f * h * w;
+    let sigma = floats(&r["sigma"]);
+    let conds: Vec<Conditioning> = (0..b)
+        .map(|k| {
+            let mut c = Conditioning::new(txt[k * lt * 24..(k + 1) * lt * 24].to_vec(), 24, lt as i64).unwrap();
+            c.references = refs.clone();
+            c
+        })
+        .collect();
+    for k in 0..b {
+        let x = &latent[k * per..(k + 1) * per];
+        let got = den.denoise_batch(&backend, [w as i64, h as i64, f as i64, 1], sigma[k], &[Flux2Item { x, cond: &conds[k] }]).unwrap().remove(0);
+        let want: Vec<f32> = x.iter().zip(&velocity[k * per..(k + 1) * per]).map(|(x, v)| x - sigma[k] * v).collect();
+        let err = max_abs_err(&got, &want);
+        assert!(err <= 1e-3, "sample {k}: max abs error {err}");
+    }
+    // A reference of the wrong channel count, and a method FLUX.2 does not place by, are named.
+    let mut bad = conds[0].clone();
+    bad.references = vec![Arc::new(ReferenceLatent { data: vec![0.0; 8 * 4], channels: 8, height: 2, width: 2 })];
+    let x = &latent[..per];
+    let e = den.denoise_batch(&backend, [w as i64, h as i64, f as i64, 1], 0.5, &[Flux2Item { x, cond: &bad }]).err().expect("channels");
+    assert!(e.to_string().contains("FLUX.2 VAE"), "{e}");
+    let mut offset = conds[0].clone();
+    offset.reference_method = Some(ReferenceMethod::Offset);
+    let e = den.denoise_batch(&backend, [w as i64, h as i64, f as i64, 1], 0.5, &[Flux2Item { x, cond: &offset }]).err().expect("method");
+    assert!(e.to_string().contains("by index"), "{e}");
+}

@@ -33,6 +33,38 @@ fn the_klein_workflow_runs_and_its_inputs_matter() {
     }
 }
 
+/// The edit workflow: the input image's latent as a reference; the output takes the
+/// scaled input's size, and the reference changes the image.
+#[test]
+fn the_klein_edit_workflow_reads_its_reference() {
+    let env = env();
+    // The 72×56 input scaled to 0.01 megapixels (113×88): the tiny run needs no megapixel.
+    let wf = with_input(&env.workflow("flux2_klein_edit.json", 32, 2), "5", "megapixels", json!(0.01));
+    // The latent and schedule sizes follow the scaled image (shrink set them; the links are ComfyUI's).
+    let mut wf = wf;
+    for (node, input, out) in [("10", "width", 0), ("10", "height", 1), ("13", "width", 0), ("13", "height", 1)] {
+        wf.set_input(node, input, link("6", out)).unwrap();
+    }
+    // The latent of 113×88 pixels is 7×5 FLUX.2 tokens: 112×80 out.
+    let (w, h, _) = env.run_saved(&wf, "17");
+    assert_eq!((w, h), (112, 80));
+    let base = env.run_saved_hash(&wf, "17");
+    // Without the reference (the plain prompt on both sides) the image differs.
+    let mut plain = wf.clone();
+    plain.set_input("11", "positive", link("8", 0)).unwrap();
+    plain.set_input("11", "negative", link("8", 0)).unwrap();
+    assert_ne!(env.run_saved_hash(&plain, "17"), base);
+    // Another input image, another edit.
+    sdflow_tests::write_test_png(&env.dir.path().join("input/other.png"), 56, 72);
+    assert_ne!(env.run_saved_hash(&with_input(&wf, "4", "image", json!("other.png")), "17"), base);
+    // A reference from another family's VAE is named.
+    let mut wrong = wf.clone();
+    wrong.nodes.insert("30".into(), NodeSpec::new("VAELoader").with_input("vae_name", InputValue::Const(json!("ae.safetensors"))));
+    wrong.set_input("7", "vae", link("30", 0)).unwrap();
+    let e = env.run_err(&wrong);
+    assert!(e.contains("FLUX.2 VAE"), "{e}");
+}
+
 /// VAEEncode gives the model's latent (128 channels at 1/16) and VAEDecode takes it back:
 /// img2img through KSampler at denoise 0.5 runs on an encoded image.
 #[test]

@@ -9,6 +9,7 @@ pub const BUNDLED: &[(&str, &str)] = &[
     ("chroma_txt2img", include_str!("../chroma_txt2img.json")),
     ("controlnet", include_str!("../controlnet.json")),
     ("flux2_klein", include_str!("../flux2_klein.json")),
+    ("flux2_klein_edit", include_str!("../flux2_klein_edit.json")),
     ("flux_dev_sd_cli", include_str!("../flux_dev_sd_cli.json")),
     ("flux_dev_txt2img", include_str!("../flux_dev_txt2img.json")),
     ("flux_fill_inpaint", include_str!("../flux_fill_inpaint.json")),

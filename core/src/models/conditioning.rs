@@ -40,7 +40,8 @@ pub struct Conditioning {
     pub references: Vec<std::sync::Arc<ReferenceLatent>>,
     /// Where the references sit in the model's position ids (ComfyUI's
     /// `reference_latents_method`, FluxKontextMultiReferenceLatentMethod).
-    pub reference_method: ReferenceMethod,
+    /// `None`: the model's own (Kontext's offsets, FLUX.2's and Qwen-Image's indices).
+    pub reference_method: Option<ReferenceMethod>,
     /// How many leading text tokens a transformer attends to (sd.cpp's Chroma DiT mask:
     /// the prompt, `</s>` and `mask_pad` pads; the rest of T5's padding is hidden as
     /// keys); `None`: all of them.
@@ -145,7 +146,7 @@ impl Conditioning {
         if dim < 1 || tokens < 1 || data.len() as i64 != dim * tokens {
             return Err(ModelError::Input(format!("conditioning of {} values is not {tokens} tokens × {dim}", data.len())));
         }
-        Ok(Conditioning { data, dim, tokens, pooled: None, size: SizeCond::default(), guidance: Guidance::Default, references: Vec::new(), reference_method: ReferenceMethod::Offset, text_keys: None })
+        Ok(Conditioning { data, dim, tokens, pooled: None, size: SizeCond::default(), guidance: Guidance::Default, references: Vec::new(), reference_method: None, text_keys: None })
     }
 
     /// The ADM vector `y` of `width` values for an image of `image_w`×`image_h` pixels:

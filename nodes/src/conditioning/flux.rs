@@ -272,7 +272,7 @@ impl Node for FluxKontextMultiReferenceLatentMethod {
             other => return Err(NodeError::msg(format!("reference_latents_method `{other}` is not one of offset, index, uxo/uno, offset_sd.cpp"))),
         };
         let list = inputs.downcast::<CondList>("conditioning")?;
-        let out = CondList(list.0.iter().map(|e| e.with_cond(Conditioning { reference_method: method, ..(*e.cond).clone() })).collect());
+        let out = CondList(list.0.iter().map(|e| e.with_cond(Conditioning { reference_method: Some(method), ..(*e.cond).clone() })).collect());
         Ok(Outputs::new(vec![Value::new(IoType::CONDITIONING, out)]))
     }
 }

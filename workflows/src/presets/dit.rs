@@ -10,7 +10,7 @@
 //!   weights, Chroma's masks; Z-Image's LLM encoder always encodes as sd.cpp does);
 //! - skip-layer guidance over sd.cpp's step window, FLUX's single blocks numbered after
 //!   the double ones;
-//! - `-r` references (Kontext) on both prompts, resized as sd.cpp does (nearest
+//! - `-r` references (Kontext, FLUX.2) on both prompts, resized as sd.cpp does (nearest
 //!   neighbour to at most 1024² pixels, sides rounded to 16).
 
 use sdflow_core::sampling::flow::{flux2_mu, FlowShift};
@@ -203,7 +203,11 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
     title = format!("{} {}", family_name(family), title.to_lowercase());
     if !p.ref_images.is_empty() {
         title = format!("{title}, with reference images");
-        description.push_str(" The -r images are encoded with the VAE and appended to the image tokens (ReferenceLatent on both prompts), as FLUX.1 Kontext reads them.");
+        description.push_str(if family == Family::Flux2 {
+            " The -r images are encoded with the VAE and appended to the image tokens at time indices 10, 20, … (ReferenceLatent on both prompts), as FLUX.2 reads them."
+        } else {
+            " The -r images are encoded with the VAE and appended to the image tokens (ReferenceLatent on both prompts), as FLUX.1 Kontext reads them."
+        });
     }
 
     let custom = match (&p.sigmas, own_schedule) {
@@ -423,8 +427,8 @@ fn references(b: &mut Builder, p: &ImgGenParams, family: Family, stage: &VaeStag
     if p.ref_images.is_empty() {
         return Ok(());
     }
-    if !matches!(family, Family::Flux { .. } | Family::Chroma) {
-        return Err(not_supported("-r", format!("with a {} model (reference images go to FLUX.1 Kontext)", family_name(family))));
+    if !matches!(family, Family::Flux { .. } | Family::Chroma | Family::Flux2) {
+        return Err(not_supported("-r", format!("with a {} model (reference images go to FLUX.1 Kontext and FLUX.2)", family_name(family))));
     }
     if p.ref_sizes.len() != p.ref_images.len() && p.auto_resize_ref_image {
         return Err(invalid("-r", "the reference images' sizes are unknown (the caller reads them)"));
@@ -445,7 +449,9 @@ fn references(b: &mut Builder, p: &ImgGenParams, family: Family, stage: &VaeStag
     }
     // sd.cpp's index modes: 1, 2, … (ComfyUI's index), or index 1 placed by offsets in
     // latent pixels, which differs from ComfyUI's offset from the second image on.
+    // FLUX.2 always numbers its references (sd.cpp's `flux2` preset; ×10 in the model).
     let method = match (p.increase_ref_index, p.ref_images.len()) {
+        _ if family == Family::Flux2 => None,
         (true, _) => Some(("index", "--increase-ref-index")),
         (false, 2..) => Some(("offset_sd.cpp", "-r")),
         (false, _) => None,

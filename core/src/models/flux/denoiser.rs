@@ -144,7 +144,7 @@ impl<'w> FluxDenoiser<'w> {
         let l = (h / 2) * (w / 2);
         // ComfyUI's Kontext: each reference latent (in model space, padded to even sizes)
         // appended to the image's tokens, with its own positions; the output keeps the image's.
-        let (grid, method) = ((h / 2, w / 2), items[0].cond.reference_method);
+        let (grid, method) = ((h / 2, w / 2), items[0].cond.reference_method.unwrap_or_default());
         let (_, ref_ids) = reference_tokens(&items[0].cond.references, method, grid, 0)?;
         let item_refs: Vec<Vec<f32>> = items.iter().map(|it| reference_tokens(&it.cond.references, method, grid, ch).map(|r| r.0)).collect::<Result<_>>()?;
         let lr = ref_ids.len();
