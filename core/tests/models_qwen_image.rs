@@ -7,7 +7,7 @@ mod common;
 
 use common::{det_weights, max_abs_err, reference};
 use sdflow_core::ggml::{Context, GraphRun};
-use sdflow_core::models::conditioning::Conditioning;
+use sdflow_core::models::conditioning::{Conditioning, ReferenceLatent, ReferenceMethod};
 use sdflow_core::models::dit::{patchify, unpatchify};
 use sdflow_core::models::qwen_image::{position_ids, ImageGrid, QwenImage, QwenImageConfig, QwenImageDenoiser, QwenImageInputs, QwenImageItem};
 use sdflow_core::models::Weights;
@@ -45,7 +45,7 @@ fn matches_diffusers() {
     let backend = common::backend(2);
     let w = det_weights(&r["keys"], SCALE, &backend);
     let cfg = config(&w);
-    assert_eq!((cfg.latent_channels, cfg.hidden, cfg.heads, cfg.head_dim, cfg.context, cfg.layers), (4, 64, 2, 32, 24, 2));
+    assert_eq!((cfg.latent_channels, cfg.hidden, cfg.heads, cfg.head_dim, cfg.context, cfg.layers), (16, 64, 2, 32, 24, 2));
     let [b, c, h, wd] = shape();
     let model = QwenImage::new(&w, "", cfg).unwrap();
     let ctx = Context::new(16384, 16384).unwrap();
@@ -54,24 +54,25 @@ fn matches_diffusers() {
     let img = g.input_f32(&[(c * 4) as i64, (h / 2 * wd / 2) as i64, b as i64], patchify(&floats(&r["latent"]), [b, c, h, wd], 2).unwrap()).unwrap();
     let t = text();
     let txt = g.input_f32(&[t.dim, t.tokens, b as i64], t.data.repeat(b)).unwrap();
-    let out = model.forward(&ctx, &mut g, &QwenImageInputs { img, grids: &grids, txt, timesteps: &floats(&r["t"]) }).unwrap();
+    let out = model.forward(&ctx, &mut g, &QwenImageInputs { img, grids: &grids, txt, timesteps: &floats(&r["t"]), ref_timestep_zero: false }).unwrap();
     let tokens = g.compute(&backend, &[out], 16384).unwrap().remove(0);
     let got = unpatchify(&tokens, [b, c, h, wd], 2).unwrap();
     let err = max_abs_err(&got, &floats(&r["out"]));
     assert!(err <= 1e-3, "max abs error {err}");
 }
 
+/// ComfyUI's and sd.cpp's positions: odd sides centred with the extra row below.
 #[test]
-fn positions_are_centred_and_text_follows_the_largest_grid() {
+fn positions_are_centred_and_text_follows_the_image() {
     let (img, txt) = position_ids(&[ImageGrid { rows: 3, cols: 4 }, ImageGrid { rows: 2, cols: 6 }], 2);
     assert_eq!(img.len(), 12 + 12);
-    // Rows −2, −1, 0 (⌈3/2⌉ above the centre), columns −2 … 1.
-    assert_eq!(img[0], vec![0.0, -2.0, -2.0]);
-    assert_eq!(img[11], vec![0.0, 0.0, 1.0]);
+    // Rows −1, 0, 1 (⌊3/2⌋ above the centre), columns −2 … 1.
+    assert_eq!(img[0], vec![0.0, -1.0, -2.0]);
+    assert_eq!(img[11], vec![0.0, 1.0, 1.0]);
     // The reference is frame 1.
     assert_eq!(img[12], vec![1.0, -1.0, -3.0]);
-    // Past the largest half-extent (6 / 2 = 3), on every axis.
-    assert_eq!(txt, vec![vec![3.0; 3], vec![4.0; 3]]);
+    // Past the image's half-extent (4 / 2 = 2), on every axis; references do not move it.
+    assert_eq!(txt, vec![vec![2.0; 3], vec![3.0; 3]]);
 }
 
 /// `denoised = x − σ·v` with the model reading σ, whatever the batch grouping.
@@ -118,10 +119,52 @@ fn bad_configs_and_inputs_are_errors() {
     assert!(e.to_string().contains("not a Qwen-Image transformer"), "{e}");
     let mut den = QwenImageDenoiser::new(QwenImage::new(&w, "", cfg).unwrap());
     let narrow = Conditioning::new(vec![0.5; 3 * 16], 16, 3).unwrap();
-    let x = vec![0.0; 4 * 4 * 4];
-    let e = den.denoise_batch(&backend, [4, 4, 4, 1], 0.5, &[QwenImageItem { x: &x, cond: &narrow }]).err().expect("text width");
+    let x = vec![0.0; 4 * 4 * 16];
+    let e = den.denoise_batch(&backend, [4, 4, 16, 1], 0.5, &[QwenImageItem { x: &x, cond: &narrow }]).err().expect("text width");
     assert!(e.to_string().contains("text tokens 16 wide"), "{e}");
     let cond = text();
-    let e = den.denoise_batch(&backend, [4, 4, 16, 1], 0.5, &[QwenImageItem { x: &vec![0.0; 256], cond: &cond }]).err().expect("channels");
-    assert!(e.to_string().contains("4 latent channels"), "{e}");
+    let e = den.denoise_batch(&backend, [4, 4, 4, 1], 0.5, &[QwenImageItem { x: &x[..64], cond: &cond }]).err().expect("channels");
+    assert!(e.to_string().contains("16 latent channels"), "{e}");
+    // References of another VAE, or placed by offsets, are named.
+    let mut bad = cond.clone();
+    bad.references = vec![std::sync::Arc::new(ReferenceLatent { data: vec![0.0; 4 * 4], channels: 4, height: 2, width: 2 })];
+    let e = den.denoise_batch(&backend, [4, 4, 16, 1], 0.5, &[QwenImageItem { x: &x, cond: &bad }]).err().expect("ref channels");
+    assert!(e.to_string().contains("encode it with its VAE"), "{e}");
+    let mut offset = cond.clone();
+    offset.reference_method = Some(ReferenceMethod::Offset);
+    offset.references = vec![std::sync::Arc::new(ReferenceLatent { data: vec![0.0; 16 * 4], channels: 16, height: 2, width: 2 })];
+    let e = den.denoise_batch(&backend, [4, 4, 16, 1], 0.5, &[QwenImageItem { x: &x, cond: &offset }]).err().expect("method");
+    assert!(e.to_string().contains("by index"), "{e}");
+}
+
+/// Qwen-Image-Edit: a reference latent (VAE space, normalised by the denoiser) after the
+/// image's tokens as frame 1, as `QwenImageEditPipeline` lays it out; Edit-2511's
+/// `zero_cond_t` (ComfyUI's `index_timestep_zero`) modulates it as at σ = 0.
+#[test]
+fn denoiser_reads_references_as_the_edit_pipelines_do() {
+    let r = fixture();
+    let backend = common::backend(2);
+    let w = det_weights(&r["keys"], SCALE, &backend);
+    let [b, c, h, wd] = shape();
+    let [rh, rw]: [usize; 2] = serde_json::from_value(r["ref_hw"].clone()).unwrap();
+    let latent = floats(&r["latent"]);
+    let reference = std::sync::Arc::new(ReferenceLatent { data: floats(&r["ref_vae"]), channels: c, height: rh, width: rw });
+    let per = c * h * wd;
+    let t = floats(&r["t"]);
+    let mut den = QwenImageDenoiser::new(QwenImage::new(&w, "", config(&w)).unwrap());
+    for (case, method) in [("edit", None), ("edit", Some(ReferenceMethod::Index)), ("edit_2511", Some(ReferenceMethod::IndexTimestepZero))] {
+        let want = floats(&r[case]);
+        let mut cond = text();
+        cond.references = vec![reference.clone()];
+        cond.reference_method = method;
+        for k in 0..b {
+            let x = &latent[k * per..(k + 1) * per];
+            let got = den.denoise_batch(&backend, [wd as i64, h as i64, c as i64, 1], t[k], &[QwenImageItem { x, cond: &cond }]).unwrap().remove(0);
+            let expect: Vec<f32> = x.iter().zip(&want[k * per..(k + 1) * per]).map(|(x, v)| x - t[k] * v).collect();
+            let err = max_abs_err(&got, &expect);
+            assert!(err <= 1e-3, "{case} {method:?} sample {k}: max abs error {err}");
+        }
+    }
+    // The two cases differ: the references' timestep matters.
+    assert!(max_abs_err(&floats(&r["edit"]), &floats(&r["edit_2511"])) > 1e-2);
 }

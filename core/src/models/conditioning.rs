@@ -81,6 +81,9 @@ pub enum ReferenceMethod {
     Index,
     /// Index 0, each reference diagonally past the image and those before it (UXO/UNO).
     Uxo,
+    /// `Index`, the references' tokens modulated as at σ = 0 (Qwen-Image-Edit-2511's
+    /// `zero_cond_t`).
+    IndexTimestepZero,
     /// `Offset`'s placement with the offsets counted in latent pixels, not patches (about
     /// twice ComfyUI's from the second reference on): sd.cpp's Kontext default.
     OffsetLatent,

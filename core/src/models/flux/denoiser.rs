@@ -280,7 +280,8 @@ pub fn reference_tokens(refs: &[std::sync::Arc<ReferenceLatent>], method: Refere
     for r in refs {
         // Offsets in latent pixels, then in patches as ComfyUI's `process_img` rounds them.
         let (h_off, w_off) = match method {
-            ReferenceMethod::Index => {
+            // FLUX.1 has no per-token timestep: the placement is index's.
+            ReferenceMethod::Index | ReferenceMethod::IndexTimestepZero => {
                 index += 1.0;
                 (0, 0)
             }

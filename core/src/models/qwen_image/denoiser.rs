@@ -1,9 +1,12 @@
 //! Qwen-Image as a k-diffusion denoiser over flow latents: tokens of 2×2 patches, the
-//! model reads σ and predicts the velocity, so `denoised = x − σ·v`.
+//! model reads σ and predicts the velocity, so `denoised = x − σ·v`. Reference latents
+//! (Qwen-Image-Edit) are normalised as the model's latent, cut into patches and follow
+//! the image's tokens, reference k as frame k; only the image's outputs are kept.
 
 use super::{ImageGrid, QwenImage, QwenImageInputs};
 use crate::ggml::{Backend, Context, GraphAllocator, GraphRun};
-use crate::models::conditioning::{Conditioning, LatentShape};
+use crate::models::conditioning::{Conditioning, LatentShape, ReferenceLatent, ReferenceMethod};
+use crate::models::vae::wan::{LATENTS_MEAN, LATENTS_STD};
 use crate::models::dit::{crop, in_groups, pad_to_patches, patchify, unpatchify};
 use crate::models::{ModelError, Result};
 
@@ -48,11 +51,15 @@ impl<'w> QwenImageDenoiser<'w> {
                     it.cond.tokens, it.cond.dim, c.context
                 )));
             }
-            if !it.cond.references.is_empty() {
-                return Err(ModelError::Input(format!("item {k}: reference latents (Qwen-Image-Edit) are not supported yet")));
+            if let Some(r) = it.cond.references.iter().find(|r| r.channels != ch as usize || r.data.len() != r.channels * r.height * r.width || r.height == 0 || r.width == 0) {
+                return Err(ModelError::Input(format!("item {k}: a reference latent of {} values as {}x{}x{}; Qwen-Image's latents have {ch} channels (encode it with its VAE)", r.data.len(), r.channels, r.height, r.width)));
+            }
+            if let Some(m) = it.cond.reference_method.filter(|m| !matches!(m, ReferenceMethod::Index | ReferenceMethod::IndexTimestepZero)) {
+                return Err(ModelError::Input(format!("item {k}: reference method {m:?} on Qwen-Image (it places references by index)")));
             }
         }
-        in_groups(items, |it| it.cond.tokens, |members| self.run(backend, shape, sigma, members))
+        let key = |it: &QwenImageItem<'_>| (it.cond.tokens, it.cond.references.iter().map(|r| (r.height, r.width)).collect::<Vec<_>>(), it.cond.reference_method == Some(ReferenceMethod::IndexTimestepZero));
+        in_groups(items, key, |members| self.run(backend, shape, sigma, members))
     }
 
     fn run(&mut self, backend: &Backend, shape: LatentShape, sigma: f32, items: &[QwenImageItem<'_>]) -> Result<Vec<Vec<f32>>> {
@@ -65,24 +72,31 @@ impl<'w> QwenImageDenoiser<'w> {
         // output cropped back.
         let (h, w) = (h0.div_ceil(p) * p, w0.div_ceil(p) * p);
         let (per0, per) = (ch * h0 * w0, ch * h * w);
-        let mut img = Vec::with_capacity(b * per);
+        let refs = &items[0].cond.references;
+        let mut grids = vec![ImageGrid { rows: h / p, cols: w / p }];
+        grids.extend(refs.iter().map(|r| ImageGrid { rows: r.height.div_ceil(p), cols: r.width.div_ceil(p) }));
+        let tokens: usize = grids.iter().map(|g| g.rows * g.cols).sum();
+        let width = (c.latent_channels * c.patch * c.patch) as usize;
+        let mut img = Vec::with_capacity(b * tokens * width);
         let mut txt = Vec::with_capacity(b * lt * c.context as usize);
-        for it in items {
+        let item_refs: Vec<Vec<f32>> = items.iter().map(|it| it.cond.references.iter().map(|r| reference_tokens(r, p)).collect::<Result<Vec<_>>>().map(|v| v.concat())).collect::<Result<_>>()?;
+        for (it, r) in items.iter().zip(&item_refs) {
             for j in 0..n {
                 let (padded, _, _) = pad_to_patches(&it.x[j * per0..(j + 1) * per0], [ch, h0, w0], p);
                 img.extend(patchify(&padded, [1, ch, h, w], p)?);
+                img.extend_from_slice(r);
                 txt.extend_from_slice(&it.cond.data);
             }
         }
-        let grids = [ImageGrid { rows: h / p, cols: w / p }];
         let graph_size = 512 * c.layers + 1024;
         let ctx = Context::new(graph_size * 4, graph_size)?;
         let mut run = GraphRun::new(&ctx);
         let bi = b as i64;
-        let img_t = run.input_f32(&[c.latent_channels * c.patch * c.patch, (grids[0].rows * grids[0].cols) as i64, bi], img)?;
+        let img_t = run.input_f32(&[width as i64, tokens as i64, bi], img)?;
         let txt_t = run.input_f32(&[c.context, lt as i64, bi], txt)?;
         let timesteps = vec![sigma; b];
-        let v = self.model.forward(&ctx, &mut run, &QwenImageInputs { img: img_t, grids: &grids, txt: txt_t, timesteps: &timesteps })?;
+        let ref_timestep_zero = items[0].cond.reference_method == Some(ReferenceMethod::IndexTimestepZero);
+        let v = self.model.forward(&ctx, &mut run, &QwenImageInputs { img: img_t, grids: &grids, txt: txt_t, timesteps: &timesteps, ref_timestep_zero })?;
         let alloc = match &mut self.alloc {
             Some(a) => a,
             None => self.alloc.insert(GraphAllocator::new(backend)?),
@@ -93,4 +107,16 @@ impl<'w> QwenImageDenoiser<'w> {
         let per = n * per0;
         Ok(items.iter().enumerate().map(|(k, it)| it.x.iter().zip(&v[k * per..(k + 1) * per]).map(|(x, v)| x - sigma * v).collect()).collect())
     }
+}
+
+/// A reference latent (VAE space) as the model's tokens: normalised with the VAE's
+/// per-channel statistics, padded to whole patches by wrapping around, cut into patches.
+fn reference_tokens(r: &ReferenceLatent, p: usize) -> Result<Vec<f32>> {
+    if r.channels != LATENTS_MEAN.len() {
+        return Err(ModelError::Input(format!("a {}-channel reference latent; the Wan-2.1 VAE's have {}", r.channels, LATENTS_MEAN.len())));
+    }
+    let plane = r.height * r.width;
+    let normed: Vec<f32> = r.data.iter().enumerate().map(|(i, v)| (v - LATENTS_MEAN[i / plane]) / LATENTS_STD[i / plane]).collect();
+    let (padded, h, w) = pad_to_patches(&normed, [r.channels, r.height, r.width], p);
+    patchify(&padded, [1, r.channels, h, w], p)
 }

@@ -9,8 +9,8 @@
 //!
 //! Positions are Qwen's "MSRoPE": three rotary axes (frame, row, column; 16/56/56 at θ
 //! 10000) with image rows and columns centred on 0, each reference image its own frame,
-//! and text tokens on the diagonal just past the largest image's extent. The model reads
-//! σ (embedded at 1000×) and predicts the flow velocity.
+//! and text tokens on the diagonal just past the image's extent. The model reads σ
+//! (embedded at 1000×) and predicts the flow velocity.
 
 pub mod denoiser;
 
@@ -69,6 +69,9 @@ pub struct QwenImageInputs<'a, 'b> {
     pub txt: Tensor<'a>,
     /// σ per sequence.
     pub timesteps: &'b [f32],
+    /// Qwen-Image-Edit-2511's `zero_cond_t` (ComfyUI's `index_timestep_zero`): the
+    /// references' tokens are modulated as at σ = 0, the image's at σ.
+    pub ref_timestep_zero: bool,
 }
 
 /// A Qwen-Image transformer over [`Weights`] whose shapes have been checked.
@@ -114,17 +117,19 @@ impl QwenImageConfig {
 }
 
 /// Position ids (frame, row, column) of the image tokens of `grids` and of `text` text
-/// tokens, as diffusers' `QwenEmbedRope` (`scale_rope`) lays them out: grid k is frame k,
-/// its rows and columns centred (−⌈n/2⌉ … ⌊n/2⌋ − 1); text token i sits at m + i on every
-/// axis, m the largest half-extent of any grid.
+/// tokens, as ComfyUI's `QwenImageTransformer2DModel` and sd.cpp's `gen_qwen_image_ids`
+/// lay them out: grid k is frame k, its rows and columns centred (−⌊n/2⌋ … ⌈n/2⌉ − 1);
+/// text token i sits at m + i on every axis, m the first grid's largest half-extent.
+/// diffusers' `QwenEmbedRope` centres odd sides one lower (−⌈n/2⌉ …) and takes m over
+/// every grid; for even grids no larger than the first all three agree.
 pub fn position_ids(grids: &[ImageGrid], text: usize) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
-    let centred = |i: usize, n: usize| i as f32 - (n - n / 2) as f32;
+    let centred = |i: usize, n: usize| i as f32 - (n / 2) as f32;
     let img = grids
         .iter()
         .enumerate()
         .flat_map(|(k, g)| (0..g.rows).flat_map(move |r| (0..g.cols).map(move |c| vec![k as f32, centred(r, g.rows), centred(c, g.cols)])))
         .collect();
-    let m = grids.iter().map(|g| (g.rows / 2).max(g.cols / 2)).max().unwrap_or(0);
+    let m = grids.first().map_or(0, |g| (g.rows / 2).max(g.cols / 2));
     let txt = (0..text).map(|i| vec![(m + i) as f32; 3]).collect();
     (img, txt)
 }
@@ -198,20 +203,25 @@ impl<'w> QwenImage<'w> {
         let (cos, sin) = rope::tables(run, &ids, &c.axes, c.theta, b as usize)?;
         let pe = Rope { cos, sin };
 
-        let t = run.input_f32(&[b], x.timesteps.iter().map(|s| s * 1000.0).collect())?;
-        let t_freq = ctx.timestep_embedding(t, 256, 10_000)?;
-        let h = ctx.silu(linear(ctx, self.w, &self.name("time_text_embed.timestep_embedder.linear_1"), t_freq)?)?;
-        let temb = linear(ctx, self.w, &self.name("time_text_embed.timestep_embedder.linear_2"), h)?; // [D, B]
-        let temb_act = ctx.silu(temb)?;
+        let embed = |run: &mut GraphRun<'a>, sigmas: Vec<f32>| -> Result<Tensor<'a>> {
+            let t = run.input_f32(&[b], sigmas.iter().map(|s| s * 1000.0).collect())?;
+            let t_freq = ctx.timestep_embedding(t, 256, 10_000)?;
+            let h = ctx.silu(linear(ctx, self.w, &self.name("time_text_embed.timestep_embedder.linear_1"), t_freq)?)?;
+            let temb = linear(ctx, self.w, &self.name("time_text_embed.timestep_embedder.linear_2"), h)?; // [D, B]
+            Ok(ctx.silu(temb)?)
+        };
+        let temb_act = embed(run, x.timesteps.to_vec())?;
+        let first = (x.grids[0].rows * x.grids[0].cols) as i64;
+        // The references' own modulation, from σ = 0, for the tokens past the image's.
+        let refs = if x.ref_timestep_zero && first < l { Some((embed(run, vec![0.0; b as usize])?, first)) } else { None };
 
         let mut img = linear(ctx, self.w, &self.name("img_in"), x.img)?;
         let txt = rms_norm(ctx, self.w, &self.name("txt_norm.weight"), x.txt, EPS)?;
         let mut txt = linear(ctx, self.w, &self.name("txt_in"), txt)?;
         let blk = Block { ctx, w: self.w, heads: c.heads, compute: self.compute_type() };
         for i in 0..c.layers {
-            (img, txt) = blk.forward(&self.name(&format!("transformer_blocks.{i}")), img, txt, temb_act, &pe)?;
+            (img, txt) = blk.forward(&self.name(&format!("transformer_blocks.{i}")), img, txt, temb_act, refs, &pe)?;
         }
-        let first = (x.grids[0].rows * x.grids[0].cols) as i64;
         let img = if first == l { img } else { dit::rows(ctx, img, 0, first)? };
         // AdaLayerNormContinuous: (scale, shift), in that order.
         let m = dit::chunks(ctx, linear(ctx, self.w, &self.name("norm_out.linear"), temb_act)?, 2)?;
@@ -240,19 +250,39 @@ struct Block<'a> {
 impl<'a> Block<'a> {
     /// `QwenImageTransformerBlock` at `p`: image [D, L, B] and text [D, Lt, B] modulated
     /// by the activated timestep embedding `t` [D, B] (shift, scale, gate for attention,
-    /// then for the MLP), attending jointly over [text, image].
-    fn forward(&self, p: &str, img: Tensor<'a>, txt: Tensor<'a>, t: Tensor<'a>, pe: &Rope<'a>) -> Result<(Tensor<'a>, Tensor<'a>)> {
+    /// then for the MLP), attending jointly over [text, image]. With `refs` (`zero_cond_t`),
+    /// the image tokens from its index on are modulated by its embedding instead.
+    fn forward(&self, p: &str, img: Tensor<'a>, txt: Tensor<'a>, t: Tensor<'a>, refs: Option<(Tensor<'a>, i64)>, pe: &Rope<'a>) -> Result<(Tensor<'a>, Tensor<'a>)> {
         let ctx = self.ctx;
-        let img_m = dit::chunks(ctx, linear(ctx, self.w, &format!("{p}.img_mod.1"), t)?, 6)?;
+        let img_mod = |t: Tensor<'a>| -> Result<Vec<Tensor<'a>>> { dit::chunks(ctx, linear(ctx, self.w, &format!("{p}.img_mod.1"), t)?, 6) };
+        let img_m = img_mod(t)?;
+        let ref_m = match refs {
+            Some((t0, first)) => Some((img_mod(t0)?, first)),
+            None => None,
+        };
+        // One image modulation (shift k, scale k + 1) or gate (k) over its rows: the
+        // image's from `t`, the references' from σ = 0 when they have their own.
+        let split = |x: Tensor<'a>, f: &dyn Fn(Tensor<'a>, &[Tensor<'a>]) -> Result<Tensor<'a>>| -> Result<Tensor<'a>> {
+            match &ref_m {
+                None => f(x, &img_m),
+                Some((m0, first)) => {
+                    let l = x.ne()[1];
+                    let a = f(dit::rows(ctx, x, 0, *first)?, &img_m)?;
+                    let b = f(dit::rows(ctx, x, *first, l - first)?, m0)?;
+                    Ok(ctx.concat(a, b, 1)?)
+                }
+            }
+        };
         let txt_m = dit::chunks(ctx, linear(ctx, self.w, &format!("{p}.txt_mod.1"), t)?, 6)?;
-        let img_n = dit::modulate(ctx, ctx.norm(img, EPS)?, img_m[0], img_m[1])?;
+        let img_n = split(ctx.norm(img, EPS)?, &|x, m| dit::modulate(ctx, x, m[0], m[1]))?;
         let txt_n = dit::modulate(ctx, ctx.norm(txt, EPS)?, txt_m[0], txt_m[1])?;
         let (img_a, txt_a) = self.attention(p, img_n, txt_n, pe)?;
-        let img = dit::gated(ctx, img, img_m[2], img_a)?;
+        let img = ctx.add(img, split(img_a, &|y, m| Ok(ctx.mul(y, m[2])?))?)?;
         let txt = dit::gated(ctx, txt, txt_m[2], txt_a)?;
-        let img_f = self.mlp(&format!("{p}.img_mlp"), dit::modulate(ctx, ctx.norm(img, EPS)?, img_m[3], img_m[4])?)?;
+        let img_f = self.mlp(&format!("{p}.img_mlp"), split(ctx.norm(img, EPS)?, &|x, m| dit::modulate(ctx, x, m[3], m[4]))?)?;
         let txt_f = self.mlp(&format!("{p}.txt_mlp"), dit::modulate(ctx, ctx.norm(txt, EPS)?, txt_m[3], txt_m[4])?)?;
-        Ok((dit::gated(ctx, img, img_m[5], img_f)?, dit::gated(ctx, txt, txt_m[5], txt_f)?))
+        let img = ctx.add(img, split(img_f, &|y, m| Ok(ctx.mul(y, m[5])?))?)?;
+        Ok((img, dit::gated(ctx, txt, txt_m[5], txt_f)?))
     }
 
     fn attention(&self, p: &str, img: Tensor<'a>, txt: Tensor<'a>, pe: &Rope<'a>) -> Result<(Tensor<'a>, Tensor<'a>)> {
