@@ -11,6 +11,7 @@
 //! Qwen2.5-VL's multimodal RoPE gives every axis the same position, which is plain RoPE.
 
 pub mod prompt;
+pub mod vision;
 
 pub use prompt::{Family, LlmPrompt};
 

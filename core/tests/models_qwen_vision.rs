@@ -1,0 +1,88 @@
+//! Qwen2.5-VL's vision tower against transformers' `Qwen2_5_VisionTransformerPretrainedModel`
+//! on tiny random weights in Hugging Face's names under `visual.` (5-D patch kernel), and
+//! the image preparation against `Qwen2VLImageProcessor` (fixtures from
+//! tests/fixtures/models/make_qwen_vision.py; the weights are regenerated here).
+
+mod common;
+
+use common::{det_values, max_abs_err, reference};
+use sdflow_core::dtype::DType;
+use sdflow_core::ggml::{Context, GraphRun};
+use sdflow_core::io::TypeRules;
+use sdflow_core::models::llm::vision::{vision_layout, windows, VisionConfig, VisionInput, VisionTower};
+use sdflow_core::models::load::load_weights;
+use std::collections::BTreeMap;
+
+const SCALE: f64 = 0.1;
+
+fn floats(v: &serde_json::Value) -> Vec<f32> {
+    serde_json::from_value(v.clone()).unwrap()
+}
+
+/// The fixture's image: (3x² + xy + 5y + 17c) mod 256, as 0..1 values.
+fn image(w: usize, h: usize) -> Vec<f32> {
+    let mut v = Vec::with_capacity(w * h * 3);
+    for y in 0..h {
+        for x in 0..w {
+            for c in 0..3 {
+                v.push(((3 * x * x + x * y + 5 * y + 17 * c) % 256) as f32 / 255.0);
+            }
+        }
+    }
+    v
+}
+
+#[test]
+fn patches_match_the_processor() {
+    let r = reference("qwen_vision_tiny_ref.json");
+    let [w, h]: [usize; 2] = serde_json::from_value(r["size"].clone()).unwrap();
+    let input = VisionInput::from_image(&image(w, h), w, h).unwrap();
+    assert_eq!((input.rows, input.cols), (h / 14, w / 14));
+    let first = floats(&r["first_patches"]);
+    assert!(max_abs_err(&input.patches[..first.len()], &first) <= 1e-5);
+    let sums: Vec<f64> = serde_json::from_value(r["patch_sums"].clone()).unwrap();
+    for (k, (patch, want)) in input.patches.chunks_exact(1176).zip(&sums).enumerate() {
+        let got: f64 = patch.iter().map(|&v| v as f64).sum();
+        assert!((got - want).abs() <= 1e-2, "patch {k}: sum {got} against {want}");
+    }
+    assert!(VisionInput::from_image(&image(250, 168), 250, 168).is_err(), "sides must be multiples of 28");
+}
+
+#[test]
+fn windows_follow_transformers() {
+    // 18×12 patches: 9×6 merge blocks in windows of 4×4 — 3 windows across, 2 down.
+    let (order, sizes) = windows(12, 18);
+    assert_eq!(sizes, vec![16, 16, 4, 8, 8, 2]);
+    assert_eq!(&order[..5], &[0, 1, 2, 3, 9]);
+    assert_eq!(order.len(), 54);
+    let mut sorted = order.clone();
+    sorted.sort();
+    assert_eq!(sorted, (0..54).collect::<Vec<_>>());
+}
+
+#[test]
+fn tower_matches_transformers() {
+    let r = reference("qwen_vision_tiny_ref.json");
+    let keys: BTreeMap<String, Vec<usize>> = serde_json::from_value(r["keys"].clone()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("qwen_2.5_vl_7b.safetensors");
+    let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = keys.iter().map(|(k, s)| (k.clone(), s.clone(), det_values(k, s.iter().product(), SCALE).iter().flat_map(|x| x.to_le_bytes()).collect())).collect();
+    sdflow_core::io::safetensors::write(&path, tensors.iter().map(|(n, s, b)| (n.as_str(), DType::F32, s.clone(), b.as_slice())), &BTreeMap::new()).unwrap();
+    let src = vision_layout(sdflow_core::io::open(&path).unwrap()).unwrap();
+    let backend = common::backend(2);
+    let w = load_weights(&backend, src.as_ref(), &[""], &TypeRules::new(Some(DType::F32), "").unwrap()).unwrap();
+    let mut cfg = VisionConfig::infer(&w, "visual.").unwrap();
+    assert_eq!((cfg.hidden, cfg.heads, cfg.depth, cfg.intermediate, cfg.out_hidden), (160, 2, 4, 64, 48));
+    cfg.full_attention = serde_json::from_value(r["full_attention"].clone()).unwrap();
+    let tower = VisionTower::new(&w, "visual.", cfg).unwrap();
+    let [iw, ih]: [usize; 2] = serde_json::from_value(r["size"].clone()).unwrap();
+    let input = VisionInput::from_image(&image(iw, ih), iw, ih).unwrap();
+    let size = tower.graph_size(&input);
+    let ctx = Context::new(size, size).unwrap();
+    let mut g = GraphRun::new(&ctx);
+    let out = tower.forward(&ctx, &mut g, &input).unwrap();
+    assert_eq!(out.ne(), [48, 54, 1, 1]);
+    let got = g.compute(&backend, &[out], size).unwrap().remove(0);
+    let err = max_abs_err(&got, &floats(&r["out"]));
+    assert!(err <= 1e-3, "max abs error {err}");
+}
