@@ -86,3 +86,43 @@ fn tower_matches_transformers() {
     let err = max_abs_err(&got, &floats(&r["out"]));
     assert!(err <= 1e-3, "max abs error {err}");
 }
+
+/// Qwen2.5-VL's language model reading an image: the tower's merged tokens in place of
+/// the image pads, multimodal rotary positions; against transformers' `Qwen2_5_VLModel`.
+#[test]
+fn language_model_reads_the_image_as_transformers_does() {
+    use sdflow_core::models::llm::{LlmConfig, LlmEncoder};
+    let r = reference("qwen_vl_tiny_ref.json");
+    let keys: BTreeMap<String, Vec<usize>> = serde_json::from_value(r["keys"].clone()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("qwen_vl.safetensors");
+    let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = keys.iter().map(|(k, s)| (k.clone(), s.clone(), det_values(k, s.iter().product(), SCALE).iter().flat_map(|x| x.to_le_bytes()).collect())).collect();
+    sdflow_core::io::safetensors::write(&path, tensors.iter().map(|(n, s, b)| (n.as_str(), DType::F32, s.clone(), b.as_slice())), &BTreeMap::new()).unwrap();
+    let backend = common::backend(2);
+    let rules = TypeRules::new(Some(DType::F32), "").unwrap();
+    let vw = load_weights(&backend, vision_layout(sdflow_core::io::open(&path).unwrap()).unwrap().as_ref(), &[""], &rules).unwrap();
+    let lw = load_weights(&backend, sdflow_core::io::open(&path).unwrap().as_ref(), &["language_model."], &rules).unwrap();
+    let mut vcfg = VisionConfig::infer(&vw, "visual.").unwrap();
+    vcfg.full_attention = vec![1, 3];
+    let tower = VisionTower::new(&vw, "visual.", vcfg).unwrap();
+    let lm = LlmEncoder::new(&lw, "language_model.", LlmConfig::infer(&lw, "language_model.", Some(32)).unwrap()).unwrap();
+    let input = VisionInput::from_image(&image(252, 168), 252, 168).unwrap();
+    let tokens: Vec<i32> = serde_json::from_value(r["tokens"].clone()).unwrap();
+    let at = r["image_at"].as_u64().unwrap() as usize;
+    let [rows, cols]: [usize; 2] = serde_json::from_value(r["grid"].clone()).unwrap();
+    let sections: [i32; 3] = serde_json::from_value(r["mrope_section"].clone()).unwrap();
+    let size = tower.graph_size(&input) + 4096;
+    let ctx = Context::new(size, size).unwrap();
+    let mut g = GraphRun::new(&ctx);
+    let img = tower.forward(&ctx, &mut g, &input).unwrap();
+    let out = lm.forward_with_image(&ctx, &mut g, &tokens, at, img, (rows, cols), sections, &[lm.config.layers + 1]).unwrap();
+    let got = g.compute(&backend, &[out], size).unwrap().remove(0);
+    let err = max_abs_err(&got, &floats(&r["out"]));
+    assert!(err <= 1e-3, "max abs error {err}");
+    // An image that does not fit the prompt is named.
+    let ctx = Context::new(size, size).unwrap();
+    let mut g = GraphRun::new(&ctx);
+    let img = tower.forward(&ctx, &mut g, &input).unwrap();
+    let e = lm.forward_with_image(&ctx, &mut g, &tokens[..20], at, img, (rows, cols), sections, &[3]).err().expect("too short");
+    assert!(e.to_string().contains("image tokens"), "{e}");
+}

@@ -906,6 +906,25 @@ impl Context {
         self.op("get_rows", || unsafe { ggml_sys::ggml_get_rows(self.raw(), a.raw(), ids.raw()) })
     }
 
+    /// Multi-axis rotary embedding (Qwen2-VL's M-RoPE, ggml's `rope_multi`): `pos` holds
+    /// four positions per row of a (`[4·ne2]`: all first axes, then all second, ...), and
+    /// frequency pair k turns by the position of the axis whose section holds k. The
+    /// pairs are NEOX's (i, i + n_dims/2).
+    pub fn rope_multi<'a>(&'a self, a: Tensor<'a>, pos: Tensor<'a>, n_dims: i32, sections: [i32; 4], freq_base: f32) -> Result<Tensor<'a>> {
+        let pn = pos.ne();
+        if pos.dtype() != GType::I32 || pn[0] != 4 * a.ne()[2] || pn[1] != 1 || pn[2] != 1 || pn[3] != 1 {
+            return Err(shape("rope_multi", format!("a {:?} pos {pn:?}", a.ne())));
+        }
+        if n_dims < 2 || n_dims as i64 > a.ne()[0] || n_dims % 2 != 0 || sections.iter().any(|&s| s < 0) || sections.iter().sum::<i32>() * 2 != n_dims {
+            return Err(shape("rope_multi", format!("n_dims {n_dims}, sections {sections:?} for rows of {}", a.ne()[0])));
+        }
+        let mut sections = sections;
+        // SAFETY: preconditions checked; ggml copies the sections into the op's parameters.
+        self.op("rope_multi", || unsafe {
+            ggml_sys::ggml_rope_multi(self.raw(), a.raw(), pos.raw(), std::ptr::null_mut(), n_dims, sections.as_mut_ptr(), ggml_sys::GGML_ROPE_TYPE_MROPE as i32, 0, freq_base, 1.0, 0.0, 1.0, 0.0, 0.0)
+        })
+    }
+
     /// Rotary position embedding over the first `n_dims` of ne[0]; `pos` holds one i32
     /// position per ne[2] entry. `mode` 0 is the original interleaved layout, 2 (NEOX)
     /// rotates the two halves.

@@ -109,6 +109,14 @@ impl LlmConfig {
     }
 }
 
+/// Rotary positions: one per token, or Qwen2.5-VL's four per token ([`Context::rope_multi`])
+/// with the frequency sections of its axes.
+#[derive(Clone, Copy)]
+enum Positions<'a> {
+    Plain(Tensor<'a>),
+    Multi(Tensor<'a>, [i32; 4]),
+}
+
 /// An LLM text encoder over [`Weights`] whose shapes have been checked.
 pub struct LlmEncoder<'w> {
     w: &'w Weights,
@@ -176,7 +184,68 @@ impl<'w> LlmEncoder<'w> {
         let mask = run.input_f32(&[tl, tl, 1, bl], mask)?;
         let pos = run.input_i32(&[tl], (0..t as i32).collect())?;
         let ids = run.input_i32(&[tl * bl], tokens.iter().flatten().copied().collect())?;
-        let mut x = ctx.reshape(ctx.get_rows(self.w.get(&self.names.at("embed_tokens.weight"))?, ids)?, [d, tl, bl, 1])?;
+        let x = ctx.reshape(ctx.get_rows(self.w.get(&self.names.at("embed_tokens.weight"))?, ids)?, [d, tl, bl, 1])?;
+        self.layers(ctx, x, Positions::Plain(pos), mask, out_layers)
+    }
+
+    /// [`LlmEncoder::forward`] of one sequence whose tokens from `at` on are an image's
+    /// (`image` [hidden, n], a `rows` × `cols` grid of merged vision tokens in reading
+    /// order, in place of the template's image pads): Qwen2.5-VL's multimodal rotary
+    /// positions in `sections` of the head's frequency pairs (`get_rope_index`: text
+    /// before at 0, 1, … on every axis; the image's tokens at the next position plus
+    /// (0, row, column); text after from one past the image's largest).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_with_image<'a>(&'a self, ctx: &'a Context, run: &mut GraphRun<'a>, tokens: &[i32], at: usize, image: Tensor<'a>, (rows, cols): (usize, usize), sections: [i32; 3], out_layers: &[usize]) -> Result<Tensor<'a>>
+    where
+        'w: 'a,
+    {
+        let c = &self.config;
+        let (_, t) = super::check_token_batch(&[tokens.to_vec()], None, c.vocab, "the LLM")?;
+        let n = rows * cols;
+        if image.ne() != [c.hidden, n as i64, 1, 1] || at + n > t {
+            return Err(ModelError::Input(format!("image tokens {:?} ({rows}×{cols}) at {at} of {t} tokens for an LLM {} wide", image.ne(), c.hidden)));
+        }
+        if out_layers.is_empty() || out_layers.iter().any(|&l| l == 0 || l > c.layers + 1) {
+            return Err(ModelError::Input(format!("hidden states {out_layers:?} of an encoder with {} layers (1..={})", c.layers, c.layers + 1)));
+        }
+        let mut axes = [Vec::with_capacity(t), Vec::with_capacity(t), Vec::with_capacity(t)];
+        for i in 0..at {
+            axes.iter_mut().for_each(|a| a.push(i as i32));
+        }
+        let st = at as i32;
+        for r in 0..rows {
+            for col in 0..cols {
+                axes[0].push(st);
+                axes[1].push(st + r as i32);
+                axes[2].push(st + col as i32);
+            }
+        }
+        let next = st + rows.max(cols) as i32;
+        for i in 0..t - at - n {
+            axes.iter_mut().for_each(|a| a.push(next + i as i32));
+        }
+        let pos: Vec<i32> = axes.concat().into_iter().chain(std::iter::repeat_n(0, t)).collect();
+        let tl = t as i64;
+        let pos = run.input_i32(&[4 * tl], pos)?;
+        let mask: Vec<f32> = (0..t).flat_map(|q| (0..t).map(move |k| if k > q { -f32::MAX / 4.0 } else { 0.0 })).collect();
+        let mask = run.input_f32(&[tl, tl, 1, 1], mask)?;
+        let ids = run.input_i32(&[tl], tokens.to_vec())?;
+        let emb = ctx.reshape(ctx.get_rows(self.w.get(&self.names.at("embed_tokens.weight"))?, ids)?, [c.hidden, tl, 1, 1])?;
+        // The pads' embeddings replaced by the image's tokens.
+        let mut x = if at > 0 { ctx.concat(super::dit::rows(ctx, emb, 0, at as i64)?, image, 1)? } else { image };
+        if at + n < t {
+            x = ctx.concat(x, super::dit::rows(ctx, emb, (at + n) as i64, (t - at - n) as i64)?, 1)?;
+        }
+        let sections = [sections[0], sections[1], sections[2], 0];
+        self.layers(ctx, x, Positions::Multi(pos, sections), mask, out_layers)
+    }
+
+    /// The decoder layers over embeddings x [D, T, B], the hidden states `out_layers`.
+    fn layers<'a>(&'a self, ctx: &'a Context, mut x: Tensor<'a>, pos: Positions<'a>, mask: Tensor<'a>, out_layers: &[usize]) -> Result<Tensor<'a>>
+    where
+        'w: 'a,
+    {
+        let c = &self.config;
         let last = *out_layers.iter().max().expect("checked non-empty");
         let mut taken: Vec<(usize, Tensor<'a>)> = Vec::new();
         for i in 0..c.layers.min(last) {
@@ -207,7 +276,7 @@ impl<'w> LlmEncoder<'w> {
     /// Grouped-query self-attention of x [D, T, B]: q/k (RMS-normed per head for Qwen3)
     /// rotated by position, each group of q heads reading one k/v head (ggml's product
     /// broadcasts the k/v heads over their group, as `repeat_kv` does).
-    fn attention<'a>(&'a self, ctx: &'a Context, i: usize, x: Tensor<'a>, pos: Tensor<'a>, mask: Tensor<'a>) -> Result<Tensor<'a>>
+    fn attention<'a>(&'a self, ctx: &'a Context, i: usize, x: Tensor<'a>, pos: Positions<'a>, mask: Tensor<'a>) -> Result<Tensor<'a>>
     where
         'w: 'a,
     {
@@ -225,8 +294,13 @@ impl<'w> LlmEncoder<'w> {
         } else {
             (q, k)
         };
-        let q = ctx.rope(q, pos, dh as i32, ROPE_NEOX, c.rope_theta)?;
-        let k = ctx.rope(k, pos, dh as i32, ROPE_NEOX, c.rope_theta)?;
+        let rope = |t: Tensor<'a>| -> Result<Tensor<'a>> {
+            Ok(match pos {
+                Positions::Plain(p) => ctx.rope(t, p, dh as i32, ROPE_NEOX, c.rope_theta)?,
+                Positions::Multi(p, sections) => ctx.rope_multi(t, p, dh as i32, sections, c.rope_theta)?,
+            })
+        };
+        let (q, k) = (rope(q)?, rope(k)?);
         let qh = ctx.cont(ctx.permute(q, [0, 2, 1, 3])?)?; // [dh, T, H, B]
         let kh = ctx.cont(ctx.permute(k, [0, 2, 1, 3])?)?; // [dh, T, Hkv, B]
         let vt = ctx.cont(ctx.permute(v, [1, 2, 0, 3])?)?; // [T, dh, Hkv, B]
