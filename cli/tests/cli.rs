@@ -92,6 +92,8 @@ const NOT_PRESETS: &[(&str, &str)] = &[
     ("flux2_klein_edit.json", "ComfyUI's FLUX.2 klein edit graph (ImageScaleToTotalPixels, the output at the input's size); `img_gen --diffusion-model … --llm … -r …` builds sd-cli's (nearest-neighbour resize, its flux2 schedule)"),
     ("z_image_turbo.json", "ComfyUI's Z-Image Turbo graph (res_multistep on the simple schedule); `img_gen --diffusion-model … --llm …` builds sd-cli's (euler, discrete)"),
     ("qwen_image.json", "ComfyUI's Qwen-Image graph (ModelSamplingAuraFlow 3.1, the simple schedule); `img_gen --diffusion-model … --llm …` builds sd-cli's (its discrete schedule)"),
+    ("qwen_image_edit.json", "ComfyUI's Qwen-Image-Edit graph (TextEncodeQwenImageEdit: the image through Qwen2.5-VL's vision tower); sd-cli's -r for Qwen-Image is not built yet"),
+    ("qwen_image_edit_2509.json", "ComfyUI's Qwen-Image-Edit-2509 graph (TextEncodeQwenImageEditPlus); sd-cli's -r for Qwen-Image is not built yet"),
     ("z_image_base.json", "ComfyUI's Z-Image graph (res_multistep on the simple schedule); sd-cli's runs euler on its discrete schedule"),
 ];
 

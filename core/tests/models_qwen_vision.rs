@@ -91,7 +91,7 @@ fn tower_matches_transformers() {
 /// the image pads, multimodal rotary positions; against transformers' `Qwen2_5_VLModel`.
 #[test]
 fn language_model_reads_the_image_as_transformers_does() {
-    use sdflow_core::models::llm::{LlmConfig, LlmEncoder};
+    use sdflow_core::models::llm::{ImageSpan, LlmConfig, LlmEncoder};
     let r = reference("qwen_vl_tiny_ref.json");
     let keys: BTreeMap<String, Vec<usize>> = serde_json::from_value(r["keys"].clone()).unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -115,7 +115,7 @@ fn language_model_reads_the_image_as_transformers_does() {
     let ctx = Context::new(size, size).unwrap();
     let mut g = GraphRun::new(&ctx);
     let img = tower.forward(&ctx, &mut g, &input).unwrap();
-    let out = lm.forward_with_image(&ctx, &mut g, &tokens, at, img, (rows, cols), sections, &[lm.config.layers + 1]).unwrap();
+    let out = lm.forward_with_images(&ctx, &mut g, &tokens, &[ImageSpan { at, tokens: img, rows, cols }], sections, &[lm.config.layers + 1]).unwrap();
     let got = g.compute(&backend, &[out], size).unwrap().remove(0);
     let err = max_abs_err(&got, &floats(&r["out"]));
     assert!(err <= 1e-3, "max abs error {err}");
@@ -123,6 +123,25 @@ fn language_model_reads_the_image_as_transformers_does() {
     let ctx = Context::new(size, size).unwrap();
     let mut g = GraphRun::new(&ctx);
     let img = tower.forward(&ctx, &mut g, &input).unwrap();
-    let e = lm.forward_with_image(&ctx, &mut g, &tokens[..20], at, img, (rows, cols), sections, &[3]).err().expect("too short");
+    let e = lm.forward_with_images(&ctx, &mut g, &tokens[..20], &[ImageSpan { at, tokens: img, rows, cols }], sections, &[3]).err().expect("too short");
     assert!(e.to_string().contains("image tokens"), "{e}");
+}
+
+/// The image pad is one special token, and ComfyUI's cut of the text-to-image template is
+/// the 34 tokens diffusers and sd.cpp drop; the edit templates are cut before the images.
+#[test]
+fn templates_cut_where_comfyui_cuts() {
+    use sdflow_core::models::llm::prompt::{comfy_template_end, Family, IMAGE_PAD, QWEN_IMAGE_EDIT_PLUS_TEMPLATE, QWEN_IMAGE_EDIT_TEMPLATE};
+    use sdflow_core::text::qwen::QwenTokenizer;
+    let tok = QwenTokenizer::shared().unwrap();
+    assert_eq!(tok.encode("<|vision_start|><|image_pad|><|vision_end|>").unwrap(), vec![151652, IMAGE_PAD, 151653]);
+    let t2i = Family::QwenImage.layout("a fox", 28);
+    let ids = tok.encode(&t2i.text).unwrap();
+    assert_eq!(comfy_template_end(&ids), t2i.drop);
+    for template in [QWEN_IMAGE_EDIT_TEMPLATE.replace("{}", "make it snow"), QWEN_IMAGE_EDIT_PLUS_TEMPLATE.replace("{}", "Picture 1: <|vision_start|><|image_pad|><|vision_end|>make it snow")] {
+        let ids = tok.encode(&template).unwrap();
+        let end = comfy_template_end(&ids);
+        assert_eq!(tok.piece(ids[end - 1]).as_deref(), Some("Ċ"), "the cut is after `user\\n`");
+        assert!(ids[end..].contains(&IMAGE_PAD));
+    }
 }

@@ -75,6 +75,7 @@ pub fn register_all(registry: &mut Registry, rt: Arc<Runtime>) {
     conditioning::flux::register(registry, &rt);
     conditioning::sd3::register(registry, &rt);
     conditioning::chroma::register(registry);
+    conditioning::qwen::register(registry, &rt);
     conditioning::sdcpp::register(registry);
     image::latent::register(registry, &rt);
     sampling::register(registry, &rt);

@@ -280,6 +280,9 @@ pub struct LlmRef {
     pub weights: WeightHandle<Weights>,
     pub prefix: String,
     pub family: sdflow_core::models::llm::prompt::Family,
+    /// Qwen2.5-VL's vision tower from the same file (Qwen-Image-Edit's image prompts):
+    /// its weights and prefix (`visual.`).
+    pub vision: Option<(WeightHandle<Weights>, String)>,
 }
 
 /// A T5 encoder of a [`ClipRef`], in Hugging Face names under `prefix`.

@@ -528,21 +528,27 @@ pub fn write_flux2_models(root: &Path) {
 }
 
 /// Tiny random-weight Qwen-Image files in the layouts people download: the MMDiT in the
-/// release's names (`diffusion_models/qwen_image_bf16.safetensors`), Qwen2.5-VL's language
-/// model in Hugging Face's (`text_encoders/qwen_2.5_vl_7b.safetensors`, bf16: it carries
-/// the whole vocabulary at a 128-wide head) and the Wan-2.1 VAE in Wan's names with its 5-D
-/// kernels (`vae/qwen_image_vae.safetensors`).
+/// release's names (`diffusion_models/qwen_image_bf16.safetensors`, and the same
+/// architecture, other weights, as the Edit models' `qwen_image_edit_bf16.safetensors` and
+/// `qwen_image_edit_2509_bf16.safetensors`), Qwen2.5-VL in Hugging Face's names with its
+/// vision tower (`text_encoders/qwen_2.5_vl_7b.safetensors`, bf16: it carries the whole
+/// vocabulary at a 128-wide head) and the Wan-2.1 VAE in Wan's names with its 5-D kernels
+/// (`vae/qwen_image_vae.safetensors`).
 pub fn write_qwen_image_models(root: &Path) {
-    use sdflow_core::synth::dit::{wan_vae_tensors, LlmSynth, QwenImageSynth};
+    use sdflow_core::synth::dit::{qwen25_vl_vision_tensors, wan_vae_tensors, LlmSynth, QwenImageSynth};
     let models = root.join("models");
     let q = QwenImageSynth::tiny();
-    write_once(&models.join("diffusion_models"), "qwen_image_bf16.safetensors", &q.tensors(), &serde_json::to_string(&q).unwrap(), 61);
+    let config = serde_json::to_string(&q).unwrap();
+    write_once(&models.join("diffusion_models"), "qwen_image_bf16.safetensors", &q.tensors(), &config, 61);
+    write_once(&models.join("diffusion_models"), "qwen_image_edit_bf16.safetensors", &q.tensors(), &config, 64);
+    write_once(&models.join("diffusion_models"), "qwen_image_edit_2509_bf16.safetensors", &q.tensors(), &config, 65);
     let l = LlmSynth::tiny_qwen25_vl();
     let dir = models.join("text_encoders");
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("qwen_2.5_vl_7b.safetensors");
     if !path.exists() {
-        sdflow_core::synth::write_specs(&path, &l.tensors(), &serde_json::to_string(&l).unwrap(), DType::BF16, 62, Format::Safetensors).unwrap();
+        let specs = [l.tensors(), qwen25_vl_vision_tensors(160, 2, 64, l.hidden)].concat();
+        sdflow_core::synth::write_specs(&path, &specs, &serde_json::to_string(&l).unwrap(), DType::BF16, 62, Format::Safetensors).unwrap();
     }
     write_once(&models.join("vae"), "qwen_image_vae.safetensors", &wan_vae_tensors(8, 16), "tiny Wan-2.1 VAE, base 8, z 16", 63);
 }

@@ -12,7 +12,8 @@ use serde_json::json;
 
 fn env() -> TestEnv {
     let dir = tempfile::tempdir().unwrap();
-    sdflow_tests::tiny_tree(dir.path());
+    let input = sdflow_tests::tiny_tree(dir.path());
+    sdflow_tests::write_test_png(&input.join("input.png"), 72, 56);
     write_qwen_image_models(dir.path());
     write_flux_models(dir.path());
     // The transformer without one of its weights.
@@ -103,4 +104,40 @@ fn bad_combinations_are_named_errors() {
     // A Qwen-Image transformer file that lost one weight names it.
     let e = env.run_err(&with_input(&wf, "1", "unet_name", json!("qwen_image_broken.safetensors")));
     assert!(e.contains("transformer_blocks.0.attn.to_k.weight"), "{e}");
+}
+
+/// The edit workflows: the input image read by Qwen2.5-VL's vision tower and given as a
+/// reference latent; the prompt, the image and the reference each change the result.
+#[test]
+fn the_edit_workflows_read_their_image() {
+    let env = env();
+    sdflow_tests::write_test_png(&env.dir.path().join("input/other.png"), 56, 72);
+    for (file, encoder, image) in [("qwen_image_edit.json", "TextEncodeQwenImageEdit", "image"), ("qwen_image_edit_2509.json", "TextEncodeQwenImageEditPlus", "image1")] {
+        // The starting image at 0.01 megapixels (113×88: a 112×88 latent image).
+        let wf = with_input(&env.workflow(file, 32, 2), "5", "megapixels", json!(0.01));
+        assert_eq!(wf.nodes["7"].class_type, encoder);
+        let (w, h, _) = env.run_saved(&wf, "13");
+        assert_eq!((w, h), (112, 88), "{file}");
+        let base = env.run_saved_hash(&wf, "13");
+        if encoder == "TextEncodeQwenImageEditPlus" {
+            // The encoders are TextEncodeQwenImageEdit's but for the sizes and template;
+            // one change shows this one reads its prompt.
+            assert_ne!(env.run_saved_hash(&with_input(&wf, "7", "prompt", json!("make it autumn")), "13"), base, "{file}: the prompt");
+            continue;
+        }
+        // Another picture for the encoders (the start latent unchanged): the vision tower
+        // and the reference read it.
+        let mut other = wf.clone();
+        other.nodes.insert("30".into(), NodeSpec::new("LoadImage").with_input("image", InputValue::Const(json!("other.png"))));
+        for n in ["7", "8"] {
+            other.set_input(n, image, link("30", 0)).unwrap();
+        }
+        assert_ne!(env.run_saved_hash(&other, "13"), base, "{file}: the image");
+        // Without the VAE the image still reaches the vision tower, but no reference latent.
+        let mut no_ref = wf.clone();
+        for n in ["7", "8"] {
+            no_ref.nodes.get_mut(n).unwrap().inputs.remove("vae");
+        }
+        assert_ne!(env.run_saved_hash(&no_ref, "13"), base, "{file}: the reference latent");
+    }
 }

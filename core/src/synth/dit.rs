@@ -572,6 +572,29 @@ pub fn wan_vae_tensors(base: usize, z: usize) -> Vec<TensorSpec> {
     s.0
 }
 
+/// Qwen2.5-VL's vision tower under `visual.` (beside the language model in ComfyUI's
+/// `qwen_2.5_vl_7b.safetensors`): the 5-D patch kernel, `depth` blocks `hidden` wide (80
+/// per head), the merger to `out` (the language model's width).
+pub fn qwen25_vl_vision_tensors(hidden: usize, depth: usize, intermediate: usize, out: usize) -> Vec<TensorSpec> {
+    let mut s = Specs(Vec::new());
+    let rms = |s: &mut Specs, name: String, n: usize| s.push(name, vec![n], Init::Normal { mean: 1.0, std: super::BIAS_STD });
+    s.weight("visual.patch_embed.proj.weight".into(), vec![hidden, 3, 2, 14, 14]);
+    for i in 0..depth {
+        let p = format!("visual.blocks.{i}");
+        rms(&mut s, format!("{p}.norm1.weight"), hidden);
+        rms(&mut s, format!("{p}.norm2.weight"), hidden);
+        s.linear(&format!("{p}.attn.qkv"), hidden, 3 * hidden, true);
+        s.linear(&format!("{p}.attn.proj"), hidden, hidden, true);
+        s.linear(&format!("{p}.mlp.gate_proj"), hidden, intermediate, true);
+        s.linear(&format!("{p}.mlp.up_proj"), hidden, intermediate, true);
+        s.linear(&format!("{p}.mlp.down_proj"), intermediate, hidden, true);
+    }
+    rms(&mut s, "visual.merger.ln_q.weight".into(), hidden);
+    s.linear("visual.merger.mlp.0", 4 * hidden, 4 * hidden, true);
+    s.linear("visual.merger.mlp.2", 4 * hidden, out, true);
+    s.0
+}
+
 /// A Qwen2/Qwen3 language model as a text encoder, in Hugging Face's names under `model.`
 /// (ComfyUI's `qwen_3_4b.safetensors`): Qwen3 has q/k RMS norms, Qwen2 q/k/v biases.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -10,6 +10,7 @@ use crate::err;
 use crate::runtime::Runtime;
 use crate::values::ClipRef;
 use sdflow_core::models::conditioning::Conditioning;
+use sdflow_core::models::llm::vision::{VisionConfig, VisionInput, VisionTower};
 use sdflow_core::models::llm::{LlmConfig, LlmEncoder};
 use sdflow_core::text::qwen::QwenTokenizer;
 use sdflow_executor::NodeError;
@@ -24,4 +25,53 @@ pub(crate) fn encode(rt: &Runtime, clip: &ClipRef, text: &str) -> Result<Conditi
     let (rows, width) = rt.with_backend(clip.place, |b| model.encode_prompt(b, &tokenizer, &prompt)).map_err(err)?;
     let tokens = rows.len() / width.max(1);
     Conditioning::new(rows, width as i64, tokens as i64).map_err(err)
+}
+
+/// `text` (a Qwen template already applied, its `<|image_pad|>`s one per image) with
+/// `images` (HWC, 0..1, sides multiples of 28) through `clip`'s Qwen2.5-VL as ComfyUI's
+/// Qwen-Image encoder runs it: no A1111 weights, the template cut where ComfyUI cuts it.
+pub(crate) fn encode_with_images(rt: &Runtime, clip: &ClipRef, text: &str, images: &[VisionInput]) -> Result<Conditioning, NodeError> {
+    let llm = clip.llm.as_ref().ok_or_else(|| NodeError::msg(format!("this CLIP ({}) has no LLM text encoder; Qwen-Image-Edit reads Qwen2.5-VL (CLIPLoader type qwen_image)", clip.family)))?;
+    let weights = rt.pin(clip.place, &llm.weights)?;
+    let model = LlmEncoder::new(&weights, &llm.prefix, LlmConfig::infer(&weights, &llm.prefix, None).map_err(err)?).map_err(err)?;
+    let tokenizer = QwenTokenizer::shared().map_err(err)?;
+    let vision = match (&llm.vision, images.is_empty()) {
+        (_, true) => None,
+        (Some((handle, prefix)), false) => Some((rt.pin(clip.place, handle)?, prefix)),
+        (None, false) => return Err(NodeError::msg("the text encoder has no vision tower (`visual.*`): Qwen-Image-Edit's image prompts need Qwen2.5-VL with it (ComfyUI's qwen_2.5_vl_7b.safetensors)")),
+    };
+    let tower = match &vision {
+        Some((w, prefix)) => Some(VisionTower::new(w, prefix, VisionConfig::infer(w, prefix).map_err(err)?).map_err(err)?),
+        None => None,
+    };
+    let (rows, width) = rt.with_backend(clip.place, |b| model.encode_with_images(b, &tokenizer, text, tower.as_ref(), images)).map_err(err)?;
+    let tokens = rows.len() / width.max(1);
+    Conditioning::new(rows, width as i64, tokens as i64).map_err(err)
+}
+
+/// An image as ComfyUI's `process_qwen2vl_images` prepares it for the vision tower: each
+/// side rounded to a multiple of 28 (kept within 3136 and 12845056 pixels), bilinear
+/// resampling, the first sample's RGB.
+pub(crate) fn vision_input(img: &crate::values::Image) -> Result<VisionInput, NodeError> {
+    const FACTOR: f64 = 28.0;
+    const MIN_PIXELS: f64 = 3136.0;
+    const MAX_PIXELS: f64 = 12_845_056.0;
+    if img.n == 0 || img.channels < 3 || img.width == 0 || img.height == 0 {
+        return Err(NodeError::msg(format!("a {}x{}x{} image cannot go to the vision tower", img.width, img.height, img.channels)));
+    }
+    let (h, w) = (img.height as f64, img.width as f64);
+    let (mut hb, mut wb) = ((h / FACTOR).round_ties_even() * FACTOR, (w / FACTOR).round_ties_even() * FACTOR);
+    if hb * wb > MAX_PIXELS {
+        let beta = (h * w / MAX_PIXELS).sqrt();
+        hb = FACTOR.max((h / beta / FACTOR).floor() * FACTOR);
+        wb = FACTOR.max((w / beta / FACTOR).floor() * FACTOR);
+    } else if hb * wb < MIN_PIXELS {
+        let beta = (MIN_PIXELS / (h * w)).sqrt();
+        hb = (h * beta / FACTOR).ceil() * FACTOR;
+        wb = (w * beta / FACTOR).ceil() * FACTOR;
+    }
+    let first = crate::values::Image { data: img.data[..img.width * img.height * img.channels].to_vec(), n: 1, ..img.clone() };
+    let scaled = crate::image::scale_image(&first, wb as usize, hb as usize, crate::image::resize::Method::Bilinear, false);
+    let rgb: Vec<f32> = scaled.data.chunks_exact(scaled.channels).flat_map(|p| p[..3].iter().copied()).collect();
+    VisionInput::from_image(&rgb, scaled.width, scaled.height).map_err(err)
 }

@@ -11,6 +11,7 @@ pub mod ip_adapter;
 pub mod llm;
 pub mod photomaker;
 pub mod pix2pix;
+pub mod qwen;
 pub mod sd3;
 pub mod sdcpp;
 

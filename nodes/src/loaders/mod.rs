@@ -590,7 +590,10 @@ impl Node for ClipLoader {
         };
         if let (Some((llm_family, family)), false) = (llm_family, self.dual) {
             let path = self.paths(inputs)?.remove(0);
-            let llm = llm_handle(&self.rt, place, &path, llm_family)?;
+            let mut llm = llm_handle(&self.rt, place, &path, llm_family)?;
+            if llm_family == LlmFamily::QwenImage {
+                llm.vision = vision_handle(&self.rt, place, &path)?;
+            }
             let clip = ClipRef { encoders: Vec::new(), t5: None, llm: Some(llm), family, clip_skip: None, sdcpp: None, place };
             return Ok(Outputs::new(vec![Value::new(IoType::CLIP, clip)]));
         }
@@ -710,7 +713,20 @@ pub(crate) fn llm_handle(rt: &Runtime, place: impl Into<Place>, path: &Path, fam
     let parts = ["layers.", "embed_tokens.", "norm."].iter().map(|p| format!("{prefix}{p}")).collect();
     let p = path.to_path_buf();
     let weights = sized_weights(rt, place, key, parts, move || Ok(llm::hf_layout(io::open(&p)?)?))?;
-    Ok(LlmRef { weights, prefix, family })
+    Ok(LlmRef { weights, prefix, family, vision: None })
+}
+
+/// Qwen2.5-VL's vision tower in an LLM file (ComfyUI's `qwen_2.5_vl_7b.safetensors` holds
+/// it under `visual.`), as a handle with its prefix; `None` for a file without one.
+fn vision_handle(rt: &Runtime, place: Place, path: &Path) -> Result<Option<(WeightHandle<Weights>, String)>, NodeError> {
+    if path.is_dir() {
+        return Ok(None);
+    }
+    let src = io::open(path).map_err(err)?;
+    let Some(prefix) = llm::vision::find_prefix(src.tensors().iter().map(|t| t.name.as_str())) else { return Ok(None) };
+    drop(src);
+    let weights = weights_handle_in(rt, place, path, &prefix, rt.weight_type, Some(("qwen-vision", llm::vision::vision_layout)))?;
+    Ok(Some((weights, prefix)))
 }
 
 /// Tags an LLM's residency key, as [`T5_KEY`] does T5's: the file read through its

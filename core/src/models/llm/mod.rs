@@ -109,6 +109,16 @@ impl LlmConfig {
     }
 }
 
+/// An image inside a prompt ([`LlmEncoder::forward_with_images`]): its merged vision
+/// tokens [hidden, rows·cols] in reading order, from token `at` on.
+#[derive(Clone, Copy)]
+pub struct ImageSpan<'a> {
+    pub at: usize,
+    pub tokens: Tensor<'a>,
+    pub rows: usize,
+    pub cols: usize,
+}
+
 /// Rotary positions: one per token, or Qwen2.5-VL's four per token ([`Context::rope_multi`])
 /// with the frequency sections of its axes.
 #[derive(Clone, Copy)]
@@ -188,53 +198,72 @@ impl<'w> LlmEncoder<'w> {
         self.layers(ctx, x, Positions::Plain(pos), mask, out_layers)
     }
 
-    /// [`LlmEncoder::forward`] of one sequence whose tokens from `at` on are an image's
-    /// (`image` [hidden, n], a `rows` × `cols` grid of merged vision tokens in reading
-    /// order, in place of the template's image pads): Qwen2.5-VL's multimodal rotary
-    /// positions in `sections` of the head's frequency pairs (`get_rope_index`: text
-    /// before at 0, 1, … on every axis; the image's tokens at the next position plus
-    /// (0, row, column); text after from one past the image's largest).
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward_with_image<'a>(&'a self, ctx: &'a Context, run: &mut GraphRun<'a>, tokens: &[i32], at: usize, image: Tensor<'a>, (rows, cols): (usize, usize), sections: [i32; 3], out_layers: &[usize]) -> Result<Tensor<'a>>
+    /// [`LlmEncoder::forward`] of one sequence some of whose tokens are images' (each
+    /// [`ImageSpan`] a grid of merged vision tokens in reading order, in place of the
+    /// template's image pads): Qwen2.5-VL's multimodal rotary positions in `sections` of
+    /// the head's frequency pairs (`get_rope_index`: text at one position per token on
+    /// every axis; an image at the next position plus (0, row, column); the text after it
+    /// from one past the image's largest).
+    pub fn forward_with_images<'a>(&'a self, ctx: &'a Context, run: &mut GraphRun<'a>, tokens: &[i32], images: &[ImageSpan<'a>], sections: [i32; 3], out_layers: &[usize]) -> Result<Tensor<'a>>
     where
         'w: 'a,
     {
         let c = &self.config;
         let (_, t) = super::check_token_batch(&[tokens.to_vec()], None, c.vocab, "the LLM")?;
-        let n = rows * cols;
-        if image.ne() != [c.hidden, n as i64, 1, 1] || at + n > t {
-            return Err(ModelError::Input(format!("image tokens {:?} ({rows}×{cols}) at {at} of {t} tokens for an LLM {} wide", image.ne(), c.hidden)));
-        }
         if out_layers.is_empty() || out_layers.iter().any(|&l| l == 0 || l > c.layers + 1) {
             return Err(ModelError::Input(format!("hidden states {out_layers:?} of an encoder with {} layers (1..={})", c.layers, c.layers + 1)));
         }
-        let mut axes = [Vec::with_capacity(t), Vec::with_capacity(t), Vec::with_capacity(t)];
-        for i in 0..at {
-            axes.iter_mut().for_each(|a| a.push(i as i32));
+        let mut end = 0;
+        for im in images {
+            let n = im.rows * im.cols;
+            if im.tokens.ne() != [c.hidden, n as i64, 1, 1] || im.at < end || im.at + n > t {
+                return Err(ModelError::Input(format!("image tokens {:?} ({}×{}) at {} of {t} tokens for an LLM {} wide", im.tokens.ne(), im.rows, im.cols, im.at, c.hidden)));
+            }
+            end = im.at + n;
         }
-        let st = at as i32;
-        for r in 0..rows {
-            for col in 0..cols {
-                axes[0].push(st);
-                axes[1].push(st + r as i32);
-                axes[2].push(st + col as i32);
+        let mut axes = [Vec::with_capacity(t), Vec::with_capacity(t), Vec::with_capacity(t)];
+        let (mut i, mut next) = (0usize, 0i32);
+        for im in images.iter().map(Some).chain([None]) {
+            let upto = im.map_or(t, |im| im.at);
+            while i < upto {
+                axes.iter_mut().for_each(|a| a.push(next));
+                (i, next) = (i + 1, next + 1);
+            }
+            if let Some(im) = im {
+                for r in 0..im.rows {
+                    for col in 0..im.cols {
+                        axes[0].push(next);
+                        axes[1].push(next + r as i32);
+                        axes[2].push(next + col as i32);
+                    }
+                }
+                i += im.rows * im.cols;
+                next += im.rows.max(im.cols) as i32;
             }
         }
-        let next = st + rows.max(cols) as i32;
-        for i in 0..t - at - n {
-            axes.iter_mut().for_each(|a| a.push(next + i as i32));
-        }
-        let pos: Vec<i32> = axes.concat().into_iter().chain(std::iter::repeat_n(0, t)).collect();
         let tl = t as i64;
+        let pos: Vec<i32> = axes.concat().into_iter().chain(std::iter::repeat_n(0, t)).collect();
         let pos = run.input_i32(&[4 * tl], pos)?;
         let mask: Vec<f32> = (0..t).flat_map(|q| (0..t).map(move |k| if k > q { -f32::MAX / 4.0 } else { 0.0 })).collect();
         let mask = run.input_f32(&[tl, tl, 1, 1], mask)?;
         let ids = run.input_i32(&[tl], tokens.to_vec())?;
         let emb = ctx.reshape(ctx.get_rows(self.w.get(&self.names.at("embed_tokens.weight"))?, ids)?, [c.hidden, tl, 1, 1])?;
-        // The pads' embeddings replaced by the image's tokens.
-        let mut x = if at > 0 { ctx.concat(super::dit::rows(ctx, emb, 0, at as i64)?, image, 1)? } else { image };
-        if at + n < t {
-            x = ctx.concat(x, super::dit::rows(ctx, emb, (at + n) as i64, (t - at - n) as i64)?, 1)?;
+        // The pads' embeddings replaced by the images' tokens.
+        let mut parts = Vec::new();
+        let mut at = 0;
+        for im in images {
+            if im.at > at {
+                parts.push(super::dit::rows(ctx, emb, at as i64, (im.at - at) as i64)?);
+            }
+            parts.push(im.tokens);
+            at = im.at + im.rows * im.cols;
+        }
+        if at < t {
+            parts.push(if at == 0 { emb } else { super::dit::rows(ctx, emb, at as i64, (t - at) as i64)? });
+        }
+        let mut x = parts[0];
+        for p in &parts[1..] {
+            x = ctx.concat(x, *p, 1)?;
         }
         let sections = [sections[0], sections[1], sections[2], 0];
         self.layers(ctx, x, Positions::Multi(pos, sections), mask, out_layers)
@@ -335,6 +364,56 @@ impl LlmEncoder<'_> {
         let mut hidden = run.compute(backend, &[out], size)?.remove(0);
         crate::models::conditioning::emphasize(&mut hidden, &tokens.weights, width);
         Ok((hidden.split_off(prompt.drop * width), width))
+    }
+}
+
+/// Qwen2.5-VL's multimodal rotary sections of the 64 frequency pairs of its 128-wide
+/// heads (time, rows, columns).
+pub const QWEN25_VL_MROPE: [i32; 3] = [16, 24, 24];
+
+impl LlmEncoder<'_> {
+    /// A Qwen-Image prompt with images, as ComfyUI's encoder computes it: `text` (the
+    /// template applied) tokenized without weights, each `<|image_pad|>` widened to its
+    /// image's merged vision tokens, the final normed hidden state of every token, cut
+    /// where ComfyUI cuts the template ([`prompt::comfy_template_end`]). Returns the rows
+    /// [T × width] and the width.
+    pub fn encode_with_images(&self, backend: &crate::ggml::Backend, tokenizer: &crate::text::qwen::QwenTokenizer, text: &str, tower: Option<&vision::VisionTower<'_>>, images: &[vision::VisionInput]) -> Result<(Vec<f32>, usize)> {
+        let ids = tokenizer.encode(text).map_err(|e| ModelError::Input(e.to_string()))?;
+        let pads = ids.iter().filter(|&&t| t == prompt::IMAGE_PAD).count();
+        if pads != images.len() {
+            return Err(ModelError::Input(format!("the prompt holds {pads} image pads for {} images", images.len())));
+        }
+        let tower = match (tower, images.is_empty()) {
+            (Some(t), _) => Some(t),
+            (None, true) => None,
+            (None, false) => return Err(ModelError::Config("images in the prompt, but the text encoder has no vision tower (`visual.*`)".into())),
+        };
+        // The pads widened, and where each image's tokens start.
+        let mut tokens = Vec::with_capacity(ids.len());
+        let mut starts = Vec::new();
+        let mut k = 0;
+        for &t in &ids {
+            if t == prompt::IMAGE_PAD {
+                starts.push(tokens.len());
+                tokens.extend(std::iter::repeat_n(t as i32, images[k].len() / 4));
+                k += 1;
+            } else {
+                tokens.push(t as i32);
+            }
+        }
+        let end = prompt::comfy_template_end(&tokens.iter().map(|&t| t as u32).collect::<Vec<_>>());
+        let size = tower.map_or(0, |tw| images.iter().map(|im| tw.graph_size(im)).sum::<usize>()) + 64 * self.config.layers + 1024;
+        let ctx = Context::new(size, size)?;
+        let mut run = GraphRun::new(&ctx);
+        let mut spans = Vec::with_capacity(images.len());
+        for (im, &at) in images.iter().zip(&starts) {
+            let t = tower.expect("checked: images need a tower").forward(&ctx, &mut run, im)?;
+            spans.push(ImageSpan { at, tokens: t, rows: im.rows / vision::MERGE, cols: im.cols / vision::MERGE });
+        }
+        let out = self.forward_with_images(&ctx, &mut run, &tokens, &spans, QWEN25_VL_MROPE, &[self.config.layers + 1])?;
+        let width = out.ne()[0] as usize;
+        let mut hidden = run.compute(backend, &[out], size)?.remove(0);
+        Ok((hidden.split_off(end.min(tokens.len().saturating_sub(1)) * width), width))
     }
 }
 

@@ -45,3 +45,33 @@ impl Family {
         LlmPrompt { text: format!("{head}{prompt}{tail}"), attn: head.len()..head.len() + prompt.len(), drop, min_length, out_layers }
     }
 }
+
+/// ComfyUI's Qwen-Image template for a prompt with one image (`llama_template_images_en`,
+/// TextEncodeQwenImageEdit): `{}` is the user's text.
+pub const QWEN_IMAGE_EDIT_TEMPLATE: &str = "<|im_start|>system\nYou are a Prompt optimizer designed to rewrite user inputs into high-quality Prompts that are more complete and expressive while preserving the original meaning.\nTask Requirements:\n1. For overly brief user inputs, reasonably infer and add details to enhance the visual completeness without altering the core content;\n2. Refine descriptions of subject characteristics, visual style, spatial relationships, and shot composition;\n3. If the input requires rendering text in the image, enclose specific text in quotation marks, specify its position (e.g., top-left corner, bottom-right corner) and style. This text should remain unaltered and not translated;\n4. Match the Prompt to a precise, niche style aligned with the user's intent. If unspecified, choose the most appropriate style (e.g., realistic photography style);\n5. Please ensure that the Rewritten Prompt is less than 200 words.\n\nDescribe the key features of the input image (color, shape, size, texture, objects, background), then explain how the user's text instruction should alter or modify the image. Generate a new image that meets the user's requirements while maintaining consistency with the original input where appropriate. Add \"Ultra HD, 4K, cinematic composition\" to enhance quality.<|im_end|>\n<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>{}<|im_end|>\n<|im_start|>assistant\n";
+
+/// ComfyUI's TextEncodeQwenImageEditPlus template (Edit-2509/2511): `{}` is the pictures'
+/// markers (`Picture k: <|vision_start|><|image_pad|><|vision_end|>`) followed by the
+/// user's text.
+pub const QWEN_IMAGE_EDIT_PLUS_TEMPLATE: &str = "<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, objects, background), then explain how the user's text instruction should alter or modify the image. Generate a new image that meets the user's requirements while maintaining consistency with the original input where appropriate.<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n";
+
+/// Qwen's `<|im_start|>`, and the `user` and newline tokens after it.
+const IM_START: u32 = 151_644;
+const USER: u32 = 872;
+const NEWLINE: u32 = 198;
+
+/// Qwen2-VL's image pad token: one per merged vision token.
+pub const IMAGE_PAD: u32 = 151_655;
+
+/// Where ComfyUI's Qwen-Image encoder cuts the template off (`QwenImageTEModel`): at the
+/// second `<|im_start|>`, past the `user` and newline that follow it.
+pub fn comfy_template_end(ids: &[u32]) -> usize {
+    let mut end = 0;
+    for (i, _) in ids.iter().enumerate().filter(|(_, &t)| t == IM_START).take(2) {
+        end = i;
+    }
+    if ids.len() > end + 3 && ids[end + 1] == USER && ids[end + 2] == NEWLINE {
+        end += 3;
+    }
+    end
+}
