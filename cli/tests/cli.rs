@@ -997,6 +997,8 @@ fn qwen_image_preset_runs_on_tiny_models() {
     assert_eq!(png_size(&dir.path().join("q.png")), (48, 32));
     assert_ne!(plain, run(&["--cfg-scale", "2.5", "--flow-shift", "6"], "q_shift.png"), "--flow-shift changes the schedule");
     assert_ne!(plain, run(&["--cfg-scale", "2.5", "-n", "blurry"], "q_neg.png"), "real CFG reads the negative prompt");
+    // Seamless tiling reaches the transformer's rotary embedding and the Wan VAE.
+    assert_ne!(plain, run(&["--cfg-scale", "2.5", "--circular"], "q_circular.png"));
     let (_, err) = fails(&["img_gen", "--diffusion-model", &q, "--vae", &vae, "-p", "x"], dir.path());
     assert!(err.contains("--llm"), "{err}");
     let (_, err) = fails(&["img_gen", "--diffusion-model", &q, "--llm", &llm, "--vae", &vae, "-p", "x", "-r", "ref.png"], dir.path());

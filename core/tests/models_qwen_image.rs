@@ -54,7 +54,7 @@ fn matches_diffusers() {
     let img = g.input_f32(&[(c * 4) as i64, (h / 2 * wd / 2) as i64, b as i64], patchify(&floats(&r["latent"]), [b, c, h, wd], 2).unwrap()).unwrap();
     let t = text();
     let txt = g.input_f32(&[t.dim, t.tokens, b as i64], t.data.repeat(b)).unwrap();
-    let out = model.forward(&ctx, &mut g, &QwenImageInputs { img, grids: &grids, txt, timesteps: &floats(&r["t"]), ref_timestep_zero: false }).unwrap();
+    let out = model.forward(&ctx, &mut g, &QwenImageInputs { img, grids: &grids, txt, timesteps: &floats(&r["t"]), ref_timestep_zero: false, circular: Default::default() }).unwrap();
     let tokens = g.compute(&backend, &[out], 16384).unwrap().remove(0);
     let got = unpatchify(&tokens, [b, c, h, wd], 2).unwrap();
     let err = max_abs_err(&got, &floats(&r["out"]));
@@ -100,6 +100,13 @@ fn denoiser_takes_velocity() {
     let d = den.denoise_batch(&backend, [9, 5, c as i64, 1], 0.5, &[QwenImageItem { x: &odd, cond: &cond }]).unwrap().remove(0);
     assert_eq!(d.len(), odd.len());
     assert!(d.iter().all(|v| v.is_finite()));
+    // Seamless tiling wraps the image's positions: another result, still finite.
+    let x = &latent[..per];
+    let plain = den.denoise_batch(&backend, [wd as i64, h as i64, c as i64, 1], 0.5, &[QwenImageItem { x, cond: &cond }]).unwrap().remove(0);
+    den.circular = sdflow_core::ggml::Circular::new(true, false);
+    let wrapped = den.denoise_batch(&backend, [wd as i64, h as i64, c as i64, 1], 0.5, &[QwenImageItem { x, cond: &cond }]).unwrap().remove(0);
+    assert!(wrapped.iter().all(|v| v.is_finite()));
+    assert!(max_abs_err(&plain, &wrapped) > 1e-4);
 }
 
 #[test]

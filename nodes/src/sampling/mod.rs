@@ -284,7 +284,9 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
         Den::ZImage(den)
     } else if model.family == ModelFamily::QwenImage {
         let config = QwenImageConfig::infer(&weights, &model.prefix).map_err(err)?;
-        Den::QwenImage(QwenImageDenoiser::new(QwenImage::new(&weights, &model.prefix, config).map_err(err)?))
+        let mut den = QwenImageDenoiser::new(QwenImage::new(&weights, &model.prefix, config).map_err(err)?);
+        den.circular = model.circular;
+        Den::QwenImage(den)
     } else {
         let config = UnetConfig::infer(&weights, &model.prefix).map_err(err)?;
         let unet = Unet::new(&weights, &model.prefix, config).map_err(err)?;

@@ -4,7 +4,7 @@
 //! the image's tokens, reference k as frame k; only the image's outputs are kept.
 
 use super::{ImageGrid, QwenImage, QwenImageInputs};
-use crate::ggml::{Backend, Context, GraphAllocator, GraphRun};
+use crate::ggml::{Backend, Circular, Context, GraphAllocator, GraphRun};
 use crate::models::conditioning::{Conditioning, LatentShape, ReferenceLatent, ReferenceMethod};
 use crate::models::vae::wan::{LATENTS_MEAN, LATENTS_STD};
 use crate::models::dit::{crop, in_groups, pad_to_patches, patchify, unpatchify};
@@ -21,11 +21,15 @@ pub struct QwenImageItem<'a> {
 pub struct QwenImageDenoiser<'w> {
     model: QwenImage<'w>,
     alloc: Option<GraphAllocator>,
+    /// Seamless tiling on these axes (sd.cpp's `--circular*`): the rotary embedding wraps
+    /// the image's rows and columns (the latent is already padded to whole patches by
+    /// wrapping around).
+    pub circular: Circular,
 }
 
 impl<'w> QwenImageDenoiser<'w> {
     pub fn new(model: QwenImage<'w>) -> Self {
-        QwenImageDenoiser { model, alloc: None }
+        QwenImageDenoiser { model, alloc: None, circular: Circular::NONE }
     }
 
     pub fn config(&self) -> &super::QwenImageConfig {
@@ -96,7 +100,7 @@ impl<'w> QwenImageDenoiser<'w> {
         let txt_t = run.input_f32(&[c.context, lt as i64, bi], txt)?;
         let timesteps = vec![sigma; b];
         let ref_timestep_zero = items[0].cond.reference_method == Some(ReferenceMethod::IndexTimestepZero);
-        let v = self.model.forward(&ctx, &mut run, &QwenImageInputs { img: img_t, grids: &grids, txt: txt_t, timesteps: &timesteps, ref_timestep_zero })?;
+        let v = self.model.forward(&ctx, &mut run, &QwenImageInputs { img: img_t, grids: &grids, txt: txt_t, timesteps: &timesteps, ref_timestep_zero, circular: self.circular })?;
         let alloc = match &mut self.alloc {
             Some(a) => a,
             None => self.alloc.insert(GraphAllocator::new(backend)?),

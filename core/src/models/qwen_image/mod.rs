@@ -72,6 +72,10 @@ pub struct QwenImageInputs<'a, 'b> {
     /// Qwen-Image-Edit-2511's `zero_cond_t` (ComfyUI's `index_timestep_zero`): the
     /// references' tokens are modulated as at σ = 0, the image's at σ.
     pub ref_timestep_zero: bool,
+    /// Seamless tiling (sd.cpp's `--circular*`): the denoised image's rows and columns
+    /// wrap around in the rotary embedding on these axes, as `gen_qwen_image_pe` wraps
+    /// them (text and references never).
+    pub circular: crate::ggml::Circular,
 }
 
 /// A Qwen-Image transformer over [`Weights`] whose shapes have been checked.
@@ -200,7 +204,15 @@ impl<'w> QwenImage<'w> {
         }
         let (img_ids, txt_ids) = position_ids(x.grids, lt as usize);
         let ids: Vec<Vec<f32>> = txt_ids.into_iter().chain(img_ids).collect();
-        let (cos, sin) = rope::tables(run, &ids, &c.axes, c.theta, b as usize)?;
+        let wraps: Vec<Vec<usize>> = if x.circular.any() {
+            let g = x.grids[0];
+            let period = vec![0, if x.circular.y { g.rows } else { 0 }, if x.circular.x { g.cols } else { 0 }];
+            let first = lt as usize..lt as usize + g.rows * g.cols;
+            (0..ids.len()).map(|i| if first.contains(&i) { period.clone() } else { vec![0; 3] }).collect()
+        } else {
+            Vec::new()
+        };
+        let (cos, sin) = rope::tables_wrapped(run, &ids, &wraps, &c.axes, c.theta, b as usize)?;
         let pe = Rope { cos, sin };
 
         let embed = |run: &mut GraphRun<'a>, sigmas: Vec<f32>| -> Result<Tensor<'a>> {
