@@ -63,7 +63,7 @@ const NOT_REGISTERED: &[(&str, &[&str])] = &[
             "QuadrupleCLIPLoader", "QwenImageDiffsynthControlnet", "RenormCFG", "SD_4XUpscale_Conditioning", "SV3D_Conditioning",
             "StableCascade_EmptyLatentImage", "StableCascade_StageB_Conditioning", "StableCascade_StageC_VAEEncode",
             "StableCascade_SuperResolutionControlnet", "StableZero123_Conditioning", "StableZero123_Conditioning_Batched", "StyleModelApply",
-            "StyleModelLoader", "TextEncodeQwenImageEdit", "TextEncodeQwenImageEditPlus", "USOStyleReference", "unCLIPCheckpointLoader",
+            "StyleModelLoader", "USOStyleReference", "unCLIPCheckpointLoader",
             "unCLIPConditioning",
         ],
     ),
