@@ -307,17 +307,21 @@ impl Worker {
         })
     }
 
+    /// Publish [`Worker::advertisement`] now.
+    fn advertise(&self) {
+        let ad = self.advertisement().to_string();
+        let _ = self.store.with("advertising", Duration::ZERO, |c| redis::cmd("HSET").arg(self.store.keys.workers()).arg(&self.name).arg(&ad).query::<i64>(c));
+    }
+
     /// Every second: advertise, and keep the running prompt's entry from looking
     /// abandoned (its idle time reset), so only a dead worker's prompt is claimed.
     fn keep_alive(self: Arc<Self>) {
-        let k = self.store.keys.clone();
         loop {
             let done = self.draining.load(Ordering::Relaxed) && self.current.lock().is_none();
             if done {
                 return;
             }
-            let ad = self.advertisement().to_string();
-            let _ = self.store.with("advertising", Duration::ZERO, |c| redis::cmd("HSET").arg(k.workers()).arg(&self.name).arg(&ad).query::<i64>(c));
+            self.advertise();
             let running = self.current.lock().as_ref().map(|c| (c.lane.clone(), c.entry.clone()));
             if let Some((lane, entry)) = running {
                 let _ = self.store.with("XCLAIM (keep-alive)", Duration::ZERO, |c| {
@@ -597,6 +601,11 @@ impl Worker {
             }
         }
         let entry = ran.entry.to_string();
+        // Idle before the result is visible: a client that saw it finish and sends the next
+        // prompt finds this worker free to take it (its models resident), not the state of
+        // up to a second ago.
+        *self.current.lock() = None;
+        self.advertise();
         let finish = redis::Script::new(FINISH);
         let stored = self.store.with("storing a result", PATIENCE_RESULT, |c| {
             finish
@@ -604,7 +613,6 @@ impl Worker {
                 .arg(&spec.prompt_id).arg(&entry).arg(&d.entry).arg(10_000).arg(k.front_lane())
                 .invoke::<i64>(c)
         });
-        *self.current.lock() = None;
         match stored {
             Ok(1) => {}
             Ok(_) => tracing::warn!("prompt {}: another worker stored its result first; this run's is dropped", spec.prompt_id),
