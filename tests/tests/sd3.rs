@@ -169,7 +169,7 @@ fn bad_combinations_are_named_errors() {
     ms.nodes.insert("20".into(), node("ModelSamplingFlux", &[("model", link("1", 0)), ("max_shift", c(json!(1.15))), ("base_shift", c(json!(0.5))), ("width", c(json!(1024))), ("height", c(json!(1024)))]));
     ms.set_input("3", "model", link("20", 0)).unwrap();
     let e = env.run_err(&ms);
-    assert!(e.contains("needs a FLUX.1, Chroma or FLUX.2 model"), "{e}");
+    assert!(e.contains("needs a FLUX.1, Chroma, FLUX.2 or Qwen-Image model"), "{e}");
     // FLUX's text encoders on SD3's model: the T5 tokens alone fit, the pooled vector not.
     let mut flux_clip = wf.clone();
     flux_clip.nodes.insert("21".into(), node("DualCLIPLoader", &[("clip_name1", c(json!("clip_l.safetensors"))), ("clip_name2", c(json!("t5xxl_fp16.safetensors"))), ("type", c(json!("flux")))]));
