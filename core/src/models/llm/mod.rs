@@ -175,9 +175,7 @@ impl<'w> LlmEncoder<'w> {
     {
         let c = &self.config;
         let (b, t) = super::check_token_batch(tokens, keep, c.vocab, "the LLM")?;
-        if out_layers.is_empty() || out_layers.iter().any(|&l| l == 0 || l > c.layers + 1) {
-            return Err(ModelError::Input(format!("hidden states {out_layers:?} of an encoder with {} layers (1..={})", c.layers, c.layers + 1)));
-        }
+        self.check_out_layers(out_layers)?;
         // Causal, and padding hidden where `keep` says: [Tk, Tq, 1, B], added to scores.
         let mut mask = Vec::with_capacity(t * t * b);
         for s in 0..b {
@@ -210,9 +208,7 @@ impl<'w> LlmEncoder<'w> {
     {
         let c = &self.config;
         let (_, t) = super::check_token_batch(&[tokens.to_vec()], None, c.vocab, "the LLM")?;
-        if out_layers.is_empty() || out_layers.iter().any(|&l| l == 0 || l > c.layers + 1) {
-            return Err(ModelError::Input(format!("hidden states {out_layers:?} of an encoder with {} layers (1..={})", c.layers, c.layers + 1)));
-        }
+        self.check_out_layers(out_layers)?;
         let mut end = 0;
         for im in images {
             let n = im.rows * im.cols;
@@ -267,6 +263,15 @@ impl<'w> LlmEncoder<'w> {
         }
         let sections = [sections[0], sections[1], sections[2], 0];
         self.layers(ctx, x, Positions::Multi(pos, sections), mask, out_layers)
+    }
+
+    /// `out_layers` names hidden states this encoder has (1 ..= layers + 1), at least one.
+    fn check_out_layers(&self, out_layers: &[usize]) -> Result<()> {
+        let c = &self.config;
+        if out_layers.is_empty() || out_layers.iter().any(|&l| l == 0 || l > c.layers + 1) {
+            return Err(ModelError::Input(format!("hidden states {out_layers:?} of an encoder with {} layers (1..={})", c.layers, c.layers + 1)));
+        }
+        Ok(())
     }
 
     /// The decoder layers over embeddings x [D, T, B], the hidden states `out_layers`.
