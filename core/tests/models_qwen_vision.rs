@@ -132,8 +132,8 @@ fn language_model_reads_the_image_as_transformers_does() {
 #[test]
 fn templates_cut_where_comfyui_cuts() {
     use sdflow_core::models::llm::prompt::{comfy_template_end, Family, IMAGE_PAD, QWEN_IMAGE_EDIT_PLUS_TEMPLATE, QWEN_IMAGE_EDIT_TEMPLATE};
-    use sdflow_core::text::qwen::QwenTokenizer;
-    let tok = QwenTokenizer::shared().unwrap();
+    use sdflow_core::text::llm::LlmTokenizer;
+    let tok = LlmTokenizer::qwen().unwrap();
     assert_eq!(tok.encode("<|vision_start|><|image_pad|><|vision_end|>").unwrap(), vec![151652, IMAGE_PAD, 151653]);
     let t2i = Family::QwenImage.layout("a fox", 28);
     let ids = tok.encode(&t2i.text).unwrap();

@@ -6,6 +6,8 @@
 //!   prompt into `BOS + 75 + EOS` windows.
 //! - [`t5`]: T5's SentencePiece unigram tokenizer and ComfyUI's weighted, padded T5
 //!   sequences.
+//! - [`llm`]: the byte-level BPE of the LLM text encoders (Qwen, Mistral's tekken) and
+//!   sd.cpp's weighted, padded sequences of a templated prompt.
 //! - [`embeddings`]: a directory of textual-inversion files, matched by file stem.
 //! - [`ClipSkip`]: which hidden layer the encoder reads; only configuration here.
 
@@ -13,9 +15,10 @@ mod clean;
 #[rustfmt::skip]
 mod clean_tables;
 pub mod embeddings;
+pub mod llm;
 pub mod prompt;
-pub mod qwen;
 pub mod t5;
+mod tekken;
 pub mod tokenizer;
 
 use std::io::Read;

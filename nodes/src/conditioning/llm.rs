@@ -12,7 +12,7 @@ use crate::values::ClipRef;
 use sdflow_core::models::conditioning::Conditioning;
 use sdflow_core::models::llm::vision::{VisionConfig, VisionInput, VisionTower};
 use sdflow_core::models::llm::{LlmConfig, LlmEncoder};
-use sdflow_core::text::qwen::QwenTokenizer;
+use sdflow_core::text::llm::LlmTokenizer;
 use sdflow_executor::NodeError;
 
 /// `text` conditioned through `clip`'s LLM.
@@ -21,7 +21,7 @@ pub(crate) fn encode(rt: &Runtime, clip: &ClipRef, text: &str) -> Result<Conditi
     let weights = rt.pin(clip.place, &llm.weights)?;
     let model = LlmEncoder::new(&weights, &llm.prefix, LlmConfig::infer(&weights, &llm.prefix, None).map_err(err)?).map_err(err)?;
     let prompt = llm.family.layout(text, model.config.layers);
-    let tokenizer = QwenTokenizer::shared().map_err(err)?;
+    let tokenizer = llm.family.tokenizer().map_err(err)?;
     let (rows, width) = rt.with_backend(clip.place, |b| model.encode_prompt(b, &tokenizer, &prompt)).map_err(err)?;
     let tokens = rows.len() / width.max(1);
     Conditioning::new(rows, width as i64, tokens as i64).map_err(err)
@@ -34,7 +34,7 @@ pub(crate) fn encode_with_images(rt: &Runtime, clip: &ClipRef, text: &str, image
     let llm = clip.llm.as_ref().ok_or_else(|| NodeError::msg(format!("this CLIP ({}) has no LLM text encoder; Qwen-Image-Edit reads Qwen2.5-VL (CLIPLoader type qwen_image)", clip.family)))?;
     let weights = rt.pin(clip.place, &llm.weights)?;
     let model = LlmEncoder::new(&weights, &llm.prefix, LlmConfig::infer(&weights, &llm.prefix, None).map_err(err)?).map_err(err)?;
-    let tokenizer = QwenTokenizer::shared().map_err(err)?;
+    let tokenizer = LlmTokenizer::qwen().map_err(err)?;
     let vision = match (&llm.vision, images.is_empty()) {
         (_, true) => None,
         (Some((handle, prefix)), false) => Some((rt.pin(clip.place, handle)?, prefix)),

@@ -602,7 +602,7 @@ impl Node for ClipLoader {
             return Ok(Outputs::new(vec![Value::new(IoType::CLIP, clip)]));
         }
         if ty != if self.dual { "sdxl" } else { "stable_diffusion" } {
-            let wanted = if self.dual { "`sdxl`, `sd3` and `flux`" } else { "`stable_diffusion`, `sd3`, `chroma`, `lumina2` (Z-Image's Qwen3-4B), `flux2` (FLUX.2 klein's Qwen3) and `qwen_image` (Qwen2.5-VL-7B)" };
+            let wanted = if self.dual { "`sdxl`, `sd3` and `flux`" } else { "`stable_diffusion`, `sd3`, `chroma`, `lumina2` (Z-Image's Qwen3-4B), `flux2` (FLUX.2's Qwen3 or Mistral) and `qwen_image` (Qwen2.5-VL-7B)" };
             return Err(NodeError::msg(format!("type `{ty}`: only {wanted} text encoders are supported yet")));
         }
         let mut found = Vec::new();
@@ -703,17 +703,43 @@ fn t5_handle(rt: &Runtime, place: impl Into<Place>, path: &Path) -> Result<T5Ref
 /// An LLM text encoder of a standalone file for `family`: Hugging Face names (ComfyUI's
 /// `qwen_3_4b.safetensors`: `model.layers.N.*`, with or without a prefix) or llama.cpp's
 /// GGUF names, the transformer layers, embedding and final norm only (a language-model
-/// head or a vision tower beside them is never read).
+/// head or a vision tower beside them is never read). A language model other than the
+/// family's is an error naming the file; FLUX.2's is klein's Qwen3 or dev's Mistral,
+/// whichever the file holds.
 pub(crate) fn llm_handle(rt: &Runtime, place: impl Into<Place>, path: &Path, family: LlmFamily) -> Result<LlmRef, NodeError> {
     let src = llm::hf_layout(io::open(path).map_err(err)?).map_err(err)?;
     let prefix = llm::find_prefix(src.tensors().iter().map(|t| t.name.as_str()))
         .ok_or_else(|| NodeError::msg(format!("{}: no LLM text encoder (`…{}`, or GGUF `blk.0.attn_q.weight`)", path.display(), llm::MARKER)))?;
+    // FLUX.2 reads Qwen3 (klein) or Mistral (dev): the file says which.
+    let arch = llm::LlmArch::detect(|n| src.get(n).is_some(), &prefix);
+    let family = match (family, arch) {
+        (LlmFamily::Flux2Klein | LlmFamily::Flux2Dev, llm::LlmArch::Mistral) => LlmFamily::Flux2Dev,
+        (LlmFamily::Flux2Klein | LlmFamily::Flux2Dev, llm::LlmArch::Qwen3) => LlmFamily::Flux2Klein,
+        (f, a) if a == family_arch(f) => f,
+        (f, a) => {
+            let wanted = match f {
+                LlmFamily::ZImage => "Z-Image reads Qwen3-4B (CLIPLoader type lumina2)",
+                LlmFamily::QwenImage => "Qwen-Image reads Qwen2.5-VL-7B (CLIPLoader type qwen_image)",
+                LlmFamily::Flux2Klein | LlmFamily::Flux2Dev => "FLUX.2 reads Qwen3 (klein) or Mistral-Small-3.2 (dev)",
+            };
+            return Err(NodeError::msg(format!("{}: a {a:?} language model; {wanted}", path.display())));
+        }
+    };
     drop(src);
     let key = WeightKey::new([path], &format!("{LLM_KEY}{prefix}"), rt.weight_type, Device::Cpu).map_err(err)?;
     let parts = ["layers.", "embed_tokens.", "norm."].iter().map(|p| format!("{prefix}{p}")).collect();
     let p = path.to_path_buf();
     let weights = sized_weights(rt, place, key, parts, move || Ok(llm::hf_layout(io::open(&p)?)?))?;
     Ok(LlmRef { weights, prefix, family, vision: None })
+}
+
+/// The language model each LLM family reads.
+fn family_arch(f: LlmFamily) -> llm::LlmArch {
+    match f {
+        LlmFamily::ZImage | LlmFamily::Flux2Klein => llm::LlmArch::Qwen3,
+        LlmFamily::QwenImage => llm::LlmArch::Qwen2,
+        LlmFamily::Flux2Dev => llm::LlmArch::Mistral,
+    }
 }
 
 /// Qwen2.5-VL's vision tower in an LLM file (ComfyUI's `qwen_2.5_vl_7b.safetensors` holds

@@ -1,13 +1,15 @@
-//! Decoder-only language models run as text encoders: Qwen3 (Z-Image, FLUX.2 klein) and
-//! Qwen2/Qwen2.5-VL's language model on text (Qwen-Image), in the key layout of Hugging
-//! Face's `Qwen3Model` / `Qwen2Model` (what ComfyUI's `qwen_3_4b.safetensors` and
-//! `qwen_2.5_vl_7b.safetensors` hold, under `model.` or bare). GGUF files in llama.cpp's
-//! naming are shown in this layout by [`hf_name`].
+//! Decoder-only language models run as text encoders: Qwen3 (Z-Image, FLUX.2 klein),
+//! Qwen2/Qwen2.5-VL's language model (Qwen-Image) and Mistral-Small-3.2's (FLUX.2 dev), in
+//! the key layout of Hugging Face's `Qwen3Model` / `Qwen2Model` / `MistralModel` (what
+//! ComfyUI's `qwen_3_4b.safetensors`, `qwen_2.5_vl_7b.safetensors` and
+//! `mistral_3_small_flux2_*.safetensors` hold, under `model.` or bare). GGUF files in
+//! llama.cpp's naming are shown in this layout by [`hf_layout`].
 //!
 //! Born as its own folder because several DiT families share these encoders and read
 //! hidden states from inside them (sd.cpp's `out_layers`), not the final output a
-//! language model exists for. The two architectures differ only where the weights say so:
-//! Qwen3 has RMS norms on q and k per head and no biases, Qwen2 has q/k/v biases. On text,
+//! language model exists for. The architectures differ only where the weights say so:
+//! Qwen3 has RMS norms on q and k per head and no biases, Qwen2 has q/k/v biases, Mistral
+//! has neither (and its own RoPE base and norm epsilon, [`LlmArch`]). On text,
 //! Qwen2.5-VL's multimodal RoPE gives every axis the same position, which is plain RoPE.
 
 pub mod prompt;
@@ -23,10 +25,38 @@ use crate::ggml::{Context, GraphRun, Tensor};
 /// `rotate_half`), as Qwen's checkpoints expect.
 const ROPE_NEOX: i32 = 2;
 
+/// Which language model the weights are: what sets the RoPE base and the norm epsilon,
+/// which the weights do not show.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LlmArch {
+    /// q/k RMS norms per head.
+    Qwen3,
+    /// q/k/v biases.
+    Qwen2,
+    /// Neither: Mistral-Small-3.2 (RoPE base 10⁹, ε 10⁻⁵).
+    Mistral,
+}
+
+impl LlmArch {
+    /// The architecture of the encoder under `prefix`, by which of its first layer's
+    /// tensors exist (`has` answers for a full tensor name).
+    pub fn detect(has: impl Fn(&str) -> bool, prefix: &str) -> Self {
+        let n = Names { prefix: prefix.to_string() };
+        if has(&format!("{}.weight", n.attn(0, "q_norm"))) {
+            LlmArch::Qwen3
+        } else if has(&format!("{}.bias", n.attn(0, "q_proj"))) {
+            LlmArch::Qwen2
+        } else {
+            LlmArch::Mistral
+        }
+    }
+}
+
 /// The encoder's dimensions, read off the weights; `rope_theta` and `eps` are the
-/// families' (every Qwen2/Qwen3 text encoder in use has these).
+/// architecture's (every text encoder of it in use has these).
 #[derive(Clone, Debug, PartialEq)]
 pub struct LlmConfig {
+    pub arch: LlmArch,
     pub hidden: i64,
     pub layers: usize,
     pub heads: i64,
@@ -83,9 +113,11 @@ impl LlmConfig {
         let k = w.get(&format!("{}.weight", n.attn(0, "k_proj")))?.ne();
         let gate = w.get(&format!("{}.weight", n.mlp(0, "gate_proj")))?.ne();
         let qk_norm = w.contains(&format!("{}.weight", n.attn(0, "q_norm")));
+        let arch = LlmArch::detect(|name| w.contains(name), prefix);
         // The head width: Qwen3 stores it in its q/k norms (it need not be hidden/heads).
-        // Qwen2's weights do not show it; it is 128 in every Qwen2/2.5(-VL) model used as
-        // a text encoder (7B: 28 heads of 128).
+        // Qwen2's and Mistral's weights do not show it; it is 128 in every such model used
+        // as a text encoder (Qwen2.5-VL-7B: 28 heads of 128; Mistral-Small-3.2: 32 of 128
+        // in a 5120-wide model).
         let head_dim = match (qk_norm, head_dim) {
             (true, _) => w.get(&format!("{}.weight", n.attn(0, "q_norm")))?.ne()[0],
             (false, Some(h)) => h,
@@ -94,7 +126,12 @@ impl LlmConfig {
         if head_dim < 2 || q[1] % head_dim != 0 || k[1] % head_dim != 0 || (q[1] / head_dim) % (k[1] / head_dim) != 0 {
             return Err(ModelError::Config(format!("heads of {head_dim} do not divide the q width {} and k width {} into groups", q[1], k[1])));
         }
+        let (rope_theta, eps) = match arch {
+            LlmArch::Mistral => (1e9, 1e-5),
+            LlmArch::Qwen3 | LlmArch::Qwen2 => (1e6, 1e-6),
+        };
         Ok(LlmConfig {
+            arch,
             hidden: emb[0],
             layers,
             heads: q[1] / head_dim,
@@ -102,8 +139,8 @@ impl LlmConfig {
             head_dim,
             intermediate: gate[1],
             vocab: emb[1],
-            rope_theta: 1_000_000.0,
-            eps: 1e-6,
+            rope_theta,
+            eps,
             qk_norm,
         })
     }
@@ -352,8 +389,9 @@ impl LlmEncoder<'_> {
     /// tokenized with A1111 weights inside the user's part and padded (padding masked),
     /// the hidden states `prompt.out_layers` taken, each token scaled by its weight with
     /// the mean kept ([`crate::models::conditioning::emphasize`]), the first
-    /// `prompt.drop` tokens dropped. Returns the rows [T × width] and the width.
-    pub fn encode_prompt(&self, backend: &crate::ggml::Backend, tokenizer: &crate::text::qwen::QwenTokenizer, prompt: &LlmPrompt) -> Result<(Vec<f32>, usize)> {
+    /// `prompt.drop` tokens dropped, zero rows appended up to `prompt.pad_states`. Returns
+    /// the rows [T × width] and the width.
+    pub fn encode_prompt(&self, backend: &crate::ggml::Backend, tokenizer: &crate::text::llm::LlmTokenizer, prompt: &LlmPrompt) -> Result<(Vec<f32>, usize)> {
         let tokens = tokenizer.tokenize_weighted(&prompt.text, prompt.attn.clone(), prompt.min_length, None).map_err(|e| ModelError::Input(e.to_string()))?;
         if tokens.ids.len() <= prompt.drop {
             return Err(ModelError::Input(format!("the templated prompt has {} tokens, not more than the {} the template drops", tokens.ids.len(), prompt.drop)));
@@ -368,7 +406,11 @@ impl LlmEncoder<'_> {
         let width = out.ne()[0] as usize;
         let mut hidden = run.compute(backend, &[out], size)?.remove(0);
         crate::models::conditioning::emphasize(&mut hidden, &tokens.weights, width);
-        Ok((hidden.split_off(prompt.drop * width), width))
+        let mut rows = hidden.split_off(prompt.drop * width);
+        if rows.len() < prompt.pad_states * width {
+            rows.resize(prompt.pad_states * width, 0.0);
+        }
+        Ok((rows, width))
     }
 }
 
@@ -382,7 +424,7 @@ impl LlmEncoder<'_> {
     /// image's merged vision tokens, the final normed hidden state of every token, cut
     /// where ComfyUI cuts the template ([`prompt::comfy_template_end`]). Returns the rows
     /// [T × width] and the width.
-    pub fn encode_with_images(&self, backend: &crate::ggml::Backend, tokenizer: &crate::text::qwen::QwenTokenizer, text: &str, tower: Option<&vision::VisionTower<'_>>, images: &[vision::VisionInput]) -> Result<(Vec<f32>, usize)> {
+    pub fn encode_with_images(&self, backend: &crate::ggml::Backend, tokenizer: &crate::text::llm::LlmTokenizer, text: &str, tower: Option<&vision::VisionTower<'_>>, images: &[vision::VisionInput]) -> Result<(Vec<f32>, usize)> {
         let ids = tokenizer.encode(text).map_err(|e| ModelError::Input(e.to_string()))?;
         let pads = ids.iter().filter(|&&t| t == prompt::IMAGE_PAD).count();
         if pads != images.len() {
@@ -423,7 +465,7 @@ impl LlmEncoder<'_> {
 }
 
 /// llama.cpp's GGUF names of an LLM's per-layer tensors beside the Hugging Face names
-/// under `layers.N.` (llama.cpp converts Qwen2/Qwen3 without permuting q and k).
+/// under `layers.N.`.
 const GGUF_LAYER_NAMES: [(&str, &str); 11] = [
     ("attn_q", "self_attn.q_proj"),
     ("attn_k", "self_attn.k_proj"),
@@ -455,8 +497,51 @@ pub fn hf_name(gguf: &str) -> Option<String> {
     Some(format!("layers.{i}.{hf}.{kind}"))
 }
 
+/// GGUF architectures whose q and k rows llama.cpp's converter interleaves (`permute`, so
+/// that ggml's plain RoPE rotates adjacent pairs); it leaves Qwen's as they are.
+const PERMUTED_ARCHS: [&str; 3] = ["llama", "mistral", "mistral3"];
+
 /// `src` in Hugging Face's layout: a GGUF file in llama.cpp's naming renamed by
-/// [`hf_name`] (tensors an encoder never reads left out), any other source as it is.
+/// [`hf_name`] (tensors an encoder never reads left out) and, for a llama-architecture file
+/// (Mistral's), its q and k rows put back in Hugging Face's order (each head's two RoPE
+/// halves apart), so one rotary layout serves every file; any other source as it is.
 pub fn hf_layout(src: Box<dyn crate::io::TensorSource>) -> Result<Box<dyn crate::io::TensorSource>> {
-    super::load::gguf_renamed(src, "blk.", hf_name)
+    let arch = src.metadata().get("general.architecture").cloned().unwrap_or_default();
+    if !PERMUTED_ARCHS.contains(&arch.as_str()) || !src.tensors().iter().any(|t| t.name.starts_with("blk.")) {
+        return super::load::gguf_renamed(src, "blk.", hf_name);
+    }
+    let shown = src.path().display().to_string();
+    let count = |key: &str| -> Result<usize> {
+        let k = format!("{arch}.attention.{key}");
+        src.metadata().get(&k).and_then(|v| v.parse().ok()).filter(|&n: &usize| n > 0).ok_or_else(|| ModelError::Config(format!("{shown}: no `{k}` (a {arch} GGUF names its head counts)")))
+    };
+    let (heads, kv_heads) = (count("head_count")?, count("head_count_kv").or_else(|_| count("head_count"))?);
+    let mut plan = Vec::new();
+    for t in src.tensors() {
+        let Some(name) = hf_name(&t.name) else { continue };
+        let rows = t.shape.first().copied().unwrap_or(1);
+        let n = match t.name.rsplit('.').nth(1) {
+            Some("attn_q") => heads,
+            Some("attn_k") => kv_heads,
+            _ => 0,
+        };
+        if n == 0 {
+            plan.push((name, vec![crate::io::Rows::all(t)]));
+            continue;
+        }
+        let d = rows / n;
+        if d % 2 != 0 || d * n != rows {
+            return Err(ModelError::Weight { name: t.name.clone(), detail: format!("{shown}: {rows} rows are not {n} heads of an even width") });
+        }
+        // Hugging Face row (head h, half i, pair j) is llama.cpp's row h·d + 2j + i.
+        let parts = (0..rows)
+            .map(|r| {
+                let (h, rem) = (r / d, r % d);
+                crate::io::Rows { source: t.name.clone(), first: h * d + 2 * (rem % (d / 2)) + rem / (d / 2), rows: 1 }
+            })
+            .collect();
+        plan.push((name, parts));
+    }
+    let assembled = crate::io::Assembled::new(src, plan).map_err(|detail| ModelError::Weight { name: shown, detail })?;
+    Ok(Box::new(assembled))
 }

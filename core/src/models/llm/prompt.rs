@@ -1,7 +1,7 @@
 //! What sd.cpp feeds each family's LLM encoder and what it takes from it: the chat
 //! template around the user's prompt, the byte range A1111 weights apply to, how many
 //! leading tokens (the template's system part) are dropped from the hidden states, the
-//! padding, and which hidden states (sd.cpp's `conditioner.hpp`, `LLMEmbedder`).
+//! padding (of the tokens, or of the states after), and which hidden states (sd.cpp's `conditioner.hpp`, `LLMEmbedder`).
 
 use std::ops::Range;
 
@@ -14,6 +14,9 @@ pub enum Family {
     Flux2Klein,
     /// Qwen2.5-VL-7B, the final state, the 34-token system part dropped.
     QwenImage,
+    /// Mistral-Small-3.2-24B, hidden states 10, 20 and 30 side by side, the states (not
+    /// the tokens) padded to 512 with zeros.
+    Flux2Dev,
 }
 
 /// One prompt laid out for an LLM encoder.
@@ -30,19 +33,34 @@ pub struct LlmPrompt {
     /// Hidden states taken, as sd.cpp numbers them (the output of the first k layers;
     /// layers + 1 is the final normed state).
     pub out_layers: Vec<usize>,
+    /// Rows the states are padded to with zeros after the drop (sd.cpp's
+    /// `hidden_states_min_length`).
+    pub pad_states: usize,
 }
+
+const FLUX2_DEV_SYSTEM: &str = "[SYSTEM_PROMPT]You are an AI that reasons about image descriptions. You give structured responses focusing on object relationships, object\nattribution and actions without speculation.[/SYSTEM_PROMPT][INST]";
 
 const QWEN_IMAGE_SYSTEM: &str = "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n";
 
 impl Family {
     /// `prompt` laid out for this family's encoder of `layers` layers.
     pub fn layout(self, prompt: &str, layers: usize) -> LlmPrompt {
+        let pad_states = if self == Family::Flux2Dev { 512 } else { 0 };
         let (head, tail, drop, min_length, out_layers) = match self {
             Family::ZImage => ("<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n", 0, 0, vec![layers.saturating_sub(1).max(1)]),
             Family::Flux2Klein => ("<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n", 0, 512, vec![9, 18, 27]),
             Family::QwenImage => (QWEN_IMAGE_SYSTEM, "<|im_end|>\n<|im_start|>assistant\n", 34, 0, vec![layers + 1]),
+            Family::Flux2Dev => (FLUX2_DEV_SYSTEM, "[/INST]", 0, 0, vec![10, 20, 30]),
         };
-        LlmPrompt { text: format!("{head}{prompt}{tail}"), attn: head.len()..head.len() + prompt.len(), drop, min_length, out_layers }
+        LlmPrompt { text: format!("{head}{prompt}{tail}"), attn: head.len()..head.len() + prompt.len(), drop, min_length, out_layers, pad_states }
+    }
+
+    /// The vocabulary the family's encoder reads.
+    pub fn tokenizer(self) -> std::result::Result<crate::text::llm::LlmTokenizer, crate::text::TextError> {
+        match self {
+            Family::Flux2Dev => crate::text::llm::LlmTokenizer::mistral(),
+            Family::ZImage | Family::Flux2Klein | Family::QwenImage => crate::text::llm::LlmTokenizer::qwen(),
+        }
     }
 }
 

@@ -1,8 +1,9 @@
-//! Qwen2/Qwen3's byte-level BPE tokenizer — the language-model text encoders of Z-Image,
-//! FLUX.2 klein (Qwen3) and Qwen-Image (Qwen2.5-VL, the same vocabulary) — and the weighted,
-//! padded token sequences sd.cpp's LLM embedder builds from a templated prompt.
+//! The byte-level BPE tokenizers of the language-model text encoders — Qwen2/Qwen3's
+//! (Z-Image, FLUX.2 klein, Qwen-Image) and Mistral's tekken (FLUX.2 dev, [`super::tekken`]) —
+//! and the weighted, padded token sequences sd.cpp's LLM embedder builds from a templated
+//! prompt.
 //!
-//! The vocabulary is Qwen's 151,643 byte-level BPE tokens plus its 26 added tokens
+//! Qwen's vocabulary is Qwen's 151,643 byte-level BPE tokens plus its 26 added tokens
 //! (`<|endoftext|>` = 151643, `<|im_start|>`, `<|im_end|>`, the vision tokens, `<think>`, …)
 //! as a Hugging Face `tokenizer.json` (NFC normaliser, Qwen's split regex), shipped gzip'd
 //! inside the binary (provenance in `vocab/SOURCES.md`) and run by the `tokenizers` crate,
@@ -20,15 +21,26 @@ pub const QWEN_PAD: u32 = 151643;
 
 static VOCAB_GZ: &[u8] = include_bytes!("vocab/qwen3_tokenizer.json.gz");
 
-/// The Qwen2/Qwen3 tokenizer; built once per process and shared.
+/// Mistral's `<s>` (prepended to every sequence) and `<pad>`.
+pub const MISTRAL_BOS: u32 = 1;
+pub const MISTRAL_PAD: u32 = 11;
+
+static TEKKEN_GZ: &[u8] = include_bytes!("vocab/tekken_240911.json.gz");
+
+/// An LLM's tokenizer with the ids sd.cpp adds around a sequence; each vocabulary is built
+/// once per process and shared.
 #[derive(Clone)]
-pub struct QwenTokenizer {
+pub struct LlmTokenizer {
     inner: Arc<tokenizers::Tokenizer>,
+    /// What padding appends.
+    pad: u32,
+    /// Prepended to every sequence (Mistral's `<s>`; Qwen adds none).
+    bos: Option<u32>,
 }
 
-impl std::fmt::Debug for QwenTokenizer {
+impl std::fmt::Debug for LlmTokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("QwenTokenizer").finish_non_exhaustive()
+        f.debug_struct("LlmTokenizer").field("pad", &self.pad).field("bos", &self.bos).finish_non_exhaustive()
     }
 }
 
@@ -41,13 +53,21 @@ pub struct LlmTokens {
     pub mask: Vec<f32>,
 }
 
-impl QwenTokenizer {
-    pub fn shared() -> Result<Self, TextError> {
+impl LlmTokenizer {
+    /// Qwen2/Qwen3 (and Qwen2.5-VL): no BOS, padding with `<|endoftext|>`.
+    pub fn qwen() -> Result<Self, TextError> {
         static CELL: OnceLock<Result<Arc<tokenizers::Tokenizer>, String>> = OnceLock::new();
-        Ok(QwenTokenizer { inner: super::bundled_tokenizer(&CELL, VOCAB_GZ, "Qwen")? })
+        Ok(LlmTokenizer { inner: super::bundled_tokenizer(&CELL, VOCAB_GZ, "Qwen")?, pad: QWEN_PAD, bos: None })
     }
 
-    /// The ids of `text` (no BOS or EOS: Qwen's tokenizer adds none).
+    /// Mistral-Small-3.2's tekken vocabulary: `<s>` first, padding with `<pad>`.
+    pub fn mistral() -> Result<Self, TextError> {
+        static CELL: OnceLock<Result<Arc<tokenizers::Tokenizer>, String>> = OnceLock::new();
+        let inner = CELL.get_or_init(|| super::tekken::from_gz(TEKKEN_GZ).map(Arc::new)).clone().map_err(TextError::Tokenizer)?;
+        Ok(LlmTokenizer { inner, pad: MISTRAL_PAD, bos: Some(MISTRAL_BOS) })
+    }
+
+    /// The ids of `text`, special tokens written in it included, without the BOS.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, TextError> {
         let enc = self.inner.encode(text, false).map_err(|e| TextError::Tokenizer(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
@@ -58,11 +78,12 @@ impl QwenTokenizer {
         self.inner.id_to_token(id)
     }
 
-    /// sd.cpp's LLM tokenization of a templated prompt: the bytes of `prompt` before
+    /// sd.cpp's LLM tokenization of a templated prompt: the BOS if the vocabulary has one,
+    /// then the bytes of `prompt` before
     /// `attn` and after it are tokenized as they are (weight 1); the user's text inside
     /// `attn` goes through A1111's attention parser and each piece is tokenized on its own
     /// with its weight (`BREAK` separates nothing here and is dropped, as ComfyUI's parser
-    /// does). Then padding with `<|endoftext|>` on the right up to `min_length` (weight 1,
+    /// does). Then padding (Qwen's `<|endoftext|>`, Mistral's `<pad>`) on the right up to `min_length` (weight 1,
     /// mask 0), and a sequence longer than `max_length` is cut there.
     pub fn tokenize_weighted(&self, prompt: &str, attn: Range<usize>, min_length: usize, max_length: Option<usize>) -> Result<LlmTokens, TextError> {
         if attn.start > attn.end || attn.end > prompt.len() || !prompt.is_char_boundary(attn.start) || !prompt.is_char_boundary(attn.end) {
@@ -80,7 +101,7 @@ impl QwenTokenizer {
         if attn.end < prompt.len() {
             parts.push((prompt[attn.end..].to_string(), 1.0));
         }
-        let (mut ids, mut weights) = (Vec::new(), Vec::new());
+        let (mut ids, mut weights): (Vec<u32>, Vec<f32>) = (self.bos.into_iter().collect(), self.bos.map(|_| 1.0).into_iter().collect());
         for (text, weight) in parts {
             let t = self.encode(&text)?;
             weights.extend(std::iter::repeat_n(weight, t.len()));
@@ -93,7 +114,7 @@ impl QwenTokenizer {
             mask.truncate(max);
         }
         while ids.len() < min_length {
-            ids.push(QWEN_PAD);
+            ids.push(self.pad);
             weights.push(1.0);
             mask.push(0.0);
         }
@@ -121,16 +142,56 @@ mod tests {
 
     #[test]
     fn ids_match_the_reference_tokenizer() {
-        let t = QwenTokenizer::shared().unwrap();
+        let t = LlmTokenizer::qwen().unwrap();
         for (text, ids) in REFERENCE {
             assert_eq!(t.encode(text).unwrap(), *ids, "{text:?}");
         }
         assert_eq!(t.piece(QWEN_PAD).as_deref(), Some("<|endoftext|>"));
     }
 
+    /// Ids from mistral_common 1.13.1's `Tekkenizer` (tiktoken over the same file),
+    /// `encode(text, bos=False, eos=False)`.
+    const MISTRAL_REFERENCE: &[(&str, &[u32])] = &[
+        ("a lovely cat", &[1097, 45988, 7990]),
+        ("一只可爱的猫在屋顶上 🐱 — café naïve", &[3087, 16981, 6283, 36292, 49200, 1171, 2998, 42190, 5277, 1182, 4445, 119685, 1144, 1177, 2251, 35858, 98355]),
+        ("  leading spaces and\ttabs\n\nnew lines   ", &[1032, 8924, 18971, 1321, 14133, 8217, 1267, 3080, 6896, 1293]),
+        ("1234567 numbers 3.14159 and CamelCaseWords'll don't", &[1049, 1050, 1051, 1052, 1053, 1054, 1055, 8091, 1032, 1051, 1046, 1049, 1052, 1049, 1053, 1057, 1321, 108915, 11139, 47832, 7534, 2607, 2405]),
+        ("He said \"change 'flux.cpp' to 'flux2-dev.cpp'\" — 「引用」", &[3452, 2639, 1429, 6484, 1576, 2444, 2428, 16473, 1039, 1317, 1576, 2444, 2428, 1050, 46535, 16473, 38416, 2251, 6382, 42607, 12600, 1548]),
+        (
+            "You are an AI that reasons about image descriptions. You give structured responses focusing on object relationships, object\nattribution and actions without speculation.",
+            &[4568, 1584, 1420, 26554, 1455, 12738, 2314, 3937, 38340, 1046, 3213, 5628, 37253, 11688, 30557, 1408, 3481, 14608, 1044, 3481, 1010, 2452, 5604, 1321, 10636, 3816, 67813, 1046],
+        ),
+    ];
+
+    #[test]
+    fn mistral_ids_match_tiktoken_and_special_tokens_are_read() {
+        let t = LlmTokenizer::mistral().unwrap();
+        for (text, ids) in MISTRAL_REFERENCE {
+            assert_eq!(t.encode(text).unwrap(), *ids, "{text:?}");
+        }
+        assert_eq!(t.encode("[SYSTEM_PROMPT]x[/SYSTEM_PROMPT][INST]y[/INST]").unwrap(), [17, 1120, 18, 3, 1121, 4]);
+        assert_eq!(t.piece(MISTRAL_PAD).as_deref(), Some("<pad>"));
+        assert_eq!(t.piece(999).as_deref(), Some("<SPECIAL_999>"));
+        // The BOS leads; weights and padding as for Qwen.
+        let got = t.tokenize_weighted("[INST](cat:1.5)[/INST]", 6..15, 6, None).unwrap();
+        assert_eq!(got.ids, [MISTRAL_BOS, 3, 12338, 4, MISTRAL_PAD, MISTRAL_PAD]);
+        assert_eq!(got.weights, [1.0, 1.0, 1.5, 1.0, 1.0, 1.0]);
+        assert_eq!(got.mask, [1.0, 1.0, 1.0, 1.0, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn a_bad_tekken_file_is_an_error() {
+        assert!(crate::text::tekken::from_json(b"{}").is_err());
+        let short = br#"{"config": {"pattern": ".", "default_vocab_size": 1003, "default_num_special_tokens": 1000}, "vocab": [{"rank": 0, "token_bytes": "YQ=="}]}"#;
+        let e = crate::text::tekken::from_json(short).unwrap_err();
+        assert!(e.contains("rank 1"), "{e}");
+        let bad = br#"{"config": {"pattern": ".", "default_vocab_size": 1001, "default_num_special_tokens": 1000}, "vocab": [{"rank": 0, "token_bytes": "!!"}]}"#;
+        assert!(crate::text::tekken::from_json(bad).unwrap_err().contains("rank 0"));
+    }
+
     #[test]
     fn templated_prompts_weight_only_the_users_text_and_pad_on_the_right() {
-        let t = QwenTokenizer::shared().unwrap();
+        let t = LlmTokenizer::qwen().unwrap();
         let (head, user, tail) = ("<|im_start|>user\n", "a (red:1.5) fox", "<|im_end|>\n<|im_start|>assistant\n");
         let prompt = format!("{head}{user}{tail}");
         let attn = head.len()..head.len() + user.len();
