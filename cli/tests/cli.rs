@@ -89,6 +89,7 @@ const NOT_PRESETS: &[(&str, &str)] = &[
     ("chroma_txt2img.json", "ComfyUI's Chroma graph (no masks, beta schedule); sd-cli's masks the T5 padding"),
     ("sd35_txt2img.json", "ComfyUI's SD3.5 graph (one T5 sequence after CLIP's); sd-cli interleaves 77-token chunks"),
     ("flux2_klein.json", "ComfyUI's FLUX.2 klein graph (Flux2Scheduler's float32 linspace, CFGGuider); `img_gen --diffusion-model … --llm …` builds sd-cli's"),
+    ("flux2_dev.json", "ComfyUI's FLUX.2 dev graph (Flux2Scheduler, FluxGuidance, BasicGuider); `img_gen --diffusion-model … --llm mistral…` builds sd-cli's (its flux2 schedule)"),
     ("flux2_klein_edit.json", "ComfyUI's FLUX.2 klein edit graph (ImageScaleToTotalPixels, the output at the input's size); `img_gen --diffusion-model … --llm … -r …` builds sd-cli's (nearest-neighbour resize, its flux2 schedule)"),
     ("z_image_turbo.json", "ComfyUI's Z-Image Turbo graph (res_multistep on the simple schedule); `img_gen --diffusion-model … --llm …` builds sd-cli's (euler, discrete)"),
     ("qwen_image.json", "ComfyUI's Qwen-Image graph (ModelSamplingAuraFlow 3.1, the simple schedule); `img_gen --diffusion-model … --llm …` builds sd-cli's (its discrete schedule)"),
@@ -1071,6 +1072,18 @@ fn flux2_preset_runs_on_tiny_models() {
     assert_ne!(png_pixels(&dir.path().join("klein_edit.png")), png_pixels(&dir.path().join("klein.png")));
     let (_, err) = fails(&["img_gen", "--diffusion-model", &f, "--vae", &vae, "-p", "x"], dir.path());
     assert!(err.contains("--llm"), "{err}");
+    // FLUX.2 dev with its Mistral encoder: the distilled --guidance reaches the model.
+    let (dev, mistral) = (m("diffusion_models/flux2_dev_fp8mixed.safetensors"), m("text_encoders/mistral_3_small_flux2_bf16.safetensors"));
+    let dev_base = ["img_gen", "--diffusion-model", &dev, "--llm", &mistral, "--vae", &vae, "-p", "a fox", "--cfg-scale", "1", "--steps", "2", "-W", "32", "-H", "32", "-t", "2"];
+    let printed = ok(&[&dev_base[..], &["--print-workflow"]].concat(), dir.path());
+    assert!(printed.contains("FluxGuidance") && printed.contains("FLUX.2 dev"), "{printed}");
+    ok(&[&dev_base[..], &["-o", "dev.png"]].concat(), dir.path());
+    ok(&[&dev_base[..], &["--guidance", "6", "-o", "dev_g6.png"]].concat(), dir.path());
+    assert_eq!(png_size(&dir.path().join("dev.png")), (32, 32));
+    assert_ne!(png_pixels(&dir.path().join("dev.png")), png_pixels(&dir.path().join("dev_g6.png")), "--guidance reaches FLUX.2 dev");
+    // klein has no guidance embedding: no FluxGuidance in its graph.
+    let printed = ok(&[&base[..], &["--print-workflow"]].concat(), dir.path());
+    assert!(!printed.contains("FluxGuidance"), "{printed}");
 }
 
 /// sd-cli's DiT command lines on tiny FLUX.1, Kontext, Fill, Chroma and SD3.5 files in

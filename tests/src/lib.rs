@@ -515,7 +515,8 @@ pub fn write_z_image_models(root: &Path) {
 /// Tiny random-weight FLUX.2 klein files in the layouts people download: the transformer
 /// in BFL's names (`diffusion_models/flux-2-klein-4b.safetensors`), its 28-layer Qwen3
 /// (`text_encoders/qwen_3_4b_klein.safetensors`) and the 32-channel VAE
-/// (`vae/flux2-vae.safetensors`).
+/// (`vae/flux2-vae.safetensors`); FLUX.2 dev beside them (`flux2_dev_fp8mixed.safetensors`, guidance
+/// embedded) with its 30-layer Mistral (`mistral_3_small_flux2_bf16.safetensors`).
 pub fn write_flux2_models(root: &Path) {
     use sdflow_core::synth::dit::{flux2_vae_tensors, tiny_flux2_vae_config, Flux2Synth, LlmSynth};
     let models = root.join("models");
@@ -525,6 +526,14 @@ pub fn write_flux2_models(root: &Path) {
     write_once(&models.join("text_encoders"), "qwen_3_4b_klein.safetensors", &q.tensors(), &serde_json::to_string(&q).unwrap(), 52);
     let v = tiny_flux2_vae_config();
     write_once(&models.join("vae"), "flux2-vae.safetensors", &flux2_vae_tensors(&v), &serde_json::to_string(&v).unwrap(), 53);
+    let dev = Flux2Synth::tiny_dev();
+    write_once(&models.join("diffusion_models"), "flux2_dev_fp8mixed.safetensors", &dev.tensors(), &serde_json::to_string(&dev).unwrap(), 54);
+    // Mistral carries the whole 131,072-token vocabulary: bf16, as ComfyUI ships it.
+    let m = LlmSynth::tiny_mistral();
+    let path = models.join("text_encoders/mistral_3_small_flux2_bf16.safetensors");
+    if !path.exists() {
+        sdflow_core::synth::write_specs(&path, &m.tensors(), &serde_json::to_string(&m).unwrap(), DType::BF16, 55, Format::Safetensors).unwrap();
+    }
 }
 
 /// Tiny random-weight Qwen-Image files in the layouts people download: the MMDiT in the

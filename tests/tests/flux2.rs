@@ -33,6 +33,26 @@ fn the_klein_workflow_runs_and_its_inputs_matter() {
     }
 }
 
+/// FLUX.2 dev: Mistral's three layers as the text, the distilled guidance read.
+#[test]
+fn the_dev_workflow_runs_and_its_guidance_matters() {
+    let env = env();
+    let wf = env.workflow("flux2_dev.json", 32, 2);
+    let (w, h, px) = env.run_saved(&wf, "13");
+    assert_eq!((w, h), (32, 32));
+    assert!(px.iter().max().unwrap() - px.iter().min().unwrap() > 10, "the image is not flat");
+    let base = env.run_saved_hash(&wf, "13");
+    for (node, input, v) in [("4", "text", json!("a (red:1.3) fox")), ("6", "guidance", json!(1.5))] {
+        assert_ne!(env.run_saved_hash(&with_input(&wf, node, input, v.clone()), "13"), base, "{node}.{input} = {v}");
+    }
+    // klein's Qwen3 on dev gives states of the wrong width: named, not a crash.
+    let e = env.run_err(&with_input(&wf, "2", "clip_name", json!("qwen_3_4b_klein.safetensors")));
+    assert!(e.contains("192") || e.contains("wide"), "{e}");
+    // Mistral for Z-Image (type lumina2): the wrong language model, named with the file.
+    let e = env.run_err(&with_input(&wf, "2", "type", json!("lumina2")));
+    assert!(e.contains("mistral_3_small_flux2_bf16.safetensors") && e.contains("Qwen3-4B"), "{e}");
+}
+
 /// The edit workflow: the input image's latent as a reference; the output takes the
 /// scaled input's size, and the reference changes the image.
 #[test]

@@ -8,6 +8,7 @@ pub const BUNDLED: &[(&str, &str)] = &[
     ("area_composition", include_str!("../area_composition.json")),
     ("chroma_txt2img", include_str!("../chroma_txt2img.json")),
     ("controlnet", include_str!("../controlnet.json")),
+    ("flux2_dev", include_str!("../flux2_dev.json")),
     ("flux2_klein", include_str!("../flux2_klein.json")),
     ("flux2_klein_edit", include_str!("../flux2_klein_edit.json")),
     ("flux_dev_sd_cli", include_str!("../flux_dev_sd_cli.json")),

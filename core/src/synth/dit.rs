@@ -10,6 +10,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{clip_l, vae, Init, Specs, TensorSpec, TextConfig, VaeConfig};
+use crate::models::llm::LlmArch;
 
 /// A FLUX.1 transformer (`flux/model.py`'s `FluxParams`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -387,6 +388,18 @@ impl Flux2Synth {
         Flux2Synth { hidden: 128, heads: 1, depth: 1, depth_single: 1, context: 3 * LlmSynth::tiny_qwen3_klein().hidden, ..Self::klein_4b() }
     }
 
+    /// FLUX.2 dev: 48 heads of 128, 8 double and 48 single blocks, guidance embedded,
+    /// reading three of Mistral-Small-3.2's layers.
+    pub fn dev() -> Self {
+        Flux2Synth { in_channels: 128, hidden: 6144, heads: 48, depth: 8, depth_single: 48, context: 15360, mlp_ratio: 3, guidance: true }
+    }
+
+    /// [`Flux2Synth::tiny_klein`] with dev's guidance embedding, reading
+    /// [`LlmSynth::tiny_mistral`].
+    pub fn tiny_dev() -> Self {
+        Flux2Synth { guidance: true, context: 3 * LlmSynth::tiny_mistral().hidden, ..Self::tiny_klein() }
+    }
+
     pub fn tensors(&self) -> Vec<TensorSpec> {
         let mut s = Specs(Vec::new());
         let (d, m) = (self.hidden, self.hidden * self.mlp_ratio);
@@ -595,8 +608,9 @@ pub fn qwen25_vl_vision_tensors(hidden: usize, depth: usize, intermediate: usize
     s.0
 }
 
-/// A Qwen2/Qwen3 language model as a text encoder, in Hugging Face's names under `model.`
-/// (ComfyUI's `qwen_3_4b.safetensors`): Qwen3 has q/k RMS norms, Qwen2 q/k/v biases.
+/// A Qwen2/Qwen3/Mistral language model as a text encoder, in Hugging Face's names under
+/// `model.` (ComfyUI's `qwen_3_4b.safetensors`): Qwen3 has q/k RMS norms, Qwen2 q/k/v
+/// biases, Mistral neither.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LlmSynth {
     pub hidden: usize,
@@ -606,14 +620,13 @@ pub struct LlmSynth {
     pub intermediate: usize,
     pub layers: usize,
     pub vocab: usize,
-    /// Qwen3's q/k norms (else Qwen2's biases).
-    pub qk_norm: bool,
+    pub arch: LlmArch,
 }
 
 impl LlmSynth {
     /// Qwen3-4B (Z-Image, FLUX.2 klein 4B).
     pub fn qwen3_4b() -> Self {
-        LlmSynth { hidden: 2560, heads: 32, kv_heads: 8, head_dim: 128, intermediate: 9728, layers: 36, vocab: 151936, qk_norm: true }
+        LlmSynth { hidden: 2560, heads: 32, kv_heads: 8, head_dim: 128, intermediate: 9728, layers: 36, vocab: 151936, arch: LlmArch::Qwen3 }
     }
 
     /// Two layers 32 wide with grouped key/value heads, and the whole vocabulary (the
@@ -624,7 +637,7 @@ impl LlmSynth {
 
     /// Qwen2.5-VL-7B's language model (Qwen-Image's text encoder).
     pub fn qwen25_vl_7b() -> Self {
-        LlmSynth { hidden: 3584, heads: 28, kv_heads: 4, head_dim: 128, intermediate: 18944, layers: 28, vocab: 152064, qk_norm: false }
+        LlmSynth { hidden: 3584, heads: 28, kv_heads: 4, head_dim: 128, intermediate: 18944, layers: 28, vocab: 152064, arch: LlmArch::Qwen2 }
     }
 
     /// Two layers of one 128-wide head (Qwen2's weights do not show the head width; every
@@ -639,19 +652,31 @@ impl LlmSynth {
         LlmSynth { layers: 28, ..Self::tiny_qwen3() }
     }
 
+    /// Mistral-Small-3.2-24B's language model (FLUX.2 dev's text encoder).
+    pub fn mistral_small_3_2() -> Self {
+        LlmSynth { hidden: 5120, heads: 32, kv_heads: 8, head_dim: 128, intermediate: 32768, layers: 40, vocab: 131072, arch: LlmArch::Mistral }
+    }
+
+    /// The 30 layers FLUX.2 dev reads states from (10, 20, 30) at one 128-wide head (the
+    /// weights do not show the head width), 64 wide, and the whole vocabulary.
+    pub fn tiny_mistral() -> Self {
+        LlmSynth { hidden: 64, heads: 1, kv_heads: 1, intermediate: 64, layers: 30, ..Self::mistral_small_3_2() }
+    }
+
     pub fn tensors(&self) -> Vec<TensorSpec> {
         let mut s = Specs(Vec::new());
         let (d, q, kv) = (self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim);
+        let qk_norm = self.arch == LlmArch::Qwen3;
         let rms = |s: &mut Specs, name: String, n: usize| s.push(name, vec![n], Init::Normal { mean: 1.0, std: super::BIAS_STD });
         s.push("model.embed_tokens.weight".into(), vec![self.vocab, d], Init::Normal { mean: 0.0, std: 1.0 });
         for i in 0..self.layers {
             let p = format!("model.layers.{i}");
-            let bias = !self.qk_norm;
+            let bias = self.arch == LlmArch::Qwen2;
             s.linear(&format!("{p}.self_attn.q_proj"), d, q, bias);
             s.linear(&format!("{p}.self_attn.k_proj"), d, kv, bias);
             s.linear(&format!("{p}.self_attn.v_proj"), d, kv, bias);
             s.linear(&format!("{p}.self_attn.o_proj"), q, d, false);
-            if self.qk_norm {
+            if qk_norm {
                 rms(&mut s, format!("{p}.self_attn.q_norm.weight"), self.head_dim);
                 rms(&mut s, format!("{p}.self_attn.k_norm.weight"), self.head_dim);
             }

@@ -165,7 +165,7 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
     let negative_unused = p.cfg_scale == 1.0 && p.slg.scale == 0.0 && !sampler.contains("cfg_pp");
     let mut pos = Out(b.core("pos", "-p", text_encode(&prompt, &clip, "Prompt")), 0);
     let mut neg = (!negative_unused).then(|| Out(b.core("neg", "-n", text_encode(&p.negative_prompt, &clip, "Negative prompt")), 0));
-    if let Family::Flux { guidance: true, .. } = family {
+    if matches!(family, Family::Flux { guidance: true, .. }) || (family == Family::Flux2 && p.model_info.flux2_guidance) {
         if !p.guidance.is_finite() || p.guidance < 0.0 {
             return Err(invalid("--guidance", format!("{} must be a non-negative number", p.guidance)));
         }
@@ -182,6 +182,7 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
     let empty_description = match family {
         Family::Sd3 => "sd-cli's txt2img with an SD3/SD3.5 MMDiT: CLIP-L, CLIP-G and T5-XXL prompts, euler over sd.cpp's discrete flow schedule (shift 3, --flow-shift), real CFG with the negative prompt at --cfg-scale.",
         Family::Chroma => "sd-cli's txt2img with Chroma: T5-XXL prompts with Chroma's masks, euler over sd.cpp's FLUX schedule (μ from the image size), real CFG with the negative prompt at --cfg-scale; the approximator gets guidance 0.",
+        Family::Flux2 if p.model_info.flux2_guidance => "sd-cli's txt2img with FLUX.2 dev: Mistral-Small-3.2's states of three layers (10, 20, 30) of the prompt in its template, zero-padded to 512 rows, the distilled --guidance (3.5), euler over sd.cpp's flux2 schedule (the empirical shift from the token and step counts), CFG with the negative prompt at --cfg-scale (1, as the distilled model runs, skips it).",
         Family::Flux2 => "sd-cli's txt2img with FLUX.2 klein: Qwen3's states of three layers (9, 18, 27) of the prompt in its chat template, padded to 512 tokens, euler over sd.cpp's flux2 schedule (the empirical shift from the token and step counts), CFG with the negative prompt at --cfg-scale (1, as the distilled models run, skips it).",
         Family::ZImage => "sd-cli's txt2img with Z-Image: Qwen3-4B's states of the prompt in its chat template, euler over sd.cpp's discrete flow schedule (shift 3, --flow-shift), real CFG with the negative prompt at --cfg-scale (1, as Turbo runs, skips it).",
         Family::QwenImage => "sd-cli's txt2img with Qwen-Image: Qwen2.5-VL's final states of the prompt in its chat template (the system part dropped), euler over sd.cpp's discrete flow schedule (shift 3, --flow-shift), real CFG with the negative prompt at --cfg-scale.",

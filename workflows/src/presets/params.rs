@@ -264,6 +264,8 @@ pub struct ModelInfo {
     /// FLUX/Chroma: the double-stream block count (sd-cli numbers the single blocks after
     /// them in --skip-layers).
     pub double_blocks: Option<usize>,
+    /// FLUX.2: the model embeds a distilled guidance (dev; klein does not).
+    pub flux2_guidance: bool,
 }
 
 impl ModelInfo {
@@ -278,7 +280,7 @@ impl ModelInfo {
             (true, true, false) => Family::Flux { fill: false, guidance: true },
             (true, false, false) => Family::Chroma,
         };
-        ModelInfo { family, has_text_encoders: true, has_vae: true, double_blocks: None }
+        ModelInfo { family, has_text_encoders: true, has_vae: true, double_blocks: None, flux2_guidance: false }
     }
 
     /// Reads the diffusion model's file (`diffusion_model`, else `model`) and what `model`
@@ -311,7 +313,7 @@ impl ModelInfo {
             ModelFamily::Unknown => return None,
             _ => Family::Unet,
         };
-        let mut info = ModelInfo { family, double_blocks: d.double_blocks, ..ModelInfo::default() };
+        let mut info = ModelInfo { family, double_blocks: d.double_blocks, flux2_guidance: family == Family::Flux2 && d.flux_guidance, ..ModelInfo::default() };
         // What -m holds beside the diffusion model (all of it for a UNet checkpoint; an
         // unreadable -m is left to CheckpointLoaderSimple to report).
         match model {

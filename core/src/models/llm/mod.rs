@@ -27,7 +27,7 @@ const ROPE_NEOX: i32 = 2;
 
 /// Which language model the weights are: what sets the RoPE base and the norm epsilon,
 /// which the weights do not show.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum LlmArch {
     /// q/k RMS norms per head.
     Qwen3,
