@@ -115,15 +115,24 @@ fn language_model_reads_the_image_as_transformers_does() {
     let ctx = Context::new(size, size).unwrap();
     let mut g = GraphRun::new(&ctx);
     let img = tower.forward(&ctx, &mut g, &input).unwrap();
-    let out = lm.forward_with_images(&ctx, &mut g, &tokens, &[ImageSpan { at, tokens: img, rows, cols }], sections, &[lm.config.layers + 1]).unwrap();
+    let out = lm.forward_with_images(&ctx, &mut g, &tokens, &[ImageSpan { at, tokens: img, rows, cols }], Some(sections), &[lm.config.layers + 1]).unwrap();
     let got = g.compute(&backend, &[out], size).unwrap().remove(0);
     let err = max_abs_err(&got, &floats(&r["out"]));
     assert!(err <= 1e-3, "max abs error {err}");
+    // sd.cpp's positions (each token at its index) against transformers given those ids.
+    let ctx = Context::new(size, size).unwrap();
+    let mut g = GraphRun::new(&ctx);
+    let img = tower.forward(&ctx, &mut g, &input).unwrap();
+    let out = lm.forward_with_images(&ctx, &mut g, &tokens, &[ImageSpan { at, tokens: img, rows, cols }], None, &[lm.config.layers + 1]).unwrap();
+    let plain = g.compute(&backend, &[out], size).unwrap().remove(0);
+    let err = max_abs_err(&plain, &floats(&r["out_plain"]));
+    assert!(err <= 1e-3, "text positions: max abs error {err}");
+    assert!(max_abs_err(&plain, &got) > 1e-2, "the positions matter");
     // An image that does not fit the prompt is named.
     let ctx = Context::new(size, size).unwrap();
     let mut g = GraphRun::new(&ctx);
     let img = tower.forward(&ctx, &mut g, &input).unwrap();
-    let e = lm.forward_with_images(&ctx, &mut g, &tokens[..20], &[ImageSpan { at, tokens: img, rows, cols }], sections, &[3]).err().expect("too short");
+    let e = lm.forward_with_images(&ctx, &mut g, &tokens[..20], &[ImageSpan { at, tokens: img, rows, cols }], Some(sections), &[3]).err().expect("too short");
     assert!(e.to_string().contains("image tokens"), "{e}");
 }
 
@@ -144,4 +153,22 @@ fn templates_cut_where_comfyui_cuts() {
         assert_eq!(tok.piece(ids[end - 1]).as_deref(), Some("Ċ"), "the cut is after `user\\n`");
         assert!(ids[end..].contains(&IMAGE_PAD));
     }
+}
+
+/// sd.cpp's edit prompt: the Edit-Plus template with numbered pictures, its 64-token
+/// system part dropped (the first picture's tokens at 64 + 6, where sd.cpp splices them),
+/// A1111 weights inside the user's text only.
+#[test]
+fn sd_cpp_edit_layout_drops_the_system_part() {
+    use sdflow_core::models::llm::prompt::{qwen_image_edit_layout, IMAGE_PAD};
+    use sdflow_core::text::llm::LlmTokenizer;
+    let tok = LlmTokenizer::qwen().unwrap();
+    let p = qwen_image_edit_layout("make it (snow:1.3)", 2, 28);
+    assert_eq!(&p.text[p.attn.clone()], "make it (snow:1.3)");
+    let t = tok.tokenize_weighted(&p.text, p.attn.clone(), 0, None).unwrap();
+    assert_eq!(t.ids.iter().position(|&i| i == IMAGE_PAD), Some(64 + 6));
+    assert_eq!(t.ids.iter().filter(|&&i| i == IMAGE_PAD).count(), 2);
+    assert_eq!(tok.piece(t.ids[63]).as_deref(), Some("Ċ"), "the system part ends at `user\\n`");
+    assert_eq!((p.drop, p.out_layers.clone()), (64, vec![29]));
+    assert!(t.weights.iter().any(|&w| w == 1.3) && t.weights[..70].iter().all(|&w| w == 1.0));
 }

@@ -235,11 +235,12 @@ impl<'w> LlmEncoder<'w> {
 
     /// [`LlmEncoder::forward`] of one sequence some of whose tokens are images' (each
     /// [`ImageSpan`] a grid of merged vision tokens in reading order, in place of the
-    /// template's image pads): Qwen2.5-VL's multimodal rotary positions in `sections` of
-    /// the head's frequency pairs (`get_rope_index`: text at one position per token on
-    /// every axis; an image at the next position plus (0, row, column); the text after it
-    /// from one past the image's largest).
-    pub fn forward_with_images<'a>(&'a self, ctx: &'a Context, run: &mut GraphRun<'a>, tokens: &[i32], images: &[ImageSpan<'a>], sections: [i32; 3], out_layers: &[usize]) -> Result<Tensor<'a>>
+    /// template's image pads). With `sections`, Qwen2.5-VL's multimodal rotary positions in
+    /// those sections of the head's frequency pairs (`get_rope_index`: text at one position
+    /// per token on every axis; an image at the next position plus (0, row, column); the
+    /// text after it from one past the image's largest); without, every token at its index
+    /// (sd.cpp gives Qwen2.5-VL's image tokens no 2-D positions).
+    pub fn forward_with_images<'a>(&'a self, ctx: &'a Context, run: &mut GraphRun<'a>, tokens: &[i32], images: &[ImageSpan<'a>], sections: Option<[i32; 3]>, out_layers: &[usize]) -> Result<Tensor<'a>>
     where
         'w: 'a,
     {
@@ -275,8 +276,10 @@ impl<'w> LlmEncoder<'w> {
             }
         }
         let tl = t as i64;
-        let pos: Vec<i32> = axes.concat().into_iter().chain(std::iter::repeat_n(0, t)).collect();
-        let pos = run.input_i32(&[4 * tl], pos)?;
+        let pos = match sections {
+            Some(s) => Positions::Multi(run.input_i32(&[4 * tl], axes.concat().into_iter().chain(std::iter::repeat_n(0, t)).collect())?, [s[0], s[1], s[2], 0]),
+            None => Positions::Plain(run.input_i32(&[tl], (0..t as i32).collect())?),
+        };
         let mask: Vec<f32> = (0..t).flat_map(|q| (0..t).map(move |k| if k > q { -f32::MAX / 4.0 } else { 0.0 })).collect();
         let mask = run.input_f32(&[tl, tl, 1, 1], mask)?;
         let ids = run.input_i32(&[tl], tokens.to_vec())?;
@@ -298,8 +301,7 @@ impl<'w> LlmEncoder<'w> {
         for p in &parts[1..] {
             x = ctx.concat(x, *p, 1)?;
         }
-        let sections = [sections[0], sections[1], sections[2], 0];
-        self.layers(ctx, x, Positions::Multi(pos, sections), mask, out_layers)
+        self.layers(ctx, x, pos, mask, out_layers)
     }
 
     /// `out_layers` names hidden states this encoder has (1 ..= layers + 1), at least one.
@@ -457,10 +459,67 @@ impl LlmEncoder<'_> {
             let t = tower.expect("checked: images need a tower").forward(&ctx, &mut run, im)?;
             spans.push(ImageSpan { at, tokens: t, rows: im.rows / vision::MERGE, cols: im.cols / vision::MERGE });
         }
-        let out = self.forward_with_images(&ctx, &mut run, &tokens, &spans, QWEN25_VL_MROPE, &[self.config.layers + 1])?;
+        let out = self.forward_with_images(&ctx, &mut run, &tokens, &spans, Some(QWEN25_VL_MROPE), &[self.config.layers + 1])?;
         let width = out.ne()[0] as usize;
         let mut hidden = run.compute(backend, &[out], size)?.remove(0);
         Ok((hidden.split_off(end.min(tokens.len().saturating_sub(1)) * width), width))
+    }
+}
+
+impl LlmEncoder<'_> {
+    /// A laid-out prompt with images as sd.cpp encodes it (Qwen-Image-Edit,
+    /// `QwenImageEditPlusPipeline`): `prompt.text` holds one `<|image_pad|>` per image,
+    /// widened to that image's merged vision tokens; A1111 weights inside the user's text;
+    /// every token at its index (no 2-D image positions); each token's state scaled by its
+    /// weight with the mean kept; `prompt.drop` leading tokens dropped. Returns the rows
+    /// [T × width] and the width.
+    pub fn encode_prompt_with_images(&self, backend: &crate::ggml::Backend, tokenizer: &crate::text::llm::LlmTokenizer, prompt: &LlmPrompt, tower: Option<&vision::VisionTower<'_>>, images: &[vision::VisionInput]) -> Result<(Vec<f32>, usize)> {
+        let t = tokenizer.tokenize_weighted(&prompt.text, prompt.attn.clone(), prompt.min_length, None).map_err(|e| ModelError::Input(e.to_string()))?;
+        let pads = t.ids.iter().filter(|&&i| i == prompt::IMAGE_PAD).count();
+        if pads != images.len() {
+            return Err(ModelError::Input(format!("the prompt holds {pads} image pads for {} images", images.len())));
+        }
+        if t.mask.iter().any(|&m| m == 0.0) {
+            return Err(ModelError::Input("a prompt with images is not padded".into()));
+        }
+        let tower = match (tower, images.is_empty()) {
+            (Some(tw), _) => Some(tw),
+            (None, true) => None,
+            (None, false) => return Err(ModelError::Config("images in the prompt, but the text encoder has no vision tower (`visual.*`)".into())),
+        };
+        let (mut tokens, mut weights, mut starts) = (Vec::new(), Vec::new(), Vec::new());
+        let mut k = 0;
+        for (&id, &w) in t.ids.iter().zip(&t.weights) {
+            let n = if id == prompt::IMAGE_PAD {
+                starts.push(tokens.len());
+                k += 1;
+                images[k - 1].len() / 4
+            } else {
+                1
+            };
+            tokens.extend(std::iter::repeat_n(id as i32, n));
+            weights.extend(std::iter::repeat_n(w, n));
+        }
+        if tokens.len() <= prompt.drop {
+            return Err(ModelError::Input(format!("the templated prompt has {} tokens, not more than the {} the template drops", tokens.len(), prompt.drop)));
+        }
+        let size = tower.map_or(0, |tw| images.iter().map(|im| tw.graph_size(im)).sum::<usize>()) + 64 * self.config.layers + 1024;
+        let ctx = Context::new(size, size)?;
+        let mut run = GraphRun::new(&ctx);
+        let mut spans = Vec::with_capacity(images.len());
+        for (im, &at) in images.iter().zip(&starts) {
+            let v = tower.expect("checked: images need a tower").forward(&ctx, &mut run, im)?;
+            spans.push(ImageSpan { at, tokens: v, rows: im.rows / vision::MERGE, cols: im.cols / vision::MERGE });
+        }
+        let out = self.forward_with_images(&ctx, &mut run, &tokens, &spans, None, &prompt.out_layers)?;
+        let width = out.ne()[0] as usize;
+        let mut hidden = run.compute(backend, &[out], size)?.remove(0);
+        crate::models::conditioning::emphasize(&mut hidden, &weights, width);
+        let mut rows = hidden.split_off(prompt.drop * width);
+        if rows.len() < prompt.pad_states * width {
+            rows.resize(prompt.pad_states * width, 0.0);
+        }
+        Ok((rows, width))
     }
 }
 

@@ -73,6 +73,17 @@ pub const QWEN_IMAGE_EDIT_TEMPLATE: &str = "<|im_start|>system\nYou are a Prompt
 /// user's text.
 pub const QWEN_IMAGE_EDIT_PLUS_TEMPLATE: &str = "<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, objects, background), then explain how the user's text instruction should alter or modify the image. Generate a new image that meets the user's requirements while maintaining consistency with the original input where appropriate.<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n";
 
+/// sd.cpp's Qwen-Image edit prompt (`QwenImageEditPlusPipeline`, whichever Edit model):
+/// the Edit-Plus template with `Picture k: <|vision_start|><|image_pad|><|vision_end|>` per
+/// image before the user's text, A1111 weights inside it, the final state, the 64-token
+/// system part dropped.
+pub fn qwen_image_edit_layout(prompt: &str, images: usize, layers: usize) -> LlmPrompt {
+    let (head, tail) = QWEN_IMAGE_EDIT_PLUS_TEMPLATE.split_once("{}").expect("the template has a slot");
+    let pictures: String = (1..=images).map(|k| format!("Picture {k}: <|vision_start|><|image_pad|><|vision_end|>")).collect();
+    let start = head.len() + pictures.len();
+    LlmPrompt { text: format!("{head}{pictures}{prompt}{tail}"), attn: start..start + prompt.len(), drop: 64, min_length: 0, out_layers: vec![layers + 1], pad_states: 0 }
+}
+
 /// Qwen's `<|im_start|>`, and the `user` and newline tokens after it.
 const IM_START: u32 = 151_644;
 const USER: u32 = 872;
