@@ -93,8 +93,8 @@ const NOT_PRESETS: &[(&str, &str)] = &[
     ("flux2_klein_edit.json", "ComfyUI's FLUX.2 klein edit graph (ImageScaleToTotalPixels, the output at the input's size); `img_gen --diffusion-model … --llm … -r …` builds sd-cli's (nearest-neighbour resize, its flux2 schedule)"),
     ("z_image_turbo.json", "ComfyUI's Z-Image Turbo graph (res_multistep on the simple schedule); `img_gen --diffusion-model … --llm …` builds sd-cli's (euler, discrete)"),
     ("qwen_image.json", "ComfyUI's Qwen-Image graph (ModelSamplingAuraFlow 3.1, the simple schedule); `img_gen --diffusion-model … --llm …` builds sd-cli's (its discrete schedule)"),
-    ("qwen_image_edit.json", "ComfyUI's Qwen-Image-Edit graph (TextEncodeQwenImageEdit: the image through Qwen2.5-VL's vision tower); sd-cli's -r for Qwen-Image is not built yet"),
-    ("qwen_image_edit_2509.json", "ComfyUI's Qwen-Image-Edit-2509 graph (TextEncodeQwenImageEditPlus); sd-cli's -r for Qwen-Image is not built yet"),
+    ("qwen_image_edit.json", "ComfyUI's Qwen-Image-Edit graph (TextEncodeQwenImageEdit: the image through Qwen2.5-VL's vision tower at a megapixel, ComfyUI's template); `img_gen … -r …` builds sd-cli's (SdCppTextEncodeQwenImageEdit: sd.cpp's Edit-Plus template and sizes)"),
+    ("qwen_image_edit_2509.json", "ComfyUI's Qwen-Image-Edit-2509 graph (TextEncodeQwenImageEditPlus); `img_gen … -r …` builds sd-cli's (SdCppTextEncodeQwenImageEdit)"),
     ("z_image_base.json", "ComfyUI's Z-Image graph (res_multistep on the simple schedule); sd-cli's runs euler on its discrete schedule"),
 ];
 
@@ -1002,8 +1002,41 @@ fn qwen_image_preset_runs_on_tiny_models() {
     assert_ne!(plain, run(&["--cfg-scale", "2.5", "--circular"], "q_circular.png"));
     let (_, err) = fails(&["img_gen", "--diffusion-model", &q, "--vae", &vae, "-p", "x"], dir.path());
     assert!(err.contains("--llm"), "{err}");
-    let (_, err) = fails(&["img_gen", "--diffusion-model", &q, "--llm", &llm, "--vae", &vae, "-p", "x", "-r", "ref.png"], dir.path());
-    assert!(err.contains("not supported yet: -r (with a Qwen-Image model"), "{err}");
+    // Qwen-Image-Edit through -r: the reference to Qwen2.5-VL's vision tower beside the
+    // prompt (sd.cpp's `qwen` preset) and, resized to sides of 32, to the model.
+    sdflow_tests::write_test_png(&dir.path().join("ref.png"), 72, 56);
+    let edit_model = m("diffusion_models/qwen_image_edit_2509_bf16.safetensors");
+    let edit = |extra: &[&str], out: &str| {
+        let mut args = vec!["img_gen", "--diffusion-model", &edit_model, "--llm", &llm, "--vae", &vae, "-p", "make it (snow:1.2)", "--steps", "2", "-W", "48", "-H", "32", "-t", "2", "--cfg-scale", "2.5", "-o", out];
+        args.extend(extra);
+        ok(&args, dir.path());
+        png_pixels(&dir.path().join(out))
+    };
+    let printed = ok(&["img_gen", "--diffusion-model", &edit_model, "--llm", &llm, "--vae", &vae, "-p", "x", "-r", "ref.png", "-W", "512", "-H", "512", "--cfg-scale", "2.5", "--print-workflow"], dir.path());
+    assert!(printed.contains("SdCppTextEncodeQwenImageEdit") && printed.contains("ReferenceLatent") && !printed.contains("CLIPTextEncode\"") && !printed.contains("FluxKontextMultiReferenceLatentMethod"), "{printed}");
+    // 72x56 at the output's 512² area: 581x451, sides rounded to 32.
+    assert!(printed.contains("\"width\": 576") && printed.contains("\"height\": 448"), "{printed}");
+    let no_ref = edit(&[], "e0.png");
+    let with_ref = edit(&["-r", "ref.png"], "e1.png");
+    assert_ne!(no_ref, with_ref, "the reference changes the image");
+    let dit_only = edit(&["-r", "ref.png", "--ref-image-args", "pass_to_vlm=false"], "e2.png");
+    assert_ne!(with_ref, dit_only, "the vision tower reads the reference");
+    assert_ne!(with_ref, edit(&["-r", "ref.png", "--ref-image-args", "vlm_size=200704"], "e3.png"), "vlm_size resizes what the tower reads");
+    // --llm_vision: the tower from its own file (DualCLIPLoader type qwen_image).
+    let vision = m("text_encoders/qwen_2.5_vl_7b_vision.safetensors");
+    let printed = ok(&["img_gen", "--diffusion-model", &edit_model, "--llm", &llm, "--llm_vision", &vision, "--vae", &vae, "-p", "x", "-r", "ref.png", "--print-workflow"], dir.path());
+    assert!(printed.contains("DualCLIPLoader"), "{printed}");
+    assert_ne!(dit_only, edit(&["-r", "ref.png", "--qwen2vl_vision", &vision], "e4.png"));
+    // An unknown key is a warning, as in sd-cli; a fixed index and five images for the
+    // tower are named errors.
+    assert_eq!(dit_only, edit(&["-r", "ref.png", "--ref-image-args", "pass_to_vlm=false,colour=blue"], "e5.png"));
+    let base_edit = ["img_gen", "--diffusion-model", edit_model.as_str(), "--llm", llm.as_str(), "--vae", vae.as_str(), "-p", "x", "-r", "ref.png"];
+    let (_, err) = fails(&[&base_edit[..], &["--ref-image-args", "ref_index_mode=fixed"]].concat(), dir.path());
+    assert!(err.contains("ref_index_mode=fixed"), "{err}");
+    let (_, err) = fails(&[&base_edit[..], &["-r", "ref.png", "-r", "ref.png", "-r", "ref.png", "-r", "ref.png"]].concat(), dir.path());
+    assert!(err.contains("at most 4"), "{err}");
+    let (_, err) = fails(&[&base_edit[..], &["--ref-image-args", "preset=qwen_layered"]].concat(), dir.path());
+    assert!(err.contains("preset=qwen_layered"), "{err}");
 }
 
 #[test]

@@ -542,7 +542,8 @@ pub fn write_flux2_models(root: &Path) {
 /// `qwen_image_edit_2509_bf16.safetensors`), Qwen2.5-VL in Hugging Face's names with its
 /// vision tower (`text_encoders/qwen_2.5_vl_7b.safetensors`, bf16: it carries the whole
 /// vocabulary at a 128-wide head) and the Wan-2.1 VAE in Wan's names with its 5-D kernels
-/// (`vae/qwen_image_vae.safetensors`).
+/// (`vae/qwen_image_vae.safetensors`); the vision tower alone as sd-cli's `--llm_vision`
+/// file (`text_encoders/qwen_2.5_vl_7b_vision.safetensors`).
 pub fn write_qwen_image_models(root: &Path) {
     use sdflow_core::synth::dit::{qwen25_vl_vision_tensors, wan_vae_tensors, LlmSynth, QwenImageSynth};
     let models = root.join("models");
@@ -560,6 +561,8 @@ pub fn write_qwen_image_models(root: &Path) {
         sdflow_core::synth::write_specs(&path, &specs, &serde_json::to_string(&l).unwrap(), DType::BF16, 62, Format::Safetensors).unwrap();
     }
     write_once(&models.join("vae"), "qwen_image_vae.safetensors", &wan_vae_tensors(8, 16), "tiny Wan-2.1 VAE, base 8, z 16", 63);
+    // The vision tower alone (sd-cli's --llm_vision).
+    write_once(&dir, "qwen_2.5_vl_7b_vision.safetensors", &qwen25_vl_vision_tensors(160, 2, 64, l.hidden), "tiny Qwen2.5-VL vision tower", 66);
 }
 
 /// A rank-2 LoRA on the tiny FLUX dev's double block's image q/k/v and single block's

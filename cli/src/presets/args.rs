@@ -14,8 +14,6 @@ use crate::run;
 /// "unknown"), refused when given.
 const REFUSED: &[(&str, bool, &str)] = &[
     ("clip_vision", true, "the models that take --clip_vision (Wan image-to-video, unCLIP) are not implemented; IP-Adapter's image encoder is a workflow node (CLIPVisionLoader)"),
-    ("llm_vision", true, "LLM vision encoders are not implemented"),
-    ("qwen2vl_vision", true, "LLM vision encoders are not implemented"),
     ("high-noise-diffusion-model", true, "Wan2.2 MoE models are not implemented"),
     ("force-sdxl-vae-conv-scale", false, "sdflow's VAE convolutions run in f32 or bf16 with f32 sums, where the fp16 overflow this works around does not arise"),
     ("mmap", false, "model files are always memory-mapped when the format allows"),
@@ -443,6 +441,10 @@ pub struct ImgGenArgs {
     /// Path to the LLM text encoder (Z-Image's Qwen3-4B, FLUX.2 klein's Qwen3, Qwen-Image's Qwen2.5-VL-7B); --qwen2vl is sd-cli's older name.
     #[arg(long = "llm", visible_alias = "qwen2vl", value_name = "string")]
     pub llm: Option<String>,
+    /// Path to the LLM's vision tower (Qwen-Image-Edit's Qwen2.5-VL, as safetensors with
+    /// `visual.*`) when the --llm file has none; --qwen2vl_vision is sd-cli's older name.
+    #[arg(long = "llm_vision", visible_alias = "qwen2vl_vision", value_name = "string")]
+    pub llm_vision: Option<String>,
     /// Distilled guidance scale for models with guidance input (FLUX.1-dev).
     #[arg(long, value_name = "float", default_value_t = 3.5, allow_negative_numbers = true)]
     pub guidance: f64,
@@ -476,8 +478,10 @@ pub struct ImgGenArgs {
     /// chroma_t5_mask_pad.
     #[arg(long, value_name = "string")]
     pub model_args: Option<String>,
-    /// Reference image options, `key=value,...`: ref_index_mode (fixed, increase),
-    /// resize_before_vae.
+    /// Reference image options, `key=value,...`: preset (flux_kontext, flux2, qwen),
+    /// ref_index_mode (fixed, increase), resize_before_vae, vae_input_max_pixels,
+    /// pass_to_vlm, pass_to_dit, vlm_resize_mode (area, longest_side, none), vlm_min_size,
+    /// vlm_max_size, vlm_size.
     #[arg(long, value_name = "string")]
     pub ref_image_args: Option<String>,
     /// Disable the DiT mask for Chroma (sd-cli's older spelling of --model-args

@@ -107,20 +107,65 @@ fn chroma_params(a: &ImgGenArgs) -> anyhow::Result<ChromaParams> {
 struct RefArgs {
     increase: bool,
     resize: bool,
+    options: sdflow_workflows::presets::RefOptions,
 }
 
 /// `--ref-image-args` over sd-cli's older `--increase-ref-index` and
-/// `--disable-auto-resize-ref-image`.
+/// `--disable-auto-resize-ref-image`: sd.cpp's presets by name, then its keys. As in
+/// sd-cli, an unknown key or a value it cannot read is a warning and left out; a preset
+/// of a family sdflow does not run is an error naming it.
 fn ref_image_args(a: &ImgGenArgs) -> anyhow::Result<RefArgs> {
-    let mut r = RefArgs { increase: a.increase_ref_index, resize: !a.disable_auto_resize_ref_image };
-    for (k, v) in key_values("--ref-image-args", a.ref_image_args.as_deref().unwrap_or(""))? {
-        match (k, v) {
-            ("ref_index_mode", "fixed") => r.increase = false,
-            ("ref_index_mode", "increase") => r.increase = true,
-            ("ref_index_mode", _) => bail!("not supported yet: --ref-image-args ref_index_mode={v} (fixed and increase are FLUX Kontext's)"),
-            ("resize_before_vae", _) => r.resize = parse_bool("--ref-image-args", k, v)?,
-            ("preset", "flux_kontext") | ("pass_to_dit", "1" | "true" | "on" | "yes") | ("pass_to_vlm", "0" | "false" | "off" | "no") => {}
-            _ => bail!("not supported yet: --ref-image-args {k}={v} (sdflow takes ref_index_mode and resize_before_vae, FLUX Kontext's)"),
+    use sdflow_workflows::presets::RefOptions;
+    let mut r = RefArgs { increase: a.increase_ref_index, resize: !a.disable_auto_resize_ref_image, options: RefOptions::default() };
+    let pairs = key_values("--ref-image-args", a.ref_image_args.as_deref().unwrap_or(""))?;
+    let set_index = |r: &mut RefArgs, mode: &str| {
+        r.increase = mode == "increase";
+        r.options.ref_index_mode = Some(mode.to_string());
+    };
+    if let Some((_, name)) = pairs.iter().find(|(k, _)| *k == "preset") {
+        // sd.cpp's REF_IMAGE_PRESETS: where the images go and how they are numbered.
+        let (vlm, index) = match *name {
+            "default" | "flux_kontext" => (false, "fixed"),
+            "flux2" => (false, "increase"),
+            "qwen" => (true, "increase"),
+            "qwen_layered" | "z_image_omni" | "longcat" | "mage_flow" | "krea2_edit" | "krea2_ostris_edit" | "cosmos_reference" => {
+                bail!("not supported yet: --ref-image-args preset={name} (its model family does not run in sdflow yet)")
+            }
+            other => bail!("invalid value for --ref-image-args: preset={other} (sd.cpp's presets: default, flux_kontext, flux2, qwen, qwen_layered, z_image_omni, longcat, mage_flow, krea2_edit, krea2_ostris_edit, cosmos_reference)"),
+        };
+        r.options.pass_to_vlm = Some(vlm);
+        set_index(&mut r, index);
+    }
+    let warn = |k: &str, v: &str| tracing::warn!("ignoring invalid reference image arg '{k}={v}'");
+    let boolean = |k: &str, v: &str| parse_bool("--ref-image-args", k, v).map_err(|_| warn(k, v)).ok();
+    let int = |k: &str, v: &str| v.parse::<i64>().map_err(|_| warn(k, v)).ok();
+    for &(k, v) in &pairs {
+        match k {
+            "preset" => {}
+            "ref_index_mode" => match v {
+                "fixed" | "increase" => set_index(&mut r, v),
+                "decrease" => bail!("not supported yet: --ref-image-args ref_index_mode=decrease (Qwen-Image-Layered's)"),
+                _ => warn(k, v),
+            },
+            "resize_before_vae" => r.resize = boolean(k, v).unwrap_or(r.resize),
+            "pass_to_vlm" => r.options.pass_to_vlm = boolean(k, v).or(r.options.pass_to_vlm),
+            "pass_to_dit" => r.options.pass_to_dit = boolean(k, v).unwrap_or(r.options.pass_to_dit),
+            "vae_input_max_pixels" => r.options.vae_input_max_pixels = int(k, v).unwrap_or(r.options.vae_input_max_pixels),
+            "vlm_resize_mode" => match v {
+                "area" | "longest_side" | "none" => r.options.vlm_resize_mode = Some(v.to_string()),
+                _ => warn(k, v),
+            },
+            "vlm_min_size" => r.options.vlm_min_size = int(k, v).unwrap_or(r.options.vlm_min_size),
+            "vlm_max_size" => r.options.vlm_max_size = int(k, v).unwrap_or(r.options.vlm_max_size),
+            "vlm_size" => {}
+            "force_ref_timestep_zero" => bail!("not supported yet: --ref-image-args force_ref_timestep_zero (Krea2's)"),
+            _ => tracing::warn!("ignoring unknown reference image arg '{k}'"),
+        }
+    }
+    // vlm_size sets both bounds, after everything else (sd.cpp's second pass).
+    if let Some(&(k, v)) = pairs.iter().find(|(k, _)| *k == "vlm_size") {
+        if let Some(n) = int(k, v) {
+            (r.options.vlm_min_size, r.options.vlm_max_size) = (n, n);
         }
     }
     Ok(r)
@@ -241,6 +286,7 @@ fn img_gen_params(a: &ImgGenArgs, probe: &Probe, seed: i64, names: &mut Names<'_
         model_info: probe.info.clone(),
         t5xxl: names.model("text_encoders", "--t5xxl", &a.t5xxl)?,
         llm: names.model("text_encoders", "--llm", &a.llm)?,
+        llm_vision: names.model("text_encoders", "--llm_vision", &a.llm_vision)?,
         guidance: a.guidance,
         flow_shift: a.flow_shift,
         slg: SlgParams { scale: a.slg_scale, layers: parse_skip_layers(&a.skip_layers)?, start: a.skip_layer_start, end: a.skip_layer_end },
@@ -248,6 +294,7 @@ fn img_gen_params(a: &ImgGenArgs, probe: &Probe, seed: i64, names: &mut Names<'_
         ref_sizes,
         increase_ref_index: refs.increase,
         auto_resize_ref_image: refs.resize,
+        ref_options: refs.options,
         chroma: chroma_params(a)?,
     })
 }

@@ -49,6 +49,33 @@ pub(crate) fn encode_with_images(rt: &Runtime, clip: &ClipRef, text: &str, image
     Conditioning::new(rows, width as i64, tokens as i64).map_err(err)
 }
 
+/// A Qwen-Image prompt with `images` (already sized for the vision tower) as sd.cpp
+/// encodes it: the Edit-Plus template with numbered pictures (the text-to-image template
+/// without images), A1111 weights, text positions, the system part dropped.
+pub(crate) fn encode_sdcpp_edit(rt: &Runtime, clip: &ClipRef, text: &str, images: &[VisionInput]) -> Result<Conditioning, NodeError> {
+    let llm = clip.llm.as_ref().ok_or_else(|| NodeError::msg(format!("this CLIP ({}) has no LLM text encoder; Qwen-Image-Edit reads Qwen2.5-VL (CLIPLoader type qwen_image)", clip.family)))?;
+    if llm.family != sdflow_core::models::llm::Family::QwenImage {
+        return Err(NodeError::msg(format!("this CLIP is {}'s; Qwen-Image-Edit reads Qwen2.5-VL (CLIPLoader type qwen_image)", clip.family)));
+    }
+    let weights = rt.pin(clip.place, &llm.weights)?;
+    let model = LlmEncoder::new(&weights, &llm.prefix, LlmConfig::infer(&weights, &llm.prefix, None).map_err(err)?).map_err(err)?;
+    let tokenizer = LlmTokenizer::qwen().map_err(err)?;
+    if images.is_empty() {
+        let prompt = llm.family.layout(text, model.config.layers);
+        let (rows, width) = rt.with_backend(clip.place, |b| model.encode_prompt(b, &tokenizer, &prompt)).map_err(err)?;
+        return Conditioning::new(rows.clone(), width as i64, (rows.len() / width.max(1)) as i64).map_err(err);
+    }
+    let vision = match &llm.vision {
+        Some((handle, prefix)) => (rt.pin(clip.place, handle)?, prefix),
+        None => return Err(NodeError::msg("the text encoder has no vision tower (`visual.*`): Qwen-Image-Edit's reference images need Qwen2.5-VL with it (ComfyUI's qwen_2.5_vl_7b.safetensors, or sd-cli's --llm_vision)")),
+    };
+    let tower = VisionTower::new(&vision.0, vision.1, VisionConfig::infer(&vision.0, vision.1).map_err(err)?).map_err(err)?;
+    let prompt = sdflow_core::models::llm::prompt::qwen_image_edit_layout(text, images.len(), model.config.layers);
+    let (rows, width) = rt.with_backend(clip.place, |b| model.encode_prompt_with_images(b, &tokenizer, &prompt, Some(&tower), images)).map_err(err)?;
+    let tokens = rows.len() / width.max(1);
+    Conditioning::new(rows, width as i64, tokens as i64).map_err(err)
+}
+
 /// An image as ComfyUI's `process_qwen2vl_images` prepares it for the vision tower: each
 /// side rounded to a multiple of 28 (kept within 3136 and 12845056 pixels), bilinear
 /// resampling, the first sample's RGB.

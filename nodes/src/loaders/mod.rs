@@ -541,7 +541,7 @@ impl Node for ClipLoader {
                 .description("Loads two standalone text encoders, in either order: SDXL's CLIP-L and OpenCLIP-G (type sdxl), two of SD3's three (type sd3), FLUX's CLIP-L and T5-XXL (type flux); T5 as safetensors or GGUF.")
                 .input(InputSpec::combo("clip_name1", files.clone()))
                 .input(InputSpec::combo("clip_name2", files))
-                .input(InputSpec::combo("type", ["sdxl", "sd3", "flux"]))
+                .input(InputSpec::combo("type", ["sdxl", "sd3", "flux", "qwen_image"]))
         } else {
             NodeSchema::new("CLIPLoader")
                 .display_name("Load CLIP")
@@ -588,6 +588,31 @@ impl Node for ClipLoader {
             "qwen_image" => Some((LlmFamily::QwenImage, ModelFamily::QwenImage)),
             _ => None,
         };
+        // DualCLIPLoader's `qwen_image` (sdflow's, for sd-cli's --llm_vision): Qwen2.5-VL's
+        // language model from one file and its vision tower from the other.
+        if let (Some((LlmFamily::QwenImage, family)), true) = (llm_family, self.dual) {
+            let paths = self.paths(inputs)?;
+            let holds_llm = |p: &Path| -> Result<bool, NodeError> {
+                let src = llm::hf_layout(io::open(p).map_err(err)?).map_err(err)?;
+                Ok(llm::find_prefix(src.tensors().iter().map(|t| t.name.as_str())).is_some())
+            };
+            let (lm, tower) = match (holds_llm(&paths[0])?, holds_llm(&paths[1])?) {
+                (true, false) => (&paths[0], &paths[1]),
+                (false, true) => (&paths[1], &paths[0]),
+                (a, _) => {
+                    let what = if a { "both hold a language model" } else { "neither holds a language model" };
+                    return Err(NodeError::msg(format!("{} and {}: {what}; qwen_image takes Qwen2.5-VL's language model and its vision tower", paths[0].display(), paths[1].display())));
+                }
+            };
+            let mut llm = llm_handle(&self.rt, place, lm, LlmFamily::QwenImage)?;
+            let mmproj = || io::open(tower).is_ok_and(|s| s.tensors().iter().any(|t| t.name.starts_with("v.blk.")));
+            llm.vision = Some(vision_handle(&self.rt, place, tower)?.ok_or_else(|| {
+                let hint = if mmproj() { " (a llama.cpp mmproj file: not read yet; ComfyUI's qwen_2.5_vl_7b.safetensors holds the tower as `visual.*`)" } else { "" };
+                NodeError::msg(format!("{}: no Qwen2.5-VL vision tower (`visual.…`){hint}", tower.display()))
+            })?);
+            let clip = ClipRef { encoders: Vec::new(), t5: None, llm: Some(llm), family, clip_skip: None, sdcpp: None, place };
+            return Ok(Outputs::new(vec![Value::new(IoType::CLIP, clip)]));
+        }
         if let (Some((llm_family, family)), false) = (llm_family, self.dual) {
             let path = self.paths(inputs)?.remove(0);
             let mut llm = llm_handle(&self.rt, place, &path, llm_family)?;
@@ -602,7 +627,7 @@ impl Node for ClipLoader {
             return Ok(Outputs::new(vec![Value::new(IoType::CLIP, clip)]));
         }
         if ty != if self.dual { "sdxl" } else { "stable_diffusion" } {
-            let wanted = if self.dual { "`sdxl`, `sd3` and `flux`" } else { "`stable_diffusion`, `sd3`, `chroma`, `lumina2` (Z-Image's Qwen3-4B), `flux2` (FLUX.2's Qwen3 or Mistral) and `qwen_image` (Qwen2.5-VL-7B)" };
+            let wanted = if self.dual { "`sdxl`, `sd3`, `flux` and `qwen_image` (Qwen2.5-VL and its vision tower)" } else { "`stable_diffusion`, `sd3`, `chroma`, `lumina2` (Z-Image's Qwen3-4B), `flux2` (FLUX.2's Qwen3 or Mistral) and `qwen_image` (Qwen2.5-VL-7B)" };
             return Err(NodeError::msg(format!("type `{ty}`: only {wanted} text encoders are supported yet")));
         }
         let mut found = Vec::new();

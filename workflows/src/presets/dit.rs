@@ -80,12 +80,21 @@ fn flux2_schedule(steps: usize, width: i64, height: i64) -> Vec<f32> {
 /// The area sd.cpp resizes a reference to (at most 1024², at most the output's), its
 /// aspect kept and each side rounded to a multiple of 16, in its integer arithmetic.
 pub fn ref_image_size(out: (i64, i64), reference: (i64, i64)) -> (i64, i64) {
+    sd_cpp_ref_size(out, reference, -1, 16)
+}
+
+/// sd.cpp's size of a reference image for the VAE: the output's area, at most
+/// `max_pixels` (-1: a megapixel), at the reference's aspect (its integer products as
+/// sd.cpp computes them), each side rounded to `factor` (16; Qwen-Image's 32).
+fn sd_cpp_ref_size(out: (i64, i64), reference: (i64, i64), max_pixels: i64, factor: i64) -> (i64, i64) {
     let (rw, rh) = (reference.0.max(1), reference.1.max(1));
-    let area = (1024 * 1024).min(out.0 * out.1);
-    let w = ((area * rw / rh) as f64).sqrt() as i64;
-    let h = w * rh / rw;
-    let round16 = |v: i64| (((v as f64) / 16.0).round() as i64 * 16).max(16);
-    (round16(w), round16(h))
+    let target = if max_pixels > 0 { max_pixels } else { 1024 * 1024 };
+    let area = target.min(out.0 * out.1);
+    let w = ((area * rw / rh) as f64).sqrt();
+    let h = w * rh as f64 / rw as f64;
+    let f = factor as f64;
+    let round = |v: f64| (((v / f).round() * f) as i64).max(factor);
+    (round(w), round(h))
 }
 
 /// Builds sd-cli's img_gen graph for a flow-matching transformer.
@@ -163,8 +172,27 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
     // negative input is the positive conditioning then, not a second T5-XXL encode —
     // unless skip-layer guidance or a CFG++ sampler reads the unconditional pass.
     let negative_unused = p.cfg_scale == 1.0 && p.slg.scale == 0.0 && !sampler.contains("cfg_pp");
-    let mut pos = Out(b.core("pos", "-p", text_encode(&prompt, &clip, "Prompt")), 0);
-    let mut neg = (!negative_unused).then(|| Out(b.core("neg", "-n", text_encode(&p.negative_prompt, &clip, "Negative prompt")), 0));
+    let refs = load_references(&mut b, p, family)?;
+    // Qwen-Image's references go to Qwen2.5-VL beside the prompt too (sd.cpp's `qwen`
+    // preset), on both prompts.
+    let encode = |text: &str, title: &str| -> NodeSpec {
+        if !refs.vlm {
+            return text_encode(text, &clip, title);
+        }
+        let mut n = NodeSpec::new("SdCppTextEncodeQwenImageEdit").with_input("clip", link(&clip)).with_const("prompt", json!(text));
+        for (i, img) in refs.images.iter().enumerate() {
+            n = n.with_input(&format!("image{}", i + 1), link(img));
+        }
+        let o = &p.ref_options;
+        if let Some(m) = &o.vlm_resize_mode {
+            n = n.with_const("vlm_resize_mode", json!(m));
+        }
+        n = n.with_const("vlm_min_size", json!(o.vlm_min_size)).with_const("vlm_max_size", json!(o.vlm_max_size));
+        n.title = Some(title.into());
+        n
+    };
+    let mut pos = Out(b.core("pos", "-p", encode(&prompt, "Prompt")), 0);
+    let mut neg = (!negative_unused).then(|| Out(b.core("neg", "-n", encode(&p.negative_prompt, "Negative prompt")), 0));
     if matches!(family, Family::Flux { guidance: true, .. }) || (family == Family::Flux2 && p.model_info.flux2_guidance) {
         if !p.guidance.is_finite() || p.guidance < 0.0 {
             return Err(invalid("--guidance", format!("{} must be a non-negative number", p.guidance)));
@@ -177,7 +205,7 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
     }
     let mut neg = neg.unwrap_or_else(|| pos.clone());
     let stage = VaeStage::new(&mut b, p, vae.clone())?;
-    references(&mut b, p, family, &stage, &mut pos, &mut neg)?;
+    references(&mut b, p, family, &refs.images, &stage, &mut pos, &mut neg)?;
 
     let empty_description = match family {
         Family::Sd3 => "sd-cli's txt2img with an SD3/SD3.5 MMDiT: CLIP-L, CLIP-G and T5-XXL prompts, euler over sd.cpp's discrete flow schedule (shift 3, --flow-shift), real CFG with the negative prompt at --cfg-scale.",
@@ -326,9 +354,12 @@ fn loaders(b: &mut Builder, p: &ImgGenParams, family: Family) -> Result<(Out, Ou
                 Family::QwenImage => "qwen_image",
                 _ => "flux2",
             };
-            match &p.llm {
-                Some(l) => Out(b.core("clip", "--llm", NodeSpec::new("CLIPLoader").with_const("clip_name", json!(l)).with_const("type", json!(ty))), 0),
-                None => Out(from_ckpt("LLM text encoder", "--llm")?.clone(), 1),
+            match (&p.llm, &p.llm_vision) {
+                (_, Some(_)) if family != Family::QwenImage => return Err(not_supported("--llm_vision", format!("with a {name} model (the vision tower is Qwen-Image-Edit's)"))),
+                (Some(l), Some(v)) => Out(b.core("clip", "--llm/--llm_vision", NodeSpec::new("DualCLIPLoader").with_const("clip_name1", json!(l)).with_const("clip_name2", json!(v)).with_const("type", json!(ty))), 0),
+                (Some(l), None) => Out(b.core("clip", "--llm", NodeSpec::new("CLIPLoader").with_const("clip_name", json!(l)).with_const("type", json!(ty))), 0),
+                (None, Some(_)) => return Err(PresetError::Missing { flag: "--llm".into(), msg: "--llm_vision is Qwen2.5-VL's vision tower; give its language model as --llm".into() }),
+                (None, None) => Out(from_ckpt("LLM text encoder", "--llm")?.clone(), 1),
             }
         }
         Family::Chroma => {
@@ -376,6 +407,9 @@ fn conditioner(p: &ImgGenParams, family: Family, clip: &Out) -> Result<Option<No
         return Err(not_supported("--chroma-* / --model-args chroma_*", format!("with a {} model (Chroma's masks)", family_name(family))));
     }
     let llm = matches!(family, Family::ZImage | Family::Flux2 | Family::QwenImage);
+    if p.llm_vision.is_some() && !llm {
+        return Err(not_supported("--llm_vision", format!("with a {} model (the vision tower is Qwen-Image-Edit's)", family_name(family))));
+    }
     if p.llm.is_some() && !llm {
         return Err(not_supported("--llm", format!("with a {} model (the LLM text encoders go to Z-Image, FLUX.2 and Qwen-Image)", family_name(family))));
     }
@@ -424,21 +458,56 @@ fn skip_layer_guidance(b: &mut Builder, p: &ImgGenParams, family: Family, model:
 
 /// `-r`: each reference loaded, resized as sd.cpp does unless told not to, encoded and
 /// given to both prompts; `--increase-ref-index` numbers them 1, 2, ….
-fn references(b: &mut Builder, p: &ImgGenParams, family: Family, stage: &VaeStage<'_>, pos: &mut Out, neg: &mut Out) -> Result<(), PresetError> {
+/// `-r`'s images as loaded, and whether they go to the text encoder's vision tower.
+struct References {
+    images: Vec<Out>,
+    vlm: bool,
+}
+
+/// Qwen2.5-VL reads at most this many references (SdCppTextEncodeQwenImageEdit's inputs).
+const VLM_REFERENCES: usize = 4;
+
+/// LoadImage of each `-r` image, and sd.cpp's choice of where they go: the model always
+/// (`pass_to_dit`), Qwen-Image's vision tower too (`pass_to_vlm`, its preset's default).
+fn load_references(b: &mut Builder, p: &ImgGenParams, family: Family) -> Result<References, PresetError> {
     if p.ref_images.is_empty() {
-        return Ok(());
+        return Ok(References { images: Vec::new(), vlm: false });
     }
-    if !matches!(family, Family::Flux { .. } | Family::Chroma | Family::Flux2) {
-        return Err(not_supported("-r", format!("with a {} model (reference images go to FLUX.1 Kontext and FLUX.2)", family_name(family))));
+    if !matches!(family, Family::Flux { .. } | Family::Chroma | Family::Flux2 | Family::QwenImage) {
+        return Err(not_supported("-r", format!("with a {} model (reference images go to FLUX.1 Kontext, FLUX.2 and Qwen-Image)", family_name(family))));
+    }
+    let vlm = p.ref_options.pass_to_vlm.unwrap_or(family == Family::QwenImage);
+    if vlm && family != Family::QwenImage {
+        return Err(not_supported("--ref-image-args pass_to_vlm", format!("with a {} model (Qwen-Image-Edit's encoder reads images)", family_name(family))));
+    }
+    if vlm && p.ref_images.len() > VLM_REFERENCES {
+        return Err(not_supported("-r", format!("{} reference images for Qwen2.5-VL: at most {VLM_REFERENCES} (or --ref-image-args pass_to_vlm=false)", p.ref_images.len())));
+    }
+    if !vlm && !p.ref_options.pass_to_dit {
+        return Err(invalid("--ref-image-args", "pass_to_dit=false and pass_to_vlm=false leave the reference images unread"));
+    }
+    let images = p.ref_images.iter().enumerate().map(|(i, img)| Out(b.extra(&format!("ref{i}"), "-r", NodeSpec::new("LoadImage").with_const("image", json!(img))), 0)).collect();
+    Ok(References { images, vlm })
+}
+
+/// The references' latents on both prompts (ReferenceLatent), as sd.cpp resizes them.
+fn references(b: &mut Builder, p: &ImgGenParams, family: Family, images: &[Out], stage: &VaeStage<'_>, pos: &mut Out, neg: &mut Out) -> Result<(), PresetError> {
+    if images.is_empty() || !p.ref_options.pass_to_dit {
+        return Ok(());
     }
     if p.ref_sizes.len() != p.ref_images.len() && p.auto_resize_ref_image {
         return Err(invalid("-r", "the reference images' sizes are unknown (the caller reads them)"));
     }
-    for (i, img) in p.ref_images.iter().enumerate() {
-        let load = b.extra(&format!("ref{i}"), "-r", NodeSpec::new("LoadImage").with_const("image", json!(img)));
-        let mut pixels = Out(load, 0);
+    let fixed = p.ref_options.ref_index_mode.as_deref() == Some("fixed");
+    if family == Family::QwenImage && fixed {
+        return Err(not_supported("--ref-image-args ref_index_mode=fixed", "with a Qwen-Image model (it numbers its references: increase)"));
+    }
+    // Qwen-Image's latents are 2×2 patches of an 8× VAE: sides of 32.
+    let factor = if family == Family::QwenImage { 32 } else { 16 };
+    for (i, loaded) in images.iter().enumerate() {
+        let mut pixels = loaded.clone();
         if p.auto_resize_ref_image {
-            let (w, h) = ref_image_size((p.width, p.height), p.ref_sizes[i]);
+            let (w, h) = sd_cpp_ref_size((p.width, p.height), p.ref_sizes[i], p.ref_options.vae_input_max_pixels, factor);
             let scale = NodeSpec::new("ImageScale").with_input("image", link(&pixels)).with_const("upscale_method", json!("nearest")).with_const("width", json!(w)).with_const("height", json!(h)).with_const("crop", json!("disabled"));
             pixels = Out(b.extra(&format!("ref{i}_scale"), "-r", scale), 0);
         }
@@ -450,9 +519,10 @@ fn references(b: &mut Builder, p: &ImgGenParams, family: Family, stage: &VaeStag
     }
     // sd.cpp's index modes: 1, 2, … (ComfyUI's index), or index 1 placed by offsets in
     // latent pixels, which differs from ComfyUI's offset from the second image on.
-    // FLUX.2 always numbers its references (sd.cpp's `flux2` preset; ×10 in the model).
+    // FLUX.2 and Qwen-Image always number their references (sd.cpp's `flux2` and `qwen`
+    // presets; the models' own layouts).
     let method = match (p.increase_ref_index, p.ref_images.len()) {
-        _ if family == Family::Flux2 => None,
+        _ if matches!(family, Family::Flux2 | Family::QwenImage) => None,
         (true, _) => Some(("index", "--increase-ref-index")),
         (false, 2..) => Some(("offset_sd.cpp", "-r")),
         (false, _) => None,

@@ -234,6 +234,9 @@ pub struct ImgGenParams {
     pub t5xxl: Option<String>,
     /// `--llm` (`--qwen2vl`): the LLM text encoder (Z-Image's Qwen3-4B, FLUX.2 klein's Qwen3, Qwen-Image's Qwen2.5-VL-7B).
     pub llm: Option<String>,
+    /// `--llm_vision` (`--qwen2vl_vision`): Qwen2.5-VL's vision tower when the --llm file
+    /// has none (Qwen-Image-Edit's reference images).
+    pub llm_vision: Option<String>,
     /// `--guidance` (3.5): FLUX's distilled guidance; models without a guidance input
     /// ignore it, as in sd-cli.
     pub guidance: f64,
@@ -248,6 +251,8 @@ pub struct ImgGenParams {
     pub ref_sizes: Vec<(i64, i64)>,
     pub increase_ref_index: bool,
     pub auto_resize_ref_image: bool,
+    /// The rest of `--ref-image-args`.
+    pub ref_options: RefOptions,
     /// Chroma's masks: `--chroma-disable-dit-mask`, `--chroma-enable-t5-mask`,
     /// `--chroma-t5-mask-pad`.
     pub chroma: ChromaParams,
@@ -346,6 +351,31 @@ pub enum Family {
     QwenImage,
 }
 
+/// sd-cli's `--ref-image-args` keys beside `ref_index_mode` and `resize_before_vae`
+/// (sd.cpp's `RefImageParams`; unset: the family's preset).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RefOptions {
+    /// The images also go to the text encoder's vision tower (Qwen-Image's preset: yes).
+    pub pass_to_vlm: Option<bool>,
+    /// Their latents go to the model (every preset: yes).
+    pub pass_to_dit: bool,
+    /// The VAE input's pixel bound (-1: a megapixel).
+    pub vae_input_max_pixels: i64,
+    /// `ref_index_mode` as given (`fixed`, `increase`); it also sets `increase_ref_index`.
+    pub ref_index_mode: Option<String>,
+    /// `area`, `longest_side` or `none`.
+    pub vlm_resize_mode: Option<String>,
+    /// The vision tower's bounds (-1: the family's).
+    pub vlm_min_size: i64,
+    pub vlm_max_size: i64,
+}
+
+impl Default for RefOptions {
+    fn default() -> Self {
+        RefOptions { pass_to_vlm: None, pass_to_dit: true, ref_index_mode: None, vae_input_max_pixels: -1, vlm_resize_mode: None, vlm_min_size: -1, vlm_max_size: -1 }
+    }
+}
+
 /// sd-cli's skip-layer guidance flags, with its defaults.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SlgParams {
@@ -437,6 +467,7 @@ impl Default for ImgGenParams {
             model_info: ModelInfo::default(),
             t5xxl: None,
             llm: None,
+            llm_vision: None,
             guidance: 3.5,
             flow_shift: None,
             slg: SlgParams::default(),
@@ -444,6 +475,7 @@ impl Default for ImgGenParams {
             ref_sizes: Vec::new(),
             increase_ref_index: false,
             auto_resize_ref_image: true,
+            ref_options: RefOptions::default(),
             chroma: ChromaParams::default(),
         }
     }
