@@ -87,6 +87,81 @@ fn tower_matches_transformers() {
     assert!(err <= 1e-3, "max abs error {err}");
 }
 
+/// The same tower as llama.cpp's mmproj file holds it (sd-cli's `--llm_vision`): q, k
+/// and v apart, one [hidden, 3, 14, 14] kernel per frame, `v.blk.N.*` / `mm.*` names.
+#[test]
+fn an_mmproj_file_is_the_same_tower() {
+    use sdflow_core::models::llm::vision::{find_prefix, is_mmproj};
+    let r = reference("qwen_vision_tiny_ref.json");
+    let keys: BTreeMap<String, Vec<usize>> = serde_json::from_value(r["keys"].clone()).unwrap();
+    let mut data: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
+    for (k, s) in &keys {
+        let v = det_values(k, s.iter().product(), SCALE);
+        let name = k.strip_prefix("visual.").unwrap();
+        if name == "patch_embed.proj.weight" {
+            // [o, 3, 2, 14, 14] → two [o, 3, 14, 14], frame by frame.
+            let (o, area) = (s[0], 14 * 14);
+            for f in 0..2 {
+                let mut k = Vec::with_capacity(o * 3 * area);
+                for oi in 0..o {
+                    for c in 0..3 {
+                        let at = ((oi * 3 + c) * 2 + f) * area;
+                        k.extend_from_slice(&v[at..at + area]);
+                    }
+                }
+                let n = if f == 0 { "v.patch_embd.weight".to_string() } else { "v.patch_embd.weight.1".to_string() };
+                data.push((n, vec![o, 3, 14, 14], k));
+            }
+            continue;
+        }
+        if let Some(rest) = name.strip_prefix("blocks.") {
+            let (i, part) = rest.split_once('.').unwrap();
+            if let Some(kind) = part.strip_prefix("attn.qkv.") {
+                let third = s[0] / 3;
+                let row = v.len() / s[0];
+                for (j, p) in ["attn_q", "attn_k", "attn_v"].iter().enumerate() {
+                    let shape = if s.len() == 2 { vec![third, s[1]] } else { vec![third] };
+                    data.push((format!("v.blk.{i}.{p}.{kind}"), shape, v[j * third * row..(j + 1) * third * row].to_vec()));
+                }
+                continue;
+            }
+            let g = [("attn.proj.", "attn_out."), ("norm1.", "ln1."), ("norm2.", "ln2."), ("mlp.gate_proj.", "ffn_gate."), ("mlp.up_proj.", "ffn_up."), ("mlp.down_proj.", "ffn_down.")]
+                .iter()
+                .find_map(|(h, g)| part.strip_prefix(h).map(|kind| format!("v.blk.{i}.{g}{kind}")))
+                .unwrap();
+            data.push((g, s.clone(), v));
+            continue;
+        }
+        let g = match name {
+            "merger.ln_q.weight" => "v.post_ln.weight".to_string(),
+            n => n.replace("merger.mlp.", "mm."),
+        };
+        data.push((g, s.clone(), v));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mmproj-qwen2.5-vl.gguf");
+    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = data.into_iter().map(|(n, s, v)| (n, s, v.iter().flat_map(|x| x.to_le_bytes()).collect())).collect();
+    sdflow_core::io::gguf::write(&path, &[], bytes.iter().map(|(n, s, b)| (n.as_str(), DType::F32, s.clone(), b.as_slice()))).unwrap();
+    let raw = sdflow_core::io::open(&path).unwrap();
+    assert!(is_mmproj(raw.tensors().iter().map(|t| t.name.as_str())));
+    assert_eq!(find_prefix(raw.tensors().iter().map(|t| t.name.as_str())).as_deref(), Some("visual."));
+    let src = vision_layout(raw).unwrap();
+    let backend = common::backend(2);
+    let w = load_weights(&backend, src.as_ref(), &[""], &TypeRules::new(Some(DType::F32), "").unwrap()).unwrap();
+    let mut cfg = VisionConfig::infer(&w, "visual.").unwrap();
+    cfg.full_attention = serde_json::from_value(r["full_attention"].clone()).unwrap();
+    let tower = VisionTower::new(&w, "visual.", cfg).unwrap();
+    let [iw, ih]: [usize; 2] = serde_json::from_value(r["size"].clone()).unwrap();
+    let input = VisionInput::from_image(&image(iw, ih), iw, ih).unwrap();
+    let size = tower.graph_size(&input);
+    let ctx = Context::new(size, size).unwrap();
+    let mut g = GraphRun::new(&ctx);
+    let out = tower.forward(&ctx, &mut g, &input).unwrap();
+    let got = g.compute(&backend, &[out], size).unwrap().remove(0);
+    let err = max_abs_err(&got, &floats(&r["out"]));
+    assert!(err <= 1e-3, "max abs error {err}");
+}
+
 /// Qwen2.5-VL's language model reading an image: the tower's merged tokens in place of
 /// the image pads, multimodal rotary positions; against transformers' `Qwen2_5_VLModel`.
 #[test]

@@ -99,6 +99,20 @@ impl Assembled {
     }
 }
 
+impl Assembled {
+    /// Show tensor `name` in `shape` (the same elements, e.g. a 4-D kernel as the matrix
+    /// it multiplies by).
+    pub fn reshape(&mut self, name: &str, shape: Vec<usize>) -> Result<(), String> {
+        let &(i, _) = self.index.get(name).ok_or_else(|| format!("no tensor `{name}`"))?;
+        let t = &mut self.tensors[i];
+        if shape.iter().product::<usize>() != t.n_elements() {
+            return Err(format!("{name}: {:?} does not hold the elements of {:?}", shape, t.shape));
+        }
+        t.shape = shape;
+        Ok(())
+    }
+}
+
 impl TensorSource for Assembled {
     fn path(&self) -> &Path {
         self.inner.path()

@@ -605,11 +605,7 @@ impl Node for ClipLoader {
                 }
             };
             let mut llm = llm_handle(&self.rt, place, lm, LlmFamily::QwenImage)?;
-            let mmproj = || io::open(tower).is_ok_and(|s| s.tensors().iter().any(|t| t.name.starts_with("v.blk.")));
-            llm.vision = Some(vision_handle(&self.rt, place, tower)?.ok_or_else(|| {
-                let hint = if mmproj() { " (a llama.cpp mmproj file: not read yet; ComfyUI's qwen_2.5_vl_7b.safetensors holds the tower as `visual.*`)" } else { "" };
-                NodeError::msg(format!("{}: no Qwen2.5-VL vision tower (`visual.…`){hint}", tower.display()))
-            })?);
+            llm.vision = Some(vision_handle(&self.rt, place, tower)?.ok_or_else(|| NodeError::msg(format!("{}: no Qwen2.5-VL vision tower (`visual.…`, or a llama.cpp mmproj's `v.blk.…`)", tower.display())))?);
             let clip = ClipRef { encoders: Vec::new(), t5: None, llm: Some(llm), family, clip_skip: None, sdcpp: None, place };
             return Ok(Outputs::new(vec![Value::new(IoType::CLIP, clip)]));
         }

@@ -6,7 +6,9 @@
 //! into one token of the language model's width.
 //!
 //! Keys are Hugging Face's under `visual.` (ComfyUI's `qwen_2.5_vl_7b.safetensors`) or
-//! `model.visual.`; [`vision_layout`] shows the 5-D patch kernel as the matrix it is.
+//! `model.visual.`, or llama.cpp's mmproj names (`v.blk.N.attn_q`, `mm.0`, …: sd-cli's
+//! `--llm_vision` files); [`vision_layout`] shows either in Hugging Face's names, the 5-D
+//! patch kernel as the matrix it is (an mmproj file's two frame kernels as two).
 //!
 //! Patches travel in the processor's order — 2×2 merge blocks in reading order, each
 //! block's four patches in reading order — and the window permutation happens on the
@@ -182,7 +184,12 @@ impl<'w> VisionTower<'w> {
             Ok(())
         };
         let patch = (3 * TEMPORAL_PATCH * PATCH * PATCH) as i64;
-        lin("patch_embed.proj", patch, c.hidden, false)?;
+        if w.contains(&at("patch_embed.proj.0.weight")) {
+            lin("patch_embed.proj.0", patch / 2, c.hidden, false)?;
+            lin("patch_embed.proj.1", patch / 2, c.hidden, false)?;
+        } else {
+            lin("patch_embed.proj", patch, c.hidden, false)?;
+        }
         if c.depth == 0 {
             return Err(ModelError::Config(format!("a vision tower without blocks: no `{}`", at(MARKER))));
         }
@@ -232,7 +239,20 @@ impl<'w> VisionTower<'w> {
         let x = run.input_f32(&[feat as i64, n as i64], permute_groups(&input.patches, feat, unit, &order))?;
         let cos = run.input_f32(&[half as i64, 1, n as i64], permute_groups(&cos, half, unit, &order))?;
         let sin = run.input_f32(&[half as i64, 1, n as i64], permute_groups(&sin, half, unit, &order))?;
-        let mut x = linear(ctx, self.w, &self.name("patch_embed.proj"), x)?; // [D, N]
+        let mut x = if self.w.contains(&self.name("patch_embed.proj.0.weight")) {
+            // One kernel per frame (llama.cpp's mmproj): each multiplies its frame's
+            // (channel, row, column) values, cut out of the (channel, frame, …) patches.
+            let area = PATCH * PATCH;
+            let nb = x.nb();
+            let frame = |f: usize| -> Result<Tensor<'a>> {
+                let v = ctx.view(x, [area as i64, 3, n as i64, 1], [nb[0] * TEMPORAL_PATCH * area, nb[1], nb[1] * n], f * area * nb[0])?;
+                Ok(ctx.reshape(ctx.cont(v)?, [(3 * area) as i64, n as i64, 1, 1])?)
+            };
+            let a = linear(ctx, self.w, &self.name("patch_embed.proj.0"), frame(0)?)?;
+            ctx.add(a, linear(ctx, self.w, &self.name("patch_embed.proj.1"), frame(1)?)?)?
+        } else {
+            linear(ctx, self.w, &self.name("patch_embed.proj"), x)?
+        }; // [D, N]
         let spans: Vec<(i64, i64)> = sizes
             .iter()
             .scan(0i64, |at, &s| {
@@ -311,15 +331,40 @@ fn rotate_half<'a>(ctx: &'a Context, x: Tensor<'a>, cos: Tensor<'a>, sin: Tensor
 }
 
 /// The prefix under which tensors called `names` hold the vision tower (`visual.`,
-/// `model.visual.`).
-pub fn find_prefix<'a>(names: impl Iterator<Item = &'a str>) -> Option<String> {
-    super::super::prefix_before(names, MARKER).filter(|p| p.ends_with("visual."))
+/// `model.visual.`; an mmproj file's is shown as `visual.`).
+pub fn find_prefix<'a>(names: impl Iterator<Item = &'a str> + Clone) -> Option<String> {
+    super::super::prefix_before(names.clone(), MARKER).filter(|p| p.ends_with("visual.")).or_else(|| is_mmproj(names).then(|| "visual.".to_string()))
 }
 
-/// `src`'s vision tower with the 5-D patch kernel [hidden, 3, 2, 14, 14] shown as the
-/// [hidden, 1176] matrix it multiplies patches by; the rest of the file left out.
+/// llama.cpp's mmproj naming of a Qwen2.5-VL vision tower.
+pub fn is_mmproj<'a>(mut names: impl Iterator<Item = &'a str>) -> bool {
+    names.any(|n| n == "v.blk.0.attn_q.weight")
+}
+
+/// An mmproj tensor's Hugging Face name under `visual.` (q, k and v are stacked into
+/// `qkv` by [`vision_layout`]; the two frame kernels keep their own names).
+fn mmproj_name(name: &str) -> Option<String> {
+    const TOP: [(&str, &str); 5] = [("v.patch_embd.weight", "patch_embed.proj.0.weight"), ("v.patch_embd.weight.1", "patch_embed.proj.1.weight"), ("v.post_ln.weight", "merger.ln_q.weight"), ("mm.0.", "merger.mlp.0."), ("mm.2.", "merger.mlp.2.")];
+    const BLOCK: [(&str, &str); 7] = [("attn_out.", "attn.proj."), ("ln1.", "norm1."), ("ln2.", "norm2."), ("ffn_gate.", "mlp.gate_proj."), ("ffn_up.", "mlp.up_proj."), ("ffn_down.", "mlp.down_proj."), ("attn_qkv.", "attn.qkv.")];
+    for (g, h) in TOP {
+        if name == g || (g.ends_with('.') && name.starts_with(g)) {
+            return Some(format!("visual.{h}{}", &name[g.len()..]));
+        }
+    }
+    let (i, rest) = name.strip_prefix("v.blk.")?.split_once('.')?;
+    let (g, h) = BLOCK.iter().find(|(g, _)| rest.starts_with(g))?;
+    Some(format!("visual.blocks.{i}.{h}{}", &rest[g.len()..]))
+}
+
+/// `src`'s vision tower in Hugging Face's names with the 5-D patch kernel [hidden, 3, 2,
+/// 14, 14] shown as the [hidden, 1176] matrix it multiplies patches by (an mmproj file:
+/// q, k and v stacked into `qkv`, each frame's [hidden, 3, 14, 14] kernel as a [hidden,
+/// 588] matrix); the rest of the file left out.
 pub fn vision_layout(src: Box<dyn TensorSource>) -> Result<Box<dyn TensorSource>> {
-    let prefix = find_prefix(src.tensors().iter().map(|t| t.name.as_str())).ok_or_else(|| ModelError::Config(format!("{}: no Qwen2.5-VL vision tower (`…visual.{MARKER}`)", src.path().display())))?;
+    if is_mmproj(src.tensors().iter().map(|t| t.name.as_str())) {
+        return mmproj_layout(src);
+    }
+    let prefix = find_prefix(src.tensors().iter().map(|t| t.name.as_str())).ok_or_else(|| ModelError::Config(format!("{}: no Qwen2.5-VL vision tower (`…visual.{MARKER}`, or an mmproj's `v.blk.0.attn_q.weight`)", src.path().display())))?;
     let renamed = crate::io::assembled::Assembled::renamed(src, |t: &TensorInfo| {
         if !t.name.starts_with(&prefix) {
             return None;
@@ -332,4 +377,42 @@ pub fn vision_layout(src: Box<dyn TensorSource>) -> Result<Box<dyn TensorSource>
     })
     .map_err(|name| ModelError::Config(format!("two tensors named `{name}`")))?;
     Ok(Box::new(renamed))
+}
+
+fn mmproj_layout(src: Box<dyn TensorSource>) -> Result<Box<dyn TensorSource>> {
+    use crate::io::Rows;
+    let shown = src.path().display().to_string();
+    let mut plan = Vec::new();
+    let mut kernels = Vec::new();
+    for t in src.tensors() {
+        if let Some(rest) = t.name.strip_prefix("v.blk.") {
+            let (i, part) = rest.split_once('.').unwrap_or((rest, ""));
+            if let Some(kind) = part.strip_prefix("attn_q.") {
+                // q, k and v rows stacked: Hugging Face's fused `qkv`.
+                let parts = ["attn_q", "attn_k", "attn_v"]
+                    .iter()
+                    .map(|p| {
+                        let name = format!("v.blk.{i}.{p}.{kind}");
+                        src.get(&name).map(Rows::all).ok_or_else(|| ModelError::Weight { name: name.clone(), detail: format!("{shown}: an mmproj block without its {p}") })
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                plan.push((format!("visual.blocks.{i}.attn.qkv.{kind}"), parts));
+                continue;
+            }
+            if part.starts_with("attn_k.") || part.starts_with("attn_v.") {
+                continue;
+            }
+        }
+        if let Some(name) = mmproj_name(&t.name) {
+            if let [o, c, kh, kw] = t.shape[..] {
+                kernels.push((name.clone(), vec![o, c * kh * kw]));
+            }
+            plan.push((name, vec![Rows::all(t)]));
+        }
+    }
+    let mut out = crate::io::Assembled::new(src, plan).map_err(|detail| ModelError::Weight { name: shown.clone(), detail })?;
+    for (name, shape) in kernels {
+        out.reshape(&name, shape).map_err(|detail| ModelError::Weight { name: name.clone(), detail })?;
+    }
+    Ok(Box::new(out))
 }
