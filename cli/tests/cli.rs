@@ -1114,6 +1114,12 @@ fn flux2_preset_runs_on_tiny_models() {
     ok(&[&dev_base[..], &["--guidance", "6", "-o", "dev_g6.png"]].concat(), dir.path());
     assert_eq!(png_size(&dir.path().join("dev.png")), (32, 32));
     assert_ne!(png_pixels(&dir.path().join("dev.png")), png_pixels(&dir.path().join("dev_g6.png")), "--guidance reaches FLUX.2 dev");
+    // sd-cli's --taesd with FLUX.2: TAEF2 decodes (and previews) the model's latent.
+    let taef2 = sdflow_tests::write_tae(dir.path(), "taef2", 32, true).remove(0);
+    ok(&[&base[..], &["--steps", "2", "-W", "64", "-H", "48", "-t", "2", "--taesd", taef2.to_str().unwrap(), "--preview", "tae", "--preview-path", "taef2_preview.png", "-o", "klein_taef2.png"]].concat(), dir.path());
+    assert_eq!(png_size(&dir.path().join("klein_taef2.png")), (64, 48));
+    assert_eq!(png_size(&dir.path().join("taef2_preview.png")), (64, 48), "TAEF2 previews are image-sized");
+    assert_ne!(png_pixels(&dir.path().join("klein_taef2.png")), png_pixels(&dir.path().join("klein.png")), "TAEF2 decoded, not the VAE");
     // klein has no guidance embedding: no FluxGuidance in its graph.
     let printed = ok(&[&base[..], &["--print-workflow"]].concat(), dir.path());
     assert!(!printed.contains("FluxGuidance"), "{printed}");

@@ -1,5 +1,6 @@
 //! TAESD against diffusers' `AutoencoderTiny` at its real size, in both key layouts
-//! (fixtures from tests/fixtures/models/make_taesd.py).
+//! (fixtures from tests/fixtures/models/make_taesd.py), and TAEF2 with its pooled
+//! GroupNorm blocks against torch (make_taef2.py).
 
 mod common;
 
@@ -139,4 +140,45 @@ fn taesd_rejects_bad_weights_and_inputs() {
     cfg.channels = 32;
     let e = Taesd::new(&w, Half::Encoder, cfg).err().expect("wrong width");
     assert!(e.to_string().contains("encoder.layers."), "{e}");
+}
+
+/// TAEF2: 32 latent channels, pooled GroupNorm branches in the blocks nearest the latent.
+#[test]
+fn taef2_decode_and_encode_match_torch() {
+    let r = reference("taef2_ref.json");
+    let backend = common::backend(2);
+    let scale = r["scale"].as_f64().unwrap();
+    let keys: BTreeMap<String, Vec<usize>> = serde_json::from_value(r["keys"].clone()).unwrap();
+    let data: Vec<(String, Vec<usize>, Vec<u8>)> = keys
+        .iter()
+        .map(|(name, shape)| {
+            let base = if name.ends_with("pool.1.weight") { 1.0 } else { 0.0 };
+            let v: Vec<f32> = det_values(name, shape.iter().product(), scale).iter().map(|x| x + base).collect();
+            (name.clone(), shape.clone(), v.iter().flat_map(|x| x.to_le_bytes()).collect())
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("taef2.safetensors");
+    sdflow_core::io::safetensors::write(&path, data.iter().map(|(n, s, b)| (n.as_str(), DType::F32, s.clone(), b.as_slice())), &BTreeMap::new()).unwrap();
+    let src = sdflow_core::io::open(&path).unwrap();
+    let w = sdflow_core::models::load::load_weights(&backend, src.as_ref(), &[""], &sdflow_core::io::TypeRules::none()).unwrap();
+    let ne = |k: &str| -> [i64; 4] {
+        let s: Vec<i64> = serde_json::from_value(r[k].clone()).unwrap();
+        [s[3], s[2], s[1], s[0]]
+    };
+    let floats = |k: &str| -> Vec<f32> { serde_json::from_value(r[k].clone()).unwrap() };
+    let dec = Taesd::load(&w, "decoder.layers.", Half::Decoder).unwrap();
+    assert_eq!(dec.config.latent_channels, 32);
+    let n = ne("latent_shape");
+    let (got, shape) = run_half(&backend, &dec, Half::Decoder, n, det_values("input.latent", n.iter().product::<i64>() as usize, 4.0));
+    assert_eq!(shape, ne("image_shape"));
+    let err = max_abs_err(&got, &floats("decoded"));
+    assert!(err <= 1e-3, "decode: max abs error {err}");
+    let enc = Taesd::load(&w, "encoder.layers.", Half::Encoder).unwrap();
+    let n = ne("image_shape");
+    let image: Vec<f32> = det_values("input.image", n.iter().product::<i64>() as usize, 1.0).iter().map(|v| v * 0.5 + 0.5).collect();
+    let (got, shape) = run_half(&backend, &enc, Half::Encoder, n, image);
+    assert_eq!(shape, ne("latent_shape"));
+    let err = max_abs_err(&got, &floats("encoded"));
+    assert!(err <= 1e-3, "encode: max abs error {err}");
 }

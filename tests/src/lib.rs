@@ -363,7 +363,8 @@ pub fn write_taesd(dir: &Path, single_file: bool) -> Vec<PathBuf> {
 }
 
 /// A tiny autoencoder like [`write_taesd`]'s for `latent_channels` latents (16: TAEF1,
-/// TAESD3), as `{name}_encoder` + `{name}_decoder` or one `{name}.safetensors`.
+/// TAESD3; 32: TAEF2, which `name` "taef2" gives its pooled GroupNorm blocks), as
+/// `{name}_encoder` + `{name}_decoder` or one `{name}.safetensors`.
 pub fn write_tae(dir: &Path, name: &str, latent_channels: usize, single_file: bool) -> Vec<PathBuf> {
     use std::collections::BTreeMap;
     let table = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../core/tests/fixtures/models/taesd_keys.json")).unwrap();
@@ -377,6 +378,16 @@ pub fn write_tae(dir: &Path, name: &str, latent_channels: usize, single_file: bo
     };
     type Tensors = Vec<(String, Vec<usize>, Vec<u8>)>;
     let mut files: Vec<(PathBuf, Tensors)> = Vec::new();
+    // TAEF2's pooled GroupNorm branches: the blocks nearest the latent (diffusers indices).
+    let mut keys = keys;
+    if name == "taef2" {
+        for block in ["encoder.layers.10", "encoder.layers.11", "encoder.layers.12", "decoder.layers.2", "decoder.layers.3", "decoder.layers.4"] {
+            keys.insert(format!("{block}.pool.0.weight"), vec![256, 64, 1, 1]);
+            keys.insert(format!("{block}.pool.1.weight"), vec![256]);
+            keys.insert(format!("{block}.pool.1.bias"), vec![256]);
+            keys.insert(format!("{block}.pool.3.weight"), vec![64, 256, 1, 1]);
+        }
+    }
     for (half, offset) in [("encoder", 0), ("decoder", 1)] {
         let tensors: Tensors = keys
             .iter()

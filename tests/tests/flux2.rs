@@ -33,6 +33,31 @@ fn the_klein_workflow_runs_and_its_inputs_matter() {
     }
 }
 
+/// TAEF2 (VAELoader's `taef2`, FLUX.2's tiny autoencoder) decodes and encodes the model's
+/// latent: 2×2 patches of its 32 channels, 16 pixels a latent pixel.
+#[test]
+fn taef2_stands_in_for_the_flux2_vae() {
+    let env = env();
+    let approx = env.dir.path().join("models/vae_approx");
+    std::fs::create_dir_all(&approx).unwrap();
+    sdflow_tests::write_tae(&approx, "taef2", 32, false);
+    let wf = env.workflow("flux2_klein.json", 48, 2);
+    let (w, h, px) = env.run_saved(&with_input(&wf, "3", "vae_name", json!("taef2")), "12");
+    assert_eq!((w, h), (48, 48));
+    assert!(px.iter().max().unwrap() - px.iter().min().unwrap() > 0, "TAEF2 decoded something");
+    assert_ne!(env.run_saved_hash(&with_input(&wf, "3", "vae_name", json!("taef2")), "12"), env.run_saved_hash(&wf, "12"), "TAEF2, not the VAE");
+    // Encode: an image to the model's latent (VAEEncode with TAEF2 → 128 channels at 1/16).
+    let mut enc = sdflow_executor::Workflow::default();
+    enc.nodes.insert("1".into(), NodeSpec::new("LoadImage").with_input("image", InputValue::Const(json!("input.png"))));
+    enc.nodes.insert("2".into(), NodeSpec::new("VAELoader").with_input("vae_name", InputValue::Const(json!("taef2"))));
+    enc.nodes.insert("3".into(), NodeSpec::new("ImageScale").with_input("image", link("1", 0)).with_input("upscale_method", InputValue::Const(json!("nearest"))).with_input("width", InputValue::Const(json!(64))).with_input("height", InputValue::Const(json!(32))).with_input("crop", InputValue::Const(json!("disabled"))));
+    enc.nodes.insert("4".into(), NodeSpec::new("VAEEncode").with_input("pixels", link("3", 0)).with_input("vae", link("2", 0)));
+    enc.nodes.insert("5".into(), NodeSpec::new("VAEDecode").with_input("samples", link("4", 0)).with_input("vae", link("2", 0)));
+    enc.nodes.insert("6".into(), NodeSpec::new("SaveImage").with_input("images", link("5", 0)).with_input("filename_prefix", InputValue::Const(json!("taef2"))));
+    let (w, h, _) = env.run_saved(&enc, "6");
+    assert_eq!((w, h), (64, 32));
+}
+
 /// FLUX.2 dev: Mistral's three layers as the text, the distilled guidance read.
 #[test]
 fn the_dev_workflow_runs_and_its_guidance_matters() {

@@ -1,7 +1,7 @@
 //! TAESD files in `models/vae_approx` (ComfyUI's folder), loaded as one set of weights
-//! for VAELoader's `taesd`, `taesdxl`, `taesd3` and `taef1` choices and for sampling
-//! previews (each latent family its own: TAESD for SD1.x/2.x, TAESDXL, TAESD3, TAEF1 for
-//! FLUX and Chroma).
+//! for VAELoader's `taesd`, `taesdxl`, `taesd3`, `taef1` and `taef2` choices and for
+//! sampling previews (each latent family its own: TAESD for SD1.x/2.x, TAESDXL, TAESD3,
+//! TAEF1 for FLUX, Chroma and Z-Image, TAEF2 for FLUX.2).
 //!
 //! Two ways to ship it are found: ComfyUI's pair `taesd_encoder.*` + `taesd_decoder.*`
 //! (madebyollin's files, bare keys; combined under `taesd_encoder.` / `taesd_decoder.`
@@ -27,10 +27,13 @@ pub enum TaeKind {
     Sdxl,
     Sd3,
     F1,
+    /// FLUX.2's: 32 channels; it reads the model's latent (the normalised 2×2 patches) cut
+    /// back into its 32 channels, as sd.cpp's TAESD does for FLUX.2.
+    F2,
 }
 
 impl TaeKind {
-    pub const ALL: [TaeKind; 4] = [TaeKind::Sd, TaeKind::Sdxl, TaeKind::Sd3, TaeKind::F1];
+    pub const ALL: [TaeKind; 5] = [TaeKind::Sd, TaeKind::Sdxl, TaeKind::Sd3, TaeKind::F1, TaeKind::F2];
 
     /// VAELoader's entry and the file stem in `models/vae_approx`.
     pub fn name(self) -> &'static str {
@@ -39,6 +42,7 @@ impl TaeKind {
             TaeKind::Sdxl => "taesdxl",
             TaeKind::Sd3 => "taesd3",
             TaeKind::F1 => "taef1",
+            TaeKind::F2 => "taef2",
         }
     }
 
@@ -54,8 +58,9 @@ impl TaeKind {
             F::Sdxl | F::SdxlRefiner => Some(TaeKind::Sdxl),
             F::Sd3 => Some(TaeKind::Sd3),
             F::Flux | F::Chroma | F::ZImage => Some(TaeKind::F1),
-            // FLUX.2's TAEF2 is not supported yet; Qwen-Image has no TAESD.
-            F::Flux2 | F::QwenImage | F::Unknown => None,
+            F::Flux2 => Some(TaeKind::F2),
+            // Qwen-Image has no TAESD.
+            F::QwenImage | F::Unknown => None,
         }
     }
 
@@ -68,8 +73,37 @@ impl TaeKind {
             TaeKind::Sdxl => (0.13025, 0.0),
             TaeKind::Sd3 => (1.5305, 0.0609),
             TaeKind::F1 => (0.3611, 0.1159),
+            // The model's latent is already normalised.
+            TaeKind::F2 => (1.0, 0.0),
         }
     }
+
+    /// Latent pixels per TAESD latent pixel: FLUX.2's latent packs 2×2 of TAEF2's.
+    pub fn patch(self) -> usize {
+        if self == TaeKind::F2 { 2 } else { 1 }
+    }
+}
+
+/// A model latent [C·p²][h][w] as the tiny decoder's [C][h·p][w·p] (FLUX.2's 2×2 patches).
+pub(crate) fn unpack(kind: TaeKind, z: &[f32], w: usize, h: usize) -> Result<Vec<f32>, NodeError> {
+    let p = kind.patch();
+    if p == 1 {
+        return Ok(z.to_vec());
+    }
+    let c = z.len() / (w * h);
+    let tokens = sdflow_core::models::dit::patchify(z, [1, c, h, w], 1).map_err(err)?;
+    sdflow_core::models::dit::unpatchify(&tokens, [1, c / (p * p), h * p, w * p], p).map_err(err)
+}
+
+/// The inverse of [`unpack`]: the tiny encoder's [C][H][W] as the model's latent.
+pub(crate) fn pack(kind: TaeKind, z: &[f32], w: usize, h: usize) -> Result<Vec<f32>, NodeError> {
+    let p = kind.patch();
+    if p == 1 {
+        return Ok(z.to_vec());
+    }
+    let c = z.len() / (w * h);
+    let tokens = sdflow_core::models::dit::patchify(z, [1, c, h, w], p).map_err(err)?;
+    sdflow_core::models::dit::unpatchify(&tokens, [1, c * p * p, h / p, w / p], 1).map_err(err)
 }
 
 /// A TAESD graph is ~20 layers of a few ops each.
@@ -211,11 +245,11 @@ impl<'w> TaesdVae<'w> {
     }
 
     pub fn downscale(&self) -> i64 {
-        self.decoder.config.downscale()
+        self.decoder.config.downscale() * self.kind.patch() as i64
     }
 
     pub fn z_channels(&self) -> i64 {
-        self.decoder.config.latent_channels
+        self.decoder.config.latent_channels * (self.kind.patch() * self.kind.patch()) as i64
     }
 
     /// One sample, planar, sides `w`×`h`: unscaled latents → image in [-1, 1], or image in
@@ -225,14 +259,17 @@ impl<'w> TaesdVae<'w> {
         match op {
             VaeOp::Decode => {
                 let (scale, shift) = self.kind.scale_shift();
-                let z: Vec<f32> = input.iter().map(|v| (v - shift) * scale).collect();
-                Ok(run_circular(rt, &self.decoder, Half::Decoder, &z, w, h, self.circular)?.into_iter().map(|v| v * 2.0 - 1.0).collect())
+                let p = self.kind.patch();
+                let z: Vec<f32> = unpack(self.kind, input, w, h)?.iter().map(|v| (v - shift) * scale).collect();
+                Ok(run_circular(rt, &self.decoder, Half::Decoder, &z, w * p, h * p, self.circular)?.into_iter().map(|v| v * 2.0 - 1.0).collect())
             }
             VaeOp::EncodeMean => {
                 let enc = self.encoder.as_ref().ok_or_else(|| NodeError::msg("this TAESD has no encoder (taesd_encoder.* is missing from models/vae_approx)"))?;
                 let x: Vec<f32> = input.iter().map(|v| (v + 1.0) * 0.5).collect();
                 let (scale, shift) = self.kind.scale_shift();
-                Ok(run_circular(rt, enc, Half::Encoder, &x, w, h, self.circular)?.into_iter().map(|v| v / scale + shift).collect())
+                let z: Vec<f32> = run_circular(rt, enc, Half::Encoder, &x, w, h, self.circular)?.into_iter().map(|v| v / scale + shift).collect();
+                let f = enc.config.downscale() as usize;
+                pack(self.kind, &z, w / f, h / f)
             }
         }
     }

@@ -166,14 +166,6 @@ pub fn latent_to_rgb(latent: &[f32], shape: [i64; 4], factors: &[[f32; 3]], bias
 /// `shape`, at the diffusion model's scale), as the runtime's preview method makes it;
 /// `None` when previews are off or `family` has no preview.
 pub fn preview(rt: &Runtime, family: ModelFamily, denoised: &[f32], shape: [i64; 4]) -> Option<PreviewImage> {
-    let (factors, bias) = match family {
-        ModelFamily::Sd1 | ModelFamily::Sd2 { .. } => (&SD15_LATENT_RGB_FACTORS[..], [0.0; 3]),
-        ModelFamily::Sdxl | ModelFamily::SdxlRefiner => (&SDXL_LATENT_RGB_FACTORS[..], SDXL_LATENT_RGB_BIAS),
-        ModelFamily::Flux | ModelFamily::Chroma | ModelFamily::ZImage => (&FLUX_LATENT_RGB_FACTORS[..], FLUX_LATENT_RGB_BIAS),
-        ModelFamily::Sd3 => (&SD3_LATENT_RGB_FACTORS[..], SD3_LATENT_RGB_BIAS),
-        ModelFamily::QwenImage => (&WAN21_LATENT_RGB_FACTORS[..], WAN21_LATENT_RGB_BIAS),
-        _ => return None,
-    };
     if rt.preview == PreviewMethod::None {
         return None;
     }
@@ -185,6 +177,14 @@ pub fn preview(rt: &Runtime, family: ModelFamily, denoised: &[f32], shape: [i64;
             Err(e) => tracing::warn!("TAESD preview failed, using latent2rgb: {e}"),
         }
     }
+    let (factors, bias) = match family {
+        ModelFamily::Sd1 | ModelFamily::Sd2 { .. } => (&SD15_LATENT_RGB_FACTORS[..], [0.0; 3]),
+        ModelFamily::Sdxl | ModelFamily::SdxlRefiner => (&SDXL_LATENT_RGB_FACTORS[..], SDXL_LATENT_RGB_BIAS),
+        ModelFamily::Flux | ModelFamily::Chroma | ModelFamily::ZImage => (&FLUX_LATENT_RGB_FACTORS[..], FLUX_LATENT_RGB_BIAS),
+        ModelFamily::Sd3 => (&SD3_LATENT_RGB_FACTORS[..], SD3_LATENT_RGB_BIAS),
+        ModelFamily::QwenImage => (&WAN21_LATENT_RGB_FACTORS[..], WAN21_LATENT_RGB_BIAS),
+        _ => return None,
+    };
     let rgb = latent_to_rgb(denoised, shape, factors, bias)?;
     jpeg(rgb, shape[0] as u32, shape[1] as u32)
 }
@@ -196,8 +196,9 @@ fn taesd_rgb(rt: &Runtime, kind: taesd::TaeKind, denoised: &[f32], shape: [i64; 
     let model = taesd::model(&weights, Half::Decoder)?;
     let [w, h, c, _] = shape.map(|d| d.max(0) as usize);
     let first = denoised.get(..w * h * c).ok_or_else(|| sdflow_executor::NodeError::msg("preview: short latent"))?;
-    let chw = taesd::run(rt, &model, Half::Decoder, first, w, h)?;
-    let f = model.config.downscale() as usize;
+    let p = kind.patch();
+    let chw = taesd::run(rt, &model, Half::Decoder, &taesd::unpack(kind, first, w, h)?, w * p, h * p)?;
+    let f = model.config.downscale() as usize * p;
     let (iw, ih) = (w * f, h * f);
     let plane = iw * ih;
     // TAESD's [0, 1] to preview_to_image's [-1, 1], as ComfyUI's TAESD.decode does.

@@ -7,6 +7,11 @@
 //! - the original `taesd_decoder.*` / `taesd_encoder.*` files: bare `N.*` keys, the
 //!   decoder's clamp at index 0 so every decoder index is one higher.
 //!
+//! TAEF2 (FLUX.2's) adds to the blocks nearest the latent a pooled GroupNorm branch
+//! (`pool.0` 1×1 convolution to four times the width, `pool.1` GroupNorm of 4 groups, ReLU,
+//! `pool.3` 1×1 convolution back), added to the block's input; a block has it when its
+//! file does.
+//!
 //! Both halves work in TAESD's latent space, which is the diffusion model's (latents
 //! already multiplied by the family's scale factor), and on images in [0, 1]: the caller
 //! converts, as ComfyUI's `vae_scale` and sd.cpp's `use_tiny_autoencoder` paths do.
@@ -188,6 +193,12 @@ impl<'w> Taesd<'w> {
                     for j in [0, 2, 4] {
                         self.expect_conv(&self.n(i, &format!("conv.{j}")), 3, c, c, true)?;
                     }
+                    if self.pooled(i) {
+                        self.expect_conv(&self.n(i, "pool.0"), 1, c, 4 * c, false)?;
+                        self.w.expect(&format!("{}.weight", self.n(i, "pool.1")), &[4 * c])?;
+                        self.w.expect(&format!("{}.bias", self.n(i, "pool.1")), &[4 * c])?;
+                        self.expect_conv(&self.n(i, "pool.3"), 1, 4 * c, c, false)?;
+                    }
                 }
                 Layer::Relu | Layer::Upsample => {}
             }
@@ -195,12 +206,23 @@ impl<'w> Taesd<'w> {
         Ok(())
     }
 
-    /// `conv(x) + x`, ReLU between the three convolutions and after the sum. Every block
-    /// keeps the width, so the skip is the identity.
-    fn block<'a>(&'a self, ctx: &'a Context, index: usize, x: Tensor<'a>) -> Result<Tensor<'a>>
+    /// Block `index` has TAEF2's pooled GroupNorm branch.
+    fn pooled(&self, index: usize) -> bool {
+        self.w.contains(&format!("{}.weight", self.n(index, "pool.0")))
+    }
+
+    /// `conv(x) + x`, ReLU between the three convolutions and after the sum (x first
+    /// gains TAEF2's pooled branch where the block has one). Every block keeps the width,
+    /// so the skip is the identity.
+    fn block<'a>(&'a self, ctx: &'a Context, index: usize, mut x: Tensor<'a>) -> Result<Tensor<'a>>
     where
         'w: 'a,
     {
+        if self.pooled(index) {
+            let p = conv2d(ctx, self.w, &self.n(index, "pool.0"), x, 1, 0)?;
+            let p = ctx.relu(crate::models::nn::group_norm(ctx, self.w, &self.n(index, "pool.1"), p, 4, 1e-5)?)?;
+            x = ctx.add(x, conv2d(ctx, self.w, &self.n(index, "pool.3"), p, 1, 0)?)?;
+        }
         let mut h = x;
         for j in [0, 2, 4] {
             if j > 0 {
