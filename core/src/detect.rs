@@ -214,6 +214,14 @@ pub fn detect(tensors: &[TensorInfo]) -> Detection {
         d.double_blocks = Some(block_count(tensors, &format!("{p}double_blocks.")));
         return finish_dit(d, ModelFamily::Flux2, p, KeyLayout::Ldm);
     }
+    // FLUX.2 in diffusers' names: single blocks with one fused input projection.
+    if let Some(t) = find(tensors, crate::models::flux2::diffusers::DIFFUSERS_MARKER) {
+        let p = prefix_of(t, crate::models::flux2::diffusers::DIFFUSERS_MARKER);
+        d.in_channels = dim(tensors.iter().find(|t| t.name == format!("{p}x_embedder.weight")), 1);
+        d.flux_guidance = tensors.iter().any(|t| t.name.starts_with(&format!("{p}time_guidance_embed.guidance_embedder.")));
+        d.double_blocks = Some(block_count(tensors, &format!("{p}transformer_blocks.")));
+        return finish_dit(d, ModelFamily::Flux2, p, KeyLayout::Diffusers);
+    }
     // FLUX: LDM `double_blocks`/`single_blocks`, diffusers `single_transformer_blocks`.
     if let Some(t) = find(tensors, "double_blocks.0.img_attn.qkv.weight") {
         let p = prefix_of(t, "double_blocks.0.img_attn.qkv.weight");

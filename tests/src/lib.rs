@@ -527,7 +527,8 @@ pub fn write_z_image_models(root: &Path) {
 /// in BFL's names (`diffusion_models/flux-2-klein-4b.safetensors`), its 28-layer Qwen3
 /// (`text_encoders/qwen_3_4b_klein.safetensors`) and the 32-channel VAE
 /// (`vae/flux2-vae.safetensors`); FLUX.2 dev beside them (`flux2_dev_fp8mixed.safetensors`, guidance
-/// embedded) with its 30-layer Mistral (`mistral_3_small_flux2_bf16.safetensors`).
+/// embedded) with its 30-layer Mistral (`mistral_3_small_flux2_bf16.safetensors`); the klein
+/// transformer again in diffusers' names (`flux2_klein_diffusers.safetensors`).
 pub fn write_flux2_models(root: &Path) {
     use sdflow_core::synth::dit::{flux2_vae_tensors, tiny_flux2_vae_config, Flux2Synth, LlmSynth};
     let models = root.join("models");
@@ -537,6 +538,11 @@ pub fn write_flux2_models(root: &Path) {
     write_once(&models.join("text_encoders"), "qwen_3_4b_klein.safetensors", &q.tensors(), &serde_json::to_string(&q).unwrap(), 52);
     let v = tiny_flux2_vae_config();
     write_once(&models.join("vae"), "flux2-vae.safetensors", &flux2_vae_tensors(&v), &serde_json::to_string(&v).unwrap(), 53);
+    // The klein transformer in diffusers' names, as `Flux2Transformer2DModel` saves it.
+    let twin = models.join("diffusion_models/flux2_klein_diffusers.safetensors");
+    if !twin.exists() {
+        write_diffusers_twin(&models.join("diffusion_models/flux-2-klein-4b.safetensors"), &twin, &sdflow_core::models::flux2::diffusers::LAYOUT, f.hidden);
+    }
     let dev = Flux2Synth::tiny_dev();
     write_once(&models.join("diffusion_models"), "flux2_dev_fp8mixed.safetensors", &dev.tensors(), &serde_json::to_string(&dev).unwrap(), 54);
     // Mistral carries the whole 131,072-token vocabulary: bf16, as ComfyUI ships it.

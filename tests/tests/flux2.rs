@@ -78,6 +78,16 @@ fn the_dev_workflow_runs_and_its_guidance_matters() {
     assert!(e.contains("mistral_3_small_flux2_bf16.safetensors") && e.contains("Qwen3-4B"), "{e}");
 }
 
+/// The klein transformer saved in diffusers' names (`Flux2Transformer2DModel`) loads as
+/// BFL's file does and makes the same image.
+#[test]
+fn a_diffusers_named_transformer_is_the_same_model() {
+    let env = env();
+    let wf = env.workflow("flux2_klein.json", 32, 2);
+    let twin = with_input(&wf, "1", "unet_name", json!("flux2_klein_diffusers.safetensors"));
+    assert_eq!(env.run_saved_hash(&twin, "12"), env.run_saved_hash(&wf, "12"));
+}
+
 /// The edit workflow: the input image's latent as a reference; the output takes the
 /// scaled input's size, and the reference changes the image.
 #[test]

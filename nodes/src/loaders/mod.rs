@@ -327,6 +327,10 @@ impl Node for UnetLoader {
                 layout = Some(("z-image", z_image::diffusers::single_file));
                 String::new()
             }
+            (ModelFamily::Flux2, _) => {
+                layout = Some(("bfl-flux2", sdflow_core::models::flux2::diffusers::bfl_layout));
+                String::new()
+            }
             (ModelFamily::Unknown, _) => return Err(NodeError::msg(format!("{shown}: {}", det.message))),
             (other, _) => return Err(NodeError::msg(format!("{shown}: {other} diffusion models are not supported by this loader yet (FLUX.1, Chroma, SD3, Z-Image, FLUX.2 and Qwen-Image are; SD checkpoints load with CheckpointLoaderSimple)"))),
         };

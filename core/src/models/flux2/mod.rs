@@ -10,6 +10,7 @@
 //! for dev). Timesteps are σ, embedded at 1000× as FLUX.1's.
 
 pub mod denoiser;
+pub mod diffusers;
 pub mod latent;
 
 pub use denoiser::{position_ids, Flux2Denoiser, Flux2Item};
