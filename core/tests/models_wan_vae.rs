@@ -74,6 +74,39 @@ fn matches_diffusers_on_one_frame() {
     assert!(t.iter().all(|v| v.is_finite() && v.abs() <= 1.0));
 }
 
+/// A diffusers pipeline's `vae/` (`AutoencoderKLQwenImage` names, as diffusers' own
+/// converter names the Wan tensors): read back in Wan's names, the same VAE.
+#[test]
+fn diffusers_names_are_the_same_vae() {
+    use sdflow_core::models::vae::wan::wan_name;
+    let r = reference("wan_vae_tiny_ref.json");
+    let names: BTreeMap<String, String> = serde_json::from_value(r["diffusers_names"].clone()).unwrap();
+    let keys: BTreeMap<String, Vec<usize>> = serde_json::from_value(r["keys"].clone()).unwrap();
+    assert_eq!(names.len(), keys.len());
+    for (d, w) in &names {
+        assert_eq!(wan_name(d).as_deref(), Some(w.as_str()), "{d}");
+    }
+    let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = names
+        .iter()
+        .map(|(d, w)| {
+            let s = &keys[w];
+            (format!("vae.{d}"), s.clone(), det_values(w, s.iter().product(), SCALE).iter().flat_map(|x| x.to_le_bytes()).collect())
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("diffusion_pytorch_model.safetensors");
+    sdflow_core::io::safetensors::write(&path, tensors.iter().map(|(n, s, b)| (n.as_str(), DType::F32, s.clone(), b.as_slice())), &BTreeMap::new()).unwrap();
+    let backend = common::backend(2);
+    let w = load(&path, &backend);
+    let vae = WanVae::new(&w, "vae.", WanVaeConfig::infer(&w, "vae.").unwrap()).unwrap();
+    let [h, wd]: [usize; 2] = serde_json::from_value(r["image_hw"].clone()).unwrap();
+    let off = VaeTiling { enabled: false, ..VaeTiling::default() };
+    let (image, _) = run(&vae, &backend, VaeOp::Decode, &floats(&r["latent"]), wd / 8, h / 8, &off).unwrap();
+    let err = max_abs_err(&image, &floats(&r["decoded"]));
+    assert!(err <= 1e-3, "decode: max abs error {err}");
+    assert_eq!(wan_name("unet.conv_in.weight"), None);
+}
+
 #[test]
 fn bf16_kernels_slice_like_f32() {
     let r = reference("wan_vae_tiny_ref.json");

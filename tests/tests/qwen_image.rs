@@ -141,3 +141,31 @@ fn the_edit_workflows_read_their_image() {
         assert_ne!(env.run_saved_hash(&no_ref, "13"), base, "{file}: the reference latent");
     }
 }
+
+/// The VAE as a diffusers pipeline folder holds it (`vae/`, `AutoencoderKLQwenImage`
+/// names as diffusers' converter gives them: the core fixture's table) decodes as the Wan
+/// file does.
+#[test]
+fn a_diffusers_pipelines_vae_folder_is_the_same_vae() {
+    use std::collections::BTreeMap;
+    let env = env();
+    let table: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../core/tests/fixtures/models/wan_vae_tiny_ref.json")).unwrap()).unwrap();
+    let names: BTreeMap<String, String> = serde_json::from_value(table["diffusers_names"].clone()).unwrap();
+    let models = env.dir.path().join("models/vae");
+    let src = sdflow_core::io::open(&models.join("qwen_image_vae.safetensors")).unwrap();
+    let tensors: Vec<(String, sdflow_core::dtype::DType, Vec<usize>, Vec<u8>)> = names
+        .iter()
+        .map(|(d, w)| {
+            let t = src.get(w).unwrap_or_else(|| panic!("the tiny VAE has {w}"));
+            (d.clone(), t.dtype, t.shape.clone(), src.read(w).unwrap().to_vec())
+        })
+        .collect();
+    assert_eq!(tensors.len(), src.tensors().len(), "the table names every tensor");
+    let folder = models.join("qwen_image_diffusers");
+    std::fs::create_dir_all(folder.join("vae")).unwrap();
+    std::fs::write(folder.join("model_index.json"), r#"{"_class_name": "QwenImagePipeline"}"#).unwrap();
+    sdflow_core::io::safetensors::write(&folder.join("vae/diffusion_pytorch_model.safetensors"), tensors.iter().map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.as_slice())), &BTreeMap::new()).unwrap();
+    let wf = env.workflow("qwen_image.json", 32, 2);
+    let base = env.run_saved_hash(&wf, "10");
+    assert_eq!(env.run_saved_hash(&with_input(&wf, "3", "vae_name", json!("qwen_image_diffusers")), "10"), base);
+}

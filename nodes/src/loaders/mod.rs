@@ -814,7 +814,7 @@ impl Node for VaeLoader {
         NodeSchema::new("VAELoader")
             .display_name("Load VAE")
             .category("loaders")
-            .description("Loads a standalone VAE (LDM or diffusers key names; the Wan-2.1 VAE Qwen-Image uses in Wan's names); weights load on first use.")
+            .description("Loads a standalone VAE (LDM or diffusers key names; the Wan-2.1 VAE Qwen-Image uses, in Wan's or diffusers' names, also a pipeline folder's vae/); weights load on first use.")
             .input(InputSpec::combo("vae_name", vae_names(&self.rt)).tooltip("The VAE file in models/vae, or `taesd` (from models/vae_approx)."))
             .output("VAE", IoType::VAE)
     }
@@ -836,8 +836,8 @@ impl Node for VaeLoader {
             return Ok(Outputs::new(vec![Value::new(IoType::VAE, vae)]));
         }
         let path = self.path(inputs)?;
-        if let Some(prefix) = wan_vae_prefix(&path)? {
-            let weights = weights_handle_in(&self.rt, Module::Vae.into(), &path, &prefix, self.rt.weight_type, Some(("wan-frame", wan::single_frame)))?;
+        if let Some((file, prefix)) = wan_vae_prefix(&path)? {
+            let weights = weights_handle_in(&self.rt, Module::Vae.into(), &file, &prefix, self.rt.weight_type, Some(("wan-frame", wan::single_frame)))?;
             let vae = VaeRef { weights, prefix, kind: VaeKind::Wan, circular: Circular::NONE };
             return Ok(Outputs::new(vec![Value::new(IoType::VAE, vae)]));
         }
@@ -847,13 +847,21 @@ impl Node for VaeLoader {
     }
 }
 
-/// The prefix under which a file holds a Wan-2.1 VAE (Qwen-Image's), if it does.
-fn wan_vae_prefix(path: &Path) -> Result<Option<String>, NodeError> {
-    if path.is_dir() {
-        return Ok(None);
-    }
-    let src = io::open(path).map_err(|e| NodeError::msg(format!("{}: {e}", path.display())))?;
-    Ok(sdflow_core::models::prefix_before(src.tensors().iter().map(|t| t.name.as_str()), wan::MARKER))
+/// Where a file (or a diffusers pipeline folder's `vae/` file) holds a Wan-2.1 VAE
+/// (Qwen-Image's), in Wan's names or diffusers', if it does: the file and the prefix.
+fn wan_vae_prefix(path: &Path) -> Result<Option<(PathBuf, String)>, NodeError> {
+    let file = if path.is_dir() {
+        match io::diffusers::files(path).into_iter().find(|f| f.parent().and_then(|p| p.file_name()).is_some_and(|n| n == "vae")) {
+            Some(f) => f,
+            None => return Ok(None),
+        }
+    } else {
+        path.to_path_buf()
+    };
+    let src = io::open(&file).map_err(|e| NodeError::msg(format!("{}: {e}", file.display())))?;
+    let names = || src.tensors().iter().map(|t| t.name.as_str());
+    let prefix = sdflow_core::models::prefix_before(names(), wan::MARKER).or_else(|| sdflow_core::models::prefix_before(names(), wan::DIFFUSERS_MARKER));
+    Ok(prefix.map(|p| (file, p)))
 }
 
 /// VAELoader's choices: the files in `models/vae`, then `taesd`, `taesdxl`, `taesd3`,

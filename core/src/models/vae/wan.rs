@@ -4,7 +4,8 @@
 //! Keys are the Wan release's (what ComfyUI and sd.cpp load: `encoder.conv1`,
 //! `encoder.downsamples.N.residual.{0,2,3,6}`, `decoder.upsamples.N.resample.1`,
 //! `encoder.middle.{0,1,2}`, `encoder.head.{0,2}`, `conv1` / `conv2` around the latent),
-//! bare or under a prefix (`vae.`, `first_stage_model.`).
+//! bare or under a prefix (`vae.`, `first_stage_model.`), or diffusers' (`AutoencoderKLWan`
+//! / `AutoencoderKLQwenImage`: a pipeline folder's `vae/`), renamed by [`wan_names`].
 //!
 //! One frame is all an image model needs, and on one frame a causal convolution sees
 //! only its last temporal tap (the frames before are zero padding), the temporal
@@ -23,6 +24,76 @@ use std::path::Path;
 
 /// The weight that tells a file holds a Wan-2.1 VAE, relative to its prefix.
 pub const MARKER: &str = "decoder.middle.0.residual.0.gamma";
+
+/// The same in diffusers' names (`AutoencoderKLWan` / `AutoencoderKLQwenImage`, a
+/// pipeline folder's `vae/`).
+pub const DIFFUSERS_MARKER: &str = "decoder.mid_block.resnets.0.norm1.gamma";
+
+/// The Wan release's name of a VAE tensor in diffusers' names (relative to the VAE), the
+/// inverse of diffusers' `convert_wan_vae_to_diffusers`; `None` for a name outside it.
+pub fn wan_name(d: &str) -> Option<String> {
+    // A residual block's parts.
+    fn residual(rest: &str) -> String {
+        const PARTS: [(&str, &str); 5] = [("norm1.", "residual.0."), ("conv1.", "residual.2."), ("norm2.", "residual.3."), ("conv2.", "residual.6."), ("conv_shortcut.", "shortcut.")];
+        PARTS.iter().find_map(|(from, to)| rest.strip_prefix(from).map(|r| format!("{to}{r}"))).unwrap_or_else(|| rest.to_string())
+    }
+    let split = |s: &str| -> Option<(usize, String)> {
+        let (i, rest) = s.split_once('.')?;
+        Some((i.parse().ok()?, rest.to_string()))
+    };
+    for (from, to) in [("quant_conv.", "conv1."), ("post_quant_conv.", "conv2.")] {
+        if let Some(r) = d.strip_prefix(from) {
+            return Some(format!("{to}{r}"));
+        }
+    }
+    let (side, rest) = d.split_once('.')?;
+    if side != "encoder" && side != "decoder" {
+        return None;
+    }
+    let named = |r: &str| format!("{side}.{r}");
+    if let Some(r) = rest.strip_prefix("conv_in.") {
+        return Some(named(&format!("conv1.{r}")));
+    }
+    if let Some(r) = rest.strip_prefix("norm_out.") {
+        return Some(named(&format!("head.0.{r}")));
+    }
+    if let Some(r) = rest.strip_prefix("conv_out.") {
+        return Some(named(&format!("head.2.{r}")));
+    }
+    if let Some(r) = rest.strip_prefix("mid_block.resnets.") {
+        let (i, r) = split(r)?;
+        return Some(named(&format!("middle.{}.{}", 2 * i, residual(&r))));
+    }
+    if let Some(r) = rest.strip_prefix("mid_block.attentions.0.") {
+        return Some(named(&format!("middle.1.{r}")));
+    }
+    if let Some(r) = rest.strip_prefix("down_blocks.") {
+        let (i, r) = split(r)?;
+        return Some(named(&format!("downsamples.{i}.{}", residual(&r))));
+    }
+    // Each up block: three residual blocks, then its upsampler (the last has none).
+    let (b, r) = split(rest.strip_prefix("up_blocks.")?)?;
+    if let Some(r) = r.strip_prefix("resnets.") {
+        let (k, r) = split(r)?;
+        return Some(named(&format!("upsamples.{}.{}", 4 * b + k, residual(&r))));
+    }
+    let r = r.strip_prefix("upsamplers.0.")?;
+    Some(named(&format!("upsamples.{}.{r}", 4 * b + 3)))
+}
+
+/// `src` in the Wan release's names when it holds the VAE in diffusers' names (under any
+/// prefix, which stays); any other source as it is.
+pub fn wan_names(src: Box<dyn TensorSource>) -> Result<Box<dyn TensorSource>> {
+    let Some(prefix) = crate::models::prefix_before(src.tensors().iter().map(|t| t.name.as_str()), DIFFUSERS_MARKER) else { return Ok(src) };
+    let renamed = crate::io::Assembled::renamed(src, |t| {
+        let rest = t.name.strip_prefix(&prefix)?;
+        let mut info = t.clone();
+        info.name = format!("{prefix}{}", wan_name(rest)?);
+        Some(info)
+    })
+    .map_err(|name| ModelError::Config(format!("two diffusers tensors map to `{name}`")))?;
+    Ok(Box::new(renamed))
+}
 
 /// The released VAE's latent statistics per channel (Wan 2.1's, which Qwen-Image reuses):
 /// the diffusion models see `(latent − mean) / std` (diffusers' `latents_mean` /
@@ -267,6 +338,7 @@ impl super::VaeGraph for WanVae<'_> {
 /// image). Other tensors pass unchanged. Block-quantized 5-D kernels cannot be sliced
 /// element-wise and are refused by name.
 pub fn single_frame(src: Box<dyn TensorSource>) -> Result<Box<dyn TensorSource>> {
+    let src = wan_names(src)?;
     let mut tensors = Vec::with_capacity(src.tensors().len());
     let mut index = HashMap::new();
     for t in src.tensors() {
