@@ -1120,6 +1120,9 @@ fn flux2_preset_runs_on_tiny_models() {
     assert_eq!(png_size(&dir.path().join("klein_taef2.png")), (64, 48));
     assert_eq!(png_size(&dir.path().join("taef2_preview.png")), (64, 48), "TAEF2 previews are image-sized");
     assert_ne!(png_pixels(&dir.path().join("klein_taef2.png")), png_pixels(&dir.path().join("klein.png")), "TAEF2 decoded, not the VAE");
+    // --preview proj: sd.cpp's projection of the 32 unpatched channels, twice the latent's size.
+    ok(&[&base[..], &["--steps", "2", "-W", "64", "-H", "48", "-t", "2", "--preview", "proj", "--preview-path", "proj_preview.png", "-o", "klein_proj.png"]].concat(), dir.path());
+    assert_eq!(png_size(&dir.path().join("proj_preview.png")), (8, 6));
     // klein has no guidance embedding: no FluxGuidance in its graph.
     let printed = ok(&[&base[..], &["--print-workflow"]].concat(), dir.path());
     assert!(!printed.contains("FluxGuidance"), "{printed}");

@@ -84,26 +84,21 @@ impl TaeKind {
     }
 }
 
-/// A model latent [C·p²][h][w] as the tiny decoder's [C][h·p][w·p] (FLUX.2's 2×2 patches).
+/// A model latent as the tiny decoder reads it: FLUX.2's [128][h][w] patches as TAEF2's
+/// [32][2h][2w]; other kinds' as they are.
 pub(crate) fn unpack(kind: TaeKind, z: &[f32], w: usize, h: usize) -> Result<Vec<f32>, NodeError> {
-    let p = kind.patch();
-    if p == 1 {
-        return Ok(z.to_vec());
+    match kind {
+        TaeKind::F2 => sdflow_core::models::flux2::latent::unpatched(z, h, w).map_err(err),
+        _ => Ok(z.to_vec()),
     }
-    let c = z.len() / (w * h);
-    let tokens = sdflow_core::models::dit::patchify(z, [1, c, h, w], 1).map_err(err)?;
-    sdflow_core::models::dit::unpatchify(&tokens, [1, c / (p * p), h * p, w * p], p).map_err(err)
 }
 
-/// The inverse of [`unpack`]: the tiny encoder's [C][H][W] as the model's latent.
+/// The inverse of [`unpack`]: the tiny encoder's output at its `w`×`h` as the model's latent.
 pub(crate) fn pack(kind: TaeKind, z: &[f32], w: usize, h: usize) -> Result<Vec<f32>, NodeError> {
-    let p = kind.patch();
-    if p == 1 {
-        return Ok(z.to_vec());
+    match kind {
+        TaeKind::F2 => sdflow_core::models::flux2::latent::patched(z, h / 2, w / 2).map_err(err),
+        _ => Ok(z.to_vec()),
     }
-    let c = z.len() / (w * h);
-    let tokens = sdflow_core::models::dit::patchify(z, [1, c, h, w], p).map_err(err)?;
-    sdflow_core::models::dit::unpatchify(&tokens, [1, c * p * p, h / p, w / p], 1).map_err(err)
 }
 
 /// A TAESD graph is ~20 layers of a few ops each.

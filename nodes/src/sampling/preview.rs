@@ -99,6 +99,44 @@ pub const WAN21_LATENT_RGB_FACTORS: [[f32; 3]; 16] = [
 ];
 pub const WAN21_LATENT_RGB_BIAS: [f32; 3] = [-0.1835, -0.0868, -0.3360];
 
+/// FLUX.2's projection of the normalised latent's 32 channels (its 2×2 patches undone):
+/// stable-diffusion.cpp's `flux2_latent_rgb_proj` / `_bias` (`latent-preview.h`).
+pub const FLUX2_LATENT_RGB_FACTORS: [[f32; 3]; 32] = [
+    [0.000736, -0.008385, -0.019710],
+    [-0.001352, -0.016392, 0.020693],
+    [-0.006376, 0.002428, 0.036736],
+    [0.039384, 0.074167, 0.119789],
+    [0.007464, -0.005705, -0.004734],
+    [-0.004086, 0.005287, -0.000409],
+    [-0.032835, 0.050802, -0.028120],
+    [-0.003158, -0.000835, 0.000406],
+    [-0.112840, -0.084337, -0.023083],
+    [0.001462, -0.006656, 0.000549],
+    [-0.009980, -0.007480, 0.009702],
+    [0.032540, 0.000214, -0.061388],
+    [0.011023, 0.000694, 0.007143],
+    [-0.001468, -0.006723, -0.001678],
+    [-0.005921, -0.010320, -0.003907],
+    [-0.028434, 0.027584, 0.018457],
+    [0.014349, 0.011523, 0.000441],
+    [0.009874, 0.003081, 0.001507],
+    [0.002218, 0.005712, 0.001563],
+    [0.053010, -0.019844, 0.008683],
+    [-0.002507, 0.005384, 0.000938],
+    [-0.002177, -0.011366, 0.003559],
+    [-0.000261, 0.015121, -0.003240],
+    [-0.003944, -0.002083, 0.005043],
+    [-0.009138, 0.011336, 0.003781],
+    [0.011429, 0.003985, -0.003855],
+    [0.010518, -0.005586, 0.010131],
+    [0.007883, 0.002912, -0.001473],
+    [-0.003318, -0.003160, 0.003684],
+    [-0.034560, -0.008740, 0.012996],
+    [0.000166, 0.001079, -0.012153],
+    [0.017772, 0.000937, -0.011953],
+];
+pub const FLUX2_LATENT_RGB_BIAS: [f32; 3] = [-0.028738, -0.098463, -0.107619];
+
 /// ComfyUI's `--preview-method`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum PreviewMethod {
@@ -183,6 +221,14 @@ pub fn preview(rt: &Runtime, family: ModelFamily, denoised: &[f32], shape: [i64;
         ModelFamily::Flux | ModelFamily::Chroma | ModelFamily::ZImage => (&FLUX_LATENT_RGB_FACTORS[..], FLUX_LATENT_RGB_BIAS),
         ModelFamily::Sd3 => (&SD3_LATENT_RGB_FACTORS[..], SD3_LATENT_RGB_BIAS),
         ModelFamily::QwenImage => (&WAN21_LATENT_RGB_FACTORS[..], WAN21_LATENT_RGB_BIAS),
+        // FLUX.2: its 2×2 patches as the 32 channels they are, at twice the size (sd.cpp's).
+        ModelFamily::Flux2 => {
+            let [w, h, c, _] = shape.map(|d| d.max(0) as usize);
+            let first = denoised.get(..w * h * c)?;
+            let planes = sdflow_core::models::flux2::latent::unpatched(first, h, w).ok()?;
+            let rgb = latent_to_rgb(&planes, [2 * w as i64, 2 * h as i64, 32, 1], &FLUX2_LATENT_RGB_FACTORS[..], FLUX2_LATENT_RGB_BIAS)?;
+            return jpeg(rgb, 2 * w as u32, 2 * h as u32);
+        }
         _ => return None,
     };
     let rgb = latent_to_rgb(denoised, shape, factors, bias)?;

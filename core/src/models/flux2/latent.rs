@@ -35,9 +35,7 @@ pub const STD: [f32; CHANNELS] = [
 
 /// One sample of the VAE's latent ([32][2h][2w]) in the model's space ([128][h][w]).
 pub fn to_model(vae: &[f32], h: usize, w: usize) -> Result<Vec<f32>> {
-    let mut x = patchify(vae, [1, VAE_CHANNELS, 2 * h, 2 * w], 2)?;
-    // Tokens [h·w][128] back to planes [128][h][w].
-    x = unpatchify(&x, [1, CHANNELS, h, w], 1)?;
+    let mut x = patched(vae, h, w)?;
     let plane = h * w;
     for (c, p) in x.chunks_exact_mut(plane).enumerate() {
         p.iter_mut().for_each(|v| *v = (*v - MEAN[c]) / STD[c]);
@@ -52,6 +50,19 @@ pub fn from_model(model: &[f32], h: usize, w: usize) -> Result<Vec<f32>> {
     }
     let plane = h * w;
     let x: Vec<f32> = model.chunks_exact(plane).enumerate().flat_map(|(c, p)| p.iter().map(move |v| v * STD[c] + MEAN[c])).collect();
-    let tokens = patchify(&x, [1, CHANNELS, h, w], 1)?;
+    unpatched(&x, h, w)
+}
+
+/// [128][h][w] patches as their [32][2h][2w] values, unchanged otherwise (TAEF2 and the
+/// latent previews read the normalised latent this way, as sd.cpp's do).
+pub fn unpatched(model: &[f32], h: usize, w: usize) -> Result<Vec<f32>> {
+    let tokens = patchify(model, [1, CHANNELS, h, w], 1)?;
     unpatchify(&tokens, [1, VAE_CHANNELS, 2 * h, 2 * w], 2)
+}
+
+/// The inverse of [`unpatched`]: [32][2h][2w] → [128][h][w].
+pub fn patched(planes: &[f32], h: usize, w: usize) -> Result<Vec<f32>> {
+    let x = patchify(planes, [1, VAE_CHANNELS, 2 * h, 2 * w], 2)?;
+    // Tokens [h·w][128] back to planes [128][h][w].
+    unpatchify(&x, [1, CHANNELS, h, w], 1)
 }
