@@ -71,10 +71,16 @@ fn tower_matches_transformers() {
     let src = vision_layout(sdflow_core::io::open(&path).unwrap()).unwrap();
     let backend = common::backend(2);
     let w = load_weights(&backend, src.as_ref(), &[""], &TypeRules::new(Some(DType::F32), "").unwrap()).unwrap();
-    let mut cfg = VisionConfig::infer(&w, "visual.").unwrap();
+    let cfg = VisionConfig::infer(&w, "visual.").unwrap();
     assert_eq!((cfg.hidden, cfg.heads, cfg.depth, cfg.intermediate, cfg.out_hidden), (160, 2, 4, 64, 48));
+    check_tower(&r, &w, &backend);
+}
+
+/// The tower of `w` (under `visual.`) on the fixture's image against its reference output.
+fn check_tower(r: &serde_json::Value, w: &sdflow_core::models::Weights, backend: &sdflow_core::ggml::Backend) {
+    let mut cfg = VisionConfig::infer(w, "visual.").unwrap();
     cfg.full_attention = serde_json::from_value(r["full_attention"].clone()).unwrap();
-    let tower = VisionTower::new(&w, "visual.", cfg).unwrap();
+    let tower = VisionTower::new(w, "visual.", cfg).unwrap();
     let [iw, ih]: [usize; 2] = serde_json::from_value(r["size"].clone()).unwrap();
     let input = VisionInput::from_image(&image(iw, ih), iw, ih).unwrap();
     let size = tower.graph_size(&input);
@@ -82,7 +88,7 @@ fn tower_matches_transformers() {
     let mut g = GraphRun::new(&ctx);
     let out = tower.forward(&ctx, &mut g, &input).unwrap();
     assert_eq!(out.ne(), [48, 54, 1, 1]);
-    let got = g.compute(&backend, &[out], size).unwrap().remove(0);
+    let got = g.compute(backend, &[out], size).unwrap().remove(0);
     let err = max_abs_err(&got, &floats(&r["out"]));
     assert!(err <= 1e-3, "max abs error {err}");
 }
@@ -148,18 +154,7 @@ fn an_mmproj_file_is_the_same_tower() {
     let src = vision_layout(raw).unwrap();
     let backend = common::backend(2);
     let w = load_weights(&backend, src.as_ref(), &[""], &TypeRules::new(Some(DType::F32), "").unwrap()).unwrap();
-    let mut cfg = VisionConfig::infer(&w, "visual.").unwrap();
-    cfg.full_attention = serde_json::from_value(r["full_attention"].clone()).unwrap();
-    let tower = VisionTower::new(&w, "visual.", cfg).unwrap();
-    let [iw, ih]: [usize; 2] = serde_json::from_value(r["size"].clone()).unwrap();
-    let input = VisionInput::from_image(&image(iw, ih), iw, ih).unwrap();
-    let size = tower.graph_size(&input);
-    let ctx = Context::new(size, size).unwrap();
-    let mut g = GraphRun::new(&ctx);
-    let out = tower.forward(&ctx, &mut g, &input).unwrap();
-    let got = g.compute(&backend, &[out], size).unwrap().remove(0);
-    let err = max_abs_err(&got, &floats(&r["out"]));
-    assert!(err <= 1e-3, "max abs error {err}");
+    check_tower(&r, &w, &backend);
 }
 
 /// Qwen2.5-VL's language model reading an image: the tower's merged tokens in place of

@@ -451,14 +451,10 @@ impl LlmEncoder<'_> {
             }
         }
         let end = prompt::comfy_template_end(&tokens.iter().map(|&t| t as u32).collect::<Vec<_>>());
-        let size = tower.map_or(0, |tw| images.iter().map(|im| tw.graph_size(im)).sum::<usize>()) + 64 * self.config.layers + 1024;
+        let size = self.graph_size(tower, images);
         let ctx = Context::new(size, size)?;
         let mut run = GraphRun::new(&ctx);
-        let mut spans = Vec::with_capacity(images.len());
-        for (im, &at) in images.iter().zip(&starts) {
-            let t = tower.expect("checked: images need a tower").forward(&ctx, &mut run, im)?;
-            spans.push(ImageSpan { at, tokens: t, rows: im.rows / vision::MERGE, cols: im.cols / vision::MERGE });
-        }
+        let spans = image_spans(&ctx, &mut run, tower, images, &starts)?;
         let out = self.forward_with_images(&ctx, &mut run, &tokens, &spans, Some(QWEN25_VL_MROPE), &[self.config.layers + 1])?;
         let width = out.ne()[0] as usize;
         let mut hidden = run.compute(backend, &[out], size)?.remove(0);
@@ -503,14 +499,10 @@ impl LlmEncoder<'_> {
         if tokens.len() <= prompt.drop {
             return Err(ModelError::Input(format!("the templated prompt has {} tokens, not more than the {} the template drops", tokens.len(), prompt.drop)));
         }
-        let size = tower.map_or(0, |tw| images.iter().map(|im| tw.graph_size(im)).sum::<usize>()) + 64 * self.config.layers + 1024;
+        let size = self.graph_size(tower, images);
         let ctx = Context::new(size, size)?;
         let mut run = GraphRun::new(&ctx);
-        let mut spans = Vec::with_capacity(images.len());
-        for (im, &at) in images.iter().zip(&starts) {
-            let v = tower.expect("checked: images need a tower").forward(&ctx, &mut run, im)?;
-            spans.push(ImageSpan { at, tokens: v, rows: im.rows / vision::MERGE, cols: im.cols / vision::MERGE });
-        }
+        let spans = image_spans(&ctx, &mut run, tower, images, &starts)?;
         let out = self.forward_with_images(&ctx, &mut run, &tokens, &spans, None, &prompt.out_layers)?;
         let width = out.ne()[0] as usize;
         let mut hidden = run.compute(backend, &[out], size)?.remove(0);
@@ -521,6 +513,23 @@ impl LlmEncoder<'_> {
         }
         Ok((rows, width))
     }
+}
+
+impl LlmEncoder<'_> {
+    /// Graph nodes for the tower over `images` and this encoder after it.
+    fn graph_size(&self, tower: Option<&vision::VisionTower<'_>>, images: &[vision::VisionInput]) -> usize {
+        tower.map_or(0, |tw| images.iter().map(|im| tw.graph_size(im)).sum::<usize>()) + 64 * self.config.layers + 1024
+    }
+}
+
+/// Each image through the tower, its merged tokens placed at its start in the prompt.
+fn image_spans<'a>(ctx: &'a Context, run: &mut GraphRun<'a>, tower: Option<&'a vision::VisionTower<'a>>, images: &[vision::VisionInput], starts: &[usize]) -> Result<Vec<ImageSpan<'a>>> {
+    let mut spans = Vec::with_capacity(images.len());
+    for (im, &at) in images.iter().zip(starts) {
+        let t = tower.expect("checked: images need a tower").forward(ctx, run, im)?;
+        spans.push(ImageSpan { at, tokens: t, rows: im.rows / vision::MERGE, cols: im.cols / vision::MERGE });
+    }
+    Ok(spans)
 }
 
 /// llama.cpp's GGUF names of an LLM's per-layer tensors beside the Hugging Face names
