@@ -88,6 +88,77 @@ fn a_diffusers_named_transformer_is_the_same_model() {
     assert_eq!(env.run_saved_hash(&twin, "12"), env.run_saved_hash(&wf, "12"));
 }
 
+/// FLUX.2 dev's Mistral as llama.cpp writes it (GGUF, architecture `llama`, q and k rows
+/// interleaved per head): in bf16 the same image as the safetensors file (the rows are put
+/// back exactly); in Q8_0 it runs too.
+#[test]
+fn a_llama_cpp_mistral_gguf_conditions_dev() {
+    use sdflow_core::dtype::{self, DType};
+    use sdflow_core::io::gguf::Value;
+    let env = env();
+    let enc = env.dir.path().join("models/text_encoders");
+    let src = sdflow_core::io::open(&enc.join("mistral_3_small_flux2_bf16.safetensors")).unwrap();
+    let llama = |hf: &str| -> String {
+        let part = |p: &str| match p {
+            "self_attn.q_proj" => "attn_q",
+            "self_attn.k_proj" => "attn_k",
+            "self_attn.v_proj" => "attn_v",
+            "self_attn.o_proj" => "attn_output",
+            "input_layernorm" => "attn_norm",
+            "post_attention_layernorm" => "ffn_norm",
+            "mlp.gate_proj" => "ffn_gate",
+            "mlp.up_proj" => "ffn_up",
+            "mlp.down_proj" => "ffn_down",
+            other => panic!("{other}"),
+        };
+        let hf = hf.strip_prefix("model.").unwrap().strip_suffix(".weight").unwrap();
+        match hf {
+            "embed_tokens" => "token_embd.weight".into(),
+            "norm" => "output_norm.weight".into(),
+            _ => {
+                let (i, p) = hf.strip_prefix("layers.").unwrap().split_once('.').unwrap();
+                format!("blk.{i}.{}.weight", part(p))
+            }
+        }
+    };
+    // One 128-wide head each for q and k: llama.cpp's row order is (pair, half).
+    let interleave = |bytes: &[u8], rows: usize| -> Vec<u8> {
+        let row = bytes.len() / rows;
+        let mut out = vec![0u8; bytes.len()];
+        for r in 0..rows {
+            let dst = 2 * (r % (rows / 2)) + r / (rows / 2);
+            out[dst * row..(dst + 1) * row].copy_from_slice(&bytes[r * row..(r + 1) * row]);
+        }
+        out
+    };
+    for (file, quant) in [("mistral_bf16.gguf", false), ("mistral_q8_0.gguf", true)] {
+        let tensors: Vec<(String, DType, Vec<usize>, Vec<u8>)> = src
+            .tensors()
+            .iter()
+            .map(|t| {
+                let mut b = src.read(&t.name).unwrap().to_vec();
+                if t.name.contains("q_proj") || t.name.contains("k_proj") {
+                    b = interleave(&b, t.shape[0]);
+                }
+                if quant && t.shape.len() == 2 && !t.name.contains("embed") {
+                    let f = dtype::convert(t.dtype, &b, &t.shape, DType::F32).unwrap();
+                    (llama(&t.name), DType::Q8_0, t.shape.clone(), dtype::convert(DType::F32, &f, &t.shape, DType::Q8_0).unwrap())
+                } else {
+                    (llama(&t.name), t.dtype, t.shape.clone(), b)
+                }
+            })
+            .collect();
+        let kv = [("general.architecture".to_string(), Value::String("llama".into())), ("llama.attention.head_count".to_string(), Value::U32(1)), ("llama.attention.head_count_kv".to_string(), Value::U32(1))];
+        sdflow_core::io::gguf::write(&enc.join(file), &kv, tensors.iter().map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.as_slice()))).unwrap();
+    }
+    let wf = env.workflow("flux2_dev.json", 32, 2);
+    let base = env.run_saved_hash(&wf, "13");
+    assert_eq!(env.run_saved_hash(&with_input(&wf, "2", "clip_name", json!("mistral_bf16.gguf")), "13"), base, "the GGUF's rows put back exactly");
+    let (w, h, px) = env.run_saved(&with_input(&wf, "2", "clip_name", json!("mistral_q8_0.gguf")), "13");
+    assert_eq!((w, h), (32, 32));
+    assert!(px.iter().max().unwrap() - px.iter().min().unwrap() > 10, "the image is not flat");
+}
+
 /// The edit workflow: the input image's latent as a reference; the output takes the
 /// scaled input's size, and the reference changes the image.
 #[test]
