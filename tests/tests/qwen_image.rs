@@ -169,3 +169,26 @@ fn a_diffusers_pipelines_vae_folder_is_the_same_vae() {
     let base = env.run_saved_hash(&wf, "10");
     assert_eq!(env.run_saved_hash(&with_input(&wf, "3", "vae_name", json!("qwen_image_diffusers")), "10"), base);
 }
+
+/// sd.cpp's edit encoder (what sd-cli's `-r` builds) on a Qwen2.5-VL file without its
+/// vision tower: named, with where the tower comes from; FLUX.2's CLIP is refused.
+#[test]
+fn the_sd_cpp_edit_encoder_needs_the_vision_tower() {
+    use std::collections::BTreeMap;
+    let env = env();
+    let enc = env.dir.path().join("models/text_encoders");
+    let src = sdflow_core::io::open(&enc.join("qwen_2.5_vl_7b.safetensors")).unwrap();
+    let text_only: Vec<(String, DType, Vec<usize>, Vec<u8>)> = src.tensors().iter().filter(|t| !t.name.starts_with("visual.")).map(|t| (t.name.clone(), t.dtype, t.shape.clone(), src.read(&t.name).unwrap().to_vec())).collect();
+    sdflow_core::io::safetensors::write(&enc.join("qwen_2.5_vl_text_only.safetensors"), text_only.iter().map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.as_slice())), &BTreeMap::new()).unwrap();
+    let mut wf = env.workflow("qwen_image.json", 32, 2);
+    wf.nodes.insert("20".into(), NodeSpec::new("LoadImage").with_input("image", InputValue::Const(json!("input.png"))));
+    wf.nodes.insert("21".into(), NodeSpec::new("SdCppTextEncodeQwenImageEdit").with_input("clip", link("2", 0)).with_input("prompt", InputValue::Const(json!("make it snow"))).with_input("image1", link("20", 0)));
+    wf.set_input("8", "positive", link("21", 0)).unwrap();
+    let base = env.run_saved_hash(&wf, "10");
+    let e = env.run_err(&with_input(&wf, "2", "clip_name", json!("qwen_2.5_vl_text_only.safetensors")));
+    assert!(e.contains("no vision tower") && e.contains("--llm_vision"), "{e}");
+    // Without an image it is the text-to-image template, which needs no tower.
+    let mut plain = with_input(&wf, "2", "clip_name", json!("qwen_2.5_vl_text_only.safetensors"));
+    plain.nodes.get_mut("21").unwrap().inputs.remove("image1");
+    assert_ne!(env.run_saved_hash(&plain, "10"), base);
+}
