@@ -102,36 +102,6 @@ fn bad_requests_are_errors() {
     assert!(LlmConfig::infer(&qwen2, "model.", None).is_err(), "128-wide heads do not fit a 64-wide model");
 }
 
-/// llama.cpp's name of a Hugging Face name under `model.` (the inverse of `llm::hf_name`
-/// for the names these encoders have), written out from llama.cpp's tensor map.
-fn llama_cpp_name(hf: &str) -> String {
-    let hf = hf.strip_prefix("model.").unwrap();
-    let (stem, kind) = hf.rsplit_once('.').unwrap();
-    if stem == "embed_tokens" {
-        return format!("token_embd.{kind}");
-    }
-    if stem == "norm" {
-        return format!("output_norm.{kind}");
-    }
-    let rest = stem.strip_prefix("layers.").unwrap();
-    let (i, part) = rest.split_once('.').unwrap();
-    let g = match part {
-        "self_attn.q_proj" => "attn_q",
-        "self_attn.k_proj" => "attn_k",
-        "self_attn.v_proj" => "attn_v",
-        "self_attn.o_proj" => "attn_output",
-        "self_attn.q_norm" => "attn_q_norm",
-        "self_attn.k_norm" => "attn_k_norm",
-        "input_layernorm" => "attn_norm",
-        "post_attention_layernorm" => "ffn_norm",
-        "mlp.gate_proj" => "ffn_gate",
-        "mlp.up_proj" => "ffn_up",
-        "mlp.down_proj" => "ffn_down",
-        other => panic!("{other}"),
-    };
-    format!("blk.{i}.{g}.{kind}")
-}
-
 #[test]
 fn a_gguf_in_llama_cpp_names_loads_the_same_encoder() {
     for key in ["qwen3", "qwen2"] {
@@ -140,7 +110,7 @@ fn a_gguf_in_llama_cpp_names_loads_the_same_encoder() {
         let keys: BTreeMap<String, Vec<usize>> = serde_json::from_value(fixture()[key]["keys"].clone()).unwrap();
         let mut data: Vec<(String, Vec<usize>, Vec<u8>)> = keys
             .iter()
-            .map(|(n, s)| (llama_cpp_name(n), s.clone(), det_values(n, s.iter().product(), SCALE).iter().flat_map(|x| x.to_le_bytes()).collect()))
+            .map(|(n, s)| (llm::llama_cpp_name(n).unwrap(), s.clone(), det_values(n, s.iter().product(), SCALE).iter().flat_map(|x| x.to_le_bytes()).collect()))
             .collect();
         // The language-model head, which an encoder never reads.
         data.push(("output.weight".into(), vec![1000, 64], vec![0; 1000 * 64 * 4]));
@@ -155,6 +125,8 @@ fn a_gguf_in_llama_cpp_names_loads_the_same_encoder() {
     }
     assert_eq!(llm::hf_name("blk.12.attn_q.bias").as_deref(), Some("layers.12.self_attn.q_proj.bias"));
     assert_eq!(llm::hf_name("output.weight"), None);
+    assert_eq!(llm::llama_cpp_name("model.layers.12.self_attn.q_proj.bias").as_deref(), Some("blk.12.attn_q.bias"));
+    assert_eq!(llm::llama_cpp_name("lm_head.weight"), None);
     assert_eq!(llm::hf_name("blk.x.attn_q.weight"), None);
 }
 
@@ -194,9 +166,9 @@ fn a_llama_architecture_gguf_has_its_q_and_k_rows_put_back() {
                 }
                 let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
                 if quant && s.len() == 2 && !n.contains("embed") {
-                    (llama_cpp_name(n), DType::Q8_0, s.clone(), dtype::convert(DType::F32, &bytes, s, DType::Q8_0).unwrap())
+                    (llm::llama_cpp_name(n).unwrap(), DType::Q8_0, s.clone(), dtype::convert(DType::F32, &bytes, s, DType::Q8_0).unwrap())
                 } else {
-                    (llama_cpp_name(n), DType::F32, s.clone(), bytes)
+                    (llm::llama_cpp_name(n).unwrap(), DType::F32, s.clone(), bytes)
                 }
             })
             .collect();

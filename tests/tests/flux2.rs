@@ -98,29 +98,7 @@ fn a_llama_cpp_mistral_gguf_conditions_dev() {
     let env = env();
     let enc = env.dir.path().join("models/text_encoders");
     let src = sdflow_core::io::open(&enc.join("mistral_3_small_flux2_bf16.safetensors")).unwrap();
-    let llama = |hf: &str| -> String {
-        let part = |p: &str| match p {
-            "self_attn.q_proj" => "attn_q",
-            "self_attn.k_proj" => "attn_k",
-            "self_attn.v_proj" => "attn_v",
-            "self_attn.o_proj" => "attn_output",
-            "input_layernorm" => "attn_norm",
-            "post_attention_layernorm" => "ffn_norm",
-            "mlp.gate_proj" => "ffn_gate",
-            "mlp.up_proj" => "ffn_up",
-            "mlp.down_proj" => "ffn_down",
-            other => panic!("{other}"),
-        };
-        let hf = hf.strip_prefix("model.").unwrap().strip_suffix(".weight").unwrap();
-        match hf {
-            "embed_tokens" => "token_embd.weight".into(),
-            "norm" => "output_norm.weight".into(),
-            _ => {
-                let (i, p) = hf.strip_prefix("layers.").unwrap().split_once('.').unwrap();
-                format!("blk.{i}.{}.weight", part(p))
-            }
-        }
-    };
+    let llama = |hf: &str| sdflow_core::models::llm::llama_cpp_name(hf).unwrap();
     // One 128-wide head each for q and k: llama.cpp's row order is (pair, half).
     let interleave = |bytes: &[u8], rows: usize| -> Vec<u8> {
         let row = bytes.len() / rows;

@@ -565,6 +565,20 @@ pub fn hf_name(gguf: &str) -> Option<String> {
     Some(format!("layers.{i}.{hf}.{kind}"))
 }
 
+/// The inverse of [`hf_name`]: llama.cpp's GGUF name of an LLM tensor in Hugging Face's
+/// names (with or without `model.`), or `None` for a name outside the encoder.
+pub fn llama_cpp_name(hf: &str) -> Option<String> {
+    let hf = hf.strip_prefix("model.").unwrap_or(hf);
+    let (stem, kind) = hf.rsplit_once('.')?;
+    if let Some((g, _)) = GGUF_NAMES.iter().find(|(_, h)| *h == stem) {
+        return Some(format!("{g}.{kind}"));
+    }
+    let (i, part) = stem.strip_prefix("layers.")?.split_once('.')?;
+    let i: usize = i.parse().ok()?;
+    let (g, _) = GGUF_LAYER_NAMES.iter().find(|(_, h)| *h == part)?;
+    Some(format!("blk.{i}.{g}.{kind}"))
+}
+
 /// GGUF architectures whose q and k rows llama.cpp's converter interleaves (`permute`, so
 /// that ggml's plain RoPE rotates adjacent pairs); it leaves Qwen's as they are.
 const PERMUTED_ARCHS: [&str; 3] = ["llama", "mistral", "mistral3"];
