@@ -13,7 +13,7 @@
 
 mod common;
 
-use common::{env_or, peak_rss, GIB};
+use common::{env_or, median_after_warmup, peak_rss, GIB};
 use sdflow_core::dtype::DType;
 use sdflow_core::ggml::{Backend, Context, GraphRun};
 use sdflow_core::io::{self, WeightType};
@@ -56,10 +56,8 @@ fn main() {
                 run.compute(&backend, &[out], size).unwrap();
                 s.elapsed().as_secs_f64()
             };
-            once();
-            let mut t: Vec<f64> = (0..reps).map(|_| once()).collect();
-            t.sort_by(|a, b| a.partial_cmp(b).unwrap());
-            println!("{:>8} {:>7} {:>8.2} {:>10.2}", ty, n, t[t.len() / 2], peak_rss() as f64 / GIB);
+            let s = median_after_warmup(reps, once);
+            println!("{:>8} {:>7} {:>8.2} {:>10.2}", ty, n, s, peak_rss() as f64 / GIB);
         }
     }
 }

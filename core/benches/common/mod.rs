@@ -47,6 +47,14 @@ pub fn cached_specs(file_stem: &str, specs: &[sdflow_core::synth::TensorSpec], c
 }
 
 /// An environment variable, or `default`.
+/// The median of `reps` timings of `once` (seconds it reports) after one untimed warm-up.
+pub fn median_after_warmup(reps: usize, mut once: impl FnMut() -> f64) -> f64 {
+    once();
+    let mut t: Vec<f64> = (0..reps.max(1)).map(|_| once()).collect();
+    t.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    t[t.len() / 2]
+}
+
 pub fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_string())
 }
