@@ -50,11 +50,11 @@ fn matches_diffusers() {
     let model = QwenImage::new(&w, "", cfg).unwrap();
     let ctx = Context::new(16384, 16384).unwrap();
     let mut g = GraphRun::new(&ctx);
-    let grids = [ImageGrid { rows: h / 2, cols: wd / 2 }];
+    let grids = [ImageGrid { rows: h / 2, cols: wd / 2, frame: 0 }];
     let img = g.input_f32(&[(c * 4) as i64, (h / 2 * wd / 2) as i64, b as i64], patchify(&floats(&r["latent"]), [b, c, h, wd], 2).unwrap()).unwrap();
     let t = text();
     let txt = g.input_f32(&[t.dim, t.tokens, b as i64], t.data.repeat(b)).unwrap();
-    let out = model.forward(&ctx, &mut g, &QwenImageInputs { img, grids: &grids, txt, timesteps: &floats(&r["t"]), ref_timestep_zero: false, circular: Default::default() }).unwrap();
+    let out = model.forward(&ctx, &mut g, &QwenImageInputs { img, grids: &grids, outputs: 1, txt, timesteps: &floats(&r["t"]), ref_timestep_zero: false, circular: Default::default() }).unwrap();
     let tokens = g.compute(&backend, &[out], 16384).unwrap().remove(0);
     let got = unpatchify(&tokens, [b, c, h, wd], 2).unwrap();
     let err = max_abs_err(&got, &floats(&r["out"]));
@@ -64,7 +64,7 @@ fn matches_diffusers() {
 /// ComfyUI's and sd.cpp's positions: odd sides centred with the extra row below.
 #[test]
 fn positions_are_centred_and_text_follows_the_image() {
-    let (img, txt) = position_ids(&[ImageGrid { rows: 3, cols: 4 }, ImageGrid { rows: 2, cols: 6 }], 2);
+    let (img, txt) = position_ids(&[ImageGrid { rows: 3, cols: 4, frame: 0 }, ImageGrid { rows: 2, cols: 6, frame: 1 }], 2);
     assert_eq!(img.len(), 12 + 12);
     // Rows −1, 0, 1 (⌊3/2⌋ above the centre), columns −2 … 1.
     assert_eq!(img[0], vec![0.0, -1.0, -2.0]);
@@ -174,4 +174,58 @@ fn denoiser_reads_references_as_the_edit_pipelines_do() {
     }
     // The two cases differ: the references' timestep matters.
     assert!(max_abs_err(&floats(&r["edit"]), &floats(&r["edit_2511"])) > 1e-2);
+}
+
+/// Qwen-Image-Layered: `addition_t_embedding` joins the timestep embedding, a latent of
+/// three frames ([C][T][H][W] per sample, ComfyUI's layout) is denoised as frames 0..2
+/// with the input image at frame −1 (the layered model's default placement), as
+/// diffusers' `QwenEmbedLayer3DRope` lays them out.
+#[test]
+fn layered_denoises_frames_with_the_image_before_them() {
+    let r = fixture();
+    let backend = common::backend(2);
+    let mut keys = r["keys"].as_object().unwrap().clone();
+    keys.extend(r["layered_keys"].as_object().unwrap().clone());
+    let w = det_weights(&serde_json::Value::Object(keys), SCALE, &backend);
+    let cfg = config(&w);
+    assert!(cfg.additional_t);
+    let [b, c, h, wd] = shape();
+    let frames = r["layered_frames"].as_u64().unwrap() as usize;
+    let latent = floats(&r["layered_latent"]);
+    let want = floats(&r["layered"]);
+    let reference = std::sync::Arc::new(ReferenceLatent { data: floats(&r["layered_ref_vae"]), channels: c, height: h, width: wd });
+    let t = floats(&r["t"]);
+    let mut den = QwenImageDenoiser::new(QwenImage::new(&w, "", cfg.clone()).unwrap());
+    den.frames = frames;
+    let per = c * frames * h * wd;
+    let shape = [wd as i64, h as i64, (c * frames) as i64, 1];
+    for method in [None, Some(ReferenceMethod::NegativeIndex)] {
+        let mut cond = text();
+        cond.references = vec![reference.clone()];
+        cond.reference_method = method;
+        for k in 0..b {
+            let x = &latent[k * per..(k + 1) * per];
+            let got = den.denoise_batch(&backend, shape, t[k], &[QwenImageItem { x, cond: &cond }]).unwrap().remove(0);
+            let expect: Vec<f32> = x.iter().zip(&want[k * per..(k + 1) * per]).map(|(x, v)| x - t[k] * v).collect();
+            let err = max_abs_err(&got, &expect);
+            assert!(err <= 1e-3, "{method:?} sample {k}: max abs error {err}");
+        }
+    }
+    // Placed after the frames instead (ComfyUI's `index`), the image changes the result.
+    let mut cond = text();
+    cond.references = vec![reference];
+    cond.reference_method = Some(ReferenceMethod::Index);
+    let x = &latent[..per];
+    let got = den.denoise_batch(&backend, shape, t[0], &[QwenImageItem { x, cond: &cond }]).unwrap().remove(0);
+    let expect: Vec<f32> = x.iter().zip(&want[..per]).map(|(x, v)| x - t[0] * v).collect();
+    assert!(max_abs_err(&got, &expect) > 1e-3);
+    // A frame count the latent's channels do not hold, and frames on a plain model, are named.
+    den.frames = 2;
+    let e = den.denoise_batch(&backend, shape, 0.5, &[QwenImageItem { x, cond: &text() }]).err().expect("frames");
+    assert!(e.to_string().contains("16 latent channels × 2 frames"), "{e}");
+    let plain = det_weights(&r["keys"], SCALE, &backend);
+    let mut den = QwenImageDenoiser::new(QwenImage::new(&plain, "", config(&plain)).unwrap());
+    den.frames = frames;
+    let e = den.denoise_batch(&backend, shape, 0.5, &[QwenImageItem { x, cond: &text() }]).err().expect("plain");
+    assert!(e.to_string().contains("only Qwen-Image-Layered"), "{e}");
 }

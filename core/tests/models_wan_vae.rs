@@ -25,7 +25,12 @@ fn floats(v: &serde_json::Value) -> Vec<f32> {
 /// The fixture's weights written as a Wan release file (bf16 when asked: what ComfyUI's
 /// file holds) under `prefix`.
 fn write(path: &Path, prefix: &str, dtype: DType, skip: &[&str]) {
-    let keys: BTreeMap<String, Vec<usize>> = serde_json::from_value(reference("wan_vae_tiny_ref.json")["keys"].clone()).unwrap();
+    write_keys(path, "keys", prefix, dtype, skip)
+}
+
+/// `write` with the key table of the fixture's entry `table`.
+fn write_keys(path: &Path, table: &str, prefix: &str, dtype: DType, skip: &[&str]) {
+    let keys: BTreeMap<String, Vec<usize>> = serde_json::from_value(reference("wan_vae_tiny_ref.json")[table].clone()).unwrap();
     let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = keys
         .iter()
         .filter(|(k, _)| !skip.iter().any(|s| k.starts_with(s)))
@@ -141,4 +146,29 @@ fn decoder_only_files_and_bad_inputs_are_errors() {
     assert!(e.to_string().contains("4 channels"), "{e}");
     let e = WanVaeConfig::infer(&w, "first_stage_model.").err().expect("prefix");
     assert!(e.to_string().contains("not a Wan VAE"), "{e}");
+}
+
+/// Qwen-Image-Layered's VAE: RGBA in and out (4 image channels, read off the weights);
+/// an RGB image is refused by name.
+#[test]
+fn rgba_matches_diffusers() {
+    let r = reference("wan_vae_tiny_ref.json");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("qwen_image_layered_vae.safetensors");
+    write_keys(&path, "rgba_keys", "", DType::F32, &[]);
+    let backend = common::backend(2);
+    let w = load(&path, &backend);
+    let cfg = WanVaeConfig::infer(&w, "").unwrap();
+    assert_eq!((cfg.z_channels, cfg.image_channels), (16, 4));
+    let vae = WanVae::new(&w, "", cfg).unwrap();
+    let [h, wd]: [usize; 2] = serde_json::from_value(r["image_hw"].clone()).unwrap();
+    let off = VaeTiling { enabled: false, ..VaeTiling::default() };
+    let (mean, _) = run(&vae, &backend, VaeOp::EncodeMean, &floats(&r["rgba_image"]), wd, h, &off).unwrap();
+    let err = max_abs_err(&mean, &floats(&r["rgba_mean"]));
+    assert!(err <= 1e-3, "encode: max abs error {err}");
+    let (image, _) = run(&vae, &backend, VaeOp::Decode, &floats(&r["latent"]), wd / 8, h / 8, &off).unwrap();
+    let err = max_abs_err(&image, &floats(&r["rgba_decoded"]));
+    assert!(err <= 1e-3, "decode: max abs error {err}");
+    let e = run(&vae, &backend, VaeOp::EncodeMean, &floats(&r["image"]), wd, h, &off).err().expect("rgb");
+    assert!(e.to_string().contains("4 channels"), "{e}");
 }

@@ -87,6 +87,9 @@ pub enum ReferenceMethod {
     /// `Offset`'s placement with the offsets counted in latent pixels, not patches (about
     /// twice ComfyUI's from the second reference on): sd.cpp's Kontext default.
     OffsetLatent,
+    /// Index −1, −2, … per reference, no spatial offset (ComfyUI's `negative_index`,
+    /// sd.cpp's DECREASE): Qwen-Image-Layered's input image before its layers.
+    NegativeIndex,
 }
 
 /// One reference latent: the first sample of a VAE-space latent, planar [C][H][W].

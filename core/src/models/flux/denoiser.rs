@@ -270,7 +270,7 @@ pub const LATENT_SHIFT: f32 = 0.1159;
 /// position ids as ComfyUI places them by `method` beside an image of `grid` (rows,
 /// columns) patches: `Offset` (the default) gives index 1 and puts each reference below or
 /// right of those before it, whichever keeps the covered area squarer; `Index` numbers
-/// them 1, 2, … at the origin; `Uxo` gives index 0 and moves each past the image and the
+/// them 1, 2, … at the origin (`NegativeIndex` −1, −2, …); `Uxo` gives index 0 and moves each past the image and the
 /// references before it, diagonally; `OffsetLatent` is `Offset` without the offsets'
 /// conversion to patches (sd.cpp's). With `channels` 0 only the ids are made.
 pub fn reference_tokens(refs: &[std::sync::Arc<ReferenceLatent>], method: ReferenceMethod, grid: (usize, usize), channels: usize) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
@@ -283,6 +283,10 @@ pub fn reference_tokens(refs: &[std::sync::Arc<ReferenceLatent>], method: Refere
             // FLUX.1 has no per-token timestep: the placement is index's.
             ReferenceMethod::Index | ReferenceMethod::IndexTimestepZero => {
                 index += 1.0;
+                (0, 0)
+            }
+            ReferenceMethod::NegativeIndex => {
+                index -= 1.0;
                 (0, 0)
             }
             ReferenceMethod::Uxo => {

@@ -11,6 +11,10 @@
 //! 10000) with image rows and columns centred on 0, each reference image its own frame,
 //! and text tokens on the diagonal just past the image's extent. The model reads σ
 //! (embedded at 1000×) and predicts the flow velocity.
+//!
+//! Qwen-Image-Layered is the same network with one more timestep embedding (an RGB/RGBA
+//! flag, always 0 in its pipelines) denoising several frames at once: the image's layers
+//! as frames 0, 1, …, the input image before them at frame −1.
 
 pub mod denoiser;
 
@@ -26,8 +30,8 @@ use crate::ggml::{Context, GType, GraphRun, Tensor};
 pub const MARKER: &str = "transformer_blocks.0.img_mod.1.weight";
 
 /// Qwen-Image-Layered's extra timestep embedding (it decomposes an image into RGBA layers
-/// with its own 3-D rotary layout).
-const LAYERED_MARKER: &str = "time_text_embed.addition_t_embedding.weight";
+/// denoised as frames).
+pub const LAYERED_MARKER: &str = "time_text_embed.addition_t_embedding.weight";
 
 /// The layer and RMS norms' epsilon.
 const EPS: f32 = 1e-6;
@@ -48,14 +52,19 @@ pub struct QwenImageConfig {
     /// column); not stored in files: (16, 56, 56) for the released models.
     pub axes: Vec<usize>,
     pub theta: f64,
+    /// Qwen-Image-Layered's `addition_t_embedding`: its row 0 joins the timestep
+    /// embedding (diffusers' `is_rgb = 0`, sd.cpp's and ComfyUI's default).
+    pub additional_t: bool,
 }
 
-/// One image whose tokens the model reads: the one being denoised first, then the
-/// references of an edit, each a `rows` × `cols` grid of patches.
+/// One image whose tokens the model reads: the frames being denoised first, then the
+/// references of an edit, each a `rows` × `cols` grid of patches at position `frame` on
+/// the first rotary axis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ImageGrid {
     pub rows: usize,
     pub cols: usize,
+    pub frame: i32,
 }
 
 /// The inputs of one evaluation.
@@ -63,8 +72,11 @@ pub struct QwenImageInputs<'a, 'b> {
     /// Image tokens [p·p·C, L, B]: every grid's patches in reading order, grid after grid,
     /// each patch's features in (channel, row, column) order.
     pub img: Tensor<'a>,
-    /// The grids `img` holds, the denoised image first.
+    /// The grids `img` holds, the denoised frames first.
     pub grids: &'b [ImageGrid],
+    /// How many leading grids are denoised (1; Qwen-Image-Layered: its layers + 1): their
+    /// outputs are returned, the references' dropped.
+    pub outputs: usize,
     /// Text features [context, Lt, B].
     pub txt: Tensor<'a>,
     /// σ per sequence.
@@ -92,9 +104,6 @@ impl QwenImageConfig {
         if !w.contains(&at(MARKER)) {
             return Err(ModelError::Config(format!("not a Qwen-Image transformer: no `{}`", at(MARKER))));
         }
-        if w.contains(&at(LAYERED_MARKER)) {
-            return Err(ModelError::Config(format!("a Qwen-Image-Layered transformer (`{}`): not supported yet", at(LAYERED_MARKER))));
-        }
         let patch = 2;
         let [fin, hidden, ..] = w.get(&at("img_in.weight"))?.ne();
         let context = w.get(&at("txt_in.weight"))?.ne()[0];
@@ -116,22 +125,23 @@ impl QwenImageConfig {
             layers,
             axes: vec![16, 56, 56],
             theta: 10_000.0,
+            additional_t: w.contains(&at(LAYERED_MARKER)),
         })
     }
 }
 
 /// Position ids (frame, row, column) of the image tokens of `grids` and of `text` text
 /// tokens, as ComfyUI's `QwenImageTransformer2DModel` and sd.cpp's `gen_qwen_image_ids`
-/// lay them out: grid k is frame k, its rows and columns centred (−⌊n/2⌋ … ⌈n/2⌉ − 1);
-/// text token i sits at m + i on every axis, m the first grid's largest half-extent.
-/// diffusers' `QwenEmbedRope` centres odd sides one lower (−⌈n/2⌉ …) and takes m over
-/// every grid; for even grids no larger than the first all three agree.
+/// lay them out: each grid at its frame, its rows and columns centred (−⌊n/2⌋ …
+/// ⌈n/2⌉ − 1); text token i sits at m + i on every axis, m the first grid's largest
+/// half-extent. diffusers' `QwenEmbedRope` centres odd sides one lower (−⌈n/2⌉ …) and
+/// takes m over every grid (its `QwenEmbedLayer3DRope` also over the frame count); for
+/// even grids no larger than the first, half as wide as there are frames, all agree.
 pub fn position_ids(grids: &[ImageGrid], text: usize) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
     let centred = |i: usize, n: usize| i as f32 - (n / 2) as f32;
     let img = grids
         .iter()
-        .enumerate()
-        .flat_map(|(k, g)| (0..g.rows).flat_map(move |r| (0..g.cols).map(move |c| vec![k as f32, centred(r, g.rows), centred(c, g.cols)])))
+        .flat_map(|g| (0..g.rows).flat_map(move |r| (0..g.cols).map(move |c| vec![g.frame as f32, centred(r, g.rows), centred(c, g.cols)])))
         .collect();
     let m = grids.first().map_or(0, |g| (g.rows / 2).max(g.cols / 2));
     let txt = (0..text).map(|i| vec![(m + i) as f32; 3]).collect();
@@ -145,6 +155,9 @@ impl<'w> QwenImage<'w> {
         rope::check_axes(&c.axes, c.head_dim)?;
         if c.layers == 0 {
             return Err(ModelError::Config(format!("a Qwen-Image transformer without blocks: no `{prefix}{MARKER}`")));
+        }
+        if c.additional_t {
+            w.expect(&format!("{prefix}{LAYERED_MARKER}"), &[c.hidden, 2])?;
         }
         let at = |s: &str| format!("{prefix}{s}");
         let lin = |name: &str, i: i64, o: i64| -> Result<()> {
@@ -181,8 +194,8 @@ impl<'w> QwenImage<'w> {
         format!("{}{s}", self.prefix)
     }
 
-    /// The predicted velocity of the denoised image's tokens [p·p·C, L₀, B] (the first
-    /// grid's; the references' outputs are dropped).
+    /// The predicted velocity of the denoised frames' tokens [p·p·C, L₀, B] (the first
+    /// `outputs` grids'; the references' outputs are dropped).
     pub fn forward<'a>(&'a self, ctx: &'a Context, run: &mut GraphRun<'a>, x: &QwenImageInputs<'a, '_>) -> Result<Tensor<'a>>
     where
         'w: 'a,
@@ -191,7 +204,7 @@ impl<'w> QwenImage<'w> {
         let [fin, l, b, _] = x.img.ne();
         let [cw, lt, bt, _] = x.txt.ne();
         let grid_tokens: usize = x.grids.iter().map(|g| g.rows * g.cols).sum();
-        if fin != c.patch * c.patch * c.latent_channels || cw != c.context || bt != b || x.grids.is_empty() || grid_tokens as i64 != l || x.timesteps.len() as i64 != b {
+        if fin != c.patch * c.patch * c.latent_channels || cw != c.context || bt != b || x.outputs == 0 || x.outputs > x.grids.len() || grid_tokens as i64 != l || x.timesteps.len() as i64 != b {
             return Err(ModelError::Input(format!(
                 "image tokens {:?} for grids {:?}, text {:?} and {} timesteps for a Qwen-Image model of {} / {} wide tokens",
                 x.img.ne(),
@@ -207,7 +220,7 @@ impl<'w> QwenImage<'w> {
         let wraps: Vec<Vec<usize>> = if x.circular.any() {
             let g = x.grids[0];
             let period = vec![0, if x.circular.y { g.rows } else { 0 }, if x.circular.x { g.cols } else { 0 }];
-            let first = lt as usize..lt as usize + g.rows * g.cols;
+            let first = lt as usize..lt as usize + x.outputs * g.rows * g.cols;
             (0..ids.len()).map(|i| if first.contains(&i) { period.clone() } else { vec![0; 3] }).collect()
         } else {
             Vec::new()
@@ -219,11 +232,15 @@ impl<'w> QwenImage<'w> {
             let t = run.input_f32(&[b], sigmas.iter().map(|s| s * 1000.0).collect())?;
             let t_freq = ctx.timestep_embedding(t, 256, 10_000)?;
             let h = ctx.silu(linear(ctx, self.w, &self.name("time_text_embed.timestep_embedder.linear_1"), t_freq)?)?;
-            let temb = linear(ctx, self.w, &self.name("time_text_embed.timestep_embedder.linear_2"), h)?; // [D, B]
+            let mut temb = linear(ctx, self.w, &self.name("time_text_embed.timestep_embedder.linear_2"), h)?; // [D, B]
+            if c.additional_t {
+                let flag = run.input_i32(&[b], vec![0; b as usize])?;
+                temb = ctx.add(temb, ctx.get_rows(self.w.get(&self.name(LAYERED_MARKER))?, flag)?)?;
+            }
             Ok(ctx.silu(temb)?)
         };
         let temb_act = embed(run, x.timesteps.to_vec())?;
-        let first = (x.grids[0].rows * x.grids[0].cols) as i64;
+        let first = x.grids[..x.outputs].iter().map(|g| (g.rows * g.cols) as i64).sum::<i64>();
         // The references' own modulation, from σ = 0, for the tokens past the image's.
         let refs = if x.ref_timestep_zero && first < l { Some((embed(run, vec![0.0; b as usize])?, first)) } else { None };
 

@@ -410,6 +410,9 @@ pub fn run(model: &(impl VaeGraph + ?Sized), backend: &Backend, op: VaeOp, input
                 input.len() / (w * h)
             )));
         }
+        if op == VaeOp::EncodeMean && w * h > 0 && input.len() % (w * h) == 0 {
+            return Err(ModelError::Input(format!("an image of {} channels for a VAE that reads {in_c} channels (Qwen-Image-Layered's reads RGBA)", input.len() / (w * h))));
+        }
         return Err(ModelError::Input(format!("{} values for a {w}x{h}x{in_c} input", input.len())));
     }
     let mut info = RunInfo { tiles: None, fallback: None };
