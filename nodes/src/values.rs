@@ -507,12 +507,21 @@ pub struct Latent {
     /// so a sample taken out of a batch is noised as it was in the batch. `None`: the
     /// whole batch's noise is drawn at once.
     pub batch_index: Option<Vec<usize>>,
+    /// Frames per sample (1 for images): ComfyUI's [B, C, T, H, W] latents keep their
+    /// frames inside the channels, `shape[2]` = C·T with each channel's T planes
+    /// together, the same memory order. Qwen-Image-Layered's layers are frames.
+    pub frames: usize,
 }
 
 impl Latent {
-    /// A latent with no noise mask and no batch indices.
+    /// A latent of single frames with no noise mask and no batch indices.
     pub fn new(samples: Vec<f32>, shape: [i64; 4]) -> Self {
-        Latent { samples, shape, noise_mask: None, batch_index: None }
+        Latent { samples, shape, noise_mask: None, batch_index: None, frames: 1 }
+    }
+
+    /// The latent's channels per frame.
+    pub fn channels(&self) -> i64 {
+        self.shape[2] / self.frames.max(1) as i64
     }
 }
 

@@ -128,7 +128,7 @@ fn ksampler_follows_comfyui_step_masks() {
     let latent: Vec<f32> = (0..per).map(|i| ((i * 37 % 101) as f32 / 50.0 - 1.0) * 3.0).collect();
     let mask = Mask { data: floats(&toy["mask"]), n: 1, height: h, width: w };
     let shape = [w as i64, h as i64, channels as i64, 1];
-    let masked = Latent { samples: latent.clone(), shape, noise_mask: Some(Arc::new(mask.clone())), batch_index: None };
+    let masked = Latent { samples: latent.clone(), shape, noise_mask: Some(Arc::new(mask.clone())), batch_index: None, frames: 1 };
     let (seed, cfg) = (42u64, 2.5);
     let ksampler = |m: &ModelRef| -> Vec<f32> {
         let inputs = vec![

@@ -113,7 +113,7 @@ fn bad_inputs_are_named() {
     let sigmas = InputData::Value(Value::new(IoType::SIGMAS, Sigmas(vec![1.0, 0.0])));
     let extend = env.run("ExtendIntermediateSigmas", vec![("sigmas", sigmas), ("steps", InputData::Const(json!(2))), ("start_at_sigma", InputData::Const(json!(-1.0))), ("end_at_sigma", InputData::Const(json!(0.0))), ("spacing", InputData::Const(json!("cubic")))]);
     assert_eq!(named(extend), "spacing");
-    let bad = Latent { samples: vec![0.0; 7], shape: [2, 2, 2, 1], noise_mask: None, batch_index: None };
+    let bad = Latent { samples: vec![0.0; 7], shape: [2, 2, 2, 1], noise_mask: None, batch_index: None, frames: 1 };
     let add = env.run(
         "AddNoise",
         vec![

@@ -556,7 +556,9 @@ pub fn write_flux2_models(root: &Path) {
 /// Tiny random-weight Qwen-Image files in the layouts people download: the MMDiT in the
 /// release's names (`diffusion_models/qwen_image_bf16.safetensors`, and the same
 /// architecture, other weights, as the Edit models' `qwen_image_edit_bf16.safetensors` and
-/// `qwen_image_edit_2509_bf16.safetensors`), Qwen2.5-VL in Hugging Face's names with its
+/// `qwen_image_edit_2509_bf16.safetensors`; with `addition_t_embedding`, the Layered
+/// model's `qwen_image_layered_bf16.safetensors` beside its RGBA VAE
+/// `vae/qwen_image_layered_vae.safetensors`), Qwen2.5-VL in Hugging Face's names with its
 /// vision tower (`text_encoders/qwen_2.5_vl_7b.safetensors`, bf16: it carries the whole
 /// vocabulary at a 128-wide head) and the Wan-2.1 VAE in Wan's names with its 5-D kernels
 /// (`vae/qwen_image_vae.safetensors`); the vision tower alone as sd-cli's `--llm_vision`
@@ -580,6 +582,10 @@ pub fn write_qwen_image_models(root: &Path) {
     write_once(&models.join("vae"), "qwen_image_vae.safetensors", &wan_vae_tensors(8, 16), "tiny Wan-2.1 VAE, base 8, z 16", 63);
     // The vision tower alone (sd-cli's --llm_vision).
     write_once(&dir, "qwen_2.5_vl_7b_vision.safetensors", &qwen25_vl_vision_tensors(160, 2, 64, l.hidden), "tiny Qwen2.5-VL vision tower", 66);
+    // Qwen-Image-Layered: the transformer with its extra timestep embedding, the RGBA VAE.
+    let layered = QwenImageSynth { layered: true, ..q };
+    write_once(&models.join("diffusion_models"), "qwen_image_layered_bf16.safetensors", &layered.tensors(), &serde_json::to_string(&layered).unwrap(), 67);
+    write_once(&models.join("vae"), "qwen_image_layered_vae.safetensors", &sdflow_core::synth::dit::wan_vae_tensors_for(8, 16, 4), "tiny Qwen-Image-Layered VAE (RGBA), base 8, z 16", 68);
 }
 
 /// A rank-2 LoRA on the tiny FLUX dev's double block's image q/k/v and single block's

@@ -192,3 +192,62 @@ fn the_sd_cpp_edit_encoder_needs_the_vision_tower() {
     plain.nodes.get_mut("21").unwrap().inputs.remove("image1");
     assert_ne!(env.run_saved_hash(&plain, "10"), base);
 }
+
+/// The saved images of `node` after running `wf`: (width, height, bytes per pixel) each.
+fn saved_images(env: &TestEnv, wf: &sdflow_executor::Workflow, node: &str) -> Vec<(u32, u32, usize, Vec<u8>)> {
+    let opts = sdflow_executor::RunOptions { output_dir: Some(env.out.clone()), ..Default::default() };
+    let report = env.exec.run(wf, &sdflow_executor::NullSink, &sdflow_executor::CancelToken::new(), &opts).unwrap();
+    let images = report.ui_outputs[node]["images"].as_array().unwrap().clone();
+    images
+        .iter()
+        .map(|i| {
+            let (w, h, px) = sdflow_tests::read_png(&env.out.join(i["filename"].as_str().unwrap()));
+            (w, h, px.len() / (w * h) as usize, px)
+        })
+        .collect()
+}
+
+/// Qwen-Image-Layered as its template runs: the image through the RGBA VAE as a
+/// reference, a latent of the composite and 3 layers sampled as frames, cut into a batch
+/// and decoded to 4 RGBA images; the layer count, the reference and the prompt matter.
+#[test]
+fn layered_decomposes_an_image_into_rgba_layers() {
+    let env = env();
+    let wf = with_input(&env.workflow("qwen_image_layered.json", 32, 2), "5", "megapixels", json!(0.01));
+    let images = saved_images(&env, &wf, "17");
+    assert_eq!(images.len(), 4, "the composite and 3 layers");
+    for (w, h, bpp, px) in &images {
+        // 72×56 scaled to 113×88, the latent 14×11 latent pixels.
+        assert_eq!((*w, *h, *bpp), (112, 88, 4), "RGBA at the latent's size");
+        assert!(px.iter().max().unwrap() - px.iter().min().unwrap() > 10, "the image is not flat");
+    }
+    assert_ne!(images[0].3, images[1].3, "frames differ");
+    assert_eq!(saved_images(&env, &wf, "17").iter().map(|i| i.3.clone()).collect::<Vec<_>>(), images.iter().map(|i| i.3.clone()).collect::<Vec<_>>(), "deterministic");
+    assert_eq!(saved_images(&env, &with_input(&wf, "12", "layers", json!(1)), "17").len(), 2);
+    let prompt = saved_images(&env, &with_input(&wf, "8", "text", json!("a (blue:1.2) bird")), "17");
+    assert_ne!(prompt[0].3, images[0].3, "the prompt matters");
+    // Without the reference the model sees no image.
+    let mut unreferenced = wf.clone();
+    unreferenced.set_input("14", "positive", link("8", 0)).unwrap();
+    unreferenced.set_input("14", "negative", link("9", 0)).unwrap();
+    assert_ne!(saved_images(&env, &unreferenced, "17")[0].3, images[0].3, "the reference matters");
+}
+
+#[test]
+fn layered_latents_are_named_where_they_do_not_fit() {
+    let env = env();
+    let wf = with_input(&env.workflow("qwen_image_layered.json", 32, 1), "5", "megapixels", json!(0.01));
+    // Frames decoded without cutting them into a batch.
+    let mut uncut = wf.clone();
+    uncut.set_input("16", "samples", link("14", 0)).unwrap();
+    let e = env.run_err(&uncut);
+    assert!(e.contains("4 frames") && e.contains("LatentCutToBatch"), "{e}");
+    // A plain Qwen-Image model given the layered latent.
+    let e = env.run_err(&with_input(&wf, "1", "unet_name", json!("qwen_image_bf16.safetensors")));
+    assert!(e.contains("only Qwen-Image-Layered"), "{e}");
+    // A FLUX model given frames.
+    let mut flux = with_input(&wf, "1", "unet_name", json!("flux1-dev.safetensors"));
+    flux.set_input("14", "model", link("1", 0)).unwrap();
+    let e = env.run_err(&flux);
+    assert!(e.contains("frames"), "{e}");
+}

@@ -30,6 +30,7 @@ pub const BUNDLED: &[(&str, &str)] = &[
     ("qwen_image", include_str!("../qwen_image.json")),
     ("qwen_image_edit", include_str!("../qwen_image_edit.json")),
     ("qwen_image_edit_2509", include_str!("../qwen_image_edit_2509.json")),
+    ("qwen_image_layered", include_str!("../qwen_image_layered.json")),
     ("sd35_sd_cli", include_str!("../sd35_sd_cli.json")),
     ("sd35_txt2img", include_str!("../sd35_txt2img.json")),
     ("sdxl_txt2img", include_str!("../sdxl_txt2img.json")),

@@ -463,12 +463,15 @@ pub struct QwenImageSynth {
     pub layers: usize,
     /// The text width (the LLM's hidden size).
     pub context: usize,
+    /// Qwen-Image-Layered: `time_text_embed.addition_t_embedding` too.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub layered: bool,
 }
 
 impl QwenImageSynth {
     /// Qwen-Image (20B).
     pub fn full() -> Self {
-        QwenImageSynth { latent_channels: 16, hidden: 3072, heads: 24, layers: 60, context: 3584 }
+        QwenImageSynth { latent_channels: 16, hidden: 3072, heads: 24, layers: 60, context: 3584, layered: false }
     }
 
     /// One block at one 128-wide head (the width the fixed rotary axes 16/56/56 need),
@@ -486,6 +489,9 @@ impl QwenImageSynth {
         s.linear("txt_in", self.context, d, true);
         s.linear("time_text_embed.timestep_embedder.linear_1", 256, d, true);
         s.linear("time_text_embed.timestep_embedder.linear_2", d, d, true);
+        if self.layered {
+            s.weight("time_text_embed.addition_t_embedding.weight".into(), vec![2, d]);
+        }
         for i in 0..self.layers {
             let p = format!("transformer_blocks.{i}");
             for st in ["img", "txt"] {
@@ -510,6 +516,11 @@ impl QwenImageSynth {
 /// 5-D causal kernels: channel multipliers 1, 2, 4, 4 over `base`, two residual blocks
 /// per encoder stage and three per decoder stage, `z` latent channels.
 pub fn wan_vae_tensors(base: usize, z: usize) -> Vec<TensorSpec> {
+    wan_vae_tensors_for(base, z, 3)
+}
+
+/// [`wan_vae_tensors`] over images of `image_channels` (Qwen-Image-Layered's: 4, RGBA).
+pub fn wan_vae_tensors_for(base: usize, z: usize, image_channels: usize) -> Vec<TensorSpec> {
     let mut s = Specs(Vec::new());
     let gamma = |s: &mut Specs, name: String, c: usize, dims: usize| s.push(name, [vec![c], vec![1; dims]].concat(), Init::Normal { mean: 1.0, std: super::BIAS_STD });
     let conv3 = |s: &mut Specs, p: String, i: usize, o: usize, k: usize| {
@@ -538,7 +549,7 @@ pub fn wan_vae_tensors(base: usize, z: usize) -> Vec<TensorSpec> {
         s.weight(format!("{p}.weight"), vec![o, i, 3, 1, 1]);
         s.bias(format!("{p}.bias"), o);
     };
-    conv3(&mut s, "encoder.conv1".into(), 3, base, 3);
+    conv3(&mut s, "encoder.conv1".into(), image_channels, base, 3);
     let dims: Vec<usize> = [1, 1, 2, 4, 4].iter().map(|u| u * base).collect();
     let mut n = 0;
     for i in 0..4 {
@@ -581,7 +592,7 @@ pub fn wan_vae_tensors(base: usize, z: usize) -> Vec<TensorSpec> {
         }
     }
     gamma(&mut s, "decoder.head.0.gamma".into(), base, 3);
-    conv3(&mut s, "decoder.head.2".into(), base, 3, 3);
+    conv3(&mut s, "decoder.head.2".into(), base, image_channels, 3);
     s.0
 }
 

@@ -10,6 +10,8 @@ pub fn register(registry: &mut Registry, _rt: &Arc<Runtime>) {
     registry.register(Arc::new(EMPTY_LATENT_IMAGE));
     registry.register(Arc::new(EMPTY_SD3_LATENT_IMAGE));
     registry.register(Arc::new(EMPTY_FLUX2_LATENT_IMAGE));
+    registry.register(Arc::new(EmptyQwenImageLayeredLatentImage));
+    registry.register(Arc::new(LatentCutToBatch));
     registry.register(Arc::new(SetLatentNoiseMask));
     registry.register(Arc::new(LatentUpscale { by: false }));
     registry.register(Arc::new(LatentUpscale { by: true }));
@@ -74,6 +76,99 @@ impl Node for EmptyLatent {
     }
 }
 
+/// ComfyUI's "EmptyQwenImageLayeredLatentImage": zeros of Qwen-Image's 16 channels at 1/8
+/// of the image size in `layers + 1` frames (the composite and its layers).
+struct EmptyQwenImageLayeredLatentImage;
+
+impl Node for EmptyQwenImageLayeredLatentImage {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("EmptyQwenImageLayeredLatentImage")
+            .display_name("Empty Qwen Image Layered Latent")
+            .category("latent/qwen")
+            .input(InputSpec::int("width", 640).int_range(16, 16384).int_step(16))
+            .input(InputSpec::int("height", 640).int_range(16, 16384).int_step(16))
+            .input(InputSpec::int("layers", 3).int_range(0, 16384).tooltip("Layers to decompose the image into: the latent has layers + 1 frames."))
+            .input(InputSpec::int("batch_size", 1).int_range(1, 4096))
+            .output("LATENT", IoType::LATENT)
+    }
+
+    fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let (w, h, layers, n) = (inputs.int("width")?, inputs.int("height")?, inputs.int("layers")?, inputs.int("batch_size")?);
+        if w < 16 || h < 16 || n < 1 || !(0..=16384).contains(&layers) {
+            return Err(NodeError::msg(format!("{w}x{h} × {n} with {layers} layers is not a valid latent size")));
+        }
+        let frames = layers as usize + 1;
+        let mut latent = latent_zeros([w / 8, h / 8, 16 * frames as i64, n])?;
+        latent.frames = frames;
+        Ok(Outputs::new(vec![Value::new(IoType::LATENT, latent)]))
+    }
+}
+
+/// ComfyUI's "LatentCutToBatch": a latent cut along frames (`t`), columns (`x`) or rows
+/// (`y`) into chunks of `slice_size`, the chunks a batch (a remainder that makes no whole
+/// chunk is dropped; a latent without frames is returned as it is for `t`). The noise
+/// mask stays; batch indices, which no longer match the batch, are dropped.
+struct LatentCutToBatch;
+
+impl Node for LatentCutToBatch {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("LatentCutToBatch")
+            .display_name("LatentCutToBatch")
+            .category("latent/advanced")
+            .description("Slice a multi-frame or multi-dimensional latent into uniform chunks and tile them into a batch.")
+            .input(InputSpec::link("samples", IoType::LATENT))
+            .input(InputSpec::combo("dim", ["t", "x", "y"]).tooltip("Dimension along which to slice (t=temporal/time, x=width, y=height)."))
+            .input(InputSpec::int("slice_size", 1).int_range(1, 16384).tooltip("Size of each slice chunk along the selected dimension."))
+            .output("LATENT", IoType::LATENT)
+    }
+
+    fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let l = inputs.downcast::<Latent>("samples")?;
+        let dim = inputs.string("dim")?;
+        let slice = usize::try_from(inputs.int("slice_size")?).ok().filter(|&s| s >= 1).ok_or_else(|| NodeError::msg("slice_size must be at least 1"))?;
+        let [w, h, _, n] = l.shape.map(|d| d as usize);
+        let (c, t) = (l.channels() as usize, l.frames.max(1));
+        let len = match dim {
+            "t" => t,
+            "x" => w,
+            "y" => h,
+            other => return Err(NodeError::msg(format!("dim `{other}` is not one of t, x, y"))),
+        };
+        if dim == "t" && t == 1 {
+            return Ok(Outputs::new(vec![Value::new(IoType::LATENT, l.clone())]));
+        }
+        let slice = slice.min(len);
+        let chunks = len / slice;
+        // (sample, chunk) → a sample of the chunk's frames, rows or columns.
+        let (ow, oh, ot) = match dim {
+            "t" => (w, h, slice),
+            "x" => (slice, h, t),
+            _ => (w, slice, t),
+        };
+        let mut samples = Vec::with_capacity(n * chunks * c * ot * oh * ow);
+        for s in 0..n {
+            for k in 0..chunks {
+                for ch in 0..c {
+                    for f in 0..ot {
+                        for y in 0..oh {
+                            for x in 0..ow {
+                                let (sf, sy, sx) = match dim {
+                                    "t" => (k * slice + f, y, x),
+                                    "x" => (f, y, k * slice + x),
+                                    _ => (f, k * slice + y, x),
+                                };
+                                samples.push(l.samples[(((s * c + ch) * t + sf) * h + sy) * w + sx]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let out = Latent { samples, shape: [ow as i64, oh as i64, (c * ot) as i64, (n * chunks) as i64], noise_mask: l.noise_mask.clone(), batch_index: None, frames: ot };
+        Ok(Outputs::new(vec![Value::new(IoType::LATENT, out)]))
+    }
+}
+
 /// ComfyUI's "Set Latent Noise Mask": sampling changes the latent only where the mask is 1.
 struct SetLatentNoiseMask;
 
@@ -111,7 +206,7 @@ fn resize_latent(l: &Latent, ow: usize, oh: usize, method: Method, crop: bool) -
         let src: Vec<f32> = (y0..y0 + ch).flat_map(|y| plane[y * w + x0..y * w + x0 + cw].iter().copied()).collect();
         samples.extend(resize_plane(&src, cw, ch, ow, oh, method));
     }
-    Ok(Latent { samples, shape, noise_mask: l.noise_mask.clone(), batch_index: l.batch_index.clone() })
+    Ok(Latent { samples, shape, noise_mask: l.noise_mask.clone(), batch_index: l.batch_index.clone(), frames: l.frames })
 }
 
 /// ComfyUI's "Upscale Latent" (to a pixel size) and "Upscale Latent By" (a factor).

@@ -436,7 +436,7 @@ impl Node for LatentOp {
                     None => (start..start + len).collect(),
                     Some(b) => b[py_slice(b.len(), start as i64, (start + len) as i64)].to_vec(),
                 });
-                latent_out(Latent { samples, shape: Dims { n: len, ..d }.shape(), noise_mask, batch_index })
+                latent_out(Latent { samples, shape: Dims { n: len, ..d }.shape(), noise_mask, batch_index, frames: l.frames })
             }
             LatentOp::RepeatBatch => {
                 let l = latent(inputs, "samples")?;
@@ -456,7 +456,7 @@ impl Node for LatentOp {
                     let offset = hi - lo + 1;
                     (0..amount).flat_map(|i| b.iter().map(move |x| x + i * offset)).collect()
                 });
-                latent_out(Latent { samples, shape: Dims { n: d.n * amount, ..d }.shape(), noise_mask, batch_index })
+                latent_out(Latent { samples, shape: Dims { n: d.n * amount, ..d }.shape(), noise_mask, batch_index, frames: l.frames })
             }
             LatentOp::Composite => {
                 let (to, from) = (latent(inputs, "samples_to")?, latent(inputs, "samples_from")?);

@@ -65,6 +65,15 @@ impl AnyVae<'_> {
         }
     }
 
+    /// Channels of the images it reads and writes (3; Qwen-Image-Layered's VAE: RGBA).
+    fn image_channels(&self) -> usize {
+        match self {
+            AnyVae::Kl(m) | AnyVae::Flux2(m) => m.config.image_channels as usize,
+            AnyVae::Taesd(_) => 3,
+            AnyVae::Wan(m) => m.config.image_channels as usize,
+        }
+    }
+
     fn z_channels(&self) -> i64 {
         match self {
             AnyVae::Kl(m) => m.config.z_channels,
@@ -130,25 +139,33 @@ fn run_kl(rt: &Runtime, model: &impl VaeGraph, op: VaeOp, input: &[f32], w: usiz
 /// Latents → images, one sample at a time to bound memory.
 pub(crate) fn decode_latent(rt: &Runtime, ctx: &ExecContext<'_>, latent: &Latent, vae: &VaeRef, tiling: &VaeTiling) -> Result<Image, NodeError> {
     let [w, h, c, n] = latent.shape;
+    if latent.frames > 1 {
+        return Err(NodeError::msg(format!(
+            "a latent of {} frames ({} channels each): LatentCutToBatch (dim t) makes its frames a batch of images to decode",
+            latent.frames,
+            latent.channels()
+        )));
+    }
     let per = (w * h * c) as usize;
     with_vae(rt, vae, |model| {
         let f = model.downscale();
         let (iw, ih) = ((w * f) as usize, (h * f) as usize);
-        let mut data = Vec::with_capacity(n as usize * iw * ih * 3);
+        let ic = model.image_channels();
+        let mut data = Vec::with_capacity(n as usize * iw * ih * ic);
         for i in 0..n as usize {
             ctx.check_cancelled()?;
             let chw = run_vae(rt, model, VaeOp::Decode, &latent.samples[i * per..(i + 1) * per], w as usize, h as usize, tiling)?;
             // CHW in [-1, 1] → HWC in [0, 1].
             for y in 0..ih {
                 for x in 0..iw {
-                    for ch in 0..3 {
+                    for ch in 0..ic {
                         data.push(((chw[(ch * ih + y) * iw + x] + 1.0) * 0.5).clamp(0.0, 1.0));
                     }
                 }
             }
             ctx.progress(i as u64 + 1, n as u64);
         }
-        Ok(Image { data, n: n as usize, height: ih, width: iw, channels: 3 })
+        Ok(Image { data, n: n as usize, height: ih, width: iw, channels: ic })
     })
 }
 
@@ -271,6 +288,8 @@ impl Node for VaeEncode {
 }
 
 /// Encode `img` to latent means, cropped (centred) to a multiple of the VAE's factor.
+/// An RGBA VAE reads RGB images as opaque (sd.cpp's `ensure_image_tensor_channels`), an
+/// RGB one drops an image's alpha.
 pub(crate) fn encode_image(rt: &Runtime, ctx: &ExecContext<'_>, vae: &VaeRef, img: &Image, tiling: &VaeTiling) -> Result<Latent, NodeError> {
     with_vae(rt, vae, |model| {
         let f = model.downscale() as usize;
@@ -281,13 +300,14 @@ pub(crate) fn encode_image(rt: &Runtime, ctx: &ExecContext<'_>, vae: &VaeRef, im
         let (x0, y0) = ((img.width - w) / 2, (img.height - h) / 2);
         let mut samples = Vec::new();
         let z = model.z_channels();
+        let ic = model.image_channels();
         for i in 0..img.n {
             ctx.check_cancelled()?;
-            let mut chw = vec![0f32; 3 * w * h];
+            let mut chw = vec![0f32; ic * w * h];
             for y in 0..h {
                 for x in 0..w {
-                    for ch in 0..3 {
-                        let v = img.data[((i * img.height + y + y0) * img.width + x + x0) * img.channels + ch];
+                    for ch in 0..ic {
+                        let v = if ch < img.channels { img.data[((i * img.height + y + y0) * img.width + x + x0) * img.channels + ch] } else { 1.0 };
                         chw[(ch * h + y) * w + x] = v * 2.0 - 1.0;
                     }
                 }

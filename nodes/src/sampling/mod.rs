@@ -286,6 +286,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
         let config = QwenImageConfig::infer(&weights, &model.prefix).map_err(err)?;
         let mut den = QwenImageDenoiser::new(QwenImage::new(&weights, &model.prefix, config).map_err(err)?);
         den.circular = model.circular;
+        den.frames = latent.frames.max(1);
         Den::QwenImage(den)
     } else {
         let config = UnetConfig::infer(&weights, &model.prefix).map_err(err)?;
@@ -341,7 +342,13 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
         };
     }
 
+    if latent.frames > 1 && !matches!(den, Den::QwenImage(_)) {
+        return Err(NodeError::msg(format!("a latent of {} frames: of the models here only Qwen-Image-Layered samples frames; this model is {}", latent.frames, model.family)));
+    }
     let [lw, lh, channels, ln] = latent.shape;
+    if latent.frames == 0 || channels % latent.frames as i64 != 0 {
+        return Err(NodeError::msg(format!("a latent of {channels} channels cannot hold {} frames", latent.frames)));
+    }
     if latent.shape.iter().any(|&d| d < 1) || latent.samples.len() as i64 != lw * lh * channels * ln {
         return Err(NodeError::msg(format!("a latent of {} values is not {:?}", latent.samples.len(), latent.shape)));
     }
@@ -353,18 +360,20 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
         Den::Sd3(d) => d.config().in_channels,
         Den::ZImage(d) => d.config().in_channels,
         Den::Flux2(d) => d.config().in_channels,
-        Den::QwenImage(d) => d.config().latent_channels,
+        Den::QwenImage(d) => d.config().latent_channels * d.frames as i64,
         Den::Sd(_) => channels,
     };
     let grown;
     let latent = if empty && channels != want_channels {
-        grown = Latent { samples: vec![0.0; (lw * lh * want_channels * ln) as usize], shape: [lw, lh, want_channels, ln], noise_mask: latent.noise_mask.clone(), batch_index: latent.batch_index.clone() };
+        grown = Latent { samples: vec![0.0; (lw * lh * want_channels * ln) as usize], shape: [lw, lh, want_channels, ln], noise_mask: latent.noise_mask.clone(), batch_index: latent.batch_index.clone(), frames: latent.frames };
         &grown
     } else {
         latent
     };
     let shape = latent.shape;
     let plane = (lw * lh) as usize;
+    // The latent format's per-channel statistics see a channel's frames as one plane.
+    let format_plane = plane * latent.frames.max(1);
     let channels = shape[2] as usize;
     let seed = noise.seed;
     let per_sample = noise.per_sample.is_some();
@@ -377,7 +386,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
         noise.iter_mut().for_each(|v| *v *= noise_scale);
     }
     let sigma0 = sigmas.first().copied().unwrap_or(0.0);
-    let scaled: Vec<f32> = if empty { latent.samples.clone() } else { model.latent.to_model(&latent.samples, plane) };
+    let scaled: Vec<f32> = if empty { latent.samples.clone() } else { model.latent.to_model(&latent.samples, format_plane) };
     // The latent noised to σ: x₀ + σ·ε, or for a flow model (1 − σ)·x₀ + σ·ε (ComfyUI's
     // CONST noise scaling).
     let flow = model.flow.is_some();
@@ -435,7 +444,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
         Some(m) if fill => Mask { data: m[i * plane..(i + 1) * plane].to_vec(), n: 1, height: lh as usize, width: lw as usize }.resized(0, mw, mh),
         Some(m) => m[i * plane..(i + 1) * plane].to_vec(),
     };
-    let process_in = |v: &[f32]| -> Vec<f32> { model.latent.to_model(v, plane) };
+    let process_in = |v: &[f32]| -> Vec<f32> { model.latent.to_model(v, format_plane) };
     let model_concat = build(&noise_mask_plane, &|i| match &mask {
         // ComfyUI's Fill without a masked image: zeros, taken into model space.
         _ if fill => process_in(&vec![0.0; per]),
@@ -659,7 +668,18 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
         last_denoised = Some(p.denoised.to_vec());
         step.set(p.step);
         ctx.progress(p.step as u64, total);
-        if let Some(image) = crate::sampling::preview::preview(rt, model.family, if rt.preview_noisy { p.x } else { p.denoised }, shape) {
+        let shown = if rt.preview_noisy { p.x } else { p.denoised };
+        // A latent of frames previews its first frame (Qwen-Image-Layered: the composite).
+        let first;
+        let (shown, shape) = if latent.frames > 1 {
+            let [w, h, _, _] = shape;
+            let (c, t, plane) = (latent.channels(), latent.frames, (w * h) as usize);
+            first = (0..c as usize).flat_map(|k| &shown[k * t * plane..(k * t + 1) * plane]).copied().collect::<Vec<f32>>();
+            (&first[..], [w, h, c, 1])
+        } else {
+            (shown, shape)
+        };
+        if let Some(image) = crate::sampling::preview::preview(rt, model.family, shown, shape) {
             ctx.preview(image);
         }
     };
@@ -685,9 +705,9 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     // ComfyUI's CONST `inverse_noise_scaling` does.
     let last = sigmas.last().copied().unwrap_or(0.0);
     let keep = if flow && last > 0.0 && last < 1.0 { 1.0 / (1.0 - last) } else { 1.0 };
-    let unscale = |v: &[f32], k: f32| -> Vec<f32> { model.latent.from_model(v, plane, k) };
+    let unscale = |v: &[f32], k: f32| -> Vec<f32> { model.latent.from_model(v, format_plane, k) };
     let denoised = unscale(last_denoised.as_deref().unwrap_or(&out), 1.0);
-    let mk = |samples| Latent { samples, shape, noise_mask: latent.noise_mask.clone(), batch_index: latent.batch_index.clone() };
+    let mk = |samples| Latent { samples, shape, noise_mask: latent.noise_mask.clone(), batch_index: latent.batch_index.clone(), frames: latent.frames };
     Ok((mk(unscale(&out, keep)), mk(denoised)))
 }
 
@@ -824,7 +844,7 @@ mod tests {
     #[test]
     fn variation_noise_draws_a1111s_seeds() {
         use sdflow_core::sampling::variation::slerp;
-        let latent = |n: i64, inds: Option<Vec<usize>>| Latent { samples: vec![0.0; (4 * 3 * 2 * n) as usize], shape: [4, 3, 2, n], noise_mask: None, batch_index: inds };
+        let latent = |n: i64, inds: Option<Vec<usize>>| Latent { samples: vec![0.0; (4 * 3 * 2 * n) as usize], shape: [4, 3, 2, n], noise_mask: None, batch_index: inds, frames: 1 };
         let per = 4 * 3 * 2;
         let source = |strength: f32, kind: RngKind| NoiseSource { per_sample: Some(Variation { subseed: 50, strength }), ..NoiseSource::new(10, true, Some(kind)) };
         let randn = |kind: RngKind, seed: u64, n: usize| kind.seeded(seed).randn(n);

@@ -101,6 +101,7 @@ pub fn latent(v: &Json) -> Latent {
         shape: [s[3] as i64, s[2] as i64, s[1] as i64, s[0] as i64],
         noise_mask: (!v["noise_mask"].is_null()).then(|| Arc::new(mask(&v["noise_mask"]))),
         batch_index: v["batch_index"].as_array().map(|b| b.iter().map(|x| x.as_u64().unwrap() as usize).collect()),
+        frames: 1,
     }
 }
 
