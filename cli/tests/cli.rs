@@ -95,6 +95,7 @@ const NOT_PRESETS: &[(&str, &str)] = &[
     ("qwen_image.json", "ComfyUI's Qwen-Image graph (ModelSamplingAuraFlow 3.1, the simple schedule); `img_gen --diffusion-model … --llm …` builds sd-cli's (its discrete schedule)"),
     ("qwen_image_edit.json", "ComfyUI's Qwen-Image-Edit graph (TextEncodeQwenImageEdit: the image through Qwen2.5-VL's vision tower at a megapixel, ComfyUI's template); `img_gen … -r …` builds sd-cli's (SdCppTextEncodeQwenImageEdit: sd.cpp's Edit-Plus template and sizes)"),
     ("qwen_image_edit_2509.json", "ComfyUI's Qwen-Image-Edit-2509 graph (TextEncodeQwenImageEditPlus); `img_gen … -r …` builds sd-cli's (SdCppTextEncodeQwenImageEdit)"),
+    ("qwen_image_layered.json", "ComfyUI's Qwen-Image-Layered graph (the image at 0.4 megapixels, the latent at its size); `img_gen --diffusion-model qwen_image_layered… -r …` builds sd-cli's (the -r image resized to the output, its discrete schedule)"),
     ("z_image_base.json", "ComfyUI's Z-Image graph (res_multistep on the simple schedule); sd-cli's runs euler on its discrete schedule"),
 ];
 
@@ -1035,8 +1036,50 @@ fn qwen_image_preset_runs_on_tiny_models() {
     assert!(err.contains("ref_index_mode=fixed"), "{err}");
     let (_, err) = fails(&[&base_edit[..], &["-r", "ref.png", "-r", "ref.png", "-r", "ref.png", "-r", "ref.png"]].concat(), dir.path());
     assert!(err.contains("at most 4"), "{err}");
-    let (_, err) = fails(&[&base_edit[..], &["--ref-image-args", "preset=qwen_layered"]].concat(), dir.path());
-    assert!(err.contains("preset=qwen_layered"), "{err}");
+    // sd.cpp's qwen_layered preset on an Edit model counts the references down (ComfyUI's
+    // negative_index); `decrease` elsewhere is named.
+    let printed = ok(&[&base_edit[..], &["--ref-image-args", "preset=qwen_layered", "--print-workflow"]].concat(), dir.path());
+    assert!(printed.contains("\"negative_index\"") && printed.contains("SdCppTextEncodeQwenImageEdit"), "{printed}");
+    assert_ne!(dit_only, edit(&["-r", "ref.png", "--ref-image-args", "pass_to_vlm=false,ref_index_mode=decrease"], "e6.png"), "the references' index matters");
+    // --model-args qwen_image_zero_cond_t (Edit-2511): the references at timestep 0.
+    let printed = ok(&[&base_edit[..], &["--model-args", "qwen_image_zero_cond_t=true", "--print-workflow"]].concat(), dir.path());
+    assert!(printed.contains("\"index_timestep_zero\""), "{printed}");
+    assert_ne!(dit_only, edit(&["-r", "ref.png", "--ref-image-args", "pass_to_vlm=false", "--model-args", "qwen_image_zero_cond_t=true"], "e7.png"));
+}
+
+/// Qwen-Image-Layered through sd-cli's flags: the -r image through the RGBA VAE before
+/// the frames, `--qwen-image-layers` + 1 RGBA images written as sd-cli numbers them.
+#[test]
+fn qwen_image_layered_preset_runs_on_tiny_models() {
+    let dir = tempfile::tempdir().unwrap();
+    sdflow_tests::tiny_tree(dir.path());
+    sdflow_tests::write_qwen_image_models(dir.path());
+    sdflow_tests::write_test_png(&dir.path().join("ref.png"), 72, 56);
+    let m = |p: &str| format!("models/{p}");
+    let (q, llm, vae) = (m("diffusion_models/qwen_image_layered_bf16.safetensors"), m("text_encoders/qwen_2.5_vl_7b.safetensors"), m("vae/qwen_image_layered_vae.safetensors"));
+    let base = ["img_gen", "--diffusion-model", q.as_str(), "--llm", llm.as_str(), "--vae", vae.as_str(), "-p", "a fox", "-r", "ref.png", "--steps", "2", "-W", "48", "-H", "32", "--cfg-scale", "2.5", "-t", "2"];
+    let printed = ok(&[&base[..], &["--print-workflow"]].concat(), dir.path());
+    assert!(
+        printed.contains("EmptyQwenImageLayeredLatentImage") && printed.contains("LatentCutToBatch") && printed.contains("ReferenceLatent") && !printed.contains("SdCppTextEncodeQwenImageEdit") && printed.contains("\"layers\": 3"),
+        "{printed}"
+    );
+    ok(&[&base[..], &["--qwen-image-layers", "2", "-o", "l.png"]].concat(), dir.path());
+    let names = ["l.png", "l_2.png", "l_3.png"];
+    let pixels: Vec<Vec<u8>> = names.iter().map(|n| png_pixels(&dir.path().join(n))).collect();
+    assert!(!dir.path().join("l_4.png").exists(), "layers + 1 images");
+    for (n, px) in names.iter().zip(&pixels) {
+        assert_eq!(png_size(&dir.path().join(n)), (48, 32), "{n}");
+        assert_eq!(px.len(), 48 * 32 * 4, "{n} is RGBA");
+    }
+    assert_ne!(pixels[0], pixels[1]);
+    // Without the reference the layers differ.
+    let no_ref: Vec<&str> = base.iter().copied().filter(|a| *a != "-r" && *a != "ref.png").collect();
+    ok(&[&no_ref[..], &["--qwen-image-layers", "2", "-o", "n.png"]].concat(), dir.path());
+    assert_ne!(png_pixels(&dir.path().join("n.png")), pixels[0]);
+    let (_, err) = fails(&[&base[..], &["--qwen-image-layers", "-1"]].concat(), dir.path());
+    assert!(err.contains("--qwen-image-layers"), "{err}");
+    let (_, err) = fails(&[&base[..], &["-i", "ref.png"]].concat(), dir.path());
+    assert!(err.contains("Qwen-Image-Layered"), "{err}");
 }
 
 #[test]

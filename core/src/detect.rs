@@ -124,6 +124,8 @@ pub struct Detection {
     /// FLUX/Chroma: the number of double-stream blocks (sd-cli numbers the single
     /// blocks after them in `--skip-layers`).
     pub double_blocks: Option<usize>,
+    /// Qwen-Image-Layered (`addition_t_embedding`): it decomposes an image into layers.
+    pub qwen_layered: bool,
     pub components: Components,
     /// A human-readable summary; for `Unknown`, what was (not) found.
     pub message: String,
@@ -189,6 +191,7 @@ pub fn detect(tensors: &[TensorInfo]) -> Detection {
         zsnr: tensors.iter().any(|t| t.name == "ztsnr"),
         flux_guidance: false,
         double_blocks: None,
+        qwen_layered: false,
         components: components(tensors),
         message: String::new(),
     };
@@ -204,6 +207,7 @@ pub fn detect(tensors: &[TensorInfo]) -> Detection {
         let p = prefix_of(t, "transformer_blocks.0.img_mod.1.weight");
         d.in_channels = dim(tensors.iter().find(|t| t.name == format!("{p}img_in.weight")), 1);
         d.double_blocks = Some(block_count(tensors, &format!("{p}transformer_blocks.")));
+        d.qwen_layered = tensors.iter().any(|t| t.name == format!("{p}{}", crate::models::qwen_image::LAYERED_MARKER));
         return finish_dit(d, ModelFamily::QwenImage, p, KeyLayout::Ldm);
     }
     // FLUX.2: FLUX's blocks with the shared modulations (BFL's names only).

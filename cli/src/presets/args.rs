@@ -475,11 +475,15 @@ pub struct ImgGenArgs {
     #[arg(long)]
     pub disable_auto_resize_ref_image: bool,
     /// Model-specific options, `key=value,...`: chroma_use_dit_mask, chroma_use_t5_mask,
-    /// chroma_t5_mask_pad.
+    /// chroma_t5_mask_pad, qwen_image_zero_cond_t (Qwen-Image-Edit-2511's references at
+    /// timestep 0).
     #[arg(long, value_name = "string")]
     pub model_args: Option<String>,
-    /// Reference image options, `key=value,...`: preset (flux_kontext, flux2, qwen),
-    /// ref_index_mode (fixed, increase), resize_before_vae, vae_input_max_pixels,
+    /// Number of Qwen Image Layered layers; latent/output count is layers + 1.
+    #[arg(long, value_name = "int", default_value_t = 3, allow_negative_numbers = true)]
+    pub qwen_image_layers: i64,
+    /// Reference image options, `key=value,...`: preset (flux_kontext, flux2, qwen,
+    /// qwen_layered), ref_index_mode (fixed, increase, decrease), resize_before_vae, vae_input_max_pixels,
     /// pass_to_vlm, pass_to_dit, vlm_resize_mode (area, longest_side, none), vlm_min_size,
     /// vlm_max_size, vlm_size.
     #[arg(long, value_name = "string")]

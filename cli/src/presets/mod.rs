@@ -89,19 +89,25 @@ fn parse_bool(flag: &str, key: &str, v: &str) -> anyhow::Result<bool> {
     }
 }
 
-/// Chroma's mask options: `--model-args` over sd-cli's older `--chroma-*` flags.
-fn chroma_params(a: &ImgGenArgs) -> anyhow::Result<ChromaParams> {
+/// `--model-args`: Chroma's mask options over sd-cli's older `--chroma-*` flags, and
+/// Qwen-Image's `qwen_image_zero_cond_t` (sd.cpp warns on a value it cannot read and
+/// goes on; so does this).
+fn model_args(a: &ImgGenArgs) -> anyhow::Result<(ChromaParams, bool)> {
     let mut c = ChromaParams { dit_mask: !a.chroma_disable_dit_mask, t5_mask: a.chroma_enable_t5_mask, t5_mask_pad: a.chroma_t5_mask_pad };
+    let mut zero_cond_t = false;
     for (k, v) in key_values("--model-args", a.model_args.as_deref().unwrap_or(""))? {
         match k {
             "chroma_use_dit_mask" => c.dit_mask = parse_bool("--model-args", k, v)?,
             "chroma_use_t5_mask" => c.t5_mask = parse_bool("--model-args", k, v)?,
             "chroma_t5_mask_pad" => c.t5_mask_pad = v.parse().with_context(|| format!("invalid value for --model-args: chroma_t5_mask_pad={v} is not an integer"))?,
-            "qwen_image_zero_cond_t" => bail!("not supported yet: --model-args {k} (Qwen-Image is not implemented)"),
-            _ => bail!("invalid value for --model-args: unknown key `{k}` (chroma_use_dit_mask, chroma_use_t5_mask, chroma_t5_mask_pad)"),
+            "qwen_image_zero_cond_t" => match parse_bool("--model-args", k, v) {
+                Ok(b) => zero_cond_t |= b,
+                Err(_) => tracing::warn!("ignoring invalid Qwen Image model arg '{k}={v}'"),
+            },
+            _ => bail!("invalid value for --model-args: unknown key `{k}` (chroma_use_dit_mask, chroma_use_t5_mask, chroma_t5_mask_pad, qwen_image_zero_cond_t)"),
         }
     }
-    Ok(c)
+    Ok((c, zero_cond_t))
 }
 
 struct RefArgs {
@@ -128,7 +134,8 @@ fn ref_image_args(a: &ImgGenArgs) -> anyhow::Result<RefArgs> {
             "default" | "flux_kontext" => (false, "fixed"),
             "flux2" => (false, "increase"),
             "qwen" => (true, "increase"),
-            "qwen_layered" | "z_image_omni" | "longcat" | "mage_flow" | "krea2_edit" | "krea2_ostris_edit" | "cosmos_reference" => {
+            "qwen_layered" => (true, "decrease"),
+            "z_image_omni" | "longcat" | "mage_flow" | "krea2_edit" | "krea2_ostris_edit" | "cosmos_reference" => {
                 bail!("not supported yet: --ref-image-args preset={name} (its model family does not run in sdflow yet)")
             }
             other => bail!("invalid value for --ref-image-args: preset={other} (sd.cpp's presets: default, flux_kontext, flux2, qwen, qwen_layered, z_image_omni, longcat, mage_flow, krea2_edit, krea2_ostris_edit, cosmos_reference)"),
@@ -143,8 +150,7 @@ fn ref_image_args(a: &ImgGenArgs) -> anyhow::Result<RefArgs> {
         match k {
             "preset" => {}
             "ref_index_mode" => match v {
-                "fixed" | "increase" => set_index(&mut r, v),
-                "decrease" => bail!("not supported yet: --ref-image-args ref_index_mode=decrease (Qwen-Image-Layered's)"),
+                "fixed" | "increase" | "decrease" => set_index(&mut r, v),
                 _ => warn(k, v),
             },
             "resize_before_vae" => r.resize = boolean(k, v).unwrap_or(r.resize),
@@ -179,6 +185,10 @@ fn parse_skip_layers(s: &str) -> anyhow::Result<Vec<i64>> {
 
 fn img_gen_params(a: &ImgGenArgs, probe: &Probe, seed: i64, names: &mut Names<'_>) -> anyhow::Result<ImgGenParams> {
     let (_, tags) = presets::extract_loras(&a.sampling.prompt)?;
+    let (chroma, qwen_zero_cond_t) = model_args(a)?;
+    if a.qwen_image_layers < 0 {
+        bail!("invalid value for --qwen-image-layers: {} (it must be non-negative)", a.qwen_image_layers);
+    }
     let mut lora_files = BTreeMap::new();
     for t in &tags {
         let file = match names {
@@ -295,7 +305,9 @@ fn img_gen_params(a: &ImgGenArgs, probe: &Probe, seed: i64, names: &mut Names<'_
         increase_ref_index: refs.increase,
         auto_resize_ref_image: refs.resize,
         ref_options: refs.options,
-        chroma: chroma_params(a)?,
+        chroma,
+        qwen_zero_cond_t,
+        qwen_image_layers: a.qwen_image_layers,
     })
 }
 

@@ -258,7 +258,7 @@ impl Node for FluxKontextMultiReferenceLatentMethod {
             .category("advanced/conditioning/flux")
             .description("Sets where reference latents sit in the model's positions: offset (beside each other, Kontext's default), index (one index each, overlapping), uxo/uno (past the image, diagonally).")
             .input(InputSpec::link("conditioning", IoType::CONDITIONING))
-            .input(InputSpec::combo("reference_latents_method", ["offset", "index", "uxo/uno", "index_timestep_zero", "offset_sd.cpp"]).tooltip("index_timestep_zero: index, the references modulated as at sigma 0 (Qwen-Image-Edit-2511). offset_sd.cpp: offset's placement with the offsets in latent pixels, as sd-cli places a second and later -r image."))
+            .input(InputSpec::combo("reference_latents_method", ["offset", "index", "uxo/uno", "index_timestep_zero", "offset_sd.cpp", "negative_index"]).tooltip("index_timestep_zero: index, the references modulated as at sigma 0 (Qwen-Image-Edit-2511). offset_sd.cpp: offset's placement with the offsets in latent pixels, as sd-cli places a second and later -r image. negative_index: -1, -2, ... (Qwen-Image-Layered's default, sd-cli's ref_index_mode=decrease)."))
             .output("CONDITIONING", IoType::CONDITIONING)
     }
 
@@ -268,9 +268,10 @@ impl Node for FluxKontextMultiReferenceLatentMethod {
             "index" => ReferenceMethod::Index,
             "offset_sd.cpp" => ReferenceMethod::OffsetLatent,
             "index_timestep_zero" => ReferenceMethod::IndexTimestepZero,
+            "negative_index" => ReferenceMethod::NegativeIndex,
             // ComfyUI reads any spelling with uxo or uso as uxo.
             m if m.contains("uxo") || m.contains("uso") => ReferenceMethod::Uxo,
-            other => return Err(NodeError::msg(format!("reference_latents_method `{other}` is not one of offset, index, uxo/uno, index_timestep_zero, offset_sd.cpp"))),
+            other => return Err(NodeError::msg(format!("reference_latents_method `{other}` is not one of offset, index, uxo/uno, index_timestep_zero, offset_sd.cpp, negative_index"))),
         };
         let list = inputs.downcast::<CondList>("conditioning")?;
         let out = CondList(list.0.iter().map(|e| e.with_cond(Conditioning { reference_method: Some(method), ..(*e.cond).clone() })).collect());

@@ -227,6 +227,17 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
             (Out(cond, 2), p.strength, "Inpainting".to_string(), "sd-cli's --mask with a FLUX.1 Fill model: the masked image and the mask go beside the latent into the model's 384 input channels (InpaintModelConditioning), and sampling is held at the image outside the mask.".to_string())
         }
         (Family::Flux { fill: true, .. }, _, _) => return Err(PresetError::Missing { flag: "--mask".into(), msg: "a FLUX.1 Fill model inpaints: give -i and --mask".into() }),
+        (Family::QwenImage, Some(_), _) if p.model_info.qwen_layered => return Err(not_supported("-i", "with a Qwen-Image-Layered model (it decomposes the -r image into layers)")),
+        (Family::QwenImage, None, _) if p.model_info.qwen_layered => {
+            let empty = NodeSpec::new("EmptyQwenImageLayeredLatentImage").with_const("width", json!(p.width)).with_const("height", json!(p.height)).with_const("layers", json!(p.qwen_image_layers)).with_const("batch_size", json!(p.batch_count));
+            let key = b.core("latent", "--qwen-image-layers", empty);
+            let description = format!(
+                "sd-cli with Qwen-Image-Layered: the -r image, encoded by its RGBA VAE, placed before the frames (index -1, sd.cpp's qwen_layered preset), the composite and {} layers sampled as frames of one latent (Qwen2.5-VL's final states of the prompt, euler over sd.cpp's discrete flow schedule, real CFG at --cfg-scale), the frames cut into a batch and decoded to {} RGBA images, the composite first.",
+                p.qwen_image_layers,
+                p.qwen_image_layers + 1
+            );
+            (Out(key, 0), 1.0, "Image into layers".to_string(), description)
+        }
         _ => latent_source(&mut b, p, &stage, &sampling, &model, if family == Family::Flux2 { "EmptyFlux2LatentImage" } else { "EmptySD3LatentImage" }, empty_description),
     };
     title = format!("{} {}", family_name(family), title.to_lowercase());
@@ -253,8 +264,13 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
     };
     let origin = if p.sigmas.is_some() { "--sigmas" } else { "img_gen" };
     let sigmas = custom.as_deref().map(|list| if p.init_img.is_some() { CustomSigmas::Strength(list, denoise) } else { CustomSigmas::Whole(list) });
-    let sampled = sample_pass(&mut b, "sampler", origin, &sampling, &model, p.steps, sigmas, denoise, &pos, &neg, &latent);
-    let image = stage.decode(&mut b, &Out(sampled, 0));
+    let mut sampled = Out(sample_pass(&mut b, "sampler", origin, &sampling, &model, p.steps, sigmas, denoise, &pos, &neg, &latent), 0);
+    if p.model_info.qwen_layered {
+        // sd.cpp decodes each frame as an image.
+        let cut = NodeSpec::new("LatentCutToBatch").with_input("samples", link(&sampled)).with_const("dim", json!("t")).with_const("slice_size", json!(1));
+        sampled = Out(b.core("frames", "--qwen-image-layers", cut), 0);
+    }
+    let image = stage.decode(&mut b, &sampled);
     output_tail(&mut b, p, image, TailModels { model: &model, clip: &clip, vae: &vae }, &sampling, &prompt, &mut title, &mut description)?;
     Ok(b.finish(title, description))
 }
@@ -476,7 +492,10 @@ fn load_references(b: &mut Builder, p: &ImgGenParams, family: Family) -> Result<
     if !matches!(family, Family::Flux { .. } | Family::Chroma | Family::Flux2 | Family::QwenImage) {
         return Err(not_supported("-r", format!("with a {} model (reference images go to FLUX.1 Kontext, FLUX.2 and Qwen-Image)", family_name(family))));
     }
-    let vlm = p.ref_options.pass_to_vlm.unwrap_or(family == Family::QwenImage);
+    // Qwen-Image-Layered's encoder has no vision tower in sd.cpp: its references go to
+    // the model only, whatever its preset says.
+    let layered = p.model_info.qwen_layered;
+    let vlm = !layered && p.ref_options.pass_to_vlm.unwrap_or(family == Family::QwenImage);
     if vlm && family != Family::QwenImage {
         return Err(not_supported("--ref-image-args pass_to_vlm", format!("with a {} model (Qwen-Image-Edit's encoder reads images)", family_name(family))));
     }
@@ -498,9 +517,12 @@ fn references(b: &mut Builder, p: &ImgGenParams, family: Family, images: &[Out],
     if p.ref_sizes.len() != p.ref_images.len() && p.auto_resize_ref_image {
         return Err(invalid("-r", "the reference images' sizes are unknown (the caller reads them)"));
     }
-    let fixed = p.ref_options.ref_index_mode.as_deref() == Some("fixed");
-    if family == Family::QwenImage && fixed {
+    let mode = p.ref_options.ref_index_mode.as_deref();
+    if family == Family::QwenImage && mode == Some("fixed") {
         return Err(not_supported("--ref-image-args ref_index_mode=fixed", "with a Qwen-Image model (it numbers its references: increase)"));
+    }
+    if family != Family::QwenImage && mode == Some("decrease") {
+        return Err(not_supported("--ref-image-args ref_index_mode=decrease", format!("with a {} model (Qwen-Image's references count down: the Layered model's layout)", family_name(family))));
     }
     // Qwen-Image's latents are 2×2 patches of an 8× VAE: sides of 32.
     let factor = if family == Family::QwenImage { 32 } else { 16 };
@@ -521,7 +543,18 @@ fn references(b: &mut Builder, p: &ImgGenParams, family: Family, images: &[Out],
     // latent pixels, which differs from ComfyUI's offset from the second image on.
     // FLUX.2 and Qwen-Image always number their references (sd.cpp's `flux2` and `qwen`
     // presets; the models' own layouts).
+    // Qwen-Image: its references count up from frame 1 (Layered: down from −1, the
+    // model's own layout, whatever the mode), `decrease` counts them down, and
+    // `qwen_image_zero_cond_t` (Edit-2511) modulates them at timestep 0.
+    let layered = p.model_info.qwen_layered;
     let method = match (p.increase_ref_index, p.ref_images.len()) {
+        _ if family == Family::QwenImage && p.qwen_zero_cond_t => {
+            if layered || mode == Some("decrease") {
+                return Err(not_supported("--model-args qwen_image_zero_cond_t", "with references counted down (Qwen-Image-Layered, ref_index_mode=decrease)"));
+            }
+            Some(("index_timestep_zero", "--model-args"))
+        }
+        _ if family == Family::QwenImage && !layered && mode == Some("decrease") => Some(("negative_index", "--ref-image-args")),
         _ if matches!(family, Family::Flux2 | Family::QwenImage) => None,
         (true, _) => Some(("index", "--increase-ref-index")),
         (false, 2..) => Some(("offset_sd.cpp", "-r")),

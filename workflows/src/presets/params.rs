@@ -256,6 +256,12 @@ pub struct ImgGenParams {
     /// Chroma's masks: `--chroma-disable-dit-mask`, `--chroma-enable-t5-mask`,
     /// `--chroma-t5-mask-pad`.
     pub chroma: ChromaParams,
+    /// `--model-args qwen_image_zero_cond_t`: Qwen-Image-Edit-2511's references modulated
+    /// as at timestep 0 (files that carry `__index_timestep_zero__` need no flag).
+    pub qwen_zero_cond_t: bool,
+    /// `--qwen-image-layers` (3): Qwen-Image-Layered's layer count; it writes one image
+    /// more (the composite first).
+    pub qwen_image_layers: i64,
 }
 
 /// The diffusion model's family and what `-m` holds besides it.
@@ -271,6 +277,8 @@ pub struct ModelInfo {
     pub double_blocks: Option<usize>,
     /// FLUX.2: the model embeds a distilled guidance (dev; klein does not).
     pub flux2_guidance: bool,
+    /// Qwen-Image-Layered: the model decomposes an image into `--qwen-image-layers` layers.
+    pub qwen_layered: bool,
 }
 
 impl ModelInfo {
@@ -285,7 +293,7 @@ impl ModelInfo {
             (true, true, false) => Family::Flux { fill: false, guidance: true },
             (true, false, false) => Family::Chroma,
         };
-        ModelInfo { family, has_text_encoders: true, has_vae: true, double_blocks: None, flux2_guidance: false }
+        ModelInfo { family, has_text_encoders: true, has_vae: true, double_blocks: None, flux2_guidance: false, qwen_layered: false }
     }
 
     /// Reads the diffusion model's file (`diffusion_model`, else `model`) and what `model`
@@ -318,7 +326,7 @@ impl ModelInfo {
             ModelFamily::Unknown => return None,
             _ => Family::Unet,
         };
-        let mut info = ModelInfo { family, double_blocks: d.double_blocks, flux2_guidance: family == Family::Flux2 && d.flux_guidance, ..ModelInfo::default() };
+        let mut info = ModelInfo { family, double_blocks: d.double_blocks, flux2_guidance: family == Family::Flux2 && d.flux_guidance, qwen_layered: family == Family::QwenImage && d.qwen_layered, ..ModelInfo::default() };
         // What -m holds beside the diffusion model (all of it for a UNet checkpoint; an
         // unreadable -m is left to CheckpointLoaderSimple to report).
         match model {
@@ -477,6 +485,8 @@ impl Default for ImgGenParams {
             auto_resize_ref_image: true,
             ref_options: RefOptions::default(),
             chroma: ChromaParams::default(),
+            qwen_zero_cond_t: false,
+            qwen_image_layers: 3,
         }
     }
 }
