@@ -229,3 +229,34 @@ fn layered_denoises_frames_with_the_image_before_them() {
     let e = den.denoise_batch(&backend, shape, 0.5, &[QwenImageItem { x, cond: &text() }]).err().expect("plain");
     assert!(e.to_string().contains("only Qwen-Image-Layered"), "{e}");
 }
+
+/// ComfyUI's Edit-2511 files carry an empty `__index_timestep_zero__` tensor: read from
+/// the file, it makes `index_timestep_zero` the references' default (no method given).
+#[test]
+fn an_edit_2511_files_flag_sets_timestep_zero() {
+    let r = fixture();
+    let backend = common::backend(2);
+    let keys: std::collections::BTreeMap<String, Vec<usize>> = serde_json::from_value(r["keys"].clone()).unwrap();
+    let mut data: Vec<(String, Vec<usize>, Vec<u8>)> = keys.iter().map(|(n, s)| (n.clone(), s.clone(), common::det_values(n, s.iter().product(), SCALE).iter().flat_map(|x| x.to_le_bytes()).collect())).collect();
+    data.push(("__index_timestep_zero__".into(), vec![0], Vec::new()));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("qwen_image_edit_2511.safetensors");
+    sdflow_core::io::safetensors::write(&path, data.iter().map(|(n, s, b)| (n.as_str(), sdflow_core::dtype::DType::F32, s.clone(), b.as_slice())), &Default::default()).unwrap();
+    let src = sdflow_core::io::open(&path).unwrap();
+    let w = sdflow_core::models::load::load_weights(&backend, src.as_ref(), &[""], &sdflow_core::io::TypeRules::none()).unwrap();
+    let cfg = config(&w);
+    assert!(cfg.zero_cond_t && !cfg.additional_t);
+    assert!(!config(&det_weights(&r["keys"], SCALE, &backend)).zero_cond_t, "no flag, no default");
+    let [_, c, h, wd] = shape();
+    let [rh, rw]: [usize; 2] = serde_json::from_value(r["ref_hw"].clone()).unwrap();
+    let mut cond = text();
+    cond.references = vec![std::sync::Arc::new(ReferenceLatent { data: floats(&r["ref_vae"]), channels: c, height: rh, width: rw })];
+    let mut den = QwenImageDenoiser::new(QwenImage::new(&w, "", cfg).unwrap());
+    let per = c * h * wd;
+    let x = &floats(&r["latent"])[..per];
+    let t = floats(&r["t"])[0];
+    let got = den.denoise_batch(&backend, [wd as i64, h as i64, c as i64, 1], t, &[QwenImageItem { x, cond: &cond }]).unwrap().remove(0);
+    let expect: Vec<f32> = x.iter().zip(&floats(&r["edit_2511"])[..per]).map(|(x, v)| x - t * v).collect();
+    let err = max_abs_err(&got, &expect);
+    assert!(err <= 1e-3, "max abs error {err}");
+}

@@ -86,7 +86,8 @@ fn load_named(backend: &(impl AllocTarget + ?Sized), wanted: Vec<(&dyn TensorSou
         specs.push(WeightSpec { name: name.clone(), ty: GType(g), ne });
         origin.insert(name.as_str(), (*src, *t));
     }
-    Weights::new(backend, &specs, |spec| {
+    let markers = wanted.iter().filter(|(_, t, _)| t.n_elements() == 0 && !t.shape.is_empty()).map(|(_, _, name)| name.clone()).collect();
+    let mut w = Weights::new(backend, &specs, |spec| {
         let &(src, info) = origin.get(spec.name.as_str()).ok_or_else(|| ModelError::MissingWeight(spec.name.clone()))?;
         let bad = |e: &dyn std::fmt::Display| ModelError::Weight { name: spec.name.clone(), detail: e.to_string() };
         let bytes = src.read(&info.name).map_err(|e| bad(&e))?;
@@ -107,7 +108,9 @@ fn load_named(backend: &(impl AllocTarget + ?Sized), wanted: Vec<(&dyn TensorSou
         };
         src.release(&info.name);
         out
-    })
+    })?;
+    w.set_markers(markers);
+    Ok(w)
 }
 
 /// The scale of an fp8 weight in ComfyUI's "scaled fp8" files (`t5xxl_fp8_e4m3fn_scaled`,

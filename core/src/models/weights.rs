@@ -71,6 +71,9 @@ pub struct Weights {
     /// The memory the tensors were placed in (an overlay's own tensors go there too).
     home: BufferType,
     ctx: Context,
+    /// Names of the empty tensors the file carries as flags (ComfyUI's
+    /// `__index_timestep_zero__`, `scaled_fp8`): no weight, but they say how to run it.
+    markers: std::collections::HashSet<String>,
     /// For an overlay ([`Weights::overlay`]): the weights it shares its other tensors
     /// with, pinned so they stay resident while the overlay is. Dropped last.
     base: Option<crate::residency::PinGuard<Weights>>,
@@ -106,7 +109,7 @@ impl Weights {
         if let Some(b) = &buffer {
             b.mark_weights();
         }
-        let w = Weights { map, adapters: HashMap::new(), buffer, home, ctx, base: None };
+        let w = Weights { map, adapters: HashMap::new(), buffer, home, ctx, markers: Default::default(), base: None };
         for s in specs {
             let bytes = fill(s)?;
             let t = w.get(&s.name)?;
@@ -183,6 +186,7 @@ impl Weights {
         }
         let mut own = Weights::new(&base.home, &specs, |s| Ok(bytes.remove(&s.name).unwrap_or_default()))?;
         own.adapters = base.adapters.clone();
+        own.markers = base.markers.clone();
         for (i, a) in adapters.into_iter().enumerate() {
             let mut take = |part: &str| own.map.remove(&factor_name(i, part)).ok_or_else(|| ModelError::MissingWeight(factor_name(i, part)));
             let ptrs = AdapterPtrs { down: take("down")?, mid: if a.mid.is_some() { Some(take("mid")?) } else { None }, up: take("up")?, scale: a.scale, rows: a.rows };
@@ -223,6 +227,16 @@ impl Weights {
 
     pub fn contains(&self, name: &str) -> bool {
         self.map.contains_key(name)
+    }
+
+    /// Whether the file carried the empty flag tensor `name` (see `markers`).
+    pub fn has_marker(&self, name: &str) -> bool {
+        self.markers.contains(name)
+    }
+
+    /// Record the file's empty flag tensors (the loader's).
+    pub(crate) fn set_markers(&mut self, markers: std::collections::HashSet<String>) {
+        self.markers = markers;
     }
 
     pub fn names(&self) -> impl Iterator<Item = &str> {
@@ -284,6 +298,7 @@ impl Weights {
             }
             out.adapters.insert(target_name.clone(), copied);
         }
+        out.markers = self.markers.clone();
         Ok(out)
     }
 }

@@ -90,8 +90,14 @@ impl<'w> QwenImageDenoiser<'w> {
         let (per0, per) = (ch * h0 * w0, ch * h * w);
         let refs = &items[0].cond.references;
         // ComfyUI's `index` counts references up from frame 1, `negative_index` (the
-        // layered model's default, sd.cpp's DECREASE) down from −1.
-        let method = items[0].cond.reference_method.unwrap_or(if c.additional_t { ReferenceMethod::NegativeIndex } else { ReferenceMethod::Index });
+        // layered model's default, sd.cpp's DECREASE) down from −1; an Edit-2511 file's
+        // flag makes `index_timestep_zero` its default.
+        let default = match (c.additional_t, c.zero_cond_t) {
+            (true, _) => ReferenceMethod::NegativeIndex,
+            (false, true) => ReferenceMethod::IndexTimestepZero,
+            (false, false) => ReferenceMethod::Index,
+        };
+        let method = items[0].cond.reference_method.unwrap_or(default);
         let step = if method == ReferenceMethod::NegativeIndex { -1 } else { 1 };
         let mut grids: Vec<ImageGrid> = (0..frames as i32).map(|f| ImageGrid { rows: h / p, cols: w / p, frame: f }).collect();
         grids.extend(refs.iter().zip(1..).map(|(r, k)| ImageGrid { rows: r.height.div_ceil(p), cols: r.width.div_ceil(p), frame: step * k }));

@@ -33,6 +33,10 @@ pub const MARKER: &str = "transformer_blocks.0.img_mod.1.weight";
 /// denoised as frames).
 pub const LAYERED_MARKER: &str = "time_text_embed.addition_t_embedding.weight";
 
+/// The empty tensor that marks an Edit-2511 file (ComfyUI's `default_ref_method`
+/// `index_timestep_zero`, sd.cpp's `zero_cond_t`).
+pub const ZERO_COND_T_MARKER: &str = "__index_timestep_zero__";
+
 /// The layer and RMS norms' epsilon.
 const EPS: f32 = 1e-6;
 
@@ -55,6 +59,9 @@ pub struct QwenImageConfig {
     /// Qwen-Image-Layered's `addition_t_embedding`: its row 0 joins the timestep
     /// embedding (diffusers' `is_rgb = 0`, sd.cpp's and ComfyUI's default).
     pub additional_t: bool,
+    /// The file's `__index_timestep_zero__` flag (ComfyUI's Edit-2511 files; sd.cpp's
+    /// `zero_cond_t`): references are modulated as at σ = 0 unless a method is given.
+    pub zero_cond_t: bool,
 }
 
 /// One image whose tokens the model reads: the frames being denoised first, then the
@@ -126,6 +133,7 @@ impl QwenImageConfig {
             axes: vec![16, 56, 56],
             theta: 10_000.0,
             additional_t: w.contains(&at(LAYERED_MARKER)),
+            zero_cond_t: w.has_marker(&at(ZERO_COND_T_MARKER)),
         })
     }
 }
