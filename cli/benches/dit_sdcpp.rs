@@ -8,6 +8,11 @@
 //!   GGUF) with CLIP-L, OpenCLIP-G (`clip_g.safetensors`), the same T5 and the 16-channel
 //!   VAE; cfg 4.5, two passes per step. `bench/sd35_diffusers.py` (diffusers in bf16) runs
 //!   after the two engines unless `SDFLOW_BENCH_ENGINES` leaves `diffusers` out.
+//! - `SDFLOW_BENCH_MODEL=zimage`: Z-Image Turbo (6B; `bf16` as safetensors, quantized
+//!   types as GGUF) with Qwen3-4B as a Q8_0 GGUF (`--llm`) and FLUX's VAE; cfg 1, one pass
+//!   per step. diffusers cannot hold the 6B model in f32 on this machine:
+//!   `bench/z_image_diffusers.py` times one of its blocks at the same token count in f32 and
+//!   bf16 instead (a step is ~34 such blocks; printed beside the table, not in it).
 //!
 //! Each engine runs as its own process, one at a time, under `/usr/bin/time` for its peak
 //! RSS, its files read into the page cache just before. Seconds per step leave out the first step (graph set-up, and sdflow's lazy loading):
@@ -34,7 +39,7 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use sdflow_core::dtype::DType;
-use sdflow_core::synth::dit::{ae_config, ae_tensors, clip_g_tensors, clip_l_tensors, FluxSynth, Sd3Synth, T5Synth};
+use sdflow_core::synth::dit::{ae_config, ae_tensors, clip_g_tensors, clip_l_tensors, FluxSynth, LlmSynth, Sd3Synth, T5Synth, ZImageSynth};
 use sdflow_core::synth::{write_specs, Format, SdConfig, TensorSpec};
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -45,6 +50,7 @@ const PROMPT: &str = "a lovely cat holding a sign that says flux";
 enum Model {
     Flux,
     Sd35Medium,
+    ZImage,
 }
 
 impl Model {
@@ -52,6 +58,7 @@ impl Model {
         match self {
             Model::Flux => "FLUX.1-dev",
             Model::Sd35Medium => "SD3.5 medium",
+            Model::ZImage => "Z-Image Turbo",
         }
     }
 
@@ -59,6 +66,7 @@ impl Model {
         match self {
             Model::Flux => "1.0",
             Model::Sd35Medium => "4.5",
+            Model::ZImage => "1.0",
         }
     }
 
@@ -66,6 +74,7 @@ impl Model {
         match self {
             Model::Flux => "q4_K,q8_0",
             Model::Sd35Medium => "f16,q8_0",
+            Model::ZImage => "bf16,q8_0",
         }
     }
 }
@@ -86,27 +95,38 @@ fn ensure(path: &Path, specs: &[TensorSpec], config: &str, dtype: DType, format:
 }
 
 struct Files {
-    t5: PathBuf,
-    clip_l: PathBuf,
-    clip_g: Option<PathBuf>,
+    /// The text encoders and the flags that name them.
+    encoders: Vec<(&'static str, PathBuf)>,
     vae: PathBuf,
 }
 
 fn shared_files(dir: &Path, model: Model) -> Files {
+    let vae = dir.join("ae.safetensors");
+    ensure(&vae, &ae_tensors(&ae_config()), "", DType::F16, Format::Safetensors);
+    if model == Model::ZImage {
+        // The LLM bench's file when it is there (the same synth, the same bytes).
+        let llm = dir.join("qwen3_4b_q8_0.gguf");
+        let theirs = dir.join("../llm/qwen3_4b_q8_0.gguf");
+        if !llm.exists() && theirs.exists() {
+            let _ = std::fs::hard_link(&theirs, &llm);
+        }
+        let q = LlmSynth::qwen3_4b();
+        ensure(&llm, &q.tensors(), &serde_json::to_string(&q).unwrap(), DType::Q8_0, Format::Gguf);
+        return Files { encoders: vec![("--llm", llm)], vae };
+    }
     let t5 = dir.join("t5xxl_q8_0.gguf");
     let t5s = T5Synth::xxl();
     ensure(&t5, &t5s.tensors(), &serde_json::to_string(&t5s).unwrap(), DType::Q8_0, Format::Gguf);
     let clip_l = dir.join("clip_l.safetensors");
     ensure(&clip_l, &clip_l_tensors(&SdConfig::sd15().text), "", DType::F16, Format::Safetensors);
-    let vae = dir.join("ae.safetensors");
-    ensure(&vae, &ae_tensors(&ae_config()), "", DType::F16, Format::Safetensors);
-    let clip_g = (model == Model::Sd35Medium).then(|| {
+    let mut encoders = vec![("--t5xxl", t5), ("--clip_l", clip_l)];
+    if model == Model::Sd35Medium {
         let path = dir.join("clip_g.safetensors");
         let text2 = SdConfig::sdxl().text2.expect("SDXL's OpenCLIP-G");
         ensure(&path, &clip_g_tensors(&text2), "", DType::F16, Format::Safetensors);
-        path
-    });
-    Files { t5, clip_l, clip_g, vae }
+        encoders.push(("--clip_g", path));
+    }
+    Files { encoders, vae }
 }
 
 /// The diffusion model in `ty`: float types as safetensors, quantized ones as GGUF.
@@ -121,6 +141,10 @@ fn model_file(dir: &Path, model: Model, ty: &str) -> PathBuf {
         Model::Sd35Medium => {
             let s = Sd3Synth::sd35_medium();
             ("sd3.5_medium", s.tensors(), serde_json::to_string(&s).unwrap())
+        }
+        Model::ZImage => {
+            let s = ZImageSynth::turbo();
+            ("z_image_turbo", s.tensors(), serde_json::to_string(&s).unwrap())
         }
     };
     let path = dir.join(format!("{stem}-{ty}.{ext}"));
@@ -190,7 +214,7 @@ struct Job<'a> {
 fn warm(j: &Job) {
     let f = j.files;
     let mut buf = vec![0u8; 8 << 20];
-    for path in [j.file, &f.t5, &f.clip_l, &f.vae].into_iter().chain(f.clip_g.as_deref()) {
+    for path in [j.file, &f.vae].into_iter().chain(f.encoders.iter().map(|(_, p)| p.as_path())) {
         let mut file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         while file.read(&mut buf).map_or(false, |n| n > 0) {}
     }
@@ -198,9 +222,9 @@ fn warm(j: &Job) {
 
 fn common_flags(cmd: &mut Command, j: &Job, out: &Path) {
     let f = j.files;
-    cmd.arg("--diffusion-model").arg(j.file).arg("--t5xxl").arg(&f.t5).arg("--clip_l").arg(&f.clip_l).arg("--vae").arg(&f.vae);
-    if let Some(g) = &f.clip_g {
-        cmd.arg("--clip_g").arg(g);
+    cmd.arg("--diffusion-model").arg(j.file).arg("--vae").arg(&f.vae);
+    for (flag, path) in &f.encoders {
+        cmd.arg(flag).arg(path);
     }
     let (size, steps, threads) = (j.size, j.steps, j.threads);
     cmd.args(["-p", PROMPT, "--cfg-scale", j.model.cfg(), "-s", "42"]);
@@ -290,7 +314,8 @@ fn main() {
     let model = match env_or("SDFLOW_BENCH_MODEL", "flux").as_str() {
         "flux" => Model::Flux,
         "sd35m" => Model::Sd35Medium,
-        other => panic!("SDFLOW_BENCH_MODEL: {other} is not flux or sd35m"),
+        "zimage" => Model::ZImage,
+        other => panic!("SDFLOW_BENCH_MODEL: {other} is not flux, sd35m or zimage"),
     };
     let types: Vec<String> = env_or("SDFLOW_BENCH_TYPES", model.default_types()).split(',').map(|s| s.trim().to_string()).collect();
     let size: u32 = env_or("SDFLOW_BENCH_SIZE", "512").parse().expect("SDFLOW_BENCH_SIZE");
@@ -330,8 +355,19 @@ fn main() {
         }
     }
     println!();
-    let passes = if model == Model::Flux { "cfg 1 (guidance 3.5), one pass per step" } else { "cfg 4.5, two passes per step" };
-    println!("{} at {size}², {steps} steps, {threads} threads, T5-XXL Q8_0, {passes}", model.name());
+    let passes = match model {
+        Model::Flux => "T5-XXL Q8_0, cfg 1 (guidance 3.5), one pass per step",
+        Model::Sd35Medium => "T5-XXL Q8_0, cfg 4.5, two passes per step",
+        Model::ZImage => "Qwen3-4B Q8_0, cfg 1, one pass per step",
+    };
+    if model == Model::ZImage && engines.contains("diffusers") {
+        println!("diffusers (one block, f32 and bf16) ...");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/z_image_diffusers.py");
+        let mut cmd = Command::new("python3");
+        cmd.arg(script).arg(threads.to_string()).arg(size.to_string());
+        let _ = timed(cmd, |_, l| println!("  {l}"));
+    }
+    println!("{} at {size}², {steps} steps, {threads} threads, {passes}", model.name());
     println!("{:>8} {:>9} {:>10} {:>14} {:>14} {:>10} {:>14}", "weights", "engine", "s / step", "text encode s", "VAE decode s", "total s", "peak RSS GiB");
     for (ty, engine, r) in &rows {
         println!("{:>8} {:>9} {:>10} {:>14} {:>14} {:>10.1} {:>14}", ty, engine, cell(r.step), cell(r.text), cell(r.vae), r.total, cell(r.rss_gib));

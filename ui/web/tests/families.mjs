@@ -1,5 +1,5 @@
 // Browser test: every committed workflow of the LLM-conditioned families (Z-Image, FLUX.2,
-// Qwen-Image and its Edit models) opens in the editor through the file picker with the
+// Qwen-Image, its Edit and Layered models) opens in the editor through the file picker with the
 // models it names (none swapped for another), and runs to its image. The workflows are
 // shrunk to test sizes first (32² latents, 2 steps, reference images at 0.01 MP), as the
 // Rust tests shrink them. Run by cli/tests/browser.rs, whose server holds the tiny
