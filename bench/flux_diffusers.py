@@ -11,6 +11,7 @@ import sys
 import time
 
 import torch
+from bench_common import peak_rss_gib
 from diffusers import FluxPipeline, FluxTransformer2DModel
 
 threads = int(sys.argv[1]) if len(sys.argv) > 1 else 2
@@ -19,13 +20,6 @@ dtypes = os.environ.get("BENCH_DTYPES", "bf16").split(",")
 reps = int(os.environ.get("BENCH_REPS", "2"))
 torch.set_num_threads(threads)
 torch.manual_seed(0)
-
-
-def peak_rss_gib():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024 / 2**30
-    return 0.0
 
 
 print(f"PyTorch {torch.__version__} FLUX.1 blocks at full width, {threads} threads, T5 256 tokens, s per forward (median of {reps})")

@@ -11,6 +11,7 @@ import sys
 import time
 
 import torch
+from bench_common import peak_rss_gib
 from diffusers import AutoencoderKL, SD3Transformer2DModel
 from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
@@ -21,13 +22,6 @@ torch.set_num_threads(threads)
 torch.manual_seed(0)
 dtype = torch.bfloat16
 torch.set_default_dtype(dtype)
-
-
-def peak_rss_gib():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024 / 2**30
-    return 0.0
 
 
 t0 = time.perf_counter()
