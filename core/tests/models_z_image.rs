@@ -136,6 +136,34 @@ fn diffusers_names_load_as_single_file() {
     assert!(e.to_string().contains(gone), "{e}");
 }
 
+/// A Q8_0 file quantizes every matrix, the learned pad tokens included (sd.cpp's and
+/// city96's converters do): the model runs on it and stays near the f32 result.
+#[test]
+fn runs_on_quantized_weights() {
+    use sdflow_core::dtype::DType;
+    use sdflow_core::io::TypeRules;
+    use std::collections::BTreeMap;
+    let r = fixture();
+    let keys: BTreeMap<String, Vec<usize>> = serde_json::from_value(r["keys"].clone()).unwrap();
+    let data: Vec<(String, Vec<usize>, Vec<u8>)> = keys.iter().map(|(n, s)| (n.clone(), s.clone(), det_values(n, s.iter().product(), SCALE).iter().flat_map(|x| x.to_le_bytes()).collect())).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("z_image.safetensors");
+    sdflow_core::io::safetensors::write(&path, data.iter().map(|(n, s, b)| (n.as_str(), DType::F32, s.clone(), b.as_slice())), &BTreeMap::new()).unwrap();
+    let backend = common::backend(2);
+    let src = sdflow_core::io::open(&path).unwrap();
+    let load = |rules: &str| sdflow_core::models::load::load_weights(&backend, src.as_ref(), &[""], &TypeRules::new(Some(DType::Q8_0), rules).unwrap()).unwrap();
+    let w = load("");
+    assert_eq!(Some(w.get("x_pad_token").unwrap().dtype().0), DType::Q8_0.ggml_type(), "the pad token is quantized");
+    let q = run(&w, config(&w)).unwrap();
+    // Within Q8_0's error of the f32 model (outputs reach ±7.5 here) ...
+    let err = max_abs_err(&q, &floats(&r["out"]));
+    assert!(err <= 0.5, "max abs error {err} against f32");
+    // ... and the pad tokens read as the same rows as when they stay f32.
+    let wf = load("pad_token=f32");
+    let err = max_abs_err(&q, &run(&wf, config(&wf)).unwrap());
+    assert!(err <= 0.05, "max abs error {err} against f32 pad tokens");
+}
+
 #[test]
 fn bad_configs_and_inputs_are_errors() {
     let backend = common::backend(2);
