@@ -306,6 +306,11 @@ fn diffusers(size: u32, steps: u32, threads: usize) -> Option<Row> {
     result.map(|r| Row { total, rss_gib: rss.or(r.rss_gib), ..r })
 }
 
+/// One row as soon as it is measured (a later engine's failure keeps it on screen).
+fn print_row(ty: &str, engine: &str, r: &Row) {
+    println!("  -> {ty} {engine}: s/step {}, text {} s, VAE {} s, total {:.1} s, peak RSS {} GiB", cell(r.step), cell(r.text), cell(r.vae), r.total, cell(r.rss_gib));
+}
+
 fn cell(v: Option<f64>) -> String {
     v.map_or_else(|| "-".to_string(), |v| format!("{v:.2}"))
 }
@@ -335,13 +340,17 @@ fn main() {
         if engines.contains("sdflow") {
             println!("sdflow img_gen, {ty} ...");
             warm(&job);
-            rows.push((ty.clone(), "sdflow", sdflow(&job, &out.path().join(format!("sdflow-{ty}.png")))));
+            let r = sdflow(&job, &out.path().join(format!("sdflow-{ty}.png")));
+            print_row(ty, "sdflow", &r);
+            rows.push((ty.clone(), "sdflow", r));
         }
         match &sdcpp_bin {
             Some(bin) if engines.contains("sdcpp") => {
                 println!("sd-cli, {ty} ...");
                 warm(&job);
-                rows.push((ty.clone(), "sd.cpp", sdcpp(bin, &job, &out.path().join(format!("sdcpp-{ty}.png")))));
+                let r = sdcpp(bin, &job, &out.path().join(format!("sdcpp-{ty}.png")));
+                print_row(ty, "sd.cpp", &r);
+                rows.push((ty.clone(), "sd.cpp", r));
             }
             None if engines.contains("sdcpp") => println!("sd.cpp skipped: set SDCPP_CLI to an sd-cli binary"),
             _ => {}
