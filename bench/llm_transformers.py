@@ -9,9 +9,9 @@ Run: python bench/llm_transformers.py
 """
 import os
 import resource
-import time
 
 import torch
+from bench_common import median_seconds
 from transformers import Qwen3Config, Qwen3Model
 
 threads = int(os.environ.get("THREADS", "2"))
@@ -34,12 +34,6 @@ print(f"torch {torch.__version__} Qwen3-4B {name}, {threads} threads, s per prom
 with torch.inference_mode():
     for n in tokens:
         ids = (torch.arange(n) * 7919 % 150000).unsqueeze(0)
-        model(ids)
-        t = []
-        for _ in range(reps):
-            s = time.perf_counter()
-            model(ids)
-            t.append(time.perf_counter() - s)
-        t.sort()
+        median = median_seconds(lambda: model(ids), reps)
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-        print(f"{name:>8} {n:>7} {t[len(t) // 2]:>8.2f} {rss:>10.2f}")
+        print(f"{name:>8} {n:>7} {median:>8.2f} {rss:>10.2f}")

@@ -6,9 +6,9 @@ Env: TOKENS="77,256", REPS=2, THREADS=2.
 Run: python bench/t5_transformers.py
 """
 import os
-import time
 
 import torch
+from bench_common import median_seconds
 from transformers import T5Config, T5EncoderModel
 
 threads = int(os.environ.get("THREADS", "2"))
@@ -29,11 +29,5 @@ print(f"torch {torch.__version__} T5-XXL encoder bf16, {threads} threads, s per 
 with torch.inference_mode():
     for n in tokens:
         ids = (torch.arange(n) * 7919 % 32000 + 3).unsqueeze(0)
-        model(ids)
-        t = []
-        for _ in range(reps):
-            s = time.perf_counter()
-            model(ids)
-            t.append(time.perf_counter() - s)
-        t.sort()
-        print(f"{'bf16':>8} {n:>7} {t[len(t) // 2]:>8.2f}")
+        median = median_seconds(lambda: model(ids), reps)
+        print(f"{'bf16':>8} {n:>7} {median:>8.2f}")

@@ -9,10 +9,9 @@ Usage: python bench/z_image_diffusers.py [threads] [size]   (env BENCH_DTYPES=f3
 """
 import os
 import sys
-import time
 
 import torch
-from bench_common import peak_rss_gib
+from bench_common import median_seconds, peak_rss_gib
 from diffusers import ZImageTransformer2DModel
 
 threads = int(sys.argv[1]) if len(sys.argv) > 1 else 2
@@ -34,13 +33,7 @@ for dt in dtypes:
         cap = [torch.randn(17, 2560, dtype=dtype)]
         t = torch.tensor([0.5], dtype=dtype)
         with torch.no_grad():
-            model(x, t, cap, return_dict=False)
-            runs = []
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                model(x, t, cap, return_dict=False)
-                runs.append(time.perf_counter() - t0)
-        times[layers] = sorted(runs)[len(runs) // 2]
+            times[layers] = median_seconds(lambda: model(x, t, cap, return_dict=False), reps)
         del model
     layer = times[2] - times[1]
     step = times[1] + 29 * layer
