@@ -673,8 +673,8 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
         let first;
         let (shown, shape) = if latent.frames > 1 {
             let [w, h, _, _] = shape;
-            let (c, t, plane) = (latent.channels(), latent.frames, (w * h) as usize);
-            first = (0..c as usize).flat_map(|k| &shown[k * t * plane..(k * t + 1) * plane]).copied().collect::<Vec<f32>>();
+            let c = latent.channels();
+            first = sdflow_core::models::dit::frame_of(shown, c as usize, latent.frames, (w * h) as usize, 0);
             (&first[..], [w, h, c, 1])
         } else {
             (shown, shape)

@@ -138,6 +138,12 @@ pub fn crop(x: &[f32], [c, h2, w2]: [usize; 3], h: usize, w: usize) -> Vec<f32> 
     (0..c).flat_map(|ci| (0..h).flat_map(move |y| (0..w).map(move |x0| (ci, y, x0)))).map(|(ci, y, x0)| x[(ci * h2 + y) * w2 + x0]).collect()
 }
 
+/// Frame `f` of one sample of a latent of `frames` frames kept in its channels (ComfyUI's
+/// [C, T, H, W]: each channel's frames together), as planar [C][H][W].
+pub fn frame_of(sample: &[f32], channels: usize, frames: usize, plane: usize, f: usize) -> Vec<f32> {
+    (0..channels).flat_map(|k| &sample[(k * frames + f) * plane..(k * frames + f + 1) * plane]).copied().collect()
+}
+
 /// Position ids (index, row, column) of an image's `rows` × `cols` patch grid in reading
 /// order: FLUX's image ids (`index` 0 for the image itself; Kontext gives references
 /// their own).

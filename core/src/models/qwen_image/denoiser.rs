@@ -11,7 +11,7 @@ use super::{ImageGrid, QwenImage, QwenImageInputs};
 use crate::ggml::{Backend, Circular, Context, GraphAllocator, GraphRun};
 use crate::models::conditioning::{Conditioning, LatentShape, ReferenceLatent, ReferenceMethod};
 use crate::models::vae::wan::{LATENTS_MEAN, LATENTS_STD};
-use crate::models::dit::{crop, in_groups, pad_to_patches, patchify, unpatchify};
+use crate::models::dit::{crop, frame_of, in_groups, pad_to_patches, patchify, unpatchify};
 use crate::models::{ModelError, Result};
 
 /// One item of [`QwenImageDenoiser::denoise_batch`]: a latent (model space, [W, H, C, N])
@@ -111,8 +111,7 @@ impl<'w> QwenImageDenoiser<'w> {
             for j in 0..n {
                 let sample = &it.x[j * frames * per0..(j + 1) * frames * per0];
                 for f in 0..frames {
-                    let frame: Vec<f32> = (0..ch).flat_map(|k| &sample[(k * frames + f) * plane..(k * frames + f + 1) * plane]).copied().collect();
-                    let (padded, _, _) = pad_to_patches(&frame, [ch, h0, w0], p);
+                    let (padded, _, _) = pad_to_patches(&frame_of(sample, ch, frames, plane, f), [ch, h0, w0], p);
                     img.extend(patchify(&padded, [1, ch, h, w], p)?);
                 }
                 img.extend_from_slice(r);
