@@ -40,6 +40,8 @@ pub enum ModelFamily {
     Flux2,
     /// Qwen-Image and its Edit models (dual-stream MMDiT, Qwen2.5-VL text).
     QwenImage,
+    /// Wan 2.1 / 2.2 video transformers (UMT5-XXL text).
+    Wan,
     Unknown,
 }
 
@@ -57,6 +59,7 @@ impl fmt::Display for ModelFamily {
             ModelFamily::ZImage => "Z-Image",
             ModelFamily::Flux2 => "FLUX.2",
             ModelFamily::QwenImage => "Qwen-Image",
+            ModelFamily::Wan => "Wan",
             ModelFamily::Unknown => "unknown",
         })
     }
@@ -284,6 +287,18 @@ pub fn detect(tensors: &[TensorInfo]) -> Detection {
         }
     }
 
+    // Wan: video blocks with q/k-normed cross-attention (the release's `cross_attn`,
+    // diffusers' `attn2`) after a 3-D patch embedding.
+    for (marker, layout) in [(crate::models::wan::MARKER, KeyLayout::Ldm), ("blocks.0.attn2.norm_q.weight", KeyLayout::Diffusers)] {
+        if let Some(t) = find(tensors, marker) {
+            let p = prefix_of(t, marker);
+            if let Some(embed) = tensors.iter().find(|t| t.name == format!("{p}patch_embedding.weight")) {
+                d.in_channels = dim(Some(embed), 1);
+                d.double_blocks = Some(block_count(tensors, &format!("{p}blocks.")));
+                return finish_dit(d, ModelFamily::Wan, p, layout);
+            }
+        }
+    }
     // Z-Image: `cap_embedder` beside `layers` with q/k norms; diffusers' names key the
     // patch embedder by patch size (`all_x_embedder.2-1`), the release's do not.
     if let Some(t) = find(tensors, "cap_embedder.0.weight") {

@@ -22,6 +22,7 @@ pub mod sd;
 pub mod sd3;
 pub mod t5;
 pub mod vae;
+pub mod wan;
 pub mod weights;
 pub mod yolo;
 pub mod z_image;

@@ -126,14 +126,7 @@ fn per_channel<'a>(ctx: &'a Context, v: Tensor<'a>) -> Result<Tensor<'a>> {
 /// `circular_x/y`): the input is padded first and the convolution pads only the other axes.
 pub fn conv2d<'a>(ctx: &'a Context, w: &'a Weights, name: &str, x: Tensor<'a>, stride: i32, pad: i32) -> Result<Tensor<'a>> {
     let weight = format!("{name}.weight");
-    let c = ctx.circular();
-    let (x, pad) = if pad > 0 && c.any() {
-        let (px, py) = (if c.x { 0 } else { pad }, if c.y { 0 } else { pad });
-        let wrap = |on: bool| if on { (pad, pad) } else { (0, 0) };
-        (ctx.pad_circular(x, [wrap(c.x), wrap(c.y), (0, 0), (0, 0)])?, (px, py))
-    } else {
-        (x, (pad, pad))
-    };
+    let (x, pad) = circular_padded(ctx, x, pad)?;
     let y = ctx.conv_2d(w.get(&weight)?, x, (stride, stride), pad, (1, 1))?;
     // LoCon at runtime: `down` takes the layer's stride and padding (or, with a Tucker
     // `mid` kernel, is 1×1 and `mid` takes them), `up` is 1×1.
@@ -149,6 +142,19 @@ pub fn conv2d<'a>(ctx: &'a Context, w: &'a Weights, name: &str, x: Tensor<'a>, s
         Ok(ctx.add(y, per_channel(ctx, w.get(&bias)?)?)?)
     } else {
         Ok(y)
+    }
+}
+
+/// x [W, H, C, N] padded by `pad` around on the axes the context makes circular, and the
+/// padding a convolution then adds itself on each axis (the other axes': zeros).
+pub fn circular_padded<'a>(ctx: &'a Context, x: Tensor<'a>, pad: i32) -> Result<(Tensor<'a>, (i32, i32))> {
+    let c = ctx.circular();
+    if pad > 0 && c.any() {
+        let (px, py) = (if c.x { 0 } else { pad }, if c.y { 0 } else { pad });
+        let wrap = |on: bool| if on { (pad, pad) } else { (0, 0) };
+        Ok((ctx.pad_circular(x, [wrap(c.x), wrap(c.y), (0, 0), (0, 0)])?, (px, py)))
+    } else {
+        Ok((x, (pad, pad)))
     }
 }
 

@@ -1,5 +1,5 @@
-//! T5's SentencePiece unigram tokenizer (T5-XXL: SD3, FLUX.1, Chroma) and the weighted,
-//! padded token sequences ComfyUI's T5 tokenizers produce.
+//! T5's SentencePiece unigram tokenizer (T5-XXL: SD3, FLUX.1, Chroma; UMT5-XXL: Wan) and
+//! the weighted, padded token sequences ComfyUI's T5 tokenizers produce.
 //!
 //! The vocabulary is T5 v1.1's 32,100 pieces as a Hugging Face `tokenizer.json` (the
 //! precompiled NFKC character map, `▁` word prefixes, `</s>` = 1, `<pad>` = 0), shipped
@@ -17,6 +17,9 @@ pub const T5_EOS: u32 = 1;
 pub const T5_PAD: u32 = 0;
 
 static VOCAB_GZ: &[u8] = include_bytes!("vocab/t5_tokenizer.json.gz");
+/// UMT5's 256,300 pieces (Wan's text encoder): the same special ids, no NFKC table (runs of
+/// spaces collapse, as sd.cpp's copy of the vocabulary says).
+static UMT5_VOCAB_GZ: &[u8] = include_bytes!("vocab/umt5_tokenizer.json.gz");
 
 /// The T5 v1.1 tokenizer; built once per process and shared, so `shared` is cheap.
 #[derive(Clone)]
@@ -49,6 +52,12 @@ impl T5Tokenizer {
     pub fn shared() -> Result<Self, TextError> {
         static CELL: OnceLock<Result<Arc<tokenizers::Tokenizer>, String>> = OnceLock::new();
         Ok(T5Tokenizer { inner: super::bundled_tokenizer(&CELL, VOCAB_GZ, "T5")? })
+    }
+
+    /// The UMT5 tokenizer (Wan), shared as [`T5Tokenizer::shared`].
+    pub fn umt5() -> Result<Self, TextError> {
+        static CELL: OnceLock<Result<Arc<tokenizers::Tokenizer>, String>> = OnceLock::new();
+        Ok(T5Tokenizer { inner: super::bundled_tokenizer(&CELL, UMT5_VOCAB_GZ, "UMT5")? })
     }
 
     /// The ids of `text`, without `</s>`.

@@ -11,6 +11,7 @@ pub fn register(registry: &mut Registry, _rt: &Arc<Runtime>) {
     registry.register(Arc::new(EMPTY_SD3_LATENT_IMAGE));
     registry.register(Arc::new(EMPTY_FLUX2_LATENT_IMAGE));
     registry.register(Arc::new(EmptyQwenImageLayeredLatentImage));
+    registry.register(Arc::new(EmptyHunyuanLatentVideo));
     registry.register(Arc::new(LatentCutToBatch));
     registry.register(Arc::new(SetLatentNoiseMask));
     registry.register(Arc::new(LatentUpscale { by: false }));
@@ -100,6 +101,41 @@ impl Node for EmptyQwenImageLayeredLatentImage {
         let frames = layers as usize + 1;
         let mut latent = latent_zeros([w / 8, h / 8, 16 * frames as i64, n])?;
         latent.frames = frames;
+        Ok(Outputs::new(vec![Value::new(IoType::LATENT, latent)]))
+    }
+}
+
+/// ComfyUI's "EmptyHunyuanLatentVideo" (Wan's empty latent): zeros of 16 channels at 1/8 of
+/// the frame size in `(length − 1)/4 + 1` latent frames (the video VAE's 4× temporal
+/// compression keeps the first frame alone).
+struct EmptyHunyuanLatentVideo;
+
+/// The latent frames of a video of `length` frames under the Wan VAE's 4× temporal
+/// compression (the first frame alone, then groups of 4).
+pub fn video_latent_frames(length: i64) -> i64 {
+    (length - 1) / 4 + 1
+}
+
+impl Node for EmptyHunyuanLatentVideo {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("EmptyHunyuanLatentVideo")
+            .display_name("EmptyHunyuanLatentVideo")
+            .category("latent/video")
+            .input(InputSpec::int("width", 848).int_range(16, 16384).int_step(16))
+            .input(InputSpec::int("height", 480).int_range(16, 16384).int_step(16))
+            .input(InputSpec::int("length", 25).int_range(1, 16384).int_step(4).tooltip("Frames of the video: (length − 1)/4 + 1 latent frames."))
+            .input(InputSpec::int("batch_size", 1).int_range(1, 4096))
+            .output("LATENT", IoType::LATENT)
+    }
+
+    fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let (w, h, length, n) = (inputs.int("width")?, inputs.int("height")?, inputs.int("length")?, inputs.int("batch_size")?);
+        if w < 16 || h < 16 || n < 1 || !(1..=16384).contains(&length) {
+            return Err(NodeError::msg(format!("{w}x{h} × {length} frames × {n} is not a valid video latent size")));
+        }
+        let frames = video_latent_frames(length);
+        let mut latent = latent_zeros([w / 8, h / 8, 16 * frames, n])?;
+        latent.frames = frames as usize;
         Ok(Outputs::new(vec![Value::new(IoType::LATENT, latent)]))
     }
 }

@@ -288,7 +288,7 @@ impl Node for UnetLoader {
         NodeSchema::new("UNETLoader")
             .display_name("Load Diffusion Model")
             .category("advanced/loaders")
-            .description("Loads a diffusion model alone (FLUX.1 and Chroma in BFL/ComfyUI names, SD3/SD3.5 in Stability's, Z-Image in the release's, each also in diffusers' names; FLUX.2 in BFL's; Qwen-Image; safetensors or GGUF); weights load on first use.")
+            .description("Loads a diffusion model alone (FLUX.1 and Chroma in BFL/ComfyUI names, SD3/SD3.5 in Stability's, Z-Image and Wan in the releases', each also in diffusers' names; FLUX.2 in BFL's; Qwen-Image; safetensors or GGUF); weights load on first use.")
             .input(InputSpec::combo("unet_name", self.rt.list_models(DIFFUSION_MODELS)).tooltip("The model in models/diffusion_models."))
             .input(InputSpec::combo("weight_dtype", ["default", "fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2"]).tooltip(
                 "default: the run's --type. The fp8 choices keep one byte per weight: ggml has no fp8 arithmetic, so they load as q8_0, its 8-bit type.",
@@ -331,8 +331,14 @@ impl Node for UnetLoader {
                 layout = Some(("bfl-flux2", sdflow_core::models::flux2::diffusers::bfl_layout));
                 String::new()
             }
+            // The release's names keep their prefix; diffusers' are renamed to them (no
+            // prefix then). Either way the 5-D patch kernel is shown as a matrix.
+            (ModelFamily::Wan, layout_of) => {
+                layout = Some(("wan", sdflow_core::models::wan::layout));
+                if layout_of == Some(KeyLayout::Ldm) { det.diffusion_prefix.clone().unwrap_or_default() } else { String::new() }
+            }
             (ModelFamily::Unknown, _) => return Err(NodeError::msg(format!("{shown}: {}", det.message))),
-            (other, _) => return Err(NodeError::msg(format!("{shown}: {other} diffusion models are not supported by this loader yet (FLUX.1, Chroma, SD3, Z-Image, FLUX.2 and Qwen-Image are; SD checkpoints load with CheckpointLoaderSimple)"))),
+            (other, _) => return Err(NodeError::msg(format!("{shown}: {other} diffusion models are not supported by this loader yet (FLUX.1, Chroma, SD3, Z-Image, FLUX.2, Qwen-Image and Wan are; SD checkpoints load with CheckpointLoaderSimple)"))),
         };
         let weights = weights_handle_in(&self.rt, Module::Diffusion.into(), &path, &prefix, wt, layout)?;
         let model = match det.family {
@@ -341,6 +347,7 @@ impl Node for UnetLoader {
             ModelFamily::ZImage => z_image_model(weights, prefix)?,
             ModelFamily::Flux2 => flux2_model(weights, prefix, det.flux_guidance)?,
             ModelFamily::QwenImage => qwen_image_model(weights, prefix)?,
+            ModelFamily::Wan => wan_model(weights, prefix)?,
             _ => flux_model(weights, prefix, det.flux_guidance)?,
         };
         Ok(Outputs::new(vec![Value::new(IoType::MODEL, model)]))
@@ -462,6 +469,21 @@ fn qwen_image_model(weights: WeightHandle<Weights>, prefix: String) -> Result<Mo
     Ok(m)
 }
 
+/// The MODEL of a Wan transformer: a flow over SD3's schedule shifted by ComfyUI's
+/// default for Wan (`supported_models.WAN21_T2V`: 8), in the Wan-2.1 VAE's latent space.
+fn wan_model(weights: WeightHandle<Weights>, prefix: String) -> Result<ModelRef, NodeError> {
+    let mut m = sd3_model(weights, prefix)?;
+    let flow = FlowShift::Snr(WAN_SHIFT);
+    m.family = ModelFamily::Wan;
+    m.latent = LatentFormat::per_channel(&wan::LATENTS_MEAN, &wan::LATENTS_STD);
+    m.schedule = flow.schedule().map_err(err)?;
+    m.flow = Some(flow);
+    Ok(m)
+}
+
+/// ComfyUI's sampling shift for Wan models.
+const WAN_SHIFT: f32 = 8.0;
+
 /// Where LDM-named checkpoints keep the VAE: SD3 / SD3.5 files, and every pipeline
 /// folder seen through [`pipeline::open`].
 const LDM_VAE: &str = "first_stage_model.";
@@ -551,7 +573,7 @@ impl Node for ClipLoader {
                 .display_name("Load CLIP")
                 .description("Loads a standalone text encoder: SD1's CLIP-L or SD2's OpenCLIP-H (type stable_diffusion), one of SD3's (type sd3), Chroma's T5-XXL (type chroma), Z-Image's Qwen3-4B (type lumina2), FLUX.2 klein's Qwen3 (type flux2); T5 and the LLMs as safetensors or GGUF.")
                 .input(InputSpec::combo("clip_name", files))
-                .input(InputSpec::combo("type", ["stable_diffusion", "sd3", "chroma", "lumina2", "flux2", "qwen_image"]))
+                .input(InputSpec::combo("type", ["stable_diffusion", "sd3", "chroma", "lumina2", "flux2", "qwen_image", "wan"]))
         };
         s.input(InputSpec::combo("device", ["default", "cpu"]).optional().tooltip("Where the text encoders load and run: `default` follows the text encoder placement (--backend te=...), `cpu` keeps them on the CPU."))
             .category("advanced/loaders")
@@ -584,6 +606,16 @@ impl Node for ClipLoader {
                 return Err(NodeError::msg(format!("{}: no T5 encoder (`{}`); Chroma reads T5-XXL alone", path.display(), t5::MARKER)));
             }
             let clip = ClipRef { encoders: Vec::new(), t5: Some(t5_handle(&self.rt, place, &path)?), family: ModelFamily::Chroma, llm: None, clip_skip: None, sdcpp: None, place };
+            return Ok(Outputs::new(vec![Value::new(IoType::CLIP, clip)]));
+        }
+        // Wan reads UMT5-XXL alone.
+        if ty == "wan" && !self.dual {
+            let path = self.paths(inputs)?.remove(0);
+            let src = t5::hf_layout(io::open(&path).map_err(err)?).map_err(err)?;
+            if !t5::is_t5(src.tensors().iter().map(|t| t.name.as_str())) {
+                return Err(NodeError::msg(format!("{}: no UMT5 encoder (`{}`); Wan reads UMT5-XXL", path.display(), t5::MARKER)));
+            }
+            let clip = ClipRef { encoders: Vec::new(), t5: Some(t5_handle(&self.rt, place, &path)?), family: ModelFamily::Wan, llm: None, clip_skip: None, sdcpp: None, place };
             return Ok(Outputs::new(vec![Value::new(IoType::CLIP, clip)]));
         }
         let llm_family = match ty {
@@ -627,7 +659,7 @@ impl Node for ClipLoader {
             return Ok(Outputs::new(vec![Value::new(IoType::CLIP, clip)]));
         }
         if ty != if self.dual { "sdxl" } else { "stable_diffusion" } {
-            let wanted = if self.dual { "`sdxl`, `sd3`, `flux` and `qwen_image` (Qwen2.5-VL and its vision tower)" } else { "`stable_diffusion`, `sd3`, `chroma`, `lumina2` (Z-Image's Qwen3-4B), `flux2` (FLUX.2's Qwen3 or Mistral) and `qwen_image` (Qwen2.5-VL-7B)" };
+            let wanted = if self.dual { "`sdxl`, `sd3`, `flux` and `qwen_image` (Qwen2.5-VL and its vision tower)" } else { "`stable_diffusion`, `sd3`, `chroma`, `lumina2` (Z-Image's Qwen3-4B), `flux2` (FLUX.2's Qwen3 or Mistral), `qwen_image` (Qwen2.5-VL-7B) and `wan` (UMT5-XXL)" };
             return Err(NodeError::msg(format!("type `{ty}`: only {wanted} text encoders are supported yet")));
         }
         let mut found = Vec::new();

@@ -60,7 +60,7 @@ impl TaeKind {
             F::Flux | F::Chroma | F::ZImage => Some(TaeKind::F1),
             F::Flux2 => Some(TaeKind::F2),
             // Qwen-Image has no TAESD.
-            F::QwenImage | F::Unknown => None,
+            F::QwenImage | F::Wan | F::Unknown => None,
         }
     }
 

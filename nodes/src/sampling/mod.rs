@@ -28,6 +28,7 @@ use sdflow_core::models::flux::{fill_concat, Flux, FluxConfig, FluxDenoiser, Flu
 use sdflow_core::models::dit::SkipLayers;
 use sdflow_core::models::sd3::{Sd3, Sd3Config, Sd3Denoiser, Sd3Item};
 use sdflow_core::models::qwen_image::{QwenImage, QwenImageConfig, QwenImageDenoiser, QwenImageItem};
+use sdflow_core::models::wan::{Wan, WanConfig, WanDenoiser, WanItem};
 use sdflow_core::models::z_image::{ZImage, ZImageConfig, ZImageDenoiser, ZImageItem};
 use sdflow_core::models::flux2::{Flux2, Flux2Config, Flux2Denoiser, Flux2Item};
 use sdflow_core::models::sd::{BatchItem, ControlInput, IpPatch, IpSide, SdDenoiser};
@@ -288,6 +289,11 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
         den.circular = model.circular;
         den.frames = latent.frames.max(1);
         Den::QwenImage(den)
+    } else if model.family == ModelFamily::Wan {
+        let config = WanConfig::infer(&weights, &model.prefix).map_err(err)?;
+        let mut den = WanDenoiser::new(Wan::new(&weights, &model.prefix, config).map_err(err)?);
+        den.frames = latent.frames.max(1);
+        Den::Wan(den)
     } else {
         let config = UnetConfig::infer(&weights, &model.prefix).map_err(err)?;
         let unet = Unet::new(&weights, &model.prefix, config).map_err(err)?;
@@ -338,12 +344,12 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
             .collect();
         den = match den {
             Den::Sd(d) => Den::Sd(d.with_ip_adapters(patches).map_err(err)?),
-            Den::Flux(_) | Den::Sd3(_) | Den::ZImage(_) | Den::Flux2(_) | Den::QwenImage(_) => return Err(NodeError::msg(format!("IP-Adapters apply to SD UNets; this model is {}", model.family))),
+            Den::Flux(_) | Den::Sd3(_) | Den::ZImage(_) | Den::Flux2(_) | Den::QwenImage(_) | Den::Wan(_) => return Err(NodeError::msg(format!("IP-Adapters apply to SD UNets; this model is {}", model.family))),
         };
     }
 
-    if latent.frames > 1 && !matches!(den, Den::QwenImage(_)) {
-        return Err(NodeError::msg(format!("a latent of {} frames: of the models here only Qwen-Image-Layered samples frames; this model is {}", latent.frames, model.family)));
+    if latent.frames > 1 && !matches!(den, Den::QwenImage(_) | Den::Wan(_)) {
+        return Err(NodeError::msg(format!("a latent of {} frames: of the models here only Wan and Qwen-Image-Layered sample frames; this model is {}", latent.frames, model.family)));
     }
     let [lw, lh, channels, ln] = latent.shape;
     if latent.frames == 0 || channels % latent.frames as i64 != 0 {
@@ -361,6 +367,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
         Den::ZImage(d) => d.config().in_channels,
         Den::Flux2(d) => d.config().in_channels,
         Den::QwenImage(d) => d.config().latent_channels * d.frames as i64,
+        Den::Wan(d) => d.config().out_channels * d.frames as i64,
         Den::Sd(_) => channels,
     };
     let grown;
@@ -403,7 +410,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     let extra = match &den {
         Den::Sd(d) => d.unet().config.in_channels - shape[2],
         Den::Flux(d) => d.in_channels() / 4 - shape[2],
-        Den::Sd3(_) | Den::ZImage(_) | Den::Flux2(_) | Den::QwenImage(_) => 0,
+        Den::Sd3(_) | Den::ZImage(_) | Den::Flux2(_) | Den::QwenImage(_) | Den::Wan(_) => 0,
     };
     let fill = matches!(den, Den::Flux(_)) && extra > 0;
     if fill && extra != shape[2] + 64 {
@@ -502,8 +509,8 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     let controls = Controls::collect(rt, prepared.iter().flatten().map(|p| &p.control))?;
     let nets = match &den {
         Den::Sd(d) => controls.nets(&d.unet().config)?,
-        Den::Flux(_) | Den::Sd3(_) | Den::ZImage(_) | Den::Flux2(_) | Den::QwenImage(_) if prepared.iter().flatten().any(|p| p.control.is_some()) => return Err(NodeError::msg(format!("ControlNets apply to SD UNets; this model is {}", model.family))),
-        Den::Flux(_) | Den::Sd3(_) | Den::ZImage(_) | Den::Flux2(_) | Den::QwenImage(_) => Vec::new(),
+        Den::Flux(_) | Den::Sd3(_) | Den::ZImage(_) | Den::Flux2(_) | Den::QwenImage(_) | Den::Wan(_) if prepared.iter().flatten().any(|p| p.control.is_some()) => return Err(NodeError::msg(format!("ControlNets apply to SD UNets; this model is {}", model.family))),
+        Den::Flux(_) | Den::Sd3(_) | Den::ZImage(_) | Den::Flux2(_) | Den::QwenImage(_) | Den::Wan(_) => Vec::new(),
     };
     let mut hints: HashMap<(usize, i64, i64), Vec<f32>> = HashMap::new();
     let mut sides: Vec<Option<&[guidance::Prepared]>> = vec![None; prepared.len()];
@@ -519,7 +526,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     let slg = model.slg.as_ref().map(|g| (g, (percent_to_sigma(g.percents.0), percent_to_sigma(g.percents.1))));
     let no_skip = SkipLayers::default();
     let slg_layers = model.slg.as_ref().map_or(&no_skip, |g| &g.layers);
-    if slg.is_some() && matches!(den, Den::Sd(_) | Den::ZImage(_) | Den::Flux2(_) | Den::QwenImage(_)) {
+    if slg.is_some() && matches!(den, Den::Sd(_) | Den::ZImage(_) | Den::Flux2(_) | Den::QwenImage(_) | Den::Wan(_)) {
         return Err(NodeError::msg(format!("skip-layer guidance runs on DiTs (SD3, FLUX, Chroma); this model is {}", model.family)));
     }
     let skipping = std::cell::Cell::new(false);
@@ -595,6 +602,10 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
                 }
                 Den::QwenImage(den) => {
                     let batch: Vec<QwenImageItem<'_>> = items.iter().map(|it| QwenImageItem { x: &it.x, cond: it.cond }).collect();
+                    rt.with_backend(Module::Diffusion, |b| den.denoise_batch(b, s, sigma, &batch)).map_err(err)
+                }
+                Den::Wan(den) => {
+                    let batch: Vec<WanItem<'_>> = items.iter().map(|it| WanItem { x: &it.x, cond: it.cond, concat: None, image: None }).collect();
                     rt.with_backend(Module::Diffusion, |b| den.denoise_batch(b, s, sigma, &batch)).map_err(err)
                 }
             }
@@ -736,7 +747,7 @@ pub(crate) fn batch_noise(rng: &mut dyn sdflow_core::sampling::rng::Rng, inds: &
 }
 
 /// The model a sampler runs: an SD UNet, a FLUX.1/Chroma or FLUX.2 transformer, an SD3
-/// or Qwen-Image MMDiT, or a Z-Image S3-DiT.
+/// or Qwen-Image MMDiT, a Z-Image S3-DiT, or a Wan video transformer.
 enum Den<'w> {
     Sd(SdDenoiser<'w>),
     Flux(FluxDenoiser<'w>),
@@ -744,6 +755,7 @@ enum Den<'w> {
     ZImage(ZImageDenoiser<'w>),
     Flux2(Flux2Denoiser<'w>),
     QwenImage(QwenImageDenoiser<'w>),
+    Wan(WanDenoiser<'w>),
 }
 
 /// ComfyUI's "KSampler".

@@ -220,7 +220,7 @@ pub fn preview(rt: &Runtime, family: ModelFamily, denoised: &[f32], shape: [i64;
         ModelFamily::Sdxl | ModelFamily::SdxlRefiner => (&SDXL_LATENT_RGB_FACTORS[..], SDXL_LATENT_RGB_BIAS),
         ModelFamily::Flux | ModelFamily::Chroma | ModelFamily::ZImage => (&FLUX_LATENT_RGB_FACTORS[..], FLUX_LATENT_RGB_BIAS),
         ModelFamily::Sd3 => (&SD3_LATENT_RGB_FACTORS[..], SD3_LATENT_RGB_BIAS),
-        ModelFamily::QwenImage => (&WAN21_LATENT_RGB_FACTORS[..], WAN21_LATENT_RGB_BIAS),
+        ModelFamily::QwenImage | ModelFamily::Wan => (&WAN21_LATENT_RGB_FACTORS[..], WAN21_LATENT_RGB_BIAS),
         // FLUX.2: its 2×2 patches as the 32 channels they are, at twice the size (sd.cpp's).
         ModelFamily::Flux2 => {
             let [w, h, c, _] = shape.map(|d| d.max(0) as usize);

@@ -144,6 +144,16 @@ pub fn frame_of(sample: &[f32], channels: usize, frames: usize, plane: usize, f:
     (0..channels).flat_map(|k| &sample[(k * frames + f) * plane..(k * frames + f + 1) * plane]).copied().collect()
 }
 
+/// Planes of `frames` [C][H][W] frames per sample back in ComfyUI's [C][T][H][W] order per
+/// sample: the inverse of taking every [`frame_of`] in turn.
+pub fn channel_major(frame_major: &[f32], channels: usize, frames: usize, plane: usize) -> Vec<f32> {
+    if frames == 1 {
+        return frame_major.to_vec();
+    }
+    let per = channels * plane;
+    frame_major.chunks_exact(frames * per).flat_map(|s| (0..channels).flat_map(move |k| (0..frames).flat_map(move |f| &s[f * per + k * plane..f * per + (k + 1) * plane]))).copied().collect()
+}
+
 /// Position ids (index, row, column) of an image's `rows` × `cols` patch grid in reading
 /// order: FLUX's image ids (`index` 0 for the image itself; Kontext gives references
 /// their own).

@@ -11,7 +11,7 @@ use super::{ImageGrid, QwenImage, QwenImageInputs};
 use crate::ggml::{Backend, Circular, Context, GraphAllocator, GraphRun};
 use crate::models::conditioning::{Conditioning, LatentShape, ReferenceLatent, ReferenceMethod};
 use crate::models::vae::wan::{LATENTS_MEAN, LATENTS_STD};
-use crate::models::dit::{crop, frame_of, in_groups, pad_to_patches, patchify, unpatchify};
+use crate::models::dit::{channel_major, crop, frame_of, in_groups, pad_to_patches, patchify, unpatchify};
 use crate::models::{ModelError, Result};
 
 /// One item of [`QwenImageDenoiser::denoise_batch`]: a latent (model space, [W, H, C, N])
@@ -135,11 +135,7 @@ impl<'w> QwenImageDenoiser<'w> {
         // Tokens of (sample, frame) in order → planes [C][T][H][W] per sample.
         let v = unpatchify(&v, [b * frames, ch, h, w], p)?;
         let v: Vec<f32> = if (h, w) == (h0, w0) { v } else { v.chunks_exact(per).flat_map(|s| crop(s, [ch, h, w], h0, w0)).collect() };
-        let v: Vec<f32> = if frames == 1 {
-            v
-        } else {
-            v.chunks_exact(frames * per0).flat_map(|s| (0..ch).flat_map(move |k| (0..frames).flat_map(move |f| &s[f * per0 + k * plane..f * per0 + (k + 1) * plane]))).copied().collect()
-        };
+        let v = channel_major(&v, ch, frames, plane);
         let per = n * frames * per0;
         Ok(items.iter().enumerate().map(|(k, it)| it.x.iter().zip(&v[k * per..(k + 1) * per]).map(|(x, v)| x - sigma * v).collect()).collect())
     }
