@@ -10,7 +10,7 @@ use sdflow_core::dtype::DType;
 use sdflow_core::io::TypeRules;
 use sdflow_core::models::load::load_weights;
 use sdflow_core::models::vae::tiling::VaeTiling;
-use sdflow_core::models::vae::wan::{single_frame, Layer, WanVae, WanVaeConfig};
+use sdflow_core::models::vae::wan::{video_layout, Frames, Layer, WanVae, WanVaeConfig};
 use sdflow_core::models::vae::{run, VaeOp};
 use sdflow_core::models::Weights;
 use std::collections::BTreeMap;
@@ -45,7 +45,7 @@ fn write_keys(path: &Path, table: &str, prefix: &str, dtype: DType, skip: &[&str
 }
 
 fn load(path: &Path, backend: &sdflow_core::ggml::Backend) -> Weights {
-    let src = single_frame(sdflow_core::io::open(path).unwrap()).unwrap();
+    let src = video_layout(sdflow_core::io::open(path).unwrap()).unwrap();
     load_weights(backend, src.as_ref(), &[""], &TypeRules::new(Some(DType::F32), "").unwrap()).unwrap()
 }
 
@@ -171,4 +171,52 @@ fn rgba_matches_diffusers() {
     assert!(err <= 1e-3, "decode: max abs error {err}");
     let e = run(&vae, &backend, VaeOp::EncodeMean, &floats(&r["image"]), wd, h, &off).err().expect("rgb");
     assert!(e.to_string().contains("4 channels"), "{e}");
+}
+
+/// [C, T, plane] (torch's video layout) as [T, C, plane] (frame after frame), or back.
+fn swap_ct(v: &[f32], a: usize, b: usize, plane: usize) -> Vec<f32> {
+    (0..b).flat_map(|j| (0..a).flat_map(move |i| &v[(i * b + j) * plane..(i * b + j + 1) * plane])).copied().collect()
+}
+
+fn shape5(r: &serde_json::Value, key: &str) -> [usize; 5] {
+    serde_json::from_value(r[format!("{key}_shape")].clone()).unwrap()
+}
+
+/// Videos: a 3-frame and a 5-frame latent decoded chunk by chunk (one latent frame per
+/// graph, the causal caches carried between them) into 9 and 17 frames, and 9 frames
+/// encoded (the first alone, then 4 at a time), against diffusers' `AutoencoderKLWan`.
+#[test]
+fn videos_match_diffusers_across_chunks() {
+    let r = reference("wan_vae_tiny_ref.json");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("wan_2.1_vae.safetensors");
+    write(&path, "", DType::F32, &[]);
+    let backend = common::backend(2);
+    let w = load(&path, &backend);
+    let vae = WanVae::new(&w, "", WanVaeConfig::infer(&w, "").unwrap()).unwrap();
+    for (latent, decoded) in [("video_latent", "video_decoded"), ("video_latent5", "video_decoded5")] {
+        let [_, c, t, h, wd] = shape5(&r, latent);
+        let frames = Frames { data: swap_ct(&floats(&r[latent]), c, t, h * wd), ne: [wd as i64, h as i64, c as i64, t as i64] };
+        let mut seen = Vec::new();
+        let out = vae.decode_video(&backend, &frames, &mut |k, n| seen.push((k, n))).unwrap();
+        let [_, oc, ot, oh, ow] = shape5(&r, decoded);
+        assert_eq!(out.ne, [ow as i64, oh as i64, oc as i64, ot as i64]);
+        assert_eq!(seen.last(), Some(&(t, t)));
+        let err = max_abs_err(&swap_ct(&out.data, ot, oc, oh * ow), &floats(&r[decoded]));
+        assert!(err <= 1e-3, "{latent}: decode max abs error {err}");
+    }
+    let [_, c, t, h, wd] = shape5(&r, "video_frames");
+    let video = Frames { data: swap_ct(&floats(&r["video_frames"]), c, t, h * wd), ne: [wd as i64, h as i64, c as i64, t as i64] };
+    let mean = vae.encode_video(&backend, &video, &mut |_, _| {}).unwrap();
+    let [_, mc, mt, mh, mw] = shape5(&r, "video_mean");
+    assert_eq!(mean.ne, [mw as i64, mh as i64, mc as i64, mt as i64]);
+    let err = max_abs_err(&swap_ct(&mean.data, mt, mc, mh * mw), &floats(&r["video_mean"]));
+    assert!(err <= 1e-3, "encode max abs error {err}");
+    // A video's first frame alone is the image the image path decodes.
+    let first = Frames { data: floats(&r["latent"]), ne: [6, 4, 16, 1] };
+    let one = vae.decode_video(&backend, &first, &mut |_, _| {}).unwrap();
+    assert!(max_abs_err(&one.data, &floats(&r["decoded"])) <= 1e-3);
+    // Bad shapes are refused by name.
+    let e = vae.decode_video(&backend, &Frames { data: vec![0.0; 10], ne: [2, 2, 16, 1] }, &mut |_, _| {}).unwrap_err();
+    assert!(e.to_string().contains("video latent"), "{e}");
 }

@@ -482,7 +482,7 @@ fn wan_model(weights: WeightHandle<Weights>, prefix: String) -> Result<ModelRef,
 }
 
 /// ComfyUI's sampling shift for Wan models.
-const WAN_SHIFT: f32 = 8.0;
+const WAN_SHIFT: f64 = 8.0;
 
 /// Where LDM-named checkpoints keep the VAE: SD3 / SD3.5 files, and every pipeline
 /// folder seen through [`pipeline::open`].
@@ -869,7 +869,7 @@ impl Node for VaeLoader {
         }
         let path = self.path(inputs)?;
         if let Some((file, prefix)) = wan_vae_prefix(&path)? {
-            let weights = weights_handle_in(&self.rt, Module::Vae.into(), &file, &prefix, self.rt.weight_type, Some(("wan-frame", wan::single_frame)))?;
+            let weights = weights_handle_in(&self.rt, Module::Vae.into(), &file, &prefix, self.rt.weight_type, Some(("wan-video", wan::video_layout)))?;
             let vae = VaeRef { weights, prefix, kind: VaeKind::Wan, circular: Circular::NONE };
             return Ok(Outputs::new(vec![Value::new(IoType::VAE, vae)]));
         }

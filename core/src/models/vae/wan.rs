@@ -1,4 +1,4 @@
-//! The Wan-2.1 VAE (Qwen-Image's VAE is one) on single images: causal 3-D convolutions,
+//! The Wan-2.1 VAE (Qwen-Image's VAE is one) on images and videos: causal 3-D convolutions,
 //! channel RMS norms, a single-head attention in the middle, 8× spatial compression.
 //!
 //! Keys are the Wan release's (what ComfyUI and sd.cpp load: `encoder.conv1`,
@@ -7,20 +7,19 @@
 //! bare or under a prefix (`vae.`, `first_stage_model.`), or diffusers' (`AutoencoderKLWan`
 //! / `AutoencoderKLQwenImage`: a pipeline folder's `vae/`), renamed by [`wan_names`].
 //!
-//! One frame is all an image model needs, and on one frame a causal convolution sees
-//! only its last temporal tap (the frames before are zero padding), the temporal
-//! down/upsampling convolutions do not run at all (the reference skips them on the first
-//! frame), so [`single_frame`] shows every 5-D kernel as its last 2-D tap and the
-//! network runs as 2-D convolutions. Video (several frames and the per-chunk feature
-//! cache) is for the video models to add.
+//! Kernels are held tap by tap ([`video_layout`]). On images (a video's first frame) a
+//! causal convolution sees only its last temporal tap (the frames before are zero
+//! padding) and the temporal down/upsampling convolutions do not run at all (the
+//! reference skips them on the first frame), so the network runs as 2-D convolutions.
+//! Videos run chunk by chunk as the reference runs them (the first frame alone, then one
+//! latent frame or four video frames at a time), each causal layer continuing from the
+//! last frames the chunk before left it: memory is one chunk's whatever the length.
 
 use super::VaeOp;
-use crate::ggml::{Circular, Context, Tensor};
-use crate::io::{IoError, Location, TensorBytes, TensorInfo, TensorSource};
-use crate::models::nn::{attention_typed, conv2d};
+use crate::ggml::{Backend, Circular, Context, GraphAllocator, GraphRun, Tensor};
+use crate::io::{TensorInfo, TensorSource};
+use crate::models::nn::{attention_typed, circular_padded};
 use crate::models::{ModelError, Result, Weights};
-use std::collections::HashMap;
-use std::path::Path;
 
 /// The weight that tells a file holds a Wan-2.1 VAE, relative to its prefix.
 pub const MARKER: &str = "decoder.middle.0.residual.0.gamma";
@@ -141,8 +140,10 @@ impl WanVaeConfig {
                 })
                 .collect()
         };
-        let z_channels = w.get(&at("decoder.conv1.weight"))?.ne()[2];
-        let image_channels = w.get(&at("decoder.head.2.weight"))?.ne()[3];
+        // Kernels are [O·I, taps, kh, kw] ([`video_layout`]); biases give O.
+        let out = |name: &str| -> Result<i64> { Ok(w.get(&at(&format!("{name}.bias")))?.ne()[0]) };
+        let z_channels = w.get(&at("decoder.conv1.weight"))?.ne()[3] / out("decoder.conv1")?.max(1);
+        let image_channels = out("decoder.head.2")?;
         let down = if w.contains(&at("encoder.conv1.weight")) { list("encoder.downsamples") } else { Vec::new() };
         Ok(WanVaeConfig { z_channels, image_channels, down, up: list("decoder.upsamples") })
     }
@@ -161,41 +162,170 @@ pub struct WanVae<'w> {
     pub circular: Circular,
 }
 
+/// A video's frames as values: [W, H, C, T] in ggml's order (frame after frame).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Frames {
+    pub data: Vec<f32>,
+    pub ne: [i64; 4],
+}
+
+/// How a graph reads the frames of its input.
+enum Mode<'a, 'r> {
+    /// N independent images (each a video's first frame).
+    Images,
+    /// The next chunk of one video: every causal layer continues from what the frames
+    /// before the chunk left it (its cache), and leaves the chunk's last frames for the next.
+    Chunk(Stream<'a, 'r>),
+}
+
+/// The causal layers' caches while a chunk's graph is built: in the order the layers run,
+/// what the previous chunk left (none before the first chunk), and what this one leaves.
+struct Stream<'a, 'r> {
+    run: &'r mut GraphRun<'a>,
+    before: &'r [Frames],
+    next: usize,
+    after: Vec<Tensor<'a>>,
+    /// Whether the chunk holds the video's first frame.
+    first: bool,
+}
+
+impl<'a> Stream<'a, '_> {
+    /// The frames the previous chunk left for the next causal layer ([W, H, C, k]; zeros
+    /// before the first chunk, as the causal padding is).
+    fn history(&mut self, ne: [i64; 4]) -> Result<Tensor<'a>> {
+        let slot = self.next;
+        self.next += 1;
+        match self.before.get(slot) {
+            Some(f) if f.ne == ne => Ok(self.run.input_f32(&ne, f.data.clone())?),
+            Some(f) => Err(ModelError::Input(format!("a VAE cache of {:?} where the layer keeps {ne:?}", f.ne))),
+            None => Ok(self.run.input_f32(&ne, vec![0.0; ne.iter().product::<i64>() as usize])?),
+        }
+    }
+
+    fn keep(&mut self, t: Tensor<'a>) {
+        self.after.push(t);
+    }
+}
+
+/// Frames `from..from + n` of x [W, H, C, T] (contiguous: frames are outermost).
+fn frames<'a>(ctx: &'a Context, x: Tensor<'a>, from: i64, n: i64) -> Result<Tensor<'a>> {
+    let [w, h, c, _] = x.ne();
+    let nb = x.nb();
+    Ok(ctx.view(x, [w, h, c, n], [nb[1], nb[2], nb[3]], from as usize * nb[3])?)
+}
+
 impl<'w> WanVae<'w> {
     pub fn new(w: &'w Weights, prefix: &str, config: WanVaeConfig) -> Result<Self> {
         let at = |s: &str| format!("{prefix}{s}");
         if config.up.is_empty() {
             return Err(ModelError::Config(format!("a Wan VAE without decoder stages: no `{}`", at("decoder.upsamples.0.residual.0.gamma"))));
         }
-        for (side, list) in [("decoder.upsamples", &config.up), ("encoder.downsamples", &config.down)] {
+        let vae = WanVae { w, prefix: prefix.to_string(), config, circular: Circular::NONE };
+        for (side, list) in [("decoder.upsamples", &vae.config.up), ("encoder.downsamples", &vae.config.down)] {
             for (i, l) in list.iter().enumerate() {
                 if *l == Layer::Residual {
-                    for part in ["residual.2.weight", "residual.6.weight", "residual.3.gamma"] {
-                        w.get(&at(&format!("{side}.{i}.{part}")))?;
+                    for part in ["residual.2", "residual.6"] {
+                        vae.kernel_shape(&format!("{side}.{i}.{part}"))?;
                     }
+                    w.get(&at(&format!("{side}.{i}.residual.3.gamma")))?;
                 }
             }
         }
-        let z = config.z_channels;
-        w.expect(&at("conv2.weight"), &[1, 1, z, z])?;
-        if !config.down.is_empty() {
-            w.expect(&at("conv1.weight"), &[1, 1, 2 * z, 2 * z])?;
-            if w.get(&at("encoder.head.2.weight"))?.ne()[3] != 2 * z {
-                return Err(ModelError::Weight { name: at("encoder.head.2.weight"), detail: format!("{:?}: the encoder must give {} moments", w.get(&at("encoder.head.2.weight"))?.ne(), 2 * z) });
+        let z = vae.config.z_channels;
+        if vae.kernel_shape("conv2")? != (1, 1, 1, z, z) {
+            return Err(ModelError::Weight { name: at("conv2.weight"), detail: format!("{:?}: a 1×1×1 convolution over {z} latent channels expected", vae.kernel_shape("conv2")?) });
+        }
+        if !vae.config.down.is_empty() {
+            if vae.kernel_shape("conv1")? != (1, 1, 1, 2 * z, 2 * z) {
+                return Err(ModelError::Weight { name: at("conv1.weight"), detail: format!("{:?}: a 1×1×1 convolution over {} moments expected", vae.kernel_shape("conv1")?, 2 * z) });
+            }
+            if vae.kernel_shape("encoder.head.2")?.4 != 2 * z {
+                return Err(ModelError::Weight { name: at("encoder.head.2.weight"), detail: format!("the encoder must give {} moments", 2 * z) });
             }
         }
-        Ok(WanVae { w, prefix: prefix.to_string(), config, circular: Circular::NONE })
+        Ok(vae)
     }
 
     fn n(&self, s: &str) -> String {
         format!("{}{s}", self.prefix)
     }
 
+    /// A convolution's (temporal taps, kernel height, width, in, out channels): its kernel
+    /// is held as [O·I, taps, kh, kw] (see [`video_layout`]), its bias says O.
+    fn kernel_shape(&self, name: &str) -> Result<(i64, i64, i64, i64, i64)> {
+        let [kw, kh, taps, oi] = self.w.get(&self.n(&format!("{name}.weight")))?.ne();
+        let o = self.w.get(&self.n(&format!("{name}.bias")))?.ne()[0];
+        if o < 1 || oi % o != 0 {
+            return Err(ModelError::Weight { name: self.n(&format!("{name}.weight")), detail: format!("{oi} kernel planes for {o} output channels") });
+        }
+        Ok((taps, kh, kw, oi / o, o))
+    }
+
+    /// Temporal tap `k` of a convolution as a 2-D kernel [kw, kh, I, O].
+    fn tap<'a>(&'a self, ctx: &'a Context, name: &str, k: i64) -> Result<Tensor<'a>>
+    where
+        'w: 'a,
+    {
+        let (taps, kh, kw, i, o) = self.kernel_shape(name)?;
+        let weight = self.w.get(&self.n(&format!("{name}.weight")))?;
+        if taps == 1 {
+            return Ok(ctx.reshape(weight, [kw, kh, i, o])?);
+        }
+        let nb = weight.nb();
+        Ok(ctx.cont(ctx.view(weight, [kw, kh, i, o], [nb[1], nb[3], nb[3] * i as usize], k as usize * nb[2])?)?)
+    }
+
+    fn bias<'a>(&'a self, ctx: &'a Context, name: &str, y: Tensor<'a>) -> Result<Tensor<'a>>
+    where
+        'w: 'a,
+    {
+        let b = self.w.get(&self.n(&format!("{name}.bias")))?;
+        Ok(ctx.add(y, ctx.reshape(b, [1, 1, b.ne()[0], 1])?)?)
+    }
+
+    /// A 2-D convolution with tap `k` of `name`'s kernel, no bias.
+    fn conv_tap<'a>(&'a self, ctx: &'a Context, name: &str, k: i64, x: Tensor<'a>, stride: i32, pad: i32) -> Result<Tensor<'a>>
+    where
+        'w: 'a,
+    {
+        let (x, pad) = circular_padded(ctx, x, pad)?;
+        Ok(ctx.conv_2d(self.tap(ctx, name, k)?, x, (stride, stride), pad, (1, 1))?)
+    }
+
+    /// A spatial convolution frame by frame (a 2-D kernel, or a 1×1×1 one).
     fn conv<'a>(&'a self, ctx: &'a Context, name: &str, x: Tensor<'a>, stride: i32, pad: i32) -> Result<Tensor<'a>>
     where
         'w: 'a,
     {
-        conv2d(ctx, self.w, &self.n(name), x, stride, pad)
+        let y = self.conv_tap(ctx, name, 0, x, stride, pad)?;
+        self.bias(ctx, name, y)
+    }
+
+    /// A causal 3-D convolution (`CausalConv3d`: zero frames before the first, none
+    /// after): on images its last tap, on a chunk every tap over the frames the previous
+    /// chunk left and the chunk's own.
+    fn causal<'a>(&'a self, ctx: &'a Context, name: &str, x: Tensor<'a>, mode: &mut Mode<'a, '_>) -> Result<Tensor<'a>>
+    where
+        'w: 'a,
+    {
+        let (taps, kh, ..) = self.kernel_shape(name)?;
+        let pad = (kh / 2) as i32;
+        let s = match mode {
+            Mode::Chunk(s) if taps > 1 => s,
+            _ => return self.bias(ctx, name, self.conv_tap(ctx, name, taps - 1, x, 1, pad)?),
+        };
+        let [w, h, c, t] = x.ne();
+        let xp = ctx.concat(s.history([w, h, c, taps - 1])?, x, 3)?;
+        s.keep(ctx.cont(frames(ctx, xp, t, taps - 1)?)?);
+        let mut y: Option<Tensor<'a>> = None;
+        for k in 0..taps {
+            let part = self.conv_tap(ctx, name, k, ctx.cont(frames(ctx, xp, k, t)?)?, 1, pad)?;
+            y = Some(match y {
+                Some(y) => ctx.add(y, part)?,
+                None => part,
+            });
+        }
+        self.bias(ctx, name, y.expect("a kernel has taps"))
     }
 
     /// `RMS_norm`: each pixel's channel vector scaled to unit length, times √C and `gamma`.
@@ -211,20 +341,20 @@ impl<'w> WanVae<'w> {
         Ok(ctx.reshape(ctx.cont(ctx.permute(t, [2, 0, 1, 3])?)?, [w, h, c, n])?)
     }
 
-    fn residual<'a>(&'a self, ctx: &'a Context, p: &str, x: Tensor<'a>) -> Result<Tensor<'a>>
+    fn residual<'a>(&'a self, ctx: &'a Context, p: &str, x: Tensor<'a>, mode: &mut Mode<'a, '_>) -> Result<Tensor<'a>>
     where
         'w: 'a,
     {
         let h = ctx.silu(self.norm(ctx, &format!("{p}.residual.0"), x)?)?;
-        let h = self.conv(ctx, &format!("{p}.residual.2"), h, 1, 1)?;
+        let h = self.causal(ctx, &format!("{p}.residual.2"), h, mode)?;
         let h = ctx.silu(self.norm(ctx, &format!("{p}.residual.3"), h)?)?;
-        let h = self.conv(ctx, &format!("{p}.residual.6"), h, 1, 1)?;
+        let h = self.causal(ctx, &format!("{p}.residual.6"), h, mode)?;
         let skip = format!("{p}.shortcut");
         let x = if self.w.contains(&self.n(&format!("{skip}.weight"))) { self.conv(ctx, &skip, x, 1, 0)? } else { x };
         Ok(ctx.add(x, h)?)
     }
 
-    /// Single-head self-attention over all pixels.
+    /// Single-head self-attention over each frame's pixels.
     fn attention<'a>(&'a self, ctx: &'a Context, p: &str, x: Tensor<'a>) -> Result<Tensor<'a>>
     where
         'w: 'a,
@@ -244,25 +374,93 @@ impl<'w> WanVae<'w> {
         Ok(ctx.add(x, self.conv(ctx, &format!("{p}.proj"), a, 1, 0)?)?)
     }
 
-    fn middle<'a>(&'a self, ctx: &'a Context, side: &str, x: Tensor<'a>) -> Result<Tensor<'a>>
+    fn middle<'a>(&'a self, ctx: &'a Context, side: &str, x: Tensor<'a>, mode: &mut Mode<'a, '_>) -> Result<Tensor<'a>>
     where
         'w: 'a,
     {
-        let x = self.residual(ctx, &format!("{side}.middle.0"), x)?;
+        let x = self.residual(ctx, &format!("{side}.middle.0"), x, mode)?;
         let x = self.attention(ctx, &format!("{side}.middle.1"), x)?;
-        self.residual(ctx, &format!("{side}.middle.2"), x)
+        self.residual(ctx, &format!("{side}.middle.2"), x, mode)
     }
 
-    fn head<'a>(&'a self, ctx: &'a Context, side: &str, x: Tensor<'a>) -> Result<Tensor<'a>>
+    fn head<'a>(&'a self, ctx: &'a Context, side: &str, x: Tensor<'a>, mode: &mut Mode<'a, '_>) -> Result<Tensor<'a>>
     where
         'w: 'a,
     {
         let x = ctx.silu(self.norm(ctx, &format!("{side}.head.0"), x)?)?;
-        self.conv(ctx, &format!("{side}.head.2"), x, 1, 1)
+        self.causal(ctx, &format!("{side}.head.2"), x, mode)
     }
 
-    /// Latents [w, h, z, N] → images [w·8, h·8, 3, N] in [-1, 1].
-    pub fn decode<'a>(&'a self, ctx: &'a Context, z: Tensor<'a>) -> Result<Tensor<'a>>
+    /// The decoder's temporal upsampling (`upsample3d`'s `time_conv`, before its spatial
+    /// step): every frame after the video's first becomes two (the causal convolution's
+    /// two channel halves, earlier first); the first frame passes alone and is never
+    /// another frame's context. Images pass unchanged.
+    fn time_up<'a>(&'a self, ctx: &'a Context, name: &str, x: Tensor<'a>, mode: &mut Mode<'a, '_>) -> Result<Tensor<'a>>
+    where
+        'w: 'a,
+    {
+        let first = match mode {
+            Mode::Images => return Ok(x),
+            Mode::Chunk(s) => s.first,
+        };
+        let [w, h, c, t] = x.ne();
+        // The slot is used whatever the chunk holds, so chunks number their caches alike.
+        let rest = if first { t - 1 } else { t };
+        if rest == 0 {
+            if let Mode::Chunk(s) = mode {
+                let hist = s.history([w, h, c, 2])?;
+                s.keep(hist);
+            }
+            return Ok(x);
+        }
+        let y = self.causal(ctx, name, frames(ctx, x, t - rest, rest)?, mode)?; // [W, H, 2C, rest]
+        let y = ctx.reshape(ctx.cont(y)?, [w, h, c, 2 * rest])?;
+        Ok(if first { ctx.concat(ctx.cont(frames(ctx, x, 0, 1)?)?, y, 3)? } else { y })
+    }
+
+    /// The encoder's temporal downsampling (`downsample3d`'s `time_conv`, after its spatial
+    /// step): the video's first frame passes; then frames 1–2, 3–4, … become one each, a
+    /// stride-2 convolution over them and the frame before (no padding).
+    fn time_down<'a>(&'a self, ctx: &'a Context, name: &str, x: Tensor<'a>, mode: &mut Mode<'a, '_>) -> Result<Tensor<'a>>
+    where
+        'w: 'a,
+    {
+        let s = match mode {
+            Mode::Images => return Ok(x),
+            Mode::Chunk(s) => s,
+        };
+        let [w, h, c, t] = x.ne();
+        // The frame before the chunk (the video's first frame is its own following frames'
+        // context: it is in the chunk).
+        let input = if s.first { x } else { ctx.concat(s.history([w, h, c, 1])?, x, 3)? };
+        if s.first {
+            s.next += 1;
+        }
+        let n = input.ne()[3];
+        s.keep(ctx.cont(frames(ctx, input, n - 1, 1)?)?);
+        let outs = (n - 1) / 2;
+        let mut y: Option<Tensor<'a>> = None;
+        if outs > 0 {
+            let nb = input.nb();
+            for k in 0..3 {
+                let v = ctx.cont(ctx.view(input, [w, h, c, outs], [nb[1], nb[2], 2 * nb[3]], k as usize * nb[3])?)?;
+                let part = self.conv_tap(ctx, name, k, v, 1, 0)?;
+                y = Some(match y {
+                    Some(y) => ctx.add(y, part)?,
+                    None => part,
+                });
+            }
+        }
+        let y = y.map(|y| self.bias(ctx, name, y)).transpose()?;
+        Ok(match (s.first, y) {
+            (true, Some(y)) => ctx.concat(ctx.cont(frames(ctx, x, 0, 1)?)?, y, 3)?,
+            (true, None) => ctx.cont(frames(ctx, x, 0, 1)?)?,
+            (false, Some(y)) => y,
+            (false, None) => return Err(ModelError::Input(format!("a VAE encoder chunk of {t} frames: chunks after the first hold whole pairs"))),
+        })
+    }
+
+    fn decoder<'a>(&'a self, ctx: &'a Context, z: Tensor<'a>, mode: &mut Mode<'a, '_>) -> Result<Tensor<'a>>
     where
         'w: 'a,
     {
@@ -270,21 +468,25 @@ impl<'w> WanVae<'w> {
             return Err(ModelError::Input(format!("latent has {} channels, the Wan VAE {}", z.ne()[2], self.config.z_channels)));
         }
         let mut x = self.conv(ctx, "conv2", z, 1, 0)?;
-        x = self.conv(ctx, "decoder.conv1", x, 1, 1)?;
-        x = self.middle(ctx, "decoder", x)?;
+        x = self.causal(ctx, "decoder.conv1", x, mode)?;
+        x = self.middle(ctx, "decoder", x, mode)?;
         for (i, l) in self.config.up.iter().enumerate() {
             let p = format!("decoder.upsamples.{i}");
             x = match l {
-                Layer::Residual => self.residual(ctx, &p, x)?,
-                Layer::Resample => self.conv(ctx, &format!("{p}.resample.1"), ctx.upscale(x, 2)?, 1, 1)?,
+                Layer::Residual => self.residual(ctx, &p, x, mode)?,
+                Layer::Resample => {
+                    if self.w.contains(&self.n(&format!("{p}.time_conv.weight"))) {
+                        x = self.time_up(ctx, &format!("{p}.time_conv"), x, mode)?;
+                    }
+                    self.conv(ctx, &format!("{p}.resample.1"), ctx.upscale(x, 2)?, 1, 1)?
+                }
             };
         }
-        let x = self.head(ctx, "decoder", x)?;
+        let x = self.head(ctx, "decoder", x, mode)?;
         Ok(ctx.clamp(x, -1.0, 1.0)?)
     }
 
-    /// Images [W, H, 3, N] in [-1, 1] → the latent distribution's mean [W/8, H/8, z, N].
-    pub fn encode_mean<'a>(&'a self, ctx: &'a Context, image: Tensor<'a>) -> Result<Tensor<'a>>
+    fn encoder<'a>(&'a self, ctx: &'a Context, image: Tensor<'a>, mode: &mut Mode<'a, '_>) -> Result<Tensor<'a>>
     where
         'w: 'a,
     {
@@ -297,21 +499,109 @@ impl<'w> WanVae<'w> {
         if ch != c.image_channels || w % f != 0 || h % f != 0 {
             return Err(ModelError::Input(format!("image {w}x{h}x{ch}: needs {} channels and sides divisible by {f}", c.image_channels)));
         }
-        let mut x = self.conv(ctx, "encoder.conv1", image, 1, 1)?;
+        let mut x = self.causal(ctx, "encoder.conv1", image, mode)?;
         for (i, l) in c.down.iter().enumerate() {
             let p = format!("encoder.downsamples.{i}");
             x = match l {
-                Layer::Residual => self.residual(ctx, &p, x)?,
+                Layer::Residual => self.residual(ctx, &p, x, mode)?,
                 // Zero padding right and bottom, then a stride-2 convolution.
-                Layer::Resample => self.conv(ctx, &format!("{p}.resample.1"), ctx.pad_spatial(x, [(0, 1), (0, 1)])?, 2, 0)?,
+                Layer::Resample => {
+                    let y = self.conv(ctx, &format!("{p}.resample.1"), ctx.pad_spatial(x, [(0, 1), (0, 1)])?, 2, 0)?;
+                    if self.w.contains(&self.n(&format!("{p}.time_conv.weight"))) {
+                        self.time_down(ctx, &format!("{p}.time_conv"), y, mode)?
+                    } else {
+                        y
+                    }
+                }
             };
         }
-        x = self.middle(ctx, "encoder", x)?;
-        x = self.head(ctx, "encoder", x)?;
+        x = self.middle(ctx, "encoder", x, mode)?;
+        x = self.head(ctx, "encoder", x, mode)?;
         let m = self.conv(ctx, "conv1", x, 1, 0)?;
-        let [lw, lh, _, _] = m.ne();
+        let [lw, lh, _, t] = m.ne();
         let nb = m.nb();
-        Ok(ctx.cont(ctx.view(m, [lw, lh, c.z_channels, n], [nb[1], nb[2], nb[3]], 0)?)?)
+        let _ = n;
+        Ok(ctx.cont(ctx.view(m, [lw, lh, c.z_channels, t], [nb[1], nb[2], nb[3]], 0)?)?)
+    }
+
+    /// Latents [w, h, z, N] → images [w·8, h·8, 3, N] in [-1, 1], each a video's first frame.
+    pub fn decode<'a>(&'a self, ctx: &'a Context, z: Tensor<'a>) -> Result<Tensor<'a>>
+    where
+        'w: 'a,
+    {
+        self.decoder(ctx, z, &mut Mode::Images)
+    }
+
+    /// Images [W, H, 3, N] in [-1, 1] → the latent distribution's mean [W/8, H/8, z, N].
+    pub fn encode_mean<'a>(&'a self, ctx: &'a Context, image: Tensor<'a>) -> Result<Tensor<'a>>
+    where
+        'w: 'a,
+    {
+        self.encoder(ctx, image, &mut Mode::Images)
+    }
+
+    /// A video latent [w, h, z, T] (T ≥ 1 latent frames) decoded into its 4·(T − 1) + 1
+    /// frames [w·8, h·8, 3, ·] in [-1, 1], one latent frame per graph (as the reference
+    /// decodes), so memory stays that of one chunk whatever the length; `progress` hears
+    /// each finished latent frame.
+    pub fn decode_video(&self, backend: &Backend, latent: &Frames, progress: &mut dyn FnMut(usize, usize)) -> Result<Frames> {
+        let [w, h, z, t] = latent.ne;
+        if z != self.config.z_channels || t < 1 || w < 1 || h < 1 || latent.data.len() as i64 != w * h * z * t {
+            return Err(ModelError::Input(format!("a video latent of {} values as {:?} for a Wan VAE of {} channels", latent.data.len(), latent.ne, self.config.z_channels)));
+        }
+        let plane = (w * h * z) as usize;
+        let chunks: Vec<(usize, usize)> = (0..t as usize).map(|i| (i, 1)).collect();
+        self.stream(backend, &chunks, |i, _| Frames { data: latent.data[i * plane..(i + 1) * plane].to_vec(), ne: [w, h, z, 1] }, true, progress)
+    }
+
+    /// Video frames [W, H, 3, F] in [-1, 1] (F = 4·k + 1; frames past the last whole group
+    /// of 4 are dropped, as the reference drops them) encoded into the latent
+    /// distribution's mean [W/8, H/8, z, k + 1]: the first frame alone, then 4 at a time.
+    pub fn encode_video(&self, backend: &Backend, video: &Frames, progress: &mut dyn FnMut(usize, usize)) -> Result<Frames> {
+        let [w, h, c, f] = video.ne;
+        if c != self.config.image_channels || f < 1 || video.data.len() as i64 != w * h * c * f {
+            return Err(ModelError::Input(format!("a video of {} values as {:?} for a Wan VAE reading {} channels", video.data.len(), video.ne, self.config.image_channels)));
+        }
+        let plane = (w * h * c) as usize;
+        let groups = (f as usize - 1) / 4;
+        let chunks: Vec<(usize, usize)> = std::iter::once((0, 1)).chain((0..groups).map(|g| (1 + 4 * g, 4))).collect();
+        self.stream(backend, &chunks, |from, n| Frames { data: video.data[from * plane..(from + n) * plane].to_vec(), ne: [w, h, c, n as i64] }, false, progress)
+    }
+
+    /// Runs the decoder (`decode`) or the encoder over `chunks` (first frame, count) of
+    /// one video, each chunk one graph fed the caches the previous one left.
+    fn stream(&self, backend: &Backend, chunks: &[(usize, usize)], input: impl Fn(usize, usize) -> Frames, decode: bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Frames> {
+        let mut caches: Vec<Frames> = Vec::new();
+        let mut out: Vec<f32> = Vec::new();
+        let mut out_ne = [0i64; 4];
+        let mut alloc = GraphAllocator::new(backend)?;
+        let graph_size = 8192;
+        for (k, &(from, n)) in chunks.iter().enumerate() {
+            let x = input(from, n);
+            let ctx = Context::new(graph_size * 4, graph_size)?;
+            ctx.set_circular(self.circular);
+            let mut run = GraphRun::new(&ctx);
+            let xt = run.input_f32(&x.ne, x.data)?;
+            let (y, after) = {
+                let mut mode = Mode::Chunk(Stream { run: &mut run, before: &caches, next: 0, after: Vec::new(), first: k == 0 });
+                let y = if decode { self.decoder(&ctx, xt, &mut mode)? } else { self.encoder(&ctx, xt, &mut mode)? };
+                let Mode::Chunk(s) = mode else { unreachable!("a chunk stays a chunk") };
+                (y, s.after)
+            };
+            let mut wanted = vec![y];
+            wanted.extend(&after);
+            let mut values = run.compute_with(backend, &mut alloc, &wanted, graph_size)?;
+            let ys = values.remove(0);
+            caches = after.iter().zip(values).map(|(t, data)| Frames { data, ne: t.ne() }).collect();
+            let [yw, yh, yc, yt] = y.ne();
+            if k > 0 && [yw, yh, yc] != out_ne[..3] {
+                return Err(ModelError::Input(format!("VAE chunks of different sizes: {:?} after {out_ne:?}", y.ne())));
+            }
+            out_ne = [yw, yh, yc, out_ne[3] + yt];
+            out.extend(ys);
+            progress(k + 1, chunks.len());
+        }
+        Ok(Frames { data: out, ne: out_ne })
     }
 }
 
@@ -333,65 +623,27 @@ impl super::VaeGraph for WanVae<'_> {
     }
 }
 
-/// `src` with every 5-D causal-convolution kernel [O, I, T, kh, kw] shown as its last
-/// temporal tap [O, I, kh, kw]: what the kernel does to the first frame of a video (an
-/// image). Other tensors pass unchanged. Block-quantized 5-D kernels cannot be sliced
-/// element-wise and are refused by name.
-pub fn single_frame(src: Box<dyn TensorSource>) -> Result<Box<dyn TensorSource>> {
+/// `src` (the release's names, or diffusers' shown in them by [`wan_names`]) with every
+/// convolution kernel held as [O·I, taps, kh, kw]: a 3-D kernel [O, I, T, kh, kw] merged on
+/// its first two axes, a 2-D one [O, I, kh, kw] given one temporal tap, so each temporal
+/// tap is a strided view of one tensor (ggml's tensors have four axes). Block-quantized
+/// 3-D kernels cannot be viewed tap by tap and are refused by name.
+pub fn video_layout(src: Box<dyn TensorSource>) -> Result<Box<dyn TensorSource>> {
     let src = wan_names(src)?;
-    let mut tensors = Vec::with_capacity(src.tensors().len());
-    let mut index = HashMap::new();
-    for t in src.tensors() {
+    if let Some(t) = src.tensors().iter().find(|t| t.shape.len() == 5 && t.dtype.is_quantized()) {
+        return Err(ModelError::Weight { name: t.name.clone(), detail: format!("a {:?} 3-D convolution kernel: only unquantized Wan VAE kernels are read", t.dtype) });
+    }
+    let renamed = crate::io::Assembled::renamed(src, |t: &TensorInfo| {
         let mut info = t.clone();
-        if let [o, i, taps, kh, kw] = t.shape[..] {
-            if t.dtype.is_quantized() {
-                return Err(ModelError::Weight { name: t.name.clone(), detail: format!("a {:?} 3-D convolution kernel: only unquantized Wan VAE kernels are read", t.dtype) });
+        if t.name.ends_with(".weight") {
+            match t.shape[..] {
+                [o, i, taps, kh, kw] => info.shape = vec![o * i, taps, kh, kw],
+                [o, i, kh, kw] => info.shape = vec![o * i, 1, kh, kw],
+                _ => {}
             }
-            info.shape = vec![o, i, kh, kw];
-            info.loc = Location::Range { blob: usize::MAX, start: 0, len: t.byte_len() / taps.max(1) };
         }
-        index.insert(t.name.clone(), tensors.len());
-        tensors.push(info);
-    }
-    Ok(Box::new(SingleFrame { inner: src, tensors, index }))
-}
-
-struct SingleFrame {
-    inner: Box<dyn TensorSource>,
-    tensors: Vec<TensorInfo>,
-    index: HashMap<String, usize>,
-}
-
-impl TensorSource for SingleFrame {
-    fn path(&self) -> &Path {
-        self.inner.path()
-    }
-    fn format(&self) -> crate::io::Format {
-        self.inner.format()
-    }
-    fn tensors(&self) -> &[TensorInfo] {
-        &self.tensors
-    }
-    fn get(&self, name: &str) -> Option<&TensorInfo> {
-        self.index.get(name).map(|&i| &self.tensors[i])
-    }
-    fn read(&self, name: &str) -> std::result::Result<TensorBytes<'_>, IoError> {
-        let src = self.inner.get(name).ok_or_else(|| IoError::NotFound { path: self.inner.path().to_path_buf(), tensor: name.to_string() })?;
-        let bytes = self.inner.read(name)?;
-        let [o, i, taps, _, _] = src.shape[..] else { return Ok(bytes) };
-        // One tap's bytes, from the stored size: every 5-D kernel here is unquantized.
-        let plane = bytes.len() / (o * i * taps).max(1);
-        let mut out = Vec::with_capacity(o * i * plane);
-        for k in 0..o * i {
-            let at = (k * taps + taps - 1) * plane;
-            out.extend_from_slice(&bytes[at..at + plane]);
-        }
-        Ok(TensorBytes::Owned(out))
-    }
-    fn release(&self, name: &str) {
-        self.inner.release(name)
-    }
-    fn metadata(&self) -> &std::collections::BTreeMap<String, String> {
-        self.inner.metadata()
-    }
+        Some(info)
+    })
+    .map_err(|name| ModelError::Config(format!("two tensors named `{name}`")))?;
+    Ok(Box::new(renamed))
 }
