@@ -174,6 +174,9 @@ fn refuses_missing_or_extra_image_inputs() {
     let shape = [6, 4, 48, 1];
     let e = den.denoise_batch(&backend, shape, 0.5, &[WanItem { x: &x, cond: &cond, concat: None, image: None }]).unwrap_err().to_string();
     assert!(e.contains("36 input channels"), "{e}");
+    let narrow = Conditioning::new(vec![0.0; 16 * 7], 16, 7).unwrap();
+    let e = den.denoise_batch(&backend, shape, 0.5, &[WanItem { x: &x, cond: &narrow, concat: None, image: None }]).unwrap_err().to_string();
+    assert!(e.contains("UMT5"), "{e}");
     let concat = vec![0.0; 20 * 3 * 24];
     let e = den.denoise_batch(&backend, shape, 0.5, &[WanItem { x: &x, cond: &cond, concat: Some(&concat), image: None }]).unwrap_err().to_string();
     assert!(e.contains("CLIP-vision"), "{e}");

@@ -61,6 +61,7 @@ pub mod runtime;
 pub mod sampling;
 pub mod utils;
 pub mod values;
+pub mod video;
 
 pub use runtime::{Place, Runtime};
 
@@ -99,6 +100,7 @@ pub fn register_all(registry: &mut Registry, rt: Arc<Runtime>) {
     image::latent_ops::register(registry);
     image::postprocess::register(registry);
     utils::register(registry);
+    video::register(registry, &rt);
 }
 
 /// Turns any displayable error into the executor's node error.

@@ -163,6 +163,12 @@ pub fn shrink(mut wf: Workflow, size: i64, steps: i64, image: Option<&str>) -> W
                     set(&mut wf, "steps", serde_json::json!(steps));
                 }
             }
+            // Videos: `size`² frames, 5 of them (2 latent frames).
+            "EmptyHunyuanLatentVideo" => {
+                set(&mut wf, "width", serde_json::json!(size));
+                set(&mut wf, "height", serde_json::json!(size));
+                set(&mut wf, "length", serde_json::json!(5));
+            }
             "KSampler" => set(&mut wf, "steps", serde_json::json!(steps)),
             "KSamplerAdvanced" => {
                 let total = int("steps").unwrap_or(steps).max(1);
@@ -586,6 +592,25 @@ pub fn write_qwen_image_models(root: &Path) {
     let layered = QwenImageSynth { layered: true, ..q };
     write_once(&models.join("diffusion_models"), "qwen_image_layered_bf16.safetensors", &layered.tensors(), &serde_json::to_string(&layered).unwrap(), 67);
     write_once(&models.join("vae"), "qwen_image_layered_vae.safetensors", &sdflow_core::synth::dit::wan_vae_tensors_for(8, 16, 4), "tiny Qwen-Image-Layered VAE (RGBA), base 8, z 16", 68);
+}
+
+/// Tiny random-weight Wan 2.1 files under the names ComfyUI's templates use: the T2V
+/// transformer in the release's names (`diffusion_models/wan2.1_t2v_1.3B_fp16.safetensors`),
+/// UMT5 with its whole vocabulary in bf16 (`text_encoders/umt5_xxl_fp8_e4m3fn_scaled.safetensors`)
+/// and the Wan-2.1 VAE with its 5-D kernels (`vae/wan_2.1_vae.safetensors`).
+pub fn write_wan_models(root: &Path) {
+    use sdflow_core::synth::dit::{wan_vae_tensors, T5Synth, WanSynth};
+    let models = root.join("models");
+    let w = WanSynth::tiny();
+    write_once(&models.join("diffusion_models"), "wan2.1_t2v_1.3B_fp16.safetensors", &w.tensors(), &serde_json::to_string(&w).unwrap(), 71);
+    let t = T5Synth::tiny_umt5();
+    let dir = models.join("text_encoders");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("umt5_xxl_fp8_e4m3fn_scaled.safetensors");
+    if !path.exists() {
+        sdflow_core::synth::write_specs(&path, &t.tensors(), &serde_json::to_string(&t).unwrap(), DType::BF16, 72, Format::Safetensors).unwrap();
+    }
+    write_once(&models.join("vae"), "wan_2.1_vae.safetensors", &wan_vae_tensors(8, 16), "tiny Wan-2.1 VAE, base 8, z 16", 73);
 }
 
 /// A rank-2 LoRA on the tiny FLUX dev's double block's image q/k/v and single block's

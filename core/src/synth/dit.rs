@@ -4,7 +4,8 @@
 //! Hugging Face's (`t5xxl_fp16.safetensors`), the 16-channel `ae`, and CLIP-L and
 //! OpenCLIP-G alone (`clip_l.safetensors`, `clip_g.safetensors`), Z-Image's transformer
 //! (`z_image_turbo_bf16.safetensors`) and its Qwen3 encoder (`qwen_3_4b.safetensors`), FLUX.2's
-//! transformer (`flux-2-klein-4b.safetensors`) and 32-channel VAE (`flux2-vae.safetensors`).
+//! transformer (`flux-2-klein-4b.safetensors`) and 32-channel VAE (`flux2-vae.safetensors`),
+//! Wan's video transformer (`wan2.1_t2v_1.3B_fp16.safetensors`), UMT5 and the Wan VAE.
 //! Tiny configs for tests, full ones for benchmarks.
 
 use serde::{Deserialize, Serialize};
@@ -215,12 +216,25 @@ pub struct T5Synth {
     pub d_ff: usize,
     pub layers: usize,
     pub vocab: usize,
+    /// UMT5: every layer has its own relative-position bias (T5: layer 0's serves all).
+    #[serde(default)]
+    pub per_layer_bias: bool,
 }
 
 impl T5Synth {
     /// T5-XXL v1.1's encoder.
     pub fn xxl() -> Self {
-        T5Synth { d_model: 4096, d_kv: 64, heads: 64, d_ff: 10240, layers: 24, vocab: 32128 }
+        T5Synth { d_model: 4096, d_kv: 64, heads: 64, d_ff: 10240, layers: 24, vocab: 32128, per_layer_bias: false }
+    }
+
+    /// UMT5-XXL's encoder (Wan's text encoder, `umt5_xxl_fp16.safetensors`).
+    pub fn umt5_xxl() -> Self {
+        T5Synth { vocab: 256384, per_layer_bias: true, ..Self::xxl() }
+    }
+
+    /// Two layers 32 wide with UMT5's whole vocabulary (the tokenizer's ids).
+    pub fn tiny_umt5() -> Self {
+        T5Synth { d_model: 32, d_kv: 8, heads: 4, d_ff: 32, layers: 2, ..Self::umt5_xxl() }
     }
 
     /// Two layers at width 128 (wide enough for SD3's tiny CLIP-L and OpenCLIP-G side by
@@ -240,7 +254,7 @@ impl T5Synth {
                 s.linear(&format!("{a}.SelfAttention.{n}"), d, inner, false);
             }
             s.linear(&format!("{a}.SelfAttention.o"), inner, d, false);
-            if i == 0 {
+            if i == 0 || self.per_layer_bias {
                 s.push(format!("{a}.SelfAttention.relative_attention_bias.weight"), vec![32, self.heads], Init::Normal { mean: 0.0, std: 0.1 });
             }
             rms(&mut s, format!("{a}.layer_norm.weight"));
@@ -508,6 +522,79 @@ impl QwenImageSynth {
         }
         s.linear("norm_out.linear", d, 2 * d, true);
         s.linear("proj_out", d, tok, true);
+        s.0
+    }
+}
+
+/// A Wan video transformer in the release's names (`wan2.1_t2v_1.3B_fp16.safetensors`;
+/// with `image_dim`, Wan2.1 I2V's image embedding and image keys and values).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WanSynth {
+    /// Input channels: the latent's 16 (I2V: + 4 mask + 16 image latent channels).
+    pub in_channels: usize,
+    pub out_channels: usize,
+    pub dim: usize,
+    pub ffn: usize,
+    pub layers: usize,
+    /// UMT5's width.
+    pub text_dim: usize,
+    /// CLIP-vision token width (I2V).
+    pub image_dim: Option<usize>,
+}
+
+impl WanSynth {
+    /// Wan2.1 T2V 1.3B.
+    pub fn t2v_1_3b() -> Self {
+        WanSynth { in_channels: 16, out_channels: 16, dim: 1536, ffn: 8960, layers: 30, text_dim: 4096, image_dim: None }
+    }
+
+    /// Two blocks of one 128-wide head (the head width every Wan model has), reading
+    /// [`T5Synth::tiny_umt5`] states.
+    pub fn tiny() -> Self {
+        WanSynth { dim: 128, ffn: 128, layers: 2, text_dim: T5Synth::tiny_umt5().d_model, ..Self::t2v_1_3b() }
+    }
+
+    pub fn tensors(&self) -> Vec<TensorSpec> {
+        let mut s = Specs(Vec::new());
+        let d = self.dim;
+        let rms = |s: &mut Specs, name: String| s.push(name, vec![d], Init::Normal { mean: 1.0, std: super::BIAS_STD });
+        s.weight("patch_embedding.weight".into(), vec![d, self.in_channels, 1, 2, 2]);
+        s.bias("patch_embedding.bias".into(), d);
+        s.linear("text_embedding.0", self.text_dim, d, true);
+        s.linear("text_embedding.2", d, d, true);
+        s.linear("time_embedding.0", 256, d, true);
+        s.linear("time_embedding.2", d, d, true);
+        s.linear("time_projection.1", d, 6 * d, true);
+        for i in 0..self.layers {
+            let p = format!("blocks.{i}");
+            for attn in ["self_attn", "cross_attn"] {
+                for l in ["q", "k", "v", "o"] {
+                    s.linear(&format!("{p}.{attn}.{l}"), d, d, true);
+                }
+                rms(&mut s, format!("{p}.{attn}.norm_q.weight"));
+                rms(&mut s, format!("{p}.{attn}.norm_k.weight"));
+            }
+            if self.image_dim.is_some() {
+                s.linear(&format!("{p}.cross_attn.k_img"), d, d, true);
+                s.linear(&format!("{p}.cross_attn.v_img"), d, d, true);
+                rms(&mut s, format!("{p}.cross_attn.norm_k_img.weight"));
+            }
+            rms(&mut s, format!("{p}.norm3.weight"));
+            s.bias(format!("{p}.norm3.bias"), d);
+            s.linear(&format!("{p}.ffn.0"), d, self.ffn, true);
+            s.linear(&format!("{p}.ffn.2"), self.ffn, d, true);
+            s.push(format!("{p}.modulation"), vec![1, 6, d], Init::Normal { mean: 0.0, std: 0.1 });
+        }
+        s.linear("head.head", d, 4 * self.out_channels, true);
+        s.push("head.modulation".into(), vec![1, 2, d], Init::Normal { mean: 0.0, std: 0.1 });
+        if let Some(id) = self.image_dim {
+            for (norm, n) in [("img_emb.proj.0", id), ("img_emb.proj.4", d)] {
+                s.push(format!("{norm}.weight"), vec![n], Init::Normal { mean: 1.0, std: super::BIAS_STD });
+                s.bias(format!("{norm}.bias"), n);
+            }
+            s.linear("img_emb.proj.1", id, id, true);
+            s.linear("img_emb.proj.3", id, d, true);
+        }
         s.0
     }
 }

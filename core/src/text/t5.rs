@@ -66,6 +66,11 @@ impl T5Tokenizer {
         Ok(enc.get_ids().to_vec())
     }
 
+    /// The id of `piece`, if the vocabulary has it.
+    pub fn id(&self, piece: &str) -> Option<u32> {
+        self.inner.token_to_id(piece)
+    }
+
     /// The pieces of `id`, for messages and tests.
     pub fn piece(&self, id: u32) -> Option<String> {
         self.inner.id_to_token(id)

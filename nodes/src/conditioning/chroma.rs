@@ -18,7 +18,11 @@ pub fn register(registry: &mut Registry) {
 /// `text` tokenized for `t5`: the family's `min_length` padding (FLUX 256, SD3 77, Chroma
 /// 1), or T5TokenizerOptions' `min_padding` pads after `</s>` and then its `min_length`.
 pub(crate) fn t5_tokens(t5: &T5Ref, text: &str, family_min_length: usize) -> Result<WeightedTokens, NodeError> {
-    let tokenizer = T5Tokenizer::shared().map_err(err)?;
+    t5_tokens_with(&T5Tokenizer::shared().map_err(err)?, t5, text, family_min_length)
+}
+
+/// [`t5_tokens`] with another T5 vocabulary (Wan's UMT5).
+pub(crate) fn t5_tokens_with(tokenizer: &T5Tokenizer, t5: &T5Ref, text: &str, family_min_length: usize) -> Result<WeightedTokens, NodeError> {
     let Some(o) = t5.options else { return tokenizer.tokenize_weighted(text, family_min_length).map_err(err) };
     let mut t = tokenizer.tokenize_weighted(text, 0).map_err(err)?;
     let len = (t.ids.len() + o.min_padding).max(o.min_length);

@@ -14,6 +14,7 @@ pub mod pix2pix;
 pub mod qwen;
 pub mod sd3;
 pub mod sdcpp;
+pub mod wan;
 
 use crate::runtime::Runtime;
 use crate::values::{ClipEncoder, ClipRef, CondArea, CondEntry, CondList, CondMask, Mask};
@@ -147,6 +148,9 @@ fn encode_texts(rt: &Runtime, clip: &ClipRef, text_l: &str, text_g: &str) -> Res
     }
     if clip.family == ModelFamily::Chroma {
         return crate::conditioning::chroma::encode(rt, clip, text_g);
+    }
+    if clip.family == ModelFamily::Wan {
+        return crate::conditioning::wan::encode(rt, clip, text_g);
     }
     if clip.family == ModelFamily::Sd3 {
         return crate::conditioning::sd3::encode(rt, clip, Some(text_l), Some(text_g), Some(text_g));

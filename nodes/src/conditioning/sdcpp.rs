@@ -27,19 +27,17 @@ pub fn register(registry: &mut Registry) {
     registry.register(Arc::new(SdCppConditioner));
 }
 
-/// T5's `▁`: what sd.cpp's tokenizer makes of an empty prompt.
-const T5_SPACE: u32 = 3;
 /// T5-XXL's width, for the zeros of a missing encoder.
 pub(crate) const T5_WIDTH: usize = 4096;
 
-/// The prompt's T5 tokens and weights as sd.cpp reads them: without `</s>`, and `▁` for
-/// an empty prompt.
-fn t5_prompt(text: &str) -> Result<WeightedTokens, NodeError> {
-    let mut t = T5Tokenizer::shared().map_err(err)?.tokenize_weighted(text, 0).map_err(err)?;
+/// The prompt's T5 (or UMT5) tokens and weights as sd.cpp reads them: without `</s>`,
+/// and the vocabulary's `▁` for an empty prompt.
+fn t5_prompt(tokenizer: &T5Tokenizer, text: &str) -> Result<WeightedTokens, NodeError> {
+    let mut t = tokenizer.tokenize_weighted(text, 0).map_err(err)?;
     t.ids.pop();
     t.weights.pop();
     if t.ids.is_empty() {
-        t.ids.push(T5_SPACE);
+        t.ids.push(tokenizer.id("▁").ok_or_else(|| NodeError::msg("the T5 vocabulary has no `▁`"))?);
         t.weights.push(1.0);
     }
     Ok(t)
@@ -48,9 +46,13 @@ fn t5_prompt(text: &str) -> Result<WeightedTokens, NodeError> {
 /// `text` through `t5` in sd.cpp's chunks of `chunk` tokens: hidden states, their width,
 /// and how many leading tokens are the prompt and `</s>`s.
 pub(crate) fn t5_chunks(rt: &Runtime, place: crate::runtime::Place, t5: &T5Ref, text: &str, chunk: usize, mask: bool) -> Result<(Vec<f32>, usize, usize), NodeError> {
+    t5_chunks_with(rt, place, t5, &T5Tokenizer::shared().map_err(err)?, text, chunk, mask)
+}
+
+fn t5_chunks_with(rt: &Runtime, place: crate::runtime::Place, t5: &T5Ref, tokenizer: &T5Tokenizer, text: &str, chunk: usize, mask: bool) -> Result<(Vec<f32>, usize, usize), NodeError> {
     let weights = rt.pin(place, &t5.weights)?;
     let model = T5Encoder::new(&weights, &t5.prefix, T5Config::infer(&weights, &t5.prefix).map_err(err)?).map_err(err)?;
-    let tokens = t5_prompt(text)?;
+    let tokens = t5_prompt(tokenizer, text)?;
     let (hidden, content) = rt.with_backend(place, |b| model.encode_chunked(b, &tokens, chunk, mask)).map_err(err)?;
     Ok((hidden, model.config.d_model as usize, content))
 }
@@ -78,6 +80,23 @@ pub(crate) fn chroma(rt: &Runtime, clip: &ClipRef, text: &str, s: SdCppText) -> 
         cond.text_keys = Some((content + s.chroma_t5_mask_pad).min(tokens) as i64);
     }
     Ok(cond)
+}
+
+/// Wan's conditioning as sd.cpp makes it: UMT5 in chunks of 511 tokens + `</s>` padded to
+/// 512, each encoded alone with its padding masked, and the padding's states zeros
+/// (`zero_out_masked`).
+pub(crate) fn wan(rt: &Runtime, clip: &ClipRef, text: &str) -> Result<Conditioning, NodeError> {
+    const CHUNK: usize = 512;
+    let t5 = clip.t5.as_ref().ok_or_else(|| NodeError::msg("Wan's CLIP has no UMT5 encoder"))?;
+    let tokenizer = T5Tokenizer::umt5().map_err(err)?;
+    let prompt = t5_prompt(&tokenizer, text)?.ids.len();
+    let (mut hidden, d, _) = t5_chunks_with(rt, clip.place, t5, &tokenizer, text, CHUNK, true)?;
+    for (k, chunk) in hidden.chunks_exact_mut(CHUNK * d).enumerate() {
+        let real = (prompt - k * (CHUNK - 1)).min(CHUNK - 1) + 1;
+        chunk[real * d..].fill(0.0);
+    }
+    let tokens = (hidden.len() / d) as i64;
+    Conditioning::new(hidden, d as i64, tokens).map_err(err)
 }
 
 /// "SdCppConditioner": the CLIP's prompts encoded as stable-diffusion.cpp encodes them.

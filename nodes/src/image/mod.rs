@@ -20,7 +20,7 @@ use crate::values::{Image, Latent, Mask, VaeKind, VaeRef};
 use crate::err;
 use sdflow_core::models::flux2::latent as flux2_latent;
 use sdflow_core::models::vae::tiling::VaeTiling;
-use sdflow_core::models::vae::wan::{WanVae, WanVaeConfig};
+use sdflow_core::models::vae::wan::{Frames, WanVae, WanVaeConfig};
 use sdflow_core::models::vae::{Vae, VaeConfig, VaeGraph, VaeOp};
 use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Lane, Node, NodeError, NodeSchema, Outputs, Registry, Value};
 use serde_json::json;
@@ -139,14 +139,17 @@ fn run_kl(rt: &Runtime, model: &impl VaeGraph, op: VaeOp, input: &[f32], w: usiz
 /// Latents → images, one sample at a time to bound memory.
 pub(crate) fn decode_latent(rt: &Runtime, ctx: &ExecContext<'_>, latent: &Latent, vae: &VaeRef, tiling: &VaeTiling) -> Result<Image, NodeError> {
     let [w, h, c, n] = latent.shape;
-    if latent.frames > 1 {
-        return Err(NodeError::msg(format!(
-            "a latent of {} frames ({} channels each): LatentCutToBatch (dim t) makes its frames a batch of images to decode",
-            latent.frames,
-            latent.channels()
-        )));
-    }
     let per = (w * h * c) as usize;
+    if latent.frames > 1 {
+        return with_vae(rt, vae, |model| match model {
+            AnyVae::Wan(m) => decode_video(rt, ctx, latent, m),
+            _ => Err(NodeError::msg(format!(
+                "a latent of {} frames ({} channels each) decodes as a video with a Wan VAE; LatentCutToBatch (dim t) makes its frames a batch of images for this one",
+                latent.frames,
+                latent.channels()
+            ))),
+        });
+    }
     with_vae(rt, vae, |model| {
         let f = model.downscale();
         let (iw, ih) = ((w * f) as usize, (h * f) as usize);
@@ -167,6 +170,42 @@ pub(crate) fn decode_latent(rt: &Runtime, ctx: &ExecContext<'_>, latent: &Latent
         }
         Ok(Image { data, n: n as usize, height: ih, width: iw, channels: ic })
     })
+}
+
+/// A video latent (frames inside its channels, ComfyUI's [B, C, T, H, W]) through the Wan
+/// VAE one latent frame at a time: each sample's 4·(T − 1) + 1 frames, the samples' frames
+/// one batch of images after another (ComfyUI's video decode).
+fn decode_video(rt: &Runtime, ctx: &ExecContext<'_>, latent: &Latent, model: &WanVae<'_>) -> Result<Image, NodeError> {
+    let [w, h, c, n] = latent.shape.map(|d| d as usize);
+    let (t, z) = (latent.frames, latent.channels() as usize);
+    let plane = w * h;
+    let mut images = Image { data: Vec::new(), n: 0, height: 0, width: 0, channels: model.config.image_channels as usize };
+    for i in 0..n {
+        let sample = &latent.samples[i * c * plane..(i + 1) * c * plane];
+        // [C][T] planes → frame after frame.
+        let data: Vec<f32> = (0..t).flat_map(|f| (0..z).flat_map(move |k| &sample[(k * t + f) * plane..(k * t + f + 1) * plane])).copied().collect();
+        let frames = Frames { data, ne: [w as i64, h as i64, z as i64, t as i64] };
+        let out = rt
+            .with_backend(Module::Vae, |b| {
+                model.decode_video(b, &frames, &mut |k, total| {
+                    ctx.progress((i * total + k) as u64, (n * total) as u64);
+                })
+            })
+            .map_err(err)?;
+        ctx.check_cancelled()?;
+        let [iw, ih, ic, f] = out.ne.map(|d| d as usize);
+        (images.width, images.height) = (iw, ih);
+        images.n += f;
+        // Per frame CHW in [-1, 1] → HWC in [0, 1].
+        for fr in out.data.chunks_exact(ic * ih * iw) {
+            for y in 0..ih {
+                for x in 0..iw {
+                    images.data.extend((0..ic).map(|ch| ((fr[(ch * ih + y) * iw + x] + 1.0) * 0.5).clamp(0.0, 1.0)));
+                }
+            }
+        }
+    }
+    Ok(images)
 }
 
 /// ComfyUI's "VAE Decode" (and, with `tiled`, "VAE Decode (Tiled)"). Untiled decodes
@@ -355,8 +394,33 @@ pub fn write_png(path: &Path, img: &Image, index: usize, text: &[(String, String
 pub fn write_png_numbered(dir: &Path, stem: &str, counter: &mut u64, img: &Image, index: usize, text: &[(String, String)]) -> Result<String, NodeError> {
     let first = dir.join(format!("{stem}_{:05}_.png", *counter));
     let tmp = encode_png_file(&first, img, index, text)?;
+    place_numbered(dir, stem, counter, "png", tmp)
+}
+
+/// Write `bytes` as `{stem}_{counter:05}_.{ext}` in `dir` as [`write_png_numbered`] writes
+/// images (synced, never replacing a file). Returns the name used.
+pub fn write_numbered(dir: &Path, stem: &str, counter: &mut u64, ext: &str, bytes: &[u8]) -> Result<String, NodeError> {
+    let tmp = temp_beside(&dir.join(format!("{stem}_{:05}_.{ext}", *counter)));
+    let io = |e: std::io::Error| NodeError::msg(format!("{}: {e}", tmp.display()));
+    let mut f = std::fs::File::create(&tmp).map_err(io)?;
+    f.write_all(bytes).and_then(|_| f.sync_all()).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        io(e)
+    })?;
+    place_numbered(dir, stem, counter, ext, tmp)
+}
+
+/// A temporary name next to `path` that no other writer (thread or process) uses.
+fn temp_beside(path: &Path) -> PathBuf {
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    path.with_file_name(format!(".{name}.{}.{}.tmp", std::process::id(), SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)))
+}
+
+/// A written temporary file given the first free `{stem}_{counter:05}_.{ext}` in `dir`.
+fn place_numbered(dir: &Path, stem: &str, counter: &mut u64, ext: &str, tmp: PathBuf) -> Result<String, NodeError> {
     let result = loop {
-        let name = format!("{stem}_{:05}_.png", *counter);
+        let name = format!("{stem}_{:05}_.{ext}", *counter);
         let path = dir.join(&name);
         // A hard link fails if the name exists, which a rename would overwrite.
         match std::fs::hard_link(&tmp, &path) {
@@ -383,9 +447,7 @@ fn encode_png_file(path: &Path, img: &Image, index: usize, text: &[(String, Stri
         4 => png::ColorType::Rgba,
         c => return Err(NodeError::msg(format!("cannot save a {c}-channel image as PNG"))),
     };
-    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.{}.{}.tmp", std::process::id(), SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)));
+    let tmp = temp_beside(path);
     let written = (|| {
         let file = std::fs::File::create(&tmp).map_err(io)?;
         let mut enc = png::Encoder::new(std::io::BufWriter::new(file), img.width as u32, img.height as u32);
@@ -424,18 +486,7 @@ impl Node for SaveImage {
     fn execute(&self, ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
         let img = inputs.downcast::<Image>("images")?;
         let prefix = if self.preview { "ComfyUI_temp".to_string() } else { inputs.string("filename_prefix")?.to_string() };
-        if prefix.is_empty() || prefix.contains("..") || Path::new(&prefix).is_absolute() {
-            return Err(NodeError::msg(format!("filename_prefix `{prefix}` must be a relative name")));
-        }
-        let base: PathBuf = ctx.output_dir().map_or_else(|| self.rt.output_dir.clone(), Path::to_path_buf);
-        let dir = if self.preview { base.join("temp") } else { base };
-        // A prefix may name a subfolder ("portraits/cat").
-        let (sub, stem) = match prefix.rsplit_once('/') {
-            Some((s, p)) => (s.to_string(), p.to_string()),
-            None => (String::new(), prefix.clone()),
-        };
-        let dir = dir.join(&sub);
-        std::fs::create_dir_all(&dir).map_err(|e| NodeError::msg(format!("{}: {e}", dir.display())))?;
+        let (dir, sub, stem) = output_target(&self.rt, ctx, &prefix, self.preview)?;
         let mut counter = next_counter(&dir, &stem);
         let mut files = Vec::new();
         for i in 0..img.n {
@@ -448,6 +499,23 @@ impl Node for SaveImage {
         std::io::stdout().flush().ok();
         Ok(Outputs::none().with_ui(json!({"images": files})))
     }
+}
+
+/// Where a save node with `prefix` writes: the folder (created), the subfolder the prefix
+/// names ("portraits/cat" → "portraits") and the file stem; previews go to `temp/`.
+pub(crate) fn output_target(rt: &Runtime, ctx: &ExecContext<'_>, prefix: &str, preview: bool) -> Result<(PathBuf, String, String), NodeError> {
+    if prefix.is_empty() || prefix.contains("..") || Path::new(prefix).is_absolute() {
+        return Err(NodeError::msg(format!("filename_prefix `{prefix}` must be a relative name")));
+    }
+    let base: PathBuf = ctx.output_dir().map_or_else(|| rt.output_dir.clone(), Path::to_path_buf);
+    let dir = if preview { base.join("temp") } else { base };
+    let (sub, stem) = match prefix.rsplit_once('/') {
+        Some((s, p)) => (s.to_string(), p.to_string()),
+        None => (String::new(), prefix.to_string()),
+    };
+    let dir = dir.join(&sub);
+    std::fs::create_dir_all(&dir).map_err(|e| NodeError::msg(format!("{}: {e}", dir.display())))?;
+    Ok((dir, sub, stem))
 }
 
 /// The largest image LoadImage decodes, per side and in total pixels; beyond that a

@@ -133,7 +133,7 @@ impl Node for ModelSamplingFlux {
 
 /// ComfyUI's ModelSamplingSD3 and ModelSamplingAuraFlow: a flow model over SD3's shifted
 /// schedule, σ(t) = s·t / (1 + (s − 1)·t). They differ in what the model is told: 1000·σ
-/// (SD3's MMDiT) or σ itself (AuraFlow's multiplier 1: FLUX, and what Chroma's, Z-Image's and
+/// (SD3's MMDiT, Wan) or σ itself (AuraFlow's multiplier 1: FLUX, and what Chroma's, Z-Image's and
 /// Qwen-Image's templates use). Here each model reads its own, so each node takes the models
 /// that read what it tells, and names the other node for the rest.
 struct ModelSamplingShift {
@@ -145,7 +145,7 @@ struct ModelSamplingShift {
 
 impl Node for ModelSamplingShift {
     fn schema(&self) -> NodeSchema {
-        let what = if self.thousand { "SD3 / SD3.5" } else { "FLUX" };
+        let what = if self.thousand { "SD3 / SD3.5, Wan" } else { "FLUX" };
         NodeSchema::new(self.name)
             .display_name(self.name)
             .category(CATEGORY)
@@ -160,7 +160,7 @@ impl Node for ModelSamplingShift {
         if model.flow.is_none() {
             return Err(NodeError::msg(format!("{} needs a flow model; this {} model predicts {:?}", self.name, model.family, model.prediction)));
         }
-        if (model.family == ModelFamily::Sd3) != self.thousand {
+        if matches!(model.family, ModelFamily::Sd3 | ModelFamily::Wan) != self.thousand {
             let other = if self.thousand { "ModelSamplingAuraFlow or ModelSamplingFlux" } else { "ModelSamplingSD3" };
             return Err(NodeError::msg(format!("{} tells the model {}; {} models read the other: use {other}", self.name, if self.thousand { "1000·σ" } else { "σ" }, model.family)));
         }

@@ -1,5 +1,5 @@
 // Browser test: every committed workflow of the LLM-conditioned families (Z-Image, FLUX.2,
-// Qwen-Image, its Edit and Layered models) opens in the editor through the file picker with the
+// Qwen-Image, its Edit and Layered models) and of Wan's video opens in the editor through the file picker with the
 // models it names (none swapped for another), and runs to its image. The workflows are
 // shrunk to test sizes first (32² latents, 2 steps, reference images at 0.01 MP), as the
 // Rust tests shrink them. Run by cli/tests/browser.rs, whose server holds the tiny
@@ -11,7 +11,7 @@ import { checks, launch, urlArgument } from "./harness.mjs";
 
 const url = urlArgument("families.mjs");
 const TIMEOUT = 120_000;
-const WORKFLOWS = ["z_image_turbo", "z_image_base", "flux2_klein", "flux2_klein_edit", "flux2_dev", "qwen_image", "qwen_image_edit", "qwen_image_edit_2509", "qwen_image_layered"];
+const WORKFLOWS = ["z_image_turbo", "z_image_base", "flux2_klein", "flux2_klein_edit", "flux2_dev", "qwen_image", "qwen_image_edit", "qwen_image_edit_2509", "qwen_image_layered", "wan_t2v"];
 const MODEL_WIDGETS = ["unet_name", "clip_name", "clip_name1", "clip_name2", "vae_name", "ckpt_name", "image"];
 
 const browser = await launch();
@@ -31,6 +31,8 @@ function shrink(wf) {
         set("width", 32); set("height", 32); break;
       case "Flux2Scheduler":
         set("width", 32); set("height", 32); set("steps", 2); break;
+      case "EmptyHunyuanLatentVideo":
+        set("width", 32); set("height", 32); set("length", 5); break;
       case "KSampler": case "BasicScheduler":
         set("steps", 2); break;
       case "ImageScaleToTotalPixels":

@@ -288,6 +288,44 @@ impl T5Encoder<'_> {
         Ok((hidden, content))
     }
 
+    /// ComfyUI's masked T5 encoding (Wan's UMT5: `enable_attention_masks`,
+    /// `zero_out_masked`): each sequence attends only to its tokens up to and including
+    /// the first `</s>`, and the hidden states after it are zeros; where some weight is not
+    /// 1 the empty prompt (`</s>` and padding, masked alike) is encoded beside it and each
+    /// token moved away from it by its weight. Returns [T × d_model].
+    pub fn encode_zero_masked(&self, backend: &crate::ggml::Backend, tokens: &crate::text::t5::WeightedTokens) -> Result<Vec<f32>> {
+        use crate::text::t5::{T5Tokenizer, T5_EOS};
+        let t = tokens.ids.len();
+        let mut batch = vec![tokens.ids.clone()];
+        if tokens.has_weights() {
+            batch.push(T5Tokenizer::empty(t));
+        }
+        let keep: Vec<Vec<bool>> = batch
+            .iter()
+            .map(|ids| {
+                let end = ids.iter().position(|&i| i == T5_EOS).map_or(ids.len(), |p| p + 1);
+                (0..ids.len()).map(|i| i < end).collect()
+            })
+            .collect();
+        let seqs: Vec<Vec<i32>> = batch.iter().map(|ids| ids.iter().map(|&i| i as i32).collect()).collect();
+        let size = 64 * self.config.layers + 256;
+        let ctx = Context::new(size, size)?;
+        let mut run = GraphRun::new(&ctx);
+        let out = self.forward(&ctx, &mut run, &seqs, Some(&keep))?;
+        let mut all = run.compute(backend, &[out], size)?.remove(0);
+        let d = self.config.d_model as usize;
+        for (row, kept) in all.chunks_exact_mut(d).zip(keep.iter().flatten()) {
+            if !kept {
+                row.fill(0.0);
+            }
+        }
+        let mut hidden: Vec<f32> = all.drain(..t * d).collect();
+        if tokens.has_weights() {
+            crate::text::t5::apply_weights(&mut hidden, &all, &tokens.weights, d);
+        }
+        Ok(hidden)
+    }
+
     /// [`Self::encode_weighted`] moving weighted tokens away from `empty` (as many ids as
     /// the prompt's): ComfyUI's PixArt/Chroma T5 takes all padding for its empty prompt.
     pub fn encode_weighted_from(&self, backend: &crate::ggml::Backend, tokens: &crate::text::t5::WeightedTokens, empty: &[u32]) -> Result<Vec<f32>> {

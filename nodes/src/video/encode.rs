@@ -1,0 +1,173 @@
+//! Video files from frames: animated WebP through libwebp (the system's, by the
+//! `webp-animation` crate: ComfyUI's SaveAnimatedWEBP and sd-cli's `.webp`), and AVI with
+//! Motion-JPEG frames (sd-cli's default `.avi`). No maintained crate writes AVI; its RIFF
+//! layout is a few fixed headers around the JPEG frames, so it is written here (the JPEGs
+//! come from the `image` crate).
+
+use std::io::Write;
+
+/// Frames of 8-bit RGB, `width` × `height` each, frame after frame (row-major, RGB
+/// interleaved).
+#[derive(Clone, Copy, Debug)]
+pub struct Rgb8Frames<'a> {
+    pub data: &'a [u8],
+    pub width: usize,
+    pub height: usize,
+}
+
+impl Rgb8Frames<'_> {
+    pub fn count(&self) -> usize {
+        self.data.len() / (3 * self.width * self.height).max(1)
+    }
+
+    fn frame(&self, i: usize) -> &[u8] {
+        let per = 3 * self.width * self.height;
+        &self.data[i * per..(i + 1) * per]
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let per = 3 * self.width * self.height;
+        if per == 0 || self.data.is_empty() || self.data.len() % per != 0 {
+            return Err(format!("{} bytes are not whole {}x{} RGB frames", self.data.len(), self.width, self.height));
+        }
+        if self.width > 16383 || self.height > 16383 {
+            return Err(format!("{}x{} frames are larger than WebP's and AVI's 16383-pixel limit", self.width, self.height));
+        }
+        Ok(())
+    }
+}
+
+/// How animated WebP frames are compressed (ComfyUI's SaveAnimatedWEBP inputs).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WebpOptions {
+    pub lossless: bool,
+    /// 0–100: lossy quality, or lossless effort.
+    pub quality: f32,
+    /// 0 (fastest) – 6 (slowest, smallest).
+    pub method: usize,
+}
+
+/// An animated WebP of `frames` at `fps` (each frame shown `1000 / fps` ms, as PIL's
+/// `duration` in ComfyUI), looping forever.
+pub fn animated_webp(frames: Rgb8Frames<'_>, fps: f64, o: WebpOptions) -> Result<Vec<u8>, String> {
+    use webp_animation::{ColorMode, Encoder, EncoderOptions, EncodingConfig, EncodingType, LossyEncodingConfig};
+    frames.check()?;
+    if !(fps.is_finite() && fps > 0.0) {
+        return Err(format!("fps {fps} must be positive"));
+    }
+    let duration = ((1000.0 / fps) as i32).max(1);
+    let encoding_type = if o.lossless { EncodingType::Lossless } else { EncodingType::Lossy(LossyEncodingConfig::default()) };
+    let options = EncoderOptions {
+        color_mode: ColorMode::Rgb,
+        encoding_config: Some(EncodingConfig { encoding_type, quality: o.quality.clamp(0.0, 100.0), method: o.method.min(6) }),
+        ..Default::default()
+    };
+    let mut enc = Encoder::new_with_options((frames.width as u32, frames.height as u32), options).map_err(|e| format!("WebP encoder: {e:?}"))?;
+    let n = frames.count();
+    for i in 0..n {
+        enc.add_frame(frames.frame(i), i as i32 * duration).map_err(|e| format!("WebP frame {i}: {e:?}"))?;
+    }
+    let data = enc.finalize(n as i32 * duration).map_err(|e| format!("WebP: {e:?}"))?;
+    Ok(data.to_vec())
+}
+
+/// An AVI of Motion-JPEG `frames` at `fps` (JPEG `quality` 1–100), with an index: what
+/// sd-cli writes for a video `-o`.
+pub fn mjpg_avi(frames: Rgb8Frames<'_>, fps: f64, quality: u8) -> Result<Vec<u8>, String> {
+    frames.check()?;
+    if !(fps.is_finite() && fps > 0.0 && fps <= 1000.0) {
+        return Err(format!("fps {fps} must be in (0, 1000]"));
+    }
+    let n = frames.count();
+    let mut jpegs = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut out = Vec::new();
+        image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, quality.clamp(1, 100))
+            .encode(frames.frame(i), frames.width as u32, frames.height as u32, image::ExtendedColorType::Rgb8)
+            .map_err(|e| format!("JPEG frame {i}: {e}"))?;
+        jpegs.push(out);
+    }
+    // A whole frame rate as rate/1, else in thousandths.
+    let (rate, scale) = if fps.fract() == 0.0 { (fps as u32, 1u32) } else { ((fps * 1000.0).round() as u32, 1000) };
+    let (w, h) = (frames.width as u32, frames.height as u32);
+    let max_frame = jpegs.iter().map(Vec::len).max().unwrap_or(0) as u32;
+    let u32le = |v: &mut Vec<u8>, x: u32| v.extend_from_slice(&x.to_le_bytes());
+    let chunk = |id: &[u8; 4], body: &[u8]| -> Vec<u8> {
+        let mut c = Vec::with_capacity(body.len() + 9);
+        c.extend_from_slice(id);
+        c.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        c.extend_from_slice(body);
+        if body.len() % 2 == 1 {
+            c.push(0);
+        }
+        c
+    };
+    let list = |kind: &[u8; 4], parts: &[Vec<u8>]| -> Vec<u8> {
+        let mut body = kind.to_vec();
+        for p in parts {
+            body.extend_from_slice(p);
+        }
+        chunk(b"LIST", &body)
+    };
+    let mut avih = Vec::with_capacity(56);
+    u32le(&mut avih, (1_000_000.0 / fps).round() as u32); // µs per frame
+    u32le(&mut avih, (max_frame as f64 * fps).round() as u32); // max bytes per second
+    u32le(&mut avih, 0); // padding granularity
+    u32le(&mut avih, 0x10); // AVIF_HASINDEX
+    u32le(&mut avih, n as u32);
+    u32le(&mut avih, 0); // initial frames
+    u32le(&mut avih, 1); // streams
+    u32le(&mut avih, max_frame);
+    u32le(&mut avih, w);
+    u32le(&mut avih, h);
+    avih.extend_from_slice(&[0; 16]);
+    let mut strh = Vec::with_capacity(56);
+    strh.extend_from_slice(b"vidsMJPG");
+    u32le(&mut strh, 0); // flags
+    u32le(&mut strh, 0); // priority, language
+    u32le(&mut strh, 0); // initial frames
+    u32le(&mut strh, scale);
+    u32le(&mut strh, rate);
+    u32le(&mut strh, 0); // start
+    u32le(&mut strh, n as u32); // length
+    u32le(&mut strh, max_frame);
+    u32le(&mut strh, u32::MAX); // quality: default
+    u32le(&mut strh, 0); // sample size
+    for v in [0u16, 0, w as u16, h as u16] {
+        strh.extend_from_slice(&v.to_le_bytes());
+    }
+    let mut strf = Vec::with_capacity(40);
+    u32le(&mut strf, 40);
+    u32le(&mut strf, w);
+    u32le(&mut strf, h);
+    strf.extend_from_slice(&1u16.to_le_bytes()); // planes
+    strf.extend_from_slice(&24u16.to_le_bytes()); // bits per pixel
+    strf.extend_from_slice(b"MJPG");
+    u32le(&mut strf, w * h * 3);
+    strf.extend_from_slice(&[0; 16]);
+    let hdrl = list(b"hdrl", &[chunk(b"avih", &avih), list(b"strl", &[chunk(b"strh", &strh), chunk(b"strf", &strf)])]);
+    // Index offsets count from the `movi` fourcc.
+    let mut index = Vec::with_capacity(16 * n);
+    let mut movi_parts = Vec::with_capacity(n);
+    let mut offset = 4u32;
+    for j in &jpegs {
+        let c = chunk(b"00dc", j);
+        index.extend_from_slice(b"00dc");
+        u32le(&mut index, 0x10); // AVIIF_KEYFRAME
+        u32le(&mut index, offset);
+        u32le(&mut index, j.len() as u32);
+        offset += c.len() as u32;
+        movi_parts.push(c);
+    }
+    let movi = list(b"movi", &movi_parts);
+    let mut body = b"AVI ".to_vec();
+    body.extend_from_slice(&hdrl);
+    body.extend_from_slice(&movi);
+    body.extend_from_slice(&chunk(b"idx1", &index));
+    if body.len() > u32::MAX as usize - 8 {
+        return Err(format!("{} bytes of video: larger than an AVI file holds (4 GiB)", body.len()));
+    }
+    let mut out = Vec::with_capacity(body.len() + 8);
+    out.write_all(&chunk(b"RIFF", &body)).map_err(|e| e.to_string())?;
+    Ok(out)
+}

@@ -1,0 +1,104 @@
+//! Wan 2.1 text to video end to end on tiny random-weight files (the transformer in the
+//! release's names, UMT5 with its whole vocabulary, the Wan-2.1 VAE with its 5-D kernels):
+//! the committed workflow to an animated WebP whose frames are read back, and bad inputs.
+
+use sdflow_executor::{CancelToken, InputValue, NodeSpec, NullSink, RunOptions, Workflow};
+use sdflow_tests::{with_input, write_wan_models, TestEnv};
+use serde_json::json;
+use webp_animation::Decoder;
+
+fn env() -> TestEnv {
+    let dir = tempfile::tempdir().unwrap();
+    sdflow_tests::tiny_tree(dir.path());
+    write_wan_models(dir.path());
+    TestEnv::with_dir(dir, |rt| rt)
+}
+
+fn link(node: &str, output: usize) -> InputValue {
+    InputValue::Link { node: node.into(), output }
+}
+
+/// The frames of the animated WebP node `save` wrote: (width, height, RGBA frames, each
+/// frame's timestamp in ms).
+fn run_video(env: &TestEnv, wf: &Workflow, save: &str) -> (u32, u32, Vec<Vec<u8>>, Vec<i32>, serde_json::Value) {
+    let opts = RunOptions { output_dir: Some(env.out.clone()), ..Default::default() };
+    let report = env.exec.run(wf, &NullSink, &CancelToken::new(), &opts).unwrap();
+    let ui = report.ui_outputs[save].clone();
+    let name = ui["images"][0]["filename"].as_str().unwrap();
+    assert!(name.ends_with(".webp"), "{name}");
+    let bytes = std::fs::read(env.out.join(name)).unwrap();
+    let decoder = Decoder::new(&bytes).unwrap();
+    let (w, h) = decoder.dimensions();
+    let (mut frames, mut stamps) = (Vec::new(), Vec::new());
+    for f in decoder.into_iter() {
+        frames.push(f.data().to_vec());
+        stamps.push(f.timestamp());
+    }
+    (w, h, frames, stamps, ui)
+}
+
+#[test]
+fn the_workflow_makes_a_video_and_its_inputs_matter() {
+    let env = env();
+    let wf = env.workflow("wan_t2v.json", 32, 2);
+    let (w, h, frames, stamps, ui) = run_video(&env, &wf, "10");
+    // 5 frames (2 latent frames: the first alone, then 4) of 32², 16 fps.
+    assert_eq!((w, h, frames.len()), (32, 32, 5));
+    // Each frame shown int(1000 / 16) ms, as ComfyUI's PIL writes it (the decoder gives
+    // each frame's end).
+    assert_eq!(stamps, vec![62, 124, 186, 248, 310]);
+    assert_eq!(ui["animated"], json!([true]));
+    let spread = |f: &[u8]| f.iter().max().unwrap() - f.iter().min().unwrap();
+    assert!(frames.iter().all(|f| spread(f) > 10), "frames are not flat");
+    assert_ne!(frames[0], frames[4], "the video moves");
+    let base = frames.clone();
+    assert_eq!(run_video(&env, &wf, "10").2, base, "deterministic");
+    for (node, input, v) in [("5", "text", json!("a (red:1.3) fox")), ("6", "text", json!("blurry")), ("4", "shift", json!(3.0)), ("8", "seed", json!(7)), ("8", "cfg", json!(1.0))] {
+        assert_ne!(run_video(&env, &with_input(&wf, node, input, v.clone()), "10").2, base, "{node}.{input} = {v}");
+    }
+    // One frame: a video of one latent frame, still a WebP, not animated.
+    let one = with_input(&wf, "7", "length", json!(1));
+    let (_, _, frames, _, ui) = run_video(&env, &one, "10");
+    assert_eq!(frames.len(), 1);
+    assert!(ui.get("animated").is_none());
+}
+
+#[test]
+fn lossless_webp_keeps_the_decoded_frames() {
+    let env = env();
+    let mut wf = env.workflow("wan_t2v.json", 32, 1);
+    wf = with_input(&wf, "10", "lossless", json!(true));
+    // The decoded frames saved as PNGs beside the WebP: the WebP's frames are the same pixels.
+    wf.nodes.insert("11".into(), NodeSpec::new("SaveImage").with_input("images", link("9", 0)).with_input("filename_prefix", InputValue::Const(json!("frames"))));
+    let opts = RunOptions { output_dir: Some(env.out.clone()), ..Default::default() };
+    let report = env.exec.run(&wf, &NullSink, &CancelToken::new(), &opts).unwrap();
+    let pngs = report.ui_outputs["11"]["images"].as_array().unwrap().clone();
+    assert_eq!(pngs.len(), 5);
+    let webp = std::fs::read(env.out.join(report.ui_outputs["10"]["images"][0]["filename"].as_str().unwrap())).unwrap();
+    let decoded: Vec<Vec<u8>> = Decoder::new(&webp).unwrap().into_iter().map(|f| f.data().to_vec()).collect();
+    for (png, frame) in pngs.iter().zip(&decoded) {
+        let (_, _, rgb) = sdflow_tests::read_png(&env.out.join(png["filename"].as_str().unwrap()));
+        let rgba: Vec<u8> = rgb.chunks_exact(3).flat_map(|p| [p[0], p[1], p[2], 255]).collect();
+        assert_eq!(&rgba, frame);
+    }
+}
+
+#[test]
+fn bad_inputs_are_named() {
+    let env = env();
+    let wf = env.workflow("wan_t2v.json", 32, 1);
+    // An SD latent (4 channels) for the Wan model.
+    let mut sd = wf.clone();
+    sd.nodes.insert("20".into(), NodeSpec::new("EmptyLatentImage").with_input("width", InputValue::Const(json!(32))).with_input("height", InputValue::Const(json!(32))).with_input("batch_size", InputValue::Const(json!(1))));
+    sd.set_input("8", "latent_image", link("20", 0)).unwrap();
+    sd.set_input("9", "vae", link("3", 0)).unwrap();
+    // An all-zero latent grows to the model's channels, as ComfyUI's does: it samples.
+    let opts = RunOptions { output_dir: Some(env.out.clone()), ..Default::default() };
+    env.exec.run(&sd, &NullSink, &CancelToken::new(), &opts).unwrap();
+    // A video latent decoded with an SD VAE is refused by name.
+    let mut kl = wf.clone();
+    kl.nodes.insert("21".into(), NodeSpec::new("CheckpointLoaderSimple").with_input("ckpt_name", InputValue::Const(json!("model.safetensors"))));
+    kl.set_input("9", "vae", link("21", 2)).unwrap();
+    let e = env.run_err(&kl);
+    assert!(e.contains("frames") && e.contains("Wan VAE"), "{e}");
+}
