@@ -39,7 +39,8 @@ enum Command {
     Upscale(presets::UpscaleArgs),
     /// Re-sample what a detector (--ad-model) finds in an image.
     Adetailer(presets::AdetailerArgs),
-    /// sd-cli's vid_gen mode (not supported yet).
+    /// sd-cli's vid_gen mode: a Wan text-to-video model's frames as .avi, .webp or
+    /// numbered images (-o).
     #[command(name = "vid_gen")]
     VidGen(presets::VidGenArgs),
     /// sd-cli's convert mode: write a model as GGUF or safetensors with --type and

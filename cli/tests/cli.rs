@@ -203,8 +203,11 @@ fn unsupported_flags_are_refused() {
         (&["img_gen", "-m", "m.safetensors", "--preview", "vae"][..], "not supported yet: --preview vae"),
         (&["img_gen", "-m", "m.safetensors", "--preview", "tae"][..], "missing --taesd: --preview tae"),
         (&["img_gen", "-m", "m.safetensors", "--preview", "proj", "--preview-path", "p.gif"][..], "invalid value for --preview-path: p.gif"),
-        (&["vid_gen", "-m", "m.safetensors", "--video-frames", "9"][..], "not supported yet: vid_gen"),
-        (&["-M", "vid_gen", "-m", "m.safetensors"][..], "not supported yet: vid_gen"),
+        (&["vid_gen", "-m", "m.safetensors", "--video-frames", "9"][..], "not supported yet: vid_gen with this model"),
+        (&["-M", "vid_gen", "-m", "m.safetensors"][..], "not supported yet: vid_gen with this model"),
+        (&["vid_gen", "-m", "m.safetensors", "--video-frames", "0"][..], "invalid value for --video-frames: 0"),
+        (&["vid_gen", "-m", "m.safetensors", "--video-frames", "9", "-o", "out.webm"][..], "not supported yet: -o out.webm (WebM"),
+        (&["vid_gen", "-m", "m.safetensors", "--end-img", "last.png"][..], "not supported yet: --end-img last.png (Wan first-last-frame"),
     ] {
         let (code, err) = fails(args, dir.path());
         assert_eq!(code, 1, "{args:?}");
@@ -1368,4 +1371,68 @@ fn serve_takes_sd_servers_flags() {
     assert!(err.contains("-W 100"), "{err}");
     let err = serve(&["--steps", "0"]);
     assert!(err.contains("--steps 0"), "{err}");
+}
+
+/// The frames of a Motion-JPEG AVI: (µs per frame, width, height, frame count in the
+/// header) and each `00dc` chunk decoded as a JPEG. The RIFF chunks are walked here; the
+/// JPEGs are decoded by the `image` crate.
+fn read_mjpg_avi(path: &Path) -> ((u32, u32, u32, u32), Vec<image::RgbImage>) {
+    let b = std::fs::read(path).unwrap();
+    assert_eq!((&b[0..4], &b[8..12]), (&b"RIFF"[..], &b"AVI "[..]));
+    assert_eq!(u32::from_le_bytes(b[4..8].try_into().unwrap()) as usize, b.len() - 8, "RIFF size");
+    let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
+    let avih = b.windows(4).position(|w| w == b"avih").unwrap() + 8;
+    let header = (u32_at(avih), u32_at(avih + 32), u32_at(avih + 36), u32_at(avih + 16));
+    let mut frames = Vec::new();
+    let movi = b.windows(4).position(|w| w == b"movi").unwrap() + 4;
+    let mut i = movi;
+    while &b[i..i + 4] == b"00dc" {
+        let len = u32_at(i + 4) as usize;
+        frames.push(image::load_from_memory_with_format(&b[i + 8..i + 8 + len], image::ImageFormat::Jpeg).unwrap().to_rgb8());
+        i += 8 + len + len % 2;
+    }
+    assert_eq!(&b[i..i + 4], b"idx1", "the index follows the frames");
+    assert_eq!(u32_at(i + 4) as usize, 16 * frames.len());
+    (header, frames)
+}
+
+#[test]
+fn vid_gen_writes_wan_videos_as_sd_cli_does() {
+    let dir = tempfile::tempdir().unwrap();
+    sdflow_tests::tiny_tree(dir.path());
+    sdflow_tests::write_wan_models(dir.path());
+    let m = |p: &str| format!("models/{p}");
+    let (wan, umt5, vae) = (m("diffusion_models/wan2.1_t2v_1.3B_fp16.safetensors"), m("text_encoders/umt5_xxl_fp8_e4m3fn_scaled.safetensors"), m("vae/wan_2.1_vae.safetensors"));
+    let base = ["vid_gen", "--diffusion-model", &wan, "--t5xxl", &umt5, "--vae", &vae, "-p", "a fox in snow", "--steps", "2", "-W", "32", "-H", "32", "-t", "2", "--cfg-scale", "5"];
+    let printed = ok(&[&base[..], &["--video-frames", "6", "--print-workflow"]].concat(), dir.path());
+    for part in ["\"EmptyHunyuanLatentVideo\"", "\"length\": 5", "\"SaveVideoSdCpp\"", "\"SdCppConditioner\"", "\"type\": \"wan\"", "\"ModelSamplingSD3\"", "\"shift\": 5.0", "\"ManualSigmas\"", "\"format\": \"avi\""] {
+        assert!(printed.contains(part), "{part} in {printed}");
+    }
+    // 6 frames round down to 5 (4·1 + 1); the default container is a Motion-JPEG AVI.
+    ok(&[&base[..], &["--video-frames", "6", "-o", "v.avi"]].concat(), dir.path());
+    let ((us, w, h, n), avi) = read_mjpg_avi(&dir.path().join("v.avi"));
+    assert_eq!((us, w, h, n, avi.len()), (62_500, 32, 32, 5, 5));
+    assert!(avi.iter().all(|f| f.dimensions() == (32, 32)));
+    // The same video as numbered PNGs (a %d pattern) is the AVI's frames before JPEG.
+    ok(&[&base[..], &["--video-frames", "5", "-o", "f_%02d.png"]].concat(), dir.path());
+    for (i, jpeg) in avi.iter().enumerate() {
+        let png = image::open(dir.path().join(format!("f_{i:02}.png"))).unwrap().to_rgb8();
+        let diff: f64 = png.as_raw().iter().zip(jpeg.as_raw()).map(|(a, b)| (*a as f64 - *b as f64).abs()).sum::<f64>() / png.as_raw().len() as f64;
+        assert!(diff < 12.0, "frame {i}: JPEG differs from the PNG by {diff} on average");
+    }
+    assert!(!dir.path().join("f_05.png").exists());
+    // An animated WebP at --fps 8: 125 ms per frame.
+    ok(&[&base[..], &["--video-frames", "5", "--fps", "8", "-o", "v.webp"]].concat(), dir.path());
+    let webp = std::fs::read(dir.path().join("v.webp")).unwrap();
+    let decoder = webp_animation::Decoder::new(&webp).unwrap();
+    assert_eq!(decoder.dimensions(), (32, 32));
+    let stamps: Vec<i32> = decoder.into_iter().map(|f| f.timestamp()).collect();
+    assert_eq!(stamps, vec![125, 250, 375, 500, 625]);
+    // Another extension becomes .avi; one frame is a PNG, as sd-cli saves them.
+    ok(&[&base[..], &["--video-frames", "5", "-o", "clip.mp4"]].concat(), dir.path());
+    assert!(dir.path().join("clip.avi").exists() && !dir.path().join("clip.mp4").exists());
+    ok(&[&base[..], &["-o", "one.avi"]].concat(), dir.path());
+    assert_eq!(png_size(&dir.path().join("one.png")), (32, 32));
+    let (_, err) = fails(&[&base[..], &["-i", "in.png", "--video-frames", "5"]].concat(), dir.path());
+    assert!(err.contains("not supported yet: -i") && err.contains("Wan"), "{err}");
 }

@@ -40,14 +40,14 @@ const NOT_REGISTERED: &[(&str, &[&str])] = &[
         ],
     ),
     (
-        "video model families sdflow has no model code for (Wan, LTX-Video, Hunyuan Video, Cosmos, Mochi, Stable Video Diffusion) and the video-only helpers around them (temporal attention, context windows, per-frame areas)",
+        "video model families sdflow has no model code for (LTX-Video, Hunyuan Video, Cosmos, Mochi, Stable Video Diffusion), Wan's image-, audio- and control-conditioned variants (sdflow runs Wan text to video) and the video-only helpers around them (temporal attention, context windows, per-frame areas)",
         &[
             "ConditioningSetAreaPercentageVideo", "ContextWindowsManual", "CosmosImageToVideoLatent", "CosmosPredict2ImageToVideoLatent",
-            "EmptyCosmosLatentVideo", "EmptyHunyuanLatentVideo", "EmptyLTXVLatentVideo", "EmptyMochiLatentVideo", "HunyuanImageToVideo",
+            "EmptyCosmosLatentVideo", "EmptyLTXVLatentVideo", "EmptyMochiLatentVideo", "HunyuanImageToVideo",
             "ImageOnlyCheckpointLoader", "ImageOnlyCheckpointSave", "LTXVAddGuide", "LTXVConditioning", "LTXVCropGuides", "LTXVImgToVideo",
             "LTXVPreprocess", "LTXVScheduler", "ModelMergeCosmos14B", "ModelMergeCosmos7B", "ModelMergeCosmosPredict2_14B",
             "ModelMergeCosmosPredict2_2B", "ModelMergeLTXV", "ModelMergeMochiPreview", "ModelMergeWAN2_1", "ModelSamplingLTXV",
-            "SVD_img2vid_Conditioning", "TextEncodeHunyuanVideo_ImageToVideo", "TrimVideoLatent", "UNetTemporalAttentionMultiply",
+            "SVD_img2vid_Conditioning", "TextEncodeHunyuanVideo_ImageToVideo", "UNetTemporalAttentionMultiply",
             "VideoLinearCFGGuidance", "VideoTriangleCFGGuidance", "Wan22FunControlToVideo", "Wan22ImageToVideoLatent", "WanAnimateToVideo",
             "WanCameraEmbedding", "WanCameraImageToVideo", "WanFirstLastFrameToVideo", "WanFunControlToVideo", "WanFunInpaintToVideo",
             "WanHuMoImageToVideo", "WanImageToVideo", "WanPhantomSubjectToVideo", "WanSoundImageToVideo", "WanSoundImageToVideoExtend",
@@ -82,9 +82,9 @@ const NOT_REGISTERED: &[(&str, &[&str])] = &[
         ],
     ),
     (
-        "video and animated files: sdflow has no VIDEO type and no video or animated-image encoders (MP4/WEBM, animated PNG/WEBP)",
+        "video and animated files: sdflow has no VIDEO type and no MP4/WebM or animated-PNG encoders (it writes animated WebP)",
         &[
-            "CreateVideo", "GetVideoComponents", "LoadVideo", "SaveAnimatedPNG", "SaveAnimatedWEBP", "SaveVideo", "SaveWEBM",
+            "CreateVideo", "GetVideoComponents", "LoadVideo", "SaveAnimatedPNG", "SaveVideo", "SaveWEBM",
         ],
     ),
     (

@@ -22,10 +22,8 @@ const REFUSED: &[(&str, bool, &str)] = &[
     ("stream-layers", false, "segmented execution (streaming a model's blocks through the GPU) is not implemented"),
     ("eager-load", false, "weights load on first use, through the residency manager"),
     ("rpc-servers", true, "ggml's RPC backend is not built"),
-    ("end-img", true, "video generation is not implemented"),
-    ("control-video", true, "video generation is not implemented"),
-    ("video-frames", true, "video generation is not implemented"),
-    ("fps", true, "video generation is not implemented"),
+    ("end-img", true, "Wan first-last-frame to video is not implemented (text to video is)"),
+    ("control-video", true, "Wan VACE is not implemented (text to video is)"),
     ("high-noise-steps", true, "Wan2.2 MoE models are not implemented"),
     ("high-noise-cfg-scale", true, "Wan2.2 MoE models are not implemented"),
     ("high-noise-img-cfg-scale", true, "Wan2.2 MoE models are not implemented"),
@@ -482,6 +480,12 @@ pub struct ImgGenArgs {
     /// Number of Qwen Image Layered layers; latent/output count is layers + 1.
     #[arg(long, value_name = "int", default_value_t = 3, allow_negative_numbers = true)]
     pub qwen_image_layers: i64,
+    /// Video frames to generate (vid_gen; rounded down to 4·k + 1 as sd.cpp does).
+    #[arg(long, value_name = "int", default_value_t = 1, allow_negative_numbers = true)]
+    pub video_frames: i64,
+    /// Frames per second of the written video (vid_gen).
+    #[arg(long, value_name = "int", default_value_t = 16, allow_negative_numbers = true)]
+    pub fps: i64,
     /// Reference image options, `key=value,...`: preset (flux_kontext, flux2, qwen,
     /// qwen_layered), ref_index_mode (fixed, increase, decrease), resize_before_vae, vae_input_max_pixels,
     /// pass_to_vlm, pass_to_dit, vlm_resize_mode (area, longest_side, none), vlm_min_size,
@@ -568,9 +572,9 @@ pub struct AdetailerArgs {
     pub refused: Refused,
 }
 
-/// `sdflow vid_gen`: refused; the arguments are taken so the refusal comes first.
+/// `sdflow vid_gen`: img_gen's flags (with `--video-frames` and `--fps`), for a video model.
 #[derive(Args, Debug, Clone)]
 pub struct VidGenArgs {
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
-    pub rest: Vec<String>,
+    #[command(flatten)]
+    pub img: ImgGenArgs,
 }

@@ -308,6 +308,7 @@ fn img_gen_params(a: &ImgGenArgs, probe: &Probe, seed: i64, names: &mut Names<'_
         chroma,
         qwen_zero_cond_t,
         qwen_image_layers: a.qwen_image_layers,
+        video: None,
     })
 }
 
@@ -419,8 +420,40 @@ pub fn adetailer_command(a: AdetailerArgs) -> anyhow::Result<()> {
     finish(shown, &a.common, &a.sampling.output, a.sampling.output_begin_idx, |stage| Ok(presets::adetailer(&params(&mut Names::Staged(stage))?)?))
 }
 
-pub fn vid_gen_command(_a: VidGenArgs) -> anyhow::Result<()> {
-    bail!("not supported yet: vid_gen (no video model family — Wan, SVD, LTX — is implemented)")
+/// sd-cli's vid_gen: img_gen's graph for a Wan model, its frames written where `-o` says
+/// as sd-cli writes them (one frame: a PNG; a `%d` pattern: numbered PNGs; else an `.avi`
+/// or `.webp` video, other extensions becoming `.avi`).
+pub fn vid_gen_command(v: VidGenArgs) -> anyhow::Result<()> {
+    let mut a = v.img;
+    if a.common.placement.list_devices() {
+        return Ok(());
+    }
+    common_refusals(&a.common, &a.refused)?;
+    a.sampling.refusals()?;
+    if a.video_frames < 1 {
+        bail!("invalid value for --video-frames: {} (it must be at least 1)", a.video_frames);
+    }
+    if !(1..=1000).contains(&a.fps) {
+        bail!("invalid value for --fps: {} (it must be in 1..=1000)", a.fps);
+    }
+    let video = presets::VideoParams { frames: a.video_frames, fps: a.fps };
+    let output = &a.sampling.output;
+    a.sampling.output = if presets::is_frame_pattern(output) {
+        check_output(output)?;
+        output.clone()
+    } else if video.aligned_frames() == 1 {
+        Path::new(output).with_extension("png").to_string_lossy().into_owned()
+    } else {
+        presets::video_output(output)?.to_string_lossy().into_owned()
+    };
+    let seed = presets::resolve_seed(a.sampling.seed);
+    let probe = probe(&a);
+    if probe.info.family != presets::Family::Wan {
+        bail!("not supported yet: vid_gen with this model (Wan text-to-video models are; give one with --diffusion-model or -m)");
+    }
+    let params = |names: &mut Names<'_>| -> anyhow::Result<ImgGenParams> { Ok(ImgGenParams { video: Some(video), ..img_gen_params(&a, &probe, seed, names)? }) };
+    let shown = presets::img_gen(&params(&mut Names::Shown)?)?;
+    finish(shown, &a.common, &a.sampling.output, a.sampling.output_begin_idx, |stage| Ok(presets::img_gen(&params(&mut Names::Staged(stage))?)?))
 }
 
 /// Prints or saves `shown` (the workflow with file names as given), refuses it if this

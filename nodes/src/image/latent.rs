@@ -12,6 +12,7 @@ pub fn register(registry: &mut Registry, _rt: &Arc<Runtime>) {
     registry.register(Arc::new(EMPTY_FLUX2_LATENT_IMAGE));
     registry.register(Arc::new(EmptyQwenImageLayeredLatentImage));
     registry.register(Arc::new(EmptyHunyuanLatentVideo));
+    registry.register(Arc::new(TrimVideoLatent));
     registry.register(Arc::new(LatentCutToBatch));
     registry.register(Arc::new(SetLatentNoiseMask));
     registry.register(Arc::new(LatentUpscale { by: false }));
@@ -137,6 +138,40 @@ impl Node for EmptyHunyuanLatentVideo {
         let mut latent = latent_zeros([w / 8, h / 8, 16 * frames, n])?;
         latent.frames = frames as usize;
         Ok(Outputs::new(vec![Value::new(IoType::LATENT, latent)]))
+    }
+}
+
+/// ComfyUI's "TrimVideoLatent": a video latent without its first `trim_amount` frames
+/// (VACE's reference frame); a latent with no frames left is an error.
+struct TrimVideoLatent;
+
+impl Node for TrimVideoLatent {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("TrimVideoLatent")
+            .display_name("TrimVideoLatent")
+            .category("latent/video")
+            .input(InputSpec::link("samples", IoType::LATENT))
+            .input(InputSpec::int("trim_amount", 0).int_range(0, 99999))
+            .output("LATENT", IoType::LATENT)
+    }
+
+    fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let l = inputs.downcast::<Latent>("samples")?;
+        let trim = usize::try_from(inputs.int("trim_amount")?).map_err(|_| NodeError::msg("trim_amount must be at least 0"))?;
+        if trim == 0 {
+            return Ok(Outputs::new(vec![Value::new(IoType::LATENT, l.clone())]));
+        }
+        let [w, h, _, n] = l.shape.map(|d| d as usize);
+        let (c, t) = (l.channels() as usize, l.frames.max(1));
+        if trim >= t {
+            return Err(NodeError::msg(format!("trim_amount {trim} leaves nothing of a latent of {t} frames")));
+        }
+        let plane = w * h;
+        let keep = t - trim;
+        let samples: Vec<f32> = (0..n * c).flat_map(|k| &l.samples[(k * t + trim) * plane..(k * t + t) * plane]).copied().collect();
+        // The mask's frames are not tracked per frame here; a noise mask is kept as it is.
+        let out = Latent { samples, shape: [w as i64, h as i64, (c * keep) as i64, n as i64], noise_mask: l.noise_mask.clone(), batch_index: l.batch_index.clone(), frames: keep };
+        Ok(Outputs::new(vec![Value::new(IoType::LATENT, out)]))
     }
 }
 

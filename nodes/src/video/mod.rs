@@ -83,16 +83,6 @@ impl Node for SaveAnimatedWebp {
     }
 }
 
-/// The container sd-cli writes for a video `-o` of this extension: `.webp` animated WebP
-/// (libwebp, quality 90), anything else Motion-JPEG AVI (JPEG quality 90).
-pub fn sd_cli_video_format(ext: &str) -> &'static str {
-    if ext.eq_ignore_ascii_case("webp") {
-        "webp"
-    } else {
-        "avi"
-    }
-}
-
 /// "SaveVideoSdCpp": the batch's frames as sd-cli writes a video: one `.avi`
 /// (Motion-JPEG) or `.webp` (animated, lossy) file at `fps`, both at quality 90; a batch
 /// of one frame is a PNG, as sd-cli saves a one-frame video.

@@ -2,8 +2,10 @@
 //! Chroma, SD3/SD3.5, Z-Image, FLUX.2 klein, Qwen-Image) with sd-cli's semantics, where
 //! they differ from ComfyUI's templates:
 //! - the schedule is sd.cpp's (`flux`: μ from the latent's pixel count, 4× the token count
-//!   ComfyUI uses; SD3, Z-Image and Qwen-Image `discrete`: shift 3), written out as
-//!   ManualSigmas;
+//!   ComfyUI uses; SD3, Z-Image and Qwen-Image `discrete`: shift 3; Wan `discrete`: shift
+//!   5), written out as ManualSigmas;
+//! - Wan (vid_gen) samples a video latent of `--video-frames` (down to 4·k + 1) and writes
+//!   the frames as sd-cli does: an `.avi` or `.webp` file at `--fps`, or numbered images;
 //! - euler by default, `--cfg-scale` 7 (real CFG with the negative prompt, as sd-cli runs
 //!   it), `--guidance` 3.5 on both prompts of a guidance-distilled model;
 //! - prompts encoded as sd.cpp encodes them (SdCppConditioner: T5 chunks, mean-restoring
@@ -26,6 +28,8 @@ const FLUX_BASE_SHIFT: f32 = 0.5;
 const FLUX_MAX_SHIFT: f32 = 1.15;
 /// SD3's (and Z-Image's) default `--flow-shift`.
 const SD3_SHIFT: f32 = 3.0;
+/// sd.cpp's default `--flow-shift` for Wan.
+const WAN_SHIFT: f32 = 5.0;
 
 /// sd.cpp's FLUX μ: linear in `(H/8)·(W/8)` latent pixels through (256, 0.5) and
 /// (4096, 1.15), in its f32 arithmetic (1.15 at 512², 3.23 at 1024²).
@@ -124,17 +128,18 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
     // The model's own shift, as sd.cpp sets it: FLUX and Chroma from the image size
     // (ModelSamplingFlux with μ as both bounds), SD3 3 unless --flow-shift.
     let shift = match family {
-        Family::Sd3 | Family::ZImage | Family::QwenImage => {
-            let s = p.flow_shift.map_or(SD3_SHIFT, |s| s as f32);
+        Family::Sd3 | Family::ZImage | Family::QwenImage | Family::Wan => {
+            let s = p.flow_shift.map_or(if family == Family::Wan { WAN_SHIFT } else { SD3_SHIFT }, |s| s as f32);
             if !(s.is_finite() && s > 0.0 && s <= 100.0) {
                 return Err(invalid("--flow-shift", format!("{s} is outside (0, 100]")));
             }
             // Qwen-Image's MODEL samples as ComfyUI's FLUX type (μ 1.15); sd.cpp's is this
             // discrete flow.
-            if p.flow_shift.is_some() || family == Family::QwenImage {
+            // Wan's MODEL samples at ComfyUI's shift 8; sd.cpp's is 5.
+            if p.flow_shift.is_some() || matches!(family, Family::QwenImage | Family::Wan) {
                 // The same shifted schedule; Z-Image and Qwen-Image are told σ (AuraFlow's
-                // node), SD3 1000·σ.
-                let node = if family == Family::Sd3 { "ModelSamplingSD3" } else { "ModelSamplingAuraFlow" };
+                // node), SD3 and Wan 1000·σ.
+                let node = if matches!(family, Family::Sd3 | Family::Wan) { "ModelSamplingSD3" } else { "ModelSamplingAuraFlow" };
                 let origin = if p.flow_shift.is_some() { "--flow-shift" } else { "img_gen" };
                 model = Out(b.extra("model_sampling", origin, NodeSpec::new(node).with_input("model", link(&model)).with_const("shift", json!(short_f64(s)))), 0);
             }
@@ -214,6 +219,7 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
         Family::Flux2 => "sd-cli's txt2img with FLUX.2 klein: Qwen3's states of three layers (9, 18, 27) of the prompt in its chat template, padded to 512 tokens, euler over sd.cpp's flux2 schedule (the empirical shift from the token and step counts), CFG with the negative prompt at --cfg-scale (1, as the distilled models run, skips it).",
         Family::ZImage => "sd-cli's txt2img with Z-Image: Qwen3-4B's states of the prompt in its chat template, euler over sd.cpp's discrete flow schedule (shift 3, --flow-shift), real CFG with the negative prompt at --cfg-scale (1, as Turbo runs, skips it).",
         Family::QwenImage => "sd-cli's txt2img with Qwen-Image: Qwen2.5-VL's final states of the prompt in its chat template (the system part dropped), euler over sd.cpp's discrete flow schedule (shift 3, --flow-shift), real CFG with the negative prompt at --cfg-scale.",
+        Family::Wan => "sd-cli's vid_gen with a Wan text-to-video model: UMT5-XXL prompts in chunks of 512 tokens with the padding zeroed, euler over sd.cpp's discrete flow schedule (shift 5, --flow-shift), real CFG with the negative prompt at --cfg-scale, the video latent decoded by the Wan VAE one latent frame at a time.",
         _ => "sd-cli's txt2img with FLUX.1: CLIP-L's pooled vector and T5-XXL's tokens, the distilled --guidance (dev), euler over sd.cpp's FLUX schedule (μ from the image size, 4× the token count ComfyUI uses), CFG with the negative prompt at --cfg-scale (1 skips it).",
     };
     let (latent, denoise, mut title, mut description) = match (family, &p.init_img, &p.mask) {
@@ -227,6 +233,13 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
             (Out(cond, 2), p.strength, "Inpainting".to_string(), "sd-cli's --mask with a FLUX.1 Fill model: the masked image and the mask go beside the latent into the model's 384 input channels (InpaintModelConditioning), and sampling is held at the image outside the mask.".to_string())
         }
         (Family::Flux { fill: true, .. }, _, _) => return Err(PresetError::Missing { flag: "--mask".into(), msg: "a FLUX.1 Fill model inpaints: give -i and --mask".into() }),
+        (Family::Wan, Some(_), _) => return Err(not_supported("-i", "with a Wan model (image to video, FLF2V and VACE are not implemented yet; text to video is)")),
+        (Family::Wan, None, _) => {
+            let frames = p.video.unwrap_or_default().aligned_frames();
+            let empty = NodeSpec::new("EmptyHunyuanLatentVideo").with_const("width", json!(p.width)).with_const("height", json!(p.height)).with_const("length", json!(frames)).with_const("batch_size", json!(p.batch_count));
+            let key = b.core("latent", "--video-frames", empty);
+            (Out(key, 0), 1.0, "Text to video".to_string(), empty_description.to_string())
+        }
         (Family::QwenImage, Some(_), _) if p.model_info.qwen_layered => return Err(not_supported("-i", "with a Qwen-Image-Layered model (it decomposes the -r image into layers)")),
         (Family::QwenImage, None, _) if p.model_info.qwen_layered => {
             let empty = NodeSpec::new("EmptyQwenImageLayeredLatentImage").with_const("width", json!(p.width)).with_const("height", json!(p.height)).with_const("layers", json!(p.qwen_image_layers)).with_const("batch_size", json!(p.batch_count));
@@ -256,7 +269,7 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
             let steps = p.steps as usize;
             Some(match (family, p.scheduler.as_deref()) {
                 (Family::Flux2, None | Some("flux2")) => flux2_schedule(steps, p.width, p.height),
-                (Family::Sd3 | Family::ZImage | Family::QwenImage, _) | (_, Some("discrete")) => discrete_schedule(steps, shift),
+                (Family::Sd3 | Family::ZImage | Family::QwenImage | Family::Wan, _) | (_, Some("discrete")) => discrete_schedule(steps, shift),
                 _ => flux_schedule(steps, shift),
             })
         }
@@ -271,8 +284,40 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
         sampled = Out(b.core("frames", "--qwen-image-layers", cut), 0);
     }
     let image = stage.decode(&mut b, &sampled);
+    if let (Family::Wan, Some(v)) = (family, p.video) {
+        if v.aligned_frames() > 1 && !super::is_frame_pattern(&p.output) {
+            return video_tail(b, p, v, image, title, description);
+        }
+    }
     output_tail(&mut b, p, image, TailModels { model: &model, clip: &clip, vae: &vae }, &sampling, &prompt, &mut title, &mut description)?;
     Ok(b.finish(title, description))
+}
+
+/// The end of sd-cli's vid_gen graph for several frames: the decoded frames written as
+/// one video file, `.avi` (Motion-JPEG) or `.webp` as `-o` says, at `--fps`.
+fn video_tail(mut b: Builder, p: &ImgGenParams, v: super::VideoParams, frames: Out, title: String, description: String) -> Result<Preset, PresetError> {
+    for (given, flag) in [(p.ad_model.is_some(), "--ad-model"), (p.upscale_model.is_some(), "--upscale-model"), (b.paste.is_some(), "--mask")] {
+        if given {
+            return Err(not_supported(flag, "in the vid_gen mode"));
+        }
+    }
+    if !(1..=1000).contains(&v.fps) {
+        return Err(invalid("--fps", format!("{} is outside 1..=1000", v.fps)));
+    }
+    let path = super::video_output(&p.output)?;
+    let format = video_format(&path);
+    let save = NodeSpec::new("SaveVideoSdCpp").with_input("images", link(&frames)).with_const("filename_prefix", json!(super::save_prefix(&p.output))).with_const("format", json!(format)).with_const("fps", json!(v.fps));
+    b.core("save", "-o", save);
+    let description = format!("{description} {} frames written as {} at {} fps.", v.aligned_frames(), if format == "webp" { "an animated WebP" } else { "a Motion-JPEG AVI" }, v.fps);
+    Ok(b.finish(format!("{title} ({} frames)", v.aligned_frames()), description))
+}
+
+/// The SaveVideoSdCpp `format` for a video file path (its extension, `avi` or `webp`).
+fn video_format(path: &std::path::Path) -> &'static str {
+    match path.extension().map(|e| e.to_string_lossy().to_ascii_lowercase()).as_deref() {
+        Some("webp") => "webp",
+        _ => "avi",
+    }
 }
 
 /// sd-cli flags that belong to the UNet families.
@@ -292,7 +337,7 @@ fn refuse_unet_flags(p: &ImgGenParams, family: Family) -> Result<(), PresetError
         }
     }
     let own = match family {
-        Family::Sd3 | Family::ZImage | Family::QwenImage => "sd3_flow",
+        Family::Sd3 | Family::ZImage | Family::QwenImage | Family::Wan => "sd3_flow",
         Family::Flux2 => "flux2_flow",
         _ => "flux_flow",
     };
@@ -314,6 +359,7 @@ fn family_name(family: Family) -> &'static str {
         Family::ZImage => "Z-Image",
         Family::Flux2 => "FLUX.2",
         Family::QwenImage => "Qwen-Image",
+        Family::Wan => "Wan",
     }
 }
 
@@ -376,6 +422,17 @@ fn loaders(b: &mut Builder, p: &ImgGenParams, family: Family) -> Result<(Out, Ou
                 (Some(l), None) => Out(b.core("clip", "--llm", NodeSpec::new("CLIPLoader").with_const("clip_name", json!(l)).with_const("type", json!(ty))), 0),
                 (None, Some(_)) => return Err(PresetError::Missing { flag: "--llm".into(), msg: "--llm_vision is Qwen2.5-VL's vision tower; give its language model as --llm".into() }),
                 (None, None) => Out(from_ckpt("LLM text encoder", "--llm")?.clone(), 1),
+            }
+        }
+        Family::Wan => {
+            for (given, flag) in [(p.clip_l.is_some(), "--clip_l"), (p.clip_g.is_some(), "--clip_g")] {
+                if given {
+                    return Err(not_supported(flag, "with a Wan model (it reads UMT5-XXL alone: --t5xxl)"));
+                }
+            }
+            match &p.t5xxl {
+                Some(t) => Out(b.core("clip", "--t5xxl", NodeSpec::new("CLIPLoader").with_const("clip_name", json!(t)).with_const("type", json!("wan"))), 0),
+                None => Out(from_ckpt("UMT5-XXL", "--t5xxl")?.clone(), 1),
             }
         }
         Family::Chroma => {
@@ -459,7 +516,7 @@ fn skip_layer_guidance(b: &mut Builder, p: &ImgGenParams, family: Family, model:
     }
     let list = |v: &[i64]| v.iter().map(i64::to_string).collect::<Vec<_>>().join(", ");
     let node = match family {
-        Family::ZImage | Family::Flux2 | Family::QwenImage => return Err(not_supported("--slg-scale", format!("with a {} model (skip-layer guidance runs on SD3, FLUX.1 and Chroma)", family_name(family)))),
+        Family::ZImage | Family::Flux2 | Family::QwenImage | Family::Wan => return Err(not_supported("--slg-scale", format!("with a {} model (skip-layer guidance runs on SD3, FLUX.1 and Chroma)", family_name(family)))),
         Family::Sd3 => NodeSpec::new("SkipLayerGuidanceSD3").with_input("model", link(model)).with_const("layers", json!(list(&s.layers))),
         _ => {
             let depth = p.model_info.double_blocks.unwrap_or(19) as i64;

@@ -75,7 +75,7 @@ impl Builder {
                     }
                 }
             }
-            if spec.class_type == "SaveImage" {
+            if spec.class_type == "SaveImage" || spec.class_type == "SaveVideoSdCpp" {
                 save_nodes.push(id.clone());
             }
             origins.insert(id.clone(), e.origin);

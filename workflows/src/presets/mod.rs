@@ -27,7 +27,7 @@ mod upscale;
 
 pub use adetailer::adetailer;
 pub use dit::ref_image_size;
-pub use params::{A1111Img2Img, AdetailerParams, ChromaParams, ControlUnit, Family, HiresParams, ImgGenParams, ModelInfo, RefOptions, SlgParams, TilingParams, RefinerParams, UpscaleParams, VariationParams};
+pub use params::{A1111Img2Img, AdetailerParams, ChromaParams, ControlUnit, Family, HiresParams, ImgGenParams, ModelInfo, RefOptions, SlgParams, TilingParams, RefinerParams, UpscaleParams, VariationParams, VideoParams};
 pub use upscale::upscale;
 
 /// Why a preset could not be built.
@@ -223,6 +223,24 @@ fn format_index(pattern: &str, index: i64) -> Result<Option<String>, PresetError
     Ok(found.then_some(out))
 }
 
+/// Whether `-o` holds a printf `%d` pattern (sd-cli then writes a video as numbered
+/// images).
+pub fn is_frame_pattern(output: &str) -> bool {
+    matches!(format_index(output, 0), Ok(Some(_)))
+}
+
+/// The file sd-cli writes a video of several frames to for `-o output`: `.avi` and
+/// `.webp` as given, any other extension (`.png`, none) replaced by `.avi`. `.webm`
+/// (VP8) is refused: sdflow writes no WebM yet.
+pub fn video_output(output: &str) -> Result<PathBuf, PresetError> {
+    let path = Path::new(output);
+    match path.extension().map(|e| e.to_string_lossy().to_ascii_lowercase()).as_deref() {
+        Some("avi" | "webp") => Ok(path.to_path_buf()),
+        Some("webm") => Err(not_supported(format!("-o {output}"), "WebM (VP8) video: write .avi or .webp")),
+        _ => Ok(path.with_extension("avi")),
+    }
+}
+
 /// The files sd-cli writes for `count` images and `-o output`: with a `%d` pattern, the
 /// pattern at `begin`, `begin+1`, ... (`begin` defaults to 0); without, `output` itself,
 /// then `stem_2.ext`, `stem_3.ext`, ... (`begin` defaults to 1), as sd-cli names a batch.
@@ -256,7 +274,7 @@ pub fn output_paths(output: &str, count: usize, begin: Option<i64>) -> Result<Ve
 pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
     match p.model_info.family {
         Family::Unet => sd::img_gen(p),
-        Family::Flux { .. } | Family::Chroma | Family::Sd3 | Family::ZImage | Family::Flux2 | Family::QwenImage => dit::img_gen(p),
+        Family::Flux { .. } | Family::Chroma | Family::Sd3 | Family::ZImage | Family::Flux2 | Family::QwenImage | Family::Wan => dit::img_gen(p),
     }
 }
 

@@ -262,6 +262,30 @@ pub struct ImgGenParams {
     /// `--qwen-image-layers` (3): Qwen-Image-Layered's layer count; it writes one image
     /// more (the composite first).
     pub qwen_image_layers: i64,
+    /// sd-cli's vid_gen mode: `--video-frames` and `--fps` (`None`: img_gen).
+    pub video: Option<VideoParams>,
+}
+
+/// What sd-cli's vid_gen mode adds to img_gen's flags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VideoParams {
+    /// `--video-frames` (1): rounded down to 4·k + 1, as sd.cpp aligns it.
+    pub frames: i64,
+    /// `--fps` (16): the written video's frame rate.
+    pub fps: i64,
+}
+
+impl Default for VideoParams {
+    fn default() -> Self {
+        VideoParams { frames: 1, fps: 16 }
+    }
+}
+
+impl VideoParams {
+    /// The frames sd.cpp makes of `--video-frames`: down to the nearest 4·k + 1 (at least 1).
+    pub fn aligned_frames(&self) -> i64 {
+        (self.frames.max(1) - 1) / 4 * 4 + 1
+    }
 }
 
 /// The diffusion model's family and what `-m` holds besides it.
@@ -323,6 +347,7 @@ impl ModelInfo {
             ModelFamily::ZImage => Family::ZImage,
             ModelFamily::Flux2 => Family::Flux2,
             ModelFamily::QwenImage => Family::QwenImage,
+            ModelFamily::Wan => Family::Wan,
             ModelFamily::Unknown => return None,
             _ => Family::Unet,
         };
@@ -357,6 +382,8 @@ pub enum Family {
     ZImage,
     Flux2,
     QwenImage,
+    /// Wan 2.1 / 2.2 video transformers (sd-cli's vid_gen).
+    Wan,
 }
 
 /// sd-cli's `--ref-image-args` keys beside `ref_index_mode` and `resize_before_vae`
@@ -487,6 +514,7 @@ impl Default for ImgGenParams {
             chroma: ChromaParams::default(),
             qwen_zero_cond_t: false,
             qwen_image_layers: 3,
+            video: None,
         }
     }
 }
