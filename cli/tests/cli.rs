@@ -97,6 +97,8 @@ const NOT_PRESETS: &[(&str, &str)] = &[
     ("qwen_image_edit_2509.json", "ComfyUI's Qwen-Image-Edit-2509 graph (TextEncodeQwenImageEditPlus); `img_gen … -r …` builds sd-cli's (SdCppTextEncodeQwenImageEdit)"),
     ("qwen_image_layered.json", "ComfyUI's Qwen-Image-Layered graph (the image at 0.4 megapixels, the latent at its size); `img_gen --diffusion-model qwen_image_layered… -r …` builds sd-cli's (the -r image resized to the output, its discrete schedule)"),
     ("z_image_base.json", "ComfyUI's Z-Image graph (res_multistep on the simple schedule); sd-cli's runs euler on its discrete schedule"),
+    ("wan_t2v.json", "ComfyUI's Wan 2.1 text-to-video graph (uni_pc on the simple schedule at shift 8, an animated WebP); `vid_gen --diffusion-model … --t5xxl … --video-frames …` builds sd-cli's (euler on its discrete schedule at shift 5, an AVI)"),
+    ("wan_i2v.json", "ComfyUI's Wan 2.1 image-to-video graph (WanImageToVideo with CLIP vision ViT-H, uni_pc at shift 8); sd-cli's -i with a Wan I2V model is not built yet"),
 ];
 
 #[test]

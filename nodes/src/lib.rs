@@ -78,6 +78,7 @@ pub fn register_all(registry: &mut Registry, rt: Arc<Runtime>) {
     conditioning::chroma::register(registry);
     conditioning::qwen::register(registry, &rt);
     conditioning::sdcpp::register(registry);
+    conditioning::wan::register(registry, &rt);
     image::latent::register(registry, &rt);
     sampling::register(registry, &rt);
     sampling::custom_sampling::register(registry, &rt);

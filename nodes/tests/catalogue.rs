@@ -50,7 +50,7 @@ const NOT_REGISTERED: &[(&str, &[&str])] = &[
             "SVD_img2vid_Conditioning", "TextEncodeHunyuanVideo_ImageToVideo", "UNetTemporalAttentionMultiply",
             "VideoLinearCFGGuidance", "VideoTriangleCFGGuidance", "Wan22FunControlToVideo", "Wan22ImageToVideoLatent", "WanAnimateToVideo",
             "WanCameraEmbedding", "WanCameraImageToVideo", "WanFirstLastFrameToVideo", "WanFunControlToVideo", "WanFunInpaintToVideo",
-            "WanHuMoImageToVideo", "WanImageToVideo", "WanPhantomSubjectToVideo", "WanSoundImageToVideo", "WanSoundImageToVideoExtend",
+            "WanHuMoImageToVideo", "WanPhantomSubjectToVideo", "WanSoundImageToVideo", "WanSoundImageToVideoExtend",
             "WanTrackToVideo", "WanVaceToVideo",
         ],
     ),

@@ -164,7 +164,7 @@ pub fn shrink(mut wf: Workflow, size: i64, steps: i64, image: Option<&str>) -> W
                 }
             }
             // Videos: `size`² frames, 5 of them (2 latent frames).
-            "EmptyHunyuanLatentVideo" => {
+            "EmptyHunyuanLatentVideo" | "WanImageToVideo" => {
                 set(&mut wf, "width", serde_json::json!(size));
                 set(&mut wf, "height", serde_json::json!(size));
                 set(&mut wf, "length", serde_json::json!(5));
@@ -597,12 +597,23 @@ pub fn write_qwen_image_models(root: &Path) {
 /// Tiny random-weight Wan 2.1 files under the names ComfyUI's templates use: the T2V
 /// transformer in the release's names (`diffusion_models/wan2.1_t2v_1.3B_fp16.safetensors`),
 /// UMT5 with its whole vocabulary in bf16 (`text_encoders/umt5_xxl_fp8_e4m3fn_scaled.safetensors`)
-/// and the Wan-2.1 VAE with its 5-D kernels (`vae/wan_2.1_vae.safetensors`).
+/// and the Wan-2.1 VAE with its 5-D kernels (`vae/wan_2.1_vae.safetensors`); the I2V
+/// transformer (`wan2.1_i2v_480p_14B_fp16.safetensors`) with the tiny CLIP vision tower it
+/// reads (`clip_vision/clip_vision_h.safetensors`).
 pub fn write_wan_models(root: &Path) {
     use sdflow_core::synth::dit::{wan_vae_tensors, T5Synth, WanSynth};
+    use sdflow_core::synth::ClipVisionSynth;
     let models = root.join("models");
     let w = WanSynth::tiny();
     write_once(&models.join("diffusion_models"), "wan2.1_t2v_1.3B_fp16.safetensors", &w.tensors(), &serde_json::to_string(&w).unwrap(), 71);
+    let vision = ClipVisionSynth::tiny();
+    let i2v = WanSynth { in_channels: 36, image_dim: Some(vision.hidden), ..w };
+    write_once(&models.join("diffusion_models"), "wan2.1_i2v_480p_14B_fp16.safetensors", &i2v.tensors(), &serde_json::to_string(&i2v).unwrap(), 74);
+    let cv = models.join("clip_vision/clip_vision_h.safetensors");
+    if !cv.exists() {
+        std::fs::create_dir_all(cv.parent().unwrap()).unwrap();
+        sdflow_core::synth::write_tensors(&cv, &vision.tensors().unwrap(), 75).unwrap();
+    }
     let t = T5Synth::tiny_umt5();
     let dir = models.join("text_encoders");
     std::fs::create_dir_all(&dir).unwrap();

@@ -102,3 +102,33 @@ fn bad_inputs_are_named() {
     let e = env.run_err(&kl);
     assert!(e.contains("frames") && e.contains("Wan VAE"), "{e}");
 }
+
+/// Image to video: the start image through CLIP vision and the VAE (WanImageToVideo) into
+/// a Wan I2V model's extra channels and image tokens; both matter, and a T2V model
+/// ignores neither silently.
+#[test]
+fn image_to_video_reads_the_start_image() {
+    let env = env();
+    sdflow_tests::write_test_png(&env.dir.path().join("input/input.png"), 72, 56);
+    let wf = env.workflow("wan_i2v.json", 32, 2);
+    let (w, h, frames, _, ui) = run_video(&env, &wf, "13");
+    assert_eq!((w, h, frames.len(), ui["animated"].clone()), (32, 32, 5, json!([true])));
+    let base = frames;
+    // Without CLIP vision, without the start image: other videos.
+    let mut no_clip = wf.clone();
+    no_clip.nodes.get_mut("9").unwrap().inputs.remove("clip_vision_output");
+    let e = env.run_err(&no_clip);
+    assert!(e.contains("CLIP-vision"), "an I2V model needs its image tokens: {e}");
+    let mut no_image = wf.clone();
+    no_image.nodes.get_mut("9").unwrap().inputs.remove("start_image");
+    assert_ne!(run_video(&env, &no_image, "13").2, base, "the start image matters");
+    for (node, input, v) in [("7", "text", json!("a red fox")), ("11", "seed", json!(3))] {
+        assert_ne!(run_video(&env, &with_input(&wf, node, input, v.clone()), "13").2, base, "{node}.{input} = {v}");
+    }
+    // The start frames' latent is for the size it was made at.
+    let mut sizes = wf.clone();
+    sizes.nodes.insert("20".into(), NodeSpec::new("EmptyHunyuanLatentVideo").with_input("width", InputValue::Const(json!(48))).with_input("height", InputValue::Const(json!(32))).with_input("length", InputValue::Const(json!(5))).with_input("batch_size", InputValue::Const(json!(1))));
+    sizes.set_input("11", "latent_image", link("20", 0)).unwrap();
+    let e = env.run_err(&sizes);
+    assert!(e.contains("start frames"), "{e}");
+}

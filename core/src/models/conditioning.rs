@@ -46,6 +46,34 @@ pub struct Conditioning {
     /// the prompt, `</s>` and `mask_pad` pads; the rest of T5's padding is hidden as
     /// keys); `None`: all of them.
     pub text_keys: Option<i64>,
+    /// Wan image to video (ComfyUI's `concat_latent_image` and `concat_mask`): what the
+    /// model reads beside the noisy latent.
+    pub video_image: Option<std::sync::Arc<VideoImage>>,
+    /// CLIP-vision penultimate states the model reads beside the text (ComfyUI's
+    /// `clip_vision_output` on a Wan I2V conditioning): [tokens][width].
+    pub image_tokens: Option<std::sync::Arc<ImageTokens>>,
+}
+
+/// A video's known frames for Wan I2V: their VAE latent over the whole video (grey where
+/// no frame is given) and which latent sub-frames are known.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VideoImage {
+    /// VAE space, [C][T][H][W].
+    pub latent: Vec<f32>,
+    pub channels: usize,
+    pub frames: usize,
+    pub height: usize,
+    pub width: usize,
+    /// [4][T][H][W], 1 where the video's frame is given (channel k of latent frame t
+    /// stands for video frame 4·t + k − 3, the first frame for all four).
+    pub known: Vec<f32>,
+}
+
+/// Image tokens beside a text: [tokens][width] row-major.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ImageTokens {
+    pub data: Vec<f32>,
+    pub width: usize,
 }
 
 /// A conditioning's distilled guidance.
@@ -152,7 +180,7 @@ impl Conditioning {
         if dim < 1 || tokens < 1 || data.len() as i64 != dim * tokens {
             return Err(ModelError::Input(format!("conditioning of {} values is not {tokens} tokens × {dim}", data.len())));
         }
-        Ok(Conditioning { data, dim, tokens, pooled: None, size: SizeCond::default(), guidance: Guidance::Default, references: Vec::new(), reference_method: None, text_keys: None })
+        Ok(Conditioning { data, dim, tokens, pooled: None, size: SizeCond::default(), guidance: Guidance::Default, references: Vec::new(), reference_method: None, text_keys: None, video_image: None, image_tokens: None })
     }
 
     /// The ADM vector `y` of `width` values for an image of `image_w`×`image_h` pixels:

@@ -208,6 +208,35 @@ fn decode_video(rt: &Runtime, ctx: &ExecContext<'_>, latent: &Latent, model: &Wa
     Ok(images)
 }
 
+/// The frames of `video` (an IMAGE batch, one video) encoded by a Wan VAE: the latent
+/// distribution's mean as [C][T][H][W] planes and its latent frame count T (the first
+/// frame alone, then 4 at a time; frames past the last whole group are dropped, as the
+/// reference drops them).
+pub(crate) fn encode_video(rt: &Runtime, ctx: &ExecContext<'_>, vae: &VaeRef, video: &Image) -> Result<(Vec<f32>, usize), NodeError> {
+    with_vae(rt, vae, |model| {
+        let AnyVae::Wan(m) = model else { return Err(NodeError::msg("encoding a video needs a Wan VAE (wan_2.1_vae.safetensors)")) };
+        let (w, h, c) = (video.width, video.height, video.channels);
+        if c < 3 || video.n == 0 {
+            return Err(NodeError::msg(format!("{} frames of {c} channels: a video to encode needs RGB frames", video.n)));
+        }
+        // Per frame: HWC in [0, 1] → CHW in [-1, 1].
+        let ic = m.config.image_channels as usize;
+        let mut data = Vec::with_capacity(video.n * ic * w * h);
+        for f in 0..video.n {
+            for ch in 0..ic {
+                data.extend((0..w * h).map(|p| if ch < c { video.data[(f * w * h + p) * c + ch] * 2.0 - 1.0 } else { 1.0 }));
+            }
+        }
+        let frames = Frames { data, ne: [w as i64, h as i64, ic as i64, video.n as i64] };
+        let out = rt.with_backend(Module::Vae, |b| m.encode_video(b, &frames, &mut |k, n| ctx.progress(k as u64, n as u64))).map_err(err)?;
+        let [lw, lh, z, t] = out.ne.map(|d| d as usize);
+        let plane = lw * lh;
+        // Frame after frame → [C][T] planes.
+        let latent = (0..z).flat_map(|k| (0..t).flat_map(move |f| (f * z + k) * plane..(f * z + k + 1) * plane)).map(|i| out.data[i]).collect();
+        Ok((latent, t))
+    })
+}
+
 /// ComfyUI's "VAE Decode" (and, with `tiled`, "VAE Decode (Tiled)"). Untiled decodes
 /// follow the runtime's tiling settings, including the retry in tiles when the whole
 /// image does not fit.

@@ -605,7 +605,8 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
                     rt.with_backend(Module::Diffusion, |b| den.denoise_batch(b, s, sigma, &batch)).map_err(err)
                 }
                 Den::Wan(den) => {
-                    let batch: Vec<WanItem<'_>> = items.iter().map(|it| WanItem { x: &it.x, cond: it.cond, concat: None, image: None }).collect();
+                    let concats = items.iter().map(|it| wan_concat(den.config(), it.cond, s, den.frames, &model.latent)).collect::<Result<Vec<_>, _>>()?;
+                    let batch: Vec<WanItem<'_>> = items.iter().zip(&concats).map(|(it, c)| WanItem { x: &it.x, cond: it.cond, concat: c.as_deref(), image: it.cond.image_tokens.as_ref().map(|t| &t.data[..]) }).collect();
                     rt.with_backend(Module::Diffusion, |b| den.denoise_batch(b, s, sigma, &batch)).map_err(err)
                 }
             }
@@ -744,6 +745,34 @@ pub(crate) fn batch_noise(rng: &mut dyn sdflow_core::sampling::rng::Rng, inds: &
         }
     }
     Ok(inds.iter().flat_map(|i| drawn[i].iter().copied()).collect())
+}
+
+/// The channels a Wan I2V model reads after the latent's `shape` of `frames` frames
+/// (ComfyUI's `WAN21.concat_cond`): the known-frames mask (4 per frame) and the start
+/// frames' latent in model space, for every sample; zeros without a WanImageToVideo;
+/// `None` for a model that reads none.
+fn wan_concat(c: &WanConfig, cond: &sdflow_core::models::conditioning::Conditioning, shape: [i64; 4], frames: usize, format: &crate::values::LatentFormat) -> Result<Option<Vec<f32>>, NodeError> {
+    let extra = (c.in_channels - c.out_channels) as usize;
+    if extra == 0 {
+        return Ok(None);
+    }
+    let [w, h, _, n] = shape.map(|d| d as usize);
+    let plane = w * h;
+    let per = match &cond.video_image {
+        None => vec![0.0; extra * frames * plane],
+        Some(v) => {
+            if (v.width, v.height, v.frames) != (w, h, frames) {
+                return Err(NodeError::msg(format!("WanImageToVideo's start frames are {}x{} latent pixels × {} frames; the latent sampled is {w}x{h} × {frames}", v.width, v.height, v.frames)));
+            }
+            if extra != 4 + v.channels {
+                return Err(NodeError::msg(format!("this Wan model reads {extra} image channels; WanImageToVideo gives 4 mask and {} latent channels", v.channels)));
+            }
+            let mut per = v.known.clone();
+            per.extend(format.to_model(&v.latent, plane * frames));
+            per
+        }
+    };
+    Ok(Some(per.repeat(n)))
 }
 
 /// The model a sampler runs: an SD UNet, a FLUX.1/Chroma or FLUX.2 transformer, an SD3
