@@ -98,6 +98,7 @@ const NOT_PRESETS: &[(&str, &str)] = &[
     ("qwen_image_layered.json", "ComfyUI's Qwen-Image-Layered graph (the image at 0.4 megapixels, the latent at its size); `img_gen --diffusion-model qwen_image_layered… -r …` builds sd-cli's (the -r image resized to the output, its discrete schedule)"),
     ("z_image_base.json", "ComfyUI's Z-Image graph (res_multistep on the simple schedule); sd-cli's runs euler on its discrete schedule"),
     ("wan_t2v.json", "ComfyUI's Wan 2.1 text-to-video graph (uni_pc on the simple schedule at shift 8, an animated WebP); `vid_gen --diffusion-model … --t5xxl … --video-frames …` builds sd-cli's (euler on its discrete schedule at shift 5, an AVI)"),
+    ("wan22_moe_t2v.json", "ComfyUI's Wan 2.2 A14B graph (two KSamplerAdvanced halves of the simple schedule at shift 8); `vid_gen … --high-noise-diffusion-model …` builds sd-cli's (its discrete schedule split at --moe-boundary, each expert's own CFG)"),
     ("wan_i2v.json", "ComfyUI's Wan 2.1 image-to-video graph (WanImageToVideo with CLIP vision ViT-H, uni_pc at shift 8); sd-cli's -i with a Wan I2V model is not built yet"),
 ];
 
@@ -1437,4 +1438,23 @@ fn vid_gen_writes_wan_videos_as_sd_cli_does() {
     assert_eq!(png_size(&dir.path().join("one.png")), (32, 32));
     let (_, err) = fails(&[&base[..], &["-i", "in.png", "--video-frames", "5"]].concat(), dir.path());
     assert!(err.contains("not supported yet: -i") && err.contains("Wan"), "{err}");
+    // Wan2.2's two experts: 1 high-noise step added to the 2, its own CFG scale; the
+    // low-noise expert goes on from its latent without adding noise.
+    let high = m("diffusion_models/wan2.2_t2v_high_noise_14B_fp16.safetensors");
+    let moe = [&base[..], &["--video-frames", "5", "--high-noise-diffusion-model", &high, "--high-noise-steps", "1", "--high-noise-cfg-scale", "3.5"]].concat();
+    let printed = ok(&[&moe[..], &["--print-workflow"]].concat(), dir.path());
+    let wf: serde_json::Value = serde_json::from_str(&printed).unwrap();
+    let customs: Vec<&serde_json::Value> = wf["nodes"].as_object().unwrap().values().filter(|n| n["class_type"] == "SamplerCustom").collect();
+    assert_eq!(customs.len(), 2, "{printed}");
+    let by_noise = |add: bool| customs.iter().find(|n| n["inputs"]["add_noise"] == add).unwrap_or_else(|| panic!("a pass with add_noise {add}: {printed}"));
+    assert_eq!((by_noise(true)["inputs"]["cfg"].as_f64(), by_noise(false)["inputs"]["cfg"].as_f64()), (Some(3.5), Some(5.0)));
+    assert!(printed.contains("wan2.2_t2v_high_noise_14B_fp16.safetensors"), "{printed}");
+    ok(&[&moe[..], &["-o", "moe.avi"]].concat(), dir.path());
+    let (_, moe_frames) = read_mjpg_avi(&dir.path().join("moe.avi"));
+    assert_eq!(moe_frames.len(), 5);
+    assert_ne!(moe_frames[0].as_raw(), avi[0].as_raw(), "the experts' video is another");
+    // The split from --moe-boundary when --high-noise-steps is not given.
+    ok(&[&base[..], &["--video-frames", "5", "--high-noise-diffusion-model", &high, "--moe-boundary", "0.9", "-o", "moe_b.avi"]].concat(), dir.path());
+    let (_, err) = fails(&[&moe[..], &["--moe-boundary", "2"]].concat(), dir.path());
+    assert!(err.contains("--moe-boundary"), "{err}");
 }

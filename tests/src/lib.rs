@@ -597,7 +597,8 @@ pub fn write_qwen_image_models(root: &Path) {
 /// Tiny random-weight Wan 2.1 files under the names ComfyUI's templates use: the T2V
 /// transformer in the release's names (`diffusion_models/wan2.1_t2v_1.3B_fp16.safetensors`),
 /// UMT5 with its whole vocabulary in bf16 (`text_encoders/umt5_xxl_fp8_e4m3fn_scaled.safetensors`)
-/// and the Wan-2.1 VAE with its 5-D kernels (`vae/wan_2.1_vae.safetensors`); the I2V
+/// and the Wan-2.1 VAE with its 5-D kernels (`vae/wan_2.1_vae.safetensors`); Wan 2.2
+/// A14B's high- and low-noise experts (`wan2.2_t2v_{high,low}_noise_14B_fp16.safetensors`); the I2V
 /// transformer (`wan2.1_i2v_480p_14B_fp16.safetensors`) with the tiny CLIP vision tower it
 /// reads (`clip_vision/clip_vision_h.safetensors`).
 pub fn write_wan_models(root: &Path) {
@@ -606,6 +607,9 @@ pub fn write_wan_models(root: &Path) {
     let models = root.join("models");
     let w = WanSynth::tiny();
     write_once(&models.join("diffusion_models"), "wan2.1_t2v_1.3B_fp16.safetensors", &w.tensors(), &serde_json::to_string(&w).unwrap(), 71);
+    // Wan 2.2 A14B's two experts: the T2V architecture, other weights each.
+    write_once(&models.join("diffusion_models"), "wan2.2_t2v_high_noise_14B_fp16.safetensors", &w.tensors(), &serde_json::to_string(&w).unwrap(), 76);
+    write_once(&models.join("diffusion_models"), "wan2.2_t2v_low_noise_14B_fp16.safetensors", &w.tensors(), &serde_json::to_string(&w).unwrap(), 77);
     let vision = ClipVisionSynth::tiny();
     let i2v = WanSynth { in_channels: 36, image_dim: Some(vision.hidden), ..w };
     write_once(&models.join("diffusion_models"), "wan2.1_i2v_480p_14B_fp16.safetensors", &i2v.tensors(), &serde_json::to_string(&i2v).unwrap(), 74);

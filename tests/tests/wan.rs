@@ -132,3 +132,18 @@ fn image_to_video_reads_the_start_image() {
     let e = env.run_err(&sizes);
     assert!(e.contains("start frames"), "{e}");
 }
+
+/// Wan 2.2's two experts: the high-noise model's steps hand a noisy latent to the
+/// low-noise model; each expert's weights shape the video.
+#[test]
+fn two_experts_share_the_schedule() {
+    let env = env();
+    let wf = env.workflow("wan22_moe_t2v.json", 32, 4);
+    let (_, _, frames, _, _) = run_video(&env, &wf, "13");
+    assert_eq!(frames.len(), 5);
+    let base = frames;
+    // The shrunk workflow splits its 4 steps at 2: each expert runs.
+    for (node, input, v) in [("1", "unet_name", json!("wan2.1_t2v_1.3B_fp16.safetensors")), ("2", "unet_name", json!("wan2.1_t2v_1.3B_fp16.safetensors"))] {
+        assert_ne!(run_video(&env, &with_input(&wf, node, input, v.clone()), "13").2, base, "{node}.{input} = {v}");
+    }
+}

@@ -14,7 +14,6 @@ use crate::run;
 /// "unknown"), refused when given.
 const REFUSED: &[(&str, bool, &str)] = &[
     ("clip_vision", true, "the models that take --clip_vision (Wan image-to-video, unCLIP) are not implemented; IP-Adapter's image encoder is a workflow node (CLIPVisionLoader)"),
-    ("high-noise-diffusion-model", true, "Wan2.2 MoE models are not implemented"),
     ("force-sdxl-vae-conv-scale", false, "sdflow's VAE convolutions run in f32 or bf16 with f32 sums, where the fp16 overflow this works around does not arise"),
     ("mmap", false, "model files are always memory-mapped when the format allows"),
     ("auto-fit", false, "placement from model sizes is not implemented; --backend, --params-backend and --max-vram place modules"),
@@ -24,17 +23,12 @@ const REFUSED: &[(&str, bool, &str)] = &[
     ("rpc-servers", true, "ggml's RPC backend is not built"),
     ("end-img", true, "Wan first-last-frame to video is not implemented (text to video is)"),
     ("control-video", true, "Wan VACE is not implemented (text to video is)"),
-    ("high-noise-steps", true, "Wan2.2 MoE models are not implemented"),
-    ("high-noise-cfg-scale", true, "Wan2.2 MoE models are not implemented"),
-    ("high-noise-img-cfg-scale", true, "Wan2.2 MoE models are not implemented"),
-    ("high-noise-guidance", true, "Wan2.2 MoE models are not implemented"),
-    ("high-noise-slg-scale", true, "Wan2.2 MoE models are not implemented"),
-    ("high-noise-skip-layer-start", true, "Wan2.2 MoE models are not implemented"),
-    ("high-noise-skip-layer-end", true, "Wan2.2 MoE models are not implemented"),
-    ("high-noise-eta", true, "Wan2.2 MoE models are not implemented"),
-    ("high-noise-sampling-method", true, "Wan2.2 MoE models are not implemented"),
-    ("high-noise-skip-layers", true, "Wan2.2 MoE models are not implemented"),
-    ("moe-boundary", true, "Wan2.2 MoE models are not implemented"),
+    ("high-noise-img-cfg-scale", true, "the high-noise expert samples with --high-noise-cfg-scale alone (no image CFG: image to video is not built)"),
+    ("high-noise-guidance", true, "Wan takes no distilled guidance"),
+    ("high-noise-slg-scale", true, "skip-layer guidance runs on SD3, FLUX.1 and Chroma, not on Wan's experts"),
+    ("high-noise-skip-layer-start", true, "skip-layer guidance runs on SD3, FLUX.1 and Chroma, not on Wan's experts"),
+    ("high-noise-skip-layer-end", true, "skip-layer guidance runs on SD3, FLUX.1 and Chroma, not on Wan's experts"),
+    ("high-noise-skip-layers", true, "skip-layer guidance runs on SD3, FLUX.1 and Chroma, not on Wan's experts"),
     ("vace-strength", true, "Wan VACE is not implemented"),
     ("timestep-shift", true, "NitroFusion timestep shifting is not implemented"),
     ("cache-mode", true, "step caching (easycache, ucache, cache-dit) is not implemented"),
@@ -486,6 +480,25 @@ pub struct ImgGenArgs {
     /// Frames per second of the written video (vid_gen).
     #[arg(long, value_name = "int", default_value_t = 16, allow_negative_numbers = true)]
     pub fps: i64,
+    /// Wan2.2 MoE: the high-noise expert, which samples the first steps (vid_gen).
+    #[arg(long, value_name = "string")]
+    pub high_noise_diffusion_model: Option<String>,
+    /// Steps of the high-noise expert, added to --steps (<= 0: the steps whose sigma is at
+    /// least --moe-boundary).
+    #[arg(long, value_name = "int", default_value_t = -1, allow_negative_numbers = true)]
+    pub high_noise_steps: i64,
+    /// CFG scale of the high-noise expert's steps.
+    #[arg(long, value_name = "float", default_value_t = 7.0)]
+    pub high_noise_cfg_scale: f64,
+    /// Sampling method of the high-noise expert's steps (default: euler).
+    #[arg(long, value_name = "string")]
+    pub high_noise_sampling_method: Option<String>,
+    /// Eta of the high-noise expert's sampler.
+    #[arg(long, value_name = "float", allow_negative_numbers = true)]
+    pub high_noise_eta: Option<f64>,
+    /// The sigma below which the low-noise expert takes over (with --high-noise-steps <= 0).
+    #[arg(long, value_name = "float", default_value_t = 0.875)]
+    pub moe_boundary: f64,
     /// Reference image options, `key=value,...`: preset (flux_kontext, flux2, qwen,
     /// qwen_layered), ref_index_mode (fixed, increase, decrease), resize_before_vae, vae_input_max_pixels,
     /// pass_to_vlm, pass_to_dit, vlm_resize_mode (area, longest_side, none), vlm_min_size,

@@ -436,7 +436,11 @@ pub fn vid_gen_command(v: VidGenArgs) -> anyhow::Result<()> {
     if !(1..=1000).contains(&a.fps) {
         bail!("invalid value for --fps: {} (it must be in 1..=1000)", a.fps);
     }
-    let video = presets::VideoParams { frames: a.video_frames, fps: a.fps };
+    let high_noise = |names: &mut Names<'_>| -> anyhow::Result<Option<presets::HighNoiseParams>> {
+        let Some(model) = names.model("diffusion_models", "--high-noise-diffusion-model", &a.high_noise_diffusion_model)? else { return Ok(None) };
+        Ok(Some(presets::HighNoiseParams { model, steps: a.high_noise_steps, cfg_scale: a.high_noise_cfg_scale, sampling_method: a.high_noise_sampling_method.clone(), eta: a.high_noise_eta, boundary: a.moe_boundary }))
+    };
+    let video = presets::VideoParams { frames: a.video_frames, fps: a.fps, high_noise: None };
     let output = &a.sampling.output;
     a.sampling.output = if presets::is_frame_pattern(output) {
         check_output(output)?;
@@ -451,7 +455,10 @@ pub fn vid_gen_command(v: VidGenArgs) -> anyhow::Result<()> {
     if probe.info.family != presets::Family::Wan {
         bail!("not supported yet: vid_gen with this model (Wan text-to-video models are; give one with --diffusion-model or -m)");
     }
-    let params = |names: &mut Names<'_>| -> anyhow::Result<ImgGenParams> { Ok(ImgGenParams { video: Some(video), ..img_gen_params(&a, &probe, seed, names)? }) };
+    let params = |names: &mut Names<'_>| -> anyhow::Result<ImgGenParams> {
+        let video = presets::VideoParams { high_noise: high_noise(names)?, ..video.clone() };
+        Ok(ImgGenParams { video: Some(video), ..img_gen_params(&a, &probe, seed, names)? })
+    };
     let shown = presets::img_gen(&params(&mut Names::Shown)?)?;
     finish(shown, &a.common, &a.sampling.output, a.sampling.output_begin_idx, |stage| Ok(presets::img_gen(&params(&mut Names::Staged(stage))?)?))
 }

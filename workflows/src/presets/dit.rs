@@ -235,7 +235,7 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
         (Family::Flux { fill: true, .. }, _, _) => return Err(PresetError::Missing { flag: "--mask".into(), msg: "a FLUX.1 Fill model inpaints: give -i and --mask".into() }),
         (Family::Wan, Some(_), _) => return Err(not_supported("-i", "with a Wan model (image to video, FLF2V and VACE are not implemented yet; text to video is)")),
         (Family::Wan, None, _) => {
-            let frames = p.video.unwrap_or_default().aligned_frames();
+            let frames = p.video.clone().unwrap_or_default().aligned_frames();
             let empty = NodeSpec::new("EmptyHunyuanLatentVideo").with_const("width", json!(p.width)).with_const("height", json!(p.height)).with_const("length", json!(frames)).with_const("batch_size", json!(p.batch_count));
             let key = b.core("latent", "--video-frames", empty);
             (Out(key, 0), 1.0, "Text to video".to_string(), empty_description.to_string())
@@ -277,14 +277,24 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
     };
     let origin = if p.sigmas.is_some() { "--sigmas" } else { "img_gen" };
     let sigmas = custom.as_deref().map(|list| if p.init_img.is_some() { CustomSigmas::Strength(list, denoise) } else { CustomSigmas::Whole(list) });
-    let mut sampled = Out(sample_pass(&mut b, "sampler", origin, &sampling, &model, p.steps, sigmas, denoise, &pos, &neg, &latent), 0);
+    let high_noise = p.video.as_ref().and_then(|v| v.high_noise.as_ref());
+    let mut sampled = match high_noise {
+        Some(h) => {
+            let ctx = MoeContext { shift, pos: &pos, neg: &neg, latent: &latent };
+            let out = moe_passes(&mut b, p, h, &sampling, &model, &ctx)?;
+            title.push_str(", two experts");
+            description.push_str(" A Wan2.2 MoE: the high-noise expert (--high-noise-diffusion-model) samples the schedule's first steps at --high-noise-cfg-scale and hands its noisy latent on, the --diffusion-model expert samples the rest without adding noise.");
+            out
+        }
+        None => Out(sample_pass(&mut b, "sampler", origin, &sampling, &model, p.steps, sigmas, denoise, &pos, &neg, &latent), 0),
+    };
     if p.model_info.qwen_layered {
         // sd.cpp decodes each frame as an image.
         let cut = NodeSpec::new("LatentCutToBatch").with_input("samples", link(&sampled)).with_const("dim", json!("t")).with_const("slice_size", json!(1));
         sampled = Out(b.core("frames", "--qwen-image-layers", cut), 0);
     }
     let image = stage.decode(&mut b, &sampled);
-    if let (Family::Wan, Some(v)) = (family, p.video) {
+    if let (Family::Wan, Some(v)) = (family, &p.video) {
         if v.aligned_frames() > 1 && !super::is_frame_pattern(&p.output) {
             return video_tail(b, p, v, image, title, description);
         }
@@ -293,9 +303,63 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
     Ok(b.finish(title, description))
 }
 
+/// What the two expert passes of a Wan2.2 MoE share with the rest of the graph.
+struct MoeContext<'a> {
+    shift: FlowShift,
+    pos: &'a Out,
+    neg: &'a Out,
+    latent: &'a Out,
+}
+
+/// sd.cpp's Wan2.2 MoE sampling: one discrete schedule of `--steps` + `--high-noise-steps`
+/// steps (or `--steps`, split where σ falls below `--moe-boundary`), its first part
+/// sampled by the high-noise expert (its own CFG scale and sampler, noise added once), the
+/// rest by the low-noise one from that latent.
+fn moe_passes(b: &mut Builder, p: &ImgGenParams, h: &super::HighNoiseParams, s: &Sampling<'_>, low: &Out, m: &MoeContext<'_>) -> Result<Out, PresetError> {
+    if p.sigmas.is_some() || p.init_img.is_some() || p.scheduler.as_deref().is_some_and(|s| s != "discrete") {
+        return Err(not_supported("--high-noise-diffusion-model", "with --sigmas, -i or a --scheduler other than discrete (the experts split sd.cpp's discrete schedule)"));
+    }
+    if !(h.boundary.is_finite() && (0.0..=1.0).contains(&h.boundary)) {
+        return Err(invalid("--moe-boundary", format!("{} is outside 0..=1", h.boundary)));
+    }
+    let total = p.steps + h.steps.max(0);
+    let schedule = discrete_schedule(total as usize, m.shift);
+    let split = if h.steps > 0 { h.steps as usize } else { schedule.iter().position(|&s| (s as f64) < h.boundary).unwrap_or(schedule.len() - 1) };
+    let high_model = Out(b.core("high_noise_unet", "--high-noise-diffusion-model", NodeSpec::new("UNETLoader").with_const("unet_name", json!(h.model)).with_const("weight_dtype", json!("default"))), 0);
+    let shift = match m.shift {
+        FlowShift::Snr(v) => v,
+        other => return Err(invalid("--flow-shift", format!("{other:?}: Wan's experts take a plain shift"))),
+    };
+    let high_model = Out(b.core("high_noise_model_sampling", "--high-noise-diffusion-model", NodeSpec::new("ModelSamplingSD3").with_input("model", link(&high_model)).with_const("shift", json!(short_f64(shift as f32)))), 0);
+    let sampler = workflow_sampler_name(h.sampling_method.as_deref().unwrap_or("euler")).to_string();
+    let high = Sampling { cfg: h.cfg_scale, sampler: &sampler, eta: h.eta, ..*s };
+    let mut latent = m.latent.clone();
+    if split > 0 {
+        latent = Out(sample_pass(b, "high_noise_sampler", "--high-noise-steps", &high, &high_model, split as i64, Some(CustomSigmas::Whole(&schedule[..=split])), 1.0, m.pos, m.neg, &latent), 0);
+    }
+    if split + 1 < schedule.len() {
+        let rest = &schedule[split..];
+        let (select, origin) = s.sampler_node(s.sampler);
+        let select = b.extra("sampler_select", origin, select);
+        let sigmas = b.extra("sampler_sigmas", "--steps", manual_sigmas(rest));
+        let node = NodeSpec::new("SamplerCustom")
+            .with_input("model", link(low))
+            .with_const("add_noise", json!(split == 0))
+            .with_const("noise_seed", json!(s.seed))
+            .with_const("cfg", json!(s.cfg))
+            .with_input("positive", link(m.pos))
+            .with_input("negative", link(m.neg))
+            .with_input("sampler", InputValue::link(select, 0))
+            .with_input("sigmas", InputValue::link(sigmas, 0))
+            .with_input("latent_image", link(&latent));
+        latent = Out(b.core("sampler", "--diffusion-model", s.with_rng(node)), 0);
+    }
+    Ok(latent)
+}
+
 /// The end of sd-cli's vid_gen graph for several frames: the decoded frames written as
 /// one video file, `.avi` (Motion-JPEG) or `.webp` as `-o` says, at `--fps`.
-fn video_tail(mut b: Builder, p: &ImgGenParams, v: super::VideoParams, frames: Out, title: String, description: String) -> Result<Preset, PresetError> {
+fn video_tail(mut b: Builder, p: &ImgGenParams, v: &super::VideoParams, frames: Out, title: String, description: String) -> Result<Preset, PresetError> {
     for (given, flag) in [(p.ad_model.is_some(), "--ad-model"), (p.upscale_model.is_some(), "--upscale-model"), (b.paste.is_some(), "--mask")] {
         if given {
             return Err(not_supported(flag, "in the vid_gen mode"));

@@ -94,6 +94,7 @@ pub(super) fn text_encode(text: &str, clip: &Out, title: &str) -> NodeSpec {
 
 /// What every sampling pass of a preset shares: `-s`, `--cfg-scale`, the sampler and
 /// scheduler (workflow names), `--rng` and `--eta`.
+#[derive(Clone, Copy)]
 pub(super) struct Sampling<'a> {
     pub(super) seed: i64,
     pub(super) cfg: f64,

@@ -267,17 +267,34 @@ pub struct ImgGenParams {
 }
 
 /// What sd-cli's vid_gen mode adds to img_gen's flags.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct VideoParams {
     /// `--video-frames` (1): rounded down to 4·k + 1, as sd.cpp aligns it.
     pub frames: i64,
     /// `--fps` (16): the written video's frame rate.
     pub fps: i64,
+    /// Wan2.2 MoE: `--high-noise-diffusion-model` and its sampling flags.
+    pub high_noise: Option<HighNoiseParams>,
+}
+
+/// Wan2.2's high-noise expert: it samples the schedule's first steps, the model of
+/// `--diffusion-model` the rest.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HighNoiseParams {
+    pub model: String,
+    /// `--high-noise-steps` (-1): steps added to `--steps`; <= 0: the steps whose sigma is
+    /// at least `boundary`.
+    pub steps: i64,
+    pub cfg_scale: f64,
+    pub sampling_method: Option<String>,
+    pub eta: Option<f64>,
+    /// `--moe-boundary` (0.875).
+    pub boundary: f64,
 }
 
 impl Default for VideoParams {
     fn default() -> Self {
-        VideoParams { frames: 1, fps: 16 }
+        VideoParams { frames: 1, fps: 16, high_noise: None }
     }
 }
 
