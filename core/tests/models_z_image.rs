@@ -158,10 +158,12 @@ fn runs_on_quantized_weights() {
     // Within Q8_0's error of the f32 model (outputs reach ±7.5 here) ...
     let err = max_abs_err(&q, &floats(&r["out"]));
     assert!(err <= 0.5, "max abs error {err} against f32");
-    // ... and the pad tokens read as the same rows as when they stay f32.
+    // ... and the pad tokens read as the same rows as when they stay f32 (within their own
+    // Q8_0 rounding, which the CPU's quantized kernels carry differently: 0.02–0.08 here;
+    // reading a pad token's blocks as raw values is off by whole units).
     let wf = load("pad_token=f32");
     let err = max_abs_err(&q, &run(&wf, config(&wf)).unwrap());
-    assert!(err <= 0.05, "max abs error {err} against f32 pad tokens");
+    assert!(err <= 0.25, "max abs error {err} against f32 pad tokens");
 }
 
 #[test]

@@ -49,7 +49,7 @@ const NOT_REGISTERED: &[(&str, &[&str])] = &[
             "ModelMergeCosmosPredict2_2B", "ModelMergeLTXV", "ModelMergeMochiPreview", "ModelMergeWAN2_1", "ModelSamplingLTXV",
             "SVD_img2vid_Conditioning", "TextEncodeHunyuanVideo_ImageToVideo", "UNetTemporalAttentionMultiply",
             "VideoLinearCFGGuidance", "VideoTriangleCFGGuidance", "Wan22FunControlToVideo", "Wan22ImageToVideoLatent", "WanAnimateToVideo",
-            "WanCameraEmbedding", "WanCameraImageToVideo", "WanFirstLastFrameToVideo", "WanFunControlToVideo", "WanFunInpaintToVideo",
+            "WanCameraEmbedding", "WanCameraImageToVideo", "WanFunControlToVideo", "WanFunInpaintToVideo",
             "WanHuMoImageToVideo", "WanPhantomSubjectToVideo", "WanSoundImageToVideo", "WanSoundImageToVideoExtend",
             "WanTrackToVideo", "WanVaceToVideo",
         ],

@@ -244,6 +244,7 @@ pub fn mime_of(name: &str) -> &'static str {
         "wav" => "audio/wav",
         "mp4" => "video/mp4",
         "webm" => "video/webm",
+        "avi" => "video/x-msvideo",
         _ => "application/octet-stream",
     }
 }

@@ -164,7 +164,7 @@ pub fn shrink(mut wf: Workflow, size: i64, steps: i64, image: Option<&str>) -> W
                 }
             }
             // Videos: `size`² frames, 5 of them (2 latent frames).
-            "EmptyHunyuanLatentVideo" | "WanImageToVideo" => {
+            "EmptyHunyuanLatentVideo" | "WanImageToVideo" | "WanFirstLastFrameToVideo" => {
                 set(&mut wf, "width", serde_json::json!(size));
                 set(&mut wf, "height", serde_json::json!(size));
                 set(&mut wf, "length", serde_json::json!(5));
@@ -613,6 +613,9 @@ pub fn write_wan_models(root: &Path) {
     let vision = ClipVisionSynth::tiny();
     let i2v = WanSynth { in_channels: 36, image_dim: Some(vision.hidden), ..w };
     write_once(&models.join("diffusion_models"), "wan2.1_i2v_480p_14B_fp16.safetensors", &i2v.tensors(), &serde_json::to_string(&i2v).unwrap(), 74);
+    // FLF2V: positions for a start and an end image's tokens.
+    let flf = WanSynth { image_positions: 2 * vision.tokens(), ..i2v.clone() };
+    write_once(&models.join("diffusion_models"), "wan2.1_flf2v_720p_14B_fp16.safetensors", &flf.tensors(), &serde_json::to_string(&flf).unwrap(), 78);
     let cv = models.join("clip_vision/clip_vision_h.safetensors");
     if !cv.exists() {
         std::fs::create_dir_all(cv.parent().unwrap()).unwrap();

@@ -237,11 +237,13 @@ fn layered_decomposes_an_image_into_rgba_layers() {
 fn layered_latents_are_named_where_they_do_not_fit() {
     let env = env();
     let wf = with_input(&env.workflow("qwen_image_layered.json", 32, 1), "5", "megapixels", json!(0.01));
-    // Frames decoded without cutting them into a batch.
+    // Frames decoded without cutting them into a batch: the Wan VAE reads them as a
+    // video's latent frames, as ComfyUI's VAEDecode does (4 latent frames: 13 frames).
     let mut uncut = wf.clone();
     uncut.set_input("16", "samples", link("14", 0)).unwrap();
-    let e = env.run_err(&uncut);
-    assert!(e.contains("4 frames") && e.contains("LatentCutToBatch"), "{e}");
+    let opts = sdflow_executor::RunOptions { output_dir: Some(env.out.clone()), ..Default::default() };
+    let report = env.exec.run(&uncut, &sdflow_executor::NullSink, &sdflow_executor::CancelToken::new(), &opts).unwrap();
+    assert_eq!(report.ui_outputs["17"]["images"].as_array().unwrap().len(), 13);
     // A plain Qwen-Image model given the layered latent.
     let e = env.run_err(&with_input(&wf, "1", "unet_name", json!("qwen_image_bf16.safetensors")));
     assert!(e.contains("only Qwen-Image-Layered"), "{e}");

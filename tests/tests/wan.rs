@@ -147,3 +147,24 @@ fn two_experts_share_the_schedule() {
         assert_ne!(run_video(&env, &with_input(&wf, node, input, v.clone()), "13").2, base, "{node}.{input} = {v}");
     }
 }
+
+/// First and last frame: both images' CLIP-vision states (with the FLF2V model's learned
+/// positions) and the video's two ends through the VAE; the end image matters.
+#[test]
+fn first_last_frame_reads_both_ends() {
+    let env = env();
+    sdflow_tests::write_test_png(&env.dir.path().join("input/input.png"), 72, 56);
+    std::fs::write(env.dir.path().join("input/last.png"), std::fs::read(env.dir.path().join("input/input.png")).unwrap()).unwrap();
+    let wf = env.workflow("wan_flf2v.json", 32, 2);
+    let (w, h, frames, _, _) = run_video(&env, &wf, "15");
+    assert_eq!((w, h, frames.len()), (32, 32, 5));
+    // Another last frame (the first flipped), or none: other videos.
+    let mut flipped = wf.clone();
+    flipped.nodes.insert("20".into(), NodeSpec::new("ImageInvert").with_input("image", link("6", 0)));
+    flipped.set_input("11", "end_image", link("20", 0)).unwrap();
+    assert_ne!(run_video(&env, &flipped, "15").2, frames, "the end image matters");
+    let mut start_only = wf.clone();
+    start_only.nodes.get_mut("11").unwrap().inputs.remove("end_image");
+    start_only.nodes.get_mut("11").unwrap().inputs.remove("clip_vision_end_image");
+    assert_ne!(run_video(&env, &start_only, "15").2, frames);
+}

@@ -83,6 +83,7 @@ fn env() -> Env {
     sdflow_tests::write_z_image_models(dir.path());
     sdflow_tests::write_flux2_models(dir.path());
     sdflow_tests::write_qwen_image_models(dir.path());
+    sdflow_tests::write_wan_models(dir.path());
     let rt = Arc::new(Runtime::new(dir.path().join("models"), &out, 2, None).unwrap().with_input_dir(&input));
     let mut reg = Registry::new();
     stub::register(&mut reg);

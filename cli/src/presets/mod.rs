@@ -343,6 +343,9 @@ pub fn img_gen_command(a: ImgGenArgs) -> anyhow::Result<()> {
         bail!("not supported yet: --tensor-type-rules {r} (loading applies --type only; `sdflow convert` takes rules)");
     }
     check_output(&a.sampling.output)?;
+    if let Some(h) = &a.high_noise_diffusion_model {
+        bail!("not supported yet: --high-noise-diffusion-model {h} in the img_gen mode (Wan2.2's experts run in vid_gen)");
+    }
     if let (Some(_), Some(st)) = (a.img_cfg_scale, a.strength) {
         bail!("not supported yet: --strength {st} with --img-cfg-scale (instruct-pix2pix samples from noise, strength 1)");
     }

@@ -540,12 +540,15 @@ pub struct WanSynth {
     pub text_dim: usize,
     /// CLIP-vision token width (I2V).
     pub image_dim: Option<usize>,
+    /// FLF2V: learned positions of the start and end images' tokens (0: none).
+    #[serde(default)]
+    pub image_positions: usize,
 }
 
 impl WanSynth {
     /// Wan2.1 T2V 1.3B.
     pub fn t2v_1_3b() -> Self {
-        WanSynth { in_channels: 16, out_channels: 16, dim: 1536, ffn: 8960, layers: 30, text_dim: 4096, image_dim: None }
+        WanSynth { in_channels: 16, out_channels: 16, dim: 1536, ffn: 8960, layers: 30, text_dim: 4096, image_dim: None, image_positions: 0 }
     }
 
     /// Two blocks of one 128-wide head (the head width every Wan model has), reading
@@ -593,6 +596,9 @@ impl WanSynth {
                 s.bias(format!("{norm}.bias"), n);
             }
             s.linear("img_emb.proj.1", id, id, true);
+            if self.image_positions > 0 {
+                s.push("img_emb.emb_pos".into(), vec![1, self.image_positions, id], Init::Normal { mean: 0.0, std: 0.1 });
+            }
             s.linear("img_emb.proj.3", id, d, true);
         }
         s.0

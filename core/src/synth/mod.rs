@@ -1071,7 +1071,12 @@ impl ClipVisionSynth {
         ClipVisionSynth { hidden: 32, layers: 2, intermediate: 64, patch: 32, image_size: 224, projection_dim: 32 }
     }
 
-    pub fn tensors(&self) -> Result<Vec<TensorSpec>, SynthError> {
+/// Tokens per image: the patch grid and the class token.
+    pub fn tokens(&self) -> usize {
+        (self.image_size / self.patch).pow(2) + 1
+    }
+
+        pub fn tensors(&self) -> Result<Vec<TensorSpec>, SynthError> {
         if self.hidden == 0 || self.layers < 2 || self.patch == 0 || !self.image_size.is_multiple_of(self.patch) || self.projection_dim == 0 {
             return Err(SynthError::Config(format!("clip vision: {self:?}")));
         }

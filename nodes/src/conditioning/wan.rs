@@ -35,6 +35,7 @@ pub(crate) fn encode(rt: &Runtime, clip: &ClipRef, text: &str) -> Result<Conditi
 
 pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
     registry.register(Arc::new(WanImageToVideo { rt: rt.clone() }));
+    registry.register(Arc::new(WanFirstLastFrameToVideo { rt: rt.clone() }));
 }
 
 /// ComfyUI's "WanImageToVideo": an empty video latent, and on both conditionings the
@@ -78,34 +79,13 @@ impl Node for WanImageToVideo {
         latent.frames = frames;
         let mut positive = inputs.downcast::<CondList>("positive")?.clone();
         let mut negative = inputs.downcast::<CondList>("negative")?.clone();
-        let video_image = match inputs.contains("start_image").then(|| inputs.downcast::<Image>("start_image")).transpose()? {
+        let start = inputs.contains("start_image").then(|| inputs.downcast::<Image>("start_image")).transpose()?;
+        let video_image = match start {
             Some(start) => {
-                let vae = inputs.downcast::<VaeRef>("vae")?;
-                let (w, h, length) = (w as usize, h as usize, length as usize);
-                let given = start.n.min(length);
-                let scaled = scale_image(start, w, h, Method::Bilinear, true);
-                // The video: the start frames, then grey.
-                let c = scaled.channels;
-                let mut data = vec![0.5f32; length * h * w * 3];
-                for f in 0..given {
-                    for p in 0..w * h {
-                        for k in 0..3 {
-                            data[(f * w * h + p) * 3 + k] = scaled.data[(f * w * h + p) * c + k.min(c - 1)];
-                        }
-                    }
-                }
-                let video = Image { data, n: length, height: h, width: w, channels: 3 };
-                let (encoded, t) = encode_video(&self.rt, ctx, vae, &video)?;
-                if t != frames {
-                    return Err(NodeError::msg(format!("the VAE made {t} latent frames of {length} video frames; the latent has {frames}")));
-                }
-                let (lw, lh) = (w / 8, h / 8);
-                let plane = lw * lh;
-                // Latent frames holding a given frame are known (ComfyUI's concat_mask 0
-                // there), all four sub-frames alike.
-                let known_frames = (given - 1) / 4 + 1;
-                let known: Vec<f32> = (0..4).flat_map(|_| (0..frames).flat_map(move |f| std::iter::repeat_n(if f < known_frames { 1.0 } else { 0.0 }, plane))).collect();
-                Some(Arc::new(VideoImage { latent: encoded, channels: 16, frames, height: lh, width: lw, known }))
+                // Latent frames holding a given frame are known, all four sub-frames
+                // alike (ComfyUI's one-channel concat_mask).
+                let known_frames = (start.n.min(length as usize) - 1) / 4 + 1;
+                Some(video_image(&self.rt, ctx, inputs.downcast::<VaeRef>("vae")?, [w, h, length], Some(start), None, |sub| sub / 4 < known_frames)?)
             }
             None => None,
         };
@@ -113,23 +93,137 @@ impl Node for WanImageToVideo {
             Some(o) => Some(Arc::new(ImageTokens { data: o.penultimate[..o.tokens * o.hidden].to_vec(), width: o.hidden })),
             None => None,
         };
-        for list in [&mut positive, &mut negative] {
-            *list = CondList(
-                list.0
-                    .iter()
-                    .map(|e| {
-                        let mut c = (*e.cond).clone();
-                        if video_image.is_some() {
-                            c.video_image = video_image.clone();
-                        }
-                        if clip.is_some() {
-                            c.image_tokens = clip.clone();
-                        }
-                        e.with_cond(c)
-                    })
-                    .collect(),
-            );
+        set_image(&mut positive, &video_image, &clip);
+        set_image(&mut negative, &video_image, &clip);
+        Ok(Outputs::new(vec![Value::new(IoType::CONDITIONING, positive), Value::new(IoType::CONDITIONING, negative), Value::new(IoType::LATENT, latent)]))
+    }
+}
+
+/// `list` with the video's known frames and the image tokens set on every conditioning.
+fn set_image(list: &mut CondList, video_image: &Option<Arc<VideoImage>>, clip: &Option<Arc<ImageTokens>>) {
+    *list = CondList(
+        list.0
+            .iter()
+            .map(|e| {
+                let mut c = (*e.cond).clone();
+                if video_image.is_some() {
+                    c.video_image = video_image.clone();
+                }
+                if clip.is_some() {
+                    c.image_tokens = clip.clone();
+                }
+                e.with_cond(c)
+            })
+            .collect(),
+    );
+}
+
+/// The known frames of a `length`-frame video of `w`×`h` (`size`) for a Wan I2V model: the
+/// start frames first and the end frames last (each scaled to the size, centre-cropped),
+/// grey between, encoded by the Wan VAE; `known(sub)` says which of the 4·T latent
+/// sub-frames are given (sub-frame 4·t + c is channel c of latent frame t).
+fn video_image(rt: &Runtime, ctx: &ExecContext<'_>, vae: &VaeRef, [w, h, length]: [i64; 3], start: Option<&Image>, end: Option<&Image>, known: impl Fn(usize) -> bool) -> Result<Arc<VideoImage>, NodeError> {
+    let (w, h, length) = (w as usize, h as usize, length as usize);
+    let mut data = vec![0.5f32; length * h * w * 3];
+    let mut place = |img: &Image, at_end: bool| {
+        let given = img.n.min(length);
+        // The end frames are the last `given` of the image batch, at the video's end.
+        let first = if at_end { img.n - given } else { 0 };
+        let scaled = scale_image(img, w, h, Method::Bilinear, true);
+        let c = scaled.channels;
+        for f in 0..given {
+            let to = if at_end { length - given + f } else { f };
+            for p in 0..w * h {
+                for k in 0..3 {
+                    data[(to * w * h + p) * 3 + k] = scaled.data[((first + f) * w * h + p) * c + k.min(c - 1)];
+                }
+            }
         }
+    };
+    if let Some(s) = start {
+        place(s, false);
+    }
+    if let Some(e) = end {
+        place(e, true);
+    }
+    let video = Image { data, n: length, height: h, width: w, channels: 3 };
+    let (latent, frames) = encode_video(rt, ctx, vae, &video)?;
+    let want = video_latent_frames(length as i64) as usize;
+    if frames != want {
+        return Err(NodeError::msg(format!("the VAE made {frames} latent frames of {length} video frames; the latent has {want}")));
+    }
+    let plane = (w / 8) * (h / 8);
+    let known: Vec<f32> = (0..4).flat_map(|c| (0..frames).map(move |t| 4 * t + c)).flat_map(|sub| std::iter::repeat_n(if known(sub) { 1.0 } else { 0.0 }, plane)).collect();
+    Ok(Arc::new(VideoImage { latent, channels: 16, frames, height: h / 8, width: w / 8, known }))
+}
+
+/// ComfyUI's "WanFirstLastFrameToVideo": WanImageToVideo with an end image too (Wan2.1
+/// FLF2V): the start frames known through the first latent frame's sub-frames up to the
+/// count given (+ 3), the end frames through the last sub-frames; both images' CLIP-vision
+/// states, start then end.
+struct WanFirstLastFrameToVideo {
+    rt: Arc<Runtime>,
+}
+
+impl Node for WanFirstLastFrameToVideo {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("WanFirstLastFrameToVideo")
+            .display_name("WanFirstLastFrameToVideo")
+            .category("conditioning/video_models")
+            .input(InputSpec::link("positive", IoType::CONDITIONING))
+            .input(InputSpec::link("negative", IoType::CONDITIONING))
+            .input(InputSpec::link("vae", IoType::VAE))
+            .input(InputSpec::int("width", 832).int_range(16, 16384).int_step(16))
+            .input(InputSpec::int("height", 480).int_range(16, 16384).int_step(16))
+            .input(InputSpec::int("length", 81).int_range(1, 16384).int_step(4))
+            .input(InputSpec::int("batch_size", 1).int_range(1, 4096))
+            .input(InputSpec::link("clip_vision_start_image", IoType::CLIP_VISION_OUTPUT).optional())
+            .input(InputSpec::link("clip_vision_end_image", IoType::CLIP_VISION_OUTPUT).optional())
+            .input(InputSpec::link("start_image", IoType::IMAGE).optional())
+            .input(InputSpec::link("end_image", IoType::IMAGE).optional())
+            .output("positive", IoType::CONDITIONING)
+            .output("negative", IoType::CONDITIONING)
+            .output("latent", IoType::LATENT)
+    }
+
+    fn lane(&self) -> Lane {
+        crate::runtime::device_lane()
+    }
+
+    fn execute(&self, ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let (w, h, length, n) = (inputs.int("width")?, inputs.int("height")?, inputs.int("length")?, inputs.int("batch_size")?);
+        if w < 16 || h < 16 || n < 1 || !(1..=16384).contains(&length) {
+            return Err(NodeError::msg(format!("{w}x{h} × {length} frames × {n} is not a valid video size")));
+        }
+        let frames = video_latent_frames(length) as usize;
+        let mut latent = latent_zeros([w / 8, h / 8, 16 * frames as i64, n])?;
+        latent.frames = frames;
+        let image = |name: &str| inputs.contains(name).then(|| inputs.downcast::<Image>(name)).transpose();
+        let (start, end) = (image("start_image")?, image("end_image")?);
+        let video_image = if start.is_some() || end.is_some() {
+            let subs = 4 * frames;
+            let n_start = start.map_or(0, |s| s.n.min(length as usize) + 3);
+            let n_end = end.map_or(0, |e| e.n.min(length as usize));
+            Some(video_image(&self.rt, ctx, inputs.downcast::<VaeRef>("vae")?, [w, h, length], start, end, |sub| sub < n_start || sub + n_end >= subs)?)
+        } else {
+            None
+        };
+        let clip = |name: &str| inputs.contains(name).then(|| inputs.downcast::<ClipVisionOutput>(name)).transpose();
+        let tokens = match (clip("clip_vision_start_image")?, clip("clip_vision_end_image")?) {
+            (None, None) => None,
+            (a, b) => {
+                let parts: Vec<&ClipVisionOutput> = [a, b].into_iter().flatten().collect();
+                if parts.windows(2).any(|p| p[0].hidden != p[1].hidden) {
+                    return Err(NodeError::msg("the start and end images' CLIP-vision states differ in width"));
+                }
+                let data = parts.iter().flat_map(|o| o.penultimate[..o.tokens * o.hidden].iter().copied()).collect();
+                Some(Arc::new(ImageTokens { data, width: parts[0].hidden }))
+            }
+        };
+        let mut positive = inputs.downcast::<CondList>("positive")?.clone();
+        let mut negative = inputs.downcast::<CondList>("negative")?.clone();
+        set_image(&mut positive, &video_image, &tokens);
+        set_image(&mut negative, &video_image, &tokens);
         Ok(Outputs::new(vec![Value::new(IoType::CONDITIONING, positive), Value::new(IoType::CONDITIONING, negative), Value::new(IoType::LATENT, latent)]))
     }
 }

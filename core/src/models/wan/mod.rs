@@ -260,13 +260,20 @@ impl<'w> Wan<'w> {
                 return Err(ModelError::Input(format!("CLIP-vision features {:?} for a Wan model reading {id} wide ones", img.ne())));
             }
             let mut img = img;
+            let mut li = li;
             if c.image_positions {
+                // FLF2V: as many tokens as there are positions (a start and an end frame's
+                // states), each with its position (ComfyUI's slicing: fewer tokens take
+                // the first positions, more are cut).
                 let pos = w.get(&self.name("img_emb.emb_pos"))?;
-                let n = pos.ne()[1];
-                if li != n {
-                    return Err(ModelError::Input(format!("{li} image tokens for a FLF2V model with {n} image positions (a start and an end frame's CLIP-vision features)")));
+                let n = pos.ne()[1].min(li);
+                if n < li {
+                    img = dit::rows(ctx, img, 0, n)?;
+                    li = n;
                 }
-                img = ctx.add(img, ctx.reshape(pos, [id, n, 1, 1])?)?;
+                let nb = pos.nb();
+                let pos = ctx.view(pos, [id, n, 1, 1], [nb[1], nb[2], nb[3]], 0)?;
+                img = ctx.add(img, pos)?;
             }
             let h = layer_norm(ctx, w, &self.name("img_emb.proj.0"), img, 1e-5)?;
             let h = ctx.gelu_erf(linear(ctx, w, &self.name("img_emb.proj.1"), h)?)?;
