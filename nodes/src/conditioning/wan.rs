@@ -11,7 +11,7 @@ use crate::image::latent::{latent_zeros, video_latent_frames};
 use crate::image::resize::Method;
 use crate::image::{encode_video, scale_image};
 use crate::runtime::Runtime;
-use crate::values::{ClipRef, ClipVisionOutput, CondList, Image, VaeRef};
+use crate::values::{ClipRef, ClipVisionOutput, CondList, Image, Latent, VaeRef};
 use sdflow_core::models::conditioning::{Conditioning, ImageTokens, VideoImage};
 use sdflow_core::models::t5::{T5Config, T5Encoder};
 use sdflow_core::text::t5::T5Tokenizer;
@@ -70,13 +70,7 @@ impl Node for WanImageToVideo {
     }
 
     fn execute(&self, ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
-        let (w, h, length, n) = (inputs.int("width")?, inputs.int("height")?, inputs.int("length")?, inputs.int("batch_size")?);
-        if w < 16 || h < 16 || n < 1 || !(1..=16384).contains(&length) {
-            return Err(NodeError::msg(format!("{w}x{h} × {length} frames × {n} is not a valid video size")));
-        }
-        let frames = video_latent_frames(length) as usize;
-        let mut latent = latent_zeros([w / 8, h / 8, 16 * frames as i64, n])?;
-        latent.frames = frames;
+        let (w, h, length, latent) = empty_video(inputs)?;
         let mut positive = inputs.downcast::<CondList>("positive")?.clone();
         let mut negative = inputs.downcast::<CondList>("negative")?.clone();
         let start = inputs.contains("start_image").then(|| inputs.downcast::<Image>("start_image")).transpose()?;
@@ -97,6 +91,19 @@ impl Node for WanImageToVideo {
         set_image(&mut negative, &video_image, &clip);
         Ok(Outputs::new(vec![Value::new(IoType::CONDITIONING, positive), Value::new(IoType::CONDITIONING, negative), Value::new(IoType::LATENT, latent)]))
     }
+}
+
+/// The image-to-video nodes' size inputs (`width`, `height`, `length`, `batch_size`) and
+/// the empty video latent they give (16 channels at 1/8, `(length − 1)/4 + 1` frames).
+fn empty_video(inputs: &Inputs) -> Result<(i64, i64, i64, Latent), NodeError> {
+    let (w, h, length, n) = (inputs.int("width")?, inputs.int("height")?, inputs.int("length")?, inputs.int("batch_size")?);
+    if w < 16 || h < 16 || n < 1 || !(1..=16384).contains(&length) {
+        return Err(NodeError::msg(format!("{w}x{h} × {length} frames × {n} is not a valid video size")));
+    }
+    let frames = video_latent_frames(length);
+    let mut latent = latent_zeros([w / 8, h / 8, 16 * frames, n])?;
+    latent.frames = frames as usize;
+    Ok((w, h, length, latent))
 }
 
 /// `list` with the video's known frames and the image tokens set on every conditioning.
@@ -191,13 +198,8 @@ impl Node for WanFirstLastFrameToVideo {
     }
 
     fn execute(&self, ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
-        let (w, h, length, n) = (inputs.int("width")?, inputs.int("height")?, inputs.int("length")?, inputs.int("batch_size")?);
-        if w < 16 || h < 16 || n < 1 || !(1..=16384).contains(&length) {
-            return Err(NodeError::msg(format!("{w}x{h} × {length} frames × {n} is not a valid video size")));
-        }
-        let frames = video_latent_frames(length) as usize;
-        let mut latent = latent_zeros([w / 8, h / 8, 16 * frames as i64, n])?;
-        latent.frames = frames;
+        let (w, h, length, latent) = empty_video(inputs)?;
+        let frames = latent.frames;
         let image = |name: &str| inputs.contains(name).then(|| inputs.downcast::<Image>(name)).transpose();
         let (start, end) = (image("start_image")?, image("end_image")?);
         let video_image = if start.is_some() || end.is_some() {

@@ -20,6 +20,7 @@ use crate::values::{Image, Latent, Mask, VaeKind, VaeRef};
 use crate::err;
 use sdflow_core::models::flux2::latent as flux2_latent;
 use sdflow_core::models::vae::tiling::VaeTiling;
+use sdflow_core::models::dit::{channel_major, frame_of};
 use sdflow_core::models::vae::wan::{Frames, WanVae, WanVaeConfig};
 use sdflow_core::models::vae::{Vae, VaeConfig, VaeGraph, VaeOp};
 use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Lane, Node, NodeError, NodeSchema, Outputs, Registry, Value};
@@ -182,8 +183,7 @@ fn decode_video(rt: &Runtime, ctx: &ExecContext<'_>, latent: &Latent, model: &Wa
     let mut images = Image { data: Vec::new(), n: 0, height: 0, width: 0, channels: model.config.image_channels as usize };
     for i in 0..n {
         let sample = &latent.samples[i * c * plane..(i + 1) * c * plane];
-        // [C][T] planes → frame after frame.
-        let data: Vec<f32> = (0..t).flat_map(|f| (0..z).flat_map(move |k| &sample[(k * t + f) * plane..(k * t + f + 1) * plane])).copied().collect();
+        let data: Vec<f32> = (0..t).flat_map(|f| frame_of(sample, z, t, plane, f)).collect();
         let frames = Frames { data, ne: [w as i64, h as i64, z as i64, t as i64] };
         let out = rt
             .with_backend(Module::Vae, |b| {
@@ -230,10 +230,7 @@ pub(crate) fn encode_video(rt: &Runtime, ctx: &ExecContext<'_>, vae: &VaeRef, vi
         let frames = Frames { data, ne: [w as i64, h as i64, ic as i64, video.n as i64] };
         let out = rt.with_backend(Module::Vae, |b| m.encode_video(b, &frames, &mut |k, n| ctx.progress(k as u64, n as u64))).map_err(err)?;
         let [lw, lh, z, t] = out.ne.map(|d| d as usize);
-        let plane = lw * lh;
-        // Frame after frame → [C][T] planes.
-        let latent = (0..z).flat_map(|k| (0..t).flat_map(move |f| (f * z + k) * plane..(f * z + k + 1) * plane)).map(|i| out.data[i]).collect();
-        Ok((latent, t))
+        Ok((channel_major(&out.data, z, t, lw * lh), t))
     })
 }
 
