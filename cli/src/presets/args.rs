@@ -13,7 +13,7 @@ use crate::run;
 /// sd-cli flags that map to nothing in sdflow yet: accepted by the parser (so they are not
 /// "unknown"), refused when given.
 const REFUSED: &[(&str, bool, &str)] = &[
-    ("clip_vision", true, "the models that take --clip_vision (Wan image-to-video, unCLIP) are not implemented; IP-Adapter's image encoder is a workflow node (CLIPVisionLoader)"),
+    ("clip_vision", true, "vid_gen's Wan image to video (-i with --clip_vision) is not built yet (workflows run it: CLIPVisionEncode into WanImageToVideo), and unCLIP is not implemented; IP-Adapter's image encoder is a workflow node (CLIPVisionLoader)"),
     ("force-sdxl-vae-conv-scale", false, "sdflow's VAE convolutions run in f32 or bf16 with f32 sums, where the fp16 overflow this works around does not arise"),
     ("mmap", false, "model files are always memory-mapped when the format allows"),
     ("auto-fit", false, "placement from model sizes is not implemented; --backend, --params-backend and --max-vram place modules"),
