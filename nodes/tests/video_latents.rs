@@ -1,6 +1,7 @@
 //! Wan's video latent nodes: EmptyHunyuanLatentVideo's shape (ComfyUI's
 //! `[B, 16, (length − 1)/4 + 1, H/8, W/8]`, frames inside the channels here) and
-//! TrimVideoLatent cutting leading frames off each channel.
+//! TrimVideoLatent cutting leading frames off each channel; and the video writers
+//! (SaveAnimatedWEBP, SaveVideoSdCpp) on their own.
 
 use sdflow_executor::{InputData, IoType, Value};
 use sdflow_nodes::values::Latent;
@@ -41,4 +42,30 @@ fn trim_drops_leading_frames_of_every_channel() {
     let same = env.run("TrimVideoLatent", vec![("samples", input()), ("trim_amount", InputData::Const(json!(0)))]).unwrap();
     assert_eq!(same.values[0].downcast_ref::<Latent>().unwrap().samples, samples);
     assert!(env.run("TrimVideoLatent", vec![("samples", input()), ("trim_amount", InputData::Const(json!(4)))]).is_err());
+}
+
+/// The video writers: an animated WebP and sd-cli's AVI land in the output folder under
+/// ComfyUI's numbered names with `animated` in the ui, one frame is not animated, and bad
+/// inputs are refused by name.
+#[test]
+fn video_writers_name_their_files_and_refuse_bad_inputs() {
+    use sdflow_nodes::values::Image;
+    let env = env(1);
+    let c = |v: serde_json::Value| InputData::Const(v);
+    let frames = |n: usize| InputData::Value(Value::new(IoType::IMAGE, Image { data: (0..n * 16 * 16 * 3).map(|i| (i % 7) as f32 / 7.0).collect(), n, height: 16, width: 16, channels: 3 }));
+    let webp = |n: usize, fps: f64| env.run("SaveAnimatedWEBP", vec![("images", frames(n)), ("filename_prefix", c(json!("clips/fox"))), ("fps", c(json!(fps))), ("lossless", c(json!(true))), ("quality", c(json!(80))), ("method", c(json!("default")))]);
+    let ui = webp(3, 6.0).unwrap().ui.unwrap();
+    assert_eq!(ui["images"][0], json!({"filename": "fox_00001_.webp", "subfolder": "clips", "type": "output"}));
+    assert_eq!(ui["animated"], json!([true]));
+    assert!(env.dir.path().join("out/clips/fox_00001_.webp").exists());
+    let ui = webp(1, 6.0).unwrap().ui.unwrap();
+    assert_eq!((ui["images"][0]["filename"].as_str(), ui.get("animated")), (Some("fox_00002_.webp"), None));
+    assert!(webp(2, 0.0).unwrap_err().to_string().contains("fps"));
+    let avi = |format: &str, fps: i64| env.run("SaveVideoSdCpp", vec![("images", frames(5)), ("filename_prefix", c(json!("out"))), ("format", c(json!(format))), ("fps", c(json!(fps)))]);
+    let ui = avi("avi", 16).unwrap().ui.unwrap();
+    let bytes = std::fs::read(env.dir.path().join("out").join(ui["images"][0]["filename"].as_str().unwrap())).unwrap();
+    assert_eq!((&bytes[0..4], &bytes[8..12]), (&b"RIFF"[..], &b"AVI "[..]));
+    assert_eq!(bytes.windows(4).filter(|w| *w == b"00dc").count(), 2 * 5, "five frames, each in the stream and the index");
+    assert!(avi("gif", 16).unwrap_err().to_string().contains("gif"));
+    assert!(avi("avi", 0).unwrap_err().to_string().contains("fps"));
 }
