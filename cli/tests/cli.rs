@@ -1458,4 +1458,18 @@ fn vid_gen_writes_wan_videos_as_sd_cli_does() {
     ok(&[&base[..], &["--video-frames", "5", "--high-noise-diffusion-model", &high, "--moe-boundary", "0.9", "-o", "moe_b.avi"]].concat(), dir.path());
     let (_, err) = fails(&[&moe[..], &["--moe-boundary", "2"]].concat(), dir.path());
     assert!(err.contains("--moe-boundary"), "{err}");
+    // `<lora:|high_noise|name:w>` goes to the high-noise expert alone, and needs one.
+    let tagged: Vec<&str> = vec!["vid_gen", "--diffusion-model", &wan, "--t5xxl", &umt5, "--vae", &vae, "-p", "a fox <lora:|high_noise|motion:0.5>", "--video-frames", "5"];
+    let printed = ok(&[&tagged[..], &["--high-noise-diffusion-model", &high, "--print-workflow"]].concat(), dir.path());
+    let wf: serde_json::Value = serde_json::from_str(&printed).unwrap();
+    let nodes = wf["nodes"].as_object().unwrap();
+    let lora: Vec<(&String, &serde_json::Value)> = nodes.iter().filter(|(_, n)| n["class_type"] == "LoraLoaderModelOnly").collect();
+    assert_eq!(lora.len(), 1, "{printed}");
+    assert_eq!((lora[0].1["inputs"]["lora_name"].as_str(), lora[0].1["inputs"]["strength_model"].as_f64()), (Some("motion.safetensors"), Some(0.5)));
+    let below = &nodes[lora[0].1["inputs"]["model"][0].as_str().unwrap()];
+    assert_eq!(below["class_type"], "ModelSamplingSD3");
+    assert_eq!(nodes[below["inputs"]["model"][0].as_str().unwrap()]["inputs"]["unet_name"], "wan2.2_t2v_high_noise_14B_fp16.safetensors");
+    assert!(!printed.contains("\"LoraLoader\""), "no LoRA on the low-noise expert: {printed}");
+    let (_, err) = fails(&[&tagged[..], &["--print-workflow"]].concat(), dir.path());
+    assert!(err.contains("<lora:|high_noise|motion>") && err.contains("--high-noise-diffusion-model"), "{err}");
 }

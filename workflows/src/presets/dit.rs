@@ -280,7 +280,7 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
     let high_noise = p.video.as_ref().and_then(|v| v.high_noise.as_ref());
     let mut sampled = match high_noise {
         Some(h) => {
-            let ctx = MoeContext { shift, pos: &pos, neg: &neg, latent: &latent };
+            let ctx = MoeContext { shift, pos: &pos, neg: &neg, latent: &latent, loras: &loras };
             let out = moe_passes(&mut b, p, h, &sampling, &model, &ctx)?;
             title.push_str(", two experts");
             description.push_str(" A Wan2.2 MoE: the high-noise expert (--high-noise-diffusion-model) samples the schedule's first steps at --high-noise-cfg-scale and hands its noisy latent on, the --diffusion-model expert samples the rest without adding noise.");
@@ -306,6 +306,8 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
 /// What the two expert passes of a Wan2.2 MoE share with the rest of the graph.
 struct MoeContext<'a> {
     shift: FlowShift,
+    /// The prompt's LoRA tags; the `|high_noise|` ones go to the high-noise expert.
+    loras: &'a [super::LoraTag],
     pos: &'a Out,
     neg: &'a Out,
     latent: &'a Out,
@@ -330,7 +332,15 @@ fn moe_passes(b: &mut Builder, p: &ImgGenParams, h: &super::HighNoiseParams, s: 
         FlowShift::Snr(v) => v,
         other => return Err(invalid("--flow-shift", format!("{other:?}: Wan's experts take a plain shift"))),
     };
-    let high_model = Out(b.core("high_noise_model_sampling", "--high-noise-diffusion-model", NodeSpec::new("ModelSamplingSD3").with_input("model", link(&high_model)).with_const("shift", json!(short_f64(shift as f32)))), 0);
+    let mut high_model = Out(b.core("high_noise_model_sampling", "--high-noise-diffusion-model", NodeSpec::new("ModelSamplingSD3").with_input("model", link(&high_model)).with_const("shift", json!(short_f64(shift as f32)))), 0);
+    for (i, tag) in m.loras.iter().filter(|t| t.high_noise).enumerate() {
+        let file = p.lora_files.get(&tag.name).cloned().unwrap_or_else(|| format!("{}.safetensors", tag.name));
+        let mut node = NodeSpec::new("LoraLoaderModelOnly").with_input("model", link(&high_model)).with_const("lora_name", json!(file)).with_const("strength_model", json!(tag.weight));
+        if let Some(mode) = &p.lora_apply_mode {
+            node = node.with_const("apply_mode", json!(mode));
+        }
+        high_model = Out(b.extra(&format!("high_noise_lora{i}"), &format!("<lora:|high_noise|{}:{}>", tag.name, tag.weight), node), 0);
+    }
     let sampler = workflow_sampler_name(h.sampling_method.as_deref().unwrap_or("euler")).to_string();
     let high = Sampling { cfg: h.cfg_scale, sampler: &sampler, eta: h.eta, ..*s };
     let mut latent = m.latent.clone();

@@ -91,10 +91,13 @@ pub fn workflow_scheduler_name(name: &str) -> &str {
 pub struct LoraTag {
     pub name: String,
     pub weight: f64,
+    /// sd.cpp's `<lora:|high_noise|name:weight>`: for Wan2.2's high-noise expert.
+    pub high_noise: bool,
 }
 
 /// Removes sd.cpp's `<lora:name:weight>` tags from `prompt`, returning the prompt without
-/// them and the tags in order. A tag without a weight has weight 1, as in sd.cpp.
+/// them and the tags in order. A tag without a weight has weight 1, as in sd.cpp; a name
+/// after `|high_noise|` is the high-noise expert's LoRA.
 pub fn extract_loras(prompt: &str) -> Result<(String, Vec<LoraTag>), PresetError> {
     let mut out = String::with_capacity(prompt.len());
     let mut tags = Vec::new();
@@ -116,7 +119,14 @@ pub fn extract_loras(prompt: &str) -> Result<(String, Vec<LoraTag>), PresetError
         if name.trim().is_empty() {
             return Err(invalid("-p", format!("LoRA tag `<lora:{body}>` has no name")));
         }
-        tags.push(LoraTag { name: name.trim().to_string(), weight });
+        let (name, high_noise) = match name.trim().strip_prefix("|high_noise|") {
+            Some(n) => (n.trim(), true),
+            None => (name.trim(), false),
+        };
+        if name.is_empty() {
+            return Err(invalid("-p", format!("LoRA tag `<lora:{body}>` has no name")));
+        }
+        tags.push(LoraTag { name: name.to_string(), weight, high_noise });
         rest = &after[end + 1..];
     }
     out.push_str(rest);

@@ -8,11 +8,12 @@ use serde_json::json;
 use super::adetailer::{detailer, DetailSpec};
 use super::graph::*;
 use super::upscale::upscale_chain;
-use super::{invalid, save_prefix, ImgGenParams, LoraTag, PresetError};
+use super::{invalid, not_supported, save_prefix, ImgGenParams, LoraTag, PresetError};
 
 /// `<lora:name:weight>` tags as LoraLoader nodes over `model` and `clip`, in prompt order.
 pub(super) fn lora_chain(b: &mut Builder, p: &ImgGenParams, loras: &[LoraTag], model: &mut Out, clip: &mut Out) {
-    for (i, tag) in loras.iter().enumerate() {
+    // The high-noise expert's tags go to its model (the Wan MoE passes).
+    for (i, tag) in loras.iter().enumerate().filter(|(_, t)| !t.high_noise) {
         let file = p.lora_files.get(&tag.name).cloned().unwrap_or_else(|| format!("{}.safetensors", tag.name));
         let mut node = NodeSpec::new("LoraLoader")
             .with_input("model", link(model))
@@ -199,6 +200,10 @@ pub(super) fn check_common(p: &ImgGenParams) -> Result<(), PresetError> {
     check_range("-b", p.batch_count, 1, 4096)?;
     check_unit("--strength", p.strength)?;
     check_range("--upscale-repeats", p.upscale_repeats, 1, 16)?;
+    let moe = p.video.as_ref().is_some_and(|v| v.high_noise.is_some());
+    if let Some(t) = super::extract_loras(&p.prompt)?.1.iter().find(|t| t.high_noise && !moe) {
+        return Err(not_supported(format!("<lora:|high_noise|{}>", t.name), "a high-noise LoRA needs a high-noise expert (--high-noise-diffusion-model, vid_gen)"));
+    }
     if !p.cfg_scale.is_finite() || p.cfg_scale < 0.0 {
         return Err(invalid("--cfg-scale", format!("{} must be a non-negative number", p.cfg_scale)));
     }

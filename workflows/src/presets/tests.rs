@@ -9,7 +9,11 @@ use serde_json::json;
 fn lora_tags_are_extracted() {
     let (p, tags) = extract_loras("a cat <lora:ink:0.8>, sketch<lora:style>").unwrap();
     assert_eq!(p, "a cat , sketch");
-    assert_eq!(tags, vec![LoraTag { name: "ink".into(), weight: 0.8 }, LoraTag { name: "style".into(), weight: 1.0 }]);
+    assert_eq!(tags, vec![LoraTag { name: "ink".into(), weight: 0.8, high_noise: false }, LoraTag { name: "style".into(), weight: 1.0, high_noise: false }]);
+    // Wan2.2's high-noise expert's LoRA.
+    let (_, tags) = extract_loras("a fox <lora:|high_noise|motion:0.5>").unwrap();
+    assert_eq!(tags, vec![LoraTag { name: "motion".into(), weight: 0.5, high_noise: true }]);
+    assert!(extract_loras("a <lora:|high_noise|:1>").is_err());
     assert!(extract_loras("a <lora:x:abc>").is_err());
     assert!(extract_loras("a <lora:x:1").is_err());
     assert!(extract_loras("a <lora::1>").is_err());
