@@ -48,21 +48,7 @@ struct WanImageToVideo {
 
 impl Node for WanImageToVideo {
     fn schema(&self) -> NodeSchema {
-        NodeSchema::new("WanImageToVideo")
-            .display_name("WanImageToVideo")
-            .category("conditioning/video_models")
-            .input(InputSpec::link("positive", IoType::CONDITIONING))
-            .input(InputSpec::link("negative", IoType::CONDITIONING))
-            .input(InputSpec::link("vae", IoType::VAE))
-            .input(InputSpec::int("width", 832).int_range(16, 16384).int_step(16))
-            .input(InputSpec::int("height", 480).int_range(16, 16384).int_step(16))
-            .input(InputSpec::int("length", 81).int_range(1, 16384).int_step(4))
-            .input(InputSpec::int("batch_size", 1).int_range(1, 4096))
-            .input(InputSpec::link("clip_vision_output", IoType::CLIP_VISION_OUTPUT).optional())
-            .input(InputSpec::link("start_image", IoType::IMAGE).optional())
-            .output("positive", IoType::CONDITIONING)
-            .output("negative", IoType::CONDITIONING)
-            .output("latent", IoType::LATENT)
+        image_to_video_schema("WanImageToVideo", &[("clip_vision_output", IoType::CLIP_VISION_OUTPUT), ("start_image", IoType::IMAGE)])
     }
 
     fn lane(&self) -> Lane {
@@ -91,6 +77,28 @@ impl Node for WanImageToVideo {
         set_image(&mut negative, &video_image, &clip);
         Ok(Outputs::new(vec![Value::new(IoType::CONDITIONING, positive), Value::new(IoType::CONDITIONING, negative), Value::new(IoType::LATENT, latent)]))
     }
+}
+
+/// The image-to-video nodes' schema: the conditionings, the VAE and the video's size
+/// (ComfyUI's shared inputs), then the node's own optional images and CLIP-vision states.
+fn image_to_video_schema(name: &str, optional: &[(&str, IoType)]) -> NodeSchema {
+    let mut s = NodeSchema::new(name)
+        .display_name(name)
+        .category("conditioning/video_models")
+        .input(InputSpec::link("positive", IoType::CONDITIONING))
+        .input(InputSpec::link("negative", IoType::CONDITIONING))
+        .input(InputSpec::link("vae", IoType::VAE))
+        .input(InputSpec::int("width", 832).int_range(16, 16384).int_step(16))
+        .input(InputSpec::int("height", 480).int_range(16, 16384).int_step(16))
+        .input(InputSpec::int("length", 81).int_range(1, 16384).int_step(4))
+        .input(InputSpec::int("batch_size", 1).int_range(1, 4096));
+    for (input, ty) in optional {
+        s = s.input(InputSpec::link(*input, ty.clone()).optional());
+    }
+    s
+        .output("positive", IoType::CONDITIONING)
+        .output("negative", IoType::CONDITIONING)
+        .output("latent", IoType::LATENT)
 }
 
 /// The image-to-video nodes' size inputs (`width`, `height`, `length`, `batch_size`) and
@@ -174,23 +182,10 @@ struct WanFirstLastFrameToVideo {
 
 impl Node for WanFirstLastFrameToVideo {
     fn schema(&self) -> NodeSchema {
-        NodeSchema::new("WanFirstLastFrameToVideo")
-            .display_name("WanFirstLastFrameToVideo")
-            .category("conditioning/video_models")
-            .input(InputSpec::link("positive", IoType::CONDITIONING))
-            .input(InputSpec::link("negative", IoType::CONDITIONING))
-            .input(InputSpec::link("vae", IoType::VAE))
-            .input(InputSpec::int("width", 832).int_range(16, 16384).int_step(16))
-            .input(InputSpec::int("height", 480).int_range(16, 16384).int_step(16))
-            .input(InputSpec::int("length", 81).int_range(1, 16384).int_step(4))
-            .input(InputSpec::int("batch_size", 1).int_range(1, 4096))
-            .input(InputSpec::link("clip_vision_start_image", IoType::CLIP_VISION_OUTPUT).optional())
-            .input(InputSpec::link("clip_vision_end_image", IoType::CLIP_VISION_OUTPUT).optional())
-            .input(InputSpec::link("start_image", IoType::IMAGE).optional())
-            .input(InputSpec::link("end_image", IoType::IMAGE).optional())
-            .output("positive", IoType::CONDITIONING)
-            .output("negative", IoType::CONDITIONING)
-            .output("latent", IoType::LATENT)
+        image_to_video_schema(
+            "WanFirstLastFrameToVideo",
+            &[("clip_vision_start_image", IoType::CLIP_VISION_OUTPUT), ("clip_vision_end_image", IoType::CLIP_VISION_OUTPUT), ("start_image", IoType::IMAGE), ("end_image", IoType::IMAGE)],
+        )
     }
 
     fn lane(&self) -> Lane {

@@ -296,7 +296,7 @@ impl<'w> Wan<'w> {
         let hm = w.get(&self.name("head.modulation"))?;
         let e = ctx.reshape(e, [d, steps, b, 1])?;
         let row = |j: usize| -> Result<Tensor<'a>> { Ok(ctx.add(e, ctx.view(hm, [d, 1, 1, 1], [hm.nb()[1], hm.nb()[2], hm.nb()[3]], j * hm.nb()[1])?)?) };
-        let h = modulated(ctx, ctx.norm(h, EPS)?, row(0)?, row(1)?)?;
+        let h = dit::modulate(ctx, ctx.norm(h, EPS)?, row(0)?, row(1)?)?;
         linear(ctx, w, &self.name("head.head"), h)
     }
 
@@ -319,11 +319,6 @@ fn six<'a>(ctx: &'a Context, m: Tensor<'a>) -> Result<Vec<Tensor<'a>>> {
         .collect()
 }
 
-/// `x·(1 + scale) + shift` where shift and scale broadcast over x [D, L, B].
-fn modulated<'a>(ctx: &'a Context, x: Tensor<'a>, shift: Tensor<'a>, scale: Tensor<'a>) -> Result<Tensor<'a>> {
-    Ok(ctx.add(ctx.add(x, ctx.mul(x, scale)?)?, shift)?)
-}
-
 struct Block<'a> {
     ctx: &'a Context,
     w: &'a Weights,
@@ -341,12 +336,12 @@ impl<'a> Block<'a> {
     /// `WanAttentionBlock` at `p` on x [D, L, B] with the six modulation rows `m`.
     fn forward(&self, p: &str, x: Tensor<'a>, context: Tensor<'a>, m: &[Tensor<'a>]) -> Result<Tensor<'a>> {
         let ctx = self.ctx;
-        let y = self.self_attention(p, modulated(ctx, ctx.norm(x, EPS)?, m[0], m[1])?)?;
-        let x = ctx.add(x, ctx.mul(y, m[2])?)?;
+        let y = self.self_attention(p, dit::modulate(ctx, ctx.norm(x, EPS)?, m[0], m[1])?)?;
+        let x = dit::gated(ctx, x, m[2], y)?;
         let n = if self.cross_norm { layer_norm(ctx, self.w, &format!("{p}.norm3"), x, EPS)? } else { x };
         let x = ctx.add(x, self.cross_attention(p, n, context)?)?;
-        let y = self.ffn(p, modulated(ctx, ctx.norm(x, EPS)?, m[3], m[4])?)?;
-        Ok(ctx.add(x, ctx.mul(y, m[5])?)?)
+        let y = self.ffn(p, dit::modulate(ctx, ctx.norm(x, EPS)?, m[3], m[4])?)?;
+        dit::gated(ctx, x, m[5], y)
     }
 
     fn self_attention(&self, p: &str, x: Tensor<'a>) -> Result<Tensor<'a>> {
