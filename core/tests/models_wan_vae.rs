@@ -1,7 +1,9 @@
 //! The Wan-2.1 VAE (Qwen-Image's) on single images against diffusers'
-//! `AutoencoderKLQwenImage` on tiny random weights in the Wan release's names, read from a
-//! safetensors file with its 5-D causal kernels (fixtures from
-//! tests/fixtures/models/make_wan_vae.py; the weights are regenerated here).
+//! `AutoencoderKLQwenImage`, on videos against `AutoencoderKLWan`, and the Wan 2.2 VAE
+//! (48 channels, 2×2 patches, residual stages) against `AutoencoderKLWan(is_residual=True)`,
+//! on tiny random weights in the Wan release's names, read from a safetensors file with its
+//! 5-D causal kernels (fixtures from tests/fixtures/models/make_wan_vae.py and
+//! make_wan22_vae.py; the weights are regenerated here).
 
 mod common;
 
@@ -30,7 +32,12 @@ fn write(path: &Path, prefix: &str, dtype: DType, skip: &[&str]) {
 
 /// `write` with the key table of the fixture's entry `table`.
 fn write_keys(path: &Path, table: &str, prefix: &str, dtype: DType, skip: &[&str]) {
-    let keys: BTreeMap<String, Vec<usize>> = serde_json::from_value(reference("wan_vae_tiny_ref.json")[table].clone()).unwrap();
+    write_from("wan_vae_tiny_ref.json", path, table, prefix, dtype, skip)
+}
+
+/// `write_keys` from the fixture `fixture`.
+fn write_from(fixture: &str, path: &Path, table: &str, prefix: &str, dtype: DType, skip: &[&str]) {
+    let keys: BTreeMap<String, Vec<usize>> = serde_json::from_value(reference(fixture)[table].clone()).unwrap();
     let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = keys
         .iter()
         .filter(|(k, _)| !skip.iter().any(|s| k.starts_with(s)))
@@ -219,4 +226,73 @@ fn videos_match_diffusers_across_chunks() {
     // Bad shapes are refused by name.
     let e = vae.decode_video(&backend, &Frames { data: vec![0.0; 10], ne: [2, 2, 16, 1] }, &mut |_, _| {}).unwrap_err();
     assert!(e.to_string().contains("video latent"), "{e}");
+}
+
+/// Wan 2.2's VAE (TI2V-5B): one frame through the image path, then 3 latent frames decoded
+/// to 9 and 9 frames encoded chunk by chunk (where the stage shortcuts' first-frame rules
+/// and the causal caches meet), against diffusers; then the same file in diffusers' names.
+#[test]
+fn wan22_matches_diffusers() {
+    use sdflow_core::models::vae::wan::wan22_name;
+    let r = reference("wan22_vae_tiny_ref.json");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("wan2.2_vae.safetensors");
+    write_from("wan22_vae_tiny_ref.json", &path, "keys", "", DType::F32, &[]);
+    let backend = common::backend(2);
+    let w = load(&path, &backend);
+    let cfg = WanVaeConfig::infer(&w, "").unwrap();
+    assert_eq!((cfg.z_channels, cfg.image_channels, cfg.downscale(), cfg.patch, cfg.residual_stages), (48, 3, 16, 2, true));
+    use Layer::{Resample as S, Residual as R};
+    assert_eq!(cfg.down, vec![R, R, S, R, R, S, R, R, S, R, R]);
+    assert_eq!(cfg.up, vec![R, R, R, S, R, R, R, S, R, R, R, S, R, R, R]);
+    assert_eq!(cfg.layers(false)[4].name, "decoder.upsamples.1.upsamples.0");
+    let vae = WanVae::new(&w, "", cfg).unwrap();
+    let [h, wd]: [usize; 2] = serde_json::from_value(r["image_hw"].clone()).unwrap();
+    let off = VaeTiling { enabled: false, ..VaeTiling::default() };
+    let (mean, _) = run(&vae, &backend, VaeOp::EncodeMean, &floats(&r["image"]), wd, h, &off).unwrap();
+    let err = max_abs_err(&mean, &floats(&r["mean"]));
+    assert!(err <= 1e-3, "image encode: max abs error {err}");
+    let (image, _) = run(&vae, &backend, VaeOp::Decode, &floats(&r["latent"]), wd / 16, h / 16, &off).unwrap();
+    let err = max_abs_err(&image, &floats(&r["decoded"]));
+    assert!(err <= 1e-3, "image decode: max abs error {err}");
+
+    let [_, c, t, lh, lw] = shape5(&r, "video_latent");
+    let latent = Frames { data: swap_ct(&floats(&r["video_latent"]), c, t, lh * lw), ne: [lw as i64, lh as i64, c as i64, t as i64] };
+    let out = vae.decode_video(&backend, &latent, &mut |_, _| {}).unwrap();
+    let [_, oc, ot, oh, ow] = shape5(&r, "video_decoded");
+    assert_eq!(out.ne, [ow as i64, oh as i64, oc as i64, ot as i64]);
+    let err = max_abs_err(&swap_ct(&out.data, ot, oc, oh * ow), &floats(&r["video_decoded"]));
+    assert!(err <= 1e-3, "video decode: max abs error {err}");
+    let [_, c, t, vh, vw] = shape5(&r, "video_frames");
+    let video = Frames { data: swap_ct(&floats(&r["video_frames"]), c, t, vh * vw), ne: [vw as i64, vh as i64, c as i64, t as i64] };
+    let mean = vae.encode_video(&backend, &video, &mut |_, _| {}).unwrap();
+    let [_, mc, mt, mh, mw] = shape5(&r, "video_mean");
+    assert_eq!(mean.ne, [mw as i64, mh as i64, mc as i64, mt as i64]);
+    let err = max_abs_err(&swap_ct(&mean.data, mt, mc, mh * mw), &floats(&r["video_mean"]));
+    assert!(err <= 1e-3, "video encode: max abs error {err}");
+    // Sides that are not whole 16-pixel blocks are refused by name.
+    let e = run(&vae, &backend, VaeOp::EncodeMean, &vec![0.0; 3 * 24 * 24], 24, 24, &off).err().expect("size");
+    assert!(e.to_string().contains("divisible by 16"), "{e}");
+
+    // A diffusers folder's vae/ (`down_blocks.I.resnets.J`, `upsampler`): the same VAE.
+    let names: BTreeMap<String, String> = serde_json::from_value(r["diffusers_names"].clone()).unwrap();
+    let keys: BTreeMap<String, Vec<usize>> = serde_json::from_value(r["keys"].clone()).unwrap();
+    assert_eq!(names.len(), keys.len());
+    for (d, rel) in &names {
+        assert_eq!(wan22_name(d).as_deref(), Some(rel.as_str()), "{d}");
+    }
+    let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = names
+        .iter()
+        .map(|(d, rel)| {
+            let s = &keys[rel];
+            (d.clone(), s.clone(), det_values(rel, s.iter().product(), SCALE).iter().flat_map(|x| x.to_le_bytes()).collect())
+        })
+        .collect();
+    let path = dir.path().join("diffusion_pytorch_model.safetensors");
+    sdflow_core::io::safetensors::write(&path, tensors.iter().map(|(n, s, b)| (n.as_str(), DType::F32, s.clone(), b.as_slice())), &BTreeMap::new()).unwrap();
+    let w = load(&path, &backend);
+    let vae = WanVae::new(&w, "", WanVaeConfig::infer(&w, "").unwrap()).unwrap();
+    let (image, _) = run(&vae, &backend, VaeOp::Decode, &floats(&r["latent"]), wd / 16, h / 16, &off).unwrap();
+    let err = max_abs_err(&image, &floats(&r["decoded"]));
+    assert!(err <= 1e-3, "diffusers names: decode max abs error {err}");
 }

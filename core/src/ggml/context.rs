@@ -840,6 +840,16 @@ impl Context {
         self.op("concat", || unsafe { ggml_sys::ggml_concat(self.raw(), a.raw(), b.raw(), dim as i32) })
     }
 
+    /// `a` tiled to `ne`: each dimension a whole multiple of `a`'s (ggml's `repeat_4d`).
+    pub fn repeat<'a>(&'a self, a: Tensor<'a>, ne: [i64; 4]) -> Result<Tensor<'a>> {
+        let an = a.ne();
+        if (0..4).any(|d| ne[d] < 1 || ne[d] % an[d] != 0) {
+            return Err(shape("repeat", format!("{an:?} to {ne:?}")));
+        }
+        // SAFETY: every target dimension is a whole multiple of the source's.
+        self.op("repeat", || unsafe { ggml_sys::ggml_repeat_4d(self.raw(), a.raw(), ne[0], ne[1], ne[2], ne[3]) })
+    }
+
     /// Moves source dimension i to position `axes[i]` (ggml's convention).
     pub fn permute<'a>(&'a self, a: Tensor<'a>, axes: [usize; 4]) -> Result<Tensor<'a>> {
         let mut seen = [false; 4];

@@ -1,9 +1,13 @@
-//! The Wan-2.1 VAE (Qwen-Image's VAE is one) on images and videos: causal 3-D convolutions,
-//! channel RMS norms, a single-head attention in the middle, 8× spatial compression.
+//! The Wan VAEs on images and videos: causal 3-D convolutions, channel RMS norms, a
+//! single-head attention in the middle. Wan 2.1's (Qwen-Image's is one) compresses 8× in
+//! space; Wan 2.2's (TI2V-5B: 48 latent channels) folds 2×2 patches into channels first and
+//! adds each stage's input, rearranged, to its output (diffusers' `AvgDown3D` / `DupUp3D`),
+//! 16× in space. Both compress 4× in time.
 //!
 //! Keys are the Wan release's (what ComfyUI and sd.cpp load: `encoder.conv1`,
 //! `encoder.downsamples.N.residual.{0,2,3,6}`, `decoder.upsamples.N.resample.1`,
-//! `encoder.middle.{0,1,2}`, `encoder.head.{0,2}`, `conv1` / `conv2` around the latent),
+//! `encoder.middle.{0,1,2}`, `encoder.head.{0,2}`, `conv1` / `conv2` around the latent;
+//! Wan 2.2's stages nest: `encoder.downsamples.I.downsamples.J`, `decoder.upsamples.I.upsamples.J`),
 //! bare or under a prefix (`vae.`, `first_stage_model.`), or diffusers' (`AutoencoderKLWan`
 //! / `AutoencoderKLQwenImage`: a pipeline folder's `vae/`), renamed by [`wan_names`].
 //!
@@ -28,14 +32,15 @@ pub const MARKER: &str = "decoder.middle.0.residual.0.gamma";
 /// pipeline folder's `vae/`).
 pub const DIFFUSERS_MARKER: &str = "decoder.mid_block.resnets.0.norm1.gamma";
 
+/// A residual block's part in the release's names (`residual.N`, `shortcut`).
+fn residual(rest: &str) -> String {
+    const PARTS: [(&str, &str); 5] = [("norm1.", "residual.0."), ("conv1.", "residual.2."), ("norm2.", "residual.3."), ("conv2.", "residual.6."), ("conv_shortcut.", "shortcut.")];
+    PARTS.iter().find_map(|(from, to)| rest.strip_prefix(from).map(|r| format!("{to}{r}"))).unwrap_or_else(|| rest.to_string())
+}
+
 /// The Wan release's name of a VAE tensor in diffusers' names (relative to the VAE), the
 /// inverse of diffusers' `convert_wan_vae_to_diffusers`; `None` for a name outside it.
 pub fn wan_name(d: &str) -> Option<String> {
-    // A residual block's parts.
-    fn residual(rest: &str) -> String {
-        const PARTS: [(&str, &str); 5] = [("norm1.", "residual.0."), ("conv1.", "residual.2."), ("norm2.", "residual.3."), ("conv2.", "residual.6."), ("conv_shortcut.", "shortcut.")];
-        PARTS.iter().find_map(|(from, to)| rest.strip_prefix(from).map(|r| format!("{to}{r}"))).unwrap_or_else(|| rest.to_string())
-    }
     let split = |s: &str| -> Option<(usize, String)> {
         let (i, rest) = s.split_once('.')?;
         Some((i.parse().ok()?, rest.to_string()))
@@ -80,14 +85,35 @@ pub fn wan_name(d: &str) -> Option<String> {
     Some(named(&format!("upsamples.{}.{r}", 4 * b + 3)))
 }
 
+/// The Wan 2.2 release's name of a VAE tensor in diffusers' names (diffusers'
+/// `convert_vae_22` inverted): a stage's residual blocks (`{down,up}_blocks.I.resnets.J`) and
+/// its resampler (`downsampler` / `upsampler`, after the 2 or 3 blocks) nest under
+/// `downsamples.I.downsamples.J` / `upsamples.I.upsamples.J`; the rest as Wan 2.1's.
+pub fn wan22_name(d: &str) -> Option<String> {
+    for (side, blocks, list, sampler, after) in [("encoder", "down_blocks", "downsamples", "downsampler.", 2), ("decoder", "up_blocks", "upsamples", "upsampler.", 3)] {
+        let Some(rest) = d.strip_prefix(&format!("{side}.{blocks}.")) else { continue };
+        let (i, rest) = rest.split_once('.')?;
+        let i: usize = i.parse().ok()?;
+        if let Some(r) = rest.strip_prefix(sampler) {
+            return Some(format!("{side}.{list}.{i}.{list}.{after}.{r}"));
+        }
+        let (j, part) = rest.strip_prefix("resnets.")?.split_once('.')?;
+        return Some(format!("{side}.{list}.{i}.{list}.{j}.{}", residual(part)));
+    }
+    wan_name(d)
+}
+
 /// `src` in the Wan release's names when it holds the VAE in diffusers' names (under any
 /// prefix, which stays); any other source as it is.
 pub fn wan_names(src: Box<dyn TensorSource>) -> Result<Box<dyn TensorSource>> {
     let Some(prefix) = crate::models::prefix_before(src.tensors().iter().map(|t| t.name.as_str()), DIFFUSERS_MARKER) else { return Ok(src) };
+    // Wan 2.2's stages hold their blocks and one resampler (`resnets.J`, `upsampler`), Wan
+    // 2.1's up blocks a list of resamplers (`upsamplers.0`) and its down blocks none.
+    let v22 = src.tensors().iter().any(|t| ["encoder.down_blocks.0.resnets.", "decoder.up_blocks.0.upsampler."].iter().any(|m| t.name.starts_with(&format!("{prefix}{m}"))));
     let renamed = crate::io::Assembled::renamed(src, |t| {
         let rest = t.name.strip_prefix(&prefix)?;
         let mut info = t.clone();
-        info.name = format!("{prefix}{}", wan_name(rest)?);
+        info.name = format!("{prefix}{}", if v22 { wan22_name(rest)? } else { wan_name(rest)? });
         Some(info)
     })
     .map_err(|name| ModelError::Config(format!("two diffusers tensors map to `{name}`")))?;
@@ -117,6 +143,32 @@ pub struct WanVaeConfig {
     pub down: Vec<Layer>,
     /// The decoder's `upsamples` list.
     pub up: Vec<Layer>,
+    /// Wan 2.2: the lists are stages (`downsamples.I.downsamples.J`, each but the last
+    /// ending with its resampler) and each encoder stage, and each decoder stage that
+    /// resamples, adds its input rearranged to its output.
+    pub residual_stages: bool,
+    /// Pixels per side of the patches folded into channels before the encoder and out of
+    /// them after the decoder (Wan 2.2: 2).
+    pub patch: i64,
+}
+
+/// Wan 2.2's latent statistics per channel (ComfyUI's `latent_formats.Wan22`, diffusers'
+/// `latents_mean` / `latents_std` of the TI2V-5B pipeline).
+pub const WAN22_LATENTS_MEAN: [f32; 48] = [
+    -0.2289, -0.0052, -0.1323, -0.2339, -0.2799, 0.0174, 0.1838, 0.1557, -0.1382, 0.0542, 0.2813, 0.0891, 0.1570, -0.0098, 0.0375, -0.1825, -0.2246, -0.1207, -0.0698, 0.5109, 0.2665, -0.2108, -0.2158, 0.2502,
+    -0.2055, -0.0322, 0.1109, 0.1567, -0.0729, 0.0899, -0.2799, -0.1230, -0.0313, -0.1649, 0.0117, 0.0723, -0.2839, -0.2083, -0.0520, 0.3748, 0.0152, 0.1957, 0.1433, -0.2944, 0.3573, -0.0548, -0.1681, -0.0667,
+];
+pub const WAN22_LATENTS_STD: [f32; 48] = [
+    0.4765, 1.0364, 0.4514, 1.1677, 0.5313, 0.4990, 0.4818, 0.5013, 0.8158, 1.0344, 0.5894, 1.0901, 0.6885, 0.6165, 0.8454, 0.4978, 0.5759, 0.3523, 0.7135, 0.6804, 0.5833, 1.4146, 0.8986, 0.5659,
+    0.7069, 0.5338, 0.4889, 0.4917, 0.4069, 0.4999, 0.6866, 0.4093, 0.5709, 0.6065, 0.6415, 0.4944, 0.5726, 1.2042, 0.5458, 1.6887, 0.3971, 1.0600, 0.3943, 0.5537, 0.5444, 0.4089, 0.7468, 0.7744,
+];
+
+/// A layer of the encoder or decoder: its name (relative to the VAE), kind and stage.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Named {
+    pub name: String,
+    pub layer: Layer,
+    pub stage: usize,
 }
 
 impl WanVaeConfig {
@@ -126,31 +178,63 @@ impl WanVaeConfig {
         if !w.contains(&at(MARKER)) {
             return Err(ModelError::Config(format!("not a Wan VAE: no `{}`", at(MARKER))));
         }
-        let list = |side: &str| -> Vec<Layer> {
-            (0..)
-                .map_while(|i| {
-                    let p = format!("{prefix}{side}.{i}");
-                    if w.contains(&format!("{p}.residual.0.gamma")) {
-                        Some(Layer::Residual)
-                    } else if w.contains(&format!("{p}.resample.1.weight")) {
-                        Some(Layer::Resample)
-                    } else {
-                        None
-                    }
-                })
-                .collect()
+        let layer = |p: &str| {
+            if w.contains(&format!("{prefix}{p}.residual.0.gamma")) {
+                Some(Layer::Residual)
+            } else if w.contains(&format!("{prefix}{p}.resample.1.weight")) {
+                Some(Layer::Resample)
+            } else {
+                None
+            }
+        };
+        let residual_stages = w.contains(&at("decoder.upsamples.0.upsamples.0.residual.0.gamma"));
+        let list = |side: &str, kind: &str| -> Result<Vec<Layer>> {
+            if !residual_stages {
+                return Ok((0..).map_while(|i| layer(&format!("{side}.{kind}.{i}"))).collect());
+            }
+            let stages: Vec<Vec<Layer>> = (0..).map(|i| (0..).map_while(|j| layer(&format!("{side}.{kind}.{i}.{kind}.{j}"))).collect::<Vec<_>>()).take_while(|s| !s.is_empty()).collect();
+            // Stages split where a resampler ends one, so each but the last must end so.
+            for (i, st) in stages.iter().enumerate() {
+                let resamplers = st.iter().filter(|l| **l == Layer::Resample).count();
+                let last = i + 1 == stages.len();
+                if resamplers > 1 || (resamplers == 1 && st.last() != Some(&Layer::Resample)) || (!last && resamplers == 0) {
+                    return Err(ModelError::Config(format!("Wan 2.2 VAE stage `{prefix}{side}.{kind}.{i}`: {st:?}; a stage is residual blocks then one resampler (none in the last)")));
+                }
+            }
+            Ok(stages.concat())
         };
         // Kernels are [O·I, taps, kh, kw] ([`video_layout`]); biases give O.
         let out = |name: &str| -> Result<i64> { Ok(w.get(&at(&format!("{name}.bias")))?.ne()[0]) };
         let z_channels = w.get(&at("decoder.conv1.weight"))?.ne()[3] / out("decoder.conv1")?.max(1);
-        let image_channels = out("decoder.head.2")?;
-        let down = if w.contains(&at("encoder.conv1.weight")) { list("encoder.downsamples") } else { Vec::new() };
-        Ok(WanVaeConfig { z_channels, image_channels, down, up: list("decoder.upsamples") })
+        // Wan 2.2 works on 2×2 patches of the image, its channels folded in.
+        let patch = if residual_stages { 2 } else { 1 };
+        let image_channels = out("decoder.head.2")? / (patch * patch);
+        let down = if w.contains(&at("encoder.conv1.weight")) { list("encoder", "downsamples")? } else { Vec::new() };
+        Ok(WanVaeConfig { z_channels, image_channels, down, up: list("decoder", "upsamples")?, residual_stages, patch })
     }
 
     /// Pixels per latent pixel on each side.
     pub fn downscale(&self) -> i64 {
-        1 << self.up.iter().filter(|l| **l == Layer::Resample).count()
+        self.patch << self.up.iter().filter(|l| **l == Layer::Resample).count()
+    }
+
+    /// The encoder's (`encoder`) or decoder's layers in the order they run, each with its
+    /// name and stage (a stage ends with its resampler).
+    pub fn layers(&self, encoder: bool) -> Vec<Named> {
+        let (side, kind, list) = if encoder { ("encoder", "downsamples", &self.down) } else { ("decoder", "upsamples", &self.up) };
+        let (mut stage, mut j) = (0, 0);
+        list.iter()
+            .enumerate()
+            .map(|(n, &layer)| {
+                let name = if self.residual_stages { format!("{side}.{kind}.{stage}.{kind}.{j}") } else { format!("{side}.{kind}.{n}") };
+                let named = Named { name, layer, stage };
+                j += 1;
+                if layer == Layer::Resample {
+                    (stage, j) = (stage + 1, 0);
+                }
+                named
+            })
+            .collect()
     }
 }
 
@@ -207,6 +291,131 @@ impl<'a> Stream<'a, '_> {
     }
 }
 
+/// Splits `axis` (0: width, 1: height) of x [W, H, C, T] (contiguous) into `f` phases, the
+/// phase outermost: [W/f, H, C·T·f] or [W, H/f, C·T·f].
+fn split_axis<'a>(ctx: &'a Context, x: Tensor<'a>, axis: usize, f: i64) -> Result<Tensor<'a>> {
+    let [w, h, c, t] = x.ne();
+    let r = c * t;
+    let y = if axis == 0 {
+        ctx.cont(ctx.permute(ctx.reshape(x, [f, w / f, h, r])?, [3, 0, 1, 2])?)?
+    } else {
+        ctx.cont(ctx.permute(ctx.reshape(x, [w, f, h / f, r])?, [0, 3, 1, 2])?)?
+    };
+    let [a, b, r, f] = y.ne();
+    Ok(ctx.reshape(y, [a, b, r * f, 1])?)
+}
+
+/// The inverse of [`split_axis`]: x [W, H, R·f] whose outermost `f` phases interleave back
+/// into `axis`.
+fn unsplit_axis<'a>(ctx: &'a Context, x: Tensor<'a>, axis: usize, f: i64) -> Result<Tensor<'a>> {
+    let [w, h, c, t] = x.ne();
+    let r = c * t / f;
+    let v = ctx.reshape(x, [w, h, r, f])?;
+    Ok(if axis == 0 {
+        ctx.reshape(ctx.cont(ctx.permute(v, [1, 2, 3, 0])?)?, [f * w, h, r, 1])?
+    } else {
+        ctx.reshape(ctx.cont(ctx.permute(v, [0, 2, 3, 1])?)?, [w, f * h, r, 1])?
+    })
+}
+
+/// Folds blocks of `ft` frames × `fs`×`fs` pixels of x [W, H, C, T] into channels:
+/// [W/fs, H/fs, F·C, T/ft] with F = ft·fs², input channel c at c·F + it·fs² + s, where the
+/// pixel phase s is ih·fs + iw (diffusers' `AvgDown3D`) or, `w_major`, iw·fs + ih (Wan
+/// 2.2's patchify, `b c f (h q) (w r) -> b (c r q) f h w`).
+fn fold<'a>(ctx: &'a Context, x: Tensor<'a>, ft: i64, fs: i64, w_major: bool) -> Result<Tensor<'a>> {
+    let [w, h, c, t] = x.ne();
+    if w % fs != 0 || h % fs != 0 || t % ft != 0 {
+        return Err(ModelError::Input(format!("{w}x{h} pixels of {t} frames cannot fold into {fs}x{fs}x{ft} blocks")));
+    }
+    let mut y = ctx.cont(x)?;
+    if fs > 1 {
+        // The later split's phase ends outermost, the major one.
+        let (first, second) = if w_major { (1, 0) } else { (0, 1) };
+        y = split_axis(ctx, split_axis(ctx, y, first, fs)?, second, fs)?;
+    }
+    let (w2, h2, s, tp) = (w / fs, h / fs, fs * fs, t / ft);
+    let a = w2 * h2;
+    // [A, C, T, S] → [A, S, C, T]: the phases inside each channel.
+    let y = ctx.cont(ctx.permute(ctx.reshape(y, [a, c, t, s])?, [0, 2, 3, 1])?)?;
+    // [A·S, C, ft, T'] → [A·S, ft, C, T']: the frame phase above the pixel phase.
+    let y = if ft > 1 { ctx.cont(ctx.permute(ctx.reshape(y, [a * s, c, ft, tp])?, [0, 2, 1, 3])?)? } else { y };
+    Ok(ctx.reshape(y, [w2, h2, s * ft * c, tp])?)
+}
+
+/// The inverse of [`fold`]: x [W, H, F·C, T] → [W·fs, H·fs, C, T·ft].
+fn unfold<'a>(ctx: &'a Context, x: Tensor<'a>, ft: i64, fs: i64, w_major: bool) -> Result<Tensor<'a>> {
+    let [w2, h2, fc, tp] = x.ne();
+    let (s, a) = (fs * fs, w2 * h2);
+    if fc % (s * ft) != 0 {
+        return Err(ModelError::Input(format!("{fc} channels do not unfold into {fs}x{fs}x{ft} blocks")));
+    }
+    let c = fc / (s * ft);
+    let t = tp * ft;
+    let y = ctx.cont(x)?;
+    let y = if ft > 1 { ctx.cont(ctx.permute(ctx.reshape(y, [a * s, ft, c, tp])?, [0, 2, 1, 3])?)? } else { y };
+    let mut y = ctx.cont(ctx.permute(ctx.reshape(y, [a, s, c, t])?, [0, 3, 1, 2])?)?;
+    if fs > 1 {
+        let (first, second) = if w_major { (1, 0) } else { (0, 1) };
+        y = ctx.reshape(y, [w2, h2, c * t * s, 1])?;
+        y = unsplit_axis(ctx, unsplit_axis(ctx, y, second, fs)?, first, fs)?;
+    }
+    Ok(ctx.reshape(y, [w2 * fs, h2 * fs, c, t])?)
+}
+
+/// Wan 2.2's encoder shortcut (diffusers' `AvgDown3D`): x [W, H, C, T] with its blocks of
+/// `ft` frames × `fs`² pixels folded into channels, then each run of consecutive channels
+/// averaged to `out` channels. A video whose frame count is not a multiple of `ft` gets zero
+/// frames in front (so its first frame averages with zeros); images are each a video's first frame.
+fn avg_down<'a>(ctx: &'a Context, x: Tensor<'a>, ft: i64, fs: i64, out: i64, mode: &Mode<'a, '_>) -> Result<Tensor<'a>> {
+    let [w, h, c, t] = x.ne();
+    let x = match mode {
+        Mode::Images if ft > 1 => ctx.reshape(ctx.pad(ctx.reshape(ctx.cont(x)?, [w * h * c, 1, t, 1])?, [(0, 0), (ft as i32 - 1, 0), (0, 0), (0, 0)])?, [w, h, c, t * ft])?,
+        Mode::Chunk(_) if t % ft != 0 => ctx.pad(ctx.cont(x)?, [(0, 0), (0, 0), (0, 0), ((ft - t % ft) as i32, 0)])?,
+        _ => x,
+    };
+    let y = fold(ctx, x, ft, fs, false)?;
+    let [w2, h2, fc, tp] = y.ne();
+    if out < 1 || fc % out != 0 {
+        return Err(ModelError::Input(format!("a Wan 2.2 stage from {c} to {out} channels: {fc} folded channels do not average into {out}")));
+    }
+    let g = fc / out;
+    let y = ctx.reshape(y, [w2 * h2, g, out, tp])?;
+    let nb = y.nb();
+    let mut sum = ctx.cont(ctx.view(y, [w2 * h2, 1, out, tp], [nb[1], nb[2], nb[3]], 0)?)?;
+    for j in 1..g {
+        sum = ctx.add(sum, ctx.cont(ctx.view(y, [w2 * h2, 1, out, tp], [nb[1], nb[2], nb[3]], j as usize * nb[1])?)?)?;
+    }
+    Ok(ctx.reshape(ctx.scale(sum, 1.0 / g as f32)?, [w2, h2, out, tp])?)
+}
+
+/// Wan 2.2's decoder shortcut (diffusers' `DupUp3D`): each channel of x [W, H, C, T]
+/// repeated and unfolded into blocks of `ft` frames × `fs`² pixels of `out` channels. The
+/// video's first frame keeps only the last of its `ft` frames (as the upsampling path does).
+fn dup_up<'a>(ctx: &'a Context, x: Tensor<'a>, ft: i64, fs: i64, out: i64, mode: &Mode<'a, '_>) -> Result<Tensor<'a>> {
+    let [w, h, c, t] = x.ne();
+    let f = ft * fs * fs;
+    if out < 1 || (out * f) % c != 0 {
+        return Err(ModelError::Input(format!("a Wan 2.2 stage from {c} to {out} channels: {c} channels do not spread over {out}×{f}")));
+    }
+    let r = out * f / c;
+    let v = ctx.repeat(ctx.reshape(ctx.cont(x)?, [w * h, 1, c, t])?, [w * h, r, c, t])?;
+    let y = unfold(ctx, ctx.reshape(v, [w, h, out * f, t])?, ft, fs, false)?; // [W·fs, H·fs, out, T·ft]
+    if ft == 1 {
+        return Ok(y);
+    }
+    let [yw, yh, yc, yt] = y.ne();
+    match mode {
+        Mode::Images => {
+            let v = ctx.reshape(y, [yw * yh * yc, ft, t, 1])?;
+            let nb = v.nb();
+            let last = ctx.view(v, [yw * yh * yc, 1, t, 1], [nb[1], nb[2], nb[3]], (ft - 1) as usize * nb[1])?;
+            Ok(ctx.reshape(ctx.cont(last)?, [yw, yh, yc, t])?)
+        }
+        Mode::Chunk(s) if s.first => Ok(ctx.cont(frames(ctx, y, ft - 1, yt - (ft - 1))?)?),
+        Mode::Chunk(_) => Ok(y),
+    }
+}
+
 /// Frames `from..from + n` of x [W, H, C, T] (contiguous: frames are outermost).
 fn frames<'a>(ctx: &'a Context, x: Tensor<'a>, from: i64, n: i64) -> Result<Tensor<'a>> {
     let [w, h, c, _] = x.ne();
@@ -221,14 +430,12 @@ impl<'w> WanVae<'w> {
             return Err(ModelError::Config(format!("a Wan VAE without decoder stages: no `{}`", at("decoder.upsamples.0.residual.0.gamma"))));
         }
         let vae = WanVae { w, prefix: prefix.to_string(), config, circular: Circular::NONE };
-        for (side, list) in [("decoder.upsamples", &vae.config.up), ("encoder.downsamples", &vae.config.down)] {
-            for (i, l) in list.iter().enumerate() {
-                if *l == Layer::Residual {
-                    for part in ["residual.2", "residual.6"] {
-                        vae.kernel_shape(&format!("{side}.{i}.{part}"))?;
-                    }
-                    w.get(&at(&format!("{side}.{i}.residual.3.gamma")))?;
+        for encoder in [false, true] {
+            for l in vae.config.layers(encoder).iter().filter(|l| l.layer == Layer::Residual) {
+                for part in ["residual.2", "residual.6"] {
+                    vae.kernel_shape(&format!("{}.{part}", l.name))?;
                 }
+                w.get(&at(&format!("{}.residual.3.gamma", l.name)))?;
             }
         }
         let z = vae.config.z_channels;
@@ -470,19 +677,30 @@ impl<'w> WanVae<'w> {
         let mut x = self.conv(ctx, "conv2", z, 1, 0)?;
         x = self.causal(ctx, "decoder.conv1", x, mode)?;
         x = self.middle(ctx, "decoder", x, mode)?;
-        for (i, l) in self.config.up.iter().enumerate() {
-            let p = format!("decoder.upsamples.{i}");
-            x = match l {
-                Layer::Residual => self.residual(ctx, &p, x, mode)?,
-                Layer::Resample => {
-                    if self.w.contains(&self.n(&format!("{p}.time_conv.weight"))) {
-                        x = self.time_up(ctx, &format!("{p}.time_conv"), x, mode)?;
+        let layers = self.config.layers(false);
+        for stage in layers.chunk_by(|a, b| a.stage == b.stage) {
+            let input = x;
+            for l in stage {
+                let p = &l.name;
+                x = match l.layer {
+                    Layer::Residual => self.residual(ctx, p, x, mode)?,
+                    Layer::Resample => {
+                        if self.w.contains(&self.n(&format!("{p}.time_conv.weight"))) {
+                            x = self.time_up(ctx, &format!("{p}.time_conv"), x, mode)?;
+                        }
+                        self.conv(ctx, &format!("{p}.resample.1"), ctx.upscale(x, 2)?, 1, 1)?
                     }
-                    self.conv(ctx, &format!("{p}.resample.1"), ctx.upscale(x, 2)?, 1, 1)?
-                }
-            };
+                };
+            }
+            // Wan 2.2: a resampling stage's input, its channels spread over the new frames
+            // and pixels (`DupUp3D`), added to its output.
+            if let (true, Some(last)) = (self.config.residual_stages, stage.last().filter(|l| l.layer == Layer::Resample)) {
+                let ft = if self.w.contains(&self.n(&format!("{}.time_conv.weight", last.name))) { 2 } else { 1 };
+                x = ctx.add(x, dup_up(ctx, input, ft, 2, x.ne()[2], mode)?)?;
+            }
         }
         let x = self.head(ctx, "decoder", x, mode)?;
+        let x = if self.config.patch > 1 { unfold(ctx, x, 1, self.config.patch, true)? } else { x };
         Ok(ctx.clamp(x, -1.0, 1.0)?)
     }
 
@@ -499,21 +717,34 @@ impl<'w> WanVae<'w> {
         if ch != c.image_channels || w % f != 0 || h % f != 0 {
             return Err(ModelError::Input(format!("image {w}x{h}x{ch}: needs {} channels and sides divisible by {f}", c.image_channels)));
         }
+        let image = if c.patch > 1 { fold(ctx, image, 1, c.patch, true)? } else { image };
         let mut x = self.causal(ctx, "encoder.conv1", image, mode)?;
-        for (i, l) in c.down.iter().enumerate() {
-            let p = format!("encoder.downsamples.{i}");
-            x = match l {
-                Layer::Residual => self.residual(ctx, &p, x, mode)?,
-                // Zero padding right and bottom, then a stride-2 convolution.
-                Layer::Resample => {
-                    let y = self.conv(ctx, &format!("{p}.resample.1"), ctx.pad_spatial(x, [(0, 1), (0, 1)])?, 2, 0)?;
-                    if self.w.contains(&self.n(&format!("{p}.time_conv.weight"))) {
-                        self.time_down(ctx, &format!("{p}.time_conv"), y, mode)?
-                    } else {
-                        y
+        let layers = c.layers(true);
+        for stage in layers.chunk_by(|a, b| a.stage == b.stage) {
+            let input = x;
+            for l in stage {
+                let p = &l.name;
+                x = match l.layer {
+                    Layer::Residual => self.residual(ctx, p, x, mode)?,
+                    // Zero padding right and bottom, then a stride-2 convolution.
+                    Layer::Resample => {
+                        let y = self.conv(ctx, &format!("{p}.resample.1"), ctx.pad_spatial(x, [(0, 1), (0, 1)])?, 2, 0)?;
+                        if self.w.contains(&self.n(&format!("{p}.time_conv.weight"))) {
+                            self.time_down(ctx, &format!("{p}.time_conv"), y, mode)?
+                        } else {
+                            y
+                        }
                     }
-                }
-            };
+                };
+            }
+            // Wan 2.2: every stage's input, its frames and pixels folded into channels and
+            // averaged down to the stage's width (`AvgDown3D`), added to its output.
+            if c.residual_stages {
+                let resample = stage.last().filter(|l| l.layer == Layer::Resample);
+                let ft = if resample.is_some_and(|l| self.w.contains(&self.n(&format!("{}.time_conv.weight", l.name)))) { 2 } else { 1 };
+                let fs = if resample.is_some() { 2 } else { 1 };
+                x = ctx.add(x, avg_down(ctx, input, ft, fs, x.ne()[2], mode)?)?;
+            }
         }
         x = self.middle(ctx, "encoder", x, mode)?;
         x = self.head(ctx, "encoder", x, mode)?;
