@@ -99,6 +99,7 @@ const NOT_PRESETS: &[(&str, &str)] = &[
     ("z_image_base.json", "ComfyUI's Z-Image graph (res_multistep on the simple schedule); sd-cli's runs euler on its discrete schedule"),
     ("wan_t2v.json", "ComfyUI's Wan 2.1 text-to-video graph (uni_pc on the simple schedule at shift 8, an animated WebP); `vid_gen --diffusion-model … --t5xxl … --video-frames …` builds sd-cli's (euler on its discrete schedule at shift 5, an AVI)"),
     ("wan22_moe_t2v.json", "ComfyUI's Wan 2.2 A14B graph (two KSamplerAdvanced halves of the simple schedule at shift 8); `vid_gen … --high-noise-diffusion-model …` builds sd-cli's (its discrete schedule split at --moe-boundary, each expert's own CFG)"),
+    ("wan22_ti2v.json", "ComfyUI's Wan 2.2 TI2V 5B graph (Wan22ImageToVideoLatent's per-frame noise mask, uni_pc on the simple schedule at shift 8); `vid_gen … -i …` with the 5B model builds sd-cli's (its discrete schedule at shift 5, an AVI)"),
     ("wan_flf2v.json", "ComfyUI's Wan 2.1 first-last-frame graph (WanFirstLastFrameToVideo); sd-cli's --end-img is not built yet"),
     ("wan_i2v.json", "ComfyUI's Wan 2.1 image-to-video graph (WanImageToVideo with CLIP vision ViT-H, uni_pc at shift 8); sd-cli's -i with a Wan I2V model is not built yet"),
 ];

@@ -132,6 +132,27 @@ fn ti2v_takes_a_timestep_per_token() {
     let w = weights("ti2v", "", false, &backend);
     assert_eq!(config(&w, "").in_channels, 48);
     check("ti2v", &run("ti2v", &w, ""));
+    // Through the denoiser: each frame at its share of σ (the given first frame at 0, the
+    // noise mask's mean), the velocity read back from the denoised latent.
+    let r = fixture();
+    let c = &r["ti2v"];
+    let mut den = WanDenoiser::new(Wan::new(&w, "", config(&w, "")).unwrap());
+    assert!(den.config().frame_timesteps());
+    let [_, ch, t, h, wd] = dims(&c["latent_shape"])[..] else { panic!() };
+    den.frames = t;
+    den.frame_levels = Some(vec![0.0, 1.0, 1.0]);
+    let x = floats(&c["latent"]);
+    let cs = dims(&c["context_shape"]);
+    let cond = Conditioning::new(floats(&c["context"]), cs[2] as i64, cs[1] as i64).unwrap();
+    let sigma = 0.7;
+    let shape = [wd as i64, h as i64, (ch * t) as i64, 1];
+    let d = den.denoise_batch(&backend, shape, sigma, &[WanItem { x: &x, cond: &cond, concat: None, image: None }]).unwrap().remove(0);
+    let v: Vec<f32> = x.iter().zip(&d).map(|(x, d)| (x - d) / sigma).collect();
+    check("ti2v", &v);
+    // Levels that do not cover every frame are refused by name.
+    den.frame_levels = Some(vec![0.0, 1.0]);
+    let e = den.denoise_batch(&backend, shape, sigma, &[WanItem { x: &x, cond: &cond, concat: None, image: None }]).unwrap_err().to_string();
+    assert!(e.contains("frame noise levels"), "{e}");
 }
 
 /// The denoiser feeds σ·1000 and reads the velocity: `denoised = x − σ·v`, with the

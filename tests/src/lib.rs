@@ -164,7 +164,7 @@ pub fn shrink(mut wf: Workflow, size: i64, steps: i64, image: Option<&str>) -> W
                 }
             }
             // Videos: `size`² frames, 5 of them (2 latent frames).
-            "EmptyHunyuanLatentVideo" | "WanImageToVideo" | "WanFirstLastFrameToVideo" => {
+            "EmptyHunyuanLatentVideo" | "WanImageToVideo" | "WanFirstLastFrameToVideo" | "Wan22ImageToVideoLatent" => {
                 set(&mut wf, "width", serde_json::json!(size));
                 set(&mut wf, "height", serde_json::json!(size));
                 set(&mut wf, "length", serde_json::json!(5));
@@ -629,6 +629,10 @@ pub fn write_wan_models(root: &Path) {
         sdflow_core::synth::write_specs(&path, &t.tensors(), &serde_json::to_string(&t).unwrap(), DType::BF16, 72, Format::Safetensors).unwrap();
     }
     write_once(&models.join("vae"), "wan_2.1_vae.safetensors", &wan_vae_tensors(8, 16), "tiny Wan-2.1 VAE, base 8, z 16", 73);
+    // Wan 2.2 TI2V 5B and its VAE (48 channels, 16x).
+    let ti2v = WanSynth { in_channels: 48, out_channels: 48, ..w };
+    write_once(&models.join("diffusion_models"), "wan2.2_ti2v_5B_fp16.safetensors", &ti2v.tensors(), &serde_json::to_string(&ti2v).unwrap(), 79);
+    write_once(&models.join("vae"), "wan2.2_vae.safetensors", &sdflow_core::synth::dit::wan22_vae_tensors(8, 12, 48), "tiny Wan 2.2 VAE, base 8, decoder base 12, z 48", 80);
 }
 
 /// A rank-2 LoRA on the tiny FLUX dev's double block's image q/k/v and single block's

@@ -168,3 +168,50 @@ fn first_last_frame_reads_both_ends() {
     start_only.nodes.get_mut("11").unwrap().inputs.remove("clip_vision_end_image");
     assert_ne!(run_video(&env, &start_only, "15").2, frames);
 }
+
+/// Wan 2.2 TI2V 5B: the start image through the Wan 2.2 VAE into the first latent frame,
+/// which sampling keeps as it is (the noise mask, the model reading it at level 0) while
+/// the frames after it are sampled; without the image it is text to video.
+#[test]
+fn ti2v_keeps_the_start_frame_and_samples_the_rest() {
+    let env = env();
+    sdflow_tests::write_test_png(&env.dir.path().join("input/input.png"), 72, 56);
+    let wf = env.workflow("wan22_ti2v.json", 32, 2);
+    let (w, h, frames, stamps, ui) = run_video(&env, &wf, "11");
+    assert_eq!((w, h, frames.len(), ui["animated"].clone()), (32, 32, 5, json!([true])));
+    // 24 fps: int(1000 / 24) ms a frame.
+    assert_eq!(stamps[0], 41);
+    let given = env.run_latent(&wf, "7");
+    // Euler's last step lands on the denoised latent, which the mask holds at the given frame.
+    let sampled = env.run_latent(&with_input(&wf, "9", "sampler_name", json!("euler")), "9");
+    // 48 channels × 2 latent frames at 1/16; the first frame given, the second to sample.
+    assert_eq!((given.shape, given.frames), ([2, 2, 96, 1], 2));
+    let mask = given.noise_mask.as_ref().expect("a noise mask");
+    assert_eq!((mask.n, &mask.data[..]), (2, &[0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0][..]));
+    let frame = |l: &sdflow_nodes::values::Latent, f: usize| sdflow_core::models::dit::frame_of(&l.samples, 48, 2, 4, f);
+    let (g0, s0) = (frame(&given, 0), frame(&sampled, 0));
+    let err = g0.iter().zip(&s0).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    assert!(err < 1e-4, "the start frame moved by {err}");
+    // The frame after it starts at the VAE's mean latent and is sampled away from it.
+    let mean = sdflow_core::models::vae::wan::WAN22_LATENTS_MEAN;
+    assert!(frame(&given, 1).chunks(4).zip(mean).all(|(p, m)| p.iter().all(|v| *v == m)));
+    assert!(frame(&sampled, 1).iter().zip(frame(&given, 1)).any(|(a, b)| (a - b).abs() > 1e-2));
+    // The start image and the prompt shape the video; without the image it is T2V.
+    let base = frames;
+    let mut flipped = wf.clone();
+    flipped.nodes.insert("20".into(), NodeSpec::new("ImageInvert").with_input("image", link("4", 0)));
+    flipped.set_input("7", "start_image", link("20", 0)).unwrap();
+    assert_ne!(run_video(&env, &flipped, "11").2, base, "the start image matters");
+    assert_ne!(run_video(&env, &with_input(&wf, "5", "text", json!("a red fox")), "11").2, base, "the prompt matters");
+    let mut t2v = wf.clone();
+    t2v.nodes.get_mut("7").unwrap().inputs.remove("start_image");
+    let empty = env.run_latent(&t2v, "7");
+    assert!(empty.noise_mask.is_none() && empty.samples.iter().all(|v| *v == 0.0));
+    assert_ne!(run_video(&env, &t2v, "11").2, base);
+    // A Wan 2.1 VAE (16 channels) for the 48-channel latent, and sizes off the 16-pixel
+    // blocks, are refused by name.
+    let e = env.run_err(&with_input(&wf, "3", "vae_name", json!("wan_2.1_vae.safetensors")));
+    assert!(e.contains("Wan 2.2 VAE"), "{e}");
+    let e = env.run_err(&with_input(&wf, "7", "width", json!(40)));
+    assert!(e.contains("multiples of 16"), "{e}");
+}

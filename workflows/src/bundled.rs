@@ -38,6 +38,7 @@ pub const BUNDLED: &[(&str, &str)] = &[
     ("txt2img_tiled_vae", include_str!("../txt2img_tiled_vae.json")),
     ("upscale", include_str!("../upscale.json")),
     ("wan22_moe_t2v", include_str!("../wan22_moe_t2v.json")),
+    ("wan22_ti2v", include_str!("../wan22_ti2v.json")),
     ("wan_flf2v", include_str!("../wan_flf2v.json")),
     ("wan_i2v", include_str!("../wan_i2v.json")),
     ("wan_t2v", include_str!("../wan_t2v.json")),

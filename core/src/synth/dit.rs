@@ -551,6 +551,11 @@ impl WanSynth {
         WanSynth { in_channels: 16, out_channels: 16, dim: 1536, ffn: 8960, layers: 30, text_dim: 4096, image_dim: None, image_positions: 0 }
     }
 
+    /// Wan 2.2 TI2V 5B: the Wan 2.2 VAE's 48 channels in and out.
+    pub fn ti2v_5b() -> Self {
+        WanSynth { in_channels: 48, out_channels: 48, dim: 3072, ffn: 14336, ..Self::t2v_1_3b() }
+    }
+
     /// Two blocks of one 128-wide head (the head width every Wan model has), reading
     /// [`T5Synth::tiny_umt5`] states.
     pub fn tiny() -> Self {
@@ -614,7 +619,22 @@ pub fn wan_vae_tensors(base: usize, z: usize) -> Vec<TensorSpec> {
 
 /// [`wan_vae_tensors`] over images of `image_channels` (Qwen-Image-Layered's: 4, RGBA).
 pub fn wan_vae_tensors_for(base: usize, z: usize, image_channels: usize) -> Vec<TensorSpec> {
+    wan_vae_specs(base, base, z, image_channels, false)
+}
+
+/// The Wan 2.2 VAE (TI2V-5B's `wan2.2_vae.safetensors`; full size: base 160, decoder base
+/// 256, z 48) in the release's names: its stages nested (`encoder.downsamples.I.downsamples.J`,
+/// `decoder.upsamples.I.upsamples.J`), RGB 2×2 patches in and out (12 channels), the
+/// decoder's resamplers keeping their width.
+pub fn wan22_vae_tensors(base: usize, decoder_base: usize, z: usize) -> Vec<TensorSpec> {
+    wan_vae_specs(base, decoder_base, z, 3, true)
+}
+
+fn wan_vae_specs(base: usize, decoder_base: usize, z: usize, image_channels: usize, v22: bool) -> Vec<TensorSpec> {
     let mut s = Specs(Vec::new());
+    // Wan 2.2 folds 2×2 patches into channels; its stages nest their layers.
+    let pixels = if v22 { 4 * image_channels } else { image_channels };
+    let layer = |side: &str, kind: &str, stage: usize, j: usize, n: usize| if v22 { format!("{side}.{kind}.{stage}.{kind}.{j}") } else { format!("{side}.{kind}.{n}") };
     let gamma = |s: &mut Specs, name: String, c: usize, dims: usize| s.push(name, [vec![c], vec![1; dims]].concat(), Init::Normal { mean: 1.0, std: super::BIAS_STD });
     let conv3 = |s: &mut Specs, p: String, i: usize, o: usize, k: usize| {
         s.weight(format!("{p}.weight"), vec![o, i, k, k, k]);
@@ -642,20 +662,21 @@ pub fn wan_vae_tensors_for(base: usize, z: usize, image_channels: usize) -> Vec<
         s.weight(format!("{p}.weight"), vec![o, i, 3, 1, 1]);
         s.bias(format!("{p}.bias"), o);
     };
-    conv3(&mut s, "encoder.conv1".into(), image_channels, base, 3);
+    conv3(&mut s, "encoder.conv1".into(), pixels, base, 3);
     let dims: Vec<usize> = [1, 1, 2, 4, 4].iter().map(|u| u * base).collect();
     let mut n = 0;
     for i in 0..4 {
         let (mut cin, cout) = (dims[i], dims[i + 1]);
-        for _ in 0..2 {
-            res(&mut s, &format!("encoder.downsamples.{n}"), cin, cout);
+        for j in 0..2 {
+            res(&mut s, &layer("encoder", "downsamples", i, j, n), cin, cout);
             (cin, n) = (cout, n + 1);
         }
         if i != 3 {
-            s.weight(format!("encoder.downsamples.{n}.resample.1.weight"), vec![cout, cout, 3, 3]);
-            s.bias(format!("encoder.downsamples.{n}.resample.1.bias"), cout);
+            let p = layer("encoder", "downsamples", i, 2, n);
+            s.weight(format!("{p}.resample.1.weight"), vec![cout, cout, 3, 3]);
+            s.bias(format!("{p}.resample.1.bias"), cout);
             if i > 0 {
-                time_conv(&mut s, format!("encoder.downsamples.{n}.time_conv"), cout, cout);
+                time_conv(&mut s, format!("{p}.time_conv"), cout, cout);
             }
             n += 1;
         }
@@ -665,27 +686,31 @@ pub fn wan_vae_tensors_for(base: usize, z: usize, image_channels: usize) -> Vec<
     conv3(&mut s, "encoder.head.2".into(), 4 * base, 2 * z, 3);
     conv3(&mut s, "conv1".into(), 2 * z, 2 * z, 1);
     conv3(&mut s, "conv2".into(), z, z, 1);
-    conv3(&mut s, "decoder.conv1".into(), z, 4 * base, 3);
-    middle(&mut s, "decoder", 4 * base);
-    let dims: Vec<usize> = [4, 4, 4, 2, 1].iter().map(|u| u * base).collect();
+    let db = decoder_base;
+    conv3(&mut s, "decoder.conv1".into(), z, 4 * db, 3);
+    middle(&mut s, "decoder", 4 * db);
+    let dims: Vec<usize> = [4, 4, 4, 2, 1].iter().map(|u| u * db).collect();
+    // Wan 2.1's upsampling convolutions halve the width, Wan 2.2's keep it.
+    let halve = if v22 { 1 } else { 2 };
     let mut n = 0;
     for i in 0..4 {
-        let (mut cin, cout) = (if i > 0 { dims[i] / 2 } else { dims[i] }, dims[i + 1]);
-        for _ in 0..3 {
-            res(&mut s, &format!("decoder.upsamples.{n}"), cin, cout);
+        let (mut cin, cout) = (if i > 0 { dims[i] / halve } else { dims[i] }, dims[i + 1]);
+        for j in 0..3 {
+            res(&mut s, &layer("decoder", "upsamples", i, j, n), cin, cout);
             (cin, n) = (cout, n + 1);
         }
         if i != 3 {
-            s.weight(format!("decoder.upsamples.{n}.resample.1.weight"), vec![cout / 2, cout, 3, 3]);
-            s.bias(format!("decoder.upsamples.{n}.resample.1.bias"), cout / 2);
+            let p = layer("decoder", "upsamples", i, 3, n);
+            s.weight(format!("{p}.resample.1.weight"), vec![cout / halve, cout, 3, 3]);
+            s.bias(format!("{p}.resample.1.bias"), cout / halve);
             if i < 2 {
-                time_conv(&mut s, format!("decoder.upsamples.{n}.time_conv"), cout, 2 * cout);
+                time_conv(&mut s, format!("{p}.time_conv"), cout, 2 * cout);
             }
             n += 1;
         }
     }
-    gamma(&mut s, "decoder.head.0.gamma".into(), base, 3);
-    conv3(&mut s, "decoder.head.2".into(), base, image_channels, 3);
+    gamma(&mut s, "decoder.head.0.gamma".into(), db, 3);
+    conv3(&mut s, "decoder.head.2".into(), db, pixels, 3);
     s.0
 }
 

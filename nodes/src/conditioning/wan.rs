@@ -11,7 +11,8 @@ use crate::image::latent::{latent_zeros, video_latent_frames};
 use crate::image::resize::Method;
 use crate::image::{encode_video, scale_image};
 use crate::runtime::Runtime;
-use crate::values::{ClipRef, ClipVisionOutput, CondList, Image, Latent, VaeRef};
+use crate::values::{ClipRef, ClipVisionOutput, CondList, Image, Latent, Mask, VaeRef};
+use sdflow_core::models::vae::wan::WAN22_LATENTS_MEAN;
 use sdflow_core::models::conditioning::{Conditioning, ImageTokens, VideoImage};
 use sdflow_core::models::t5::{T5Config, T5Encoder};
 use sdflow_core::text::t5::T5Tokenizer;
@@ -36,6 +37,70 @@ pub(crate) fn encode(rt: &Runtime, clip: &ClipRef, text: &str) -> Result<Conditi
 pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
     registry.register(Arc::new(WanImageToVideo { rt: rt.clone() }));
     registry.register(Arc::new(WanFirstLastFrameToVideo { rt: rt.clone() }));
+    registry.register(Arc::new(Wan22ImageToVideoLatent { rt: rt.clone() }));
+}
+
+/// ComfyUI's "Wan22ImageToVideoLatent" (Wan 2.2 TI2V-5B): an empty 48-channel video latent
+/// at 1/16 of the size; with a start image, its first latent frames are the image encoded
+/// by the Wan 2.2 VAE, the others the VAE's mean latent (zeros to the model), and a noise
+/// mask of one plane per frame keeps the given frames (0) while the rest are sampled (1).
+struct Wan22ImageToVideoLatent {
+    rt: Arc<Runtime>,
+}
+
+/// The Wan 2.2 VAE's latent width.
+const WAN22_CHANNELS: usize = 48;
+
+impl Node for Wan22ImageToVideoLatent {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("Wan22ImageToVideoLatent")
+            .display_name("Wan22ImageToVideoLatent")
+            .category("conditioning/inpaint")
+            .description("An empty Wan 2.2 (TI2V-5B) video latent, its first frames the start image encoded by the Wan 2.2 VAE and kept while the rest are sampled.")
+            .input(InputSpec::link("vae", IoType::VAE))
+            .input(InputSpec::int("width", 1280).int_range(32, 16384).int_step(32))
+            .input(InputSpec::int("height", 704).int_range(32, 16384).int_step(32))
+            .input(InputSpec::int("length", 49).int_range(1, 16384).int_step(4))
+            .input(InputSpec::int("batch_size", 1).int_range(1, 4096))
+            .input(InputSpec::link("start_image", IoType::IMAGE).optional())
+            .output("LATENT", IoType::LATENT)
+    }
+
+    fn lane(&self) -> Lane {
+        crate::runtime::device_lane()
+    }
+
+    fn execute(&self, ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let (w, h, length, n) = (inputs.int("width")?, inputs.int("height")?, inputs.int("length")?, inputs.int("batch_size")?);
+        if w < 16 || h < 16 || w % 16 != 0 || h % 16 != 0 || n < 1 || !(1..=16384).contains(&length) {
+            return Err(NodeError::msg(format!("Wan22ImageToVideoLatent: {w}x{h} × {length} frames × {n}: width and height must be multiples of 16 (the Wan 2.2 VAE's blocks)")));
+        }
+        let frames = video_latent_frames(length) as usize;
+        let (lw, lh) = ((w / 16) as usize, (h / 16) as usize);
+        let plane = lw * lh;
+        let mut latent = latent_zeros([lw as i64, lh as i64, (WAN22_CHANNELS * frames) as i64, n])?;
+        latent.frames = frames;
+        let Some(start) = inputs.contains("start_image").then(|| inputs.downcast::<Image>("start_image")).transpose()? else {
+            return Ok(Outputs::new(vec![Value::new(IoType::LATENT, latent)]));
+        };
+        let given = start.n.min(length as usize);
+        let scaled = scale_image(start, w as usize, h as usize, Method::Bilinear, true);
+        let first = Image { data: scaled.data[..given * scaled.height * scaled.width * scaled.channels].to_vec(), n: given, ..scaled };
+        let (encoded, encoded_frames) = encode_video(&self.rt, ctx, inputs.downcast::<VaeRef>("vae")?, &first)?;
+        if encoded.len() != WAN22_CHANNELS * encoded_frames * plane {
+            return Err(NodeError::msg(format!("Wan22ImageToVideoLatent: the VAE gave {} values for {encoded_frames} latent frames; the Wan 2.2 VAE (wan2.2_vae.safetensors, {WAN22_CHANNELS} channels) is needed", encoded.len())));
+        }
+        let known = encoded_frames.min(frames);
+        // [C][T][plane]: given frames encoded, the rest the mean (`process_out(0)`).
+        let sample: Vec<f32> = (0..WAN22_CHANNELS)
+            .flat_map(|c| (0..frames).map(move |t| (c, t)))
+            .flat_map(|(c, t)| if t < known { encoded[(c * encoded_frames + t) * plane..][..plane].to_vec() } else { vec![WAN22_LATENTS_MEAN[c]; plane] })
+            .collect();
+        latent.samples = sample.repeat(n as usize);
+        let mask: Vec<f32> = (0..frames).flat_map(|t| std::iter::repeat_n(if t < known { 0.0 } else { 1.0 }, plane)).collect();
+        latent.noise_mask = Some(Arc::new(Mask { data: mask.repeat(n as usize), n: frames * n as usize, height: lh, width: lw }));
+        Ok(Outputs::new(vec![Value::new(IoType::LATENT, latent)]))
+    }
 }
 
 /// ComfyUI's "WanImageToVideo": an empty video latent, and on both conditionings the

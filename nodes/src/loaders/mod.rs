@@ -347,7 +347,7 @@ impl Node for UnetLoader {
             ModelFamily::ZImage => z_image_model(weights, prefix)?,
             ModelFamily::Flux2 => flux2_model(weights, prefix, det.flux_guidance)?,
             ModelFamily::QwenImage => qwen_image_model(weights, prefix)?,
-            ModelFamily::Wan => wan_model(weights, prefix)?,
+            ModelFamily::Wan => wan_model(weights, prefix, det.in_channels)?,
             _ => flux_model(weights, prefix, det.flux_guidance)?,
         };
         Ok(Outputs::new(vec![Value::new(IoType::MODEL, model)]))
@@ -470,12 +470,17 @@ fn qwen_image_model(weights: WeightHandle<Weights>, prefix: String) -> Result<Mo
 }
 
 /// The MODEL of a Wan transformer: a flow over SD3's schedule shifted by ComfyUI's
-/// default for Wan (`supported_models.WAN21_T2V`: 8), in the Wan-2.1 VAE's latent space.
-fn wan_model(weights: WeightHandle<Weights>, prefix: String) -> Result<ModelRef, NodeError> {
+/// default for Wan (`supported_models.WAN21_T2V`: 8), in its VAE's latent space: Wan
+/// 2.1's, or for a model of 48 input channels (Wan 2.2 TI2V-5B) Wan 2.2's.
+fn wan_model(weights: WeightHandle<Weights>, prefix: String, in_channels: Option<usize>) -> Result<ModelRef, NodeError> {
     let mut m = sd3_model(weights, prefix)?;
     let flow = FlowShift::Snr(WAN_SHIFT);
     m.family = ModelFamily::Wan;
-    m.latent = LatentFormat::per_channel(&wan::LATENTS_MEAN, &wan::LATENTS_STD);
+    m.latent = if in_channels == Some(wan::WAN22_LATENTS_MEAN.len()) {
+        LatentFormat::per_channel(&wan::WAN22_LATENTS_MEAN, &wan::WAN22_LATENTS_STD)
+    } else {
+        LatentFormat::per_channel(&wan::LATENTS_MEAN, &wan::LATENTS_STD)
+    };
     m.schedule = flow.schedule().map_err(err)?;
     m.flow = Some(flow);
     Ok(m)

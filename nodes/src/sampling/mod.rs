@@ -399,9 +399,26 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     let flow = model.flow.is_some();
     let noised = |x0: f32, n: f32, sigma: f32| if flow { x0 * (1.0 - sigma) + n * sigma } else { x0 + n * sigma };
     let x: Vec<f32> = scaled.iter().zip(&noise).map(|(&l, &n)| noised(l, n, sigma0)).collect();
-    // The noise mask at latent resolution, one plane per sample.
-    let mask: Option<Vec<f32>> = latent.noise_mask.as_ref().map(|m| (0..ln as usize).flat_map(|i| m.resized(i, lw as usize, lh as usize)).collect());
-    let mask_at = |mask: &[f32], idx: usize| mask[(idx / (plane * channels)) * plane + idx % plane];
+    // The noise mask at latent resolution, one plane per sample and frame: a video's mask
+    // of one plane per frame and sample (Wan22ImageToVideoLatent's), or one per sample over
+    // all its frames.
+    let frames = latent.frames.max(1);
+    let mask: Option<Vec<f32>> = latent.noise_mask.as_ref().map(|m| {
+        let (lw, lh) = (lw as usize, lh as usize);
+        if frames > 1 && m.n == frames * ln as usize {
+            (0..m.n).flat_map(|i| m.resized(i, lw, lh)).collect()
+        } else {
+            (0..ln as usize).flat_map(|i| m.resized(i, lw, lh).repeat(frames)).collect()
+        }
+    });
+    // Channel k of a sample holds frame k mod T (ComfyUI's [C, T] order).
+    let mask_at = |mask: &[f32], idx: usize| {
+        let (sample, k) = (idx / (plane * channels), (idx % (plane * channels)) / plane);
+        mask[(sample * frames + k % frames) * plane + idx % plane]
+    };
+    // Wan 2.2 TI2V holds given frames at the clean latent, not noised to σ (ComfyUI's
+    // `WAN22.scale_latent_inpaint`).
+    let clean_inpaint = matches!(&den, Den::Wan(d) if d.config().frame_timesteps());
     let differential = model.differential_diffusion.map(|dd| (dd, DifferentialThreshold::new(model, sigmas)));
 
     // The extra input channels: inpainting UNets take a mask and the masked image's
@@ -448,8 +465,8 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     let (mw, mh) = if fill { (lw as usize * 8, lh as usize * 8) } else { (lw as usize, lh as usize) };
     let noise_mask_plane = |i: usize| match &mask {
         None => vec![1.0; mw * mh],
-        Some(m) if fill => Mask { data: m[i * plane..(i + 1) * plane].to_vec(), n: 1, height: lh as usize, width: lw as usize }.resized(0, mw, mh),
-        Some(m) => m[i * plane..(i + 1) * plane].to_vec(),
+        Some(m) if fill => Mask { data: m[i * frames * plane..][..plane].to_vec(), n: 1, height: lh as usize, width: lw as usize }.resized(0, mw, mh),
+        Some(m) => m[i * frames * plane..][..plane].to_vec(),
     };
     let process_in = |v: &[f32]| -> Vec<f32> { model.latent.to_model(v, format_plane) };
     let model_concat = build(&noise_mask_plane, &|i| match &mask {
@@ -552,7 +569,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
         let blended: Option<Vec<f32>> = mask.as_ref().map(|m| {
             x.iter().enumerate().map(|(i, &v)| {
                 let k = mask_at(m, i);
-                v * k + noised(scaled[i], noise[i], sigma) * (1.0 - k)
+                v * k + if clean_inpaint { scaled[i] } else { noised(scaled[i], noise[i], sigma) } * (1.0 - k)
             }).collect()
         });
         let xin = blended.as_deref().unwrap_or(x);
@@ -605,6 +622,11 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
                     rt.with_backend(Module::Diffusion, |b| den.denoise_batch(b, s, sigma, &batch)).map_err(err)
                 }
                 Den::Wan(den) => {
+                    // TI2V reads each frame's level: the mask's mean over the frame.
+                    den.frame_levels = match mask.as_deref() {
+                        Some(m) if den.config().frame_timesteps() => Some(m.chunks_exact(plane).map(|p| p.iter().sum::<f32>() / plane as f32).collect()),
+                        _ => None,
+                    };
                     let concats = items.iter().map(|it| wan_concat(den.config(), it.cond, s, den.frames, &model.latent)).collect::<Result<Vec<_>, _>>()?;
                     let batch: Vec<WanItem<'_>> = items.iter().zip(&concats).map(|(it, c)| WanItem { x: &it.x, cond: it.cond, concat: c.as_deref(), image: it.cond.image_tokens.as_ref().map(|t| &t.data[..]) }).collect();
                     rt.with_backend(Module::Diffusion, |b| den.denoise_batch(b, s, sigma, &batch)).map_err(err)

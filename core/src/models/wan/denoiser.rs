@@ -31,11 +31,15 @@ pub struct WanDenoiser<'w> {
     alloc: Option<GraphAllocator>,
     /// Latent frames per sample, stacked in the channels.
     pub frames: usize,
+    /// Wan 2.2 TI2V: the share of σ each sample's frames are denoised at (ComfyUI's
+    /// `WAN22.process_timestep`, the noise mask's mean over each frame; sd.cpp's timestep 0
+    /// for a given frame), `frames` per sample; `None`: every frame at σ.
+    pub frame_levels: Option<Vec<f32>>,
 }
 
 impl<'w> WanDenoiser<'w> {
     pub fn new(model: Wan<'w>) -> Self {
-        WanDenoiser { model, alloc: None, frames: 1 }
+        WanDenoiser { model, alloc: None, frames: 1, frame_levels: None }
     }
 
     pub fn config(&self) -> &super::WanConfig {
@@ -52,6 +56,11 @@ impl<'w> WanDenoiser<'w> {
             return Err(ModelError::Input(format!("a {shape:?} latent of {frames} frames for a Wan model of {} latent channels", c.out_channels)));
         }
         let per = (w * h * ch * n) as usize;
+        if let Some(l) = &self.frame_levels {
+            if l.len() as i64 != n * frames {
+                return Err(ModelError::Input(format!("{} frame noise levels for {n} samples of {frames} frames", l.len())));
+            }
+        }
         let extra = (w * h * (c.in_channels - c.out_channels) * frames * n) as usize;
         for (k, it) in items.iter().enumerate() {
             if it.x.len() != per {
@@ -126,7 +135,12 @@ impl<'w> WanDenoiser<'w> {
             (Some(id), Some(i)) => Some(run.input_f32(&[id, i.len() as i64 / id, bi], image)?),
             _ => None,
         };
-        let timesteps = vec![sigma * 1000.0; b];
+        // Per token when frames are denoised at levels of their own (each frame's tokens
+        // alike), else one per video.
+        let timesteps: Vec<f32> = match &self.frame_levels {
+            None => vec![sigma * 1000.0; b],
+            Some(levels) => (0..b).flat_map(|k| (0..frames).flat_map(move |f| std::iter::repeat_n(sigma * 1000.0 * levels[(k % n) * frames + f], rows * cols))).collect(),
+        };
         let inputs = WanInputs { x: x_t, frames: frames as i64, rows: rows as i64, cols: cols as i64, context: text_t, image: image_t, timesteps: &timesteps };
         let v = self.model.forward(&ctx, &mut run, &inputs)?;
         let alloc = match &mut self.alloc {

@@ -114,6 +114,13 @@ impl WanConfig {
         vec![d - 4 * (d / 6), 2 * (d / 6), 2 * (d / 6)]
     }
 
+    /// Wan 2.2 TI2V-5B, the model of the Wan 2.2 VAE's 48-channel latents: given frames
+    /// are held clean and read at their own noise level, 0 (ComfyUI's `WAN22`
+    /// `process_timestep` / `scale_latent_inpaint`, sd.cpp's "Wan2.2-TI2V-5B").
+    pub fn frame_timesteps(&self) -> bool {
+        self.out_channels == 48
+    }
+
     pub fn variant(&self) -> Variant {
         match (self.image_dim, self.in_channels > self.out_channels) {
             (Some(_), _) => Variant::I2v,
