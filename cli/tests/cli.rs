@@ -100,8 +100,8 @@ const NOT_PRESETS: &[(&str, &str)] = &[
     ("wan_t2v.json", "ComfyUI's Wan 2.1 text-to-video graph (uni_pc on the simple schedule at shift 8, an animated WebP); `vid_gen --diffusion-model … --t5xxl … --video-frames …` builds sd-cli's (euler on its discrete schedule at shift 5, an AVI)"),
     ("wan22_moe_t2v.json", "ComfyUI's Wan 2.2 A14B graph (two KSamplerAdvanced halves of the simple schedule at shift 8); `vid_gen … --high-noise-diffusion-model …` builds sd-cli's (its discrete schedule split at --moe-boundary, each expert's own CFG)"),
     ("wan22_ti2v.json", "ComfyUI's Wan 2.2 TI2V 5B graph (Wan22ImageToVideoLatent's per-frame noise mask, uni_pc on the simple schedule at shift 8); `vid_gen … -i …` with the 5B model builds sd-cli's (its discrete schedule at shift 5, an AVI)"),
-    ("wan_flf2v.json", "ComfyUI's Wan 2.1 first-last-frame graph (WanFirstLastFrameToVideo); sd-cli's --end-img is not built yet"),
-    ("wan_i2v.json", "ComfyUI's Wan 2.1 image-to-video graph (WanImageToVideo with CLIP vision ViT-H, uni_pc at shift 8); sd-cli's -i with a Wan I2V model is not built yet"),
+    ("wan_flf2v.json", "ComfyUI's Wan 2.1 first-last-frame graph (WanFirstLastFrameToVideo, CLIP vision without cropping, uni_pc at shift 8); `vid_gen … -i … --end-img … --clip_vision …` builds sd-cli's (the CLIP images cut to their centre, euler on its discrete schedule at shift 5)"),
+    ("wan_i2v.json", "ComfyUI's Wan 2.1 image-to-video graph (WanImageToVideo with CLIP vision ViT-H, uni_pc at shift 8); `vid_gen … -i … --clip_vision …` builds sd-cli's (WanFirstLastFrameToVideo, euler on its discrete schedule at shift 5)"),
 ];
 
 #[test]
@@ -1399,6 +1399,68 @@ fn read_mjpg_avi(path: &Path) -> ((u32, u32, u32, u32), Vec<image::RgbImage>) {
     assert_eq!(&b[i..i + 4], b"idx1", "the index follows the frames");
     assert_eq!(u32_at(i + 4) as usize, 16 * frames.len());
     (header, frames)
+}
+
+#[test]
+fn vid_gen_image_to_video_as_sd_cli_does() {
+    fn args(v: &[String]) -> Vec<&str> {
+        v.iter().map(String::as_str).collect()
+    }
+    let dir = tempfile::tempdir().unwrap();
+    sdflow_tests::tiny_tree(dir.path());
+    sdflow_tests::write_wan_models(dir.path());
+    sdflow_tests::write_test_png(&dir.path().join("in.png"), 40, 48);
+    sdflow_tests::write_test_png(&dir.path().join("end.png"), 56, 40);
+    let m = |p: &str| format!("models/{p}");
+    let (umt5, vae, cv) = (m("text_encoders/umt5_xxl_fp8_e4m3fn_scaled.safetensors"), m("vae/wan_2.1_vae.safetensors"), m("clip_vision/clip_vision_h.safetensors"));
+    let run = |model: &str, vae: &str, extra: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = ["vid_gen", "--diffusion-model", &m(&format!("diffusion_models/{model}")), "--t5xxl", &umt5, "--vae", vae, "-p", "a fox turns", "--steps", "2", "-W", "32", "-H", "32", "--video-frames", "5"].iter().map(|s| s.to_string()).collect();
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    };
+    // Wan 2.1 I2V: the start image through CLIP vision (cut to its centre, as sd.cpp's
+    // clip_preprocess) and the VAE beside the latent.
+    let i2v = run("wan2.1_i2v_480p_14B_fp16.safetensors", &vae, &["-i", "in.png", "--clip_vision", &cv]);
+    let printed = ok(&args(&[&i2v[..], &["--print-workflow".to_string()]].concat()), dir.path());
+    for part in ["\"WanFirstLastFrameToVideo\"", "\"CLIPVisionEncode\"", "\"crop\": \"center\"", "\"clip_vision_start_image\"", "\"length\": 5"] {
+        assert!(printed.contains(part), "{part} in {printed}");
+    }
+    assert!(!printed.contains("clip_vision_end_image") && !printed.contains("EmptyHunyuanLatentVideo"), "{printed}");
+    ok(&args(&[&i2v[..], &["-o".to_string(), "i2v.avi".to_string()]].concat()), dir.path());
+    let (_, frames) = read_mjpg_avi(&dir.path().join("i2v.avi"));
+    assert_eq!((frames.len(), frames[0].dimensions()), (5, (32, 32)));
+    // The end image changes the video (the I2V model's last frame, not its CLIP states).
+    ok(&args(&[&i2v[..], &["--end-img".to_string(), "end.png".to_string(), "-o".to_string(), "i2v_end.avi".to_string()]].concat()), dir.path());
+    let (_, ended) = read_mjpg_avi(&dir.path().join("i2v_end.avi"));
+    assert_ne!(ended[4].as_raw(), frames[4].as_raw());
+    let (_, err) = fails(&args(&run("wan2.1_i2v_480p_14B_fp16.safetensors", &vae, &["-i", "in.png"])), dir.path());
+    assert!(err.contains("--clip_vision"), "{err}");
+    let (_, err) = fails(&args(&run("wan2.1_i2v_480p_14B_fp16.safetensors", &vae, &["--clip_vision", &cv])), dir.path());
+    assert!(err.contains("-i"), "{err}");
+    // FLF2V: both images' CLIP states; the end image is required.
+    let flf = run("wan2.1_flf2v_720p_14B_fp16.safetensors", &vae, &["-i", "in.png", "--end-img", "end.png", "--clip_vision", &cv]);
+    let printed = ok(&args(&[&flf[..], &["--print-workflow".to_string()]].concat()), dir.path());
+    assert!(printed.contains("\"clip_vision_end_image\"") && printed.contains("\"end_image\""), "{printed}");
+    ok(&args(&[&flf[..], &["-o".to_string(), "flf.avi".to_string()]].concat()), dir.path());
+    assert_eq!(read_mjpg_avi(&dir.path().join("flf.avi")).1.len(), 5);
+    let (_, err) = fails(&args(&run("wan2.1_flf2v_720p_14B_fp16.safetensors", &vae, &["-i", "in.png", "--clip_vision", &cv])), dir.path());
+    assert!(err.contains("--end-img"), "{err}");
+    // Wan 2.2 TI2V 5B: the start image as the kept first latent frame of the Wan 2.2 VAE's
+    // latent; without -i, text to video on the same latent.
+    let vae22 = m("vae/wan2.2_vae.safetensors");
+    let ti2v = run("wan2.2_ti2v_5B_fp16.safetensors", &vae22, &["-i", "in.png"]);
+    let printed = ok(&args(&[&ti2v[..], &["--print-workflow".to_string()]].concat()), dir.path());
+    assert!(printed.contains("\"Wan22ImageToVideoLatent\"") && printed.contains("\"start_image\""), "{printed}");
+    ok(&args(&[&ti2v[..], &["-o".to_string(), "ti2v.avi".to_string()]].concat()), dir.path());
+    let (_, ti) = read_mjpg_avi(&dir.path().join("ti2v.avi"));
+    assert_eq!((ti.len(), ti[0].dimensions()), (5, (32, 32)));
+    ok(&args(&run("wan2.2_ti2v_5B_fp16.safetensors", &vae22, &["-o", "t2v5b.avi"])), dir.path());
+    assert_ne!(read_mjpg_avi(&dir.path().join("t2v5b.avi")).1[0].as_raw(), ti[0].as_raw());
+    let (_, err) = fails(&args(&run("wan2.2_ti2v_5B_fp16.safetensors", &vae22, &["-i", "in.png", "--end-img", "end.png"])), dir.path());
+    assert!(err.contains("--end-img"), "{err}");
+    // img_gen takes neither flag.
+    let (_, err) = fails(&["img_gen", "-m", "models/checkpoints/model.safetensors", "-p", "x", "--end-img", "end.png"], dir.path());
+    assert!(err.contains("--end-img"), "{err}");
 }
 
 #[test]

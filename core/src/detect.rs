@@ -129,6 +129,10 @@ pub struct Detection {
     pub double_blocks: Option<usize>,
     /// Qwen-Image-Layered (`addition_t_embedding`): it decomposes an image into layers.
     pub qwen_layered: bool,
+    /// Wan 2.1 I2V / FLF2V (`img_emb`): the model reads CLIP-vision states of its images.
+    pub wan_clip: bool,
+    /// Wan 2.1 FLF2V (`img_emb.emb_pos`): those of a start and an end image.
+    pub wan_flf: bool,
     pub components: Components,
     /// A human-readable summary; for `Unknown`, what was (not) found.
     pub message: String,
@@ -195,6 +199,8 @@ pub fn detect(tensors: &[TensorInfo]) -> Detection {
         flux_guidance: false,
         double_blocks: None,
         qwen_layered: false,
+        wan_clip: false,
+        wan_flf: false,
         components: components(tensors),
         message: String::new(),
     };
@@ -295,6 +301,10 @@ pub fn detect(tensors: &[TensorInfo]) -> Detection {
             if let Some(embed) = tensors.iter().find(|t| t.name == format!("{p}patch_embedding.weight")) {
                 d.in_channels = dim(Some(embed), 1);
                 d.double_blocks = Some(block_count(tensors, &format!("{p}blocks.")));
+                // The release's `img_emb` (diffusers': `condition_embedder.image_embedder`).
+                let has = |s: &str| tensors.iter().any(|t| t.name.starts_with(&format!("{p}{s}")));
+                d.wan_clip = has("img_emb.") || has("condition_embedder.image_embedder.");
+                d.wan_flf = has("img_emb.emb_pos") || has("condition_embedder.image_embedder.pos_embed");
                 return finish_dit(d, ModelFamily::Wan, p, layout);
             }
         }

@@ -13,7 +13,6 @@ use crate::run;
 /// sd-cli flags that map to nothing in sdflow yet: accepted by the parser (so they are not
 /// "unknown"), refused when given.
 const REFUSED: &[(&str, bool, &str)] = &[
-    ("clip_vision", true, "vid_gen's Wan image to video (-i with --clip_vision) is not built yet (workflows run it: CLIPVisionEncode into WanImageToVideo), and unCLIP is not implemented; IP-Adapter's image encoder is a workflow node (CLIPVisionLoader)"),
     ("force-sdxl-vae-conv-scale", false, "sdflow's VAE convolutions run in f32 or bf16 with f32 sums, where the fp16 overflow this works around does not arise"),
     ("mmap", false, "model files are always memory-mapped when the format allows"),
     ("auto-fit", false, "placement from model sizes is not implemented; --backend, --params-backend and --max-vram place modules"),
@@ -21,9 +20,8 @@ const REFUSED: &[(&str, bool, &str)] = &[
     ("stream-layers", false, "segmented execution (streaming a model's blocks through the GPU) is not implemented"),
     ("eager-load", false, "weights load on first use, through the residency manager"),
     ("rpc-servers", true, "ggml's RPC backend is not built"),
-    ("end-img", true, "Wan first-last-frame to video is not implemented (text to video is)"),
     ("control-video", true, "Wan VACE is not implemented (text to video is)"),
-    ("high-noise-img-cfg-scale", true, "the high-noise expert samples with --high-noise-cfg-scale alone (no image CFG: image to video is not built)"),
+    ("high-noise-img-cfg-scale", true, "the high-noise expert samples with --high-noise-cfg-scale alone (Wan's image to video takes no image CFG)"),
     ("high-noise-guidance", true, "Wan takes no distilled guidance"),
     ("high-noise-slg-scale", true, "skip-layer guidance runs on SD3, FLUX.1 and Chroma, not on Wan's experts"),
     ("high-noise-skip-layer-start", true, "skip-layer guidance runs on SD3, FLUX.1 and Chroma, not on Wan's experts"),
@@ -474,6 +472,13 @@ pub struct ImgGenArgs {
     /// Number of Qwen Image Layered layers; latent/output count is layers + 1.
     #[arg(long, value_name = "int", default_value_t = 3, allow_negative_numbers = true)]
     pub qwen_image_layers: i64,
+    /// The video's last frame (vid_gen: Wan FLF2V, Wan 2.1/2.2 I2V).
+    #[arg(long = "end-img", value_name = "string")]
+    pub end_img: Option<String>,
+    /// CLIP-vision ViT-H (clip_vision_h.safetensors): how a Wan 2.1 I2V / FLF2V model reads
+    /// its images (vid_gen).
+    #[arg(long = "clip_vision", value_name = "string")]
+    pub clip_vision: Option<String>,
     /// Video frames to generate (vid_gen; rounded down to 4·k + 1 as sd.cpp does).
     #[arg(long, value_name = "int", default_value_t = 1, allow_negative_numbers = true)]
     pub video_frames: i64,

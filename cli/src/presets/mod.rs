@@ -269,6 +269,8 @@ fn img_gen_params(a: &ImgGenArgs, probe: &Probe, seed: i64, names: &mut Names<'_
         seed,
         batch_count: a.batch_count,
         init_img: names.image("-i", &a.init_img)?,
+        end_img: names.image("--end-img", &a.end_img)?,
+        clip_vision: names.model("clip_vision", "--clip_vision", &a.clip_vision)?,
         mask: names.image("--mask", &a.mask)?,
         strength: a.strength.unwrap_or(0.75),
         clip_skip: a.clip_skip,
@@ -456,7 +458,7 @@ pub fn vid_gen_command(v: VidGenArgs) -> anyhow::Result<()> {
     let seed = presets::resolve_seed(a.sampling.seed);
     let probe = probe(&a);
     if probe.info.family != presets::Family::Wan {
-        bail!("not supported yet: vid_gen with this model (Wan text-to-video models are; give one with --diffusion-model or -m)");
+        bail!("not supported yet: vid_gen with this model (Wan models are; give one with --diffusion-model or -m)");
     }
     let params = |names: &mut Names<'_>| -> anyhow::Result<ImgGenParams> {
         let video = presets::VideoParams { high_noise: high_noise(names)?, ..video.clone() };

@@ -233,13 +233,7 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
             (Out(cond, 2), p.strength, "Inpainting".to_string(), "sd-cli's --mask with a FLUX.1 Fill model: the masked image and the mask go beside the latent into the model's 384 input channels (InpaintModelConditioning), and sampling is held at the image outside the mask.".to_string())
         }
         (Family::Flux { fill: true, .. }, _, _) => return Err(PresetError::Missing { flag: "--mask".into(), msg: "a FLUX.1 Fill model inpaints: give -i and --mask".into() }),
-        (Family::Wan, Some(_), _) => return Err(not_supported("-i", "with a Wan model (image to video, FLF2V and VACE are not implemented yet; text to video is)")),
-        (Family::Wan, None, _) => {
-            let frames = p.video.clone().unwrap_or_default().aligned_frames();
-            let empty = NodeSpec::new("EmptyHunyuanLatentVideo").with_const("width", json!(p.width)).with_const("height", json!(p.height)).with_const("length", json!(frames)).with_const("batch_size", json!(p.batch_count));
-            let key = b.core("latent", "--video-frames", empty);
-            (Out(key, 0), 1.0, "Text to video".to_string(), empty_description.to_string())
-        }
+        (Family::Wan, _, _) => wan_latent(&mut b, p, &vae, &mut pos, &mut neg, empty_description)?,
         (Family::QwenImage, Some(_), _) if p.model_info.qwen_layered => return Err(not_supported("-i", "with a Qwen-Image-Layered model (it decomposes the -r image into layers)")),
         (Family::QwenImage, None, _) if p.model_info.qwen_layered => {
             let empty = NodeSpec::new("EmptyQwenImageLayeredLatentImage").with_const("width", json!(p.width)).with_const("height", json!(p.height)).with_const("layers", json!(p.qwen_image_layers)).with_const("batch_size", json!(p.batch_count));
@@ -303,6 +297,86 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
     Ok(b.finish(title, description))
 }
 
+/// sd-cli's vid_gen latent for a Wan model, and the conditioning its images add, by the
+/// channels the model reads (sd.cpp's `prepare_video_generation_latents`): a T2V model an
+/// empty video; an I2V / FLF2V model (36) a grey video with `-i` as its first frame and
+/// `--end-img` as its last through the VAE beside the latent, with the mask of what is
+/// given (all four sub-frames of the first latent frame, the last sub-frame of the last),
+/// and for Wan 2.1's the images' CLIP-vision states (`--clip_vision`, penultimate layer,
+/// the image covering 224² and cut to its centre) — what WanFirstLastFrameToVideo makes;
+/// TI2V 5B (48) a Wan 2.2 latent whose first frame is `-i` encoded, kept while the rest are
+/// sampled (Wan22ImageToVideoLatent).
+fn wan_latent(b: &mut Builder, p: &ImgGenParams, vae: &Out, pos: &mut Out, neg: &mut Out, t2v_description: &str) -> Result<(Out, f64, String, String), PresetError> {
+    let frames = p.video.clone().unwrap_or_default().aligned_frames();
+    let info = &p.model_info;
+    let load = |b: &mut Builder, key: &str, flag: &str, file: &str| Out(b.core(key, flag, NodeSpec::new("LoadImage").with_const("image", json!(file))), 0);
+    let sized = |node: NodeSpec| node.with_const("width", json!(p.width)).with_const("height", json!(p.height)).with_const("length", json!(frames)).with_const("batch_size", json!(p.batch_count));
+    match info.wan_in_channels {
+        Some(48) => {
+            if p.end_img.is_some() {
+                return Err(not_supported("--end-img", "with Wan 2.2 TI2V (sd.cpp's kept last frame is not built: Wan22ImageToVideoLatent takes a start image)"));
+            }
+            if p.clip_vision.is_some() {
+                return Err(not_supported("--clip_vision", "with Wan 2.2 TI2V (it reads no CLIP-vision states)"));
+            }
+            let mut node = sized(NodeSpec::new("Wan22ImageToVideoLatent").with_input("vae", link(vae)));
+            if let Some(img) = &p.init_img {
+                node = node.with_input("start_image", link(&load(b, "image", "-i", img)));
+            }
+            let key = b.core("latent", "--video-frames", node);
+            Ok(match &p.init_img {
+                Some(_) => (Out(key, 0), 1.0, "Text and image to video".to_string(), "sd-cli's vid_gen with Wan 2.2 TI2V 5B: the -i image encoded by the Wan 2.2 VAE as the first latent frame, held clean and read at noise level 0 while the frames after it are sampled (UMT5-XXL prompts in chunks of 512 tokens with the padding zeroed, euler over sd.cpp's discrete flow schedule, shift 5, real CFG at --cfg-scale).".to_string()),
+                None => (Out(key, 0), 1.0, "Text to video".to_string(), t2v_description.replace("a Wan text-to-video model", "Wan 2.2 TI2V 5B (its 48-channel latent at 1/16)")),
+            })
+        }
+        Some(36) => {
+            let Some(start) = &p.init_img else {
+                return Err(PresetError::Missing { flag: "-i".into(), msg: "a Wan image-to-video model starts from an image: give -i (and --end-img for its last frame)".into() });
+            };
+            let mut node = sized(NodeSpec::new("WanFirstLastFrameToVideo").with_input("positive", link(pos)).with_input("negative", link(neg)).with_input("vae", link(vae)));
+            let start = load(b, "image", "-i", start);
+            node = node.with_input("start_image", link(&start));
+            let end = p.end_img.as_ref().map(|e| load(b, "end_image", "--end-img", e));
+            if let Some(e) = &end {
+                node = node.with_input("end_image", link(e));
+            }
+            let mut what = "Wan 2.2 I2V".to_string();
+            if info.wan_clip {
+                let Some(cv) = &p.clip_vision else {
+                    return Err(PresetError::Missing { flag: "--clip_vision".into(), msg: "a Wan 2.1 image-to-video model reads the image through CLIP vision ViT-H: give --clip_vision clip_vision_h.safetensors".into() });
+                };
+                if info.wan_flf && end.is_none() {
+                    return Err(PresetError::Missing { flag: "--end-img".into(), msg: "a Wan 2.1 FLF2V model reads a start and an end image (sd.cpp gives it zeros for a missing end)".into() });
+                }
+                let loader = Out(b.core("clip_vision", "--clip_vision", NodeSpec::new("CLIPVisionLoader").with_const("clip_name", json!(cv))), 0);
+                let encode = |b: &mut Builder, key: &str, flag: &str, image: &Out| Out(b.core(key, flag, NodeSpec::new("CLIPVisionEncode").with_input("clip_vision", link(&loader)).with_input("image", link(image)).with_const("crop", json!("center"))), 0);
+                node = node.with_input("clip_vision_start_image", link(&encode(b, "clip_vision_start", "--clip_vision", &start)));
+                // Only FLF2V reads the end image's states; I2V's video still ends on it.
+                if let (true, Some(e)) = (info.wan_flf, &end) {
+                    node = node.with_input("clip_vision_end_image", link(&encode(b, "clip_vision_end", "--end-img", e)));
+                }
+                what = if info.wan_flf { "Wan 2.1 FLF2V" } else { "Wan 2.1 I2V" }.to_string();
+            } else if p.clip_vision.is_some() {
+                return Err(not_supported("--clip_vision", "with Wan 2.2 I2V (it reads no CLIP-vision states)"));
+            }
+            let key = b.core("latent", "-i", node);
+            (*pos, *neg) = (Out(key.clone(), 0), Out(key.clone(), 1));
+            let clip = if info.wan_clip { ", and the images' CLIP-vision states (--clip_vision: the penultimate layer, the image covering 224² cut to its centre)" } else { "" };
+            let description = format!("sd-cli's vid_gen with {what}: a grey video with -i as its first frame{} through the Wan VAE beside the latent, with the mask of the given frames{clip}; UMT5-XXL prompts in chunks of 512 tokens with the padding zeroed, euler over sd.cpp's discrete flow schedule (shift 5), real CFG at --cfg-scale.", if end.is_some() { " and --end-img as its last" } else { "" });
+            Ok((Out(key, 2), 1.0, if end.is_some() { "First and last frame to video" } else { "Image to video" }.to_string(), description))
+        }
+        _ => {
+            for (given, flag) in [(p.init_img.is_some(), "-i"), (p.end_img.is_some(), "--end-img"), (p.clip_vision.is_some(), "--clip_vision")] {
+                if given {
+                    return Err(not_supported(flag, "with a Wan text-to-video model (sd.cpp reads -i as VACE's reference image, and VACE is not built; image to video takes an I2V, FLF2V or TI2V model)"));
+                }
+            }
+            let key = b.core("latent", "--video-frames", sized(NodeSpec::new("EmptyHunyuanLatentVideo")));
+            Ok((Out(key, 0), 1.0, "Text to video".to_string(), t2v_description.to_string()))
+        }
+    }
+}
+
 /// What the two expert passes of a Wan2.2 MoE share with the rest of the graph.
 struct MoeContext<'a> {
     shift: FlowShift,
@@ -318,8 +392,8 @@ struct MoeContext<'a> {
 /// sampled by the high-noise expert (its own CFG scale and sampler, noise added once), the
 /// rest by the low-noise one from that latent.
 fn moe_passes(b: &mut Builder, p: &ImgGenParams, h: &super::HighNoiseParams, s: &Sampling<'_>, low: &Out, m: &MoeContext<'_>) -> Result<Out, PresetError> {
-    if p.sigmas.is_some() || p.init_img.is_some() || p.scheduler.as_deref().is_some_and(|s| s != "discrete") {
-        return Err(not_supported("--high-noise-diffusion-model", "with --sigmas, -i or a --scheduler other than discrete (the experts split sd.cpp's discrete schedule)"));
+    if p.sigmas.is_some() || p.scheduler.as_deref().is_some_and(|s| s != "discrete") {
+        return Err(not_supported("--high-noise-diffusion-model", "with --sigmas or a --scheduler other than discrete (the experts split sd.cpp's discrete schedule)"));
     }
     if !(h.boundary.is_finite() && (0.0..=1.0).contains(&h.boundary)) {
         return Err(invalid("--moe-boundary", format!("{} is outside 0..=1", h.boundary)));

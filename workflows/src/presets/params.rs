@@ -212,6 +212,10 @@ pub struct ImgGenParams {
     pub a1111: Option<A1111Img2Img>,
     /// `-i`, `--mask`, `--strength` (0.75).
     pub init_img: Option<String>,
+    /// vid_gen: `--end-img` (a Wan video's last frame) and `--clip_vision` (the CLIP-vision
+    /// ViT-H a Wan 2.1 I2V / FLF2V model reads its images through).
+    pub end_img: Option<String>,
+    pub clip_vision: Option<String>,
     pub mask: Option<String>,
     pub strength: f64,
     /// `--clip-skip` (≤ 0: the model's default).
@@ -320,6 +324,11 @@ pub struct ModelInfo {
     pub flux2_guidance: bool,
     /// Qwen-Image-Layered: the model decomposes an image into `--qwen-image-layers` layers.
     pub qwen_layered: bool,
+    /// Wan: the transformer's input channels (16 T2V, 36 I2V / FLF2V, 48 TI2V).
+    pub wan_in_channels: Option<usize>,
+    /// Wan 2.1 I2V / FLF2V: it reads the start (and FLF2V the end) image's CLIP-vision states.
+    pub wan_clip: bool,
+    pub wan_flf: bool,
 }
 
 impl ModelInfo {
@@ -334,7 +343,7 @@ impl ModelInfo {
             (true, true, false) => Family::Flux { fill: false, guidance: true },
             (true, false, false) => Family::Chroma,
         };
-        ModelInfo { family, has_text_encoders: true, has_vae: true, double_blocks: None, flux2_guidance: false, qwen_layered: false }
+        ModelInfo { family, has_text_encoders: true, has_vae: true, double_blocks: None, flux2_guidance: false, qwen_layered: false, wan_in_channels: None, wan_clip: false, wan_flf: false }
     }
 
     /// Reads the diffusion model's file (`diffusion_model`, else `model`) and what `model`
@@ -368,7 +377,17 @@ impl ModelInfo {
             ModelFamily::Unknown => return None,
             _ => Family::Unet,
         };
-        let mut info = ModelInfo { family, double_blocks: d.double_blocks, flux2_guidance: family == Family::Flux2 && d.flux_guidance, qwen_layered: family == Family::QwenImage && d.qwen_layered, ..ModelInfo::default() };
+        let wan = family == Family::Wan;
+        let mut info = ModelInfo {
+            family,
+            double_blocks: d.double_blocks,
+            flux2_guidance: family == Family::Flux2 && d.flux_guidance,
+            qwen_layered: family == Family::QwenImage && d.qwen_layered,
+            wan_in_channels: d.in_channels.filter(|_| wan),
+            wan_clip: wan && d.wan_clip,
+            wan_flf: wan && d.wan_flf,
+            ..ModelInfo::default()
+        };
         // What -m holds beside the diffusion model (all of it for a UNet checkpoint; an
         // unreadable -m is left to CheckpointLoaderSimple to report).
         match model {
@@ -507,6 +526,8 @@ impl Default for ImgGenParams {
             refiner: None,
             a1111: None,
             init_img: None,
+            end_img: None,
+            clip_vision: None,
             mask: None,
             strength: 0.75,
             clip_skip: -1,
