@@ -87,7 +87,7 @@ fn run(case: &str, w: &Weights, prefix: &str) -> Vec<f32> {
         None
     };
     let timesteps = floats(&c["timestep"]);
-    let out = model.forward(&ctx, &mut g, &WanInputs { x, frames: t as i64, rows: rows as i64, cols: cols as i64, context, image, timesteps: &timesteps }).unwrap();
+    let out = model.forward(&ctx, &mut g, &WanInputs { x, frames: t as i64, rows: rows as i64, cols: cols as i64, context, image, timesteps: &timesteps, vace: &[] }).unwrap();
     let v = g.compute(&backend, &[out], 16384).unwrap().remove(0);
     channel_major(&unpatchify_hwc(&v, [b * t, out_ch, h, wd], 2).unwrap(), out_ch, t, h * wd)
 }
@@ -146,12 +146,12 @@ fn ti2v_takes_a_timestep_per_token() {
     let cond = Conditioning::new(floats(&c["context"]), cs[2] as i64, cs[1] as i64).unwrap();
     let sigma = 0.7;
     let shape = [wd as i64, h as i64, (ch * t) as i64, 1];
-    let d = den.denoise_batch(&backend, shape, sigma, &[WanItem { x: &x, cond: &cond, concat: None, image: None }]).unwrap().remove(0);
+    let d = den.denoise_batch(&backend, shape, sigma, &[WanItem { x: &x, cond: &cond, concat: None, image: None, vace: &[] }]).unwrap().remove(0);
     let v: Vec<f32> = x.iter().zip(&d).map(|(x, d)| (x - d) / sigma).collect();
     check("ti2v", &v);
     // Levels that do not cover every frame are refused by name.
     den.frame_levels = Some(vec![0.0, 1.0]);
-    let e = den.denoise_batch(&backend, shape, sigma, &[WanItem { x: &x, cond: &cond, concat: None, image: None }]).unwrap_err().to_string();
+    let e = den.denoise_batch(&backend, shape, sigma, &[WanItem { x: &x, cond: &cond, concat: None, image: None, vace: &[] }]).unwrap_err().to_string();
     assert!(e.contains("frame noise levels"), "{e}");
 }
 
@@ -171,12 +171,12 @@ fn denoiser_reads_velocity_at_sigma_times_1000() {
     let cond = Conditioning::new(floats(&c["context"]), cs[2] as i64, cs[1] as i64).unwrap();
     let sigma = floats(&c["timestep"])[0] / 1000.0;
     let shape = [wd as i64, h as i64, (ch * t) as i64, 1];
-    let d = den.denoise_batch(&backend, shape, sigma, &[WanItem { x: &x, cond: &cond, concat: None, image: None }]).unwrap().remove(0);
+    let d = den.denoise_batch(&backend, shape, sigma, &[WanItem { x: &x, cond: &cond, concat: None, image: None, vace: &[] }]).unwrap().remove(0);
     let v: Vec<f32> = x.iter().zip(&d).map(|(x, d)| (x - d) / sigma).collect();
     check("t2v", &v);
     // A latent whose channels are not the model's × its frames is refused by name.
     den.frames = t + 1;
-    let e = den.denoise_batch(&backend, shape, sigma, &[WanItem { x: &x, cond: &cond, concat: None, image: None }]).unwrap_err().to_string();
+    let e = den.denoise_batch(&backend, shape, sigma, &[WanItem { x: &x, cond: &cond, concat: None, image: None, vace: &[] }]).unwrap_err().to_string();
     assert!(e.contains("frames") && e.contains("16 latent channels"), "{e}");
 }
 
@@ -193,17 +193,76 @@ fn refuses_missing_or_extra_image_inputs() {
     let x = floats(&c["latent"]);
     let cond = Conditioning::new(floats(&c["context"]), 32, 7).unwrap();
     let shape = [6, 4, 48, 1];
-    let e = den.denoise_batch(&backend, shape, 0.5, &[WanItem { x: &x, cond: &cond, concat: None, image: None }]).unwrap_err().to_string();
+    let e = den.denoise_batch(&backend, shape, 0.5, &[WanItem { x: &x, cond: &cond, concat: None, image: None, vace: &[] }]).unwrap_err().to_string();
     assert!(e.contains("36 input channels"), "{e}");
     let narrow = Conditioning::new(vec![0.0; 16 * 7], 16, 7).unwrap();
-    let e = den.denoise_batch(&backend, shape, 0.5, &[WanItem { x: &x, cond: &narrow, concat: None, image: None }]).unwrap_err().to_string();
+    let e = den.denoise_batch(&backend, shape, 0.5, &[WanItem { x: &x, cond: &narrow, concat: None, image: None, vace: &[] }]).unwrap_err().to_string();
     assert!(e.contains("UMT5"), "{e}");
     let concat = vec![0.0; 20 * 3 * 24];
-    let e = den.denoise_batch(&backend, shape, 0.5, &[WanItem { x: &x, cond: &cond, concat: Some(&concat), image: None }]).unwrap_err().to_string();
+    let e = den.denoise_batch(&backend, shape, 0.5, &[WanItem { x: &x, cond: &cond, concat: Some(&concat), image: None, vace: &[] }]).unwrap_err().to_string();
     assert!(e.contains("CLIP-vision"), "{e}");
     let t2v = weights("t2v", "", false, &backend);
     let mut den = WanDenoiser::new(Wan::new(&t2v, "", config(&t2v, "")).unwrap());
     den.frames = 3;
-    let e = den.denoise_batch(&backend, shape, 0.5, &[WanItem { x: &x, cond: &cond, concat: Some(&concat), image: None }]).unwrap_err().to_string();
+    let e = den.denoise_batch(&backend, shape, 0.5, &[WanItem { x: &x, cond: &cond, concat: Some(&concat), image: None, vace: &[] }]).unwrap_err().to_string();
     assert!(e.contains("text-to-video"), "{e}");
+}
+
+/// Wan VACE: the control through its patch embedding and the VACE blocks after blocks 0
+/// and 2 (the first adding the video's embedding), each hint added at the strength;
+/// through the model and through the denoiser, in the release's and diffusers' names.
+#[test]
+fn vace_matches_diffusers() {
+    use sdflow_core::models::wan::{VaceInput, VaceTokens};
+    let r = fixture();
+    let c = &r["vace"];
+    let backend = common::backend(2);
+    for diffusers in [false, true] {
+        let w = weights("vace", "", diffusers, &backend);
+        let cfg = config(&w, "");
+        assert_eq!((cfg.layers, cfg.vace_layers, cfg.vace_in_channels), (4, 2, 96));
+        assert_eq!((0..4).map(|i| cfg.vace_after(i)).collect::<Vec<_>>(), vec![Some(0), None, Some(1), None]);
+        let [_, ch, t, h, wd] = dims(&c["latent_shape"])[..] else { panic!() };
+        let strength = c["strength"].as_f64().unwrap() as f32;
+        let model = Wan::new(&w, "", cfg.clone()).unwrap();
+        let ctx = Context::new(16384, 16384).unwrap();
+        let mut g = GraphRun::new(&ctx);
+        let (rows, cols) = (h / 2, wd / 2);
+        let x = g.input_f32(&[(ch * 4) as i64, (t * rows * cols) as i64, 1], tokens(&floats(&c["latent"]), [1, ch, t, h, wd])).unwrap();
+        let control = g.input_f32(&[96 * 4, (t * rows * cols) as i64, 1], tokens(&floats(&c["control"]), [1, 96, t, h, wd])).unwrap();
+        let cs = dims(&c["context_shape"]);
+        let context = g.input_f32(&[cs[2] as i64, cs[1] as i64, 1], floats(&c["context"])).unwrap();
+        let timesteps = floats(&c["timestep"]);
+        let vace = [VaceTokens { tokens: control, strength: g.input_f32(&[1, 1, 1], vec![strength]).unwrap() }];
+        let out = model.forward(&ctx, &mut g, &WanInputs { x, frames: t as i64, rows: rows as i64, cols: cols as i64, context, image: None, timesteps: &timesteps, vace: &vace }).unwrap();
+        let v = g.compute(&backend, &[out], 16384).unwrap().remove(0);
+        check("vace", &channel_major(&unpatchify_hwc(&v, [t, ch, h, wd], 2).unwrap(), ch, t, h * wd));
+
+        // Through the denoiser, the control as a VaceInput.
+        let mut den = WanDenoiser::new(Wan::new(&w, "", cfg).unwrap());
+        den.frames = t;
+        let cond = Conditioning::new(floats(&c["context"]), cs[2] as i64, cs[1] as i64).unwrap();
+        let x = floats(&c["latent"]);
+        let controls = [VaceInput { data: floats(&c["control"]), strength }];
+        let sigma = timesteps[0] / 1000.0;
+        let shape = [wd as i64, h as i64, (ch * t) as i64, 1];
+        let d = den.denoise_batch(&backend, shape, sigma, &[WanItem { x: &x, cond: &cond, concat: None, image: None, vace: &controls }]).unwrap().remove(0);
+        let v: Vec<f32> = x.iter().zip(&d).map(|(x, d)| (x - d) / sigma).collect();
+        check("vace", &v);
+        // A VACE model without a control, and a control of the wrong size, are refused.
+        let e = den.denoise_batch(&backend, shape, sigma, &[WanItem { x: &x, cond: &cond, concat: None, image: None, vace: &[] }]).unwrap_err().to_string();
+        assert!(e.contains("VACE") && e.contains("none was given"), "{e}");
+        let short = [VaceInput { data: vec![0.0; 10], strength }];
+        let e = den.denoise_batch(&backend, shape, sigma, &[WanItem { x: &x, cond: &cond, concat: None, image: None, vace: &short }]).unwrap_err().to_string();
+        assert!(e.contains("VACE control of 10 values"), "{e}");
+    }
+    // A control for a model without VACE blocks is refused by name.
+    let t2v = weights("t2v", "", false, &backend);
+    let mut den = WanDenoiser::new(Wan::new(&t2v, "", config(&t2v, "")).unwrap());
+    den.frames = 3;
+    let x = floats(&r["t2v"]["latent"]);
+    let cond = Conditioning::new(floats(&r["t2v"]["context"]), 32, 7).unwrap();
+    let controls = [VaceInput { data: vec![0.0; 0], strength: 1.0 }];
+    let e = den.denoise_batch(&backend, [6, 4, 48, 1], 0.5, &[WanItem { x: &x, cond: &cond, concat: None, image: None, vace: &controls }]).unwrap_err().to_string();
+    assert!(e.contains("VACE"), "{e}");
 }

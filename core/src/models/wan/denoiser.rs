@@ -7,7 +7,7 @@
 //! `concat_mask` and `concat_latent_image`, already in model space) follows the noisy
 //! latent's channels.
 
-use super::{Wan, WanInputs, PATCH};
+use super::{VaceTokens, Wan, WanInputs, PATCH};
 use crate::ggml::{Backend, Context, GraphAllocator, GraphRun};
 use crate::models::conditioning::{Conditioning, LatentShape};
 use crate::models::dit::{channel_major, crop, frame_of, in_groups, pad_to_patches, patchify, unpatchify_hwc};
@@ -24,6 +24,17 @@ pub struct WanItem<'a> {
     pub concat: Option<&'a [f32]>,
     /// CLIP-vision features [image_dim, tokens] (Wan2.1 I2V / FLF2V).
     pub image: Option<&'a [f32]>,
+    /// VACE controls (a VACE model reads at least one).
+    pub vace: &'a [VaceInput],
+}
+
+/// One VACE control of an item's samples: per sample [vace_in][T][H][W] in model space
+/// (the inactive and reactive latents normalised, then the 8×8 mask cells), frames
+/// inside channels as the latent's, and the strength its hints are added at.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VaceInput {
+    pub data: Vec<f32>,
+    pub strength: f32,
 }
 
 pub struct WanDenoiser<'w> {
@@ -80,13 +91,20 @@ impl<'w> WanDenoiser<'w> {
                 (e, Some(x)) if x.len() != e => return Err(ModelError::Input(format!("item {k}: {} image-channel values; this latent needs {e}", x.len()))),
                 _ => {}
             }
+            if c.vace_layers == 0 && !it.vace.is_empty() {
+                return Err(ModelError::Input(format!("item {k}: a VACE control (WanVaceToVideo) for a Wan model without VACE blocks")));
+            }
+            let vace_len = (w * h * c.vace_in_channels * frames * n) as usize;
+            if let Some(v) = it.vace.iter().find(|v| v.data.len() != vace_len) {
+                return Err(ModelError::Input(format!("item {k}: a VACE control of {} values; this latent needs {vace_len} ({} channels × {frames} frames)", v.data.len(), c.vace_in_channels)));
+            }
             if let (Some(id), Some(img)) = (c.image_dim, it.image) {
                 if img.is_empty() || img.len() % id as usize != 0 {
                     return Err(ModelError::Input(format!("item {k}: {} CLIP-vision values are not whole {id} wide tokens", img.len())));
                 }
             }
         }
-        let key = |it: &WanItem<'_>| (it.cond.tokens, it.image.map(|i| i.len()));
+        let key = |it: &WanItem<'_>| (it.cond.tokens, it.image.map(|i| i.len()), it.vace.len());
         in_groups(items, key, |members| self.run(backend, shape, sigma, members))
     }
 
@@ -137,11 +155,30 @@ impl<'w> WanDenoiser<'w> {
         };
         // Per token when frames are denoised at levels of their own (each frame's tokens
         // alike), else one per video.
+        // Each VACE control's tokens, patched as the video's, and its strength per video.
+        let vin = c.vace_in_channels as usize;
+        let mut vace = Vec::with_capacity(items[0].vace.len());
+        for k in 0..items[0].vace.len() {
+            let mut tokens = Vec::with_capacity(b * frames * rows * cols * vin * p * p);
+            let mut strength = Vec::with_capacity(b);
+            for it in items {
+                let control = &it.vace[k];
+                for j in 0..n {
+                    let sample = &control.data[j * vin * frames * plane..(j + 1) * vin * frames * plane];
+                    for f in 0..frames {
+                        let (padded, _, _) = pad_to_patches(&frame_of(sample, vin, frames, plane, f), [vin, h0, w0], p);
+                        tokens.extend(patchify(&padded, [1, vin, h, w], p)?);
+                    }
+                    strength.push(control.strength);
+                }
+            }
+            vace.push(VaceTokens { tokens: run.input_f32(&[(vin * p * p) as i64, (frames * rows * cols) as i64, bi], tokens)?, strength: run.input_f32(&[1, 1, bi], strength)? });
+        }
         let timesteps: Vec<f32> = match &self.frame_levels {
             None => vec![sigma * 1000.0; b],
             Some(levels) => (0..b).flat_map(|k| (0..frames).flat_map(move |f| std::iter::repeat_n(sigma * 1000.0 * levels[(k % n) * frames + f], rows * cols))).collect(),
         };
-        let inputs = WanInputs { x: x_t, frames: frames as i64, rows: rows as i64, cols: cols as i64, context: text_t, image: image_t, timesteps: &timesteps };
+        let inputs = WanInputs { x: x_t, frames: frames as i64, rows: rows as i64, cols: cols as i64, context: text_t, image: image_t, timesteps: &timesteps, vace: &vace };
         let v = self.model.forward(&ctx, &mut run, &inputs)?;
         let alloc = match &mut self.alloc {
             Some(a) => a,

@@ -2,7 +2,8 @@
 //! [`crate::models::dit::diffusers`]; the inverse of diffusers' Wan single-file converter):
 //! `condition_embedder.*` for the text, time and image embeddings, `attn1` / `attn2` for
 //! the self- and cross-attention (`add_k_proj` / `add_v_proj` the image keys and values),
-//! `norm2` for the cross-attention's norm, `scale_shift_table` for the modulations.
+//! `norm2` for the cross-attention's norm, `scale_shift_table` for the modulations;
+//! `WanVACETransformer3DModel`'s VACE blocks alike, with `proj_in` / `proj_out`.
 
 use crate::io::TensorSource;
 use crate::models::dit::diffusers::{single_file_layout, Layout, Part};
@@ -14,6 +15,7 @@ pub const DIFFUSERS_MARKER: &str = "condition_embedder.time_proj.weight";
 
 const TOP: &[Part] = &[
     Part::Rename("patch_embedding", "patch_embedding"),
+    Part::Rename("vace_patch_embedding", "vace_patch_embedding"),
     Part::Rename("text_embedding.0", "condition_embedder.text_embedder.linear_1"),
     Part::Rename("text_embedding.2", "condition_embedder.text_embedder.linear_2"),
     Part::Rename("time_embedding.0", "condition_embedder.time_embedder.linear_1"),
@@ -50,7 +52,11 @@ const BLOCK: &[Part] = &[
     Part::Tensor("modulation", "scale_shift_table"),
 ];
 
-pub const LAYOUT: Layout = Layout { family: "Wan", marker: DIFFUSERS_MARKER, top: TOP, blocks: &[("blocks", "blocks", BLOCK)] };
+/// `WanVACETransformer3DModel`'s VACE blocks: a block's parts (above), then its projections
+/// in (the first block's) and out.
+const VACE_PROJ: &[Part] = &[Part::Rename("before_proj", "proj_in"), Part::Rename("after_proj", "proj_out")];
+
+pub const LAYOUT: Layout = Layout { family: "Wan", marker: DIFFUSERS_MARKER, top: TOP, blocks: &[("blocks", "blocks", BLOCK), ("vace_blocks", "vace_blocks", BLOCK), ("vace_blocks", "vace_blocks", VACE_PROJ)] };
 
 /// `src` in the release's names (no prefix) when it holds a diffusers-named Wan
 /// transformer under some prefix; any other source as it is.

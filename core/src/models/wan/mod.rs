@@ -16,7 +16,7 @@
 pub mod denoiser;
 pub mod diffusers;
 
-pub use denoiser::{WanDenoiser, WanItem};
+pub use denoiser::{VaceInput, WanDenoiser, WanItem};
 
 use super::dit::{self, rope};
 use super::nn::{attention_typed, layer_norm, linear, rms_norm};
@@ -71,6 +71,10 @@ pub struct WanConfig {
     /// Whether a layer norm with weights precedes the cross-attention (`norm3`).
     pub cross_attn_norm: bool,
     pub theta: f64,
+    /// Wan VACE: its blocks (`vace_blocks.N`, the n-th after block n·layers/vace_layers)
+    /// and the control's channels (96: inactive and reactive latents, 8×8 mask cells).
+    pub vace_layers: usize,
+    pub vace_in_channels: i64,
 }
 
 impl WanConfig {
@@ -87,6 +91,8 @@ impl WanConfig {
         }
         let out = w.get(&at("head.head.weight"))?.ne()[1];
         let image_dim = if w.contains(&at("img_emb.proj.1.weight")) { Some(w.get(&at("img_emb.proj.1.weight"))?.ne()[0]) } else { None };
+        let vace_layers = (0..).take_while(|i| w.contains(&at(&format!("vace_blocks.{i}.self_attn.q.weight")))).count();
+        let vace_in_channels = if w.contains(&at("vace_patch_embedding.weight")) { w.get(&at("vace_patch_embedding.weight"))?.ne()[0] / patch } else { 0 };
         Ok(WanConfig {
             in_channels: pin / patch,
             out_channels: out / patch,
@@ -100,7 +106,16 @@ impl WanConfig {
             image_positions: w.contains(&at("img_emb.emb_pos")),
             cross_attn_norm: w.contains(&at("blocks.0.norm3.weight")),
             theta: 10_000.0,
+            vace_layers,
+            vace_in_channels,
         })
+    }
+
+    /// The VACE block that follows block `i`, if one does (ComfyUI's and sd.cpp's
+    /// `vace_layers_mapping`: every layers/vace_layers-th block from the first).
+    pub fn vace_after(&self, i: usize) -> Option<usize> {
+        let step = self.layers.checked_div(self.vace_layers)?.max(1);
+        (i % step == 0).then_some(i / step).filter(|&n| n < self.vace_layers)
     }
 
     pub fn head_dim(&self) -> i64 {
@@ -145,6 +160,16 @@ pub struct WanInputs<'a, 'b> {
     /// The model's timestep (σ·1000) per video, or per token of every video (Wan2.2
     /// TI2V: B·L values, the first frame's tokens at 0).
     pub timesteps: &'b [f32],
+    /// VACE controls, each through every VACE block of its own (ComfyUI's list of
+    /// `vace_context`s); none for other models.
+    pub vace: &'b [VaceTokens<'a>],
+}
+
+/// One VACE control of the videos: its tokens [vace_in·4, L, B], patched as the video's,
+/// and its strength per video [1, 1, B].
+pub struct VaceTokens<'a> {
+    pub tokens: Tensor<'a>,
+    pub strength: Tensor<'a>,
 }
 
 /// A Wan transformer over [`Weights`] whose shapes have been checked.
@@ -179,8 +204,18 @@ impl<'w> Wan<'w> {
         if c.layers == 0 {
             return Err(ModelError::Config(format!("a Wan transformer without blocks: no `{}`", at("blocks.0.self_attn.q.weight"))));
         }
-        for i in 0..c.layers {
-            let p = format!("blocks.{i}");
+        if c.vace_layers > c.layers {
+            return Err(ModelError::Config(format!("{} VACE blocks for {} blocks", c.vace_layers, c.layers)));
+        }
+        if c.vace_layers > 0 {
+            lin("vace_patch_embedding", c.vace_in_channels * patch, d)?;
+            lin("vace_blocks.0.before_proj", d, d)?;
+        }
+        let blocks = (0..c.layers).map(|i| format!("blocks.{i}")).chain((0..c.vace_layers).map(|n| format!("vace_blocks.{n}")));
+        for p in blocks {
+            if p.starts_with("vace_") {
+                lin(&format!("{p}.after_proj"), d, d)?;
+            }
             let mut parts = vec!["self_attn.q", "self_attn.k", "self_attn.v", "self_attn.o", "cross_attn.q", "cross_attn.k", "cross_attn.v", "cross_attn.o"];
             if c.image_dim.is_some() {
                 parts.extend(["cross_attn.k_img", "cross_attn.v_img"]);
@@ -294,10 +329,32 @@ impl<'w> Wan<'w> {
 
         let blk = Block { ctx, w, heads: c.heads, compute: self.compute_type(), cos, sin, image_tokens, lc: lc + image_tokens, cross_norm: c.cross_attn_norm };
         let mut h = linear(ctx, w, &self.name("patch_embedding"), x.x)?; // [D, L, B]
+        let modulation = |p: &str| -> Result<Vec<Tensor<'a>>> { six(ctx, ctx.add(e0, ctx.reshape(w.get(&format!("{p}.modulation"))?, [d, 6, 1, 1])?)?) }; // [D, 6, steps, B]
+        // VACE: each control's tokens, embedded; the first VACE block adds the video's.
+        if x.vace.is_empty() != (c.vace_layers == 0) {
+            return Err(ModelError::Input(if c.vace_layers == 0 { "a VACE control for a Wan model without VACE blocks".into() } else { "this Wan VACE model reads a control (vace_context); none was given".into() }));
+        }
+        let mut controls = Vec::with_capacity(x.vace.len());
+        for v in x.vace {
+            let [f, lv, bv, _] = v.tokens.ne();
+            if f != c.vace_in_channels * PATCH.iter().product::<i64>() || lv != l || bv != b || v.strength.ne() != [1, 1, b, 1] {
+                return Err(ModelError::Input(format!("VACE tokens {:?} (strengths {:?}) for video tokens {:?} and {} control channels", v.tokens.ne(), v.strength.ne(), x.x.ne(), c.vace_in_channels)));
+            }
+            controls.push(linear(ctx, w, &self.name("vace_patch_embedding"), v.tokens)?);
+        }
+        let embedded = h;
         for i in 0..c.layers {
             let p = self.name(&format!("blocks.{i}"));
-            let m = ctx.add(e0, ctx.reshape(w.get(&format!("{p}.modulation"))?, [d, 6, 1, 1])?)?; // [D, 6, steps, B]
-            h = blk.forward(&p, h, context, &six(ctx, m)?)?;
+            h = blk.forward(&p, h, context, &modulation(&p)?)?;
+            let Some(n) = c.vace_after(i) else { continue };
+            let p = self.name(&format!("vace_blocks.{n}"));
+            for (control, v) in controls.iter_mut().zip(x.vace) {
+                if n == 0 {
+                    *control = ctx.add(linear(ctx, w, &format!("{p}.before_proj"), *control)?, embedded)?;
+                }
+                *control = blk.forward(&p, *control, context, &modulation(&p)?)?;
+                h = ctx.add(h, ctx.mul(linear(ctx, w, &format!("{p}.after_proj"), *control)?, v.strength)?)?;
+            }
         }
         // The head's (shift, scale): its two learned rows plus the timestep embedding itself.
         let hm = w.get(&self.name("head.modulation"))?;
@@ -397,15 +454,21 @@ impl<'a> Block<'a> {
 /// matrix it multiplies patches by; any other source as it is.
 pub fn layout(src: Box<dyn TensorSource>) -> Result<Box<dyn TensorSource>> {
     let src = diffusers::single_file(src)?;
-    let Some(kernel) = src.tensors().iter().find(|t| t.name.ends_with("patch_embedding.weight") && t.shape.len() == 5) else { return Ok(src) };
-    let [_, _, pt, ph, pw] = kernel.shape[..] else { unreachable!("a 5-D shape") };
-    if [pt, ph, pw].map(|v| v as i64) != PATCH {
-        return Err(ModelError::Weight { name: kernel.name.clone(), detail: format!("{:?}: only 1×2×2 patches (every released Wan model) are supported", kernel.shape) });
+    // The video's patch kernel and VACE's.
+    let kernels: Vec<&TensorInfo> = src.tensors().iter().filter(|t| t.name.ends_with("patch_embedding.weight") && t.shape.len() == 5).collect();
+    if kernels.is_empty() {
+        return Ok(src);
     }
-    let name = kernel.name.clone();
+    for kernel in &kernels {
+        let [_, _, pt, ph, pw] = kernel.shape[..] else { unreachable!("a 5-D shape") };
+        if [pt, ph, pw].map(|v| v as i64) != PATCH {
+            return Err(ModelError::Weight { name: kernel.name.clone(), detail: format!("{:?}: only 1×2×2 patches (every released Wan model) are supported", kernel.shape) });
+        }
+    }
+    let names: Vec<String> = kernels.iter().map(|k| k.name.clone()).collect();
     let renamed = crate::io::Assembled::renamed(src, |t: &TensorInfo| {
         let mut info = t.clone();
-        if t.name == name {
+        if names.contains(&t.name) {
             if let [o, c, f, kh, kw] = t.shape[..] {
                 info.shape = vec![o, c * f * kh * kw];
             }
