@@ -100,6 +100,7 @@ const NOT_PRESETS: &[(&str, &str)] = &[
     ("wan_t2v.json", "ComfyUI's Wan 2.1 text-to-video graph (uni_pc on the simple schedule at shift 8, an animated WebP); `vid_gen --diffusion-model … --t5xxl … --video-frames …` builds sd-cli's (euler on its discrete schedule at shift 5, an AVI)"),
     ("wan22_moe_t2v.json", "ComfyUI's Wan 2.2 A14B graph (two KSamplerAdvanced halves of the simple schedule at shift 8); `vid_gen … --high-noise-diffusion-model …` builds sd-cli's (its discrete schedule split at --moe-boundary, each expert's own CFG)"),
     ("wan22_ti2v.json", "ComfyUI's Wan 2.2 TI2V 5B graph (Wan22ImageToVideoLatent's per-frame noise mask, uni_pc on the simple schedule at shift 8); `vid_gen … -i …` with the 5B model builds sd-cli's (its discrete schedule at shift 5, an AVI)"),
+    ("wan_vace.json", "ComfyUI's Wan 2.1 VACE graph (WanVaceToVideo with a control video folder and a reference image, TrimVideoLatent, uni_pc at shift 8); `vid_gen … --control-video DIR -i …` builds sd-cli's (every mask cell 1, euler on its discrete schedule at shift 5)"),
     ("wan_flf2v.json", "ComfyUI's Wan 2.1 first-last-frame graph (WanFirstLastFrameToVideo, CLIP vision without cropping, uni_pc at shift 8); `vid_gen … -i … --end-img … --clip_vision …` builds sd-cli's (the CLIP images cut to their centre, euler on its discrete schedule at shift 5)"),
     ("wan_i2v.json", "ComfyUI's Wan 2.1 image-to-video graph (WanImageToVideo with CLIP vision ViT-H, uni_pc at shift 8); `vid_gen … -i … --clip_vision …` builds sd-cli's (WanFirstLastFrameToVideo, euler on its discrete schedule at shift 5)"),
 ];
@@ -1461,6 +1462,22 @@ fn vid_gen_image_to_video_as_sd_cli_does() {
     // img_gen takes neither flag.
     let (_, err) = fails(&["img_gen", "-m", "models/checkpoints/model.safetensors", "-p", "x", "--end-img", "end.png"], dir.path());
     assert!(err.contains("--end-img"), "{err}");
+    // Wan VACE: the control frames (a folder, file-name order) and -i as the reference
+    // image, whose extra latent frame is trimmed before decoding.
+    let vace = run("wan2.1_vace_1.3B_fp16.safetensors", &vae, &["--control-video", "input/control_video", "-i", "in.png", "--vace-strength", "0.8"]);
+    let printed = ok(&args(&[&vace[..], &["--print-workflow".to_string()]].concat()), dir.path());
+    for part in ["\"WanVaceToVideo\"", "\"LoadImagesFromDir\"", "\"reference_image\"", "\"TrimVideoLatent\"", "\"strength\": 0.8"] {
+        assert!(printed.contains(part), "{part} in {printed}");
+    }
+    ok(&args(&[&vace[..], &["-o".to_string(), "vace.avi".to_string()]].concat()), dir.path());
+    let (_, vf) = read_mjpg_avi(&dir.path().join("vace.avi"));
+    assert_eq!((vf.len(), vf[0].dimensions()), (5, (32, 32)));
+    ok(&args(&run("wan2.1_vace_1.3B_fp16.safetensors", &vae, &["--control-video", "input/control_video", "-o", "vace_noref.avi"])), dir.path());
+    assert_ne!(read_mjpg_avi(&dir.path().join("vace_noref.avi")).1[0].as_raw(), vf[0].as_raw());
+    let (_, err) = fails(&args(&run("wan2.1_t2v_1.3B_fp16.safetensors", &vae, &["--control-video", "input/control_video"])), dir.path());
+    assert!(err.contains("--control-video") && err.contains("VACE"), "{err}");
+    let (_, err) = fails(&args(&run("wan2.1_vace_1.3B_fp16.safetensors", &vae, &["--control-video", "no_such_dir"])), dir.path());
+    assert!(err.contains("no such folder"), "{err}");
 }
 
 #[test]

@@ -133,6 +133,8 @@ pub struct Detection {
     pub wan_clip: bool,
     /// Wan 2.1 FLF2V (`img_emb.emb_pos`): those of a start and an end image.
     pub wan_flf: bool,
+    /// Wan VACE (`vace_blocks`): the model reads a control video.
+    pub wan_vace: bool,
     pub components: Components,
     /// A human-readable summary; for `Unknown`, what was (not) found.
     pub message: String,
@@ -201,6 +203,7 @@ pub fn detect(tensors: &[TensorInfo]) -> Detection {
         qwen_layered: false,
         wan_clip: false,
         wan_flf: false,
+        wan_vace: false,
         components: components(tensors),
         message: String::new(),
     };
@@ -305,6 +308,7 @@ pub fn detect(tensors: &[TensorInfo]) -> Detection {
                 let has = |s: &str| tensors.iter().any(|t| t.name.starts_with(&format!("{p}{s}")));
                 d.wan_clip = has("img_emb.") || has("condition_embedder.image_embedder.");
                 d.wan_flf = has("img_emb.emb_pos") || has("condition_embedder.image_embedder.pos_embed");
+                d.wan_vace = has("vace_blocks.");
                 return finish_dit(d, ModelFamily::Wan, p, layout);
             }
         }

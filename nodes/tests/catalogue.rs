@@ -40,7 +40,7 @@ const NOT_REGISTERED: &[(&str, &[&str])] = &[
         ],
     ),
     (
-        "video model families sdflow has no model code for (LTX-Video, Hunyuan Video, Cosmos, Mochi, Stable Video Diffusion), Wan's image-, audio- and control-conditioned variants (sdflow runs Wan text to video) and the video-only helpers around them (temporal attention, context windows, per-frame areas)",
+        "video model families sdflow has no model code for (LTX-Video, Hunyuan Video, Cosmos, Mochi, Stable Video Diffusion), Wan's Fun, camera, audio, animate and phantom variants (sdflow runs Wan T2V, I2V, FLF2V, VACE and TI2V) and the video-only helpers around them (temporal attention, context windows, per-frame areas)",
         &[
             "ConditioningSetAreaPercentageVideo", "ContextWindowsManual", "CosmosImageToVideoLatent", "CosmosPredict2ImageToVideoLatent",
             "EmptyCosmosLatentVideo", "EmptyLTXVLatentVideo", "EmptyMochiLatentVideo", "HunyuanImageToVideo",
@@ -48,10 +48,10 @@ const NOT_REGISTERED: &[(&str, &[&str])] = &[
             "LTXVPreprocess", "LTXVScheduler", "ModelMergeCosmos14B", "ModelMergeCosmos7B", "ModelMergeCosmosPredict2_14B",
             "ModelMergeCosmosPredict2_2B", "ModelMergeLTXV", "ModelMergeMochiPreview", "ModelMergeWAN2_1", "ModelSamplingLTXV",
             "SVD_img2vid_Conditioning", "TextEncodeHunyuanVideo_ImageToVideo", "UNetTemporalAttentionMultiply",
-            "VideoLinearCFGGuidance", "VideoTriangleCFGGuidance", "Wan22FunControlToVideo", "Wan22ImageToVideoLatent", "WanAnimateToVideo",
+            "VideoLinearCFGGuidance", "VideoTriangleCFGGuidance", "Wan22FunControlToVideo", "WanAnimateToVideo",
             "WanCameraEmbedding", "WanCameraImageToVideo", "WanFunControlToVideo", "WanFunInpaintToVideo",
             "WanHuMoImageToVideo", "WanPhantomSubjectToVideo", "WanSoundImageToVideo", "WanSoundImageToVideoExtend",
-            "WanTrackToVideo", "WanVaceToVideo",
+            "WanTrackToVideo",
         ],
     ),
     (

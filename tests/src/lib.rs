@@ -164,7 +164,7 @@ pub fn shrink(mut wf: Workflow, size: i64, steps: i64, image: Option<&str>) -> W
                 }
             }
             // Videos: `size`² frames, 5 of them (2 latent frames).
-            "EmptyHunyuanLatentVideo" | "WanImageToVideo" | "WanFirstLastFrameToVideo" | "Wan22ImageToVideoLatent" => {
+            "EmptyHunyuanLatentVideo" | "WanImageToVideo" | "WanFirstLastFrameToVideo" | "Wan22ImageToVideoLatent" | "WanVaceToVideo" => {
                 set(&mut wf, "width", serde_json::json!(size));
                 set(&mut wf, "height", serde_json::json!(size));
                 set(&mut wf, "length", serde_json::json!(5));
@@ -629,6 +629,16 @@ pub fn write_wan_models(root: &Path) {
         sdflow_core::synth::write_specs(&path, &t.tensors(), &serde_json::to_string(&t).unwrap(), DType::BF16, 72, Format::Safetensors).unwrap();
     }
     write_once(&models.join("vae"), "wan_2.1_vae.safetensors", &wan_vae_tensors(8, 16), "tiny Wan-2.1 VAE, base 8, z 16", 73);
+    // Wan 2.1 VACE: a VACE block after each block, and a control video's frames.
+    let vace = WanSynth { vace_layers: 2, ..w.clone() };
+    write_once(&models.join("diffusion_models"), "wan2.1_vace_1.3B_fp16.safetensors", &vace.tensors(), &serde_json::to_string(&vace).unwrap(), 81);
+    let frames = root.join("input/control_video");
+    if !frames.exists() {
+        std::fs::create_dir_all(&frames).unwrap();
+        for i in 0..5 {
+            write_test_png(&frames.join(format!("frame_{i:03}.png")), 48 + 4 * i as u32, 40);
+        }
+    }
     // Wan 2.2 TI2V 5B and its VAE (48 channels, 16x).
     let ti2v = WanSynth { in_channels: 48, out_channels: 48, ..w };
     write_once(&models.join("diffusion_models"), "wan2.2_ti2v_5B_fp16.safetensors", &ti2v.tensors(), &serde_json::to_string(&ti2v).unwrap(), 79);

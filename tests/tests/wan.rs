@@ -215,3 +215,38 @@ fn ti2v_keeps_the_start_frame_and_samples_the_rest() {
     let e = env.run_err(&with_input(&wf, "7", "width", json!(40)));
     assert!(e.contains("multiples of 16"), "{e}");
 }
+
+/// Wan VACE: the control video's frames and the reference image through the VAE into the
+/// VACE blocks; the reference's extra latent frame is trimmed after sampling. The control,
+/// its strength and the reference each matter; a VACE control for a plain T2V model is
+/// refused by name.
+#[test]
+fn vace_follows_the_control_video() {
+    let env = env();
+    sdflow_tests::write_test_png(&env.dir.path().join("input/input.png"), 72, 56);
+    let wf = env.workflow("wan_vace.json", 32, 2);
+    let (w, h, frames, _, ui) = run_video(&env, &wf, "13");
+    assert_eq!((w, h, frames.len(), ui["animated"].clone()), (32, 32, 5, json!([true])));
+    // The sampled latent holds the reference frame first: 3 latent frames, 2 after trimming.
+    assert_eq!(env.run_latent(&wf, "10").frames, 3);
+    assert_eq!(env.run_latent(&wf, "11").frames, 2);
+    let base = frames;
+    let mut inverted = wf.clone();
+    inverted.nodes.insert("20".into(), NodeSpec::new("ImageInvert").with_input("image", link("4", 0)));
+    inverted.set_input("8", "control_video", link("20", 0)).unwrap();
+    assert_ne!(run_video(&env, &inverted, "13").2, base, "the control video matters");
+    assert_ne!(run_video(&env, &with_input(&wf, "8", "strength", json!(0.3)), "13").2, base, "the strength matters");
+    let mut no_reference = wf.clone();
+    no_reference.nodes.get_mut("8").unwrap().inputs.remove("reference_image");
+    assert_eq!(env.run_latent(&no_reference, "10").frames, 2);
+    assert_ne!(run_video(&env, &no_reference, "13").2, base, "the reference matters");
+    // Without any control, a VACE model samples on ComfyUI's default (the zero latent).
+    let mut plain = wf.clone();
+    plain.set_input("10", "positive", link("6", 0)).unwrap();
+    plain.set_input("10", "negative", link("7", 0)).unwrap();
+    let (_, _, frames, _, _) = run_video(&env, &plain, "13");
+    assert_eq!(frames.len(), 5);
+    // WanVaceToVideo's control for a T2V model without VACE blocks is refused by name.
+    let e = env.run_err(&with_input(&wf, "1", "unet_name", json!("wan2.1_t2v_1.3B_fp16.safetensors")));
+    assert!(e.contains("VACE"), "{e}");
+}

@@ -42,6 +42,7 @@ pub const BUNDLED: &[(&str, &str)] = &[
     ("wan_flf2v", include_str!("../wan_flf2v.json")),
     ("wan_i2v", include_str!("../wan_i2v.json")),
     ("wan_t2v", include_str!("../wan_t2v.json")),
+    ("wan_vace", include_str!("../wan_vace.json")),
     ("z_image_base", include_str!("../z_image_base.json")),
     ("z_image_turbo", include_str!("../z_image_turbo.json")),
 ];

@@ -20,14 +20,12 @@ const REFUSED: &[(&str, bool, &str)] = &[
     ("stream-layers", false, "segmented execution (streaming a model's blocks through the GPU) is not implemented"),
     ("eager-load", false, "weights load on first use, through the residency manager"),
     ("rpc-servers", true, "ggml's RPC backend is not built"),
-    ("control-video", true, "Wan VACE is not implemented (text to video is)"),
     ("high-noise-img-cfg-scale", true, "the high-noise expert samples with --high-noise-cfg-scale alone (Wan's image to video takes no image CFG)"),
     ("high-noise-guidance", true, "Wan takes no distilled guidance"),
     ("high-noise-slg-scale", true, "skip-layer guidance runs on SD3, FLUX.1 and Chroma, not on Wan's experts"),
     ("high-noise-skip-layer-start", true, "skip-layer guidance runs on SD3, FLUX.1 and Chroma, not on Wan's experts"),
     ("high-noise-skip-layer-end", true, "skip-layer guidance runs on SD3, FLUX.1 and Chroma, not on Wan's experts"),
     ("high-noise-skip-layers", true, "skip-layer guidance runs on SD3, FLUX.1 and Chroma, not on Wan's experts"),
-    ("vace-strength", true, "Wan VACE is not implemented"),
     ("timestep-shift", true, "NitroFusion timestep shifting is not implemented"),
     ("cache-mode", true, "step caching (easycache, ucache, cache-dit) is not implemented"),
     ("cache-option", true, "step caching is not implemented"),
@@ -479,6 +477,12 @@ pub struct ImgGenArgs {
     /// its images (vid_gen).
     #[arg(long = "clip_vision", value_name = "string")]
     pub clip_vision: Option<String>,
+    /// A folder of control frames (file-name order) for a Wan VACE model (vid_gen).
+    #[arg(long = "control-video", value_name = "string")]
+    pub control_video: Option<String>,
+    /// Strength of the Wan VACE control.
+    #[arg(long = "vace-strength", value_name = "float", default_value_t = 1.0, allow_negative_numbers = true)]
+    pub vace_strength: f64,
     /// Video frames to generate (vid_gen; rounded down to 4·k + 1 as sd.cpp does).
     #[arg(long, value_name = "int", default_value_t = 1, allow_negative_numbers = true)]
     pub video_frames: i64,

@@ -271,6 +271,8 @@ fn img_gen_params(a: &ImgGenArgs, probe: &Probe, seed: i64, names: &mut Names<'_
         init_img: names.image("-i", &a.init_img)?,
         end_img: names.image("--end-img", &a.end_img)?,
         clip_vision: names.model("clip_vision", "--clip_vision", &a.clip_vision)?,
+        control_video: names.folder("--control-video", &a.control_video)?,
+        vace_strength: a.vace_strength,
         mask: names.image("--mask", &a.mask)?,
         strength: a.strength.unwrap_or(0.75),
         clip_skip: a.clip_skip,

@@ -52,6 +52,23 @@ pub struct Conditioning {
     /// CLIP-vision penultimate states the model reads beside the text (ComfyUI's
     /// `clip_vision_output` on a Wan I2V conditioning): [tokens][width].
     pub image_tokens: Option<std::sync::Arc<ImageTokens>>,
+    /// Wan VACE controls (ComfyUI's `vace_frames`, `vace_mask`, `vace_strength`), in the
+    /// order WanVaceToVideo nodes appended them.
+    pub vace: Vec<std::sync::Arc<VaceControl>>,
+}
+
+/// A control video for Wan VACE, at latent resolution.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VaceControl {
+    /// VAE space, [32][T][H][W]: the inactive then the reactive part's latent (a
+    /// reference image's latent, with the VAE's zero latent, as the first frame when given).
+    pub frames: Vec<f32>,
+    /// [64][T][H][W]: each latent pixel's 8×8 mask cells (1: the control applies).
+    pub mask: Vec<f32>,
+    pub length: usize,
+    pub height: usize,
+    pub width: usize,
+    pub strength: f32,
 }
 
 /// A video's known frames for Wan I2V: their VAE latent over the whole video (grey where
@@ -180,7 +197,7 @@ impl Conditioning {
         if dim < 1 || tokens < 1 || data.len() as i64 != dim * tokens {
             return Err(ModelError::Input(format!("conditioning of {} values is not {tokens} tokens × {dim}", data.len())));
         }
-        Ok(Conditioning { data, dim, tokens, pooled: None, size: SizeCond::default(), guidance: Guidance::Default, references: Vec::new(), reference_method: None, text_keys: None, video_image: None, image_tokens: None })
+        Ok(Conditioning { data, dim, tokens, pooled: None, size: SizeCond::default(), guidance: Guidance::Default, references: Vec::new(), reference_method: None, text_keys: None, video_image: None, image_tokens: None, vace: Vec::new() })
     }
 
     /// The ADM vector `y` of `width` values for an image of `image_w`×`image_h` pixels:

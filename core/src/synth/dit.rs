@@ -543,12 +543,15 @@ pub struct WanSynth {
     /// FLF2V: learned positions of the start and end images' tokens (0: none).
     #[serde(default)]
     pub image_positions: usize,
+    /// VACE: its blocks (0: none), reading a 96-channel control.
+    #[serde(default)]
+    pub vace_layers: usize,
 }
 
 impl WanSynth {
     /// Wan2.1 T2V 1.3B.
     pub fn t2v_1_3b() -> Self {
-        WanSynth { in_channels: 16, out_channels: 16, dim: 1536, ffn: 8960, layers: 30, text_dim: 4096, image_dim: None, image_positions: 0 }
+        WanSynth { in_channels: 16, out_channels: 16, dim: 1536, ffn: 8960, layers: 30, text_dim: 4096, image_dim: None, image_positions: 0, vace_layers: 0 }
     }
 
     /// Wan 2.2 TI2V 5B: the Wan 2.2 VAE's 48 channels in and out.
@@ -573,8 +576,18 @@ impl WanSynth {
         s.linear("time_embedding.0", 256, d, true);
         s.linear("time_embedding.2", d, d, true);
         s.linear("time_projection.1", d, 6 * d, true);
-        for i in 0..self.layers {
-            let p = format!("blocks.{i}");
+        if self.vace_layers > 0 {
+            s.weight("vace_patch_embedding.weight".into(), vec![d, 96, 1, 2, 2]);
+            s.bias("vace_patch_embedding.bias".into(), d);
+        }
+        let blocks = (0..self.layers).map(|i| format!("blocks.{i}")).chain((0..self.vace_layers).map(|n| format!("vace_blocks.{n}")));
+        for p in blocks {
+            if p == "vace_blocks.0" {
+                s.linear(&format!("{p}.before_proj"), d, d, true);
+            }
+            if p.starts_with("vace_") {
+                s.linear(&format!("{p}.after_proj"), d, d, true);
+            }
             for attn in ["self_attn", "cross_attn"] {
                 for l in ["q", "k", "v", "o"] {
                     s.linear(&format!("{p}.{attn}.{l}"), d, d, true);

@@ -12,7 +12,8 @@ use crate::image::resize::Method;
 use crate::image::{encode_video, scale_image};
 use crate::runtime::Runtime;
 use crate::values::{ClipRef, ClipVisionOutput, CondList, Image, Latent, Mask, VaeRef};
-use sdflow_core::models::vae::wan::WAN22_LATENTS_MEAN;
+use sdflow_core::models::conditioning::VaceControl;
+use sdflow_core::models::vae::wan::{LATENTS_MEAN, WAN22_LATENTS_MEAN};
 use sdflow_core::models::conditioning::{Conditioning, ImageTokens, VideoImage};
 use sdflow_core::models::t5::{T5Config, T5Encoder};
 use sdflow_core::text::t5::T5Tokenizer;
@@ -38,6 +39,143 @@ pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
     registry.register(Arc::new(WanImageToVideo { rt: rt.clone() }));
     registry.register(Arc::new(WanFirstLastFrameToVideo { rt: rt.clone() }));
     registry.register(Arc::new(Wan22ImageToVideoLatent { rt: rt.clone() }));
+    registry.register(Arc::new(WanVaceToVideo { rt: rt.clone() }));
+}
+
+/// ComfyUI's "WanVaceToVideo" (Wan VACE): the control video (grey 0.5 where no frame is
+/// given) split by its mask into the part to keep (`inactive`) and the part to regenerate
+/// (`reactive`), each through the VAE, with the mask cut into 8×8 cells per latent pixel and
+/// resampled to the latent frames (nearest), appended to both conditionings with the
+/// strength; a reference image becomes an extra first latent frame (its latent beside the
+/// VAE's zero latent, mask 0), which `trim_latent` says to cut after sampling.
+struct WanVaceToVideo {
+    rt: Arc<Runtime>,
+}
+
+impl Node for WanVaceToVideo {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("WanVaceToVideo")
+            .display_name("WanVaceToVideo")
+            .category("conditioning/video_models")
+            .input(InputSpec::link("positive", IoType::CONDITIONING))
+            .input(InputSpec::link("negative", IoType::CONDITIONING))
+            .input(InputSpec::link("vae", IoType::VAE))
+            .input(InputSpec::int("width", 832).int_range(16, 16384).int_step(16))
+            .input(InputSpec::int("height", 480).int_range(16, 16384).int_step(16))
+            .input(InputSpec::int("length", 81).int_range(1, 16384).int_step(4))
+            .input(InputSpec::int("batch_size", 1).int_range(1, 4096))
+            .input(InputSpec::float("strength", 1.0).float_range(0.0, 1000.0).float_step(0.01))
+            .input(InputSpec::link("control_video", IoType::IMAGE).optional())
+            .input(InputSpec::link("control_masks", IoType::MASK).optional())
+            .input(InputSpec::link("reference_image", IoType::IMAGE).optional())
+            .output("positive", IoType::CONDITIONING)
+            .output("negative", IoType::CONDITIONING)
+            .output("latent", IoType::LATENT)
+            .output("trim_latent", IoType::INT)
+    }
+
+    fn lane(&self) -> Lane {
+        crate::runtime::device_lane()
+    }
+
+    fn execute(&self, ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let (w, h, length, n) = (inputs.int("width")?, inputs.int("height")?, inputs.int("length")?, inputs.int("batch_size")?);
+        let strength = inputs.float("strength")? as f32;
+        if w < 16 || h < 16 || w % 8 != 0 || h % 8 != 0 || n < 1 || !(1..=16384).contains(&length) || !(0.0..=1000.0).contains(&strength) {
+            return Err(NodeError::msg(format!("WanVaceToVideo: {w}x{h} × {length} frames × {n} at strength {strength}: width and height must be multiples of 8, strength in 0..=1000")));
+        }
+        let (wu, hu, len) = (w as usize, h as usize, length as usize);
+        let vae = inputs.downcast::<VaeRef>("vae")?;
+        let image = |name: &str| inputs.contains(name).then(|| inputs.downcast::<Image>(name)).transpose();
+        // The control frames at the video's size, grey after the last one given.
+        let mut video = vec![0.5f32; len * hu * wu * 3];
+        if let Some(cv) = image("control_video")? {
+            let scaled = scale_image(cv, wu, hu, Method::Bilinear, true);
+            let c = scaled.channels;
+            for (p, px) in video.chunks_exact_mut(3).enumerate().take(scaled.n.min(len) * hu * wu) {
+                for (k, v) in px.iter_mut().enumerate() {
+                    *v = scaled.data[p * c + k.min(c - 1)];
+                }
+            }
+        }
+        // The mask per pixel (1: regenerate), 1 after the last one given.
+        let mut mask = vec![1.0f32; len * hu * wu];
+        if inputs.contains("control_masks") {
+            let m = inputs.downcast::<Mask>("control_masks")?;
+            let as_image = Image { data: m.data.clone(), n: m.n, height: m.height, width: m.width, channels: 1 };
+            let scaled = scale_image(&as_image, wu, hu, Method::Bilinear, true);
+            let given = scaled.n.min(len) * hu * wu;
+            mask[..given].copy_from_slice(&scaled.data[..given]);
+        }
+        let part = |reactive: bool| -> Vec<f32> {
+            video.iter().enumerate().map(|(i, &v)| {
+                let m = mask[i / 3];
+                (v - 0.5) * if reactive { m } else { 1.0 - m } + 0.5
+            }).collect()
+        };
+        let frames_of = |data: Vec<f32>| Image { data, n: len, height: hu, width: wu, channels: 3 };
+        let (inactive, t) = encode_video(&self.rt, ctx, vae, &frames_of(part(false)))?;
+        let (reactive, _) = encode_video(&self.rt, ctx, vae, &frames_of(part(true)))?;
+        let latent_frames = video_latent_frames(length) as usize;
+        let (lw, lh) = (wu / 8, hu / 8);
+        let plane = lw * lh;
+        if t != latent_frames || inactive.len() != 16 * t * plane {
+            return Err(NodeError::msg(format!("WanVaceToVideo: the VAE gave {} values for {t} latent frames; a Wan 2.1 VAE (16 channels, 8×) is needed for {latent_frames}", inactive.len())));
+        }
+        // The reference image's latent (with the VAE's zero latent beside it) leads.
+        let reference = match image("reference_image")? {
+            Some(r) => {
+                let scaled = scale_image(&Image { data: r.data[..r.height * r.width * r.channels].to_vec(), n: 1, ..r.clone() }, wu, hu, Method::Bilinear, true);
+                let (lat, _) = encode_video(&self.rt, ctx, vae, &scaled)?;
+                let mut frame = lat;
+                frame.extend(LATENTS_MEAN.iter().flat_map(|&m| std::iter::repeat_n(m, plane)));
+                Some(frame)
+            }
+            None => None,
+        };
+        let lead = usize::from(reference.is_some());
+        let total = t + lead;
+        // [32][T'][plane]: channel by channel, the reference frame first.
+        let halves = [&inactive, &reactive];
+        let frames: Vec<f32> = (0..32)
+            .flat_map(|c| {
+                let reference = &reference;
+                (0..total).flat_map(move |f| match (f, reference) {
+                    (0, Some(r)) => r[c * plane..(c + 1) * plane].to_vec(),
+                    _ => halves[c / 16][((c % 16) * t + f - lead) * plane..][..plane].to_vec(),
+                })
+            })
+            .collect();
+        // [64][T'][plane]: cell (ky, kx) of latent pixel (y, x) is pixel (8y + ky, 8x + kx),
+        // the frames resampled to the latent's (nearest-exact), 0 for the reference frame.
+        let cells: Vec<f32> = (0..64)
+            .flat_map(|cell| {
+                let mask = &mask;
+                (0..total).flat_map(move |f| {
+                    let src = (f >= lead).then(|| ((((f - lead) as f64 + 0.5) * len as f64 / t as f64) as usize).min(len - 1));
+                    (0..plane).map(move |p| match src {
+                        None => 0.0,
+                        Some(s) => mask[(s * hu + (p / lw) * 8 + cell / 8) * wu + (p % lw) * 8 + cell % 8],
+                    })
+                })
+            })
+            .collect();
+        let control = Arc::new(VaceControl { frames, mask: cells, length: total, height: lh, width: lw, strength });
+        let mut latent = latent_zeros([lw as i64, lh as i64, (16 * total) as i64, n])?;
+        latent.frames = total;
+        let mut out = Vec::new();
+        for name in ["positive", "negative"] {
+            let list = inputs.downcast::<CondList>(name)?;
+            out.push(Value::new(IoType::CONDITIONING, CondList(list.0.iter().map(|e| {
+                let mut c = (*e.cond).clone();
+                c.vace.push(control.clone());
+                e.with_cond(c)
+            }).collect())));
+        }
+        out.push(Value::new(IoType::LATENT, latent));
+        out.push(Value::new(IoType::INT, lead as i64));
+        Ok(Outputs::new(out))
+    }
 }
 
 /// ComfyUI's "Wan22ImageToVideoLatent" (Wan 2.2 TI2V-5B): an empty 48-channel video latent

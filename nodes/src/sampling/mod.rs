@@ -628,7 +628,13 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
                         _ => None,
                     };
                     let concats = items.iter().map(|it| wan_concat(den.config(), it.cond, s, den.frames, &model.latent)).collect::<Result<Vec<_>, _>>()?;
-                    let batch: Vec<WanItem<'_>> = items.iter().zip(&concats).map(|(it, c)| WanItem { x: &it.x, cond: it.cond, concat: c.as_deref(), image: it.cond.image_tokens.as_ref().map(|t| &t.data[..]) }).collect();
+                    let controls = items.iter().map(|it| wan_vace(den.config(), it.cond, s, den.frames, &model.latent)).collect::<Result<Vec<_>, _>>()?;
+                    let batch: Vec<WanItem<'_>> = items
+                        .iter()
+                        .zip(&concats)
+                        .zip(&controls)
+                        .map(|((it, c), v)| WanItem { x: &it.x, cond: it.cond, concat: c.as_deref(), image: it.cond.image_tokens.as_ref().map(|t| &t.data[..]), vace: v })
+                        .collect();
                     rt.with_backend(Module::Diffusion, |b| den.denoise_batch(b, s, sigma, &batch)).map_err(err)
                 }
             }
@@ -795,6 +801,36 @@ fn wan_concat(c: &WanConfig, cond: &sdflow_core::models::conditioning::Condition
         }
     };
     Ok(Some(per.repeat(n)))
+}
+
+/// A Wan VACE model's controls for `shape` ([W, H, C·T, N]) in model space: the
+/// conditioning's (WanVaceToVideo), or without one ComfyUI's default (the VAE's zero
+/// latent, every mask cell 1, strength 1); none for other Wan models, which refuse one.
+fn wan_vace(c: &WanConfig, cond: &sdflow_core::models::conditioning::Conditioning, shape: [i64; 4], frames: usize, format: &crate::values::LatentFormat) -> Result<Vec<sdflow_core::models::wan::VaceInput>, NodeError> {
+    use sdflow_core::models::conditioning::VaceControl;
+    if c.vace_layers == 0 {
+        if !cond.vace.is_empty() {
+            return Err(NodeError::msg("WanVaceToVideo's control for a Wan model without VACE blocks: load a Wan VACE model (wan2.1_vace_*)"));
+        }
+        return Ok(Vec::new());
+    }
+    let [w, h, _, n] = shape.map(|d| d as usize);
+    let plane = w * h;
+    let half = c.vace_in_channels as usize - 64;
+    let default = [std::sync::Arc::new(VaceControl { frames: vec![0.0; half * frames * plane], mask: vec![1.0; 64 * frames * plane], length: frames, height: h, width: w, strength: 1.0 })];
+    let list = if cond.vace.is_empty() { &default[..] } else { &cond.vace[..] };
+    list.iter()
+        .map(|v| {
+            if (v.width, v.height, v.length) != (w, h, frames) || v.frames.len() != half * frames * plane || v.mask.len() != 64 * frames * plane {
+                return Err(NodeError::msg(format!("WanVaceToVideo's control is {}x{} latent pixels × {} frames; the latent sampled is {w}x{h} × {frames} (use the node's latent, and TrimVideoLatent after sampling)", v.width, v.height, v.length)));
+            }
+            // Both latents' channels normalised as the model's are (the format's statistics
+            // repeat every 16 channels).
+            let mut data = format.to_model(&v.frames, frames * plane);
+            data.extend_from_slice(&v.mask);
+            Ok(sdflow_core::models::wan::VaceInput { data: data.repeat(n), strength: v.strength })
+        })
+        .collect()
 }
 
 /// The model a sampler runs: an SD UNet, a FLUX.1/Chroma or FLUX.2 transformer, an SD3

@@ -11,7 +11,7 @@ import { checks, launch, urlArgument } from "./harness.mjs";
 
 const url = urlArgument("families.mjs");
 const TIMEOUT = 120_000;
-const WORKFLOWS = ["z_image_turbo", "z_image_base", "flux2_klein", "flux2_klein_edit", "flux2_dev", "qwen_image", "qwen_image_edit", "qwen_image_edit_2509", "qwen_image_layered", "wan_t2v", "wan_i2v", "wan_flf2v", "wan22_moe_t2v", "wan22_ti2v"];
+const WORKFLOWS = ["z_image_turbo", "z_image_base", "flux2_klein", "flux2_klein_edit", "flux2_dev", "qwen_image", "qwen_image_edit", "qwen_image_edit_2509", "qwen_image_layered", "wan_t2v", "wan_i2v", "wan_flf2v", "wan22_moe_t2v", "wan22_ti2v", "wan_vace"];
 const MODEL_WIDGETS = ["unet_name", "clip_name", "clip_name1", "clip_name2", "vae_name", "ckpt_name", "image"];
 
 const browser = await launch();
@@ -31,7 +31,7 @@ function shrink(wf) {
         set("width", 32); set("height", 32); break;
       case "Flux2Scheduler":
         set("width", 32); set("height", 32); set("steps", 2); break;
-      case "EmptyHunyuanLatentVideo": case "WanImageToVideo": case "WanFirstLastFrameToVideo":
+      case "EmptyHunyuanLatentVideo": case "WanImageToVideo": case "WanFirstLastFrameToVideo": case "Wan22ImageToVideoLatent": case "WanVaceToVideo":
         set("width", 32); set("height", 32); set("length", 5); break;
       case "KSampler": case "BasicScheduler":
         set("steps", 2); break;

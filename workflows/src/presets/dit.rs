@@ -287,6 +287,11 @@ pub(super) fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
         let cut = NodeSpec::new("LatentCutToBatch").with_input("samples", link(&sampled)).with_const("dim", json!("t")).with_const("slice_size", json!(1));
         sampled = Out(b.core("frames", "--qwen-image-layers", cut), 0);
     }
+    if family == Family::Wan && p.model_info.wan_vace && p.init_img.is_some() {
+        // sd.cpp's `ref_image_num`: the reference's latent frame is cut before decoding.
+        let trim = NodeSpec::new("TrimVideoLatent").with_input("samples", link(&sampled)).with_input("trim_amount", InputValue::link(latent.0.clone(), 3));
+        sampled = Out(b.core("trim", "-i", trim), 0);
+    }
     let image = stage.decode(&mut b, &sampled);
     if let (Family::Wan, Some(v)) = (family, &p.video) {
         if v.aligned_frames() > 1 && !super::is_frame_pattern(&p.output) {
@@ -311,7 +316,39 @@ fn wan_latent(b: &mut Builder, p: &ImgGenParams, vae: &Out, pos: &mut Out, neg: 
     let info = &p.model_info;
     let load = |b: &mut Builder, key: &str, flag: &str, file: &str| Out(b.core(key, flag, NodeSpec::new("LoadImage").with_const("image", json!(file))), 0);
     let sized = |node: NodeSpec| node.with_const("width", json!(p.width)).with_const("height", json!(p.height)).with_const("length", json!(frames)).with_const("batch_size", json!(p.batch_count));
+    if !info.wan_vace && p.control_video.is_some() {
+        return Err(not_supported("--control-video", "without a Wan VACE model (wan2.1_vace_*: its VACE blocks read the control)"));
+    }
+    if !info.wan_vace && p.vace_strength != 1.0 {
+        return Err(not_supported("--vace-strength", "without a Wan VACE model"));
+    }
     match info.wan_in_channels {
+        _ if info.wan_vace => {
+            for (given, flag) in [(p.end_img.is_some(), "--end-img"), (p.clip_vision.is_some(), "--clip_vision")] {
+                if given {
+                    return Err(not_supported(flag, "with a Wan VACE model (it reads -i as its reference image and --control-video)"));
+                }
+            }
+            if !(p.vace_strength.is_finite() && (0.0..=1000.0).contains(&p.vace_strength)) {
+                return Err(invalid("--vace-strength", format!("{} is outside 0..=1000", p.vace_strength)));
+            }
+            let mut node = sized(NodeSpec::new("WanVaceToVideo").with_input("positive", link(pos)).with_input("negative", link(neg)).with_input("vae", link(vae))).with_const("strength", json!(p.vace_strength));
+            if let Some(dir) = &p.control_video {
+                let frames = Out(b.core("control_video", "--control-video", NodeSpec::new("LoadImagesFromDir").with_const("directory", json!(dir))), 0);
+                node = node.with_input("control_video", link(&frames));
+            }
+            if let Some(img) = &p.init_img {
+                node = node.with_input("reference_image", link(&load(b, "image", "-i", img)));
+            }
+            let key = b.core("latent", "--control-video", node);
+            (*pos, *neg) = (Out(key.clone(), 0), Out(key.clone(), 1));
+            let description = format!(
+                "sd-cli's vid_gen with Wan VACE: {} through the Wan VAE as VACE's control (every mask cell 1: the whole video regenerated along it) at --vace-strength{}; UMT5-XXL prompts in chunks of 512 tokens with the padding zeroed, euler over sd.cpp's discrete flow schedule (shift 5), real CFG at --cfg-scale.",
+                if p.control_video.is_some() { "the --control-video frames (file-name order, grey after the last)" } else { "a grey control video" },
+                if p.init_img.is_some() { ", the -i reference image as an extra first latent frame cut after sampling (TrimVideoLatent)" } else { "" }
+            );
+            Ok((Out(key, 2), 1.0, "Video with VACE control".to_string(), description))
+        }
         Some(48) => {
             if p.end_img.is_some() {
                 return Err(not_supported("--end-img", "with Wan 2.2 TI2V (sd.cpp's kept last frame is not built: Wan22ImageToVideoLatent takes a start image)"));

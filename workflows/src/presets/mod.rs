@@ -283,7 +283,7 @@ pub fn output_paths(output: &str, count: usize, begin: Option<i64>) -> Result<Ve
 /// Builds sd-cli's `img_gen` graph with the builder of the model's family.
 pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
     if p.model_info.family != Family::Wan {
-        for (given, flag) in [(p.end_img.is_some(), "--end-img"), (p.clip_vision.is_some(), "--clip_vision")] {
+        for (given, flag) in [(p.end_img.is_some(), "--end-img"), (p.clip_vision.is_some(), "--clip_vision"), (p.control_video.is_some(), "--control-video"), (p.vace_strength != 1.0, "--vace-strength")] {
             if given {
                 return Err(not_supported(flag, "without a Wan image-to-video model (vid_gen's; unCLIP is not implemented, and IP-Adapter's image encoder is a workflow node, CLIPVisionLoader)"));
             }

@@ -216,6 +216,10 @@ pub struct ImgGenParams {
     /// ViT-H a Wan 2.1 I2V / FLF2V model reads its images through).
     pub end_img: Option<String>,
     pub clip_vision: Option<String>,
+    /// vid_gen with a Wan VACE model: `--control-video` (a folder of frames in file-name
+    /// order) and `--vace-strength` (1).
+    pub control_video: Option<String>,
+    pub vace_strength: f64,
     pub mask: Option<String>,
     pub strength: f64,
     /// `--clip-skip` (≤ 0: the model's default).
@@ -329,6 +333,8 @@ pub struct ModelInfo {
     /// Wan 2.1 I2V / FLF2V: it reads the start (and FLF2V the end) image's CLIP-vision states.
     pub wan_clip: bool,
     pub wan_flf: bool,
+    /// Wan VACE: it reads a control video (`--control-video`) and a reference (`-i`).
+    pub wan_vace: bool,
 }
 
 impl ModelInfo {
@@ -343,7 +349,7 @@ impl ModelInfo {
             (true, true, false) => Family::Flux { fill: false, guidance: true },
             (true, false, false) => Family::Chroma,
         };
-        ModelInfo { family, has_text_encoders: true, has_vae: true, double_blocks: None, flux2_guidance: false, qwen_layered: false, wan_in_channels: None, wan_clip: false, wan_flf: false }
+        ModelInfo { family, has_text_encoders: true, has_vae: true, double_blocks: None, flux2_guidance: false, qwen_layered: false, wan_in_channels: None, wan_clip: false, wan_flf: false, wan_vace: false }
     }
 
     /// Reads the diffusion model's file (`diffusion_model`, else `model`) and what `model`
@@ -386,6 +392,7 @@ impl ModelInfo {
             wan_in_channels: d.in_channels.filter(|_| wan),
             wan_clip: wan && d.wan_clip,
             wan_flf: wan && d.wan_flf,
+            wan_vace: wan && d.wan_vace,
             ..ModelInfo::default()
         };
         // What -m holds beside the diffusion model (all of it for a UNet checkpoint; an
@@ -528,6 +535,8 @@ impl Default for ImgGenParams {
             init_img: None,
             end_img: None,
             clip_vision: None,
+            control_video: None,
+            vace_strength: 1.0,
             mask: None,
             strength: 0.75,
             clip_skip: -1,
