@@ -212,8 +212,6 @@ fn unsupported_flags_are_refused() {
         (&["vid_gen", "-m", "m.safetensors", "--video-frames", "9"][..], "not supported yet: vid_gen with this model"),
         (&["-M", "vid_gen", "-m", "m.safetensors"][..], "not supported yet: vid_gen with this model"),
         (&["vid_gen", "-m", "m.safetensors", "--video-frames", "0"][..], "invalid value for --video-frames: 0"),
-        (&["vid_gen", "-m", "m.safetensors", "--video-frames", "9", "-o", "out.webm"][..], "not supported yet: -o out.webm (WebM"),
-        (&["vid_gen", "-m", "m.safetensors", "--end-img", "last.png"][..], "not supported yet: --end-img last.png (Wan first-last-frame"),
     ] {
         let (code, err) = fails(args, dir.path());
         assert_eq!(code, 1, "{args:?}");
@@ -1382,6 +1380,60 @@ fn serve_takes_sd_servers_flags() {
 /// The frames of a Motion-JPEG AVI: (µs per frame, width, height, frame count in the
 /// header) and each `00dc` chunk decoded as a JPEG. The RIFF chunks are walked here; the
 /// JPEGs are decoded by the `image` crate.
+/// The frames of a WebM of VP8 keyframes as sd-cli writes it: its EBML walked (Segment and
+/// Cluster entered (and the EBML header for its document type), each SimpleBlock's VP8 frame taken), each frame decoded by the `image`
+/// crate's WebP decoder (a VP8 frame is a lossy WebP's `VP8 ` chunk); with each cluster
+/// time plus block offset (ms) and the EBML document type.
+fn read_vp8_webm(path: &Path) -> (String, Vec<(i64, image::RgbImage)>) {
+    fn vint(b: &[u8], at: &mut usize, keep_marker: bool) -> u64 {
+        let first = b[*at];
+        let len = first.leading_zeros() as usize + 1;
+        let mut v = if keep_marker { first as u64 } else { (first as u64) & ((1u64 << (8 - len)) - 1) };
+        for i in 1..len {
+            v = (v << 8) | b[*at + i] as u64;
+        }
+        *at += len;
+        v
+    }
+    fn walk(b: &[u8], from: usize, to: usize, cluster_time: &mut i64, doc: &mut String, out: &mut Vec<(i64, image::RgbImage)>) {
+        let mut at = from;
+        while at < to {
+            let id = vint(b, &mut at, true);
+            let size = vint(b, &mut at, false) as usize;
+            let body = &b[at..at + size];
+            match id {
+                0x1A45_DFA3 | 0x1853_8067 | 0x1F43_B675 => walk(b, at, at + size, cluster_time, doc, out),
+                0x4282 => *doc = String::from_utf8_lossy(body).into_owned(),
+                0xE7 => *cluster_time = body.iter().fold(0i64, |v, x| (v << 8) | *x as i64),
+                0xA3 => {
+                    let mut p = 0;
+                    let _track = vint(body, &mut p, false);
+                    let offset = i16::from_be_bytes([body[p], body[p + 1]]) as i64;
+                    assert_eq!(body[p + 2] & 0x80, 0x80, "every frame a keyframe");
+                    let vp8 = &body[p + 3..];
+                    let mut riff = b"RIFF".to_vec();
+                    let chunk_len = 8 + vp8.len() + vp8.len() % 2;
+                    riff.extend_from_slice(&((4 + chunk_len) as u32).to_le_bytes());
+                    riff.extend_from_slice(b"WEBPVP8 ");
+                    riff.extend_from_slice(&(vp8.len() as u32).to_le_bytes());
+                    riff.extend_from_slice(vp8);
+                    if vp8.len() % 2 == 1 {
+                        riff.push(0);
+                    }
+                    let img = image::load_from_memory_with_format(&riff, image::ImageFormat::WebP).expect("a VP8 frame").to_rgb8();
+                    out.push((*cluster_time + offset, img));
+                }
+                _ => {}
+            }
+            at += size;
+        }
+    }
+    let b = std::fs::read(path).unwrap();
+    let (mut doc, mut out, mut t) = (String::new(), Vec::new(), 0);
+    walk(&b, 0, b.len(), &mut t, &mut doc, &mut out);
+    (doc, out)
+}
+
 fn read_mjpg_avi(path: &Path) -> ((u32, u32, u32, u32), Vec<image::RgbImage>) {
     let b = std::fs::read(path).unwrap();
     assert_eq!((&b[0..4], &b[8..12]), (&b"RIFF"[..], &b"AVI "[..]));
@@ -1512,6 +1564,19 @@ fn vid_gen_writes_wan_videos_as_sd_cli_does() {
     assert_eq!(decoder.dimensions(), (32, 32));
     let stamps: Vec<i32> = decoder.into_iter().map(|f| f.timestamp()).collect();
     assert_eq!(stamps, vec![125, 250, 375, 500, 625]);
+    // A WebM of VP8 keyframes at 62.5 ms a frame, each frame the PNG's within lossy coding.
+    ok(&[&base[..], &["--video-frames", "5", "-o", "v.webm"]].concat(), dir.path());
+    let (doc, webm) = read_vp8_webm(&dir.path().join("v.webm"));
+    assert_eq!((doc.as_str(), webm.len()), ("webm", 5));
+    for (i, (t, frame)) in webm.iter().enumerate() {
+        assert!((*t - (i as i64 * 625 + 5) / 10).abs() <= 1, "frame {i} at {t} ms");
+        let png = image::open(dir.path().join(format!("f_{i:02}.png"))).unwrap().to_rgb8();
+        assert_eq!(frame.dimensions(), png.dimensions());
+        let diff = |a: &[u8], b: &[u8]| a.iter().zip(b).map(|(a, b)| (*a as f64 - *b as f64).abs()).sum::<f64>() / a.len() as f64;
+        // VP8 halves the chroma of these noisy 32² frames: close, and far closer than grey.
+        let (own, grey) = (diff(png.as_raw(), frame.as_raw()), diff(png.as_raw(), &vec![128; png.as_raw().len()]));
+        assert!(own < grey / 2.0, "frame {i}: VP8 differs from the PNG by {own} on average (grey: {grey})");
+    }
     // Another extension becomes .avi; one frame is a PNG, as sd-cli saves them.
     ok(&[&base[..], &["--video-frames", "5", "-o", "clip.mp4"]].concat(), dir.path());
     assert!(dir.path().join("clip.avi").exists() && !dir.path().join("clip.mp4").exists());

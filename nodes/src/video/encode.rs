@@ -1,5 +1,6 @@
 //! Video files from frames: animated WebP through libwebp (the system's, by the
-//! `webp-animation` crate: ComfyUI's SaveAnimatedWEBP and sd-cli's `.webp`), and AVI with
+//! `webp-animation` crate: ComfyUI's SaveAnimatedWEBP and sd-cli's `.webp`), WebM of VP8
+//! keyframes as sd-cli writes it (libwebp's lossy frames in libwebm's muxer), and AVI with
 //! Motion-JPEG frames (sd-cli's default `.avi`). No maintained crate writes AVI; its RIFF
 //! layout is a few fixed headers around the JPEG frames, so it is written here (the JPEGs
 //! come from the `image` crate).
@@ -170,4 +171,60 @@ pub fn mjpg_avi(frames: Rgb8Frames<'_>, fps: f64, quality: u8) -> Result<Vec<u8>
     let mut out = Vec::with_capacity(body.len() + 8);
     out.write_all(&chunk(b"RIFF", &body)).map_err(|e| e.to_string())?;
     Ok(out)
+}
+
+/// A WebM of VP8 `frames` at `fps` as sd-cli writes `.webm`: each frame libwebp's lossy
+/// encoding at `quality` (0–100), its `VP8 ` chunk taken as a keyframe, stamped at
+/// `i · round(10⁹ / fps)` ns in libwebm's muxer.
+pub fn vp8_webm(frames: Rgb8Frames<'_>, fps: f64, quality: f32) -> Result<Vec<u8>, String> {
+    use webm::mux::{Segment, Track, VideoCodecId, Writer};
+    frames.check()?;
+    if !(fps.is_finite() && fps > 0.0 && fps <= 1000.0) {
+        return Err(format!("fps {fps} must be in (0, 1000]"));
+    }
+    let step = (1e9 / fps).round() as u64;
+    let mut segment = Segment::new(Writer::new(std::io::Cursor::new(Vec::new()))).ok_or("WebM: the muxer did not start")?;
+    segment.set_app_name("sdflow");
+    let mut track = segment.add_video_track_opt(frames.width as u32, frames.height as u32, None, VideoCodecId::VP8).ok_or("WebM: no video track")?;
+    for i in 0..frames.count() {
+        let vp8 = vp8_frame(frames.frame(i), frames.width, frames.height, quality).map_err(|e| format!("frame {i}: {e}"))?;
+        if !track.add_frame(&vp8, i as u64 * step, true) {
+            return Err(format!("WebM: frame {i} was not muxed"));
+        }
+    }
+    let writer = segment.try_finalize(None).map_err(|_| "WebM: the muxer did not finish".to_string())?;
+    Ok(writer.unwrap().into_inner())
+}
+
+/// One RGB frame as libwebp's lossy VP8 bitstream (the payload of its `VP8 ` chunk).
+fn vp8_frame(rgb: &[u8], width: usize, height: usize, quality: f32) -> Result<Vec<u8>, String> {
+    let mut out: *mut u8 = std::ptr::null_mut();
+    // SAFETY: `rgb` holds width·height RGB pixels (checked by the caller) with a stride of
+    // 3·width; libwebp allocates `out`, freed below with its own WebPFree.
+    let size = unsafe { libwebp_sys::WebPEncodeRGB(rgb.as_ptr(), width as i32, height as i32, 3 * width as i32, quality.clamp(0.0, 100.0), &mut out) };
+    if size == 0 || out.is_null() {
+        return Err("libwebp could not encode it".into());
+    }
+    // SAFETY: libwebp wrote `size` bytes at `out`.
+    let file = unsafe { std::slice::from_raw_parts(out, size) }.to_vec();
+    // SAFETY: `out` came from libwebp's encoder.
+    unsafe { libwebp_sys::WebPFree(out.cast()) };
+    riff_chunk(&file, b"VP8 ").map(<[u8]>::to_vec).ok_or_else(|| "libwebp gave no VP8 chunk".to_string())
+}
+
+/// The payload of the first `id` chunk of a RIFF WebP file.
+fn riff_chunk<'a>(file: &'a [u8], id: &[u8; 4]) -> Option<&'a [u8]> {
+    if file.get(..4)? != b"RIFF" || file.get(8..12)? != b"WEBP" {
+        return None;
+    }
+    let mut at = 12;
+    while at + 8 <= file.len() {
+        let size = u32::from_le_bytes(file[at + 4..at + 8].try_into().ok()?) as usize;
+        let body = file.get(at + 8..at + 8 + size)?;
+        if &file[at..at + 4] == id {
+            return Some(body);
+        }
+        at += 8 + size + size % 2;
+    }
+    None
 }

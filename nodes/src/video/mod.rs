@@ -8,7 +8,7 @@ pub mod encode;
 use crate::image::{next_counter, output_target, write_numbered};
 use crate::runtime::Runtime;
 use crate::values::Image;
-use encode::{animated_webp, mjpg_avi, Rgb8Frames, WebpOptions};
+use encode::{animated_webp, mjpg_avi, vp8_webm, Rgb8Frames, WebpOptions};
 use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Node, NodeError, NodeSchema, Outputs, Registry};
 use serde_json::json;
 use std::sync::Arc;
@@ -84,7 +84,8 @@ impl Node for SaveAnimatedWebp {
 }
 
 /// "SaveVideoSdCpp": the batch's frames as sd-cli writes a video: one `.avi`
-/// (Motion-JPEG) or `.webp` (animated, lossy) file at `fps`, both at quality 90; a batch
+/// (Motion-JPEG), `.webp` (animated, lossy) or `.webm` (VP8 keyframes) file at `fps`, all
+/// at quality 90; a batch
 /// of one frame is a PNG, as sd-cli saves a one-frame video.
 struct SaveVideoSdCpp {
     rt: Arc<Runtime>,
@@ -98,10 +99,10 @@ impl Node for SaveVideoSdCpp {
         NodeSchema::new("SaveVideoSdCpp")
             .display_name("Save Video (sd-cli)")
             .category("image/animation")
-            .description("Writes the frames as sd-cli writes a video: Motion-JPEG AVI or animated WebP at quality 90; one frame is saved as a PNG.")
+            .description("Writes the frames as sd-cli writes a video: Motion-JPEG AVI, animated WebP or WebM of VP8 keyframes at quality 90; one frame is saved as a PNG.")
             .input(InputSpec::link("images", IoType::IMAGE))
             .input(InputSpec::string("filename_prefix", "output"))
-            .input(InputSpec::combo("format", ["avi", "webp"]))
+            .input(InputSpec::combo("format", ["avi", "webp", "webm"]))
             .input(InputSpec::int("fps", 16).int_range(1, 1000).tooltip("Frames per second (sd-cli's --fps)."))
             .output_node()
     }
@@ -125,7 +126,8 @@ impl Node for SaveVideoSdCpp {
         let (ext, bytes) = match inputs.string("format")? {
             "avi" => ("avi", mjpg_avi(frames, fps as f64, SD_CLI_QUALITY)),
             "webp" => ("webp", animated_webp(frames, fps as f64, WebpOptions { lossless: false, quality: SD_CLI_QUALITY as f32, method: 4 })),
-            other => return Err(NodeError::msg(format!("format `{other}` is not one of avi, webp"))),
+            "webm" => ("webm", vp8_webm(frames, fps as f64, SD_CLI_QUALITY as f32)),
+            other => return Err(NodeError::msg(format!("format `{other}` is not one of avi, webp, webm"))),
         };
         let name = write_numbered(&dir, &stem, &mut counter, ext, &bytes.map_err(NodeError::msg)?)?;
         Ok(Outputs::none().with_ui(animated_ui(name, &sub, img.n)))

@@ -493,14 +493,20 @@ fn video_tail(mut b: Builder, p: &ImgGenParams, v: &super::VideoParams, frames: 
     let format = video_format(&path);
     let save = NodeSpec::new("SaveVideoSdCpp").with_input("images", link(&frames)).with_const("filename_prefix", json!(super::save_prefix(&p.output))).with_const("format", json!(format)).with_const("fps", json!(v.fps));
     b.core("save", "-o", save);
-    let description = format!("{description} {} frames written as {} at {} fps.", v.aligned_frames(), if format == "webp" { "an animated WebP" } else { "a Motion-JPEG AVI" }, v.fps);
+    let container = match format {
+        "webp" => "an animated WebP",
+        "webm" => "a WebM of VP8 keyframes",
+        _ => "a Motion-JPEG AVI",
+    };
+    let description = format!("{description} {} frames written as {container} at {} fps.", v.aligned_frames(), v.fps);
     Ok(b.finish(format!("{title} ({} frames)", v.aligned_frames()), description))
 }
 
-/// The SaveVideoSdCpp `format` for a video file path (its extension, `avi` or `webp`).
+/// The SaveVideoSdCpp `format` for a video file path (its extension: `avi`, `webp`, `webm`).
 fn video_format(path: &std::path::Path) -> &'static str {
     match path.extension().map(|e| e.to_string_lossy().to_ascii_lowercase()).as_deref() {
         Some("webp") => "webp",
+        Some("webm") => "webm",
         _ => "avi",
     }
 }

@@ -245,8 +245,7 @@ pub fn is_frame_pattern(output: &str) -> bool {
 pub fn video_output(output: &str) -> Result<PathBuf, PresetError> {
     let path = Path::new(output);
     match path.extension().map(|e| e.to_string_lossy().to_ascii_lowercase()).as_deref() {
-        Some("avi" | "webp") => Ok(path.to_path_buf()),
-        Some("webm") => Err(not_supported(format!("-o {output}"), "WebM (VP8) video: write .avi or .webp")),
+        Some("avi" | "webp" | "webm") => Ok(path.to_path_buf()),
         _ => Ok(path.with_extension("avi")),
     }
 }
