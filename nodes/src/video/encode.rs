@@ -1,6 +1,7 @@
 //! Video files from frames: animated WebP through libwebp (the system's, by the
 //! `webp-animation` crate: ComfyUI's SaveAnimatedWEBP and sd-cli's `.webp`), WebM of VP8
-//! keyframes as sd-cli writes it (libwebp's lossy frames in libwebm's muxer), and AVI with
+//! keyframes as sd-cli writes it (libwebp's lossy frames in libwebm's muxer), MP4 of H.264
+//! (ComfyUI's SaveVideo: OpenH264 frames in the `mp4` crate's muxer), and AVI with
 //! Motion-JPEG frames (sd-cli's default `.avi`). No maintained crate writes AVI; its RIFF
 //! layout is a few fixed headers around the JPEG frames, so it is written here (the JPEGs
 //! come from the `image` crate).
@@ -227,4 +228,71 @@ fn riff_chunk<'a>(file: &'a [u8], id: &[u8; 4]) -> Option<&'a [u8]> {
         at += 8 + size + size % 2;
     }
     None
+}
+
+/// An MP4 of H.264 `frames` at `fps` (what ComfyUI's SaveVideo writes for `auto` / `mp4`
+/// and `h264`): 4:2:0 frames from OpenH264 (an IDR frame first), each stored as
+/// length-prefixed NAL units with the stream's SPS and PPS in the `avc1` box, at a
+/// timescale of fps·1000 so fractional rates are exact.
+pub fn h264_mp4(frames: Rgb8Frames<'_>, fps: f64) -> Result<Vec<u8>, String> {
+    use mp4::{AvcConfig, MediaConfig, Mp4Config, Mp4Sample, Mp4Writer, TrackConfig, TrackType};
+    use openh264::encoder::{BitRate, Encoder, EncoderConfig, FrameRate};
+    use openh264::formats::{RgbSliceU8, YUVBuffer};
+    frames.check()?;
+    if frames.width % 2 == 1 || frames.height % 2 == 1 {
+        return Err(format!("{}x{} frames: H.264 in 4:2:0 needs even sides", frames.width, frames.height));
+    }
+    if !(fps.is_finite() && (1.0..=1000.0).contains(&fps)) {
+        return Err(format!("fps {fps} must be in 1..=1000"));
+    }
+    // Quality-first rate control with room for detailed frames (~0.3 bit per pixel).
+    let bits = (frames.width * frames.height) as f64 * fps * 0.3;
+    let config = EncoderConfig::new().max_frame_rate(FrameRate::from_hz(fps as f32)).bitrate(BitRate::from_bps(bits.clamp(500_000.0, 400_000_000.0) as u32));
+    let mut encoder = Encoder::with_api_config(openh264::OpenH264API::from_source(), config).map_err(|e| format!("OpenH264: {e}"))?;
+    let (mut sps, mut pps) = (None, None);
+    let mut samples = Vec::with_capacity(frames.count());
+    for i in 0..frames.count() {
+        let yuv = YUVBuffer::from_rgb_source(RgbSliceU8::new(frames.frame(i), (frames.width, frames.height)));
+        let stream = encoder.encode(&yuv).map_err(|e| format!("OpenH264 frame {i}: {e}"))?;
+        let mut sample = Vec::new();
+        let mut sync = false;
+        for l in 0..stream.num_layers() {
+            let layer = stream.layer(l).expect("a layer below the count");
+            for n in 0..layer.nal_count() {
+                let nal = strip_start_code(layer.nal_unit(n).expect("a NAL unit below the count"));
+                match nal.first().map(|b| b & 0x1f) {
+                    Some(7) => sps = sps.or_else(|| Some(nal.to_vec())),
+                    Some(8) => pps = pps.or_else(|| Some(nal.to_vec())),
+                    Some(t) => {
+                        sync |= t == 5;
+                        sample.extend_from_slice(&(nal.len() as u32).to_be_bytes());
+                        sample.extend_from_slice(nal);
+                    }
+                    None => {}
+                }
+            }
+        }
+        if sample.is_empty() {
+            return Err(format!("OpenH264 skipped frame {i}"));
+        }
+        samples.push((sample, sync));
+    }
+    let (Some(sps), Some(pps)) = (sps, pps) else { return Err("OpenH264 gave no SPS/PPS".into()) };
+    let brand = |b: &[u8; 4]| mp4::FourCC::from(*b);
+    let config = Mp4Config { major_brand: brand(b"isom"), minor_version: 512, compatible_brands: vec![brand(b"isom"), brand(b"iso2"), brand(b"avc1"), brand(b"mp41")], timescale: 1000 };
+    let mut writer = Mp4Writer::write_start(std::io::Cursor::new(Vec::new()), &config).map_err(|e| format!("MP4: {e}"))?;
+    let timescale = (fps * 1000.0).round() as u32;
+    let avc = AvcConfig { width: frames.width as u16, height: frames.height as u16, seq_param_set: sps, pic_param_set: pps };
+    writer.add_track(&TrackConfig { track_type: TrackType::Video, timescale, language: "und".into(), media_conf: MediaConfig::AvcConfig(avc) }).map_err(|e| format!("MP4: {e}"))?;
+    for (i, (bytes, is_sync)) in samples.into_iter().enumerate() {
+        let sample = Mp4Sample { start_time: i as u64 * 1000, duration: 1000, rendering_offset: 0, is_sync, bytes: bytes::Bytes::from(bytes) };
+        writer.write_sample(1, &sample).map_err(|e| format!("MP4 frame {i}: {e}"))?;
+    }
+    writer.write_end().map_err(|e| format!("MP4: {e}"))?;
+    Ok(writer.into_writer().into_inner())
+}
+
+/// A NAL unit without its Annex-B start code.
+fn strip_start_code(nal: &[u8]) -> &[u8] {
+    nal.strip_prefix(&[0, 0, 0, 1][..]).or_else(|| nal.strip_prefix(&[0, 0, 1][..])).unwrap_or(nal)
 }

@@ -1,14 +1,15 @@
-//! Video out: ComfyUI's SaveAnimatedWEBP, and the files sd-cli writes for a video `-o`
-//! (`.avi` Motion-JPEG by default, `.webp` animated, or numbered frames), over IMAGE
-//! batches whose images are a video's frames (what VAEDecode makes of a video latent).
-//! The encoders are in [`encode`].
+//! Video out: ComfyUI's SaveAnimatedWEBP, CreateVideo and SaveVideo (a VIDEO of frames and
+//! a frame rate, written as an MP4 of H.264), and the files sd-cli writes for a video `-o`
+//! (`.avi` Motion-JPEG by default, `.webp` animated, `.webm` VP8, or numbered frames), over
+//! IMAGE batches whose images are a video's frames (what VAEDecode makes of a video
+//! latent). The encoders are in [`encode`].
 
 pub mod encode;
 
 use crate::image::{next_counter, output_target, write_numbered};
 use crate::runtime::Runtime;
 use crate::values::Image;
-use encode::{animated_webp, mjpg_avi, vp8_webm, Rgb8Frames, WebpOptions};
+use encode::{animated_webp, h264_mp4, mjpg_avi, vp8_webm, Rgb8Frames, WebpOptions};
 use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Node, NodeError, NodeSchema, Outputs, Registry};
 use serde_json::json;
 use std::sync::Arc;
@@ -16,6 +17,94 @@ use std::sync::Arc;
 pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
     registry.register(Arc::new(SaveAnimatedWebp { rt: rt.clone() }));
     registry.register(Arc::new(SaveVideoSdCpp { rt: rt.clone() }));
+    registry.register(Arc::new(CreateVideo));
+    registry.register(Arc::new(SaveVideo { rt: rt.clone() }));
+}
+
+/// ComfyUI's VIDEO: frames and the rate they play at (no sound: sdflow has no AUDIO).
+pub const VIDEO: IoType = IoType::from_static("VIDEO");
+
+#[derive(Clone, Debug)]
+pub struct Video {
+    pub frames: Arc<Image>,
+    pub fps: f64,
+}
+
+impl sdflow_executor::CacheSize for Video {
+    fn cache_bytes(&self) -> usize {
+        self.frames.data.len() * 4
+    }
+}
+
+/// ComfyUI's "CreateVideo": an IMAGE batch as the frames of a VIDEO at `fps`.
+struct CreateVideo;
+
+impl Node for CreateVideo {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("CreateVideo")
+            .display_name("Create Video")
+            .category("video")
+            .description("Create a video from images.")
+            .input(InputSpec::link("images", IoType::IMAGE).tooltip("The images to create a video from."))
+            .input(InputSpec::float("fps", 30.0).float_range(1.0, 120.0).float_step(1.0))
+            .input(InputSpec::int("bit_depth", 8).int_range(8, 10).int_step(2).optional().tooltip("8: what sdflow's H.264 writer encodes (10-bit is refused)."))
+            .output("VIDEO", VIDEO)
+    }
+
+    fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let fps = inputs.float("fps")?;
+        if !(fps.is_finite() && (1.0..=120.0).contains(&fps)) {
+            return Err(NodeError::msg(format!("CreateVideo: fps {fps} is outside 1..=120")));
+        }
+        if inputs.contains("bit_depth") && inputs.int("bit_depth")? != 8 {
+            return Err(NodeError::msg(format!("CreateVideo: bit_depth {} is not supported (8-bit H.264 is written)", inputs.int("bit_depth")?)));
+        }
+        let frames = Arc::new(inputs.downcast::<Image>("images")?.clone());
+        if frames.n == 0 {
+            return Err(NodeError::msg("CreateVideo: no frames"));
+        }
+        Ok(Outputs::new(vec![sdflow_executor::Value::new(VIDEO, Video { frames, fps })]))
+    }
+}
+
+/// ComfyUI's "SaveVideo": a VIDEO as `<prefix>_NNNNN_.mp4` (H.264, 4:2:0) in the output
+/// folder, listed as an animation in the history.
+struct SaveVideo {
+    rt: Arc<Runtime>,
+}
+
+impl Node for SaveVideo {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("SaveVideo")
+            .display_name("Save Video")
+            .category("video")
+            .description("Saves the input images to your ComfyUI output directory.")
+            .input(InputSpec::link("video", VIDEO).tooltip("The video to save."))
+            .input(InputSpec::string("filename_prefix", "video/ComfyUI"))
+            .input(InputSpec::combo("format", ["auto", "mp4"]).tooltip("The format to save the video as."))
+            .input(InputSpec::combo("codec", ["auto", "h264"]).tooltip("The codec to use for the video."))
+            .output_node()
+    }
+
+    fn execute(&self, ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let video = inputs.downcast::<Video>("video")?;
+        for (input, allowed) in [("format", ["auto", "mp4"]), ("codec", ["auto", "h264"])] {
+            let v = inputs.string(input)?;
+            if !allowed.contains(&v) {
+                return Err(NodeError::msg(format!("SaveVideo: {input} `{v}` is not one of {}", allowed.join(", "))));
+            }
+        }
+        let img = &video.frames;
+        let rgb = rgb8(img)?;
+        let bytes = h264_mp4(Rgb8Frames { data: &rgb, width: img.width, height: img.height }, video.fps).map_err(NodeError::msg)?;
+        let (dir, sub, stem) = output_target(&self.rt, ctx, inputs.string("filename_prefix")?, false)?;
+        let mut counter = next_counter(&dir, &stem);
+        let name = write_numbered(&dir, &stem, &mut counter, "mp4", &bytes)?;
+        let mut ui = animated_ui(name, &sub, img.n);
+        // ComfyUI's PreviewVideo lists every saved video as animated.
+        ui["animated"] = json!([true]);
+        Ok(Outputs::none().with_ui(ui))
+    }
 }
 
 /// An IMAGE batch as 8-bit RGB frames (alpha dropped, grey repeated).

@@ -446,7 +446,9 @@ const handlers = {
   executed(data) {
     const images = data.output?.images ?? [];
     addToGallery($("gallery"), images);
-    if (images.length) showOnChain(data.display_node ?? data.node, api.viewUrl(images[images.length - 1]));
+    // Node previews draw still images (animated WebP's first frame); videos stay in the gallery.
+    const still = images.filter((i) => !/\.(mp4|webm|avi)$/i.test(i.filename));
+    if (still.length) showOnChain(data.display_node ?? data.node, api.viewUrl(still[still.length - 1]));
   },
   execution_success() {
     setRunning(null);

@@ -8,6 +8,7 @@ const GALLERY_JOBS = 20;
 const STATUS_WORDS = { pending: "pending", in_progress: "running", completed: "done", failed: "failed", cancelled: "stopped" };
 
 const shown = new Set();
+const VIDEO_FILE = /\.(mp4|webm)$/i;
 
 function imageKey(image) {
   return `${image.type ?? "output"}/${image.subfolder ?? ""}/${image.filename}`;
@@ -24,11 +25,13 @@ export function addToGallery(gallery, images) {
     const link = document.createElement("a");
     link.href = api.viewUrl(image);
     link.target = "_blank";
-    const img = document.createElement("img");
-    img.src = link.href;
-    img.alt = image.filename;
-    img.loading = "lazy";
-    link.append(img);
+    // Videos (SaveVideo's MP4, sd-cli's WebM) play in place; animated WebP plays as an image.
+    const video = VIDEO_FILE.test(image.filename);
+    const media = document.createElement(video ? "video" : "img");
+    media.src = link.href;
+    if (video) Object.assign(media, { controls: true, loop: true, muted: true, autoplay: true, playsInline: true });
+    else Object.assign(media, { alt: image.filename, loading: "lazy" });
+    link.append(media);
     const caption = document.createElement("figcaption");
     caption.textContent = image.filename;
     figure.append(link, caption);
