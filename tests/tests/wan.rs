@@ -250,3 +250,25 @@ fn vace_follows_the_control_video() {
     let e = env.run_err(&with_input(&wf, "1", "unet_name", json!("wan2.1_t2v_1.3B_fp16.safetensors")));
     assert!(e.contains("VACE"), "{e}");
 }
+
+/// VAEDecodeTiled on a video latent: spatial tiles, each a whole video through the Wan VAE,
+/// blended into frames of the untiled size that stay close to the untiled decode.
+#[test]
+fn tiled_decode_of_a_video() {
+    let env = env();
+    let wf = env.workflow("wan_t2v.json", 96, 1);
+    let (_, _, whole, _, _) = run_video(&env, &wf, "10");
+    let mut tiled = wf.clone();
+    let node = NodeSpec::new("VAEDecodeTiled")
+        .with_input("samples", link("8", 0))
+        .with_input("vae", link("3", 0))
+        .with_input("tile_size", InputValue::Const(json!(64)))
+        .with_input("overlap", InputValue::Const(json!(32)))
+        .with_input("temporal_size", InputValue::Const(json!(64)))
+        .with_input("temporal_overlap", InputValue::Const(json!(8)));
+    tiled.nodes.insert("9".into(), node);
+    let (w, h, frames, _, _) = run_video(&env, &tiled, "10");
+    assert_eq!((w, h, frames.len()), (96, 96, whole.len()));
+    let diff = frames.iter().zip(&whole).map(|(a, b)| a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).abs()).sum::<f64>() / a.len() as f64).fold(0.0, f64::max);
+    assert!(diff > 0.0 && diff < 12.0, "tiled frames differ from the whole decode by {diff} on average");
+}

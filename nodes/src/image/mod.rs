@@ -143,7 +143,7 @@ pub(crate) fn decode_latent(rt: &Runtime, ctx: &ExecContext<'_>, latent: &Latent
     let per = (w * h * c) as usize;
     if latent.frames > 1 {
         return with_vae(rt, vae, |model| match model {
-            AnyVae::Wan(m) => decode_video(rt, ctx, latent, m),
+            AnyVae::Wan(m) => decode_video(rt, ctx, latent, m, tiling),
             _ => Err(NodeError::msg(format!(
                 "a latent of {} frames ({} channels each) decodes as a video with a Wan VAE; LatentCutToBatch (dim t) makes its frames a batch of images for this one",
                 latent.frames,
@@ -175,8 +175,9 @@ pub(crate) fn decode_latent(rt: &Runtime, ctx: &ExecContext<'_>, latent: &Latent
 
 /// A video latent (frames inside its channels, ComfyUI's [B, C, T, H, W]) through the Wan
 /// VAE one latent frame at a time: each sample's 4·(T − 1) + 1 frames, the samples' frames
-/// one batch of images after another (ComfyUI's video decode).
-fn decode_video(rt: &Runtime, ctx: &ExecContext<'_>, latent: &Latent, model: &WanVae<'_>) -> Result<Image, NodeError> {
+/// one batch of images after another (ComfyUI's video decode); in spatial tiles when
+/// `tiling` is on (VAEDecodeTiled, `--vae-tiling`), each tile a whole video.
+fn decode_video(rt: &Runtime, ctx: &ExecContext<'_>, latent: &Latent, model: &WanVae<'_>, tiling: &VaeTiling) -> Result<Image, NodeError> {
     let [w, h, c, n] = latent.shape.map(|d| d as usize);
     let (t, z) = (latent.frames, latent.channels() as usize);
     let plane = w * h;
@@ -187,9 +188,12 @@ fn decode_video(rt: &Runtime, ctx: &ExecContext<'_>, latent: &Latent, model: &Wa
         let frames = Frames { data, ne: [w as i64, h as i64, z as i64, t as i64] };
         let out = rt
             .with_backend(Module::Vae, |b| {
-                model.decode_video(b, &frames, &mut |k, total| {
-                    ctx.progress((i * total + k) as u64, (n * total) as u64);
-                })
+                let mut progress = |k: usize, total: usize| ctx.progress((i * total + k) as u64, (n * total) as u64);
+                if tiling.enabled {
+                    model.decode_video_tiled(b, &frames, tiling, &mut progress)
+                } else {
+                    model.decode_video(b, &frames, &mut progress)
+                }
             })
             .map_err(err)?;
         ctx.check_cancelled()?;

@@ -785,6 +785,42 @@ impl<'w> WanVae<'w> {
         self.stream(backend, &chunks, |i, _| Frames { data: latent.data[i * plane..(i + 1) * plane].to_vec(), ne: [w, h, z, 1] }, true, progress)
     }
 
+    /// [`WanVae::decode_video`] in spatial tiles laid out and blended as image tiles are
+    /// (`tiling`'s size and overlap, smootherstep ramps): each tile is a whole video through
+    /// the decoder with its own causal caches, so memory is one tile's latent frame however
+    /// large the video. One tile is the untiled decode; `progress` hears each finished tile.
+    pub fn decode_video_tiled(&self, backend: &Backend, latent: &Frames, tiling: &super::tiling::VaeTiling, progress: &mut dyn FnMut(usize, usize)) -> Result<Frames> {
+        use super::tiling::{layout, run_tiled, Direction, TiledError};
+        let [w, h, z, t] = latent.ne;
+        if z != self.config.z_channels || t < 1 || w < 1 || h < 1 || latent.data.len() as i64 != w * h * z * t {
+            return Err(ModelError::Input(format!("a video latent of {} values as {:?} for a Wan VAE of {} channels", latent.data.len(), latent.ne, self.config.z_channels)));
+        }
+        let (lw, lh) = (w as usize, h as usize);
+        let (tw, th, overlap) = tiling.tile_sizes(lw, lh, 1.0);
+        let tiles = layout(lw, lh, tw, th, overlap);
+        if tiles.tiles.len() <= 1 {
+            return self.decode_video(backend, latent, progress);
+        }
+        // Frames double at each temporal upsampling after the first.
+        let doublings = self.config.layers(false).iter().filter(|l| l.layer == Layer::Resample && self.w.contains(&self.n(&format!("{}.time_conv.weight", l.name)))).count();
+        let frames = ((t as usize - 1) << doublings) + 1;
+        let ic = self.config.image_channels as usize;
+        let (count, mut done) = (tiles.tiles.len(), 0);
+        // Frame-major planes ([T][C][H][W]) are planar maps of T·C channels to the tiler.
+        let out = run_tiled(&latent.data, lw, lh, (z * t) as usize, ic * frames, self.config.downscale() as usize, Direction::Upscale, &tiles, |tile, tw, th| {
+            let video = self.decode_video(backend, &Frames { data: tile, ne: [tw as i64, th as i64, z, t] }, &mut |_, _| {})?;
+            done += 1;
+            progress(done, count);
+            Ok(video.data)
+        })
+        .map_err(|e| match e {
+            TiledError::Tile(e) => e,
+            TiledError::Shape(s) => ModelError::Input(s),
+        })?;
+        let f = self.config.downscale();
+        Ok(Frames { data: out, ne: [w * f, h * f, ic as i64, frames as i64] })
+    }
+
     /// Video frames [W, H, 3, F] in [-1, 1] (F = 4·k + 1; frames past the last whole group
     /// of 4 are dropped, as the reference drops them) encoded into the latent
     /// distribution's mean [W/8, H/8, z, k + 1]: the first frame alone, then 4 at a time.
