@@ -1509,8 +1509,12 @@ fn vid_gen_image_to_video_as_sd_cli_does() {
     assert_eq!((ti.len(), ti[0].dimensions()), (5, (32, 32)));
     ok(&args(&run("wan2.2_ti2v_5B_fp16.safetensors", &vae22, &["-o", "t2v5b.avi"])), dir.path());
     assert_ne!(read_mjpg_avi(&dir.path().join("t2v5b.avi")).1[0].as_raw(), ti[0].as_raw());
-    let (_, err) = fails(&args(&run("wan2.2_ti2v_5B_fp16.safetensors", &vae22, &["-i", "in.png", "--end-img", "end.png"])), dir.path());
-    assert!(err.contains("--end-img"), "{err}");
+    // sd.cpp's TI2V end frame: kept as the last latent frame too.
+    let ended = run("wan2.2_ti2v_5B_fp16.safetensors", &vae22, &["-i", "in.png", "--end-img", "end.png"]);
+    let printed = ok(&args(&[&ended[..], &["--print-workflow".to_string()]].concat()), dir.path());
+    assert!(printed.contains("\"end_image\""), "{printed}");
+    ok(&args(&[&ended[..], &["-o".to_string(), "ti2v_end.avi".to_string()]].concat()), dir.path());
+    assert_ne!(read_mjpg_avi(&dir.path().join("ti2v_end.avi")).1[4].as_raw(), ti[4].as_raw());
     // img_gen takes neither flag.
     let (_, err) = fails(&["img_gen", "-m", "models/checkpoints/model.safetensors", "-p", "x", "--end-img", "end.png"], dir.path());
     assert!(err.contains("--end-img"), "{err}");

@@ -189,6 +189,7 @@ fn ti2v_keeps_the_start_frame_and_samples_the_rest() {
     let mask = given.noise_mask.as_ref().expect("a noise mask");
     assert_eq!((mask.n, &mask.data[..]), (2, &[0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0][..]));
     let frame = |l: &sdflow_nodes::values::Latent, f: usize| sdflow_core::models::dit::frame_of(&l.samples, 48, 2, 4, f);
+    let frame3 = |l: &sdflow_nodes::values::Latent, f: usize| sdflow_core::models::dit::frame_of(&l.samples, 48, 3, 4, f);
     let (g0, s0) = (frame(&given, 0), frame(&sampled, 0));
     let err = g0.iter().zip(&s0).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
     assert!(err < 1e-4, "the start frame moved by {err}");
@@ -208,6 +209,20 @@ fn ti2v_keeps_the_start_frame_and_samples_the_rest() {
     let empty = env.run_latent(&t2v, "7");
     assert!(empty.noise_mask.is_none() && empty.samples.iter().all(|v| *v == 0.0));
     assert_ne!(run_video(&env, &t2v, "11").2, base);
+    // sdflow's end_image (sd-cli's --end-img): the last latent frame kept as well, encoded
+    // alone as a first frame is.
+    let mut ended = with_input(&wf, "7", "length", json!(9));
+    ended.nodes.insert("21".into(), NodeSpec::new("ImageInvert").with_input("image", link("4", 0)));
+    ended.set_input("7", "end_image", link("21", 0)).unwrap();
+    let both = env.run_latent(&ended, "7");
+    let mask = both.noise_mask.as_ref().expect("a noise mask");
+    assert_eq!((both.frames, mask.n), (3, 3));
+    assert_eq!(mask.data.chunks(4).map(|p| p[0]).collect::<Vec<_>>(), vec![0.0, 1.0, 0.0]);
+    let (f0, f2) = (frame3(&both, 0), frame3(&both, 2));
+    assert_ne!(f0, f2, "the end frame is its own image");
+    let sampled = env.run_latent(&with_input(&ended, "9", "sampler_name", json!("euler")), "9");
+    let err = frame3(&sampled, 2).iter().zip(&f2).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    assert!(err < 1e-4, "the end frame moved by {err}");
     // A Wan 2.1 VAE (16 channels) for the 48-channel latent, and sizes off the 16-pixel
     // blocks, are refused by name.
     let e = env.run_err(&with_input(&wf, "3", "vae_name", json!("wan_2.1_vae.safetensors")));

@@ -54,16 +54,7 @@ struct WanVaceToVideo {
 
 impl Node for WanVaceToVideo {
     fn schema(&self) -> NodeSchema {
-        NodeSchema::new("WanVaceToVideo")
-            .display_name("WanVaceToVideo")
-            .category("conditioning/video_models")
-            .input(InputSpec::link("positive", IoType::CONDITIONING))
-            .input(InputSpec::link("negative", IoType::CONDITIONING))
-            .input(InputSpec::link("vae", IoType::VAE))
-            .input(InputSpec::int("width", 832).int_range(16, 16384).int_step(16))
-            .input(InputSpec::int("height", 480).int_range(16, 16384).int_step(16))
-            .input(InputSpec::int("length", 81).int_range(1, 16384).int_step(4))
-            .input(InputSpec::int("batch_size", 1).int_range(1, 4096))
+        video_conditioning_schema("WanVaceToVideo")
             .input(InputSpec::float("strength", 1.0).float_range(0.0, 1000.0).float_step(0.01))
             .input(InputSpec::link("control_video", IoType::IMAGE).optional())
             .input(InputSpec::link("control_masks", IoType::MASK).optional())
@@ -182,6 +173,8 @@ impl Node for WanVaceToVideo {
 /// at 1/16 of the size; with a start image, its first latent frames are the image encoded
 /// by the Wan 2.2 VAE, the others the VAE's mean latent (zeros to the model), and a noise
 /// mask of one plane per frame keeps the given frames (0) while the rest are sampled (1).
+/// `end_image` (sdflow's, for sd-cli's `--end-img` with TI2V) is encoded alone into the
+/// last latent frame, which is kept too.
 struct Wan22ImageToVideoLatent {
     rt: Arc<Runtime>,
 }
@@ -201,6 +194,7 @@ impl Node for Wan22ImageToVideoLatent {
             .input(InputSpec::int("length", 49).int_range(1, 16384).int_step(4))
             .input(InputSpec::int("batch_size", 1).int_range(1, 4096))
             .input(InputSpec::link("start_image", IoType::IMAGE).optional())
+            .input(InputSpec::link("end_image", IoType::IMAGE).optional().tooltip("sdflow: a last frame to keep (sd-cli's --end-img with TI2V), encoded alone into the last latent frame."))
             .output("LATENT", IoType::LATENT)
     }
 
@@ -218,24 +212,51 @@ impl Node for Wan22ImageToVideoLatent {
         let plane = lw * lh;
         let mut latent = latent_zeros([lw as i64, lh as i64, (WAN22_CHANNELS * frames) as i64, n])?;
         latent.frames = frames;
-        let Some(start) = inputs.contains("start_image").then(|| inputs.downcast::<Image>("start_image")).transpose()? else {
+        let image = |name: &str| inputs.contains(name).then(|| inputs.downcast::<Image>(name)).transpose();
+        let (start, end) = (image("start_image")?, image("end_image")?);
+        if start.is_none() && end.is_none() {
             return Ok(Outputs::new(vec![Value::new(IoType::LATENT, latent)]));
-        };
-        let given = start.n.min(length as usize);
-        let scaled = scale_image(start, w as usize, h as usize, Method::Bilinear, true);
-        let first = Image { data: scaled.data[..given * scaled.height * scaled.width * scaled.channels].to_vec(), n: given, ..scaled };
-        let (encoded, encoded_frames) = encode_video(&self.rt, ctx, inputs.downcast::<VaeRef>("vae")?, &first)?;
-        if encoded.len() != WAN22_CHANNELS * encoded_frames * plane {
-            return Err(NodeError::msg(format!("Wan22ImageToVideoLatent: the VAE gave {} values for {encoded_frames} latent frames; the Wan 2.2 VAE (wan2.2_vae.safetensors, {WAN22_CHANNELS} channels) is needed", encoded.len())));
         }
-        let known = encoded_frames.min(frames);
-        // [C][T][plane]: given frames encoded, the rest the mean (`process_out(0)`).
+        // The first `count` images at the video's size through the Wan 2.2 VAE: [C][T'][plane].
+        let encode = |img: &Image, count: usize| -> Result<(Vec<f32>, usize), NodeError> {
+            let scaled = scale_image(img, w as usize, h as usize, Method::Bilinear, true);
+            let frames = Image { data: scaled.data[..count * scaled.height * scaled.width * scaled.channels].to_vec(), n: count, ..scaled };
+            let (encoded, t) = encode_video(&self.rt, ctx, inputs.downcast::<VaeRef>("vae")?, &frames)?;
+            if encoded.len() != WAN22_CHANNELS * t * plane {
+                return Err(NodeError::msg(format!("Wan22ImageToVideoLatent: the VAE gave {} values for {t} latent frames; the Wan 2.2 VAE (wan2.2_vae.safetensors, {WAN22_CHANNELS} channels) is needed", encoded.len())));
+            }
+            Ok((encoded, t))
+        };
+        // Per latent frame: the encoded values to keep (and from which frame of which encoding).
+        let mut kept: Vec<Option<(usize, usize)>> = vec![None; frames];
+        let mut encodings = Vec::new();
+        if let Some(s) = start {
+            let (e, t) = encode(s, s.n.min(length as usize))?;
+            for (f, k) in kept.iter_mut().enumerate().take(t) {
+                *k = Some((encodings.len(), f));
+            }
+            encodings.push((e, t));
+        }
+        if let Some(e) = end {
+            // sd.cpp's TI2V end frame: the last image alone, as a first frame is encoded.
+            let last = Image { data: e.data[(e.n - 1) * e.height * e.width * e.channels..].to_vec(), n: 1, ..e.clone() };
+            let (enc, t) = encode(&last, 1)?;
+            kept[frames - 1] = Some((encodings.len(), 0));
+            encodings.push((enc, t));
+        }
+        // [C][T][plane]: kept frames encoded, the rest the mean (`process_out(0)`).
         let sample: Vec<f32> = (0..WAN22_CHANNELS)
             .flat_map(|c| (0..frames).map(move |t| (c, t)))
-            .flat_map(|(c, t)| if t < known { encoded[(c * encoded_frames + t) * plane..][..plane].to_vec() } else { vec![WAN22_LATENTS_MEAN[c]; plane] })
+            .flat_map(|(c, t)| match kept[t] {
+                Some((k, f)) => {
+                    let (enc, count) = &encodings[k];
+                    enc[(c * count + f) * plane..][..plane].to_vec()
+                }
+                None => vec![WAN22_LATENTS_MEAN[c]; plane],
+            })
             .collect();
         latent.samples = sample.repeat(n as usize);
-        let mask: Vec<f32> = (0..frames).flat_map(|t| std::iter::repeat_n(if t < known { 0.0 } else { 1.0 }, plane)).collect();
+        let mask: Vec<f32> = kept.iter().flat_map(|k| std::iter::repeat_n(if k.is_some() { 0.0 } else { 1.0 }, plane)).collect();
         latent.noise_mask = Some(Arc::new(Mask { data: mask.repeat(n as usize), n: frames * n as usize, height: lh, width: lw }));
         Ok(Outputs::new(vec![Value::new(IoType::LATENT, latent)]))
     }
@@ -282,10 +303,10 @@ impl Node for WanImageToVideo {
     }
 }
 
-/// The image-to-video nodes' schema: the conditionings, the VAE and the video's size
-/// (ComfyUI's shared inputs), then the node's own optional images and CLIP-vision states.
-fn image_to_video_schema(name: &str, optional: &[(&str, IoType)]) -> NodeSchema {
-    let mut s = NodeSchema::new(name)
+/// ComfyUI's Wan video-conditioning nodes' shared inputs: the conditionings, the VAE and
+/// the video's size.
+fn video_conditioning_schema(name: &str) -> NodeSchema {
+    NodeSchema::new(name)
         .display_name(name)
         .category("conditioning/video_models")
         .input(InputSpec::link("positive", IoType::CONDITIONING))
@@ -294,7 +315,13 @@ fn image_to_video_schema(name: &str, optional: &[(&str, IoType)]) -> NodeSchema 
         .input(InputSpec::int("width", 832).int_range(16, 16384).int_step(16))
         .input(InputSpec::int("height", 480).int_range(16, 16384).int_step(16))
         .input(InputSpec::int("length", 81).int_range(1, 16384).int_step(4))
-        .input(InputSpec::int("batch_size", 1).int_range(1, 4096));
+        .input(InputSpec::int("batch_size", 1).int_range(1, 4096))
+}
+
+/// The image-to-video nodes' schema: the shared inputs, then the node's own optional
+/// images and CLIP-vision states.
+fn image_to_video_schema(name: &str, optional: &[(&str, IoType)]) -> NodeSchema {
+    let mut s = video_conditioning_schema(name);
     for (input, ty) in optional {
         s = s.input(InputSpec::link(*input, ty.clone()).optional());
     }

@@ -350,9 +350,6 @@ fn wan_latent(b: &mut Builder, p: &ImgGenParams, vae: &Out, pos: &mut Out, neg: 
             Ok((Out(key, 2), 1.0, "Video with VACE control".to_string(), description))
         }
         Some(48) => {
-            if p.end_img.is_some() {
-                return Err(not_supported("--end-img", "with Wan 2.2 TI2V (sd.cpp's kept last frame is not built: Wan22ImageToVideoLatent takes a start image)"));
-            }
             if p.clip_vision.is_some() {
                 return Err(not_supported("--clip_vision", "with Wan 2.2 TI2V (it reads no CLIP-vision states)"));
             }
@@ -360,10 +357,18 @@ fn wan_latent(b: &mut Builder, p: &ImgGenParams, vae: &Out, pos: &mut Out, neg: 
             if let Some(img) = &p.init_img {
                 node = node.with_input("start_image", link(&load(b, "image", "-i", img)));
             }
+            // sd.cpp keeps an --end-img as the last latent frame, as it keeps -i as the first.
+            if let Some(img) = &p.end_img {
+                node = node.with_input("end_image", link(&load(b, "end_image", "--end-img", img)));
+            }
             let key = b.core("latent", "--video-frames", node);
-            Ok(match &p.init_img {
-                Some(_) => (Out(key, 0), 1.0, "Text and image to video".to_string(), "sd-cli's vid_gen with Wan 2.2 TI2V 5B: the -i image encoded by the Wan 2.2 VAE as the first latent frame, held clean and read at noise level 0 while the frames after it are sampled (UMT5-XXL prompts in chunks of 512 tokens with the padding zeroed, euler over sd.cpp's discrete flow schedule, shift 5, real CFG at --cfg-scale).".to_string()),
-                None => (Out(key, 0), 1.0, "Text to video".to_string(), t2v_description.replace("a Wan text-to-video model", "Wan 2.2 TI2V 5B (its 48-channel latent at 1/16)")),
+            Ok(match (&p.init_img, &p.end_img) {
+                (None, None) => (Out(key, 0), 1.0, "Text to video".to_string(), t2v_description.replace("a Wan text-to-video model", "Wan 2.2 TI2V 5B (its 48-channel latent at 1/16)")),
+                _ => (Out(key, 0), 1.0, "Text and image to video".to_string(), format!("sd-cli's vid_gen with Wan 2.2 TI2V 5B: {} encoded by the Wan 2.2 VAE, held clean and read at noise level 0 while the other frames are sampled (UMT5-XXL prompts in chunks of 512 tokens with the padding zeroed, euler over sd.cpp's discrete flow schedule, shift 5, real CFG at --cfg-scale).", match (&p.init_img, &p.end_img) {
+                    (Some(_), Some(_)) => "the -i image as the first latent frame and the --end-img image as the last",
+                    (Some(_), None) => "the -i image as the first latent frame",
+                    _ => "the --end-img image as the last latent frame",
+                })),
             })
         }
         Some(36) => {

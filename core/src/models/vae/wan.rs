@@ -457,6 +457,11 @@ impl<'w> WanVae<'w> {
         format!("{}{s}", self.prefix)
     }
 
+    /// Whether the resampler `layer` also resamples in time (`upsample3d` / `downsample3d`).
+    fn has_time_conv(&self, layer: &str) -> bool {
+        self.w.contains(&self.n(&format!("{layer}.time_conv.weight")))
+    }
+
     /// A convolution's (temporal taps, kernel height, width, in, out channels): its kernel
     /// is held as [O·I, taps, kh, kw] (see [`video_layout`]), its bias says O.
     fn kernel_shape(&self, name: &str) -> Result<(i64, i64, i64, i64, i64)> {
@@ -685,7 +690,7 @@ impl<'w> WanVae<'w> {
                 x = match l.layer {
                     Layer::Residual => self.residual(ctx, p, x, mode)?,
                     Layer::Resample => {
-                        if self.w.contains(&self.n(&format!("{p}.time_conv.weight"))) {
+                        if self.has_time_conv(p) {
                             x = self.time_up(ctx, &format!("{p}.time_conv"), x, mode)?;
                         }
                         self.conv(ctx, &format!("{p}.resample.1"), ctx.upscale(x, 2)?, 1, 1)?
@@ -695,7 +700,7 @@ impl<'w> WanVae<'w> {
             // Wan 2.2: a resampling stage's input, its channels spread over the new frames
             // and pixels (`DupUp3D`), added to its output.
             if let (true, Some(last)) = (self.config.residual_stages, stage.last().filter(|l| l.layer == Layer::Resample)) {
-                let ft = if self.w.contains(&self.n(&format!("{}.time_conv.weight", last.name))) { 2 } else { 1 };
+                let ft = if self.has_time_conv(&last.name) { 2 } else { 1 };
                 x = ctx.add(x, dup_up(ctx, input, ft, 2, x.ne()[2], mode)?)?;
             }
         }
@@ -729,7 +734,7 @@ impl<'w> WanVae<'w> {
                     // Zero padding right and bottom, then a stride-2 convolution.
                     Layer::Resample => {
                         let y = self.conv(ctx, &format!("{p}.resample.1"), ctx.pad_spatial(x, [(0, 1), (0, 1)])?, 2, 0)?;
-                        if self.w.contains(&self.n(&format!("{p}.time_conv.weight"))) {
+                        if self.has_time_conv(p) {
                             self.time_down(ctx, &format!("{p}.time_conv"), y, mode)?
                         } else {
                             y
@@ -741,7 +746,7 @@ impl<'w> WanVae<'w> {
             // averaged down to the stage's width (`AvgDown3D`), added to its output.
             if c.residual_stages {
                 let resample = stage.last().filter(|l| l.layer == Layer::Resample);
-                let ft = if resample.is_some_and(|l| self.w.contains(&self.n(&format!("{}.time_conv.weight", l.name)))) { 2 } else { 1 };
+                let ft = if resample.is_some_and(|l| self.has_time_conv(&l.name)) { 2 } else { 1 };
                 let fs = if resample.is_some() { 2 } else { 1 };
                 x = ctx.add(x, avg_down(ctx, input, ft, fs, x.ne()[2], mode)?)?;
             }
@@ -802,7 +807,7 @@ impl<'w> WanVae<'w> {
             return self.decode_video(backend, latent, progress);
         }
         // Frames double at each temporal upsampling after the first.
-        let doublings = self.config.layers(false).iter().filter(|l| l.layer == Layer::Resample && self.w.contains(&self.n(&format!("{}.time_conv.weight", l.name)))).count();
+        let doublings = self.config.layers(false).iter().filter(|l| l.layer == Layer::Resample && self.has_time_conv(&l.name)).count();
         let frames = ((t as usize - 1) << doublings) + 1;
         let ic = self.config.image_channels as usize;
         let (count, mut done) = (tiles.tiles.len(), 0);
