@@ -1380,58 +1380,29 @@ fn serve_takes_sd_servers_flags() {
 /// The frames of a Motion-JPEG AVI: (µs per frame, width, height, frame count in the
 /// header) and each `00dc` chunk decoded as a JPEG. The RIFF chunks are walked here; the
 /// JPEGs are decoded by the `image` crate.
-/// The frames of a WebM of VP8 keyframes as sd-cli writes it: its EBML walked (Segment and
-/// Cluster entered (and the EBML header for its document type), each SimpleBlock's VP8 frame taken), each frame decoded by the `image`
-/// crate's WebP decoder (a VP8 frame is a lossy WebP's `VP8 ` chunk); with each cluster
-/// time plus block offset (ms) and the EBML document type.
+/// The frames of a WebM of VP8 keyframes as sd-cli writes it (its blocks read by
+/// sdflow's WebM reader), each decoded by the `image` crate's WebP decoder (a VP8 frame is
+/// a lossy WebP's `VP8 ` chunk); with each frame's time (ms) and the document type.
 fn read_vp8_webm(path: &Path) -> (String, Vec<(i64, image::RgbImage)>) {
-    fn vint(b: &[u8], at: &mut usize, keep_marker: bool) -> u64 {
-        let first = b[*at];
-        let len = first.leading_zeros() as usize + 1;
-        let mut v = if keep_marker { first as u64 } else { (first as u64) & ((1u64 << (8 - len)) - 1) };
-        for i in 1..len {
-            v = (v << 8) | b[*at + i] as u64;
-        }
-        *at += len;
-        v
-    }
-    fn walk(b: &[u8], from: usize, to: usize, cluster_time: &mut i64, doc: &mut String, out: &mut Vec<(i64, image::RgbImage)>) {
-        let mut at = from;
-        while at < to {
-            let id = vint(b, &mut at, true);
-            let size = vint(b, &mut at, false) as usize;
-            let body = &b[at..at + size];
-            match id {
-                0x1A45_DFA3 | 0x1853_8067 | 0x1F43_B675 => walk(b, at, at + size, cluster_time, doc, out),
-                0x4282 => *doc = String::from_utf8_lossy(body).into_owned(),
-                0xE7 => *cluster_time = body.iter().fold(0i64, |v, x| (v << 8) | *x as i64),
-                0xA3 => {
-                    let mut p = 0;
-                    let _track = vint(body, &mut p, false);
-                    let offset = i16::from_be_bytes([body[p], body[p + 1]]) as i64;
-                    assert_eq!(body[p + 2] & 0x80, 0x80, "every frame a keyframe");
-                    let vp8 = &body[p + 3..];
-                    let mut riff = b"RIFF".to_vec();
-                    let chunk_len = 8 + vp8.len() + vp8.len() % 2;
-                    riff.extend_from_slice(&((4 + chunk_len) as u32).to_le_bytes());
-                    riff.extend_from_slice(b"WEBPVP8 ");
-                    riff.extend_from_slice(&(vp8.len() as u32).to_le_bytes());
-                    riff.extend_from_slice(vp8);
-                    if vp8.len() % 2 == 1 {
-                        riff.push(0);
-                    }
-                    let img = image::load_from_memory_with_format(&riff, image::ImageFormat::WebP).expect("a VP8 frame").to_rgb8();
-                    out.push((*cluster_time + offset, img));
-                }
-                _ => {}
+    let webm = sdflow_nodes::video::encode::webm_frames(&std::fs::read(path).unwrap()).unwrap();
+    assert_eq!(webm.codec, "V_VP8");
+    let frames = webm
+        .blocks
+        .iter()
+        .map(|(t, key, vp8)| {
+            assert!(key, "every frame a keyframe");
+            let mut riff = b"RIFF".to_vec();
+            riff.extend_from_slice(&((12 + vp8.len() + vp8.len() % 2) as u32).to_le_bytes());
+            riff.extend_from_slice(b"WEBPVP8 ");
+            riff.extend_from_slice(&(vp8.len() as u32).to_le_bytes());
+            riff.extend_from_slice(vp8);
+            if vp8.len() % 2 == 1 {
+                riff.push(0);
             }
-            at += size;
-        }
-    }
-    let b = std::fs::read(path).unwrap();
-    let (mut doc, mut out, mut t) = (String::new(), Vec::new(), 0);
-    walk(&b, 0, b.len(), &mut t, &mut doc, &mut out);
-    (doc, out)
+            (*t, image::load_from_memory_with_format(&riff, image::ImageFormat::WebP).expect("a VP8 frame").to_rgb8())
+        })
+        .collect();
+    (webm.doc_type, frames)
 }
 
 fn read_mjpg_avi(path: &Path) -> ((u32, u32, u32, u32), Vec<image::RgbImage>) {

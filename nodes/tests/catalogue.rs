@@ -82,9 +82,9 @@ const NOT_REGISTERED: &[(&str, &[&str])] = &[
         ],
     ),
     (
-        "video and animated files sdflow cannot read or write yet: LoadVideo and GetVideoComponents (no video decoder, no AUDIO type), SaveWEBM (VP9 / AV1: no libvpx or SVT-AV1 encoder is built; sd-cli's VP8 WebM and ComfyUI's H.264 MP4 are), SaveAnimatedPNG (no APNG writer)",
+        "video and animated files sdflow cannot read or write yet: LoadVideo and GetVideoComponents (no video decoder, no AUDIO type), SaveAnimatedPNG (no APNG writer)",
         &[
-            "GetVideoComponents", "LoadVideo", "SaveAnimatedPNG", "SaveWEBM",
+            "GetVideoComponents", "LoadVideo", "SaveAnimatedPNG",
         ],
     ),
     (

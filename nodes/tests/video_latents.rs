@@ -131,3 +131,89 @@ fn save_video_writes_an_h264_mp4_of_its_frames() {
     assert!(save(video, "webm").unwrap_err().to_string().contains("format"));
     assert!(env.run("CreateVideo", vec![("images", image(w, h, data)), ("fps", c(json!(0.5)))]).unwrap_err().to_string().contains("fps"));
 }
+
+/// SaveWEBM: the frames as a WebM of VP9 at the CRF, read back (the WebM's blocks, libvpx's
+/// VP9 decoder): every frame, at 1000/fps ms apart, close to what went in, a lower CRF
+/// closer; av1 and bad CRFs are refused by name.
+#[test]
+fn save_webm_writes_vp9_that_decodes_to_its_frames() {
+    use sdflow_nodes::values::Image;
+    use sdflow_nodes::video::encode::webm_frames;
+    let env = env(1);
+    let c = |v: serde_json::Value| InputData::Const(v);
+    let (w, h, n) = (48usize, 32usize, 5usize);
+    let data: Vec<f32> = (0..n).flat_map(|f| (0..h).flat_map(move |y| (0..w).flat_map(move |x| [x as f32 / w as f32, y as f32 / h as f32, ((x + 3 * f) % 48) as f32 / 48.0]))).collect();
+    let save = |crf: f64, codec: &str| {
+        env.run(
+            "SaveWEBM",
+            vec![
+                ("images", InputData::Value(Value::new(IoType::IMAGE, Image { data: data.clone(), n, height: h, width: w, channels: 3 }))),
+                ("filename_prefix", c(json!("clips/vp9"))),
+                ("codec", c(json!(codec))),
+                ("fps", c(json!(20.0))),
+                ("crf", c(json!(crf))),
+            ],
+        )
+    };
+    let mut errors = Vec::new();
+    for (k, crf) in [10.0, 50.0].into_iter().enumerate() {
+        let ui = save(crf, "vp9").unwrap().ui.unwrap();
+        assert_eq!(ui["images"][0]["filename"], json!(format!("vp9_{:05}_.webm", k + 1)));
+        assert_eq!(ui["animated"], json!([true]));
+        let file = std::fs::read(env.dir.path().join("out/clips").join(ui["images"][0]["filename"].as_str().unwrap())).unwrap();
+        let webm = webm_frames(&file).unwrap();
+        assert_eq!((webm.doc_type.as_str(), webm.codec.as_str(), webm.blocks.len()), ("webm", "V_VP9", n));
+        assert!(webm.blocks[0].1, "the first frame is a keyframe");
+        let decoded = decode_vp9(&webm.blocks.iter().map(|b| b.2.clone()).collect::<Vec<_>>(), w, h);
+        assert_eq!(decoded.len(), n);
+        let mut worst = 0.0f32;
+        for (f, (t, _, _)) in webm.blocks.iter().enumerate() {
+            assert_eq!(*t, 50 * f as i64, "frame {f}'s time");
+            let want = &data[f * w * h * 3..(f + 1) * w * h * 3];
+            let err = decoded[f].iter().zip(want).map(|(&a, &b)| (a as f32 - b * 255.0).abs()).sum::<f32>() / want.len() as f32;
+            worst = worst.max(err);
+        }
+        assert!(worst < 10.0, "crf {crf}: frames {worst} off on average");
+        errors.push(worst);
+    }
+    assert!(errors[0] < errors[1], "a lower crf is closer: {errors:?}");
+    assert!(save(30.0, "av1").unwrap_err().to_string().contains("av1"));
+    assert!(save(70.0, "vp9").unwrap_err().to_string().contains("crf"));
+}
+
+/// VP9 frames through libvpx's decoder, each as RGB (BT.601 limited range).
+fn decode_vp9(frames: &[Vec<u8>], w: usize, h: usize) -> Vec<Vec<u8>> {
+    use vpx_sys::*;
+    let mut out = Vec::new();
+    // SAFETY: the decoder context is initialised before use and destroyed after; the image
+    // pointers libvpx returns stay valid until the next decode call.
+    unsafe {
+        let mut ctx: vpx_codec_ctx_t = std::mem::zeroed();
+        assert_eq!(vpx_codec_dec_init_ver(&mut ctx, vpx_codec_vp9_dx(), std::ptr::null(), 0, VPX_DECODER_ABI_VERSION as i32), vpx_codec_err_t::VPX_CODEC_OK);
+        for f in frames {
+            assert_eq!(vpx_codec_decode(&mut ctx, f.as_ptr(), f.len() as u32, std::ptr::null_mut(), 0), vpx_codec_err_t::VPX_CODEC_OK);
+            let mut iter: vpx_codec_iter_t = std::ptr::null();
+            loop {
+                let img = vpx_codec_get_frame(&mut ctx, &mut iter);
+                if img.is_null() {
+                    break;
+                }
+                let img = &*img;
+                assert_eq!((img.d_w as usize, img.d_h as usize), (w, h));
+                let plane = |p: usize, x: usize, y: usize| *img.planes[p].add(y * img.stride[p] as usize + x) as f32;
+                let mut rgb = Vec::with_capacity(w * h * 3);
+                for y in 0..h {
+                    for x in 0..w {
+                        let (yy, u, v) = (plane(0, x, y) - 16.0, plane(1, x / 2, y / 2) - 128.0, plane(2, x / 2, y / 2) - 128.0);
+                        for c in [1.164 * yy + 1.596 * v, 1.164 * yy - 0.392 * u - 0.813 * v, 1.164 * yy + 2.017 * u] {
+                            rgb.push(c.round().clamp(0.0, 255.0) as u8);
+                        }
+                    }
+                }
+                out.push(rgb);
+            }
+        }
+        vpx_codec_destroy(&mut ctx);
+    }
+    out
+}

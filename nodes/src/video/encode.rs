@@ -1,6 +1,7 @@
 //! Video files from frames: animated WebP through libwebp (the system's, by the
 //! `webp-animation` crate: ComfyUI's SaveAnimatedWEBP and sd-cli's `.webp`), WebM of VP8
-//! keyframes as sd-cli writes it (libwebp's lossy frames in libwebm's muxer), MP4 of H.264
+//! keyframes as sd-cli writes it (libwebp's lossy frames in libwebm's muxer), WebM of VP9
+//! at a CRF (ComfyUI's SaveWEBM: libvpx, the same muxer), MP4 of H.264
 //! (ComfyUI's SaveVideo: OpenH264 frames in the `mp4` crate's muxer), and AVI with
 //! Motion-JPEG frames (sd-cli's default `.avi`). No maintained crate writes AVI; its RIFF
 //! layout is a few fixed headers around the JPEG frames, so it is written here (the JPEGs
@@ -295,4 +296,190 @@ pub fn h264_mp4(frames: Rgb8Frames<'_>, fps: f64) -> Result<Vec<u8>, String> {
 /// A NAL unit without its Annex-B start code.
 fn strip_start_code(nal: &[u8]) -> &[u8] {
     nal.strip_prefix(&[0, 0, 0, 1][..]).or_else(|| nal.strip_prefix(&[0, 0, 1][..])).unwrap_or(nal)
+}
+
+/// A WebM of VP9 `frames` at `fps` as ComfyUI's SaveWEBM writes it (PyAV's `libvpx-vp9`
+/// with `crf` and no bitrate, `yuv420p`): libvpx in constant-quality mode at `crf` (0–63),
+/// BT.601 limited-range 4:2:0 frames, stamped at fps·1000 ticks and muxed by libwebm.
+pub fn vp9_webm(frames: Rgb8Frames<'_>, fps: f64, crf: u32) -> Result<Vec<u8>, String> {
+    use vpx_sys::*;
+    use webm::mux::{Segment, Track, VideoCodecId, Writer};
+    frames.check()?;
+    if !(fps.is_finite() && fps > 0.0 && fps <= 1000.0) {
+        return Err(format!("fps {fps} must be in (0, 1000]"));
+    }
+    if crf > 63 {
+        return Err(format!("crf {crf} is outside 0..=63"));
+    }
+    let (w, h) = (frames.width, frames.height);
+    let rate = (fps * 1000.0).round() as i32;
+    // SAFETY: plain C structs filled by libvpx; every call's result is checked, the
+    // context is destroyed on every path after its init succeeded.
+    unsafe {
+        let iface = vpx_codec_vp9_cx();
+        // libvpx fills the configuration (some of its enums have no zero value).
+        let mut cfg = std::mem::MaybeUninit::<vpx_codec_enc_cfg_t>::uninit();
+        if vpx_codec_enc_config_default(iface, cfg.as_mut_ptr(), 0) != vpx_codec_err_t::VPX_CODEC_OK {
+            return Err("libvpx: no VP9 encoder configuration".into());
+        }
+        let mut cfg = cfg.assume_init();
+        cfg.g_w = w as u32;
+        cfg.g_h = h as u32;
+        cfg.g_timebase = vpx_rational { num: 1000, den: rate };
+        cfg.g_threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8) as u32;
+        cfg.rc_end_usage = vpx_rc_mode::VPX_Q;
+        cfg.rc_target_bitrate = 0;
+        let mut ctx: vpx_codec_ctx_t = std::mem::zeroed();
+        if vpx_codec_enc_init_ver(&mut ctx, iface, &cfg, 0, VPX_ENCODER_ABI_VERSION as i32) != vpx_codec_err_t::VPX_CODEC_OK {
+            return Err("libvpx: the VP9 encoder did not start".into());
+        }
+        let result = (|| -> Result<Vec<(Vec<u8>, i64, bool)>, String> {
+            let mut control = |id: vp8e_enc_control_id, v: i32| if vpx_codec_control_(&mut ctx, id as i32, v) == vpx_codec_err_t::VPX_CODEC_OK { Ok(()) } else { Err(format!("libvpx: control {id:?} refused")) };
+            control(vp8e_enc_control_id::VP8E_SET_CQ_LEVEL, crf as i32)?;
+            // libvpx's "good" speed ffmpeg uses for libvpx-vp9 (cpu-used 1) is slow for
+            // long videos on a CPU; 4 keeps the quality mode at a fraction of the time.
+            control(vp8e_enc_control_id::VP8E_SET_CPUUSED, 4)?;
+            let mut packets = Vec::new();
+            let drain = |ctx: &mut vpx_codec_ctx_t, packets: &mut Vec<(Vec<u8>, i64, bool)>| {
+                let mut iter: vpx_codec_iter_t = std::ptr::null();
+                loop {
+                    let pkt = vpx_codec_get_cx_data(ctx, &mut iter);
+                    if pkt.is_null() {
+                        break;
+                    }
+                    if (*pkt).kind == vpx_codec_cx_pkt_kind::VPX_CODEC_CX_FRAME_PKT {
+                        let f = (*pkt).data.frame;
+                        let bytes = std::slice::from_raw_parts(f.buf as *const u8, f.sz as usize).to_vec();
+                        packets.push((bytes, f.pts, f.flags & VPX_FRAME_IS_KEY != 0));
+                    }
+                }
+            };
+            let mut yuv = Vec::new();
+            for i in 0..frames.count() {
+                i420(frames.frame(i), w, h, &mut yuv);
+                let mut img = std::mem::MaybeUninit::<vpx_image_t>::uninit();
+                let wrapped = vpx_img_wrap(img.as_mut_ptr(), vpx_img_fmt::VPX_IMG_FMT_I420, w as u32, h as u32, 1, yuv.as_mut_ptr());
+                if wrapped.is_null() {
+                    return Err("libvpx: the frame could not be wrapped".into());
+                }
+                if vpx_codec_encode(&mut ctx, wrapped, i as i64, 1, 0, VPX_DL_GOOD_QUALITY as _) != vpx_codec_err_t::VPX_CODEC_OK {
+                    return Err(format!("libvpx: frame {i} was not encoded"));
+                }
+                drain(&mut ctx, &mut packets);
+            }
+            // Flush the frames libvpx holds back (its look-ahead).
+            loop {
+                let before = packets.len();
+                if vpx_codec_encode(&mut ctx, std::ptr::null(), -1, 1, 0, VPX_DL_GOOD_QUALITY as _) != vpx_codec_err_t::VPX_CODEC_OK {
+                    return Err("libvpx: the encoder did not flush".into());
+                }
+                drain(&mut ctx, &mut packets);
+                if packets.len() == before {
+                    break;
+                }
+            }
+            Ok(packets)
+        })();
+        vpx_codec_destroy(&mut ctx);
+        let packets = result?;
+        let mut segment = Segment::new(Writer::new(std::io::Cursor::new(Vec::new()))).ok_or("WebM: the muxer did not start")?;
+        segment.set_app_name("sdflow");
+        let mut track = segment.add_video_track_opt(w as u32, h as u32, None, VideoCodecId::VP9).ok_or("WebM: no video track")?;
+        for (bytes, pts, key) in &packets {
+            let ns = (*pts as f64 * 1e9 * 1000.0 / rate as f64).round() as u64;
+            if !track.add_frame(bytes, ns, *key) {
+                return Err(format!("WebM: frame at {pts} was not muxed"));
+            }
+        }
+        let writer = segment.try_finalize(None).map_err(|_| "WebM: the muxer did not finish".to_string())?;
+        Ok(writer.unwrap().into_inner())
+    }
+}
+
+/// One RGB frame as planar 4:2:0 (Y, then U and V at half size rounded up), BT.601
+/// limited range as swscale converts `rgb24` to `yuv420p`; chroma averages 2×2 pixels.
+fn i420(rgb: &[u8], w: usize, h: usize, out: &mut Vec<u8>) {
+    let (cw, ch) = (w.div_ceil(2), h.div_ceil(2));
+    out.clear();
+    out.reserve(w * h + 2 * cw * ch);
+    let px = |x: usize, y: usize| {
+        let p = &rgb[(y * w + x) * 3..][..3];
+        (p[0] as i32, p[1] as i32, p[2] as i32)
+    };
+    for y in 0..h {
+        for x in 0..w {
+            let (r, g, b) = px(x, y);
+            out.push((((66 * r + 129 * g + 25 * b + 128) >> 8) + 16) as u8);
+        }
+    }
+    for plane in 0..2 {
+        for cy in 0..ch {
+            for cx in 0..cw {
+                let (mut sum, mut n) = (0i32, 0i32);
+                for (x, y) in [(2 * cx, 2 * cy), (2 * cx + 1, 2 * cy), (2 * cx, 2 * cy + 1), (2 * cx + 1, 2 * cy + 1)] {
+                    if x < w && y < h {
+                        let (r, g, b) = px(x, y);
+                        sum += if plane == 0 { (-38 * r - 74 * g + 112 * b + 128) >> 8 } else { (112 * r - 94 * g - 18 * b + 128) >> 8 };
+                        n += 1;
+                    }
+                }
+                out.push((sum / n + 128).clamp(0, 255) as u8);
+            }
+        }
+    }
+}
+
+/// The frames of a WebM file: its document type, its video track's codec (`V_VP8`,
+/// `V_VP9`, …) and each SimpleBlock's payload with its time (ms) and keyframe flag.
+#[derive(Debug, Default)]
+pub struct WebmFrames {
+    pub doc_type: String,
+    pub codec: String,
+    pub blocks: Vec<(i64, bool, Vec<u8>)>,
+}
+
+/// Reads `file`'s EBML: the header, Segment, Tracks and Clusters entered, every
+/// SimpleBlock taken (lacing is not read: sdflow's and libwebm's blocks have none).
+pub fn webm_frames(file: &[u8]) -> Result<WebmFrames, String> {
+    fn vint(b: &[u8], at: &mut usize, keep_marker: bool) -> Result<u64, String> {
+        let first = *b.get(*at).ok_or("EBML: truncated")?;
+        let len = first.leading_zeros() as usize + 1;
+        if len > 8 || *at + len > b.len() {
+            return Err(format!("EBML: a bad number at {}", *at));
+        }
+        let mut v = if keep_marker { first as u64 } else { (first as u64) & ((1u64 << (8 - len)) - 1) };
+        for i in 1..len {
+            v = (v << 8) | b[*at + i] as u64;
+        }
+        *at += len;
+        Ok(v)
+    }
+    fn walk(b: &[u8], from: usize, to: usize, cluster: &mut i64, out: &mut WebmFrames) -> Result<(), String> {
+        let mut at = from;
+        while at < to {
+            let id = vint(b, &mut at, true)?;
+            let size = vint(b, &mut at, false)? as usize;
+            let body = b.get(at..at + size).ok_or_else(|| format!("EBML: element {id:#x} runs past the file"))?;
+            match id {
+                // EBML header, Segment, Tracks, TrackEntry, Cluster: their children.
+                0x1A45_DFA3 | 0x1853_8067 | 0x1654_AE6B | 0xAE | 0x1F43_B675 => walk(b, at, at + size, cluster, out)?,
+                0x4282 => out.doc_type = String::from_utf8_lossy(body).into_owned(),
+                0x86 => out.codec = String::from_utf8_lossy(body).into_owned(),
+                0xE7 => *cluster = body.iter().fold(0i64, |v, x| (v << 8) | *x as i64),
+                0xA3 => {
+                    let mut p = 0;
+                    vint(body, &mut p, false)?;
+                    let head = body.get(p..p + 3).ok_or("EBML: a short SimpleBlock")?;
+                    let offset = i16::from_be_bytes([head[0], head[1]]) as i64;
+                    out.blocks.push((*cluster + offset, head[2] & 0x80 != 0, body[p + 3..].to_vec()));
+                }
+                _ => {}
+            }
+            at += size;
+        }
+        Ok(())
+    }
+    let mut out = WebmFrames::default();
+    walk(file, 0, file.len(), &mut 0, &mut out)?;
+    Ok(out)
 }

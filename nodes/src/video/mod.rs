@@ -9,7 +9,7 @@ pub mod encode;
 use crate::image::{next_counter, output_target, write_numbered};
 use crate::runtime::Runtime;
 use crate::values::Image;
-use encode::{animated_webp, h264_mp4, mjpg_avi, vp8_webm, Rgb8Frames, WebpOptions};
+use encode::{animated_webp, h264_mp4, mjpg_avi, vp8_webm, vp9_webm, Rgb8Frames, WebpOptions};
 use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Node, NodeError, NodeSchema, Outputs, Registry};
 use serde_json::json;
 use std::sync::Arc;
@@ -17,8 +17,49 @@ use std::sync::Arc;
 pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
     registry.register(Arc::new(SaveAnimatedWebp { rt: rt.clone() }));
     registry.register(Arc::new(SaveVideoSdCpp { rt: rt.clone() }));
+    registry.register(Arc::new(SaveWebm { rt: rt.clone() }));
     registry.register(Arc::new(CreateVideo));
     registry.register(Arc::new(SaveVideo { rt: rt.clone() }));
+}
+
+/// ComfyUI's "SaveWEBM": the batch as one WebM of VP9 at a constant quality (`crf`).
+struct SaveWebm {
+    rt: Arc<Runtime>,
+}
+
+impl Node for SaveWebm {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("SaveWEBM")
+            .display_name("SaveWEBM")
+            .category("image/video")
+            .input(InputSpec::link("images", IoType::IMAGE))
+            .input(InputSpec::string("filename_prefix", "ComfyUI"))
+            .input(InputSpec::combo("codec", ["vp9", "av1"]).tooltip("vp9 (libvpx); av1 is not built into sdflow."))
+            .input(InputSpec::float("fps", 24.0).float_range(0.01, 1000.0).float_step(0.01))
+            .input(InputSpec::float("crf", 32.0).float_range(0.0, 63.0).float_step(1.0).tooltip("Higher crf means lower quality with a smaller file size, lower crf means higher quality higher filesize."))
+            .output_node()
+    }
+
+    fn execute(&self, ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let img = inputs.downcast::<Image>("images")?;
+        match inputs.string("codec")? {
+            "vp9" => {}
+            "av1" => return Err(NodeError::msg("SaveWEBM: the av1 codec (SVT-AV1) is not built into sdflow; use vp9")),
+            other => return Err(NodeError::msg(format!("SaveWEBM: codec `{other}` is not one of vp9, av1"))),
+        }
+        let (fps, crf) = (inputs.float("fps")?, inputs.float("crf")?);
+        if !(0.0..=63.0).contains(&crf) {
+            return Err(NodeError::msg(format!("SaveWEBM: crf {crf} is outside 0..=63")));
+        }
+        let rgb = rgb8(img)?;
+        let bytes = vp9_webm(Rgb8Frames { data: &rgb, width: img.width, height: img.height }, fps, crf.round() as u32).map_err(NodeError::msg)?;
+        let (dir, sub, stem) = output_target(&self.rt, ctx, inputs.string("filename_prefix")?, false)?;
+        let mut counter = next_counter(&dir, &stem);
+        let name = write_numbered(&dir, &stem, &mut counter, "webm", &bytes)?;
+        let mut ui = animated_ui(name, &sub, img.n);
+        ui["animated"] = json!([true]);
+        Ok(Outputs::none().with_ui(ui))
+    }
 }
 
 /// ComfyUI's VIDEO: frames and the rate they play at (no sound: sdflow has no AUDIO).
