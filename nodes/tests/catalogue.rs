@@ -82,9 +82,9 @@ const NOT_REGISTERED: &[(&str, &[&str])] = &[
         ],
     ),
     (
-        "video and animated files sdflow cannot read or write yet: LoadVideo and GetVideoComponents (no video decoder, no AUDIO type), SaveAnimatedPNG (no APNG writer)",
+        "animated PNG: sdflow has no APNG writer (it writes animated WebP, WebM and MP4)",
         &[
-            "GetVideoComponents", "LoadVideo", "SaveAnimatedPNG",
+            "SaveAnimatedPNG",
         ],
     ),
     (

@@ -71,7 +71,7 @@ fn video_writers_name_their_files_and_refuse_bad_inputs() {
 }
 
 /// CreateVideo + SaveVideo: the frames as an MP4 of H.264 (ComfyUI's `_NNNNN_.mp4` name,
-/// `animated` in the ui), read back with the `mp4` crate's reader and OpenH264's decoder:
+/// `animated` in the ui), read back with the `mp4` crate's reader and LoadVideo's decoder:
 /// every frame there, at fps·1000 ticks a frame, close to what went in; odd sizes and other
 /// formats are refused by name.
 #[test]
@@ -93,32 +93,13 @@ fn save_video_writes_an_h264_mp4_of_its_frames() {
     let mut reader = mp4::Mp4Reader::read_header(std::io::Cursor::new(bytes), size).unwrap();
     let (&id, track) = reader.tracks().iter().next().unwrap();
     assert_eq!((track.width(), track.height(), track.timescale(), track.sample_count()), (w as u16, h as u16, 12_500, n as u32));
-    let mut annex_b = Vec::new();
-    for nal in [track.sequence_parameter_set().unwrap().to_vec(), track.picture_parameter_set().unwrap().to_vec()] {
-        annex_b.extend_from_slice(&[0, 0, 0, 1]);
-        annex_b.extend_from_slice(&nal);
-    }
-    let mut decoder = openh264::decoder::Decoder::new().unwrap();
-    let mut decoded = Vec::new();
     for i in 1..=n as u32 {
         let sample = reader.read_sample(id, i).unwrap().unwrap();
         assert_eq!((sample.start_time, sample.is_sync || i > 1), ((i as u64 - 1) * 1000, true));
-        // Length-prefixed NAL units back to Annex-B for the decoder.
-        let mut at = 0;
-        let b = &sample.bytes;
-        while at + 4 <= b.len() {
-            let len = u32::from_be_bytes(b[at..at + 4].try_into().unwrap()) as usize;
-            annex_b.extend_from_slice(&[0, 0, 0, 1]);
-            annex_b.extend_from_slice(&b[at + 4..at + 4 + len]);
-            at += 4 + len;
-        }
-        if let Some(yuv) = decoder.decode(&annex_b).unwrap() {
-            let mut rgb = vec![0u8; w * h * 3];
-            yuv.write_rgb8(&mut rgb);
-            decoded.push(rgb);
-        }
-        annex_b.clear();
     }
+    let read = sdflow_nodes::video::decode::decode_video_file(&std::fs::read(env.dir.path().join("out/video/fox_00001_.mp4")).unwrap()).unwrap();
+    assert_eq!((read.width, read.height, read.frames, read.fps), (w, h, n, 12.5));
+    let decoded: Vec<&[u8]> = read.rgb.chunks(w * h * 3).collect();
     assert_eq!(decoded.len(), n);
     for (f, rgb) in decoded.iter().enumerate() {
         let want = &data[f * w * h * 3..(f + 1) * w * h * 3];
@@ -132,8 +113,8 @@ fn save_video_writes_an_h264_mp4_of_its_frames() {
     assert!(env.run("CreateVideo", vec![("images", image(w, h, data)), ("fps", c(json!(0.5)))]).unwrap_err().to_string().contains("fps"));
 }
 
-/// SaveWEBM: the frames as a WebM of VP9 at the CRF, read back (the WebM's blocks, libvpx's
-/// VP9 decoder): every frame, at 1000/fps ms apart, close to what went in, a lower CRF
+/// SaveWEBM: the frames as a WebM of VP9 at the CRF, read back (the WebM's blocks, and
+/// LoadVideo's decoder: libvpx's): every frame, at 1000/fps ms apart, close to what went in, a lower CRF
 /// closer; av1 and bad CRFs are refused by name.
 #[test]
 fn save_webm_writes_vp9_that_decodes_to_its_frames() {
@@ -164,8 +145,9 @@ fn save_webm_writes_vp9_that_decodes_to_its_frames() {
         let webm = webm_frames(&file).unwrap();
         assert_eq!((webm.doc_type.as_str(), webm.codec.as_str(), webm.blocks.len()), ("webm", "V_VP9", n));
         assert!(webm.blocks[0].1, "the first frame is a keyframe");
-        let decoded = decode_vp9(&webm.blocks.iter().map(|b| b.2.clone()).collect::<Vec<_>>(), w, h);
-        assert_eq!(decoded.len(), n);
+        let video = sdflow_nodes::video::decode::decode_video_file(&file).unwrap();
+        assert_eq!((video.width, video.height, video.frames, video.fps), (w, h, n, 20.0));
+        let decoded: Vec<&[u8]> = video.rgb.chunks(w * h * 3).collect();
         let mut worst = 0.0f32;
         for (f, (t, _, _)) in webm.blocks.iter().enumerate() {
             assert_eq!(*t, 50 * f as i64, "frame {f}'s time");
@@ -181,39 +163,37 @@ fn save_webm_writes_vp9_that_decodes_to_its_frames() {
     assert!(save(70.0, "vp9").unwrap_err().to_string().contains("crf"));
 }
 
-/// VP9 frames through libvpx's decoder, each as RGB (BT.601 limited range).
-fn decode_vp9(frames: &[Vec<u8>], w: usize, h: usize) -> Vec<Vec<u8>> {
-    use vpx_sys::*;
-    let mut out = Vec::new();
-    // SAFETY: the decoder context is initialised before use and destroyed after; the image
-    // pointers libvpx returns stay valid until the next decode call.
-    unsafe {
-        let mut ctx: vpx_codec_ctx_t = std::mem::zeroed();
-        assert_eq!(vpx_codec_dec_init_ver(&mut ctx, vpx_codec_vp9_dx(), std::ptr::null(), 0, VPX_DECODER_ABI_VERSION as i32), vpx_codec_err_t::VPX_CODEC_OK);
-        for f in frames {
-            assert_eq!(vpx_codec_decode(&mut ctx, f.as_ptr(), f.len() as u32, std::ptr::null_mut(), 0), vpx_codec_err_t::VPX_CODEC_OK);
-            let mut iter: vpx_codec_iter_t = std::ptr::null();
-            loop {
-                let img = vpx_codec_get_frame(&mut ctx, &mut iter);
-                if img.is_null() {
-                    break;
-                }
-                let img = &*img;
-                assert_eq!((img.d_w as usize, img.d_h as usize), (w, h));
-                let plane = |p: usize, x: usize, y: usize| *img.planes[p].add(y * img.stride[p] as usize + x) as f32;
-                let mut rgb = Vec::with_capacity(w * h * 3);
-                for y in 0..h {
-                    for x in 0..w {
-                        let (yy, u, v) = (plane(0, x, y) - 16.0, plane(1, x / 2, y / 2) - 128.0, plane(2, x / 2, y / 2) - 128.0);
-                        for c in [1.164 * yy + 1.596 * v, 1.164 * yy - 0.392 * u - 0.813 * v, 1.164 * yy + 2.017 * u] {
-                            rgb.push(c.round().clamp(0.0, 255.0) as u8);
-                        }
-                    }
-                }
-                out.push(rgb);
-            }
-        }
-        vpx_codec_destroy(&mut ctx);
+/// LoadVideo and GetVideoComponents: SaveVideo's MP4 and SaveWEBM's WebM from the input
+/// folder back to frames, their rate and no sound; files that are not videos are refused by
+/// name.
+#[test]
+fn load_video_reads_what_the_writers_wrote() {
+    use sdflow_nodes::values::Image;
+    use sdflow_nodes::video::Audio;
+    let env = env(1);
+    let c = |v: serde_json::Value| InputData::Const(v);
+    let (w, h, n) = (32usize, 32usize, 3usize);
+    let data: Vec<f32> = (0..n * w * h * 3).map(|i| ((i / 3) % w) as f32 / w as f32).collect();
+    let images = || InputData::Value(Value::new(IoType::IMAGE, Image { data: data.clone(), n, height: h, width: w, channels: 3 }));
+    let video = env.run("CreateVideo", vec![("images", images()), ("fps", c(json!(16.0)))]).unwrap().values.remove(0);
+    env.run("SaveVideo", vec![("video", InputData::Value(video)), ("filename_prefix", c(json!("clip"))), ("format", c(json!("mp4"))), ("codec", c(json!("h264")))]).unwrap();
+    env.run("SaveWEBM", vec![("images", images()), ("filename_prefix", c(json!("vp9"))), ("codec", c(json!("vp9"))), ("fps", c(json!(8.0))), ("crf", c(json!(20.0)))]).unwrap();
+    let input = env.dir.path().join("input");
+    std::fs::create_dir_all(&input).unwrap();
+    for (from, to) in [("clip_00001_.mp4", "a.mp4"), ("vp9_00001_.webm", "b.webm")] {
+        std::fs::copy(env.dir.path().join("out").join(from), input.join(to)).unwrap();
     }
-    out
+    std::fs::write(input.join("c.mp4"), b"not a video at all").unwrap();
+    for (file, fps) in [("a.mp4", 16.0), ("b.webm", 8.0)] {
+        let v = env.run("LoadVideo", vec![("file", c(json!(file)))]).unwrap().values.remove(0);
+        let parts = env.run("GetVideoComponents", vec![("video", InputData::Value(v))]).unwrap().values;
+        let frames = parts[0].downcast_ref::<Image>().unwrap();
+        assert_eq!((frames.n, frames.width, frames.height), (n, w, h), "{file}");
+        assert!(parts[1].downcast_ref::<Audio>().unwrap().waveform.is_empty());
+        assert_eq!((*parts[2].downcast_ref::<f64>().unwrap(), *parts[3].downcast_ref::<i64>().unwrap()), (fps, 8), "{file}");
+        let err = frames.data.iter().zip(&data).map(|(a, b)| (a - b).abs()).sum::<f32>() / data.len() as f32;
+        assert!(err < 0.05, "{file}: frames {err} off on average");
+    }
+    let e = env.run("LoadVideo", vec![("file", c(json!("c.mp4")))]).unwrap_err().to_string();
+    assert!(e.contains("c.mp4") && e.contains("not an MP4 or WebM"), "{e}");
 }

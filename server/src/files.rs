@@ -136,7 +136,11 @@ pub async fn upload_image(
 ) -> Result<Reply<Json>, ApiError> {
     let parts = form.parts(state.config.max_body_bytes).await?;
     let up = parse_upload(&parts)?;
-    check_image(&up.image, &format!("upload {}", up.name))?;
+    // ComfyUI's frontend uploads LoadVideo's files here too; they are kept as they are
+    // (LoadVideo decodes them, naming the file on failure).
+    if !sdflow_nodes::video::decode::looks_like_video(&up.image, &up.name) {
+        check_image(&up.image, &format!("upload {}", up.name))?;
+    }
     let reply = tokio::task::spawn_blocking(move || store(&state, &up, &up.image))
         .await
         .map_err(|e| ApiError::Internal(e.to_string()))??;

@@ -238,6 +238,11 @@ async fn uploads_and_view_stay_in_their_folders() {
     // Not an image; an image too large to decode.
     let (code, r) = upload(&s, b"#!/bin/sh\necho hi\n".to_vec(), "evil.png", &[]).await;
     assert_eq!(code, 400, "{r}");
+    // A video (LoadVideo's) is taken by its signature; a script named .mp4 is not.
+    let (code, r) = upload(&s, b"\0\0\0\x18ftypisom\0\0\x02\0isomiso2".to_vec(), "clip.mp4", &[]).await;
+    assert_eq!((code, r["name"].as_str()), (200, Some("clip.mp4")), "{r}");
+    let (code, r) = upload(&s, b"#!/bin/sh\necho hi\n".to_vec(), "evil.mp4", &[]).await;
+    assert_eq!(code, 400, "{r}");
     let (code, r) = upload(&s, png_header_only(20000, 20000), "huge.png", &[]).await;
     assert_eq!(code, 400, "{r}");
     assert!(

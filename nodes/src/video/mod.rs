@@ -4,6 +4,7 @@
 //! IMAGE batches whose images are a video's frames (what VAEDecode makes of a video
 //! latent). The encoders are in [`encode`].
 
+pub mod decode;
 pub mod encode;
 
 use crate::image::{next_counter, output_target, write_numbered};
@@ -19,6 +20,8 @@ pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
     registry.register(Arc::new(SaveVideoSdCpp { rt: rt.clone() }));
     registry.register(Arc::new(SaveWebm { rt: rt.clone() }));
     registry.register(Arc::new(CreateVideo));
+    registry.register(Arc::new(LoadVideo { rt: rt.clone() }));
+    registry.register(Arc::new(GetVideoComponents));
     registry.register(Arc::new(SaveVideo { rt: rt.clone() }));
 }
 
@@ -105,6 +108,95 @@ impl Node for CreateVideo {
             return Err(NodeError::msg("CreateVideo: no frames"));
         }
         Ok(Outputs::new(vec![sdflow_executor::Value::new(VIDEO, Video { frames, fps })]))
+    }
+}
+
+/// ComfyUI's AUDIO. sdflow makes no sound; a video's missing track is this, empty (where
+/// ComfyUI gives `None`).
+pub const AUDIO: IoType = IoType::from_static("AUDIO");
+
+#[derive(Clone, Debug, Default)]
+pub struct Audio {
+    /// Samples, channel after channel.
+    pub waveform: Vec<f32>,
+    pub channels: usize,
+    pub sample_rate: u32,
+}
+
+impl sdflow_executor::CacheSize for Audio {
+    fn cache_bytes(&self) -> usize {
+        self.waveform.len() * 4
+    }
+}
+
+/// Video files of the input folder LoadVideo offers.
+const VIDEO_EXTENSIONS: [&str; 3] = ["mp4", "webm", "mkv"];
+
+/// ComfyUI's "LoadVideo": an MP4 (H.264) or WebM (VP8 / VP9) of the input folder as a VIDEO.
+struct LoadVideo {
+    rt: Arc<Runtime>,
+}
+
+impl Node for LoadVideo {
+    fn schema(&self) -> NodeSchema {
+        let files: Vec<String> = std::fs::read_dir(&self.rt.input_dir)
+            .map(|d| {
+                let mut v: Vec<String> = d
+                    .flatten()
+                    .filter(|e| e.path().is_file() && e.path().extension().and_then(|x| x.to_str()).is_some_and(|x| VIDEO_EXTENSIONS.contains(&x.to_ascii_lowercase().as_str())))
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect();
+                v.sort();
+                v
+            })
+            .unwrap_or_default();
+        NodeSchema::new("LoadVideo")
+            .display_name("Load Video")
+            .category("video")
+            .input(InputSpec::combo("file", files).extra("video_upload", json!(true)))
+            .output("VIDEO", VIDEO)
+    }
+
+    fn fingerprint(&self, inputs: &Inputs) -> Result<Option<Vec<u8>>, NodeError> {
+        self.rt.input_fingerprint(inputs.string("file")?)
+    }
+
+    fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let name = inputs.string("file")?;
+        let path = self.rt.resolve_input(name).map_err(NodeError::msg)?;
+        let bytes = std::fs::read(&path).map_err(|e| NodeError::msg(format!("{}: {e}", path.display())))?;
+        let d = decode::decode_video_file(&bytes).map_err(|e| NodeError::msg(format!("LoadVideo {name}: {e}")))?;
+        let data = d.rgb.iter().map(|&v| v as f32 / 255.0).collect();
+        let frames = Arc::new(Image { data, n: d.frames, height: d.height, width: d.width, channels: 3 });
+        Ok(Outputs::new(vec![sdflow_executor::Value::new(VIDEO, Video { frames, fps: d.fps })]))
+    }
+}
+
+/// ComfyUI's "GetVideoComponents": a VIDEO's frames, sound (none: an empty AUDIO), frame
+/// rate and bit depth (8).
+struct GetVideoComponents;
+
+impl Node for GetVideoComponents {
+    fn schema(&self) -> NodeSchema {
+        NodeSchema::new("GetVideoComponents")
+            .display_name("Get Video Components")
+            .category("video")
+            .description("Extracts all components from a video: frames, audio, framerate, and bit depth.")
+            .input(InputSpec::link("video", VIDEO).tooltip("The video to extract components from."))
+            .output("images", IoType::IMAGE)
+            .output("audio", AUDIO)
+            .output("fps", IoType::FLOAT)
+            .output("bit_depth", IoType::INT)
+    }
+
+    fn execute(&self, _ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
+        let video = inputs.downcast::<Video>("video")?;
+        Ok(Outputs::new(vec![
+            sdflow_executor::Value::new(IoType::IMAGE, (*video.frames).clone()),
+            sdflow_executor::Value::new(AUDIO, Audio::default()),
+            sdflow_executor::Value::new(IoType::FLOAT, video.fps),
+            sdflow_executor::Value::new(IoType::INT, 8i64),
+        ]))
     }
 }
 

@@ -37,7 +37,8 @@ pub struct Env {
 
 pub fn env(threads: usize) -> Env {
     let dir = tempfile::tempdir().unwrap();
-    let rt = Arc::new(Runtime::new(dir.path(), dir.path().join("out"), threads, sdflow_core::io::WeightType::Stored).unwrap());
+    // Inputs come from the scratch folder, never the working directory's `input/`.
+    let rt = Arc::new(Runtime::new(dir.path(), dir.path().join("out"), threads, sdflow_core::io::WeightType::Stored).unwrap().with_input_dir(dir.path().join("input")));
     let mut registry = Registry::new();
     sdflow_nodes::register_all(&mut registry, rt.clone());
     Env { registry, rt, dir }
