@@ -639,6 +639,14 @@ pub fn write_wan_models(root: &Path) {
             write_test_png(&frames.join(format!("frame_{i:03}.png")), 48 + 4 * i as u32, 40);
         }
     }
+    // The same motion as a video file (LoadVideo's): a bar sweeping across 5 frames.
+    let clip = root.join("input/control.mp4");
+    if !clip.exists() {
+        let (w, h) = (48usize, 40usize);
+        let rgb: Vec<u8> = (0..5).flat_map(|f| (0..h * w).flat_map(move |p| if (p % w) / 8 == f { [230, 200, 40] } else { [30, 60, (p / w * 5) as u8] })).collect();
+        let mp4 = sdflow_nodes::video::encode::h264_mp4(sdflow_nodes::video::encode::Rgb8Frames { data: &rgb, width: w, height: h }, 16.0).unwrap();
+        std::fs::write(&clip, mp4).unwrap();
+    }
     // Wan 2.2 TI2V 5B and its VAE (48 channels, 16x).
     let ti2v = WanSynth { in_channels: 48, out_channels: 48, ..w };
     write_once(&models.join("diffusion_models"), "wan2.2_ti2v_5B_fp16.safetensors", &ti2v.tensors(), &serde_json::to_string(&ti2v).unwrap(), 79);

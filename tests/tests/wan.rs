@@ -231,7 +231,8 @@ fn ti2v_keeps_the_start_frame_and_samples_the_rest() {
     assert!(e.contains("multiples of 16"), "{e}");
 }
 
-/// Wan VACE: the control video's frames and the reference image through the VAE into the
+/// Wan VACE: the control video's frames (an MP4 through LoadVideo) and the reference image
+/// through the VAE into the
 /// VACE blocks; the reference's extra latent frame is trimmed after sampling. The control,
 /// its strength and the reference each matter; a VACE control for a plain T2V model is
 /// refused by name.
@@ -242,12 +243,18 @@ fn vace_follows_the_control_video() {
     let wf = env.workflow("wan_vace.json", 32, 2);
     let (w, h, frames, _, ui) = run_video(&env, &wf, "13");
     assert_eq!((w, h, frames.len(), ui["animated"].clone()), (32, 32, 5, json!([true])));
+    // The control video comes from an MP4 (LoadVideo); a folder of frames
+    // (LoadImagesFromDir, sd-cli's --control-video) serves as well.
+    let mut folder = wf.clone();
+    folder.nodes.insert("21".into(), NodeSpec::new("LoadImagesFromDir").with_input("directory", InputValue::Const(json!("control_video"))));
+    folder.set_input("8", "control_video", link("21", 0)).unwrap();
+    assert_eq!(run_video(&env, &folder, "13").2.len(), 5);
     // The sampled latent holds the reference frame first: 3 latent frames, 2 after trimming.
     assert_eq!(env.run_latent(&wf, "10").frames, 3);
     assert_eq!(env.run_latent(&wf, "11").frames, 2);
     let base = frames;
     let mut inverted = wf.clone();
-    inverted.nodes.insert("20".into(), NodeSpec::new("ImageInvert").with_input("image", link("4", 0)));
+    inverted.nodes.insert("20".into(), NodeSpec::new("ImageInvert").with_input("image", link("14", 0)));
     inverted.set_input("8", "control_video", link("20", 0)).unwrap();
     assert_ne!(run_video(&env, &inverted, "13").2, base, "the control video matters");
     assert_ne!(run_video(&env, &with_input(&wf, "8", "strength", json!(0.3)), "13").2, base, "the strength matters");
