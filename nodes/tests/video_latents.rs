@@ -79,9 +79,8 @@ fn save_video_writes_an_h264_mp4_of_its_frames() {
     use sdflow_nodes::values::Image;
     let env = env(1);
     let c = |v: serde_json::Value| InputData::Const(v);
-    // Smooth frames that move: H.264 keeps them close.
     let (w, h, n) = (48usize, 32usize, 4usize);
-    let data: Vec<f32> = (0..n).flat_map(|f| (0..h).flat_map(move |y| (0..w).flat_map(move |x| [x as f32 / w as f32, y as f32 / h as f32, ((x + 3 * f) % 48) as f32 / 48.0]))).collect();
+    let data = moving_frames(w, h, n);
     let image = |w: usize, h: usize, data: Vec<f32>| InputData::Value(Value::new(IoType::IMAGE, Image { data, n, height: h, width: w, channels: 3 }));
     let video = env.run("CreateVideo", vec![("images", image(w, h, data.clone())), ("fps", c(json!(12.5)))]).unwrap().values.remove(0);
     let save = |video: Value, format: &str| env.run("SaveVideo", vec![("video", InputData::Value(video)), ("filename_prefix", c(json!("video/fox"))), ("format", c(json!(format))), ("codec", c(json!("auto")))]);
@@ -123,7 +122,7 @@ fn save_webm_writes_vp9_that_decodes_to_its_frames() {
     let env = env(1);
     let c = |v: serde_json::Value| InputData::Const(v);
     let (w, h, n) = (48usize, 32usize, 5usize);
-    let data: Vec<f32> = (0..n).flat_map(|f| (0..h).flat_map(move |y| (0..w).flat_map(move |x| [x as f32 / w as f32, y as f32 / h as f32, ((x + 3 * f) % 48) as f32 / 48.0]))).collect();
+    let data = moving_frames(w, h, n);
     let save = |crf: f64, codec: &str| {
         env.run(
             "SaveWEBM",
@@ -196,4 +195,10 @@ fn load_video_reads_what_the_writers_wrote() {
     }
     let e = env.run("LoadVideo", vec![("file", c(json!("c.mp4")))]).unwrap_err().to_string();
     assert!(e.contains("c.mp4") && e.contains("not an MP4 or WebM"), "{e}");
+}
+
+/// `n` smooth RGB frames `w`×`h` whose blue ramp moves 3 pixels a frame: video coders keep
+/// them close, and each frame differs from the last.
+fn moving_frames(w: usize, h: usize, n: usize) -> Vec<f32> {
+    (0..n).flat_map(|f| (0..h).flat_map(move |y| (0..w).flat_map(move |x| [x as f32 / w as f32, y as f32 / h as f32, ((x + 3 * f) % 48) as f32 / 48.0]))).collect()
 }
