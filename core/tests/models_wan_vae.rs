@@ -51,6 +51,25 @@ fn write_from(fixture: &str, path: &Path, table: &str, prefix: &str, dtype: DTyp
     sdflow_core::io::safetensors::write(path, tensors.iter().map(|(n, s, b)| (n.as_str(), dtype, s.clone(), b.as_slice())), &BTreeMap::new()).unwrap();
 }
 
+/// The fixture `r`'s weights under diffusers' names (under `prefix`), after checking that
+/// `to_wan` names each as the release does.
+fn write_diffusers(r: &serde_json::Value, path: &Path, prefix: &str, to_wan: fn(&str) -> Option<String>) {
+    let names: BTreeMap<String, String> = serde_json::from_value(r["diffusers_names"].clone()).unwrap();
+    let keys: BTreeMap<String, Vec<usize>> = serde_json::from_value(r["keys"].clone()).unwrap();
+    assert_eq!(names.len(), keys.len());
+    for (d, w) in &names {
+        assert_eq!(to_wan(d).as_deref(), Some(w.as_str()), "{d}");
+    }
+    let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = names
+        .iter()
+        .map(|(d, w)| {
+            let s = &keys[w];
+            (format!("{prefix}{d}"), s.clone(), det_values(w, s.iter().product(), SCALE).iter().flat_map(|x| x.to_le_bytes()).collect())
+        })
+        .collect();
+    sdflow_core::io::safetensors::write(path, tensors.iter().map(|(n, s, b)| (n.as_str(), DType::F32, s.clone(), b.as_slice())), &BTreeMap::new()).unwrap();
+}
+
 fn load(path: &Path, backend: &sdflow_core::ggml::Backend) -> Weights {
     let src = video_layout(sdflow_core::io::open(path).unwrap()).unwrap();
     load_weights(backend, src.as_ref(), &[""], &TypeRules::new(Some(DType::F32), "").unwrap()).unwrap()
@@ -92,22 +111,9 @@ fn matches_diffusers_on_one_frame() {
 fn diffusers_names_are_the_same_vae() {
     use sdflow_core::models::vae::wan::wan_name;
     let r = reference("wan_vae_tiny_ref.json");
-    let names: BTreeMap<String, String> = serde_json::from_value(r["diffusers_names"].clone()).unwrap();
-    let keys: BTreeMap<String, Vec<usize>> = serde_json::from_value(r["keys"].clone()).unwrap();
-    assert_eq!(names.len(), keys.len());
-    for (d, w) in &names {
-        assert_eq!(wan_name(d).as_deref(), Some(w.as_str()), "{d}");
-    }
-    let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = names
-        .iter()
-        .map(|(d, w)| {
-            let s = &keys[w];
-            (format!("vae.{d}"), s.clone(), det_values(w, s.iter().product(), SCALE).iter().flat_map(|x| x.to_le_bytes()).collect())
-        })
-        .collect();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("diffusion_pytorch_model.safetensors");
-    sdflow_core::io::safetensors::write(&path, tensors.iter().map(|(n, s, b)| (n.as_str(), DType::F32, s.clone(), b.as_slice())), &BTreeMap::new()).unwrap();
+    write_diffusers(&r, &path, "vae.", wan_name);
     let backend = common::backend(2);
     let w = load(&path, &backend);
     let vae = WanVae::new(&w, "vae.", WanVaeConfig::infer(&w, "vae.").unwrap()).unwrap();
@@ -275,21 +281,8 @@ fn wan22_matches_diffusers() {
     assert!(e.to_string().contains("divisible by 16"), "{e}");
 
     // A diffusers folder's vae/ (`down_blocks.I.resnets.J`, `upsampler`): the same VAE.
-    let names: BTreeMap<String, String> = serde_json::from_value(r["diffusers_names"].clone()).unwrap();
-    let keys: BTreeMap<String, Vec<usize>> = serde_json::from_value(r["keys"].clone()).unwrap();
-    assert_eq!(names.len(), keys.len());
-    for (d, rel) in &names {
-        assert_eq!(wan22_name(d).as_deref(), Some(rel.as_str()), "{d}");
-    }
-    let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = names
-        .iter()
-        .map(|(d, rel)| {
-            let s = &keys[rel];
-            (d.clone(), s.clone(), det_values(rel, s.iter().product(), SCALE).iter().flat_map(|x| x.to_le_bytes()).collect())
-        })
-        .collect();
     let path = dir.path().join("diffusion_pytorch_model.safetensors");
-    sdflow_core::io::safetensors::write(&path, tensors.iter().map(|(n, s, b)| (n.as_str(), DType::F32, s.clone(), b.as_slice())), &BTreeMap::new()).unwrap();
+    write_diffusers(&r, &path, "", wan22_name);
     let w = load(&path, &backend);
     let vae = WanVae::new(&w, "", WanVaeConfig::infer(&w, "").unwrap()).unwrap();
     let (image, _) = run(&vae, &backend, VaeOp::Decode, &floats(&r["latent"]), wd / 16, h / 16, &off).unwrap();
