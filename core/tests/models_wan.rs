@@ -3,7 +3,8 @@
 //! weights are regenerated here and written as files with the 5-D patch kernel): Wan 2.1
 //! T2V (one video and a batch of two at different timesteps, and through the denoiser),
 //! I2V with CLIP-vision tokens and the mask/image channels, Wan 2.2 TI2V's per-token
-//! timesteps, and the same model read from diffusers' names.
+//! timesteps, VACE's control blocks, the same model read from diffusers' names, and four
+//! sampling steps against diffusers' flow-matching Euler scheduler.
 
 mod common;
 
@@ -265,4 +266,35 @@ fn vace_matches_diffusers() {
     let controls = [VaceInput { data: vec![0.0; 0], strength: 1.0 }];
     let e = den.denoise_batch(&backend, [6, 4, 48, 1], 0.5, &[WanItem { x: &x, cond: &cond, concat: None, image: None, vace: &controls }]).unwrap_err().to_string();
     assert!(e.contains("VACE"), "{e}");
+}
+
+/// Four steps of sampling against the reference pipeline's: diffusers'
+/// FlowMatchEulerDiscreteScheduler (shift 5) driving the tiny T2V model from a fixed latent,
+/// and sdflow's euler sampler over the same sigmas through the WanDenoiser (σ·1000 in,
+/// velocity out): the same latent after every step's rounding (≤ 1e-3).
+#[test]
+fn four_steps_match_the_reference_scheduler() {
+    use sdflow_core::sampling::rng::CpuRng;
+    use sdflow_core::sampling::samplers::{sample, Denoised, SampleOpts, Sampler};
+    let r = fixture();
+    let c = &r["sample4"];
+    let backend = common::backend(2);
+    let w = weights("t2v", "", false, &backend);
+    let mut den = WanDenoiser::new(Wan::new(&w, "", config(&w, "")).unwrap());
+    let [_, ch, t, h, wd] = dims(&c["latent_shape"])[..] else { panic!() };
+    den.frames = t;
+    let cs = dims(&c["context_shape"]);
+    let cond = Conditioning::new(floats(&c["context"]), cs[2] as i64, cs[1] as i64).unwrap();
+    let sigmas = floats(&c["sigmas"]);
+    assert_eq!(sigmas.len(), 5);
+    let shape = [wd as i64, h as i64, (ch * t) as i64, 1];
+    let mut calls = 0;
+    let mut model = |x: &[f32], sigma: f32| -> Result<Denoised, sdflow_core::models::ModelError> {
+        calls += 1;
+        Ok(den.denoise_batch(&backend, shape, sigma, &[WanItem { x, cond: &cond, concat: None, image: None, vace: &[] }])?.remove(0).into())
+    };
+    let opts = SampleOpts { flow: true, ..SampleOpts::default() };
+    let out = sample(Sampler::Euler, &mut model, floats(&c["latent"]), &sigmas, &mut CpuRng::new(0), &opts, None).unwrap();
+    assert_eq!(calls, 4);
+    check("sample4", &out);
 }
