@@ -54,6 +54,12 @@ fn weights(case: &str, prefix: &str, diffusers: bool, backend: &Backend) -> Weig
     load_weights(backend, src.as_ref(), &[""], &TypeRules::none()).unwrap()
 }
 
+/// A case's text features as a conditioning.
+fn text(c: &serde_json::Value) -> Conditioning {
+    let cs = dims(&c["context_shape"]);
+    Conditioning::new(floats(&c["context"]), cs[2] as i64, cs[1] as i64).unwrap()
+}
+
 fn config(w: &Weights, prefix: &str) -> WanConfig {
     let mut cfg = WanConfig::infer(w, prefix).unwrap();
     // The tiny heads are 24 wide; released models' are 128 (what `infer` assumes).
@@ -143,8 +149,7 @@ fn ti2v_takes_a_timestep_per_token() {
     den.frames = t;
     den.frame_levels = Some(vec![0.0, 1.0, 1.0]);
     let x = floats(&c["latent"]);
-    let cs = dims(&c["context_shape"]);
-    let cond = Conditioning::new(floats(&c["context"]), cs[2] as i64, cs[1] as i64).unwrap();
+    let cond = text(c);
     let sigma = 0.7;
     let shape = [wd as i64, h as i64, (ch * t) as i64, 1];
     let d = den.denoise_batch(&backend, shape, sigma, &[WanItem { x: &x, cond: &cond, concat: None, image: None, vace: &[] }]).unwrap().remove(0);
@@ -168,8 +173,7 @@ fn denoiser_reads_velocity_at_sigma_times_1000() {
     let [_, ch, t, h, wd] = dims(&c["latent_shape"])[..] else { panic!() };
     den.frames = t;
     let x = floats(&c["latent"]);
-    let cs = dims(&c["context_shape"]);
-    let cond = Conditioning::new(floats(&c["context"]), cs[2] as i64, cs[1] as i64).unwrap();
+    let cond = text(c);
     let sigma = floats(&c["timestep"])[0] / 1000.0;
     let shape = [wd as i64, h as i64, (ch * t) as i64, 1];
     let d = den.denoise_batch(&backend, shape, sigma, &[WanItem { x: &x, cond: &cond, concat: None, image: None, vace: &[] }]).unwrap().remove(0);
@@ -242,7 +246,7 @@ fn vace_matches_diffusers() {
         // Through the denoiser, the control as a VaceInput.
         let mut den = WanDenoiser::new(Wan::new(&w, "", cfg).unwrap());
         den.frames = t;
-        let cond = Conditioning::new(floats(&c["context"]), cs[2] as i64, cs[1] as i64).unwrap();
+        let cond = text(c);
         let x = floats(&c["latent"]);
         let controls = [VaceInput { data: floats(&c["control"]), strength }];
         let sigma = timesteps[0] / 1000.0;
@@ -283,8 +287,7 @@ fn four_steps_match_the_reference_scheduler() {
     let mut den = WanDenoiser::new(Wan::new(&w, "", config(&w, "")).unwrap());
     let [_, ch, t, h, wd] = dims(&c["latent_shape"])[..] else { panic!() };
     den.frames = t;
-    let cs = dims(&c["context_shape"]);
-    let cond = Conditioning::new(floats(&c["context"]), cs[2] as i64, cs[1] as i64).unwrap();
+    let cond = text(c);
     let sigmas = floats(&c["sigmas"]);
     assert_eq!(sigmas.len(), 5);
     let shape = [wd as i64, h as i64, (ch * t) as i64, 1];

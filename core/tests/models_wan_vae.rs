@@ -70,6 +70,21 @@ fn write_diffusers(r: &serde_json::Value, path: &Path, prefix: &str, to_wan: fn(
     sdflow_core::io::safetensors::write(path, tensors.iter().map(|(n, s, b)| (n.as_str(), DType::F32, s.clone(), b.as_slice())), &BTreeMap::new()).unwrap();
 }
 
+/// The fixture's one-frame cases through the image path (untiled): the encoded mean and the
+/// decoded image against diffusers' (≤ 1e-3); returns the decoded image.
+fn image_path_matches(vae: &WanVae<'_>, backend: &sdflow_core::ggml::Backend, r: &serde_json::Value) -> Vec<f32> {
+    let [h, wd]: [usize; 2] = serde_json::from_value(r["image_hw"].clone()).unwrap();
+    let f = vae.config.downscale() as usize;
+    let off = VaeTiling { enabled: false, ..VaeTiling::default() };
+    let (mean, _) = run(vae, backend, VaeOp::EncodeMean, &floats(&r["image"]), wd, h, &off).unwrap();
+    let err = max_abs_err(&mean, &floats(&r["mean"]));
+    assert!(err <= 1e-3, "encode: max abs error {err}");
+    let (image, _) = run(vae, backend, VaeOp::Decode, &floats(&r["latent"]), wd / f, h / f, &off).unwrap();
+    let err = max_abs_err(&image, &floats(&r["decoded"]));
+    assert!(err <= 1e-3, "decode: max abs error {err}");
+    image
+}
+
 fn load(path: &Path, backend: &sdflow_core::ggml::Backend) -> Weights {
     let src = video_layout(sdflow_core::io::open(path).unwrap()).unwrap();
     load_weights(backend, src.as_ref(), &[""], &TypeRules::new(Some(DType::F32), "").unwrap()).unwrap()
@@ -90,13 +105,7 @@ fn matches_diffusers_on_one_frame() {
     assert_eq!(cfg.up, vec![R, R, R, S, R, R, R, S, R, R, R, S, R, R, R]);
     let vae = WanVae::new(&w, "vae.", cfg).unwrap();
     let [h, wd]: [usize; 2] = serde_json::from_value(r["image_hw"].clone()).unwrap();
-    let off = VaeTiling { enabled: false, ..VaeTiling::default() };
-    let (mean, _) = run(&vae, &backend, VaeOp::EncodeMean, &floats(&r["image"]), wd, h, &off).unwrap();
-    let err = max_abs_err(&mean, &floats(&r["mean"]));
-    assert!(err <= 1e-3, "encode: max abs error {err}");
-    let (image, _) = run(&vae, &backend, VaeOp::Decode, &floats(&r["latent"]), wd / 8, h / 8, &off).unwrap();
-    let err = max_abs_err(&image, &floats(&r["decoded"]));
-    assert!(err <= 1e-3, "decode: max abs error {err}");
+    let image = image_path_matches(&vae, &backend, &r);
     // Tiles cover the image: a tiled decode has the whole one's size and stays close.
     let tiled = VaeTiling { enabled: true, tile_size: (4, 4), target_overlap: 0.5, ..VaeTiling::default() };
     let (t, info) = run(&vae, &backend, VaeOp::Decode, &floats(&r["latent"]), wd / 8, h / 8, &tiled).unwrap();
@@ -255,12 +264,7 @@ fn wan22_matches_diffusers() {
     let vae = WanVae::new(&w, "", cfg).unwrap();
     let [h, wd]: [usize; 2] = serde_json::from_value(r["image_hw"].clone()).unwrap();
     let off = VaeTiling { enabled: false, ..VaeTiling::default() };
-    let (mean, _) = run(&vae, &backend, VaeOp::EncodeMean, &floats(&r["image"]), wd, h, &off).unwrap();
-    let err = max_abs_err(&mean, &floats(&r["mean"]));
-    assert!(err <= 1e-3, "image encode: max abs error {err}");
-    let (image, _) = run(&vae, &backend, VaeOp::Decode, &floats(&r["latent"]), wd / 16, h / 16, &off).unwrap();
-    let err = max_abs_err(&image, &floats(&r["decoded"]));
-    assert!(err <= 1e-3, "image decode: max abs error {err}");
+    image_path_matches(&vae, &backend, &r);
 
     let [_, c, t, lh, lw] = shape5(&r, "video_latent");
     let latent = Frames { data: swap_ct(&floats(&r["video_latent"]), c, t, lh * lw), ne: [lw as i64, lh as i64, c as i64, t as i64] };
