@@ -63,6 +63,19 @@ pub fn layer_norm<'a>(ctx: &'a Context, w: &'a Weights, name: &str, x: Tensor<'a
     Ok(ctx.add(y, w.get(&format!("{name}.bias"))?)?)
 }
 
+/// diffusers' `FeedForward` with GEGLU at `{name}.net.0.proj` / `{name}.net.2` on
+/// x [in, ...]: the projection's first half is the value, the second the gate (exact GELU).
+pub fn geglu_ff<'a>(ctx: &'a Context, w: &'a Weights, name: &str, x: Tensor<'a>) -> Result<Tensor<'a>> {
+    let p = linear(ctx, w, &format!("{name}.net.0.proj"), x)?;
+    let [two_inner, t, b, _] = p.ne();
+    let inner = two_inner / 2;
+    let nb = p.nb();
+    let val = ctx.view(p, [inner, t, b, 1], [nb[1], nb[2], nb[3]], 0)?;
+    let gate = ctx.view(p, [inner, t, b, 1], [nb[1], nb[2], nb[3]], inner as usize * 4)?;
+    let g = ctx.mul(ctx.cont(val)?, ctx.gelu_erf(ctx.cont(gate)?)?)?;
+    linear(ctx, w, &format!("{name}.net.2"), g)
+}
+
 /// RMS norm over ne[0] scaled by the weight at `name` (T5's `T5LayerNorm`, `nn.RMSNorm`).
 pub fn rms_norm<'a>(ctx: &'a Context, w: &'a Weights, name: &str, x: Tensor<'a>, eps: f32) -> Result<Tensor<'a>> {
     Ok(ctx.mul(ctx.rms_norm(x, eps)?, w.get(name)?)?)

@@ -159,7 +159,7 @@ impl<'w> ControlNet<'w> {
         }
         // IP-Adapters patch the UNet's attention only, as in ComfyUI.
         let no_ip = super::unet::IpLayers::new(&[], &c.unet);
-        let (skips, middle) = self.encoder.encode(ctx, x, emb, context, Some(g), &no_ip)?;
+        let (skips, middle) = self.encoder.encode(ctx, x, emb, context, Some(g), &no_ip, None)?;
         let scaled = |name: String, h: Tensor<'a>| -> Result<Tensor<'a>> { Ok(ctx.scale(conv2d(ctx, self.w, &self.n(&name), h, 1, 0)?, strength)?) };
         let skips = skips.into_iter().enumerate().map(|(i, h)| scaled(format!("zero_convs.{i}.0"), h)).collect::<Result<Vec<_>>>()?;
         Ok(ControlResiduals { skips, middle: scaled("middle_block_out.0".into(), middle)? })

@@ -8,13 +8,15 @@
 
 pub mod controlnet;
 pub mod ip_adapter;
+pub mod motion;
 pub mod photomaker;
 pub mod unet;
 
 use crate::models::clip::{ClipTextModel, EncodeOptions};
 use self::controlnet::ControlNet;
 use self::ip_adapter::{IpAdapter, IpAdapterConfig};
-use self::unet::{ControlResiduals, IpAttention, Unet, UnetExtras};
+use self::motion::MotionModules;
+use self::unet::{ControlResiduals, IpAttention, Motion, Unet, UnetExtras};
 use crate::models::conditioning::{Conditioning, LatentShape, Prediction};
 use crate::models::{ModelError, Result, Weights};
 use crate::ggml::{Backend, Circular, Context, GraphAllocator, GraphRun};
@@ -102,11 +104,23 @@ pub struct SdDenoiser<'w> {
     /// ControlNets it runs with) pads circularly, as sd.cpp's `set_circular_axes` on the
     /// diffusion model and control net.
     pub circular: Circular,
+    /// AnimateDiff's motion modules: every item's samples are then the frames of one
+    /// video.
+    motion: Option<MotionModules<'w>>,
 }
 
 impl<'w> SdDenoiser<'w> {
     pub fn new(unet: Unet<'w>, schedule: DiscreteSchedule, prediction: Prediction) -> Self {
-        SdDenoiser { unet, schedule, prediction, alloc: None, ip: Vec::new(), image_size: None, circular: Circular::NONE }
+        SdDenoiser { unet, schedule, prediction, alloc: None, ip: Vec::new(), image_size: None, circular: Circular::NONE, motion: None }
+    }
+
+    /// Denoise each item's samples as the frames of one video through AnimateDiff's
+    /// motion modules (checked against the UNet first). A single sample goes through them
+    /// too, as AnimateDiff-Evolved runs it (sd.cpp's vid_gen leaves the modules out then).
+    pub fn with_motion(mut self, modules: MotionModules<'w>) -> Result<Self> {
+        modules.check_unet(&self.unet.config)?;
+        self.motion = Some(modules);
+        Ok(self)
     }
 
     /// Denoise with IP-Adapters, each checked against the UNet (its layers, their widths,
@@ -289,7 +303,7 @@ impl<'w> SdDenoiser<'w> {
                     (a, v)
                 })
                 .collect();
-            let pred = self.run_unet(backend, xin, [shape[0], shape[1], want, b], shape[2], vec![t; b as usize], ctx_data, key.1, key.0, y, controls, ip)?;
+            let pred = self.run_unet(backend, xin, [shape[0], shape[1], want, b], shape[2], vec![t; b as usize], ctx_data, key.1, key.0, y, controls, ip, shape[3])?;
             for (&k, p) in group.iter().zip(pred.chunks(n_per * n)) {
                 out[k] = Some(items[k].x.iter().zip(p).map(|(xv, pv)| xv * c_skip + pv * c_out).collect());
             }
@@ -300,7 +314,8 @@ impl<'w> SdDenoiser<'w> {
     /// The UNet on `x` (`shape`, of which the first `latent_channels` channels are the
     /// latent), with the residuals of `controls` (each with its hints for the batch).
     #[allow(clippy::too_many_arguments)]
-    fn run_unet(&mut self, backend: &Backend, x: Vec<f32>, shape: LatentShape, latent_channels: i64, t: Vec<f32>, context: Vec<f32>, dim: i64, tokens: i64, y: Option<Vec<f32>>, controls: Vec<(&ControlInput<'_>, Vec<f32>)>, ip: Vec<(usize, Vec<f32>)>) -> Result<Vec<f32>> {
+    /// `frames`: samples per item, which the motion modules take as one video.
+    fn run_unet(&mut self, backend: &Backend, x: Vec<f32>, shape: LatentShape, latent_channels: i64, t: Vec<f32>, context: Vec<f32>, dim: i64, tokens: i64, y: Option<Vec<f32>>, controls: Vec<(&ControlInput<'_>, Vec<f32>)>, ip: Vec<(usize, Vec<f32>)>, frames: i64) -> Result<Vec<f32>> {
         // A UNet graph is a few thousand nodes, a ControlNet half that; this bounds
         // SD1/SD2 at any size.
         let graph = 32768 + 16384 * controls.len();
@@ -311,6 +326,9 @@ impl<'w> SdDenoiser<'w> {
         let tt = run.input_f32(&[shape[3]], t)?;
         let ct = run.input_f32(&[dim, tokens, shape[3]], context)?;
         let mut extras = UnetExtras::default();
+        if let Some(modules) = &self.motion {
+            extras.motion = Some(Motion { modules, frames });
+        }
         if let Some(y) = y {
             let width = y.len() as i64 / shape[3];
             extras.y = Some(run.input_f32(&[width, shape[3]], y)?);

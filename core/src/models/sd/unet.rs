@@ -6,8 +6,9 @@
 //! down- and upsamplers sit. That covers SD1.x, SD2.x, 9-channel inpainting and
 //! 8-channel instruct-pix2pix UNets with one code path.
 
-use crate::models::nn::{attention_typed, conv2d, group_norm, layer_norm, linear, project};
+use crate::models::nn::{attention_typed, conv2d, geglu_ff, group_norm, layer_norm, linear, project};
 use crate::models::{ModelError, Result, Weights};
+use super::motion::{MotionModules, Slot};
 use crate::ggml::{Context, ScaleMode, Tensor};
 
 /// Attention heads: SD1 fixes the count (8), SD2 fixes the width of a head (64).
@@ -72,6 +73,25 @@ pub struct UnetExtras<'a> {
     /// ControlNet residuals (the sum over stacked ControlNets), added as ldm's
     /// `apply_control` does.
     pub control: Option<ControlResiduals<'a>>,
+    /// AnimateDiff: the batch is videos of `frames` frames that the motion modules run on.
+    pub motion: Option<Motion<'a>>,
+}
+
+/// AnimateDiff's motion modules in one UNet evaluation.
+#[derive(Clone, Copy)]
+pub struct Motion<'a> {
+    pub modules: &'a MotionModules<'a>,
+    /// Frames per video: the batch holds a whole number of videos, frame after frame.
+    pub frames: i64,
+}
+
+impl<'a> Motion<'a> {
+    fn apply(motion: Option<&Self>, ctx: &'a Context, slot: Slot, x: Tensor<'a>) -> Result<Tensor<'a>> {
+        match motion {
+            Some(m) => m.modules.apply(ctx, slot, x, m.frames),
+            None => Ok(x),
+        }
+    }
 }
 
 /// What ControlNets add to a UNet: one tensor per skip connection (`input_blocks.0` to
@@ -451,15 +471,7 @@ impl<'w> Unet<'w> {
             let image = ip.layer(&format!("{name}.transformer_blocks.{d}"));
             h = ctx.add(h, self.cross_attention(ctx, &format!("{blk}.attn2"), t, context, heads, image)?)?;
             let t = layer_norm(ctx, w, &format!("{blk}.norm3"), h, 1e-5)?;
-            // GEGLU: the projection's first half is the value, the second the gate.
-            let p = linear(ctx, w, &format!("{blk}.ff.net.0.proj"), t)?;
-            let [two_inner, tt, bb, _] = p.ne();
-            let inner = two_inner / 2;
-            let nb = p.nb();
-            let val = ctx.view(p, [inner, tt, bb, 1], [nb[1], nb[2], nb[3]], 0)?;
-            let gate = ctx.view(p, [inner, tt, bb, 1], [nb[1], nb[2], nb[3]], inner as usize * 4)?;
-            let g = ctx.mul(ctx.cont(val)?, ctx.gelu_erf(ctx.cont(gate)?)?)?;
-            h = ctx.add(h, linear(ctx, w, &format!("{blk}.ff.net.2"), g)?)?;
+            h = ctx.add(h, geglu_ff(ctx, w, &format!("{blk}.ff"), t)?)?;
         }
         let h = if self.config.linear_projection {
             from_tokens(linear(ctx, w, &n("proj_out"), h)?)?
@@ -510,7 +522,8 @@ impl<'w> Unet<'w> {
     /// The encoder: input blocks and middle block on `x` with embedding `emb`. Returns
     /// every input block's output (the skips) and the middle block's. `after_first` is
     /// added to `input_blocks.0`'s output before anything uses it (a ControlNet's hint).
-    pub(crate) fn encode<'a>(&'a self, ctx: &'a Context, x: Tensor<'a>, emb: Tensor<'a>, context: Tensor<'a>, after_first: Option<Tensor<'a>>, ip: &IpLayers<'_, 'a>) -> Result<(Vec<Tensor<'a>>, Tensor<'a>)>
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn encode<'a>(&'a self, ctx: &'a Context, x: Tensor<'a>, emb: Tensor<'a>, context: Tensor<'a>, after_first: Option<Tensor<'a>>, ip: &IpLayers<'_, 'a>, motion: Option<&Motion<'a>>) -> Result<(Vec<Tensor<'a>>, Tensor<'a>)>
     where
         'w: 'a,
     {
@@ -523,17 +536,22 @@ impl<'w> Unet<'w> {
             h = ctx.add(h, a)?;
         }
         let mut skips = vec![h];
+        // The motion module slot of each res/attention pair: (level, pair within it).
+        let (mut level, mut pair) = (0, 0);
         for blk in &c.input_blocks {
             let i = blk.index;
             h = match blk.kind {
-                BlockKind::Down { .. } => conv2d(ctx, w, &self.n(&format!("input_blocks.{i}.0.op")), h, 2, 1)?,
+                BlockKind::Down { .. } => {
+                    (level, pair) = (level + 1, 0);
+                    conv2d(ctx, w, &self.n(&format!("input_blocks.{i}.0.op")), h, 2, 1)?
+                }
                 BlockKind::Res { transformer_depth, .. } => {
-                    let h = self.res_block(ctx, &format!("input_blocks.{i}.0"), h, emb)?;
+                    let mut h = self.res_block(ctx, &format!("input_blocks.{i}.0"), h, emb)?;
                     if transformer_depth > 0 {
-                        self.transformer(ctx, &format!("input_blocks.{i}.1"), h, context, transformer_depth, ip)?
-                    } else {
-                        h
+                        h = self.transformer(ctx, &format!("input_blocks.{i}.1"), h, context, transformer_depth, ip)?;
                     }
+                    pair += 1;
+                    Motion::apply(motion, ctx, Slot::Down(level, pair - 1), h)?
                 }
             };
             skips.push(h);
@@ -541,8 +559,10 @@ impl<'w> Unet<'w> {
         h = self.res_block(ctx, "middle_block.0", h, emb)?;
         if c.middle_depth > 0 {
             h = self.transformer(ctx, "middle_block.1", h, context, c.middle_depth, ip)?;
+            h = Motion::apply(motion, ctx, Slot::Mid, h)?;
             h = self.res_block(ctx, "middle_block.2", h, emb)?;
         } else {
+            h = Motion::apply(motion, ctx, Slot::Mid, h)?;
             h = self.res_block(ctx, "middle_block.1", h, emb)?;
         }
         Ok((skips, h))
@@ -573,7 +593,10 @@ impl<'w> Unet<'w> {
             }
         }
         let ip = IpLayers::new(&extras.ip, c);
-        let (mut skips, mut h) = self.encode(ctx, x, emb, context, None, &ip)?;
+        if let Some(m) = &extras.motion {
+            m.modules.check_unet(c)?;
+        }
+        let (mut skips, mut h) = self.encode(ctx, x, emb, context, None, &ip, extras.motion.as_ref())?;
         if let Some(control) = &extras.control {
             // ldm's apply_control: the middle residual onto the middle block's output,
             // each skip residual onto its skip (taken when popped, the same thing).
@@ -588,6 +611,7 @@ impl<'w> Unet<'w> {
             }
         }
         let w = self.w;
+        let (mut level, mut pair) = (0, 0);
         for blk in &c.output_blocks {
             let i = blk.index;
             let BlockKind::Res { transformer_depth, upsample, .. } = blk.kind else { continue };
@@ -597,7 +621,10 @@ impl<'w> Unet<'w> {
             if transformer_depth > 0 {
                 h = self.transformer(ctx, &format!("output_blocks.{i}.1"), h, context, transformer_depth, &ip)?;
             }
+            h = Motion::apply(extras.motion.as_ref(), ctx, Slot::Up(level, pair), h)?;
+            pair += 1;
             if upsample {
+                (level, pair) = (level + 1, 0);
                 let at = if transformer_depth > 0 { 2 } else { 1 };
                 // Up to the size of the skip the next block takes, as ComfyUI and diffusers
                 // do: sides that were odd before a downsample come back exactly.
