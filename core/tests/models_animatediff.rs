@@ -18,20 +18,6 @@ use sdflow_core::models::{load::load_weights, Weights};
 
 const PREFIX: &str = "model.diffusion_model";
 
-/// The sinusoidal table every release stores as `pos_encoder.pe` ([1, len, c]).
-fn sinusoids(len: usize, c: usize) -> Vec<f32> {
-    let mut pe = vec![0f32; len * c];
-    for pos in 0..len {
-        for i in (0..c).step_by(2) {
-            let div = (i as f64 * -(10000f64.ln()) / c as f64).exp() as f32;
-            let a = pos as f32 * div;
-            pe[pos * c + i] = a.sin();
-            pe[pos * c + i + 1] = a.cos();
-        }
-    }
-    pe
-}
-
 /// The diffusers MotionAdapter name of an original one (`None`: the second attention's
 /// table, which diffusers shares with the first).
 fn diffusers_name(n: &str) -> Option<String> {
@@ -59,7 +45,7 @@ fn write(case: &serde_json::Value, path: &Path, prefix: &str, diffusers: bool, d
             continue;
         }
         let n: usize = shape.iter().product();
-        let v = if name.ends_with(".pe") { sinusoids(shape[1], shape[2]) } else { det_values(name, n, 0.14) };
+        let v = if name.ends_with(".pe") { sdflow_core::synth::sinusoids(shape[1], shape[2]) } else { det_values(name, n, 0.14) };
         let out = if diffusers { diffusers_name(name) } else { Some(format!("{prefix}{name}")) };
         if let Some(out) = out {
             tensors.push((out, shape.clone(), v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>()));

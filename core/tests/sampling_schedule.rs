@@ -327,3 +327,24 @@ fn ksampler_discards_the_penultimate_sigma_as_comfyui() {
         assert_eq!(ksampler_sigmas(scheduler, 10, 0.5, &model, &opts, true).unwrap(), tail);
     }
 }
+
+#[test]
+fn comfyui_beta_schedules_give_torchs_tables() {
+    use sdflow_core::sampling::schedule::BetaSchedule;
+    // σ at timesteps 0, 499 and 999 of torch's make_beta_schedule (0.00085 to 0.012, 1000
+    // steps) through ModelSamplingDiscrete.
+    for (kind, want) in [
+        (BetaSchedule::SqrtLinear, [0.029_167_535, 2.275_962_6, 25.146_114]),
+        (BetaSchedule::Sqrt, [0.173_292_53, 3_696_868.3, 3.056_388_4e17]),
+        (BetaSchedule::Cosine, [0.006_427_108_8, 1.012_389_5, 20_291.17]),
+        (BetaSchedule::SquaredCosCapV2, [0.006_427_108_8, 1.012_389_8, 20_291.303]),
+    ] {
+        let s = DiscreteSchedule::beta_schedule(kind, 0.00085, 0.012, 1000).unwrap();
+        let got = [s.sigmas()[0], s.sigmas()[499], s.sigmas()[999]];
+        assert_close(&got, &want, 1e-4, &format!("{kind:?}"));
+    }
+    let sd = DiscreteSchedule::sd();
+    let linear = DiscreteSchedule::beta_schedule(BetaSchedule::Linear, 0.00085, 0.012, 1000).unwrap();
+    assert_eq!(sd, linear);
+    assert!(DiscreteSchedule::beta_schedule(BetaSchedule::SqrtLinear, 0.0, 0.012, 1000).is_err());
+}

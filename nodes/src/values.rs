@@ -27,6 +27,9 @@ pub struct ModelRef {
     pub flow: Option<FlowShift>,
     /// IP-Adapters applied to the model (IPAdapterAdvanced), in the order applied.
     pub ip_adapters: Vec<Arc<IpAdapterPatch>>,
+    /// AnimateDiff's motion modules (ADE_AnimateDiffLoaderGen1): the latent batch samples
+    /// as the frames of one video.
+    pub motion: Option<Arc<MotionModuleRef>>,
     /// Skip-layer guidance (SkipLayerGuidanceSD3) on an MMDiT.
     pub slg: Option<SkipLayerGuidance>,
     /// Differential Diffusion (ComfyUI's `denoise_mask_function`): how the inpainting
@@ -356,6 +359,14 @@ impl CacheSize for ModelRef {
     fn cache_bytes(&self) -> usize {
         self.ip_adapters.iter().map(|p| (p.cond.len() + p.uncond.len()) * 4).sum()
     }
+}
+
+/// An AnimateDiff motion-module file on a MODEL, as a residency handle (tensors under
+/// `motion_module.` in the original names).
+#[derive(Clone, Debug)]
+pub struct MotionModuleRef {
+    pub weights: WeightHandle<Weights>,
+    pub name: String,
 }
 
 /// UPSCALE_MODEL: an ESRGAN-family upscaler (RRDBNet or SRVGGNetCompact), as a residency

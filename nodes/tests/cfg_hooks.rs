@@ -137,6 +137,7 @@ fn nodes_set_hooks_in_order() {
         schedule: sdflow_core::sampling::schedule::DiscreteSchedule::sd(),
         flow: None,
         ip_adapters: Vec::new(),
+        motion: None,
         slg: None,
         differential_diffusion: None,
         cfg_hooks: CfgHooks::default(),

@@ -275,6 +275,23 @@ pub fn write_ip_adapter_models(root: &Path) {
     write_tensors(&models.join("ipadapter/ip-adapter-plus_sd15.safetensors"), &ip_adapter_tensors(plus, &layers, cross), 13).unwrap();
 }
 
+/// What `workflows/animatediff.json` names, for the tiny SD1 checkpoint of `root`'s tree
+/// ([`tiny_tree`]): `models/animatediff_models/mm_sd15_v3.safetensors` (down and up
+/// modules, a 32-frame table), `mm_sd_v15_v2.safetensors` (with the mid-block module),
+/// `mm_sd_v14.safetensors` (a 24-frame table) and `models/loras/v3_sd15_adapter.safetensors`
+/// (the domain adapter's LoRA in the old diffusers attention-processor names).
+pub fn write_animatediff_models(root: &Path) {
+    use sdflow_core::synth::{motion_module_tensors, processor_lora_tensors, write_tensors};
+    let models = root.join("models");
+    let cfg = SdConfig::tiny_sd1_f8();
+    std::fs::create_dir_all(models.join("animatediff_models")).unwrap();
+    for (name, mid, frames, seed) in [("mm_sd15_v3", false, 32, 21), ("mm_sd_v15_v2", true, 32, 22), ("mm_sd_v14", false, 24, 23)] {
+        write_tensors(&models.join(format!("animatediff_models/{name}.safetensors")), &motion_module_tensors(&cfg.unet, mid, frames), seed).unwrap();
+    }
+    std::fs::create_dir_all(models.join("loras")).unwrap();
+    write_tensors(&models.join("loras/v3_sd15_adapter.safetensors"), &processor_lora_tensors(&cfg, "").unwrap(), 24).unwrap();
+}
+
 /// The widths of a checkpoint's UNet cross-attentions in IP-Adapter order, and its
 /// context width.
 pub fn unet_cross_attention(ckpt: &Path) -> (Vec<usize>, usize) {

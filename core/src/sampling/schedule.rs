@@ -17,6 +17,18 @@ pub const TIMESTEPS: usize = 1000;
 /// Longest schedule we build: far beyond any real use, small enough to never exhaust memory.
 pub const MAX_STEPS: usize = 10_000;
 
+/// ComfyUI's `make_beta_schedule` kinds. ComfyUI's names differ from diffusers': its
+/// `linear` is diffusers' `scaled_linear` (SD's), its `sqrt_linear` diffusers' `linear`
+/// (what AnimateDiff trained with).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BetaSchedule {
+    Linear,
+    SqrtLinear,
+    Sqrt,
+    Cosine,
+    SquaredCosCapV2,
+}
+
 /// The discrete sigma table of an SD-style (CompVis) model and the `t <-> sigma` maps over it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DiscreteSchedule {
@@ -38,6 +50,13 @@ impl DiscreteSchedule {
         beta_end: f64,
         timesteps: usize,
     ) -> Result<Self, SamplingError> {
+        Self::beta_schedule(BetaSchedule::Linear, beta_start, beta_end, timesteps)
+    }
+
+    /// ComfyUI's `ModelSamplingDiscrete` over `make_beta_schedule(kind, timesteps,
+    /// beta_start, beta_end)`: the betas' cumulative product in f64 (f32 for
+    /// `squaredcos_cap_v2`, whose betas torch keeps in f32), `alphas_cumprod` as f32.
+    pub fn beta_schedule(kind: BetaSchedule, beta_start: f64, beta_end: f64, timesteps: usize) -> Result<Self, SamplingError> {
         if !(2..=100_000).contains(&timesteps) {
             return Err(SamplingError::InvalidOption {
                 field: "timesteps",
@@ -52,14 +71,43 @@ impl DiscreteSchedule {
                 ),
             });
         }
-        let (a, b) = (beta_start.sqrt(), beta_end.sqrt());
-        let mut cumprod = 1.0f64;
-        let mut alphas_cumprod = Vec::with_capacity(timesteps);
-        for i in 0..timesteps {
-            let beta = torch_linspace_f64(a, b, timesteps, i).powi(2);
-            cumprod *= 1.0 - beta;
-            alphas_cumprod.push(cumprod as f32);
-        }
+        let n = timesteps;
+        let lin = |a: f64, b: f64, i: usize| torch_linspace_f64(a, b, n, i);
+        let alphas_cumprod: Vec<f32> = match kind {
+            BetaSchedule::SquaredCosCapV2 => {
+                let bar = |t: f64| ((t + 0.008) / 1.008 * std::f64::consts::FRAC_PI_2).cos().powi(2);
+                let mut cumprod = 1.0f32;
+                (0..n)
+                    .map(|i| {
+                        let beta = (1.0 - bar((i + 1) as f64 / n as f64) / bar(i as f64 / n as f64)).min(0.999) as f32;
+                        cumprod *= 1.0 - beta;
+                        cumprod
+                    })
+                    .collect()
+            }
+            _ => {
+                let cos_alpha = |i: usize| {
+                    const S: f64 = 8e-3;
+                    let t = i as f64 / n as f64 + S;
+                    (t / (1.0 + S) * std::f64::consts::FRAC_PI_2).cos().powi(2)
+                };
+                let mut cumprod = 1.0f64;
+                (0..n)
+                    .map(|i| {
+                        let beta = match kind {
+                            BetaSchedule::Linear => lin(beta_start.sqrt(), beta_end.sqrt(), i).powi(2),
+                            BetaSchedule::SqrtLinear => lin(beta_start, beta_end, i),
+                            BetaSchedule::Sqrt => lin(beta_start, beta_end, i).sqrt(),
+                            // alphas / alphas[0] cancels in the ratio.
+                            BetaSchedule::Cosine => (1.0 - cos_alpha(i + 1) / cos_alpha(i)).clamp(0.0, 0.999),
+                            BetaSchedule::SquaredCosCapV2 => unreachable!("handled above"),
+                        };
+                        cumprod *= 1.0 - beta;
+                        cumprod as f32
+                    })
+                    .collect()
+            }
+        };
         Self::from_alphas_cumprod(&alphas_cumprod)
     }
 

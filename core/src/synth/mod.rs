@@ -455,6 +455,8 @@ pub enum Init {
     /// `mean + std * N(0, 1)`.
     Normal { mean: f32, std: f32 },
     Constant(f32),
+    /// The sinusoidal positional table of shape [1, len, width] ([`sinusoids`]).
+    Sinusoids,
 }
 
 /// One tensor of a synthetic checkpoint.
@@ -474,6 +476,10 @@ impl TensorSpec {
     /// The values of this tensor for `seed`. They depend only on the seed, the tensor's name
     /// and its init, so a tensor reads the same whatever else the checkpoint holds.
     pub fn values(&self, seed: u64) -> Vec<f32> {
+        if self.init == Init::Sinusoids {
+            let dim = |i: usize| self.shape.get(i).copied().unwrap_or(1);
+            return sinusoids(dim(self.shape.len().saturating_sub(2)), dim(self.shape.len().saturating_sub(1)));
+        }
         let mut stream = ValueStream::new(self, seed);
         (0..self.n_elements()).map(|_| stream.next()).collect()
     }
@@ -493,6 +499,7 @@ impl ValueStream {
     fn next(&mut self) -> f32 {
         match self.init {
             Init::Constant(c) => c,
+            Init::Sinusoids => unreachable!("tables are computed whole"),
             Init::Normal { mean, std } => {
                 let z: f32 = StandardNormal.sample(&mut self.rng);
                 mean + std * z
@@ -1189,6 +1196,16 @@ pub fn photomaker_tensors(vision: &ClipVisionSynth, proj2: usize, face_dim: Opti
         s.linear(&format!("{r}.proj_out"), d, d, true);
         s.norm(&format!("{r}.norm_out"), d);
     }
+    s.0.extend(processor_lora_tensors(unet, "lora_weights.unet.")?);
+    Ok(s.0)
+}
+
+/// A rank-4 LoRA over every attention projection of `unet`'s UNet in the old diffusers
+/// attention-processor names (`down_blocks.0.attentions.0.transformer_blocks.0.attn1.
+/// processor.to_q_lora.down.weight`, `to_out` for `to_out.0`) under `prefix`: what
+/// PhotoMaker ships (`lora_weights.unet.`) and AnimateDiff's v3 domain adapter (no prefix).
+pub fn processor_lora_tensors(unet: &SdConfig, prefix: &str) -> Result<Vec<TensorSpec>, SynthError> {
+    let mut s = Specs(Vec::new());
     let ckpt = unet.tensors()?;
     let names: std::collections::HashSet<&str> = ckpt.iter().map(|t| t.name.as_str()).collect();
     let nrb = unet.unet.num_res_blocks;
@@ -1200,10 +1217,70 @@ pub fn photomaker_tensors(vision: &ClipVisionSynth, proj2: usize, face_dim: Opti
         let Some(d) = crate::lora::keys::ldm_to_diffusers(k, nrb, &names) else { continue };
         let module = d.replace(".to_", ".processor.to_").replace(".to_out.0", ".to_out");
         let (o, i) = (t.shape[0], t.shape[1]);
-        s.push(format!("lora_weights.unet.{module}_lora.down.weight"), vec![4, i], Init::Normal { mean: 0.0, std: 1.0 / (i as f32).sqrt() });
-        s.push(format!("lora_weights.unet.{module}_lora.up.weight"), vec![o, 4], Init::Normal { mean: 0.0, std: 0.05 });
+        s.push(format!("{prefix}{module}_lora.down.weight"), vec![4, i], Init::Normal { mean: 0.0, std: 1.0 / (i as f32).sqrt() });
+        s.push(format!("{prefix}{module}_lora.up.weight"), vec![o, 4], Init::Normal { mean: 0.0, std: 0.05 });
     }
     Ok(s.0)
+}
+
+/// The sinusoidal table of "Attention Is All You Need" that AnimateDiff's releases store as
+/// `pos_encoder.pe`: row `pos`, column `2i` is `sin(pos / 10000^(2i/width))`, `2i+1` the
+/// cosine.
+pub fn sinusoids(len: usize, width: usize) -> Vec<f32> {
+    let mut pe = vec![0f32; len * width];
+    for pos in 0..len {
+        for i in (0..width).step_by(2) {
+            let div = (i as f64 * -(10000f64.ln()) / width as f64).exp() as f32;
+            let a = pos as f32 * div;
+            pe[pos * width + i] = a.sin();
+            if i + 1 < width {
+                pe[pos * width + i + 1] = a.cos();
+            }
+        }
+    }
+    pe
+}
+
+/// Every tensor of an AnimateDiff SD1.5 motion-module file in the original names, for the
+/// UNet of `unet`: a module after each res/attention pair of each encoder level
+/// (`num_res_blocks`) and decoder level (one more), v2's mid-block module with `mid`, and
+/// positional tables of `max_frames` (24 for v1, 32 for v2/v3).
+pub fn motion_module_tensors(unet: &UnetConfig, mid: bool, max_frames: usize) -> Vec<TensorSpec> {
+    let mut s = Specs(Vec::new());
+    let widths: Vec<usize> = unet.channel_mult.iter().map(|m| m * unet.model_channels).collect();
+    let module = |s: &mut Specs, name: String, c: usize| {
+        let t = format!("{name}.temporal_transformer");
+        s.norm(&format!("{t}.norm"), c);
+        s.linear(&format!("{t}.proj_in"), c, c, true);
+        let b = format!("{t}.transformer_blocks.0");
+        for a in 0..2 {
+            let at = format!("{b}.attention_blocks.{a}");
+            for p in ["to_q", "to_k", "to_v"] {
+                s.linear(&format!("{at}.{p}"), c, c, false);
+            }
+            s.linear(&format!("{at}.to_out.0"), c, c, true);
+            s.push(format!("{at}.pos_encoder.pe"), vec![1, max_frames, c], Init::Sinusoids);
+            s.norm(&format!("{b}.norms.{a}"), c);
+        }
+        s.norm(&format!("{b}.ff_norm"), c);
+        s.linear(&format!("{b}.ff.net.0.proj"), c, 8 * c, true);
+        s.linear(&format!("{b}.ff.net.2"), 4 * c, c, true);
+        s.linear(&format!("{t}.proj_out"), c, c, true);
+    };
+    for (l, &c) in widths.iter().enumerate() {
+        for j in 0..unet.num_res_blocks {
+            module(&mut s, format!("down_blocks.{l}.motion_modules.{j}"), c);
+        }
+    }
+    if mid {
+        module(&mut s, "mid_block.motion_modules.0".into(), *widths.last().unwrap_or(&unet.model_channels));
+    }
+    for (l, &c) in widths.iter().rev().enumerate() {
+        for j in 0..=unet.num_res_blocks {
+            module(&mut s, format!("up_blocks.{l}.motion_modules.{j}"), c);
+        }
+    }
+    s.0
 }
 
 /// Write `tensors` with their values for `seed` as an f32 safetensors file.

@@ -34,6 +34,7 @@ use sdflow_core::models::flux2::{Flux2, Flux2Config, Flux2Denoiser, Flux2Item};
 use sdflow_core::models::sd::{BatchItem, ControlInput, IpPatch, IpSide, SdDenoiser};
 use sdflow_core::models::conditioning::Conditioning;
 use std::collections::hash_map::{Entry, HashMap};
+use sdflow_core::models::sd::motion::{MotionConfig, MotionModules};
 use sdflow_core::models::sd::unet::{Unet, UnetConfig};
 use sdflow_core::sampling::rng::Rng;
 use sdflow_core::sampling::{comfy_discards_penultimate_sigma, RngKind};
@@ -259,6 +260,7 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
     let model = &guider.model;
     let weights = rt.pin(Module::Diffusion, &model.weights)?;
     let ip_weights = model.ip_adapters.iter().map(|p| rt.pin(Module::Diffusion, &p.weights)).collect::<Result<Vec<_>, _>>()?;
+    let motion_weights = model.motion.as_ref().map(|m| rt.pin(Module::Diffusion, &m.weights)).transpose()?;
     let mut den = if model.family == ModelFamily::Flux {
         let config = FluxConfig::infer(&weights, &model.prefix).map_err(err)?;
         let mut den = FluxDenoiser::new(Flux::new(&weights, &model.prefix, config).map_err(err)?);
@@ -300,8 +302,23 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
         let mut den = SdDenoiser::new(unet, model.schedule.clone(), model.prediction);
         den.image_size = Some((latent.shape[0] * 8, latent.shape[1] * 8));
         den.circular = model.circular;
+        if let (Some(m), Some(w)) = (&model.motion, &motion_weights) {
+            let named = |e: sdflow_core::models::ModelError| NodeError::msg(format!("{}: {e}", m.name));
+            let modules = MotionModules::new(w, MotionConfig::infer(w).map_err(named)?).map_err(named)?;
+            let frames = latent.shape[3];
+            if frames > modules.config.max_frames {
+                return Err(NodeError::msg(format!(
+                    "{}: a batch of {frames} latents is one video of {frames} frames, and the motion module takes at most {} (context windows are not implemented)",
+                    m.name, modules.config.max_frames
+                )));
+            }
+            den = den.with_motion(modules).map_err(named)?;
+        }
         Den::Sd(den)
     };
+    if model.motion.is_some() && !matches!(den, Den::Sd(_)) {
+        return Err(NodeError::msg(format!("AnimateDiff motion modules animate SD1.x models; this model is {}", model.family)));
+    }
     first_cond(&guider.positive, "positive")?;
     let mix = match &guider.dual {
         Some(d) => Mix::Dual { cfg: guider.cfg, cfg_middle: d.cfg_middle, nested: d.nested },

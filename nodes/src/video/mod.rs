@@ -4,6 +4,7 @@
 //! IMAGE batches whose images are a video's frames (what VAEDecode makes of a video
 //! latent). The encoders are in [`encode`].
 
+pub mod animatediff;
 pub mod decode;
 pub mod encode;
 
@@ -23,6 +24,7 @@ pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
     registry.register(Arc::new(LoadVideo { rt: rt.clone() }));
     registry.register(Arc::new(GetVideoComponents));
     registry.register(Arc::new(SaveVideo { rt: rt.clone() }));
+    registry.register(Arc::new(animatediff::AnimateDiffLoaderGen1 { rt: rt.clone() }));
 }
 
 /// ComfyUI's "SaveWEBM": the batch as one WebM of VP9 at a constant quality (`crf`).

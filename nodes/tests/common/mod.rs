@@ -63,7 +63,7 @@ impl Env {
         std::fs::write(&file, b"x").unwrap();
         let key = WeightKey::new([&file], "", sdflow_core::io::WeightType::Stored, Device::Cpu).unwrap();
         let weights = self.rt.residency.get_or_load(key, || -> Result<Weights, Box<dyn std::error::Error + Send + Sync>> { Err("not loaded in this test".into()) }).unwrap();
-        ModelRef { weights, prefix: String::new(), family, prediction, latent: sdflow_nodes::values::LatentFormat::uniform(latent_scale, latent_shift), schedule, flow, ip_adapters: Vec::new(), slg: None, differential_diffusion: None, cfg_hooks: Default::default(), circular: Default::default() }
+        ModelRef { weights, prefix: String::new(), family, prediction, latent: sdflow_nodes::values::LatentFormat::uniform(latent_scale, latent_shift), schedule, flow, ip_adapters: Vec::new(), motion: None, slg: None, differential_diffusion: None, cfg_hooks: Default::default(), circular: Default::default() }
     }
 }
 
