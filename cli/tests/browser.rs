@@ -148,7 +148,7 @@ fn editor_builds_queues_and_shows_results() {
 }
 
 /// The LLM-conditioned families' committed workflows (Z-Image, FLUX.2, Qwen-Image and its
-/// Edit models) and Wan's text to video open in the editor with their models and run, on tiny random-weight files.
+/// Edit models), Wan's and AnimateDiff's videos open in the editor with their models and run, on tiny random-weight files.
 #[test]
 fn editor_runs_the_llm_family_workflows() {
     let web = Path::new(env!("CARGO_MANIFEST_DIR")).join("../ui/web");
@@ -160,6 +160,9 @@ fn editor_runs_the_llm_family_workflows() {
     sdflow_tests::write_flux2_models(&dir);
     sdflow_tests::write_qwen_image_models(&dir);
     sdflow_tests::write_wan_models(&dir);
+    // AnimateDiff's workflow names the tiny SD1 as model.safetensors.
+    sdflow_tests::tiny_tree(&dir);
+    sdflow_tests::write_animatediff_models(&dir);
     sdflow_tests::write_test_png(&dir.join("input/input.png"), 72, 56);
     let (server, url) = start_server(&dir, &[]);
     run_script(&web, "families.mjs", &url, server, &dir);

@@ -78,6 +78,7 @@ const NOT_PRESETS: &[(&str, &str)] = &[
     ("outpaint.json", "sd-cli outpaints only through a padded -i and --mask made by hand"),
     ("sdxl_txt2img.json", "sd-cli gives both SDXL encoders one prompt and the image size; CLIPTextEncodeSDXL's separate texts and sizes are ComfyUI's"),
     ("ip_adapter.json", "sd-cli has no IP-Adapter"),
+    ("animatediff.json", "AnimateDiff-Evolved's graph (autoselect's linear-beta schedule, the domain adapter through LoraLoaderModelOnly, an animated WebP); `vid_gen -m … --motion-module …` builds sd-cli's (the checkpoint's own schedule, an AVI)"),
     // ComfyUI's graphs for the DiTs: its schedule (μ from the token count) and its text
     // conditioning (one T5 sequence, weights from the empty prompt). sd-cli's flags build
     // sd.cpp's instead (ManualSigmas of its schedule, SdCppConditioner).
@@ -1592,4 +1593,56 @@ fn vid_gen_writes_wan_videos_as_sd_cli_does() {
     assert!(!printed.contains("\"LoraLoader\""), "no LoRA on the low-noise expert: {printed}");
     let (_, err) = fails(&[&tagged[..], &["--print-workflow"]].concat(), dir.path());
     assert!(err.contains("<lora:|high_noise|motion>") && err.contains("--high-noise-diffusion-model"), "{err}");
+}
+
+/// sd-cli's vid_gen with an SD1 checkpoint and `--motion-module` (AnimateDiff): the
+/// frames as one latent batch through ADE_AnimateDiffLoaderGen1 on the checkpoint's own
+/// schedule, no 4·k + 1 rounding, at most 32 frames; one frame is img_gen's image;
+/// `-i --strength` starts every frame from the image; the domain adapter is a LoRA tag.
+#[test]
+fn vid_gen_animates_sd1_with_a_motion_module_as_sd_cli_does() {
+    let dir = tempfile::tempdir().unwrap();
+    sdflow_tests::tiny_tree(dir.path());
+    sdflow_tests::write_animatediff_models(dir.path());
+    sdflow_tests::write_test_png(&dir.path().join("in.png"), 40, 40);
+    let common = ["-m", "models/checkpoints/model.safetensors", "-p", "a red apple on a wooden table", "--steps", "2", "-W", "32", "-H", "32", "-t", "2", "--cfg-scale", "8", "-s", "42"];
+    let base = [&["vid_gen", "--motion-module", "models/animatediff_models/mm_sd15_v3.safetensors"][..], &common[..]].concat();
+    let printed = ok(&[&base[..], &["--video-frames", "6", "--print-workflow"]].concat(), dir.path());
+    for part in ["\"ADE_AnimateDiffLoaderGen1\"", "\"beta_schedule\": \"use existing\"", "\"model_name\": \"mm_sd15_v3.safetensors\"", "\"batch_size\": 6", "\"SaveVideoSdCpp\"", "\"format\": \"avi\"", "AnimateDiff, text to video (6 frames)"] {
+        assert!(printed.contains(part), "{part} in {printed}");
+    }
+    let capped = ok(&[&base[..], &["--video-frames", "40", "--print-workflow"]].concat(), dir.path());
+    assert!(capped.contains("\"batch_size\": 32"), "{capped}");
+
+    ok(&[&base[..], &["--video-frames", "6", "-o", "v.avi"]].concat(), dir.path());
+    let ((_, w, h, n), frames) = read_mjpg_avi(&dir.path().join("v.avi"));
+    assert_eq!((w, h, n, frames.len()), (32, 32, 6, 6));
+    assert_ne!(frames[0].as_raw(), frames[5].as_raw());
+    // One frame leaves the modules out: img_gen's image, pixel for pixel.
+    ok(&[&base[..], &["-o", "one.avi"]].concat(), dir.path());
+    ok(&[&["img_gen"][..], &common[..], &["-o", "img.png"]].concat(), dir.path());
+    let (one, img) = (image::open(dir.path().join("one.png")).unwrap().to_rgb8(), image::open(dir.path().join("img.png")).unwrap().to_rgb8());
+    assert_eq!(one.as_raw(), img.as_raw());
+    // img2video: the image encoded and repeated for every frame, noised to --strength.
+    let i2v = [&base[..], &["--video-frames", "4", "-i", "in.png", "--strength", "0.75"]].concat();
+    let printed = ok(&[&i2v[..], &["--print-workflow"]].concat(), dir.path());
+    for part in ["\"VAEEncode\"", "\"RepeatLatentBatch\"", "\"amount\": 4", "\"denoise\": 0.75", "AnimateDiff, image to video"] {
+        assert!(printed.contains(part), "{part} in {printed}");
+    }
+    ok(&[&i2v[..], &["-o", "i2v.avi"]].concat(), dir.path());
+    assert_eq!(read_mjpg_avi(&dir.path().join("i2v.avi")).1.len(), 4);
+    // The v3 domain adapter as a prompt LoRA.
+    let mut tagged = base.clone();
+    let at = tagged.iter().position(|a| *a == "a red apple on a wooden table").unwrap();
+    tagged[at] = "a red apple on a wooden table<lora:v3_sd15_adapter:1.0>";
+    ok(&[&tagged[..], &["--lora-model-dir", "models/loras", "--video-frames", "6", "-o", "lora.avi"]].concat(), dir.path());
+    assert_ne!(read_mjpg_avi(&dir.path().join("lora.avi")).1[0].as_raw(), frames[0].as_raw());
+
+    // What sd-cli would not do, or sdflow refuses with a reason.
+    let (_, err) = fails(&[&["vid_gen"][..], &common[..], &["--video-frames", "6"]].concat(), dir.path());
+    assert!(err.contains("--motion-module"), "{err}");
+    let (_, err) = fails(&[&base[..], &["--video-frames", "6", "-b", "2"]].concat(), dir.path());
+    assert!(err.contains("-b 2 with --motion-module"), "{err}");
+    let (_, err) = fails(&[&["img_gen", "--motion-module", "models/animatediff_models/mm_sd15_v3.safetensors"][..], &common[..]].concat(), dir.path());
+    assert!(err.contains("vid_gen mode"), "{err}");
 }

@@ -84,6 +84,8 @@ fn env() -> Env {
     sdflow_tests::write_flux2_models(dir.path());
     sdflow_tests::write_qwen_image_models(dir.path());
     sdflow_tests::write_wan_models(dir.path());
+    // workflows/animatediff.json's motion module and adapter (tests/tests/animatediff.rs runs it).
+    sdflow_tests::write_animatediff_models(dir.path());
     let rt = Arc::new(Runtime::new(dir.path().join("models"), &out, 2, None).unwrap().with_input_dir(&input));
     let mut reg = Registry::new();
     stub::register(&mut reg);

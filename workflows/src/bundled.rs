@@ -5,6 +5,7 @@
 pub const BUNDLED: &[(&str, &str)] = &[
     ("adetailer", include_str!("../adetailer.json")),
     ("adetailer_txt2img", include_str!("../adetailer_txt2img.json")),
+    ("animatediff", include_str!("../animatediff.json")),
     ("area_composition", include_str!("../area_composition.json")),
     ("chroma_txt2img", include_str!("../chroma_txt2img.json")),
     ("controlnet", include_str!("../controlnet.json")),

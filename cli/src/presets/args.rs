@@ -477,6 +477,10 @@ pub struct ImgGenArgs {
     /// its images (vid_gen).
     #[arg(long = "clip_vision", value_name = "string")]
     pub clip_vision: Option<String>,
+    /// An AnimateDiff motion module (mm_sd15_v3, mm_sd_v15_v2, …) for an SD1.x model
+    /// (vid_gen): the --video-frames frames (at most 32) are sampled as one video.
+    #[arg(long = "motion-module", value_name = "string")]
+    pub motion_module: Option<String>,
     /// A folder of control frames (file-name order) for a Wan VACE model (vid_gen).
     #[arg(long = "control-video", value_name = "string")]
     pub control_video: Option<String>,

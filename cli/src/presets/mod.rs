@@ -350,6 +350,9 @@ pub fn img_gen_command(a: ImgGenArgs) -> anyhow::Result<()> {
     if let Some(h) = &a.high_noise_diffusion_model {
         bail!("not supported yet: --high-noise-diffusion-model {h} in the img_gen mode (Wan2.2's experts run in vid_gen)");
     }
+    if let Some(m) = &a.motion_module {
+        bail!("--motion-module {m} animates in the vid_gen mode (sd-cli's img_gen samples each image alone, where the motion module does nothing)");
+    }
     if let (Some(_), Some(st)) = (a.img_cfg_scale, a.strength) {
         bail!("not supported yet: --strength {st} with --img-cfg-scale (instruct-pix2pix samples from noise, strength 1)");
     }
@@ -447,7 +450,7 @@ pub fn vid_gen_command(v: VidGenArgs) -> anyhow::Result<()> {
         let Some(model) = names.model("diffusion_models", "--high-noise-diffusion-model", &a.high_noise_diffusion_model)? else { return Ok(None) };
         Ok(Some(presets::HighNoiseParams { model, steps: a.high_noise_steps, cfg_scale: a.high_noise_cfg_scale, sampling_method: a.high_noise_sampling_method.clone(), eta: a.high_noise_eta, boundary: a.moe_boundary }))
     };
-    let video = presets::VideoParams { frames: a.video_frames, fps: a.fps, high_noise: None };
+    let video = presets::VideoParams { frames: a.video_frames, fps: a.fps, high_noise: None, motion_module: a.motion_module.clone() };
     let output = &a.sampling.output;
     a.sampling.output = if presets::is_frame_pattern(output) {
         check_output(output)?;
@@ -459,12 +462,28 @@ pub fn vid_gen_command(v: VidGenArgs) -> anyhow::Result<()> {
     };
     let seed = presets::resolve_seed(a.sampling.seed);
     let probe = probe(&a);
-    if probe.info.family != presets::Family::Wan {
-        bail!("not supported yet: vid_gen with this model (Wan models are; give one with --diffusion-model or -m)");
+    let animatediff = a.motion_module.is_some();
+    match (probe.info.family, animatediff) {
+        (presets::Family::Wan, false) | (presets::Family::Unet, true) => {}
+        (presets::Family::Wan, true) => bail!("--motion-module animates SD1.x models; this is a Wan model, which makes videos itself"),
+        (presets::Family::Unet, false) => bail!("vid_gen with an SD model needs an AnimateDiff motion module (--motion-module mm_sd15_v3.safetensors)"),
+        _ => bail!("not supported yet: vid_gen with this model (Wan models are, and SD1.x models with --motion-module; give one with --diffusion-model or -m)"),
+    }
+    if animatediff && a.batch_count > 1 {
+        bail!("-b {} with --motion-module: an AnimateDiff video is one batch of its frames", a.batch_count);
+    }
+    if a.video_frames > presets::ANIMATEDIFF_MAX_FRAMES && animatediff {
+        eprintln!("warning: AnimateDiff motion modules take at most {} frames; making {}", presets::ANIMATEDIFF_MAX_FRAMES, presets::ANIMATEDIFF_MAX_FRAMES);
     }
     let params = |names: &mut Names<'_>| -> anyhow::Result<ImgGenParams> {
-        let video = presets::VideoParams { high_noise: high_noise(names)?, ..video.clone() };
-        Ok(ImgGenParams { video: Some(video), ..img_gen_params(&a, &probe, seed, names)? })
+        let motion_module = names.model("animatediff_models", "--motion-module", &a.motion_module)?;
+        let video = presets::VideoParams { high_noise: high_noise(names)?, motion_module, ..video.clone() };
+        let mut p = img_gen_params(&a, &probe, seed, names)?;
+        if animatediff {
+            // sd.cpp samples the frames as one latent batch.
+            p.batch_count = video.aligned_frames();
+        }
+        Ok(ImgGenParams { video: Some(video), ..p })
     };
     let shown = presets::img_gen(&params(&mut Names::Shown)?)?;
     finish(shown, &a.common, &a.sampling.output, a.sampling.output_begin_idx, |stage| Ok(presets::img_gen(&params(&mut Names::Staged(stage))?)?))

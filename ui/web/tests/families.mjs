@@ -1,5 +1,5 @@
 // Browser test: every committed workflow of the LLM-conditioned families (Z-Image, FLUX.2,
-// Qwen-Image, its Edit and Layered models) and of Wan's video opens in the editor through the file picker with the
+// Qwen-Image, its Edit and Layered models) and of video (Wan, AnimateDiff) opens in the editor through the file picker with the
 // models it names (none swapped for another), and runs to its image. The workflows are
 // shrunk to test sizes first (32² latents, 2 steps, reference images at 0.01 MP), as the
 // Rust tests shrink them. Run by cli/tests/browser.rs, whose server holds the tiny
@@ -11,8 +11,8 @@ import { checks, launch, urlArgument } from "./harness.mjs";
 
 const url = urlArgument("families.mjs");
 const TIMEOUT = 120_000;
-const WORKFLOWS = ["z_image_turbo", "z_image_base", "flux2_klein", "flux2_klein_edit", "flux2_dev", "qwen_image", "qwen_image_edit", "qwen_image_edit_2509", "qwen_image_layered", "wan_t2v", "wan_i2v", "wan_flf2v", "wan22_moe_t2v", "wan22_ti2v", "wan_vace"];
-const MODEL_WIDGETS = ["unet_name", "clip_name", "clip_name1", "clip_name2", "vae_name", "ckpt_name", "image"];
+const WORKFLOWS = ["z_image_turbo", "z_image_base", "flux2_klein", "flux2_klein_edit", "flux2_dev", "qwen_image", "qwen_image_edit", "qwen_image_edit_2509", "qwen_image_layered", "wan_t2v", "wan_i2v", "wan_flf2v", "wan22_moe_t2v", "wan22_ti2v", "wan_vace", "animatediff"];
+const MODEL_WIDGETS = ["unet_name", "clip_name", "clip_name1", "clip_name2", "vae_name", "ckpt_name", "model_name", "lora_name", "image"];
 
 const browser = await launch();
 const consoleErrors = [];

@@ -485,7 +485,7 @@ fn moe_passes(b: &mut Builder, p: &ImgGenParams, h: &super::HighNoiseParams, s: 
 
 /// The end of sd-cli's vid_gen graph for several frames: the decoded frames written as
 /// one video file, `.avi` (Motion-JPEG) or `.webp` as `-o` says, at `--fps`.
-fn video_tail(mut b: Builder, p: &ImgGenParams, v: &super::VideoParams, frames: Out, title: String, description: String) -> Result<Preset, PresetError> {
+pub(super) fn video_tail(mut b: Builder, p: &ImgGenParams, v: &super::VideoParams, frames: Out, title: String, description: String) -> Result<Preset, PresetError> {
     for (given, flag) in [(p.ad_model.is_some(), "--ad-model"), (p.upscale_model.is_some(), "--upscale-model"), (b.paste.is_some(), "--mask")] {
         if given {
             return Err(not_supported(flag, "in the vid_gen mode"));

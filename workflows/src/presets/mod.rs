@@ -27,7 +27,7 @@ mod upscale;
 
 pub use adetailer::adetailer;
 pub use dit::ref_image_size;
-pub use params::{A1111Img2Img, AdetailerParams, ChromaParams, ControlUnit, Family, HiresParams, ImgGenParams, ModelInfo, RefOptions, SlgParams, TilingParams, RefinerParams, UpscaleParams, VariationParams, VideoParams, HighNoiseParams};
+pub use params::{ANIMATEDIFF_MAX_FRAMES, A1111Img2Img, AdetailerParams, ChromaParams, ControlUnit, Family, HiresParams, ImgGenParams, ModelInfo, RefOptions, SlgParams, TilingParams, RefinerParams, UpscaleParams, VariationParams, VideoParams, HighNoiseParams};
 pub use upscale::upscale;
 
 /// Why a preset could not be built.

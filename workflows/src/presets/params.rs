@@ -283,6 +283,9 @@ pub struct VideoParams {
     pub fps: i64,
     /// Wan2.2 MoE: `--high-noise-diffusion-model` and its sampling flags.
     pub high_noise: Option<HighNoiseParams>,
+    /// `--motion-module`: AnimateDiff's motion modules on an SD1.x model, which then samples
+    /// the frames as one batch.
+    pub motion_module: Option<String>,
 }
 
 /// Wan2.2's high-noise expert: it samples the schedule's first steps, the model of
@@ -300,16 +303,23 @@ pub struct HighNoiseParams {
     pub boundary: f64,
 }
 
+/// sd.cpp caps AnimateDiff's frames at the 32 positions of the v2/v3 modules' tables.
+pub const ANIMATEDIFF_MAX_FRAMES: i64 = 32;
+
 impl Default for VideoParams {
     fn default() -> Self {
-        VideoParams { frames: 1, fps: 16, high_noise: None }
+        VideoParams { frames: 1, fps: 16, high_noise: None, motion_module: None }
     }
 }
 
 impl VideoParams {
-    /// The frames sd.cpp makes of `--video-frames`: down to the nearest 4·k + 1 (at least 1).
+    /// The frames sd.cpp makes of `--video-frames`: for Wan down to the nearest 4·k + 1,
+    /// for AnimateDiff as given up to the motion modules' 32 (at least 1 either way).
     pub fn aligned_frames(&self) -> i64 {
-        (self.frames.max(1) - 1) / 4 * 4 + 1
+        match self.motion_module {
+            Some(_) => self.frames.clamp(1, ANIMATEDIFF_MAX_FRAMES),
+            None => (self.frames.max(1) - 1) / 4 * 4 + 1,
+        }
     }
 }
 

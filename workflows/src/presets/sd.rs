@@ -64,6 +64,14 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
     };
     lora_chain(&mut b, p, &loras, &mut model, &mut clip);
     let vae = circular_chain(&mut b, p, &mut model, vae);
+    // sd-cli's vid_gen with a motion module: the frames are one latent batch (the caller
+    // sets the batch to the frame count), sampled on the checkpoint's own schedule. One
+    // frame is a plain image, as sd.cpp leaves the modules out then.
+    let animatediff = p.video.as_ref().filter(|v| v.motion_module.is_some() && v.aligned_frames() > 1);
+    if let Some(mm) = animatediff.and_then(|v| v.motion_module.as_ref()) {
+        let node = NodeSpec::new("ADE_AnimateDiffLoaderGen1").with_input("model", link(&model)).with_const("model_name", json!(mm)).with_const("beta_schedule", json!("use existing"));
+        model = Out(b.core("motion", "--motion-module", node), 0);
+    }
     if p.clip_skip > 0 {
         check_range("--clip-skip", p.clip_skip, 1, 24)?;
         let key = b.extra("clip_skip", "--clip-skip", NodeSpec::new("CLIPSetLastLayer").with_input("clip", link(&clip)).with_const("stop_at_clip_layer", json!(-p.clip_skip)));
@@ -277,6 +285,13 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
         description.push_str(&format!(" The refiner checkpoint ({}) takes the sampling over after {} of its steps (KSamplerAdvanced: the first part returns its leftover noise, the refiner goes on without adding noise), with the prompts encoded by its own text encoder; its VAE decodes.", r.model_name, r.switch_at));
     }
     let image = stage.decode(&mut b, &samples);
+    if let Some(v) = animatediff {
+        title = format!("AnimateDiff, {}", title.to_lowercase().replace(" to image", " to video"));
+        description.push_str(" The frames are one latent batch sampled through AnimateDiff's motion modules (--motion-module, ADE_AnimateDiffLoaderGen1), which attend along time after every res/attention pair of the UNet, on the checkpoint's own schedule as sd.cpp runs them, and decoded frame by frame.");
+        if !super::is_frame_pattern(&p.output) {
+            return super::dit::video_tail(b, p, v, image, title, description);
+        }
+    }
     output_tail(&mut b, p, image, TailModels { model: &model, clip: &clip, vae: &vae }, &sampling, &prompt, &mut title, &mut description)?;
     Ok(b.finish(title, description))
 }
