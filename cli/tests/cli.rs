@@ -1608,7 +1608,7 @@ fn vid_gen_animates_sd1_with_a_motion_module_as_sd_cli_does() {
     let common = ["-m", "models/checkpoints/model.safetensors", "-p", "a red apple on a wooden table", "--steps", "2", "-W", "32", "-H", "32", "-t", "2", "--cfg-scale", "8", "-s", "42"];
     let base = [&["vid_gen", "--motion-module", "models/animatediff_models/mm_sd15_v3.safetensors"][..], &common[..]].concat();
     let printed = ok(&[&base[..], &["--video-frames", "6", "--print-workflow"]].concat(), dir.path());
-    for part in ["\"ADE_AnimateDiffLoaderGen1\"", "\"beta_schedule\": \"use existing\"", "\"model_name\": \"mm_sd15_v3.safetensors\"", "\"batch_size\": 6", "\"SaveVideoSdCpp\"", "\"format\": \"avi\"", "AnimateDiff, text to video (6 frames)"] {
+    for part in ["\"ADE_AnimateDiffLoaderGen1\"", "\"beta_schedule\": \"use existing\"", "\"v1_groupnorm\": \"per frame\"", "\"model_name\": \"mm_sd15_v3.safetensors\"", "\"batch_size\": 6", "\"SaveVideoSdCpp\"", "\"format\": \"avi\"", "AnimateDiff, text to video (6 frames)"] {
         assert!(printed.contains(part), "{part} in {printed}");
     }
     let capped = ok(&[&base[..], &["--video-frames", "40", "--print-workflow"]].concat(), dir.path());

@@ -69,6 +69,11 @@ fn unet_weights(backend: &Backend) -> (Weights, UnetConfig) {
 /// The UNet on the case's two videos, with the motion modules of `mm` (none: `None`),
 /// taking `frames` frames per video.
 fn run(case: &serde_json::Value, unet: &Unet<'_>, mm: Option<&MotionModules<'_>>, frames: i64, backend: &Backend) -> Result<Vec<f32>, String> {
+    run_with(case, unet, mm, frames, false, backend)
+}
+
+/// [`run`] with every GroupNorm over each video's frames (`across`: AnimateDiff v1).
+fn run_with(case: &serde_json::Value, unet: &Unet<'_>, mm: Option<&MotionModules<'_>>, frames: i64, across: bool, backend: &Backend) -> Result<Vec<f32>, String> {
     let f = |k: &str| -> Vec<f32> { serde_json::from_value(case[k].clone()).unwrap() };
     let per_video = case["frames"].as_i64().unwrap();
     let b = 2 * per_video;
@@ -79,12 +84,17 @@ fn run(case: &serde_json::Value, unet: &Unet<'_>, mm: Option<&MotionModules<'_>>
     let x = g.input_f32(&[12, 8, 4, b], f("x")).unwrap();
     let tt = g.input_f32(&[b], t).unwrap();
     let c = g.input_f32(&[48, 7, b], context).unwrap();
-    let extras = UnetExtras { motion: mm.map(|modules| Motion { modules, frames }), ..Default::default() };
+    let extras = UnetExtras { motion: mm.map(|modules| Motion { modules, frames, norm_across_frames: across }), ..Default::default() };
     let out = unet.forward_with(&ctx, x, tt, c, &extras).map_err(|e| e.to_string())?;
     Ok(g.compute(backend, &[out], 32768).unwrap().remove(0))
 }
 
 fn check(name: &str, mid: bool) {
+    check_version(name, mid, false);
+}
+
+/// `v1`: a 24-frame table and every GroupNorm over the frames (AnimateDiff-Evolved's v1).
+fn check_version(name: &str, mid: bool, v1: bool) {
     let backend = common::backend(2);
     let r = &reference("animatediff_tiny_ref.json")[name];
     let (uw, cfg) = unet_weights(&backend);
@@ -97,10 +107,10 @@ fn check(name: &str, mid: bool) {
         write(r, &path, prefix, diffusers, None);
         let w = load(&path, &backend).unwrap();
         let config = MotionConfig::infer(&w).unwrap();
-        assert_eq!((config.has_mid(), config.max_frames, config.modules.len()), (mid, 32, if mid { 16 } else { 15 }), "{file}");
-        assert_eq!(config.at(Slot::Up(2, 2)), Some(32));
+        assert_eq!((config.has_mid(), config.max_frames, config.modules.len()), (mid, if v1 { 24 } else { 32 }, if mid { 16 } else { 15 }), "{file}");
+        assert_eq!((config.at(Slot::Up(2, 2)), config.is_v1()), (Some(32), v1));
         let mm = MotionModules::new(&w, config).unwrap();
-        let got = run(r, &unet, Some(&mm), 3, &backend).unwrap();
+        let got = run_with(r, &unet, Some(&mm), 3, v1, &backend).unwrap();
         let err = max_abs_err(&got, &want);
         assert!(err <= 1e-3, "{name} ({file}): max abs error {err}");
     }
@@ -117,6 +127,11 @@ fn v3_motion_modules_match_diffusers() {
 #[test]
 fn v2_motion_modules_with_mid_block_match_diffusers() {
     check("v2", true);
+}
+
+#[test]
+fn v1_motion_modules_with_groupnorms_over_the_frames_match_the_reference() {
+    check_version("v1", false, true);
 }
 
 #[test]

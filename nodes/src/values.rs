@@ -367,6 +367,24 @@ impl CacheSize for ModelRef {
 pub struct MotionModuleRef {
     pub weights: WeightHandle<Weights>,
     pub name: String,
+    /// Where the UNet's GroupNorms take their statistics for a v1 module.
+    pub v1_groupnorm: V1GroupNorm,
+}
+
+/// How a v1 motion module's UNet normalises (v2 and v3 always per frame).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum V1GroupNorm {
+    /// Over each video's frames together, as v1 was trained (AnimateDiff-Evolved).
+    AcrossFrames,
+    /// Per frame, as sd.cpp runs every version.
+    PerFrame,
+}
+
+impl MotionModuleRef {
+    /// Whether the GroupNorms span the frames for modules of `config`.
+    pub fn norm_across_frames(&self, config: &sdflow_core::models::sd::motion::MotionConfig) -> bool {
+        config.is_v1() && self.v1_groupnorm == V1GroupNorm::AcrossFrames
+    }
 }
 
 /// UPSCALE_MODEL: an ESRGAN-family upscaler (RRDBNet or SRVGGNetCompact), as a residency

@@ -58,6 +58,11 @@ fn the_workflow_animates_and_the_motion_module_couples_the_frames() {
     for (node, input, v) in [("3", "beta_schedule", json!("use existing")), ("3", "beta_schedule", json!("avg(sqrt_linear,linear)")), ("2", "strength_model", json!(0.0)), ("3", "model_name", json!("mm_sd_v15_v2.safetensors")), ("3", "model_name", json!("mm_sd_v14.safetensors"))] {
         assert_ne!(frames(&env, &with_input(&wf, node, input, v.clone())), base, "{node}.{input} = {v}");
     }
+    // v1 normalises over the frames (AnimateDiff-Evolved); per frame (sd.cpp) is another video.
+    let v1 = with_input(&wf, "3", "model_name", json!("mm_sd_v14.safetensors"));
+    assert_ne!(frames(&env, &v1), frames(&env, &with_input(&v1, "3", "v1_groupnorm", json!("per frame"))));
+    // ... which v3 ignores.
+    assert_eq!(frames(&env, &with_input(&wf, "3", "v1_groupnorm", json!("per frame"))), base);
     // One frame still goes through the modules, as AnimateDiff-Evolved runs it.
     let one = frames(&env, &frames_n(&wf, 1));
     assert_eq!(one.len(), 1);

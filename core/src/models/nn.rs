@@ -171,6 +171,22 @@ pub fn circular_padded<'a>(ctx: &'a Context, x: Tensor<'a>, pad: i32) -> Result<
     }
 }
 
+/// [`group_norm`], or with `frames` its statistics over each run of `frames` images of
+/// the batch together (a video's frames: PyTorch's GroupNorm on `b c f h w`).
+pub fn group_norm_over<'a>(ctx: &'a Context, w: &'a Weights, name: &str, x: Tensor<'a>, groups: i32, eps: f32, frames: Option<i64>) -> Result<Tensor<'a>> {
+    let Some(f) = frames.filter(|&f| f > 1) else { return group_norm(ctx, w, name, x, groups, eps) };
+    let [wd, ht, c, b] = x.ne();
+    if b % f != 0 {
+        return Err(super::ModelError::Input(format!("{name}: a batch of {b} is not a whole number of {f}-frame videos")));
+    }
+    // ggml normalises over ne0, ne1 and a group of ne2, per ne3: [W·H, F, C, videos].
+    let t = ctx.cont(ctx.permute(ctx.reshape(x, [wd * ht, c, f, b / f])?, [0, 2, 1, 3])?)?;
+    let t = ctx.group_norm(t, groups, eps)?;
+    let y = ctx.reshape(ctx.cont(ctx.permute(t, [0, 2, 1, 3])?)?, [wd, ht, c, b])?;
+    let y = ctx.mul(y, per_channel(ctx, w.get(&format!("{name}.weight"))?)?)?;
+    Ok(ctx.add(y, per_channel(ctx, w.get(&format!("{name}.bias"))?)?)?)
+}
+
 /// `nn.GroupNorm` with affine weight and bias on x [W, H, C, N].
 pub fn group_norm<'a>(ctx: &'a Context, w: &'a Weights, name: &str, x: Tensor<'a>, groups: i32, eps: f32) -> Result<Tensor<'a>> {
     let y = ctx.group_norm(x, groups, eps)?;

@@ -312,7 +312,8 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
                     m.name, modules.config.max_frames
                 )));
             }
-            den = den.with_motion(modules).map_err(named)?;
+            let across = m.norm_across_frames(&modules.config);
+            den = den.with_motion(modules, across).map_err(named)?;
         }
         Den::Sd(den)
     };

@@ -4,7 +4,7 @@
 
 use crate::err;
 use crate::runtime::Runtime;
-use crate::values::{ModelRef, MotionModuleRef};
+use crate::values::{ModelRef, MotionModuleRef, V1GroupNorm};
 use sdflow_core::detect::ModelFamily;
 use sdflow_core::io::{self, TypeRules};
 use sdflow_core::models::load::load_weights;
@@ -23,6 +23,9 @@ pub const MOTION_DIR: &str = "animatediff_models";
 /// The `beta_schedule` choices implemented here, by AnimateDiff-Evolved's names (its
 /// LCM and SDXL ones are not).
 const BETA_SCHEDULES: [&str; 8] = ["autoselect", "use existing", "sqrt_linear (AnimateDiff)", "linear (HotshotXL/default)", "avg(sqrt_linear,linear)", "sqrt", "cosine", "squaredcos_cap_v2"];
+
+/// sdflow's `v1_groupnorm` choices.
+const V1_GROUPNORM: [&str; 2] = ["across frames", "per frame"];
 
 /// The model's noise levels under AnimateDiff-Evolved's `beta_schedule` (ComfyUI's
 /// `ModelSamplingDiscrete` over 0.00085…0.012); `None`: the model's own.
@@ -64,6 +67,7 @@ impl Node for AnimateDiffLoaderGen1 {
             .input(InputSpec::link("model", IoType::MODEL))
             .input(InputSpec::combo("model_name", self.rt.list_models(MOTION_DIR)).tooltip("A motion module from models/animatediff_models (original or diffusers MotionAdapter names)."))
             .input(InputSpec::combo("beta_schedule", BETA_SCHEDULES).combo_default("autoselect").tooltip("The noise schedule to sample with: autoselect takes the one SD1.5 motion modules were trained on (linear betas, sqrt_linear); use existing keeps the checkpoint's."))
+            .input(InputSpec::combo("v1_groupnorm", V1_GROUPNORM).combo_default(V1_GROUPNORM[0]).optional().tooltip("sdflow: where a v1 module's UNet takes its GroupNorm statistics — over the video's frames as v1 was trained and AnimateDiff-Evolved runs it, or per frame as sd.cpp does. v2 and v3 always normalise per frame."))
             .output("MODEL", IoType::MODEL)
     }
 
@@ -95,7 +99,13 @@ impl Node for AnimateDiffLoaderGen1 {
         if let Some(s) = beta_schedule(inputs.string("beta_schedule")?)? {
             out.schedule = s;
         }
-        out.motion = Some(Arc::new(MotionModuleRef { weights, name }));
+        let v1_groupnorm = match inputs.contains("v1_groupnorm").then(|| inputs.string("v1_groupnorm")).transpose()? {
+            None => V1GroupNorm::AcrossFrames,
+            Some(s) if s == V1_GROUPNORM[0] => V1GroupNorm::AcrossFrames,
+            Some(s) if s == V1_GROUPNORM[1] => V1GroupNorm::PerFrame,
+            Some(other) => return Err(NodeError::InvalidInput { input: "v1_groupnorm".into(), message: format!("`{other}` is not one of {}", V1_GROUPNORM.join(", ")) }),
+        };
+        out.motion = Some(Arc::new(MotionModuleRef { weights, name, v1_groupnorm }));
         Ok(Outputs::new(vec![Value::new(IoType::MODEL, out)]))
     }
 }

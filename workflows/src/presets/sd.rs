@@ -65,11 +65,12 @@ pub fn img_gen(p: &ImgGenParams) -> Result<Preset, PresetError> {
     lora_chain(&mut b, p, &loras, &mut model, &mut clip);
     let vae = circular_chain(&mut b, p, &mut model, vae);
     // sd-cli's vid_gen with a motion module: the frames are one latent batch (the caller
-    // sets the batch to the frame count), sampled on the checkpoint's own schedule. One
-    // frame is a plain image, as sd.cpp leaves the modules out then.
+    // sets the batch to the frame count), sampled on the checkpoint's own schedule, every
+    // version's GroupNorms per frame. One frame is a plain image, as sd.cpp leaves the
+    // modules out then.
     let animatediff = p.video.as_ref().filter(|v| v.motion_module.is_some() && v.aligned_frames() > 1);
     if let Some(mm) = animatediff.and_then(|v| v.motion_module.as_ref()) {
-        let node = NodeSpec::new("ADE_AnimateDiffLoaderGen1").with_input("model", link(&model)).with_const("model_name", json!(mm)).with_const("beta_schedule", json!("use existing"));
+        let node = NodeSpec::new("ADE_AnimateDiffLoaderGen1").with_input("model", link(&model)).with_const("model_name", json!(mm)).with_const("beta_schedule", json!("use existing")).with_const("v1_groupnorm", json!("per frame"));
         model = Out(b.core("motion", "--motion-module", node), 0);
     }
     if p.clip_skip > 0 {

@@ -104,9 +104,9 @@ pub struct SdDenoiser<'w> {
     /// ControlNets it runs with) pads circularly, as sd.cpp's `set_circular_axes` on the
     /// diffusion model and control net.
     pub circular: Circular,
-    /// AnimateDiff's motion modules: every item's samples are then the frames of one
-    /// video.
-    motion: Option<MotionModules<'w>>,
+    /// AnimateDiff's motion modules, and whether the GroupNorms take statistics over a
+    /// video's frames: every item's samples are then the frames of one video.
+    motion: Option<(MotionModules<'w>, bool)>,
 }
 
 impl<'w> SdDenoiser<'w> {
@@ -117,9 +117,10 @@ impl<'w> SdDenoiser<'w> {
     /// Denoise each item's samples as the frames of one video through AnimateDiff's
     /// motion modules (checked against the UNet first). A single sample goes through them
     /// too, as AnimateDiff-Evolved runs it (sd.cpp's vid_gen leaves the modules out then).
-    pub fn with_motion(mut self, modules: MotionModules<'w>) -> Result<Self> {
+    /// `norm_across_frames`: [`Motion::norm_across_frames`].
+    pub fn with_motion(mut self, modules: MotionModules<'w>, norm_across_frames: bool) -> Result<Self> {
         modules.check_unet(&self.unet.config)?;
-        self.motion = Some(modules);
+        self.motion = Some((modules, norm_across_frames));
         Ok(self)
     }
 
@@ -326,8 +327,8 @@ impl<'w> SdDenoiser<'w> {
         let tt = run.input_f32(&[shape[3]], t)?;
         let ct = run.input_f32(&[dim, tokens, shape[3]], context)?;
         let mut extras = UnetExtras::default();
-        if let Some(modules) = &self.motion {
-            extras.motion = Some(Motion { modules, frames });
+        if let Some((modules, norm_across_frames)) = &self.motion {
+            extras.motion = Some(Motion { modules, frames, norm_across_frames: *norm_across_frames });
         }
         if let Some(y) = y {
             let width = y.len() as i64 / shape[3];

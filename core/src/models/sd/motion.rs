@@ -20,7 +20,7 @@
 
 use super::unet::UnetConfig;
 use crate::io::{Assembled, Rows, TensorSource};
-use crate::models::nn::{attention, geglu_ff, group_norm, layer_norm, linear};
+use crate::models::nn::{attention, geglu_ff, group_norm_over, layer_norm, linear};
 use crate::models::{ModelError, Result, Weights};
 use crate::ggml::{Context, Tensor};
 
@@ -98,6 +98,12 @@ impl MotionConfig {
     pub fn has_mid(&self) -> bool {
         self.at(Slot::Mid).is_some()
     }
+
+    /// AnimateDiff v1 (mm_sd_v14, mm_sd_v15): neither v2's mid-block module nor v3's
+    /// 32-frame table — how AnimateDiff-Evolved tells them apart.
+    pub fn is_v1(&self) -> bool {
+        !self.has_mid() && self.max_frames != 32
+    }
 }
 
 fn width(w: &Weights, slot: Slot) -> Result<i64> {
@@ -171,8 +177,9 @@ impl<'w> MotionModules<'w> {
     }
 
     /// The module at `slot` on x [W, H, C, k·frames]; x as is where the file has no
-    /// module there.
-    pub fn apply<'a>(&'a self, ctx: &'a Context, slot: Slot, x: Tensor<'a>, frames: i64) -> Result<Tensor<'a>>
+    /// module there. `gn`: its GroupNorm over each video's frames together (v1 as
+    /// AnimateDiff-Evolved runs it) instead of per frame.
+    pub fn apply<'a>(&'a self, ctx: &'a Context, slot: Slot, x: Tensor<'a>, frames: i64, gn: Option<i64>) -> Result<Tensor<'a>>
     where
         'w: 'a,
     {
@@ -188,7 +195,7 @@ impl<'w> MotionModules<'w> {
             return Err(ModelError::Input(format!("{frames} frames: the motion module takes at most {} at once", self.config.max_frames)));
         }
         let videos = b / frames;
-        let h = group_norm(ctx, w, &format!("{n}.norm"), x, GROUPS, 1e-6)?;
+        let h = group_norm_over(ctx, w, &format!("{n}.norm"), x, GROUPS, 1e-6, gn)?;
         // [W·H, C, F, k] → [C, F, W·H, k]: each pixel's frames one sequence.
         let h = ctx.reshape(h, [wd * ht, c, frames, videos])?;
         let h = ctx.cont(ctx.permute(h, [2, 0, 1, 3])?)?;

@@ -6,7 +6,7 @@
 //! down- and upsamplers sit. That covers SD1.x, SD2.x, 9-channel inpainting and
 //! 8-channel instruct-pix2pix UNets with one code path.
 
-use crate::models::nn::{attention_typed, conv2d, geglu_ff, group_norm, layer_norm, linear, project};
+use crate::models::nn::{attention_typed, conv2d, geglu_ff, group_norm_over, layer_norm, linear, project};
 use crate::models::{ModelError, Result, Weights};
 use super::motion::{MotionModules, Slot};
 use crate::ggml::{Context, ScaleMode, Tensor};
@@ -83,14 +83,22 @@ pub struct Motion<'a> {
     pub modules: &'a MotionModules<'a>,
     /// Frames per video: the batch holds a whole number of videos, frame after frame.
     pub frames: i64,
+    /// Every GroupNorm of the UNet and the modules takes its statistics over all frames of
+    /// a video, not per frame: how AnimateDiff v1's modules were trained (a 3-D UNet's
+    /// norms over `b c f h w`), which AnimateDiff-Evolved reproduces for them.
+    pub norm_across_frames: bool,
 }
 
 impl<'a> Motion<'a> {
     fn apply(motion: Option<&Self>, ctx: &'a Context, slot: Slot, x: Tensor<'a>) -> Result<Tensor<'a>> {
         match motion {
-            Some(m) => m.modules.apply(ctx, slot, x, m.frames),
+            Some(m) => m.modules.apply(ctx, slot, x, m.frames, m.norm_frames()),
             None => Ok(x),
         }
+    }
+
+    fn norm_frames(&self) -> Option<i64> {
+        self.norm_across_frames.then_some(self.frames)
     }
 }
 
@@ -404,17 +412,19 @@ impl<'w> Unet<'w> {
         Ok(())
     }
 
-    fn res_block<'a>(&'a self, ctx: &'a Context, name: &str, x: Tensor<'a>, emb: Tensor<'a>) -> Result<Tensor<'a>>
+    /// `gn`: frames per video when the GroupNorms take their statistics over a whole
+    /// video ([`Motion::norm_across_frames`]); `None`: per image.
+    fn res_block<'a>(&'a self, ctx: &'a Context, name: &str, x: Tensor<'a>, emb: Tensor<'a>, gn: Option<i64>) -> Result<Tensor<'a>>
     where
         'w: 'a,
     {
         let (w, n) = (self.w, |s: &str| self.n(&format!("{name}.{s}")));
-        let h = ctx.silu(group_norm(ctx, w, &n("in_layers.0"), x, GROUPS, 1e-5)?)?;
+        let h = ctx.silu(group_norm_over(ctx, w, &n("in_layers.0"), x, GROUPS, 1e-5, gn)?)?;
         let h = conv2d(ctx, w, &n("in_layers.2"), h, 1, 1)?;
         let e = linear(ctx, w, &n("emb_layers.1"), ctx.silu(emb)?)?; // [cout, N]
         let e = ctx.reshape(e, [1, 1, e.ne()[0], e.ne()[1]])?;
         let h = ctx.add(h, e)?;
-        let h = ctx.silu(group_norm(ctx, w, &n("out_layers.0"), h, GROUPS, 1e-5)?)?;
+        let h = ctx.silu(group_norm_over(ctx, w, &n("out_layers.0"), h, GROUPS, 1e-5, gn)?)?;
         let h = conv2d(ctx, w, &n("out_layers.3"), h, 1, 1)?;
         let skip = n("skip_connection");
         let x = if w.contains(&format!("{skip}.weight")) { conv2d(ctx, w, &skip, x, 1, 0)? } else { x };
@@ -441,7 +451,8 @@ impl<'w> Unet<'w> {
     }
 
     /// SpatialTransformer on x [W, H, C, N] with `context` [Dc, Tc, N].
-    fn transformer<'a>(&'a self, ctx: &'a Context, name: &str, x: Tensor<'a>, context: Tensor<'a>, depth: usize, ip: &IpLayers<'_, 'a>) -> Result<Tensor<'a>>
+    #[allow(clippy::too_many_arguments)]
+    fn transformer<'a>(&'a self, ctx: &'a Context, name: &str, x: Tensor<'a>, context: Tensor<'a>, depth: usize, ip: &IpLayers<'_, 'a>, gn: Option<i64>) -> Result<Tensor<'a>>
     where
         'w: 'a,
     {
@@ -457,7 +468,7 @@ impl<'w> Unet<'w> {
             let t = ctx.cont(ctx.permute(t, [1, 0, 2, 3])?)?;
             Ok(ctx.reshape(t, [wd, ht, c, b])?)
         };
-        let h = group_norm(ctx, w, &n("norm"), x, GROUPS, 1e-6)?;
+        let h = group_norm_over(ctx, w, &n("norm"), x, GROUPS, 1e-6, gn)?;
         let mut h = if self.config.linear_projection {
             linear(ctx, w, &n("proj_in"), to_tokens(h)?)?
         } else {
@@ -535,6 +546,7 @@ impl<'w> Unet<'w> {
             }
             h = ctx.add(h, a)?;
         }
+        let gn = motion.and_then(Motion::norm_frames);
         let mut skips = vec![h];
         // The motion module slot of each res/attention pair: (level, pair within it).
         let (mut level, mut pair) = (0, 0);
@@ -546,9 +558,9 @@ impl<'w> Unet<'w> {
                     conv2d(ctx, w, &self.n(&format!("input_blocks.{i}.0.op")), h, 2, 1)?
                 }
                 BlockKind::Res { transformer_depth, .. } => {
-                    let mut h = self.res_block(ctx, &format!("input_blocks.{i}.0"), h, emb)?;
+                    let mut h = self.res_block(ctx, &format!("input_blocks.{i}.0"), h, emb, gn)?;
                     if transformer_depth > 0 {
-                        h = self.transformer(ctx, &format!("input_blocks.{i}.1"), h, context, transformer_depth, ip)?;
+                        h = self.transformer(ctx, &format!("input_blocks.{i}.1"), h, context, transformer_depth, ip, gn)?;
                     }
                     pair += 1;
                     Motion::apply(motion, ctx, Slot::Down(level, pair - 1), h)?
@@ -556,14 +568,14 @@ impl<'w> Unet<'w> {
             };
             skips.push(h);
         }
-        h = self.res_block(ctx, "middle_block.0", h, emb)?;
+        h = self.res_block(ctx, "middle_block.0", h, emb, gn)?;
         if c.middle_depth > 0 {
-            h = self.transformer(ctx, "middle_block.1", h, context, c.middle_depth, ip)?;
+            h = self.transformer(ctx, "middle_block.1", h, context, c.middle_depth, ip, gn)?;
             h = Motion::apply(motion, ctx, Slot::Mid, h)?;
-            h = self.res_block(ctx, "middle_block.2", h, emb)?;
+            h = self.res_block(ctx, "middle_block.2", h, emb, gn)?;
         } else {
             h = Motion::apply(motion, ctx, Slot::Mid, h)?;
-            h = self.res_block(ctx, "middle_block.1", h, emb)?;
+            h = self.res_block(ctx, "middle_block.1", h, emb, gn)?;
         }
         Ok((skips, h))
     }
@@ -611,15 +623,16 @@ impl<'w> Unet<'w> {
             }
         }
         let w = self.w;
+        let gn = extras.motion.as_ref().and_then(Motion::norm_frames);
         let (mut level, mut pair) = (0, 0);
         for blk in &c.output_blocks {
             let i = blk.index;
             let BlockKind::Res { transformer_depth, upsample, .. } = blk.kind else { continue };
             let skip = skips.pop().ok_or_else(|| ModelError::Config("more output blocks than skips".into()))?;
             h = ctx.concat(h, skip, 2)?;
-            h = self.res_block(ctx, &format!("output_blocks.{i}.0"), h, emb)?;
+            h = self.res_block(ctx, &format!("output_blocks.{i}.0"), h, emb, gn)?;
             if transformer_depth > 0 {
-                h = self.transformer(ctx, &format!("output_blocks.{i}.1"), h, context, transformer_depth, &ip)?;
+                h = self.transformer(ctx, &format!("output_blocks.{i}.1"), h, context, transformer_depth, &ip, gn)?;
             }
             h = Motion::apply(extras.motion.as_ref(), ctx, Slot::Up(level, pair), h)?;
             pair += 1;
@@ -634,7 +647,7 @@ impl<'w> Unet<'w> {
                 h = conv2d(ctx, w, &self.n(&format!("output_blocks.{i}.{at}.conv")), h, 1, 1)?;
             }
         }
-        let h = ctx.silu(group_norm(ctx, w, &self.n("out.0"), h, GROUPS, 1e-5)?)?;
+        let h = ctx.silu(group_norm_over(ctx, w, &self.n("out.0"), h, GROUPS, 1e-5, gn)?)?;
         conv2d(ctx, w, &self.n("out.2"), h, 1, 1)
     }
 }
