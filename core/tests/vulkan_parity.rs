@@ -16,6 +16,7 @@ use std::process::Command;
 /// The parity test files that run on Vulkan, every test of each.
 const ON_VULKAN: &[&str] = &[
     "models_unet",
+    "models_animatediff",
     "models_vae",
     "models_sdxl",
     "models_sd3",
