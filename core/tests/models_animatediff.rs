@@ -167,7 +167,7 @@ fn bad_motion_module_files_and_batches_are_refused_by_name() {
     let e = load(&dir.path().join("missing.safetensors"), &backend).err().unwrap();
     assert!(e.contains("missing.safetensors"), "{e}");
     let other = dir.path().join("other.safetensors");
-    sdflow_core::io::safetensors::write(&other, [("conv_in.weight", DType::F32, vec![2], &[0u8; 8][..])].into_iter(), &BTreeMap::new()).unwrap();
+    sdflow_core::io::safetensors::write(&other, [("conv_in.weight", DType::F32, vec![2], &[0u8; 8][..])], &BTreeMap::new()).unwrap();
     let e = load(&other, &backend).err().unwrap();
     assert!(e.contains("not an AnimateDiff motion module"), "{e}");
 }

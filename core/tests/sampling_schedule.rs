@@ -336,8 +336,8 @@ fn comfyui_beta_schedules_give_torchs_tables() {
     for (kind, want) in [
         (BetaSchedule::SqrtLinear, [0.029_167_535, 2.275_962_6, 25.146_114]),
         (BetaSchedule::Sqrt, [0.173_292_53, 3_696_868.3, 3.056_388_4e17]),
-        (BetaSchedule::Cosine, [0.006_427_108_8, 1.012_389_5, 20_291.17]),
-        (BetaSchedule::SquaredCosCapV2, [0.006_427_108_8, 1.012_389_8, 20_291.303]),
+        (BetaSchedule::Cosine, [0.006_427_109, 1.012_389_5, 20_291.17]),
+        (BetaSchedule::SquaredCosCapV2, [0.006_427_109, 1.012_389_8, 20_291.303]),
     ] {
         let s = DiscreteSchedule::beta_schedule(kind, 0.00085, 0.012, 1000).unwrap();
         let got = [s.sigmas()[0], s.sigmas()[499], s.sigmas()[999]];

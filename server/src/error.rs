@@ -19,6 +19,9 @@ pub enum ApiError {
     Invalid(Box<ValidationReport>),
     #[error("{0}")]
     NotFound(String),
+    /// It existed and is no longer kept (an sdcpp API job past its time to live).
+    #[error("{0}")]
+    Gone(String),
     #[error("{0}")]
     Forbidden(String),
     /// The target exists and the client asked not to overwrite it.
@@ -65,6 +68,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest(_) | ApiError::Invalid(_) => StatusCode::BAD_REQUEST,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Gone(_) => StatusCode::GONE,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
@@ -82,6 +86,7 @@ impl ApiError {
             ApiError::BadRequest(_) => "bad_request",
             ApiError::Invalid(_) => "invalid_prompt",
             ApiError::NotFound(_) => "not_found",
+            ApiError::Gone(_) => "gone",
             ApiError::Forbidden(_) => "forbidden",
             ApiError::Conflict(_) => "conflict",
             ApiError::Unauthorized => "unauthorized",

@@ -1,5 +1,5 @@
-//! sdflow-server: the HTTP/WebSocket server (`sdflow serve`) with ComfyUI's, A1111's and
-//! OpenAI's APIs over the executor.
+//! sdflow-server: the HTTP/WebSocket server (`sdflow serve`) with ComfyUI's, A1111's,
+//! OpenAI's and sd-server's native APIs over the executor.
 //!
 //! A crate of its own so the engine builds without the web stack. [`start`] binds, spawns
 //! the worker thread that runs queued prompts, and serves until
@@ -9,7 +9,7 @@
 //!   `/system_stats`, `/models`, `/embeddings`
 //! - [`files`] — `/upload/image`, `/upload/mask`, `/view`
 //! - [`ws`] — `/ws`
-//! - [`sdapi`] — `/sdapi/v1/*`, `/v1/*`
+//! - [`sdapi`] — `/sdapi/v1/*`, `/v1/*`, `/sdcpp/v1/*`
 //! - [`security`] — origin check, bearer token, CORS, path confinement
 //! - [`userdata`] — `/users`, `/settings`, `/userdata` (ComfyUI's per-user storage)
 //! - [`jobs`] — `/jobs` (the queue and history as ComfyUI's frontend lists them)
@@ -96,6 +96,11 @@ fn api_routes() -> Router<Arc<AppState>> {
         .route("/v1/images/generations", post(sdapi::generations))
         .route("/v1/images/edits", post(sdapi::edits))
         .route("/v1/models", get(sdapi::models))
+        .route("/sdcpp/v1/capabilities", get(sdapi::sdcpp_capabilities))
+        .route("/sdcpp/v1/img_gen", post(sdapi::sdcpp_img_gen))
+        .route("/sdcpp/v1/vid_gen", post(sdapi::sdcpp_vid_gen))
+        .route("/sdcpp/v1/jobs/{id}", get(sdapi::sdcpp_job))
+        .route("/sdcpp/v1/jobs/{id}/cancel", post(sdapi::sdcpp_cancel))
         .route("/users", get(userdata::users).post(userdata::create_user))
         .route("/settings", get(userdata::get_settings).post(userdata::post_settings))
         .route("/settings/{id}", get(userdata::get_setting).post(userdata::post_setting))
@@ -307,6 +312,7 @@ pub async fn start(
         user_lock: Default::default(),
         front_end_root,
         objects,
+        sdcpp_jobs: Default::default(),
     });
     logs::forward(state.clone());
     // Prompts run here, or (scale-out) on workers whose events a listener forwards.

@@ -131,6 +131,8 @@ pub struct AppState {
     pub objects: Option<Arc<crate::scale_out::objects::ObjectStore>>,
     /// The resolved `--front-end-root` (the folder holding `index.html`).
     pub front_end_root: Option<Arc<PathBuf>>,
+    /// The jobs of sd-server's native async API (`/sdcpp/v1/*`).
+    pub sdcpp_jobs: crate::sdapi::SdcppJobs,
 }
 
 /// The running prompt's progress: its latest sampler step and preview.

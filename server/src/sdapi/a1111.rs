@@ -226,7 +226,7 @@ fn int_field(v: &Json, name: &str, default: i64, hi: i64) -> Result<i64, ApiErro
 /// A1111's `hr_upscaler` as the presets name it: a latent mode, `Nearest`, `Lanczos`
 /// (also for A1111's `None`, which resizes with Lanczos), or a model of `upscale_models/`
 /// by file name or stem.
-fn hr_upscaler(state: &AppState, name: &str) -> Result<String, ApiError> {
+pub(super) fn hr_upscaler(state: &AppState, name: &str, field: &str) -> Result<String, ApiError> {
     let name = name.trim();
     match name {
         "" => return Ok("Latent".into()),
@@ -238,13 +238,13 @@ fn hr_upscaler(state: &AppState, name: &str) -> Result<String, ApiError> {
     let models = list_models(state, "upscale_models");
     models.iter().find(|m| *m == name || stem(m) == name).cloned().ok_or_else(|| {
         let have: Vec<&str> = models.iter().map(|m| stem(m)).collect();
-        ApiError::bad(format!("`hr_upscaler`: no upscaler `{name}` (have: Latent modes, None, Nearest, Lanczos{}{})", if have.is_empty() { "" } else { ", " }, have.join(", ")))
+        ApiError::bad(format!("`{field}`: no upscaler `{name}` (have: Latent modes, None, Nearest, Lanczos{}{})", if have.is_empty() { "" } else { ", " }, have.join(", ")))
     })
 }
 
 /// Every LoRA of `loras/` by the names a prompt tag may use (its path without extension,
 /// and its bare stem), so `<lora:ink:0.8>` finds `style/ink.pt`.
-fn lora_files(state: &AppState) -> std::collections::BTreeMap<String, String> {
+pub(super) fn lora_files(state: &AppState) -> std::collections::BTreeMap<String, String> {
     let mut map = std::collections::BTreeMap::new();
     for file in list_models(state, "loras") {
         let no_ext = file.rsplit_once('.').map_or(file.as_str(), |(s, _)| s).to_string();
@@ -346,7 +346,7 @@ async fn a1111(state: Arc<AppState>, body: Json, img2img: bool) -> Result<Reply<
         }
         p.hires = HiresParams {
             enabled: true,
-            upscaler: hr_upscaler(&state, &req.hr_upscaler)?,
+            upscaler: hr_upscaler(&state, &req.hr_upscaler, "hr_upscaler")?,
             scale: req.hr_scale.unwrap_or(2.0),
             width: req.hr_resize_x,
             height: req.hr_resize_y,

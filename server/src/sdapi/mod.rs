@@ -1,17 +1,21 @@
-//! sd-server's endpoints: A1111's `/sdapi/v1/*` and OpenAI's `/v1/images/*`. Each request
-//! becomes a workflow through the CLI presets ([`sdflow_workflows::presets`]), runs on the
-//! same queue as ComfyUI prompts (so it shows in `/queue` and `/history`), and is answered
-//! once it has run, with the images inline as base64 PNGs.
+//! sd-server's endpoints: A1111's `/sdapi/v1/*`, OpenAI's `/v1/images/*` and sd-server's
+//! native async `/sdcpp/v1/*`. Each request becomes a workflow through the CLI presets
+//! ([`sdflow_workflows::presets`]) and runs on the same queue as ComfyUI prompts (so it
+//! shows in `/queue` and `/history`); A1111 and OpenAI requests are answered once it has
+//! run, with the images inline as base64 PNGs, sdcpp ones at once with a job to poll.
 
 mod a1111;
 mod controlnet;
 mod fields;
 mod inpaint;
 mod openai;
+mod sdcpp;
+mod sdcpp_params;
 
 pub use a1111::{embeddings, get_options, img2img, interrupt, latent_upscale_modes, loras, png_info, post_options, progress, refresh, samplers, schedulers, scripts, sd_models, txt2img, upscalers};
 pub use controlnet::{model_list as controlnet_model_list, module_list as controlnet_module_list, version as controlnet_version};
 pub use openai::{edits, generations, models};
+pub use sdcpp::{cancel as sdcpp_cancel, capabilities as sdcpp_capabilities, img_gen as sdcpp_img_gen, job as sdcpp_job, vid_gen as sdcpp_vid_gen, SdcppJobs};
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -98,7 +102,7 @@ struct TempInputs(Vec<PathBuf>);
 impl Drop for TempInputs {
     fn drop(&mut self) {
         for p in &self.0 {
-            let _ = std::fs::remove_file(p);
+            let _ = if p.is_dir() { std::fs::remove_dir_all(p) } else { std::fs::remove_file(p) };
         }
     }
 }
@@ -123,6 +127,26 @@ impl TempInputs {
         self.store(state, &img, what)
     }
 
+    /// Stores images (each checked as [`TempInputs::add`] does) as numbered PNGs in a new
+    /// folder of the input folder, in order; returns the folder's name (for a control
+    /// video's frames).
+    fn add_folder(&mut self, state: &AppState, images: &[Vec<u8>], what: &str) -> Result<String, ApiError> {
+        let name = format!("sdapi-{}", uuid::Uuid::new_v4().simple());
+        let dir = state.dirs.input.join(&name);
+        std::fs::create_dir_all(&dir).map_err(|e| ApiError::io(format!("creating {}", dir.display()), e))?;
+        self.0.push(dir.clone());
+        for (i, bytes) in images.iter().enumerate() {
+            let what = format!("{what}[{i}]");
+            check_image(bytes, &what)?;
+            let img = image::load_from_memory(bytes).map_err(|e| ApiError::bad(format!("{what}: {e}")))?;
+            let mut png = Vec::new();
+            img.write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png)
+                .map_err(|e| ApiError::Internal(format!("encoding {what}: {e}")))?;
+            crate::history::write_atomic(&dir.join(format!("frame_{i:05}.png")), &png)?;
+        }
+        Ok(name)
+    }
+
     /// Stores an image as a PNG in the input folder; returns the name to give LoadImage.
     fn store(&mut self, state: &AppState, img: &image::DynamicImage, what: &str) -> Result<String, ApiError> {
         let mut png = Vec::new();
@@ -141,6 +165,8 @@ enum MaskRule {
     /// OpenAI: transparent pixels repaint; an opaque mask falls back to white-repaints.
     /// (A1111's masks are made by [`inpaint`].)
     TransparentRepaints,
+    /// sd-server's one-channel masks: the grey level, white repaints.
+    Luma,
 }
 
 fn gray(p: [u8; 4]) -> u8 {
@@ -155,7 +181,7 @@ fn mask_image(img: &image::DynamicImage, rule: MaskRule) -> image::RgbImage {
         let p = rgba.get_pixel(x, y).0;
         let v = match rule {
             MaskRule::TransparentRepaints if has_alpha => 255 - p[3],
-            MaskRule::TransparentRepaints => gray(p),
+            MaskRule::TransparentRepaints | MaskRule::Luma => gray(p),
         };
         image::Rgb([v, v, v])
     })
@@ -184,6 +210,22 @@ fn in_request_terms(e: PresetError, fields: &[(&str, &str)]) -> ApiError {
 
 /// Runs one preset and returns the PNG bytes of its saved images; errors name `fields`.
 async fn generate(state: &Arc<AppState>, params: &ImgGenParams, fields: &[(&str, &str)]) -> Result<Vec<Vec<u8>>, ApiError> {
+    let queued = queue_preset(state, params, fields, uuid::Uuid::new_v4().to_string()).await?;
+    let entry = queued.rx.await.map_err(|_| RunEnd::Removed.into_error())?;
+    run_end(&entry).map_err(RunEnd::into_error)?;
+    saved_files(state, &entry, &queued.save_nodes).await
+}
+
+/// A preset's workflow on the queue: its history entry comes through `rx` once it has
+/// run (the sender is dropped when it leaves the queue unrun).
+pub(crate) struct Queued {
+    pub rx: tokio::sync::oneshot::Receiver<Arc<serde_json::Value>>,
+    pub save_nodes: Vec<String>,
+}
+
+/// Builds the preset of `params` (its errors naming `fields`), validates it and queues it
+/// as prompt `prompt_id`.
+async fn queue_preset(state: &Arc<AppState>, params: &ImgGenParams, fields: &[(&str, &str)], prompt_id: String) -> Result<Queued, ApiError> {
     let preset = presets::img_gen(params).map_err(|e| in_request_terms(e, fields))?;
     let missing = presets::unsupported_nodes(&preset, state.executor.registry());
     if !missing.is_empty() {
@@ -201,42 +243,57 @@ async fn generate(state: &Arc<AppState>, params: &ImgGenParams, fields: &[(&str,
             client_id: None,
             extra_data: json!({}),
             number,
-            prompt_id: uuid::Uuid::new_v4().to_string(),
+            prompt_id,
             done: Some(tx),
         },
     )
     .await?;
-    let entry = rx.await.map_err(|_| {
-        ApiError::RunFailed("the prompt was removed from the queue before it ran".into())
-    })?;
-    if entry["status"]["status_str"] != "success" {
-        let messages = entry["status"]["messages"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        let why = messages
-            .iter()
-            .find_map(|m| match m[0].as_str() {
-                Some("execution_error") => Some(format!(
-                    "node {} ({}) failed: {}",
-                    m[1]["node_id"].as_str().unwrap_or("?"),
-                    m[1]["node_type"].as_str().unwrap_or("?"),
-                    m[1]["exception_message"].as_str().unwrap_or("")
-                )),
-                Some("execution_interrupted") => Some("the run was interrupted".into()),
-                _ => None,
-            })
-            .unwrap_or_else(|| "the run failed".into());
-        return Err(ApiError::RunFailed(why));
+    Ok(Queued { rx, save_nodes: preset.save_nodes })
+}
+
+/// Why a queued preset gave no images.
+pub(crate) enum RunEnd {
+    /// It left the queue before it ran.
+    Removed,
+    Interrupted,
+    Failed(String),
+}
+
+impl RunEnd {
+    fn into_error(self) -> ApiError {
+        ApiError::RunFailed(match self {
+            RunEnd::Removed => "the prompt was removed from the queue before it ran".into(),
+            RunEnd::Interrupted => "the run was interrupted".into(),
+            RunEnd::Failed(why) => why,
+        })
     }
-    let mut images = Vec::new();
-    for node in &preset.save_nodes {
-        for img in entry["outputs"][node]["images"]
-            .as_array()
-            .into_iter()
-            .flatten()
-        {
-            images.push(
+}
+
+/// Whether the run of a history entry succeeded, and if not why.
+pub(crate) fn run_end(entry: &serde_json::Value) -> Result<(), RunEnd> {
+    if entry["status"]["status_str"] == "success" {
+        return Ok(());
+    }
+    let messages = entry["status"]["messages"].as_array().cloned().unwrap_or_default();
+    let end = messages.iter().find_map(|m| match m[0].as_str() {
+        Some("execution_error") => Some(RunEnd::Failed(format!(
+            "node {} ({}) failed: {}",
+            m[1]["node_id"].as_str().unwrap_or("?"),
+            m[1]["node_type"].as_str().unwrap_or("?"),
+            m[1]["exception_message"].as_str().unwrap_or("")
+        ))),
+        Some("execution_interrupted") => Some(RunEnd::Interrupted),
+        _ => None,
+    });
+    Err(end.unwrap_or_else(|| RunEnd::Failed("the run failed".into())))
+}
+
+/// The bytes of the files the save nodes of a finished run wrote, in order.
+pub(crate) async fn saved_files(state: &Arc<AppState>, entry: &serde_json::Value, save_nodes: &[String]) -> Result<Vec<Vec<u8>>, ApiError> {
+    let mut files = Vec::new();
+    for node in save_nodes {
+        for img in entry["outputs"][node]["images"].as_array().into_iter().flatten() {
+            files.push(
                 crate::files::read_file(
                     state,
                     img["filename"].as_str().unwrap_or(""),
@@ -247,7 +304,7 @@ async fn generate(state: &Arc<AppState>, params: &ImgGenParams, fields: &[(&str,
             );
         }
     }
-    Ok(images)
+    Ok(files)
 }
 
 #[cfg(test)]
