@@ -35,6 +35,18 @@ pub struct ServeArgs {
     pub clip_g: Option<String>,
     #[arg(long, value_name = "MODEL")]
     pub t5xxl: Option<String>,
+    /// CLIP-vision ViT-H (`clip_vision/`): how Wan 2.1 I2V / FLF2V models read a video
+    /// job's images.
+    #[arg(long = "clip_vision", value_name = "MODEL")]
+    pub clip_vision: Option<String>,
+    /// Wan2.2 A14B's high-noise expert (`diffusion_models/`), which samples a video job's
+    /// first steps (its `high_noise_sample_params`, `moe_boundary`).
+    #[arg(long, value_name = "MODEL")]
+    pub high_noise_diffusion_model: Option<String>,
+    /// The AnimateDiff motion module (`animatediff_models/`) an SD1.x checkpoint animates
+    /// video jobs with when they name none (default: the folder's first).
+    #[arg(long = "motion-module", value_name = "MODEL")]
+    pub motion_module: Option<String>,
     /// sd-server's generation defaults for A1111 and OpenAI requests (a request's own
     /// field wins): negative prompt, CFG scale, FLUX guidance, steps, sampler (sd.cpp's or
     /// ComfyUI's name), scheduler, size, CLIP skip.
@@ -148,6 +160,7 @@ pub fn serve_command(args: ServeArgs) -> anyhow::Result<()> {
         None => None,
     };
     let sdapi_defaults = sdapi_defaults(&args, &runtime)?;
+    let video_defaults = video_defaults(&args, &runtime)?;
     let config = ServerConfig {
         listen: args.listen,
         port: args.port,
@@ -171,6 +184,7 @@ pub fn serve_command(args: ServeArgs) -> anyhow::Result<()> {
         default_checkpoint,
         user_dir: args.user_directory,
         sdapi_defaults,
+        video_defaults,
         front_end_root: match args.front_end_root {
             Some(p) if p.as_os_str() == "installed" => Some(installed_front_end()?),
             other => other,
@@ -212,6 +226,7 @@ fn sdapi_defaults(args: &ServeArgs, runtime: &sdflow_nodes::Runtime) -> anyhow::
     p.clip_l = name("text_encoders", "--clip_l", &args.clip_l)?;
     p.clip_g = name("text_encoders", "--clip_g", &args.clip_g)?;
     p.t5xxl = name("text_encoders", "--t5xxl", &args.t5xxl)?;
+    p.clip_vision = name("clip_vision", "--clip_vision", &args.clip_vision)?;
     if p.diffusion_model.is_none() && (p.clip_l.is_some() || p.clip_g.is_some() || p.t5xxl.is_some()) && args.model.is_none() {
         anyhow::bail!("--clip_l, --clip_g and --t5xxl go with --diffusion-model (or -m)");
     }
@@ -252,6 +267,18 @@ fn sdapi_defaults(args: &ServeArgs, runtime: &sdflow_nodes::Runtime) -> anyhow::
         p.clip_skip = v;
     }
     Ok(p)
+}
+
+/// What sd-server's video jobs start from: the high-noise expert with sd-cli's defaults for
+/// its pass (steps from the boundary, CFG 7, euler, boundary 0.875) and the motion module.
+fn video_defaults(args: &ServeArgs, runtime: &sdflow_nodes::Runtime) -> anyhow::Result<sdflow_workflows::presets::VideoParams> {
+    use sdflow_workflows::presets::{HighNoiseParams, VideoParams};
+    let high_noise = match &args.high_noise_diffusion_model {
+        Some(m) => Some(HighNoiseParams { model: model_name(runtime, "diffusion_models", "--high-noise-diffusion-model", m)?, steps: -1, cfg_scale: 7.0, sampling_method: None, eta: None, boundary: 0.875 }),
+        None => None,
+    };
+    let motion_module = args.motion_module.as_ref().map(|m| model_name(runtime, "animatediff_models", "--motion-module", m)).transpose()?;
+    Ok(VideoParams { high_noise, motion_module, ..VideoParams::default() })
 }
 
 /// A model flag's file as a name in its folder (`kind`): a name there, or a path to a

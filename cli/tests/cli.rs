@@ -210,8 +210,8 @@ fn unsupported_flags_are_refused() {
         (&["img_gen", "-m", "m.safetensors", "--preview", "vae"][..], "not supported yet: --preview vae"),
         (&["img_gen", "-m", "m.safetensors", "--preview", "tae"][..], "missing --taesd: --preview tae"),
         (&["img_gen", "-m", "m.safetensors", "--preview", "proj", "--preview-path", "p.gif"][..], "invalid value for --preview-path: p.gif"),
-        (&["vid_gen", "-m", "m.safetensors", "--video-frames", "9"][..], "not supported yet: vid_gen with this model"),
-        (&["-M", "vid_gen", "-m", "m.safetensors"][..], "not supported yet: vid_gen with this model"),
+        (&["vid_gen", "-m", "m.safetensors", "--video-frames", "9"][..], "vid_gen with an SD model needs an AnimateDiff motion module"),
+        (&["-M", "vid_gen", "-m", "m.safetensors"][..], "vid_gen with an SD model needs an AnimateDiff motion module"),
         (&["vid_gen", "-m", "m.safetensors", "--video-frames", "0"][..], "invalid value for --video-frames: 0"),
     ] {
         let (code, err) = fails(args, dir.path());
@@ -1376,6 +1376,11 @@ fn serve_takes_sd_servers_flags() {
     assert!(err.contains("-W 100"), "{err}");
     let err = serve(&["--steps", "0"]);
     assert!(err.contains("--steps 0"), "{err}");
+    // sd-server's video flags too.
+    for flag in ["--clip_vision", "--high-noise-diffusion-model", "--motion-module"] {
+        let err = serve(&[flag, "nope.safetensors"]);
+        assert!(err.contains(&format!("{flag} nope.safetensors")), "{err}");
+    }
 }
 
 /// The frames of a Motion-JPEG AVI: (µs per frame, width, height, frame count in the

@@ -54,6 +54,10 @@ pub struct ServerConfig {
     /// files as names in their folders, and its generation defaults); a request's own
     /// fields win.
     pub sdapi_defaults: sdflow_workflows::presets::ImgGenParams,
+    /// What sd-server's video jobs start from: its `--high-noise-diffusion-model` (Wan2.2's
+    /// expert, with sd-cli's defaults for its steps and CFG) and sdflow's `--motion-module`
+    /// (the AnimateDiff module an SD checkpoint animates with).
+    pub video_defaults: sdflow_workflows::presets::VideoParams,
     /// A web frontend served instead of the embedded editor: ComfyUI's own
     /// (`comfyui-frontend-package`'s static folder), as ComfyUI's `--front-end-root`.
     pub front_end_root: Option<PathBuf>,
@@ -83,6 +87,7 @@ impl ServerConfig {
             default_checkpoint: None,
             user_dir: base.join("user"),
             sdapi_defaults: Default::default(),
+            video_defaults: Default::default(),
             front_end_root: None,
         }
     }

@@ -173,6 +173,49 @@ async fn vid_gen_runs_wan_and_its_frames_are_4k_plus_1() {
     s.shutdown().await;
 }
 
+/// sd-server with `--high-noise-diffusion-model`: a Wan2.2 A14B video job samples its first
+/// steps with the high-noise expert at `high_noise_sample_params`, the rest with the model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vid_gen_runs_wan22_experts_with_the_servers_high_noise_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    sdflow_tests::write_wan_models(tmp.path());
+    let mut s = start_in(
+        tmp.path(),
+        |c| {
+            let d = &mut c.sdapi_defaults;
+            d.diffusion_model = Some("wan2.2_t2v_low_noise_14B_fp16.safetensors".into());
+            d.t5xxl = Some("umt5_xxl_fp8_e4m3fn_scaled.safetensors".into());
+            d.vae = Some("wan_2.1_vae.safetensors".into());
+            c.video_defaults.high_noise = Some(sdflow_workflows::presets::HighNoiseParams {
+                model: "wan2.2_t2v_high_noise_14B_fp16.safetensors".into(),
+                steps: -1,
+                cfg_scale: 7.0,
+                sampling_method: None,
+                eta: None,
+                boundary: 0.875,
+            });
+        },
+        true,
+    )
+    .await;
+    let (_, c) = s.get("/sdcpp/v1/capabilities").await;
+    assert_eq!(c["features_by_mode"]["vid_gen"]["high_noise_sample_params"], true, "{c}");
+    let body = |high: Json| json!({"prompt": "a fox in snow", "width": 32, "height": 32, "video_frames": 5, "output_format": "avi", "sample_params": {"sample_steps": 2, "guidance": {"txt_cfg": 5.0}}, "high_noise_sample_params": high, "moe_boundary": 0.9});
+    let mut videos = Vec::new();
+    for high in [json!({"sample_steps": 1, "guidance": {"txt_cfg": 3.5}}), json!({"sample_steps": 1, "guidance": {"txt_cfg": 1.0}})] {
+        let id = submit(&s, "vid_gen", body(high)).await;
+        let job = wait_job(&s, &id).await;
+        assert_eq!(job["status"], "completed", "{job}");
+        assert_eq!(job["result"]["frame_count"].as_i64(), Some(5));
+        videos.push(decode(&job["result"]["b64_json"]));
+    }
+    assert_ne!(videos[0], videos[1], "the high-noise pass's CFG matters");
+    let (code, e) = s.post("/sdcpp/v1/vid_gen", body(json!({"sample_steps": "one"}))).await;
+    assert_eq!(code, 400, "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("high_noise_sample_params.sample_steps"), "{e}");
+    s.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queued_and_generating_jobs_are_cancelled() {
     let (mut s, _tmp) = sd1_server().await;

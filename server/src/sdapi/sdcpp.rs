@@ -309,7 +309,7 @@ pub async fn capabilities(State(state): AppStateRef) -> Result<Reply<Json>, ApiE
             "init_image": true,
             "end_image": true,
             "control_frames": true,
-            "high_noise_sample_params": false,
+            "high_noise_sample_params": state.config.video_defaults.high_noise.is_some() && p.model_info.family == sdflow_workflows::presets::Family::Wan,
             "lora": true,
             "vae_tiling": true,
             "cache": false,

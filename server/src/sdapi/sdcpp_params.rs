@@ -294,14 +294,27 @@ pub(super) fn request(state: &Arc<AppState>, body: &Json, kind: Kind) -> Result<
         Kind::Vid => {
             let frames = o.int("video_frames", 1, MAX_FRAMES)?.unwrap_or(1);
             let fps = o.int("fps", 1, 1000)?.unwrap_or(16);
-            o.num("moe_boundary", 0.0, 1.0)?;
+            let defaults = &state.config.video_defaults;
+            let mut high_noise = defaults.high_noise.clone().filter(|_| p.model_info.family == Family::Wan);
+            let boundary = o.num("moe_boundary", 0.0, 1.0)?;
             if let Some(v) = o.num("vace_strength", 0.0, 10.0)? {
                 p.vace_strength = v;
             }
-            // sd-server's high-noise pass runs with its --high-noise-diffusion-model, which
-            // `sdflow serve` does not load: read (so mistakes are named) and left unused.
-            if let Some(hp) = o.obj("high_noise_sample_params", SAMPLE_KEYS)? {
-                sample_params(&hp, &mut p.clone(), false)?;
+            // sd-server's high-noise pass: its --high-noise-diffusion-model sampled with
+            // these (read without one too, so mistakes are named).
+            let hp = o.obj("high_noise_sample_params", SAMPLE_KEYS)?;
+            if let Some(h) = high_noise.as_mut() {
+                let mut q = p.clone();
+                (q.steps, q.cfg_scale, q.sampling_method, q.eta) = (h.steps, h.cfg_scale, h.sampling_method.clone(), h.eta);
+                if let Some(hp) = &hp {
+                    sample_params(hp, &mut q, false)?;
+                }
+                (h.steps, h.cfg_scale, h.sampling_method, h.eta) = (q.steps, q.cfg_scale, q.sampling_method, q.eta);
+                if let Some(b) = boundary {
+                    h.boundary = b;
+                }
+            } else if let Some(hp) = &hp {
+                sample_params(hp, &mut p.clone(), false)?;
             }
             if let Some((name, _)) = image("end_image", &mut temp, None)? {
                 p.end_img = Some(name);
@@ -311,12 +324,12 @@ pub(super) fn request(state: &Arc<AppState>, body: &Json, kind: Kind) -> Result<
                 let frames: Vec<Vec<u8>> = control.iter().enumerate().map(|(i, f)| decode_b64(f, &format!("`control_frames[{i}]`"))).collect::<Result<_, _>>()?;
                 p.control_video = Some(temp.add_folder(state, &frames, "`control_frames`")?);
             }
-            let mut video = VideoParams { frames, fps, ..VideoParams::default() };
+            let mut video = VideoParams { frames, fps, high_noise, ..VideoParams::default() };
             if p.model_info.family == Family::Unet {
                 let modules = list_models(state, "animatediff_models");
                 let module = match o.get::<String>("motion_module")? {
                     Some(m) => modules.iter().find(|f| **f == m || stem(f) == m).cloned().ok_or_else(|| o.bad("motion_module", format!("no motion module `{m}` in animatediff_models (have: {})", modules.join(", "))))?,
-                    None => modules[0].clone(),
+                    None => defaults.motion_module.clone().unwrap_or_else(|| modules[0].clone()),
                 };
                 video.motion_module = Some(module);
                 // sd.cpp samples AnimateDiff's frames as one latent batch.
@@ -464,7 +477,12 @@ fn loras(state: &AppState, o: &Obj, p: &mut ImgGenParams) -> Result<(), ApiError
         }
         let multiplier = l.num("multiplier", -100.0, 100.0)?.unwrap_or(1.0);
         if l.get::<bool>("is_high_noise")? == Some(true) {
-            return Err(l.bad("is_high_noise", "high-noise LoRAs are for a Wan2.2 high-noise expert, which sdflow's server does not load"));
+            if state.config.video_defaults.high_noise.is_none() {
+                return Err(l.bad("is_high_noise", "high-noise LoRAs are for a Wan2.2 high-noise expert; start the server with --high-noise-diffusion-model"));
+            }
+            // sd.cpp's tag for the high-noise expert's LoRAs.
+            p.prompt.push_str(&format!(" <lora:|high_noise|{name}:{multiplier}>"));
+            continue;
         }
         p.prompt.push_str(&format!(" <lora:{name}:{multiplier}>"));
     }
