@@ -372,3 +372,35 @@ fn fuzzer_regressions() {
     }
     assert_eq!(n, 2);
 }
+
+/// ComfyUI-GGUF's `comfy.gguf.orig_shape.*`: a tensor stored flattened (a 5-D kernel GGUF
+/// cannot hold, rows of 256 to quantize) reads in its own shape where its type can take
+/// that shape; otherwise, or when the entry does not fit, as stored.
+#[test]
+fn comfyui_orig_shapes_are_restored_where_the_type_allows() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("orig.gguf");
+    let dims = |d: &[i32]| gguf::Value::Array(d.iter().map(|&v| gguf::Value::I32(v)).collect());
+    let kv = vec![
+        ("comfy.gguf.orig_shape.kernel".to_string(), dims(&[8, 4, 1, 2, 4])),
+        ("comfy.gguf.orig_shape.q_ok".to_string(), dims(&[2, 8, 32])),
+        ("comfy.gguf.orig_shape.q_split".to_string(), dims(&[32, 16])),
+        ("comfy.gguf.orig_shape.wrong".to_string(), dims(&[3, 100])),
+    ];
+    let f32s = |n: usize| vec![0u8; n * 4];
+    let q8 = sdflow_core::dtype::from_f32(&vec![0.5; 512], 256, DType::Q8_0).unwrap();
+    let ts = vec![
+        ("kernel".to_string(), DType::F32, vec![1, 256], f32s(256)),
+        ("q_ok".to_string(), DType::Q8_0, vec![2, 256], q8.clone()),
+        ("q_split".to_string(), DType::Q8_0, vec![2, 256], q8),
+        ("wrong".to_string(), DType::F32, vec![1, 256], f32s(256)),
+    ];
+    write(&path, &kv, &ts);
+    let src = io::open(&path).unwrap();
+    let shape = |n: &str| src.get(n).unwrap().shape.clone();
+    assert_eq!(shape("kernel"), vec![8, 4, 1, 2, 4]);
+    assert_eq!(shape("q_ok"), vec![2, 8, 32]);
+    // 16 is not a whole Q8_0 block (32): kept as stored.
+    assert_eq!(shape("q_split"), vec![2, 256]);
+    assert_eq!(shape("wrong"), vec![1, 256]);
+}

@@ -294,3 +294,49 @@ fn tiled_decode_of_a_video() {
     let diff = frames.iter().zip(&whole).map(|(a, b)| a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).abs()).sum::<f64>() / a.len() as f64).fold(0.0, f64::max);
     assert!(diff > 0.0 && diff < 12.0, "tiled frames differ from the whole decode by {diff} on average");
 }
+
+/// The transformer as ComfyUI-GGUF writes it (city96's Wan GGUFs): the 5-D patch kernel,
+/// which GGUF cannot hold, flattened into rows of 256 with its shape under
+/// `comfy.gguf.orig_shape.*`; the rest as stored (`f32`), or the blocks' matrices in Q8_0.
+fn write_comfy_gguf(src: &std::path::Path, out: &std::path::Path, q8: bool) {
+    use sdflow_core::dtype::{self, DType};
+    use sdflow_core::io::gguf::{self, Value};
+    let file = sdflow_core::io::open(src).unwrap();
+    let (mut kv, mut tensors) = (vec![("general.architecture".to_string(), Value::String("wan".into()))], Vec::new());
+    for t in file.tensors() {
+        let n: usize = t.shape.iter().product();
+        let values = dtype::to_f32(t.dtype, &file.read(&t.name).unwrap(), n).unwrap();
+        let (shape, ty) = if t.shape.len() > 4 {
+            kv.push((format!("comfy.gguf.orig_shape.{}", t.name), Value::Array(t.shape.iter().map(|&d| Value::I32(d as i32)).collect())));
+            (vec![n / 256, 256], DType::F32)
+        } else if q8 && t.name.starts_with("blocks.") && t.shape.len() == 2 && t.shape[1] % 32 == 0 {
+            (t.shape.clone(), DType::Q8_0)
+        } else {
+            (t.shape.clone(), DType::F32)
+        };
+        let bytes = dtype::from_f32(&values, *shape.last().unwrap(), ty).unwrap();
+        tensors.push((t.name.clone(), ty, shape, bytes));
+    }
+    gguf::write(out, &kv, tensors.iter().map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.as_slice()))).unwrap();
+}
+
+#[test]
+fn comfyui_gguf_files_of_the_transformer_run() {
+    let dir = tempfile::tempdir().unwrap();
+    sdflow_tests::tiny_tree(dir.path());
+    write_wan_models(dir.path());
+    let models = dir.path().join("models/diffusion_models");
+    let st = models.join("wan2.1_t2v_1.3B_fp16.safetensors");
+    write_comfy_gguf(&st, &models.join("wan2.1-t2v-1.3b-F32.gguf"), false);
+    write_comfy_gguf(&st, &models.join("wan2.1-t2v-1.3b-Q8_0.gguf"), true);
+    let env = TestEnv::with_dir(dir, |rt| rt);
+    let wf = env.workflow("wan_t2v.json", 32, 2);
+    let (_, _, base, _, _) = run_video(&env, &wf, "10");
+    let (_, _, f32_frames, _, _) = run_video(&env, &with_input(&wf, "1", "unet_name", json!("wan2.1-t2v-1.3b-F32.gguf")), "10");
+    assert_eq!(f32_frames, base, "the same weights from the GGUF give the same video");
+    let (_, _, q8, _, _) = run_video(&env, &with_input(&wf, "1", "unet_name", json!("wan2.1-t2v-1.3b-Q8_0.gguf")), "10");
+    assert_eq!(q8.len(), 5);
+    let diff = |a: &[u8], b: &[u8]| a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).abs()).sum::<f64>() / a.len() as f64;
+    let d = diff(&q8[4], &base[4]);
+    assert!(d < 8.0, "Q8_0 strays {d} per channel from the f32 video");
+}

@@ -378,19 +378,37 @@ pub fn parse(bytes: &[u8]) -> Result<Header, ParseError> {
     })
 }
 
+/// ComfyUI-GGUF's key for a tensor stored in another shape than its own: 5-D kernels
+/// (Wan's and HunyuanVideo's patch embeddings, which GGUF cannot hold) and tensors flattened
+/// into rows of 256 so they quantize.
+const ORIG_SHAPE: &str = "comfy.gguf.orig_shape.";
+
+/// The shape a tensor had before ComfyUI-GGUF stored it (PyTorch order), where its
+/// `comfy.gguf.orig_shape` entry holds the same elements in a shape its type can take
+/// (a quantized tensor's rows whole blocks); `None` otherwise, and it keeps its stored
+/// shape.
+fn orig_shape(kv: &[(String, Value)], t: &GgufTensor) -> Option<Vec<usize>> {
+    let key = format!("{ORIG_SHAPE}{}", t.name);
+    let Value::Array(dims) = &kv.iter().find(|(k, _)| *k == key)?.1 else { return None };
+    let shape: Vec<usize> = dims.iter().map(|d| d.as_u64().and_then(|v| usize::try_from(v).ok())).collect::<Option<_>>()?;
+    let whole_blocks = shape.last().is_some_and(|&d| d % t.dtype.block_size() == 0);
+    (!shape.is_empty() && super::checked_numel(&shape) == super::checked_numel(&t.shape) && whole_blocks).then_some(shape)
+}
+
 pub(crate) fn from_blob(blob: Blob) -> Result<FileSource, IoError> {
     let h = parse(&blob.data).map_err(|e| e.at(&blob.path, Format::Gguf))?;
     let metadata =
         h.kv.iter()
             .map(|(k, v)| (k.clone(), v.to_string()))
             .collect();
+    let kv = h.kv;
     let tensors = h
         .tensors
         .into_iter()
         .map(|t| TensorInfo {
+            shape: orig_shape(&kv, &t).unwrap_or(t.shape),
             name: t.name,
             dtype: t.dtype,
-            shape: t.shape,
             loc: Location::Range {
                 blob: 0,
                 start: t.range.start,
