@@ -136,21 +136,28 @@ async fn vid_gen_animates_an_sd1_checkpoint_with_a_motion_module() {
     s.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn vid_gen_runs_wan_and_its_frames_are_4k_plus_1() {
-    let tmp = tempfile::tempdir().unwrap();
-    sdflow_tests::write_wan_models(tmp.path());
-    let mut s = start_in(
-        tmp.path(),
+/// A server on the tiny Wan files (`sdflow_tests::write_wan_models`) whose requests run
+/// `model` with UMT5 and the Wan 2.1 VAE, and `high_noise` as its high-noise expert.
+async fn wan_server(root: &std::path::Path, model: &str, high_noise: Option<sdflow_workflows::presets::HighNoiseParams>) -> TestServer {
+    sdflow_tests::write_wan_models(root);
+    start_in(
+        root,
         |c| {
             let d = &mut c.sdapi_defaults;
-            d.diffusion_model = Some("wan2.1_t2v_1.3B_fp16.safetensors".into());
+            d.diffusion_model = Some(model.into());
             d.t5xxl = Some("umt5_xxl_fp8_e4m3fn_scaled.safetensors".into());
             d.vae = Some("wan_2.1_vae.safetensors".into());
+            c.video_defaults.high_noise = high_noise;
         },
         true,
     )
-    .await;
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vid_gen_runs_wan_and_its_frames_are_4k_plus_1() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut s = wan_server(tmp.path(), "wan2.1_t2v_1.3B_fp16.safetensors", None).await;
     let (_, c) = s.get("/sdcpp/v1/capabilities").await;
     assert_eq!((c["supported_modes"].clone(), c["current_mode"].as_str()), (json!(["vid_gen"]), Some("vid_gen")), "{c}");
     assert_eq!(c["model"]["name"], "wan2.1_t2v_1.3B_fp16.safetensors");
@@ -178,26 +185,15 @@ async fn vid_gen_runs_wan_and_its_frames_are_4k_plus_1() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vid_gen_runs_wan22_experts_with_the_servers_high_noise_model() {
     let tmp = tempfile::tempdir().unwrap();
-    sdflow_tests::write_wan_models(tmp.path());
-    let mut s = start_in(
-        tmp.path(),
-        |c| {
-            let d = &mut c.sdapi_defaults;
-            d.diffusion_model = Some("wan2.2_t2v_low_noise_14B_fp16.safetensors".into());
-            d.t5xxl = Some("umt5_xxl_fp8_e4m3fn_scaled.safetensors".into());
-            d.vae = Some("wan_2.1_vae.safetensors".into());
-            c.video_defaults.high_noise = Some(sdflow_workflows::presets::HighNoiseParams {
-                model: "wan2.2_t2v_high_noise_14B_fp16.safetensors".into(),
-                steps: -1,
-                cfg_scale: 7.0,
-                sampling_method: None,
-                eta: None,
-                boundary: 0.875,
-            });
-        },
-        true,
-    )
-    .await;
+    let high = sdflow_workflows::presets::HighNoiseParams {
+        model: "wan2.2_t2v_high_noise_14B_fp16.safetensors".into(),
+        steps: -1,
+        cfg_scale: 7.0,
+        sampling_method: None,
+        eta: None,
+        boundary: 0.875,
+    };
+    let mut s = wan_server(tmp.path(), "wan2.2_t2v_low_noise_14B_fp16.safetensors", Some(high)).await;
     let (_, c) = s.get("/sdcpp/v1/capabilities").await;
     assert_eq!(c["features_by_mode"]["vid_gen"]["high_noise_sample_params"], true, "{c}");
     let body = |high: Json| json!({"prompt": "a fox in snow", "width": 32, "height": 32, "video_frames": 5, "output_format": "avi", "sample_params": {"sample_steps": 2, "guidance": {"txt_cfg": 5.0}}, "high_noise_sample_params": high, "moe_boundary": 0.9});
