@@ -137,7 +137,7 @@ pub struct AppState {
     /// The resolved `--front-end-root` (the folder holding `index.html`).
     pub front_end_root: Option<Arc<PathBuf>>,
     /// The jobs of sd-server's native async API (`/sdcpp/v1/*`).
-    pub sdcpp_jobs: crate::sdapi::SdcppJobs,
+    pub sdcpp_jobs: crate::sdapi::sdcpp_jobs::SdcppJobs,
 }
 
 /// The running prompt's progress: its latest sampler step and preview.

@@ -10,12 +10,13 @@ mod fields;
 mod inpaint;
 mod openai;
 mod sdcpp;
+pub(crate) mod sdcpp_jobs;
 mod sdcpp_params;
 
 pub use a1111::{embeddings, get_options, img2img, interrupt, latent_upscale_modes, loras, png_info, post_options, progress, refresh, samplers, schedulers, scripts, sd_models, txt2img, upscalers};
 pub use controlnet::{model_list as controlnet_model_list, module_list as controlnet_module_list, version as controlnet_version};
 pub use openai::{edits, generations, models};
-pub use sdcpp::{cancel as sdcpp_cancel, capabilities as sdcpp_capabilities, img_gen as sdcpp_img_gen, job as sdcpp_job, vid_gen as sdcpp_vid_gen, SdcppJobs};
+pub use sdcpp::{cancel as sdcpp_cancel, capabilities as sdcpp_capabilities, img_gen as sdcpp_img_gen, job as sdcpp_job, vid_gen as sdcpp_vid_gen};
 
 use std::path::PathBuf;
 use std::sync::Arc;

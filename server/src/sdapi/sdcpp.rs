@@ -7,107 +7,21 @@
 //! or runs, and from the record kept here once it has ended: the encoded images or video,
 //! kept for ten minutes as sd-server keeps them (then `410 Gone`).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json as Reply;
 use base64::Engine;
-use parking_lot::Mutex;
 use serde_json::{json, Value as Json};
 
+use super::sdcpp_jobs::{unix_now, End, Job, Kind};
 use super::sdcpp_params::{self as params, IMG_FORMATS, MAX_BATCH, MAX_SIDE, MIN_SIDE, SDCPP_FIELDS, VID_FORMATS};
 use super::{queue_preset, run_end, saved_files, stem, AppStateRef, Queued, RunEnd, B64};
 use crate::comfy::list_models;
 use crate::error::ApiError;
 use crate::extract::JsonBody;
 use crate::state::AppState;
-
-/// How long a finished job's result is kept, and how long its id then answers 410.
-const TTL_SECS: i64 = 600;
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum Kind {
-    Img,
-    Vid,
-}
-
-impl Kind {
-    fn name(self) -> &'static str {
-        match self {
-            Kind::Img => "img_gen",
-            Kind::Vid => "vid_gen",
-        }
-    }
-}
-
-/// How a job ended.
-enum End {
-    /// The `result` object.
-    Completed(Json),
-    Failed(String),
-    Cancelled,
-}
-
-struct Job {
-    kind: Kind,
-    created: i64,
-    started: Option<i64>,
-    completed: Option<i64>,
-    end: Option<End>,
-}
-
-/// The sdcpp API's jobs, by id.
-#[derive(Default)]
-pub struct SdcppJobs {
-    inner: Mutex<Inner>,
-}
-
-#[derive(Default)]
-struct Inner {
-    jobs: HashMap<String, Job>,
-    /// Ids of jobs dropped after their time to live, until when they answer 410.
-    expired: HashMap<String, i64>,
-}
-
-impl Inner {
-    fn purge(&mut self, now: i64) {
-        self.expired.retain(|_, until| *until > now);
-        let old: Vec<String> = self.jobs.iter().filter(|(_, j)| j.completed.is_some_and(|c| now - c >= TTL_SECS)).map(|(id, _)| id.clone()).collect();
-        for id in old {
-            self.jobs.remove(&id);
-            self.expired.insert(id, now + TTL_SECS);
-        }
-    }
-
-    fn job(&mut self, id: &str, now: i64) -> Result<&mut Job, ApiError> {
-        self.purge(now);
-        if self.expired.contains_key(id) {
-            return Err(ApiError::Gone(format!("job {id} expired")));
-        }
-        self.jobs.get_mut(id).ok_or_else(|| ApiError::NotFound(format!("no job {id}")))
-    }
-}
-
-impl SdcppJobs {
-    /// Records how job `id` ended (unless it already has: a cancel got there first).
-    fn finish(&self, id: &str, end: End, started: Option<i64>) {
-        let mut inner = self.inner.lock();
-        if let Some(job) = inner.jobs.get_mut(id) {
-            if job.end.is_none() {
-                job.end = Some(end);
-                job.completed = Some(unix_now());
-            }
-            // The run's own start (its history's) over when a poll first saw it running.
-            job.started = started.map(|s| s.max(job.created)).or(job.started);
-        }
-    }
-}
-
-fn unix_now() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
-}
 
 /// What a job's files become in its `result`.
 pub(crate) struct Output {
