@@ -148,14 +148,14 @@ fn bad_motion_module_files_and_batches_are_refused_by_name() {
     // Six latents are not videos of four frames.
     let e = run(r, &unet, Some(&mm), 4, &backend).unwrap_err();
     assert!(e.contains("not a whole number of 4-frame videos"), "{e}");
-    assert!(mm.check_unet(&cfg).is_ok());
+    assert!(cfg.check_motion(&mm.config).is_ok());
 
     // A file that misses the last decoder level's modules fits no UNet.
     let part = dir.path().join("part.safetensors");
     write(r, &part, "", false, Some("up_blocks.2."));
     let w = load(&part, &backend).unwrap();
     let mm = MotionModules::new(&w, MotionConfig::infer(&w).unwrap()).unwrap();
-    let e = mm.check_unet(&cfg).unwrap_err().to_string();
+    let e = cfg.check_motion(&mm.config).unwrap_err().to_string();
     assert!(e.contains("only part of the UNet"), "{e}");
 
     // A file with no positional table, and one that is no motion module at all.

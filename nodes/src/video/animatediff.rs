@@ -93,7 +93,7 @@ impl Node for AnimateDiffLoaderGen1 {
             let w = self.rt.pin(Module::Diffusion, &weights)?;
             let modules = MotionModules::new(&w, MotionConfig::infer(&w).map_err(named)?).map_err(named)?;
             let unet = model.weights.pin().map_err(err)?;
-            modules.check_unet(&UnetConfig::infer(&unet, &model.prefix).map_err(err)?).map_err(named)?;
+            UnetConfig::infer(&unet, &model.prefix).map_err(err)?.check_motion(&modules.config).map_err(named)?;
         }
         let mut out = model.clone();
         if let Some(s) = beta_schedule(inputs.string("beta_schedule")?)? {

@@ -12,97 +12,15 @@ use std::sync::Arc;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json as Reply;
-use base64::Engine;
 use serde_json::{json, Value as Json};
 
-use super::sdcpp_jobs::{unix_now, End, Job, Kind};
+use super::sdcpp_jobs::{unix_now, End, Job, Kind, Output};
 use super::sdcpp_params::{self as params, IMG_FORMATS, MAX_BATCH, MAX_SIDE, MIN_SIDE, SDCPP_FIELDS, VID_FORMATS};
-use super::{queue_preset, run_end, saved_files, stem, AppStateRef, Queued, RunEnd, B64};
+use super::{queue_preset, run_end, saved_files, stem, AppStateRef, Queued, RunEnd};
 use crate::comfy::list_models;
 use crate::error::ApiError;
 use crate::extract::JsonBody;
 use crate::state::AppState;
-
-/// What a job's files become in its `result`.
-pub(crate) struct Output {
-    pub kind: Kind,
-    pub format: String,
-    /// sd-server's `output_compression`: the JPEG / WebP / video quality, 0..=100.
-    pub compression: i64,
-    /// Keep the PNG's text chunks (the generation parameters).
-    pub embed_metadata: bool,
-    pub fps: i64,
-}
-
-impl Output {
-    /// The `result` of the saved PNGs: each image in the output format, or the frames as
-    /// one video container.
-    fn encode(&self, pngs: Vec<Vec<u8>>) -> Result<Json, String> {
-        if pngs.is_empty() {
-            return Err(format!("{} returned no results", if self.kind == Kind::Img { "generate_image" } else { "generate_video" }));
-        }
-        match self.kind {
-            Kind::Img => {
-                let mut images = Vec::new();
-                for (i, png) in pngs.into_iter().enumerate() {
-                    let bytes = self.image(png).map_err(|e| format!("encoding image {i}: {e}"))?;
-                    images.push(json!({ "index": i, "b64_json": B64.encode(bytes) }));
-                }
-                Ok(json!({ "output_format": self.format, "images": images }))
-            }
-            Kind::Vid => {
-                let count = pngs.len();
-                let bytes = self.video(&pngs)?;
-                let mime = match self.format.as_str() {
-                    "webm" => "video/webm",
-                    "webp" => "image/webp",
-                    _ => "video/x-msvideo",
-                };
-                Ok(json!({ "output_format": self.format, "mime_type": mime, "fps": self.fps, "frame_count": count, "b64_json": B64.encode(bytes) }))
-            }
-        }
-    }
-
-    fn image(&self, png: Vec<u8>) -> Result<Vec<u8>, String> {
-        if self.format == "png" && self.embed_metadata {
-            return Ok(png);
-        }
-        let img = image::load_from_memory(&png).map_err(|e| e.to_string())?.to_rgb8();
-        let mut out = Vec::new();
-        let result = match self.format.as_str() {
-            "jpeg" => image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, self.compression.clamp(1, 100) as u8).encode_image(&img),
-            // The `image` crate's WebP encoder is lossless (so the quality has no say).
-            "webp" => img.write_with_encoder(image::codecs::webp::WebPEncoder::new_lossless(&mut out)),
-            _ => img.write_to(&mut std::io::Cursor::new(&mut out), image::ImageFormat::Png),
-        };
-        result.map_err(|e| e.to_string())?;
-        Ok(out)
-    }
-
-    /// The frames as sd-server's container: Motion-JPEG AVI (quality at most 90, as
-    /// sd-server's), animated WebP or WebM of VP8 keyframes at the request's quality.
-    fn video(&self, pngs: &[Vec<u8>]) -> Result<Vec<u8>, String> {
-        use sdflow_nodes::video::encode::{animated_webp, mjpg_avi, vp8_webm, Rgb8Frames, WebpOptions};
-        let mut rgb = Vec::new();
-        let mut size = None;
-        for (i, png) in pngs.iter().enumerate() {
-            let frame = image::load_from_memory(png).map_err(|e| format!("frame {i}: {e}"))?.to_rgb8();
-            if *size.get_or_insert(frame.dimensions()) != frame.dimensions() {
-                return Err(format!("frame {i} is {:?}, the first {:?}", frame.dimensions(), size));
-            }
-            rgb.extend_from_slice(frame.as_raw());
-        }
-        let (width, height) = size.unwrap_or((0, 0));
-        let frames = Rgb8Frames { data: &rgb, width: width as usize, height: height as usize };
-        let (fps, quality) = (self.fps as f64, self.compression as f32);
-        match self.format.as_str() {
-            "webp" => animated_webp(frames, fps, WebpOptions { lossless: false, quality, method: 4 }),
-            "webm" => vp8_webm(frames, fps, quality),
-            _ => mjpg_avi(frames, fps, self.compression.clamp(1, 90) as u8),
-        }
-        .map_err(|e| format!("failed to encode generated video container: {e}"))
-    }
-}
 
 /// `GET /sdcpp/v1/capabilities`.
 pub async fn capabilities(State(state): AppStateRef) -> Result<Reply<Json>, ApiError> {

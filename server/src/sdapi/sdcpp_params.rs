@@ -9,8 +9,7 @@ use sdflow_workflows::presets::{self, Family, ImgGenParams, VideoParams, SD_SAMP
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value as Json};
 
-use super::sdcpp::Output;
-use super::sdcpp_jobs::Kind;
+use super::sdcpp_jobs::{Kind, Output};
 use super::{a1111, base_params, decode_b64, stem, MaskRule, TempInputs};
 use crate::comfy::list_models;
 use crate::error::ApiError;

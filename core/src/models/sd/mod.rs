@@ -119,7 +119,7 @@ impl<'w> SdDenoiser<'w> {
     /// too, as AnimateDiff-Evolved runs it (sd.cpp's vid_gen leaves the modules out then).
     /// `norm_across_frames`: [`Motion::norm_across_frames`].
     pub fn with_motion(mut self, modules: MotionModules<'w>, norm_across_frames: bool) -> Result<Self> {
-        modules.check_unet(&self.unet.config)?;
+        self.unet.config.check_motion(&modules.config)?;
         self.motion = Some((modules, norm_across_frames));
         Ok(self)
     }

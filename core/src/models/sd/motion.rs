@@ -18,7 +18,6 @@
 //! v2's mid-block module sits between the middle block's attention and its second res
 //! block.
 
-use super::unet::UnetConfig;
 use crate::io::{Assembled, Rows, TensorSource};
 use crate::models::nn::{attention, geglu_ff, group_norm_over, layer_norm, linear};
 use crate::models::{ModelError, Result, Weights};
@@ -43,7 +42,7 @@ pub enum Slot {
 }
 
 impl Slot {
-    fn name(self) -> String {
+    pub(crate) fn name(self) -> String {
         match self {
             Slot::Down(l, j) => format!("{PREFIX}.down_blocks.{l}.motion_modules.{j}"),
             Slot::Mid => format!("{PREFIX}.mid_block.motion_modules.0"),
@@ -159,23 +158,6 @@ impl<'w> MotionModules<'w> {
         Ok(MotionModules { w, config })
     }
 
-    /// Fails, naming the place, unless every module fits the UNet: its levels, the pairs
-    /// per level and their widths.
-    pub fn check_unet(&self, unet: &UnetConfig) -> Result<()> {
-        let slots = unet_slots(unet);
-        for &(slot, c) in &self.config.modules {
-            match slots.iter().find(|(s, _)| *s == slot) {
-                Some(&(_, uc)) if uc == c => {}
-                Some(&(_, uc)) => return Err(ModelError::Config(format!("motion module {}: {c} channels where the UNet has {uc} (a motion module for another base model?)", slot.name()))),
-                None => return Err(ModelError::Config(format!("motion module {}: the UNet has no such block (a motion module for another base model?)", slot.name()))),
-            }
-        }
-        if !slots.iter().all(|&(s, _)| s == Slot::Mid || self.config.at(s).is_some()) {
-            return Err(ModelError::Config("the motion modules cover only part of the UNet's blocks (a motion module for another base model?)".into()));
-        }
-        Ok(())
-    }
-
     /// The module at `slot` on x [W, H, C, k·frames]; x as is where the file has no
     /// module there. `gn`: its GroupNorm over each video's frames together (v1 as
     /// AnimateDiff-Evolved runs it) instead of per frame.
@@ -222,36 +204,6 @@ impl<'w> MotionModules<'w> {
         let h = ctx.reshape(h, [wd, ht, c, b])?;
         Ok(ctx.add(x, h)?)
     }
-}
-
-/// Every place a module can sit in `unet`, with the width there.
-fn unet_slots(unet: &UnetConfig) -> Vec<(Slot, i64)> {
-    use super::unet::BlockKind;
-    let mut out = Vec::new();
-    let (mut level, mut j) = (0, 0);
-    for b in &unet.input_blocks {
-        match b.kind {
-            BlockKind::Down { .. } => (level, j) = (level + 1, 0),
-            BlockKind::Res { cout, .. } => {
-                out.push((Slot::Down(level, j), cout));
-                j += 1;
-            }
-        }
-    }
-    if let Some(&(_, c)) = out.last() {
-        out.push((Slot::Mid, c));
-    }
-    let (mut level, mut j) = (0, 0);
-    for b in &unet.output_blocks {
-        if let BlockKind::Res { cout, upsample, .. } = b.kind {
-            out.push((Slot::Up(level, j), cout));
-            j += 1;
-            if upsample {
-                (level, j) = (level + 1, 0);
-            }
-        }
-    }
-    out
 }
 
 /// A motion-module file as a source whose tensors sit under [`PREFIX`] in the original

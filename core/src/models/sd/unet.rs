@@ -8,7 +8,7 @@
 
 use crate::models::nn::{attention_typed, conv2d, geglu_ff, group_norm_over, layer_norm, linear, project};
 use crate::models::{ModelError, Result, Weights};
-use super::motion::{MotionModules, Slot};
+use super::motion::{MotionConfig, MotionModules, Slot};
 use crate::ggml::{Context, ScaleMode, Tensor};
 
 /// Attention heads: SD1 fixes the count (8), SD2 fixes the width of a head (64).
@@ -238,6 +238,54 @@ impl UnetConfig {
                 BlockKind::Down { channels } => channels,
                 BlockKind::Res { cout, .. } => cout,
             });
+        }
+        out
+    }
+}
+
+impl UnetConfig {
+    /// Fails, naming the place, unless every motion module of `m` fits this UNet: its
+    /// levels, the pairs per level and their widths.
+    pub fn check_motion(&self, m: &MotionConfig) -> Result<()> {
+        let slots = self.motion_slots();
+        for &(slot, c) in &m.modules {
+            match slots.iter().find(|(s, _)| *s == slot) {
+                Some(&(_, uc)) if uc == c => {}
+                Some(&(_, uc)) => return Err(ModelError::Config(format!("motion module {}: {c} channels where the UNet has {uc} (a motion module for another base model?)", slot.name()))),
+                None => return Err(ModelError::Config(format!("motion module {}: the UNet has no such block (a motion module for another base model?)", slot.name()))),
+            }
+        }
+        if !slots.iter().all(|&(s, _)| s == Slot::Mid || m.at(s).is_some()) {
+            return Err(ModelError::Config("the motion modules cover only part of the UNet's blocks (a motion module for another base model?)".into()));
+        }
+        Ok(())
+    }
+
+    /// Every place a motion module can sit, with the width there.
+    fn motion_slots(&self) -> Vec<(Slot, i64)> {
+        let mut out = Vec::new();
+        let (mut level, mut j) = (0, 0);
+        for b in &self.input_blocks {
+            match b.kind {
+                BlockKind::Down { .. } => (level, j) = (level + 1, 0),
+                BlockKind::Res { cout, .. } => {
+                    out.push((Slot::Down(level, j), cout));
+                    j += 1;
+                }
+            }
+        }
+        if let Some(&(_, c)) = out.last() {
+            out.push((Slot::Mid, c));
+        }
+        let (mut level, mut j) = (0, 0);
+        for b in &self.output_blocks {
+            if let BlockKind::Res { cout, upsample, .. } = b.kind {
+                out.push((Slot::Up(level, j), cout));
+                j += 1;
+                if upsample {
+                    (level, j) = (level + 1, 0);
+                }
+            }
         }
         out
     }
@@ -606,7 +654,7 @@ impl<'w> Unet<'w> {
         }
         let ip = IpLayers::new(&extras.ip, c);
         if let Some(m) = &extras.motion {
-            m.modules.check_unet(c)?;
+            c.check_motion(&m.modules.config)?;
         }
         let (mut skips, mut h) = self.encode(ctx, x, emb, context, None, &ip, extras.motion.as_ref())?;
         if let Some(control) = &extras.control {
