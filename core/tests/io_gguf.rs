@@ -404,3 +404,23 @@ fn comfyui_orig_shapes_are_restored_where_the_type_allows() {
     assert_eq!(shape("q_split"), vec![2, 256]);
     assert_eq!(shape("wrong"), vec![1, 256]);
 }
+
+/// A 5-D tensor (Wan's patch kernel) is written as sd.cpp's convert writes it, its first two
+/// axes merged, with its own shape under ComfyUI-GGUF's key: ggml and sd.cpp read the 4-D
+/// tensor, and we read the 5-D one back.
+#[test]
+fn five_dimensional_tensors_are_written_as_sdcpp_and_comfyui_read_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("k.gguf");
+    let values: Vec<u8> = (0..8 * 4 * 2 * 2).flat_map(|i| (i as f32).to_le_bytes()).collect();
+    write(&path, &[], &[("patch_embedding.weight".to_string(), DType::F32, vec![8, 4, 1, 2, 2], values.clone())]);
+    let raw = gguf::parse(&std::fs::read(&path).unwrap()).unwrap();
+    assert_eq!(raw.tensors[0].shape, vec![32, 1, 2, 2]);
+    assert!(raw.kv.iter().any(|(k, _)| k == "comfy.gguf.orig_shape.patch_embedding.weight"));
+    let src = io::open(&path).unwrap();
+    assert_eq!(src.get("patch_embedding.weight").unwrap().shape, vec![8, 4, 1, 2, 2]);
+    assert_eq!(&*src.read("patch_embedding.weight").unwrap(), &values[..]);
+    // Six axes stay refused.
+    let e = gguf::write(&path, &[], [("w", DType::F32, vec![1, 1, 1, 1, 1, 2], &[0u8; 8][..])]).unwrap_err();
+    assert!(e.to_string().contains("dimensions"), "{e}");
+}

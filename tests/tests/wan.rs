@@ -297,8 +297,19 @@ fn tiled_decode_of_a_video() {
 
 /// The transformer as ComfyUI-GGUF writes it (city96's Wan GGUFs): the 5-D patch kernel,
 /// which GGUF cannot hold, flattened into rows of 256 with its shape under
-/// `comfy.gguf.orig_shape.*`; the rest as stored (`f32`), or the blocks' matrices in Q8_0.
+/// `comfy.gguf.orig_shape.*`; the rest as stored (`f32`), or in Q8_0 wherever sd.cpp's
+/// convert quantizes (modulation tables included, which ComfyUI-GGUF keeps in f32).
 fn write_comfy_gguf(src: &std::path::Path, out: &std::path::Path, q8: bool) {
+    write_gguf(src, out, q8, false)
+}
+
+/// The transformer as sd.cpp's convert writes it: the 5-D patch kernel as the 4-D
+/// [D·C, 1, 2, 2] its Conv3d holds, no ComfyUI-GGUF key.
+fn write_sdcpp_gguf(src: &std::path::Path, out: &std::path::Path, q8: bool) {
+    write_gguf(src, out, q8, true)
+}
+
+fn write_gguf(src: &std::path::Path, out: &std::path::Path, q8: bool, sdcpp: bool) {
     use sdflow_core::dtype::{self, DType};
     use sdflow_core::io::gguf::{self, Value};
     let file = sdflow_core::io::open(src).unwrap();
@@ -306,10 +317,13 @@ fn write_comfy_gguf(src: &std::path::Path, out: &std::path::Path, q8: bool) {
     for t in file.tensors() {
         let n: usize = t.shape.iter().product();
         let values = dtype::to_f32(t.dtype, &file.read(&t.name).unwrap(), n).unwrap();
-        let (shape, ty) = if t.shape.len() > 4 {
+        let (shape, ty) = if t.shape.len() > 4 && sdcpp {
+            (std::iter::once(t.shape[0] * t.shape[1]).chain(t.shape[2..].iter().copied()).collect(), DType::F32)
+        } else if t.shape.len() > 4 {
             kv.push((format!("comfy.gguf.orig_shape.{}", t.name), Value::Array(t.shape.iter().map(|&d| Value::I32(d as i32)).collect())));
             (vec![n / 256, 256], DType::F32)
-        } else if q8 && t.name.starts_with("blocks.") && t.shape.len() == 2 && t.shape[1] % 32 == 0 {
+        } else if q8 && t.shape.len() >= 2 && t.shape.last().unwrap() % 32 == 0 && !t.name.ends_with(".bias") && !t.name.contains("embedding") {
+            // What sd.cpp's convert quantizes: the modulation tables too.
             (t.shape.clone(), DType::Q8_0)
         } else {
             (t.shape.clone(), DType::F32)
@@ -336,6 +350,34 @@ fn comfyui_gguf_files_of_the_transformer_run() {
     assert_eq!(f32_frames, base, "the same weights from the GGUF give the same video");
     let (_, _, q8, _, _) = run_video(&env, &with_input(&wf, "1", "unet_name", json!("wan2.1-t2v-1.3b-Q8_0.gguf")), "10");
     assert_eq!(q8.len(), 5);
+    let diff = |a: &[u8], b: &[u8]| a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).abs()).sum::<f64>() / a.len() as f64;
+    let d = diff(&q8[4], &base[4]);
+    assert!(d < 8.0, "Q8_0 strays {d} per channel from the f32 video");
+}
+
+#[test]
+fn sdcpp_converted_gguf_files_of_the_transformer_run() {
+    let dir = tempfile::tempdir().unwrap();
+    sdflow_tests::tiny_tree(dir.path());
+    write_wan_models(dir.path());
+    let models = dir.path().join("models/diffusion_models");
+    let st = models.join("wan2.1_t2v_1.3B_fp16.safetensors");
+    write_sdcpp_gguf(&st, &models.join("wan2.1-t2v-1.3b-sdcpp-f32.gguf"), false);
+    write_sdcpp_gguf(&st, &models.join("wan2.1-t2v-1.3b-sdcpp-q8_0.gguf"), true);
+    // And as `gguf::write` stores a 5-D tensor: sd.cpp's shape plus ComfyUI-GGUF's key.
+    let file = sdflow_core::io::open(&st).unwrap();
+    let ours = models.join("wan2.1-t2v-1.3b-written.gguf");
+    let data: Vec<_> = file.tensors().iter().map(|t| (t.name.clone(), t.dtype, t.shape.clone(), file.read(&t.name).unwrap().to_vec())).collect();
+    sdflow_core::io::gguf::write(&ours, &[], data.iter().map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.as_slice()))).unwrap();
+    let env = TestEnv::with_dir(dir, |rt| rt);
+    let wf = env.workflow("wan_t2v.json", 32, 2);
+    let (_, _, base, _, _) = run_video(&env, &wf, "10");
+    for name in ["wan2.1-t2v-1.3b-sdcpp-f32.gguf", "wan2.1-t2v-1.3b-written.gguf"] {
+        let (_, _, frames, _, _) = run_video(&env, &with_input(&wf, "1", "unet_name", json!(name)), "10");
+        assert_eq!(frames, base, "{name}: the same weights give the same video");
+    }
+    // Its modulation tables quantized too.
+    let (_, _, q8, _, _) = run_video(&env, &with_input(&wf, "1", "unet_name", json!("wan2.1-t2v-1.3b-sdcpp-q8_0.gguf")), "10");
     let diff = |a: &[u8], b: &[u8]| a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).abs()).sum::<f64>() / a.len() as f64;
     let d = diff(&q8[4], &base[4]);
     assert!(d < 8.0, "Q8_0 strays {d} per channel from the f32 video");

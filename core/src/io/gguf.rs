@@ -485,14 +485,31 @@ where
     let mut head = Vec::new();
     head.extend_from_slice(MAGIC);
     head.extend_from_slice(&3u32.to_le_bytes());
+    let mut kv = kv.to_vec();
     let tensors: Vec<(String, DType, Vec<usize>, &[u8])> = tensors
         .into_iter()
-        .map(|(n, d, s, b)| (n.as_ref().to_string(), d, s, b))
+        .map(|(n, d, s, b)| {
+            let name = n.as_ref().to_string();
+            // A 5-D kernel (Wan's patch embedding) as sd.cpp's convert stores it, its first
+            // two axes merged, and its own shape under ComfyUI-GGUF's key, which our reader
+            // and ComfyUI-GGUF restore (sd.cpp reads the 4-D shape as its Conv3d holds it).
+            if let [o, c, rest @ ..] = &s[..] {
+                if s.len() == MAX_DIMS + 1 {
+                    let key = format!("{ORIG_SHAPE}{name}");
+                    if !kv.iter().any(|(k, _)| *k == key) {
+                        kv.push((key, Value::Array(s.iter().map(|&d| Value::U64(d as u64)).collect())));
+                    }
+                    let merged = std::iter::once(o * c).chain(rest.iter().copied()).collect();
+                    return (name, d, merged, b);
+                }
+            }
+            (name, d, s, b)
+        })
         .collect();
     head.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
     head.extend_from_slice(&(kv.len() as u64).to_le_bytes());
     let mut seen = HashSet::new();
-    for (k, v) in kv {
+    for (k, v) in &kv {
         if !seen.insert(k.as_str()) {
             return Err(ferr(format!("duplicate key '{k}'")));
         }

@@ -9,7 +9,7 @@ pub mod rope;
 
 use super::nn::linear;
 use super::{ModelError, Result, Weights};
-use crate::ggml::{Context, Tensor};
+use crate::ggml::{Context, GraphRun, Tensor};
 
 /// Blocks a model call leaves out (ComfyUI's skip-layer guidance patches them to pass
 /// their inputs through): FLUX's and Chroma's double and single blocks, SD3's joint blocks
@@ -189,6 +189,21 @@ pub fn gated<'a>(ctx: &'a Context, x: Tensor<'a>, gate: Tensor<'a>, y: Tensor<'a
 pub fn mlp_embedder<'a>(ctx: &'a Context, w: &'a Weights, name: &str, x: Tensor<'a>) -> Result<Tensor<'a>> {
     let h = ctx.silu(linear(ctx, w, &format!("{name}.in_layer"), x)?)?;
     linear(ctx, w, &format!("{name}.out_layer"), h)
+}
+
+/// A learned table t (modulation rows, pad tokens) readable by f32 arithmetic, in its own
+/// shape: quantized files quantize these tables too (sd.cpp's convert and ours skip only
+/// biases, scales and embeddings), elementwise ops take no quantized second operand, and
+/// get_rows dequantizes on every backend. Float tables come back as they are.
+pub fn table<'a>(ctx: &'a Context, run: &mut GraphRun<'a>, t: Tensor<'a>) -> Result<Tensor<'a>> {
+    if !t.dtype().is_quantized() {
+        return Ok(t);
+    }
+    let ne = t.ne();
+    let n = ne[1] * ne[2] * ne[3];
+    let ids = run.input_i32(&[n], (0..n as i32).collect())?;
+    let rows = ctx.get_rows(ctx.reshape(t, [ne[0], n, 1, 1])?, ids)?;
+    Ok(ctx.reshape(rows, ne)?)
 }
 
 /// `[D, L, B]` rows `from..from + n` of a sequence, contiguous.

@@ -307,7 +307,7 @@ impl<'w> Wan<'w> {
                 // FLF2V: as many tokens as there are positions (a start and an end frame's
                 // states), each with its position (ComfyUI's slicing: fewer tokens take
                 // the first positions, more are cut).
-                let pos = w.get(&self.name("img_emb.emb_pos"))?;
+                let pos = dit::table(ctx, run, w.get(&self.name("img_emb.emb_pos"))?)?;
                 let n = pos.ne()[1].min(li);
                 if n < li {
                     img = dit::rows(ctx, img, 0, n)?;
@@ -329,7 +329,7 @@ impl<'w> Wan<'w> {
 
         let blk = Block { ctx, w, heads: c.heads, compute: self.compute_type(), cos, sin, image_tokens, lc: lc + image_tokens, cross_norm: c.cross_attn_norm };
         let mut h = linear(ctx, w, &self.name("patch_embedding"), x.x)?; // [D, L, B]
-        let modulation = |p: &str| -> Result<Vec<Tensor<'a>>> { six(ctx, ctx.add(e0, ctx.reshape(w.get(&format!("{p}.modulation"))?, [d, 6, 1, 1])?)?) }; // [D, 6, steps, B]
+        let modulation = |run: &mut GraphRun<'a>, p: &str| -> Result<Vec<Tensor<'a>>> { six(ctx, ctx.add(e0, ctx.reshape(dit::table(ctx, run, w.get(&format!("{p}.modulation"))?)?, [d, 6, 1, 1])?)?) }; // [D, 6, steps, B]
         // VACE: each control's tokens, embedded; the first VACE block adds the video's.
         if x.vace.is_empty() != (c.vace_layers == 0) {
             return Err(ModelError::Input(if c.vace_layers == 0 { "a VACE control for a Wan model without VACE blocks".into() } else { "this Wan VACE model reads a control (vace_context); none was given".into() }));
@@ -345,19 +345,19 @@ impl<'w> Wan<'w> {
         let embedded = h;
         for i in 0..c.layers {
             let p = self.name(&format!("blocks.{i}"));
-            h = blk.forward(&p, h, context, &modulation(&p)?)?;
+            h = blk.forward(&p, h, context, &modulation(run, &p)?)?;
             let Some(n) = c.vace_after(i) else { continue };
             let p = self.name(&format!("vace_blocks.{n}"));
             for (control, v) in controls.iter_mut().zip(x.vace) {
                 if n == 0 {
                     *control = ctx.add(linear(ctx, w, &format!("{p}.before_proj"), *control)?, embedded)?;
                 }
-                *control = blk.forward(&p, *control, context, &modulation(&p)?)?;
+                *control = blk.forward(&p, *control, context, &modulation(run, &p)?)?;
                 h = ctx.add(h, ctx.mul(linear(ctx, w, &format!("{p}.after_proj"), *control)?, v.strength)?)?;
             }
         }
         // The head's (shift, scale): its two learned rows plus the timestep embedding itself.
-        let hm = w.get(&self.name("head.modulation"))?;
+        let hm = dit::table(ctx, run, w.get(&self.name("head.modulation"))?)?;
         let e = ctx.reshape(e, [d, steps, b, 1])?;
         let row = |j: usize| -> Result<Tensor<'a>> { Ok(ctx.add(e, ctx.view(hm, [d, 1, 1, 1], [hm.nb()[1], hm.nb()[2], hm.nb()[3]], j * hm.nb()[1])?)?) };
         let h = dit::modulate(ctx, ctx.norm(h, EPS)?, row(0)?, row(1)?)?;
@@ -450,28 +450,40 @@ impl<'a> Block<'a> {
 }
 
 /// `src` with a Wan transformer (under any prefix; diffusers' names shown in the release's
-/// by [`diffusers`]) whose 5-D patch kernel [D, C, 1, 2, 2] is shown as the [D, C·4]
-/// matrix it multiplies patches by; any other source as it is.
+/// by [`diffusers`]) whose patch kernel — 5-D [D, C, 1, 2, 2] as released, or 4-D
+/// [D·C, 1, 2, 2] as sd.cpp's convert writes GGUF files — is shown as the [D, C·4] matrix
+/// it multiplies patches by; any other source as it is.
 pub fn layout(src: Box<dyn TensorSource>) -> Result<Box<dyn TensorSource>> {
     let src = diffusers::single_file(src)?;
-    // The video's patch kernel and VACE's.
-    let kernels: Vec<&TensorInfo> = src.tensors().iter().filter(|t| t.name.ends_with("patch_embedding.weight") && t.shape.len() == 5).collect();
+    // The video's patch kernel and VACE's, each with its output width (sd.cpp's 4-D
+    // kernel has it only in its bias).
+    let mut kernels: Vec<(String, usize)> = Vec::new();
+    for t in src.tensors().iter().filter(|t| t.name.ends_with("patch_embedding.weight") && t.shape.len() >= 4) {
+        let bad = |why: &str| ModelError::Weight { name: t.name.clone(), detail: format!("{:?}: {why}", t.shape) };
+        let (out, patch) = match t.shape[..] {
+            [o, _, pt, ph, pw] => (o, [pt, ph, pw]),
+            [oc, pt, ph, pw] => {
+                let bias = t.name.replace(".weight", ".bias");
+                let o = src.get(&bias).and_then(|b| b.shape.first().copied()).ok_or_else(|| bad(&format!("a 4-D patch kernel (sd.cpp's convert) needs `{bias}` for its width")))?;
+                if o == 0 || oc % o != 0 {
+                    return Err(bad(&format!("not whole kernels of `{bias}`'s width {o}")));
+                }
+                (o, [pt, ph, pw])
+            }
+            _ => continue,
+        };
+        if patch.map(|v| v as i64) != PATCH {
+            return Err(bad("only 1×2×2 patches (every released Wan model) are supported"));
+        }
+        kernels.push((t.name.clone(), out));
+    }
     if kernels.is_empty() {
         return Ok(src);
     }
-    for kernel in &kernels {
-        let [_, _, pt, ph, pw] = kernel.shape[..] else { unreachable!("a 5-D shape") };
-        if [pt, ph, pw].map(|v| v as i64) != PATCH {
-            return Err(ModelError::Weight { name: kernel.name.clone(), detail: format!("{:?}: only 1×2×2 patches (every released Wan model) are supported", kernel.shape) });
-        }
-    }
-    let names: Vec<String> = kernels.iter().map(|k| k.name.clone()).collect();
     let renamed = crate::io::Assembled::renamed(src, |t: &TensorInfo| {
         let mut info = t.clone();
-        if names.contains(&t.name) {
-            if let [o, c, f, kh, kw] = t.shape[..] {
-                info.shape = vec![o, c * f * kh * kw];
-            }
+        if let Some((_, out)) = kernels.iter().find(|(n, _)| *n == t.name) {
+            info.shape = vec![*out, t.shape.iter().product::<usize>() / out];
         }
         Some(info)
     })

@@ -269,9 +269,7 @@ impl<'w> ZImage<'w> {
         if extra == 0 {
             return Ok(x);
         }
-        // As a row (get_rows dequantizes): quantized files quantize the pad tokens too.
-        let first = run.input_i32(&[1], vec![0])?;
-        let token = ctx.reshape(ctx.get_rows(ctx.reshape(self.w.get(&self.name(token))?, [d, 1, 1, 1])?, first)?, [d, 1, 1, 1])?;
+        let token = ctx.reshape(dit::table(ctx, run, self.w.get(&self.name(token))?)?, [d, 1, 1, 1])?;
         let zeros = run.input_f32(&[d, extra, b], vec![0.0; (d * extra * b) as usize])?;
         Ok(ctx.concat(x, ctx.add(zeros, token)?, 1)?)
     }
