@@ -13,6 +13,13 @@
 //!   per step. diffusers cannot hold the 6B model in f32 on this machine:
 //!   `bench/z_image_diffusers.py` times one of its blocks at the same token count in f32 and
 //!   bf16 instead (a step is ~34 such blocks; printed beside the table, not in it).
+//! - `SDFLOW_BENCH_MODEL=wan`: Wan 2.1 T2V 1.3B (`bf16` as safetensors, quantized types as
+//!   GGUF with the patch kernel as sd.cpp's convert stores it) with UMT5-XXL as a Q8_0 GGUF
+//!   and the Wan 2.1 VAE, `vid_gen` at 832×480 (`SDFLOW_BENCH_SIZE` takes WxH) and
+//!   `SDFLOW_BENCH_FRAMES` = 9 frames; cfg 6, two passes per step. diffusers is measured
+//!   block by block by `bench/wan.sh`. Then the VAE alone decodes `SDFLOW_BENCH_VAE_FRAMES`
+//!   = "9,33" frames in sdflow and in diffusers (`bench/wan_vae_diffusers.py`, bf16), each
+//!   its own process, for its time and peak RSS (`vae` in `SDFLOW_BENCH_ENGINES`).
 //!
 //! Each engine runs as its own process, one at a time, under `/usr/bin/time` for its peak
 //! RSS, its files read into the page cache just before. Seconds per step leave out the first step (graph set-up, and sdflow's lazy loading):
@@ -21,11 +28,11 @@
 //! `get_learned_condition`; VAE decode sdflow's VAEDecode node and sd.cpp's
 //! `decode_first_stage`; "total" is the whole command, loading included.
 //!
-//! Env: `SDFLOW_BENCH_TYPES` (FLUX "q4_K,q8_0", SD3.5 "f16,q8_0"), `SDFLOW_BENCH_SIZE` = 512,
+//! Env: `SDFLOW_BENCH_TYPES` (FLUX "q4_K,q8_0", SD3.5 "f16,q8_0"), `SDFLOW_BENCH_SIZE` = 512 (Wan 832x480),
 //! `SDFLOW_BENCH_STEPS` = 3, `SDFLOW_BENCH_THREADS` = all cores, `SDCPP_CLI` = path of an
 //! `sd-cli` binary (sd.cpp is left out without it; bench/README.md says how ours was built),
 //! `SDCPP_ARGS` = extra sd-cli flags (e.g. `--diffusion-fa`), `SDFLOW_BENCH_ENGINES` =
-//! "sdflow,sdcpp,diffusers".
+//! "sdflow,sdcpp,diffusers" (Wan: and `vae`).
 //!
 //! It lives in the `sdflow` crate because it runs the `sdflow` binary as users do (Cargo
 //! builds it for the bench: `CARGO_BIN_EXE_sdflow`).
@@ -39,7 +46,7 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use sdflow_core::dtype::DType;
-use sdflow_core::synth::dit::{ae_config, ae_tensors, clip_g_tensors, clip_l_tensors, FluxSynth, LlmSynth, Sd3Synth, T5Synth, ZImageSynth};
+use sdflow_core::synth::dit::{ae_config, ae_tensors, clip_g_tensors, clip_l_tensors, wan_vae_tensors, FluxSynth, LlmSynth, Sd3Synth, T5Synth, WanSynth, ZImageSynth};
 use sdflow_core::synth::{write_specs, Format, SdConfig, TensorSpec};
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -51,6 +58,7 @@ enum Model {
     Flux,
     Sd35Medium,
     ZImage,
+    Wan,
 }
 
 impl Model {
@@ -59,6 +67,7 @@ impl Model {
             Model::Flux => "FLUX.1-dev",
             Model::Sd35Medium => "SD3.5 medium",
             Model::ZImage => "Z-Image Turbo",
+            Model::Wan => "Wan 2.1 T2V 1.3B",
         }
     }
 
@@ -67,6 +76,7 @@ impl Model {
             Model::Flux => "1.0",
             Model::Sd35Medium => "4.5",
             Model::ZImage => "1.0",
+            Model::Wan => "6.0",
         }
     }
 
@@ -75,6 +85,7 @@ impl Model {
             Model::Flux => "q4_K,q8_0",
             Model::Sd35Medium => "f16,q8_0",
             Model::ZImage => "bf16,q8_0",
+            Model::Wan => "bf16,q8_0",
         }
     }
 }
@@ -102,7 +113,9 @@ struct Files {
 
 fn shared_files(dir: &Path, model: Model) -> Files {
     let vae = dir.join("ae.safetensors");
-    ensure(&vae, &ae_tensors(&ae_config()), "", DType::F16, Format::Safetensors);
+    if model != Model::Wan {
+        ensure(&vae, &ae_tensors(&ae_config()), "", DType::F16, Format::Safetensors);
+    }
     if model == Model::ZImage {
         // The LLM bench's file when it is there (the same synth, the same bytes).
         let llm = dir.join("qwen3_4b_q8_0.gguf");
@@ -113,6 +126,14 @@ fn shared_files(dir: &Path, model: Model) -> Files {
         let q = LlmSynth::qwen3_4b();
         ensure(&llm, &q.tensors(), &serde_json::to_string(&q).unwrap(), DType::Q8_0, Format::Gguf);
         return Files { encoders: vec![("--llm", llm)], vae };
+    }
+    if model == Model::Wan {
+        let vae = dir.join("wan_2.1_vae.safetensors");
+        ensure(&vae, &wan_vae_tensors(96, 16), "", DType::F16, Format::Safetensors);
+        let umt5 = dir.join("umt5-xxl-encoder-q8_0.gguf");
+        let u = T5Synth::umt5_xxl();
+        ensure(&umt5, &u.tensors(), &serde_json::to_string(&u).unwrap(), DType::Q8_0, Format::Gguf);
+        return Files { encoders: vec![("--t5xxl", umt5)], vae };
     }
     let t5 = dir.join("t5xxl_q8_0.gguf");
     let t5s = T5Synth::xxl();
@@ -145,6 +166,10 @@ fn model_file(dir: &Path, model: Model, ty: &str) -> PathBuf {
         Model::ZImage => {
             let s = ZImageSynth::turbo();
             ("z_image_turbo", s.tensors(), serde_json::to_string(&s).unwrap())
+        }
+        Model::Wan => {
+            let s = WanSynth::t2v_1_3b();
+            ("wan2.1_t2v_1.3B", s.tensors(), serde_json::to_string(&s).unwrap())
         }
     };
     let path = dir.join(format!("{stem}-{ty}.{ext}"));
@@ -203,7 +228,10 @@ struct Job<'a> {
     model: Model,
     file: &'a Path,
     files: &'a Files,
-    size: u32,
+    width: u32,
+    height: u32,
+    /// Video frames (Wan); images have none.
+    frames: Option<u32>,
     steps: u32,
     threads: usize,
 }
@@ -226,15 +254,18 @@ fn common_flags(cmd: &mut Command, j: &Job, out: &Path) {
     for (flag, path) in &f.encoders {
         cmd.arg(flag).arg(path);
     }
-    let (size, steps, threads) = (j.size, j.steps, j.threads);
+    let (steps, threads) = (j.steps, j.threads);
     cmd.args(["-p", PROMPT, "--cfg-scale", j.model.cfg(), "-s", "42"]);
-    cmd.args(["-W", &size.to_string(), "-H", &size.to_string(), "--steps", &steps.to_string(), "-t", &threads.to_string()]);
+    cmd.args(["-W", &j.width.to_string(), "-H", &j.height.to_string(), "--steps", &steps.to_string(), "-t", &threads.to_string()]);
+    if let Some(frames) = j.frames {
+        cmd.args(["--video-frames", &frames.to_string(), "--sampling-method", "euler"]);
+    }
     cmd.arg("-o").arg(out);
 }
 
 fn sdflow(j: &Job, out: &Path) -> Row {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_sdflow"));
-    cmd.arg("img_gen");
+    cmd.arg(if j.frames.is_some() { "vid_gen" } else { "img_gen" });
     common_flags(&mut cmd, j, out);
     cmd.arg("--json-events");
     // The sampler's progress events, stamped as they arrive.
@@ -245,21 +276,7 @@ fn sdflow(j: &Job, out: &Path) -> Row {
             stamps.push(at);
         }
     });
-    // The per-node table on stderr: `<id>  <class>  ran  <time>`.
-    let mut nodes: HashMap<String, f64> = HashMap::new();
-    for l in stderr.lines() {
-        let w: Vec<&str> = l.split_whitespace().collect();
-        if let Some(i) = w.iter().position(|x| *x == "ran") {
-            let secs = match (w.get(i + 1).and_then(|v| v.parse::<f64>().ok()), w.get(i + 2)) {
-                (Some(v), Some(&"ms")) => v / 1e3,
-                (Some(v), Some(&"µs")) => v / 1e6,
-                _ => continue,
-            };
-            if i >= 1 {
-                *nodes.entry(w[i - 1].to_string()).or_default() += secs;
-            }
-        }
-    }
+    let nodes = node_times(&stderr);
     let step = (stamps.len() >= 2).then(|| (stamps[stamps.len() - 1] - stamps[0]).as_secs_f64() / (stamps.len() - 1) as f64);
     print!("{}", stderr.lines().filter(|l| l.contains(" ran ")).map(|l| format!("  {l}\n")).collect::<String>());
     let encoders: Vec<f64> = ["SdCppConditioner", "CLIPTextEncodeFlux", "CLIPTextEncode"].iter().filter_map(|c| nodes.get(*c).copied()).collect();
@@ -269,6 +286,9 @@ fn sdflow(j: &Job, out: &Path) -> Row {
 
 fn sdcpp(bin: &str, j: &Job, out: &Path) -> Row {
     let mut cmd = Command::new(bin);
+    if j.frames.is_some() {
+        cmd.args(["-M", "vid_gen"]);
+    }
     common_flags(&mut cmd, j, out);
     cmd.arg("-v");
     cmd.args(env_or("SDCPP_ARGS", "").split_whitespace());
@@ -288,6 +308,55 @@ fn sdcpp(bin: &str, j: &Job, out: &Path) -> Row {
         .filter_map(|seg| seg.split(" - ").nth(1)?.split("s/it").next()?.trim().parse::<f64>().ok())
         .last();
     Row { step, text: taking("get_learned_condition completed"), vae: taking("decode_first_stage completed"), total, rss_gib: rss }
+}
+
+/// sdflow's Wan VAE alone: a `sdflow run` of VAELoader → EmptyHunyuanLatentVideo →
+/// VAEDecode → SaveImage over `frames` frames, for the decode's time and the process's peak
+/// RSS (the decoder holds one latent frame's activations and its causal caches, so the
+/// peak should not grow with the frame count).
+fn sdflow_vae(vae: &Path, width: u32, height: u32, frames: u32, threads: usize, out: &Path) -> Row {
+    let name = vae.file_name().and_then(|n| n.to_str()).expect("VAE file name");
+    let workflow = serde_json::json!({
+        "1": {"class_type": "VAELoader", "inputs": {"vae_name": name}},
+        "2": {"class_type": "EmptyHunyuanLatentVideo", "inputs": {"width": width, "height": height, "length": frames, "batch_size": 1}},
+        "3": {"class_type": "VAEDecode", "inputs": {"samples": ["2", 0], "vae": ["1", 0]}},
+        "4": {"class_type": "SaveImage", "inputs": {"images": ["3", 0], "filename_prefix": format!("vae{frames}")}},
+    });
+    let file = out.join(format!("vae{frames}.json"));
+    std::fs::write(&file, workflow.to_string()).expect("writing the VAE workflow");
+    // VAELoader looks in `vae/` under the models folder.
+    let models = out.join("models");
+    let link = models.join("vae").join(name);
+    if !link.exists() {
+        std::fs::create_dir_all(models.join("vae")).expect("models folder");
+        std::os::unix::fs::symlink(vae, &link).expect("linking the VAE");
+    }
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sdflow"));
+    cmd.arg("run").arg(&file).arg("--models-dir").arg(&models).arg("--output-dir").arg(out).arg("-t").arg(threads.to_string());
+    let (stderr, total, rss) = timed(cmd, |_, _| {});
+    let vae = node_times(&stderr).get("VAEDecode").copied();
+    Row { vae, total, rss_gib: rss, ..Row::default() }
+}
+
+/// The per-node table sdflow prints on stderr (`<id>  <class>  ran  <time>`), summed by
+/// class.
+fn node_times(stderr: &str) -> HashMap<String, f64> {
+    let mut nodes: HashMap<String, f64> = HashMap::new();
+    for l in stderr.lines() {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        if let Some(i) = w.iter().position(|x| *x == "ran") {
+            let secs = match (w.get(i + 1).and_then(|v| v.parse::<f64>().ok()), w.get(i + 2)) {
+                (Some(v), Some(&"s")) => v,
+                (Some(v), Some(&"ms")) => v / 1e3,
+                (Some(v), Some(&"µs")) => v / 1e6,
+                _ => continue,
+            };
+            if i >= 1 {
+                *nodes.entry(w[i - 1].to_string()).or_default() += secs;
+            }
+        }
+    }
+    nodes
 }
 
 /// `bench/sd35_diffusers.py`: its `RESULT` line, with the script's own wall time as total.
@@ -320,13 +389,19 @@ fn main() {
         "flux" => Model::Flux,
         "sd35m" => Model::Sd35Medium,
         "zimage" => Model::ZImage,
-        other => panic!("SDFLOW_BENCH_MODEL: {other} is not flux, sd35m or zimage"),
+        "wan" => Model::Wan,
+        other => panic!("SDFLOW_BENCH_MODEL: {other} is not flux, sd35m, zimage or wan"),
     };
     let types: Vec<String> = env_or("SDFLOW_BENCH_TYPES", model.default_types()).split(',').map(|s| s.trim().to_string()).collect();
-    let size: u32 = env_or("SDFLOW_BENCH_SIZE", "512").parse().expect("SDFLOW_BENCH_SIZE");
+    let size = env_or("SDFLOW_BENCH_SIZE", if model == Model::Wan { "832x480" } else { "512" });
+    let (width, height): (u32, u32) = match size.split_once('x') {
+        Some((w, h)) => (w.parse().expect("SDFLOW_BENCH_SIZE width"), h.parse().expect("SDFLOW_BENCH_SIZE height")),
+        None => (size.parse().expect("SDFLOW_BENCH_SIZE"), size.parse().expect("SDFLOW_BENCH_SIZE")),
+    };
+    let frames = (model == Model::Wan).then(|| env_or("SDFLOW_BENCH_FRAMES", "9").parse::<u32>().expect("SDFLOW_BENCH_FRAMES"));
     let steps: u32 = env_or("SDFLOW_BENCH_STEPS", "3").parse().expect("SDFLOW_BENCH_STEPS");
     let threads: usize = env_or("SDFLOW_BENCH_THREADS", &sdflow_core::ggml::default_threads().to_string()).parse().expect("SDFLOW_BENCH_THREADS");
-    let engines = env_or("SDFLOW_BENCH_ENGINES", "sdflow,sdcpp,diffusers");
+    let engines = env_or("SDFLOW_BENCH_ENGINES", "sdflow,sdcpp,diffusers,vae");
     let sdcpp_bin = std::env::var("SDCPP_CLI").ok().filter(|s| !s.is_empty());
     let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
     let dir = home.join(".cache/sdflow/bench/dit");
@@ -334,13 +409,14 @@ fn main() {
     let files = shared_files(&dir, model);
     let out = tempfile::tempdir().expect("temp dir");
     let mut rows = Vec::new();
+    let ext = if frames.is_some() { "avi" } else { "png" };
     for ty in &types {
         let file = model_file(&dir, model, ty);
-        let job = Job { model, file: &file, files: &files, size, steps, threads };
+        let job = Job { model, file: &file, files: &files, width, height, frames, steps, threads };
         if engines.contains("sdflow") {
-            println!("sdflow img_gen, {ty} ...");
+            println!("sdflow {}, {ty} ...", if frames.is_some() { "vid_gen" } else { "img_gen" });
             warm(&job);
-            let r = sdflow(&job, &out.path().join(format!("sdflow-{ty}.png")));
+            let r = sdflow(&job, &out.path().join(format!("sdflow-{ty}.{ext}")));
             print_row(ty, "sdflow", &r);
             rows.push((ty.clone(), "sdflow", r));
         }
@@ -348,7 +424,7 @@ fn main() {
             Some(bin) if engines.contains("sdcpp") => {
                 println!("sd-cli, {ty} ...");
                 warm(&job);
-                let r = sdcpp(bin, &job, &out.path().join(format!("sdcpp-{ty}.png")));
+                let r = sdcpp(bin, &job, &out.path().join(format!("sdcpp-{ty}.{ext}")));
                 print_row(ty, "sd.cpp", &r);
                 rows.push((ty.clone(), "sd.cpp", r));
             }
@@ -358,9 +434,31 @@ fn main() {
     }
     if model == Model::Sd35Medium && engines.contains("diffusers") {
         println!("diffusers (bf16) ...");
-        match diffusers(size, steps, threads) {
+        match diffusers(width, steps, threads) {
             Some(r) => rows.push(("bf16".to_string(), "diffusers", r)),
             None => println!("diffusers gave no result (pip install torch diffusers transformers)"),
+        }
+    }
+    // The Wan VAE alone over longer videos: its time and whether its memory stays bounded.
+    let mut vae_rows = Vec::new();
+    if model == Model::Wan && engines.contains("vae") {
+        for f in env_or("SDFLOW_BENCH_VAE_FRAMES", "9,33").split(',').map(|f| f.trim().parse::<u32>().expect("SDFLOW_BENCH_VAE_FRAMES")) {
+            println!("sdflow VAE decode, {f} frames ...");
+            let r = sdflow_vae(&files.vae, width, height, f, threads, out.path());
+            print_row("f16", "sdflow VAE", &r);
+            vae_rows.push((f, "sdflow", r));
+            if engines.contains("diffusers") {
+                println!("diffusers VAE decode (bf16), {f} frames ...");
+                let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/wan_vae_diffusers.py");
+                let mut cmd = Command::new("python3");
+                cmd.arg(script).arg(threads.to_string()).arg(f.to_string()).arg(format!("{width}x{height}"));
+                let mut vae = None;
+                let (_, total, rss) = timed(cmd, |_, l| {
+                    println!("  {l}");
+                    vae = l.strip_prefix("RESULT vae=").and_then(|v| v.trim().parse::<f64>().ok());
+                });
+                vae_rows.push((f, "diffusers", Row { vae, total, rss_gib: rss, ..Row::default() }));
+            }
         }
     }
     println!();
@@ -368,17 +466,26 @@ fn main() {
         Model::Flux => "T5-XXL Q8_0, cfg 1 (guidance 3.5), one pass per step",
         Model::Sd35Medium => "T5-XXL Q8_0, cfg 4.5, two passes per step",
         Model::ZImage => "Qwen3-4B Q8_0, cfg 1, one pass per step",
+        Model::Wan => "UMT5-XXL Q8_0, cfg 6, two passes per step",
     };
     if model == Model::ZImage && engines.contains("diffusers") {
         println!("diffusers (one block, f32 and bf16) ...");
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/z_image_diffusers.py");
         let mut cmd = Command::new("python3");
-        cmd.arg(script).arg(threads.to_string()).arg(size.to_string());
+        cmd.arg(script).arg(threads.to_string()).arg(width.to_string());
         let _ = timed(cmd, |_, l| println!("  {l}"));
     }
-    println!("{} at {size}², {steps} steps, {threads} threads, {passes}", model.name());
+    let video = frames.map_or(String::new(), |f| format!(", {f} frames"));
+    println!("{} at {width}×{height}{video}, {steps} steps, {threads} threads, {passes}", model.name());
     println!("{:>8} {:>9} {:>10} {:>14} {:>14} {:>10} {:>14}", "weights", "engine", "s / step", "text encode s", "VAE decode s", "total s", "peak RSS GiB");
     for (ty, engine, r) in &rows {
         println!("{:>8} {:>9} {:>10} {:>14} {:>14} {:>10.1} {:>14}", ty, engine, cell(r.step), cell(r.text), cell(r.vae), r.total, cell(r.rss_gib));
+    }
+    if !vae_rows.is_empty() {
+        println!("\nThe Wan 2.1 VAE alone at {width}×{height} (sdflow: the file's f16 weights as `auto` loads them; diffusers: bf16)");
+        println!("{:>8} {:>10} {:>14} {:>10} {:>14}", "frames", "engine", "VAE decode s", "total s", "peak RSS GiB");
+        for (f, engine, r) in &vae_rows {
+            println!("{:>8} {:>10} {:>14} {:>10.1} {:>14}", f, engine, cell(r.vae), r.total, cell(r.rss_gib));
+        }
     }
 }

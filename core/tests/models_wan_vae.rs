@@ -328,4 +328,19 @@ fn video_decodes_in_spatial_tiles() {
     // One tile covering the latent: the untiled decode itself.
     let one = VaeTiling { enabled: true, tile_size: (8, 8), ..VaeTiling::default() };
     assert_eq!(vae.decode_video_tiled(&backend, &latent, &one, &mut |_, _| {}).unwrap(), whole);
+
+    // Within a memory limit: whole when a chunk's compute buffer fits, ...
+    let (fits, note) = vae.decode_video_within(&backend, &latent, 1 << 34, &mut |_, _| {}).unwrap();
+    assert_eq!((fits, note), (whole.clone(), None));
+    // ... else in spatial tiles (here the smallest: no tile fits 1 KiB).
+    let (tiled, note) = vae.decode_video_within(&backend, &latent, 1 << 10, &mut |_, _| {}).unwrap();
+    let note = note.expect("over the limit: tiled");
+    assert!(note.contains("tiles") && note.contains("GiB"), "{note}");
+    let mean = tiled.data.iter().zip(&whole.data).map(|(a, b)| (a - b).abs()).sum::<f32>() / whole.data.len() as f32;
+    assert!(mean < 0.05, "{note}: {mean} from the whole decode on average");
+    // As few tiles as the need over the limit asks, split along the longer side first.
+    let few = VaeTiling::fitting(104, 60, 20 << 30, 9 << 30);
+    assert_eq!(few.rel_size, (3.0, 2.0));
+    assert_eq!(VaeTiling::fitting(104, 60, 10 << 30, 9 << 30).rel_size, (2.0, 1.0));
+    assert_eq!(tiled.ne, whole.ne);
 }

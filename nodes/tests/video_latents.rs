@@ -114,7 +114,7 @@ fn save_video_writes_an_h264_mp4_of_its_frames() {
 
 /// SaveWEBM: the frames as a WebM of VP9 at the CRF, read back (the WebM's blocks, and
 /// LoadVideo's decoder: libvpx's): every frame, at 1000/fps ms apart, close to what went in, a lower CRF
-/// closer; av1 and bad CRFs are refused by name.
+/// closer; bad CRFs and unknown codecs are refused by name.
 #[test]
 fn save_webm_writes_vp9_that_decodes_to_its_frames() {
     use sdflow_nodes::values::Image;
@@ -158,8 +158,71 @@ fn save_webm_writes_vp9_that_decodes_to_its_frames() {
         errors.push(worst);
     }
     assert!(errors[0] < errors[1], "a lower crf is closer: {errors:?}");
-    assert!(save(30.0, "av1").unwrap_err().to_string().contains("av1"));
     assert!(save(70.0, "vp9").unwrap_err().to_string().contains("crf"));
+    assert!(save(30.0, "h265").unwrap_err().to_string().contains("h265"));
+}
+
+/// SaveWEBM's av1: a WebM of 10-bit AV1 (as ComfyUI's SVT-AV1 writes it) that another
+/// program's reader — ffmpeg, which .ci/run installs — decodes to every frame, close to
+/// what went in, a lower CRF closer; our LoadVideo refuses it by name (it reads VP8/VP9).
+#[test]
+fn save_webm_writes_av1_that_ffmpeg_decodes() {
+    use sdflow_nodes::values::Image;
+    use sdflow_nodes::video::encode::webm_frames;
+    use std::process::Command;
+    let env = env(1);
+    let c = |v: serde_json::Value| InputData::Const(v);
+    let (w, h, n) = (48usize, 32usize, 5usize);
+    let data = moving_frames(w, h, n);
+    let save = |crf: f64| {
+        env.run(
+            "SaveWEBM",
+            vec![
+                ("images", InputData::Value(Value::new(IoType::IMAGE, Image { data: data.clone(), n, height: h, width: w, channels: 3 }))),
+                ("filename_prefix", c(json!("clips/av1"))),
+                ("codec", c(json!("av1"))),
+                ("fps", c(json!(20.0))),
+                ("crf", c(json!(crf))),
+            ],
+        )
+    };
+    let mut errors = Vec::new();
+    for (k, crf) in [8.0, 56.0].into_iter().enumerate() {
+        let ui = save(crf).unwrap().ui.unwrap();
+        assert_eq!(ui["images"][0]["filename"], json!(format!("av1_{:05}_.webm", k + 1)));
+        let path = env.dir.path().join("out/clips").join(ui["images"][0]["filename"].as_str().unwrap());
+        let webm = webm_frames(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!((webm.doc_type.as_str(), webm.codec.as_str(), webm.blocks.len()), ("webm", "V_AV1", n));
+        assert!(webm.blocks[0].1, "the first frame is a keyframe");
+        for (f, (t, _, _)) in webm.blocks.iter().enumerate() {
+            assert_eq!(*t, 50 * f as i64, "frame {f}'s time");
+        }
+        let probe = Command::new("ffprobe")
+            .args(["-v", "error", "-select_streams", "v:0", "-show_entries", "stream=codec_name,pix_fmt,width,height,r_frame_rate", "-of", "csv=p=0"])
+            .arg(&path)
+            .output()
+            .expect("ffprobe (ffmpeg) runs: .ci/run installs it");
+        assert!(probe.status.success(), "{}", String::from_utf8_lossy(&probe.stderr));
+        assert_eq!(String::from_utf8_lossy(&probe.stdout).trim(), "av1,48,32,yuv420p10le,20/1");
+        let out = Command::new("ffmpeg").args(["-v", "error", "-i"]).arg(&path).args(["-f", "rawvideo", "-pix_fmt", "rgb24", "-"]).output().expect("ffmpeg runs");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(out.stdout.len(), n * w * h * 3, "every frame decodes");
+        let mut worst = 0.0f32;
+        for (f, got) in out.stdout.chunks(w * h * 3).enumerate() {
+            let want = &data[f * w * h * 3..(f + 1) * w * h * 3];
+            let err = got.iter().zip(want).map(|(&a, &b)| (a as f32 - b * 255.0).abs()).sum::<f32>() / want.len() as f32;
+            worst = worst.max(err);
+        }
+        assert!(worst < 10.0, "crf {crf}: frames {worst} off on average");
+        errors.push(worst);
+        let input = env.dir.path().join("input");
+        std::fs::create_dir_all(&input).unwrap();
+        std::fs::copy(&path, input.join("av1.webm")).unwrap();
+        let e = env.run("LoadVideo", vec![("file", c(json!("av1.webm")))]).unwrap_err().to_string();
+        assert!(e.contains("V_AV1"), "{e}");
+    }
+    assert!(errors[0] < errors[1], "a lower crf is closer: {errors:?}");
+    assert!(save(64.0).unwrap_err().to_string().contains("crf"));
 }
 
 /// LoadVideo and GetVideoComponents: SaveVideo's MP4 and SaveWEBM's WebM from the input

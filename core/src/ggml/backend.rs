@@ -99,6 +99,30 @@ impl Backend {
         self.buffer_type().alloc_tensors(ctx, what)
     }
 
+    /// Bytes this backend can still allocate: the driver's free memory on a GPU; on the
+    /// CPU the kernel's `MemAvailable` (ggml reports all RAM as free there, and Linux
+    /// grants any allocation and kills the process when it is touched). `None` where
+    /// neither is known.
+    pub fn free_memory(&self) -> Option<u64> {
+        match self.kind {
+            BackendKind::Cpu => {
+                let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+                let kib: u64 = meminfo.lines().find_map(|l| l.strip_prefix("MemAvailable:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+                Some(kib * 1024)
+            }
+            BackendKind::Gpu(_) => {
+                // SAFETY: the device of a live backend; the out-pointers are live locals.
+                let dev = unsafe { ggml_sys::ggml_backend_get_device(self.raw()) };
+                if dev.is_null() {
+                    return None;
+                }
+                let (mut free, mut total) = (0usize, 0usize);
+                unsafe { ggml_sys::ggml_backend_dev_memory(dev, &mut free, &mut total) };
+                (total > 0).then_some(free as u64)
+            }
+        }
+    }
+
     /// Where this backend's tensors live by default.
     pub fn buffer_type(&self) -> BufferType {
         // SAFETY: the default buffer type of a live backend: a static object of its device.
@@ -308,6 +332,8 @@ impl Drop for Buffer {
 pub struct GraphAllocator {
     ptr: NonNull<ggml_sys::ggml_gallocr>,
     backend_name: String,
+    /// A compute buffer larger than this fails as an allocation failure.
+    limit: Option<usize>,
 }
 
 // SAFETY: owned allocator state; not shared.
@@ -318,7 +344,15 @@ impl GraphAllocator {
         // SAFETY: the default buffer type of a live backend.
         let p = unsafe { ggml_sys::ggml_gallocr_new(ggml_sys::ggml_backend_get_default_buffer_type(backend.raw())) };
         let ptr = NonNull::new(p).ok_or_else(|| GgmlError::Backend("cannot create a graph allocator".into()))?;
-        Ok(GraphAllocator { ptr, backend_name: backend.name().to_string() })
+        Ok(GraphAllocator { ptr, backend_name: backend.name().to_string(), limit: None })
+    }
+
+    /// Compute buffers larger than `limit` bytes fail in [`GraphAllocator::alloc`] as an
+    /// allocation failure, before anything is computed: what a backend that cannot provide
+    /// the buffer reports, so callers that retry smaller (tiled VAEs) treat both alike.
+    pub fn with_limit(mut self, limit: Option<usize>) -> Self {
+        self.limit = limit;
+        self
     }
 
     /// Allocate every not-yet-allocated tensor of `graph`. Fails (without aborting) when
@@ -330,7 +364,10 @@ impl GraphAllocator {
         if !ok {
             return Err(GgmlError::Alloc { what: "compute graph".into(), bytes: 0, backend: self.backend_name.clone() });
         }
-        Ok(())
+        match self.limit {
+            Some(limit) if self.buffer_size() > limit => Err(GgmlError::Alloc { what: format!("compute buffer (over the {limit}-byte threshold)"), bytes: self.buffer_size(), backend: self.backend_name.clone() }),
+            _ => Ok(()),
+        }
     }
 
     /// Bytes of the compute buffer after the last allocation.

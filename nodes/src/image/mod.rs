@@ -176,7 +176,8 @@ pub(crate) fn decode_latent(rt: &Runtime, ctx: &ExecContext<'_>, latent: &Latent
 /// A video latent (frames inside its channels, ComfyUI's [B, C, T, H, W]) through the Wan
 /// VAE one latent frame at a time: each sample's 4·(T − 1) + 1 frames, the samples' frames
 /// one batch of images after another (ComfyUI's video decode); in spatial tiles when
-/// `tiling` is on (VAEDecodeTiled, `--vae-tiling`), each tile a whole video.
+/// `tiling` is on (VAEDecodeTiled, `--vae-tiling`), each tile a whole video, or when a
+/// whole frame's decode would not fit the memory at hand.
 fn decode_video(rt: &Runtime, ctx: &ExecContext<'_>, latent: &Latent, model: &WanVae<'_>, tiling: &VaeTiling) -> Result<Image, NodeError> {
     let [w, h, c, n] = latent.shape.map(|d| d as usize);
     let (t, z) = (latent.frames, latent.channels() as usize);
@@ -190,9 +191,19 @@ fn decode_video(rt: &Runtime, ctx: &ExecContext<'_>, latent: &Latent, model: &Wa
             .with_backend(Module::Vae, |b| {
                 let mut progress = |k: usize, total: usize| ctx.progress((i * total + k) as u64, (n * total) as u64);
                 if tiling.enabled {
-                    model.decode_video_tiled(b, &frames, tiling, &mut progress)
-                } else {
-                    model.decode_video(b, &frames, &mut progress)
+                    return model.decode_video_tiled(b, &frames, tiling, &mut progress);
+                }
+                // Most of what is free (the decode also keeps host copies of its caches
+                // and the frames): past that, spatial tiles.
+                match tiling.max_compute_bytes.or_else(|| b.free_memory().map(|f| (f as f64 * 0.6) as usize)) {
+                    Some(limit) => {
+                        let (video, tiled) = model.decode_video_within(b, &frames, limit, &mut progress)?;
+                        if let Some(how) = tiled {
+                            eprintln!("VAE: {how}");
+                        }
+                        Ok(video)
+                    }
+                    None => model.decode_video(b, &frames, &mut progress),
                 }
             })
             .map_err(err)?;

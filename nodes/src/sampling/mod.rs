@@ -305,13 +305,8 @@ pub fn sample_latent(rt: &Runtime, ctx: &ExecContext<'_>, guider: &Guider, choic
         if let (Some(m), Some(w)) = (&model.motion, &motion_weights) {
             let named = |e: sdflow_core::models::ModelError| NodeError::msg(format!("{}: {e}", m.name));
             let modules = MotionModules::new(w, MotionConfig::infer(w).map_err(named)?).map_err(named)?;
-            let frames = latent.shape[3];
-            if frames > modules.config.max_frames {
-                return Err(NodeError::msg(format!(
-                    "{}: a batch of {frames} latents is one video of {frames} frames, and the motion module takes at most {} (context windows are not implemented)",
-                    m.name, modules.config.max_frames
-                )));
-            }
+            // The batch is one video.
+            modules.config.check_frames(latent.shape[3]).map_err(named)?;
             let across = m.norm_across_frames(&modules.config);
             den = den.with_motion(modules, across).map_err(named)?;
         }

@@ -1,7 +1,7 @@
 //! Video files from frames: animated WebP through libwebp (the system's, by the
 //! `webp-animation` crate: ComfyUI's SaveAnimatedWEBP and sd-cli's `.webp`), WebM of VP8
 //! keyframes as sd-cli writes it (libwebp's lossy frames in libwebm's muxer), WebM of VP9
-//! at a CRF (ComfyUI's SaveWEBM: libvpx, the same muxer), MP4 of H.264
+//! or AV1 at a CRF (ComfyUI's SaveWEBM: libvpx or rav1e, the same muxer), MP4 of H.264
 //! (ComfyUI's SaveVideo: OpenH264 frames in the `mp4` crate's muxer), and AVI with
 //! Motion-JPEG frames (sd-cli's default `.avi`). No maintained crate writes AVI; its RIFF
 //! layout is a few fixed headers around the JPEG frames, so it is written here (the JPEGs
@@ -179,18 +179,50 @@ pub fn mjpg_avi(frames: Rgb8Frames<'_>, fps: f64, quality: u8) -> Result<Vec<u8>
 /// encoding at `quality` (0–100), its `VP8 ` chunk taken as a keyframe, stamped at
 /// `i · round(10⁹ / fps)` ns in libwebm's muxer.
 pub fn vp8_webm(frames: Rgb8Frames<'_>, fps: f64, quality: f32) -> Result<Vec<u8>, String> {
-    use webm::mux::{Segment, Track, VideoCodecId, Writer};
     frames.check()?;
+    check_fps(fps)?;
+    let step = (1e9 / fps).round() as u64;
+    let packets = (0..frames.count())
+        .map(|i| Ok((vp8_frame(frames.frame(i), frames.width, frames.height, quality).map_err(|e| format!("frame {i}: {e}"))?, i as u64 * step, true)))
+        .collect::<Result<Vec<_>, String>>()?;
+    webm_file(frames, WebmCodec::Vp8, &packets)
+}
+
+fn check_fps(fps: f64) -> Result<(), String> {
     if !(fps.is_finite() && fps > 0.0 && fps <= 1000.0) {
         return Err(format!("fps {fps} must be in (0, 1000]"));
     }
-    let step = (1e9 / fps).round() as u64;
+    Ok(())
+}
+
+/// What a WebM's video track holds.
+enum WebmCodec {
+    Vp8,
+    Vp9,
+    /// AV1 with its codec configuration record (`av1C`, Matroska's CodecPrivate) and bit
+    /// depth.
+    Av1 { av1c: Vec<u8>, bit_depth: u8 },
+}
+
+/// libwebm's muxer over encoded frames: (payload, time in ns, keyframe) each.
+fn webm_file(frames: Rgb8Frames<'_>, codec: WebmCodec, packets: &[(Vec<u8>, u64, bool)]) -> Result<Vec<u8>, String> {
+    use webm::mux::{Segment, Track, VideoCodecId, Writer};
     let mut segment = Segment::new(Writer::new(std::io::Cursor::new(Vec::new()))).ok_or("WebM: the muxer did not start")?;
     segment.set_app_name("sdflow");
-    let mut track = segment.add_video_track_opt(frames.width as u32, frames.height as u32, None, VideoCodecId::VP8).ok_or("WebM: no video track")?;
-    for i in 0..frames.count() {
-        let vp8 = vp8_frame(frames.frame(i), frames.width, frames.height, quality).map_err(|e| format!("frame {i}: {e}"))?;
-        if !track.add_frame(&vp8, i as u64 * step, true) {
+    let id = match codec {
+        WebmCodec::Vp8 => VideoCodecId::VP8,
+        WebmCodec::Vp9 => VideoCodecId::VP9,
+        WebmCodec::Av1 { .. } => VideoCodecId::AV1,
+    };
+    let mut track = segment.add_video_track_opt(frames.width as u32, frames.height as u32, None, id).ok_or("WebM: no video track")?;
+    if let WebmCodec::Av1 { av1c, bit_depth } = &codec {
+        // 4:2:0, limited range.
+        if !track.set_color(*bit_depth, (true, true), false) || !segment.set_codec_private(track.track_number(), av1c) {
+            return Err("WebM: the AV1 track's configuration was not taken".into());
+        }
+    }
+    for (i, (bytes, ns, key)) in packets.iter().enumerate() {
+        if !track.add_frame(bytes, *ns, *key) {
             return Err(format!("WebM: frame {i} was not muxed"));
         }
     }
@@ -303,11 +335,8 @@ fn strip_start_code(nal: &[u8]) -> &[u8] {
 /// BT.601 limited-range 4:2:0 frames, stamped at fps·1000 ticks and muxed by libwebm.
 pub fn vp9_webm(frames: Rgb8Frames<'_>, fps: f64, crf: u32) -> Result<Vec<u8>, String> {
     use vpx_sys::*;
-    use webm::mux::{Segment, Track, VideoCodecId, Writer};
     frames.check()?;
-    if !(fps.is_finite() && fps > 0.0 && fps <= 1000.0) {
-        return Err(format!("fps {fps} must be in (0, 1000]"));
-    }
+    check_fps(fps)?;
     if crf > 63 {
         return Err(format!("crf {crf} is outside 0..=63"));
     }
@@ -354,9 +383,11 @@ pub fn vp9_webm(frames: Rgb8Frames<'_>, fps: f64, crf: u32) -> Result<Vec<u8>, S
                     }
                 }
             };
-            let mut yuv = Vec::new();
+            let (mut planes, mut yuv) = (Vec::new(), Vec::new());
             for i in 0..frames.count() {
-                i420(frames.frame(i), w, h, &mut yuv);
+                yuv420(frames.frame(i), w, h, 8, &mut planes);
+                yuv.clear();
+                yuv.extend(planes.iter().map(|&v| v as u8));
                 let mut img = std::mem::MaybeUninit::<vpx_image_t>::uninit();
                 let wrapped = vpx_img_wrap(img.as_mut_ptr(), vpx_img_fmt::VPX_IMG_FMT_I420, w as u32, h as u32, 1, yuv.as_mut_ptr());
                 if wrapped.is_null() {
@@ -381,25 +412,100 @@ pub fn vp9_webm(frames: Rgb8Frames<'_>, fps: f64, crf: u32) -> Result<Vec<u8>, S
             Ok(packets)
         })();
         vpx_codec_destroy(&mut ctx);
-        let packets = result?;
-        let mut segment = Segment::new(Writer::new(std::io::Cursor::new(Vec::new()))).ok_or("WebM: the muxer did not start")?;
-        segment.set_app_name("sdflow");
-        let mut track = segment.add_video_track_opt(w as u32, h as u32, None, VideoCodecId::VP9).ok_or("WebM: no video track")?;
-        for (bytes, pts, key) in &packets {
-            let ns = (*pts as f64 * 1e9 * 1000.0 / rate as f64).round() as u64;
-            if !track.add_frame(bytes, ns, *key) {
-                return Err(format!("WebM: frame at {pts} was not muxed"));
-            }
-        }
-        let writer = segment.try_finalize(None).map_err(|_| "WebM: the muxer did not finish".to_string())?;
-        Ok(writer.unwrap().into_inner())
+        let packets: Vec<(Vec<u8>, u64, bool)> = result?.into_iter().map(|(bytes, pts, key)| (bytes, (pts as f64 * 1e9 * 1000.0 / rate as f64).round() as u64, key)).collect();
+        webm_file(frames, WebmCodec::Vp9, &packets)
     }
 }
 
-/// One RGB frame as planar 4:2:0 (Y, then U and V at half size rounded up), BT.601
-/// limited range as swscale converts `rgb24` to `yuv420p`; chroma averages 2×2 pixels.
-fn i420(rgb: &[u8], w: usize, h: usize, out: &mut Vec<u8>) {
+/// SVT-AV1's qindex for each CRF (its `quantizer_to_qindex`, libaom's too): ComfyUI's
+/// `crf` goes to SVT-AV1, ours to rav1e's quantizer, which is a qindex.
+fn crf_qindex(crf: u32) -> usize {
+    match crf {
+        0..=61 => 4 * crf as usize,
+        62 => 249,
+        _ => 255,
+    }
+}
+
+/// rav1e's speed preset (0 slowest – 10 fastest) for SaveWEBM's av1: ComfyUI asks SVT-AV1
+/// for its preset 6 of 13, the middle; rav1e is slower at equal settings.
+const AV1_SPEED: u8 = 8;
+
+/// A WebM of AV1 `frames` at `fps` as ComfyUI's SaveWEBM writes its `av1` codec (PyAV's
+/// `libsvtav1` at `crf`, `yuv420p10le`): rav1e — xiph's encoder in Rust; SVT-AV1 and
+/// libaom have no maintained crate — at a constant quantizer (SVT-AV1's qindex for the
+/// crf), 10-bit BT.601 limited-range 4:2:0 frames, stamped at fps·1000 ticks, muxed by
+/// libwebm with the stream's `av1C` record.
+pub fn av1_webm(frames: Rgb8Frames<'_>, fps: f64, crf: u32) -> Result<Vec<u8>, String> {
+    use rav1e::prelude::*;
+    frames.check()?;
+    check_fps(fps)?;
+    if crf > 63 {
+        return Err(format!("crf {crf} is outside 0..=63"));
+    }
+    let (w, h) = (frames.width, frames.height);
+    let rate = (fps * 1000.0).round() as u64;
+    let bt601 = ColorDescription { color_primaries: ColorPrimaries::BT601, transfer_characteristics: TransferCharacteristics::BT601, matrix_coefficients: MatrixCoefficients::BT601 };
+    let enc = EncoderConfig {
+        width: w,
+        height: h,
+        bit_depth: 10,
+        chroma_sampling: ChromaSampling::Cs420,
+        pixel_range: PixelRange::Limited,
+        color_description: Some(bt601),
+        time_base: Rational::new(1000, rate),
+        quantizer: crf_qindex(crf),
+        bitrate: 0,
+        // Frames in order, one packet each: no hidden reference frames to time.
+        low_latency: true,
+        speed_settings: SpeedSettings::from_preset(AV1_SPEED),
+        ..Default::default()
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
+    let mut ctx: Context<u16> = Config::new().with_encoder_config(enc).with_threads(threads).new_context().map_err(|e| format!("rav1e: {e}"))?;
+    let mut packets = Vec::new();
+    // Takes what the encoder has ready; true once it has given its last frame.
+    let mut receive = |ctx: &mut Context<u16>| -> Result<bool, String> {
+        loop {
+            match ctx.receive_packet() {
+                Ok(p) => packets.push((p.data, (p.input_frameno as f64 * 1e9 * 1000.0 / rate as f64).round() as u64, p.frame_type == FrameType::KEY)),
+                Err(EncoderStatus::Encoded) => {}
+                Err(EncoderStatus::NeedMoreData) => return Ok(false),
+                Err(EncoderStatus::LimitReached) => return Ok(true),
+                Err(e) => return Err(format!("rav1e: {e}")),
+            }
+        }
+    };
+    let (cw, mut planes) = (w.div_ceil(2), Vec::new());
+    for i in 0..frames.count() {
+        yuv420(frames.frame(i), w, h, 10, &mut planes);
+        let mut f = ctx.new_frame();
+        let (y, uv) = planes.split_at(w * h);
+        for (plane, (values, stride)) in f.planes.iter_mut().zip([(y, w), (&uv[..uv.len() / 2], cw), (&uv[uv.len() / 2..], cw)]) {
+            let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            plane.copy_from_raw_u8(&bytes, 2 * stride, 2);
+        }
+        ctx.send_frame(f).map_err(|e| format!("rav1e: frame {i}: {e}"))?;
+        receive(&mut ctx)?;
+    }
+    ctx.flush();
+    if !receive(&mut ctx)? {
+        return Err("rav1e: the encoder stopped before its last frame".into());
+    }
+    if packets.len() != frames.count() {
+        return Err(format!("rav1e: {} frames in, {} out", frames.count(), packets.len()));
+    }
+    let av1c = ctx.container_sequence_header();
+    webm_file(frames, WebmCodec::Av1 { av1c, bit_depth: 10 }, &packets)
+}
+
+/// One RGB frame as planar 4:2:0 of `bits` (8 or 10) per sample (Y, then U and V at half
+/// size rounded up), BT.601 limited range as swscale converts `rgb24` to `yuv420p` (or
+/// `yuv420p10le`: the same levels 2^(bits−8) times finer); chroma averages 2×2 pixels.
+fn yuv420(rgb: &[u8], w: usize, h: usize, bits: u32, out: &mut Vec<u16>) {
     let (cw, ch) = (w.div_ceil(2), h.div_ceil(2));
+    let shift = bits - 8;
+    let max = (1i32 << bits) - 1;
     out.clear();
     out.reserve(w * h + 2 * cw * ch);
     let px = |x: usize, y: usize| {
@@ -409,7 +515,7 @@ fn i420(rgb: &[u8], w: usize, h: usize, out: &mut Vec<u8>) {
     for y in 0..h {
         for x in 0..w {
             let (r, g, b) = px(x, y);
-            out.push((((66 * r + 129 * g + 25 * b + 128) >> 8) + 16) as u8);
+            out.push(((((66 * r + 129 * g + 25 * b) << shift) + 128) >> 8) as u16 + (16 << shift));
         }
     }
     for plane in 0..2 {
@@ -419,11 +525,11 @@ fn i420(rgb: &[u8], w: usize, h: usize, out: &mut Vec<u8>) {
                 for (x, y) in [(2 * cx, 2 * cy), (2 * cx + 1, 2 * cy), (2 * cx, 2 * cy + 1), (2 * cx + 1, 2 * cy + 1)] {
                     if x < w && y < h {
                         let (r, g, b) = px(x, y);
-                        sum += if plane == 0 { (-38 * r - 74 * g + 112 * b + 128) >> 8 } else { (112 * r - 94 * g - 18 * b + 128) >> 8 };
+                        sum += (if plane == 0 { (-38 * r - 74 * g + 112 * b) << shift } else { (112 * r - 94 * g - 18 * b) << shift } + 128) >> 8;
                         n += 1;
                     }
                 }
-                out.push((sum / n + 128).clamp(0, 255) as u8);
+                out.push((sum / n + (128 << shift)).clamp(0, max) as u16);
             }
         }
     }

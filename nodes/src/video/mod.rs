@@ -11,7 +11,7 @@ pub mod encode;
 use crate::image::{next_counter, output_target, write_numbered};
 use crate::runtime::Runtime;
 use crate::values::Image;
-use encode::{animated_webp, h264_mp4, mjpg_avi, vp8_webm, vp9_webm, Rgb8Frames, WebpOptions};
+use encode::{animated_webp, av1_webm, h264_mp4, mjpg_avi, vp8_webm, vp9_webm, Rgb8Frames, WebpOptions};
 use sdflow_executor::{ExecContext, InputSpec, Inputs, IoType, Node, NodeError, NodeSchema, Outputs, Registry};
 use serde_json::json;
 use std::sync::Arc;
@@ -27,7 +27,7 @@ pub fn register(registry: &mut Registry, rt: &Arc<Runtime>) {
     registry.register(Arc::new(animatediff::AnimateDiffLoaderGen1 { rt: rt.clone() }));
 }
 
-/// ComfyUI's "SaveWEBM": the batch as one WebM of VP9 at a constant quality (`crf`).
+/// ComfyUI's "SaveWEBM": the batch as one WebM of VP9 or AV1 at a constant quality (`crf`).
 struct SaveWebm {
     rt: Arc<Runtime>,
 }
@@ -39,7 +39,7 @@ impl Node for SaveWebm {
             .category("image/video")
             .input(InputSpec::link("images", IoType::IMAGE))
             .input(InputSpec::string("filename_prefix", "ComfyUI"))
-            .input(InputSpec::combo("codec", ["vp9", "av1"]).tooltip("vp9 (libvpx); av1 is not built into sdflow."))
+            .input(InputSpec::combo("codec", ["vp9", "av1"]).tooltip("vp9 (libvpx, 8-bit) or av1 (rav1e, 10-bit, as ComfyUI's SVT-AV1)."))
             .input(InputSpec::float("fps", 24.0).float_range(0.01, 1000.0).float_step(0.01))
             .input(InputSpec::float("crf", 32.0).float_range(0.0, 63.0).float_step(1.0).tooltip("Higher crf means lower quality with a smaller file size, lower crf means higher quality higher filesize."))
             .output_node()
@@ -47,17 +47,17 @@ impl Node for SaveWebm {
 
     fn execute(&self, ctx: &mut ExecContext<'_>, inputs: &Inputs) -> Result<Outputs, NodeError> {
         let img = inputs.downcast::<Image>("images")?;
-        match inputs.string("codec")? {
-            "vp9" => {}
-            "av1" => return Err(NodeError::msg("SaveWEBM: the av1 codec (SVT-AV1) is not built into sdflow; use vp9")),
+        let encode = match inputs.string("codec")? {
+            "vp9" => vp9_webm,
+            "av1" => av1_webm,
             other => return Err(NodeError::msg(format!("SaveWEBM: codec `{other}` is not one of vp9, av1"))),
-        }
+        };
         let (fps, crf) = (inputs.float("fps")?, inputs.float("crf")?);
         if !(0.0..=63.0).contains(&crf) {
             return Err(NodeError::msg(format!("SaveWEBM: crf {crf} is outside 0..=63")));
         }
         let rgb = rgb8(img)?;
-        let bytes = vp9_webm(Rgb8Frames { data: &rgb, width: img.width, height: img.height }, fps, crf.round() as u32).map_err(NodeError::msg)?;
+        let bytes = encode(Rgb8Frames { data: &rgb, width: img.width, height: img.height }, fps, crf.round() as u32).map_err(|e| NodeError::msg(format!("SaveWEBM: {e}")))?;
         let (dir, sub, stem) = output_target(&self.rt, ctx, inputs.string("filename_prefix")?, false)?;
         let mut counter = next_counter(&dir, &stem);
         let name = write_numbered(&dir, &stem, &mut counter, "webm", &bytes)?;

@@ -103,6 +103,15 @@ impl MotionConfig {
     pub fn is_v1(&self) -> bool {
         !self.has_mid() && self.max_frames != 32
     }
+
+    /// Fails unless one video of `frames` frames fits the positional table (longer videos
+    /// need AnimateDiff-Evolved's context windows, which sdflow does not have).
+    pub fn check_frames(&self, frames: i64) -> Result<()> {
+        if frames > self.max_frames {
+            return Err(ModelError::Input(format!("a video of {frames} frames: the motion module takes at most {} at once (context windows are not implemented)", self.max_frames)));
+        }
+        Ok(())
+    }
 }
 
 fn width(w: &Weights, slot: Slot) -> Result<i64> {
@@ -173,9 +182,7 @@ impl<'w> MotionModules<'w> {
         if frames < 1 || b % frames != 0 {
             return Err(ModelError::Input(format!("a batch of {b} latents is not a whole number of {frames}-frame videos")));
         }
-        if frames > self.config.max_frames {
-            return Err(ModelError::Input(format!("{frames} frames: the motion module takes at most {} at once", self.config.max_frames)));
-        }
+        self.config.check_frames(frames)?;
         let videos = b / frames;
         let h = group_norm_over(ctx, w, &format!("{n}.norm"), x, GROUPS, 1e-6, gn)?;
         // [W·H, C, F, k] → [C, F, W·H, k]: each pixel's frames one sequence.

@@ -241,9 +241,7 @@ impl UnetConfig {
         }
         out
     }
-}
 
-impl UnetConfig {
     /// Fails, naming the place, unless every motion module of `m` fits this UNet: its
     /// levels, the pairs per level and their widths.
     pub fn check_motion(&self, m: &MotionConfig) -> Result<()> {

@@ -368,11 +368,9 @@ impl Vae<'_> {
 }
 
 /// One graph over one sample `input` (dimensions `ne` = [W, H, C, 1]) with a kept
-/// allocator. With `max_compute_bytes`, a compute buffer larger than that fails as an
-/// allocation failure before anything is computed — the same error a backend that
-/// cannot provide the buffer gives, so both lead to the tiled retry.
-#[allow(clippy::too_many_arguments)]
-fn run_graph(model: &(impl VaeGraph + ?Sized), backend: &Backend, alloc: &mut GraphAllocator, op: VaeOp, ne: [i64; 4], input: &[f32], max_compute_bytes: Option<usize>, circular: Circular) -> Result<Vec<f32>> {
+/// allocator (whose limit, if any, turns a too large compute buffer into an allocation
+/// failure before anything is computed).
+fn run_graph(model: &(impl VaeGraph + ?Sized), backend: &Backend, alloc: &mut GraphAllocator, op: VaeOp, ne: [i64; 4], input: &[f32], circular: Circular) -> Result<Vec<f32>> {
     let ctx = Context::new(GRAPH_SIZE, GRAPH_SIZE)?;
     ctx.set_circular(circular);
     let x = ctx.new_tensor(GType::F32, &ne)?.set_input();
@@ -380,15 +378,7 @@ fn run_graph(model: &(impl VaeGraph + ?Sized), backend: &Backend, alloc: &mut Gr
     let out = if out.is_contiguous() { out } else { ctx.cont(out)? }.set_output();
     let mut graph = ctx.graph(GRAPH_SIZE)?;
     graph.build_forward(out)?;
-    // GraphRun allocates and computes in one call; the threshold has to be checked
-    // between the two, so this runs the steps itself.
     alloc.alloc(&graph)?;
-    if let Some(limit) = max_compute_bytes {
-        let bytes = alloc.buffer_size();
-        if bytes > limit {
-            return Err(GgmlError::Alloc { what: format!("VAE compute buffer (over the {limit}-byte threshold)"), bytes, backend: backend.name().to_string() }.into());
-        }
-    }
     x.set_f32(input)?;
     backend.compute(&graph)?;
     Ok(out.get_f32()?)
@@ -417,8 +407,8 @@ pub fn run(model: &(impl VaeGraph + ?Sized), backend: &Backend, op: VaeOp, input
     }
     let mut info = RunInfo { tiles: None, fallback: None };
     if !tiling.enabled {
-        let mut alloc = GraphAllocator::new(backend)?;
-        match run_graph(model, backend, &mut alloc, op, [w as i64, h as i64, in_c as i64, 1], input, tiling.max_compute_bytes, model.circular()) {
+        let mut alloc = GraphAllocator::new(backend)?.with_limit(tiling.max_compute_bytes);
+        match run_graph(model, backend, &mut alloc, op, [w as i64, h as i64, in_c as i64, 1], input, model.circular()) {
             Err(e) if is_alloc_failure(&e) && (tiling.retry_on_alloc_failure || tiling.max_compute_bytes.is_some()) => info.fallback = Some(e.to_string()),
             other => return other.map(|v| (v, info)),
         }
@@ -447,7 +437,7 @@ fn run_tiles(model: &(impl VaeGraph + ?Sized), backend: &Backend, op: VaeOp, inp
     let layout = tiling::layout_wrapped(lw, lh, tw, th, overlap, (wrap_x, wrap_y));
     // Every tile has the same size: one allocator (and compute buffer) serves them all.
     let mut alloc = GraphAllocator::new(backend)?;
-    let out = tiling::run_tiled(input, w, h, in_c, out_c, f, dir, &layout, |tile, tw, th| run_graph(model, backend, &mut alloc, op, [tw as i64, th as i64, in_c as i64, 1], &tile, None, conv));
+    let out = tiling::run_tiled(input, w, h, in_c, out_c, f, dir, &layout, |tile, tw, th| run_graph(model, backend, &mut alloc, op, [tw as i64, th as i64, in_c as i64, 1], &tile, conv));
     info.tiles = Some(layout);
     out.map_err(|e| match e {
         TiledError::Tile(e) => e,

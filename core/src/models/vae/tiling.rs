@@ -59,6 +59,18 @@ fn parse_pair<T: std::str::FromStr + Copy>(option: &'static str, s: &str) -> Res
 }
 
 impl VaeTiling {
+    /// Tiles for a `latent_w`×`latent_h` latent whose whole decode needs `need` bytes of
+    /// compute where `limit` are at hand: as few as keep each tile's share (with room for
+    /// the overlap's extra area) under the limit, split along the sides in proportion, a
+    /// quarter of a tile overlapping its neighbour (ComfyUI's tiled video decode: 64 of
+    /// 256 pixels).
+    pub fn fitting(latent_w: usize, latent_h: usize, need: usize, limit: usize) -> Self {
+        let k = (need as f64 * 1.5 / limit.max(1) as f64).ceil().max(2.0);
+        let nx = (k * latent_w as f64 / latent_h.max(1) as f64).sqrt().round().clamp(1.0, latent_w.max(1) as f64);
+        let ny = (k / nx).ceil().clamp(1.0, latent_h.max(1) as f64);
+        VaeTiling { enabled: true, rel_size: (nx as f32, ny as f32), target_overlap: 0.25, ..VaeTiling::default() }
+    }
+
     /// Parse `--vae-tile-size` ("32" or "32x48", latent pixels).
     pub fn parse_tile_size(s: &str) -> Result<(usize, usize), TileOptionError> {
         let (x, y) = parse_pair::<usize>("--vae-tile-size", s)?;

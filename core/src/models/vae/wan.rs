@@ -20,6 +20,8 @@
 //! last frames the chunk before left it: memory is one chunk's whatever the length.
 
 use super::VaeOp;
+
+const GIB: f64 = (1u64 << 30) as f64;
 use crate::ggml::{Backend, Circular, Context, GraphAllocator, GraphRun, Tensor};
 use crate::io::{TensorInfo, TensorSource};
 use crate::models::nn::{attention_typed, circular_padded};
@@ -781,13 +783,35 @@ impl<'w> WanVae<'w> {
     /// decodes), so memory stays that of one chunk whatever the length; `progress` hears
     /// each finished latent frame.
     pub fn decode_video(&self, backend: &Backend, latent: &Frames, progress: &mut dyn FnMut(usize, usize)) -> Result<Frames> {
+        self.decode_chunks(backend, latent, None, progress)
+    }
+
+    fn decode_chunks(&self, backend: &Backend, latent: &Frames, limit: Option<usize>, progress: &mut dyn FnMut(usize, usize)) -> Result<Frames> {
         let [w, h, z, t] = latent.ne;
         if z != self.config.z_channels || t < 1 || w < 1 || h < 1 || latent.data.len() as i64 != w * h * z * t {
             return Err(ModelError::Input(format!("a video latent of {} values as {:?} for a Wan VAE of {} channels", latent.data.len(), latent.ne, self.config.z_channels)));
         }
         let plane = (w * h * z) as usize;
         let chunks: Vec<(usize, usize)> = (0..t as usize).map(|i| (i, 1)).collect();
-        self.stream(backend, &chunks, |i, _| Frames { data: latent.data[i * plane..(i + 1) * plane].to_vec(), ne: [w, h, z, 1] }, true, progress)
+        self.stream(backend, &chunks, |i, _| Frames { data: latent.data[i * plane..(i + 1) * plane].to_vec(), ne: [w, h, z, 1] }, true, limit, progress)
+    }
+
+    /// [`WanVae::decode_video`] within `limit` bytes of compute memory: whole when a
+    /// chunk's graph (its activations and the causal caches it carries, which grow with the
+    /// frame's area: ~25 GB at 832×480 in f32) fits, else in as few spatial tiles as fit,
+    /// a quarter of a tile overlapping its neighbour — the tiled decode ComfyUI falls back
+    /// to when a whole one runs out of memory. Returns the tiles used, if any.
+    pub fn decode_video_within(&self, backend: &Backend, latent: &Frames, limit: usize, progress: &mut dyn FnMut(usize, usize)) -> Result<(Frames, Option<String>)> {
+        match self.decode_chunks(backend, latent, Some(limit), progress) {
+            Err(ModelError::Ggml(crate::ggml::GgmlError::Alloc { bytes, .. })) if bytes > 0 => {
+                let tiling = super::tiling::VaeTiling::fitting(latent.ne[0] as usize, latent.ne[1] as usize, bytes, limit);
+                let out = self.decode_video_tiled(backend, latent, &tiling, progress)?;
+                let (tw, th, overlap) = tiling.tile_sizes(latent.ne[0] as usize, latent.ne[1] as usize, 1.0);
+                let tiles = super::tiling::layout(latent.ne[0] as usize, latent.ne[1] as usize, tw, th, overlap);
+                Ok((out, Some(format!("a whole frame needs a {:.1} GiB compute buffer, over the {:.1} GiB at hand: decoded in {tiles}", bytes as f64 / GIB, limit as f64 / GIB))))
+            }
+            other => other.map(|f| (f, None)),
+        }
     }
 
     /// [`WanVae::decode_video`] in spatial tiles laid out and blended as image tiles are
@@ -837,16 +861,18 @@ impl<'w> WanVae<'w> {
         let plane = (w * h * c) as usize;
         let groups = (f as usize - 1) / 4;
         let chunks: Vec<(usize, usize)> = std::iter::once((0, 1)).chain((0..groups).map(|g| (1 + 4 * g, 4))).collect();
-        self.stream(backend, &chunks, |from, n| Frames { data: video.data[from * plane..(from + n) * plane].to_vec(), ne: [w, h, c, n as i64] }, false, progress)
+        self.stream(backend, &chunks, |from, n| Frames { data: video.data[from * plane..(from + n) * plane].to_vec(), ne: [w, h, c, n as i64] }, false, None, progress)
     }
 
     /// Runs the decoder (`decode`) or the encoder over `chunks` (first frame, count) of
-    /// one video, each chunk one graph fed the caches the previous one left.
-    fn stream(&self, backend: &Backend, chunks: &[(usize, usize)], input: impl Fn(usize, usize) -> Frames, decode: bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Frames> {
+    /// one video, each chunk one graph fed the caches the previous one left; a compute
+    /// buffer over `limit` fails as an allocation failure before that chunk computes.
+    #[allow(clippy::too_many_arguments)]
+    fn stream(&self, backend: &Backend, chunks: &[(usize, usize)], input: impl Fn(usize, usize) -> Frames, decode: bool, limit: Option<usize>, progress: &mut dyn FnMut(usize, usize)) -> Result<Frames> {
         let mut caches: Vec<Frames> = Vec::new();
         let mut out: Vec<f32> = Vec::new();
         let mut out_ne = [0i64; 4];
-        let mut alloc = GraphAllocator::new(backend)?;
+        let mut alloc = GraphAllocator::new(backend)?.with_limit(limit);
         let graph_size = 8192;
         for (k, &(from, n)) in chunks.iter().enumerate() {
             let x = input(from, n);
