@@ -188,8 +188,19 @@ struct Row {
 }
 
 /// Runs `cmd` under `/usr/bin/time`, handing each stdout line with its arrival time to
-/// `line`; returns the captured stderr, the wall time and the peak RSS.
-fn timed(cmd: Command, mut line: impl FnMut(Instant, &str)) -> (String, f64, Option<f64>) {
+/// `line`; returns the captured stderr, the wall time and the peak RSS. Panics when the
+/// command fails.
+fn timed(cmd: Command, line: impl FnMut(Instant, &str)) -> (String, f64, Option<f64>) {
+    let program = cmd.get_program().to_owned();
+    try_timed(cmd, line).unwrap_or_else(|(status, stderr, _)| {
+        eprintln!("{stderr}");
+        panic!("{program:?} failed: {status}")
+    })
+}
+
+/// [`timed`], the failure returned: (status, stderr, peak RSS) — a peer that runs out of
+/// memory is a result, not the end of the benchmark.
+fn try_timed(cmd: Command, mut line: impl FnMut(Instant, &str)) -> Result<(String, f64, Option<f64>), (String, String, Option<f64>)> {
     let rss_file = tempfile::NamedTempFile::new().expect("temp file");
     let prog = cmd.get_program().to_owned();
     let args: Vec<_> = cmd.get_args().map(|a| a.to_owned()).collect();
@@ -215,12 +226,11 @@ fn timed(cmd: Command, mut line: impl FnMut(Instant, &str)) -> (String, f64, Opt
     let status = child.wait().expect("waiting");
     let total = t0.elapsed().as_secs_f64();
     let stderr = err_thread.join().unwrap_or_default();
-    if !status.success() {
-        eprintln!("{stderr}");
-        panic!("{:?} failed: {status}", cmd.get_program());
-    }
     let rss = std::fs::read_to_string(rss_file.path()).ok().and_then(|s| s.lines().last()?.trim().parse::<f64>().ok()).map(|kib| kib * 1024.0 / GIB);
-    (stderr, total, rss)
+    if !status.success() {
+        return Err((status.to_string(), stderr, rss));
+    }
+    Ok((stderr, total, rss))
 }
 
 /// What both engines are asked for: the same command line.
@@ -293,10 +303,18 @@ fn sdcpp(bin: &str, j: &Job, out: &Path) -> Row {
     cmd.arg("-v");
     cmd.args(env_or("SDCPP_ARGS", "").split_whitespace());
     let mut log = String::new();
-    let (stderr, total, rss) = timed(cmd, |_, l| {
+    let (stderr, total, rss) = match try_timed(cmd, |_, l| {
         log.push_str(l);
         log.push('\n');
-    });
+    }) {
+        Ok(r) => r,
+        Err((status, stderr, rss)) => {
+            let tail: Vec<&str> = log.lines().chain(stderr.lines()).rev().take(5).collect();
+            println!("  sd-cli failed ({status}, peak RSS {} GiB); its last lines:", cell(rss));
+            tail.iter().rev().for_each(|l| println!("    {l}"));
+            return Row { rss_gib: rss, ..Row::default() };
+        }
+    };
     log.push_str(&stderr);
     let taking = |what: &str| -> Option<f64> {
         let l = log.lines().rev().find(|l| l.contains(what))?;
@@ -333,6 +351,8 @@ fn sdflow_vae(vae: &Path, width: u32, height: u32, frames: u32, threads: usize, 
     }
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_sdflow"));
     cmd.arg("run").arg(&file).arg("--models-dir").arg(&models).arg("--output-dir").arg(out).arg("-t").arg(threads.to_string());
+    // With events on stdout the node table goes to stderr.
+    cmd.arg("--json-events");
     let (stderr, total, rss) = timed(cmd, |_, _| {});
     let vae = node_times(&stderr).get("VAEDecode").copied();
     Row { vae, total, rss_gib: rss, ..Row::default() }

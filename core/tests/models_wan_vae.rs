@@ -342,5 +342,24 @@ fn video_decodes_in_spatial_tiles() {
     let few = VaeTiling::fitting(104, 60, 20 << 30, 9 << 30);
     assert_eq!(few.rel_size, (3.0, 2.0));
     assert_eq!(VaeTiling::fitting(104, 60, 10 << 30, 9 << 30).rel_size, (2.0, 1.0));
+
+    // The encoder the same way: whole when it fits, tiles (close to it) when not.
+    let video = Frames { data: tiled.data.clone(), ne: tiled.ne };
+    let encoded = vae.encode_video(&backend, &video, &mut |_, _| {}).unwrap();
+    let (fits, note) = vae.encode_video_within(&backend, &video, 1 << 34, &mut |_, _| {}).unwrap();
+    assert_eq!((&fits, note), (&encoded, None));
+    let (parts, note) = vae.encode_video_within(&backend, &video, 1 << 10, &mut |_, _| {}).unwrap();
+    assert!(note.expect("over the limit: tiled").contains("encoded in"));
+    assert_eq!(parts.ne, encoded.ne);
+    // The smallest tiles (4×4 latent pixels: any need over 1 KiB asks for the most), the
+    // tiled encoder's own result; one tile is the whole encode.
+    let smallest = VaeTiling::fitting(8, 6, 1 << 40, 1 << 10);
+    assert_eq!(smallest.rel_size, (8.0, 6.0));
+    assert_eq!(parts, vae.encode_video_tiled(&backend, &video, &smallest, &mut |_, _| {}).unwrap().0);
+    assert_eq!(vae.encode_video_tiled(&backend, &video, &one, &mut |_, _| {}).unwrap().0, encoded);
+    // 32-pixel tiles see little of the encoder's reach: near the whole encode, not at it.
+    let mean = parts.data.iter().zip(&encoded.data).map(|(a, b)| (a - b).abs()).sum::<f32>() / encoded.data.len() as f32;
+    let scale = encoded.data.iter().map(|v| v.abs()).sum::<f32>() / encoded.data.len() as f32;
+    assert!(mean < 0.4 * scale, "tiled encode {mean} from the whole one (values ~{scale})");
     assert_eq!(tiled.ne, whole.ne);
 }

@@ -355,6 +355,11 @@ impl GraphAllocator {
         self
     }
 
+    /// [`GraphAllocator::with_limit`] on a kept allocator.
+    pub fn set_limit(&mut self, limit: Option<usize>) {
+        self.limit = limit;
+    }
+
     /// Allocate every not-yet-allocated tensor of `graph`. Fails (without aborting) when
     /// the backend cannot provide the compute buffer, so callers can retry smaller
     /// (e.g. tiled VAE decoding).

@@ -130,7 +130,12 @@ fn run_vae(rt: &Runtime, model: &AnyVae<'_>, op: VaeOp, input: &[f32], w: usize,
 
 /// A KL-style VAE (LDM's, Wan's) through the tiled runner.
 fn run_kl(rt: &Runtime, model: &impl VaeGraph, op: VaeOp, input: &[f32], w: usize, h: usize, tiling: &VaeTiling) -> Result<Vec<f32>, NodeError> {
-    let (out, info) = rt.with_backend(Module::Vae, |b| sdflow_core::models::vae::run(model, b, op, input, w, h, tiling)).map_err(err)?;
+    let (out, info) = rt
+        .with_backend(Module::Vae, |b| {
+            let limited = VaeTiling { max_compute_bytes: tiling.max_compute_bytes.or_else(|| compute_limit(b)), ..tiling.clone() };
+            sdflow_core::models::vae::run(model, b, op, input, w, h, &limited)
+        })
+        .map_err(err)?;
     if let (Some(reason), Some(tiles)) = (&info.fallback, &info.tiles) {
         eprintln!("VAE: {reason}; retried in {tiles}");
     }
@@ -193,9 +198,7 @@ fn decode_video(rt: &Runtime, ctx: &ExecContext<'_>, latent: &Latent, model: &Wa
                 if tiling.enabled {
                     return model.decode_video_tiled(b, &frames, tiling, &mut progress);
                 }
-                // Most of what is free (the decode also keeps host copies of its caches
-                // and the frames): past that, spatial tiles.
-                match tiling.max_compute_bytes.or_else(|| b.free_memory().map(|f| (f as f64 * 0.6) as usize)) {
+                match tiling.max_compute_bytes.or_else(|| compute_limit(b)) {
                     Some(limit) => {
                         let (video, tiled) = model.decode_video_within(b, &frames, limit, &mut progress)?;
                         if let Some(how) = tiled {
@@ -223,6 +226,15 @@ fn decode_video(rt: &Runtime, ctx: &ExecContext<'_>, latent: &Latent, model: &Wa
     Ok(images)
 }
 
+/// The compute memory a VAE graph may take before the image or video goes in spatial
+/// tiles: most of what the device has free (a video stream also keeps host copies of its
+/// causal caches and the frames). On the CPU a larger buffer would be granted and the
+/// process killed when it is touched, so the allocation failure the tiled retry waits
+/// for never comes.
+fn compute_limit(b: &sdflow_core::ggml::Backend) -> Option<usize> {
+    b.free_memory().map(|f| (f as f64 * 0.6) as usize)
+}
+
 /// The frames of `video` (an IMAGE batch, one video) encoded by a Wan VAE: the latent
 /// distribution's mean as [C][T][H][W] planes and its latent frame count T (the first
 /// frame alone, then 4 at a time; frames past the last whole group are dropped, as the
@@ -243,7 +255,17 @@ pub(crate) fn encode_video(rt: &Runtime, ctx: &ExecContext<'_>, vae: &VaeRef, vi
             }
         }
         let frames = Frames { data, ne: [w as i64, h as i64, ic as i64, video.n as i64] };
-        let out = rt.with_backend(Module::Vae, |b| m.encode_video(b, &frames, &mut |k, n| ctx.progress(k as u64, n as u64))).map_err(err)?;
+        let out = rt
+            .with_backend(Module::Vae, |b| {
+                let mut progress = |k: usize, n: usize| ctx.progress(k as u64, n as u64);
+                let Some(limit) = compute_limit(b) else { return m.encode_video(b, &frames, &mut progress) };
+                let (latent, tiled) = m.encode_video_within(b, &frames, limit, &mut progress)?;
+                if let Some(how) = tiled {
+                    eprintln!("VAE: {how}");
+                }
+                Ok(latent)
+            })
+            .map_err(err)?;
         let [lw, lh, z, t] = out.ne.map(|d| d as usize);
         Ok((channel_major(&out.data, z, t, lw * lh), t))
     })

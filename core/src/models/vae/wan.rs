@@ -268,7 +268,8 @@ enum Mode<'a, 'r> {
 /// what the previous chunk left (none before the first chunk), and what this one leaves.
 struct Stream<'a, 'r> {
     run: &'r mut GraphRun<'a>,
-    before: &'r [Frames],
+    /// Taken as the layers read them.
+    before: &'r mut [Frames],
     next: usize,
     after: Vec<Tensor<'a>>,
     /// Whether the chunk holds the video's first frame.
@@ -281,8 +282,8 @@ impl<'a> Stream<'a, '_> {
     fn history(&mut self, ne: [i64; 4]) -> Result<Tensor<'a>> {
         let slot = self.next;
         self.next += 1;
-        match self.before.get(slot) {
-            Some(f) if f.ne == ne => Ok(self.run.input_f32(&ne, f.data.clone())?),
+        match self.before.get_mut(slot) {
+            Some(f) if f.ne == ne => Ok(self.run.input_f32(&ne, std::mem::take(&mut f.data))?),
             Some(f) => Err(ModelError::Input(format!("a VAE cache of {:?} where the layer keeps {ne:?}", f.ne))),
             None => Ok(self.run.input_f32(&ne, vec![0.0; ne.iter().product::<i64>() as usize])?),
         }
@@ -808,7 +809,7 @@ impl<'w> WanVae<'w> {
                 let out = self.decode_video_tiled(backend, latent, &tiling, progress)?;
                 let (tw, th, overlap) = tiling.tile_sizes(latent.ne[0] as usize, latent.ne[1] as usize, 1.0);
                 let tiles = super::tiling::layout(latent.ne[0] as usize, latent.ne[1] as usize, tw, th, overlap);
-                Ok((out, Some(format!("a whole frame needs a {:.1} GiB compute buffer, over the {:.1} GiB at hand: decoded in {tiles}", bytes as f64 / GIB, limit as f64 / GIB))))
+                Ok((out, Some(format!("whole frames need a {:.1} GiB compute buffer, over the {:.1} GiB at hand: decoded in {tiles}", bytes as f64 / GIB, limit as f64 / GIB))))
             }
             other => other.map(|f| (f, None)),
         }
@@ -854,6 +855,56 @@ impl<'w> WanVae<'w> {
     /// of 4 are dropped, as the reference drops them) encoded into the latent
     /// distribution's mean [W/8, H/8, z, k + 1]: the first frame alone, then 4 at a time.
     pub fn encode_video(&self, backend: &Backend, video: &Frames, progress: &mut dyn FnMut(usize, usize)) -> Result<Frames> {
+        self.encode_chunks(backend, video, None, progress)
+    }
+
+    /// [`WanVae::encode_video`] within `limit` bytes of compute memory, whole or in as few
+    /// spatial tiles as fit, as [`WanVae::decode_video_within`] decodes.
+    pub fn encode_video_within(&self, backend: &Backend, video: &Frames, limit: usize, progress: &mut dyn FnMut(usize, usize)) -> Result<(Frames, Option<String>)> {
+        match self.encode_chunks(backend, video, Some(limit), progress) {
+            Err(ModelError::Ggml(crate::ggml::GgmlError::Alloc { bytes, .. })) if bytes > 0 => {
+                let f = self.config.downscale() as usize;
+                let (lw, lh) = (video.ne[0] as usize / f, video.ne[1] as usize / f);
+                let tiling = super::tiling::VaeTiling::fitting(lw, lh, bytes, limit);
+                let (out, tiles) = self.encode_video_tiled(backend, video, &tiling, progress)?;
+                Ok((out, Some(format!("whole frames need a {:.1} GiB compute buffer, over the {:.1} GiB at hand: encoded in {tiles}", bytes as f64 / GIB, limit as f64 / GIB))))
+            }
+            other => other.map(|f| (f, None)),
+        }
+    }
+
+    /// [`WanVae::encode_video`] in spatial tiles (laid out on the latent side, blended as
+    /// image tiles are), each tile a whole video through the encoder with its own caches.
+    pub fn encode_video_tiled(&self, backend: &Backend, video: &Frames, tiling: &super::tiling::VaeTiling, progress: &mut dyn FnMut(usize, usize)) -> Result<(Frames, super::tiling::TileLayout)> {
+        use super::tiling::{layout, run_tiled, Direction, TiledError};
+        let [w, h, c, f] = video.ne;
+        let down = self.config.downscale();
+        if c != self.config.image_channels || f < 1 || w % down != 0 || h % down != 0 || video.data.len() as i64 != w * h * c * f {
+            return Err(ModelError::Input(format!("a video of {} values as {:?} for a Wan VAE reading {} channels, sides divisible by {down}", video.data.len(), video.ne, self.config.image_channels)));
+        }
+        let (lw, lh) = ((w / down) as usize, (h / down) as usize);
+        let (tw, th, overlap) = tiling.tile_sizes(lw, lh, 1.0);
+        let tiles = layout(lw, lh, tw, th, overlap);
+        // The frames the encoder reads (the rest of a last group of 4 is dropped).
+        let f = 1 + (f - 1) / 4 * 4;
+        let video = Frames { data: video.data[..(w * h * c * f) as usize].to_vec(), ne: [w, h, c, f] };
+        let (t, z) = ((f - 1) / 4 + 1, self.config.z_channels);
+        let (count, mut done) = (tiles.tiles.len(), 0);
+        // Frame-major planes ([F][C][H][W]) are planar maps of F·C channels to the tiler.
+        let out = run_tiled(&video.data, w as usize, h as usize, (c * f) as usize, (z * t) as usize, down as usize, Direction::Downscale, &tiles, |tile, tw, th| {
+            let latent = self.encode_video(backend, &Frames { data: tile, ne: [tw as i64, th as i64, c, f] }, &mut |_, _| {})?;
+            done += 1;
+            progress(done, count);
+            Ok(latent.data)
+        })
+        .map_err(|e| match e {
+            TiledError::Tile(e) => e,
+            TiledError::Shape(s) => ModelError::Input(s),
+        })?;
+        Ok((Frames { data: out, ne: [lw as i64, lh as i64, z, t] }, tiles))
+    }
+
+    fn encode_chunks(&self, backend: &Backend, video: &Frames, limit: Option<usize>, progress: &mut dyn FnMut(usize, usize)) -> Result<Frames> {
         let [w, h, c, f] = video.ne;
         if c != self.config.image_channels || f < 1 || video.data.len() as i64 != w * h * c * f {
             return Err(ModelError::Input(format!("a video of {} values as {:?} for a Wan VAE reading {} channels", video.data.len(), video.ne, self.config.image_channels)));
@@ -861,7 +912,7 @@ impl<'w> WanVae<'w> {
         let plane = (w * h * c) as usize;
         let groups = (f as usize - 1) / 4;
         let chunks: Vec<(usize, usize)> = std::iter::once((0, 1)).chain((0..groups).map(|g| (1 + 4 * g, 4))).collect();
-        self.stream(backend, &chunks, |from, n| Frames { data: video.data[from * plane..(from + n) * plane].to_vec(), ne: [w, h, c, n as i64] }, false, None, progress)
+        self.stream(backend, &chunks, |from, n| Frames { data: video.data[from * plane..(from + n) * plane].to_vec(), ne: [w, h, c, n as i64] }, false, limit, progress)
     }
 
     /// Runs the decoder (`decode`) or the encoder over `chunks` (first frame, count) of
@@ -872,7 +923,7 @@ impl<'w> WanVae<'w> {
         let mut caches: Vec<Frames> = Vec::new();
         let mut out: Vec<f32> = Vec::new();
         let mut out_ne = [0i64; 4];
-        let mut alloc = GraphAllocator::new(backend)?.with_limit(limit);
+        let mut alloc = GraphAllocator::new(backend)?;
         let graph_size = 8192;
         for (k, &(from, n)) in chunks.iter().enumerate() {
             let x = input(from, n);
@@ -881,14 +932,21 @@ impl<'w> WanVae<'w> {
             let mut run = GraphRun::new(&ctx);
             let xt = run.input_f32(&x.ne, x.data)?;
             let (y, after) = {
-                let mut mode = Mode::Chunk(Stream { run: &mut run, before: &caches, next: 0, after: Vec::new(), first: k == 0 });
+                let mut mode = Mode::Chunk(Stream { run: &mut run, before: &mut caches, next: 0, after: Vec::new(), first: k == 0 });
                 let y = if decode { self.decoder(&ctx, xt, &mut mode)? } else { self.encoder(&ctx, xt, &mut mode)? };
                 let Mode::Chunk(s) = mode else { unreachable!("a chunk stays a chunk") };
                 (y, s.after)
             };
             let mut wanted = vec![y];
             wanted.extend(&after);
-            let mut values = run.compute_with(backend, &mut alloc, &wanted, graph_size)?;
+            // Besides the compute buffer, the caches are held on the host while the chunk
+            // computes (the ones read in, then the ones read out): the limit leaves them room.
+            let host = 2 * after.iter().map(|t| t.n_bytes()).sum::<usize>();
+            alloc.set_limit(limit.map(|l| l.saturating_sub(host)));
+            let mut values = run.compute_with(backend, &mut alloc, &wanted, graph_size).map_err(|e| match e {
+                crate::ggml::GgmlError::Alloc { what, bytes, backend } if bytes > 0 => crate::ggml::GgmlError::Alloc { what, bytes: bytes + host, backend },
+                e => e,
+            })?;
             let ys = values.remove(0);
             caches = after.iter().zip(values).map(|(t, data)| Frames { data, ne: t.ne() }).collect();
             let [yw, yh, yc, yt] = y.ne();
