@@ -294,6 +294,31 @@ impl<'a> Stream<'a, '_> {
     }
 }
 
+/// A video's frame-major planes ([T][C][H][W]: planar maps of T·C channels, `[w, h, in
+/// planes, out planes]`) through `run` tile by tile, blended as image tiles are; `progress`
+/// hears each finished tile.
+fn video_tiles(
+    data: &[f32],
+    [w, h, in_planes, out_planes]: [usize; 4],
+    scale: usize,
+    dir: super::tiling::Direction,
+    tiles: &super::tiling::TileLayout,
+    progress: &mut dyn FnMut(usize, usize),
+    mut run: impl FnMut(Vec<f32>, usize, usize) -> Result<Vec<f32>>,
+) -> Result<Vec<f32>> {
+    let (count, mut done) = (tiles.tiles.len(), 0);
+    super::tiling::run_tiled(data, w, h, in_planes, out_planes, scale, dir, tiles, |tile, tw, th| {
+        let out = run(tile, tw, th)?;
+        done += 1;
+        progress(done, count);
+        Ok(out)
+    })
+    .map_err(|e| match e {
+        super::tiling::TiledError::Tile(e) => e,
+        super::tiling::TiledError::Shape(s) => ModelError::Input(s),
+    })
+}
+
 /// Splits `axis` (0: width, 1: height) of x [W, H, C, T] (contiguous) into `f` phases, the
 /// phase outermost: [W/f, H, C·T·f] or [W, H/f, C·T·f].
 fn split_axis<'a>(ctx: &'a Context, x: Tensor<'a>, axis: usize, f: i64) -> Result<Tensor<'a>> {
@@ -820,7 +845,7 @@ impl<'w> WanVae<'w> {
     /// the decoder with its own causal caches, so memory is one tile's latent frame however
     /// large the video. One tile is the untiled decode; `progress` hears each finished tile.
     pub fn decode_video_tiled(&self, backend: &Backend, latent: &Frames, tiling: &super::tiling::VaeTiling, progress: &mut dyn FnMut(usize, usize)) -> Result<Frames> {
-        use super::tiling::{layout, run_tiled, Direction, TiledError};
+        use super::tiling::{layout, Direction};
         let [w, h, z, t] = latent.ne;
         if z != self.config.z_channels || t < 1 || w < 1 || h < 1 || latent.data.len() as i64 != w * h * z * t {
             return Err(ModelError::Input(format!("a video latent of {} values as {:?} for a Wan VAE of {} channels", latent.data.len(), latent.ne, self.config.z_channels)));
@@ -835,17 +860,8 @@ impl<'w> WanVae<'w> {
         let doublings = self.config.layers(false).iter().filter(|l| l.layer == Layer::Resample && self.has_time_conv(&l.name)).count();
         let frames = ((t as usize - 1) << doublings) + 1;
         let ic = self.config.image_channels as usize;
-        let (count, mut done) = (tiles.tiles.len(), 0);
-        // Frame-major planes ([T][C][H][W]) are planar maps of T·C channels to the tiler.
-        let out = run_tiled(&latent.data, lw, lh, (z * t) as usize, ic * frames, self.config.downscale() as usize, Direction::Upscale, &tiles, |tile, tw, th| {
-            let video = self.decode_video(backend, &Frames { data: tile, ne: [tw as i64, th as i64, z, t] }, &mut |_, _| {})?;
-            done += 1;
-            progress(done, count);
-            Ok(video.data)
-        })
-        .map_err(|e| match e {
-            TiledError::Tile(e) => e,
-            TiledError::Shape(s) => ModelError::Input(s),
+        let out = video_tiles(&latent.data, [lw, lh, (z * t) as usize, ic * frames], self.config.downscale() as usize, Direction::Upscale, &tiles, progress, |tile, tw, th| {
+            Ok(self.decode_video(backend, &Frames { data: tile, ne: [tw as i64, th as i64, z, t] }, &mut |_, _| {})?.data)
         })?;
         let f = self.config.downscale();
         Ok(Frames { data: out, ne: [w * f, h * f, ic as i64, frames as i64] })
@@ -876,7 +892,7 @@ impl<'w> WanVae<'w> {
     /// [`WanVae::encode_video`] in spatial tiles (laid out on the latent side, blended as
     /// image tiles are), each tile a whole video through the encoder with its own caches.
     pub fn encode_video_tiled(&self, backend: &Backend, video: &Frames, tiling: &super::tiling::VaeTiling, progress: &mut dyn FnMut(usize, usize)) -> Result<(Frames, super::tiling::TileLayout)> {
-        use super::tiling::{layout, run_tiled, Direction, TiledError};
+        use super::tiling::{layout, Direction};
         let [w, h, c, f] = video.ne;
         let down = self.config.downscale();
         if c != self.config.image_channels || f < 1 || w % down != 0 || h % down != 0 || video.data.len() as i64 != w * h * c * f {
@@ -889,17 +905,8 @@ impl<'w> WanVae<'w> {
         let f = 1 + (f - 1) / 4 * 4;
         let video = Frames { data: video.data[..(w * h * c * f) as usize].to_vec(), ne: [w, h, c, f] };
         let (t, z) = ((f - 1) / 4 + 1, self.config.z_channels);
-        let (count, mut done) = (tiles.tiles.len(), 0);
-        // Frame-major planes ([F][C][H][W]) are planar maps of F·C channels to the tiler.
-        let out = run_tiled(&video.data, w as usize, h as usize, (c * f) as usize, (z * t) as usize, down as usize, Direction::Downscale, &tiles, |tile, tw, th| {
-            let latent = self.encode_video(backend, &Frames { data: tile, ne: [tw as i64, th as i64, c, f] }, &mut |_, _| {})?;
-            done += 1;
-            progress(done, count);
-            Ok(latent.data)
-        })
-        .map_err(|e| match e {
-            TiledError::Tile(e) => e,
-            TiledError::Shape(s) => ModelError::Input(s),
+        let out = video_tiles(&video.data, [w as usize, h as usize, (c * f) as usize, (z * t) as usize], down as usize, Direction::Downscale, &tiles, progress, |tile, tw, th| {
+            Ok(self.encode_video(backend, &Frames { data: tile, ne: [tw as i64, th as i64, c, f] }, &mut |_, _| {})?.data)
         })?;
         Ok((Frames { data: out, ne: [lw as i64, lh as i64, z, t] }, tiles))
     }
