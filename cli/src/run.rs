@@ -38,8 +38,8 @@ pub struct RunArgs {
     /// Worker threads for independent light nodes.
     #[arg(long, value_name = "N")]
     pub workers: Option<usize>,
-    /// Folder of model files (`checkpoints/`, `embeddings/`, ... inside it, or the files
-    /// themselves).
+    /// Folder of model files in ComfyUI's folders (`checkpoints/`, `vae/`, `embeddings/`, ...
+    /// inside it); without a `checkpoints/` folder, the files in it are the checkpoints.
     #[arg(long, value_name = "DIR", default_value = "models")]
     pub models_dir: PathBuf,
     /// Compute threads (sd-cli's -t); all cores by default.

@@ -94,7 +94,8 @@ pub struct CommonArgs {
     #[arg(long, value_name = "FILE")]
     pub save_workflow: Option<PathBuf>,
     /// Folder where model flags that are names, not paths, are looked up (`checkpoints/`,
-    /// `vae/`, `loras/`, ... inside it, or the files themselves).
+    /// `vae/`, `loras/`, ... inside it; without `checkpoints/`, the files in it are the
+    /// checkpoints).
     #[arg(long, value_name = "DIR", default_value = "models")]
     pub models_dir: PathBuf,
     /// Number of threads to use during computation. If threads <= 0, then
