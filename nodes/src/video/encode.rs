@@ -195,6 +195,17 @@ fn check_fps(fps: f64) -> Result<(), String> {
     Ok(())
 }
 
+/// What the constant-quality WebM writers (VP9, AV1) take: whole frames, a rate, a CRF of
+/// 0–63.
+fn check_crf_input(frames: Rgb8Frames<'_>, fps: f64, crf: u32) -> Result<(), String> {
+    frames.check()?;
+    check_fps(fps)?;
+    if crf > 63 {
+        return Err(format!("crf {crf} is outside 0..=63"));
+    }
+    Ok(())
+}
+
 /// What a WebM's video track holds.
 enum WebmCodec {
     Vp8,
@@ -335,11 +346,7 @@ fn strip_start_code(nal: &[u8]) -> &[u8] {
 /// BT.601 limited-range 4:2:0 frames, stamped at fps·1000 ticks and muxed by libwebm.
 pub fn vp9_webm(frames: Rgb8Frames<'_>, fps: f64, crf: u32) -> Result<Vec<u8>, String> {
     use vpx_sys::*;
-    frames.check()?;
-    check_fps(fps)?;
-    if crf > 63 {
-        return Err(format!("crf {crf} is outside 0..=63"));
-    }
+    check_crf_input(frames, fps, crf)?;
     let (w, h) = (frames.width, frames.height);
     let rate = (fps * 1000.0).round() as i32;
     // SAFETY: plain C structs filled by libvpx; every call's result is checked, the
@@ -438,11 +445,7 @@ const AV1_SPEED: u8 = 8;
 /// libwebm with the stream's `av1C` record.
 pub fn av1_webm(frames: Rgb8Frames<'_>, fps: f64, crf: u32) -> Result<Vec<u8>, String> {
     use rav1e::prelude::*;
-    frames.check()?;
-    check_fps(fps)?;
-    if crf > 63 {
-        return Err(format!("crf {crf} is outside 0..=63"));
-    }
+    check_crf_input(frames, fps, crf)?;
     let (w, h) = (frames.width, frames.height);
     let rate = (fps * 1000.0).round() as u64;
     let bt601 = ColorDescription { color_primaries: ColorPrimaries::BT601, transfer_characteristics: TransferCharacteristics::BT601, matrix_coefficients: MatrixCoefficients::BT601 };
