@@ -334,8 +334,11 @@ fn write_gguf(src: &std::path::Path, out: &std::path::Path, q8: bool, sdcpp: boo
     gguf::write(out, &kv, tensors.iter().map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.as_slice()))).unwrap();
 }
 
+/// The transformer from GGUF files as ComfyUI-GGUF, sd.cpp's convert and our
+/// `gguf::write` store it: the same weights give the safetensors' video bit for bit, and
+/// Q8_0 files (their modulation tables quantized too) run and stay close.
 #[test]
-fn comfyui_gguf_files_of_the_transformer_run() {
+fn gguf_files_of_the_transformer_run() {
     let dir = tempfile::tempdir().unwrap();
     sdflow_tests::tiny_tree(dir.path());
     write_wan_models(dir.path());
@@ -343,42 +346,24 @@ fn comfyui_gguf_files_of_the_transformer_run() {
     let st = models.join("wan2.1_t2v_1.3B_fp16.safetensors");
     write_comfy_gguf(&st, &models.join("wan2.1-t2v-1.3b-F32.gguf"), false);
     write_comfy_gguf(&st, &models.join("wan2.1-t2v-1.3b-Q8_0.gguf"), true);
-    let env = TestEnv::with_dir(dir, |rt| rt);
-    let wf = env.workflow("wan_t2v.json", 32, 2);
-    let (_, _, base, _, _) = run_video(&env, &wf, "10");
-    let (_, _, f32_frames, _, _) = run_video(&env, &with_input(&wf, "1", "unet_name", json!("wan2.1-t2v-1.3b-F32.gguf")), "10");
-    assert_eq!(f32_frames, base, "the same weights from the GGUF give the same video");
-    let (_, _, q8, _, _) = run_video(&env, &with_input(&wf, "1", "unet_name", json!("wan2.1-t2v-1.3b-Q8_0.gguf")), "10");
-    assert_eq!(q8.len(), 5);
-    let diff = |a: &[u8], b: &[u8]| a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).abs()).sum::<f64>() / a.len() as f64;
-    let d = diff(&q8[4], &base[4]);
-    assert!(d < 8.0, "Q8_0 strays {d} per channel from the f32 video");
-}
-
-#[test]
-fn sdcpp_converted_gguf_files_of_the_transformer_run() {
-    let dir = tempfile::tempdir().unwrap();
-    sdflow_tests::tiny_tree(dir.path());
-    write_wan_models(dir.path());
-    let models = dir.path().join("models/diffusion_models");
-    let st = models.join("wan2.1_t2v_1.3B_fp16.safetensors");
     write_sdcpp_gguf(&st, &models.join("wan2.1-t2v-1.3b-sdcpp-f32.gguf"), false);
     write_sdcpp_gguf(&st, &models.join("wan2.1-t2v-1.3b-sdcpp-q8_0.gguf"), true);
-    // And as `gguf::write` stores a 5-D tensor: sd.cpp's shape plus ComfyUI-GGUF's key.
+    // As `gguf::write` stores a 5-D tensor: sd.cpp's shape plus ComfyUI-GGUF's key.
     let file = sdflow_core::io::open(&st).unwrap();
-    let ours = models.join("wan2.1-t2v-1.3b-written.gguf");
     let data: Vec<_> = file.tensors().iter().map(|t| (t.name.clone(), t.dtype, t.shape.clone(), file.read(&t.name).unwrap().to_vec())).collect();
-    sdflow_core::io::gguf::write(&ours, &[], data.iter().map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.as_slice()))).unwrap();
+    sdflow_core::io::gguf::write(&models.join("wan2.1-t2v-1.3b-written.gguf"), &[], data.iter().map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.as_slice()))).unwrap();
     let env = TestEnv::with_dir(dir, |rt| rt);
     let wf = env.workflow("wan_t2v.json", 32, 2);
     let (_, _, base, _, _) = run_video(&env, &wf, "10");
-    for name in ["wan2.1-t2v-1.3b-sdcpp-f32.gguf", "wan2.1-t2v-1.3b-written.gguf"] {
-        let (_, _, frames, _, _) = run_video(&env, &with_input(&wf, "1", "unet_name", json!(name)), "10");
-        assert_eq!(frames, base, "{name}: the same weights give the same video");
+    let frames_of = |name: &str| run_video(&env, &with_input(&wf, "1", "unet_name", json!(name)), "10").2;
+    for name in ["wan2.1-t2v-1.3b-F32.gguf", "wan2.1-t2v-1.3b-sdcpp-f32.gguf", "wan2.1-t2v-1.3b-written.gguf"] {
+        assert_eq!(frames_of(name), base, "{name}: the same weights from the GGUF give the same video");
     }
-    // Its modulation tables quantized too.
-    let (_, _, q8, _, _) = run_video(&env, &with_input(&wf, "1", "unet_name", json!("wan2.1-t2v-1.3b-sdcpp-q8_0.gguf")), "10");
     let diff = |a: &[u8], b: &[u8]| a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).abs()).sum::<f64>() / a.len() as f64;
-    let d = diff(&q8[4], &base[4]);
-    assert!(d < 8.0, "Q8_0 strays {d} per channel from the f32 video");
+    for name in ["wan2.1-t2v-1.3b-Q8_0.gguf", "wan2.1-t2v-1.3b-sdcpp-q8_0.gguf"] {
+        let q8 = frames_of(name);
+        assert_eq!(q8.len(), 5);
+        let d = diff(&q8[4], &base[4]);
+        assert!(d < 8.0, "{name}: Q8_0 strays {d} per channel from the f32 video");
+    }
 }

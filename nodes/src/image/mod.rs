@@ -199,13 +199,7 @@ fn decode_video(rt: &Runtime, ctx: &ExecContext<'_>, latent: &Latent, model: &Wa
                     return model.decode_video_tiled(b, &frames, tiling, &mut progress);
                 }
                 match tiling.max_compute_bytes.or_else(|| compute_limit(b)) {
-                    Some(limit) => {
-                        let (video, tiled) = model.decode_video_within(b, &frames, limit, &mut progress)?;
-                        if let Some(how) = tiled {
-                            eprintln!("VAE: {how}");
-                        }
-                        Ok(video)
-                    }
+                    Some(limit) => model.decode_video_within(b, &frames, limit, &mut progress).map(noted),
                     None => model.decode_video(b, &frames, &mut progress),
                 }
             })
@@ -235,6 +229,14 @@ fn compute_limit(b: &sdflow_core::ggml::Backend) -> Option<usize> {
     b.free_memory().map(|f| (f as f64 * 0.6) as usize)
 }
 
+/// A video the Wan VAE ran within a limit, saying when it had to go in tiles.
+fn noted((video, tiled): (Frames, Option<String>)) -> Frames {
+    if let Some(how) = tiled {
+        eprintln!("VAE: {how}");
+    }
+    video
+}
+
 /// The frames of `video` (an IMAGE batch, one video) encoded by a Wan VAE: the latent
 /// distribution's mean as [C][T][H][W] planes and its latent frame count T (the first
 /// frame alone, then 4 at a time; frames past the last whole group are dropped, as the
@@ -258,12 +260,10 @@ pub(crate) fn encode_video(rt: &Runtime, ctx: &ExecContext<'_>, vae: &VaeRef, vi
         let out = rt
             .with_backend(Module::Vae, |b| {
                 let mut progress = |k: usize, n: usize| ctx.progress(k as u64, n as u64);
-                let Some(limit) = compute_limit(b) else { return m.encode_video(b, &frames, &mut progress) };
-                let (latent, tiled) = m.encode_video_within(b, &frames, limit, &mut progress)?;
-                if let Some(how) = tiled {
-                    eprintln!("VAE: {how}");
+                match compute_limit(b) {
+                    Some(limit) => m.encode_video_within(b, &frames, limit, &mut progress).map(noted),
+                    None => m.encode_video(b, &frames, &mut progress),
                 }
-                Ok(latent)
             })
             .map_err(err)?;
         let [lw, lh, z, t] = out.ne.map(|d| d as usize);

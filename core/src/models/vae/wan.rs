@@ -19,13 +19,14 @@
 //! latent frame or four video frames at a time), each causal layer continuing from the
 //! last frames the chunk before left it: memory is one chunk's whatever the length.
 
+use super::tiling::{layout, run_tiled, Direction, TileLayout, TiledError, VaeTiling};
 use super::VaeOp;
-
-const GIB: f64 = (1u64 << 30) as f64;
-use crate::ggml::{Backend, Circular, Context, GraphAllocator, GraphRun, Tensor};
+use crate::ggml::{Backend, Circular, Context, GgmlError, GraphAllocator, GraphRun, Tensor};
 use crate::io::{TensorInfo, TensorSource};
 use crate::models::nn::{attention_typed, circular_padded};
 use crate::models::{ModelError, Result, Weights};
+
+const GIB: f64 = (1u64 << 30) as f64;
 
 /// The weight that tells a file holds a Wan-2.1 VAE, relative to its prefix.
 pub const MARKER: &str = "decoder.middle.0.residual.0.gamma";
@@ -301,22 +302,35 @@ fn video_tiles(
     data: &[f32],
     [w, h, in_planes, out_planes]: [usize; 4],
     scale: usize,
-    dir: super::tiling::Direction,
-    tiles: &super::tiling::TileLayout,
+    dir: Direction,
+    tiles: &TileLayout,
     progress: &mut dyn FnMut(usize, usize),
     mut run: impl FnMut(Vec<f32>, usize, usize) -> Result<Vec<f32>>,
 ) -> Result<Vec<f32>> {
     let (count, mut done) = (tiles.tiles.len(), 0);
-    super::tiling::run_tiled(data, w, h, in_planes, out_planes, scale, dir, tiles, |tile, tw, th| {
+    run_tiled(data, w, h, in_planes, out_planes, scale, dir, tiles, |tile, tw, th| {
         let out = run(tile, tw, th)?;
         done += 1;
         progress(done, count);
         Ok(out)
     })
     .map_err(|e| match e {
-        super::tiling::TiledError::Tile(e) => e,
-        super::tiling::TiledError::Shape(s) => ModelError::Input(s),
+        TiledError::Tile(e) => e,
+        TiledError::Shape(s) => ModelError::Input(s),
     })
+}
+
+/// The result of a chunked run under `limit` bytes (`whole`), or, where its compute buffer
+/// did not fit, `tiled` with as few tiles of a `lw`×`lh` latent as fit, with what was
+/// done (`verb`: decoded, encoded).
+fn whole_or_tiles(whole: Result<Frames>, [lw, lh]: [usize; 2], limit: usize, verb: &str, tiled: impl FnOnce(&VaeTiling) -> Result<(Frames, TileLayout)>) -> Result<(Frames, Option<String>)> {
+    match whole {
+        Err(ModelError::Ggml(GgmlError::Alloc { bytes, .. })) if bytes > 0 => {
+            let (out, tiles) = tiled(&VaeTiling::fitting(lw, lh, bytes, limit))?;
+            Ok((out, Some(format!("whole frames need a {:.1} GiB compute buffer, over the {:.1} GiB at hand: {verb} in {tiles}", bytes as f64 / GIB, limit as f64 / GIB))))
+        }
+        other => other.map(|f| (f, None)),
+    }
 }
 
 /// Splits `axis` (0: width, 1: height) of x [W, H, C, T] (contiguous) into `f` phases, the
@@ -828,24 +842,20 @@ impl<'w> WanVae<'w> {
     /// a quarter of a tile overlapping its neighbour — the tiled decode ComfyUI falls back
     /// to when a whole one runs out of memory. Returns the tiles used, if any.
     pub fn decode_video_within(&self, backend: &Backend, latent: &Frames, limit: usize, progress: &mut dyn FnMut(usize, usize)) -> Result<(Frames, Option<String>)> {
-        match self.decode_chunks(backend, latent, Some(limit), progress) {
-            Err(ModelError::Ggml(crate::ggml::GgmlError::Alloc { bytes, .. })) if bytes > 0 => {
-                let tiling = super::tiling::VaeTiling::fitting(latent.ne[0] as usize, latent.ne[1] as usize, bytes, limit);
-                let out = self.decode_video_tiled(backend, latent, &tiling, progress)?;
-                let (tw, th, overlap) = tiling.tile_sizes(latent.ne[0] as usize, latent.ne[1] as usize, 1.0);
-                let tiles = super::tiling::layout(latent.ne[0] as usize, latent.ne[1] as usize, tw, th, overlap);
-                Ok((out, Some(format!("whole frames need a {:.1} GiB compute buffer, over the {:.1} GiB at hand: decoded in {tiles}", bytes as f64 / GIB, limit as f64 / GIB))))
-            }
-            other => other.map(|f| (f, None)),
-        }
+        let whole = self.decode_chunks(backend, latent, Some(limit), progress);
+        whole_or_tiles(whole, [latent.ne[0] as usize, latent.ne[1] as usize], limit, "decoded", |tiling| self.decode_tiles(backend, latent, tiling, progress))
     }
 
     /// [`WanVae::decode_video`] in spatial tiles laid out and blended as image tiles are
     /// (`tiling`'s size and overlap, smootherstep ramps): each tile is a whole video through
     /// the decoder with its own causal caches, so memory is one tile's latent frame however
     /// large the video. One tile is the untiled decode; `progress` hears each finished tile.
-    pub fn decode_video_tiled(&self, backend: &Backend, latent: &Frames, tiling: &super::tiling::VaeTiling, progress: &mut dyn FnMut(usize, usize)) -> Result<Frames> {
-        use super::tiling::{layout, Direction};
+    pub fn decode_video_tiled(&self, backend: &Backend, latent: &Frames, tiling: &VaeTiling, progress: &mut dyn FnMut(usize, usize)) -> Result<Frames> {
+        Ok(self.decode_tiles(backend, latent, tiling, progress)?.0)
+    }
+
+    /// [`WanVae::decode_video_tiled`] and the tiles it used.
+    fn decode_tiles(&self, backend: &Backend, latent: &Frames, tiling: &VaeTiling, progress: &mut dyn FnMut(usize, usize)) -> Result<(Frames, TileLayout)> {
         let [w, h, z, t] = latent.ne;
         if z != self.config.z_channels || t < 1 || w < 1 || h < 1 || latent.data.len() as i64 != w * h * z * t {
             return Err(ModelError::Input(format!("a video latent of {} values as {:?} for a Wan VAE of {} channels", latent.data.len(), latent.ne, self.config.z_channels)));
@@ -854,7 +864,7 @@ impl<'w> WanVae<'w> {
         let (tw, th, overlap) = tiling.tile_sizes(lw, lh, 1.0);
         let tiles = layout(lw, lh, tw, th, overlap);
         if tiles.tiles.len() <= 1 {
-            return self.decode_video(backend, latent, progress);
+            return Ok((self.decode_video(backend, latent, progress)?, tiles));
         }
         // Frames double at each temporal upsampling after the first.
         let doublings = self.config.layers(false).iter().filter(|l| l.layer == Layer::Resample && self.has_time_conv(&l.name)).count();
@@ -864,7 +874,7 @@ impl<'w> WanVae<'w> {
             Ok(self.decode_video(backend, &Frames { data: tile, ne: [tw as i64, th as i64, z, t] }, &mut |_, _| {})?.data)
         })?;
         let f = self.config.downscale();
-        Ok(Frames { data: out, ne: [w * f, h * f, ic as i64, frames as i64] })
+        Ok((Frames { data: out, ne: [w * f, h * f, ic as i64, frames as i64] }, tiles))
     }
 
     /// Video frames [W, H, 3, F] in [-1, 1] (F = 4·k + 1; frames past the last whole group
@@ -877,22 +887,14 @@ impl<'w> WanVae<'w> {
     /// [`WanVae::encode_video`] within `limit` bytes of compute memory, whole or in as few
     /// spatial tiles as fit, as [`WanVae::decode_video_within`] decodes.
     pub fn encode_video_within(&self, backend: &Backend, video: &Frames, limit: usize, progress: &mut dyn FnMut(usize, usize)) -> Result<(Frames, Option<String>)> {
-        match self.encode_chunks(backend, video, Some(limit), progress) {
-            Err(ModelError::Ggml(crate::ggml::GgmlError::Alloc { bytes, .. })) if bytes > 0 => {
-                let f = self.config.downscale() as usize;
-                let (lw, lh) = (video.ne[0] as usize / f, video.ne[1] as usize / f);
-                let tiling = super::tiling::VaeTiling::fitting(lw, lh, bytes, limit);
-                let (out, tiles) = self.encode_video_tiled(backend, video, &tiling, progress)?;
-                Ok((out, Some(format!("whole frames need a {:.1} GiB compute buffer, over the {:.1} GiB at hand: encoded in {tiles}", bytes as f64 / GIB, limit as f64 / GIB))))
-            }
-            other => other.map(|f| (f, None)),
-        }
+        let whole = self.encode_chunks(backend, video, Some(limit), progress);
+        let f = self.config.downscale() as usize;
+        whole_or_tiles(whole, [video.ne[0] as usize / f, video.ne[1] as usize / f], limit, "encoded", |tiling| self.encode_video_tiled(backend, video, tiling, progress))
     }
 
     /// [`WanVae::encode_video`] in spatial tiles (laid out on the latent side, blended as
     /// image tiles are), each tile a whole video through the encoder with its own caches.
-    pub fn encode_video_tiled(&self, backend: &Backend, video: &Frames, tiling: &super::tiling::VaeTiling, progress: &mut dyn FnMut(usize, usize)) -> Result<(Frames, super::tiling::TileLayout)> {
-        use super::tiling::{layout, Direction};
+    pub fn encode_video_tiled(&self, backend: &Backend, video: &Frames, tiling: &VaeTiling, progress: &mut dyn FnMut(usize, usize)) -> Result<(Frames, TileLayout)> {
         let [w, h, c, f] = video.ne;
         let down = self.config.downscale();
         if c != self.config.image_channels || f < 1 || w % down != 0 || h % down != 0 || video.data.len() as i64 != w * h * c * f {
@@ -951,7 +953,7 @@ impl<'w> WanVae<'w> {
             let host = 2 * after.iter().map(|t| t.n_bytes()).sum::<usize>();
             alloc.set_limit(limit.map(|l| l.saturating_sub(host)));
             let mut values = run.compute_with(backend, &mut alloc, &wanted, graph_size).map_err(|e| match e {
-                crate::ggml::GgmlError::Alloc { what, bytes, backend } if bytes > 0 => crate::ggml::GgmlError::Alloc { what, bytes: bytes + host, backend },
+                GgmlError::Alloc { what, bytes, backend } if bytes > 0 => GgmlError::Alloc { what, bytes: bytes + host, backend },
                 e => e,
             })?;
             let ys = values.remove(0);
